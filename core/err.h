@@ -1,0 +1,66 @@
+/* dloco error codes, the one dl_strerror(), a thread-local detail message,
+ * and the check macros used at every library boundary (file:line on failure). */
+#ifndef DL_CORE_ERR_H
+#define DL_CORE_ERR_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* 0 is success; every failure is a negative DL_E* code. */
+enum {
+    DL_OK = 0,
+    DL_EINVAL = -1,    /* invalid argument or config value */
+    DL_ENOMEM = -2,    /* allocation failed */
+    DL_EIO = -3,       /* read/write/open failed (errno in the detail) */
+    DL_EFORMAT = -4,   /* file or message has the wrong magic/version/layout */
+    DL_ETRUNC = -5,    /* file or message shorter than its header says */
+    DL_ERANGE = -6,    /* value outside its allowed range */
+    DL_EMISMATCH = -7, /* fingerprint / run id / shape does not match */
+    DL_ENOTFOUND = -8, /* key, file or record absent */
+    DL_ESTORE = -9,    /* LMDB failure */
+    DL_ENET = -10,     /* ZeroMQ / socket failure */
+    DL_EPROTO = -11,   /* peer broke the protocol */
+    DL_ENODEV = -12,   /* no CUDA device */
+    DL_ECUDA = -13,    /* CUDA / cuBLAS failure */
+    DL_EAGAIN = -14,   /* try again later */
+    DL_ETIMEDOUT = -15,/* deadline passed */
+    DL_ESTALE = -16,   /* contribution too stale */
+    DL_ECORRUPT = -17, /* checksum / invariant violated in stored data */
+    DL_ECODE_MIN = -17
+};
+
+/* Short fixed text for a code ("invalid argument"); never NULL. */
+const char *dl_strerror(int code);
+
+/* Record a detail for the current thread and return `code`, so a failing
+ * function can write `return dl_err(DL_EIO, "open %s: %s", p, strerror(errno));`.
+ * The caller prints dl_errmsg() (code text + detail). */
+int dl_err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "<strerror>: <detail>" of the last dl_err() on this thread ("" if none). */
+const char *dl_errmsg(void);
+void dl_err_clear(void);
+
+/* Broken invariant: print and abort. API misuse uses assert(). */
+#define DL_PANIC(...)                                                          \
+    do {                                                                       \
+        fprintf(stderr, "dloco panic %s:%d: ", __FILE__, __LINE__);            \
+        fprintf(stderr, __VA_ARGS__);                                          \
+        fputc('\n', stderr);                                                   \
+        abort();                                                               \
+    } while (0)
+
+/* Propagate a negative code. */
+#define DL_TRY(expr)                                                           \
+    do {                                                                       \
+        int dl_try_rc_ = (expr);                                               \
+        if (dl_try_rc_ < 0) return dl_try_rc_;                                 \
+    } while (0)
+
+/* Allocation that aborts with file:line on failure (used where a failure
+ * cannot be recovered, e.g. model buffers sized at start-up). */
+void *dl_xmalloc_(size_t n, const char *file, int line);
+void *dl_xcalloc_(size_t n, size_t sz, const char *file, int line);
+#define dl_xmalloc(n) dl_xmalloc_((n), __FILE__, __LINE__)
+#define dl_xcalloc(n, sz) dl_xcalloc_((n), (sz), __FILE__, __LINE__)
+
+#endif

@@ -1,0 +1,363 @@
+/* Data loading: everything is read into one uint16 token array; sequences are
+ * T+1-token windows at stride T, assigned to train or validation by a fixed
+ * hash of their index so the split is identical in every run. */
+#include "learner/data.h"
+
+#include "core/err.h"
+#include "core/hash.h"
+#include "core/log.h"
+#include "core/rng.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct dl_data {
+    uint16_t *tok;
+    uint64_t ntok;
+    int T;
+    char kind[8];
+    uint64_t *train; /* training sequence start offsets, canonical order */
+    uint64_t *perm;  /* this epoch's order: indices into train[] */
+    uint64_t ntrain;
+    uint64_t *val; /* validation sequence start offsets */
+    uint64_t nval;
+    uint64_t seed;
+    dl_data_pos pos;
+};
+
+/* ---- reading */
+
+static int read_file(const char *path, unsigned char **buf, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return dl_err(DL_EIO, "cannot open %s: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return dl_err(DL_EIO, "cannot seek %s: %s", path, strerror(errno));
+    }
+    long n = ftell(f);
+    rewind(f);
+    if (n < 0) {
+        fclose(f);
+        return dl_err(DL_EIO, "cannot size %s", path);
+    }
+    unsigned char *b = malloc((size_t)n + 1);
+    if (!b) {
+        fclose(f);
+        return dl_err(DL_ENOMEM, "%s: %ld bytes", path, n);
+    }
+    if (n && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        fclose(f);
+        return dl_err(DL_EIO, "short read on %s", path);
+    }
+    fclose(f);
+    *buf = b;
+    *len = (size_t)n;
+    return 0;
+}
+
+static int is_shard_bytes(const unsigned char *b, size_t len)
+{
+    int32_t magic;
+    if (len < 4) return 0;
+    memcpy(&magic, b, 4);
+    return magic == DL_SHARD_MAGIC;
+}
+
+static int append_tokens(dl_data *d, const uint16_t *t, uint64_t n, uint64_t *cap)
+{
+    if (d->ntok + n > *cap) {
+        uint64_t nc = (d->ntok + n) * 2;
+        uint16_t *p = realloc(d->tok, nc * sizeof(uint16_t));
+        if (!p) return dl_err(DL_ENOMEM, "%llu tokens", (unsigned long long)nc);
+        d->tok = p;
+        *cap = nc;
+    }
+    memcpy(d->tok + d->ntok, t, n * sizeof(uint16_t));
+    d->ntok += n;
+    return 0;
+}
+
+static int load_shard(dl_data *d, const char *path, int vocab, uint64_t *cap)
+{
+    unsigned char *b;
+    size_t len;
+    DL_TRY(read_file(path, &b, &len));
+    int rc = 0;
+    int32_t hdr[256];
+    if (len < sizeof hdr) {
+        rc = dl_err(is_shard_bytes(b, len) ? DL_ETRUNC : DL_EFORMAT,
+                    "%s: %zu bytes, shorter than the 1024-byte shard header", path, len);
+        goto out;
+    }
+    memcpy(hdr, b, sizeof hdr);
+    if (hdr[0] != DL_SHARD_MAGIC) {
+        rc = dl_err(DL_EFORMAT, "%s: not an llm.c token shard (magic %d, expected %d)", path, hdr[0], DL_SHARD_MAGIC);
+        goto out;
+    }
+    if (hdr[1] != DL_SHARD_VERSION) {
+        rc = dl_err(DL_EFORMAT, "%s: shard version %d, only %d is supported", path, hdr[1], DL_SHARD_VERSION);
+        goto out;
+    }
+    if (hdr[2] < 0) {
+        rc = dl_err(DL_EFORMAT, "%s: negative token count %d", path, hdr[2]);
+        goto out;
+    }
+    uint64_t n = (uint64_t)hdr[2];
+    if (len - sizeof hdr < n * 2) {
+        rc = dl_err(DL_ETRUNC, "%s: header says %llu tokens (%llu bytes) but only %zu bytes follow", path,
+                    (unsigned long long)n, (unsigned long long)n * 2, len - sizeof hdr);
+        goto out;
+    }
+    if (len - sizeof hdr > n * 2) {
+        rc = dl_err(DL_EFORMAT, "%s: %zu trailing bytes after %llu tokens", path, len - sizeof hdr - n * 2,
+                    (unsigned long long)n);
+        goto out;
+    }
+    const uint16_t *t = (const uint16_t *)(b + sizeof hdr);
+    for (uint64_t i = 0; i < n; i++)
+        if (t[i] >= vocab) {
+            rc = dl_err(DL_ERANGE, "%s: token %u at position %llu is >= vocab %d", path, t[i],
+                        (unsigned long long)i, vocab);
+            goto out;
+        }
+    rc = append_tokens(d, t, n, cap);
+out:
+    free(b);
+    return rc;
+}
+
+static int load_text(dl_data *d, const char *path, uint64_t *cap)
+{
+    unsigned char *b;
+    size_t len;
+    DL_TRY(read_file(path, &b, &len));
+    uint16_t *t = malloc((len ? len : 1) * sizeof(uint16_t));
+    if (!t) {
+        free(b);
+        return dl_err(DL_ENOMEM, "%s", path);
+    }
+    for (size_t i = 0; i < len; i++) t[i] = b[i];
+    int rc = append_tokens(d, t, len, cap);
+    free(t);
+    free(b);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Regular files of a directory in sorted order; text mode skips fortune's
+ * index files (.dat) and anything hidden; symlinks are skipped (fortune's .u8). */
+static int list_dir(const char *dir, char ***names, int *n)
+{
+    DIR *dp = opendir(dir);
+    if (!dp) return dl_err(DL_EIO, "cannot open directory %s: %s", dir, strerror(errno));
+    char **v = NULL;
+    int cnt = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        if (e->d_name[0] == '.') continue;
+        size_t l = strlen(e->d_name);
+        if (l > 4 && !strcmp(e->d_name + l - 4, ".dat")) continue;
+        char full[4096];
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(full, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 64;
+            v = realloc(v, (size_t)cap * sizeof *v);
+            if (!v) {
+                closedir(dp);
+                return dl_err(DL_ENOMEM, "listing %s", dir);
+            }
+        }
+        v[cnt++] = strdup(full);
+    }
+    closedir(dp);
+    qsort(v, (size_t)cnt, sizeof *v, cmp_str);
+    *names = v;
+    *n = cnt;
+    return 0;
+}
+
+/* ---- split and order */
+
+static void shuffle_epoch(dl_data *d)
+{
+    /* identity, then Fisher-Yates from (seed, epoch): the permutation of an
+     * epoch is a pure function, so a checkpoint only needs (epoch, index) */
+    uint64_t *p = d->perm;
+    for (uint64_t i = 0; i < d->ntrain; i++) p[i] = i;
+    dl_rng r;
+    dl_rng_seed(&r, d->seed * 0x9E3779B97F4A7C15ULL + d->pos.epoch + 1);
+    for (uint64_t i = d->ntrain - 1; i > 0; i--) {
+        uint64_t j = dl_rng_below(&r, i + 1);
+        uint64_t t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+}
+
+int dl_data_open(const dl_data_opts *o, dl_data **out)
+{
+    *out = NULL;
+    if (o->seq_len < 1) return dl_err(DL_EINVAL, "seq_len %d", o->seq_len);
+    if (!(o->val_frac >= 0.0 && o->val_frac < 1.0))
+        return dl_err(DL_EINVAL, "val_frac %g not in [0, 1)", o->val_frac);
+    int want_text = !strcmp(o->format, "text"), want_shards = !strcmp(o->format, "shards");
+    if (!want_text && !want_shards && strcmp(o->format, "auto"))
+        return dl_err(DL_EINVAL, "data format '%s' is not auto, text or shards", o->format);
+
+    dl_data *d = dl_xcalloc(1, sizeof *d);
+    d->T = o->seq_len;
+    d->seed = o->seed;
+    uint64_t cap = 0;
+    int rc = 0;
+    struct stat st;
+    if (stat(o->path, &st) != 0) {
+        rc = dl_err(DL_EIO, "data path %s: %s", o->path, strerror(errno));
+        goto fail;
+    }
+    char **files = NULL;
+    int nfiles = 0;
+    if (S_ISDIR(st.st_mode)) {
+        if ((rc = list_dir(o->path, &files, &nfiles))) goto fail;
+    } else {
+        files = dl_xmalloc(sizeof *files);
+        files[0] = strdup(o->path);
+        nfiles = 1;
+    }
+    if (nfiles == 0) {
+        rc = dl_err(DL_ERANGE, "data directory %s has no files", o->path);
+        free(files);
+        goto fail;
+    }
+    /* auto: decided by the first file's magic */
+    int shards = want_shards;
+    if (!want_text && !want_shards) {
+        unsigned char head[4] = {0};
+        FILE *f = fopen(files[0], "rb");
+        size_t got = f ? fread(head, 1, 4, f) : 0;
+        if (f) fclose(f);
+        shards = is_shard_bytes(head, got);
+    }
+    if (!shards && o->vocab < 256)
+        rc = dl_err(DL_ERANGE, "text data needs vocab >= 256 (bytes), got %d", o->vocab);
+    for (int i = 0; i < nfiles && !rc; i++) {
+        if (shards) {
+            size_t l = strlen(files[i]);
+            if (nfiles > 1 && (l < 4 || strcmp(files[i] + l - 4, ".bin"))) continue;
+            rc = load_shard(d, files[i], o->vocab, &cap);
+        } else {
+            rc = load_text(d, files[i], &cap);
+        }
+    }
+    for (int i = 0; i < nfiles; i++) free(files[i]);
+    free(files);
+    if (rc) goto fail;
+    snprintf(d->kind, sizeof d->kind, "%s", shards ? "shards" : "text");
+
+    uint64_t T = (uint64_t)d->T;
+    uint64_t nseq = d->ntok > T ? (d->ntok - 1) / T : 0;
+    if (nseq < 2) {
+        rc = dl_err(DL_ERANGE, "%s: %llu tokens are too few for sequences of %llu", o->path,
+                    (unsigned long long)d->ntok, (unsigned long long)T);
+        goto fail;
+    }
+    d->train = dl_xmalloc(nseq * sizeof(uint64_t));
+    d->val = dl_xmalloc(nseq * sizeof(uint64_t));
+    uint64_t thresh = (uint64_t)(o->val_frac * 1000000.0);
+    for (uint64_t s = 0; s < nseq; s++) {
+        uint64_t h = dl_hash64(&s, sizeof s, 0x5EEDu) % 1000000u;
+        if (h < thresh) d->val[d->nval++] = s * T;
+        else d->train[d->ntrain++] = s * T;
+    }
+    if (d->ntrain == 0 || (o->val_frac > 0 && d->nval == 0)) {
+        rc = dl_err(DL_ERANGE, "%s: split of %llu sequences left an empty train or validation set", o->path,
+                    (unsigned long long)nseq);
+        goto fail;
+    }
+    d->perm = dl_xmalloc(d->ntrain * sizeof(uint64_t));
+    d->pos.epoch = 0;
+    d->pos.index = 0;
+    shuffle_epoch(d);
+    *out = d;
+    return 0;
+fail:
+    dl_data_close(&d);
+    return rc;
+}
+
+void dl_data_close(dl_data **dp)
+{
+    if (!dp || !*dp) return;
+    dl_data *d = *dp;
+    free(d->tok);
+    free(d->train);
+    free(d->perm);
+    free(d->val);
+    free(d);
+    *dp = NULL;
+}
+
+uint64_t dl_data_num_tokens(const dl_data *d) { return d->ntok; }
+uint64_t dl_data_train_seqs(const dl_data *d) { return d->ntrain; }
+uint64_t dl_data_val_seqs(const dl_data *d) { return d->nval; }
+const char *dl_data_kind(const dl_data *d) { return d->kind; }
+
+static void copy_seq(const dl_data *d, uint64_t off, int32_t *inp, int32_t *tgt)
+{
+    const uint16_t *t = d->tok + off;
+    for (int i = 0; i < d->T; i++) {
+        inp[i] = t[i];
+        tgt[i] = t[i + 1];
+    }
+}
+
+void dl_data_next_train(dl_data *d, int B, int32_t *inp, int32_t *tgt)
+{
+    for (int b = 0; b < B; b++) {
+        if (d->pos.index >= d->ntrain) {
+            d->pos.epoch++;
+            d->pos.index = 0;
+            shuffle_epoch(d);
+        }
+        copy_seq(d, d->train[d->perm[d->pos.index++]], inp + (size_t)b * d->T, tgt + (size_t)b * d->T);
+    }
+}
+
+void dl_data_val_batch(const dl_data *d, uint64_t i, int B, int32_t *inp, int32_t *tgt)
+{
+    const uint64_t *src = d->nval ? d->val : d->train;
+    uint64_t n = d->nval ? d->nval : d->ntrain;
+    for (int b = 0; b < B; b++)
+        copy_seq(d, src[(i * (uint64_t)B + (uint64_t)b) % n], inp + (size_t)b * d->T, tgt + (size_t)b * d->T);
+}
+
+dl_data_pos dl_data_get_pos(const dl_data *d) { return d->pos; }
+
+int dl_data_set_pos(dl_data *d, dl_data_pos pos)
+{
+    if (pos.index > d->ntrain)
+        return dl_err(DL_ERANGE, "data position %llu is past the %llu training sequences of an epoch",
+                      (unsigned long long)pos.index, (unsigned long long)d->ntrain);
+    d->pos = pos;
+    shuffle_epoch(d);
+    return 0;
+}
+
+int dl_data_write_shard(const char *path, const uint16_t *tokens, uint64_t n)
+{
+    if (n > INT32_MAX) return dl_err(DL_ERANGE, "%llu tokens do not fit a shard header", (unsigned long long)n);
+    FILE *f = fopen(path, "wb");
+    if (!f) return dl_err(DL_EIO, "cannot create %s: %s", path, strerror(errno));
+    int32_t hdr[256] = {DL_SHARD_MAGIC, DL_SHARD_VERSION, (int32_t)n};
+    int ok = fwrite(hdr, sizeof hdr, 1, f) == 1 && (n == 0 || fwrite(tokens, 2, n, f) == n);
+    ok = (fclose(f) == 0) && ok;
+    return ok ? 0 : dl_err(DL_EIO, "write %s failed", path);
+}

@@ -1,0 +1,51 @@
+/* Training data: raw text as bytes (vocab 256) or llm.c uint16 token shards
+ * (256-int32 header, magic 20240520), split into train/validation sequences,
+ * shuffled per epoch from a seed, with a position a checkpoint can store. */
+#ifndef DL_LEARNER_DATA_H
+#define DL_LEARNER_DATA_H
+
+#include <stdint.h>
+
+#define DL_SHARD_MAGIC 20240520
+#define DL_SHARD_VERSION 1
+
+typedef struct dl_data dl_data;
+
+typedef struct {
+    uint64_t epoch; /* completed passes over the training sequences */
+    uint64_t index; /* next sequence within this epoch's permutation */
+} dl_data_pos;
+
+typedef struct {
+    const char *path;   /* a file, or a directory of text files / .bin shards */
+    const char *format; /* "auto" | "text" | "shards" */
+    int seq_len;        /* T: each sample is T inputs + T shifted targets */
+    int vocab;          /* shards: tokens must be < vocab; text: must be >= 256 */
+    double val_frac;    /* fraction of sequences held out, chosen by a fixed hash */
+    uint64_t seed;      /* shuffling seed (train order only; the split never changes) */
+} dl_data_opts;
+
+/* Load and validate. Errors: DL_EIO (unreadable), DL_EFORMAT (foreign file:
+ * a shard without the magic, wrong version), DL_ETRUNC (shard shorter than
+ * its header says), DL_ERANGE (token >= vocab, too little data). */
+int dl_data_open(const dl_data_opts *o, dl_data **out);
+void dl_data_close(dl_data **d);
+
+uint64_t dl_data_num_tokens(const dl_data *d);
+uint64_t dl_data_train_seqs(const dl_data *d);
+uint64_t dl_data_val_seqs(const dl_data *d);
+const char *dl_data_kind(const dl_data *d); /* "text" or "shards" */
+
+/* Next B training sequences into inp/tgt [B*T]; advances the position and
+ * reshuffles at each epoch boundary. */
+void dl_data_next_train(dl_data *d, int B, int32_t *inp, int32_t *tgt);
+/* Validation batch i (sequences i*B .. i*B+B-1, wrapping): fixed across runs. */
+void dl_data_val_batch(const dl_data *d, uint64_t i, int B, int32_t *inp, int32_t *tgt);
+
+dl_data_pos dl_data_get_pos(const dl_data *d);
+int dl_data_set_pos(dl_data *d, dl_data_pos pos); /* DL_ERANGE if index is past the epoch */
+
+/* Write tokens as an llm.c shard (used by tests and tools). */
+int dl_data_write_shard(const char *path, const uint16_t *tokens, uint64_t n);
+
+#endif

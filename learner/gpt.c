@@ -1,0 +1,410 @@
+/* GPT-2 forward/backward over one contiguous parameter buffer (per-layer
+ * tensors in llm.c order), activations in one allocation, AdamW in place. */
+#include "learner/gpt.h"
+
+#include "core/err.h"
+#include "core/rng.h"
+#include "kernels/cpu.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* per-layer tensor order inside the buffer */
+enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NLAYER_T };
+
+struct dl_gpt {
+    dl_gpt_config cfg;
+    int maxB;
+    dl_tensor *tensors; /* 2 + 12L + 2 entries */
+    int ntensors;
+    size_t nparams;
+    float *params, *grads, *m, *v; /* nparams floats each */
+
+    /* activations, one allocation; [L,...] arrays index layer-major */
+    float *acts;
+    size_t nacts;
+    float *encoded;            /* [B,T,C] */
+    float *ln1, *ln1_mean, *ln1_rstd; /* [L,B,T,C], [L,B,T], [L,B,T] */
+    float *qkv;                /* [L,B,T,3C] */
+    float *atty;               /* [L,B,T,C] */
+    float *att;                /* [L,B,NH,T,T] */
+    float *res2;               /* [L,B,T,C] residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fch_gelu;     /* [L,B,T,4C] */
+    float *res3;               /* [L,B,T,C] residual after MLP = next layer input */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    float *logits;             /* [B,T,Vp]; reused as dlogits in backward */
+    float *probs;              /* [B,T,Vp] (only first V columns used) */
+    float *losses;             /* [B,T] */
+    /* backward scratch, one layer at a time */
+    float *dres;               /* [B,T,C] gradient flowing down the residual stream */
+    float *dbuf;               /* [B,T,C] */
+    float *dbuf2;              /* [B,T,C] */
+    float *dqkv;               /* [B,T,3C] */
+    float *dfch;               /* [B,T,4C] */
+    float *datt;               /* [B,NH,T,T] */
+
+    int B, T;                  /* shape of the last forward */
+    const int32_t *inp, *targets;
+    int32_t *inp_copy, *tgt_copy; /* [maxB*T] kept for backward */
+};
+
+int dl_gpt_config_check(dl_gpt_config *c)
+{
+    if (c->n_layer < 1 || c->n_layer > 256) return dl_err(DL_EINVAL, "n_layer %d not in [1, 256]", c->n_layer);
+    if (c->n_embd < 8 || c->n_embd > 16384) return dl_err(DL_EINVAL, "n_embd %d not in [8, 16384]", c->n_embd);
+    if (c->n_head < 1 || c->n_embd % c->n_head)
+        return dl_err(DL_EINVAL, "n_embd %d is not a multiple of n_head %d", c->n_embd, c->n_head);
+    if (c->seq_len < 2 || c->seq_len > 65536) return dl_err(DL_EINVAL, "seq_len %d not in [2, 65536]", c->seq_len);
+    if (c->vocab < 2 || c->vocab > (1 << 24)) return dl_err(DL_EINVAL, "vocab %d not in [2, 2^24]", c->vocab);
+    c->padded_vocab = (c->vocab + 63) / 64 * 64;
+    return 0;
+}
+
+int dl_gpt_tensor_table(const dl_gpt_config *cfg, dl_tensor *out, int cap, size_t *numel)
+{
+    int L = cfg->n_layer, C = cfg->n_embd, Vp = cfg->padded_vocab, T = cfg->seq_len;
+    int n = 0;
+    size_t off = 0;
+#define ADD(nm, kd, d0, d1)                                                                                       \
+    do {                                                                                                          \
+        if (n < cap) {                                                                                            \
+            dl_tensor *e = &out[n];                                                                               \
+            memset(e, 0, sizeof *e);                                                                              \
+            snprintf(e->name, sizeof e->name, "%s", nm);                                                          \
+            e->offset = off;                                                                                      \
+            e->ndim = (d1) != 0 ? 2 : 1;                                                                          \
+            e->shape[0] = (d0);                                                                                   \
+            e->shape[1] = (d1);                                                                                   \
+            e->numel = (size_t)(d0) * ((d1) != 0 ? (size_t)(d1) : 1);                                            \
+            e->kind = (kd);                                                                                       \
+        }                                                                                                         \
+        off += (size_t)(d0) * ((d1) != 0 ? (size_t)(d1) : 1);                                                         \
+        n++;                                                                                                      \
+    } while (0)
+    char nm[48];
+    ADD("wte", DL_TENSOR_EMBED, Vp, C);
+    ADD("wpe", DL_TENSOR_EMBED, T, C);
+    for (int l = 0; l < L; l++) {
+        snprintf(nm, sizeof nm, "h.%d.ln_1.weight", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
+        snprintf(nm, sizeof nm, "h.%d.ln_1.bias", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
+        snprintf(nm, sizeof nm, "h.%d.attn.c_attn.weight", l); ADD(nm, DL_TENSOR_MATRIX, 3 * C, C);
+        snprintf(nm, sizeof nm, "h.%d.attn.c_attn.bias", l); ADD(nm, DL_TENSOR_VECTOR, 3 * C, 0);
+        snprintf(nm, sizeof nm, "h.%d.attn.c_proj.weight", l); ADD(nm, DL_TENSOR_MATRIX, C, C);
+        snprintf(nm, sizeof nm, "h.%d.attn.c_proj.bias", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
+        snprintf(nm, sizeof nm, "h.%d.ln_2.weight", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
+        snprintf(nm, sizeof nm, "h.%d.ln_2.bias", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
+        snprintf(nm, sizeof nm, "h.%d.mlp.c_fc.weight", l); ADD(nm, DL_TENSOR_MATRIX, 4 * C, C);
+        snprintf(nm, sizeof nm, "h.%d.mlp.c_fc.bias", l); ADD(nm, DL_TENSOR_VECTOR, 4 * C, 0);
+        snprintf(nm, sizeof nm, "h.%d.mlp.c_proj.weight", l); ADD(nm, DL_TENSOR_MATRIX, C, 4 * C);
+        snprintf(nm, sizeof nm, "h.%d.mlp.c_proj.bias", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
+    }
+    ADD("ln_f.weight", DL_TENSOR_VECTOR, C, 0);
+    ADD("ln_f.bias", DL_TENSOR_VECTOR, C, 0);
+#undef ADD
+    if (numel) *numel = off;
+    return n;
+}
+
+static float *carve(float **cursor, size_t n)
+{
+    float *p = *cursor;
+    *cursor += (n + 15) & ~(size_t)15; /* keep 64-byte alignment of every view */
+    return p;
+}
+
+int dl_gpt_open(const dl_gpt_config *cfg_in, int B, dl_gpt **out)
+{
+    *out = NULL;
+    dl_gpt_config cfg = *cfg_in;
+    DL_TRY(dl_gpt_config_check(&cfg));
+    if (B < 1 || B > 65536) return dl_err(DL_EINVAL, "batch size %d not in [1, 65536]", B);
+    dl_gpt *g = dl_xcalloc(1, sizeof *g);
+    g->cfg = cfg;
+    g->maxB = B;
+    g->ntensors = dl_gpt_tensor_table(&cfg, NULL, 0, &g->nparams);
+    g->tensors = dl_xcalloc((size_t)g->ntensors, sizeof(dl_tensor));
+    dl_gpt_tensor_table(&cfg, g->tensors, g->ntensors, NULL);
+
+    size_t np = (g->nparams + 15) & ~(size_t)15;
+    float *blob = NULL;
+    if (posix_memalign((void **)&blob, 64, 4 * np * sizeof(float))) {
+        int rc = dl_err(DL_ENOMEM, "model state of %zu parameters x 4 buffers", g->nparams);
+        free(g->tensors);
+        free(g);
+        return rc;
+    }
+    memset(blob, 0, 4 * np * sizeof(float));
+    g->params = blob;
+    g->grads = blob + np;
+    g->m = blob + 2 * np;
+    g->v = blob + 3 * np;
+
+    size_t L = (size_t)cfg.n_layer, C = (size_t)cfg.n_embd, T = (size_t)cfg.seq_len, NH = (size_t)cfg.n_head;
+    size_t Vp = (size_t)cfg.padded_vocab, BT = (size_t)B * T;
+    size_t sizes[] = {
+        BT * C,                                     /* encoded */
+        L * BT * C, L * BT, L * BT,                 /* ln1 */
+        L * BT * 3 * C, L * BT * C,                 /* qkv, atty */
+        L * (size_t)B * NH * T * T,                 /* att */
+        L * BT * C,                                 /* res2 */
+        L * BT * C, L * BT, L * BT,                 /* ln2 */
+        L * BT * 4 * C, L * BT * 4 * C,             /* fch, fch_gelu */
+        L * BT * C,                                 /* res3 */
+        BT * C, BT, BT,                             /* lnf */
+        BT * Vp, BT * Vp, BT,                       /* logits, probs, losses */
+        BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, (size_t)B * NH * T * T /* backward scratch */
+    };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 15) & ~(size_t)15;
+    if (posix_memalign((void **)&g->acts, 64, total * sizeof(float))) {
+        free(blob);
+        free(g->tensors);
+        free(g);
+        return dl_err(DL_ENOMEM, "activations of %zu floats (B=%d, T=%zu)", total, B, T);
+    }
+    memset(g->acts, 0, total * sizeof(float));
+    g->nacts = total;
+    float *c = g->acts;
+    g->encoded = carve(&c, BT * C);
+    g->ln1 = carve(&c, L * BT * C);
+    g->ln1_mean = carve(&c, L * BT);
+    g->ln1_rstd = carve(&c, L * BT);
+    g->qkv = carve(&c, L * BT * 3 * C);
+    g->atty = carve(&c, L * BT * C);
+    g->att = carve(&c, L * (size_t)B * NH * T * T);
+    g->res2 = carve(&c, L * BT * C);
+    g->ln2 = carve(&c, L * BT * C);
+    g->ln2_mean = carve(&c, L * BT);
+    g->ln2_rstd = carve(&c, L * BT);
+    g->fch = carve(&c, L * BT * 4 * C);
+    g->fch_gelu = carve(&c, L * BT * 4 * C);
+    g->res3 = carve(&c, L * BT * C);
+    g->lnf = carve(&c, BT * C);
+    g->lnf_mean = carve(&c, BT);
+    g->lnf_rstd = carve(&c, BT);
+    g->logits = carve(&c, BT * Vp);
+    g->probs = carve(&c, BT * Vp);
+    g->losses = carve(&c, BT);
+    g->dres = carve(&c, BT * C);
+    g->dbuf = carve(&c, BT * C);
+    g->dbuf2 = carve(&c, BT * C);
+    g->dqkv = carve(&c, BT * 3 * C);
+    g->dfch = carve(&c, BT * 4 * C);
+    g->datt = carve(&c, (size_t)B * NH * T * T);
+    assert((size_t)(c - g->acts) == total);
+    g->inp_copy = dl_xcalloc(BT, sizeof(int32_t));
+    g->tgt_copy = dl_xcalloc(BT, sizeof(int32_t));
+    *out = g;
+    return 0;
+}
+
+void dl_gpt_close(dl_gpt **gp)
+{
+    if (!gp || !*gp) return;
+    dl_gpt *g = *gp;
+    free(g->params); /* params, grads, m, v share one allocation */
+    free(g->acts);
+    free(g->tensors);
+    free(g->inp_copy);
+    free(g->tgt_copy);
+    free(g);
+    *gp = NULL;
+}
+
+void dl_gpt_init(dl_gpt *g, uint64_t seed)
+{
+    dl_rng r;
+    dl_rng_seed(&r, seed);
+    float resid_std = 0.02f / sqrtf(2.0f * (float)g->cfg.n_layer);
+    for (int i = 0; i < g->ntensors; i++) {
+        const dl_tensor *t = &g->tensors[i];
+        float *p = g->params + t->offset;
+        const char *nm = t->name;
+        size_t len = strlen(nm);
+        if (t->kind == DL_TENSOR_VECTOR) {
+            /* biases 0, layernorm weights 1 */
+            float val = (len > 7 && !strcmp(nm + len - 7, ".weight")) ? 1.0f : 0.0f;
+            for (size_t j = 0; j < t->numel; j++) p[j] = val;
+            continue;
+        }
+        float std = strstr(nm, "c_proj.weight") ? resid_std : 0.02f;
+        size_t n = t->numel;
+        if (!strcmp(nm, "wte")) n = (size_t)g->cfg.vocab * g->cfg.n_embd; /* padded rows stay 0 */
+        for (size_t j = 0; j < n; j++) p[j] = std * dl_rng_normal(&r);
+        for (size_t j = n; j < t->numel; j++) p[j] = 0.0f;
+    }
+}
+
+const dl_gpt_config *dl_gpt_cfg(const dl_gpt *g) { return &g->cfg; }
+size_t dl_gpt_num_params(const dl_gpt *g) { return g->nparams; }
+float *dl_gpt_params(dl_gpt *g) { return g->params; }
+float *dl_gpt_grads(dl_gpt *g) { return g->grads; }
+float *dl_gpt_adam_m(dl_gpt *g) { return g->m; }
+float *dl_gpt_adam_v(dl_gpt *g) { return g->v; }
+const dl_tensor *dl_gpt_tensors(const dl_gpt *g, int *n)
+{
+    if (n) *n = g->ntensors;
+    return g->tensors;
+}
+const float *dl_gpt_logits(const dl_gpt *g) { return g->logits; }
+
+/* views of layer l's parameters in `base` (params or grads) */
+typedef struct {
+    float *w[NLAYER_T];
+} layer_view;
+
+static layer_view layer_of(const dl_gpt *g, float *base, int l)
+{
+    layer_view v;
+    for (int i = 0; i < NLAYER_T; i++) v.w[i] = base + g->tensors[2 + l * NLAYER_T + i].offset;
+    return v;
+}
+
+double dl_gpt_forward(dl_gpt *g, const int32_t *inp, const int32_t *targets, int B, int T)
+{
+    assert(B >= 1 && B <= g->maxB && T >= 1 && T <= g->cfg.seq_len);
+    int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head, Vp = g->cfg.padded_vocab, V = g->cfg.vocab;
+    size_t BT = (size_t)B * T;
+    g->B = B;
+    g->T = T;
+    memcpy(g->inp_copy, inp, BT * sizeof(int32_t));
+    if (targets) memcpy(g->tgt_copy, targets, BT * sizeof(int32_t));
+    g->targets = targets ? g->tgt_copy : NULL;
+
+    float *P = g->params;
+    float *wte = P + g->tensors[0].offset, *wpe = P + g->tensors[1].offset;
+    dl_cpu_encoder_fwd(g->encoded, g->inp_copy, wte, wpe, B, T, C);
+    const float *x = g->encoded;
+    for (int l = 0; l < L; l++) {
+        layer_view w = layer_of(g, P, l);
+        float *ln1 = g->ln1 + l * BT * C, *m1 = g->ln1_mean + l * BT, *r1 = g->ln1_rstd + l * BT;
+        float *qkv = g->qkv + l * BT * 3 * C, *atty = g->atty + l * BT * C;
+        float *att = g->att + (size_t)l * B * NH * T * T;
+        float *res2 = g->res2 + l * BT * C;
+        float *ln2 = g->ln2 + l * BT * C, *m2 = g->ln2_mean + l * BT, *r2 = g->ln2_rstd + l * BT;
+        float *fch = g->fch + l * BT * 4 * C, *fchg = g->fch_gelu + l * BT * 4 * C;
+        float *res3 = g->res3 + l * BT * C;
+
+        dl_cpu_layernorm_fwd(ln1, m1, r1, x, w.w[LN1W], w.w[LN1B], (int)BT, C);
+        dl_cpu_matmul_fwd(qkv, ln1, w.w[QKVW], w.w[QKVB], (int)BT, C, 3 * C);
+        dl_cpu_attention_fwd(atty, att, qkv, B, T, C, NH);
+        /* res2 = x + atty @ Wproj^T + b: start from x, accumulate the matmul */
+        dl_cpu_matmul_fwd(g->dbuf, atty, w.w[PROJW], w.w[PROJB], (int)BT, C, C);
+        dl_cpu_residual_fwd(res2, x, g->dbuf, BT * C);
+        dl_cpu_layernorm_fwd(ln2, m2, r2, res2, w.w[LN2W], w.w[LN2B], (int)BT, C);
+        dl_cpu_matmul_fwd(fch, ln2, w.w[FCW], w.w[FCB], (int)BT, C, 4 * C);
+        dl_cpu_gelu_fwd(fchg, fch, BT * 4 * C);
+        dl_cpu_matmul_fwd(g->dbuf, fchg, w.w[FCPW], w.w[FCPB], (int)BT, 4 * C, C);
+        dl_cpu_residual_fwd(res3, res2, g->dbuf, BT * C);
+        x = res3;
+    }
+    float *lnfw = P + g->tensors[g->ntensors - 2].offset, *lnfb = P + g->tensors[g->ntensors - 1].offset;
+    dl_cpu_layernorm_fwd(g->lnf, g->lnf_mean, g->lnf_rstd, x, lnfw, lnfb, (int)BT, C);
+    dl_cpu_matmul_fwd(g->logits, g->lnf, wte, NULL, (int)BT, C, Vp);
+    if (!targets) return 0.0;
+    if (Vp == V) return dl_cpu_softmax_xent_fwd(g->probs, g->losses, g->logits, g->tgt_copy, (int)BT, V);
+    /* padded vocab: softmax over the first V columns of each Vp-wide row */
+    double total = 0.0;
+    for (size_t n = 0; n < BT; n++)
+        total += dl_cpu_softmax_xent_fwd(g->probs + n * Vp, g->losses + n, g->logits + n * Vp, g->tgt_copy + n, 1, V);
+    return total / (double)BT;
+}
+
+void dl_gpt_zero_grad(dl_gpt *g) { memset(g->grads, 0, g->nparams * sizeof(float)); }
+
+void dl_gpt_backward(dl_gpt *g)
+{
+    assert(g->targets && "dl_gpt_backward needs a forward with targets");
+    int L = g->cfg.n_layer, C = g->cfg.n_embd, NH = g->cfg.n_head, Vp = g->cfg.padded_vocab, V = g->cfg.vocab;
+    int B = g->B, T = g->T;
+    size_t BT = (size_t)B * T;
+    float *P = g->params, *G = g->grads;
+    float *wte = P + g->tensors[0].offset, *dwte = G + g->tensors[0].offset, *dwpe = G + g->tensors[1].offset;
+    float *dlogits = g->logits; /* logits are not needed any more: reuse */
+    float dloss = 1.0f / (float)BT;
+    if (Vp == V) {
+        dl_cpu_softmax_xent_bwd(dlogits, g->probs, g->tgt_copy, (int)BT, V, dloss);
+    } else {
+        for (size_t n = 0; n < BT; n++) {
+            dl_cpu_softmax_xent_bwd(dlogits + n * Vp, g->probs + n * Vp, g->tgt_copy + n, 1, V, dloss);
+            memset(dlogits + n * Vp + V, 0, (size_t)(Vp - V) * sizeof(float));
+        }
+    }
+    /* lm head (tied to wte): dlnf = dlogits @ wte, dwte += dlogits^T @ lnf */
+    memset(g->dbuf, 0, BT * C * sizeof(float));
+    dl_cpu_matmul_bwd(g->dbuf, dwte, NULL, dlogits, g->lnf, wte, (int)BT, C, Vp);
+    const float *xlast = L > 0 ? g->res3 + (size_t)(L - 1) * BT * C : g->encoded;
+    int lf = g->ntensors - 2;
+    memset(g->dres, 0, BT * C * sizeof(float));
+    dl_cpu_layernorm_bwd(g->dres, G + g->tensors[lf].offset, G + g->tensors[lf + 1].offset, g->dbuf, xlast,
+                         P + g->tensors[lf].offset, g->lnf_mean, g->lnf_rstd, (int)BT, C);
+
+    for (int l = L - 1; l >= 0; l--) {
+        layer_view w = layer_of(g, P, l), dw = layer_of(g, G, l);
+        const float *x = l == 0 ? g->encoded : g->res3 + (size_t)(l - 1) * BT * C;
+        float *ln1 = g->ln1 + l * BT * C, *m1 = g->ln1_mean + l * BT, *r1 = g->ln1_rstd + l * BT;
+        float *qkv = g->qkv + l * BT * 3 * C, *atty = g->atty + l * BT * C;
+        float *att = g->att + (size_t)l * B * NH * T * T;
+        float *res2 = g->res2 + l * BT * C;
+        float *ln2 = g->ln2 + l * BT * C, *m2 = g->ln2_mean + l * BT, *r2 = g->ln2_rstd + l * BT;
+        float *fch = g->fch + l * BT * 4 * C, *fchg = g->fch_gelu + l * BT * 4 * C;
+
+        /* g->dres holds dL/d(res3); it is also dL/d(res2) through the skip */
+        memset(g->dfch, 0, BT * 4 * C * sizeof(float));
+        dl_cpu_matmul_bwd(g->dfch, dw.w[FCPW], dw.w[FCPB], g->dres, fchg, w.w[FCPW], (int)BT, 4 * C, C);
+        /* dfch holds d(fch_gelu); gelu backward into a second buffer would cost
+         * BT*4C floats, so do it in place through the dqkv-free scratch: */
+        memset(g->dqkv, 0, BT * 3 * C * sizeof(float));
+        float *dpre = g->fch_gelu + l * BT * 4 * C; /* fch_gelu no longer needed after matmul_bwd */
+        memset(dpre, 0, BT * 4 * C * sizeof(float));
+        dl_cpu_gelu_bwd(dpre, fch, g->dfch, BT * 4 * C);
+        memset(g->dbuf, 0, BT * C * sizeof(float));
+        dl_cpu_matmul_bwd(g->dbuf, dw.w[FCW], dw.w[FCB], dpre, ln2, w.w[FCW], (int)BT, C, 4 * C);
+        dl_cpu_layernorm_bwd(g->dres, dw.w[LN2W], dw.w[LN2B], g->dbuf, res2, w.w[LN2W], m2, r2, (int)BT, C);
+        /* g->dres now dL/d(res2); attention branch */
+        memset(g->dbuf, 0, BT * C * sizeof(float));
+        dl_cpu_matmul_bwd(g->dbuf, dw.w[PROJW], dw.w[PROJB], g->dres, atty, w.w[PROJW], (int)BT, C, C);
+        dl_cpu_attention_bwd(g->dqkv, g->datt, g->dbuf, qkv, att, B, T, C, NH);
+        memset(g->dbuf2, 0, BT * C * sizeof(float));
+        dl_cpu_matmul_bwd(g->dbuf2, dw.w[QKVW], dw.w[QKVB], g->dqkv, ln1, w.w[QKVW], (int)BT, C, 3 * C);
+        dl_cpu_layernorm_bwd(g->dres, dw.w[LN1W], dw.w[LN1B], g->dbuf2, x, w.w[LN1W], m1, r1, (int)BT, C);
+    }
+    dl_cpu_encoder_bwd(dwte, dwpe, g->dres, g->inp_copy, B, T, C);
+}
+
+float dl_gpt_adamw_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t)
+{
+    assert(t >= 1);
+    double norm = sqrt(dl_cpu_sumsq(g->grads, g->nparams));
+    float scale = 1.0f;
+    /* same rule as torch.nn.utils.clip_grad_norm_ */
+    if (c->grad_clip > 0.0f) {
+        double coef = c->grad_clip / (norm + 1e-6);
+        if (coef < 1.0) scale = (float)coef;
+    }
+    dl_adamw_hp hp = {.lr = lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps, .grad_scale = scale, .t = t};
+    /* contiguous runs of tensors with the same decay are updated in one call */
+    int i = 0;
+    while (i < g->ntensors) {
+        int decay = g->tensors[i].kind != DL_TENSOR_VECTOR;
+        int j = i + 1;
+        while (j < g->ntensors && (g->tensors[j].kind != DL_TENSOR_VECTOR) == decay) j++;
+        size_t off = g->tensors[i].offset;
+        size_t n = g->tensors[j - 1].offset + g->tensors[j - 1].numel - off;
+        hp.weight_decay = decay ? c->weight_decay : 0.0f;
+        dl_cpu_adamw(g->params + off, g->grads + off, g->m + off, g->v + off, n, &hp);
+        i = j;
+    }
+    return (float)norm;
+}
+
+double dl_gpt_flops_per_token(const dl_gpt_config *cfg, int T)
+{
+    double L = cfg->n_layer, C = cfg->n_embd, Vp = cfg->padded_vocab;
+    double matmul_params = L * 12.0 * C * C + Vp * C; /* qkv 3CC + proj CC + fc 4CC + fcproj 4CC, lm head */
+    double attn = L * 2.0 * 2.0 * T * C;              /* qk^T and av, per token, full (non-causal) count */
+    return 3.0 * (2.0 * matmul_params + attn);        /* forward + 2x for backward */
+}

@@ -1,0 +1,72 @@
+/* The GPT-2 model over one contiguous fp32 parameter buffer with a tensor
+ * table (llm.c-style layout, per-layer tensors), its forward/backward on the
+ * CPU kernels, and the AdamW inner optimizer over the same contiguous views. */
+#ifndef DL_LEARNER_GPT_H
+#define DL_LEARNER_GPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/tensor.h"
+
+typedef struct {
+    int n_layer;      /* L */
+    int n_head;       /* NH; n_embd % n_head == 0 */
+    int n_embd;       /* C */
+    int seq_len;      /* T, maximum context (wpe rows) */
+    int vocab;        /* V, real vocabulary */
+    int padded_vocab; /* Vp >= V: wte rows, V rounded up to 64 (set by dl_gpt_config_check) */
+} dl_gpt_config;
+
+/* Validate a config and fill padded_vocab. DL_EINVAL with a message otherwise. */
+int dl_gpt_config_check(dl_gpt_config *cfg);
+
+
+/* Tensor table of a config, without allocating a model: fills up to `cap`
+ * entries, returns the count (2 + 12*L + 2). Total floats in *numel. */
+int dl_gpt_tensor_table(const dl_gpt_config *cfg, dl_tensor *out, int cap, size_t *numel);
+
+typedef struct dl_gpt dl_gpt;
+
+/* Allocate params, grads, AdamW moments and activations for batches up to
+ * B x cfg->seq_len. Params are zero until dl_gpt_init or a load. */
+int dl_gpt_open(const dl_gpt_config *cfg, int B, dl_gpt **out);
+void dl_gpt_close(dl_gpt **g); /* safe on NULL and twice */
+
+/* GPT-2 init from a seed: weights N(0, 0.02), residual projections
+ * N(0, 0.02/sqrt(2L)), biases 0, layernorm weights 1, padded wte rows 0. */
+void dl_gpt_init(dl_gpt *g, uint64_t seed);
+
+const dl_gpt_config *dl_gpt_cfg(const dl_gpt *g);
+size_t dl_gpt_num_params(const dl_gpt *g);
+float *dl_gpt_params(dl_gpt *g);
+float *dl_gpt_grads(dl_gpt *g);
+float *dl_gpt_adam_m(dl_gpt *g);
+float *dl_gpt_adam_v(dl_gpt *g);
+const dl_tensor *dl_gpt_tensors(const dl_gpt *g, int *n);
+
+/* Forward on inp[B,T] (token ids < vocab, checked by the caller's loader).
+ * With targets, computes the mean cross-entropy and returns it; without
+ * (NULL), returns 0 and only logits are valid. 1 <= B <= max B, T <= seq_len. */
+double dl_gpt_forward(dl_gpt *g, const int32_t *inp, const int32_t *targets, int B, int T);
+const float *dl_gpt_logits(const dl_gpt *g); /* [B,T,Vp] of the last forward */
+
+void dl_gpt_zero_grad(dl_gpt *g);
+/* Backward of the last forward (which must have had targets); grads += . */
+void dl_gpt_backward(dl_gpt *g);
+
+typedef struct {
+    float beta1, beta2, eps;
+    float weight_decay; /* applied to matrices and embeddings, not to biases / layernorm */
+    float grad_clip;    /* global-norm clip; 0 disables */
+} dl_adamw_cfg;
+
+/* One AdamW step with learning rate lr at 1-based step t. Returns the global
+ * gradient norm before clipping. */
+float dl_gpt_adamw_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t);
+
+/* FLOPs of one training step (forward + backward) per token: 6*N_matmul +
+ * attention, for MFU figures. */
+double dl_gpt_flops_per_token(const dl_gpt_config *cfg, int T);
+
+#endif

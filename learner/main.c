@@ -1,0 +1,228 @@
+/* dloco-learner: trains the GPT. Today: --standalone (one learner, no
+ * synchronizer) with progress lines, evaluation, checkpoints and a summary. */
+#include "core/clock.h"
+#include "core/config.h"
+#include "core/err.h"
+#include "core/log.h"
+#include "learner/train.h"
+
+#include <math.h>
+#include <omp.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    int standalone;
+    char data[DL_CFG_STRLEN];
+    char data_format[DL_CFG_STRLEN];
+    double val_frac;
+    int64_t n_layer, n_head, n_embd, seq_len, vocab;
+    int64_t batch, steps, warmup;
+    double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
+    int64_t seed;
+    int64_t val_every, val_batches, log_every;
+    char checkpoint[DL_CFG_STRLEN];
+    int64_t save_every;
+    char resume[DL_CFG_STRLEN];
+    char loss_log[DL_CFG_STRLEN];
+    int64_t threads;
+    char log_level[DL_CFG_STRLEN];
+} learner_cfg;
+
+#define F(x) offsetof(learner_cfg, x)
+static const dl_cfg_entry learner_table[] = {
+    {"standalone", DL_CFG_BOOL, F(standalone), 0, 0, "false", NULL, 0, "train alone, without a synchronizer"},
+    {"data", DL_CFG_STR, F(data), 0, 0, "/usr/share/games/fortunes", NULL, 0,
+     "training data: text file, directory of text files, or llm.c .bin shard(s)"},
+    {"data_format", DL_CFG_ENUM, F(data_format), 0, 0, "auto", "auto|text|shards", 0, "how to read --data"},
+    {"val_frac", DL_CFG_FLOAT, F(val_frac), 0.0, 0.5, "0.05", NULL, 0, "fraction of sequences held out"},
+    {"n_layer", DL_CFG_INT, F(n_layer), 1, 256, "4", NULL, 0, "transformer blocks (L)"},
+    {"n_head", DL_CFG_INT, F(n_head), 1, 256, "4", NULL, 0, "attention heads (NH)"},
+    {"n_embd", DL_CFG_INT, F(n_embd), 8, 16384, "128", NULL, 0, "channels (C)"},
+    {"seq_len", DL_CFG_INT, F(seq_len), 2, 65536, "128", NULL, 0, "context length (T)"},
+    {"vocab", DL_CFG_INT, F(vocab), 0, 16777216, "0", NULL, 0, "vocabulary; 0 = 256 for text, 50257 for shards"},
+    {"batch", DL_CFG_INT, F(batch), 1, 65536, "16", NULL, 0, "sequences per step (B)"},
+    {"steps", DL_CFG_INT, F(steps), 1, 1000000000, "1000", NULL, 0, "optimizer steps"},
+    {"warmup", DL_CFG_INT, F(warmup), 0, 1000000000, "50", NULL, 0, "linear warm-up steps"},
+    {"lr", DL_CFG_FLOAT, F(lr), 0.0, 1.0, "3e-3", NULL, 0, "peak AdamW learning rate"},
+    {"min_lr_frac", DL_CFG_FLOAT, F(min_lr_frac), 0.0, 1.0, "0.1", NULL, 0, "cosine floor as a fraction of lr"},
+    {"weight_decay", DL_CFG_FLOAT, F(weight_decay), 0.0, 10.0, "0.1", NULL, 0, "decoupled weight decay (matrices, embeddings)"},
+    {"beta1", DL_CFG_FLOAT, F(beta1), 0.0, 0.9999, "0.9", NULL, 0, "AdamW beta1"},
+    {"beta2", DL_CFG_FLOAT, F(beta2), 0.0, 0.99999, "0.95", NULL, 0, "AdamW beta2"},
+    {"eps", DL_CFG_FLOAT, F(eps), 1e-12, 1e-2, "1e-8", NULL, 0, "AdamW epsilon"},
+    {"grad_clip", DL_CFG_FLOAT, F(grad_clip), 0.0, 1e6, "1.0", NULL, 0, "global gradient-norm clip (0 = off)"},
+    {"seed", DL_CFG_INT, F(seed), 0, 9.2e18, "1337", NULL, 0, "init and shuffling seed"},
+    {"val_every", DL_CFG_INT, F(val_every), 0, 1000000000, "100", NULL, 0, "evaluate every N steps (0 = only at the end)"},
+    {"val_batches", DL_CFG_INT, F(val_batches), 1, 100000, "16", NULL, 0, "batches per evaluation"},
+    {"log_every", DL_CFG_INT, F(log_every), 1, 1000000000, "10", NULL, 0, "progress line every N steps"},
+    {"checkpoint", DL_CFG_STR, F(checkpoint), 0, 0, "", NULL, 0, "checkpoint file written at the end (and every save_every)"},
+    {"save_every", DL_CFG_INT, F(save_every), 0, 1000000000, "0", NULL, 0, "checkpoint every N steps (0 = only at the end)"},
+    {"resume", DL_CFG_STR, F(resume), 0, 0, "", NULL, 0, "checkpoint file to resume from"},
+    {"loss_log", DL_CFG_STR, F(loss_log), 0, 0, "", NULL, 0, "append 'step train_loss' with exact hex floats to this file"},
+    {"threads", DL_CFG_INT, F(threads), 0, 1024, "0", NULL, 0, "CPU threads (0 = OMP_NUM_THREADS or all cores)"},
+    {"log_level", DL_CFG_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error", 0, "log verbosity"},
+};
+#undef F
+#define NCFG (sizeof learner_table / sizeof learner_table[0])
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+static int fail(const char *what, int rc)
+{
+    fprintf(stderr, "dloco-learner: %s: %s%s%s\n", what, dl_strerror(rc), dl_errmsg()[0] ? ": " : "", dl_errmsg());
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    learner_cfg cfg;
+    int rc = dl_cfg_parse_args(learner_table, NCFG, &cfg, argc, argv);
+    if (rc == 1) {
+        printf("usage: dloco-learner --standalone [--config FILE] [--name value ...]\n");
+        dl_cfg_usage(learner_table, NCFG, stdout);
+        return 0;
+    }
+    if (rc) return fail("bad configuration", rc);
+    dl_log_set_level(!strcmp(cfg.log_level, "debug") ? DL_LOG_DEBUG
+                     : !strcmp(cfg.log_level, "warn") ? DL_LOG_WARN
+                     : !strcmp(cfg.log_level, "error") ? DL_LOG_ERROR
+                                                       : DL_LOG_INFO);
+    dl_log_set_name("learner");
+    if (!cfg.standalone) {
+        fprintf(stderr, "dloco-learner: only --standalone training is available in this build "
+                        "(synchronizer mode is not built yet)\n");
+        return 2;
+    }
+    if (cfg.threads > 0) omp_set_num_threads((int)cfg.threads);
+    if (cfg.warmup >= cfg.steps) cfg.warmup = cfg.steps / 10;
+
+    dl_data_opts dopt = {.path = cfg.data,
+                         .format = cfg.data_format,
+                         .seq_len = (int)cfg.seq_len,
+                         .vocab = cfg.vocab ? (int)cfg.vocab : 65536,
+                         .val_frac = cfg.val_frac,
+                         .seed = (uint64_t)cfg.seed};
+    dl_data *data = NULL;
+    if ((rc = dl_data_open(&dopt, &data))) return fail("loading data", rc);
+    int vocab = cfg.vocab ? (int)cfg.vocab : (!strcmp(dl_data_kind(data), "text") ? 256 : 50257);
+    if (!cfg.vocab && strcmp(dl_data_kind(data), "text")) {
+        /* re-open with the real bound so out-of-range tokens are refused */
+        dl_data_close(&data);
+        dopt.vocab = vocab;
+        if ((rc = dl_data_open(&dopt, &data))) return fail("loading data", rc);
+    }
+    dl_train_cfg tc = {
+        .model = {.n_layer = (int)cfg.n_layer, .n_head = (int)cfg.n_head, .n_embd = (int)cfg.n_embd,
+                  .seq_len = (int)cfg.seq_len, .vocab = vocab},
+        .batch = (int)cfg.batch,
+        .steps = cfg.steps,
+        .lr = (float)cfg.lr,
+        .warmup = cfg.warmup,
+        .min_lr_frac = (float)cfg.min_lr_frac,
+        .adamw = {.beta1 = (float)cfg.beta1, .beta2 = (float)cfg.beta2, .eps = (float)cfg.eps,
+                  .weight_decay = (float)cfg.weight_decay, .grad_clip = (float)cfg.grad_clip},
+        .seed = (uint64_t)cfg.seed,
+        .val_batches = (int)cfg.val_batches,
+    };
+    if ((rc = dl_gpt_config_check(&tc.model))) {
+        dl_data_close(&data);
+        return fail("model config", rc);
+    }
+    dl_trainer *tr = NULL;
+    if ((rc = dl_trainer_open(&tc, data, &tr))) return fail("building the model", rc);
+    if (cfg.resume[0] && (rc = dl_trainer_resume(tr, cfg.resume))) {
+        dl_trainer_close(&tr);
+        return fail("resuming", rc);
+    }
+    FILE *losslog = NULL;
+    if (cfg.loss_log[0] && !(losslog = fopen(cfg.loss_log, "a"))) {
+        dl_trainer_close(&tr);
+        return fail("opening loss_log", dl_err(DL_EIO, "%s", cfg.loss_log));
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+
+    dl_gpt *g = dl_trainer_model(tr);
+    size_t nparams = dl_gpt_num_params(g);
+    double flops_tok = dl_gpt_flops_per_token(&tc.model, tc.model.seq_len);
+    int64_t tok_per_step = (int64_t)tc.batch * tc.model.seq_len;
+    printf("dloco-learner standalone: GPT L=%d NH=%d C=%d T=%d V=%d, %zu parameters, B=%d, %d threads\n",
+           tc.model.n_layer, tc.model.n_head, tc.model.n_embd, tc.model.seq_len, vocab, nparams, tc.batch,
+           omp_get_max_threads());
+    printf("data: %s (%s, %llu tokens, %llu train / %llu val sequences)\n", cfg.data, dl_data_kind(data),
+           (unsigned long long)dl_data_num_tokens(data), (unsigned long long)dl_data_train_seqs(data),
+           (unsigned long long)dl_data_val_seqs(data));
+    int64_t start = dl_trainer_steps_done(tr);
+    if (start) printf("resumed from %s at step %lld\n", cfg.resume, (long long)start);
+    double val0 = dl_trainer_eval(tr), val = val0, best = val0;
+    printf("step %6lld | val loss %.4f\n", (long long)start, val0);
+    fflush(stdout);
+
+    double t_run = dl_clock_s(), t_win = t_run, train_sum = 0.0, last_train = NAN;
+    int64_t win_steps = 0, step = start;
+    while (step < cfg.steps && !stop_requested) {
+        float norm;
+        double loss = dl_trainer_step(tr, &norm);
+        step = dl_trainer_steps_done(tr);
+        if (!isfinite(loss)) {
+            fprintf(stderr, "dloco-learner: training loss became %f at step %lld; stopping (lower --lr?)\n", loss,
+                    (long long)step);
+            dl_trainer_close(&tr);
+            return 3;
+        }
+        if (losslog) fprintf(losslog, "%lld %a\n", (long long)step, loss);
+        train_sum += loss;
+        last_train = loss;
+        win_steps++;
+        int do_val = (cfg.val_every && step % cfg.val_every == 0) || step == cfg.steps;
+        if (do_val) {
+            val = dl_trainer_eval(tr);
+            if (val < best) best = val;
+        }
+        if (step % cfg.log_every == 0 || do_val) {
+            double dt = dl_clock_s() - t_win;
+            double ms = 1e3 * dt / (double)win_steps;
+            double tps = (double)(win_steps * tok_per_step) / dt;
+            printf("step %6lld/%lld | train %.4f | ", (long long)step, (long long)cfg.steps,
+                   train_sum / (double)win_steps);
+            if (do_val) printf("val %.4f | ", val);
+            else printf("val    -   | ");
+            printf("lr %.2e | norm %6.3f | %7.0f tok/s | %7.1f ms/step | %.1f GFLOP/s\n",
+                   dl_trainer_lr_at(tr, step), norm, tps, ms, tps * flops_tok * 1e-9);
+            fflush(stdout);
+            t_win = dl_clock_s();
+            train_sum = 0.0;
+            win_steps = 0;
+        }
+        if (cfg.checkpoint[0] && cfg.save_every && step % cfg.save_every == 0 &&
+            (rc = dl_trainer_save(tr, cfg.checkpoint))) {
+            dl_trainer_close(&tr);
+            return fail("saving checkpoint", rc);
+        }
+    }
+    double wall = dl_clock_s() - t_run;
+    if (stop_requested) {
+        printf("stopped by signal at step %lld\n", (long long)step);
+        val = dl_trainer_eval(tr);
+    }
+    if (cfg.checkpoint[0]) {
+        if ((rc = dl_trainer_save(tr, cfg.checkpoint))) {
+            dl_trainer_close(&tr);
+            return fail("saving checkpoint", rc);
+        }
+        printf("checkpoint: %s (step %lld)\n", cfg.checkpoint, (long long)step);
+    }
+    if (losslog) fclose(losslog);
+    int64_t done = step - start;
+    printf("summary: %lld steps in %.1f s | %.0f tok/s | train loss %.4f | val loss %.4f -> %.4f (best %.4f)\n",
+           (long long)done, wall, done ? (double)(done * tok_per_step) / wall : 0.0, last_train, val0, val, best);
+    dl_trainer_close(&tr);
+    return 0;
+}
