@@ -25,6 +25,7 @@ typedef struct {
     int64_t val_every, val_batches, log_every;
     char checkpoint[DL_CFG_STRLEN];
     int64_t save_every;
+    int64_t stop_after;
     char resume[DL_CFG_STRLEN];
     char loss_log[DL_CFG_STRLEN];
     int64_t threads;
@@ -59,6 +60,8 @@ static const dl_cfg_entry learner_table[] = {
     {"log_every", DL_CFG_INT, F(log_every), 1, 1000000000, "10", NULL, 0, "progress line every N steps"},
     {"checkpoint", DL_CFG_STR, F(checkpoint), 0, 0, "", NULL, 0, "checkpoint file written at the end (and every save_every)"},
     {"save_every", DL_CFG_INT, F(save_every), 0, 1000000000, "0", NULL, 0, "checkpoint every N steps (0 = only at the end)"},
+    {"stop_after", DL_CFG_INT, F(stop_after), 0, 1000000000, "0", NULL, 0,
+     "end this invocation after N steps (checkpoint kept; resume later with --resume)"},
     {"resume", DL_CFG_STR, F(resume), 0, 0, "", NULL, 0, "checkpoint file to resume from"},
     {"loss_log", DL_CFG_STR, F(loss_log), 0, 0, "", NULL, 0, "append 'step train_loss' with exact hex floats to this file"},
     {"threads", DL_CFG_INT, F(threads), 0, 1024, "0", NULL, 0, "CPU threads (0 = OMP_NUM_THREADS or all cores)"},
@@ -167,7 +170,9 @@ int main(int argc, char **argv)
 
     double t_run = dl_clock_s(), t_win = t_run, train_sum = 0.0, last_train = NAN;
     int64_t win_steps = 0, step = start;
-    while (step < cfg.steps && !stop_requested) {
+    int64_t stop_at = cfg.stop_after ? start + cfg.stop_after : cfg.steps;
+    if (stop_at > cfg.steps) stop_at = cfg.steps;
+    while (step < stop_at && !stop_requested) {
         float norm;
         double loss = dl_trainer_step(tr, &norm);
         step = dl_trainer_steps_done(tr);

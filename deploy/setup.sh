@@ -1,0 +1,50 @@
+#!/bin/bash
+# Install every Debian package dloco's build, tests and demo need (idempotent).
+# Usage: deploy/setup.sh [--with-torch] [--force]
+#   --with-torch  also install python3-torch (benchmarks and tests/ref only)
+#   --force       run apt-get update + install even if everything is present
+# Nothing is fetched from anywhere but the Debian archive.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config        # compiler and build
+  libopenblas-dev libopenblas0-openmp     # CPU sgemm (the OpenMP build is linked)
+  libzmq3-dev                             # wire: ZeroMQ
+  protobuf-c-compiler libprotobuf-c-dev   # wire: protobuf-c messages
+  liblmdb-dev lmdb-utils                  # synchronizer state store
+  libev-dev                               # synchronizer event loop
+  fortunes fortunes-min                   # the bundled training corpus (~2.5 MB of English text)
+  python3                                 # small helpers in tests and benchmarks
+  iproute2 procps                         # network namespaces / tc for network tests, ps/pkill-free process checks
+)
+WITH_TORCH=0
+FORCE=0
+for a in "$@"; do
+  case "$a" in
+    --with-torch) WITH_TORCH=1 ;;
+    --force) FORCE=1 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$a' (try --help)" >&2; exit 2 ;;
+  esac
+done
+if [ "$WITH_TORCH" = 1 ]; then PKGS+=(python3-torch python3-numpy); fi
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" = 0 ] && [ "$FORCE" = 0 ]; then
+  echo "setup.sh: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "setup.sh: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+echo "setup.sh: installing ${missing[*]:-(forced)}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${PKGS[@]}"
+echo "setup.sh: done"
