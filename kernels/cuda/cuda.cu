@@ -1,0 +1,165 @@
+/* CUDA runtime side of the backend: error recording for the check macros,
+ * device discovery, memory helpers and the per-thread cuBLAS/scratch context. */
+#include "kernels/cuda/internal.h"
+
+#include <atomic>
+#include <cassert>
+#include <cstring>
+
+extern "C" {
+#include "core/log.h"
+}
+
+/* ---- errors */
+
+static int dl_cuda_code(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorDevicesUnavailable: return DL_ENODEV;
+    default: return DL_ECUDA;
+    }
+}
+
+extern "C" int dl_cuda_fail_(int err, const char *expr, const char *file, int line)
+{
+    cudaError_t e = (cudaError_t)err;
+    /* Clear a non-sticky error so it is not reported again by the next
+     * unrelated DL_CUDA_CHECK_LAUNCH(); sticky errors stay regardless. */
+    (void)cudaGetLastError();
+    return dl_err(dl_cuda_code(e), "%s:%d: %s: %s (%s)", file, line, expr, cudaGetErrorString(e),
+                  cudaGetErrorName(e));
+}
+
+extern "C" int dl_cublas_fail_(int status, const char *expr, const char *file, int line)
+{
+    cublasStatus_t s = (cublasStatus_t)status;
+    return dl_err(DL_ECUDA, "%s:%d: %s: %s (%s)", file, line, expr, cublasGetStatusString(s),
+                  cublasGetStatusName(s));
+}
+
+/* ---- device */
+
+/* Empty kernel whose attributes tell whether this binary carries code the
+ * current GPU can run (SASS for its arch or PTX it can JIT). */
+static __global__ void dl_cuda_probe_kernel(void) {}
+
+static int dl_cuda_probe(void)
+{
+    int n = 0;
+    DL_CUDA_CHECK(cudaGetDeviceCount(&n));
+    if (n <= 0) return dl_err(DL_ENODEV, "cudaGetDeviceCount: 0 devices");
+    cudaFuncAttributes attr;
+    DL_CUDA_CHECK(cudaFuncGetAttributes(&attr, dl_cuda_probe_kernel));
+    return 0;
+}
+
+extern "C" int dl_cuda_available(void) { return dl_cuda_probe() == 0; }
+
+extern "C" int dl_cuda_device_name(char *buf, size_t cap)
+{
+    assert(buf && cap > 0);
+    buf[0] = 0;
+    int dev = 0;
+    cudaDeviceProp p;
+    DL_CUDA_CHECK(cudaGetDevice(&dev));
+    DL_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    snprintf(buf, cap, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor,
+             (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    return 0;
+}
+
+static std::atomic<int> dl_cuda_tf32{0};
+
+extern "C" void dl_cuda_set_tf32(int on) { dl_cuda_tf32.store(on ? 1 : 0); }
+
+int dl_cuda_tf32_enabled(void) { return dl_cuda_tf32.load(); }
+
+extern "C" int dl_cuda_sync(void)
+{
+    DL_CUDA_CHECK(cudaDeviceSynchronize());
+    return 0;
+}
+
+/* ---- per-thread context */
+
+static thread_local dl_cuda_ctx dl_tls_ctx;
+static thread_local bool dl_tls_ready;
+
+int dl_cuda_ctx_get(dl_cuda_ctx **out)
+{
+    if (!dl_tls_ready) {
+        dl_cuda_ctx c = {};
+        /* Scratch first: on a machine without a device this is the call that
+         * fails, with a CUDA error that maps to DL_ENODEV. */
+        DL_CUDA_CHECK(cudaMalloc((void **)&c.scratch, (DL_CUDA_SUMSQ_BLOCKS + 1) * sizeof(double)));
+        cublasStatus_t s = cublasCreate(&c.blas);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            cudaFree(c.scratch);
+            return dl_cublas_fail_((int)s, "cublasCreate(&c.blas)", __FILE__, __LINE__);
+        }
+        dl_tls_ctx = c;
+        dl_tls_ready = true;
+    }
+    *out = &dl_tls_ctx;
+    return 0;
+}
+
+extern "C" void dl_cuda_thread_release(void)
+{
+    if (!dl_tls_ready) return;
+    cublasStatus_t s = cublasDestroy(dl_tls_ctx.blas);
+    cudaError_t e = cudaFree(dl_tls_ctx.scratch);
+    if (s != CUBLAS_STATUS_SUCCESS || e != cudaSuccess)
+        DL_WARN("dl_cuda_thread_release: cublasDestroy: %s, cudaFree: %s", cublasGetStatusString(s),
+                cudaGetErrorString(e));
+    dl_tls_ctx = dl_cuda_ctx{};
+    dl_tls_ready = false;
+}
+
+/* ---- memory */
+
+extern "C" int dl_cuda_malloc(size_t bytes, void **out)
+{
+    assert(out);
+    *out = NULL;
+    DL_CUDA_CHECK(cudaMalloc(out, bytes));
+    return 0;
+}
+
+extern "C" void dl_cuda_free(void **p)
+{
+    assert(p);
+    if (!*p) return;
+    cudaError_t e = cudaFree(*p);
+    /* cudaFree also returns errors of earlier asynchronous work; the memory
+     * is gone either way, so report and carry on. */
+    if (e != cudaSuccess) DL_WARN("cudaFree: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    *p = NULL;
+}
+
+extern "C" int dl_cuda_h2d(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return 0;
+    assert(dst && src);
+    DL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return 0;
+}
+
+extern "C" int dl_cuda_d2h(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes) return 0;
+    assert(dst && src);
+    DL_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+extern "C" int dl_cuda_memset0(void *dst, size_t bytes)
+{
+    if (!bytes) return 0;
+    assert(dst);
+    DL_CUDA_CHECK(cudaMemset(dst, 0, bytes));
+    return 0;
+}

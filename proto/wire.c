@@ -1,0 +1,580 @@
+/* ZeroMQ framing and validation of the dloco wire protocol: packs and sends
+ * [routing id][Envelope][payload...], receives and checks every inbound header. */
+#include "proto/wire.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/err.h"
+#include "core/hash.h"
+
+dl_wire_limits dl_wire_limits_default(void)
+{
+    dl_wire_limits lim = {
+        .num_fragments = 0,
+        .fragment_numel = NULL,
+        .max_numel = (uint64_t)1 << 32,
+        .max_name = 128,
+        .max_text = 1024,
+        .max_frames = 2,
+        .verify_checksum = true,
+    };
+    return lim;
+}
+
+/* ---- zmq boundary: every failing call records file:line and zmq's reason */
+
+static int zmq_fail(const char *what, const char *file, int line)
+{
+    int e = zmq_errno();
+    if (e == EAGAIN) return dl_err(DL_EAGAIN, "%s: would block", what);
+    if (e == EINTR) return dl_err(DL_EAGAIN, "%s: interrupted", what);
+    if (e == EHOSTUNREACH) return dl_err(DL_ENOTFOUND, "%s: peer not connected", what);
+    if (e == ENOMEM) return dl_err(DL_ENOMEM, "%s:%d: %s: out of memory", file, line, what);
+    return dl_err(DL_ENET, "%s:%d: %s: %s", file, line, what, zmq_strerror(e));
+}
+#define ZFAIL(what) zmq_fail((what), __FILE__, __LINE__)
+
+static int setopt_int(void *sock, int opt, int v, const char *name)
+{
+    if (zmq_setsockopt(sock, opt, &v, sizeof v) != 0) return ZFAIL(name);
+    return 0;
+}
+
+int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes)
+{
+    assert(sock && max_msg_bytes > 0 && max_msg_bytes <= (size_t)INT64_MAX);
+    int64_t maxmsg = (int64_t)max_msg_bytes;
+    if (zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0)
+        return ZFAIL("setsockopt ZMQ_MAXMSGSIZE");
+    DL_TRY(setopt_int(sock, ZMQ_LINGER, 0, "setsockopt ZMQ_LINGER"));
+    DL_TRY(setopt_int(sock, ZMQ_SNDHWM, DL_WIRE_HWM, "setsockopt ZMQ_SNDHWM"));
+    DL_TRY(setopt_int(sock, ZMQ_RCVHWM, DL_WIRE_HWM, "setsockopt ZMQ_RCVHWM"));
+    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE, 1, "setsockopt ZMQ_TCP_KEEPALIVE"));
+    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_IDLE, 30, "setsockopt ZMQ_TCP_KEEPALIVE_IDLE"));
+    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_INTVL, 10, "setsockopt ZMQ_TCP_KEEPALIVE_INTVL"));
+    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_CNT, 3, "setsockopt ZMQ_TCP_KEEPALIVE_CNT"));
+    DL_TRY(setopt_int(sock, ZMQ_RECONNECT_IVL, 100, "setsockopt ZMQ_RECONNECT_IVL"));
+    DL_TRY(setopt_int(sock, ZMQ_RECONNECT_IVL_MAX, 10000, "setsockopt ZMQ_RECONNECT_IVL_MAX"));
+    if (is_router) {
+        DL_TRY(setopt_int(sock, ZMQ_ROUTER_MANDATORY, 1, "setsockopt ZMQ_ROUTER_MANDATORY"));
+        DL_TRY(setopt_int(sock, ZMQ_ROUTER_HANDOVER, 1, "setsockopt ZMQ_ROUTER_HANDOVER"));
+    }
+    return 0;
+}
+
+/* ---- building messages */
+
+void dl_wire_env_init(Dloco__V1__Envelope *env, const char *run_id, uint64_t epoch,
+                      const char *learner_id)
+{
+    assert(env && run_id && learner_id);
+    dloco__v1__envelope__init(env);
+    env->protocol_version = DL_WIRE_PROTOCOL_VERSION;
+    /* protobuf-c declares strings char *; pack only reads them. */
+    env->run_id = (char *)run_id;
+    env->epoch = epoch;
+    env->learner_id = (char *)learner_id;
+}
+
+const char *dl_wire_body_name(Dloco__V1__Envelope__BodyCase body)
+{
+    switch (body) {
+    case DLOCO__V1__ENVELOPE__BODY__NOT_SET: return "none";
+    case DLOCO__V1__ENVELOPE__BODY_HELLO: return "hello";
+    case DLOCO__V1__ENVELOPE__BODY_WELCOME: return "welcome";
+    case DLOCO__V1__ENVELOPE__BODY_HEARTBEAT: return "heartbeat";
+    case DLOCO__V1__ENVELOPE__BODY_PUSH: return "push";
+    case DLOCO__V1__ENVELOPE__BODY_ACK: return "ack";
+    case DLOCO__V1__ENVELOPE__BODY_UPDATE: return "update";
+    case DLOCO__V1__ENVELOPE__BODY_FETCH: return "fetch";
+    case DLOCO__V1__ENVELOPE__BODY_BYE: return "bye";
+    case DLOCO__V1__ENVELOPE__BODY_ERROR: return "error";
+    default: return "unknown";
+    }
+}
+
+const char *dl_wire_codec_name(Dloco__V1__Codec codec)
+{
+    switch (codec) {
+    case DLOCO__V1__CODEC__CODEC_FP32: return "fp32";
+    case DLOCO__V1__CODEC__CODEC_BF16: return "bf16";
+    case DLOCO__V1__CODEC__CODEC_INT8: return "int8";
+    case DLOCO__V1__CODEC__CODEC_INT4: return "int4";
+    default: return "unknown";
+    }
+}
+
+/* ---- payload sizes and checksums */
+
+static bool is_int_codec(Dloco__V1__Codec c)
+{
+    return c == DLOCO__V1__CODEC__CODEC_INT8 || c == DLOCO__V1__CODEC__CODEC_INT4;
+}
+
+static bool codec_known(Dloco__V1__Codec c)
+{
+    return c == DLOCO__V1__CODEC__CODEC_FP32 || c == DLOCO__V1__CODEC__CODEC_BF16 || is_int_codec(c);
+}
+
+size_t dl_wire_payload_bytes(Dloco__V1__Codec codec, uint64_t numel, uint32_t block_size)
+{
+    if (numel == 0 || !codec_known(codec)) return 0;
+    /* numel <= 2^62 keeps every product below inside uint64 (no wrap). */
+    if (numel > ((uint64_t)1 << 62)) return 0;
+    uint64_t bytes;
+    switch (codec) {
+    case DLOCO__V1__CODEC__CODEC_FP32: bytes = 4 * numel; break;
+    case DLOCO__V1__CODEC__CODEC_BF16: bytes = 2 * numel; break;
+    default: {
+        if (block_size < DL_WIRE_BLOCK_MIN || block_size > DL_WIRE_BLOCK_MAX) return 0;
+        uint64_t blocks = numel / block_size + (numel % block_size != 0);
+        uint64_t values = codec == DLOCO__V1__CODEC__CODEC_INT8 ? numel : numel / 2 + (numel & 1);
+        bytes = values + 4 * blocks;
+    }
+    }
+    if (bytes > SIZE_MAX) return 0;
+    return (size_t)bytes;
+}
+
+uint64_t dl_wire_checksum(const void *payload, size_t len)
+{
+    assert(payload || len == 0);
+    return dl_hash64(payload, len, 0);
+}
+
+bool dl_wire_checksum_ok(const void *payload, size_t len, uint64_t expected)
+{
+    return dl_wire_checksum(payload, len) == expected;
+}
+
+/* ---- validation */
+
+/* Every message text starts with the body name so a log line says where. */
+static int bad(const char *body, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(const char *body, const char *fmt, ...)
+{
+    char detail[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    return dl_err(DL_EPROTO, "%s: %s", body, detail);
+}
+
+/* A bounded string with no control bytes (they would forge log lines).
+ * protobuf-c gives "" for an absent proto3 string; NULL is treated the same. */
+static int check_str(const char *body, const char *field, const char *s, size_t max)
+{
+    if (!s) return 0;
+    size_t n = strnlen(s, max + 1);
+    if (n > max) return bad(body, "%s is %zu bytes, max %zu", field, strlen(s), max);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 || c == 0x7f) return bad(body, "%s has control byte 0x%02x at %zu", field, c, i);
+    }
+    return 0;
+}
+
+static int check_learner_id(const char *body, const char *id, bool may_be_empty)
+{
+    size_t n = id ? strnlen(id, DL_WIRE_LEARNER_ID_MAX + 1) : 0;
+    if (n == 0) return may_be_empty ? 0 : bad(body, "learner_id is empty");
+    if (n > DL_WIRE_LEARNER_ID_MAX)
+        return bad(body, "learner_id is %zu bytes, max %d", strlen(id), DL_WIRE_LEARNER_ID_MAX);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)id[i];
+        bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                  c == '.' || c == '_' || c == '-';
+        if (!ok) return bad(body, "learner_id byte %zu is 0x%02x, allowed [A-Za-z0-9._-]", i, c);
+    }
+    return 0;
+}
+
+static int check_finite(const char *body, const char *field, double v)
+{
+    if (!isfinite(v)) return bad(body, "%s is %g, must be finite", field, v);
+    return 0;
+}
+
+/* Upper bound for fragment indices and counts under `lim`. */
+static uint32_t frag_bound(const dl_wire_limits *lim)
+{
+    return lim->num_fragments ? lim->num_fragments : DL_WIRE_MAX_FRAGMENTS;
+}
+
+static int check_fragment(const char *body, uint32_t fragment, const dl_wire_limits *lim)
+{
+    uint32_t nf = frag_bound(lim);
+    if (fragment >= nf) {
+        if (lim->num_fragments) return bad(body, "fragment %u out of range (num_fragments %u)", fragment, nf);
+        return bad(body, "fragment %u out of range (protocol max %u)", fragment, nf);
+    }
+    return 0;
+}
+
+static int check_num_fragments(const char *body, uint32_t n, const dl_wire_limits *lim)
+{
+    if (n == 0) return bad(body, "num_fragments is 0");
+    if (lim->num_fragments && n != lim->num_fragments)
+        return bad(body, "num_fragments %u, this run has %u", n, lim->num_fragments);
+    if (n > DL_WIRE_MAX_FRAGMENTS) return bad(body, "num_fragments %u, protocol max %u", n, DL_WIRE_MAX_FRAGMENTS);
+    return 0;
+}
+
+/* The tensor description shared by Push and Update, and its payload frame. */
+static int check_tensor(const char *body, uint32_t fragment, Dloco__V1__Codec codec, uint64_t numel,
+                        uint32_t block_size, const size_t *lens, int npayload, const dl_wire_limits *lim)
+{
+    DL_TRY(check_fragment(body, fragment, lim));
+    if (!codec_known(codec)) return bad(body, "unknown codec %d", (int)codec);
+    if (numel == 0) return bad(body, "numel is 0");
+    if (lim->fragment_numel) {
+        if (numel != lim->fragment_numel[fragment])
+            return bad(body, "fragment %u numel %llu, plan says %llu", fragment, (unsigned long long)numel,
+                       (unsigned long long)lim->fragment_numel[fragment]);
+    } else if (numel > lim->max_numel) {
+        return bad(body, "numel %llu exceeds max %llu", (unsigned long long)numel,
+                   (unsigned long long)lim->max_numel);
+    }
+    if (is_int_codec(codec)) {
+        if (block_size < DL_WIRE_BLOCK_MIN || block_size > DL_WIRE_BLOCK_MAX)
+            return bad(body, "block_size %u outside [%u, %u] for %s", block_size, DL_WIRE_BLOCK_MIN,
+                       DL_WIRE_BLOCK_MAX, dl_wire_codec_name(codec));
+    } else if (block_size != 0) {
+        return bad(body, "block_size %u must be 0 for %s", block_size, dl_wire_codec_name(codec));
+    }
+    if (npayload != 1) return bad(body, "needs 1 payload frame, got %d", npayload);
+    size_t need = dl_wire_payload_bytes(codec, numel, block_size);
+    if (need == 0)
+        return bad(body, "%s x %llu has no representable size", dl_wire_codec_name(codec),
+                   (unsigned long long)numel);
+    if (lens[0] != need) {
+        if (is_int_codec(codec))
+            return bad(body, "payload is %zu bytes, %s x %llu (block %u) needs %zu", lens[0],
+                       dl_wire_codec_name(codec), (unsigned long long)numel, block_size, need);
+        return bad(body, "payload is %zu bytes, %s x %llu needs %zu", lens[0], dl_wire_codec_name(codec),
+                   (unsigned long long)numel, need);
+    }
+    return 0;
+}
+
+static int no_payload(const char *body, int npayload)
+{
+    if (npayload != 0) return bad(body, "needs 0 payload frames, got %d", npayload);
+    return 0;
+}
+
+static int check_hello(const Dloco__V1__Hello *m, int npayload, const dl_wire_limits *lim)
+{
+    const char *b = "hello";
+    DL_TRY(no_payload(b, npayload));
+    if (!m->n_layer || !m->n_head || !m->n_embd || !m->seq_len || !m->vocab)
+        return bad(b, "model config has a zero (n_layer %u n_head %u n_embd %u seq_len %u vocab %u)",
+                   m->n_layer, m->n_head, m->n_embd, m->seq_len, m->vocab);
+    DL_TRY(check_num_fragments(b, m->num_fragments, lim));
+    if (m->n_held_versions != 0 && m->n_held_versions != m->num_fragments)
+        return bad(b, "held_versions has %zu entries, expected 0 or num_fragments %u", m->n_held_versions,
+                   m->num_fragments);
+    return check_str(b, "device", m->device, lim->max_name);
+}
+
+static int check_welcome(const Dloco__V1__Welcome *m, int npayload, const dl_wire_limits *lim)
+{
+    const char *b = "welcome";
+    DL_TRY(no_payload(b, npayload));
+    DL_TRY(check_num_fragments(b, m->num_fragments, lim));
+    if (m->n_fragment_versions != m->num_fragments)
+        return bad(b, "fragment_versions has %zu entries, num_fragments is %u", m->n_fragment_versions,
+                   m->num_fragments);
+    if (m->h == 0) return bad(b, "h is 0");
+    if (m->heartbeat_ms == 0) return bad(b, "heartbeat_ms is 0");
+    if (m->liveness == 0) return bad(b, "liveness is 0");
+    return check_str(b, "policy", m->policy, lim->max_name);
+}
+
+static int check_heartbeat(const Dloco__V1__Heartbeat *m, int npayload)
+{
+    const char *b = "heartbeat";
+    DL_TRY(no_payload(b, npayload));
+    DL_TRY(check_finite(b, "steps_per_s", m->steps_per_s));
+    if (m->steps_per_s < 0) return bad(b, "steps_per_s is %g, must be >= 0", m->steps_per_s);
+    return 0;
+}
+
+static int check_push(const Dloco__V1__Push *m, const size_t *lens, int npayload, const dl_wire_limits *lim)
+{
+    const char *b = "push";
+    if (m->steps == 0) return bad(b, "steps is 0");
+    if (m->tokens < m->steps)
+        return bad(b, "tokens %llu < steps %llu", (unsigned long long)m->tokens, (unsigned long long)m->steps);
+    DL_TRY(check_finite(b, "loss", m->loss));
+    return check_tensor(b, m->fragment, m->codec, m->numel, m->block_size, lens, npayload, lim);
+}
+
+static int check_ack(const Dloco__V1__Ack *m, int npayload, const dl_wire_limits *lim)
+{
+    const char *b = "ack";
+    DL_TRY(no_payload(b, npayload));
+    DL_TRY(check_fragment(b, m->fragment, lim));
+    switch (m->decision) {
+    case DLOCO__V1__DECISION__DECISION_MERGED_PENDING:
+    case DLOCO__V1__DECISION__DECISION_ACCEPTED:
+    case DLOCO__V1__DECISION__DECISION_DROPPED_STALE:
+    case DLOCO__V1__DECISION__DECISION_REJECTED: break;
+    default: return bad(b, "unknown decision %d", (int)m->decision);
+    }
+    return check_str(b, "reason", m->reason, lim->max_text);
+}
+
+static int check_fetch(const Dloco__V1__Fetch *m, int npayload, const dl_wire_limits *lim)
+{
+    const char *b = "fetch";
+    DL_TRY(no_payload(b, npayload));
+    uint32_t nf = frag_bound(lim);
+    if (m->n_fragments > nf) return bad(b, "%zu fragments listed, max %u", m->n_fragments, nf);
+    uint8_t seen[DL_WIRE_MAX_FRAGMENTS / 8] = {0};
+    for (size_t i = 0; i < m->n_fragments; i++) {
+        uint32_t f = m->fragments[i];
+        DL_TRY(check_fragment(b, f, lim));
+        if (seen[f / 8] & (1u << (f % 8))) return bad(b, "fragment %u listed twice", f);
+        seen[f / 8] |= (uint8_t)(1u << (f % 8));
+    }
+    return 0;
+}
+
+int dl_wire_validate(const Dloco__V1__Envelope *env, const size_t *payload_lens, int npayload,
+                     const dl_wire_limits *lim)
+{
+    assert(env && npayload >= 0 && (npayload == 0 || payload_lens));
+    dl_wire_limits dflt = dl_wire_limits_default();
+    if (!lim) lim = &dflt;
+    assert(lim->num_fragments <= DL_WIRE_MAX_FRAGMENTS);
+    assert(!lim->fragment_numel || lim->num_fragments > 0); /* numel table needs its length */
+    assert(lim->max_frames >= 2 && lim->max_frames <= 1 + DL_WIRE_MAX_PAYLOADS);
+
+    const char *b = dl_wire_body_name(env->body_case);
+    if (env->body_case == DLOCO__V1__ENVELOPE__BODY__NOT_SET) return bad("envelope", "no body set");
+    if (env->protocol_version != DL_WIRE_PROTOCOL_VERSION)
+        return bad(b, "protocol_version %u not supported (this build speaks %u)", env->protocol_version,
+                   DL_WIRE_PROTOCOL_VERSION);
+    if (1 + npayload > lim->max_frames)
+        return bad(b, "message has %d frames, max %d", 1 + npayload, lim->max_frames);
+    DL_TRY(check_learner_id(b, env->learner_id, env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR));
+    DL_TRY(check_str(b, "run_id", env->run_id, lim->max_name));
+
+    switch (env->body_case) {
+    case DLOCO__V1__ENVELOPE__BODY_HELLO:
+        if (!env->hello) break;
+        return check_hello(env->hello, npayload, lim);
+    case DLOCO__V1__ENVELOPE__BODY_WELCOME:
+        if (!env->welcome) break;
+        return check_welcome(env->welcome, npayload, lim);
+    case DLOCO__V1__ENVELOPE__BODY_HEARTBEAT:
+        if (!env->heartbeat) break;
+        return check_heartbeat(env->heartbeat, npayload);
+    case DLOCO__V1__ENVELOPE__BODY_PUSH:
+        if (!env->push) break;
+        return check_push(env->push, payload_lens, npayload, lim);
+    case DLOCO__V1__ENVELOPE__BODY_ACK:
+        if (!env->ack) break;
+        return check_ack(env->ack, npayload, lim);
+    case DLOCO__V1__ENVELOPE__BODY_UPDATE:
+        if (!env->update) break;
+        return check_tensor(b, env->update->fragment, env->update->codec, env->update->numel,
+                            env->update->block_size, payload_lens, npayload, lim);
+    case DLOCO__V1__ENVELOPE__BODY_FETCH:
+        if (!env->fetch) break;
+        return check_fetch(env->fetch, npayload, lim);
+    case DLOCO__V1__ENVELOPE__BODY_BYE:
+        if (!env->bye) break;
+        DL_TRY(no_payload(b, npayload));
+        return check_str(b, "reason", env->bye->reason, lim->max_text);
+    case DLOCO__V1__ENVELOPE__BODY_ERROR:
+        if (!env->error) break;
+        DL_TRY(no_payload(b, npayload));
+        return check_str(b, "message", env->error->message, lim->max_text);
+    default: return bad("envelope", "unknown body %d", (int)env->body_case);
+    }
+    return bad(b, "body pointer is NULL");
+}
+
+int dl_wire_unpack(const void *hdr, size_t hdr_len, const size_t *payload_lens, int npayload,
+                   const dl_wire_limits *lim, Dloco__V1__Envelope **out)
+{
+    assert(out && (hdr || hdr_len == 0));
+    *out = NULL;
+    if (hdr_len > DL_WIRE_MAX_HEADER_BYTES)
+        return dl_err(DL_EPROTO, "header is %zu bytes, max %u", hdr_len, DL_WIRE_MAX_HEADER_BYTES);
+    /* protobuf-c reports decode failures (and allocation failures) only as
+     * NULL; headers are at most 64 KiB, so treat NULL as the peer's fault. */
+    Dloco__V1__Envelope *env = dloco__v1__envelope__unpack(NULL, hdr_len, (const uint8_t *)hdr);
+    if (!env) return dl_err(DL_EPROTO, "undecodable header (%zu bytes)", hdr_len);
+    int rc = dl_wire_validate(env, payload_lens, npayload, lim);
+    if (rc < 0) {
+        dloco__v1__envelope__free_unpacked(env, NULL);
+        return rc;
+    }
+    *out = env;
+    return 0;
+}
+
+void dl_wire_env_free(Dloco__V1__Envelope **env)
+{
+    assert(env);
+    if (*env) dloco__v1__envelope__free_unpacked(*env, NULL);
+    *env = NULL;
+}
+
+/* ---- send / receive */
+
+int dl_wire_send(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
+                 const void *const *payloads, const size_t *lens, int npayload, int flags)
+{
+    assert(sock && env && (id_len == 0 || routing_id) && id_len <= DL_WIRE_ROUTING_ID_MAX);
+    assert(npayload >= 0 && npayload <= DL_WIRE_MAX_PAYLOADS && (npayload == 0 || (payloads && lens)));
+    assert((flags & ~ZMQ_DONTWAIT) == 0);
+
+    dl_wire_limits lim = dl_wire_limits_default();
+    lim.max_frames = 1 + DL_WIRE_MAX_PAYLOADS;
+    if (dl_wire_validate(env, lens, npayload, &lim) < 0) {
+        char why[480];
+        snprintf(why, sizeof why, "%s", dl_errmsg());
+        return dl_err(DL_EINVAL, "refusing to send invalid message: %s", why);
+    }
+
+    size_t hlen = dloco__v1__envelope__get_packed_size(env);
+    if (hlen > DL_WIRE_MAX_HEADER_BYTES)
+        return dl_err(DL_EINVAL, "header packs to %zu bytes, max %u", hlen, DL_WIRE_MAX_HEADER_BYTES);
+    zmq_msg_t hdr;
+    if (zmq_msg_init_size(&hdr, hlen) != 0) return ZFAIL("zmq_msg_init_size");
+    size_t packed = dloco__v1__envelope__pack(env, zmq_msg_data(&hdr));
+    assert(packed == hlen);
+    (void)packed;
+
+    /* The first frame decides: libzmq checks the high-water mark and (ROUTER)
+     * the peer only there, and then accepts the rest of the multipart message
+     * as a unit, so a failure below the first frame means the socket broke. */
+    if (id_len > 0 && zmq_send(sock, routing_id, id_len, flags | ZMQ_SNDMORE) < 0) {
+        zmq_msg_close(&hdr);
+        return ZFAIL("send routing id");
+    }
+    if (zmq_msg_send(&hdr, sock, flags | (npayload > 0 ? ZMQ_SNDMORE : 0)) < 0) {
+        zmq_msg_close(&hdr);
+        return ZFAIL("send header");
+    }
+    for (int i = 0; i < npayload; i++) {
+        int more = i + 1 < npayload ? ZMQ_SNDMORE : 0;
+        if (zmq_send(sock, payloads[i], lens[i], flags | more) < 0) return ZFAIL("send payload");
+    }
+    return 0;
+}
+
+const void *dl_wire_msg_payload(dl_wire_msg *m, int i)
+{
+    assert(m && i >= 0 && i < m->npayload);
+    return zmq_msg_data(&m->payload[i]);
+}
+
+size_t dl_wire_msg_payload_len(dl_wire_msg *m, int i)
+{
+    assert(m && i >= 0 && i < m->npayload);
+    return zmq_msg_size(&m->payload[i]);
+}
+
+void dl_wire_msg_close(dl_wire_msg *m)
+{
+    assert(m);
+    dl_wire_env_free(&m->env);
+    for (int i = 0; i < m->npayload; i++) zmq_msg_close(&m->payload[i]);
+    m->npayload = 0;
+}
+
+/* Receive the remaining frames of a message already started. Keeps up to
+ * DL_WIRE_MAX_PAYLOADS in m->payload and drops the rest, counting them. */
+static int drain_payloads(void *sock, dl_wire_msg *m, int *nframes)
+{
+    for (;;) {
+        zmq_msg_t spill;
+        zmq_msg_t *dst = m->npayload < DL_WIRE_MAX_PAYLOADS ? &m->payload[m->npayload] : &spill;
+        zmq_msg_init(dst);
+        /* Later frames of a message are already queued (delivery is atomic). */
+        if (zmq_msg_recv(dst, sock, 0) < 0) {
+            zmq_msg_close(dst);
+            return ZFAIL("recv payload");
+        }
+        int more = zmq_msg_more(dst);
+        if (dst == &spill) zmq_msg_close(&spill);
+        else m->npayload++;
+        (*nframes)++;
+        if (!more) return 0;
+    }
+}
+
+int dl_wire_recv(void *sock, int is_router, const dl_wire_limits *lim, dl_wire_msg *out, int flags)
+{
+    assert(sock && out && (flags & ~ZMQ_DONTWAIT) == 0);
+    memset(out, 0, sizeof *out);
+    dl_wire_limits dflt = dl_wire_limits_default();
+    if (!lim) lim = &dflt;
+
+    zmq_msg_t part;
+    zmq_msg_init(&part);
+    if (zmq_msg_recv(&part, sock, flags) < 0) {
+        zmq_msg_close(&part);
+        return ZFAIL("recv");
+    }
+    if (is_router) {
+        size_t n = zmq_msg_size(&part);
+        if (n > DL_WIRE_ROUTING_ID_MAX) n = DL_WIRE_ROUTING_ID_MAX;
+        memcpy(out->id, zmq_msg_data(&part), n);
+        out->id[n] = 0;
+        out->id_len = n;
+        int more = zmq_msg_more(&part);
+        zmq_msg_close(&part);
+        if (!more) return dl_err(DL_EPROTO, "message has no header frame");
+        zmq_msg_init(&part);
+        if (zmq_msg_recv(&part, sock, 0) < 0) {
+            zmq_msg_close(&part);
+            return ZFAIL("recv header");
+        }
+    }
+    /* `part` is the header now. */
+    int nframes = 1;
+    int rc = 0;
+    if (zmq_msg_more(&part)) rc = drain_payloads(sock, out, &nframes);
+    if (rc == 0 && nframes > lim->max_frames)
+        rc = dl_err(DL_EPROTO, "message has %d frames, max %d", nframes, lim->max_frames);
+    if (rc == 0) {
+        size_t lens[DL_WIRE_MAX_PAYLOADS];
+        for (int i = 0; i < out->npayload; i++) lens[i] = zmq_msg_size(&out->payload[i]);
+        rc = dl_wire_unpack(zmq_msg_data(&part), zmq_msg_size(&part), lens, out->npayload, lim, &out->env);
+    }
+    zmq_msg_close(&part);
+    if (rc == 0 && lim->verify_checksum) {
+        const Dloco__V1__Envelope *e = out->env;
+        uint64_t want = 0;
+        bool has = true;
+        if (e->body_case == DLOCO__V1__ENVELOPE__BODY_PUSH) want = e->push->checksum;
+        else if (e->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE) want = e->update->checksum;
+        else has = false;
+        if (has) {
+            uint64_t got = dl_wire_checksum(dl_wire_msg_payload(out, 0), dl_wire_msg_payload_len(out, 0));
+            if (got != want)
+                rc = dl_err(DL_EPROTO, "%s: checksum 0x%016llx does not match payload (0x%016llx)",
+                            dl_wire_body_name(e->body_case), (unsigned long long)want,
+                            (unsigned long long)got);
+        }
+    }
+    if (rc < 0) {
+        /* Keep the routing id for an Error reply; drop everything else. */
+        dl_wire_env_free(&out->env);
+        for (int i = 0; i < out->npayload; i++) zmq_msg_close(&out->payload[i]);
+        out->npayload = 0;
+    }
+    return rc;
+}

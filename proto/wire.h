@@ -1,0 +1,206 @@
+/* ZeroMQ framing and validation of the dloco wire protocol (proto/dloco.proto):
+ * socket options, multipart send/receive, and the checks every inbound header passes.
+ *
+ * A message is [header][payload...]: the header frame is a packed
+ * dloco.v1.Envelope, each payload frame is raw tensor bytes (never protobuf).
+ * On a ROUTER the frames are preceded by the peer's routing-id frame; DEALERs
+ * send and receive without it. There is no empty delimiter frame (no REQ/REP).
+ *
+ * Who checks what: dl_wire_recv/dl_wire_unpack reject anything structurally
+ * wrong (undecodable, unknown enum, out-of-range index, payload length that
+ * disagrees with codec+numel, non-finite float, oversize string...) with
+ * DL_EPROTO and a specific message in dl_errmsg(). Semantic checks (epoch,
+ * run_id, fingerprint, staleness, learner_id == routing id) are the caller's. */
+#ifndef DL_PROTO_WIRE_H
+#define DL_PROTO_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <zmq.h>
+
+#include "proto/dloco.pb-c.h"
+
+/* Envelope.protocol_version this build speaks (and the only one it accepts). */
+#define DL_WIRE_PROTOCOL_VERSION 1u
+/* Protocol-wide caps, independent of the run's limits. */
+#define DL_WIRE_MAX_FRAGMENTS 4096u   /* fragments per plan */
+#define DL_WIRE_MAX_PAYLOADS 4        /* payload frames dl_wire_recv keeps */
+#define DL_WIRE_MAX_HEADER_BYTES 65536u /* packed Envelope; 4096 held versions fit */
+#define DL_WIRE_LEARNER_ID_MAX 64     /* learner_id: [A-Za-z0-9._-]{1,64} */
+#define DL_WIRE_ROUTING_ID_MAX 255    /* libzmq's own limit */
+#define DL_WIRE_BLOCK_MIN 16u         /* int8/int4 scale block size, elements */
+#define DL_WIRE_BLOCK_MAX 65536u
+/* Per-peer-pipe high-water mark in messages (ZMQ HWMs count per connection).
+ * A learner has at most a few pushes and heartbeats in flight, so 64 is deep
+ * enough, and it bounds queued fragment copies per peer instead of letting a
+ * stalled peer pin gigabytes. */
+#define DL_WIRE_HWM 64
+
+/* Bounds a receiver enforces. Get one from dl_wire_limits_default() and set
+ * the run's plan on it (num_fragments, fragment_numel). */
+typedef struct {
+    /* Fragments in this run's plan: every fragment index must be below it,
+     * Hello/Welcome num_fragments must equal it. 0 = not known yet: indices
+     * are then only bounded by DL_WIRE_MAX_FRAGMENTS and the caller must check
+     * them against its own plan. */
+    uint32_t num_fragments;
+    /* [num_fragments] fp32 elements of each fragment, or NULL = unknown (then
+     * numel is only bounded by max_numel). Borrowed: must outlive the limits. */
+    const uint64_t *fragment_numel;
+    uint64_t max_numel;     /* elements, when fragment_numel is NULL */
+    size_t max_name;        /* bytes: run_id, Hello.device, Welcome.policy */
+    size_t max_text;        /* bytes: Ack.reason, Bye.reason, Error.message */
+    int max_frames;         /* frames after the routing id: header + payloads,
+                             * in [2, 1 + DL_WIRE_MAX_PAYLOADS] */
+    bool verify_checksum;   /* dl_wire_recv hashes Push/Update payloads */
+} dl_wire_limits;
+
+/* num_fragments 0, fragment_numel NULL, max_numel 2^32, max_name 128,
+ * max_text 1024, max_frames 2, verify_checksum true. */
+dl_wire_limits dl_wire_limits_default(void);
+
+/* ---- socket setup */
+
+/* Options every dloco socket gets: ZMQ_LINGER 0 (close never blocks on
+ * unsent data), ZMQ_MAXMSGSIZE = max_msg_bytes (a larger inbound frame makes
+ * libzmq drop the connection; the message is never delivered), SNDHWM/RCVHWM
+ * DL_WIRE_HWM, TCP keepalive (idle 30 s, interval 10 s, 3 probes: half-open
+ * connections die in about a minute, NAT state stays warm), reconnect backoff
+ * 100 ms doubling to 10 s. A ROUTER (is_router) also gets ZMQ_ROUTER_MANDATORY
+ * (sending to an unknown peer fails with DL_ENOTFOUND instead of vanishing)
+ * and ZMQ_ROUTER_HANDOVER (a learner that restarts with the same routing id
+ * takes over its stale connection). Call before bind/connect. A DEALER's
+ * routing id (ZMQ_ROUTING_ID = learner id) is the caller's to set.
+ * Returns 0 or DL_ENET. */
+int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes);
+
+/* ---- building messages */
+
+/* Zero `env` and fill the common header: protocol_version, run_id, epoch,
+ * learner_id (the sender's id on learner->synchronizer messages, the
+ * addressee's on synchronizer->learner ones). Strings are borrowed, not
+ * copied: they must live until dl_wire_send returns. seq is left 0 and no
+ * body is set; use dl_wire_set_<body>() below. */
+void dl_wire_env_init(Dloco__V1__Envelope *env, const char *run_id, uint64_t epoch,
+                      const char *learner_id);
+
+/* dl_wire_set_push(env, &push) etc.: set the oneof body. The body struct is
+ * borrowed (initialise it with dloco__v1__push__init first). */
+#define DL_WIRE_BODY_SETTER(name, Type, CASE)                                  \
+    static inline void dl_wire_set_##name(Dloco__V1__Envelope *env, Dloco__V1__##Type *b) \
+    {                                                                          \
+        env->body_case = DLOCO__V1__ENVELOPE__BODY_##CASE;                     \
+        env->name = b;                                                         \
+    }
+DL_WIRE_BODY_SETTER(hello, Hello, HELLO)
+DL_WIRE_BODY_SETTER(welcome, Welcome, WELCOME)
+DL_WIRE_BODY_SETTER(heartbeat, Heartbeat, HEARTBEAT)
+DL_WIRE_BODY_SETTER(push, Push, PUSH)
+DL_WIRE_BODY_SETTER(ack, Ack, ACK)
+DL_WIRE_BODY_SETTER(update, Update, UPDATE)
+DL_WIRE_BODY_SETTER(fetch, Fetch, FETCH)
+DL_WIRE_BODY_SETTER(bye, Bye, BYE)
+DL_WIRE_BODY_SETTER(error, Error, ERROR)
+#undef DL_WIRE_BODY_SETTER
+
+/* "hello", "push", ... or "none" / "unknown"; for logs. */
+const char *dl_wire_body_name(Dloco__V1__Envelope__BodyCase body);
+/* "fp32", "bf16", "int8", "int4", or "unknown". */
+const char *dl_wire_codec_name(Dloco__V1__Codec codec);
+
+/* ---- payload sizes and checksums */
+
+/* Bytes of a payload frame holding `numel` elements in `codec`:
+ * fp32 4n, bf16 2n, int8 n + 4*ceil(n/b), int4 ceil(n/2) + 4*ceil(n/b)
+ * (b = block_size, ignored for fp32/bf16). Returns 0 when there is no valid
+ * size: numel 0, unknown codec, b outside [DL_WIRE_BLOCK_MIN,
+ * DL_WIRE_BLOCK_MAX] for int codecs, or a size that overflows size_t. */
+size_t dl_wire_payload_bytes(Dloco__V1__Codec codec, uint64_t numel, uint32_t block_size);
+
+/* dl_hash64(payload, len, seed 0): the Push/Update checksum field. */
+uint64_t dl_wire_checksum(const void *payload, size_t len);
+bool dl_wire_checksum_ok(const void *payload, size_t len, uint64_t expected);
+
+/* ---- validation */
+
+/* Structural check of a decoded header against the run's limits (lim NULL =
+ * dl_wire_limits_default()) and the byte lengths of the npayload payload
+ * frames that came with it. Returns 0, or DL_EPROTO with a message naming the
+ * body and the offending value, e.g.
+ * "push: payload is 4096 bytes, fp32 x 1000 needs 4000". Checks: body set;
+ * protocol_version; learner_id matches [A-Za-z0-9._-]{1,64} (may be empty
+ * only on Error); other strings within max_name/max_text and free of control
+ * bytes; fragment indices in range; numel equal to the plan's; codec and
+ * decision known; block_size in range for int codecs and 0 otherwise;
+ * payload frame count exactly what the body needs (Push/Update 1, others 0);
+ * payload length exactly dl_wire_payload_bytes(); Push steps >= 1 and
+ * tokens >= steps; doubles finite; repeated fields bounded by num_fragments;
+ * Fetch indices distinct. The checksum is not checked here (see recv). */
+int dl_wire_validate(const Dloco__V1__Envelope *env, const size_t *payload_lens, int npayload,
+                     const dl_wire_limits *lim);
+
+/* Decode a header frame and validate it as above. On success *out is a new
+ * envelope to free with dl_wire_env_free(); on failure *out is NULL and the
+ * return is DL_EPROTO ("undecodable header (N bytes)" for bad protobuf, "header
+ * is N bytes, max M" when too large) or DL_ENOMEM. */
+int dl_wire_unpack(const void *hdr, size_t hdr_len, const size_t *payload_lens, int npayload,
+                   const dl_wire_limits *lim, Dloco__V1__Envelope **out);
+/* Free an envelope from dl_wire_unpack and NULL the pointer; safe on NULL. */
+void dl_wire_env_free(Dloco__V1__Envelope **env);
+
+/* ---- send / receive */
+
+/* Pack `env` into the header frame and send [routing id][header][payloads...]
+ * as one atomic multipart message (routing id only when id_len > 0, i.e. on a
+ * ROUTER; pass NULL, 0 on a DEALER). The envelope is validated first with the
+ * default limits against `lens`, so an invalid message (say a NaN loss) is
+ * refused locally with DL_EINVAL instead of being rejected by the peer.
+ * Ownership: nothing is retained. zmq_send copies each payload into a zmq
+ * message before returning, so the caller may reuse or free its buffers at
+ * once; that one memcpy per payload buys independence from zmq's I/O thread
+ * (true zero-copy would tie the buffer's lifetime to a free callback).
+ * flags: 0 (block at the high-water mark) or ZMQ_DONTWAIT.
+ * Returns 0; DL_EAGAIN (ZMQ_DONTWAIT and the peer's queue is full; nothing
+ * was sent); DL_ENOTFOUND (ROUTER: no connected peer has that routing id);
+ * DL_EINVAL; DL_ENOMEM; DL_ENET. */
+int dl_wire_send(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
+                 const void *const *payloads, const size_t *lens, int npayload, int flags);
+
+/* One received message. Payload data stays inside zmq messages (zero-copy:
+ * no copy after libzmq's own receive) until dl_wire_msg_close(). */
+typedef struct {
+    uint8_t id[DL_WIRE_ROUTING_ID_MAX + 1]; /* ROUTER: sender's routing id, NUL-terminated */
+    size_t id_len;                          /* bytes of id; 0 on a DEALER */
+    Dloco__V1__Envelope *env;               /* validated header; NULL unless recv returned 0 */
+    int npayload;                           /* payload frames held in payload[] */
+    zmq_msg_t payload[DL_WIRE_MAX_PAYLOADS];
+} dl_wire_msg;
+
+/* Receive one whole multipart message (all of its frames are always drained,
+ * so a bad message never desynchronises the next one), decode and validate
+ * the header with `lim` (NULL = defaults: then fragment indices are only
+ * bounded by DL_WIRE_MAX_FRAGMENTS and the caller must check them), and, if
+ * lim->verify_checksum, compare the Push/Update checksum with the payload.
+ * `out` needs no initialisation. Returns
+ *   0          out->env, out->payload[] and (ROUTER) out->id are set;
+ *   DL_EAGAIN  flags had ZMQ_DONTWAIT and nothing was waiting (or a signal
+ *              interrupted the wait);
+ *   DL_EPROTO  a message arrived and was rejected: dl_errmsg() says why;
+ *              out->id is still set so a ROUTER can answer with an Error;
+ *   DL_ENET    socket failure (context terminated, ...).
+ * Call dl_wire_msg_close(out) after every call, whatever it returned.
+ * Payload data has no alignment guarantee (it may sit at any byte offset in
+ * libzmq's receive buffer): decode with memcpy or unaligned loads. */
+int dl_wire_recv(void *sock, int is_router, const dl_wire_limits *lim, dl_wire_msg *out, int flags);
+
+/* Payload frame i of a received message: bytes and length. */
+const void *dl_wire_msg_payload(dl_wire_msg *m, int i);
+size_t dl_wire_msg_payload_len(dl_wire_msg *m, int i);
+
+/* Release the header and payload frames; `m` becomes empty. Safe twice and
+ * on a zero-initialised dl_wire_msg. */
+void dl_wire_msg_close(dl_wire_msg *m);
+
+#endif

@@ -1,0 +1,1491 @@
+/* LMDB state store: encodings of every stored value, short transactions with
+ * automatic map growth, merge commits, snapshots and the offline checker. */
+#include "storage/store.h"
+
+#include "core/clock.h"
+#include "core/err.h"
+#include "core/hash.h"
+#include "core/log.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* fp32 arrays are stored as host bytes and served zero-copy, so the on-disk
+ * little-endian format needs a little-endian host. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "dloco store needs a little-endian host");
+_Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
+
+// ----------------------------------------------------------------------------
+// value formats: magic + format version at the start of every value
+
+#define MAGIC4(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
+#define MAGIC_SCHEMA MAGIC4('D', 'L', 'S', 'C')
+#define MAGIC_RUN MAGIC4('D', 'L', 'R', 'N')
+#define MAGIC_CONFIG MAGIC4('D', 'L', 'C', 'F')
+#define MAGIC_EPOCH MAGIC4('D', 'L', 'E', 'P')
+#define MAGIC_FRAG MAGIC4('D', 'L', 'F', 'R')
+#define MAGIC_OUTER MAGIC4('D', 'L', 'O', 'M')
+#define MAGIC_LEARNER MAGIC4('D', 'L', 'L', 'N')
+#define MAGIC_MERGE MAGIC4('D', 'L', 'M', 'G')
+#define MAGIC_LEDGER MAGIC4('D', 'L', 'L', 'G')
+#define FMT_VERSION 1u /* format version of every value kind above */
+
+/* fragments value: 64-byte header, then fp32 params. 64 keeps the params
+ * 16-byte aligned in LMDB overflow pages (page header 16 bytes).
+ *   0 magic u32 | 4 fmt u32 | 8 p u32 | 12 reserved u32 | 16 version u64
+ *  24 numel u64 | 32 params xxh64 | 40 momentum xxh64 | 48 wallclock ns i64
+ *  56 reserved u64 */
+#define FRAG_HDR 64
+/* outer value: 32-byte header, then fp32 momentum (16-byte aligned likewise).
+ *   0 magic | 4 fmt | 8 p u32 | 12 reserved u32 | 16 version u64 | 24 numel u64 */
+#define OUTER_HDR 32
+/* run value: 0 magic | 4 fmt | 8 fingerprint u64 | 16 created ns i64 | 24 P u32
+ *  28 id length u32 | 32 id char[64] NUL-padded | 96 numel u64[P] */
+#define RUN_HDR 96
+/* merge value: 80-byte header + n_contrib entries of 160 bytes.
+ *   0 magic | 4 fmt | 8 p u32 | 12 n u32 | 16 version u64 | 24 epoch u64
+ *  32 wallclock i64 | 40 delta norm f64 | 48 staleness fn char[32]
+ * entry: 0 id char[64] | 64 base u64 | 72 staleness u64 | 80 steps u64
+ *  88 tokens u64 | 96 weight f64 | 104 decision u32 | 108 reason char[48]
+ * 156 reserved u32 */
+#define MREC_HDR 80
+#define MREC_ENTRY 160
+#define MREC_MAX_CONTRIB (1u << 20)
+/* learner value: 0 magic | 4 fmt | 8 first ns | 16 last ns | 24 pubkey[32]
+ *  56 pushes | 64 merged | 72 dropped | 80 tokens applied | 88 bytes in | 96 bytes out */
+#define LEARNER_LEN 104
+#define LEDGER_LEN (8 + 8 * DL_LEDGER_NSTATES) /* magic | fmt | u64[4] */
+#define EPOCH_LEN 16                           /* magic | fmt | epoch u64 */
+#define SCHEMA_LEN 8                           /* magic | schema version u32 */
+#define CONFIG_HDR 16                          /* magic | fmt | length u64 | text */
+#define MAX_FRAGMENTS (1u << 20)
+
+static void put32(uint8_t *b, uint32_t v) { memcpy(b, &v, 4); }
+static void put64(uint8_t *b, uint64_t v) { memcpy(b, &v, 8); }
+static void putf64(uint8_t *b, double v) { memcpy(b, &v, 8); }
+static uint32_t get32(const uint8_t *b) { uint32_t v; memcpy(&v, b, 4); return v; }
+static uint64_t get64(const uint8_t *b) { uint64_t v; memcpy(&v, b, 8); return v; }
+static double getf64(const uint8_t *b) { double v; memcpy(&v, b, 8); return v; }
+
+/* Fixed-width text field: copy up to `cap` bytes, NUL-padded (no NUL when full). */
+static void put_text(uint8_t *b, size_t cap, const char *s)
+{
+    size_t n = strnlen(s, cap);
+    memset(b, 0, cap);
+    memcpy(b, s, n);
+}
+static void get_text(char *dst, const uint8_t *b, size_t cap)
+{
+    size_t n = strnlen((const char *)b, cap);
+    memcpy(dst, b, n);
+    dst[n] = 0;
+}
+
+/* Keys sort numerically: fragment index and version big-endian. */
+static MDB_val key_frag(uint8_t b[4], uint32_t p)
+{
+    b[0] = (uint8_t)(p >> 24), b[1] = (uint8_t)(p >> 16), b[2] = (uint8_t)(p >> 8), b[3] = (uint8_t)p;
+    return (MDB_val){4, b};
+}
+static uint32_t key_frag_p(const MDB_val *k)
+{
+    const uint8_t *b = k->mv_data;
+    return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+}
+static MDB_val key_merge(uint8_t b[12], uint32_t p, uint64_t version)
+{
+    key_frag(b, p);
+    for (int i = 0; i < 8; i++) b[4 + i] = (uint8_t)(version >> (56 - 8 * i));
+    return (MDB_val){12, b};
+}
+static uint64_t key_merge_version(const MDB_val *k)
+{
+    const uint8_t *b = (const uint8_t *)k->mv_data + 4;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = v << 8 | b[i];
+    return v;
+}
+static MDB_val key_str(const char *s) { return (MDB_val){strlen(s), (void *)s}; }
+
+/* Ids: 1..DL_STORE_ID_MAX printable ASCII characters without spaces. */
+static int check_id(const char *what, const char *id)
+{
+    size_t n = id ? strnlen(id, DL_STORE_ID_MAX + 1) : 0;
+    if (n == 0 || n > DL_STORE_ID_MAX)
+        return dl_err(DL_EINVAL, "%s must be 1..%d characters", what, DL_STORE_ID_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (id[i] <= 0x20 || id[i] > 0x7e)
+            return dl_err(DL_EINVAL, "%s '%.*s' has a non-printable or space character at %zu", what, (int)n,
+                          id, i);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// the handle
+
+struct dl_store {
+    MDB_env *env;
+    MDB_dbi dbi_meta, dbi_frag, dbi_outer, dbi_learners, dbi_merges, dbi_ledger;
+    char *dir;
+    int read_only, durability;
+    int lock_fd; /* dloco.lock, flock'ed by a writer; -1 if none */
+    int opened;  /* fully opened (close may sync) */
+    uint32_t psize;
+    /* LMDB may only resize the map while this process has no transaction
+     * open, so every transaction (and snapshot) is counted here and a resize
+     * happens under the mutex only when the count is zero. */
+    pthread_mutex_t gate;
+    int active_txns;
+    atomic_int snaps_open;
+    /* run cache: written once by open or init_run, immutable afterwards */
+    int have_run;
+    char run_id[DL_STORE_ID_MAX + 1];
+    uint64_t fingerprint;
+    uint32_t n_frag;
+    uint64_t *numel;   /* [n_frag] */
+    char *config_text; /* NULL if none */
+    /* stats */
+    int stale_cleared;
+    atomic_uint map_grows, map_full_retries;
+};
+
+struct dl_store_snap {
+    dl_store *s;
+    MDB_txn *txn;
+    void **copies; /* aligned copies of unaligned values, freed at end */
+    size_t ncopies, capcopies;
+};
+
+/* The raw LMDB code of the last failure on this thread, so the write loop can
+ * tell MDB_MAP_FULL (grow and retry) from everything else. */
+static _Thread_local int tl_mdb_rc;
+
+static int mdb_fail(int rc, const char *what, const char *file, int line)
+{
+    tl_mdb_rc = rc;
+    return dl_err(DL_ESTORE, "%s:%d: %s: %s", file, line, what, mdb_strerror(rc));
+}
+
+/* Every LMDB call goes through this: file:line and mdb_strerror on failure. */
+#define MDB_CALL(call)                                                                                   \
+    do {                                                                                                 \
+        int mdb_rc_ = (call);                                                                            \
+        if (mdb_rc_ != MDB_SUCCESS) return mdb_fail(mdb_rc_, #call, __FILE__, __LINE__);                 \
+    } while (0)
+
+/* mdb_get of a key that must exist: MDB_NOTFOUND becomes `code` (the store
+ * is corrupt or not ours) with the caller's message. */
+#define MDB_GET(txn, dbi, k, v, code, ...)                                                               \
+    do {                                                                                                 \
+        int mdb_rc_ = mdb_get((txn), (dbi), (k), (v));                                                   \
+        if (mdb_rc_ == MDB_NOTFOUND) return dl_err((code), __VA_ARGS__);                                 \
+        if (mdb_rc_ != MDB_SUCCESS) return mdb_fail(mdb_rc_, "mdb_get", __FILE__, __LINE__);             \
+    } while (0)
+
+static void gate_enter(dl_store *s)
+{
+    pthread_mutex_lock(&s->gate);
+    s->active_txns++;
+    pthread_mutex_unlock(&s->gate);
+}
+static void gate_leave(dl_store *s)
+{
+    pthread_mutex_lock(&s->gate);
+    s->active_txns--;
+    pthread_mutex_unlock(&s->gate);
+}
+
+/* Set the map size (0 = adopt the size another process set). DL_EAGAIN
+ * while this process has transactions or snapshots open. */
+static int map_resize(dl_store *s, uint64_t size)
+{
+    pthread_mutex_lock(&s->gate);
+    if (s->active_txns > 0) {
+        int n = s->active_txns;
+        pthread_mutex_unlock(&s->gate);
+        return dl_err(DL_EAGAIN,
+                      "store %s: map is full and cannot grow while %d transaction(s) or snapshot(s) "
+                      "are open; retry after they end",
+                      s->dir, n);
+    }
+    int rc = mdb_env_set_mapsize(s->env, (size_t)size);
+    pthread_mutex_unlock(&s->gate);
+    if (rc) return mdb_fail(rc, "mdb_env_set_mapsize", __FILE__, __LINE__);
+    if (size) {
+        atomic_fetch_add(&s->map_grows, 1);
+        DL_INFO("store %s: map grown to %llu MiB", s->dir, (unsigned long long)(size >> 20));
+    }
+    return 0;
+}
+
+static int txn_begin(dl_store *s, int write, MDB_txn **out)
+{
+    for (int attempt = 0;; attempt++) {
+        gate_enter(s);
+        int rc = mdb_txn_begin(s->env, NULL, write ? 0 : MDB_RDONLY, out);
+        if (rc == MDB_SUCCESS) return 0;
+        gate_leave(s);
+        if (rc == MDB_MAP_RESIZED && attempt < 3) { /* another process grew the map */
+            DL_TRY(map_resize(s, 0));
+            continue;
+        }
+        return mdb_fail(rc, write ? "mdb_txn_begin(write)" : "mdb_txn_begin(read)", __FILE__, __LINE__);
+    }
+}
+static void txn_abort(dl_store *s, MDB_txn *t)
+{
+    mdb_txn_abort(t);
+    gate_leave(s);
+}
+static int txn_commit(dl_store *s, MDB_txn *t)
+{
+    int rc = mdb_txn_commit(t);
+    gate_leave(s);
+    if (rc) return mdb_fail(rc, "mdb_txn_commit", __FILE__, __LINE__);
+    return 0;
+}
+
+static uint64_t map_used(dl_store *s, uint64_t *map_size)
+{
+    MDB_envinfo info;
+    int rc = mdb_env_info(s->env, &info); /* fails only on NULL arguments */
+    if (rc) DL_PANIC("mdb_env_info: %s", mdb_strerror(rc));
+    *map_size = info.me_mapsize;
+    return ((uint64_t)info.me_last_pgno + 1) * s->psize;
+}
+
+/* Before a write of `need` bytes of values, grow the map so copy-on-write has
+ * room for the new pages while old ones are still referenced. Best effort:
+ * skipped while snapshots are open; MDB_MAP_FULL retry is the fallback. */
+static void map_pregrow(dl_store *s, uint64_t need)
+{
+    uint64_t size, used = map_used(s, &size), target = size;
+    while (used + 2 * need + 16 * (uint64_t)s->psize > target) target *= 2;
+    if (target == size) return;
+    pthread_mutex_lock(&s->gate);
+    int busy = s->active_txns > 0; /* map_resize rechecks; this only keeps dl_errmsg clean */
+    pthread_mutex_unlock(&s->gate);
+    if (busy || map_resize(s, target) < 0) DL_DEBUG("store %s: pre-growing the map skipped", s->dir);
+}
+
+typedef int (*write_fn)(dl_store *s, MDB_txn *t, void *ctx);
+
+/* Run fn in one write transaction; on MDB_MAP_FULL (from a put or from the
+ * commit) abort, double the map and run it again. fn must be repeatable. */
+static int store_write(dl_store *s, uint64_t need, write_fn fn, void *ctx)
+{
+    if (s->read_only) return dl_err(DL_EINVAL, "store %s is open read-only", s->dir);
+    if (need) map_pregrow(s, need);
+    for (int attempt = 0;; attempt++) {
+        MDB_txn *t;
+        DL_TRY(txn_begin(s, 1, &t));
+        tl_mdb_rc = 0;
+        int rc = fn(s, t, ctx);
+        if (rc == 0)
+            rc = txn_commit(s, t);
+        else
+            txn_abort(s, t);
+        if (rc == 0) return 0;
+        if (tl_mdb_rc != MDB_MAP_FULL || attempt >= 40) return rc;
+        atomic_fetch_add(&s->map_full_retries, 1);
+        uint64_t size;
+        map_used(s, &size);
+        DL_TRY(map_resize(s, size * 2));
+    }
+}
+
+// ----------------------------------------------------------------------------
+// decoders: validate magic, version and size; errors name the key
+
+typedef struct {
+    uint64_t version, numel, params_sum, mom_sum;
+    int64_t wallclock_ns;
+    const uint8_t *params; /* numel floats, possibly unaligned */
+} frag_hdr;
+
+static int frag_decode(const dl_store *s, uint32_t p, const MDB_val *v, frag_hdr *h)
+{
+    const uint8_t *b = v->mv_data;
+    if (v->mv_size < FRAG_HDR)
+        return dl_err(DL_ECORRUPT, "fragments[%u]: value of %zu bytes is shorter than its header", p, v->mv_size);
+    if (get32(b) != MAGIC_FRAG || get32(b + 4) != FMT_VERSION)
+        return dl_err(DL_ECORRUPT, "fragments[%u]: bad magic/format 0x%08x/%u", p, get32(b), get32(b + 4));
+    if (get32(b + 8) != p)
+        return dl_err(DL_ECORRUPT, "fragments[%u]: value says it is fragment %u", p, get32(b + 8));
+    h->version = get64(b + 16);
+    h->numel = get64(b + 24);
+    h->params_sum = get64(b + 32);
+    h->mom_sum = get64(b + 40);
+    h->wallclock_ns = (int64_t)get64(b + 48);
+    h->params = b + FRAG_HDR;
+    if (p < s->n_frag && h->numel != s->numel[p])
+        return dl_err(DL_ECORRUPT, "fragments[%u]: numel %llu, the run says %llu", p,
+                      (unsigned long long)h->numel, (unsigned long long)s->numel[p]);
+    if (v->mv_size != FRAG_HDR + h->numel * 4)
+        return dl_err(DL_ECORRUPT, "fragments[%u]: value of %zu bytes, numel %llu needs %llu", p, v->mv_size,
+                      (unsigned long long)h->numel, (unsigned long long)(FRAG_HDR + h->numel * 4));
+    return 0;
+}
+
+static int outer_decode(const dl_store *s, uint32_t p, const MDB_val *v, uint64_t *version,
+                        const uint8_t **mom)
+{
+    const uint8_t *b = v->mv_data;
+    if (v->mv_size < OUTER_HDR)
+        return dl_err(DL_ECORRUPT, "outer[%u]: value of %zu bytes is shorter than its header", p, v->mv_size);
+    if (get32(b) != MAGIC_OUTER || get32(b + 4) != FMT_VERSION)
+        return dl_err(DL_ECORRUPT, "outer[%u]: bad magic/format 0x%08x/%u", p, get32(b), get32(b + 4));
+    if (get32(b + 8) != p) return dl_err(DL_ECORRUPT, "outer[%u]: value says it is fragment %u", p, get32(b + 8));
+    uint64_t numel = get64(b + 24);
+    if ((p < s->n_frag && numel != s->numel[p]) || v->mv_size != OUTER_HDR + numel * 4)
+        return dl_err(DL_ECORRUPT, "outer[%u]: numel %llu / %zu bytes do not match the run", p,
+                      (unsigned long long)numel, v->mv_size);
+    *version = get64(b + 16);
+    *mom = b + OUTER_HDR;
+    return 0;
+}
+
+static int epoch_decode(const MDB_val *v, uint64_t *epoch)
+{
+    const uint8_t *b = v->mv_data;
+    if (v->mv_size != EPOCH_LEN || get32(b) != MAGIC_EPOCH || get32(b + 4) != FMT_VERSION)
+        return dl_err(DL_ECORRUPT, "meta[epoch]: bad size/magic/format (%zu bytes)", v->mv_size);
+    *epoch = get64(b + 8);
+    return 0;
+}
+
+static int ledger_decode(const MDB_val *v, dl_store_ledger *l)
+{
+    const uint8_t *b = v->mv_data;
+    if (v->mv_size != LEDGER_LEN || get32(b) != MAGIC_LEDGER || get32(b + 4) != FMT_VERSION)
+        return dl_err(DL_ECORRUPT, "ledger[totals]: bad size/magic/format (%zu bytes)", v->mv_size);
+    for (int i = 0; i < DL_LEDGER_NSTATES; i++) l->tokens[i] = get64(b + 8 + 8 * i);
+    return 0;
+}
+
+static void learner_encode(uint8_t b[LEARNER_LEN], const dl_store_learner *r)
+{
+    put32(b, MAGIC_LEARNER);
+    put32(b + 4, FMT_VERSION);
+    put64(b + 8, (uint64_t)r->first_seen_ns);
+    put64(b + 16, (uint64_t)r->last_seen_ns);
+    memcpy(b + 24, r->pubkey, DL_STORE_PUBKEY_BYTES);
+    const uint64_t c[6] = {r->pushes, r->merged, r->dropped, r->tokens_applied, r->bytes_in, r->bytes_out};
+    for (int i = 0; i < 6; i++) put64(b + 56 + 8 * i, c[i]);
+}
+
+static int learner_decode(const MDB_val *k, const MDB_val *v, dl_store_learner *r)
+{
+    const uint8_t *b = v->mv_data;
+    int klen = (int)(k->mv_size < 80 ? k->mv_size : 80);
+    if (k->mv_size == 0 || k->mv_size > DL_STORE_ID_MAX)
+        return dl_err(DL_ECORRUPT, "learners: key of %zu bytes is not an id", k->mv_size);
+    if (v->mv_size != LEARNER_LEN || get32(b) != MAGIC_LEARNER || get32(b + 4) != FMT_VERSION)
+        return dl_err(DL_ECORRUPT, "learners[%.*s]: bad size/magic/format (%zu bytes)", klen,
+                      (const char *)k->mv_data, v->mv_size);
+    memcpy(r->id, k->mv_data, k->mv_size);
+    r->id[k->mv_size] = 0;
+    r->first_seen_ns = (int64_t)get64(b + 8);
+    r->last_seen_ns = (int64_t)get64(b + 16);
+    memcpy(r->pubkey, b + 24, DL_STORE_PUBKEY_BYTES);
+    uint64_t *c[6] = {&r->pushes, &r->merged, &r->dropped, &r->tokens_applied, &r->bytes_in, &r->bytes_out};
+    for (int i = 0; i < 6; i++) *c[i] = get64(b + 56 + 8 * i);
+    return 0;
+}
+
+static size_t mrec_size(uint32_t n) { return MREC_HDR + (size_t)n * MREC_ENTRY; }
+
+static int mrec_validate(const dl_merge_record *r)
+{
+    if (r->n_contrib > MREC_MAX_CONTRIB)
+        return dl_err(DL_EINVAL, "merge record has %u contributors (max %u)", r->n_contrib, MREC_MAX_CONTRIB);
+    if (r->n_contrib && !r->contrib) return dl_err(DL_EINVAL, "merge record has contributors but no array");
+    if (strnlen(r->staleness_fn, sizeof r->staleness_fn) > DL_STORE_FN_MAX)
+        return dl_err(DL_EINVAL, "staleness function name is not NUL-terminated");
+    for (uint32_t i = 0; i < r->n_contrib; i++) {
+        const dl_merge_contrib *c = &r->contrib[i];
+        DL_TRY(check_id("contributor learner id", c->learner_id));
+        if (c->decision < DL_MERGE_MERGED || c->decision > DL_MERGE_REJECTED)
+            return dl_err(DL_EINVAL, "contributor %u (%s): bad decision code %d", i, c->learner_id, c->decision);
+    }
+    return 0;
+}
+
+static void mrec_encode(uint8_t *b, uint32_t p, uint64_t version, const dl_merge_record *r)
+{
+    put32(b, MAGIC_MERGE);
+    put32(b + 4, FMT_VERSION);
+    put32(b + 8, p);
+    put32(b + 12, r->n_contrib);
+    put64(b + 16, version);
+    put64(b + 24, r->epoch);
+    put64(b + 32, (uint64_t)r->wallclock_ns);
+    putf64(b + 40, r->delta_norm);
+    put_text(b + 48, 32, r->staleness_fn);
+    for (uint32_t i = 0; i < r->n_contrib; i++) {
+        const dl_merge_contrib *c = &r->contrib[i];
+        uint8_t *e = b + MREC_HDR + (size_t)i * MREC_ENTRY;
+        put_text(e, 64, c->learner_id);
+        put64(e + 64, c->base_version);
+        put64(e + 72, c->staleness);
+        put64(e + 80, c->steps);
+        put64(e + 88, c->tokens);
+        putf64(e + 96, c->weight);
+        put32(e + 104, (uint32_t)c->decision);
+        char reason[DL_STORE_REASON_MAX + 1];
+        snprintf(reason, sizeof reason, "%s", c->reason); /* truncates long reasons */
+        put_text(e + 108, 48, reason);
+        put32(e + 156, 0);
+    }
+}
+
+/* Decode the record stored under (p, version); contributors go to *buf
+ * (grown with realloc to *cap entries as needed). */
+static int mrec_decode(const MDB_val *v, uint32_t p, uint64_t version, dl_merge_record *out,
+                       dl_merge_contrib **buf, uint32_t *cap)
+{
+    const uint8_t *b = v->mv_data;
+    if (v->mv_size < MREC_HDR || get32(b) != MAGIC_MERGE || get32(b + 4) != FMT_VERSION)
+        return dl_err(DL_ECORRUPT, "merges[%u,%llu]: bad size/magic/format (%zu bytes)", p,
+                      (unsigned long long)version, v->mv_size);
+    uint32_t n = get32(b + 12);
+    if (get32(b + 8) != p || get64(b + 16) != version)
+        return dl_err(DL_ECORRUPT, "merges[%u,%llu]: value says fragment %u version %llu", p,
+                      (unsigned long long)version, get32(b + 8), (unsigned long long)get64(b + 16));
+    if (n > MREC_MAX_CONTRIB || v->mv_size != mrec_size(n))
+        return dl_err(DL_ECORRUPT, "merges[%u,%llu]: %zu bytes for %u contributors", p,
+                      (unsigned long long)version, v->mv_size, n);
+    if (n > *cap) {
+        dl_merge_contrib *nb = realloc(*buf, (size_t)n * sizeof *nb);
+        if (!nb) return dl_err(DL_ENOMEM, "merge record of %u contributors", n);
+        *buf = nb;
+        *cap = n;
+    }
+    memset(out, 0, sizeof *out);
+    out->version = version;
+    out->epoch = get64(b + 24);
+    out->wallclock_ns = (int64_t)get64(b + 32);
+    out->delta_norm = getf64(b + 40);
+    get_text(out->staleness_fn, b + 48, DL_STORE_FN_MAX);
+    out->n_contrib = n;
+    out->contrib = *buf;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *e = b + MREC_HDR + (size_t)i * MREC_ENTRY;
+        dl_merge_contrib *c = &(*buf)[i];
+        get_text(c->learner_id, e, DL_STORE_ID_MAX);
+        c->base_version = get64(e + 64);
+        c->staleness = get64(e + 72);
+        c->steps = get64(e + 80);
+        c->tokens = get64(e + 88);
+        c->weight = getf64(e + 96);
+        c->decision = (int32_t)get32(e + 104);
+        get_text(c->reason, e + 108, DL_STORE_REASON_MAX);
+        if (c->decision < DL_MERGE_MERGED || c->decision > DL_MERGE_REJECTED)
+            return dl_err(DL_ECORRUPT, "merges[%u,%llu]: contributor %u has decision code %d", p,
+                          (unsigned long long)version, i, c->decision);
+    }
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// open / close
+
+dl_store_opts dl_store_opts_default(void)
+{
+    return (dl_store_opts){.map_size = 1ull << 30, .durability = DL_STORE_SYNC, .read_only = 0};
+}
+
+static int mkdir_p(const char *dir)
+{
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return dl_err(DL_EINVAL, "store path too long: %s", dir);
+    for (char *c = path + 1;; c++) {
+        if (*c == '/' || *c == 0) {
+            char saved = *c;
+            *c = 0;
+            if (mkdir(path, 0755) != 0 && errno != EEXIST)
+                return dl_err(DL_EIO, "mkdir %s: %s", path, strerror(errno));
+            *c = saved;
+            if (!saved) break;
+        }
+    }
+    return 0;
+}
+
+static int load_run(dl_store *s, MDB_txn *t)
+{
+    MDB_val k = key_str("run"), v;
+    int rc = mdb_get(t, s->dbi_meta, &k, &v);
+    if (rc == MDB_NOTFOUND) return 0;
+    if (rc) return mdb_fail(rc, "mdb_get(meta, run)", __FILE__, __LINE__);
+    const uint8_t *b = v.mv_data;
+    if (v.mv_size < RUN_HDR || get32(b) != MAGIC_RUN || get32(b + 4) != FMT_VERSION)
+        return dl_err(DL_ECORRUPT, "meta[run]: bad size/magic/format (%zu bytes)", v.mv_size);
+    uint32_t P = get32(b + 24), idlen = get32(b + 28);
+    if (P == 0 || P > MAX_FRAGMENTS || v.mv_size != RUN_HDR + 8 * (size_t)P || idlen == 0 ||
+        idlen > DL_STORE_ID_MAX)
+        return dl_err(DL_ECORRUPT, "meta[run]: P=%u, id length %u, %zu bytes do not fit", P, idlen, v.mv_size);
+    s->fingerprint = get64(b + 8);
+    s->n_frag = P;
+    memcpy(s->run_id, b + 32, idlen);
+    s->run_id[idlen] = 0;
+    s->numel = dl_xmalloc(P * sizeof *s->numel);
+    for (uint32_t p = 0; p < P; p++) s->numel[p] = get64(b + RUN_HDR + 8 * (size_t)p);
+    k = key_str("config");
+    rc = mdb_get(t, s->dbi_meta, &k, &v);
+    if (rc == MDB_SUCCESS) {
+        b = v.mv_data;
+        if (v.mv_size < CONFIG_HDR || get32(b) != MAGIC_CONFIG || get32(b + 4) != FMT_VERSION ||
+            get64(b + 8) != v.mv_size - CONFIG_HDR)
+            return dl_err(DL_ECORRUPT, "meta[config]: bad size/magic/format (%zu bytes)", v.mv_size);
+        s->config_text = dl_xmalloc(v.mv_size - CONFIG_HDR + 1);
+        memcpy(s->config_text, b + CONFIG_HDR, v.mv_size - CONFIG_HDR);
+        s->config_text[v.mv_size - CONFIG_HDR] = 0;
+    } else if (rc != MDB_NOTFOUND) {
+        return mdb_fail(rc, "mdb_get(meta, config)", __FILE__, __LINE__);
+    }
+    s->have_run = 1;
+    return 0;
+}
+
+/* Open (or, read-write on an empty environment, create) the named databases,
+ * check the schema and load the run. */
+static int open_dbs(dl_store *s, MDB_txn *t)
+{
+    static const char *names[] = {"fragments", "outer", "learners", "merges", "ledger"};
+    MDB_dbi *dbis[] = {&s->dbi_frag, &s->dbi_outer, &s->dbi_learners, &s->dbi_merges, &s->dbi_ledger};
+    int fresh = 0;
+    int rc = mdb_dbi_open(t, "meta", 0, &s->dbi_meta);
+    if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE) {
+        MDB_dbi main;
+        MDB_stat st;
+        MDB_CALL(mdb_dbi_open(t, NULL, 0, &main));
+        MDB_CALL(mdb_stat(t, main, &st));
+        if (rc == MDB_INCOMPATIBLE || st.ms_entries > 0)
+            return dl_err(DL_EFORMAT, "%s holds an LMDB environment that is not a dloco store", s->dir);
+        if (s->read_only)
+            return dl_err(DL_EFORMAT, "%s holds an empty LMDB environment, not a dloco store", s->dir);
+        fresh = 1;
+        MDB_CALL(mdb_dbi_open(t, "meta", MDB_CREATE, &s->dbi_meta));
+    } else if (rc) {
+        return mdb_fail(rc, "mdb_dbi_open(meta)", __FILE__, __LINE__);
+    }
+    for (int i = 0; i < 5; i++) {
+        rc = mdb_dbi_open(t, names[i], fresh ? MDB_CREATE : 0, dbis[i]);
+        if (rc == MDB_NOTFOUND) return dl_err(DL_EFORMAT, "store %s has no '%s' database", s->dir, names[i]);
+        if (rc) return mdb_fail(rc, "mdb_dbi_open", __FILE__, __LINE__);
+    }
+    MDB_val k = key_str("schema"), v;
+    if (fresh) {
+        uint8_t sb[SCHEMA_LEN], eb[EPOCH_LEN], lb[LEDGER_LEN] = {0};
+        put32(sb, MAGIC_SCHEMA);
+        put32(sb + 4, DL_STORE_SCHEMA_VERSION);
+        put32(eb, MAGIC_EPOCH);
+        put32(eb + 4, FMT_VERSION);
+        put64(eb + 8, 0);
+        put32(lb, MAGIC_LEDGER);
+        put32(lb + 4, FMT_VERSION);
+        v = (MDB_val){SCHEMA_LEN, sb};
+        MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, 0));
+        k = key_str("epoch"), v = (MDB_val){EPOCH_LEN, eb};
+        MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, 0));
+        k = key_str("totals"), v = (MDB_val){LEDGER_LEN, lb};
+        MDB_CALL(mdb_put(t, s->dbi_ledger, &k, &v, 0));
+        DL_INFO("store %s: created (schema %u)", s->dir, DL_STORE_SCHEMA_VERSION);
+        return 0;
+    }
+    MDB_GET(t, s->dbi_meta, &k, &v, DL_EFORMAT, "store %s: meta has no schema version", s->dir);
+    const uint8_t *b = v.mv_data;
+    if (v.mv_size != SCHEMA_LEN || get32(b) != MAGIC_SCHEMA)
+        return dl_err(DL_EFORMAT, "store %s: meta[schema] has a bad size/magic (%zu bytes)", s->dir, v.mv_size);
+    if (get32(b + 4) != DL_STORE_SCHEMA_VERSION)
+        return dl_err(DL_EFORMAT, "store %s has schema version %u, this build reads schema version %u", s->dir,
+                      get32(b + 4), DL_STORE_SCHEMA_VERSION);
+    return load_run(s, t);
+}
+
+int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
+{
+    assert(dir && out);
+    *out = NULL;
+    dl_store_opts o = opts ? *opts : dl_store_opts_default();
+    if (o.map_size == 0) o.map_size = 1ull << 30;
+    o.map_size = (o.map_size + 0xffff) & ~(uint64_t)0xffff;
+    if (o.durability != DL_STORE_SYNC && o.durability != DL_STORE_PERIODIC)
+        return dl_err(DL_EINVAL, "store durability %d is neither SYNC nor PERIODIC", o.durability);
+
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) return dl_err(DL_EINVAL, "store path %s is not a directory", dir);
+    } else if (errno != ENOENT) {
+        return dl_err(DL_EIO, "stat %s: %s", dir, strerror(errno));
+    } else if (o.read_only) {
+        return dl_err(DL_ENOTFOUND, "no store at %s (directory does not exist)", dir);
+    } else {
+        DL_TRY(mkdir_p(dir));
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    if (o.read_only && stat(path, &st) != 0)
+        return dl_err(DL_ENOTFOUND, "no store at %s (no data.mdb)", dir);
+
+    dl_store *s = dl_xcalloc(1, sizeof *s);
+    s->dir = strdup(dir);
+    s->read_only = o.read_only;
+    s->durability = o.durability;
+    s->lock_fd = -1;
+    pthread_mutex_init(&s->gate, NULL);
+    int rc = 0;
+
+    if (!o.read_only) { /* one writer per store, across processes */
+        snprintf(path, sizeof path, "%s/dloco.lock", dir);
+        s->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (s->lock_fd < 0) {
+            rc = dl_err(DL_EIO, "open %s: %s", path, strerror(errno));
+            goto fail;
+        }
+        if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+            rc = errno == EWOULDBLOCK
+                     ? dl_err(DL_EAGAIN, "store %s is already open for writing by another process or handle", dir)
+                     : dl_err(DL_EIO, "flock %s: %s", path, strerror(errno));
+            goto fail;
+        }
+    }
+
+    int lrc = mdb_env_create(&s->env);
+    if (lrc) {
+        s->env = NULL;
+        rc = mdb_fail(lrc, "mdb_env_create", __FILE__, __LINE__);
+        goto fail;
+    }
+    if ((lrc = mdb_env_set_maxdbs(s->env, 8)) || (lrc = mdb_env_set_maxreaders(s->env, 256)) ||
+        (lrc = mdb_env_set_mapsize(s->env, (size_t)o.map_size))) {
+        rc = mdb_fail(lrc, "mdb_env_set_*", __FILE__, __LINE__);
+        goto fail;
+    }
+    /* MDB_NOTLS: read snapshots are not tied to a thread, and a thread may
+     * hold several. */
+    unsigned flags = MDB_NOTLS | (o.read_only ? MDB_RDONLY : 0) | (o.durability == DL_STORE_PERIODIC ? MDB_NOSYNC : 0);
+    lrc = mdb_env_open(s->env, dir, flags, 0644);
+    if (lrc == MDB_INVALID || lrc == MDB_VERSION_MISMATCH) {
+        rc = dl_err(DL_EFORMAT, "%s/data.mdb is not an LMDB environment this build can read (%s)", dir,
+                    mdb_strerror(lrc));
+        goto fail;
+    }
+    if (lrc == EACCES || lrc == EROFS || lrc == ENOENT) {
+        rc = dl_err(DL_EIO, "mdb_env_open %s: %s", dir, mdb_strerror(lrc));
+        goto fail;
+    }
+    if (lrc) {
+        rc = mdb_fail(lrc, "mdb_env_open", __FILE__, __LINE__);
+        goto fail;
+    }
+    MDB_stat est;
+    if ((lrc = mdb_env_stat(s->env, &est))) {
+        rc = mdb_fail(lrc, "mdb_env_stat", __FILE__, __LINE__);
+        goto fail;
+    }
+    s->psize = est.ms_psize;
+
+    if ((lrc = mdb_reader_check(s->env, &s->stale_cleared))) {
+        rc = mdb_fail(lrc, "mdb_reader_check", __FILE__, __LINE__);
+        goto fail;
+    }
+    DL_INFO("store %s: mdb_reader_check cleared %d stale reader slot(s) of dead processes", dir,
+            s->stale_cleared);
+
+    MDB_txn *t;
+    if ((rc = txn_begin(s, !o.read_only, &t)) < 0) goto fail;
+    if ((rc = open_dbs(s, t)) < 0) {
+        txn_abort(s, t);
+        goto fail;
+    }
+    /* committing (also a read txn) keeps the dbi handles for the env's life */
+    if ((rc = txn_commit(s, t)) < 0) goto fail;
+    s->opened = 1;
+    uint64_t size;
+    map_used(s, &size);
+    DL_INFO("store %s: open %s%s, map %llu MiB, run %s", dir, o.read_only ? "read-only" : "read-write",
+            o.read_only ? "" : o.durability == DL_STORE_SYNC ? " (sync)" : " (periodic sync)",
+            (unsigned long long)(size >> 20), s->have_run ? s->run_id : "(none)");
+    *out = s;
+    return 0;
+fail:
+    dl_store_close(&s);
+    return rc;
+}
+
+void dl_store_close(dl_store **sp)
+{
+    if (!sp || !*sp) return;
+    dl_store *s = *sp;
+    assert(atomic_load(&s->snaps_open) == 0 && "dl_store_close with snapshots open");
+    if (s->env) {
+        if (s->opened && !s->read_only && s->durability == DL_STORE_PERIODIC) {
+            int rc = mdb_env_sync(s->env, 1);
+            if (rc) DL_WARN("store %s: final sync failed: %s", s->dir, mdb_strerror(rc));
+        }
+        mdb_env_close(s->env);
+    }
+    if (s->lock_fd >= 0) close(s->lock_fd); /* releases the flock */
+    pthread_mutex_destroy(&s->gate);
+    free(s->numel);
+    free(s->config_text);
+    free(s->dir);
+    free(s);
+    *sp = NULL;
+}
+
+int dl_store_sync(dl_store *s)
+{
+    assert(s);
+    if (s->read_only) return 0;
+    MDB_CALL(mdb_env_sync(s->env, 1));
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// run, epoch
+
+static int check_run(const dl_store_run *r)
+{
+    DL_TRY(check_id("run id", r->run_id));
+    if (r->fingerprint == 0) return dl_err(DL_EINVAL, "run '%s': fingerprint must be nonzero", r->run_id);
+    if (r->n_fragments == 0 || r->n_fragments > MAX_FRAGMENTS || !r->numel)
+        return dl_err(DL_EINVAL, "run '%s': %u fragments (need 1..%u with numels)", r->run_id, r->n_fragments,
+                      MAX_FRAGMENTS);
+    for (uint32_t p = 0; p < r->n_fragments; p++)
+        if (r->numel[p] == 0 || r->numel[p] > (1ull << 40))
+            return dl_err(DL_EINVAL, "run '%s': fragment %u has numel %llu", r->run_id, p,
+                          (unsigned long long)r->numel[p]);
+    return 0;
+}
+
+struct init_ctx {
+    const dl_store_run *run;
+    const float *const *params;
+    const uint64_t *psum, *msum;
+    int64_t wall;
+};
+
+static int put_fragment(dl_store *s, MDB_txn *t, uint32_t p, uint64_t version, uint64_t numel,
+                        const float *params, uint64_t psum, uint64_t msum, int64_t wall)
+{
+    uint8_t kb[4];
+    MDB_val k = key_frag(kb, p), v = {FRAG_HDR + numel * 4, NULL};
+    MDB_CALL(mdb_put(t, s->dbi_frag, &k, &v, MDB_RESERVE));
+    uint8_t *b = v.mv_data;
+    memset(b, 0, FRAG_HDR);
+    put32(b, MAGIC_FRAG);
+    put32(b + 4, FMT_VERSION);
+    put32(b + 8, p);
+    put64(b + 16, version);
+    put64(b + 24, numel);
+    put64(b + 32, psum);
+    put64(b + 40, msum);
+    put64(b + 48, (uint64_t)wall);
+    memcpy(b + FRAG_HDR, params, numel * 4);
+    return 0;
+}
+
+static int put_outer(dl_store *s, MDB_txn *t, uint32_t p, uint64_t version, uint64_t numel, const float *mom)
+{
+    uint8_t kb[4];
+    MDB_val k = key_frag(kb, p), v = {OUTER_HDR + numel * 4, NULL};
+    MDB_CALL(mdb_put(t, s->dbi_outer, &k, &v, MDB_RESERVE));
+    uint8_t *b = v.mv_data;
+    memset(b, 0, OUTER_HDR);
+    put32(b, MAGIC_OUTER);
+    put32(b + 4, FMT_VERSION);
+    put32(b + 8, p);
+    put64(b + 16, version);
+    put64(b + 24, numel);
+    if (mom)
+        memcpy(b + OUTER_HDR, mom, numel * 4);
+    else
+        memset(b + OUTER_HDR, 0, numel * 4);
+    return 0;
+}
+
+static int init_fn(dl_store *s, MDB_txn *t, void *vctx)
+{
+    struct init_ctx *c = vctx;
+    const dl_store_run *r = c->run;
+    MDB_val k = key_str("run"), v;
+    if (mdb_get(t, s->dbi_meta, &k, &v) == MDB_SUCCESS)
+        return dl_err(DL_EMISMATCH, "store %s: a run appeared while initializing", s->dir);
+    size_t idlen = strlen(r->run_id);
+    v = (MDB_val){RUN_HDR + 8 * (size_t)r->n_fragments, NULL};
+    MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, MDB_RESERVE));
+    uint8_t *b = v.mv_data;
+    memset(b, 0, RUN_HDR);
+    put32(b, MAGIC_RUN);
+    put32(b + 4, FMT_VERSION);
+    put64(b + 8, r->fingerprint);
+    put64(b + 16, (uint64_t)c->wall);
+    put32(b + 24, r->n_fragments);
+    put32(b + 28, (uint32_t)idlen);
+    memcpy(b + 32, r->run_id, idlen);
+    for (uint32_t p = 0; p < r->n_fragments; p++) put64(b + RUN_HDR + 8 * (size_t)p, r->numel[p]);
+    if (r->config_text) {
+        size_t n = strlen(r->config_text);
+        k = key_str("config"), v = (MDB_val){CONFIG_HDR + n, NULL};
+        MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, MDB_RESERVE));
+        b = v.mv_data;
+        put32(b, MAGIC_CONFIG);
+        put32(b + 4, FMT_VERSION);
+        put64(b + 8, n);
+        memcpy(b + CONFIG_HDR, r->config_text, n);
+    }
+    for (uint32_t p = 0; p < r->n_fragments; p++) {
+        DL_TRY(put_fragment(s, t, p, 0, r->numel[p], c->params[p], c->psum[p], c->msum[p], c->wall));
+        DL_TRY(put_outer(s, t, p, 0, r->numel[p], NULL));
+    }
+    return 0;
+}
+
+int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *init_params)
+{
+    assert(s && run);
+    DL_TRY(check_run(run));
+    if (s->have_run) {
+        int same = strcmp(s->run_id, run->run_id) == 0 && s->fingerprint == run->fingerprint &&
+                   s->n_frag == run->n_fragments;
+        for (uint32_t p = 0; same && p < s->n_frag; p++) same = s->numel[p] == run->numel[p];
+        if (!same)
+            return dl_err(DL_EMISMATCH,
+                          "store %s holds run '%s' (fingerprint %016llx, P=%u); refusing run '%s' "
+                          "(fingerprint %016llx, P=%u)",
+                          s->dir, s->run_id, (unsigned long long)s->fingerprint, s->n_frag, run->run_id,
+                          (unsigned long long)run->fingerprint, run->n_fragments);
+        DL_INFO("store %s: resuming run '%s'", s->dir, s->run_id);
+        return 0;
+    }
+    if (!init_params) return dl_err(DL_EINVAL, "store %s is empty: init_run needs initial params", s->dir);
+    uint32_t P = run->n_fragments;
+    uint64_t *sums = dl_xmalloc(2 * (size_t)P * sizeof *sums), need = 0, maxn = 0;
+    for (uint32_t p = 0; p < P; p++) maxn = run->numel[p] > maxn ? run->numel[p] : maxn;
+    float *zeros = dl_xcalloc(maxn, sizeof *zeros);
+    for (uint32_t p = 0; p < P; p++) {
+        assert(init_params[p]);
+        sums[p] = dl_hash64(init_params[p], run->numel[p] * 4, 0);
+        sums[P + p] = dl_hash64(zeros, run->numel[p] * 4, 0);
+        need += run->numel[p] * 8 + FRAG_HDR + OUTER_HDR;
+    }
+    free(zeros);
+    struct init_ctx c = {run, init_params, sums, sums + P, dl_wallclock_ns()};
+    int rc = store_write(s, need, init_fn, &c);
+    free(sums);
+    if (rc < 0) return rc;
+    snprintf(s->run_id, sizeof s->run_id, "%s", run->run_id);
+    s->fingerprint = run->fingerprint;
+    s->numel = dl_xmalloc(P * sizeof *s->numel);
+    memcpy(s->numel, run->numel, P * sizeof *s->numel);
+    s->config_text = run->config_text ? strdup(run->config_text) : NULL;
+    s->n_frag = P;
+    s->have_run = 1;
+    DL_INFO("store %s: initialized run '%s' (fingerprint %016llx, %u fragments)", s->dir, s->run_id,
+            (unsigned long long)s->fingerprint, P);
+    return 0;
+}
+
+int dl_store_get_run(const dl_store *s, dl_store_run *out)
+{
+    assert(s && out);
+    if (!s->have_run) return dl_err(DL_ENOTFOUND, "store %s has no run", s->dir);
+    *out = (dl_store_run){s->run_id, s->fingerprint, s->config_text, s->n_frag, s->numel};
+    return 0;
+}
+
+uint32_t dl_store_n_fragments(const dl_store *s) { return s->have_run ? s->n_frag : 0; }
+uint64_t dl_store_fragment_numel(const dl_store *s, uint32_t p)
+{
+    return s->have_run && p < s->n_frag ? s->numel[p] : 0;
+}
+
+static int epoch_fn(dl_store *s, MDB_txn *t, void *ctx)
+{
+    uint64_t *epoch = ctx;
+    MDB_val k = key_str("epoch"), v;
+    MDB_GET(t, s->dbi_meta, &k, &v, DL_ECORRUPT, "store %s: meta has no epoch", s->dir);
+    DL_TRY(epoch_decode(&v, epoch));
+    uint8_t b[EPOCH_LEN];
+    put32(b, MAGIC_EPOCH);
+    put32(b + 4, FMT_VERSION);
+    put64(b + 8, ++*epoch);
+    v = (MDB_val){EPOCH_LEN, b};
+    MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, 0));
+    return 0;
+}
+
+int dl_store_bump_epoch(dl_store *s, uint64_t *epoch_out)
+{
+    assert(s && epoch_out);
+    uint64_t epoch = 0;
+    DL_TRY(store_write(s, 0, epoch_fn, &epoch));
+    /* the epoch fences off older synchronizers: it must survive power loss */
+    if (s->durability == DL_STORE_PERIODIC) MDB_CALL(mdb_env_sync(s->env, 1));
+    *epoch_out = epoch;
+    return 0;
+}
+
+int dl_store_get_epoch(dl_store *s, uint64_t *epoch_out)
+{
+    assert(s && epoch_out);
+    MDB_txn *t;
+    DL_TRY(txn_begin(s, 0, &t));
+    MDB_val k = key_str("epoch"), v;
+    int rc = mdb_get(t, s->dbi_meta, &k, &v);
+    if (rc == MDB_SUCCESS)
+        rc = epoch_decode(&v, epoch_out);
+    else
+        rc = rc == MDB_NOTFOUND ? dl_err(DL_ECORRUPT, "store %s: meta has no epoch", s->dir)
+                                : mdb_fail(rc, "mdb_get(meta, epoch)", __FILE__, __LINE__);
+    txn_abort(s, t);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// fragment reads
+
+static int check_p(const dl_store *s, uint32_t p)
+{
+    if (!s->have_run) return dl_err(DL_ENOTFOUND, "store %s has no run", s->dir);
+    if (p >= s->n_frag) return dl_err(DL_ERANGE, "fragment %u out of range (P=%u)", p, s->n_frag);
+    return 0;
+}
+
+static int read_in(dl_store *s, MDB_txn *t, uint32_t p, frag_hdr *h, float *params, float *momentum)
+{
+    uint8_t kb[4];
+    MDB_val k = key_frag(kb, p), v;
+    MDB_GET(t, s->dbi_frag, &k, &v, DL_ECORRUPT, "store %s: fragment %u missing", s->dir, p);
+    DL_TRY(frag_decode(s, p, &v, h));
+    if (params) memcpy(params, h->params, h->numel * 4);
+    if (momentum) {
+        uint64_t over;
+        const uint8_t *mom;
+        MDB_GET(t, s->dbi_outer, &k, &v, DL_ECORRUPT, "store %s: outer momentum of fragment %u missing", s->dir, p);
+        DL_TRY(outer_decode(s, p, &v, &over, &mom));
+        if (over != h->version)
+            return dl_err(DL_ECORRUPT, "outer[%u] is at version %llu, fragment at %llu", p,
+                          (unsigned long long)over, (unsigned long long)h->version);
+        memcpy(momentum, mom, h->numel * 4);
+    }
+    return 0;
+}
+
+int dl_store_read_fragment(dl_store *s, uint32_t p, uint64_t *version, float *params, float *momentum)
+{
+    assert(s && version);
+    DL_TRY(check_p(s, p));
+    MDB_txn *t;
+    frag_hdr h;
+    DL_TRY(txn_begin(s, 0, &t));
+    int rc = read_in(s, t, p, &h, params, momentum);
+    txn_abort(s, t);
+    if (rc < 0) return rc;
+    /* verify the copies outside the transaction */
+    uint64_t sum;
+    if (params && (sum = dl_hash64(params, h.numel * 4, 0)) != h.params_sum)
+        return dl_err(DL_ECORRUPT, "fragment %u version %llu: params checksum %016llx, stored %016llx", p,
+                      (unsigned long long)h.version, (unsigned long long)sum, (unsigned long long)h.params_sum);
+    if (momentum && (sum = dl_hash64(momentum, h.numel * 4, 0)) != h.mom_sum)
+        return dl_err(DL_ECORRUPT, "fragment %u version %llu: momentum checksum %016llx, stored %016llx", p,
+                      (unsigned long long)h.version, (unsigned long long)sum, (unsigned long long)h.mom_sum);
+    *version = h.version;
+    return 0;
+}
+
+int dl_store_snapshot_begin(dl_store *s, dl_store_snap **out)
+{
+    assert(s && out);
+    dl_store_snap *snap = dl_xcalloc(1, sizeof *snap);
+    snap->s = s;
+    int rc = txn_begin(s, 0, &snap->txn);
+    if (rc < 0) {
+        free(snap);
+        *out = NULL;
+        return rc;
+    }
+    atomic_fetch_add(&s->snaps_open, 1);
+    *out = snap;
+    return 0;
+}
+
+int dl_store_snapshot_fragment(dl_store_snap *snap, uint32_t p, uint64_t *version, const float **params,
+                               size_t *numel)
+{
+    assert(snap && version && params && numel);
+    dl_store *s = snap->s;
+    DL_TRY(check_p(s, p));
+    uint8_t kb[4];
+    MDB_val k = key_frag(kb, p), v;
+    frag_hdr h;
+    MDB_GET(snap->txn, s->dbi_frag, &k, &v, DL_ECORRUPT, "store %s: fragment %u missing", s->dir, p);
+    DL_TRY(frag_decode(s, p, &v, &h));
+    const void *ptr = h.params;
+    if ((uintptr_t)ptr % _Alignof(float)) { /* small values live in leaf pages, 2-byte aligned */
+        if (snap->ncopies == snap->capcopies) {
+            snap->capcopies = snap->capcopies ? 2 * snap->capcopies : 8;
+            void **nc = realloc(snap->copies, snap->capcopies * sizeof *nc);
+            if (!nc) return dl_err(DL_ENOMEM, "snapshot copy list");
+            snap->copies = nc;
+        }
+        void *copy = malloc(h.numel * 4);
+        if (!copy) return dl_err(DL_ENOMEM, "snapshot copy of fragment %u", p);
+        memcpy(copy, ptr, h.numel * 4);
+        snap->copies[snap->ncopies++] = copy;
+        ptr = copy;
+    }
+    *version = h.version;
+    *params = ptr;
+    *numel = (size_t)h.numel;
+    return 0;
+}
+
+void dl_store_snapshot_end(dl_store_snap **sp)
+{
+    if (!sp || !*sp) return;
+    dl_store_snap *snap = *sp;
+    txn_abort(snap->s, snap->txn);
+    atomic_fetch_sub(&snap->s->snaps_open, 1);
+    for (size_t i = 0; i < snap->ncopies; i++) free(snap->copies[i]);
+    free(snap->copies);
+    free(snap);
+    *sp = NULL;
+}
+
+// ----------------------------------------------------------------------------
+// merge commit
+
+struct commit_ctx {
+    uint32_t p;
+    uint64_t new_version, numel, psum, msum;
+    const float *params, *momentum;
+    const uint8_t *rec;
+    size_t rec_len;
+    uint64_t add_applied, add_dropped;
+    int64_t wall;
+};
+
+static int ledger_rmw(dl_store *s, MDB_txn *t, int state, uint64_t a, uint64_t b)
+{
+    MDB_val k = key_str("totals"), v;
+    dl_store_ledger l = {{0}};
+    MDB_GET(t, s->dbi_ledger, &k, &v, DL_ECORRUPT, "store %s: ledger totals missing", s->dir);
+    DL_TRY(ledger_decode(&v, &l));
+    if (state < 0) {
+        l.tokens[DL_LEDGER_APPLIED] += a;
+        l.tokens[DL_LEDGER_DROPPED_STALE] += b;
+    } else {
+        l.tokens[state] += a;
+    }
+    uint8_t buf[LEDGER_LEN];
+    put32(buf, MAGIC_LEDGER);
+    put32(buf + 4, FMT_VERSION);
+    for (int i = 0; i < DL_LEDGER_NSTATES; i++) put64(buf + 8 + 8 * i, l.tokens[i]);
+    v = (MDB_val){LEDGER_LEN, buf};
+    MDB_CALL(mdb_put(t, s->dbi_ledger, &k, &v, 0));
+    return 0;
+}
+
+static int commit_fn(dl_store *s, MDB_txn *t, void *vctx)
+{
+    struct commit_ctx *c = vctx;
+    uint8_t kb[12];
+    MDB_val k = key_frag(kb, c->p), v;
+    frag_hdr h;
+    MDB_GET(t, s->dbi_frag, &k, &v, DL_ECORRUPT, "store %s: fragment %u missing", s->dir, c->p);
+    DL_TRY(frag_decode(s, c->p, &v, &h));
+    if (c->new_version != h.version + 1)
+        return dl_err(DL_EMISMATCH, "fragment %u: refusing to commit version %llu, stored version is %llu", c->p,
+                      (unsigned long long)c->new_version, (unsigned long long)h.version);
+    k = key_merge(kb, c->p, c->new_version);
+    v = (MDB_val){c->rec_len, (void *)c->rec};
+    int rc = mdb_put(t, s->dbi_merges, &k, &v, MDB_NOOVERWRITE);
+    if (rc == MDB_KEYEXIST)
+        return dl_err(DL_ECORRUPT, "merges[%u,%llu] already exists while fragment %u is at version %llu", c->p,
+                      (unsigned long long)c->new_version, c->p, (unsigned long long)h.version);
+    if (rc) return mdb_fail(rc, "mdb_put(merges)", __FILE__, __LINE__);
+    DL_TRY(put_fragment(s, t, c->p, c->new_version, c->numel, c->params, c->psum, c->msum, c->wall));
+    DL_TRY(put_outer(s, t, c->p, c->new_version, c->numel, c->momentum));
+    return ledger_rmw(s, t, -1, c->add_applied, c->add_dropped);
+}
+
+int dl_store_commit_merge(dl_store *s, uint32_t p, uint64_t new_version, const float *params,
+                          const float *momentum, const dl_merge_record *rec)
+{
+    assert(s && params && momentum && rec);
+    DL_TRY(check_p(s, p));
+    DL_TRY(mrec_validate(rec));
+    struct commit_ctx c = {.p = p, .new_version = new_version, .numel = s->numel[p], .params = params,
+                           .momentum = momentum, .wall = dl_wallclock_ns()};
+    /* encode and checksum before the transaction: nothing slow inside it */
+    c.rec_len = mrec_size(rec->n_contrib);
+    uint8_t *buf = malloc(c.rec_len);
+    if (!buf) return dl_err(DL_ENOMEM, "merge record of %u contributors", rec->n_contrib);
+    mrec_encode(buf, p, new_version, rec);
+    c.rec = buf;
+    for (uint32_t i = 0; i < rec->n_contrib; i++) {
+        if (rec->contrib[i].decision == DL_MERGE_MERGED) c.add_applied += rec->contrib[i].tokens;
+        if (rec->contrib[i].decision == DL_MERGE_DROPPED_STALE) c.add_dropped += rec->contrib[i].tokens;
+    }
+    c.psum = dl_hash64(params, c.numel * 4, 0);
+    c.msum = dl_hash64(momentum, c.numel * 4, 0);
+    int rc = store_write(s, c.numel * 8 + FRAG_HDR + OUTER_HDR + c.rec_len, commit_fn, &c);
+    free(buf);
+    return rc;
+}
+
+int dl_store_get_merge(dl_store *s, uint32_t p, uint64_t version, dl_merge_record *out)
+{
+    assert(s && out);
+    memset(out, 0, sizeof *out);
+    DL_TRY(check_p(s, p));
+    MDB_txn *t;
+    DL_TRY(txn_begin(s, 0, &t));
+    uint8_t kb[12];
+    MDB_val k = key_merge(kb, p, version), v;
+    dl_merge_contrib *buf = NULL;
+    uint32_t cap = 0;
+    int rc = mdb_get(t, s->dbi_merges, &k, &v);
+    if (rc == MDB_SUCCESS)
+        rc = mrec_decode(&v, p, version, out, &buf, &cap);
+    else
+        rc = rc == MDB_NOTFOUND ? dl_err(DL_ENOTFOUND, "no merge record for fragment %u version %llu", p,
+                                         (unsigned long long)version)
+                                : mdb_fail(rc, "mdb_get(merges)", __FILE__, __LINE__);
+    txn_abort(s, t);
+    if (rc < 0) {
+        free(buf);
+        memset(out, 0, sizeof *out);
+    }
+    return rc;
+}
+
+void dl_merge_record_free(dl_merge_record *rec)
+{
+    if (!rec) return;
+    free(rec->contrib);
+    rec->contrib = NULL;
+    rec->n_contrib = 0;
+}
+
+static int foreach_merge_in(dl_store *s, MDB_txn *t, uint32_t p, uint64_t from, dl_merge_cb cb, void *ctx)
+{
+    MDB_cursor *cur;
+    MDB_CALL(mdb_cursor_open(t, s->dbi_merges, &cur));
+    uint8_t kb[12];
+    MDB_val k = key_merge(kb, p, from), v;
+    dl_merge_contrib *buf = NULL;
+    uint32_t cap = 0;
+    int rc = 0;
+    for (int lrc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);; lrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        if (lrc == MDB_NOTFOUND) break;
+        if (lrc) {
+            rc = mdb_fail(lrc, "mdb_cursor_get(merges)", __FILE__, __LINE__);
+            break;
+        }
+        if (k.mv_size != 12) {
+            rc = dl_err(DL_ECORRUPT, "merges: key of %zu bytes", k.mv_size);
+            break;
+        }
+        if (key_frag_p(&k) != p) break;
+        dl_merge_record rec;
+        if ((rc = mrec_decode(&v, p, key_merge_version(&k), &rec, &buf, &cap)) < 0) break;
+        if ((rc = cb(&rec, ctx)) != 0) break;
+    }
+    free(buf);
+    mdb_cursor_close(cur);
+    return rc;
+}
+
+int dl_store_foreach_merge(dl_store *s, uint32_t p, uint64_t from_version, dl_merge_cb cb, void *ctx)
+{
+    assert(s && cb);
+    DL_TRY(check_p(s, p));
+    MDB_txn *t;
+    DL_TRY(txn_begin(s, 0, &t));
+    int rc = foreach_merge_in(s, t, p, from_version, cb, ctx);
+    txn_abort(s, t);
+    return rc;
+}
+
+// ----------------------------------------------------------------------------
+// learners, ledger, stats
+
+static int learner_put_fn(dl_store *s, MDB_txn *t, void *ctx)
+{
+    const dl_store_learner *r = ctx;
+    uint8_t b[LEARNER_LEN];
+    learner_encode(b, r);
+    MDB_val k = key_str(r->id), v = {LEARNER_LEN, b};
+    MDB_CALL(mdb_put(t, s->dbi_learners, &k, &v, 0));
+    return 0;
+}
+
+int dl_store_learner_put(dl_store *s, const dl_store_learner *rec)
+{
+    assert(s && rec);
+    DL_TRY(check_id("learner id", rec->id));
+    return store_write(s, 0, learner_put_fn, (void *)rec);
+}
+
+int dl_store_learner_get(dl_store *s, const char *id, dl_store_learner *out)
+{
+    assert(s && out);
+    DL_TRY(check_id("learner id", id));
+    MDB_txn *t;
+    DL_TRY(txn_begin(s, 0, &t));
+    MDB_val k = key_str(id), v;
+    int rc = mdb_get(t, s->dbi_learners, &k, &v);
+    if (rc == MDB_SUCCESS)
+        rc = learner_decode(&k, &v, out);
+    else
+        rc = rc == MDB_NOTFOUND ? dl_err(DL_ENOTFOUND, "learner '%s' is not in the registry", id)
+                                : mdb_fail(rc, "mdb_get(learners)", __FILE__, __LINE__);
+    txn_abort(s, t);
+    return rc;
+}
+
+static int foreach_learner_in(dl_store *s, MDB_txn *t, dl_learner_cb cb, void *ctx)
+{
+    MDB_cursor *cur;
+    MDB_CALL(mdb_cursor_open(t, s->dbi_learners, &cur));
+    MDB_val k, v;
+    int rc = 0;
+    for (int lrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);; lrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        if (lrc == MDB_NOTFOUND) break;
+        if (lrc) {
+            rc = mdb_fail(lrc, "mdb_cursor_get(learners)", __FILE__, __LINE__);
+            break;
+        }
+        dl_store_learner r;
+        if ((rc = learner_decode(&k, &v, &r)) < 0 || (cb && (rc = cb(&r, ctx)) != 0)) break;
+    }
+    mdb_cursor_close(cur);
+    return rc;
+}
+
+int dl_store_foreach_learner(dl_store *s, dl_learner_cb cb, void *ctx)
+{
+    assert(s && cb);
+    MDB_txn *t;
+    DL_TRY(txn_begin(s, 0, &t));
+    int rc = foreach_learner_in(s, t, cb, ctx);
+    txn_abort(s, t);
+    return rc;
+}
+
+int dl_store_ledger_get(dl_store *s, dl_store_ledger *out)
+{
+    assert(s && out);
+    MDB_txn *t;
+    DL_TRY(txn_begin(s, 0, &t));
+    MDB_val k = key_str("totals"), v;
+    int rc = mdb_get(t, s->dbi_ledger, &k, &v);
+    if (rc == MDB_SUCCESS)
+        rc = ledger_decode(&v, out);
+    else
+        rc = rc == MDB_NOTFOUND ? dl_err(DL_ECORRUPT, "store %s: ledger totals missing", s->dir)
+                                : mdb_fail(rc, "mdb_get(ledger)", __FILE__, __LINE__);
+    txn_abort(s, t);
+    return rc;
+}
+
+struct ledger_ctx {
+    int state;
+    uint64_t tokens;
+};
+static int ledger_add_fn(dl_store *s, MDB_txn *t, void *vctx)
+{
+    struct ledger_ctx *c = vctx;
+    return ledger_rmw(s, t, c->state, c->tokens, 0);
+}
+
+int dl_store_ledger_add(dl_store *s, int state, uint64_t tokens)
+{
+    assert(s);
+    assert((state == DL_LEDGER_REJECTED || state == DL_LEDGER_LOST) &&
+           "applied/dropped_stale tokens move only with a merge commit");
+    struct ledger_ctx c = {state, tokens};
+    return store_write(s, 0, ledger_add_fn, &c);
+}
+
+int dl_store_get_stats(dl_store *s, dl_store_stats *out)
+{
+    assert(s && out);
+    MDB_envinfo info;
+    MDB_CALL(mdb_env_info(s->env, &info));
+    *out = (dl_store_stats){
+        .map_size = info.me_mapsize,
+        .used_bytes = ((uint64_t)info.me_last_pgno + 1) * s->psize,
+        .page_size = s->psize,
+        .readers_used = info.me_numreaders,
+        .readers_max = info.me_maxreaders,
+        .stale_readers_cleared = s->stale_cleared,
+        .map_grows = atomic_load(&s->map_grows),
+        .map_full_retries = atomic_load(&s->map_full_retries),
+    };
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// offline checker
+
+struct check_sum {
+    uint64_t epoch, records, learners;
+    uint64_t applied, dropped; /* token sums over merge records */
+    dl_store_ledger ledger;
+    /* per-fragment record walk */
+    uint32_t p;
+    uint64_t expect;
+};
+
+static int check_record_cb(const dl_merge_record *r, void *ctx)
+{
+    struct check_sum *c = ctx;
+    if (r->version != c->expect)
+        return dl_err(DL_ECORRUPT, "fragment %u: merge record version %llu missing (next record is %llu)", c->p,
+                      (unsigned long long)c->expect, (unsigned long long)r->version);
+    c->expect++;
+    c->records++;
+    for (uint32_t i = 0; i < r->n_contrib; i++) {
+        if (r->contrib[i].decision == DL_MERGE_MERGED) c->applied += r->contrib[i].tokens;
+        if (r->contrib[i].decision == DL_MERGE_DROPPED_STALE) c->dropped += r->contrib[i].tokens;
+    }
+    return 0;
+}
+
+/* Any key in db at or after `from` (a fragment index >= P) is a stray. */
+static int check_no_stray(dl_store *s, MDB_txn *t, MDB_dbi dbi, const char *name, size_t klen)
+{
+    MDB_cursor *cur;
+    MDB_CALL(mdb_cursor_open(t, dbi, &cur));
+    uint8_t kb[12];
+    MDB_val k = klen == 4 ? key_frag(kb, s->n_frag) : key_merge(kb, s->n_frag, 0), v;
+    int rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+    if (rc == MDB_SUCCESS)
+        rc = dl_err(DL_ECORRUPT, "%s: stray key of %zu bytes for fragment %u (run has P=%u)", name, k.mv_size,
+                    k.mv_size >= 4 ? key_frag_p(&k) : 0, s->n_frag);
+    else if (rc == MDB_NOTFOUND)
+        rc = 0;
+    else
+        rc = mdb_fail(rc, "mdb_cursor_get", __FILE__, __LINE__);
+    /* keys of the wrong length sort anywhere: walk all for those */
+    for (int lrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &k, &v, MDB_FIRST); lrc == MDB_SUCCESS;
+         lrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT))
+        if (k.mv_size != klen) {
+            rc = dl_err(DL_ECORRUPT, "%s: key of %zu bytes (expected %zu)", name, k.mv_size, klen);
+            break;
+        }
+    mdb_cursor_close(cur);
+    return rc;
+}
+
+static int count_learner_cb(const dl_store_learner *r, void *ctx)
+{
+    (void)r;
+    ((struct check_sum *)ctx)->learners++;
+    return 0;
+}
+
+/* One read transaction for a consistent view of the whole store; it blocks
+ * no writer, so holding it while hashing is fine for an offline check. */
+static int check_in(dl_store *s, MDB_txn *t, struct check_sum *c)
+{
+    MDB_val k = key_str("epoch"), v;
+    MDB_GET(t, s->dbi_meta, &k, &v, DL_ECORRUPT, "meta has no epoch");
+    DL_TRY(epoch_decode(&v, &c->epoch));
+    k = key_str("totals");
+    MDB_GET(t, s->dbi_ledger, &k, &v, DL_ECORRUPT, "ledger totals missing");
+    DL_TRY(ledger_decode(&v, &c->ledger));
+    for (uint32_t p = 0; p < s->n_frag; p++) {
+        uint8_t kb[4];
+        frag_hdr h;
+        uint64_t over, sum;
+        const uint8_t *mom;
+        k = key_frag(kb, p);
+        MDB_GET(t, s->dbi_frag, &k, &v, DL_ECORRUPT, "fragment %u missing", p);
+        DL_TRY(frag_decode(s, p, &v, &h));
+        if ((sum = dl_hash64(h.params, h.numel * 4, 0)) != h.params_sum)
+            return dl_err(DL_ECORRUPT, "fragment %u version %llu: params checksum %016llx, stored %016llx", p,
+                          (unsigned long long)h.version, (unsigned long long)sum, (unsigned long long)h.params_sum);
+        MDB_GET(t, s->dbi_outer, &k, &v, DL_ECORRUPT, "outer momentum of fragment %u missing", p);
+        DL_TRY(outer_decode(s, p, &v, &over, &mom));
+        if (over != h.version)
+            return dl_err(DL_ECORRUPT, "outer[%u] is at version %llu, fragment at %llu", p,
+                          (unsigned long long)over, (unsigned long long)h.version);
+        if ((sum = dl_hash64(mom, h.numel * 4, 0)) != h.mom_sum)
+            return dl_err(DL_ECORRUPT, "fragment %u version %llu: momentum checksum %016llx, stored %016llx", p,
+                          (unsigned long long)h.version, (unsigned long long)sum, (unsigned long long)h.mom_sum);
+        c->p = p;
+        c->expect = 1;
+        DL_TRY(foreach_merge_in(s, t, p, 0, check_record_cb, c));
+        if (c->expect - 1 != h.version)
+            return dl_err(DL_ECORRUPT, "fragment %u is at version %llu but has %llu merge records (1..%llu)", p,
+                          (unsigned long long)h.version, (unsigned long long)(c->expect - 1),
+                          (unsigned long long)(c->expect - 1));
+    }
+    DL_TRY(check_no_stray(s, t, s->dbi_frag, "fragments", 4));
+    DL_TRY(check_no_stray(s, t, s->dbi_outer, "outer", 4));
+    DL_TRY(check_no_stray(s, t, s->dbi_merges, "merges", 12));
+    DL_TRY(foreach_learner_in(s, t, count_learner_cb, c));
+    if (c->applied != c->ledger.tokens[DL_LEDGER_APPLIED] || c->dropped != c->ledger.tokens[DL_LEDGER_DROPPED_STALE])
+        return dl_err(DL_ECORRUPT,
+                      "ledger says applied %llu, dropped_stale %llu tokens; merge records sum to %llu, %llu",
+                      (unsigned long long)c->ledger.tokens[DL_LEDGER_APPLIED],
+                      (unsigned long long)c->ledger.tokens[DL_LEDGER_DROPPED_STALE], (unsigned long long)c->applied,
+                      (unsigned long long)c->dropped);
+    return 0;
+}
+
+int dl_store_check(const char *dir, FILE *report)
+{
+    assert(dir);
+    dl_store_opts o = dl_store_opts_default();
+    o.read_only = 1;
+    dl_store *s = NULL;
+    struct check_sum c = {0};
+    int rc = dl_store_open(dir, &o, &s);
+    if (rc == 0 && !s->have_run) rc = dl_err(DL_EFORMAT, "store %s has no run (no fingerprint)", dir);
+    if (rc == 0 && s->fingerprint == 0) rc = dl_err(DL_EFORMAT, "store %s: run fingerprint is zero", dir);
+    if (rc == 0) {
+        MDB_txn *t;
+        rc = txn_begin(s, 0, &t);
+        if (rc == 0) {
+            rc = check_in(s, t, &c);
+            txn_abort(s, t);
+        }
+    }
+    if (report) {
+        fprintf(report, "dloco store check: %s\n", dir);
+        if (s && s->have_run)
+            fprintf(report,
+                    "  schema %u, run '%s', fingerprint %016llx, epoch %llu, %u fragments, %llu merge records, "
+                    "%llu learners\n"
+                    "  ledger tokens: applied %llu, dropped_stale %llu, rejected %llu, lost %llu\n",
+                    DL_STORE_SCHEMA_VERSION, s->run_id, (unsigned long long)s->fingerprint,
+                    (unsigned long long)c.epoch, s->n_frag, (unsigned long long)c.records,
+                    (unsigned long long)c.learners, (unsigned long long)c.ledger.tokens[0],
+                    (unsigned long long)c.ledger.tokens[1], (unsigned long long)c.ledger.tokens[2],
+                    (unsigned long long)c.ledger.tokens[3]);
+        if (rc == 0)
+            fprintf(report, "  result: OK\n");
+        else
+            fprintf(report, "  result: FAILED (%s): %s\n", dl_strerror(rc), dl_errmsg());
+    }
+    dl_store_close(&s);
+    return rc;
+}

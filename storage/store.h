@@ -1,0 +1,255 @@
+/* LMDB state store of the synchronizer: run meta, fragment params, outer
+ * momentum, learner registry, append-only merge records and the token ledger. */
+#ifndef DL_STORAGE_STORE_H
+#define DL_STORAGE_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Layout of a store directory (an LMDB environment: data.mdb + lock.mdb, plus
+ * dloco.lock, which a writer holds with flock so two synchronizers never
+ * write the same store). Named databases, every value little-endian with a
+ * 4-byte magic and a format version at its start, checked on every read
+ * (bad magic, version or size -> DL_ECORRUPT naming the key):
+ *
+ *   meta      "schema" -> schema version; "run" -> run id, fingerprint, P,
+ *             numel of each fragment; "config" -> run config text; "epoch".
+ *   fragments p (u32 big-endian) -> 64-byte header {version, numel, XXH64 of
+ *             params, XXH64 of momentum, commit wallclock} + fp32 params.
+ *   outer     p -> 32-byte header {version, numel} + fp32 outer momentum.
+ *   learners  id -> registry record (seen times, public key, counters).
+ *   merges    (p u32 BE, version u64 BE) -> merge record; append-only, so a
+ *             fragment at version v has exactly the records 1..v.
+ *   ledger    "totals" -> tokens per final state.
+ *
+ * Checksums are dl_hash64(bytes, len, 0) over the raw little-endian fp32
+ * arrays. The host must be little-endian (checked at compile time): fp32
+ * arrays are served zero-copy from the map.
+ *
+ * Threads: one dl_store may be used from several threads at once (LMDB
+ * serializes writers; readers never wait on a writer). At most one dl_store
+ * per directory per process (an LMDB rule): never open a directory a second
+ * time, not even read-only, while this process has it open. Call
+ * dl_store_init_run before other threads use the handle.
+ *
+ * Every call is one short transaction; nothing holds a transaction across
+ * network I/O. A failed call changes nothing (its transaction is aborted). */
+
+#define DL_STORE_SCHEMA_VERSION 1u
+#define DL_STORE_ID_MAX 64     /* run ids and learner ids: 1..64 printable ASCII chars, no spaces */
+#define DL_STORE_FN_MAX 31     /* staleness function name, chars */
+#define DL_STORE_REASON_MAX 47 /* contributor reason text, chars (longer is truncated) */
+#define DL_STORE_PUBKEY_BYTES 32
+
+typedef struct dl_store dl_store;
+typedef struct dl_store_snap dl_store_snap;
+
+typedef enum {
+    /* fsync on every commit: an acknowledged commit survives power loss. */
+    DL_STORE_SYNC = 0,
+    /* Commits are not fsynced (MDB_NOSYNC); the caller runs dl_store_sync()
+     * from a timer every N ms. Loss window: a crash of the process loses
+     * nothing (committed pages are in the OS page cache); an OS crash or
+     * power loss loses at most the commits of the last N ms plus one sync's
+     * duration. LMDB writes the meta page last, so on a filesystem that keeps
+     * write order (ext4 data=ordered, xfs) the store reopens at an older
+     * consistent state; run dl_store_check after an OS crash. Epoch bumps are
+     * always fsynced. */
+    DL_STORE_PERIODIC = 1
+} dl_store_durability;
+
+typedef struct {
+    uint64_t map_size; /* initial map size, bytes (rounded up to 64 KiB); 0 -> 1 GiB.
+                          Doubles automatically when full. */
+    int durability;    /* DL_STORE_SYNC or DL_STORE_PERIODIC */
+    int read_only;     /* open for reading only (offline checker, status) */
+} dl_store_opts;
+
+/* map_size 1 GiB, DL_STORE_SYNC, read-write. */
+dl_store_opts dl_store_opts_default(void);
+
+/* Open (read-write: create the directory and an empty store if missing) the
+ * store in `dir`. opts NULL = defaults. Clears stale reader slots of dead
+ * processes (mdb_reader_check) and logs how many.
+ * Errors: DL_EINVAL `dir` is not a directory; DL_ENOTFOUND read-only and no
+ * store there; DL_EFORMAT data.mdb is not an LMDB file, the environment is not
+ * a dloco store, or its schema version is not DL_STORE_SCHEMA_VERSION;
+ * DL_EAGAIN another process (or handle) has the store open for writing;
+ * DL_ESTORE / DL_EIO other LMDB or file failures (file:line in the detail). */
+int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out);
+/* Syncs (periodic mode), closes and NULLs *s; safe on NULL. All snapshots
+ * must have ended. */
+void dl_store_close(dl_store **s);
+
+/* fsync committed data now (periodic mode's timer). It blocks for the fsync:
+ * call it from the thread that commits merges, not from the event loop.
+ * No-op when read-only. */
+int dl_store_sync(dl_store *s);
+
+/* ---- run metadata */
+
+typedef struct {
+    const char *run_id;      /* 1..DL_STORE_ID_MAX printable ASCII chars, no spaces */
+    uint64_t fingerprint;    /* model/fragment-plan fingerprint, nonzero */
+    const char *config_text; /* run config text to record; NULL = none */
+    uint32_t n_fragments;    /* P >= 1 */
+    const uint64_t *numel;   /* [P] fp32 elements per fragment, each >= 1 */
+} dl_store_run;
+
+/* Start or resume a run.
+ * Empty store: writes meta and every fragment p at version 0 with params
+ * init_params[p] (numel[p] floats) and zero momentum, in ONE transaction.
+ * Store with a run: same run id, fingerprint, P and numels -> 0, state left as
+ * is (resume; init_params may be NULL). Otherwise DL_EMISMATCH naming both
+ * runs. DL_EINVAL for a bad run description or init_params NULL on an empty
+ * store. */
+int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *init_params);
+
+/* The stored run; the pointers stay valid until dl_store_close.
+ * DL_ENOTFOUND if no run was initialized. */
+int dl_store_get_run(const dl_store *s, dl_store_run *out);
+uint32_t dl_store_n_fragments(const dl_store *s);           /* P, 0 if no run */
+uint64_t dl_store_fragment_numel(const dl_store *s, uint32_t p); /* 0 if p >= P */
+
+/* Increment the epoch (every synchronizer start does this once) and fsync,
+ * whatever the durability mode. A new store starts at epoch 0. */
+int dl_store_bump_epoch(dl_store *s, uint64_t *epoch_out);
+int dl_store_get_epoch(dl_store *s, uint64_t *epoch_out);
+
+/* ---- fragments */
+
+/* Copy out fragment p: its version, params (numel floats, may be NULL) and
+ * outer momentum (numel floats, may be NULL). Copied arrays are verified
+ * against their stored checksums (DL_ECORRUPT on mismatch).
+ * DL_ERANGE p >= P; DL_ENOTFOUND no run. */
+int dl_store_read_fragment(dl_store *s, uint32_t p, uint64_t *version, float *params, float *momentum);
+
+/* Zero-copy read snapshot (an LMDB read transaction) for serving joiners: it
+ * never waits on a merge and sees the state of its begin, whatever commits
+ * happen meanwhile. Pointers it hands out stay valid until dl_store_snapshot_end.
+ * Keep a snapshot short-lived: it pins old pages (the map cannot be grown
+ * while any snapshot is open, so a commit that needs room then fails with
+ * DL_EAGAIN). A snapshot may be ended on another thread than it began on. */
+int dl_store_snapshot_begin(dl_store *s, dl_store_snap **out);
+/* Params of fragment p as of the snapshot (not checksum-verified; the
+ * checker does that). `*params` is 4-byte aligned (a copy owned by the
+ * snapshot in the rare case LMDB stores a small value unaligned). */
+int dl_store_snapshot_fragment(dl_store_snap *snap, uint32_t p, uint64_t *version, const float **params,
+                               size_t *numel);
+void dl_store_snapshot_end(dl_store_snap **snap);
+
+/* ---- merges */
+
+typedef enum {
+    DL_MERGE_MERGED = 0,        /* contribution went into the merged delta */
+    DL_MERGE_DROPPED_STALE = 1, /* too stale, dropped */
+    DL_MERGE_REJECTED = 2       /* invalid (non-finite, wrong shape, ...) */
+} dl_merge_decision;
+
+typedef struct {
+    char learner_id[DL_STORE_ID_MAX + 1];
+    uint64_t base_version; /* fragment version the learner's delta was taken from */
+    uint64_t staleness;    /* versions behind at merge time */
+    uint64_t steps;        /* inner steps behind the delta */
+    uint64_t tokens;       /* tokens behind the delta */
+    double weight;         /* merge weight (token x staleness), sums to 1 over merged */
+    int32_t decision;      /* dl_merge_decision */
+    char reason[DL_STORE_REASON_MAX + 1]; /* short text, "" if none */
+} dl_merge_contrib;
+
+typedef struct {
+    uint64_t version;      /* fragment version this merge produced */
+    uint64_t epoch;        /* synchronizer epoch that merged */
+    int64_t wallclock_ns;  /* commit time, ns since the Unix epoch */
+    char staleness_fn[DL_STORE_FN_MAX + 1]; /* name of the staleness weighting */
+    double delta_norm;     /* L2 norm of the merged (pre-outer-step) delta */
+    uint32_t n_contrib;
+    dl_merge_contrib *contrib; /* [n_contrib]; caller's on commit, malloc'd on read */
+} dl_merge_record;
+
+/* Commit merge `new_version` of fragment p: params, momentum (numel floats
+ * each), the fragment version, `rec` (stored as version new_version;
+ * rec->version is ignored) and the ledger (applied += tokens of MERGED
+ * contributors, dropped_stale += tokens of DROPPED_STALE ones) in ONE
+ * transaction; a crash at any instant leaves either the old or the new
+ * version. REJECTED contributors are recorded for audit only: count their
+ * tokens once, with dl_store_ledger_add(DL_LEDGER_REJECTED).
+ * DL_EMISMATCH (nothing written) unless new_version == stored version + 1;
+ * DL_ERANGE p >= P; DL_EINVAL bad record (id/name too long, bad decision);
+ * DL_EAGAIN the map is full and cannot grow while snapshots are open. */
+int dl_store_commit_merge(dl_store *s, uint32_t p, uint64_t new_version, const float *params,
+                          const float *momentum, const dl_merge_record *rec);
+
+/* Merge record (p, version), contrib malloc'd: free with dl_merge_record_free.
+ * DL_ENOTFOUND if absent. */
+int dl_store_get_merge(dl_store *s, uint32_t p, uint64_t version, dl_merge_record *out);
+void dl_merge_record_free(dl_merge_record *rec);
+
+/* Visit fragment p's merge records with version >= from_version in version
+ * order. `cb` runs inside a read transaction: copy what you need, never block.
+ * cb returns 0 to go on, nonzero to stop; the call then returns that value. */
+typedef int (*dl_merge_cb)(const dl_merge_record *rec, void *ctx);
+int dl_store_foreach_merge(dl_store *s, uint32_t p, uint64_t from_version, dl_merge_cb cb, void *ctx);
+
+/* ---- learner registry */
+
+typedef struct {
+    char id[DL_STORE_ID_MAX + 1];
+    int64_t first_seen_ns, last_seen_ns; /* wallclock ns */
+    uint8_t pubkey[DL_STORE_PUBKEY_BYTES]; /* CURVE public key, zeros if none */
+    uint64_t pushes, merged, dropped, tokens_applied, bytes_in, bytes_out;
+} dl_store_learner;
+
+/* Insert or replace the record of rec->id. */
+int dl_store_learner_put(dl_store *s, const dl_store_learner *rec);
+/* DL_ENOTFOUND if the id is unknown. */
+int dl_store_learner_get(dl_store *s, const char *id, dl_store_learner *out);
+/* Visit every learner in id order; same callback rules as dl_store_foreach_merge. */
+typedef int (*dl_learner_cb)(const dl_store_learner *rec, void *ctx);
+int dl_store_foreach_learner(dl_store *s, dl_learner_cb cb, void *ctx);
+
+/* ---- token ledger: every token a learner processed ends in one state */
+
+enum {
+    DL_LEDGER_APPLIED = 0,       /* by dl_store_commit_merge */
+    DL_LEDGER_DROPPED_STALE = 1, /* by dl_store_commit_merge */
+    DL_LEDGER_REJECTED = 2,      /* by dl_store_ledger_add */
+    DL_LEDGER_LOST = 3,          /* by dl_store_ledger_add */
+    DL_LEDGER_NSTATES = 4
+};
+typedef struct {
+    uint64_t tokens[DL_LEDGER_NSTATES];
+} dl_store_ledger;
+
+int dl_store_ledger_get(dl_store *s, dl_store_ledger *out);
+/* Add tokens to DL_LEDGER_REJECTED or DL_LEDGER_LOST (the other states are
+ * only moved by merge commits; passing them is API misuse). */
+int dl_store_ledger_add(dl_store *s, int state, uint64_t tokens);
+
+/* ---- health */
+
+typedef struct {
+    uint64_t map_size;         /* bytes currently mapped */
+    uint64_t used_bytes;       /* pages up to the last used one, bytes */
+    uint32_t page_size;
+    uint32_t readers_used, readers_max; /* reader slots: high-water mark, capacity */
+    int stale_readers_cleared; /* by mdb_reader_check at open */
+    uint32_t map_grows;        /* map growths since open (all causes) */
+    uint32_t map_full_retries; /* transactions retried after MDB_MAP_FULL */
+} dl_store_stats;
+
+int dl_store_get_stats(dl_store *s, dl_store_stats *out);
+
+/* Offline consistency check (opens `dir` read-only; safe while a
+ * synchronizer runs, but not from a process that has `dir` open). Verifies:
+ * schema version; run and fingerprint present; for every fragment p < P the
+ * header, numel, that version == number of merge records and the record
+ * versions are exactly 1..version, params and momentum checksums, outer
+ * version == fragment version; no records of fragments >= P; ledger applied
+ * and dropped_stale equal the sums over all merge records. Returns 0, or
+ * DL_ECORRUPT / DL_EFORMAT (or an open error) with the FIRST violation in the
+ * detail. Prints a short summary to `report` (may be NULL). */
+int dl_store_check(const char *dir, FILE *report);
+
+#endif

@@ -1,0 +1,263 @@
+/* Merge-round policy of the synchronizer: when a fragment's pooled pushes are
+ * merged, with which weights, and which pushes are dropped or rejected.
+ *
+ * Pure state machine with an injected clock: every time is an int64 ns value
+ * the caller passes in (monotonic clock in dloco-sync, simulated time in
+ * dloco-sim). No real clock, no sockets, no threads, no allocation after a
+ * round's buffers have grown to their working size. Not thread-safe: one
+ * owner (the synchronizer's loop thread) calls everything.
+ *
+ * Life of a push of fragment f by learner L:
+ *   dl_policy_push()      -> verdict now: POOLED, DROPPED_STALE (rebase) or
+ *                            REJECTED (reason). Pooled pushes wait in f's open
+ *                            round. A second push by L into the same open round
+ *                            REPLACES the first (the learner's pseudo-gradient
+ *                            and its steps/tokens counters are cumulative since
+ *                            it adopted its base, so the newer push contains the
+ *                            older progress); the verdict returns the old handle
+ *                            so the caller can free that payload.
+ *   dl_policy_next_deadline() -> when to call dl_policy_poll() next.
+ *   dl_policy_poll()      -> a closed round (contributions + weights + reasons).
+ *                            The fragment is then "in flight": later pushes pool
+ *                            into its next round, which cannot close until
+ *   dl_policy_committed() (or dl_policy_abandon()) for that fragment.
+ *
+ * When a DECOUPLED round closes (DESIGN "Merge round"):
+ *   - never before a quorum of K distinct learners has contributed
+ *     (K_eff = min(K, max(1, live learners)), so a fleet that shrank below K
+ *     still makes progress);
+ *   - once quorum is reached at time q (the K-th distinct push, even while
+ *     the previous round of f is in flight), a grace window waits for every
+ *     EXPECTED learner whose next push of f is PREDICTED before the cap
+ *     deadline  cap = q + min(grace_cap_ns, gamma * slack). Expected = live
+ *     learners that joined before the round opened; a dead learner leaves the
+ *     set at once, but what it already pushed still counts. That covers a
+ *     missing learner and also a contributor whose pooled push has waited about
+ *     a period (e.g. for quorum), so its next, fresher push is due: it replaces
+ *     the pooled one, which keeps rounds aligned instead of carrying one
+ *     learner's push over into every next round.
+ *       prediction of L for f:  point = last arrival of L's push of f + med_L,
+ *                               until = min(point + margin_L, cap)
+ *       med_L, mad_L: median and median absolute deviation (ns) of L's last
+ *         DL_POLICY_HIST push intervals. An interval is the gap between two
+ *         consecutive pushes of the SAME fragment by L; intervals of all
+ *         fragments are pooled per learner, since every fragment has the same
+ *         period (H inner steps). Medians of an even count are the floor of the
+ *         mean of the two middle values.
+ *       margin_L = max(mad_k * mad_L, med_L / 32)  (the floor keeps perfectly
+ *         periodic learners, MAD 0, from missing by a nanosecond of jitter)
+ *       slack = the fleet's typical push period: median over live learners
+ *         of med_L, i.e. the typical interval between merges of a fragment
+ *         when each round collects every learner once. (Not the measured
+ *         interval between closes: that feeds back on itself -- a policy that
+ *         closes rounds early measures a small slack and keeps closing early;
+ *         in the straggler simulation every push became its own round.)
+ *         Until some learner has an interval, the cap is grace_cap_ns alone.
+ *         gamma * slack is truncated to ns.
+ *     A learner is waited for iff point <= cap and until >= the evaluation
+ *     time (not already overdue). A learner with no interval yet, no earlier
+ *     push of f, or one that is slow (a 1/4-speed learner's point lies a whole
+ *     long period ahead) is therefore NOT waited for; its push joins a later
+ *     round of f with its staleness and token weight.
+ *   - the round closes at max(until) over the waited-for learners
+ *     (GRACE_EXPIRED, or CAP when that maximum is the cap); at once when
+ *     nobody is waited for: ALL_IN if every expected learner has contributed
+ *     (early close), else PREDICTED_NONE. Each push, death or join
+ *     re-evaluates, so the round closes ALL_IN the moment the last awaited
+ *     learner arrives or the awaited one dies.
+ * SYNC: barrier over every REGISTERED learner, dead or alive (no elasticity:
+ *   a dead learner stalls the fragment until it comes back or says bye; this
+ *   is the baseline the goodput report compares against). SYNC_ELASTIC:
+ *   barrier over LIVE learners. Neither uses K, predictions or caps. Learners
+ *   that join after a round opened are expected from the next round on.
+ *
+ * Weights (computed at close): w = tokens^2 / steps * s(staleness),
+ * staleness = version the round merges onto - base version of the push.
+ * A push is dropped (learner told to rebase) when its staleness against the
+ * version it would be merged onto (current version, +1 while a round of f is
+ * in flight) exceeds max_staleness. Versions advance by exactly 1 per merge.
+ *
+ * Times passed in must be non-decreasing; an earlier time is treated as the
+ * latest time seen. Learner ids are caller-chosen stable numbers (the
+ * synchronizer's registry index). */
+#ifndef DL_SYNCHRONIZER_POLICY_H
+#define DL_SYNCHRONIZER_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DL_POLICY_HIST 16           /* intervals kept per learner and per fragment */
+#define DL_POLICY_MAX_LEARNERS 65536 /* hard upper bound of cfg.max_learners */
+#define DL_POLICY_NEVER INT64_MAX    /* "no deadline" */
+
+typedef enum {
+    DL_POLICY_DECOUPLED = 0,   /* quorum + adaptive grace window ("decoupled", alias "ddiloco") */
+    DL_POLICY_SYNC = 1,        /* barrier over all registered learners ("sync") */
+    DL_POLICY_SYNC_ELASTIC = 2 /* barrier over live learners ("sync-elastic") */
+} dl_policy_kind;
+
+typedef enum {
+    DL_POLICY_SFN_CONST = 0, /* s = 1                                   ("const") */
+    DL_POLICY_SFN_POLY = 1,  /* s = (1 + staleness)^-a                  ("poly")  */
+    DL_POLICY_SFN_HINGE = 2  /* s = 1 if staleness <= b else 1/(a*(staleness-b)+1) ("hinge") */
+} dl_policy_sfn;
+
+typedef struct {
+    dl_policy_kind kind;
+    int quorum;            /* K: distinct learners before a DECOUPLED round may close, [1, max_learners] */
+    int64_t grace_cap_ns;  /* absolute cap of the grace window, ns, > 0 */
+    double gamma;          /* grace window cap as a fraction of slack, (0, 10] */
+    double mad_k;          /* prediction margin in MADs, [0, 100] */
+    int64_t max_staleness; /* versions; a staler push is dropped and told to rebase, [0, 1e9] */
+    dl_policy_sfn sfn;     /* staleness factor */
+    double sfn_a, sfn_b;   /* its parameters: poly a in [0, 64]; hinge a in [0, 1e6], b in [0, 1e9] */
+    int max_learners;      /* learner slots (memory bound), [1, DL_POLICY_MAX_LEARNERS] */
+} dl_policy_cfg;
+
+/* Immediate fate of one push. */
+typedef enum {
+    DL_POLICY_POOLED = 1,        /* waits in the fragment's open round */
+    DL_POLICY_DROPPED_STALE = 2, /* too stale: not merged, learner must rebase */
+    DL_POLICY_REJECTED = 3,      /* invalid: see reason */
+    DL_POLICY_MERGED = 4         /* (in a closed round) merged with its weight */
+} dl_policy_decision;
+
+typedef enum {
+    DL_POLICY_OK = 0,
+    DL_POLICY_R_STALE = 1,          /* staleness > max_staleness */
+    DL_POLICY_R_BAD_STEPS = 2,      /* steps <= 0 */
+    DL_POLICY_R_BAD_TOKENS = 3,     /* tokens <= 0 */
+    DL_POLICY_R_FUTURE_VERSION = 4, /* base version newer than the global version */
+    DL_POLICY_R_NOT_MEMBER = 5,     /* learner unknown or said bye */
+    DL_POLICY_R_BAD_FRAGMENT = 6    /* fragment index out of range */
+} dl_policy_reason;
+
+typedef enum {
+    DL_POLICY_CLOSE_NONE = 0,
+    DL_POLICY_CLOSE_ALL_IN = 1,         /* every expected learner contributed (early close / barrier) */
+    DL_POLICY_CLOSE_PREDICTED_NONE = 2, /* quorum, and no missing learner predicted before the cap */
+    DL_POLICY_CLOSE_GRACE_EXPIRED = 3,  /* predicted learner(s) overdue past their margin */
+    DL_POLICY_CLOSE_CAP = 4             /* grace window reached its cap */
+} dl_policy_close_reason;
+
+typedef enum {
+    DL_POLICY_LEAVE_DEAD = 1, /* liveness lost: stays registered (SYNC keeps waiting for it) */
+    DL_POLICY_LEAVE_BYE = 2   /* orderly leave: unregistered */
+} dl_policy_leave;
+
+typedef struct {
+    dl_policy_decision decision; /* POOLED, DROPPED_STALE or REJECTED */
+    dl_policy_reason reason;
+    int64_t staleness;   /* against the version it would merge onto; 0 if rejected */
+    int rebase;          /* 1: tell the learner to fetch and adopt the global fragment */
+    int replaced;        /* 1: replaced this learner's earlier push in the same open round */
+    uint64_t replaced_handle; /* handle of that earlier push (caller frees its payload) */
+} dl_policy_verdict;
+
+/* One contribution of a closed round; every field goes to the merge record. */
+typedef struct {
+    uint32_t learner;
+    uint64_t handle;        /* caller's handle of the payload */
+    int64_t arrival_ns;     /* arrival of the (latest) push */
+    uint64_t base_version;  /* global version the delta is relative to */
+    int64_t steps, tokens;  /* inner steps / tokens since the learner adopted base_version */
+    int64_t staleness;      /* round version - base_version */
+    double sfactor;         /* s(staleness) */
+    double weight;          /* tokens^2 / steps * sfactor */
+    dl_policy_decision decision; /* DL_POLICY_MERGED */
+    dl_policy_reason reason;     /* DL_POLICY_OK */
+    int n_replaced;         /* earlier pushes of this learner this one superseded in the round */
+    int learner_dead;       /* learner was dead (or gone) at close; its push still counts */
+} dl_policy_contrib;
+
+typedef struct {
+    int fragment;
+    uint64_t version;       /* version the merge applies to; commit must produce version + 1 */
+    int n;                  /* contributions (distinct learners) */
+    const dl_policy_contrib *contribs; /* [n]; valid until committed/abandon for this fragment */
+    double weight_sum;
+    dl_policy_close_reason reason;
+    int64_t opened_ns;      /* first push of the round */
+    int64_t quorum_ns;      /* quorum reached (DECOUPLED), else = deadline_ns */
+    int64_t cap_ns;         /* cap deadline (DECOUPLED), else DL_POLICY_NEVER */
+    int64_t deadline_ns;    /* when the round was due */
+    int64_t closed_ns;      /* the poll time that closed it (>= deadline_ns) */
+    int n_missing;          /* expected learners that did not contribute */
+} dl_policy_round;
+
+typedef struct {
+    uint64_t pushes, pooled, replaced, dropped_stale, rejected;
+    uint64_t rounds, merged;   /* closed rounds, contributions in them */
+    uint64_t close[5];         /* rounds per dl_policy_close_reason */
+} dl_policy_stats;
+
+typedef struct dl_policy dl_policy;
+
+/* ---- configuration */
+/* Defaults: DECOUPLED, K 1, grace cap 5 s, gamma 0.5, mad_k 3, max_staleness 8,
+ * poly a 0.5, 1024 learners. */
+void dl_policy_cfg_default(dl_policy_cfg *out);
+/* 0, or DL_EINVAL with a one-line reason in why (and dl_errmsg()). */
+int dl_policy_cfg_check(const dl_policy_cfg *cfg, char *why, size_t cap);
+/* Names <-> enums. Unknown names: DL_EINVAL, dl_errmsg() lists the valid ones. */
+int dl_policy_kind_parse(const char *name, dl_policy_kind *out);
+int dl_policy_sfn_parse(const char *name, dl_policy_sfn *out);
+const char *dl_policy_kind_name(dl_policy_kind k);
+const char *dl_policy_sfn_name(dl_policy_sfn s);
+const char *dl_policy_decision_name(dl_policy_decision d);
+const char *dl_policy_reason_name(dl_policy_reason r);
+const char *dl_policy_close_name(dl_policy_close_reason c);
+
+/* ---- pure weight functions (staleness >= 0) */
+double dl_policy_sfactor(const dl_policy_cfg *cfg, int64_t staleness);
+/* tokens^2 / steps * s(staleness); steps, tokens > 0. */
+double dl_policy_weight(const dl_policy_cfg *cfg, int64_t steps, int64_t tokens, int64_t staleness);
+
+/* ---- lifetime. cfg is copied; it must pass dl_policy_cfg_check (else DL_EINVAL).
+ * All fragments start at version 0. */
+int dl_policy_open(const dl_policy_cfg *cfg, int num_fragments, dl_policy **out);
+void dl_policy_close(dl_policy **p);
+/* Resume: set a fragment's committed version (only while it has no pooled or
+ * in-flight round). */
+void dl_policy_set_version(dl_policy *p, int fragment, uint64_t version);
+uint64_t dl_policy_version(const dl_policy *p, int fragment);
+
+/* ---- membership. join: register (or re-register after bye) and mark live;
+ * joining again while registered just marks it live. DL_ERANGE when all
+ * max_learners slots hold registered learners (slots of learners that said bye
+ * and have nothing pooled are reused). alive/leave: DL_ENOTFOUND for an id that
+ * is not registered. A learner that comes back (join/alive after dead) forgets
+ * its last arrival times so the outage is not mistaken for a push interval. */
+int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now);
+int dl_policy_learner_alive(dl_policy *p, uint32_t id, int64_t now);
+int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_leave reason);
+int dl_policy_live_count(const dl_policy *p);
+
+/* ---- pushes. Returns 0 with *out filled (any decision), or DL_ENOMEM.
+ * A push from a learner marked dead revives it (a push is proof of life). */
+int dl_policy_push(dl_policy *p, int fragment, uint32_t id, uint64_t base_version, int64_t steps, int64_t tokens,
+                   int64_t now, uint64_t handle, dl_policy_verdict *out);
+
+/* ---- rounds. Earliest time a round is due (<= the time of the last event if
+ * one is due already), or DL_POLICY_NEVER. Fragments in flight do not count. */
+int64_t dl_policy_next_deadline(const dl_policy *p);
+/* 1 and *out filled with the most overdue due round (ties: lowest fragment),
+ * or 0 if none is due at `now`. Call it until it returns 0 after every event. */
+int dl_policy_poll(dl_policy *p, int64_t now, dl_policy_round *out);
+/* The in-flight round of fragment was committed as new_version (= version + 1). */
+void dl_policy_committed(dl_policy *p, int fragment, uint64_t new_version, int64_t now);
+/* The in-flight round of fragment was not committed (merge or store failed):
+ * its contributions are discarded, the version is unchanged. */
+void dl_policy_abandon(dl_policy *p, int fragment, int64_t now);
+
+/* ---- introspection (status page, tests) */
+/* Prediction of learner id's next push of fragment: 0 with point/margin in ns,
+ * DL_ENOTFOUND when there is none (unknown learner, no interval, no earlier push). */
+int dl_policy_prediction(const dl_policy *p, uint32_t id, int fragment, int64_t *point_ns, int64_t *margin_ns);
+/* Slack in ns (definition above; the same for every fragment), 0 when unknown. */
+int64_t dl_policy_slack_ns(const dl_policy *p);
+void dl_policy_get_stats(const dl_policy *p, dl_policy_stats *out);
+/* One line: "frag 3 v12->13 close=all-in n=4 missing=0 wsum=... [id:stale:w ...]". */
+void dl_policy_round_format(const dl_policy_round *r, char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,908 @@
+/* Tests of the merge-round policy (synchronizer/policy.c) with a fake clock:
+ * exact close decisions, deadlines, weights, drops, membership, straggler sim. */
+#include "synchronizer/policy.h"
+
+#include "core/err.h"
+#include "core/rng.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MS 1000000LL /* ns */
+#define US 1000LL
+
+static int fails, checks;
+
+#define CHECK(cond)                                                                                                \
+    do {                                                                                                           \
+        checks++;                                                                                                  \
+        if (!(cond)) {                                                                                             \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                        \
+            fails++;                                                                                               \
+        }                                                                                                          \
+    } while (0)
+#define CHECK_EQ(a, b)                                                                                             \
+    do {                                                                                                           \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                                        \
+        checks++;                                                                                                  \
+        if (a_ != b_) {                                                                                            \
+            fprintf(stderr, "FAIL %s:%d: %s == %s (%lld != %lld)\n", __FILE__, __LINE__, #a, #b, a_, b_);         \
+            fails++;                                                                                               \
+        }                                                                                                          \
+    } while (0)
+#define CHECK_NEAR(a, b)                                                                                           \
+    do {                                                                                                           \
+        double a_ = (a), b_ = (b);                                                                                 \
+        checks++;                                                                                                  \
+        if (!(fabs(a_ - b_) <= 1e-9 * fabs(b_) + 1e-12)) {                                                         \
+            fprintf(stderr, "FAIL %s:%d: %s ~= %s (%.12g != %.12g)\n", __FILE__, __LINE__, #a, #b, a_, b_);       \
+            fails++;                                                                                               \
+        }                                                                                                          \
+    } while (0)
+
+static dl_policy *mk(const dl_policy_cfg *c, int P)
+{
+    dl_policy *p = NULL;
+    int rc = dl_policy_open(c, P, &p);
+    if (rc) {
+        fprintf(stderr, "dl_policy_open: %s\n", dl_errmsg());
+        exit(1);
+    }
+    return p;
+}
+
+static void join(dl_policy *p, uint32_t id, int64_t t) { CHECK_EQ(dl_policy_learner_join(p, id, t), 0); }
+
+static dl_policy_verdict push(dl_policy *p, int f, uint32_t id, uint64_t base, int64_t steps, int64_t tokens,
+                              int64_t t, uint64_t h)
+{
+    dl_policy_verdict v;
+    CHECK_EQ(dl_policy_push(p, f, id, base, steps, tokens, t, h, &v), 0);
+    return v;
+}
+
+/* Push at the fragment's current version (a learner that adopted every update). */
+static dl_policy_verdict push_fresh(dl_policy *p, int f, uint32_t id, int64_t t)
+{
+    return push(p, f, id, dl_policy_version(p, f), 8, 800, t, id);
+}
+
+static void print_stats(const char *name, const dl_policy *p)
+{
+    dl_policy_stats s;
+    dl_policy_get_stats(p, &s);
+    printf("  trace %-14s pushes=%llu pooled=%llu replaced=%llu dropped-stale=%llu rejected=%llu rounds=%llu "
+           "merged=%llu | all-in=%llu predicted-none=%llu grace-expired=%llu cap=%llu\n",
+           name, (unsigned long long)s.pushes, (unsigned long long)s.pooled, (unsigned long long)s.replaced,
+           (unsigned long long)s.dropped_stale, (unsigned long long)s.rejected, (unsigned long long)s.rounds,
+           (unsigned long long)s.merged, (unsigned long long)s.close[DL_POLICY_CLOSE_ALL_IN],
+           (unsigned long long)s.close[DL_POLICY_CLOSE_PREDICTED_NONE],
+           (unsigned long long)s.close[DL_POLICY_CLOSE_GRACE_EXPIRED],
+           (unsigned long long)s.close[DL_POLICY_CLOSE_CAP]);
+}
+
+/* Poll one round that must be due at `t`, print it, commit it at `t`. */
+static dl_policy_round close_one(dl_policy *p, int64_t t)
+{
+    dl_policy_round r;
+    memset(&r, 0, sizeof r);
+    int got = dl_policy_poll(p, t, &r);
+    CHECK_EQ(got, 1);
+    if (got) {
+        char line[512];
+        dl_policy_round_format(&r, line, sizeof line);
+        printf("    t=%.3fms %s\n", (double)t / MS, line);
+    }
+    return r;
+}
+
+/* ------------------------------------------------------------------ config, names, weights */
+
+static void test_config(void)
+{
+    printf("config validation and names\n");
+    dl_policy_cfg c;
+    char why[200];
+    dl_policy_cfg_default(&c);
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), 0);
+
+    c.quorum = 0;
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
+    CHECK(strstr(why, "quorum") != NULL);
+    printf("  K=0 -> %s\n", why);
+    dl_policy_cfg_default(&c);
+    c.gamma = 0;
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
+    CHECK(strstr(why, "gamma") != NULL);
+    c.gamma = 10.5;
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
+    c.gamma = 10;
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), 0);
+    c.gamma = NAN;
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
+    dl_policy_cfg_default(&c);
+    c.grace_cap_ns = 0;
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
+    CHECK(strstr(why, "grace_cap_ns") != NULL);
+    dl_policy_cfg_default(&c);
+    c.mad_k = -1;
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
+    dl_policy_cfg_default(&c);
+    c.max_staleness = -1;
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
+    dl_policy_cfg_default(&c);
+    c.max_learners = 0;
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
+    dl_policy_cfg_default(&c);
+    c.quorum = 2000; /* > max_learners 1024 */
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
+    dl_policy_cfg_default(&c);
+    c.sfn = DL_POLICY_SFN_HINGE, c.sfn_a = -1;
+    CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
+    dl_policy *p = (dl_policy *)&c; /* must be overwritten with NULL */
+    CHECK_EQ(dl_policy_open(&c, 4, &p), DL_EINVAL);
+    CHECK(p == NULL);
+    dl_policy_close(&p); /* safe on NULL */
+
+    dl_policy_sfn s = DL_POLICY_SFN_CONST;
+    CHECK_EQ(dl_policy_sfn_parse("hinge", &s), 0);
+    CHECK_EQ(s, DL_POLICY_SFN_HINGE);
+    CHECK_EQ(dl_policy_sfn_parse("poly", &s), 0);
+    CHECK_EQ(s, DL_POLICY_SFN_POLY);
+    CHECK_EQ(dl_policy_sfn_parse("const", &s), 0);
+    CHECK_EQ(s, DL_POLICY_SFN_CONST);
+    CHECK_EQ(dl_policy_sfn_parse("linear", &s), DL_EINVAL);
+    CHECK(strstr(dl_errmsg(), "linear") && strstr(dl_errmsg(), "const, poly, hinge"));
+    printf("  unknown staleness fn -> %s\n", dl_errmsg());
+    dl_policy_kind k = DL_POLICY_DECOUPLED;
+    CHECK_EQ(dl_policy_kind_parse("sync-elastic", &k), 0);
+    CHECK_EQ(k, DL_POLICY_SYNC_ELASTIC);
+    CHECK_EQ(dl_policy_kind_parse("ddiloco", &k), 0);
+    CHECK_EQ(k, DL_POLICY_DECOUPLED);
+    CHECK_EQ(dl_policy_kind_parse("sync", &k), 0);
+    CHECK_EQ(k, DL_POLICY_SYNC);
+    CHECK_EQ(dl_policy_kind_parse("fedavg", &k), DL_EINVAL);
+    CHECK(!strcmp(dl_policy_kind_name(DL_POLICY_SYNC_ELASTIC), "sync-elastic"));
+    CHECK(!strcmp(dl_policy_close_name(DL_POLICY_CLOSE_GRACE_EXPIRED), "grace-expired"));
+}
+
+static void test_weights(void)
+{
+    printf("weights = tokens^2/steps * s(staleness)\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.sfn = DL_POLICY_SFN_CONST;
+    CHECK_NEAR(dl_policy_weight(&c, 10, 1000, 0), 100000.0);
+    CHECK_NEAR(dl_policy_weight(&c, 10, 1000, 7), 100000.0);
+    CHECK_NEAR(dl_policy_weight(&c, 3, 7, 1), 49.0 / 3.0);
+    c.sfn = DL_POLICY_SFN_POLY, c.sfn_a = 0.5;
+    CHECK_NEAR(dl_policy_sfactor(&c, 0), 1.0);
+    CHECK_NEAR(dl_policy_sfactor(&c, 3), 0.5);           /* 4^-0.5 */
+    CHECK_NEAR(dl_policy_weight(&c, 10, 1000, 3), 50000.0);
+    CHECK_NEAR(dl_policy_weight(&c, 10, 1000, 8), 100000.0 / 3.0); /* 9^-0.5 */
+    c.sfn_a = 1.0;
+    CHECK_NEAR(dl_policy_sfactor(&c, 1), 0.5);
+    CHECK_NEAR(dl_policy_sfactor(&c, 4), 0.2);
+    c.sfn = DL_POLICY_SFN_HINGE, c.sfn_a = 0.5, c.sfn_b = 2;
+    CHECK_NEAR(dl_policy_sfactor(&c, 0), 1.0);
+    CHECK_NEAR(dl_policy_sfactor(&c, 2), 1.0);           /* at the hinge */
+    CHECK_NEAR(dl_policy_sfactor(&c, 4), 0.5);           /* 1/(0.5*2+1) */
+    CHECK_NEAR(dl_policy_weight(&c, 10, 1000, 6), 100000.0 / 3.0); /* 1/(0.5*4+1) */
+
+    /* The same numbers inside a closed round. One learner A makes 3 versions,
+     * then B pushes with base 0 (staleness 3) and A with base 3. */
+    dl_policy_cfg_default(&c);
+    c.sfn = DL_POLICY_SFN_POLY, c.sfn_a = 0.5, c.gamma = 0.5;
+    dl_policy *p = mk(&c, 1);
+    join(p, 1, 0);
+    for (int k = 0; k < 3; k++) {
+        push(p, 0, 1, (uint64_t)k, 8, 800, k * 100 * MS, 0);
+        CHECK_EQ(dl_policy_next_deadline(p), k * 100 * MS); /* only live learner is in: all-in */
+        dl_policy_round r = close_one(p, k * 100 * MS);
+        CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+        dl_policy_committed(p, 0, (uint64_t)k + 1, k * 100 * MS);
+    }
+    join(p, 2, 220 * MS);
+    dl_policy_verdict v = push(p, 0, 2, 0, 10, 1000, 250 * MS, 0);
+    CHECK_EQ(v.decision, DL_POLICY_POOLED);
+    CHECK_EQ(v.staleness, 3);
+    /* A: intervals 100 ms, last push 200 ms -> point 300 ms, margin 100/32 ms.
+     * slack = median of live learners' median intervals = A's 100 ms (B has
+     * none yet), cap = 250 + 0.5*100 = 300 ms. */
+    CHECK_EQ(dl_policy_slack_ns(p), 100 * MS);
+    int64_t pt = 0, mg = 0;
+    CHECK_EQ(dl_policy_prediction(p, 1, 0, &pt, &mg), 0);
+    CHECK_EQ(pt, 300 * MS);
+    CHECK_EQ(mg, 3125 * US);
+    CHECK_EQ(dl_policy_next_deadline(p), 300 * MS); /* min(303.125, cap 300) */
+    push(p, 0, 1, 3, 20, 500, 290 * MS, 0);
+    dl_policy_round r = close_one(p, 290 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.n, 2);
+    CHECK_EQ(r.version, 3);
+    CHECK_EQ(r.cap_ns, 300 * MS);
+    for (int i = 0; i < r.n; i++) {
+        const dl_policy_contrib *ct = &r.contribs[i];
+        CHECK_EQ(ct->decision, DL_POLICY_MERGED);
+        if (ct->learner == 2) {
+            CHECK_EQ(ct->staleness, 3);
+            CHECK_NEAR(ct->sfactor, 0.5);
+            CHECK_NEAR(ct->weight, 50000.0);
+        } else {
+            CHECK_EQ(ct->staleness, 0);
+            CHECK_NEAR(ct->weight, 12500.0); /* 500^2/20 */
+        }
+    }
+    CHECK_NEAR(r.weight_sum, 62500.0);
+    dl_policy_committed(p, 0, 4, 290 * MS);
+    dl_policy_close(&p);
+    CHECK(p == NULL);
+    dl_policy_close(&p);
+}
+
+/* ------------------------------------------------------------------ quorum */
+
+static void test_quorum(void)
+{
+    printf("quorum not reached -> no close; quorum + everyone in -> immediate early close\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 3;
+    dl_policy *p = mk(&c, 2);
+    for (uint32_t i = 1; i <= 4; i++) join(p, i, 0);
+    push_fresh(p, 0, 1, 1 * MS);
+    push_fresh(p, 0, 2, 2 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    dl_policy_round r;
+    CHECK_EQ(dl_policy_poll(p, 2999 * MS, &r), 0);
+    /* the third distinct learner reaches K; learner 4 has no history: not waited for */
+    push_fresh(p, 0, 3, 3000 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), 3000 * MS);
+    r = close_one(p, 3000 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_PREDICTED_NONE);
+    CHECK_EQ(r.n, 3);
+    CHECK_EQ(r.n_missing, 1);
+    CHECK_EQ(r.quorum_ns, 3000 * MS);
+    dl_policy_committed(p, 0, 1, 3000 * MS);
+    print_stats("quorum", p);
+    dl_policy_close(&p);
+
+    /* K = 3 of 3: the push that reaches quorum also makes everyone in. */
+    p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    push_fresh(p, 0, 1, 0);
+    push_fresh(p, 0, 2, 5 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    CHECK_EQ(dl_policy_poll(p, 8 * MS, &r), 0);
+    push_fresh(p, 0, 3, 9 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), 9 * MS);
+    r = close_one(p, 9 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.n, 3);
+    CHECK_EQ(r.n_missing, 0);
+    CHECK_EQ(r.closed_ns, 9 * MS);
+    /* in flight: the next round pools but cannot close before the commit */
+    push_fresh(p, 0, 1, 1000 * MS);
+    push_fresh(p, 0, 2, 1001 * MS);
+    push(p, 0, 3, 0, 8, 800, 1002 * MS, 0);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    CHECK_EQ(dl_policy_poll(p, 1003 * MS, &r), 0);
+    dl_policy_committed(p, 0, 1, 1004 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), 1004 * MS); /* next pushes predicted ~1 s later */
+    r = close_one(p, 1004 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.quorum_ns, 1002 * MS); /* reached while the previous round was in flight */
+    CHECK_EQ(r.version, 1);
+    CHECK_EQ(r.n, 3);
+    for (int i = 0; i < r.n; i++) CHECK_EQ(r.contribs[i].staleness, 1); /* all pushed base 0 */
+    dl_policy_abandon(p, 0, 1005 * MS);
+    CHECK_EQ(dl_policy_version(p, 0), 1);
+    dl_policy_close(&p);
+}
+
+/* ------------------------------------------------------------------ grace window */
+
+/* Three learners push fragment 0 every 100 ms at offsets 0 (A=1), 10 (B=2) and
+ * 40 ms (C=3); K = 2. Runs `periods` periods, closing and committing every round
+ * as soon as it is due. From period 2 on, every round waits for C and closes
+ * all-in at C's arrival. */
+static void warm(dl_policy *p, int periods)
+{
+    dl_policy_round r;
+    const int64_t off[3] = {0, 10 * MS, 40 * MS};
+    for (int n = 0; n < periods; n++) {
+        for (int i = 0; i < 3; i++) {
+            int64_t t = n * 100 * MS + off[i];
+            while (dl_policy_next_deadline(p) < t) {
+                int64_t d = dl_policy_next_deadline(p);
+                CHECK_EQ(dl_policy_poll(p, d, &r), 1);
+                dl_policy_committed(p, 0, r.version + 1, d);
+            }
+            push_fresh(p, 0, (uint32_t)i + 1, t);
+            while (dl_policy_poll(p, t, &r)) {
+                if (n == periods - 1 && periods >= 4) {
+                    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+                    CHECK_EQ(r.n, 3);
+                    CHECK_EQ(r.closed_ns, t);
+                }
+                dl_policy_committed(p, 0, r.version + 1, t);
+            }
+        }
+    }
+}
+
+static void test_grace(void)
+{
+    printf("adaptive grace window (K=2, learners every 100 ms at +0/+10/+40 ms)\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 2, c.gamma = 0.5, c.grace_cap_ns = 1000 * MS, c.mad_k = 3;
+    const int N = 12;
+    const int64_t t0 = N * 100 * MS;
+    /* At period N: slack = 100 ms (every learner's intervals are 100 ms);
+     * quorum when B arrives at t0+10; cap = t0+10+0.5*100 = t0+60;
+     * C: point = t0-60+100 = t0+40, margin = max(3*MAD 0, 100/32) = 3.125 ms. */
+    const int64_t c_until = t0 + 40 * MS + 3125 * US;
+
+    /* (a) one more learner predicted soon: stays open until it arrives */
+    dl_policy *p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    warm(p, N);
+    CHECK_EQ(dl_policy_slack_ns(p), 100 * MS);
+    push_fresh(p, 0, 1, t0);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER); /* 1 < K */
+    push_fresh(p, 0, 2, t0 + 10 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), c_until);
+    dl_policy_round r;
+    CHECK_EQ(dl_policy_poll(p, t0 + 39 * MS, &r), 0);
+    push_fresh(p, 0, 3, t0 + 40 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), t0 + 40 * MS);
+    r = close_one(p, t0 + 40 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.n, 3);
+    CHECK_EQ(r.quorum_ns, t0 + 10 * MS);
+    CHECK_EQ(r.cap_ns, t0 + 60 * MS);
+    dl_policy_committed(p, 0, r.version + 1, t0 + 40 * MS);
+    print_stats("grace-arrives", p);
+    dl_policy_close(&p);
+
+    /* (b) the predicted learner never comes: closes exactly at its predicted
+     * time + margin, which lies inside the cap; then a late learner is not
+     * waited for in the next round. */
+    p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    warm(p, N);
+    push_fresh(p, 0, 1, t0);
+    push_fresh(p, 0, 2, t0 + 10 * MS);
+    int64_t d = dl_policy_next_deadline(p);
+    CHECK_EQ(d, c_until);
+    CHECK_EQ(dl_policy_poll(p, d - 1, &r), 0);
+    r = close_one(p, d);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_GRACE_EXPIRED);
+    CHECK_EQ(r.n, 2);
+    CHECK_EQ(r.n_missing, 1);
+    CHECK_EQ(r.deadline_ns, c_until);
+    CHECK(r.closed_ns <= r.cap_ns && r.cap_ns == t0 + 60 * MS);
+    dl_policy_committed(p, 0, r.version + 1, d);
+    /* next period: C's point (t0+40) + margin is long past: not waited for */
+    push_fresh(p, 0, 1, t0 + 100 * MS);
+    push_fresh(p, 0, 2, t0 + 110 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), t0 + 110 * MS);
+    r = close_one(p, t0 + 110 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_PREDICTED_NONE);
+    dl_policy_committed(p, 0, r.version + 1, t0 + 110 * MS);
+    print_stats("grace-expired", p);
+    dl_policy_close(&p);
+
+    /* (c) the awaited learner dies: it leaves the expected set, round closes at once */
+    p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    warm(p, N);
+    push_fresh(p, 0, 1, t0);
+    push_fresh(p, 0, 2, t0 + 10 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), c_until);
+    CHECK_EQ(dl_policy_learner_leave(p, 3, t0 + 20 * MS, DL_POLICY_LEAVE_DEAD), 0);
+    CHECK_EQ(dl_policy_live_count(p), 2);
+    CHECK_EQ(dl_policy_next_deadline(p), t0 + 20 * MS);
+    r = close_one(p, t0 + 20 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.n, 2);
+    CHECK_EQ(r.n_missing, 0);
+    dl_policy_committed(p, 0, r.version + 1, t0 + 20 * MS);
+    /* a learner that contributed and then died still counts */
+    push_fresh(p, 0, 1, t0 + 100 * MS);
+    CHECK_EQ(dl_policy_learner_leave(p, 1, t0 + 101 * MS, DL_POLICY_LEAVE_DEAD), 0);
+    /* live = {B}: K_eff = 1, B predicted at t0+110 */
+    CHECK_EQ(dl_policy_next_deadline(p), t0 + 113 * MS + 125 * US);
+    push_fresh(p, 0, 2, t0 + 110 * MS);
+    r = close_one(p, t0 + 110 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.n, 2);
+    for (int i = 0; i < r.n; i++) CHECK_EQ(r.contribs[i].learner_dead, r.contribs[i].learner == 1);
+    dl_policy_committed(p, 0, r.version + 1, t0 + 110 * MS);
+    print_stats("grace-dead", p);
+    dl_policy_close(&p);
+
+    /* (d) cap binds: grace_cap 31 ms < C's point + margin */
+    c.grace_cap_ns = 31 * MS;
+    p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    warm(p, N);
+    push_fresh(p, 0, 1, t0);
+    push_fresh(p, 0, 2, t0 + 10 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), t0 + 41 * MS); /* t0+10 + min(31, 0.5*100) */
+    r = close_one(p, t0 + 41 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_CAP);
+    CHECK_EQ(r.cap_ns, t0 + 41 * MS);
+    CHECK_EQ(r.n, 2);
+    dl_policy_committed(p, 0, r.version + 1, t0 + 41 * MS);
+    /* gamma binds: gamma 0.25 -> cap t0+10+25 < C's point t0+40: not waited */
+    dl_policy_close(&p);
+    c.grace_cap_ns = 1000 * MS;
+    c.gamma = 0.25;
+    p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    warm(p, 2); /* slack 100 ms: cap = quorum + 25 ms */
+    push_fresh(p, 0, 1, 200 * MS);
+    push_fresh(p, 0, 2, 210 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), 210 * MS);
+    r = close_one(p, 210 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_PREDICTED_NONE);
+    CHECK_EQ(r.cap_ns, 235 * MS);
+    dl_policy_committed(p, 0, r.version + 1, 210 * MS);
+    print_stats("grace-cap", p);
+    dl_policy_close(&p);
+
+    /* (e) a contributor whose pooled push waited a period for quorum is waited
+     * for once more: its fresher push replaces the pooled one (K = 3) */
+    c.gamma = 0.5, c.quorum = 3;
+    p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    warm(p, N);
+    push_fresh(p, 0, 1, t0);
+    push(p, 0, 3, dl_policy_version(p, 0), 8, 800, t0 + 40 * MS, 31); /* B skips this period */
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    dl_policy_verdict v = push_fresh(p, 0, 1, t0 + 100 * MS);
+    CHECK_EQ(v.replaced, 1);
+    push_fresh(p, 0, 2, t0 + 110 * MS); /* quorum; C's next push due at t0+140 < cap t0+160 */
+    CHECK_EQ(dl_policy_next_deadline(p), t0 + 143 * MS + 125 * US);
+    v = push(p, 0, 3, dl_policy_version(p, 0), 16, 1600, t0 + 140 * MS, 32);
+    CHECK_EQ(v.replaced, 1);
+    CHECK_EQ(v.replaced_handle, 31);
+    CHECK_EQ(dl_policy_next_deadline(p), t0 + 140 * MS);
+    r = close_one(p, t0 + 140 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.n, 3);
+    for (int i = 0; i < r.n; i++)
+        if (r.contribs[i].learner == 3) CHECK(r.contribs[i].handle == 32 && r.contribs[i].n_replaced == 1);
+    dl_policy_committed(p, 0, r.version + 1, t0 + 140 * MS);
+    print_stats("grace-refresh", p);
+    dl_policy_close(&p);
+}
+
+/* ------------------------------------------------------------------ stale, reject, replace */
+
+static void test_stale_reject(void)
+{
+    printf("drop beyond max_staleness (rebase), rejections\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.max_staleness = 2;
+    c.sfn = DL_POLICY_SFN_CONST;
+    dl_policy *p = mk(&c, 2);
+    join(p, 1, 0);
+    join(p, 2, 0);
+    dl_policy_round r;
+    for (int k = 0; k < 4; k++) { /* learner 1 alone makes versions 1..4 of fragment 0 */
+        push_fresh(p, 0, 1, k * MS);
+        CHECK_EQ(dl_policy_poll(p, k * MS, &r), 1);
+        dl_policy_committed(p, 0, (uint64_t)k + 1, k * MS);
+    }
+    dl_policy_verdict v = push(p, 0, 2, 1, 8, 800, 10 * MS, 77);
+    CHECK_EQ(v.decision, DL_POLICY_DROPPED_STALE);
+    CHECK_EQ(v.reason, DL_POLICY_R_STALE);
+    CHECK_EQ(v.staleness, 3);
+    CHECK_EQ(v.rebase, 1);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER); /* nothing pooled */
+    v = push(p, 0, 2, 2, 8, 800, 11 * MS, 78);
+    CHECK_EQ(v.decision, DL_POLICY_POOLED);
+    CHECK_EQ(v.staleness, 2);
+    CHECK_EQ(v.rebase, 0);
+    r = close_one(p, 11 * MS);
+    CHECK_EQ(r.n, 1);
+    CHECK_EQ(r.contribs[0].staleness, 2);
+    CHECK_EQ(r.contribs[0].handle, 78);
+    /* while that round is in flight a push merges onto version 5 at the earliest */
+    v = push(p, 0, 1, 2, 8, 800, 12 * MS, 79);
+    CHECK_EQ(v.decision, DL_POLICY_DROPPED_STALE);
+    CHECK_EQ(v.staleness, 3);
+    v = push(p, 0, 1, 3, 8, 800, 13 * MS, 80);
+    CHECK_EQ(v.decision, DL_POLICY_POOLED);
+    CHECK_EQ(v.staleness, 2);
+    dl_policy_committed(p, 0, 5, 14 * MS);
+    r = close_one(p, 14 * MS);
+    CHECK_EQ(r.contribs[0].staleness, 2);
+    CHECK_EQ(r.version, 5);
+    dl_policy_committed(p, 0, 6, 14 * MS);
+
+    /* rejections leave no trace */
+    v = push(p, 1, 1, 0, 0, 800, 20 * MS, 1);
+    CHECK_EQ(v.decision, DL_POLICY_REJECTED);
+    CHECK_EQ(v.reason, DL_POLICY_R_BAD_STEPS);
+    v = push(p, 1, 1, 0, -3, 800, 20 * MS, 1);
+    CHECK_EQ(v.reason, DL_POLICY_R_BAD_STEPS);
+    v = push(p, 1, 1, 0, 8, -5, 20 * MS, 1);
+    CHECK_EQ(v.decision, DL_POLICY_REJECTED);
+    CHECK_EQ(v.reason, DL_POLICY_R_BAD_TOKENS);
+    v = push(p, 1, 1, 0, 8, 0, 20 * MS, 1);
+    CHECK_EQ(v.reason, DL_POLICY_R_BAD_TOKENS);
+    v = push(p, 1, 1, 99, 8, 800, 20 * MS, 1);
+    CHECK_EQ(v.reason, DL_POLICY_R_FUTURE_VERSION);
+    v = push(p, 1, 77, 0, 8, 800, 20 * MS, 1);
+    CHECK_EQ(v.reason, DL_POLICY_R_NOT_MEMBER);
+    v = push(p, 2, 1, 0, 8, 800, 20 * MS, 1);
+    CHECK_EQ(v.reason, DL_POLICY_R_BAD_FRAGMENT);
+    v = push(p, -1, 1, 0, 8, 800, 20 * MS, 1);
+    CHECK_EQ(v.reason, DL_POLICY_R_BAD_FRAGMENT);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    dl_policy_stats s;
+    dl_policy_get_stats(p, &s);
+    CHECK_EQ(s.rejected, 8);
+    CHECK_EQ(s.dropped_stale, 2);
+    print_stats("stale-reject", p);
+    dl_policy_close(&p);
+}
+
+static void test_replace(void)
+{
+    printf("second push by the same learner in the same open round replaces the first\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 2;
+    c.sfn = DL_POLICY_SFN_CONST;
+    dl_policy *p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    dl_policy_verdict v = push(p, 0, 1, 0, 5, 50, 0, 11);
+    CHECK_EQ(v.replaced, 0);
+    v = push(p, 0, 1, 0, 8, 80, 500 * MS, 12);
+    CHECK_EQ(v.decision, DL_POLICY_POOLED);
+    CHECK_EQ(v.replaced, 1);
+    CHECK_EQ(v.replaced_handle, 11);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER); /* one distinct learner < K */
+    push(p, 0, 2, 0, 4, 40, 501 * MS, 21);
+    dl_policy_round r = close_one(p, 501 * MS); /* A's next push: ~1000 ms, after the cap */
+    CHECK_EQ(r.n, 2);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_PREDICTED_NONE); /* learner 3 has no history */
+    for (int i = 0; i < r.n; i++) {
+        const dl_policy_contrib *ct = &r.contribs[i];
+        if (ct->learner == 1) {
+            CHECK_EQ(ct->handle, 12);
+            CHECK_EQ(ct->steps, 8);
+            CHECK_EQ(ct->tokens, 80);
+            CHECK_EQ(ct->n_replaced, 1);
+            CHECK_EQ(ct->arrival_ns, 500 * MS);
+            CHECK_NEAR(ct->weight, 800.0);
+        } else {
+            CHECK_EQ(ct->handle, 21);
+            CHECK_NEAR(ct->weight, 400.0);
+        }
+    }
+    dl_policy_committed(p, 0, 1, 501 * MS);
+    dl_policy_stats s;
+    dl_policy_get_stats(p, &s);
+    CHECK_EQ(s.replaced, 1);
+    CHECK_EQ(s.merged, 2);
+    print_stats("replace", p);
+    dl_policy_close(&p);
+}
+
+/* ------------------------------------------------------------------ membership */
+
+static void test_sync(void)
+{
+    printf("SYNC waits for every registered learner, SYNC_ELASTIC only for live ones\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.kind = DL_POLICY_SYNC;
+    c.quorum = 1;
+    dl_policy *p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    CHECK_EQ(dl_policy_learner_leave(p, 3, 1 * MS, DL_POLICY_LEAVE_DEAD), 0);
+    push_fresh(p, 0, 1, 2 * MS);
+    push_fresh(p, 0, 2, 3 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER); /* dead learner 3 still expected */
+    dl_policy_round r;
+    CHECK_EQ(dl_policy_poll(p, 3600000 * MS, &r), 0);
+    /* its push revives it and completes the barrier */
+    push_fresh(p, 0, 3, 3600001 * MS);
+    CHECK_EQ(dl_policy_live_count(p), 3);
+    r = close_one(p, 3600001 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.n, 3);
+    CHECK_EQ(r.cap_ns, DL_POLICY_NEVER);
+    dl_policy_committed(p, 0, 1, 3600001 * MS);
+    /* bye unregisters: the barrier shrinks */
+    push_fresh(p, 0, 1, 3600100 * MS);
+    push_fresh(p, 0, 2, 3600101 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    CHECK_EQ(dl_policy_learner_leave(p, 3, 3600102 * MS, DL_POLICY_LEAVE_BYE), 0);
+    CHECK_EQ(dl_policy_next_deadline(p), 3600102 * MS);
+    r = close_one(p, 3600102 * MS);
+    CHECK_EQ(r.n, 2);
+    dl_policy_committed(p, 0, 2, 3600102 * MS);
+    /* a learner that joins after a round opened is expected from the next round */
+    push_fresh(p, 0, 1, 3600200 * MS);
+    join(p, 4, 3600201 * MS);
+    push_fresh(p, 0, 2, 3600202 * MS);
+    r = close_one(p, 3600202 * MS);
+    CHECK_EQ(r.n, 2);
+    dl_policy_committed(p, 0, 3, 3600202 * MS);
+    push_fresh(p, 0, 1, 3600300 * MS);
+    push_fresh(p, 0, 2, 3600301 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER); /* now 4 is expected */
+    CHECK_EQ(dl_policy_learner_alive(p, 3, 3600302 * MS), DL_ENOTFOUND); /* said bye */
+    print_stats("sync", p);
+    dl_policy_close(&p);
+
+    c.kind = DL_POLICY_SYNC_ELASTIC;
+    p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    CHECK_EQ(dl_policy_learner_leave(p, 3, 1 * MS, DL_POLICY_LEAVE_DEAD), 0);
+    push_fresh(p, 0, 1, 2 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    push_fresh(p, 0, 2, 3 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), 3 * MS);
+    r = close_one(p, 3 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.n, 2);
+    dl_policy_committed(p, 0, 1, 3 * MS);
+    /* death during an open barrier closes it at once */
+    CHECK_EQ(dl_policy_learner_alive(p, 3, 4 * MS), 0);
+    push_fresh(p, 0, 1, 5 * MS);
+    push_fresh(p, 0, 2, 6 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    CHECK_EQ(dl_policy_learner_leave(p, 3, 7 * MS, DL_POLICY_LEAVE_DEAD), 0);
+    CHECK_EQ(dl_policy_next_deadline(p), 7 * MS);
+    r = close_one(p, 7 * MS);
+    CHECK_EQ(r.n, 2);
+    dl_policy_committed(p, 0, 2, 7 * MS);
+    print_stats("sync-elastic", p);
+    dl_policy_close(&p);
+}
+
+static void test_capacity(void)
+{
+    printf("learner slots are bounded by max_learners\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.max_learners = 4;
+    c.quorum = 2;
+    dl_policy *p = mk(&c, 3);
+    for (uint32_t i = 1; i <= 4; i++) join(p, i, 0);
+    CHECK_EQ(dl_policy_learner_join(p, 5, 0), DL_ERANGE);
+    printf("  5th learner -> %s\n", dl_errmsg());
+    join(p, 4, 0); /* re-join of a registered learner is fine */
+    CHECK_EQ(dl_policy_learner_leave(p, 2, 1 * MS, DL_POLICY_LEAVE_BYE), 0);
+    join(p, 5, 2 * MS); /* reuses learner 2's slot */
+    dl_policy_verdict v = push_fresh(p, 0, 2, 3 * MS);
+    CHECK_EQ(v.reason, DL_POLICY_R_NOT_MEMBER);
+    v = push_fresh(p, 0, 5, 3 * MS);
+    CHECK_EQ(v.decision, DL_POLICY_POOLED);
+    /* learner 3 pushes then says bye: its slot holds a pooled push, not reusable */
+    push_fresh(p, 1, 3, 4 * MS);
+    CHECK_EQ(dl_policy_learner_leave(p, 3, 5 * MS, DL_POLICY_LEAVE_BYE), 0);
+    CHECK_EQ(dl_policy_learner_join(p, 6, 6 * MS), DL_ERANGE);
+    push_fresh(p, 1, 4, 7 * MS); /* quorum on fragment 1: 3 (gone) + 4 */
+    dl_policy_round r = close_one(p, 7 * MS);
+    CHECK_EQ(r.fragment, 1);
+    CHECK_EQ(r.n, 2);
+    for (int i = 0; i < r.n; i++) CHECK_EQ(r.contribs[i].learner_dead, r.contribs[i].learner == 3);
+    dl_policy_committed(p, 1, 1, 7 * MS);
+    join(p, 6, 8 * MS);
+    CHECK_EQ(dl_policy_live_count(p), 4);
+    CHECK_EQ(dl_policy_learner_leave(p, 99, 9 * MS, DL_POLICY_LEAVE_DEAD), DL_ENOTFOUND);
+    dl_policy_close(&p);
+}
+
+/* ------------------------------------------------------------------ straggler simulation */
+
+#define SIM_T (100 * MS)   /* fast learners push each fragment every 100 ms */
+#define SIM_N 200          /* periods */
+#define SIM_P 2
+#define SIM_WARM (10 * SIM_T) /* compare rounds closed after the statistics filled */
+#define SIM_SLOW_OFF (25 * MS)
+
+typedef struct {
+    int64_t t;
+    uint32_t id;
+    int f;
+} sim_ev;
+
+typedef struct {
+    int fragment, has_slow;
+    int64_t closed_ns;
+} sim_fast_round;
+
+typedef struct {
+    int merged[4], pushes[4], replaced_by[4];
+    int replaced_after_warm; /* replacements of pushes made after SIM_WARM */
+    int rounds;
+    sim_fast_round fast[SIM_P * SIM_N * 2]; /* fast-containing rounds closed after SIM_WARM */
+    int n_fast;
+    int slow_stale_min, slow_stale_max, slow_alone;
+    uint64_t replaced, dropped;
+    uint64_t close[5];
+} sim_res;
+
+static int ev_cmp(const void *a, const void *b)
+{
+    const sim_ev *x = a, *y = b;
+    return (x->t > y->t) - (x->t < y->t);
+}
+
+static void sim_round(dl_policy *p, const dl_policy_round *r, uint64_t adopted[4][SIM_P], sim_res *o)
+{
+    int fast = 0, slow = 0;
+    for (int i = 0; i < r->n; i++) {
+        const dl_policy_contrib *ct = &r->contribs[i];
+        o->merged[ct->learner]++;
+        adopted[ct->learner][r->fragment] = r->version + 1; /* contributors adopt the update */
+        if (ct->learner < 3) {
+            fast = 1;
+        } else {
+            slow = 1;
+            if (r->closed_ns >= SIM_WARM) {
+                if (ct->staleness < o->slow_stale_min) o->slow_stale_min = (int)ct->staleness;
+                if (ct->staleness > o->slow_stale_max) o->slow_stale_max = (int)ct->staleness;
+            }
+        }
+    }
+    o->rounds++;
+    if (fast && r->closed_ns >= SIM_WARM) o->fast[o->n_fast++] = (sim_fast_round){r->fragment, slow, r->closed_ns};
+    if (slow && !fast && r->closed_ns >= SIM_WARM) o->slow_alone++;
+    dl_policy_committed(p, r->fragment, r->version + 1, r->closed_ns);
+}
+
+/* 3 fast learners (ids 0..2: period T, offsets 0/1/2 ms, +-0.2 ms jitter) and
+ * optionally a straggler at 1/4 speed (id 3: period 4T, offset 25 ms, inside the
+ * grace cap of 0.3*T after the fast learners' quorum). Fragment f is pushed
+ * half a period after fragment f-1. Every push is relative to the version the
+ * learner adopted last (contributors adopt the merge of their push); every
+ * round is committed as soon as it closes. */
+static void sim(int with_straggler, int K, sim_res *o)
+{
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = K, c.gamma = 0.3, c.grace_cap_ns = 1000 * MS, c.mad_k = 3, c.max_staleness = 8;
+    c.sfn = DL_POLICY_SFN_POLY, c.sfn_a = 0.5;
+    dl_policy *p = mk(&c, SIM_P);
+    memset(o, 0, sizeof *o);
+    o->slow_stale_min = 1 << 30;
+    static sim_ev ev[4 * SIM_N * SIM_P];
+    int ne = 0;
+    for (uint32_t i = 0; i < 3; i++) {
+        dl_rng rng;
+        dl_rng_seed(&rng, 100 + i);
+        for (int n = 0; n < SIM_N; n++)
+            for (int f = 0; f < SIM_P; f++) {
+                int64_t jit = (int64_t)((dl_rng_uniform(&rng) - 0.5f) * 400.0f) * US;
+                ev[ne++] = (sim_ev){n * SIM_T + f * SIM_T / 2 + (int64_t)i * MS + jit, i, f};
+            }
+    }
+    if (with_straggler) {
+        dl_rng rng;
+        dl_rng_seed(&rng, 999);
+        for (int m = 0; m < SIM_N / 4; m++)
+            for (int f = 0; f < SIM_P; f++) {
+                int64_t jit = (int64_t)((dl_rng_uniform(&rng) - 0.5f) * 400.0f) * US;
+                ev[ne++] = (sim_ev){m * 4 * SIM_T + SIM_SLOW_OFF + f * SIM_T / 2 + jit, 3, f};
+            }
+    }
+    qsort(ev, (size_t)ne, sizeof *ev, ev_cmp);
+    for (uint32_t i = 0; i < (with_straggler ? 4u : 3u); i++) join(p, i, -1000 * MS);
+
+    uint64_t adopted[4][SIM_P] = {{0}};
+    dl_policy_round r;
+    for (int e = 0; e < ne; e++) {
+        int64_t t = ev[e].t;
+        while (dl_policy_next_deadline(p) < t) {
+            int64_t d = dl_policy_next_deadline(p);
+            CHECK_EQ(dl_policy_poll(p, d, &r), 1);
+            sim_round(p, &r, adopted, o);
+        }
+        dl_policy_verdict v;
+        CHECK_EQ(dl_policy_push(p, ev[e].f, ev[e].id, adopted[ev[e].id][ev[e].f], 8, 4096, t, (uint64_t)e, &v), 0);
+        CHECK_EQ(v.decision, DL_POLICY_POOLED);
+        o->pushes[ev[e].id]++;
+        o->replaced_by[ev[e].id] += v.replaced;
+        if (v.replaced && t >= SIM_WARM) o->replaced_after_warm++;
+        while (dl_policy_poll(p, t, &r)) sim_round(p, &r, adopted, o);
+    }
+    while (dl_policy_next_deadline(p) != DL_POLICY_NEVER) {
+        int64_t d = dl_policy_next_deadline(p);
+        CHECK_EQ(dl_policy_poll(p, d, &r), 1);
+        sim_round(p, &r, adopted, o);
+    }
+    dl_policy_stats s;
+    dl_policy_get_stats(p, &s);
+    o->replaced = s.replaced;
+    o->dropped = s.dropped_stale;
+    memcpy(o->close, s.close, sizeof o->close);
+    char name[32];
+    snprintf(name, sizeof name, "sim K=%d %s", K, with_straggler ? "+slow" : "");
+    print_stats(name, p);
+    dl_policy_close(&p);
+}
+
+static void test_straggler(void)
+{
+    printf("straggler at 1/4 speed among 3 fast learners, %d periods x %d fragments\n", SIM_N, SIM_P);
+    static sim_res base, slow;
+    for (int K = 1; K <= 2; K++) {
+        sim(0, K, &base);
+        sim(1, K, &slow);
+        double secs = (double)(SIM_N * SIM_T) / 1e9;
+        int joined = 0;
+        for (int k = 0; k < slow.n_fast; k++) joined += slow.fast[k].has_slow;
+        printf("  K=%d: fast merges/s %.2f (no straggler) vs %.2f (straggler); fast rounds after warm-up %d vs %d;"
+               " straggler merged %d/%d (%d into fast rounds after warm-up), staleness %d..%d\n",
+               K, base.merged[0] / secs, slow.merged[0] / secs, base.n_fast, slow.n_fast, slow.merged[3],
+               slow.pushes[3], joined, slow.slow_stale_min, slow.slow_stale_max);
+        /* every push is merged once, or replaced (during warm-up only, when a
+         * push that waited a whole period for quorum is refreshed) by a newer
+         * push of the same learner that contains its progress */
+        for (int i = 0; i < 3; i++) {
+            CHECK_EQ(base.pushes[i], SIM_N * SIM_P);
+            CHECK_EQ(base.merged[i] + base.replaced_by[i], base.pushes[i]);
+            CHECK_EQ(slow.merged[i] + slow.replaced_by[i], slow.pushes[i]);
+            CHECK(slow.merged[i] >= SIM_N * SIM_P - 1 && base.merged[i] >= SIM_N * SIM_P - 1);
+        }
+        CHECK_EQ(base.replaced_after_warm, 0);
+        CHECK_EQ(slow.replaced_after_warm, 0);
+        /* Same number of fast rounds per unit of simulated time, closing at the
+         * same times; a round is later only when the straggler was predicted
+         * inside the window and really came (then by < the 30 ms cap). Nobody
+         * waited in vain: no grace-expired or cap closes. */
+        CHECK_EQ(slow.n_fast, base.n_fast);
+        CHECK(base.n_fast >= SIM_P * (SIM_N - 11));
+        int bad_time = 0, n = slow.n_fast < base.n_fast ? slow.n_fast : base.n_fast;
+        for (int k = 0; k < n; k++) {
+            const sim_fast_round *x = &slow.fast[k], *y = &base.fast[k];
+            int64_t dt = x->closed_ns - y->closed_ns;
+            if (x->fragment != y->fragment || (!x->has_slow && dt != 0) || (x->has_slow && (dt <= 0 || dt > 30 * MS)))
+                if (bad_time++ < 5)
+                    fprintf(stderr, "  round %d: frag %d/%d slow=%d closed %.3f ms vs %.3f ms\n", k, x->fragment,
+                            y->fragment, x->has_slow, (double)x->closed_ns / MS, (double)y->closed_ns / MS);
+        }
+        CHECK_EQ(bad_time, 0);
+        CHECK_EQ(base.close[DL_POLICY_CLOSE_GRACE_EXPIRED] + base.close[DL_POLICY_CLOSE_CAP], 0);
+        CHECK_EQ(slow.close[DL_POLICY_CLOSE_GRACE_EXPIRED] + slow.close[DL_POLICY_CLOSE_CAP], 0);
+        /* the straggler's pushes are all merged, with staleness 3 (three fast
+         * merges of the fragment while it computed), into the fast rounds */
+        CHECK_EQ(slow.pushes[3], SIM_N / 4 * SIM_P);
+        CHECK_EQ(slow.merged[3], slow.pushes[3]);
+        CHECK_EQ(slow.slow_stale_min, 3);
+        CHECK_EQ(slow.slow_stale_max, 3);
+        CHECK_EQ(slow.slow_alone, 0);
+        CHECK(joined >= slow.pushes[3] - 2 * SIM_P * 3);
+        CHECK_EQ(slow.replaced_by[3], 0);
+        CHECK_EQ(slow.dropped, 0);
+    }
+}
+
+int main(void)
+{
+    test_config();
+    test_weights();
+    test_quorum();
+    test_grace();
+    test_stale_reject();
+    test_replace();
+    test_sync();
+    test_capacity();
+    test_straggler();
+    printf("test_policy: %d checks, %d failed\n", checks, fails);
+    return fails ? 1 : 0;
+}

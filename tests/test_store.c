@@ -1,0 +1,997 @@
+/* Tests of the LMDB state store: round trips, run mismatch and resume, version
+ * fencing, snapshots, map growth, the offline checker, bad directories, stale
+ * readers and a SIGKILL crash test. Exits non-zero on the first failure. */
+#define _GNU_SOURCE /* nftw */
+#include "storage/store.h"
+
+#include "core/err.h"
+#include "core/log.h"
+#include "core/rng.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <lmdb.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+// ----------------------------------------------------------------------------
+// helpers
+
+#define CHECK(cond, ...)                                                                                 \
+    do {                                                                                                 \
+        if (!(cond)) {                                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                              \
+            fprintf(stderr, __VA_ARGS__);                                                                \
+            fputc('\n', stderr);                                                                         \
+            exit(1);                                                                                     \
+        }                                                                                                \
+    } while (0)
+
+#define OK(expr)                                                                                         \
+    do {                                                                                                 \
+        int ok_rc_ = (expr);                                                                             \
+        CHECK(ok_rc_ == 0, "%s -> %d (%s): %s", #expr, ok_rc_, dl_strerror(ok_rc_), dl_errmsg());        \
+    } while (0)
+
+/* expr must fail with `code` and a detail containing `needle` */
+#define EXPECT_ERR(expr, code, needle)                                                                   \
+    do {                                                                                                 \
+        dl_err_clear();                                                                                  \
+        int ee_rc_ = (expr);                                                                             \
+        CHECK(ee_rc_ == (code), "%s -> %d (%s), expected %s: %s", #expr, ee_rc_, dl_strerror(ee_rc_),   \
+              dl_strerror(code), dl_errmsg());                                                           \
+        CHECK(strstr(dl_errmsg(), (needle)) != NULL, "%s: detail '%s' lacks '%s'", #expr, dl_errmsg(),  \
+              (needle));                                                                                 \
+    } while (0)
+
+#define LMDB_OK(call)                                                                                    \
+    do {                                                                                                 \
+        int lm_rc_ = (call);                                                                             \
+        CHECK(lm_rc_ == 0, "%s: %s", #call, mdb_strerror(lm_rc_));                                       \
+    } while (0)
+
+static char g_base[4096];
+
+static void path_of(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", g_base, name); }
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+static void rm_rf(const char *p) { nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* Deterministic contents: params and momentum of fragment p at version v. */
+static float pval(uint32_t p, uint64_t v, size_t i) { return (float)(p * 1000 + v) + (float)(i % 977) * 0.001f; }
+static float mval(uint32_t p, uint64_t v, size_t i) { return -(float)(p + v) * 0.5f + (float)(i % 311) * 1e-4f; }
+
+static float *fill(float *x, size_t n, uint32_t p, uint64_t v, int mom)
+{
+    for (size_t i = 0; i < n; i++) x[i] = mom ? mval(p, v, i) : pval(p, v, i);
+    return x;
+}
+static int equal_to(const float *x, size_t n, uint32_t p, uint64_t v, int mom)
+{
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != (mom ? mval(p, v, i) : pval(p, v, i))) return 0;
+    return 1;
+}
+static int all_zero(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != 0.0f) return 0;
+    return 1;
+}
+
+/* Initial params of a run: arrays at version 0. */
+typedef struct {
+    float *a[8];
+} params_set;
+static params_set make_init(uint32_t P, const uint64_t *numel)
+{
+    params_set ps = {{0}};
+    for (uint32_t p = 0; p < P; p++) ps.a[p] = fill(malloc(numel[p] * 4), numel[p], p, 0, 0);
+    return ps;
+}
+static void free_init(params_set *ps)
+{
+    for (int i = 0; i < 8; i++) free(ps->a[i]);
+}
+
+static dl_merge_contrib contrib(const char *id, uint64_t base, uint64_t tokens, double w, int decision,
+                                const char *reason)
+{
+    dl_merge_contrib c = {.base_version = base, .staleness = 1, .steps = tokens / 10, .tokens = tokens,
+                          .weight = w, .decision = decision};
+    snprintf(c.learner_id, sizeof c.learner_id, "%s", id);
+    snprintf(c.reason, sizeof c.reason, "%s", reason);
+    return c;
+}
+
+/* Commit version v of fragment p (numel n) with the deterministic contents
+ * and a one-contributor record of `tokens` merged tokens. */
+static int commit_v(dl_store *s, uint32_t p, uint64_t v, size_t n, uint64_t tokens)
+{
+    float *x = fill(malloc(n * 4), n, p, v, 0), *m = fill(malloc(n * 4), n, p, v, 1);
+    dl_merge_contrib c = contrib("learner-0", v - 1, tokens, 1.0, DL_MERGE_MERGED, "");
+    dl_merge_record rec = {.epoch = 1, .wallclock_ns = 42, .staleness_fn = "constant", .delta_norm = 0.5,
+                           .n_contrib = 1, .contrib = &c};
+    int rc = dl_store_commit_merge(s, p, v, x, m, &rec);
+    free(x);
+    free(m);
+    return rc;
+}
+
+static int count_cb(const dl_merge_record *r, void *ctx)
+{
+    (void)r;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+static int count_learner_cb(const dl_store_learner *r, void *ctx)
+{
+    (void)r;
+    (*(int *)ctx)++;
+    return 0;
+}
+
+static dl_store *open_store(const char *dir, uint64_t map_size, int durability, int read_only)
+{
+    dl_store_opts o = dl_store_opts_default();
+    o.map_size = map_size;
+    o.durability = durability;
+    o.read_only = read_only;
+    dl_store *s = NULL;
+    OK(dl_store_open(dir, &o, &s));
+    return s;
+}
+
+// ----------------------------------------------------------------------------
+// round trip of everything, resume and run mismatch
+
+struct versions {
+    uint64_t v[8];
+    int n;
+};
+static int collect_cb(const dl_merge_record *r, void *ctx)
+{
+    struct versions *vs = ctx;
+    if (vs->n < 8) vs->v[vs->n++] = r->version;
+    return 0;
+}
+static int stop_cb(const dl_merge_record *r, void *ctx)
+{
+    (void)r, (void)ctx;
+    return 7;
+}
+static int learner_list_cb(const dl_store_learner *r, void *ctx)
+{
+    char *names = ctx;
+    strcat(names, r->id);
+    strcat(names, ",");
+    return 0;
+}
+
+static void test_roundtrip(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "rt/nested/store");
+    const uint64_t numel[3] = {5, 1000, 70000}; /* tiny (leaf page), medium, large (overflow pages) */
+    const char *cfg = "[sync]\nquorum = 2\nouter_lr = 0.7\n";
+    dl_store_run run = {"run-A", 0x1234abcd5678ef01ull, cfg, 3, numel};
+    params_set init = make_init(3, numel);
+
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    dl_store_run got;
+    CHECK(dl_store_n_fragments(s) == 0, "fresh store has no run");
+    EXPECT_ERR(dl_store_get_run(s, &got), DL_ENOTFOUND, "no run");
+    EXPECT_ERR(dl_store_read_fragment(s, 0, &(uint64_t){0}, NULL, NULL), DL_ENOTFOUND, "no run");
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    OK(dl_store_get_run(s, &got));
+    CHECK(strcmp(got.run_id, "run-A") == 0 && got.fingerprint == run.fingerprint && got.n_fragments == 3,
+          "run meta");
+    CHECK(strcmp(got.config_text, cfg) == 0, "config text kept");
+    for (uint32_t p = 0; p < 3; p++) CHECK(got.numel[p] == numel[p] && dl_store_fragment_numel(s, p) == numel[p], "numel");
+    CHECK(dl_store_fragment_numel(s, 3) == 0, "numel out of range is 0");
+
+    uint64_t epoch = 99;
+    OK(dl_store_get_epoch(s, &epoch));
+    CHECK(epoch == 0, "new store at epoch 0, got %llu", (unsigned long long)epoch);
+    OK(dl_store_bump_epoch(s, &epoch));
+    CHECK(epoch == 1, "bump -> 1");
+    OK(dl_store_bump_epoch(s, &epoch));
+    CHECK(epoch == 2, "bump -> 2");
+    printf("ok: new store: run meta, config text, numels, epoch 0 -> 1 -> 2\n");
+
+    float *x = malloc(70000 * 4), *m = malloc(70000 * 4);
+    for (uint32_t p = 0; p < 3; p++) {
+        uint64_t v = 9;
+        OK(dl_store_read_fragment(s, p, &v, x, m));
+        CHECK(v == 0 && equal_to(x, numel[p], p, 0, 0) && all_zero(m, numel[p]), "fragment %u at version 0", p);
+    }
+    EXPECT_ERR(dl_store_read_fragment(s, 3, &(uint64_t){0}, x, NULL), DL_ERANGE, "out of range");
+    printf("ok: every fragment at version 0 with its initial params and zero momentum\n");
+
+    /* merge 1 of fragment 1: two merged, one dropped-stale, one rejected (long reason) */
+    const char *long_reason = "non-finite value in the delta at element 12345 of tensor h.3.mlp.c_fc.weight";
+    dl_merge_contrib cs[4] = {
+        contrib("learner-a", 0, 1000, 0.75, DL_MERGE_MERGED, "ok"),
+        contrib("learner-b", 0, 300, 0.25, DL_MERGE_MERGED, ""),
+        contrib("learner-c-with-a-64-character-id-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", 0, 500, 0.0,
+                DL_MERGE_DROPPED_STALE, "staleness 9 > 8"),
+        contrib("learner-d", 0, 77, 0.0, DL_MERGE_REJECTED, long_reason),
+    };
+    CHECK(strlen(cs[2].learner_id) == 64, "64-char id used");
+    cs[0].staleness = 0, cs[0].steps = 24;
+    dl_merge_record rec = {.version = 12345 /* ignored */, .epoch = 2, .wallclock_ns = 1700000000123456789ll,
+                           .staleness_fn = "inverse_sqrt", .delta_norm = 3.25, .n_contrib = 4, .contrib = cs};
+    fill(x, numel[1], 1, 1, 0), fill(m, numel[1], 1, 1, 1);
+    OK(dl_store_commit_merge(s, 1, 1, x, m, &rec));
+    uint64_t v = 0;
+    OK(dl_store_read_fragment(s, 1, &v, x, m));
+    CHECK(v == 1 && equal_to(x, numel[1], 1, 1, 0) && equal_to(m, numel[1], 1, 1, 1), "fragment 1 at version 1");
+    dl_merge_record r2;
+    OK(dl_store_get_merge(s, 1, 1, &r2));
+    CHECK(r2.version == 1 && r2.epoch == 2 && r2.wallclock_ns == 1700000000123456789ll && r2.delta_norm == 3.25 &&
+              strcmp(r2.staleness_fn, "inverse_sqrt") == 0 && r2.n_contrib == 4,
+          "record header round trip");
+    for (int i = 0; i < 4; i++) {
+        const dl_merge_contrib *a = &cs[i], *b = &r2.contrib[i];
+        CHECK(strcmp(a->learner_id, b->learner_id) == 0 && a->base_version == b->base_version &&
+                  a->staleness == b->staleness && a->steps == b->steps && a->tokens == b->tokens &&
+                  a->weight == b->weight && a->decision == b->decision,
+              "contributor %d round trip", i);
+    }
+    CHECK(strcmp(r2.contrib[0].reason, "ok") == 0 && strcmp(r2.contrib[2].reason, "staleness 9 > 8") == 0, "reasons");
+    CHECK(strlen(r2.contrib[3].reason) == DL_STORE_REASON_MAX &&
+              strncmp(r2.contrib[3].reason, long_reason, DL_STORE_REASON_MAX) == 0,
+          "long reason truncated to %d chars: '%s'", DL_STORE_REASON_MAX, r2.contrib[3].reason);
+    dl_merge_record_free(&r2);
+    CHECK(r2.contrib == NULL, "record free NULLs");
+    printf("ok: merge commit: params, momentum, version and a 4-contributor record round trip "
+           "(64-char id kept, long reason truncated)\n");
+
+    OK(commit_v(s, 1, 2, numel[1], 50));
+    struct versions vs = {{0}, 0};
+    OK(dl_store_foreach_merge(s, 1, 0, collect_cb, &vs));
+    CHECK(vs.n == 2 && vs.v[0] == 1 && vs.v[1] == 2, "foreach from 0 sees 1,2 (n=%d)", vs.n);
+    vs.n = 0;
+    OK(dl_store_foreach_merge(s, 1, 2, collect_cb, &vs));
+    CHECK(vs.n == 1 && vs.v[0] == 2, "foreach from 2 sees 2");
+    vs.n = 0;
+    OK(dl_store_foreach_merge(s, 0, 0, collect_cb, &vs));
+    CHECK(vs.n == 0, "fragment 0 has no records");
+    CHECK(dl_store_foreach_merge(s, 1, 0, stop_cb, NULL) == 7, "callback stop value returned");
+    EXPECT_ERR(dl_store_get_merge(s, 1, 3, &r2), DL_ENOTFOUND, "version 3");
+    EXPECT_ERR(dl_store_get_merge(s, 0, 1, &r2), DL_ENOTFOUND, "fragment 0");
+    printf("ok: merge records iterate in version order per fragment; absent ones are DL_ENOTFOUND\n");
+
+    dl_store_ledger l;
+    OK(dl_store_ledger_get(s, &l));
+    CHECK(l.tokens[DL_LEDGER_APPLIED] == 1350 && l.tokens[DL_LEDGER_DROPPED_STALE] == 500 &&
+              l.tokens[DL_LEDGER_REJECTED] == 0 && l.tokens[DL_LEDGER_LOST] == 0,
+          "ledger after commits: %llu %llu %llu %llu", (unsigned long long)l.tokens[0],
+          (unsigned long long)l.tokens[1], (unsigned long long)l.tokens[2], (unsigned long long)l.tokens[3]);
+    OK(dl_store_ledger_add(s, DL_LEDGER_REJECTED, 77));
+    OK(dl_store_ledger_add(s, DL_LEDGER_LOST, 11));
+    OK(dl_store_ledger_get(s, &l));
+    CHECK(l.tokens[2] == 77 && l.tokens[3] == 11 && l.tokens[0] == 1350, "ledger add");
+    printf("ok: ledger: commits add merged (1350) and dropped-stale (500) tokens, not rejected; "
+           "ledger_add moves rejected/lost\n");
+
+    dl_store_learner la = {.id = "learner-b", .first_seen_ns = 10, .last_seen_ns = 20, .pushes = 3, .merged = 2,
+                           .dropped = 1, .tokens_applied = 300, .bytes_in = 4096, .bytes_out = 8192};
+    for (int i = 0; i < DL_STORE_PUBKEY_BYTES; i++) la.pubkey[i] = (uint8_t)(i * 7 + 1);
+    OK(dl_store_learner_put(s, &la));
+    dl_store_learner lb = la;
+    snprintf(lb.id, sizeof lb.id, "learner-a");
+    lb.pushes = 1;
+    OK(dl_store_learner_put(s, &lb));
+    snprintf(lb.id, sizeof lb.id, "learner-c");
+    OK(dl_store_learner_put(s, &lb));
+    lb.pushes = 99, lb.last_seen_ns = 1000; /* update learner-c */
+    OK(dl_store_learner_put(s, &lb));
+    dl_store_learner lg;
+    OK(dl_store_learner_get(s, "learner-b", &lg));
+    CHECK(strcmp(lg.id, la.id) == 0 && lg.first_seen_ns == 10 && lg.last_seen_ns == 20 &&
+              memcmp(lg.pubkey, la.pubkey, DL_STORE_PUBKEY_BYTES) == 0 && lg.pushes == 3 && lg.merged == 2 &&
+              lg.dropped == 1 && lg.tokens_applied == 300 && lg.bytes_in == 4096 && lg.bytes_out == 8192,
+          "learner round trip");
+    OK(dl_store_learner_get(s, "learner-c", &lg));
+    CHECK(lg.pushes == 99 && lg.last_seen_ns == 1000, "learner update replaces");
+    char names[256] = "";
+    OK(dl_store_foreach_learner(s, learner_list_cb, names));
+    CHECK(strcmp(names, "learner-a,learner-b,learner-c,") == 0, "learners in id order: %s", names);
+    EXPECT_ERR(dl_store_learner_get(s, "nobody", &lg), DL_ENOTFOUND, "nobody");
+    snprintf(lb.id, sizeof lb.id, "has space");
+    EXPECT_ERR(dl_store_learner_put(s, &lb), DL_EINVAL, "learner id");
+    printf("ok: learner registry put/replace/get/iterate (id order), unknown id DL_ENOTFOUND, bad id DL_EINVAL\n");
+
+    dl_merge_contrib bad = contrib("", 0, 1, 1.0, DL_MERGE_MERGED, "");
+    dl_merge_record brec = {.staleness_fn = "x", .n_contrib = 1, .contrib = &bad};
+    EXPECT_ERR(dl_store_commit_merge(s, 1, 3, x, m, &brec), DL_EINVAL, "contributor learner id");
+    bad = contrib("ok-id", 0, 1, 1.0, 9, "");
+    EXPECT_ERR(dl_store_commit_merge(s, 1, 3, x, m, &brec), DL_EINVAL, "decision");
+    EXPECT_ERR(dl_store_commit_merge(s, 5, 1, x, m, &rec), DL_ERANGE, "out of range");
+    dl_store_stats st;
+    OK(dl_store_get_stats(s, &st));
+    CHECK(st.map_size == (1ull << 30) && st.stale_readers_cleared == 0 && st.used_bytes > 0, "stats");
+    printf("ok: bad records refused (DL_EINVAL), fragment out of range (DL_ERANGE); stats map %llu MiB\n",
+           (unsigned long long)(st.map_size >> 20));
+
+    dl_store_close(&s);
+    CHECK(s == NULL, "close NULLs");
+    dl_store_close(&s); /* safe twice */
+
+    /* reopen: everything persisted, resume keeps state */
+    s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(dl_store_get_run(s, &got));
+    CHECK(strcmp(got.run_id, "run-A") == 0 && got.fingerprint == run.fingerprint && got.n_fragments == 3 &&
+              got.numel[2] == 70000 && strcmp(got.config_text, cfg) == 0,
+          "run meta after reopen");
+    OK(dl_store_init_run(s, &run, NULL));
+    OK(dl_store_get_epoch(s, &epoch));
+    CHECK(epoch == 2, "epoch persisted");
+    OK(dl_store_read_fragment(s, 1, &v, x, m));
+    CHECK(v == 2 && equal_to(x, numel[1], 1, 2, 0) && equal_to(m, numel[1], 1, 2, 1), "fragment 1 kept at v2");
+    OK(dl_store_read_fragment(s, 2, &v, x, m));
+    CHECK(v == 0 && equal_to(x, numel[2], 2, 0, 0), "fragment 2 kept at v0");
+    OK(dl_store_ledger_get(s, &l));
+    CHECK(l.tokens[0] == 1350 && l.tokens[1] == 500 && l.tokens[2] == 77 && l.tokens[3] == 11, "ledger persisted");
+    OK(dl_store_learner_get(s, "learner-c", &lg));
+    CHECK(lg.pushes == 99, "learners persisted");
+    printf("ok: reopen + init_run of the same run resumes: meta, epoch, fragments, ledger, learners kept\n");
+
+    dl_store_run other = run;
+    other.run_id = "run-B";
+    EXPECT_ERR(dl_store_init_run(s, &other, (const float *const *)init.a), DL_EMISMATCH, "'run-A'");
+    CHECK(strstr(dl_errmsg(), "'run-B'") != NULL, "message names both runs: %s", dl_errmsg());
+    other = run;
+    other.fingerprint = 0x77;
+    EXPECT_ERR(dl_store_init_run(s, &other, (const float *const *)init.a), DL_EMISMATCH, "0000000000000077");
+    CHECK(strstr(dl_errmsg(), "1234abcd5678ef01") != NULL, "message names both fingerprints: %s", dl_errmsg());
+    other = run;
+    const uint64_t numel2[3] = {5, 1000, 70001};
+    other.numel = numel2;
+    EXPECT_ERR(dl_store_init_run(s, &other, (const float *const *)init.a), DL_EMISMATCH, "refusing");
+    OK(dl_store_read_fragment(s, 1, &v, NULL, NULL));
+    CHECK(v == 2, "state untouched by refused init");
+    printf("ok: init_run of another run id / fingerprint / numel -> DL_EMISMATCH naming both runs\n");
+    dl_store_close(&s);
+
+    OK(dl_store_check(dir, stdout));
+    s = open_store(dir, 0, DL_STORE_SYNC, 1);
+    OK(dl_store_read_fragment(s, 1, &v, x, NULL));
+    CHECK(v == 2, "read-only read");
+    EXPECT_ERR(commit_v(s, 1, 3, numel[1], 1), DL_EINVAL, "read-only");
+    EXPECT_ERR(dl_store_bump_epoch(s, &epoch), DL_EINVAL, "read-only");
+    dl_store_close(&s);
+    printf("ok: check passes; read-only open reads and refuses writes\n");
+    free(x), free(m);
+    free_init(&init);
+}
+
+// ----------------------------------------------------------------------------
+// a commit must be stored version + 1; a refused commit changes nothing
+
+static void test_version_fence(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "fence");
+    const uint64_t numel[2] = {300, 9};
+    dl_store_run run = {"fence", 7, NULL, 2, numel};
+    params_set init = make_init(2, numel);
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    OK(commit_v(s, 0, 1, numel[0], 10));
+    EXPECT_ERR(commit_v(s, 0, 3, numel[0], 10), DL_EMISMATCH, "stored version is 1");
+    EXPECT_ERR(commit_v(s, 0, 1, numel[0], 10), DL_EMISMATCH, "refusing to commit version 1");
+    EXPECT_ERR(commit_v(s, 0, 0, numel[0], 10), DL_EMISMATCH, "refusing");
+    EXPECT_ERR(commit_v(s, 1, 2, numel[1], 10), DL_EMISMATCH, "stored version is 0");
+    float x[300], m[300];
+    uint64_t v;
+    OK(dl_store_read_fragment(s, 0, &v, x, m));
+    CHECK(v == 1 && equal_to(x, 300, 0, 1, 0) && equal_to(m, 300, 0, 1, 1), "fragment 0 still v1");
+    OK(dl_store_read_fragment(s, 1, &v, x, m));
+    CHECK(v == 0 && equal_to(x, 9, 1, 0, 0) && all_zero(m, 9), "fragment 1 still v0");
+    int n = 0;
+    OK(dl_store_foreach_merge(s, 0, 0, count_cb, &n));
+    CHECK(n == 1, "one merge record, got %d", n);
+    dl_store_ledger l;
+    OK(dl_store_ledger_get(s, &l));
+    CHECK(l.tokens[0] == 10, "ledger only counts the accepted commit: %llu", (unsigned long long)l.tokens[0]);
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: commits of versions 3, 1, 0 (stored 1) and 2 (stored 0) refused with DL_EMISMATCH; "
+           "params, momentum, records, ledger unchanged; check passes\n");
+    free_init(&init);
+}
+
+// ----------------------------------------------------------------------------
+// a snapshot keeps seeing its version while commits happen
+
+static void test_snapshot(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "snap");
+    const uint64_t numel[2] = {5, 70000};
+    dl_store_run run = {"snap", 8, NULL, 2, numel};
+    params_set init = make_init(2, numel);
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    OK(commit_v(s, 0, 1, numel[0], 1));
+    OK(commit_v(s, 1, 1, numel[1], 1));
+
+    dl_store_snap *snap = NULL;
+    OK(dl_store_snapshot_begin(s, &snap));
+    const float *p0, *p1;
+    size_t n0, n1;
+    uint64_t v0, v1;
+    OK(dl_store_snapshot_fragment(snap, 0, &v0, &p0, &n0));
+    OK(dl_store_snapshot_fragment(snap, 1, &v1, &p1, &n1));
+    CHECK(v0 == 1 && v1 == 1 && n0 == 5 && n1 == 70000, "snapshot sees v1");
+    CHECK((uintptr_t)p0 % 4 == 0 && (uintptr_t)p1 % 4 == 0, "snapshot pointers are float-aligned");
+    EXPECT_ERR(dl_store_snapshot_fragment(snap, 2, &v0, &p0, &n0), DL_ERANGE, "out of range");
+
+    /* commits in between: two versions of each fragment */
+    OK(commit_v(s, 0, 2, numel[0], 1));
+    OK(commit_v(s, 1, 2, numel[1], 1));
+    OK(commit_v(s, 1, 3, numel[1], 1));
+    CHECK(equal_to(p0, 5, 0, 1, 0) && equal_to(p1, 70000, 1, 1, 0), "old pointers still hold v1 contents");
+    OK(dl_store_snapshot_fragment(snap, 1, &v1, &p1, &n1));
+    CHECK(v1 == 1 && equal_to(p1, 70000, 1, 1, 0), "snapshot re-read still v1");
+    uint64_t v;
+    OK(dl_store_read_fragment(s, 1, &v, NULL, NULL));
+    CHECK(v == 3, "read outside the snapshot sees v3");
+    dl_store_snap *snap2 = NULL;
+    OK(dl_store_snapshot_begin(s, &snap2));
+    OK(dl_store_snapshot_fragment(snap2, 1, &v1, &p1, &n1));
+    CHECK(v1 == 3 && equal_to(p1, 70000, 1, 3, 0), "new snapshot sees v3");
+    OK(dl_store_snapshot_fragment(snap2, 0, &v0, &p0, &n0));
+    CHECK(v0 == 2 && equal_to(p0, 5, 0, 2, 0), "new snapshot sees fragment 0 v2");
+    dl_store_snapshot_end(&snap);
+    dl_store_snapshot_end(&snap2);
+    CHECK(snap == NULL && snap2 == NULL, "snapshot end NULLs");
+    dl_store_snapshot_end(&snap);
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: snapshot taken at v1 keeps serving v1 (same pointers, re-reads) across 3 commits; "
+           "a new snapshot sees v3; pointers aligned\n");
+    free_init(&init);
+}
+
+// ----------------------------------------------------------------------------
+// map growth from 64 KiB, MAP_FULL retry, and no growth under an open snapshot
+
+static void test_map_growth(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "grow");
+    const uint64_t numel[2] = {20000, 3};
+    dl_store_run run = {"grow", 9, NULL, 2, numel};
+    params_set init = make_init(2, numel);
+    /* periodic durability: thousands of small commits without an fsync each */
+    dl_store *s = open_store(dir, 64 << 10, DL_STORE_PERIODIC, 0);
+    dl_store_stats st;
+    OK(dl_store_get_stats(s, &st));
+    CHECK(st.map_size == 64 << 10, "starts at 64 KiB: %llu", (unsigned long long)st.map_size);
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a)); /* 160 KB of values into a 64 KiB map */
+    uint64_t v = 0;
+    for (v = 1; v <= 30; v++) OK(commit_v(s, 0, v, numel[0], 3));
+    v = 30;
+    OK(dl_store_get_stats(s, &st));
+    CHECK(st.map_size > (64 << 10) && st.map_grows >= 1, "map grew: %llu bytes, %u grows",
+          (unsigned long long)st.map_size, st.map_grows);
+    uint64_t after_commits = st.map_size;
+
+    /* small writes are not pre-grown: they fill the map until MDB_MAP_FULL,
+     * which must double the map and retry transparently */
+    uint32_t retries0 = st.map_full_retries;
+    int nl = 0;
+    dl_store_learner lr = {.first_seen_ns = 1};
+    while (nl < 200000) {
+        snprintf(lr.id, sizeof lr.id, "learner-%06d", nl);
+        lr.pushes = (uint64_t)nl;
+        OK(dl_store_learner_put(s, &lr));
+        nl++;
+        OK(dl_store_get_stats(s, &st));
+        if (st.map_full_retries > retries0 && nl % 1000 == 0) break;
+    }
+    CHECK(st.map_full_retries > retries0, "MDB_MAP_FULL retry happened within %d puts", nl);
+    CHECK(st.map_size > after_commits, "map grew on MAP_FULL");
+    OK(dl_store_sync(s));
+    int count = 0;
+    char mid[32];
+    snprintf(mid, sizeof mid, "learner-%06d", nl / 2);
+    OK(dl_store_learner_get(s, mid, &lr));
+    CHECK(lr.pushes == (uint64_t)(nl / 2), "learner written before growth intact");
+    OK(dl_store_foreach_learner(s, count_learner_cb, &count));
+    CHECK(count == nl, "all %d learners present (%d)", nl, count);
+    printf("ok: map grew from 64 KiB to %llu KiB (%u grows, %u MAP_FULL retries); 30 commits and %d learner "
+           "records intact\n",
+           (unsigned long long)(st.map_size >> 10), st.map_grows, st.map_full_retries, nl);
+
+    /* With a snapshot open the map cannot grow: commits eventually fail with
+     * DL_EAGAIN, change nothing, and succeed once the snapshot ends. */
+    dl_store_snap *snap;
+    OK(dl_store_snapshot_begin(s, &snap));
+    const float *sp;
+    size_t sn;
+    uint64_t sv;
+    OK(dl_store_snapshot_fragment(snap, 0, &sv, &sp, &sn));
+    int rc = 0, ncommits = 0;
+    while (ncommits < 100000) {
+        rc = commit_v(s, 0, v + 1, numel[0], 3);
+        if (rc != 0) break;
+        v++, ncommits++;
+    }
+    CHECK(rc == DL_EAGAIN && strstr(dl_errmsg(), "snapshot"), "commit under a snapshot ends in DL_EAGAIN: %d %s",
+          rc, dl_errmsg());
+    uint64_t got;
+    OK(dl_store_read_fragment(s, 0, &got, NULL, NULL));
+    CHECK(got == v, "failed commit left version %llu (got %llu)", (unsigned long long)v, (unsigned long long)got);
+    CHECK(sv == 30 && equal_to(sp, sn, 0, 30, 0), "snapshot still reads v30 intact");
+    dl_store_snapshot_end(&snap);
+    OK(commit_v(s, 0, v + 1, numel[0], 3));
+    v++;
+    float *x = malloc(numel[0] * 4);
+    OK(dl_store_read_fragment(s, 0, &got, x, NULL));
+    CHECK(got == v && equal_to(x, numel[0], 0, v, 0), "commit after snapshot end");
+    free(x);
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: with a snapshot open, %d commits fit, the next failed with DL_EAGAIN leaving the store at v%llu; "
+           "after the snapshot ended the commit succeeded; check passes\n",
+           ncommits, (unsigned long long)(v - 1));
+    free_init(&init);
+}
+
+// ----------------------------------------------------------------------------
+// the offline checker against deliberate corruption through raw LMDB
+
+typedef struct {
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+} raw_db;
+
+static raw_db raw_open(const char *dir, const char *dbname)
+{
+    raw_db r;
+    LMDB_OK(mdb_env_create(&r.env));
+    LMDB_OK(mdb_env_set_maxdbs(r.env, 8));
+    LMDB_OK(mdb_env_set_mapsize(r.env, 64u << 20));
+    LMDB_OK(mdb_env_open(r.env, dir, 0, 0644));
+    LMDB_OK(mdb_txn_begin(r.env, NULL, 0, &r.txn));
+    LMDB_OK(mdb_dbi_open(r.txn, dbname, 0, &r.dbi));
+    return r;
+}
+static void raw_close(raw_db *r)
+{
+    LMDB_OK(mdb_txn_commit(r->txn));
+    mdb_env_close(r->env);
+}
+
+static MDB_val frag_key(uint8_t b[4], uint32_t p)
+{
+    b[0] = (uint8_t)(p >> 24), b[1] = (uint8_t)(p >> 16), b[2] = (uint8_t)(p >> 8), b[3] = (uint8_t)p;
+    return (MDB_val){4, b};
+}
+static MDB_val merge_key(uint8_t b[12], uint32_t p, uint64_t v)
+{
+    frag_key(b, p);
+    for (int i = 0; i < 8; i++) b[4 + i] = (uint8_t)(v >> (56 - 8 * i));
+    return (MDB_val){12, b};
+}
+
+/* Read the value of key in db into a malloc'd copy. */
+static void *raw_get(const char *dir, const char *db, MDB_val k, size_t *len)
+{
+    raw_db r = raw_open(dir, db);
+    MDB_val v;
+    LMDB_OK(mdb_get(r.txn, r.dbi, &k, &v));
+    void *copy = malloc(v.mv_size);
+    memcpy(copy, v.mv_data, v.mv_size);
+    *len = v.mv_size;
+    raw_close(&r);
+    return copy;
+}
+static void raw_put(const char *dir, const char *db, MDB_val k, const void *val, size_t len)
+{
+    raw_db r = raw_open(dir, db);
+    MDB_val v = {len, (void *)val};
+    LMDB_OK(mdb_put(r.txn, r.dbi, &k, &v, 0));
+    raw_close(&r);
+}
+static void raw_del(const char *dir, const char *db, MDB_val k)
+{
+    raw_db r = raw_open(dir, db);
+    LMDB_OK(mdb_del(r.txn, r.dbi, &k, NULL));
+    raw_close(&r);
+}
+
+static void test_checker(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "check");
+    const uint64_t numel[2] = {64, 5000};
+    dl_store_run run = {"check", 10, NULL, 2, numel};
+    params_set init = make_init(2, numel);
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    for (uint64_t v = 1; v <= 3; v++) OK(commit_v(s, 0, v, numel[0], 5));
+    for (uint64_t v = 1; v <= 2; v++) OK(commit_v(s, 1, v, numel[1], 7));
+    dl_store_close(&s);
+    OK(dl_store_check(dir, stdout));
+    printf("ok: check passes on a good store (2 fragments, 5 merge records)\n");
+
+    uint8_t kb[12];
+    size_t len;
+    /* flip one params value of fragment 1 */
+    uint8_t *orig = raw_get(dir, "fragments", frag_key(kb, 1), &len);
+    uint8_t *bad = malloc(len);
+    memcpy(bad, orig, len);
+    float f;
+    memcpy(&f, bad + 64 + 4 * 100, 4);
+    f += 1.0f;
+    memcpy(bad + 64 + 4 * 100, &f, 4);
+    raw_put(dir, "fragments", frag_key(kb, 1), bad, len);
+    EXPECT_ERR(dl_store_check(dir, stdout), DL_ECORRUPT, "fragment 1 version 2: params checksum");
+    s = open_store(dir, 0, DL_STORE_SYNC, 1);
+    float *x = malloc(numel[1] * 4);
+    uint64_t v;
+    EXPECT_ERR(dl_store_read_fragment(s, 1, &v, x, NULL), DL_ECORRUPT, "params checksum");
+    OK(dl_store_read_fragment(s, 1, &v, NULL, NULL)); /* version alone needs no params */
+    dl_store_close(&s);
+    raw_put(dir, "fragments", frag_key(kb, 1), orig, len);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: a flipped params value -> check DL_ECORRUPT '%s'; read_fragment also refuses it; "
+           "restored -> passes\n",
+           "fragment 1 version 2: params checksum ...");
+    free(orig), free(bad);
+
+    /* delete a middle merge record, then the last one */
+    orig = raw_get(dir, "merges", merge_key(kb, 0, 2), &len);
+    raw_del(dir, "merges", merge_key(kb, 0, 2));
+    EXPECT_ERR(dl_store_check(dir, stdout), DL_ECORRUPT, "fragment 0: merge record version 2 missing");
+    raw_put(dir, "merges", merge_key(kb, 0, 2), orig, len);
+    free(orig);
+    orig = raw_get(dir, "merges", merge_key(kb, 0, 3), &len);
+    raw_del(dir, "merges", merge_key(kb, 0, 3));
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "fragment 0 is at version 3 but has 2 merge records");
+    raw_put(dir, "merges", merge_key(kb, 0, 3), orig, len);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: deleted merge record v2 -> 'merge record version 2 missing'; deleted v3 -> "
+           "'at version 3 but has 2 merge records'; restored -> passes\n");
+
+    /* bad magic of a record, a stray record beyond P, a tampered ledger, momentum */
+    bad = malloc(len);
+    memcpy(bad, orig, len);
+    bad[0] ^= 0xff;
+    raw_put(dir, "merges", merge_key(kb, 0, 3), bad, len);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "merges[0,3]: bad size/magic");
+    raw_put(dir, "merges", merge_key(kb, 0, 3), orig, len);
+    free(bad);
+    size_t len1;
+    bad = raw_get(dir, "merges", merge_key(kb, 0, 1), &len1); /* record 1 stored under key 3 */
+    raw_put(dir, "merges", merge_key(kb, 0, 3), bad, len1);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "merges[0,3]: value says fragment 0 version 1");
+    raw_put(dir, "merges", merge_key(kb, 0, 3), orig, len);
+    free(bad);
+    raw_put(dir, "merges", merge_key(kb, 2, 1), orig, len);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "stray key");
+    raw_del(dir, "merges", merge_key(kb, 2, 1));
+    free(orig);
+    orig = raw_get(dir, "ledger", (MDB_val){6, "totals"}, &len);
+    bad = malloc(len);
+    memcpy(bad, orig, len);
+    bad[8] ^= 1; /* applied tokens */
+    raw_put(dir, "ledger", (MDB_val){6, "totals"}, bad, len);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "ledger says applied");
+    raw_put(dir, "ledger", (MDB_val){6, "totals"}, orig, len);
+    free(orig), free(bad);
+    orig = raw_get(dir, "outer", frag_key(kb, 0), &len);
+    bad = malloc(len);
+    memcpy(bad, orig, len);
+    bad[32 + 8] ^= 0x10;
+    raw_put(dir, "outer", frag_key(kb, 0), bad, len);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "fragment 0 version 3: momentum checksum");
+    raw_put(dir, "outer", frag_key(kb, 0), orig, len);
+    raw_del(dir, "outer", frag_key(kb, 0));
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "outer momentum of fragment 0 missing");
+    raw_put(dir, "outer", frag_key(kb, 0), orig, len);
+    free(orig), free(bad);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: bad record magic, a record under another version's key, stray record of fragment 2 (P=2), tampered ledger, flipped momentum, "
+           "missing momentum each caught with a message naming it; restored -> passes\n");
+
+    /* wrong schema version */
+    orig = raw_get(dir, "meta", (MDB_val){6, "schema"}, &len);
+    CHECK(len == 8, "schema value is 8 bytes");
+    bad = malloc(len);
+    memcpy(bad, orig, len);
+    bad[4] = 99;
+    raw_put(dir, "meta", (MDB_val){6, "schema"}, bad, len);
+    dl_store_opts o = dl_store_opts_default();
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 99");
+    CHECK(s == NULL, "failed open leaves NULL");
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_EFORMAT, "schema version 99");
+    raw_put(dir, "meta", (MDB_val){6, "schema"}, orig, len);
+    free(orig), free(bad);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: schema version 99 -> open and check fail with DL_EFORMAT naming it\n");
+    free(x);
+    free_init(&init);
+}
+
+// ----------------------------------------------------------------------------
+// directories that are not stores
+
+static void write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(data, 1, n, f) == n, "write %s", path);
+    fclose(f);
+}
+
+static void test_bad_dirs(void)
+{
+    char dir[4200], path[4300];
+    dl_store *s = NULL;
+    dl_store_opts o = dl_store_opts_default(), ro = o;
+    ro.read_only = 1;
+
+    path_of(dir, sizeof dir, "garbage");
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    uint8_t junk[16384];
+    dl_rng rng;
+    dl_rng_seed(&rng, 5);
+    for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)dl_rng_u64(&rng);
+    write_file(path, junk, sizeof junk);
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "data.mdb is not an LMDB environment");
+    EXPECT_ERR(dl_store_open(dir, &ro, &s), DL_EFORMAT, "not an LMDB environment");
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_EFORMAT, "not an LMDB environment");
+    printf("ok: 16 KiB of random bytes as data.mdb -> DL_EFORMAT '%s'\n", dl_errmsg());
+    const char *text = "this is not a database\n";
+    write_file(path, text, strlen(text));
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "not an LMDB environment");
+    printf("ok: a short text file as data.mdb -> DL_EFORMAT\n");
+
+    path_of(dir, sizeof dir, "plainfile");
+    write_file(dir, text, strlen(text));
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EINVAL, "not a directory");
+    path_of(dir, sizeof dir, "missing");
+    EXPECT_ERR(dl_store_open(dir, &ro, &s), DL_ENOTFOUND, "does not exist");
+    path_of(dir, sizeof dir, "emptydir");
+    mkdir(dir, 0755);
+    EXPECT_ERR(dl_store_open(dir, &ro, &s), DL_ENOTFOUND, "no data.mdb");
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ENOTFOUND, "no data.mdb");
+    printf("ok: a plain file -> DL_EINVAL; read-only on a missing dir / dir without data.mdb -> DL_ENOTFOUND\n");
+
+    path_of(dir, sizeof dir, "foreign");
+    mkdir(dir, 0755);
+    MDB_env *env;
+    MDB_txn *t;
+    MDB_dbi dbi;
+    LMDB_OK(mdb_env_create(&env));
+    LMDB_OK(mdb_env_open(env, dir, 0, 0644));
+    LMDB_OK(mdb_txn_begin(env, NULL, 0, &t));
+    LMDB_OK(mdb_dbi_open(t, NULL, 0, &dbi));
+    MDB_val k = {5, "hello"}, v = {5, "world"};
+    LMDB_OK(mdb_put(t, dbi, &k, &v, 0));
+    LMDB_OK(mdb_txn_commit(t));
+    mdb_env_close(env);
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "not a dloco store");
+    EXPECT_ERR(dl_store_open(dir, &ro, &s), DL_EFORMAT, "not a dloco store");
+    printf("ok: an LMDB environment of something else -> DL_EFORMAT 'not a dloco store'\n");
+
+    path_of(dir, sizeof dir, "norun");
+    s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    dl_store *s2 = NULL;
+    EXPECT_ERR(dl_store_open(dir, &o, &s2), DL_EAGAIN, "already open for writing");
+    dl_store_close(&s);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_EFORMAT, "has no run");
+    s = open_store(dir, 0, DL_STORE_SYNC, 0); /* lock released by close */
+    dl_store_close(&s);
+    printf("ok: second writer -> DL_EAGAIN; check of a store without a run -> DL_EFORMAT\n");
+}
+
+// ----------------------------------------------------------------------------
+// stale reader slot of a killed process is cleared at open
+
+static void test_stale_readers(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "readers");
+    const uint64_t numel[1] = {16};
+    dl_store_run run = {"readers", 11, NULL, 1, numel};
+    params_set init = make_init(1, numel);
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    dl_store_close(&s);
+    free_init(&init);
+
+    /* A keeps the environment open (so the lock table is not reset when the
+     * parent opens), B dies holding a read snapshot. */
+    int ready[2], hold[2];
+    CHECK(pipe(ready) == 0 && pipe(hold) == 0, "pipes");
+    fflush(NULL);
+    pid_t a = fork();
+    CHECK(a >= 0, "fork");
+    if (a == 0) {
+        close(ready[0]), close(hold[1]);
+        dl_store *cs = open_store(dir, 0, DL_STORE_SYNC, 1);
+        CHECK(write(ready[1], "a", 1) == 1, "ready");
+        char c;
+        while (read(hold[0], &c, 1) > 0) {}
+        dl_store_close(&cs);
+        _exit(0);
+    }
+    pid_t b = fork();
+    CHECK(b >= 0, "fork");
+    if (b == 0) {
+        close(ready[0]), close(hold[1]), close(hold[0]);
+        dl_store *cs = open_store(dir, 0, DL_STORE_SYNC, 1);
+        dl_store_snap *snap;
+        OK(dl_store_snapshot_begin(cs, &snap));
+        CHECK(write(ready[1], "b", 1) == 1, "ready");
+        for (;;) pause();
+    }
+    close(ready[1]), close(hold[0]);
+    char c[2];
+    CHECK(read(ready[0], c, 1) == 1 && read(ready[0], c + 1, 1) == 1, "children ready");
+    kill(b, SIGKILL);
+    int status;
+    waitpid(b, &status, 0);
+    s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    dl_store_stats st;
+    OK(dl_store_get_stats(s, &st));
+    dl_store_close(&s);
+    close(hold[1]);
+    waitpid(a, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "holder exited cleanly");
+    close(ready[0]);
+    CHECK(st.stale_readers_cleared >= 1, "stale reader of the killed process cleared: %d", st.stale_readers_cleared);
+    printf("ok: a process killed inside a snapshot left a reader slot; open cleared %d stale reader(s)\n",
+           st.stale_readers_cleared);
+}
+
+// ----------------------------------------------------------------------------
+// crash test: SIGKILL a committing child, no acknowledged version lost
+
+#define CRASH_NUMEL 4096
+
+static void crash_child(const char *dir, int wfd)
+{
+    dl_log_set_name("crash-child");
+    dl_store *s = NULL;
+    int rc = dl_store_open(dir, NULL, &s); /* DL_STORE_SYNC */
+    if (rc) {
+        fprintf(stderr, "child: open: %s\n", dl_errmsg());
+        _exit(2);
+    }
+    for (int i = 0; i < 1000000; i++) {
+        uint64_t v;
+        if (dl_store_read_fragment(s, 0, &v, NULL, NULL) || commit_v(s, 0, v + 1, CRASH_NUMEL, 10)) {
+            fprintf(stderr, "child: %s\n", dl_errmsg());
+            _exit(3);
+        }
+        v++;
+        if (write(wfd, &v, sizeof v) != sizeof v) _exit(4);
+    }
+    dl_store_close(&s);
+    _exit(0);
+}
+
+static void test_crash(uint64_t seed)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "crash");
+    const uint64_t numel[2] = {CRASH_NUMEL, 7};
+    dl_store_run run = {"crash", 12, NULL, 2, numel};
+    params_set init = make_init(2, numel);
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    dl_store_close(&s);
+    free_init(&init);
+
+    dl_rng rng;
+    dl_rng_seed(&rng, seed);
+    float *x = malloc(CRASH_NUMEL * 4), *m = malloc(CRASH_NUMEL * 4);
+    uint64_t last_acked = 0;
+    for (int round = 0; round < 8; round++) {
+        int fds[2];
+        CHECK(pipe(fds) == 0, "pipe");
+        fflush(NULL);
+        pid_t pid = fork();
+        CHECK(pid >= 0, "fork");
+        if (pid == 0) {
+            close(fds[0]);
+            crash_child(dir, fds[1]);
+        }
+        close(fds[1]);
+        /* wait for the first ack of this round (bounded), then a seeded delay */
+        struct pollfd pfd = {fds[0], POLLIN, 0};
+        CHECK(poll(&pfd, 1, 30000) == 1, "child acked a commit within 30 s");
+        unsigned delay_us = (unsigned)dl_rng_below(&rng, 40000);
+        usleep(delay_us);
+        kill(pid, SIGKILL);
+        int status;
+        waitpid(pid, &status, 0);
+        CHECK(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 0),
+              "child failed on its own (exit %d)", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        uint8_t buf[8192], acc[8];
+        size_t have = 0;
+        uint64_t acks = 0;
+        for (;;) {
+            ssize_t n = read(fds[0], buf, sizeof buf);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) break;
+            for (ssize_t i = 0; i < n; i++) {
+                acc[have++] = buf[i];
+                if (have == 8) {
+                    uint64_t a;
+                    memcpy(&a, acc, 8);
+                    CHECK(a > last_acked, "acks increase");
+                    last_acked = a;
+                    have = 0;
+                    acks++;
+                }
+            }
+        }
+        close(fds[0]);
+        OK(dl_store_check(dir, NULL));
+        s = open_store(dir, 0, DL_STORE_SYNC, 0);
+        uint64_t v;
+        OK(dl_store_read_fragment(s, 0, &v, x, m));
+        dl_store_ledger l;
+        OK(dl_store_ledger_get(s, &l));
+        dl_store_close(&s);
+        CHECK(v >= last_acked && v <= last_acked + 1, "round %d: stored v%llu, last acked v%llu", round,
+              (unsigned long long)v, (unsigned long long)last_acked);
+        CHECK(equal_to(x, CRASH_NUMEL, 0, v, 0) && equal_to(m, CRASH_NUMEL, 0, v, 1),
+              "round %d: params and momentum are exactly those of v%llu", round, (unsigned long long)v);
+        CHECK(l.tokens[DL_LEDGER_APPLIED] == 10 * v, "round %d: ledger applied %llu for v%llu", round,
+              (unsigned long long)l.tokens[DL_LEDGER_APPLIED], (unsigned long long)v);
+        printf("ok: crash round %d: SIGKILL %u us after the first ack (%llu acks); last acked v%llu, stored v%llu; "
+               "check passes, contents and ledger match\n",
+               round, delay_us, (unsigned long long)acks, (unsigned long long)last_acked, (unsigned long long)v);
+        last_acked = v; /* a commit that landed without an ack is still the new floor */
+    }
+    free(x), free(m);
+}
+
+int main(void)
+{
+    dl_log_set_level(DL_LOG_WARN);
+    const char *bin = getenv("DLOCO_BIN");
+    snprintf(g_base, sizeof g_base, "%s/test_store.XXXXXX", bin && *bin ? bin : "/tmp");
+    CHECK(mkdtemp(g_base) != NULL, "mkdtemp %s: %s", g_base, strerror(errno));
+    printf("test_store: working in %s\n", g_base);
+
+    test_bad_dirs();
+    test_roundtrip();
+    test_version_fence();
+    test_snapshot();
+    test_map_growth();
+    test_checker();
+    test_stale_readers();
+    uint64_t seed = 20240611;
+    printf("crash test seed %llu\n", (unsigned long long)seed);
+    test_crash(seed);
+
+    rm_rf(g_base);
+    printf("test_store: all checks passed\n");
+    return 0;
+}
