@@ -53,6 +53,14 @@ class GPT(torch.nn.Module):
 
 
 m = GPT()
+with torch.no_grad():  # GPT-2 init, as dloco: N(0, 0.02), zero biases, unit layernorm
+    for name, p in m.named_parameters():
+        if name.endswith("bias"):
+            p.zero_()
+        elif "ln" in name:
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02)
 decay = [p for p in m.parameters() if p.dim() >= 2]
 other = [p for p in m.parameters() if p.dim() < 2]
 opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],

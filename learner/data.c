@@ -207,6 +207,9 @@ int dl_data_open(const dl_data_opts *o, dl_data **out)
 {
     *out = NULL;
     if (o->seq_len < 1) return dl_err(DL_EINVAL, "seq_len %d", o->seq_len);
+    if (o->shard_count < 0 || o->shard_index < 0 || (o->shard_count > 1 && o->shard_index >= o->shard_count) ||
+        (o->shard_count <= 1 && o->shard_index != 0))
+        return dl_err(DL_EINVAL, "data shard %d of %d", o->shard_index, o->shard_count);
     if (!(o->val_frac >= 0.0 && o->val_frac < 1.0))
         return dl_err(DL_EINVAL, "val_frac %g not in [0, 1)", o->val_frac);
     int want_text = !strcmp(o->format, "text"), want_shards = !strcmp(o->format, "shards");
@@ -272,10 +275,11 @@ int dl_data_open(const dl_data_opts *o, dl_data **out)
     d->train = dl_xmalloc(nseq * sizeof(uint64_t));
     d->val = dl_xmalloc(nseq * sizeof(uint64_t));
     uint64_t thresh = (uint64_t)(o->val_frac * 1000000.0);
+    uint64_t nshards = o->shard_count > 1 ? (uint64_t)o->shard_count : 1, ntr_all = 0;
     for (uint64_t s = 0; s < nseq; s++) {
         uint64_t h = dl_hash64(&s, sizeof s, 0x5EEDu) % 1000000u;
         if (h < thresh) d->val[d->nval++] = s * T;
-        else d->train[d->ntrain++] = s * T;
+        else if (ntr_all++ % nshards == (uint64_t)o->shard_index) d->train[d->ntrain++] = s * T;
     }
     if (d->ntrain == 0 || (o->val_frac > 0 && d->nval == 0)) {
         rc = dl_err(DL_ERANGE, "%s: split of %llu sequences left an empty train or validation set", o->path,

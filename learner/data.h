@@ -23,6 +23,8 @@ typedef struct {
     int vocab;          /* shards: tokens must be < vocab; text: must be >= 256 */
     double val_frac;    /* fraction of sequences held out, chosen by a fixed hash */
     uint64_t seed;      /* shuffling seed (train order only; the split never changes) */
+    int shard_index;    /* this learner keeps training sequences with index % shard_count == shard_index */
+    int shard_count;    /* 0 or 1 = no sharding; validation is never sharded */
 } dl_data_opts;
 
 /* Load and validate. Errors: DL_EIO (unreadable), DL_EFORMAT (foreign file:

@@ -3,6 +3,7 @@
 #include "learner/gpt.h"
 
 #include "core/err.h"
+#include "core/plan.h"
 #include "core/rng.h"
 #include "kernels/cpu.h"
 
@@ -214,14 +215,19 @@ void dl_gpt_close(dl_gpt **gp)
     *gp = NULL;
 }
 
-void dl_gpt_init(dl_gpt *g, uint64_t seed)
+int dl_gpt_init_params(const dl_gpt_config *cfg_in, uint64_t seed, float *params)
 {
+    dl_gpt_config cfg = *cfg_in;
+    DL_TRY(dl_gpt_config_check(&cfg));
+    int nt = dl_gpt_tensor_table(&cfg, NULL, 0, NULL);
+    dl_tensor *tab = dl_xcalloc((size_t)nt, sizeof *tab);
+    dl_gpt_tensor_table(&cfg, tab, nt, NULL);
     dl_rng r;
     dl_rng_seed(&r, seed);
-    float resid_std = 0.02f / sqrtf(2.0f * (float)g->cfg.n_layer);
-    for (int i = 0; i < g->ntensors; i++) {
-        const dl_tensor *t = &g->tensors[i];
-        float *p = g->params + t->offset;
+    float resid_std = 0.02f / sqrtf(2.0f * (float)cfg.n_layer);
+    for (int i = 0; i < nt; i++) {
+        const dl_tensor *t = &tab[i];
+        float *p = params + t->offset;
         const char *nm = t->name;
         size_t len = strlen(nm);
         if (t->kind == DL_TENSOR_VECTOR) {
@@ -232,10 +238,19 @@ void dl_gpt_init(dl_gpt *g, uint64_t seed)
         }
         float std = strstr(nm, "c_proj.weight") ? resid_std : 0.02f;
         size_t n = t->numel;
-        if (!strcmp(nm, "wte")) n = (size_t)g->cfg.vocab * g->cfg.n_embd; /* padded rows stay 0 */
+        if (!strcmp(nm, "wte")) n = (size_t)cfg.vocab * cfg.n_embd; /* padded rows stay 0 */
         for (size_t j = 0; j < n; j++) p[j] = std * dl_rng_normal(&r);
         for (size_t j = n; j < t->numel; j++) p[j] = 0.0f;
     }
+    free(tab);
+    return 0;
+}
+
+void dl_gpt_init(dl_gpt *g, uint64_t seed)
+{
+    int rc = dl_gpt_init_params(&g->cfg, seed, g->params);
+    assert(rc == 0); /* the config was checked at open */
+    (void)rc;
 }
 
 const dl_gpt_config *dl_gpt_cfg(const dl_gpt *g) { return &g->cfg; }
@@ -407,4 +422,26 @@ double dl_gpt_flops_per_token(const dl_gpt_config *cfg, int T)
     double matmul_params = L * 12.0 * C * C + Vp * C; /* qkv 3CC + proj CC + fc 4CC + fcproj 4CC, lm head */
     double attn = L * 2.0 * 2.0 * T * C;              /* qk^T and av, per token, full (non-causal) count */
     return 3.0 * (2.0 * matmul_params + attn);        /* forward + 2x for backward */
+}
+
+int dl_gpt_plan_open(const dl_gpt_config *cfg_in, int P, dl_plan **out)
+{
+    *out = NULL;
+    dl_gpt_config cfg = *cfg_in;
+    DL_TRY(dl_gpt_config_check(&cfg));
+    int nt = dl_gpt_tensor_table(&cfg, NULL, 0, NULL);
+    dl_tensor *tab = dl_xcalloc((size_t)nt, sizeof *tab);
+    dl_gpt_tensor_table(&cfg, tab, nt, NULL);
+    int rc = dl_plan_build(tab, nt, P, out);
+    free(tab);
+    return rc;
+}
+
+uint64_t dl_gpt_fingerprint(const dl_gpt_config *cfg, const dl_plan *plan)
+{
+    unsigned char b[24];
+    int32_t v[6] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab, cfg->padded_vocab};
+    for (int i = 0; i < 6; i++)
+        for (int k = 0; k < 4; k++) b[i * 4 + k] = (unsigned char)((uint32_t)v[i] >> (8 * k));
+    return dl_plan_fingerprint(plan, b, sizeof b);
 }

@@ -36,6 +36,9 @@ void dl_gpt_close(dl_gpt **g); /* safe on NULL and twice */
 /* GPT-2 init from a seed: weights N(0, 0.02), residual projections
  * N(0, 0.02/sqrt(2L)), biases 0, layernorm weights 1, padded wte rows 0. */
 void dl_gpt_init(dl_gpt *g, uint64_t seed);
+/* The same initialisation into a bare buffer of dl_gpt_tensor_table's numel
+ * floats, without allocating a model (the synchronizer's initial state). */
+int dl_gpt_init_params(const dl_gpt_config *cfg, uint64_t seed, float *params);
 
 const dl_gpt_config *dl_gpt_cfg(const dl_gpt *g);
 size_t dl_gpt_num_params(const dl_gpt *g);
@@ -64,6 +67,14 @@ typedef struct {
 /* One AdamW step with learning rate lr at 1-based step t. Returns the global
  * gradient norm before clipping. */
 float dl_gpt_adamw_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t);
+
+/* The fragment plan of a model with P fragments (core/plan.h) and the run's
+ * model fingerprint: dl_plan_fingerprint over (L, NH, C, T, V, Vp) as
+ * little-endian int32 and the plan. Learner and synchronizer both compute it;
+ * Hello carries it. */
+struct dl_plan;
+int dl_gpt_plan_open(const dl_gpt_config *cfg, int P, struct dl_plan **out);
+uint64_t dl_gpt_fingerprint(const dl_gpt_config *cfg, const struct dl_plan *plan);
 
 /* FLOPs of one training step (forward + backward) per token: 6*N_matmul +
  * attention, for MFU figures. */
