@@ -409,6 +409,24 @@ static void refresh(dl_policy *p, int64_t now)
 
 /* ---------------------------------------------------------------- lifetime */
 
+int dl_policy_reconfigure(dl_policy *p, const dl_policy_cfg *cfg)
+{
+    char why[256];
+    DL_TRY(dl_policy_cfg_check(cfg, why, sizeof why));
+    if (cfg->kind != p->cfg.kind)
+        return dl_err(DL_EINVAL, "merge policy kind cannot change at runtime (%s -> %s)", dl_policy_kind_name(p->cfg.kind),
+                      dl_policy_kind_name(cfg->kind));
+    if (cfg->max_learners != p->cfg.max_learners)
+        return dl_err(DL_EINVAL, "max_learners cannot change at runtime (%d -> %d)", p->cfg.max_learners,
+                      cfg->max_learners);
+    /* every decision reads p->cfg afresh, so the new values apply from the
+     * next push, poll or deadline on; open rounds keep their pooled pushes */
+    p->cfg = *cfg;
+    return 0;
+}
+
+const dl_policy_cfg *dl_policy_get_cfg(const dl_policy *p) { return &p->cfg; }
+
 int dl_policy_open(const dl_policy_cfg *cfg, int num_fragments, dl_policy **out)
 {
     char why[200];

@@ -217,6 +217,13 @@ double dl_policy_weight(const dl_policy_cfg *cfg, int64_t steps, int64_t tokens,
  * All fragments start at version 0. */
 int dl_policy_open(const dl_policy_cfg *cfg, int num_fragments, dl_policy **out);
 void dl_policy_close(dl_policy **p);
+/* Runtime reload (SIGHUP): replace the hyper-parameters that can safely
+ * change (quorum, grace cap, gamma, mad_k, max_staleness, staleness function
+ * and its parameters). DL_EINVAL (running values untouched) if cfg fails
+ * dl_policy_cfg_check or changes kind or max_learners. */
+int dl_policy_reconfigure(dl_policy *p, const dl_policy_cfg *cfg);
+const dl_policy_cfg *dl_policy_get_cfg(const dl_policy *p);
+
 /* Resume: set a fragment's committed version (only while it has no pooled or
  * in-flight round). */
 void dl_policy_set_version(dl_policy *p, int fragment, uint64_t version);

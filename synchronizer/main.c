@@ -1,0 +1,200 @@
+/* dloco-sync: the synchronizer process. Config table -> dl_sync -> loop until
+ * SIGINT/SIGTERM -> summary. */
+#include "core/config.h"
+#include "core/err.h"
+#include "core/log.h"
+#include "storage/store.h"
+#include "synchronizer/sync.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+    char bind[DL_CFG_STRLEN], store[DL_CFG_STRLEN], run_id[DL_CFG_STRLEN];
+    int64_t n_layer, n_head, n_embd, seq_len, vocab;
+    int64_t fragments, H, seed;
+    char policy[DL_CFG_STRLEN];
+    int64_t quorum, grace_cap_ms, max_staleness, max_learners;
+    double gamma, mad_k;
+    char staleness[DL_CFG_STRLEN];
+    double staleness_a, staleness_b;
+    char merge[DL_CFG_STRLEN];
+    double outer_lr, outer_momentum, clip_norm;
+    int64_t heartbeat_ms, liveness, rebase_ms, sync_every_ms, status_every_ms, max_msg_mb;
+    char durability[DL_CFG_STRLEN], log_level[DL_CFG_STRLEN];
+} sync_cfg;
+
+#define F(x) offsetof(sync_cfg, x)
+static const dl_cfg_entry table[] = {
+    {"bind", DL_CFG_STR, F(bind), 0, 0, "tcp://127.0.0.1:5555", NULL, 0, "ZeroMQ endpoint to bind"},
+    {"store", DL_CFG_STR, F(store), 0, 0, "runs/sync.lmdb", NULL, 0, "LMDB store directory (created if missing)"},
+    {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id; learners must use the same"},
+    {"n_layer", DL_CFG_INT, F(n_layer), 1, 256, "4", NULL, 0, "model: transformer blocks"},
+    {"n_head", DL_CFG_INT, F(n_head), 1, 256, "4", NULL, 0, "model: attention heads"},
+    {"n_embd", DL_CFG_INT, F(n_embd), 8, 16384, "128", NULL, 0, "model: channels"},
+    {"seq_len", DL_CFG_INT, F(seq_len), 2, 65536, "128", NULL, 0, "model: context length"},
+    {"vocab", DL_CFG_INT, F(vocab), 2, 16777216, "256", NULL, 0, "model: vocabulary"},
+    {"fragments", DL_CFG_INT, F(fragments), 1, 4096, "4", NULL, 0, "P: parameter fragments"},
+    {"H", DL_CFG_INT, F(H), 1, 1000000, "24", NULL, 0, "inner steps between two pushes of one fragment"},
+    {"seed", DL_CFG_INT, F(seed), 0, 9.2e18, "1337", NULL, 0, "init seed of a new run's global model"},
+    {"policy", DL_CFG_ENUM, F(policy), 0, 0, "decoupled", "decoupled|sync|sync-elastic", 0, "merge policy"},
+    {"quorum", DL_CFG_INT, F(quorum), 1, 65536, "1", NULL, 1, "K: learners before a round may close"},
+    {"grace_cap_ms", DL_CFG_INT, F(grace_cap_ms), 1, 86400000, "5000", NULL, 1, "grace window cap, ms"},
+    {"gamma", DL_CFG_FLOAT, F(gamma), 1e-6, 10, "0.5", NULL, 1, "grace cap as a fraction of the push period"},
+    {"mad_k", DL_CFG_FLOAT, F(mad_k), 0, 100, "3", NULL, 1, "arrival prediction margin, in MADs"},
+    {"max_staleness", DL_CFG_INT, F(max_staleness), 0, 1000000000, "8", NULL, 1, "drop pushes staler than this"},
+    {"staleness", DL_CFG_ENUM, F(staleness), 0, 0, "poly", "const|poly|hinge", 1, "staleness factor s()"},
+    {"staleness_a", DL_CFG_FLOAT, F(staleness_a), 0, 1e6, "0.5", NULL, 1, "s() parameter a"},
+    {"staleness_b", DL_CFG_FLOAT, F(staleness_b), 0, 1e9, "0", NULL, 1, "s() parameter b (hinge)"},
+    {"merge", DL_CFG_ENUM, F(merge), 0, 0, "rda", "rda|mean", 0, "merge rule for non-embedding tensors"},
+    {"outer_lr", DL_CFG_FLOAT, F(outer_lr), 0, 10, "0.7", NULL, 1, "outer Nesterov learning rate"},
+    {"outer_momentum", DL_CFG_FLOAT, F(outer_momentum), 0, 0.999, "0.9", NULL, 1, "outer Nesterov momentum"},
+    {"clip_norm", DL_CFG_FLOAT, F(clip_norm), 0, 1e9, "0", NULL, 1, "clip each pseudo-gradient's norm (0 = off)"},
+    {"heartbeat_ms", DL_CFG_INT, F(heartbeat_ms), 10, 600000, "500", NULL, 0, "heartbeat period, ms"},
+    {"liveness", DL_CFG_INT, F(liveness), 2, 1000, "6", NULL, 0, "missed heartbeats before a learner is dead"},
+    {"rebase_ms", DL_CFG_INT, F(rebase_ms), 1, 864000000, "60000", NULL, 0,
+     "a learner silent longer than this must fetch (rebase) before pushing again"},
+    {"durability", DL_CFG_ENUM, F(durability), 0, 0, "sync", "sync|periodic", 0,
+     "sync: fsync every merge commit; periodic: fsync every sync_every_ms"},
+    {"sync_every_ms", DL_CFG_INT, F(sync_every_ms), 10, 3600000, "1000", NULL, 0, "periodic durability interval"},
+    {"status_every_ms", DL_CFG_INT, F(status_every_ms), 0, 3600000, "10000", NULL, 0, "status line interval (0 = off)"},
+    {"max_msg_mb", DL_CFG_INT, F(max_msg_mb), 1, 65536, "2048", NULL, 0, "largest inbound message, MiB"},
+    {"log_level", DL_CFG_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error", 0, "log verbosity"},
+};
+#undef F
+#define NCFG (sizeof table / sizeof table[0])
+
+static int fail(const char *what, int rc)
+{
+    fprintf(stderr, "dloco-sync: %s: %s%s%s\n", what, dl_strerror(rc), dl_errmsg()[0] ? ": " : "", dl_errmsg());
+    return 2;
+}
+
+/* The reloadable part of a parsed config. */
+static int tunables_of(const sync_cfg *c, dl_sync_tunables *t)
+{
+    dl_policy_cfg_default(&t->policy);
+    DL_TRY(dl_policy_kind_parse(c->policy, &t->policy.kind));
+    DL_TRY(dl_policy_sfn_parse(c->staleness, &t->policy.sfn));
+    t->policy.quorum = (int)c->quorum;
+    t->policy.grace_cap_ns = c->grace_cap_ms * 1000000LL;
+    t->policy.gamma = c->gamma;
+    t->policy.mad_k = c->mad_k;
+    t->policy.max_staleness = c->max_staleness;
+    t->policy.sfn_a = c->staleness_a;
+    t->policy.sfn_b = c->staleness_b;
+    char why[256];
+    DL_TRY(dl_policy_cfg_check(&t->policy, why, sizeof why));
+    DL_TRY(dl_merge_rule_parse(c->merge, &t->merge.rule));
+    t->merge.outer_lr = (float)c->outer_lr;
+    t->merge.outer_momentum = (float)c->outer_momentum;
+    t->merge.clip_norm = c->clip_norm;
+    return 0;
+}
+
+/* Failure detection must be ordered: a heartbeat period is shorter than the
+ * eviction timeout (liveness periods), which is shorter than the grace
+ * window's cap (so a dead learner is evicted before a round gives up waiting
+ * for it), which is shorter than the rebase timeout. */
+static int check_timeouts(const sync_cfg *c)
+{
+    int64_t hb = c->heartbeat_ms, evict = c->heartbeat_ms * c->liveness;
+    if (!(hb < evict && evict < c->grace_cap_ms && c->grace_cap_ms < c->rebase_ms))
+        return dl_err(DL_EINVAL,
+                      "timeouts must be ordered heartbeat_ms < eviction (heartbeat_ms x liveness) < grace_cap_ms < "
+                      "rebase_ms, got %lld < %lld < %lld < %lld",
+                      (long long)hb, (long long)evict, (long long)c->grace_cap_ms, (long long)c->rebase_ms);
+    return 0;
+}
+
+static int saved_argc;
+static char **saved_argv;
+static sync_cfg running;
+
+static int reload(void *ctx, const dl_sync_tunables *cur, dl_sync_tunables *out)
+{
+    (void)ctx;
+    sync_cfg c;
+    int rc = dl_cfg_parse_args(table, NCFG, &c, saved_argc, saved_argv);
+    if (rc == 1) rc = dl_err(DL_EINVAL, "unexpected --help");
+    if (rc) return rc;
+    /* the grace cap may change, so the timeout order is checked again */
+    sync_cfg order = running;
+    order.grace_cap_ms = c.grace_cap_ms;
+    DL_TRY(check_timeouts(&order));
+    DL_TRY(tunables_of(&c, out));
+    out->merge.rule = cur->merge.rule; /* not reloadable */
+    for (size_t i = 0; i < NCFG; i++) {
+        if (table[i].reloadable) continue;
+        char a[DL_CFG_STRLEN + 32], b[DL_CFG_STRLEN + 32];
+        dl_cfg_format(&table[i], &running, a, sizeof a);
+        dl_cfg_format(&table[i], &c, b, sizeof b);
+        if (strcmp(a, b)) DL_WARN("reload: %s changed (%s -> %s) but needs a restart; ignored", table[i].name, a, b);
+    }
+    running = c;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    sync_cfg c;
+    int rc = dl_cfg_parse_args(table, NCFG, &c, argc, argv);
+    if (rc == 1) {
+        printf("usage: dloco-sync [--config FILE] [--name value ...]\n"
+               "SIGHUP re-reads --config FILE and applies the [reloadable] options; SIGINT/SIGTERM stop.\n");
+        dl_cfg_usage(table, NCFG, stdout);
+        return 0;
+    }
+    if (rc) return fail("bad configuration", rc);
+    dl_log_set_level(!strcmp(c.log_level, "debug") ? DL_LOG_DEBUG
+                     : !strcmp(c.log_level, "warn") ? DL_LOG_WARN
+                     : !strcmp(c.log_level, "error") ? DL_LOG_ERROR
+                                                     : DL_LOG_INFO);
+    dl_log_set_name("sync");
+    if (strlen(c.run_id) < 1 || strlen(c.run_id) > 64)
+        return fail("bad configuration", dl_err(DL_EINVAL, "run_id must be 1..64 characters"));
+    if ((rc = check_timeouts(&c))) return fail("bad configuration", rc);
+
+    dl_sync_cfg sc;
+    memset(&sc, 0, sizeof sc);
+    snprintf(sc.bind, sizeof sc.bind, "%s", c.bind);
+    snprintf(sc.store, sizeof sc.store, "%s", c.store);
+    snprintf(sc.run_id, sizeof sc.run_id, "%s", c.run_id);
+    sc.model = (dl_gpt_config){.n_layer = (int)c.n_layer, .n_head = (int)c.n_head, .n_embd = (int)c.n_embd,
+                               .seq_len = (int)c.seq_len, .vocab = (int)c.vocab};
+    if ((rc = dl_gpt_config_check(&sc.model))) return fail("model config", rc);
+    sc.P = (int)c.fragments;
+    sc.H = (int)c.H;
+    sc.seed = (uint64_t)c.seed;
+    dl_sync_tunables t;
+    if ((rc = tunables_of(&c, &t))) return fail("bad configuration", rc);
+    sc.policy = t.policy;
+    sc.merge = t.merge;
+    sc.heartbeat_ms = (int)c.heartbeat_ms;
+    sc.liveness = (int)c.liveness;
+    sc.rebase_ms = (int)c.rebase_ms;
+    sc.durability = !strcmp(c.durability, "sync") ? DL_STORE_SYNC : DL_STORE_PERIODIC;
+    sc.sync_every_ms = (int)c.sync_every_ms;
+    sc.status_every_ms = (int)c.status_every_ms;
+    sc.max_msg_bytes = (uint64_t)c.max_msg_mb << 20;
+    {
+        FILE *m = fmemopen(sc.config_text, sizeof sc.config_text - 1, "w");
+        if (m) {
+            dl_cfg_print(table, NCFG, &c, m);
+            fclose(m);
+        }
+    }
+    dl_sync *s = NULL;
+    if ((rc = dl_sync_open(&sc, &s))) return fail("cannot start", rc);
+    saved_argc = argc;
+    saved_argv = argv;
+    running = c;
+    dl_sync_set_reload(s, reload, NULL);
+    printf("dloco-sync: listening on %s\n", dl_sync_endpoint(s));
+    fflush(stdout);
+    dl_sync_run(s);
+    dl_sync_summary(s, stdout);
+    dl_sync_close(&s);
+    return 0;
+}

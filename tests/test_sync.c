@@ -1,0 +1,350 @@
+/* dloco-sync as a black box: a real synchronizer process and a raw DEALER
+ * speaking the wire protocol. Checks every answer the protocol promises,
+ * including the error each bad message gets, the numbers of one merge
+ * (outer Nesterov on the pushed delta), drop-stale + rebase, and the LMDB
+ * record the merge leaves behind. */
+#include "core/clock.h"
+#include "core/err.h"
+#include "core/plan.h"
+#include "learner/gpt.h"
+#include "proto/wire.h"
+#include "storage/store.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int failures;
+#define CHECK(cond, ...)                                                                                          \
+    do {                                                                                                          \
+        if (!(cond)) {                                                                                            \
+            failures++;                                                                                           \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                           \
+            printf(__VA_ARGS__);                                                                                  \
+            printf("\n");                                                                                         \
+        }                                                                                                         \
+    } while (0)
+
+static const dl_gpt_config MODEL = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab = 256};
+enum { P = 2 };
+static char dir[256], endpoint[256];
+static pid_t sync_pid;
+static void *ctx;
+static dl_plan *plan;
+static uint64_t fingerprint, epoch;
+
+static void start_sync(void)
+{
+    char logp[300];
+    snprintf(logp, sizeof logp, "%s/sync.log", dir);
+    sync_pid = fork();
+    if (sync_pid == 0) {
+        FILE *f = freopen(logp, "w", stdout);
+        (void)f;
+        dup2(1, 2);
+        const char *bin = getenv("DLOCO_BIN");
+        char exe[512], store[300];
+        snprintf(exe, sizeof exe, "%s/synchronizer/dloco-sync", bin ? bin : "build");
+        snprintf(store, sizeof store, "%s/store", dir);
+        execl(exe, exe, "--store", store, "--bind", "tcp://127.0.0.1:0", "--n_layer", "1", "--n_head", "2",
+              "--n_embd", "16", "--seq_len", "8", "--vocab", "256", "--fragments", "2", "--H", "4",
+              "--heartbeat_ms", "100", "--max_staleness", "1", "--staleness", "const", "--status_every_ms", "0",
+              "--outer_lr", "0.7", "--outer_momentum", "0.9", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 100 && !endpoint[0]; i++) {
+        usleep(100000);
+        FILE *f = fopen(logp, "r");
+        char line[512];
+        while (f && fgets(line, sizeof line, f))
+            if (!strncmp(line, "dloco-sync: listening on ", 25)) {
+                snprintf(endpoint, sizeof endpoint, "%.200s", line + 25);
+                endpoint[strcspn(endpoint, "\n")] = 0;
+            }
+        if (f) fclose(f);
+    }
+}
+
+static void *dealer(const char *id)
+{
+    void *d = zmq_socket(ctx, ZMQ_DEALER);
+    dl_wire_sock_setup(d, 0, 64 << 20);
+    zmq_setsockopt(d, ZMQ_ROUTING_ID, id, strlen(id));
+    zmq_connect(d, endpoint);
+    return d;
+}
+
+/* next message that is not a heartbeat, within 5 s */
+static int recv_msg(void *d, dl_wire_msg *m)
+{
+    zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+    int64_t deadline = dl_clock_ns() + 5000000000LL;
+    while (dl_clock_ns() < deadline) {
+        if (zmq_poll(&it, 1, 200) <= 0) continue;
+        int rc = dl_wire_recv(d, 0, NULL, m, ZMQ_DONTWAIT);
+        if (rc == 0 && m->env->body_case == DLOCO__V1__ENVELOPE__BODY_HEARTBEAT) {
+            dl_wire_msg_close(m);
+            continue;
+        }
+        return rc;
+    }
+    return DL_ETIMEDOUT;
+}
+
+static void send_hello(void *d, const char *id, const char *run, uint64_t fp)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Hello h;
+    dloco__v1__hello__init(&h);
+    h.fingerprint = fp;
+    h.n_layer = 1; h.n_head = 2; h.n_embd = 16; h.seq_len = 8; h.vocab = 256;
+    h.num_fragments = P;
+    h.device = "test";
+    dl_wire_env_init(&env, run, 0, id);
+    dl_wire_set_hello(&env, &h);
+    CHECK(dl_wire_send(d, NULL, 0, &env, NULL, NULL, 0, 0) == 0, "send hello");
+}
+
+static void send_push(void *d, const char *id, int p, uint64_t base, const float *delta, size_t n)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Push ph;
+    dloco__v1__push__init(&ph);
+    ph.fragment = (uint32_t)p;
+    ph.base_version = base;
+    ph.steps = 4;
+    ph.tokens = 64;
+    ph.codec = DLOCO__V1__CODEC__CODEC_FP32;
+    ph.numel = n;
+    ph.checksum = dl_wire_checksum(delta, n * 4);
+    ph.loss = 3.0;
+    dl_wire_env_init(&env, "dloco", epoch, id);
+    dl_wire_set_push(&env, &ph);
+    const void *pl[1] = {delta};
+    size_t lens[1] = {n * 4};
+    CHECK(dl_wire_send(d, NULL, 0, &env, pl, lens, 1, 0) == 0, "send push");
+}
+
+static void expect_error(void *d, const char *what, int code, int fatal, const char *needle)
+{
+    dl_wire_msg m;
+    int rc = recv_msg(d, &m);
+    int ok = rc == 0 && m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR && m.env->error->code == code &&
+             m.env->error->fatal == fatal && strstr(m.env->error->message, needle);
+    printf("%-28s -> %s\n", what, rc == 0 && m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR ? m.env->error->message : "(no error)");
+    CHECK(ok, "%s: expected %s error %d containing '%s'", what, fatal ? "fatal" : "non-fatal", code, needle);
+    dl_wire_msg_close(&m);
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/dloco_test_sync_%d", (int)getpid());
+    mkdir(dir, 0755);
+    start_sync();
+    if (!endpoint[0]) {
+        printf("FAIL: dloco-sync did not start\n");
+        return 1;
+    }
+    ctx = zmq_ctx_new();
+    dl_gpt_config m = MODEL;
+    dl_gpt_config_check(&m);
+    dl_gpt_plan_open(&m, P, &plan);
+    fingerprint = dl_gpt_fingerprint(&m, plan);
+
+    /* bad hellos and messages before hello */
+    void *d = dealer("bad-1");
+    send_hello(d, "bad-1", "other-run", fingerprint);
+    expect_error(d, "hello with another run id", DL_EMISMATCH, 1, "run id 'other-run'");
+    send_hello(d, "bad-1", "dloco", fingerprint ^ 1);
+    expect_error(d, "hello with another model", DL_EMISMATCH, 1, "fingerprint");
+    float z[4] = {0};
+    {
+        size_t nz = dl_plan_fragment_numel(plan, 0);
+        float *zz = calloc(nz, 4);
+        send_push(d, "bad-1", 0, 0, zz, nz);
+        expect_error(d, "push before hello", DL_ENOTFOUND, 0, "send hello");
+        free(zz);
+    }
+    send_hello(d, "someone-else", "dloco", fingerprint);
+    expect_error(d, "learner_id != routing id", DL_EPROTO, 1, "differs from the connection's routing id");
+    zmq_send(d, "garbage", 7, 0);
+    expect_error(d, "undecodable header", DL_EPROTO, 0, "undecodable");
+    zmq_close(d);
+
+    /* a good session */
+    d = dealer("good-1");
+    send_hello(d, "good-1", "dloco", fingerprint);
+    dl_wire_msg w;
+    CHECK(recv_msg(d, &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "welcome");
+    if (w.env && w.env->welcome) {
+        epoch = w.env->epoch;
+        CHECK(w.env->welcome->must_fetch && w.env->welcome->h == 4 && w.env->welcome->heartbeat_ms == 100 &&
+                  w.env->welcome->n_fragment_versions == P && w.env->welcome->fragment_versions[0] == 0,
+              "welcome fields");
+        printf("welcome: epoch %llu, H %u, heartbeat %u ms, must_fetch %d\n", (unsigned long long)epoch,
+               w.env->welcome->h, w.env->welcome->heartbeat_ms, w.env->welcome->must_fetch);
+    }
+    dl_wire_msg_close(&w);
+    send_push(d, "good-1", 0, 0, z, 4);
+
+    /* fetch: the global model equals the seeded init */
+    size_t total = dl_plan_total_numel(plan);
+    float *init = malloc(total * 4), *frag = malloc(total * 4);
+    dl_gpt_init_params(&m, 1337, init);
+    {
+        expect_error(d, "push with a wrong numel", DL_EPROTO, 0, "numel");
+        Dloco__V1__Envelope env;
+        Dloco__V1__Fetch f;
+        dloco__v1__fetch__init(&f);
+        dl_wire_env_init(&env, "dloco", epoch, "good-1");
+        dl_wire_set_fetch(&env, &f);
+        dl_wire_send(d, NULL, 0, &env, NULL, NULL, 0, 0);
+        for (int i = 0; i < P; i++) {
+            dl_wire_msg u;
+            int rc = recv_msg(d, &u);
+            CHECK(rc == 0 && u.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE, "fetch update %d", i);
+            if (rc == 0 && u.env->update) {
+                int p = (int)u.env->update->fragment;
+                size_t n = dl_plan_fragment_numel(plan, p);
+                dl_plan_gather(plan, p, init, frag);
+                CHECK(u.env->update->version == 0 && u.env->update->numel == n &&
+                          !memcmp(dl_wire_msg_payload(&u, 0), frag, n * 4),
+                      "fragment %d is the seeded init at version 0", p);
+            }
+            dl_wire_msg_close(&u);
+        }
+    }
+
+    /* one push -> pending, then merged: global = init - 0.7*(1 + 0.9)*delta */
+    size_t n0 = dl_plan_fragment_numel(plan, 0);
+    float *delta = malloc(n0 * 4);
+    for (size_t i = 0; i < n0; i++) delta[i] = 0.01f * (float)((i % 7) + 1);
+    send_push(d, "good-1", 0, 0, delta, n0);
+    int got_pending = 0, got_accepted = 0, got_update = 0;
+    for (int k = 0; k < 3; k++) {
+        dl_wire_msg r;
+        if (recv_msg(d, &r) != 0) break;
+        if (r.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK) {
+            if (r.env->ack->decision == DLOCO__V1__DECISION__DECISION_MERGED_PENDING) got_pending = 1;
+            if (r.env->ack->decision == DLOCO__V1__DECISION__DECISION_ACCEPTED && r.env->ack->merged_version == 1)
+                got_accepted = 1;
+        } else if (r.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE) {
+            got_update = r.env->update->version == 1;
+            dl_plan_gather(plan, 0, init, frag);
+            double worst = 0;
+            const float *g = dl_wire_msg_payload(&r, 0);
+            for (size_t i = 0; i < n0; i++) {
+                float gi;
+                memcpy(&gi, g + i, 4);
+                double want = (double)frag[i] - 0.7 * 1.9 * delta[i];
+                worst = fmax(worst, fabs(gi - want));
+            }
+            printf("merge of one push: max |global - (init - 0.7*1.9*delta)| = %.2e\n", worst);
+            CHECK(worst < 1e-6, "merged global fragment off by %.3e", worst);
+        }
+        dl_wire_msg_close(&r);
+    }
+    CHECK(got_pending && got_accepted && got_update, "pending %d accepted %d update v1 %d", got_pending, got_accepted,
+          got_update);
+
+    /* non-finite payload -> rejected */
+    delta[3] = NAN;
+    send_push(d, "good-1", 0, 1, delta, n0);
+    {
+        dl_wire_msg r;
+        int rc = recv_msg(d, &r);
+        CHECK(rc == 0 && r.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK &&
+                  r.env->ack->decision == DLOCO__V1__DECISION__DECISION_REJECTED && strstr(r.env->ack->reason, "non-finite"),
+              "NaN push rejected");
+        if (rc == 0 && r.env->ack) printf("push with a NaN            -> rejected: %s\n", r.env->ack->reason);
+        dl_wire_msg_close(&r);
+    }
+    delta[3] = 0.01f;
+
+    /* make fragment 0 reach version 3, then a push on base 0 is 3 > max 1 stale */
+    for (uint64_t v = 1; v < 3; v++) {
+        send_push(d, "good-1", 0, v, delta, n0);
+        for (int k = 0; k < 3; k++) {
+            dl_wire_msg r;
+            if (recv_msg(d, &r) != 0) break;
+            dl_wire_msg_close(&r);
+        }
+    }
+    send_push(d, "good-1", 0, 0, delta, n0);
+    {
+        int dropped = 0, rebase_update = 0;
+        for (int k = 0; k < 2; k++) {
+            dl_wire_msg r;
+            if (recv_msg(d, &r) != 0) break;
+            if (r.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK &&
+                r.env->ack->decision == DLOCO__V1__DECISION__DECISION_DROPPED_STALE && r.env->ack->rebase) {
+                dropped = 1;
+                printf("push 3 versions stale      -> dropped: %s (rebase)\n", r.env->ack->reason);
+            }
+            if (r.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE && r.env->update->version == 3) rebase_update = 1;
+            dl_wire_msg_close(&r);
+        }
+        CHECK(dropped && rebase_update, "stale push: dropped %d, rebase update to v3 %d", dropped, rebase_update);
+    }
+
+    /* bye, then the learner is unknown */
+    {
+        Dloco__V1__Envelope env;
+        Dloco__V1__Bye b;
+        dloco__v1__bye__init(&b);
+        b.reason = "done";
+        dl_wire_env_init(&env, "dloco", epoch, "good-1");
+        dl_wire_set_bye(&env, &b);
+        dl_wire_send(d, NULL, 0, &env, NULL, NULL, 0, 0);
+        send_push(d, "good-1", 1, 0, delta, dl_plan_fragment_numel(plan, 1));
+        expect_error(d, "push after bye", DL_ENOTFOUND, 0, "send hello");
+    }
+    zmq_close(d);
+
+    kill(sync_pid, SIGTERM);
+    int status = 0;
+    waitpid(sync_pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "dloco-sync exits 0 on SIGTERM");
+
+    /* the store: 3 merge records of fragment 0, the last also records the dropped push */
+    char store[300];
+    snprintf(store, sizeof store, "%s/store", dir);
+    CHECK(dl_store_check(store, NULL) == 0, "store check: %s", dl_errmsg());
+    dl_store_opts so = dl_store_opts_default();
+    so.read_only = 1;
+    dl_store *st = NULL;
+    if (dl_store_open(store, &so, &st) == 0) {
+        uint64_t v = 0;
+        dl_store_read_fragment(st, 0, &v, NULL, NULL);
+        CHECK(v == 3, "fragment 0 at version 3, got %llu", (unsigned long long)v);
+        dl_merge_record rec;
+        if (dl_store_get_merge(st, 0, 1, &rec) == 0) {
+            CHECK(rec.n_contrib == 1 && !strcmp(rec.contrib[0].learner_id, "good-1") && rec.contrib[0].tokens == 64 &&
+                      fabs(rec.contrib[0].weight - 1.0) < 1e-12 && rec.contrib[0].decision == DL_MERGE_MERGED,
+                  "merge record 1");
+            dl_merge_record_free(&rec);
+        }
+        dl_store_ledger led;
+        dl_store_ledger_get(st, &led);
+        printf("ledger: applied %llu rejected %llu\n", (unsigned long long)led.tokens[DL_LEDGER_APPLIED],
+               (unsigned long long)led.tokens[DL_LEDGER_REJECTED]);
+        CHECK(led.tokens[DL_LEDGER_APPLIED] == 3 * 64, "applied tokens");
+        CHECK(led.tokens[DL_LEDGER_REJECTED] == 64, "rejected tokens (the NaN push)");
+        dl_store_close(&st);
+    }
+    free(init);
+    free(frag);
+    free(delta);
+    dl_plan_close(&plan);
+    zmq_ctx_term(ctx);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("note: could not remove %s\n", dir);
+    printf("%s\n", failures ? "test_sync: FAILED" : "test_sync: all checks passed");
+    return failures ? 1 : 0;
+}

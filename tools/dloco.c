@@ -1,0 +1,224 @@
+/* dloco: the operator command. check (offline store verification), status
+ * (versions, merges, ledger, learners), eval (validation loss of the global
+ * model in a store). Read-only: safe while a synchronizer runs. */
+#include "core/config.h"
+#include "core/err.h"
+#include "core/log.h"
+#include "core/plan.h"
+#include "learner/data.h"
+#include "learner/gpt.h"
+#include "storage/store.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail(const char *what, int rc)
+{
+    fprintf(stderr, "dloco: %s: %s%s%s\n", what, dl_strerror(rc), dl_errmsg()[0] ? ": " : "", dl_errmsg());
+    return 2;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dloco COMMAND STORE [options]\n"
+               "  check  STORE                 verify a store offline (exit 1 on the first violation)\n"
+               "  status STORE                 run, epoch, fragment versions, merges, token ledger, learners\n"
+               "  eval   STORE [--data PATH] [--batch B] [--val_batches N] [--val_frac F]\n"
+               "                               validation loss of the store's global model\n");
+}
+
+/* the model config recorded in the store's run config text ("name = value") */
+static int model_from_store(const dl_store_run *run, dl_gpt_config *m, int *P)
+{
+    memset(m, 0, sizeof *m);
+    *P = (int)run->n_fragments;
+    if (!run->config_text) return dl_err(DL_EFORMAT, "the store has no run config text");
+    const char *keys[] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab"};
+    int *vals[] = {&m->n_layer, &m->n_head, &m->n_embd, &m->seq_len, &m->vocab};
+    for (int i = 0; i < 5; i++) {
+        char pat[40];
+        snprintf(pat, sizeof pat, "\n%s = ", keys[i]);
+        const char *at = strstr(run->config_text, pat);
+        if (!at && !strncmp(run->config_text, pat + 1, strlen(pat + 1))) at = run->config_text - 1;
+        if (!at) return dl_err(DL_EFORMAT, "the store's run config has no %s", keys[i]);
+        *vals[i] = atoi(at + strlen(pat));
+    }
+    return dl_gpt_config_check(m);
+}
+
+typedef struct {
+    uint64_t records, contribs, merged, dropped, rejected;
+    double stale_sum;
+} merge_stats;
+
+static int count_merge(const dl_merge_record *r, void *ctx)
+{
+    merge_stats *ms = ctx;
+    ms->records++;
+    for (uint32_t i = 0; i < r->n_contrib; i++) {
+        ms->contribs++;
+        if (r->contrib[i].decision == DL_MERGE_MERGED) {
+            ms->merged++;
+            ms->stale_sum += (double)r->contrib[i].staleness;
+        } else if (r->contrib[i].decision == DL_MERGE_DROPPED_STALE) {
+            ms->dropped++;
+        } else {
+            ms->rejected++;
+        }
+    }
+    return 0;
+}
+
+static int print_learner(const dl_store_learner *l, void *ctx)
+{
+    (void)ctx;
+    printf("learner %s: pushes %llu merged %llu dropped %llu tokens_applied %llu bytes_in %llu bytes_out %llu\n", l->id,
+           (unsigned long long)l->pushes, (unsigned long long)l->merged, (unsigned long long)l->dropped,
+           (unsigned long long)l->tokens_applied, (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out);
+    return 0;
+}
+
+static int cmd_status(const char *dir)
+{
+    dl_store_opts o = dl_store_opts_default();
+    o.read_only = 1;
+    dl_store *s = NULL;
+    int rc = dl_store_open(dir, &o, &s);
+    if (rc) return fail("opening the store", rc);
+    dl_store_run run;
+    if ((rc = dl_store_get_run(s, &run))) {
+        dl_store_close(&s);
+        return fail("reading the run", rc);
+    }
+    uint64_t epoch = 0;
+    dl_store_get_epoch(s, &epoch);
+    printf("run %s: fingerprint %016llx, %u fragments, epoch %llu\n", run.run_id, (unsigned long long)run.fingerprint,
+           run.n_fragments, (unsigned long long)epoch);
+    merge_stats ms = {0};
+    printf("versions:");
+    for (uint32_t p = 0; p < run.n_fragments; p++) {
+        uint64_t v = 0;
+        dl_store_read_fragment(s, p, &v, NULL, NULL);
+        printf(" %llu", (unsigned long long)v);
+        dl_store_foreach_merge(s, p, 1, count_merge, &ms);
+    }
+    printf("\nmerges %llu: %llu contributions merged (mean staleness %.3f), %llu dropped stale, %llu rejected\n",
+           (unsigned long long)ms.records, (unsigned long long)ms.merged, ms.merged ? ms.stale_sum / (double)ms.merged : 0.0,
+           (unsigned long long)ms.dropped, (unsigned long long)ms.rejected);
+    dl_store_ledger led;
+    if (!dl_store_ledger_get(s, &led))
+        printf("token ledger: applied %llu, dropped_stale %llu, rejected %llu, lost %llu\n",
+               (unsigned long long)led.tokens[DL_LEDGER_APPLIED], (unsigned long long)led.tokens[DL_LEDGER_DROPPED_STALE],
+               (unsigned long long)led.tokens[DL_LEDGER_REJECTED], (unsigned long long)led.tokens[DL_LEDGER_LOST]);
+    dl_store_foreach_learner(s, print_learner, NULL);
+    dl_store_close(&s);
+    return 0;
+}
+
+typedef struct {
+    char data[DL_CFG_STRLEN];
+    int64_t batch, val_batches;
+    double val_frac;
+} eval_cfg;
+
+#define F(x) offsetof(eval_cfg, x)
+static const dl_cfg_entry eval_table[] = {
+    {"data", DL_CFG_STR, F(data), 0, 0, "/usr/share/games/fortunes", NULL, 0, "data the run trained on"},
+    {"batch", DL_CFG_INT, F(batch), 1, 4096, "16", NULL, 0, "sequences per evaluation batch"},
+    {"val_batches", DL_CFG_INT, F(val_batches), 1, 100000, "16", NULL, 0, "evaluation batches"},
+    {"val_frac", DL_CFG_FLOAT, F(val_frac), 0.0, 0.5, "0.05", NULL, 0, "validation fraction the learners used"},
+};
+#undef F
+
+static int cmd_eval(const char *dir, int argc, char **argv)
+{
+    eval_cfg ec;
+    int rc = dl_cfg_parse_args(eval_table, sizeof eval_table / sizeof eval_table[0], &ec, argc, argv);
+    if (rc == 1) {
+        dl_cfg_usage(eval_table, sizeof eval_table / sizeof eval_table[0], stdout);
+        return 0;
+    }
+    if (rc) return fail("bad option", rc);
+    dl_store_opts o = dl_store_opts_default();
+    o.read_only = 1;
+    dl_store *s = NULL;
+    if ((rc = dl_store_open(dir, &o, &s))) return fail("opening the store", rc);
+    dl_store_run run;
+    dl_gpt_config m;
+    int P;
+    dl_plan *plan = NULL;
+    dl_gpt *g = NULL;
+    dl_data *d = NULL;
+    if ((rc = dl_store_get_run(s, &run)) || (rc = model_from_store(&run, &m, &P)) ||
+        (rc = dl_gpt_plan_open(&m, P, &plan))) {
+        dl_store_close(&s);
+        return fail("reading the run", rc);
+    }
+    if (dl_gpt_fingerprint(&m, plan) != run.fingerprint) {
+        dl_store_close(&s);
+        return fail("reading the run", dl_err(DL_EMISMATCH, "model config in the store does not match its fingerprint"));
+    }
+    if ((rc = dl_gpt_open(&m, (int)ec.batch, &g))) goto out;
+    float *params = dl_gpt_params(g);
+    float *buf = dl_xmalloc(dl_plan_max_fragment_numel(plan) * sizeof(float));
+    uint64_t vsum = 0;
+    for (int p = 0; p < P && !rc; p++) {
+        uint64_t v;
+        rc = dl_store_read_fragment(s, (uint32_t)p, &v, buf, NULL);
+        if (!rc) dl_plan_scatter(plan, p, buf, params);
+        vsum += v;
+    }
+    free(buf);
+    if (rc) goto out;
+    dl_data_opts dop = {.path = ec.data, .format = "auto", .seq_len = m.seq_len, .vocab = m.vocab,
+                        .val_frac = ec.val_frac, .seed = 0};
+    if ((rc = dl_data_open(&dop, &d))) goto out;
+    int B = (int)ec.batch, T = m.seq_len;
+    int32_t *inp = dl_xmalloc(sizeof(int32_t) * B * T), *tgt = dl_xmalloc(sizeof(int32_t) * B * T);
+    double sum = 0;
+    for (int i = 0; i < ec.val_batches; i++) {
+        dl_data_val_batch(d, (uint64_t)i, B, inp, tgt);
+        sum += dl_gpt_forward(g, inp, tgt, B, T);
+    }
+    free(inp);
+    free(tgt);
+    printf("global model: run %s, %d fragments at total version %llu, val loss %.4f (%lld batches of %d x %d)\n",
+           run.run_id, P, (unsigned long long)vsum, sum / ec.val_batches, (long long)ec.val_batches, B, T);
+out:
+    dl_data_close(&d);
+    dl_gpt_close(&g);
+    dl_plan_close(&plan);
+    dl_store_close(&s);
+    return rc ? fail("eval", rc) : 0;
+}
+
+int main(int argc, char **argv)
+{
+    dl_log_set_level(DL_LOG_WARN);
+    dl_log_set_name("dloco");
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (argc < 3) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1], *dir = argv[2];
+    if (!strcmp(cmd, "check")) {
+        int rc = dl_store_check(dir, stdout);
+        if (rc) {
+            fprintf(stderr, "dloco check: %s: %s\n", dl_strerror(rc), dl_errmsg());
+            return 1;
+        }
+        return 0;
+    }
+    if (!strcmp(cmd, "status")) return cmd_status(dir);
+    if (!strcmp(cmd, "eval")) return cmd_eval(dir, argc - 2, argv + 2);
+    fprintf(stderr, "dloco: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
