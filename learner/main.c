@@ -1,9 +1,12 @@
-/* dloco-learner: trains the GPT. Today: --standalone (one learner, no
- * synchronizer) with progress lines, evaluation, checkpoints and a summary. */
+/* dloco-learner: trains the GPT, either networked (default: pushes fragment
+ * pseudo-gradients to dloco-sync, docs/PROTOCOL.md) or --standalone (one learner, no synchronizer). */
 #include "core/clock.h"
 #include "core/config.h"
 #include "core/err.h"
 #include "core/log.h"
+#include "core/plan.h"
+#include "learner/comms.h"
+#include "learner/node.h"
 #include "learner/train.h"
 
 #include <math.h>
@@ -12,6 +15,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     int standalone;
@@ -30,6 +34,17 @@ typedef struct {
     char loss_log[DL_CFG_STRLEN];
     int64_t threads;
     char log_level[DL_CFG_STRLEN];
+    /* networked mode */
+    char connect[DL_CFG_STRLEN];
+    char id[DL_CFG_STRLEN];
+    char run_id[DL_CFG_STRLEN];
+    int64_t fragments;
+    char adopt[DL_CFG_STRLEN];
+    double alpha;
+    int64_t data_shard, data_shards;
+    int64_t flush_timeout_ms, connect_timeout_ms;
+    char log_acks[DL_CFG_STRLEN];
+    int local_eval;
 } learner_cfg;
 
 #define F(x) offsetof(learner_cfg, x)
@@ -66,6 +81,24 @@ static const dl_cfg_entry learner_table[] = {
     {"loss_log", DL_CFG_STR, F(loss_log), 0, 0, "", NULL, 0, "append 'step train_loss' with exact hex floats to this file"},
     {"threads", DL_CFG_INT, F(threads), 0, 1024, "0", NULL, 0, "CPU threads (0 = OMP_NUM_THREADS or all cores)"},
     {"log_level", DL_CFG_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error", 0, "log verbosity"},
+    {"connect", DL_CFG_STR, F(connect), 0, 0, "tcp://127.0.0.1:5555", NULL, 0, "synchronizer endpoint (networked mode)"},
+    {"id", DL_CFG_STR, F(id), 0, 0, "", NULL, 0, "learner id [A-Za-z0-9._-]{1,64}; empty = learner-<pid>"},
+    {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id, must match the synchronizer's"},
+    {"fragments", DL_CFG_INT, F(fragments), 1, 4096, "4", NULL, 0,
+     "P: parameter fragments (must match the synchronizer: part of the fingerprint)"},
+    {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, "overwrite", "overwrite|mix|keep", 0,
+     "how a new global fragment is adopted: overwrite, mix alpha*local+(1-alpha)*global, keep progress since the push"},
+    {"alpha", DL_CFG_FLOAT, F(alpha), 0.0, 1.0, "0.5", NULL, 0, "adopt=mix: weight of the local parameters"},
+    {"data_shard", DL_CFG_INT, F(data_shard), 0, 1000000, "0", NULL, 0, "this learner's data shard (0-based)"},
+    {"data_shards", DL_CFG_INT, F(data_shards), 0, 1000000, "0", NULL, 0,
+     "training sequences are split into this many shards by index (0 or 1 = no split)"},
+    {"flush_timeout_ms", DL_CFG_INT, F(flush_timeout_ms), 0, 3600000, "10000", NULL, 0,
+     "at the end, wait this long for the answers to the final flush"},
+    {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 100, 86400000, "30000", NULL, 0,
+     "give up when Welcome and the initial fetch take longer than this"},
+    {"log_acks", DL_CFG_STR, F(log_acks), 0, 0, "", NULL, 0, "append one line per Ack / Update received to this file"},
+    {"local_eval", DL_CFG_BOOL, F(local_eval), 0, 0, "false", NULL, 0,
+     "networked mode: also evaluate the local model every val_every steps (the synchronizer evaluates the global one)"},
 };
 #undef F
 #define NCFG (sizeof learner_table / sizeof learner_table[0])
@@ -83,12 +116,15 @@ static int fail(const char *what, int rc)
     return 2;
 }
 
+static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, FILE *losslog);
+
 int main(int argc, char **argv)
 {
     learner_cfg cfg;
     int rc = dl_cfg_parse_args(learner_table, NCFG, &cfg, argc, argv);
     if (rc == 1) {
-        printf("usage: dloco-learner --standalone [--config FILE] [--name value ...]\n");
+        printf("usage: dloco-learner [--standalone] [--config FILE] [--name value ...]\n"
+               "networked by default: connects to dloco-sync at --connect; --standalone trains alone\n");
         dl_cfg_usage(learner_table, NCFG, stdout);
         return 0;
     }
@@ -99,9 +135,14 @@ int main(int argc, char **argv)
                                                        : DL_LOG_INFO);
     dl_log_set_name("learner");
     if (!cfg.standalone) {
-        fprintf(stderr, "dloco-learner: only --standalone training is available in this build "
-                        "(synchronizer mode is not built yet)\n");
-        return 2;
+        if (!cfg.id[0]) snprintf(cfg.id, sizeof cfg.id, "learner-%ld", (long)getpid());
+        if (!dl_comms_id_ok(cfg.id))
+            return fail("bad configuration", dl_err(DL_EINVAL, "option id: '%s' is not [A-Za-z0-9._-]{1,64}", cfg.id));
+        if (!cfg.run_id[0]) return fail("bad configuration", dl_err(DL_EINVAL, "option run_id is empty"));
+        if (cfg.resume[0] || cfg.stop_after)
+            return fail("bad configuration",
+                        dl_err(DL_EINVAL, "--resume and --stop_after are for --standalone runs (a networked learner "
+                                          "starts from the synchronizer's global model)"));
     }
     if (cfg.threads > 0) omp_set_num_threads((int)cfg.threads);
     if (cfg.warmup >= cfg.steps) cfg.warmup = cfg.steps / 10;
@@ -111,7 +152,9 @@ int main(int argc, char **argv)
                          .seq_len = (int)cfg.seq_len,
                          .vocab = cfg.vocab ? (int)cfg.vocab : 65536,
                          .val_frac = cfg.val_frac,
-                         .seed = (uint64_t)cfg.seed};
+                         .seed = (uint64_t)cfg.seed,
+                         .shard_index = (int)cfg.data_shard,
+                         .shard_count = (int)cfg.data_shards};
     dl_data *data = NULL;
     if ((rc = dl_data_open(&dopt, &data))) return fail("loading data", rc);
     int vocab = cfg.vocab ? (int)cfg.vocab : (!strcmp(dl_data_kind(data), "text") ? 256 : 50257);
@@ -140,6 +183,17 @@ int main(int argc, char **argv)
     }
     dl_trainer *tr = NULL;
     if ((rc = dl_trainer_open(&tc, data, &tr))) return fail("building the model", rc);
+    if (!cfg.standalone) {
+        FILE *ll = NULL;
+        if (cfg.loss_log[0] && !(ll = fopen(cfg.loss_log, "a"))) {
+            dl_trainer_close(&tr);
+            return fail("opening loss_log", dl_err(DL_EIO, "%s", cfg.loss_log));
+        }
+        rc = run_networked(&cfg, tr, &tc, ll);
+        if (ll) fclose(ll);
+        dl_trainer_close(&tr);
+        return rc;
+    }
     if (cfg.resume[0] && (rc = dl_trainer_resume(tr, cfg.resume))) {
         dl_trainer_close(&tr);
         return fail("resuming", rc);
@@ -230,4 +284,177 @@ int main(int argc, char **argv)
            (long long)done, wall, done ? (double)(done * tok_per_step) / wall : 0.0, last_train, val0, val, best);
     dl_trainer_close(&tr);
     return 0;
+}
+
+/* ---- networked mode: the training thread; the comms thread owns the socket */
+
+static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, FILE *losslog)
+{
+    dl_gpt *g = dl_trainer_model(tr);
+    const dl_gpt_config *mc = dl_gpt_cfg(g);
+    dl_plan *plan = NULL;
+    int rc = dl_gpt_plan_open(mc, (int)cfg->fragments, &plan);
+    if (rc) return fail("building the fragment plan (option fragments)", rc);
+    uint64_t fp = dl_gpt_fingerprint(mc, plan);
+    dl_comms_opts co = {
+        .endpoint = cfg->connect,
+        .learner_id = cfg->id,
+        .run_id = cfg->run_id,
+        .plan = plan,
+        .fingerprint = fp,
+        .n_layer = (uint32_t)mc->n_layer,
+        .n_head = (uint32_t)mc->n_head,
+        .n_embd = (uint32_t)mc->n_embd,
+        .seq_len = (uint32_t)mc->seq_len,
+        .vocab = (uint32_t)mc->vocab,
+        .device = "cpu",
+        .connect_timeout_ms = (int)cfg->connect_timeout_ms,
+        .log_acks = cfg->log_acks,
+    };
+    dl_comms *comms = NULL;
+    dl_node *node = NULL;
+    if ((rc = dl_comms_open(&co, &comms))) {
+        dl_plan_close(&plan);
+        return fail("setting up the connection", rc);
+    }
+    dl_node_opts no = {
+        .plan = plan,
+        .params = dl_gpt_params(g),
+        .adopt = !strcmp(cfg->adopt, "mix") ? DL_ADOPT_MIX : !strcmp(cfg->adopt, "keep") ? DL_ADOPT_KEEP
+                                                                                         : DL_ADOPT_OVERWRITE,
+        .alpha = (float)cfg->alpha,
+    };
+    if ((rc = dl_node_open(&no, comms, &node)) || (rc = dl_comms_start(comms))) {
+        int r = fail("connecting", rc);
+        dl_node_close(&node);
+        dl_comms_close(&comms);
+        dl_plan_close(&plan);
+        return r;
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+
+    int64_t tok_per_step = (int64_t)tc->batch * mc->seq_len;
+    printf("dloco-learner %s: GPT L=%d NH=%d C=%d T=%d V=%d, %zu parameters, B=%d, %d threads\n", cfg->id,
+           mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len, mc->vocab, dl_gpt_num_params(g), tc->batch,
+           omp_get_max_threads());
+    printf("synchronizer %s, run %s, P=%d fragments (imbalance %.3f), fingerprint %016llx, adopt %s\n",
+           cfg->connect, cfg->run_id, dl_plan_P(plan), dl_plan_imbalance(plan), (unsigned long long)fp, cfg->adopt);
+    fflush(stdout);
+
+    int exit_code = 0;
+    double t_run = dl_clock_s();
+    rc = dl_node_wait_ready(node, (int)cfg->connect_timeout_ms, &stop_requested);
+    int64_t step = 0;
+    double last_train = NAN;
+    int flush_left = 0;
+    if (rc == DL_EPROTO) {
+        fprintf(stderr, "dloco-learner: %s\n", dl_errmsg());
+        exit_code = 3;
+    } else if (rc == DL_EAGAIN) {
+        printf("stopped by signal before training\n");
+        dl_comms_bye(comms, "signal", 0);
+    } else if (rc) {
+        fail("joining the synchronizer", rc);
+        exit_code = 2;
+    } else {
+        printf("joined: holding all %d fragments of the global model, H=%u\n", dl_plan_P(plan), dl_comms_h(comms));
+        dl_comms_set_progress(comms, 0, 0, 0.0);
+        fflush(stdout);
+        double t_win = dl_clock_s(), train_sum = 0.0, sps = 0.0;
+        int64_t win_steps = 0;
+        while (step < cfg->steps && !stop_requested) {
+            float norm;
+            double loss = dl_trainer_step(tr, &norm);
+            step = dl_trainer_steps_done(tr);
+            if (!isfinite(loss)) {
+                fprintf(stderr, "dloco-learner: training loss became %f at step %lld; stopping (lower --lr?)\n", loss,
+                        (long long)step);
+                exit_code = 3;
+                break;
+            }
+            if (losslog) fprintf(losslog, "%lld %a\n", (long long)step, loss);
+            last_train = loss;
+            train_sum += loss;
+            win_steps++;
+            /* H comes from the (last) Welcome; a re-hello may change it. */
+            int H = (int)dl_comms_h(comms);
+            dl_node_after_step(node, step, H > 0 ? H : 1, (uint64_t)tok_per_step, loss);
+            dl_node_poll(node);
+            char msg[640];
+            int st = dl_comms_state(comms, msg, sizeof msg);
+            if (st == DL_COMMS_REFUSED) {
+                fprintf(stderr, "dloco-learner: %s\n", msg);
+                exit_code = 3;
+                break;
+            }
+            if (st == DL_COMMS_FAILED) {
+                fprintf(stderr, "dloco-learner: connection failed: %s\n", msg);
+                exit_code = 2;
+                break;
+            }
+            int do_val = cfg->local_eval && ((cfg->val_every && step % cfg->val_every == 0) || step == cfg->steps);
+            if (step % cfg->log_every == 0 || do_val || step == cfg->steps) {
+                double dt = dl_clock_s() - t_win;
+                sps = (double)win_steps / dt;
+                dl_comms_stats cs;
+                dl_node_stats ns;
+                dl_comms_get_stats(comms, &cs);
+                dl_node_get_stats(node, &ns);
+                printf("step %6lld/%lld | train %.4f | ", (long long)step, (long long)cfg->steps,
+                       train_sum / (double)win_steps);
+                if (do_val) printf("local val %.4f | ", dl_trainer_eval(tr));
+                printf("%7.0f tok/s | %7.1f ms/step | pushes %llu | adopted %llu | ", sps * (double)tok_per_step,
+                       1e3 * dt / (double)win_steps, (unsigned long long)cs.pushes,
+                       (unsigned long long)(ns.adopted - ns.rebased));
+                if (cs.staleness_n) printf("staleness %.2f | ", (double)cs.staleness_sum / (double)cs.staleness_n);
+                else printf("staleness  -   | ");
+                printf("sent %.2f MB | recv %.2f MB\n", (double)cs.bytes_sent * 1e-6, (double)cs.bytes_recv * 1e-6);
+                fflush(stdout);
+                t_win = dl_clock_s();
+                train_sum = 0.0;
+                win_steps = 0;
+            }
+            dl_comms_set_progress(comms, (uint64_t)step, (uint64_t)(step * tok_per_step), sps);
+        }
+        if (stop_requested) printf("stopped by signal at step %lld\n", (long long)step);
+        if (exit_code == 0)
+            flush_left = dl_node_finish(node, (int)cfg->flush_timeout_ms, (uint64_t)step,
+                                        stop_requested ? "signal" : "done");
+        else if (dl_comms_state(comms, NULL, 0) != DL_COMMS_REFUSED)
+            dl_comms_bye(comms, "failed", (uint64_t)step); /* diverged: push nothing more, just leave */
+    }
+    double wall = dl_clock_s() - t_run;
+    if (exit_code == 0 && cfg->checkpoint[0]) {
+        if ((rc = dl_trainer_save(tr, cfg->checkpoint))) exit_code = fail("saving checkpoint", rc);
+        else printf("checkpoint: %s (step %lld, local parameters)\n", cfg->checkpoint, (long long)step);
+    }
+    dl_comms_stop(comms); /* joins the comms thread; lets the Bye leave */
+    dl_comms_stats cs;
+    dl_node_stats ns;
+    dl_comms_get_stats(comms, &cs);
+    dl_node_get_stats(node, &ns);
+    uint64_t decided = cs.accepted + cs.dropped_stale + cs.rejected;
+    /* acks_pending: MERGED_PENDING acks received; undecided: pushes sent
+     * without a final decision (accepted, dropped_stale, rejected) at exit,
+     * which includes pushes the synchronizer replaced by a newer push of the
+     * same fragment in the same open round */
+    printf("learner-summary: id=%s steps=%lld tokens=%lld pushes=%llu coalesced=%llu acks_pending=%llu "
+           "accepted=%llu dropped_stale=%llu rejected=%llu undecided=%llu updates_adopted=%llu rebased=%llu "
+           "updates_superseded=%llu updates_ignored=%llu discarded=%llu flush_unanswered=%d bytes_sent=%llu "
+           "bytes_received=%llu epoch=%llu wall_s=%.3f final_train_loss=%.6f\n",
+           cfg->id, (long long)step, (long long)(step * tok_per_step), (unsigned long long)cs.pushes,
+           (unsigned long long)cs.coalesced, (unsigned long long)cs.acks_pending, (unsigned long long)cs.accepted,
+           (unsigned long long)cs.dropped_stale, (unsigned long long)cs.rejected,
+           (unsigned long long)(cs.pushes > decided ? cs.pushes - decided : 0),
+           (unsigned long long)(ns.adopted - ns.rebased), (unsigned long long)ns.rebased,
+           (unsigned long long)cs.superseded, (unsigned long long)ns.ignored, (unsigned long long)cs.discarded,
+           flush_left, (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_recv,
+           (unsigned long long)cs.epoch, wall,
+           last_train);
+    fflush(stdout);
+    dl_comms_close(&comms);
+    dl_node_close(&node);
+    dl_plan_close(&plan);
+    return exit_code;
 }

@@ -1,0 +1,936 @@
+/* Tests for learner/comms.c + node.c against a fake synchronizer: a real ROUTER on
+ * loopback that checks the exact message sequence of docs/PROTOCOL.md, then the dloco-learner binary end to end. */
+#include "learner/comms.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/clock.h"
+#include "core/err.h"
+#include "core/plan.h"
+#include "learner/gpt.h"
+#include "learner/node.h"
+#include "proto/wire.h"
+
+static int n_checks, n_fail;
+
+#define CHECK(cond, ...)                                                       \
+    do {                                                                       \
+        n_checks++;                                                            \
+        if (!(cond)) {                                                         \
+            n_fail++;                                                          \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
+            fprintf(stderr, __VA_ARGS__);                                      \
+            fputc('\n', stderr);                                               \
+        }                                                                      \
+    } while (0)
+
+#define REQUIRE(cond, ...)                                                     \
+    do {                                                                       \
+        int require_ok_ = !!(cond);                                            \
+        CHECK(require_ok_, __VA_ARGS__);                                       \
+        if (!require_ok_) {                                                    \
+            fprintf(stderr, "test_comms: aborting after fatal failure\n");    \
+            exit(1);                                                           \
+        }                                                                      \
+    } while (0)
+
+#define WAIT_MS 5000 /* bound of every single wait */
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Poll `expr` every 2 ms for up to WAIT_MS; evaluates to whether it held. */
+#define WAIT_FOR(expr)                                                         \
+    ({                                                                         \
+        int64_t wf_t0_ = dl_clock_ns();                                        \
+        int wf_ok_ = 0;                                                        \
+        while (!(wf_ok_ = !!(expr)) && dl_clock_ns() - wf_t0_ < WAIT_MS * 1000000LL) nap_ms(2); \
+        wf_ok_;                                                                \
+    })
+
+// ---------------------------------------------------------------------------
+// the fake synchronizer: a ROUTER, the run's limits, and send helpers
+
+typedef struct {
+    void *ctx, *router;
+    char ep[256];
+    dl_wire_limits lim;
+    uint64_t numel[64];
+    const dl_plan *plan;
+    int heartbeats;      /* learner heartbeats seen (skipped by expect) */
+    uint64_t hb_step;    /* step of the last one */
+    const char *run_id;
+} harness;
+
+static void h_open(harness *h, const dl_plan *plan)
+{
+    memset(h, 0, sizeof *h);
+    h->run_id = "dloco";
+    h->plan = plan;
+    h->ctx = zmq_ctx_new();
+    h->router = zmq_socket(h->ctx, ZMQ_ROUTER);
+    REQUIRE(h->router, "router");
+    REQUIRE(dl_wire_sock_setup(h->router, 1, dl_plan_max_fragment_numel(plan) * 4 + DL_WIRE_MAX_HEADER_BYTES) == 0,
+            "setup: %s", dl_errmsg());
+    REQUIRE(zmq_bind(h->router, "tcp://127.0.0.1:*") == 0, "bind: %s", zmq_strerror(zmq_errno()));
+    size_t len = sizeof h->ep;
+    REQUIRE(zmq_getsockopt(h->router, ZMQ_LAST_ENDPOINT, h->ep, &len) == 0, "last endpoint");
+    int P = dl_plan_P(plan);
+    for (int p = 0; p < P; p++) h->numel[p] = dl_plan_fragment_numel(plan, p);
+    h->lim = dl_wire_limits_default();
+    h->lim.num_fragments = (uint32_t)P;
+    h->lim.fragment_numel = h->numel;
+}
+
+static void h_close(harness *h)
+{
+    zmq_close(h->router);
+    zmq_ctx_term(h->ctx);
+}
+
+/* Next message that is not a heartbeat, within WAIT_MS. Returns its body
+ * case, or -1 on timeout / bad message. m must be closed by the caller. */
+static int h_next(harness *h, dl_wire_msg *m, int timeout_ms)
+{
+    int64_t t0 = dl_clock_ns();
+    for (;;) {
+        int64_t left = timeout_ms - (dl_clock_ns() - t0) / 1000000;
+        if (left <= 0) return -1;
+        zmq_pollitem_t it = {h->router, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, (long)left) <= 0) continue;
+        int rc = dl_wire_recv(h->router, 1, &h->lim, m, ZMQ_DONTWAIT);
+        if (rc == DL_EAGAIN) {
+            dl_wire_msg_close(m);
+            continue;
+        }
+        if (rc) {
+            CHECK(0, "learner sent a bad message: %s", dl_errmsg());
+            dl_wire_msg_close(m);
+            return -1;
+        }
+        if (m->env->body_case == DLOCO__V1__ENVELOPE__BODY_HEARTBEAT) {
+            h->heartbeats++;
+            h->hb_step = m->env->heartbeat->step;
+            dl_wire_msg_close(m);
+            continue;
+        }
+        return (int)m->env->body_case;
+    }
+}
+
+/* Expect a message of `body` next (heartbeats aside). */
+static int h_expect(harness *h, int body, dl_wire_msg *m, const char *what)
+{
+    int got = h_next(h, m, WAIT_MS);
+    if (got < 0) {
+        CHECK(0, "timed out waiting for %s", what);
+        return 0;
+    }
+    if (got != body) {
+        CHECK(0, "expected %s, got %s", what, dl_wire_body_name((Dloco__V1__Envelope__BodyCase)got));
+        dl_wire_msg_close(m);
+        return 0;
+    }
+    return 1;
+}
+
+static void h_send(harness *h, const char *id, Dloco__V1__Envelope *env, const float *payload, size_t numel)
+{
+    const void *pl[1] = {payload};
+    size_t len[1] = {numel * 4};
+    int rc = dl_wire_send(h->router, id, strlen(id), env, pl, len, payload ? 1 : 0, 0);
+    REQUIRE(rc == 0, "harness send %s: %s", dl_wire_body_name(env->body_case), dl_errmsg());
+}
+
+static uint32_t welcome_liveness = 1000; /* no silence-based re-hello unless a test lowers it */
+
+static void h_welcome(harness *h, const char *id, uint64_t epoch, uint64_t version, uint32_t H, uint32_t hb_ms,
+                      int must_fetch)
+{
+    uint64_t v[64];
+    int P = dl_plan_P(h->plan);
+    for (int p = 0; p < P; p++) v[p] = version;
+    Dloco__V1__Welcome w;
+    dloco__v1__welcome__init(&w);
+    w.num_fragments = (uint32_t)P;
+    w.n_fragment_versions = (size_t)P;
+    w.fragment_versions = v;
+    w.h = H;
+    w.heartbeat_ms = hb_ms;
+    w.liveness = welcome_liveness;
+    w.policy = "test";
+    w.must_fetch = must_fetch;
+    Dloco__V1__Envelope env;
+    dl_wire_env_init(&env, h->run_id, epoch, id);
+    dl_wire_set_welcome(&env, &w);
+    h_send(h, id, &env, NULL, 0);
+}
+
+static void h_update(harness *h, const char *id, uint64_t epoch, int p, uint64_t version, const float *g)
+{
+    Dloco__V1__Update u;
+    dloco__v1__update__init(&u);
+    u.fragment = (uint32_t)p;
+    u.version = version;
+    u.codec = DLOCO__V1__CODEC__CODEC_FP32;
+    u.numel = h->numel[p];
+    u.checksum = dl_wire_checksum(g, h->numel[p] * 4);
+    Dloco__V1__Envelope env;
+    dl_wire_env_init(&env, h->run_id, epoch, id);
+    dl_wire_set_update(&env, &u);
+    h_send(h, id, &env, g, h->numel[p]);
+}
+
+static void h_ack(harness *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged)
+{
+    Dloco__V1__Ack a;
+    dloco__v1__ack__init(&a);
+    a.fragment = (uint32_t)p;
+    a.base_version = base;
+    a.decision = decision;
+    a.merged_version = merged;
+    a.rebase = decision == DLOCO__V1__DECISION__DECISION_DROPPED_STALE;
+    a.reason = decision == DLOCO__V1__DECISION__DECISION_REJECTED ? "test says no" : "";
+    Dloco__V1__Envelope env;
+    dl_wire_env_init(&env, h->run_id, epoch, id);
+    dl_wire_set_ack(&env, &a);
+    h_send(h, id, &env, NULL, 0);
+}
+
+static void h_error(harness *h, const char *id, uint64_t epoch, int code, const char *msg, int fatal)
+{
+    Dloco__V1__Error e;
+    dloco__v1__error__init(&e);
+    e.code = code;
+    e.message = (char *)msg;
+    e.fatal = fatal;
+    Dloco__V1__Envelope env;
+    dl_wire_env_init(&env, h->run_id, epoch, id);
+    dl_wire_set_error(&env, &e);
+    h_send(h, id, &env, NULL, 0);
+}
+
+static void h_heartbeat(harness *h, const char *id, uint64_t epoch)
+{
+    Dloco__V1__Heartbeat b;
+    dloco__v1__heartbeat__init(&b);
+    Dloco__V1__Envelope env;
+    dl_wire_env_init(&env, h->run_id, epoch, id);
+    dl_wire_set_heartbeat(&env, &b);
+    h_send(h, id, &env, NULL, 0);
+}
+
+// ---------------------------------------------------------------------------
+// in-process learner: tiny GPT plan, a parameter buffer the test trains itself
+
+#define P 4
+#define TOK 32
+static dl_gpt_config CFG = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 16};
+static dl_plan *plan;
+static size_t total;
+
+static void global_of(int p, uint64_t version, float *g)
+{
+    size_t n = dl_plan_fragment_numel(plan, p);
+    for (size_t i = 0; i < n; i++) g[i] = (float)((long)(i * 13 + (size_t)p * 5 + version * 11) % 129 - 64) / 8.0f;
+}
+
+static void train_step(float *theta, int64_t step)
+{
+    for (size_t i = 0; i < total; i++) theta[i] += (float)((long)(i * 7 + (size_t)step * 3) % 5 - 2) / 8.0f;
+}
+
+static int due(int64_t step, int p, int H) { return step > 0 && (step - (p * H) / P) % H == 0; }
+
+typedef struct {
+    float *delta[P];     /* expected payload of the next push of p: base - theta at push time */
+    uint64_t steps[P], tokens[P], base[P];
+} expected;
+
+/* Snapshot what a push of p made now must carry. */
+static void expect_push(expected *e, dl_node *n, int p)
+{
+    size_t k = dl_plan_fragment_numel(plan, p);
+    if (!e->delta[p]) e->delta[p] = calloc(k, sizeof(float));
+    dl_node_delta(n, p, e->delta[p]);
+    e->steps[p] = dl_node_steps(n, p);
+    e->tokens[p] = dl_node_tokens(n, p);
+    e->base[p] = dl_node_version(n, p);
+}
+
+/* Receive one push of `p` (-1: any) and check it against the snapshot. */
+static int recv_push(harness *h, const expected *e, int p, uint64_t *base_out, const char *ctx)
+{
+    dl_wire_msg m;
+    if (!h_expect(h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, ctx)) return -1;
+    const Dloco__V1__Push *u = m.env->push;
+    int f = (int)u->fragment;
+    CHECK(p < 0 || f == p, "%s: push of fragment %d, expected %d", ctx, f, p);
+    if (p < 0) p = f; /* any fragment */
+    if (f == p) {
+        size_t k = dl_plan_fragment_numel(plan, p);
+        float *d = malloc(k * sizeof(float));
+        memcpy(d, dl_wire_msg_payload(&m, 0), k * sizeof(float));
+        CHECK(memcmp(d, e->delta[p], k * sizeof(float)) == 0, "%s: payload of %d == base - theta", ctx, p);
+        CHECK(u->steps == e->steps[p] && u->tokens == e->tokens[p] && u->base_version == e->base[p],
+              "%s: push %d steps %llu tokens %llu base %llu, want %llu %llu %llu", ctx, p,
+              (unsigned long long)u->steps, (unsigned long long)u->tokens, (unsigned long long)u->base_version,
+              (unsigned long long)e->steps[p], (unsigned long long)e->tokens[p], (unsigned long long)e->base[p]);
+        CHECK(u->codec == DLOCO__V1__CODEC__CODEC_FP32 && u->numel == k && u->block_size == 0, "%s: fp32 x numel", ctx);
+        free(d);
+    }
+    if (base_out) *base_out = u->base_version;
+    dl_wire_msg_close(&m);
+    return f;
+}
+
+static dl_comms *start_learner(harness *h, const char *id, const char *acklog, float *theta, dl_node **node)
+{
+    dl_comms_opts co = {
+        .endpoint = h->ep,
+        .learner_id = id,
+        .run_id = "dloco",
+        .plan = plan,
+        .fingerprint = dl_gpt_fingerprint(&CFG, plan),
+        .n_layer = (uint32_t)CFG.n_layer,
+        .n_head = (uint32_t)CFG.n_head,
+        .n_embd = (uint32_t)CFG.n_embd,
+        .seq_len = (uint32_t)CFG.seq_len,
+        .vocab = (uint32_t)CFG.vocab,
+        .device = "cpu",
+        .connect_timeout_ms = 20000,
+        .log_acks = acklog,
+    };
+    dl_comms *c = NULL;
+    REQUIRE(dl_comms_open(&co, &c) == 0, "comms open: %s", dl_errmsg());
+    dl_node_opts no = {.plan = plan, .params = theta, .adopt = DL_ADOPT_OVERWRITE, .alpha = 0.5f};
+    REQUIRE(dl_node_open(&no, c, node) == 0, "node open: %s", dl_errmsg());
+    REQUIRE(dl_comms_start(c) == 0, "comms start: %s", dl_errmsg());
+    return c;
+}
+
+static dl_comms_stats stats(dl_comms *c)
+{
+    dl_comms_stats s;
+    dl_comms_get_stats(c, &s);
+    return s;
+}
+
+typedef struct {
+    dl_node *node;
+    uint64_t step;
+    int left;
+} finish_args;
+
+static void *finish_thread(void *arg)
+{
+    finish_args *a = arg;
+    a->left = dl_node_finish(a->node, WAIT_MS, a->step, "done");
+    return NULL;
+}
+
+// ---------------------------------------------------------------------------
+// scenario 1: the whole session of one learner, message by message
+
+static void test_session(harness *h, const char *dir)
+{
+    const char *id = "L1";
+    const int H = 4;
+    char acklog[512];
+    snprintf(acklog, sizeof acklog, "%s/acks.log", dir);
+    float *theta = calloc(total, sizeof(float));
+    dl_node *n = NULL;
+    dl_comms *c = start_learner(h, id, acklog, theta, &n);
+    dl_wire_msg m;
+    uint64_t E = 7;
+
+    /* Hello: fingerprint, P, model, empty held_versions; retried after 2 s */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello %d", attempt);
+        const Dloco__V1__Hello *he = m.env->hello;
+        CHECK(he->fingerprint == dl_gpt_fingerprint(&CFG, plan), "hello fingerprint");
+        CHECK(he->num_fragments == P && he->n_held_versions == 0, "hello P=%u held %zu", he->num_fragments,
+              he->n_held_versions);
+        CHECK(he->n_layer == 1 && he->n_head == 2 && he->n_embd == 8 && he->seq_len == 4 && he->vocab == 16,
+              "hello model summary");
+        CHECK(!strcmp(m.env->learner_id, id) && !strcmp((char *)m.id, id), "learner id %s / routing id %s",
+              m.env->learner_id, (char *)m.id);
+        CHECK(!strcmp(m.env->run_id, "dloco") && m.env->epoch == 0, "run id and epoch 0 before any welcome");
+        dl_wire_msg_close(&m);
+    }
+    CHECK(WAIT_FOR(stats(c).hellos == 2), "hello re-sent once without a welcome (%llu)",
+          (unsigned long long)stats(c).hellos);
+    printf("ok: hello (fingerprint, P, model, no held versions), re-sent after 2 s without welcome\n");
+
+    /* Welcome must_fetch -> Fetch all -> P updates -> ready */
+    h_welcome(h, id, E, 3, (uint32_t)H, 50, 1);
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
+    CHECK(m.env->fetch->n_fragments == 0 && m.env->epoch == E, "fetch all (empty list) in epoch %llu",
+          (unsigned long long)m.env->epoch);
+    dl_wire_msg_close(&m);
+    CHECK(!dl_node_holds_all(n), "not ready before the updates");
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, 3, g);
+        h_update(h, id, E, p, 3, g);
+    }
+    CHECK(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "initial fetch: %s", dl_errmsg());
+    for (int p = 0; p < P; p++) {
+        global_of(p, 3, g);
+        CHECK(memcmp(dl_node_base(n, p), g, dl_plan_fragment_numel(plan, p) * 4) == 0 && dl_node_version(n, p) == 3,
+              "fragment %d fetched at version 3", p);
+    }
+    CHECK(dl_comms_h(c) == (uint32_t)H, "H from welcome");
+    printf("ok: welcome(must_fetch) -> fetch all -> %d updates -> training starts from the global model\n", P);
+
+    /* pushes as scheduled; each acked MERGED_PENDING */
+    expected e = {0};
+    int64_t step = 0;
+    for (; step < H; ) {
+        step++;
+        train_step(theta, step);
+        dl_node_after_step(n, step, H, TOK, 2.5);
+        for (int p = 0; p < P; p++) {
+            if (!due(step, p, H)) continue;
+            expect_push(&e, n, p);
+            uint64_t b;
+            if (recv_push(h, &e, p, &b, "scheduled push") == p)
+                h_ack(h, id, E, p, b, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+        }
+        dl_node_poll(n);
+    }
+    printf("ok: pushes of steps 1..%d arrive as dl_plan_due says, payload = base - theta, steps/tokens since adopt\n",
+           H);
+
+    /* ACCEPTED + Update: adopted only at the next step boundary */
+    const int pa = 1; /* pushed at step 1 with base 3 */
+    uint64_t upd0 = stats(c).updates;
+    h_ack(h, id, E, pa, 3, DLOCO__V1__DECISION__DECISION_ACCEPTED, 4);
+    global_of(pa, 4, g);
+    h_update(h, id, E, pa, 4, g);
+    CHECK(WAIT_FOR(stats(c).updates == upd0 + 1), "update received by the comms thread");
+    CHECK(dl_node_version(n, pa) == 3, "not adopted before the step boundary");
+    CHECK(dl_node_poll(n) == 1, "adopted at the step boundary");
+    CHECK(dl_node_version(n, pa) == 4 && dl_node_steps(n, pa) == 0, "fragment %d at version 4, counters 0", pa);
+    float *th = calloc(dl_plan_fragment_numel(plan, pa), sizeof(float));
+    dl_plan_gather(plan, pa, theta, th);
+    CHECK(memcmp(th, g, dl_plan_fragment_numel(plan, pa) * 4) == 0, "overwrite: theta_%d = new global", pa);
+    free(th);
+    dl_comms_stats s = stats(c);
+    CHECK(s.accepted == 1 && s.acks_pending == (uint64_t)H && s.staleness_n == 1 && s.staleness_sum == 0,
+          "accepted %llu pending %llu staleness %llu/%llu", (unsigned long long)s.accepted,
+          (unsigned long long)s.acks_pending, (unsigned long long)s.staleness_sum, (unsigned long long)s.staleness_n);
+    printf("ok: ack ACCEPTED + update v4 adopted at the step boundary (not before)\n");
+
+    /* coalescing: the push of fragment 2 at step 6 is not acked, so its
+     * pushes at steps 10 and 14 wait in the slot and collapse into one */
+    const int pc = 2;
+    for (; step < 14; ) {
+        step++;
+        train_step(theta, step);
+        dl_node_after_step(n, step, H, TOK, 2.5);
+        for (int p = 0; p < P; p++) {
+            if (!due(step, p, H)) continue;
+            expect_push(&e, n, p);
+            if (p == pc && step > 6) continue; /* held back by flow control */
+            uint64_t b;
+            if (recv_push(h, &e, p, &b, "push during coalescing") == p && p != pc)
+                h_ack(h, id, E, p, b, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+        }
+        dl_node_poll(n);
+    }
+    s = stats(c);
+    CHECK(s.coalesced == 1, "the step-10 push of %d was replaced by the step-14 one: coalesced %llu", pc,
+          (unsigned long long)s.coalesced);
+    h_ack(h, id, E, pc, 3, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+    uint64_t b;
+    CHECK(recv_push(h, &e, pc, &b, "coalesced push") == pc, "the queued push leaves after the ack");
+    CHECK(e.steps[pc] == 14, "it is the newest: 14 steps since adopt");
+    h_ack(h, id, E, pc, b, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+    printf("ok: unacked push holds its fragment; 2 later pushes collapse into 1 carrying all 14 steps\n");
+
+    /* heartbeats carry the training thread's progress */
+    dl_comms_set_progress(c, 777, 777 * TOK, 3.5);
+    int hb0 = h->heartbeats;
+    int64_t t0 = dl_clock_ns();
+    while ((h->heartbeats < hb0 + 2 || h->hb_step != 777) && dl_clock_ns() - t0 < WAIT_MS * 1000000LL) {
+        if (h_next(h, &m, 20) >= 0) {
+            CHECK(0, "unexpected %s while idle", dl_wire_body_name(m.env->body_case));
+            dl_wire_msg_close(&m);
+        }
+    }
+    CHECK(h->heartbeats >= hb0 + 2 && h->hb_step == 777, "heartbeats flow when idle (%d, last step %llu)",
+          h->heartbeats - hb0, (unsigned long long)h->hb_step);
+    printf("ok: heartbeats flow when idle and carry step/tokens\n");
+
+    /* a message from an older epoch is ignored */
+    global_of(3, 99, g);
+    h_update(h, id, E - 1, 3, 99, g);
+    CHECK(WAIT_FOR(stats(c).old_epoch == 1), "old-epoch update counted as ignored");
+    CHECK(dl_node_poll(n) == 0 && dl_node_version(n, 3) == 3, "and not adopted");
+    printf("ok: update from an older epoch ignored\n");
+
+    /* DL_ENOTFOUND (non-fatal): re-hello with held versions; welcome without fetch */
+    h_error(h, id, E, DL_ENOTFOUND, "unknown learner: send hello", 0);
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after DL_ENOTFOUND"), "re-hello");
+    {
+        const Dloco__V1__Hello *he = m.env->hello;
+        int ok = he->n_held_versions == P;
+        for (int p = 0; ok && p < P; p++) ok = he->held_versions[p] == dl_node_version(n, p);
+        CHECK(ok, "re-hello carries the held versions (%zu)", he->n_held_versions);
+        CHECK(m.env->epoch == E && he->step == 777, "re-hello epoch %llu step %llu",
+              (unsigned long long)m.env->epoch, (unsigned long long)he->step);
+        dl_wire_msg_close(&m);
+    }
+    h_welcome(h, id, E, 3, (uint32_t)H, 50, 0);
+    CHECK(WAIT_FOR(dl_comms_state(c, NULL, 0) == DL_COMMS_READY), "ready again");
+    step++;
+    train_step(theta, step); /* step 15: fragment 3 */
+    dl_node_after_step(n, step, H, TOK, 2.5);
+    expect_push(&e, n, 3);
+    if (recv_push(h, &e, 3, &b, "push after re-hello") == 3)
+        h_ack(h, id, E, 3, b, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+    CHECK(stats(c).rehellos == 1 && stats(c).fetches == 1, "1 re-hello, no new fetch");
+    printf("ok: Error DL_ENOTFOUND -> re-hello with held versions -> welcome -> pushes resume\n");
+
+    /* newer epoch: the synchronizer restarted; must_fetch -> every fragment rebased */
+    h_heartbeat(h, id, E + 1);
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after newer epoch"), "re-hello");
+    CHECK(m.env->epoch == E + 1 && m.env->hello->n_held_versions == P, "re-hello in epoch %llu with held versions",
+          (unsigned long long)m.env->epoch);
+    dl_wire_msg_close(&m);
+    E++;
+    h_welcome(h, id, E, 10, (uint32_t)H, 50, 1);
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after must_fetch"), "fetch");
+    CHECK(m.env->fetch->n_fragments == 0, "fetch all");
+    dl_wire_msg_close(&m);
+    for (int p = 0; p < P; p++) {
+        global_of(p, 10, g);
+        h_update(h, id, E, p, 10, g);
+    }
+    int all10 = WAIT_FOR((dl_node_poll(n), dl_node_version(n, 0) == 10 && dl_node_version(n, 1) == 10 &&
+                                               dl_node_version(n, 2) == 10 && dl_node_version(n, 3) == 10));
+    CHECK(all10, "all fragments rebased to version 10");
+    for (int p = 0; p < P; p++) {
+        global_of(p, 10, g);
+        float *t = calloc(dl_plan_fragment_numel(plan, p), sizeof(float));
+        dl_plan_gather(plan, p, theta, t);
+        CHECK(memcmp(t, g, dl_plan_fragment_numel(plan, p) * 4) == 0 && dl_node_steps(n, p) == 0,
+              "fragment %d rebased: theta = global v10, counters 0", p);
+        free(t);
+    }
+    CHECK(stats(c).rehellos == 2 && stats(c).epoch == E, "2 re-hellos, epoch %llu", (unsigned long long)E);
+    printf("ok: newer epoch -> re-hello -> welcome(must_fetch) -> fetch -> all fragments rebased\n");
+
+    /* final flush: every fragment with progress, answered in all three ways, then Bye */
+    for (int k = 0; k < 2; k++) {
+        step++;
+        train_step(theta, step);
+        dl_node_after_step(n, step, H, TOK, 2.5);
+        for (int p = 0; p < P; p++) {
+            if (!due(step, p, H)) continue;
+            expect_push(&e, n, p);
+            if (recv_push(h, &e, p, &b, "push before flush") == p)
+                h_ack(h, id, E, p, b, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+        }
+    }
+    for (int p = 0; p < P; p++) {
+        CHECK(dl_node_steps(n, p) == 2, "fragment %d has 2 steps of progress", p);
+        expect_push(&e, n, p); /* nothing changes theta any more */
+    }
+    finish_args fa = {.node = n, .step = (uint64_t)step, .left = -1};
+    pthread_t th_fin;
+    REQUIRE(pthread_create(&th_fin, NULL, finish_thread, &fa) == 0, "thread");
+    int seen[P] = {0};
+    for (int k = 0; k < P; k++) {
+        int p = recv_push(h, &e, -1, NULL, "flush push"); /* payload and 2 steps checked against the snapshot */
+        REQUIRE(p >= 0, "flush push %d", k);
+        CHECK(!seen[p], "fragment %d flushed once", p);
+        seen[p] = 1;
+    }
+    /* every push sent must get its final decision before Bye: fragment 0's
+     * push of step 16 and its flush push are both merged into v11; fragment
+     * 1's push of step 17 is merged, its flush push dropped as stale;
+     * fragment 2's flush push is rejected; fragment 3's stays pending */
+    h_ack(h, id, E, 0, 10, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+    h_ack(h, id, E, 0, 10, DLOCO__V1__DECISION__DECISION_ACCEPTED, 11);
+    h_ack(h, id, E, 0, 10, DLOCO__V1__DECISION__DECISION_ACCEPTED, 11);
+    global_of(0, 11, g);
+    h_update(h, id, E, 0, 11, g);
+    h_ack(h, id, E, 1, 10, DLOCO__V1__DECISION__DECISION_ACCEPTED, 11);
+    global_of(1, 11, g);
+    h_update(h, id, E, 1, 11, g);
+    h_ack(h, id, E, 1, 10, DLOCO__V1__DECISION__DECISION_DROPPED_STALE, 0);
+    h_ack(h, id, E, 2, 10, DLOCO__V1__DECISION__DECISION_REJECTED, 0);
+    h_ack(h, id, E, 3, 10, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+    /* fragment 3 is still pending: no Bye may come yet */
+    CHECK(WAIT_FOR(dl_comms_flush_pending(c) == 1), "flush waits for fragment 3 only (%d)", dl_comms_flush_pending(c));
+    int early = h_next(h, &m, 300);
+    CHECK(early < 0, "nothing but heartbeats before the last answer (got %s)",
+          early < 0 ? "-" : dl_wire_body_name((Dloco__V1__Envelope__BodyCase)early));
+    if (early >= 0) dl_wire_msg_close(&m);
+    h_ack(h, id, E, 3, 10, DLOCO__V1__DECISION__DECISION_ACCEPTED, 11);
+    global_of(3, 11, g);
+    h_update(h, id, E, 3, 11, g);
+    if (h_expect(h, DLOCO__V1__ENVELOPE__BODY_BYE, &m, "bye")) {
+        CHECK(m.env->bye->step == (uint64_t)step && !strcmp(m.env->bye->reason, "done"), "bye step %llu reason %s",
+              (unsigned long long)m.env->bye->step, m.env->bye->reason);
+        dl_wire_msg_close(&m);
+    }
+    pthread_join(th_fin, NULL);
+    CHECK(fa.left == 0, "flush complete: %d unanswered", fa.left);
+    CHECK(dl_node_version(n, 0) == 11 && dl_node_version(n, 1) == 11 && dl_node_version(n, 3) == 11,
+          "flush updates adopted");
+    dl_comms_stop(c);
+    s = stats(c);
+    CHECK(s.state == DL_COMMS_DONE, "comms done after bye (%d)", s.state);
+    CHECK(s.dropped_stale == 1 && s.rejected == 1 && s.accepted == 5, "decisions counted: %llu %llu %llu",
+          (unsigned long long)s.dropped_stale, (unsigned long long)s.rejected, (unsigned long long)s.accepted);
+    CHECK(s.bytes_sent > s.push_bytes && s.push_bytes > 0 && s.bytes_recv > s.updates * 4, "bytes counted");
+    printf("ok: final flush pushes all %d fragments, waits until every push sent has its update / dropped / "
+           "rejected answer, then bye\n", P);
+
+    /* log_acks: one line per ack and update received */
+    FILE *f = fopen(acklog, "r");
+    REQUIRE(f, "ack log");
+    char line[512];
+    int acks = 0, upds = 0, found = 0;
+    while (fgets(line, sizeof line, f)) {
+        acks += !strncmp(line, "ack ", 4);
+        upds += !strncmp(line, "update ", 7);
+        found += !strcmp(line, "ack learner=L1 epoch=7 fragment=1 base_version=3 decision=accepted merged_version=4\n");
+    }
+    fclose(f);
+    uint64_t want_acks = s.acks_pending + s.accepted + s.dropped_stale + s.rejected;
+    CHECK((uint64_t)acks == want_acks && (uint64_t)upds == s.updates, "ack log: %d acks (want %llu), %d updates (%llu)",
+          acks, (unsigned long long)want_acks, upds, (unsigned long long)s.updates);
+    CHECK(found == 1, "ack log has the accepted line of fragment 1");
+    printf("ok: log_acks has %d ack and %d update lines\n", acks, upds);
+
+    free(g);
+    for (int p = 0; p < P; p++) free(e.delta[p]);
+    dl_node_close(&n);
+    dl_comms_close(&c);
+    free(theta);
+}
+
+// ---------------------------------------------------------------------------
+// scenario 2: a fatal Error stops the learner with the server's message
+
+static void test_fatal(harness *h)
+{
+    float *theta = calloc(total, sizeof(float));
+    dl_node *n = NULL;
+    dl_comms *c = start_learner(h, "L2", NULL, theta, &n);
+    dl_wire_msg m;
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    dl_wire_msg_close(&m);
+    h_error(h, "L2", 1, DL_EMISMATCH, "fingerprint mismatch: learner 0x1, synchronizer 0x2", 1);
+    int rc = dl_node_wait_ready(n, WAIT_MS, NULL);
+    CHECK(rc == DL_EPROTO, "wait_ready returns DL_EPROTO, got %d (%s)", rc, dl_errmsg());
+    CHECK(strstr(dl_errmsg(), "fingerprint mismatch: learner 0x1, synchronizer 0x2") != NULL, "message: %s",
+          dl_errmsg());
+    char msg[640];
+    CHECK(dl_comms_state(c, msg, sizeof msg) == DL_COMMS_REFUSED && strstr(msg, "refused learner L2"),
+          "state refused: %s", msg);
+    dl_node_close(&n);
+    dl_comms_close(&c);
+    free(theta);
+    printf("ok: fatal Error -> learner refused with the synchronizer's message\n");
+}
+
+// ---------------------------------------------------------------------------
+// scenario 3: a synchronizer that goes silent (no heartbeats) gets a re-hello
+// after max(1 s, liveness * heartbeat_ms)
+
+static void test_silence(harness *h)
+{
+    float *theta = calloc(total, sizeof(float));
+    dl_node *n = NULL;
+    dl_comms *c = start_learner(h, "L3", NULL, theta, &n);
+    dl_wire_msg m;
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    dl_wire_msg_close(&m);
+    welcome_liveness = 2;
+    h_welcome(h, "L3", 5, 1, 4, 50, 1);
+    welcome_liveness = 1000;
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
+    dl_wire_msg_close(&m);
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, 1, g);
+        h_update(h, "L3", 5, p, 1, g);
+    }
+    CHECK(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
+    /* from now on the harness only listens */
+    int hb0 = h->heartbeats;
+    if (h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after silence")) {
+        CHECK(m.env->hello->n_held_versions == P && m.env->epoch == 5, "re-hello with held versions in epoch 5");
+        dl_wire_msg_close(&m);
+    }
+    CHECK(h->heartbeats > hb0, "the learner kept sending heartbeats while the synchronizer was silent");
+    CHECK(stats(c).rehellos == 1 && dl_comms_state(c, NULL, 0) == DL_COMMS_HELLO, "one re-hello, waiting for welcome");
+    free(g);
+    dl_node_close(&n);
+    dl_comms_close(&c);
+    free(theta);
+    printf("ok: silent synchronizer (liveness x heartbeat) -> re-hello with held versions\n");
+}
+
+// ---------------------------------------------------------------------------
+// scenario 4: the dloco-learner binary against the fake synchronizer
+
+static char bin[600], corpus[600];
+
+static pid_t spawn(char **argv, const char *out, const char *err)
+{
+    pid_t pid = fork();
+    REQUIRE(pid >= 0, "fork");
+    if (pid == 0) {
+        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Bounded wait for the child; kills it after 30 s. Returns the exit status or -1. */
+static int reap(pid_t pid)
+{
+    int st;
+    for (int i = 0; i < 3000; i++) {
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        nap_ms(10);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    CHECK(0, "learner process did not exit");
+    return -1;
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return strdup("");
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return strdup(buf);
+}
+
+static long long field(const char *summary, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, " %s=", key);
+    const char *s = strstr(summary, pat);
+    return s ? atoll(s + strlen(pat)) : -1;
+}
+
+static void test_binary(const char *dir, int sigterm)
+{
+    dl_gpt_config cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 16, .vocab = 256};
+    REQUIRE(dl_gpt_config_check(&cfg) == 0, "cfg");
+    dl_plan *bp = NULL;
+    REQUIRE(dl_gpt_plan_open(&cfg, P, &bp) == 0, "plan");
+    harness h;
+    h_open(&h, bp);
+    const char *id = sigterm ? "bin-term" : "bin-run";
+    char out[700], err[700], acks[700];
+    snprintf(out, sizeof out, "%s/%s.out", dir, id);
+    snprintf(err, sizeof err, "%s/%s.err", dir, id);
+    snprintf(acks, sizeof acks, "%s/%s.acks", dir, id);
+    char *argv[] = {bin, "--connect", h.ep, "--id", (char *)id, "--data", corpus, "--n_layer", "1", "--n_head", "2",
+                    "--n_embd", "16", "--seq_len", "16", "--batch", "2", "--steps", sigterm ? "1000000" : "12",
+                    "--warmup", "2", "--fragments", "4", "--log_every", "4", "--threads", "1",
+                    "--flush_timeout_ms", "5000", "--connect_timeout_ms", "20000", "--log_acks", acks, NULL};
+    pid_t pid = spawn(argv, out, err);
+    const uint64_t E = 3;
+    dl_wire_msg m;
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "binary hello"), "hello; stderr: %s", slurp(err));
+    CHECK(m.env->hello->fingerprint == dl_gpt_fingerprint(&cfg, bp), "binary fingerprint matches the harness's plan");
+    dl_wire_msg_close(&m);
+    h_welcome(&h, id, E, 0, 4, 100, 1);
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "binary fetch"), "fetch");
+    dl_wire_msg_close(&m);
+    size_t N = dl_plan_total_numel(bp);
+    float *params = calloc(N, sizeof(float));
+    REQUIRE(dl_gpt_init_params(&cfg, 42, params) == 0, "init");
+    /* shift the global away from any init the learner could make itself */
+    for (size_t i = 0; i < N; i++) params[i] += 0.25f;
+    float *glob[P];
+    uint64_t ver[P];
+    for (int p = 0; p < P; p++) {
+        glob[p] = calloc(dl_plan_fragment_numel(bp, p), sizeof(float));
+        dl_plan_gather(bp, p, params, glob[p]);
+        ver[p] = 0;
+        h_update(&h, id, E, p, 0, glob[p]);
+    }
+    /* serve: ack every push, merge it (global -= delta: one learner, outer lr 1), until Bye */
+    int pushes = 0, updates = 0, bye = 0, acks_sent = 0;
+    double max_rate = 0; /* max |delta_i| / steps over all pushes */
+    float *d = calloc(dl_plan_max_fragment_numel(bp), sizeof(float));
+    while (!bye) {
+        int body = h_next(&h, &m, 20000);
+        if (body < 0) {
+            CHECK(0, "binary went silent; stderr: %s", slurp(err));
+            break;
+        }
+        if (body == DLOCO__V1__ENVELOPE__BODY_BYE) {
+            CHECK(!strcmp(m.env->bye->reason, sigterm ? "signal" : "done"), "bye reason %s", m.env->bye->reason);
+            bye = 1;
+        } else if (body == DLOCO__V1__ENVELOPE__BODY_PUSH) {
+            const Dloco__V1__Push *u = m.env->push;
+            int p = (int)u->fragment;
+            size_t k = dl_plan_fragment_numel(bp, p);
+            memcpy(d, dl_wire_msg_payload(&m, 0), k * 4);
+            CHECK(u->base_version <= ver[p] && u->steps >= 1 && u->tokens == u->steps * 32,
+                  "binary push %d: base %llu steps %llu tokens %llu", p, (unsigned long long)u->base_version,
+                  (unsigned long long)u->steps, (unsigned long long)u->tokens);
+            for (size_t i = 0; i < k; i++) {
+                double r = fabs(d[i]) / (double)(u->steps ? u->steps : 1);
+                if (r > max_rate) max_rate = r;
+                glob[p][i] -= d[i];
+            }
+            pushes++;
+            h_ack(&h, id, E, p, u->base_version, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+            h_ack(&h, id, E, p, u->base_version, DLOCO__V1__DECISION__DECISION_ACCEPTED, ver[p] + 1);
+            acks_sent += 2;
+            ver[p]++;
+            h_update(&h, id, E, p, ver[p], glob[p]);
+            updates++;
+            if (sigterm && pushes == 6) kill(pid, SIGTERM);
+        } else {
+            CHECK(0, "binary sent %s", dl_wire_body_name((Dloco__V1__Envelope__BodyCase)body));
+        }
+        dl_wire_msg_close(&m);
+    }
+    int status = reap(pid);
+    char *o = slurp(out), *er = slurp(err);
+    CHECK(status == 0, "binary exit status %d; stderr: %s", status, er);
+    /* AdamW moves a parameter by about lr (3e-3) per step; a learner that
+     * trained from its own init instead of the fetched global (shifted by
+     * 0.25) would push deltas near 0.25 */
+    CHECK(max_rate > 0 && max_rate < 0.01, "deltas are AdamW steps from the fetched global (max %g per step)",
+          max_rate);
+    const char *sum = strstr(o, "learner-summary:");
+    CHECK(sum != NULL, "summary line printed: %s", o);
+    if (sum) {
+        CHECK(field(sum, "pushes") == pushes && field(sum, "accepted") == pushes &&
+                  field(sum, "acks_pending") == pushes,
+              "summary pushes/accepted/acks_pending = %d: %s", pushes, sum);
+        /* an update replaced in its slot by a newer one before the step boundary is never adopted */
+        CHECK(field(sum, "updates_adopted") + field(sum, "updates_superseded") == updates,
+              "summary updates_adopted + superseded = %d: %s", updates, sum);
+        CHECK(field(sum, "dropped_stale") == 0 && field(sum, "rejected") == 0 && field(sum, "undecided") == 0,
+              "nothing dropped, rejected or undecided");
+        CHECK(field(sum, "flush_unanswered") == 0, "final flush answered");
+        long long steps = field(sum, "steps");
+        if (sigterm) CHECK(steps >= 6 && steps < 1000000, "stopped by SIGTERM at step %lld", steps);
+        else CHECK(steps == 12 && field(sum, "tokens") == 12 * 32, "12 steps, 384 tokens: %s", sum);
+        /* 12 scheduled pushes at least (plus the flush): sent or replaced by a newer one */
+        if (!sigterm)
+            CHECK(field(sum, "pushes") + field(sum, "coalesced") >= 12, "every scheduled push sent or coalesced: %s",
+                  sum);
+        CHECK(field(sum, "bytes_sent") > (long long)pushes * 4 * 100 && field(sum, "bytes_received") > 0, "bytes");
+        CHECK(!strncmp(sum, "learner-summary: id=", 20), "summary starts with the id");
+    }
+    char *al = slurp(acks);
+    int lines = 0;
+    for (char *q = al; *q; q++) lines += *q == '\n';
+    CHECK(lines == acks_sent + updates + P, "ack log lines %d = acks %d + updates %d + fetch %d", lines, acks_sent,
+          updates, P);
+    printf("ok: dloco-learner %s: %d pushes, all acked and adopted, bye, exit 0, summary agrees\n",
+           sigterm ? "stopped by SIGTERM (final flush)" : "12 steps", pushes);
+    free(al);
+    free(o);
+    free(er);
+    free(d);
+    for (int p = 0; p < P; p++) free(glob[p]);
+    free(params);
+    h_close(&h);
+    dl_plan_close(&bp);
+}
+
+static void test_binary_refused(const char *dir)
+{
+    dl_gpt_config cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 16, .vocab = 256};
+    dl_gpt_config_check(&cfg);
+    dl_plan *bp = NULL;
+    REQUIRE(dl_gpt_plan_open(&cfg, P, &bp) == 0, "plan");
+    harness h;
+    h_open(&h, bp);
+    char out[700], err[700];
+    snprintf(out, sizeof out, "%s/refused.out", dir);
+    snprintf(err, sizeof err, "%s/refused.err", dir);
+    char *argv[] = {bin, "--connect", h.ep, "--id", "bin-refused", "--data", corpus, "--n_layer", "1", "--n_head", "2",
+                    "--n_embd", "16", "--seq_len", "16", "--batch", "2", "--steps", "5", "--threads", "1", NULL};
+    pid_t pid = spawn(argv, out, err);
+    dl_wire_msg m;
+    if (h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello")) dl_wire_msg_close(&m);
+    h_error(&h, "bin-refused", 1, DL_EMISMATCH, "fragments: learner 4, synchronizer 8", 1);
+    int status = reap(pid);
+    char *er = slurp(err);
+    CHECK(status == 3, "fatal error -> exit 3, got %d", status);
+    CHECK(strstr(er, "fragments: learner 4, synchronizer 8") != NULL, "stderr has the server's message: %s", er);
+    printf("ok: dloco-learner exits 3 with the synchronizer's message on a fatal Error\n");
+    free(er);
+    h_close(&h);
+    dl_plan_close(&bp);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    REQUIRE(dl_gpt_config_check(&CFG) == 0, "config");
+    REQUIRE(dl_gpt_plan_open(&CFG, P, &plan) == 0, "plan: %s", dl_errmsg());
+    total = dl_plan_total_numel(plan);
+    char dir[] = "/tmp/dloco_comms.XXXXXX";
+    REQUIRE(mkdtemp(dir), "mkdtemp");
+
+    harness h;
+    h_open(&h, plan);
+    test_session(&h, dir);
+    test_fatal(&h);
+    test_silence(&h);
+    h_close(&h);
+
+    const char *b = getenv("DLOCO_BIN");
+    snprintf(bin, sizeof bin, "%s/learner/dloco-learner", b ? b : "build");
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
+    FILE *f = fopen(corpus, "w");
+    REQUIRE(f, "corpus");
+    for (int i = 1; i <= 400; i++)
+        fprintf(f, "line %d: the quick brown fox jumps over the lazy dog %d\n", i, i * 7919 % 1000);
+    fclose(f);
+    if (access(bin, X_OK) == 0) {
+        test_binary(dir, 0);
+        test_binary(dir, 1);
+        test_binary_refused(dir);
+    } else {
+        CHECK(0, "%s not found (set DLOCO_BIN)", bin);
+    }
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+
+    dl_plan_close(&plan);
+    printf("test_comms: %d checks, %d failures\n", n_checks, n_fail);
+    return n_fail ? 1 : 0;
+}

@@ -1,0 +1,453 @@
+/* Tests for learner/node.c and the comms mailbox, without any network: push
+ * deltas, schedule, counters, coalescing, version ordering and every adopt mode against hand-computed values. */
+#include "learner/node.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/err.h"
+#include "core/plan.h"
+#include "learner/comms.h"
+#include "learner/gpt.h"
+
+static int n_checks, n_fail;
+
+#define CHECK(cond, ...)                                                       \
+    do {                                                                       \
+        n_checks++;                                                            \
+        if (!(cond)) {                                                         \
+            n_fail++;                                                          \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
+            fprintf(stderr, __VA_ARGS__);                                      \
+            fputc('\n', stderr);                                               \
+        }                                                                      \
+    } while (0)
+
+#define REQUIRE(cond, ...)                                                     \
+    do {                                                                       \
+        int require_ok_ = !!(cond);                                            \
+        CHECK(require_ok_, __VA_ARGS__);                                       \
+        if (!require_ok_) {                                                    \
+            fprintf(stderr, "test_node: aborting after fatal failure\n");     \
+            exit(1);                                                           \
+        }                                                                      \
+    } while (0)
+
+// ---------------------------------------------------------------------------
+// fixture: a tiny GPT's tensor table split into P = 4 fragments, a parameter
+// buffer the test "trains" itself, and an unstarted comms mailbox.
+//
+// All values are multiples of 1/8 below 2^10, so every sum, difference and
+// product by 0.25 / 0.75 below is exact in fp32 and the expected values can
+// be compared with ==, whatever the compiler does with FMA contraction.
+
+#define P 4
+#define H 4
+#define TOK 32 /* tokens per step */
+
+static dl_gpt_config CFG = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 16};
+static dl_plan *plan;
+static size_t total;
+
+static float dyadic(long k) { return (float)(k % 129 - 64) / 8.0f; }
+
+static void global_of(int p, uint64_t version, float *g)
+{
+    size_t n = dl_plan_fragment_numel(plan, p);
+    for (size_t i = 0; i < n; i++) g[i] = dyadic((long)(i * 13 + (size_t)p * 5 + version * 11));
+}
+
+/* One simulated inner step: every parameter moves by a small dyadic amount. */
+static void train_step(float *theta, int64_t step)
+{
+    for (size_t i = 0; i < total; i++) theta[i] += (float)((long)(i * 7 + (size_t)step * 3) % 5 - 2) / 8.0f;
+}
+
+/* Independent statement of the schedule (core/plan.h): due when step > 0 and
+ * (step - p*H/P) % H == 0. */
+static int due(int64_t step, int p) { return step > 0 && (step - (p * H) / P) % H == 0; }
+
+static float *gather(int p, const float *theta)
+{
+    float *out = calloc(dl_plan_fragment_numel(plan, p), sizeof(float));
+    dl_plan_gather(plan, p, theta, out);
+    return out;
+}
+
+static int same(const float *a, const float *b, size_t n)
+{
+    return memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+static dl_comms *open_mailbox(void)
+{
+    dl_comms_opts co = {.endpoint = "tcp://127.0.0.1:1", .learner_id = "test-node", .run_id = "t", .plan = plan};
+    dl_comms *c = NULL;
+    REQUIRE(dl_comms_open(&co, &c) == 0, "dl_comms_open: %s", dl_errmsg());
+    return c;
+}
+
+/* Fresh node in `mode` holding version 1 of every fragment (a fetch). */
+static void setup(int mode, float alpha, float *theta, dl_comms **c, dl_node **n)
+{
+    *c = open_mailbox();
+    dl_node_opts o = {.plan = plan, .params = theta, .adopt = mode, .alpha = alpha};
+    REQUIRE(dl_node_open(&o, *c, n) == 0, "dl_node_open: %s", dl_errmsg());
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, 1, g);
+        dl_comms_put_update(*c, p, 1, 1, g, dl_plan_fragment_numel(plan, p));
+    }
+    free(g);
+    REQUIRE(dl_node_poll(*n) == P, "initial fetch adopted");
+}
+
+// ---------------------------------------------------------------------------
+
+static void test_fetch_and_pushes(void)
+{
+    float *theta = calloc(total, sizeof(float));
+    for (size_t i = 0; i < total; i++) theta[i] = 99.0f; /* the learner's own init */
+    dl_comms *c = open_mailbox();
+    dl_node_opts o = {.plan = plan, .params = theta, .adopt = DL_ADOPT_OVERWRITE, .alpha = 0.5f};
+    dl_node *n = NULL;
+    REQUIRE(dl_node_open(&o, c, &n) == 0, "open: %s", dl_errmsg());
+
+    /* nothing held: no counters, no pushes */
+    CHECK(!dl_node_holds_all(n), "fresh node holds nothing");
+    CHECK(dl_node_after_step(n, 1, H, TOK, 1.0) == 0, "a fresh node pushes nothing");
+    for (int p = 0; p < P; p++) CHECK(dl_node_steps(n, p) == 0, "fragment %d counted a step before holding it", p);
+
+    /* initial fetch: fragments arrive one by one, with different versions */
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, 10 + (uint64_t)p, g);
+        CHECK(dl_comms_put_update(c, p, 10 + (uint64_t)p, 1, g, dl_plan_fragment_numel(plan, p)) == 1, "put");
+        CHECK(dl_node_poll(n) == 1, "fetch reply %d adopted at the step boundary", p);
+        CHECK(dl_node_holds_all(n) == (p == P - 1), "holds_all after %d of %d", p + 1, P);
+    }
+    for (int p = 0; p < P; p++) {
+        global_of(p, 10 + (uint64_t)p, g);
+        float *th = gather(p, theta);
+        size_t k = dl_plan_fragment_numel(plan, p);
+        CHECK(same(th, g, k), "theta_%d = global after the fetch", p);
+        CHECK(same(dl_node_base(n, p), g, k), "base_%d = global after the fetch", p);
+        CHECK(dl_node_version(n, p) == 10 + (uint64_t)p, "version_%d = %llu", p,
+              (unsigned long long)dl_node_version(n, p));
+        CHECK(dl_node_steps(n, p) == 0 && dl_node_tokens(n, p) == 0, "counters of %d start at 0", p);
+        free(th);
+    }
+    for (size_t i = 0; i < total; i++) REQUIRE(theta[i] != 99.0f, "parameter %zu kept the local init", i);
+
+    /* 2H steps: pushes exactly when due, delta = base - theta bit for bit,
+     * counters since adopt, mean loss */
+    float *d = dl_comms_buf_alloc(c);
+    double loss_sum = 0;
+    int npush = 0;
+    for (int64_t s = 1; s <= 2 * H; s++) {
+        train_step(theta, s);
+        double loss = 3.0 + 0.125 * (double)s;
+        loss_sum += loss;
+        int want = 0;
+        for (int p = 0; p < P; p++) want += due(s, p);
+        CHECK(dl_node_after_step(n, s, H, TOK, loss) == want, "step %lld: %d pushes due", (long long)s, want);
+        for (int p = 0; p < P; p++) {
+            dl_comms_push h;
+            int got = dl_comms_take_push(c, p, &h, &d);
+            CHECK(got == due(s, p), "step %lld fragment %d: pushed %d, due %d", (long long)s, p, got, due(s, p));
+            if (!got) continue;
+            npush++;
+            size_t k = dl_plan_fragment_numel(plan, p);
+            float *th = gather(p, theta);
+            const float *base = dl_node_base(n, p);
+            int exact = 1;
+            for (size_t i = 0; i < k; i++) exact &= d[i] == base[i] - th[i];
+            CHECK(exact, "push %d at step %lld: delta == base - theta exactly", p, (long long)s);
+            CHECK(h.fragment == p && h.base_version == 10 + (uint64_t)p, "push header fragment/base_version");
+            CHECK(h.steps == (uint64_t)s && h.tokens == (uint64_t)s * TOK,
+                  "push %d at step %lld: steps %llu tokens %llu since adopt", p, (long long)s,
+                  (unsigned long long)h.steps, (unsigned long long)h.tokens);
+            CHECK(h.loss == loss_sum / (double)s, "push loss %g is the mean %g since adopt", h.loss,
+                  loss_sum / (double)s);
+            CHECK(!h.final, "scheduled push is not final");
+            free(th);
+        }
+    }
+    CHECK(npush == 2 * P, "every fragment pushed once per H steps: %d pushes in 2H steps", npush);
+    for (int p = 0; p < P; p++)
+        CHECK(dl_node_steps(n, p) == 2 * H && dl_node_tokens(n, p) == 2 * H * TOK, "counters of %d after 2H steps", p);
+
+    /* coalescing: nobody takes pushes for 2H more steps */
+    for (int64_t s = 2 * H + 1; s <= 4 * H; s++) {
+        train_step(theta, s);
+        dl_node_after_step(n, s, H, TOK, 1.0);
+    }
+    dl_node_stats ns;
+    dl_node_get_stats(n, &ns);
+    dl_comms_stats cs;
+    dl_comms_get_stats(c, &cs);
+    CHECK(ns.coalesced == P && cs.coalesced == P, "2 pushes per fragment, one queued: %llu / %llu coalesced",
+          (unsigned long long)ns.coalesced, (unsigned long long)cs.coalesced);
+    for (int p = 0; p < P; p++) {
+        dl_comms_push h;
+        CHECK(dl_comms_take_push(c, p, &h, &d) == 1, "one push of %d queued", p);
+        int64_t last = 0;
+        for (int64_t s = 2 * H + 1; s <= 4 * H; s++)
+            if (due(s, p)) last = s;
+        CHECK(h.steps == (uint64_t)last, "queued push of %d is the newest (steps %llu, want %lld)", p,
+              (unsigned long long)h.steps, (long long)last);
+        CHECK(dl_comms_take_push(c, p, &h, &d) == 0, "and only one");
+    }
+
+    /* version ordering: older and equal versions are ignored, newer adopted;
+     * in the mailbox the newest version wins */
+    const int p = 2;
+    size_t k = dl_plan_fragment_numel(plan, p);
+    float *before = malloc(total * sizeof(float));
+    memcpy(before, theta, total * sizeof(float));
+    global_of(p, 5, g);
+    CHECK(dl_comms_put_update(c, p, 5, 0, g, k) == 1, "put v5");
+    CHECK(dl_node_poll(n) == 0, "v5 < held v12 is ignored");
+    global_of(p, 12, g);
+    dl_comms_put_update(c, p, 12, 0, g, k);
+    CHECK(dl_node_poll(n) == 0, "v12 == held v12 is ignored");
+    CHECK(same(before, theta, total), "ignored updates leave theta alone");
+    CHECK(dl_node_version(n, p) == 12, "version stays 12");
+    dl_node_get_stats(n, &ns);
+    CHECK(ns.ignored == 2, "2 ignored, got %llu", (unsigned long long)ns.ignored);
+
+    global_of(p, 14, g);
+    CHECK(dl_comms_put_update(c, p, 14, 0, g, k) == 1, "put v14");
+    global_of(p, 13, g);
+    CHECK(dl_comms_put_update(c, p, 13, 0, g, k) == 0, "v13 does not replace a waiting v14");
+    global_of(p, 15, g);
+    CHECK(dl_comms_put_update(c, p, 15, 0, g, k) == 1, "v15 replaces a waiting v14");
+    uint64_t steps_before = dl_node_steps(n, p);
+    CHECK(steps_before > 0, "fragment %d has progress", p);
+    CHECK(dl_node_poll(n) == 1, "one adoption");
+    CHECK(dl_node_version(n, p) == 15, "adopted v15, got %llu", (unsigned long long)dl_node_version(n, p));
+    float *th = gather(p, theta);
+    CHECK(same(th, g, k), "overwrite: theta = global v15");
+    free(th);
+    CHECK(dl_node_steps(n, p) == 0 && dl_node_tokens(n, p) == 0, "counters restart at adopt");
+    for (int q = 0; q < P; q++) {
+        if (q == p) continue;
+        float *a = gather(q, theta), *b = gather(q, before);
+        CHECK(same(a, b, dl_plan_fragment_numel(plan, q)), "adopting %d leaves fragment %d alone", p, q);
+        free(a);
+        free(b);
+    }
+
+    /* final flush: every fragment with steps > 0, marked final */
+    int left_before = dl_comms_flush_pending(c);
+    CHECK(left_before == 0, "no flush pending yet");
+    CHECK(dl_node_flush(n) == P - 1, "flush pushes the %d fragments with progress, not the one just adopted", P - 1);
+    CHECK(dl_comms_flush_pending(c) == P - 1, "flush pending %d", dl_comms_flush_pending(c));
+    for (int q = 0; q < P; q++) {
+        dl_comms_push h;
+        int got = dl_comms_take_push(c, q, &h, &d);
+        CHECK(got == (q != p), "flush push of %d: %d", q, got);
+        if (got) CHECK(h.final && h.steps == dl_node_steps(n, q), "flush push of %d is final with all its steps", q);
+    }
+
+    /* a forced update (fetch reply) rebases even onto an older version and
+     * drops a queued push relative to the old base */
+    train_step(theta, 100);
+    dl_node_after_step(n, 4 * H + 1, H, TOK, 1.0); /* fragment 1 due at step 17 */
+    dl_comms_get_stats(c, &cs);
+    uint64_t disc0 = cs.discarded;
+    global_of(1, 3, g);
+    dl_comms_put_update(c, 1, 3, 1, g, dl_plan_fragment_numel(plan, 1));
+    CHECK(dl_node_poll(n) == 1, "forced update adopted");
+    CHECK(dl_node_version(n, 1) == 3, "rebase to an older version: %llu", (unsigned long long)dl_node_version(n, 1));
+    th = gather(1, theta);
+    CHECK(same(th, g, dl_plan_fragment_numel(plan, 1)), "rebase: theta = global");
+    free(th);
+    dl_comms_push h;
+    CHECK(dl_comms_take_push(c, 1, &h, &d) == 0, "queued push of the old base dropped");
+    dl_comms_get_stats(c, &cs);
+    CHECK(cs.discarded == disc0 + 1, "discarded counted");
+    dl_node_get_stats(n, &ns);
+    CHECK(ns.rebased == P + 1, "rebases: %llu", (unsigned long long)ns.rebased);
+
+    free(before);
+    free(d);
+    free(g);
+    dl_node_close(&n);
+    dl_node_close(&n);
+    dl_comms_close(&c);
+    dl_comms_close(&c);
+    free(theta);
+    printf("ok: fetch, schedule, delta = base - theta exactly, counters, coalescing, version ordering, flush, "
+           "rebase\n");
+}
+
+/* Adopt v2 of fragment p after `k` steps, given `pushed_at` (0 = no push). */
+static void test_mode(int mode, const char *name)
+{
+    const float alpha = 0.25f;
+    float *theta = calloc(total, sizeof(float));
+    dl_comms *c;
+    dl_node *n;
+    setup(mode, alpha, theta, &c, &n);
+    const int p = 1; /* due at steps 1, 5, 9, ... */
+    size_t k = dl_plan_fragment_numel(plan, p);
+    float *g = calloc(k, sizeof(float));
+    float *d = dl_comms_buf_alloc(c);
+
+    /* 3 steps (push of p at step 1), then adopt v2 */
+    for (int64_t s = 1; s <= 3; s++) {
+        train_step(theta, s);
+        dl_node_after_step(n, s, H, TOK, 2.0);
+        if (s == 1) {
+            dl_comms_push h;
+            CHECK(dl_comms_take_push(c, p, &h, &d) == 1 && h.steps == 1, "%s: push of %d at step 1", name, p);
+        }
+    }
+    float *at_push = NULL;
+    { /* theta at the push = init + step 1 */
+        float *t0 = calloc(total, sizeof(float));
+        float *g1 = calloc(k, sizeof(float));
+        global_of(p, 1, g1);
+        dl_plan_scatter(plan, p, g1, t0);
+        train_step(t0, 1);
+        at_push = gather(p, t0);
+        free(t0);
+        free(g1);
+    }
+    float *before = gather(p, theta);
+    global_of(p, 2, g);
+    dl_comms_put_update(c, p, 2, 0, g, k);
+    CHECK(dl_node_poll(n) == 1, "%s: v2 adopted", name);
+    float *after = gather(p, theta);
+    int exact = 1;
+    for (size_t i = 0; i < k; i++) {
+        float want = mode == DL_ADOPT_OVERWRITE ? g[i]
+                     : mode == DL_ADOPT_MIX     ? alpha * before[i] + (1.0f - alpha) * g[i]
+                                                : g[i] + (before[i] - at_push[i]);
+        exact &= after[i] == want;
+    }
+    CHECK(exact, "%s: theta after adopt matches the hand-computed value", name);
+    CHECK(same(dl_node_base(n, p), g, k), "%s: base = global", name);
+    CHECK(dl_node_version(n, p) == 2, "%s: version 2", name);
+    uint64_t want_steps = mode == DL_ADOPT_KEEP ? 2 : 0; /* keep: steps 2, 3 were made since the push */
+    CHECK(dl_node_steps(n, p) == want_steps && dl_node_tokens(n, p) == want_steps * TOK,
+          "%s: counters after adopt %llu/%llu, want %llu", name, (unsigned long long)dl_node_steps(n, p),
+          (unsigned long long)dl_node_tokens(n, p), (unsigned long long)want_steps);
+    /* other fragments keep their counters (3 steps) */
+    CHECK(dl_node_steps(n, 0) == 3, "%s: fragment 0 still has 3 steps", name);
+
+    /* the next push is relative to the new base and carries the counters */
+    train_step(theta, 4);
+    dl_node_after_step(n, 4, H, TOK, 2.0);
+    train_step(theta, 5);
+    dl_node_after_step(n, 5, H, TOK, 2.0); /* p due */
+    dl_comms_push h;
+    CHECK(dl_comms_take_push(c, p, &h, &d) == 1, "%s: push at step 5", name);
+    float *th = gather(p, theta);
+    exact = 1;
+    for (size_t i = 0; i < k; i++) exact &= d[i] == g[i] - th[i];
+    CHECK(exact, "%s: delta = new base - theta", name);
+    CHECK(h.base_version == 2 && h.steps == want_steps + 2, "%s: push base %llu steps %llu", name,
+          (unsigned long long)h.base_version, (unsigned long long)h.steps);
+
+    if (mode == DL_ADOPT_KEEP) {
+        /* an update with no push since the last adopt keeps everything since
+         * the push at step 5: theta = g3 + (theta - theta_at_push5) */
+        train_step(theta, 6);
+        dl_node_after_step(n, 6, H, TOK, 2.0);
+        float *cur = gather(p, theta);
+        float *g3 = calloc(k, sizeof(float));
+        global_of(p, 3, g3);
+        dl_comms_put_update(c, p, 3, 0, g3, k);
+        dl_node_poll(n);
+        float *a3 = gather(p, theta);
+        exact = 1;
+        for (size_t i = 0; i < k; i++) exact &= a3[i] == g3[i] + (cur[i] - th[i]);
+        CHECK(exact, "keep: second adopt keeps the progress since the push");
+        CHECK(dl_node_steps(n, p) == 1, "keep: 1 step since the push at 5, got %llu",
+              (unsigned long long)dl_node_steps(n, p));
+        /* and a third, without any push: progress since the last adopt too */
+        train_step(theta, 7);
+        dl_node_after_step(n, 7, H, TOK, 2.0);
+        float *cur2 = gather(p, theta);
+        float *g4 = calloc(k, sizeof(float));
+        global_of(p, 4, g4);
+        dl_comms_put_update(c, p, 4, 0, g4, k);
+        dl_node_poll(n);
+        float *a4 = gather(p, theta);
+        exact = 1;
+        for (size_t i = 0; i < k; i++) exact &= a4[i] == g4[i] + (cur2[i] - g3[i]);
+        CHECK(exact, "keep: adopt without a push since keeps progress since the last global");
+        CHECK(dl_node_steps(n, p) == 2, "keep: counters since the push at 5: 2, got %llu",
+              (unsigned long long)dl_node_steps(n, p));
+        free(cur);
+        free(g3);
+        free(a3);
+        free(cur2);
+        free(g4);
+        free(a4);
+    }
+    free(th);
+    free(before);
+    free(after);
+    free(at_push);
+    free(g);
+    free(d);
+    dl_node_close(&n);
+    dl_comms_close(&c);
+    free(theta);
+    printf("ok: adopt %s matches hand-computed parameters and counters\n", name);
+}
+
+static void test_bad_input(void)
+{
+    dl_comms_opts co = {.endpoint = "tcp://127.0.0.1:1", .learner_id = "bad id", .run_id = "t", .plan = plan};
+    dl_comms *c = NULL;
+    CHECK(dl_comms_open(&co, &c) == DL_EINVAL && c == NULL, "learner id with a space refused");
+    CHECK(strstr(dl_errmsg(), "bad id") != NULL, "message names the id: %s", dl_errmsg());
+    co.learner_id = "";
+    CHECK(dl_comms_open(&co, &c) == DL_EINVAL, "empty learner id refused");
+    char longid[80];
+    memset(longid, 'a', 65);
+    longid[65] = 0;
+    co.learner_id = longid;
+    CHECK(dl_comms_open(&co, &c) == DL_EINVAL, "65-byte learner id refused");
+    longid[64] = 0;
+    CHECK(dl_comms_id_ok(longid) && dl_comms_id_ok("a.B_c-9") && !dl_comms_id_ok("a/b"), "id rule");
+    co.learner_id = "ok";
+    co.log_acks = "/nonexistent-dir/acks.log";
+    CHECK(dl_comms_open(&co, &c) == DL_EIO, "unwritable log_acks refused");
+    co.log_acks = NULL;
+    REQUIRE(dl_comms_open(&co, &c) == 0, "open");
+    float theta[1];
+    dl_node_opts o = {.plan = plan, .params = theta, .adopt = 7, .alpha = 0.5f};
+    dl_node *n = NULL;
+    CHECK(dl_node_open(&o, c, &n) == DL_EINVAL && !n, "unknown adopt mode refused");
+    o.adopt = DL_ADOPT_MIX;
+    o.alpha = 1.5f;
+    CHECK(dl_node_open(&o, c, &n) == DL_EINVAL && !n, "alpha 1.5 refused");
+    CHECK(dl_comms_state(c, NULL, 0) == DL_COMMS_IDLE, "unstarted mailbox is idle");
+    dl_comms_close(&c);
+    printf("ok: bad learner ids, log file, adopt mode and alpha are refused\n");
+}
+
+int main(void)
+{
+    REQUIRE(dl_gpt_config_check(&CFG) == 0, "config: %s", dl_errmsg());
+    REQUIRE(dl_gpt_plan_open(&CFG, P, &plan) == 0, "plan: %s", dl_errmsg());
+    total = dl_plan_total_numel(plan);
+    for (int p = 0; p < P; p++) REQUIRE(dl_plan_fragment_numel(plan, p) > 0, "fragment %d empty", p);
+
+    test_fetch_and_pushes();
+    test_mode(DL_ADOPT_OVERWRITE, "overwrite");
+    test_mode(DL_ADOPT_MIX, "mix");
+    test_mode(DL_ADOPT_KEEP, "keep");
+    test_bad_input();
+
+    dl_plan_close(&plan);
+    printf("test_node: %d checks, %d failures\n", n_checks, n_fail);
+    return n_fail ? 1 : 0;
+}
