@@ -1,13 +1,13 @@
 #!/bin/bash
-# The main job: set up, build, and train the GPT on the bundled corpus (the
-# Debian `fortunes` text, ~2.5 MB), printing progress and a summary.
-# Usage: deploy/quickstart.sh [extra dloco-learner flags, e.g. --steps 300]
+# The main job: set up, build, and run a local cluster — one synchronizer and
+# 4 learners on loopback — training one GPT on the bundled corpus (the text of
+# Debian's `fortunes` package, ~2.5 MB). Ends with a summary: final global
+# validation loss, merges, mean staleness, bytes per learner.
+# Usage: deploy/quickstart.sh [local_cluster.sh options, e.g. --steps 100 --learners 2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-learner
-mkdir -p runs
-exec "$BUILD_DIR"/learner/dloco-learner --standalone --config deploy/quickstart.ini \
-  --checkpoint runs/quickstart.ckpt "$@"
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync dloco-learner dloco
+exec deploy/local_cluster.sh --store runs/quickstart.lmdb "$@"

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct {
@@ -45,6 +46,7 @@ typedef struct {
     int64_t flush_timeout_ms, connect_timeout_ms;
     char log_acks[DL_CFG_STRLEN];
     int local_eval;
+    double throttle;
 } learner_cfg;
 
 #define F(x) offsetof(learner_cfg, x)
@@ -97,6 +99,8 @@ static const dl_cfg_entry learner_table[] = {
     {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 100, 86400000, "30000", NULL, 0,
      "give up when Welcome and the initial fetch take longer than this"},
     {"log_acks", DL_CFG_STR, F(log_acks), 0, 0, "", NULL, 0, "append one line per Ack / Update received to this file"},
+    {"throttle", DL_CFG_FLOAT, F(throttle), 0.001, 1.0, "1", NULL, 0,
+     "run at this fraction of full speed (sleeps after each step): a deliberately slow learner for tests"},
     {"local_eval", DL_CFG_BOOL, F(local_eval), 0, 0, "false", NULL, 0,
      "networked mode: also evaluate the local model every val_every steps (the synchronizer evaluates the global one)"},
 };
@@ -189,6 +193,7 @@ int main(int argc, char **argv)
             dl_trainer_close(&tr);
             return fail("opening loss_log", dl_err(DL_EIO, "%s", cfg.loss_log));
         }
+        if (ll) setvbuf(ll, NULL, _IOLBF, 0);
         rc = run_networked(&cfg, tr, &tc, ll);
         if (ll) fclose(ll);
         dl_trainer_close(&tr);
@@ -203,6 +208,7 @@ int main(int argc, char **argv)
         dl_trainer_close(&tr);
         return fail("opening loss_log", dl_err(DL_EIO, "%s", cfg.loss_log));
     }
+    if (losslog) setvbuf(losslog, NULL, _IOLBF, 0); /* one line per step, visible as it happens */
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
@@ -365,8 +371,15 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         int64_t win_steps = 0;
         while (step < cfg->steps && !stop_requested) {
             float norm;
+            double t_step = dl_clock_s();
             double loss = dl_trainer_step(tr, &norm);
             step = dl_trainer_steps_done(tr);
+            if (cfg->throttle < 1.0) {
+                /* a straggler on purpose: stretch each step to 1/throttle of its time */
+                double extra = (dl_clock_s() - t_step) * (1.0 / cfg->throttle - 1.0);
+                struct timespec ts = {.tv_sec = (time_t)extra, .tv_nsec = (long)((extra - (double)(time_t)extra) * 1e9)};
+                while (nanosleep(&ts, &ts) != 0 && !stop_requested) {}
+            }
             if (!isfinite(loss)) {
                 fprintf(stderr, "dloco-learner: training loss became %f at step %lld; stopping (lower --lr?)\n", loss,
                         (long long)step);

@@ -21,6 +21,7 @@ typedef struct {
     double staleness_a, staleness_b;
     char merge[DL_CFG_STRLEN];
     double outer_lr, outer_momentum, clip_norm;
+    int share_scaling;
     int64_t heartbeat_ms, liveness, rebase_ms, sync_every_ms, status_every_ms, max_msg_mb;
     char durability[DL_CFG_STRLEN], log_level[DL_CFG_STRLEN];
 } sync_cfg;
@@ -50,6 +51,8 @@ static const dl_cfg_entry table[] = {
     {"merge", DL_CFG_ENUM, F(merge), 0, 0, "rda", "rda|mean", 0, "merge rule for non-embedding tensors"},
     {"outer_lr", DL_CFG_FLOAT, F(outer_lr), 0, 10, "0.7", NULL, 1, "outer Nesterov learning rate"},
     {"outer_momentum", DL_CFG_FLOAT, F(outer_momentum), 0, 0.999, "0.9", NULL, 1, "outer Nesterov momentum"},
+    {"share_scaling", DL_CFG_BOOL, F(share_scaling), 0, 0, "true", NULL, 1,
+     "scale a round's step by its share of the live fleet's tokens"},
     {"clip_norm", DL_CFG_FLOAT, F(clip_norm), 0, 1e9, "0", NULL, 1, "clip each pseudo-gradient's norm (0 = off)"},
     {"heartbeat_ms", DL_CFG_INT, F(heartbeat_ms), 10, 600000, "500", NULL, 0, "heartbeat period, ms"},
     {"liveness", DL_CFG_INT, F(liveness), 2, 1000, "6", NULL, 0, "missed heartbeats before a learner is dead"},
@@ -90,6 +93,7 @@ static int tunables_of(const sync_cfg *c, dl_sync_tunables *t)
     t->merge.outer_lr = (float)c->outer_lr;
     t->merge.outer_momentum = (float)c->outer_momentum;
     t->merge.clip_norm = c->clip_norm;
+    t->merge.share_scaling = c->share_scaling;
     return 0;
 }
 

@@ -26,7 +26,7 @@ int dl_merge_finite(const float *x, size_t n)
 }
 
 double dl_merge_apply(const dl_plan *plan, int p, const dl_merge_opts *o, float *const *deltas, const double *w,
-                      int m, float *merged, float *params, float *momentum)
+                      int m, double scale, float *merged, float *params, float *momentum)
 {
     size_t n = dl_plan_fragment_numel(plan, p);
     if (o->clip_norm > 0)
@@ -40,6 +40,11 @@ double dl_merge_apply(const dl_plan *plan, int p, const dl_merge_opts *o, float 
             dl_cpu_weighted_mean(merged + sp[s].offset, x, w, m, sp[s].numel);
         else
             dl_cpu_rda(merged + sp[s].offset, x, w, m, sp[s].numel);
+    }
+    if (scale != 1.0) {
+        float sc = (float)scale;
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; i++) merged[i] *= sc;
     }
     double norm = dl_cpu_norm2(merged, n);
     dl_cpu_nesterov(params, momentum, merged, n, o->outer_lr, o->outer_momentum);

@@ -18,16 +18,18 @@ typedef struct {
     float outer_lr;       /* Nesterov learning rate (DiLoCo: 0.7) */
     float outer_momentum; /* Nesterov momentum (DiLoCo: 0.9) */
     double clip_norm;     /* clip each contribution's norm to this first (0 = off) */
+    int share_scaling;    /* scale a round's merged delta by its share of the fleet's tokens (see sync.c) */
 } dl_merge_opts;
 
 /* Merge m deltas of fragment p (each dl_plan_fragment_numel(p) floats, 4-byte
- * aligned) with weights w (> 0 sum) into `merged` (same size), then
+ * aligned) with weights w (> 0 sum) into `merged` (same size), multiply it by
+ * `scale` (the round's share, in (0, 1]; 1 = unscaled), then
  * params -= outer step(merged) with momentum. Returns the L2 norm of the
  * merged delta. Non-finite input makes the result non-finite: the caller
  * rejects contributions with non-finite values before merging (see
  * dl_merge_finite). */
 double dl_merge_apply(const dl_plan *plan, int p, const dl_merge_opts *o, float *const *deltas, const double *w,
-                      int m, float *merged, float *params, float *momentum);
+                      int m, double scale, float *merged, float *params, float *momentum);
 
 /* 1 if all n values are finite. */
 int dl_merge_finite(const float *x, size_t n);

@@ -33,6 +33,7 @@ typedef struct {
     uint64_t step, tokens;    /* from its heartbeats */
     double steps_per_s;
     uint64_t hellos, pushes, merged, dropped, rejected, tokens_applied, bytes_in, bytes_out;
+    uint64_t last_push_tokens; /* tokens of its latest push: its expected contribution to a round */
 } learner_slot;
 
 typedef struct {
@@ -55,6 +56,7 @@ typedef struct job {
     int fragment;
     uint64_t version; /* merges onto this version; commits version + 1 */
     dl_merge_opts mopts; /* merge settings at submission (SIGHUP may change the live ones) */
+    double share;        /* this round's tokens / the live fleet's tokens per push period, (0, 1] */
     int m;
     float **deltas;
     double *w;
@@ -134,7 +136,8 @@ static void run_merge_job(dl_sync *s, job *j)
     size_t n = s->numel[p];
     memcpy(s->scratch_params, s->params[p], n * sizeof(float));
     memcpy(s->scratch_mom, s->momentum[p], n * sizeof(float));
-    j->norm = dl_merge_apply(s->plan, p, &j->mopts, j->deltas, j->w, j->m, s->scratch_merged, s->scratch_params,
+    j->norm = dl_merge_apply(s->plan, p, &j->mopts, j->deltas, j->w, j->m, j->mopts.share_scaling ? j->share : 1.0,
+                             s->scratch_merged, s->scratch_params,
                              s->scratch_mom);
     j->rec.delta_norm = j->norm;
     j->rec.wallclock_ns = dl_wallclock_ns();
@@ -391,6 +394,21 @@ static void submit_round(dl_sync *s, const dl_policy_round *r)
         snprintf(mc->reason, sizeof mc->reason, "%s", c->learner_dead ? "merged (learner dead)" : "");
     }
     for (int i = 0; i < na; i++) j->rec.contrib[r->n + i] = s->aside[p][i].c;
+    /* Round share: a round that merges only some of the live learners moves
+     * the global fragment by that share of a full round. Without it, a fleet
+     * of M learners whose pushes land in separate rounds would apply M
+     * full-size outer steps per push period (each learner's delta measures
+     * the same stretch of training), which the outer momentum then amplifies.
+     * The expected tokens of a full round are the live learners' latest push
+     * sizes, so a slow learner (fewer tokens per push) counts for less. */
+    {
+        double round_tokens = 0, fleet_tokens = 0;
+        for (int i = 0; i < r->n; i++) round_tokens += (double)r->contribs[i].tokens;
+        for (int i = 0; i < s->nslots; i++)
+            if (s->slots[i].used && s->slots[i].registered && s->slots[i].live)
+                fleet_tokens += (double)s->slots[i].last_push_tokens;
+        j->share = fleet_tokens > round_tokens ? round_tokens / fleet_tokens : 1.0;
+    }
     s->naside[p] = 0;
     char line[512];
     dl_policy_round_format(r, line, sizeof line);
@@ -449,8 +467,8 @@ static void merge_done(dl_sync *s, job *j)
     s->merges++;
     s->merged_contribs += (uint64_t)j->m;
     dl_policy_committed(s->policy, p, nv, now);
-    DL_INFO("merge frag %d v%llu: %d learner(s), mean staleness %.2f, |delta| %.4g", p, (unsigned long long)nv, j->m,
-            j->m ? stale / j->m : 0.0, j->norm);
+    DL_INFO("merge frag %d v%llu: %d learner(s), mean staleness %.2f, share %.2f, |delta| %.4g", p,
+            (unsigned long long)nv, j->m, j->m ? stale / j->m : 0.0, j->mopts.share_scaling ? j->share : 1.0, j->norm);
 }
 
 static void free_job(job *j)
@@ -563,6 +581,7 @@ static void on_push(dl_sync *s, learner_slot *l, dl_wire_msg *msg, const Dloco__
 {
     int p = (int)ph->fragment;
     l->pushes++;
+    l->last_push_tokens = ph->tokens;
     if (ph->codec != DLOCO__V1__CODEC__CODEC_FP32) {
         l->rejected++;
         s->rejected++;
@@ -864,6 +883,7 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
     CHANGED("outer_lr", "%g", (double)cur.merge.outer_lr, (double)nt.merge.outer_lr);
     CHANGED("outer_momentum", "%g", (double)cur.merge.outer_momentum, (double)nt.merge.outer_momentum);
     CHANGED("clip_norm", "%g", cur.merge.clip_norm, nt.merge.clip_norm);
+    CHANGED("share_scaling", "%d", cur.merge.share_scaling, nt.merge.share_scaling);
 #undef CHANGED
     if (o && log[o - 1] == ',') log[o - 1] = 0;
     s->cfg.merge = nt.merge;

@@ -40,7 +40,7 @@ int main(void)
     double w[2] = {1, 3};
     float merged[4], params[4] = {10, 10, 10, 10}, mom[4] = {0, 0, 0, 0};
     dl_merge_opts o = {.rule = DL_MERGE_RULE_RDA, .outer_lr = 0.7f, .outer_momentum = 0.9f, .clip_norm = 0};
-    double norm = dl_merge_apply(plan, 0, &o, d, w, 2, merged, params, mom);
+    double norm = dl_merge_apply(plan, 0, &o, d, w, 2, 1.0, merged, params, mom);
     /* embedding: weighted mean (0.25, 0.75) */
     CHECK(fabs(merged[0] - 0.25) < 1e-6 && fabs(merged[1] - 0.75) < 1e-6, "embed mean %g %g", merged[0], merged[1]);
     /* matrix: RDA. radius (1*5 + 3*2)/4 = 2.75; direction unit((1*(0.6,0.8) + 3*(0,1))/4) */
@@ -62,7 +62,7 @@ int main(void)
     /* the mean rule averages the matrix too */
     float p2[4] = {0}, m2[4] = {0};
     o.rule = DL_MERGE_RULE_MEAN;
-    dl_merge_apply(plan, 0, &o, d, w, 2, merged, p2, m2);
+    dl_merge_apply(plan, 0, &o, d, w, 2, 1.0, merged, p2, m2);
     CHECK(fabs(merged[2] - 0.75) < 1e-6 && fabs(merged[3] - 2.5) < 1e-6, "mean rule %g %g", merged[2], merged[3]);
 
     /* clipping bounds each contribution before the merge */
@@ -70,7 +70,7 @@ int main(void)
     float *dc[2] = {c1, c2};
     o.rule = DL_MERGE_RULE_RDA;
     o.clip_norm = 5;
-    dl_merge_apply(plan, 0, &o, dc, w, 2, merged, p2, m2);
+    dl_merge_apply(plan, 0, &o, dc, w, 2, 1.0, merged, p2, m2);
     CHECK(fabs(merged[2] - 3) < 1e-5 && fabs(merged[3] - 4) < 1e-5, "clipped %g %g", merged[2], merged[3]);
 
     float bad[2] = {1, NAN};

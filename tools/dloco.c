@@ -26,6 +26,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: dloco COMMAND STORE [options]\n"
                "  check  STORE                 verify a store offline (exit 1 on the first violation)\n"
                "  status STORE                 run, epoch, fragment versions, merges, token ledger, learners\n"
+               "  records STORE                one line per merge contribution: fragment version learner decision\n"
+               "                               staleness tokens weight\n"
                "  eval   STORE [--data PATH] [--batch B] [--val_batches N] [--val_frac F]\n"
                "                               validation loss of the store's global model\n");
 }
@@ -116,6 +118,32 @@ static int cmd_status(const char *dir)
     dl_store_foreach_learner(s, print_learner, NULL);
     dl_store_close(&s);
     return 0;
+}
+
+static int print_record(const dl_merge_record *r, void *ctx)
+{
+    uint32_t p = *(const uint32_t *)ctx;
+    static const char *dec[] = {"merged", "dropped_stale", "rejected"};
+    for (uint32_t i = 0; i < r->n_contrib; i++) {
+        const dl_merge_contrib *c = &r->contrib[i];
+        printf("%u %llu %s %s %llu %llu %.6f epoch=%llu\n", p, (unsigned long long)r->version, c->learner_id,
+               c->decision >= 0 && c->decision <= 2 ? dec[c->decision] : "?", (unsigned long long)c->staleness,
+               (unsigned long long)c->tokens, c->weight, (unsigned long long)r->epoch);
+    }
+    return 0;
+}
+
+static int cmd_records(const char *dir)
+{
+    dl_store_opts o = dl_store_opts_default();
+    o.read_only = 1;
+    dl_store *s = NULL;
+    int rc = dl_store_open(dir, &o, &s);
+    if (rc) return fail("opening the store", rc);
+    uint32_t P = dl_store_n_fragments(s);
+    for (uint32_t p = 0; p < P && !rc; p++) rc = dl_store_foreach_merge(s, p, 1, print_record, &p);
+    dl_store_close(&s);
+    return rc < 0 ? fail("reading merge records", rc) : 0;
 }
 
 typedef struct {
@@ -217,6 +245,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "status")) return cmd_status(dir);
+    if (!strcmp(cmd, "records")) return cmd_records(dir);
     if (!strcmp(cmd, "eval")) return cmd_eval(dir, argc - 2, argv + 2);
     fprintf(stderr, "dloco: unknown command '%s'\n", cmd);
     usage(stderr);

@@ -1,0 +1,54 @@
+#!/bin/bash
+# Quality at equal tokens: (a) one learner with the M-times batch (the
+# data-parallel equivalent) vs (b) M decoupled learners + a synchronizer, same
+# model, same total training tokens, same evaluation sequences. Prints both
+# final validation losses, bytes per learner, and as its last line
+# `decoupled_vs_dp_loss: X.XXX` ((b) / (a); lower is better, bar <= 1.03).
+# Usage: bench/quality.sh   (env: M=4 STEPS=250 L=4 C=128 NH=4 T=128 B=16 H=8 P=4
+#                            K=1 OUTER_LR=0.7 OUTER_MU=0.9 LR=3e-3 DATA=... BUILD_DIR=build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+M=${M:-4} STEPS=${STEPS:-250} L=${L:-4} C=${C:-128} NH=${NH:-4} T=${T:-128} B=${B:-16} H=${H:-8} P=${P:-4}
+K=${K:-1} OUTER_LR=${OUTER_LR:-0.7} OUTER_MU=${OUTER_MU:-0.9} LR=${LR:-3e-3} SHARE=${SHARE:-true}
+DATA=${DATA:-/usr/share/games/fortunes}
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync dloco-learner dloco >/dev/null
+W=$(mktemp -d /tmp/dloco_quality.XXXXXX)
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$W"' EXIT
+MODEL="--n_layer $L --n_head $NH --n_embd $C --seq_len $T"
+VB=$((256 / B))  # both evaluations use validation sequences 0..255
+echo "model L=$L C=$C NH=$NH T=$T; $M learners x B=$B x $STEPS steps vs 1 learner x B=$((M * B)) x $STEPS steps" \
+     "($((M * B * T * STEPS)) tokens each); H=$H P=$P K=$K outer lr $OUTER_LR momentum $OUTER_MU share_scaling $SHARE"
+
+# (a) data-parallel equivalent
+t0=$(date +%s)
+"$BUILD_DIR"/learner/dloco-learner --standalone $MODEL --data "$DATA" --batch $((M * B)) --steps "$STEPS" --lr "$LR" \
+  --warmup 20 --val_every 0 --val_batches $((256 / (M * B))) --log_every 50 > "$W/dp.log" 2>&1
+dp=$(sed -n -E 's/^summary:.*-> ([0-9.]+) \(best.*/\1/p' "$W/dp.log")
+echo "(a) data-parallel equivalent: final val loss $dp ($(( $(date +%s) - t0 )) s)"
+
+# (b) decoupled learners
+t0=$(date +%s)
+"$BUILD_DIR"/synchronizer/dloco-sync --store "$W/store" --bind tcp://127.0.0.1:0 $MODEL --vocab 256 --fragments "$P" \
+  --H "$H" --quorum "$K" --outer_lr "$OUTER_LR" --outer_momentum "$OUTER_MU" --share_scaling "$SHARE" \
+  --status_every_ms 0 --durability periodic > "$W/sync.log" 2>&1 &
+SP=$!; PIDS+=($SP)
+EP=""
+for _ in $(seq 1 100); do EP=$(sed -n 's/^dloco-sync: listening on //p' "$W/sync.log"); [ -n "$EP" ] && break; sleep 0.1; done
+[ -n "$EP" ] || { cat "$W/sync.log"; exit 1; }
+LP=()
+for i in $(seq 0 $((M - 1))); do
+  "$BUILD_DIR"/learner/dloco-learner --connect "$EP" --id "q$i" $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" \
+    --lr "$LR" --warmup 20 --fragments "$P" --data_shard "$i" --data_shards "$M" --seed $((7 + i)) --threads 1 \
+    --log_every 50 > "$W/l$i.log" 2>&1 &
+  LP+=($!); PIDS+=($!)
+done
+for p in "${LP[@]}"; do wait "$p"; done
+kill -TERM "$SP"; wait "$SP" || true
+dd=$("$BUILD_DIR"/tools/dloco eval "$W/store" --data "$DATA" --batch "$B" --val_batches "$VB" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
+st=$("$BUILD_DIR"/tools/dloco status "$W/store" | grep '^merges')
+echo "(b) $M decoupled learners: final global val loss $dd ($(( $(date +%s) - t0 )) s); $st"
+grep -h '^learner-summary:' "$W"/l*.log | sed -E 's/.*id=([^ ]+).*bytes_sent=([0-9]+) bytes_received=([0-9]+).*/  \1: sent \2 B, received \3 B/'
+python3 -c "print('decoupled_vs_dp_loss: %.3f' % ($dd / $dp))"

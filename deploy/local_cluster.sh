@@ -1,0 +1,78 @@
+#!/bin/bash
+# A local cluster on this machine: one dloco-sync + N dloco-learner processes
+# on loopback, training one GPT on a corpus; ends with a summary (final global
+# validation loss, merges, mean staleness, bytes per learner).
+# Usage: deploy/local_cluster.sh [--learners N] [--steps S] [--store DIR] [--keep]
+#        [--data PATH] [--port P] [-- extra learner flags]
+# Model and merge settings come from deploy/cluster.ini (synchronizer) and
+# deploy/learner.ini (learners). Built binaries are expected in $BUILD_DIR.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+N=4 STEPS=250 STORE=runs/cluster.lmdb KEEP=0 DATA=/usr/share/games/fortunes PORT=5555
+EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --learners) N=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --store) STORE=$2; shift 2 ;;
+    --data) DATA=$2; shift 2 ;;
+    --port) PORT=$2; shift 2 ;;
+    --keep) KEEP=1; shift ;;
+    --) shift; EXTRA=("$@"); break ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    *) echo "local_cluster.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
+  esac
+done
+case "$N$STEPS" in *[!0-9]*) echo "local_cluster.sh: --learners and --steps take numbers" >&2; exit 2 ;; esac
+[ "$N" -ge 1 ] && [ "$N" -le 64 ] || { echo "local_cluster.sh: --learners must be 1..64" >&2; exit 2; }
+for b in synchronizer/dloco-sync learner/dloco-learner tools/dloco; do
+  [ -x "$BUILD_DIR/$b" ] || { echo "local_cluster.sh: $BUILD_DIR/$b is not built (run cmake --build $BUILD_DIR)" >&2; exit 2; }
+done
+
+LOGS=$(dirname "$STORE")/$(basename "$STORE" .lmdb)-logs
+mkdir -p "$(dirname "$STORE")" "$LOGS"
+[ "$KEEP" = 1 ] || rm -rf "$STORE"
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT INT TERM
+
+"$BUILD_DIR"/synchronizer/dloco-sync --config deploy/cluster.ini --store "$STORE" --bind "tcp://127.0.0.1:$PORT" \
+  > "$LOGS/sync.log" 2>&1 &
+SPID=$!; PIDS+=("$SPID")
+EP=""
+for _ in $(seq 1 100); do
+  EP=$(sed -n 's/^dloco-sync: listening on //p' "$LOGS/sync.log")
+  [ -n "$EP" ] && break
+  kill -0 "$SPID" 2>/dev/null || { cat "$LOGS/sync.log"; exit 1; }
+  sleep 0.1
+done
+[ -n "$EP" ] || { echo "dloco-sync did not start"; cat "$LOGS/sync.log"; exit 1; }
+echo "synchronizer on $EP (store $STORE, logs in $LOGS)"
+v0=$("$BUILD_DIR"/tools/dloco eval "$STORE" --data "$DATA" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
+echo "global model at start: val loss $v0"
+
+# each learner gets its own shard of the training data and one thread (the
+# learners share this machine's cores)
+LP=()
+for i in $(seq 0 $((N - 1))); do
+  "$BUILD_DIR"/learner/dloco-learner --config deploy/learner.ini --connect "$EP" --id "learner-$i" \
+    --data "$DATA" --steps "$STEPS" --data_shard "$i" --data_shards "$N" --seed $((1000 + i)) \
+    --threads 1 "${EXTRA[@]}" > "$LOGS/learner-$i.log" 2>&1 &
+  LP+=($!); PIDS+=($!)
+done
+echo "started $N learners x $STEPS steps; progress of learner-0:"
+tail -n +1 -f "$LOGS/learner-0.log" --pid "${LP[0]}" | grep --line-buffered -E '^step|summary' || true
+rc=0
+for i in "${!LP[@]}"; do wait "${LP[$i]}" || { echo "learner-$i exited with an error:"; tail -3 "$LOGS/learner-$i.log"; rc=1; }; done
+kill -TERM "$SPID"; wait "$SPID" || true
+
+echo
+echo "==== summary ===="
+"$BUILD_DIR"/tools/dloco status "$STORE" | grep -E '^(run|versions|merges|token)'
+v1=$("$BUILD_DIR"/tools/dloco eval "$STORE" --data "$DATA" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
+echo "final global val loss: $v1 (start $v0)"
+grep -h '^learner-summary:' "$LOGS"/learner-*.log | sed -E 's/^learner-summary: /  /' \
+  | awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+           printf "  %-10s steps %-6s pushes %-5s adopted %-5s sent %8.2f MB  received %8.2f MB\n", v["id"], v["steps"], v["pushes"], v["updates_adopted"], v["bytes_sent"] / 1e6, v["bytes_received"] / 1e6 }'
+exit $rc

@@ -1,0 +1,59 @@
+# Shared helpers of the cluster tests (sourced): start/stop dloco-sync and
+# learners by PID, bounded waits, store queries. Every process a test starts
+# is recorded in PIDS and killed by PID on exit; nothing else is touched.
+B=${DLOCO_BIN:-build}
+SYNC=$B/synchronizer/dloco-sync LEARNER=$B/learner/dloco-learner DLOCO=$B/tools/dloco
+W=$(mktemp -d /tmp/dloco_${TEST_NAME:-cluster}.XXXXXX)
+PIDS=()
+fail=0
+cleanup() { for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done; rm -rf "$W"; }
+trap cleanup EXIT
+die() { echo "FAIL: $*"; for f in "$W"/*.log; do echo "== $f"; tail -15 "$f"; done; exit 1; }
+check() { # description command...
+  local d="$1"; shift
+  if "$@"; then echo "ok: $d"; else echo "FAIL: $d"; fail=1; fi
+}
+make_corpus() { for i in $(seq 1 3000); do echo "line $i: the quick brown fox jumps over the lazy dog number $((i * 7919 % 1000))."; done > "$W/corpus.txt"; }
+MODEL="--n_layer 2 --n_head 2 --n_embd 32 --seq_len 32"
+
+# start_sync LOGNAME [extra args...]: binds $BIND (default: a free loopback
+# port); sets SPID and EP
+start_sync() {
+  local log=$1; shift
+  "$SYNC" --store "$W/store" --bind "${BIND:-tcp://127.0.0.1:0}" $MODEL --vocab 256 --fragments 4 --H 8 --heartbeat_ms 200 \
+    --status_every_ms 0 "$@" > "$W/$log.log" 2>&1 &
+  SPID=$!; PIDS+=("$SPID")
+  EP=""
+  for _ in $(seq 1 150); do
+    EP=$(sed -n 's/^dloco-sync: listening on //p' "$W/$log.log")
+    [ -n "$EP" ] && return 0
+    kill -0 "$SPID" 2>/dev/null || die "dloco-sync exited at start ($log)"
+    sleep 0.1
+  done
+  die "dloco-sync did not start ($log)"
+}
+stop_sync() {
+  kill -TERM "$SPID" 2>/dev/null
+  for _ in $(seq 1 150); do kill -0 "$SPID" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$SPID" 2>/dev/null && die "dloco-sync did not stop on SIGTERM"
+  wait "$SPID" 2>/dev/null
+}
+# start_learner NAME [extra args...]: sets LPID
+start_learner() {
+  local name=$1; shift
+  "$LEARNER" --connect "$EP" --id "$name" $MODEL --data "$W/corpus.txt" --batch 8 --warmup 5 --lr 3e-3 \
+    --fragments 4 --threads 1 --log_every 50 --log_acks "$W/acks-$name.txt" --loss_log "$W/loss-$name.txt" "$@" \
+    > "$W/$name.log" 2>&1 &
+  LPID=$!; PIDS+=("$LPID")
+}
+wait_pid() { # deadline-seconds pid -> returns its exit code
+  local deadline=$(( $(date +%s) + $1 ))
+  while kill -0 "$2" 2>/dev/null; do [ "$(date +%s)" -lt "$deadline" ] || die "process $2 still running after $1 s"; sleep 0.1; done
+  wait "$2"
+}
+versions() { "$DLOCO" status "$W/store" 2>/dev/null | sed -n 's/^versions: //p'; }
+merges() { "$DLOCO" status "$W/store" 2>/dev/null | sed -n 's/^merges \([0-9]*\):.*/\1/p'; }
+val_loss() { "$DLOCO" eval "$W/store" --data "$W/corpus.txt" --batch 8 --val_batches 8 | sed -E 's/.*val loss ([0-9.]+).*/\1/'; }
+steps_of() { [ -f "$W/loss-$1.txt" ] && wc -l < "$W/loss-$1.txt" || echo 0; }
+# wait_until SECONDS 'shell condition' -> 0 when it became true
+wait_until() { local deadline=$(( $(date +%s) + $1 )); while ! eval "$2"; do [ "$(date +%s)" -lt "$deadline" ] || return 1; sleep 0.2; done; }

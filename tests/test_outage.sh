@@ -1,0 +1,44 @@
+#!/bin/bash
+# Outage: SIGSTOP the synchronizer for OUTAGE_S seconds (default 20). Every
+# learner keeps training (its step counter advances during the stop), its
+# memory stays bounded (pushes of a fragment coalesce), and merges resume
+# after SIGCONT.
+set -u
+TEST_NAME=outage
+. "$(dirname "$0")/lib_cluster.sh"
+OUTAGE_S=${OUTAGE_S:-20}
+make_corpus
+start_sync sync --durability sync
+NAMES=(o0 o1 o2); LP=()
+for i in 0 1 2; do start_learner "${NAMES[$i]}" --steps 100000000 --data_shard $i --data_shards 3 --throttle 0.5; LP+=($LPID); done
+wait_until 60 '[ "$(merges)" -ge 20 ]' || die "no merges before the outage"
+rss() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+declare -A s0 r0
+for i in 0 1 2; do s0[$i]=$(steps_of "${NAMES[$i]}"); r0[$i]=$(rss "${LP[$i]}"); done
+kill -STOP "$SPID"
+sleep 0.5
+m0=$(merges)
+echo "synchronizer stopped for $OUTAGE_S s at $m0 merges"
+sleep "$OUTAGE_S"
+for i in 0 1 2; do
+  s1=$(steps_of "${NAMES[$i]}"); r1=$(rss "${LP[$i]}")
+  echo "${NAMES[$i]}: steps ${s0[$i]} -> $s1 during the outage, RSS ${r0[$i]} -> $r1 kB"
+  [ "$s1" -gt $(( ${s0[$i]} + 50 )) ] || { echo "FAIL: ${NAMES[$i]} stopped training during the outage"; fail=1; }
+  [ "$r1" -lt $(( ${r0[$i]} + ${r0[$i]} / 2 + 16384 )) ] || { echo "FAIL: ${NAMES[$i]} memory grew without bound"; fail=1; }
+  grep -q "coalesced" "$W/${NAMES[$i]}.log" || true
+done
+m_stop=$(merges)
+check "no merge happened while stopped ($m0 = $m_stop)" [ "$m0" = "$m_stop" ]
+kill -CONT "$SPID"
+wait_until 60 "[ \$(merges) -ge $((m0 + 20)) ]" && echo "ok: merges resumed after SIGCONT ($m0 -> $(merges))" \
+  || { echo "FAIL: merges did not resume"; fail=1; }
+for p in "${LP[@]}"; do kill -TERM "$p"; done
+for i in 0 1 2; do
+  wait_pid 60 "${LP[$i]}"; rc=$?
+  [ $rc = 0 ] || { echo "FAIL: ${NAMES[$i]} exited $rc"; fail=1; }
+  grep -h '^learner-summary:' "$W/${NAMES[$i]}.log" | sed -E 's/.*(id=[^ ]+).*(pushes=[0-9]+) (coalesced=[0-9]+).*/  \1 \2 \3/'
+done
+stop_sync
+check "dloco check" "$DLOCO" check "$W/store" > /dev/null
+[ $fail = 0 ] && echo "test_outage: all checks passed" || echo "test_outage: FAILED"
+exit $fail
