@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 M=${M:-4} STEPS=${STEPS:-250} L=${L:-4} C=${C:-128} NH=${NH:-4} T=${T:-128} B=${B:-16} H=${H:-8} P=${P:-4}
 K=${K:-1} OUTER_LR=${OUTER_LR:-0.7} OUTER_MU=${OUTER_MU:-0.9} LR=${LR:-3e-3} SHARE=${SHARE:-true}
+DP_LR=${DP_LR:-$LR}  # inner learning rate of (a); each side may use its own
 DATA=${DATA:-/usr/share/games/fortunes}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync dloco-learner dloco >/dev/null
@@ -20,19 +21,27 @@ trap 'for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$W"' 
 MODEL="--n_layer $L --n_head $NH --n_embd $C --seq_len $T"
 VB=$((256 / B))  # both evaluations use validation sequences 0..255
 echo "model L=$L C=$C NH=$NH T=$T; $M learners x B=$B x $STEPS steps vs 1 learner x B=$((M * B)) x $STEPS steps" \
-     "($((M * B * T * STEPS)) tokens each); H=$H P=$P K=$K outer lr $OUTER_LR momentum $OUTER_MU share_scaling $SHARE"
+     "($((M * B * T * STEPS)) tokens each); inner lr $DP_LR (a) / $LR (b); H=$H P=$P K=$K outer lr $OUTER_LR" \
+     "momentum $OUTER_MU share_scaling $SHARE"
 
-# (a) data-parallel equivalent
+# (a) data-parallel equivalent (deterministic: DP_LOSS=x reuses a known result
+# when sweeping settings of (b))
 t0=$(date +%s)
-"$BUILD_DIR"/learner/dloco-learner --standalone $MODEL --data "$DATA" --batch $((M * B)) --steps "$STEPS" --lr "$LR" \
-  --warmup 20 --val_every 0 --val_batches $((256 / (M * B))) --log_every 50 > "$W/dp.log" 2>&1
-dp=$(sed -n -E 's/^summary:.*-> ([0-9.]+) \(best.*/\1/p' "$W/dp.log")
-echo "(a) data-parallel equivalent: final val loss $dp ($(( $(date +%s) - t0 )) s)"
+if [ -n "${DP_LOSS:-}" ]; then
+  dp=$DP_LOSS
+  echo "(a) data-parallel equivalent: final val loss $dp (given by DP_LOSS, not measured in this run)"
+else
+  "$BUILD_DIR"/learner/dloco-learner --standalone $MODEL --data "$DATA" --batch $((M * B)) --steps "$STEPS" --lr "$DP_LR" \
+    --warmup 20 --val_every 0 --val_batches $((256 / (M * B))) --log_every 50 > "$W/dp.log" 2>&1
+  dp=$(sed -n -E 's/^summary:.*-> ([0-9.]+) \(best.*/\1/p' "$W/dp.log")
+  echo "(a) data-parallel equivalent: final val loss $dp ($(( $(date +%s) - t0 )) s)"
+fi
 
 # (b) decoupled learners
 t0=$(date +%s)
 "$BUILD_DIR"/synchronizer/dloco-sync --store "$W/store" --bind tcp://127.0.0.1:0 $MODEL --vocab 256 --fragments "$P" \
   --H "$H" --quorum "$K" --outer_lr "$OUTER_LR" --outer_momentum "$OUTER_MU" --share_scaling "$SHARE" \
+  --merge "${MERGE:-rda}" \
   --status_every_ms 0 --durability periodic > "$W/sync.log" 2>&1 &
 SP=$!; PIDS+=($SP)
 EP=""
@@ -42,6 +51,7 @@ LP=()
 for i in $(seq 0 $((M - 1))); do
   "$BUILD_DIR"/learner/dloco-learner --connect "$EP" --id "q$i" $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" \
     --lr "$LR" --warmup 20 --fragments "$P" --data_shard "$i" --data_shards "$M" --seed $((7 + i)) --threads 1 \
+    --adopt "${ADOPT:-overwrite}" \
     --log_every 50 > "$W/l$i.log" 2>&1 &
   LP+=($!); PIDS+=($!)
 done

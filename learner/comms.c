@@ -25,6 +25,7 @@
 #define SILENCE_MIN_MS 1000
 #define POLL_MAX_MS 100       /* timers are checked at least this often */
 #define HELLO_UNSENT_MS 20    /* retry period of a Hello that found no connection */
+#define HELLO_RETRY_MAX_MS 16000 /* cap of the Hello retry backoff */
 
 enum { OPEN_NONE = 0, OPEN_SENT = 1, OPEN_POOLED = 2 };
 
@@ -54,6 +55,7 @@ struct dl_comms {
     uint64_t fingerprint;
     uint32_t n_layer, n_head, n_embd, seq_len, vocab;
     int hello_retry_ms, connect_timeout_ms;
+    int hello_wait_ms, hello_sent_once; /* current Hello retry period (backoff) */
     FILE *acklog;
     int efd; /* eventfd: training thread -> comms thread wake-ups */
 
@@ -174,7 +176,7 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->n_embd = o->n_embd;
     c->seq_len = o->seq_len;
     c->vocab = o->vocab;
-    c->hello_retry_ms = o->hello_retry_ms > 0 ? o->hello_retry_ms : 2000;
+    c->hello_retry_ms = o->hello_retry_ms > 0 ? o->hello_retry_ms : 1000;
     c->connect_timeout_ms = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 30000;
     c->maxn = dl_plan_max_fragment_numel(o->plan);
     c->numel = dl_xcalloc((size_t)P, sizeof *c->numel);
@@ -435,6 +437,12 @@ static void send_hello(dl_comms *c)
     c->hello_unsent = rc == DL_EAGAIN;
     c->t_hello = dl_clock_ns();
     if (rc) return;
+    /* backoff: each unanswered Hello doubles the wait for the next, from
+     * hello_retry_ms up to HELLO_RETRY_MAX_MS; a Welcome resets it */
+    c->hello_wait_ms = c->hello_sent_once ? (c->hello_wait_ms * 2 < HELLO_RETRY_MAX_MS ? c->hello_wait_ms * 2
+                                                                                       : HELLO_RETRY_MAX_MS)
+                                          : c->hello_retry_ms;
+    c->hello_sent_once = 1;
     pthread_mutex_lock(&c->mu);
     c->st.hellos++;
     pthread_mutex_unlock(&c->mu);
@@ -556,6 +564,7 @@ static const char *decision_name(Dloco__V1__Decision d)
 
 static void on_welcome(dl_comms *c, const Dloco__V1__Welcome *w)
 {
+    c->hello_sent_once = 0; /* backoff starts over at the next re-hello */
     int n = 0;
     pthread_mutex_lock(&c->mu);
     c->st.h = w->h;
@@ -894,7 +903,7 @@ static void *comms_main(void *arg)
         int64_t now = dl_clock_ns();
         int64_t wait = POLL_MAX_MS;
         if (c->state == DL_COMMS_HELLO)
-            wait = min64(wait, (c->t_hello + (c->hello_unsent ? HELLO_UNSENT_MS : c->hello_retry_ms) * MS - now) / MS);
+            wait = min64(wait, (c->t_hello + (c->hello_unsent ? HELLO_UNSENT_MS : c->hello_wait_ms) * MS - now) / MS);
         if (c->state == DL_COMMS_READY) wait = min64(wait, (c->t_hb + c->hb_ms * MS - now) / MS);
         if (blocked) wait = min64(wait, 10);
         if (wait < 0) wait = 0;
@@ -932,7 +941,7 @@ static void *comms_main(void *arg)
                         c->connect_timeout_ms);
                 c->t_warn = now;
             }
-            if (now - c->t_hello >= (c->hello_unsent ? HELLO_UNSENT_MS : c->hello_retry_ms) * MS) send_hello(c);
+            if (now - c->t_hello >= (c->hello_unsent ? HELLO_UNSENT_MS : c->hello_wait_ms) * MS) send_hello(c);
         } else if (c->state == DL_COMMS_READY) {
             int64_t silence = (int64_t)c->liveness * c->hb_ms;
             if (silence < SILENCE_MIN_MS) silence = SILENCE_MIN_MS;

@@ -46,7 +46,7 @@ typedef struct {
     uint64_t fingerprint;   /* dl_gpt_fingerprint(cfg, plan) */
     uint32_t n_layer, n_head, n_embd, seq_len, vocab; /* Hello's model summary */
     const char *device;     /* Hello.device, e.g. "cpu" */
-    int hello_retry_ms;     /* re-send Hello when no Welcome came within this; 0 = 2000 */
+    int hello_retry_ms;     /* first Hello retry when no Welcome came, doubling per retry to 16 s; 0 = 1000 */
     int connect_timeout_ms; /* first Welcome must come within this, else the comms fail; 0 = 30000 */
     const char *log_acks;   /* NULL/"" or a file: one line appended per Ack / Update received */
 } dl_comms_opts;

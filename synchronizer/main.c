@@ -128,7 +128,10 @@ static int reload(void *ctx, const dl_sync_tunables *cur, dl_sync_tunables *out)
     order.grace_cap_ms = c.grace_cap_ms;
     DL_TRY(check_timeouts(&order));
     DL_TRY(tunables_of(&c, out));
-    out->merge.rule = cur->merge.rule; /* not reloadable */
+    /* not reloadable: reported below, kept as they run */
+    out->merge.rule = cur->merge.rule;
+    out->policy.kind = cur->policy.kind;
+    out->policy.max_learners = cur->policy.max_learners;
     for (size_t i = 0; i < NCFG; i++) {
         if (table[i].reloadable) continue;
         char a[DL_CFG_STRLEN + 32], b[DL_CFG_STRLEN + 32];
@@ -164,7 +167,7 @@ int main(int argc, char **argv)
     memset(&sc, 0, sizeof sc);
     snprintf(sc.bind, sizeof sc.bind, "%s", c.bind);
     snprintf(sc.store, sizeof sc.store, "%s", c.store);
-    snprintf(sc.run_id, sizeof sc.run_id, "%s", c.run_id);
+    snprintf(sc.run_id, sizeof sc.run_id, "%.64s", c.run_id);
     sc.model = (dl_gpt_config){.n_layer = (int)c.n_layer, .n_head = (int)c.n_head, .n_embd = (int)c.n_embd,
                                .seq_len = (int)c.seq_len, .vocab = (int)c.vocab};
     if ((rc = dl_gpt_config_check(&sc.model))) return fail("model config", rc);

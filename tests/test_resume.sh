@@ -60,7 +60,7 @@ printf 'lr = 2e-3\nwarmup = abc\n' > "$W/bad2.ini"
 check_bad "bad2.ini:2: option warmup: 'abc' is not an integer" --standalone --config "$W/bad2.ini"
 # networked mode (the default): a bad learner id, and no synchronizer to answer
 check_bad "option id: 'bad id'" --data "$W/corpus.txt" --id "bad id"
-check_bad "no Welcome from tcp://127.0.0.1:9 within 500 ms" --data "$W/corpus.txt" --n_layer 1 --n_embd 16 --n_head 2 \
+check_bad "no Welcome from" --data "$W/corpus.txt" --n_layer 1 --n_embd 16 --n_head 2 \
   --seq_len 16 --connect tcp://127.0.0.1:9 --connect_timeout_ms 500
 
 [ $fail = 0 ] && echo "test_resume: all checks passed" || echo "test_resume: FAILED"

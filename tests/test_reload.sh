@@ -1,0 +1,42 @@
+#!/bin/bash
+# SIGHUP reload: the reloadable merge hyper-parameters change without a
+# restart and the change is logged old -> new; an invalid file (bad value,
+# broken timeout order) leaves the running values untouched; a change that
+# needs a restart is reported and ignored. The run keeps merging throughout.
+set -u
+TEST_NAME=reload
+. "$(dirname "$0")/lib_cluster.sh"
+make_corpus
+cat > "$W/sync.ini" <<'INI'
+quorum = 1
+outer_lr = 0.7
+staleness = poly
+grace_cap_ms = 5000
+INI
+start_sync sync --config "$W/sync.ini"
+start_learner r0 --steps 100000000 --throttle 0.3; L0=$LPID
+wait_until 30 '[ "$(merges)" -ge 5 ]' || die "no merges"
+hup_and_wait() { # expected log substring
+  local n; n=$(grep -cE '\] reload' "$W/sync.log")
+  kill -HUP "$SPID"
+  wait_until 10 "[ \$(grep -cE '\\] reload' '$W/sync.log') -gt $n ]" || return 1
+  sleep 0.2
+  grep -E '\] reload' "$W/sync.log" | tail -3 | grep -q -- "$1"
+}
+printf 'quorum = 2\nouter_lr = 0.5\nstaleness = hinge\ngrace_cap_ms = 4000\n' > "$W/sync.ini"
+check "valid change applied and logged" hup_and_wait "reload: quorum 1 -> 2, grace_cap_ms 5000 -> 4000, staleness poly -> hinge, outer_lr 0.7 -> 0.5"
+printf 'quorum = abc\nouter_lr = 0.1\n' > "$W/sync.ini"
+check "bad value refused, running values unchanged" hup_and_wait "reload refused, running values unchanged: .*quorum: 'abc' is not an integer"
+printf 'quorum = 2\nouter_lr = 0.5\nstaleness = hinge\ngrace_cap_ms = 100\n' > "$W/sync.ini"
+check "broken timeout order refused" hup_and_wait "reload refused, running values unchanged: timeouts must be ordered"
+# the refused files changed nothing: the next valid reload starts from quorum 2 / outer_lr 0.5
+printf 'quorum = 3\nouter_lr = 0.6\nstaleness = hinge\ngrace_cap_ms = 4000\nmerge = mean\n' > "$W/sync.ini"
+check "after refused reloads the running values were still the last valid ones" hup_and_wait "reload: quorum 2 -> 3, outer_lr 0.5 -> 0.6"
+check "restart-only change reported and ignored" grep -q "reload: merge changed (rda -> mean) but needs a restart; ignored" "$W/sync.log"
+grep -E '\] reload' "$W/sync.log" | sed -E 's/^\[[^]]*\] /  /'
+m=$(merges)
+wait_until 30 "[ \$(merges) -gt $((m + 5)) ]" && echo "ok: merges continue after the reloads" || { echo "FAIL: merges stopped"; fail=1; }
+kill -TERM "$L0"; wait_pid 60 "$L0"
+stop_sync
+[ $fail = 0 ] && echo "test_reload: all checks passed" || echo "test_reload: FAILED"
+exit $fail
