@@ -442,8 +442,10 @@ static void merge_done(dl_sync *s, job *j)
         for (int i = 0; i < j->m; i++) {
             uint32_t li = s->pend[j->handles[i]].learner;
             learner_slot *l = &s->slots[li];
+            /* no rebase: the pushed progress is still in the learner's
+             * parameters (theta - base) and goes into its next push */
             send_ack(s, l, p, j->rec.contrib[i].base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0,
-                     "merge failed on the synchronizer; rebase", 1);
+                     "merge failed on the synchronizer; the progress goes into your next push", 0);
             free_pending(s, j->handles[i]);
         }
         return;
