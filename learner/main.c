@@ -47,6 +47,7 @@ typedef struct {
     char log_acks[DL_CFG_STRLEN];
     int local_eval;
     double throttle;
+    int final_flush;
 } learner_cfg;
 
 #define F(x) offsetof(learner_cfg, x)
@@ -99,6 +100,8 @@ static const dl_cfg_entry learner_table[] = {
     {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 100, 86400000, "30000", NULL, 0,
      "give up when Welcome and the initial fetch take longer than this"},
     {"log_acks", DL_CFG_STR, F(log_acks), 0, 0, "", NULL, 0, "append one line per Ack / Update received to this file"},
+    {"final_flush", DL_CFG_BOOL, F(final_flush), 0, 0, "true", NULL, 0,
+     "on exit (end of steps or SIGTERM) push every fragment with progress before saying Bye"},
     {"throttle", DL_CFG_FLOAT, F(throttle), 0.001, 1.0, "1", NULL, 0,
      "run at this fraction of full speed (sleeps after each step): a deliberately slow learner for tests"},
     {"local_eval", DL_CFG_BOOL, F(local_eval), 0, 0, "false", NULL, 0,
@@ -431,9 +434,11 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             dl_comms_set_progress(comms, (uint64_t)step, (uint64_t)(step * tok_per_step), sps);
         }
         if (stop_requested) printf("stopped by signal at step %lld\n", (long long)step);
-        if (exit_code == 0)
+        if (exit_code == 0 && cfg->final_flush)
             flush_left = dl_node_finish(node, (int)cfg->flush_timeout_ms, (uint64_t)step,
                                         stop_requested ? "signal" : "done");
+        else if (exit_code == 0)
+            dl_comms_bye(comms, stop_requested ? "signal (no flush)" : "done (no flush)", (uint64_t)step);
         else if (dl_comms_state(comms, NULL, 0) != DL_COMMS_REFUSED)
             dl_comms_bye(comms, "failed", (uint64_t)step); /* diverged: push nothing more, just leave */
     }

@@ -5,7 +5,10 @@ set(DL_CUDA_DIR ${CMAKE_CURRENT_LIST_DIR})
 add_library(dl_kernels_cuda STATIC
   ${DL_CUDA_DIR}/cuda.cu
   ${DL_CUDA_DIR}/optim.cu
-  ${DL_CUDA_DIR}/matmul.cu)
+  ${DL_CUDA_DIR}/matmul.cu
+  ${DL_CUDA_DIR}/layer.cu
+  ${DL_CUDA_DIR}/attention.cu
+  ${DL_CUDA_DIR}/xent.cu)
 set_target_properties(dl_kernels_cuda PROPERTIES
   CUDA_STANDARD 17
   CUDA_STANDARD_REQUIRED ON

@@ -107,11 +107,31 @@ int dl_cuda_ctx_get(dl_cuda_ctx **out)
     return 0;
 }
 
+int dl_cuda_ctx_work(dl_cuda_ctx *ctx, size_t bytes, void **out)
+{
+    if (ctx->work_bytes < bytes) {
+        if (ctx->work) {
+            cudaError_t e = cudaFree(ctx->work);
+            ctx->work = NULL;
+            ctx->work_bytes = 0;
+            DL_CUDA_CHECK(e);
+        }
+        DL_CUDA_CHECK(cudaMalloc(&ctx->work, bytes));
+        ctx->work_bytes = bytes;
+    }
+    *out = ctx->work;
+    return 0;
+}
+
 extern "C" void dl_cuda_thread_release(void)
 {
     if (!dl_tls_ready) return;
     cublasStatus_t s = cublasDestroy(dl_tls_ctx.blas);
     cudaError_t e = cudaFree(dl_tls_ctx.scratch);
+    if (dl_tls_ctx.work) {
+        cudaError_t e2 = cudaFree(dl_tls_ctx.work);
+        if (e == cudaSuccess) e = e2;
+    }
     if (s != CUBLAS_STATUS_SUCCESS || e != cudaSuccess)
         DL_WARN("dl_cuda_thread_release: cublasDestroy: %s, cudaFree: %s", cublasGetStatusString(s),
                 cudaGetErrorString(e));

@@ -103,6 +103,55 @@ int dl_cuda_pseudograd(float *delta, const float *base, const float *theta, size
 /* out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be NULL), cuBLAS
  * sgemm with fp32 compute (TF32 when dl_cuda_set_tf32(1)). N, IC, OC > 0. */
 int dl_cuda_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N, int IC, int OC);
+/* dinp += dout @ w; dw += dout^T @ inp (cuBLAS, beta = 1); dbias += colsum(dout)
+ * (dbias may be NULL) by a fixed-order two-pass column reduction. */
+int dl_cuda_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
+                       int N, int IC, int OC);
+
+/* out[B,T,C] = wte[inp[b,t]] + wpe[t]; inp is a device int32 array. Bit-identical to the CPU. */
+int dl_cuda_encoder_fwd(float *out, const int32_t *inp, const float *wte, const float *wpe, int B, int T, int C);
+/* dwte += scatter of dout by token, dwpe += sum over b. V = rows of dwte
+ * (every inp[i] < V; one block scans the batch per row): the extra argument
+ * the CPU does not need. No atomics: same additions in the same (b, t) order
+ * as the CPU, so the result is bit-identical. */
+int dl_cuda_encoder_bwd(float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B, int T, int C, int V);
+
+/* layernorm over C, eps 1e-5, as dl_cpu_layernorm_fwd (one warp per row). */
+int dl_cuda_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
+                          int N, int C);
+/* dinp += ...; dw, db += fixed-order column reductions (deterministic). */
+int dl_cuda_layernorm_bwd(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                          const float *mean, const float *rstd, int N, int C);
+
+/* Causal self-attention as dl_cpu_attention_fwd: qkv[B,T,3C], att[B,NH,T,T]
+ * probabilities (zero above the diagonal), out[B,T,C]; scale 1/sqrt(C/NH).
+ * cuBLAS strided-batched GEMMs over the heads of each batch row. */
+int dl_cuda_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+/* dqkv += ...; scratch needs B*NH*T*T floats (overwritten). */
+int dl_cuda_attention_bwd(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att, int B,
+                          int T, int C, int NH);
+
+/* GELU with the CPU's rational tanh (same coefficients); bwd: dinp += . */
+int dl_cuda_gelu_fwd(float *out, const float *inp, size_t n);
+int dl_cuda_gelu_bwd(float *dinp, const float *inp, const float *dout, size_t n);
+/* out = a + b, bit-identical to the CPU. */
+int dl_cuda_residual_fwd(float *out, const float *a, const float *b, size_t n);
+
+/* Softmax over V + cross-entropy, probs[N,V], losses[N] on the device; the
+ * mean loss (double sum of the row losses, one fixed-order block) goes to the
+ * HOST *mean_loss. targets is a device array with every entry < V (not
+ * checked on the device). Synchronizes. */
+int dl_cuda_softmax_xent_fwd(float *probs, float *losses, const float *logits, const int32_t *targets, int N, int V,
+                             double *mean_loss);
+/* The same over rows of ld >= V floats (padded vocab): columns V..ld-1 of
+ * probs are not written. */
+int dl_cuda_softmax_xent_fwd_ld(float *probs, float *losses, const float *logits, const int32_t *targets, int N,
+                                int V, int ld, double *mean_loss);
+/* dlogits = (probs - onehot(target)) * dloss (overwrites, not +=). */
+int dl_cuda_softmax_xent_bwd(float *dlogits, const float *probs, const int32_t *targets, int N, int V, float dloss);
+/* Rows of ld >= V floats; columns V..ld-1 of dlogits are set to 0. */
+int dl_cuda_softmax_xent_bwd_ld(float *dlogits, const float *probs, const int32_t *targets, int N, int V, int ld,
+                                float dloss);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,10 @@
+#!/bin/bash
+# The crash loop at length: SIGKILL the synchronizer CRASHES times (default
+# 100) at seeded random moments while 3 learners train; every check of
+# tests/test_crashloop.sh after each crash, and zero acknowledged merges lost.
+# Usage: bench/crashloop.sh [crashes] [seed]   (BUILD_DIR=build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync dloco-learner dloco >/dev/null
+CRASHES=${1:-100} SEED=${2:-4242} DLOCO_BIN=$BUILD_DIR exec bash tests/test_crashloop.sh
