@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* 0 is success; every failure is a negative DL_E* code. */
 enum {
     DL_OK = 0,
@@ -34,9 +38,9 @@ const char *dl_strerror(int code);
 
 /* Record a detail for the current thread and return `code`, so a failing
  * function can write `return dl_err(DL_EIO, "open %s: %s", p, strerror(errno));`.
- * The caller prints dl_errmsg() (code text + detail). */
+ * The caller prints dl_strerror(code) and dl_errmsg(). */
 int dl_err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* "<strerror>: <detail>" of the last dl_err() on this thread ("" if none). */
+/* The detail text of the last dl_err() on this thread ("" if none). */
 const char *dl_errmsg(void);
 void dl_err_clear(void);
 
@@ -62,5 +66,9 @@ void *dl_xmalloc_(size_t n, const char *file, int line);
 void *dl_xcalloc_(size_t n, size_t sz, const char *file, int line);
 #define dl_xmalloc(n) dl_xmalloc_((n), __FILE__, __LINE__)
 #define dl_xcalloc(n, sz) dl_xcalloc_((n), (sz), __FILE__, __LINE__)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

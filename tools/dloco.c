@@ -111,10 +111,16 @@ static int cmd_status(const char *dir)
            (unsigned long long)ms.records, (unsigned long long)ms.merged, ms.merged ? ms.stale_sum / (double)ms.merged : 0.0,
            (unsigned long long)ms.dropped, (unsigned long long)ms.rejected);
     dl_store_ledger led;
-    if (!dl_store_ledger_get(s, &led))
-        printf("token ledger: applied %llu, dropped_stale %llu, rejected %llu, lost %llu\n",
-               (unsigned long long)led.tokens[DL_LEDGER_APPLIED], (unsigned long long)led.tokens[DL_LEDGER_DROPPED_STALE],
-               (unsigned long long)led.tokens[DL_LEDGER_REJECTED], (unsigned long long)led.tokens[DL_LEDGER_LOST]);
+    /* Each push reports the tokens behind one fragment's delta, so the ledger
+     * counts fragment-tokens: a token a learner trained on appears once per
+     * fragment. Divided by P it reads in tokens. */
+    if (!dl_store_ledger_get(s, &led)) {
+        double P = run.n_fragments ? (double)run.n_fragments : 1.0;
+        printf("token ledger (tokens; fragment-tokens / %u): applied %.0f, dropped_stale %.0f, rejected %.0f, lost %.0f\n",
+               run.n_fragments, (double)led.tokens[DL_LEDGER_APPLIED] / P,
+               (double)led.tokens[DL_LEDGER_DROPPED_STALE] / P, (double)led.tokens[DL_LEDGER_REJECTED] / P,
+               (double)led.tokens[DL_LEDGER_LOST] / P);
+    }
     dl_store_foreach_learner(s, print_learner, NULL);
     dl_store_close(&s);
     return 0;
