@@ -27,16 +27,7 @@
 #define TOL_STEP 1e-4
 #define TOL_REF 1e-4
 
-static int failures;
-#define CHECK(cond, ...)                                                                                          \
-    do {                                                                                                          \
-        if (!(cond)) {                                                                                            \
-            failures++;                                                                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                           \
-            printf(__VA_ARGS__);                                                                                  \
-            printf("\n");                                                                                         \
-        }                                                                                                         \
-    } while (0)
+#include "tests/check.h"
 
 /* A call that must succeed; otherwise the rest of the test is moot. */
 #define CU(call)                                                                                                  \

@@ -9,16 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(cond, ...)                                                                                          \
-    do {                                                                                                          \
-        if (!(cond)) {                                                                                            \
-            failures++;                                                                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                           \
-            printf(__VA_ARGS__);                                                                                  \
-            printf("\n");                                                                                         \
-        }                                                                                                         \
-    } while (0)
+#include "tests/check.h"
 
 static char dir[256];
 

@@ -7,16 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(cond, ...)                                                                                          \
-    do {                                                                                                          \
-        if (!(cond)) {                                                                                            \
-            failures++;                                                                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                           \
-            printf(__VA_ARGS__);                                                                                  \
-            printf("\n");                                                                                         \
-        }                                                                                                         \
-    } while (0)
+#include "tests/check.h"
 
 static void *read_exact(FILE *f, size_t n)
 {

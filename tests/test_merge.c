@@ -9,16 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(cond, ...)                                                                                          \
-    do {                                                                                                          \
-        if (!(cond)) {                                                                                            \
-            failures++;                                                                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                           \
-            printf(__VA_ARGS__);                                                                                  \
-            printf("\n");                                                                                         \
-        }                                                                                                         \
-    } while (0)
+#include "tests/check.h"
 
 int main(void)
 {

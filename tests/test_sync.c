@@ -19,16 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(cond, ...)                                                                                          \
-    do {                                                                                                          \
-        if (!(cond)) {                                                                                            \
-            failures++;                                                                                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                           \
-            printf(__VA_ARGS__);                                                                                  \
-            printf("\n");                                                                                         \
-        }                                                                                                         \
-    } while (0)
+#include "tests/check.h"
 
 static const dl_gpt_config MODEL = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab = 256};
 enum { P = 2 };
