@@ -12,6 +12,14 @@ static char dl_log_name[48] = "dloco";
 
 void dl_log_set_level(int level) { dl_log_level = level; }
 
+int dl_log_level_parse(const char *name)
+{
+    if (!strcmp(name, "debug")) return DL_LOG_DEBUG;
+    if (!strcmp(name, "warn")) return DL_LOG_WARN;
+    if (!strcmp(name, "error")) return DL_LOG_ERROR;
+    return DL_LOG_INFO;
+}
+
 void dl_log_set_name(const char *name)
 {
     snprintf(dl_log_name, sizeof dl_log_name, "%s", name);

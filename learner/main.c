@@ -136,10 +136,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (rc) return fail("bad configuration", rc);
-    dl_log_set_level(!strcmp(cfg.log_level, "debug") ? DL_LOG_DEBUG
-                     : !strcmp(cfg.log_level, "warn") ? DL_LOG_WARN
-                     : !strcmp(cfg.log_level, "error") ? DL_LOG_ERROR
-                                                       : DL_LOG_INFO);
+    dl_log_set_level(dl_log_level_parse(cfg.log_level));
     dl_log_set_name("learner");
     if (!cfg.standalone) {
         if (!cfg.id[0]) snprintf(cfg.id, sizeof cfg.id, "learner-%ld", (long)getpid());

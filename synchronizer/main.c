@@ -154,10 +154,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (rc) return fail("bad configuration", rc);
-    dl_log_set_level(!strcmp(c.log_level, "debug") ? DL_LOG_DEBUG
-                     : !strcmp(c.log_level, "warn") ? DL_LOG_WARN
-                     : !strcmp(c.log_level, "error") ? DL_LOG_ERROR
-                                                     : DL_LOG_INFO);
+    dl_log_set_level(dl_log_level_parse(c.log_level));
     dl_log_set_name("sync");
     if (strlen(c.run_id) < 1 || strlen(c.run_id) > 64)
         return fail("bad configuration", dl_err(DL_EINVAL, "run_id must be 1..64 characters"));

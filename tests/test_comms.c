@@ -22,28 +22,7 @@
 #include "learner/node.h"
 #include "proto/wire.h"
 
-static int n_checks, n_fail;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        n_checks++;                                                            \
-        if (!(cond)) {                                                         \
-            n_fail++;                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fputc('\n', stderr);                                               \
-        }                                                                      \
-    } while (0)
-
-#define REQUIRE(cond, ...)                                                     \
-    do {                                                                       \
-        int require_ok_ = !!(cond);                                            \
-        CHECK(require_ok_, __VA_ARGS__);                                       \
-        if (!require_ok_) {                                                    \
-            fprintf(stderr, "test_comms: aborting after fatal failure\n");    \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
+#include "tests/check.h"
 
 #define WAIT_MS 5000 /* bound of every single wait */
 
@@ -931,6 +910,6 @@ int main(void)
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 
     dl_plan_close(&plan);
-    printf("test_comms: %d checks, %d failures\n", n_checks, n_fail);
-    return n_fail ? 1 : 0;
+    printf("test_comms: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
 }

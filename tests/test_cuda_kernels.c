@@ -30,17 +30,7 @@
 #define TOL_REDUCE 1e-4
 #define TOL_LOSS 1e-6
 
-static int failures;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                        \
-            printf(__VA_ARGS__);                                               \
-            printf("\n");                                                      \
-            failures++;                                                        \
-        }                                                                      \
-    } while (0)
+#include "tests/check.h"
 
 /* A CUDA call that must succeed; otherwise the rest of the test is moot. */
 #define CU(call)                                                               \

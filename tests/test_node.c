@@ -12,28 +12,7 @@
 #include "learner/comms.h"
 #include "learner/gpt.h"
 
-static int n_checks, n_fail;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        n_checks++;                                                            \
-        if (!(cond)) {                                                         \
-            n_fail++;                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fputc('\n', stderr);                                               \
-        }                                                                      \
-    } while (0)
-
-#define REQUIRE(cond, ...)                                                     \
-    do {                                                                       \
-        int require_ok_ = !!(cond);                                            \
-        CHECK(require_ok_, __VA_ARGS__);                                       \
-        if (!require_ok_) {                                                    \
-            fprintf(stderr, "test_node: aborting after fatal failure\n");     \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
+#include "tests/check.h"
 
 // ---------------------------------------------------------------------------
 // fixture: a tiny GPT's tensor table split into P = 4 fragments, a parameter
@@ -448,6 +427,6 @@ int main(void)
     test_bad_input();
 
     dl_plan_close(&plan);
-    printf("test_node: %d checks, %d failures\n", n_checks, n_fail);
-    return n_fail ? 1 : 0;
+    printf("test_node: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
 }
