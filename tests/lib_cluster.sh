@@ -13,6 +13,7 @@ check() { # description command...
   local d="$1"; shift
   if "$@"; then echo "ok: $d"; else echo "FAIL: $d"; fail=1; fi
 }
+quietly() { "$@" > /dev/null 2>&1; }  # run a check's command without its output
 make_corpus() { for i in $(seq 1 3000); do echo "line $i: the quick brown fox jumps over the lazy dog number $((i * 7919 % 1000))."; done > "$W/corpus.txt"; }
 MODEL="--n_layer 2 --n_head 2 --n_embd 32 --seq_len 32"
 

@@ -34,11 +34,11 @@ m3=$(merges)
 wait_until 60 "[ \$(merges) -ge $((m3 + 20)) ]" || die "merges stopped after the churn"
 m4=$(merges); v4=$(val_loss)
 echo "phase 3 (after bye + kill): merges $m3 -> $m4, global val loss $v1 -> $v4"
-check "merges continued through every change ($m1 < $m2 < $m4)" [ "$m1" -lt "$m2" ] && [ "$m2" -lt "$m4" ]
+check "merges continued through every change ($m1 < $m2 < $m4)" [ "$m1" -lt "$m2" -a "$m2" -lt "$m4" ]
 check "global val loss still falling ($v0 -> $v1 -> $v4)" python3 -c "import sys; sys.exit(0 if $v4 < $v1 < $v0 else 1)"
 check "the synchronizer was never restarted (one epoch)" [ "$(grep -c 'epoch 1: new run' "$W/sync.log")" = 1 ]
 kill -TERM "$A" "$Bp"; wait_pid 60 "$A"; wait_pid 60 "$Bp"
 stop_sync
-check "dloco check" "$DLOCO" check "$W/store" > /dev/null
+check "dloco check" quietly "$DLOCO" check "$W/store"
 [ $fail = 0 ] && echo "test_churn: all checks passed" || echo "test_churn: FAILED"
 exit $fail

@@ -41,7 +41,7 @@ for i in 0 1 2; do
   [ $rc = 0 ] || { echo "FAIL: learner l$i exited $rc"; tail -3 "$W/l$i.log"; fail=1; }
 done
 stop_sync
-check "dloco check passes at the end" "$DLOCO" check "$W/store" > /dev/null
+check "dloco check passes at the end" quietly "$DLOCO" check "$W/store"
 
 # every acknowledged merge is in the store
 "$DLOCO" records "$W/store" | awk '$4 == "merged" { print $1, $2, $3 }' | sort -u > "$W/stored.txt"

@@ -42,6 +42,6 @@ for i in 0 1 2; do
   grep -h '^learner-summary:' "$W/${NAMES[$i]}.log" | sed -E 's/.*(id=[^ ]+).*(pushes=[0-9]+) (coalesced=[0-9]+).*/  \1 \2 \3/'
 done
 stop_sync
-check "dloco check" "$DLOCO" check "$W/store" > /dev/null
+check "dloco check" quietly "$DLOCO" check "$W/store"
 [ $fail = 0 ] && echo "test_outage: all checks passed" || echo "test_outage: FAILED"
 exit $fail
