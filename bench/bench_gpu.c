@@ -11,8 +11,9 @@
 #include <string.h>
 
 /* MFU denominator: NVIDIA's dense (no sparsity) BF16 tensor-core peak of the
- * H100/H200 SXM, 989 TFLOP/s. The step itself runs fp32 storage with fp32 or
- * TF32 (dense peak 494.5 TFLOP/s) GEMMs, so 0.5 is the ceiling with TF32. */
+ * H100/H200 SXM, 989 TFLOP/s. The step keeps fp32 storage and runs its GEMMs
+ * in fp32, TF32 (dense peak 494.5 TFLOP/s, so 0.5 is the ceiling) or bf16
+ * compute on fp32 operands (CUBLAS_COMPUTE_32F_FAST_16BF). */
 #define PEAK_BF16_DENSE 989e12
 
 #define CU(call)                                                                                                  \
@@ -27,12 +28,21 @@
 int main(int argc, char **argv)
 {
     if (argc < 8) {
-        fprintf(stderr, "usage: bench_gpu L C NH T B V steps [tf32 0|1 (default 1)]\n");
+        fprintf(stderr, "usage: bench_gpu L C NH T B V steps [matmul fp32|tf32|bf16 (default tf32)]\n");
+        return 2;
+    }
+    const char *mm = argc > 8 ? argv[8] : "tf32";
+    int prec = !strcmp(mm, "fp32") || !strcmp(mm, "0")   ? DL_MATMUL_FP32
+               : !strcmp(mm, "tf32") || !strcmp(mm, "1") ? DL_MATMUL_TF32
+               : !strcmp(mm, "bf16")                     ? DL_MATMUL_BF16
+                                                         : -1;
+    if (prec < 0) {
+        fprintf(stderr, "bench_gpu: matmul '%s' is not fp32, tf32 or bf16\n", mm);
         return 2;
     }
     dl_gpt_config cfg = {.n_layer = atoi(argv[1]), .n_embd = atoi(argv[2]), .n_head = atoi(argv[3]),
                          .seq_len = atoi(argv[4]), .vocab = atoi(argv[6])};
-    int B = atoi(argv[5]), steps = atoi(argv[7]), T = cfg.seq_len, tf32 = argc > 8 ? atoi(argv[8]) : 1;
+    int B = atoi(argv[5]), steps = atoi(argv[7]), T = cfg.seq_len;
     if (dl_gpt_config_check(&cfg) || B < 1 || steps < 1) {
         fprintf(stderr, "bench_gpu: bad config: %s\n", dl_errmsg());
         return 2;
@@ -43,7 +53,7 @@ int main(int argc, char **argv)
     }
     char name[256];
     CU(dl_cuda_device_name(name, sizeof name));
-    dl_cuda_set_tf32(tf32);
+    dl_cuda_set_matmul(prec);
     dl_gptc *g = NULL;
     CU(dl_gptc_open(&cfg, B, &g));
     CU(dl_gptc_init(g, 1));
@@ -73,10 +83,10 @@ int main(int argc, char **argv)
     double dt = (dl_clock_s() - t0) / steps;
     double tps = (double)BT / dt;
     double flops = dl_gpt_flops_per_token(&cfg, T) * tps;
-    printf("dloco_gpu: %s L=%d C=%d NH=%d T=%d B=%d V=%d params %zu device_mem %.2f GiB %s ms/step %.2f tok/s %.0f "
+    printf("dloco_gpu: %s L=%d C=%d NH=%d T=%d B=%d V=%d params %zu device_mem %.2f GiB matmul %s ms/step %.2f tok/s %.0f "
            "model TFLOP/s %.2f mfu %.4f (vs %.0f TFLOP/s bf16 dense) loss %.4f -> %.4f\n",
            name, cfg.n_layer, cfg.n_embd, cfg.n_head, T, B, cfg.vocab, dl_gptc_num_params(g),
-           (double)dl_gptc_device_bytes(g) / (1 << 30), tf32 ? "tf32" : "fp32", dt * 1e3, tps, flops * 1e-12,
+           (double)dl_gptc_device_bytes(g) / (1 << 30), dl_cuda_matmul_name(prec), dt * 1e3, tps, flops * 1e-12,
            flops / PEAK_BF16_DENSE, PEAK_BF16_DENSE * 1e-12, first_loss, loss);
     dl_gptc_close(&g);
     dl_cuda_thread_release();

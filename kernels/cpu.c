@@ -356,3 +356,14 @@ void dl_cpu_pseudograd(float *delta, const float *base, const float *theta, size
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) delta[i] = base[i] - theta[i];
 }
+
+void dl_cpu_axpby(float *y, float a, const float *x, float b, size_t n)
+{
+    if (a == 0.0f) {
+#pragma omp parallel for simd schedule(static)
+        for (size_t i = 0; i < n; i++) y[i] = b * x[i];
+        return;
+    }
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) y[i] = fmaf(a, y[i], b * x[i]);
+}

@@ -61,5 +61,9 @@ void dl_cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n,
 double dl_cpu_sumsq(const float *x, size_t n);
 /* delta = base - theta (the DiLoCo pseudo-gradient) */
 void dl_cpu_pseudograd(float *delta, const float *base, const float *theta, size_t n);
+/* y = a*y + b*x, computed as fmaf(a, y, b*x) so every backend rounds the same
+ * way (the CUDA twin is bit-identical); a == 0 writes y = b*x without reading
+ * y (as BLAS does for beta = 0: a NaN in y does not survive). */
+void dl_cpu_axpby(float *y, float a, const float *x, float b, size_t n);
 
 #endif

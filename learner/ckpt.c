@@ -24,17 +24,29 @@ typedef struct {
 } ckpt_header;
 _Static_assert(sizeof(ckpt_header) == 128, "checkpoint header is 128 bytes");
 
-static uint64_t state_hash(dl_gpt *g)
+static uint64_t state_hash(size_t nparams, const float *params, const float *m, const float *v)
 {
-    size_t n = dl_gpt_num_params(g) * sizeof(float);
-    uint64_t h = dl_hash64(dl_gpt_params(g), n, 1);
-    h = dl_hash64(dl_gpt_adam_m(g), n, h);
-    return dl_hash64(dl_gpt_adam_v(g), n, h);
+    size_t n = nparams * sizeof(float);
+    uint64_t h = dl_hash64(params, n, 1);
+    h = dl_hash64(m, n, h);
+    return dl_hash64(v, n, h);
 }
 
 int dl_ckpt_save(const char *path, dl_gpt *g, const dl_ckpt_state *st)
 {
-    const dl_gpt_config *c = dl_gpt_cfg(g);
+    return dl_ckpt_save_raw(path, dl_gpt_cfg(g), dl_gpt_num_params(g), dl_gpt_params(g), dl_gpt_adam_m(g),
+                            dl_gpt_adam_v(g), st);
+}
+
+int dl_ckpt_load(const char *path, dl_gpt *g, dl_ckpt_state *st)
+{
+    return dl_ckpt_load_raw(path, dl_gpt_cfg(g), dl_gpt_num_params(g), dl_gpt_params(g), dl_gpt_adam_m(g),
+                            dl_gpt_adam_v(g), st);
+}
+
+int dl_ckpt_save_raw(const char *path, const dl_gpt_config *c, size_t nparams, const float *params,
+                     const float *m, const float *v, const dl_ckpt_state *st)
+{
     ckpt_header h;
     memset(&h, 0, sizeof h);
     h.magic = DL_CKPT_MAGIC;
@@ -45,19 +57,19 @@ int dl_ckpt_save(const char *path, dl_gpt *g, const dl_ckpt_state *st)
     h.seq_len = c->seq_len;
     h.vocab = c->vocab;
     h.padded_vocab = c->padded_vocab;
-    h.nparams = dl_gpt_num_params(g);
+    h.nparams = nparams;
     h.step = st->step;
     h.data_epoch = st->data.epoch;
     h.data_index = st->data.index;
     h.seed = st->seed;
-    h.checksum = state_hash(g);
+    h.checksum = state_hash(nparams, params, m, v);
 
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return dl_err(DL_EINVAL, "path too long");
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return dl_err(DL_EIO, "cannot create %s: %s", tmp, strerror(errno));
     size_t n = h.nparams * sizeof(float);
-    const void *parts[4] = {&h, dl_gpt_params(g), dl_gpt_adam_m(g), dl_gpt_adam_v(g)};
+    const void *parts[4] = {&h, params, m, v};
     size_t lens[4] = {sizeof h, n, n, n};
     for (int i = 0; i < 4; i++) {
         const char *p = parts[i];
@@ -86,7 +98,8 @@ int dl_ckpt_save(const char *path, dl_gpt *g, const dl_ckpt_state *st)
     return 0;
 }
 
-int dl_ckpt_load(const char *path, dl_gpt *g, dl_ckpt_state *st)
+int dl_ckpt_load_raw(const char *path, const dl_gpt_config *c, size_t nparams, float *params, float *m, float *v,
+                     dl_ckpt_state *st)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return dl_err(DL_EIO, "cannot open checkpoint %s: %s", path, strerror(errno));
@@ -105,9 +118,8 @@ int dl_ckpt_load(const char *path, dl_gpt *g, dl_ckpt_state *st)
         rc = dl_err(DL_EFORMAT, "%s: checkpoint version %u, this build reads %u", path, h.version, DL_CKPT_VERSION);
         goto out;
     }
-    const dl_gpt_config *c = dl_gpt_cfg(g);
     if (h.n_layer != c->n_layer || h.n_head != c->n_head || h.n_embd != c->n_embd || h.seq_len != c->seq_len ||
-        h.vocab != c->vocab || h.nparams != dl_gpt_num_params(g)) {
+        h.vocab != c->vocab || h.nparams != nparams) {
         rc = dl_err(DL_EMISMATCH,
                     "%s: checkpoint model L=%d NH=%d C=%d T=%d V=%d, this run L=%d NH=%d C=%d T=%d V=%d", path,
                     h.n_layer, h.n_head, h.n_embd, h.seq_len, h.vocab, c->n_layer, c->n_head, c->n_embd,
@@ -135,9 +147,9 @@ int dl_ckpt_load(const char *path, dl_gpt *g, dl_ckpt_state *st)
         rc = dl_err(DL_ECORRUPT, "%s: checksum mismatch (file damaged)", path);
         goto out;
     }
-    memcpy(dl_gpt_params(g), buf, n * sizeof(float));
-    memcpy(dl_gpt_adam_m(g), buf + n, n * sizeof(float));
-    memcpy(dl_gpt_adam_v(g), buf + 2 * n, n * sizeof(float));
+    memcpy(params, buf, n * sizeof(float));
+    memcpy(m, buf + n, n * sizeof(float));
+    memcpy(v, buf + 2 * n, n * sizeof(float));
     st->step = h.step;
     st->data.epoch = h.data_epoch;
     st->data.index = h.data_index;

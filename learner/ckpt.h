@@ -23,4 +23,14 @@ int dl_ckpt_save(const char *path, dl_gpt *g, const dl_ckpt_state *st);
  * error. */
 int dl_ckpt_load(const char *path, dl_gpt *g, dl_ckpt_state *st);
 
+/* The same file from / into raw host buffers (a model that lives elsewhere,
+ * e.g. on a GPU): params, AdamW m and v of `nparams` floats each for the
+ * checked config `cfg` (padded_vocab filled). Byte for byte what
+ * dl_ckpt_save/dl_ckpt_load write and read, so a checkpoint moves between
+ * backends. load_raw leaves the buffers untouched on error. */
+int dl_ckpt_save_raw(const char *path, const dl_gpt_config *cfg, size_t nparams, const float *params,
+                     const float *m, const float *v, const dl_ckpt_state *st);
+int dl_ckpt_load_raw(const char *path, const dl_gpt_config *cfg, size_t nparams, float *params, float *m, float *v,
+                     dl_ckpt_state *st);
+
 #endif

@@ -182,6 +182,20 @@ int dl_gptc_get_params(dl_gptc *g, float *host)
     return dl_cuda_d2h(host, g->params, g->nparams * sizeof(float));
 }
 int dl_gptc_get_grads(dl_gptc *g, float *host) { return dl_cuda_d2h(host, g->grads, g->nparams * sizeof(float)); }
+int dl_gptc_get_state(dl_gptc *g, float *params, float *m, float *v)
+{
+    size_t n = g->nparams * sizeof(float);
+    DL_TRY(dl_cuda_d2h(params, g->params, n));
+    DL_TRY(dl_cuda_d2h(m, g->m, n));
+    return dl_cuda_d2h(v, g->v, n);
+}
+int dl_gptc_set_state(dl_gptc *g, const float *params, const float *m, const float *v)
+{
+    size_t n = g->nparams * sizeof(float);
+    DL_TRY(dl_cuda_h2d(g->params, params, n));
+    DL_TRY(dl_cuda_h2d(g->m, m, n));
+    return dl_cuda_h2d(g->v, v, n);
+}
 int dl_gptc_reset_optimizer(dl_gptc *g)
 {
     /* m and v are adjacent views: one memset over both */

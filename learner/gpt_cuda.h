@@ -34,7 +34,7 @@ size_t dl_gptc_num_params(const dl_gptc *g);
 const dl_tensor *dl_gptc_tensors(const dl_gptc *g, int *n);
 /* Bytes of device memory held (state + activations). */
 size_t dl_gptc_device_bytes(const dl_gptc *g);
-/* Device views of nparams floats each, for later push/adopt wiring. */
+/* Device views of nparams floats each (the push/adopt copies of learner/xfer_cuda.c). */
 float *dl_gptc_params_dev(dl_gptc *g);
 float *dl_gptc_grads_dev(dl_gptc *g);
 float *dl_gptc_adam_m_dev(dl_gptc *g);
@@ -44,6 +44,10 @@ float *dl_gptc_adam_v_dev(dl_gptc *g);
 int dl_gptc_set_params(dl_gptc *g, const float *host);
 int dl_gptc_get_params(dl_gptc *g, float *host);
 int dl_gptc_get_grads(dl_gptc *g, float *host);
+/* Parameters and AdamW moments to / from three host buffers of
+ * dl_gptc_num_params floats each (checkpoints: the same arrays as dl_gpt's). */
+int dl_gptc_get_state(dl_gptc *g, float *params, float *m, float *v);
+int dl_gptc_set_state(dl_gptc *g, const float *params, const float *m, const float *v);
 /* m = v = 0 (a fresh AdamW state). */
 int dl_gptc_reset_optimizer(dl_gptc *g);
 /* Logits [B,T,Vp] of the last forward into host (B*T*Vp floats). */

@@ -8,6 +8,10 @@
 #include "learner/comms.h"
 #include "learner/node.h"
 #include "learner/train.h"
+#ifdef DLOCO_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#include "learner/xfer_cuda.h"
+#endif
 
 #include <math.h>
 #include <omp.h>
@@ -34,6 +38,8 @@ typedef struct {
     char resume[DL_CFG_STRLEN];
     char loss_log[DL_CFG_STRLEN];
     int64_t threads;
+    char device[DL_CFG_STRLEN];
+    char matmul[DL_CFG_STRLEN];
     char log_level[DL_CFG_STRLEN];
     /* networked mode */
     char connect[DL_CFG_STRLEN];
@@ -83,6 +89,10 @@ static const dl_cfg_entry learner_table[] = {
     {"resume", DL_CFG_STR, F(resume), 0, 0, "", NULL, 0, "checkpoint file to resume from"},
     {"loss_log", DL_CFG_STR, F(loss_log), 0, 0, "", NULL, 0, "append 'step train_loss' with exact hex floats to this file"},
     {"threads", DL_CFG_INT, F(threads), 0, 1024, "0", NULL, 0, "CPU threads (0 = OMP_NUM_THREADS or all cores)"},
+    {"device", DL_CFG_ENUM, F(device), 0, 0, "auto", "auto|cpu|cuda", 0,
+     "where the model trains: cuda (a GPU), cpu, or auto (cuda when this build has CUDA and a usable device)"},
+    {"matmul", DL_CFG_ENUM, F(matmul), 0, 0, "tf32", "fp32|tf32|bf16", 0,
+     "cuda matmul precision: fp32, or tf32/bf16 tensor cores on fp32 weights with fp32 accumulation; cpu: ignored"},
     {"log_level", DL_CFG_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error", 0, "log verbosity"},
     {"connect", DL_CFG_STR, F(connect), 0, 0, "tcp://127.0.0.1:5555", NULL, 0, "synchronizer endpoint (networked mode)"},
     {"id", DL_CFG_STR, F(id), 0, 0, "", NULL, 0, "learner id [A-Za-z0-9._-]{1,64}; empty = learner-<pid>"},
@@ -123,7 +133,50 @@ static int fail(const char *what, int rc)
     return 2;
 }
 
-static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, FILE *losslog);
+static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
+                         FILE *losslog);
+
+/* The main thread's cuBLAS handle and scratch (kernels/cuda), once the model is gone. */
+static void release_device(int device)
+{
+#ifdef DLOCO_HAVE_CUDA
+    if (device == DL_DEVICE_CUDA) dl_cuda_thread_release();
+#else
+    (void)device;
+#endif
+}
+
+/* --device: *device (DL_DEVICE_*), a line for the log (`desc`) and the
+ * Hello.device string. DL_ENODEV for --device cuda without a usable one. */
+static int pick_device(const learner_cfg *cfg, int *device, char *desc, size_t cap, char *hello, size_t hcap)
+{
+    *device = DL_DEVICE_CPU;
+    snprintf(hello, hcap, "cpu");
+    if (!strcmp(cfg->device, "cpu")) {
+        snprintf(desc, cap, "cpu (--device cpu)");
+        return 0;
+    }
+    char why[512];
+#ifdef DLOCO_HAVE_CUDA
+    if (dl_cuda_available()) {
+        char name[200];
+        if (dl_cuda_device_name(name, sizeof name) != 0) snprintf(name, sizeof name, "unnamed CUDA device");
+        int prec = !strcmp(cfg->matmul, "fp32") ? DL_MATMUL_FP32 : !strcmp(cfg->matmul, "bf16") ? DL_MATMUL_BF16
+                                                                                              : DL_MATMUL_TF32;
+        dl_cuda_set_matmul(prec);
+        *device = DL_DEVICE_CUDA;
+        snprintf(desc, cap, "cuda: %s, matmul %s (--device %s)", name, dl_cuda_matmul_name(prec), cfg->device);
+        snprintf(hello, hcap, "cuda:0 %.120s", name);
+        return 0;
+    }
+    snprintf(why, sizeof why, "no usable CUDA device (%s)", dl_errmsg());
+#else
+    snprintf(why, sizeof why, "this build has no CUDA (configured without nvcc or with -DDLOCO_CUDA=OFF)");
+#endif
+    if (!strcmp(cfg->device, "cuda")) return dl_err(DL_ENODEV, "--device cuda: %s", why);
+    snprintf(desc, cap, "cpu (--device auto: %s)", why);
+    return 0;
+}
 
 int main(int argc, char **argv)
 {
@@ -150,6 +203,15 @@ int main(int argc, char **argv)
     }
     if (cfg.threads > 0) omp_set_num_threads((int)cfg.threads);
     if (cfg.warmup >= cfg.steps) cfg.warmup = cfg.steps / 10;
+
+    int device;
+    char device_desc[768], hello_device[129];
+    if ((rc = pick_device(&cfg, &device, device_desc, sizeof device_desc, hello_device, sizeof hello_device)))
+        return fail("choosing the device", rc);
+    printf("device: %s\n", device_desc);
+    if (device == DL_DEVICE_CPU && strcmp(cfg.matmul, "tf32"))
+        printf("note: --matmul %s ignored on the cpu (OpenBLAS sgemm, fp32)\n", cfg.matmul);
+    fflush(stdout);
 
     dl_data_opts dopt = {.path = cfg.data,
                          .format = cfg.data_format,
@@ -180,6 +242,7 @@ int main(int argc, char **argv)
                   .weight_decay = (float)cfg.weight_decay, .grad_clip = (float)cfg.grad_clip},
         .seed = (uint64_t)cfg.seed,
         .val_batches = (int)cfg.val_batches,
+        .device = device,
     };
     if ((rc = dl_gpt_config_check(&tc.model))) {
         dl_data_close(&data);
@@ -194,9 +257,10 @@ int main(int argc, char **argv)
             return fail("opening loss_log", dl_err(DL_EIO, "%s", cfg.loss_log));
         }
         if (ll) setvbuf(ll, NULL, _IOLBF, 0);
-        rc = run_networked(&cfg, tr, &tc, ll);
+        rc = run_networked(&cfg, tr, &tc, hello_device, ll);
         if (ll) fclose(ll);
         dl_trainer_close(&tr);
+        release_device(device);
         return rc;
     }
     if (cfg.resume[0] && (rc = dl_trainer_resume(tr, cfg.resume))) {
@@ -212,8 +276,7 @@ int main(int argc, char **argv)
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
-    dl_gpt *g = dl_trainer_model(tr);
-    size_t nparams = dl_gpt_num_params(g);
+    size_t nparams = dl_trainer_num_params(tr);
     double flops_tok = dl_gpt_flops_per_token(&tc.model, tc.model.seq_len);
     int64_t tok_per_step = (int64_t)tc.batch * tc.model.seq_len;
     printf("dloco-learner standalone: GPT L=%d NH=%d C=%d T=%d V=%d, %zu parameters, B=%d, %d threads\n",
@@ -224,7 +287,12 @@ int main(int argc, char **argv)
            (unsigned long long)dl_data_val_seqs(data));
     int64_t start = dl_trainer_steps_done(tr);
     if (start) printf("resumed from %s at step %lld\n", cfg.resume, (long long)start);
-    double val0 = dl_trainer_eval(tr), val = val0, best = val0;
+    double val0 = 0.0;
+    if ((rc = dl_trainer_eval(tr, &val0))) {
+        dl_trainer_close(&tr);
+        return fail("evaluating", rc);
+    }
+    double val = val0, best = val0;
     printf("step %6lld | val loss %.4f\n", (long long)start, val0);
     fflush(stdout);
 
@@ -233,14 +301,19 @@ int main(int argc, char **argv)
     int64_t stop_at = cfg.stop_after ? start + cfg.stop_after : cfg.steps;
     if (stop_at > cfg.steps) stop_at = cfg.steps;
     while (step < stop_at && !stop_requested) {
-        float norm;
-        double loss = dl_trainer_step(tr, &norm);
+        float norm = 0.0f;
+        double loss = NAN;
+        rc = dl_trainer_step(tr, &loss, &norm);
         step = dl_trainer_steps_done(tr);
-        if (!isfinite(loss)) {
-            fprintf(stderr, "dloco-learner: training loss became %f at step %lld; stopping (lower --lr?)\n", loss,
-                    (long long)step);
+        if (rc == DL_ERANGE || (rc == 0 && !isfinite(loss))) {
+            fprintf(stderr, "dloco-learner: training loss became %f (gradient norm %f) at step %lld; stopping (lower --lr?)\n",
+                    loss, norm, (long long)step);
             dl_trainer_close(&tr);
             return 3;
+        }
+        if (rc) {
+            dl_trainer_close(&tr);
+            return fail("training step", rc);
         }
         if (losslog) fprintf(losslog, "%lld %a\n", (long long)step, loss);
         train_sum += loss;
@@ -248,7 +321,10 @@ int main(int argc, char **argv)
         win_steps++;
         int do_val = (cfg.val_every && step % cfg.val_every == 0) || step == cfg.steps;
         if (do_val) {
-            val = dl_trainer_eval(tr);
+            if ((rc = dl_trainer_eval(tr, &val))) {
+                dl_trainer_close(&tr);
+                return fail("evaluating", rc);
+            }
             if (val < best) best = val;
         }
         if (step % cfg.log_every == 0 || do_val) {
@@ -275,7 +351,10 @@ int main(int argc, char **argv)
     double wall = dl_clock_s() - t_run;
     if (stop_requested) {
         printf("stopped by signal at step %lld\n", (long long)step);
-        val = dl_trainer_eval(tr);
+        if ((rc = dl_trainer_eval(tr, &val))) {
+            dl_trainer_close(&tr);
+            return fail("evaluating", rc);
+        }
     }
     if (cfg.checkpoint[0]) {
         if ((rc = dl_trainer_save(tr, cfg.checkpoint))) {
@@ -289,15 +368,16 @@ int main(int argc, char **argv)
     printf("summary: %lld steps in %.1f s | %.0f tok/s | train loss %.4f | val loss %.4f -> %.4f (best %.4f)\n",
            (long long)done, wall, done ? (double)(done * tok_per_step) / wall : 0.0, last_train, val0, val, best);
     dl_trainer_close(&tr);
+    release_device(device);
     return 0;
 }
 
 /* ---- networked mode: the training thread; the comms thread owns the socket */
 
-static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, FILE *losslog)
+static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
+                         FILE *losslog)
 {
-    dl_gpt *g = dl_trainer_model(tr);
-    const dl_gpt_config *mc = dl_gpt_cfg(g);
+    const dl_gpt_config *mc = dl_trainer_model_cfg(tr);
     dl_plan *plan = NULL;
     int rc = dl_gpt_plan_open(mc, (int)cfg->fragments, &plan);
     if (rc) return fail("building the fragment plan (option fragments)", rc);
@@ -313,7 +393,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         .n_embd = (uint32_t)mc->n_embd,
         .seq_len = (uint32_t)mc->seq_len,
         .vocab = (uint32_t)mc->vocab,
-        .device = "cpu",
+        .device = hello_device,
         .connect_timeout_ms = (int)cfg->connect_timeout_ms,
         .log_acks = cfg->log_acks,
     };
@@ -323,9 +403,25 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         dl_plan_close(&plan);
         return fail("setting up the connection", rc);
     }
+    /* The node reaches theta through a parameter interface: the host buffer
+     * directly on the cpu; on a GPU the fragment copies of xfer_cuda.c, whose
+     * pushes complete one step later so the copy overlaps the next step. */
+    const dl_node_model *model = NULL;
+#ifdef DLOCO_HAVE_CUDA
+    dl_gptc_xfer *xfer = NULL;
+    if (dl_trainer_device(tr) == DL_DEVICE_CUDA) {
+        if ((rc = dl_gptc_xfer_open(dl_trainer_gptc(tr), plan, &xfer))) {
+            dl_comms_close(&comms);
+            dl_plan_close(&plan);
+            return fail("setting up the GPU fragment copies", rc);
+        }
+        model = dl_gptc_xfer_model(xfer);
+    }
+#endif
     dl_node_opts no = {
         .plan = plan,
-        .params = dl_gpt_params(g),
+        .params = model ? NULL : dl_gpt_params(dl_trainer_model(tr)),
+        .model = model,
         .adopt = !strcmp(cfg->adopt, "mix") ? DL_ADOPT_MIX : !strcmp(cfg->adopt, "keep") ? DL_ADOPT_KEEP
                                                                                          : DL_ADOPT_OVERWRITE,
         .alpha = (float)cfg->alpha,
@@ -334,6 +430,9 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         int r = fail("connecting", rc);
         dl_node_close(&node);
         dl_comms_close(&comms);
+#ifdef DLOCO_HAVE_CUDA
+        dl_gptc_xfer_close(&xfer);
+#endif
         dl_plan_close(&plan);
         return r;
     }
@@ -342,7 +441,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
 
     int64_t tok_per_step = (int64_t)tc->batch * mc->seq_len;
     printf("dloco-learner %s: GPT L=%d NH=%d C=%d T=%d V=%d, %zu parameters, B=%d, %d threads\n", cfg->id,
-           mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len, mc->vocab, dl_gpt_num_params(g), tc->batch,
+           mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len, mc->vocab, dl_trainer_num_params(tr), tc->batch,
            omp_get_max_threads());
     printf("synchronizer %s, run %s, P=%d fragments (imbalance %.3f), fingerprint %016llx, adopt %s\n",
            cfg->connect, cfg->run_id, dl_plan_P(plan), dl_plan_imbalance(plan), (unsigned long long)fp, cfg->adopt);
@@ -370,19 +469,25 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         double t_win = dl_clock_s(), train_sum = 0.0, sps = 0.0;
         int64_t win_steps = 0;
         while (step < cfg->steps && !stop_requested) {
-            float norm;
-            double t_step = dl_clock_s();
-            double loss = dl_trainer_step(tr, &norm);
+            float norm = 0.0f;
+            double t_step = dl_clock_s(), loss = NAN;
+            rc = dl_trainer_step(tr, &loss, &norm);
             step = dl_trainer_steps_done(tr);
+            if (rc && rc != DL_ERANGE) {
+                fail("training step", rc);
+                exit_code = 2;
+                break;
+            }
             if (cfg->throttle < 1.0) {
                 /* a straggler on purpose: stretch each step to 1/throttle of its time */
                 double extra = (dl_clock_s() - t_step) * (1.0 / cfg->throttle - 1.0);
                 struct timespec ts = {.tv_sec = (time_t)extra, .tv_nsec = (long)((extra - (double)(time_t)extra) * 1e9)};
                 while (nanosleep(&ts, &ts) != 0 && !stop_requested) {}
             }
-            if (!isfinite(loss)) {
-                fprintf(stderr, "dloco-learner: training loss became %f at step %lld; stopping (lower --lr?)\n", loss,
-                        (long long)step);
+            if (rc == DL_ERANGE || !isfinite(loss)) {
+                fprintf(stderr,
+                        "dloco-learner: training loss became %f (gradient norm %f) at step %lld; stopping (lower --lr?)\n",
+                        loss, norm, (long long)step);
                 exit_code = 3;
                 break;
             }
@@ -392,8 +497,12 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             win_steps++;
             /* H comes from the (last) Welcome; a re-hello may change it. */
             int H = (int)dl_comms_h(comms);
-            dl_node_after_step(node, step, H > 0 ? H : 1, (uint64_t)tok_per_step, loss);
-            dl_node_poll(node);
+            if ((rc = dl_node_after_step(node, step, H > 0 ? H : 1, (uint64_t)tok_per_step, loss)) < 0 ||
+                (rc = dl_node_poll(node)) < 0) {
+                fail("pushing or adopting fragments", rc);
+                exit_code = 2;
+                break;
+            }
             char msg[640];
             int st = dl_comms_state(comms, msg, sizeof msg);
             if (st == DL_COMMS_REFUSED) {
@@ -416,7 +525,9 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                 dl_node_get_stats(node, &ns);
                 printf("step %6lld/%lld | train %.4f | ", (long long)step, (long long)cfg->steps,
                        train_sum / (double)win_steps);
-                if (do_val) printf("local val %.4f | ", dl_trainer_eval(tr));
+                double lv = NAN;
+                if (do_val && dl_trainer_eval(tr, &lv) == 0) printf("local val %.4f | ", lv);
+                else if (do_val) printf("local val failed (%s) | ", dl_errmsg());
                 printf("%7.0f tok/s | %7.1f ms/step | pushes %llu | adopted %llu | ", sps * (double)tok_per_step,
                        1e3 * dt / (double)win_steps, (unsigned long long)cs.pushes,
                        (unsigned long long)(ns.adopted - ns.rebased));
@@ -431,11 +542,15 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             dl_comms_set_progress(comms, (uint64_t)step, (uint64_t)(step * tok_per_step), sps);
         }
         if (stop_requested) printf("stopped by signal at step %lld\n", (long long)step);
-        if (exit_code == 0 && cfg->final_flush)
+        if (exit_code == 0 && cfg->final_flush) {
             flush_left = dl_node_finish(node, (int)cfg->flush_timeout_ms, (uint64_t)step,
                                         stop_requested ? "signal" : "done");
-        else if (exit_code == 0)
+            if (flush_left < 0) exit_code = fail("final flush", flush_left);
+        } else if (exit_code == 0) {
+            /* the scheduled pushes of the last step still go (a deferred one is not posted yet) */
+            if ((rc = dl_node_complete(node)) < 0) exit_code = fail("last pushes", rc);
             dl_comms_bye(comms, stop_requested ? "signal (no flush)" : "done (no flush)", (uint64_t)step);
+        }
         else if (dl_comms_state(comms, NULL, 0) != DL_COMMS_REFUSED)
             dl_comms_bye(comms, "failed", (uint64_t)step); /* diverged: push nothing more, just leave */
     }
@@ -470,6 +585,9 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     fflush(stdout);
     dl_comms_close(&comms);
     dl_node_close(&node);
+#ifdef DLOCO_HAVE_CUDA
+    dl_gptc_xfer_close(&xfer);
+#endif
     dl_plan_close(&plan);
     return exit_code;
 }

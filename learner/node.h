@@ -1,10 +1,12 @@
 /* The training-thread side of a networked learner: per-fragment base copies
  * and versions, counters since adopt, push creation, adopt modes, initial fetch wait and final flush.
  *
- * A node works on the model's parameter buffer (theta, borrowed) through the
- * fragment plan and talks only to a comms mailbox (learner/comms.h), never to
- * a socket, so nothing here blocks on the network except the two explicit
- * waits (dl_node_wait_ready before training, dl_node_finish after it).
+ * A node reads and writes the learner's parameters (theta) only through a
+ * parameter interface (dl_node_model, below), one fragment at a time, so the
+ * same logic serves a model in a host buffer and one on a GPU. It talks only
+ * to a comms mailbox (learner/comms.h), never to a socket, so nothing here
+ * blocks on the network except the two explicit waits (dl_node_wait_ready
+ * before training, dl_node_finish after it).
  *
  * Per fragment p it keeps:
  *   base_p     the global fragment last adopted (fp32, numel_p floats)
@@ -14,16 +16,31 @@
  *              keep mode, see below)
  * A push of p is delta_p = base_p - theta_p with steps_p / tokens_p.
  *
- * Adopt of global g with version v for p (dl_node_adopt), at a step boundary:
+ * Adopt of global g with version v for p (dl_node_adopt), at a step boundary,
+ * each mode one call apply(a, b, in): theta_p = a*theta_p + b*in:
  *   ignored    when p is held, the update is not forced and v <= version_p
  *   rebase     forced (fetch reply) or p not held yet: theta_p = g, counters 0
- *   overwrite  theta_p = g, counters 0
+ *              (apply(0, 1, g))
+ *   overwrite  theta_p = g, counters 0 (apply(0, 1, g))
  *   mix        theta_p = alpha*theta_p + (1-alpha)*g, counters 0
- *   keep       theta_p = g + (theta_p - ref_p), where ref_p is theta_p at the
+ *              (apply(alpha, 1-alpha, g))
+ *   keep       theta_p = theta_p + (g - ref_p), where ref_p is theta_p at the
  *              last push of p, or the global adopted last if there was no
  *              push since; counters become those since ref_p (progress made
- *              since the push is kept and still counted)
- * and then base_p = g, version_p = v, ref_p = g. */
+ *              since the push is kept and still counted) (apply(1, 1, g - ref_p))
+ * and then base_p = g, version_p = v, ref_p = g.
+ *
+ * Deferred pushes (a model with deferred = 1, e.g. a GPU): when p is due after
+ * step s, dl_node_after_step only starts the read of theta_p (read_begin) and
+ * snapshots the counters; the push is completed (read_end, delta = base_p -
+ * snapshot, post, keep-mode ref_p = snapshot) at the start of the next
+ * dl_node_after_step, so the device-to-host copy overlaps training step s+1.
+ * Anything that needs fragment p earlier (dl_node_adopt, dl_node_delta,
+ * dl_node_flush, dl_node_complete, dl_node_finish) completes it first; a
+ * forced update (rebase) drops it instead, as the mailbox drops a queued push
+ * of a base that is no longer usable. A deferred push is thus the push a
+ * non-deferred node makes, with the counters of the step it was snapshotted
+ * at, posted one step later. */
 #ifndef DL_LEARNER_NODE_H
 #define DL_LEARNER_NODE_H
 
@@ -37,9 +54,39 @@ typedef struct dl_node dl_node;
 
 enum { DL_ADOPT_OVERWRITE = 0, DL_ADOPT_MIX = 1, DL_ADOPT_KEEP = 2 };
 
+/* The parameter interface: theta, fragment by fragment, wherever it lives.
+ * Every call comes from the training thread between training steps; `p` is a
+ * fragment of the node's plan and payloads are in fragment order
+ * (dl_plan_gather). Functions return 0 or a negative DL_E* code. */
+typedef struct {
+    void *ctx;
+    /* 1: read_begin may be asynchronous and the node completes pushes one
+     * step later (see above); 0: read_end right after read_begin. */
+    int deferred;
+    /* Snapshot theta_p as it is now (after the completed step); may return
+     * before the copy finished. */
+    int (*read_begin)(void *ctx, int p);
+    /* Wait for the snapshot of the last read_begin(p); *theta = host pointer to
+     * numel_p floats, valid until the next read_begin(p). */
+    int (*read_end)(void *ctx, int p, const float **theta);
+    /* theta_p = a*theta_p + b*in (as dl_cpu_axpby: a == 0 does not read
+     * theta_p), in = numel_p host floats. May be asynchronous, but `in` is
+     * copied before it returns and every later read_begin sees the result. */
+    int (*apply)(void *ctx, int p, float a, float b, const float *in);
+} dl_node_model;
+
+/* The host implementation over a parameter buffer (dl_plan_gather/scatter):
+ * reads are synchronous gathers into a per-fragment snapshot; with deferred
+ * = 1 the node still completes pushes a step later (for tests of that logic
+ * without a GPU). `plan` and `params` are borrowed. */
+int dl_node_host_model_open(const struct dl_plan *plan, float *params, int deferred, dl_node_model **out);
+void dl_node_host_model_close(dl_node_model **m); /* safe on NULL and twice */
+
 typedef struct {
     const struct dl_plan *plan; /* borrowed */
-    float *params;              /* theta: the model's parameter buffer, borrowed */
+    float *params;              /* theta in a host buffer (borrowed): the node uses its own
+                                 * non-deferred host model over it; NULL: use `model` */
+    const dl_node_model *model; /* borrowed; used when params is NULL */
     int adopt;                  /* DL_ADOPT_* */
     float alpha;                /* mix: weight of the local theta, in [0, 1] */
 } dl_node_opts;
@@ -51,40 +98,51 @@ typedef struct {
     uint64_t adopted;   /* updates adopted (rebases included) */
     uint64_t rebased;   /* of those, forced / first-time adoptions (theta overwritten) */
     uint64_t ignored;   /* updates not newer than the held version */
+    uint64_t dropped;   /* deferred pushes dropped unposted because a forced update came first */
 } dl_node_stats;
 
 /* Allocates base copies (one model's worth) and, in keep mode, reference
- * copies (another). `comms` is the mailbox, borrowed. Returns 0 or DL_EINVAL. */
+ * copies (another). `comms` is the mailbox, borrowed. Returns 0 or DL_EINVAL.
+ *
+ * Every function below that touches theta returns a negative DL_E* code when
+ * the parameter interface fails (a GPU error); the node is unusable then. */
 int dl_node_open(const dl_node_opts *o, dl_comms *comms, dl_node **out);
 void dl_node_close(dl_node **n); /* safe on NULL and twice */
 
 /* After completed inner step `step` (1-based) of `tokens` tokens and training
- * loss `loss`: counters of every held fragment grow, then every fragment with
- * dl_plan_due(step, p, H, P) gets a push. Returns the number of pushes. */
+ * loss `loss`: deferred pushes of the previous step are completed, counters
+ * of every held fragment grow, then every fragment with dl_plan_due(step, p,
+ * H, P) gets a push (deferred: begun). Returns the number of pushes made or
+ * begun for this step. */
 int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double loss);
 /* Step boundary: take every waiting update from the mailbox and adopt it.
- * Returns the number adopted. Never blocks. */
+ * Returns the number adopted. Never blocks on the network. */
 int dl_node_poll(dl_node *n);
-/* Push every held fragment with steps_p > 0, marked final (regardless of the
- * schedule). Returns the number of pushes. */
+/* Complete every deferred push now. Returns the number posted. */
+int dl_node_complete(dl_node *n);
+/* Complete deferred pushes, then push every held fragment with steps_p > 0,
+ * marked final (regardless of the schedule). Returns the number of final
+ * pushes. */
 int dl_node_flush(dl_node *n);
 
 /* Adopt global fragment p (numel_p floats) at `version` as described above.
  * Returns 1 when adopted, 0 when ignored as not newer. */
 int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *global);
-/* delta = base_p - theta_p into out (numel_p floats), without pushing. */
-void dl_node_delta(dl_node *n, int p, float *out);
+/* delta = base_p - theta_p into out (numel_p floats), without pushing
+ * (a deferred push of p is completed first). Returns 0. */
+int dl_node_delta(dl_node *n, int p, float *out);
 
 /* Before training: poll until every fragment is held (the initial fetch).
  * Returns 0; DL_ETIMEDOUT after timeout_ms; DL_EAGAIN when *stop became
  * nonzero; DL_EPROTO when the synchronizer refused the learner (fatal
  * Error) or DL_ENET when the comms failed (no Welcome, socket): dl_errmsg()
- * carries the reason. Polls every 2 ms. */
+ * carries the reason; or the parameter interface's error. Polls every 2 ms. */
 int dl_node_wait_ready(dl_node *n, int timeout_ms, const volatile sig_atomic_t *stop);
 /* After training: final flush, wait (adopting updates) until every push sent
  * has its final answer (dl_comms_flush_pending() == 0) or flush_timeout_ms
  * passed, then ask the comms thread to send Bye{reason, step}. Returns the
- * number of fragments with unanswered pushes (0 = complete flush). */
+ * number of fragments with unanswered pushes (0 = complete flush), or the
+ * parameter interface's error (Bye is still requested). */
 int dl_node_finish(dl_node *n, int flush_timeout_ms, uint64_t step, const char *reason);
 
 int dl_node_P(const dl_node *n);

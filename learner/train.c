@@ -1,5 +1,5 @@
 /* Inner loop of a learner: batches from the loader, forward/backward on the
- * GPT, global-norm clipping and AdamW with warm-up + cosine schedule. */
+ * GPT (CPU dl_gpt or CUDA dl_gptc), global-norm clipping and AdamW with warm-up + cosine schedule. */
 #include "learner/train.h"
 
 #include "core/err.h"
@@ -7,27 +7,54 @@
 #include <math.h>
 #include <stdlib.h>
 
+#ifdef DLOCO_HAVE_CUDA
+#include "learner/gpt_cuda.h"
+#endif
+
 struct dl_trainer {
     dl_train_cfg cfg;
-    dl_gpt *model;
+    dl_gpt *model;         /* DL_DEVICE_CPU */
+    struct dl_gptc *gmodel; /* DL_DEVICE_CUDA */
+    size_t nparams;
     dl_data *data;
     int64_t step; /* completed steps */
     int32_t *inp, *tgt;
 };
+
+static int open_model(dl_trainer *t)
+{
+    const dl_train_cfg *cfg = &t->cfg;
+    if (cfg->device == DL_DEVICE_CPU) {
+        DL_TRY(dl_gpt_open(&cfg->model, cfg->batch, &t->model));
+        dl_gpt_init(t->model, cfg->seed);
+        t->nparams = dl_gpt_num_params(t->model);
+        return 0;
+    }
+    if (cfg->device != DL_DEVICE_CUDA) return dl_err(DL_EINVAL, "trainer: unknown device %d", cfg->device);
+#ifdef DLOCO_HAVE_CUDA
+    DL_TRY(dl_gptc_open(&cfg->model, cfg->batch, &t->gmodel));
+    DL_TRY(dl_gptc_init(t->gmodel, cfg->seed));
+    t->nparams = dl_gptc_num_params(t->gmodel);
+    return 0;
+#else
+    return dl_err(DL_ENODEV, "this build has no CUDA (configured without nvcc or with -DDLOCO_CUDA=OFF)");
+#endif
+}
 
 int dl_trainer_open(const dl_train_cfg *cfg, dl_data *data, dl_trainer **out)
 {
     *out = NULL;
     dl_trainer *t = dl_xcalloc(1, sizeof *t);
     t->cfg = *cfg;
-    int rc = dl_gpt_open(&cfg->model, cfg->batch, &t->model);
+    t->data = data;
+    /* fills padded_vocab, which the checkpoint header records */
+    int rc = dl_gpt_config_check(&t->cfg.model);
+    if (rc == 0) rc = open_model(t);
     if (rc) {
-        free(t);
+        dl_trainer_close(&t);
         return rc;
     }
-    dl_gpt_init(t->model, cfg->seed);
-    t->data = data;
-    size_t n = (size_t)cfg->batch * cfg->model.seq_len;
+    size_t n = (size_t)t->cfg.batch * t->cfg.model.seq_len;
     t->inp = dl_xmalloc(n * sizeof(int32_t));
     t->tgt = dl_xmalloc(n * sizeof(int32_t));
     *out = t;
@@ -39,6 +66,9 @@ void dl_trainer_close(dl_trainer **tp)
     if (!tp || !*tp) return;
     dl_trainer *t = *tp;
     dl_gpt_close(&t->model);
+#ifdef DLOCO_HAVE_CUDA
+    dl_gptc_close(&t->gmodel);
+#endif
     dl_data_close(&t->data);
     free(t->inp);
     free(t->tgt);
@@ -56,44 +86,100 @@ float dl_trainer_lr_at(const dl_trainer *t, int64_t step)
     return (float)(c->lr * (c->min_lr_frac + (1.0 - c->min_lr_frac) * coeff));
 }
 
-double dl_trainer_step(dl_trainer *t, float *grad_norm)
+int dl_trainer_step(dl_trainer *t, double *loss, float *grad_norm)
 {
     int B = t->cfg.batch, T = t->cfg.model.seq_len;
     dl_data_next_train(t->data, B, t->inp, t->tgt);
-    double loss = dl_gpt_forward(t->model, t->inp, t->tgt, B, T);
-    dl_gpt_zero_grad(t->model);
-    dl_gpt_backward(t->model);
+    if (t->model) {
+        *loss = dl_gpt_forward(t->model, t->inp, t->tgt, B, T);
+        dl_gpt_zero_grad(t->model);
+        dl_gpt_backward(t->model);
+        t->step++;
+        float norm = dl_gpt_adamw_step(t->model, &t->cfg.adamw, dl_trainer_lr_at(t, t->step), t->step);
+        if (grad_norm) *grad_norm = norm;
+        return 0;
+    }
+#ifdef DLOCO_HAVE_CUDA
+    /* The forward returns after the loss reached the host; the AdamW kernels
+     * are still queued on the device when this returns (the next step's
+     * token upload waits for them, so does a push snapshot). */
+    *loss = NAN;
+    DL_TRY(dl_gptc_forward(t->gmodel, t->inp, t->tgt, B, T, loss));
+    DL_TRY(dl_gptc_zero_grad(t->gmodel));
+    DL_TRY(dl_gptc_backward(t->gmodel));
     t->step++;
-    float norm = dl_gpt_adamw_step(t->model, &t->cfg.adamw, dl_trainer_lr_at(t, t->step), t->step);
+    float norm = NAN;
+    int rc = dl_gptc_adamw_step(t->gmodel, &t->cfg.adamw, dl_trainer_lr_at(t, t->step), t->step, &norm);
     if (grad_norm) *grad_norm = norm;
-    return loss;
+    return rc;
+#else
+    return dl_err(DL_ENODEV, "trainer without a model");
+#endif
 }
 
-double dl_trainer_eval(dl_trainer *t)
+int dl_trainer_eval(dl_trainer *t, double *loss)
 {
     int B = t->cfg.batch, T = t->cfg.model.seq_len;
     double sum = 0.0;
     for (int i = 0; i < t->cfg.val_batches; i++) {
         dl_data_val_batch(t->data, (uint64_t)i, B, t->inp, t->tgt);
-        sum += dl_gpt_forward(t->model, t->inp, t->tgt, B, T);
+        if (t->model) {
+            sum += dl_gpt_forward(t->model, t->inp, t->tgt, B, T);
+            continue;
+        }
+#ifdef DLOCO_HAVE_CUDA
+        double l = 0.0;
+        DL_TRY(dl_gptc_forward(t->gmodel, t->inp, t->tgt, B, T, &l));
+        sum += l;
+#endif
     }
-    return sum / t->cfg.val_batches;
+    *loss = sum / t->cfg.val_batches;
+    return 0;
 }
 
 int64_t dl_trainer_steps_done(const dl_trainer *t) { return t->step; }
+int dl_trainer_device(const dl_trainer *t) { return t->cfg.device; }
+const dl_gpt_config *dl_trainer_model_cfg(const dl_trainer *t) { return &t->cfg.model; }
+size_t dl_trainer_num_params(const dl_trainer *t) { return t->nparams; }
 dl_gpt *dl_trainer_model(dl_trainer *t) { return t->model; }
+struct dl_gptc *dl_trainer_gptc(dl_trainer *t) { return t->gmodel; }
 dl_data *dl_trainer_data(dl_trainer *t) { return t->data; }
 
 int dl_trainer_save(dl_trainer *t, const char *path)
 {
     dl_ckpt_state st = {.step = t->step, .data = dl_data_get_pos(t->data), .seed = t->cfg.seed};
-    return dl_ckpt_save(path, t->model, &st);
+    if (t->model) return dl_ckpt_save(path, t->model, &st);
+#ifdef DLOCO_HAVE_CUDA
+    size_t n = t->nparams;
+    float *buf = malloc(3 * n * sizeof(float));
+    if (!buf) return dl_err(DL_ENOMEM, "checkpoint staging of 3 x %zu floats", n);
+    int rc = dl_gptc_get_state(t->gmodel, buf, buf + n, buf + 2 * n);
+    if (rc == 0) rc = dl_ckpt_save_raw(path, &t->cfg.model, n, buf, buf + n, buf + 2 * n, &st);
+    free(buf);
+    return rc;
+#else
+    return dl_err(DL_ENODEV, "trainer without a model");
+#endif
 }
 
 int dl_trainer_resume(dl_trainer *t, const char *path)
 {
     dl_ckpt_state st;
-    DL_TRY(dl_ckpt_load(path, t->model, &st));
+    if (t->model) {
+        DL_TRY(dl_ckpt_load(path, t->model, &st));
+    } else {
+#ifdef DLOCO_HAVE_CUDA
+        size_t n = t->nparams;
+        float *buf = malloc(3 * n * sizeof(float));
+        if (!buf) return dl_err(DL_ENOMEM, "checkpoint staging of 3 x %zu floats", n);
+        int rc = dl_ckpt_load_raw(path, &t->cfg.model, n, buf, buf + n, buf + 2 * n, &st);
+        if (rc == 0) rc = dl_gptc_set_state(t->gmodel, buf, buf + n, buf + 2 * n);
+        free(buf);
+        DL_TRY(rc);
+#else
+        return dl_err(DL_ENODEV, "trainer without a model");
+#endif
+    }
     DL_TRY(dl_data_set_pos(t->data, st.data));
     t->step = st.step;
     return 0;

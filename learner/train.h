@@ -1,12 +1,18 @@
 /* The learner's inner loop: model + data + AdamW + learning-rate schedule,
  * one call per training step, plus evaluation and checkpoint save/resume.
- * Standalone training and (later) the networked learner drive the same one. */
+ * Standalone and networked learners drive the same one, on the CPU or a GPU. */
 #ifndef DL_LEARNER_TRAIN_H
 #define DL_LEARNER_TRAIN_H
 
 #include "learner/ckpt.h"
 #include "learner/data.h"
 #include "learner/gpt.h"
+
+/* Where the model lives. */
+enum {
+    DL_DEVICE_CPU = 0, /* dl_gpt: host buffers, kernels/cpu.c (the reference) */
+    DL_DEVICE_CUDA = 1 /* dl_gptc: device buffers, kernels/cuda (builds with DLOCO_HAVE_CUDA only) */
+};
 
 typedef struct {
     dl_gpt_config model;
@@ -18,25 +24,42 @@ typedef struct {
     dl_adamw_cfg adamw;
     uint64_t seed;
     int val_batches;    /* batches per evaluation */
+    int device;         /* DL_DEVICE_*; 0 (cpu) when left out */
 } dl_train_cfg;
 
 typedef struct dl_trainer dl_trainer;
+struct dl_gptc;
 
-/* Takes ownership of `data`. Initialises the model from cfg->seed. */
+/* Takes ownership of `data` (closed on failure too). Initialises the model
+ * from cfg->seed, identically on both devices. DL_DEVICE_CUDA in a build
+ * without CUDA: DL_ENODEV ("this build has no CUDA"); without a usable
+ * device: the DL_ENODEV / DL_ECUDA of learner/gpt_cuda.h. */
 int dl_trainer_open(const dl_train_cfg *cfg, dl_data *data, dl_trainer **out);
 void dl_trainer_close(dl_trainer **t);
 
-/* One forward/backward/AdamW step on the next training batch; returns the
- * training loss. Fills *grad_norm when non-NULL. */
-double dl_trainer_step(dl_trainer *t, float *grad_norm);
-/* Mean loss over cfg->val_batches fixed validation batches. */
-double dl_trainer_eval(dl_trainer *t);
+/* One forward/backward/AdamW step on the next training batch: *loss = the
+ * training loss, *grad_norm (may be NULL) = the gradient norm before
+ * clipping. Returns 0; on CUDA also DL_ECUDA (the trainer is unusable after)
+ * or DL_ERANGE when the gradient norm is not finite (the update was skipped;
+ * *loss is still set). The CPU step never fails (a diverged step shows as a
+ * non-finite loss). */
+int dl_trainer_step(dl_trainer *t, double *loss, float *grad_norm);
+/* Mean loss over cfg->val_batches fixed validation batches into *loss. */
+int dl_trainer_eval(dl_trainer *t, double *loss);
 
 int64_t dl_trainer_steps_done(const dl_trainer *t);
 float dl_trainer_lr_at(const dl_trainer *t, int64_t step); /* 1-based step */
+int dl_trainer_device(const dl_trainer *t);                /* DL_DEVICE_* */
+const dl_gpt_config *dl_trainer_model_cfg(const dl_trainer *t);
+size_t dl_trainer_num_params(const dl_trainer *t);
+/* The model of the trainer's device; the other one is NULL. */
 dl_gpt *dl_trainer_model(dl_trainer *t);
+struct dl_gptc *dl_trainer_gptc(dl_trainer *t);
 dl_data *dl_trainer_data(dl_trainer *t);
 
+/* Checkpoints (learner/ckpt.h): the same file from either device, so a run
+ * saved on a GPU resumes on a CPU and the other way round. The CUDA trainer
+ * downloads / uploads parameters and AdamW moments through host buffers. */
 int dl_trainer_save(dl_trainer *t, const char *path);
 int dl_trainer_resume(dl_trainer *t, const char *path);
 

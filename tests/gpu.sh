@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # tests/gpu.sh: everything to do during one short stay on a GPU machine: fresh
 # CUDA build, device list, every GPU-labelled CTest, bench/gpu.sh if present.
+# The GPU tests: kernel parity (test_cuda_kernels), model parity vs CPU and
+# PyTorch (test_cuda_gpt), the learner's fragment copies, deferred node and
+# trainer vs the CPU (test_cuda_learner), and a networked cluster of one
+# --device cuda and one --device cpu learner that must merge
+# (test_gpu_cluster, tests/test_gpu_cluster.sh). The bench runs the 124M shape
+# with --matmul tf32 and bf16.
 #
 # Usage: tests/gpu.sh [build-dir]       (default: <repo>/build-gpu)
 # Env:   DLOCO_GPU_BUDGET_S  total seconds for the whole script (default 450: under 8 minutes)

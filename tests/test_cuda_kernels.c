@@ -14,8 +14,8 @@
 /* Tolerances (stated in the task, measured values are printed):
  *   AdamW      max |cuda - cpu| / max |cpu| <= 1e-6 for param, m and v after 10 steps
  *   sumsq      |cuda - cpu| / cpu <= 1e-6
- *   pseudograd bit-identical
- *   matmul     max |cuda - cpu| / max |cpu| <= 1e-4 (fp32), <= 1e-2 (TF32)
+ *   pseudograd, axpby   bit-identical (axpby also for a = 0 over NaN: y = b*x)
+ *   matmul     max |cuda - cpu| / max |cpu| <= 1e-4 (fp32), <= 1e-2 (TF32), <= 3e-2 (bf16)
  * and for the layer kernels, every output as max |cuda - cpu| / max |cpu|:
  *   encoder fwd/bwd, residual, softmax-xent bwd   bit-identical (same adds, same order)
  *   layernorm fwd (out, mean, rstd), dinp, GELU fwd/bwd, softmax probs/losses   <= 1e-5
@@ -26,6 +26,7 @@
 #define TOL_SUMSQ 1e-6
 #define TOL_MATMUL 1e-4
 #define TOL_MATMUL_TF32 1e-2
+#define TOL_MATMUL_BF16 3e-2
 #define TOL_ELEM 1e-5
 #define TOL_REDUCE 1e-4
 #define TOL_LOSS 1e-6
@@ -115,7 +116,7 @@ static int no_device(void)
         printf("FAIL: DLOCO_REQUIRE_CUDA=1 but no usable CUDA device\n");
         return 1;
     }
-    printf("SKIP: no CUDA device — CUDA parity tests (adamw, sumsq, pseudograd, matmul fwd/bwd, encoder, layernorm, "
+    printf("SKIP: no CUDA device — CUDA parity tests (adamw, sumsq, pseudograd, axpby, matmul fwd/bwd, encoder, layernorm, "
            "attention, gelu, residual, softmax-xent) did not run\n");
     return 77;
 }
@@ -221,9 +222,49 @@ static void test_pseudograd(dl_rng *r)
     free(base), free(theta), free(cpu), free(gpu);
 }
 
+/* ---- axpby: bit-identical to the CPU twin for mix (a, 1-a), keep (1, 1)
+ * and overwrite (0, 1, where a NaN in y must not survive) */
+
+static void axpby_case(dl_rng *r, size_t n, float a, float b, int nan_y)
+{
+    float *y = dl_xmalloc(n * sizeof(float)), *x = dl_xmalloc(n * sizeof(float));
+    float *cpu = dl_xmalloc(n * sizeof(float)), *gpu = dl_xmalloc(n * sizeof(float));
+    fill_normal(r, y, n, 1.0f);
+    fill_normal(r, x, n, 1.0f);
+    if (nan_y)
+        for (size_t i = 0; i < n; i += 7) y[i] = NAN;
+    float *dy = dev_upload(y, n), *dx = dev_upload(x, n);
+    memcpy(cpu, y, n * sizeof(float));
+    dl_cpu_axpby(cpu, a, x, b, n);
+    CU(dl_cuda_axpby(dy, a, dx, b, n));
+    CU(dl_cuda_d2h(gpu, dy, n * sizeof(float)));
+    size_t mismatches = 0, nans = 0, moved = 0;
+    for (size_t i = 0; i < n; i++) {
+        mismatches += memcmp(&cpu[i], &gpu[i], sizeof(float)) != 0;
+        nans += gpu[i] != gpu[i];
+        moved += memcmp(&gpu[i], &y[i], sizeof(float)) != 0;
+    }
+    printf("axpby      n=%zu a=%g b=%g%s  bit mismatches %zu, NaNs %zu  (tol: exact)\n", n, a, b,
+           nan_y ? " (NaN in y)" : "", mismatches, nans);
+    CHECK(mismatches == 0, "axpby a=%g b=%g: %zu elements differ from the CPU", a, b, mismatches);
+    CHECK(nans == 0, "axpby a=%g b=%g: %zu NaNs in the result", a, b, nans);
+    CHECK(moved > n / 2, "axpby a=%g b=%g: y barely changed (%zu of %zu), test would be vacuous", a, b, moved, n);
+    dl_cuda_free((void **)&dy);
+    dl_cuda_free((void **)&dx);
+    free(y), free(x), free(cpu), free(gpu);
+}
+
+static void test_axpby(dl_rng *r)
+{
+    axpby_case(r, 1000003, 0.25f, 0.75f, 0);
+    axpby_case(r, 4099, 1.0f, 1.0f, 0);
+    axpby_case(r, 4099, 0.0f, 1.0f, 1);
+    CU(dl_cuda_axpby(NULL, 1.0f, NULL, 1.0f, 0)); /* n == 0 is a no-op */
+}
+
 /* ---- matmul forward (cuBLAS) */
 
-static void matmul_case(dl_rng *r, int N, int IC, int OC, int with_bias, int tf32)
+static void matmul_case(dl_rng *r, int N, int IC, int OC, int with_bias, int precision)
 {
     size_t ni = (size_t)N * IC, nw = (size_t)OC * IC, no = (size_t)N * OC;
     float *inp = dl_xmalloc(ni * sizeof(float)), *w = dl_xmalloc(nw * sizeof(float));
@@ -235,12 +276,13 @@ static void matmul_case(dl_rng *r, int N, int IC, int OC, int with_bias, int tf3
     float *di = dev_upload(inp, ni), *dw = dev_upload(w, nw), *db = dev_upload(bias, (size_t)OC);
     float *dout = dev_alloc(no);
     dl_cpu_matmul_fwd(cpu, inp, w, with_bias ? bias : NULL, N, IC, OC);
-    dl_cuda_set_tf32(tf32);
+    dl_cuda_set_matmul(precision);
+    CHECK(dl_cuda_get_matmul() == precision, "dl_cuda_get_matmul %d after setting %d", dl_cuda_get_matmul(), precision);
     CU(dl_cuda_matmul_fwd(dout, di, dw, with_bias ? db : NULL, N, IC, OC));
-    dl_cuda_set_tf32(0);
+    dl_cuda_set_matmul(DL_MATMUL_FP32);
     CU(dl_cuda_d2h(gpu, dout, no * sizeof(float)));
     double scale = max_abs(cpu, no), rel = max_abs_diff(gpu, cpu, no) / scale;
-    double tol = tf32 ? TOL_MATMUL_TF32 : TOL_MATMUL;
+    double tol = precision == DL_MATMUL_TF32 ? TOL_MATMUL_TF32 : precision == DL_MATMUL_BF16 ? TOL_MATMUL_BF16 : TOL_MATMUL;
     /* A few entries against a plain double dot product, so a shared layout
      * mistake in both backends cannot pass. */
     double worst_naive = 0.0;
@@ -251,7 +293,7 @@ static void matmul_case(dl_rng *r, int N, int IC, int OC, int with_bias, int tf3
         worst_naive = fmax(worst_naive, fabs(s - gpu[(size_t)i * OC + o]) / scale);
     }
     printf("matmul     N=%d IC=%d OC=%d bias=%d %s  max rel err %.3e vs cpu, %.3e vs naive  (tol %.0e)\n", N, IC,
-           OC, with_bias, tf32 ? "tf32" : "fp32", rel, worst_naive, tol);
+           OC, with_bias, dl_cuda_matmul_name(precision), rel, worst_naive, tol);
     CHECK(scale > 0.0, "matmul reference is all zeros");
     CHECK(rel <= tol, "matmul N=%d IC=%d OC=%d: rel err %.3e > %.0e", N, IC, OC, rel, tol);
     CHECK(worst_naive <= tol, "matmul N=%d IC=%d OC=%d: rel err vs naive %.3e > %.0e", N, IC, OC, worst_naive, tol);
@@ -264,10 +306,12 @@ static void matmul_case(dl_rng *r, int N, int IC, int OC, int with_bias, int tf3
 
 static void test_matmul(dl_rng *r)
 {
-    matmul_case(r, 257, 384, 129, 1, 0); /* odd shapes: no tile multiple */
-    matmul_case(r, 257, 384, 129, 0, 0);
-    matmul_case(r, 256, 768, 2304, 1, 0); /* GPT-2 small qkv */
-    matmul_case(r, 256, 768, 2304, 1, 1);
+    matmul_case(r, 257, 384, 129, 1, DL_MATMUL_FP32); /* odd shapes: no tile multiple */
+    matmul_case(r, 257, 384, 129, 0, DL_MATMUL_FP32);
+    matmul_case(r, 256, 768, 2304, 1, DL_MATMUL_FP32); /* GPT-2 small qkv */
+    matmul_case(r, 256, 768, 2304, 1, DL_MATMUL_TF32);
+    matmul_case(r, 256, 768, 2304, 1, DL_MATMUL_BF16);
+    matmul_case(r, 257, 384, 129, 1, DL_MATMUL_BF16);
 }
 
 /* ---- helpers for the layer kernels */
@@ -595,6 +639,7 @@ int main(void)
     test_adamw(&r);
     test_sumsq(&r);
     test_pseudograd(&r);
+    test_axpby(&r);
     test_matmul(&r);
     test_matmul_bwd(&r);
     test_encoder(&r);

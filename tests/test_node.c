@@ -1,5 +1,5 @@
-/* Tests for learner/node.c and the comms mailbox, without any network: push
- * deltas, schedule, counters, coalescing, version ordering and every adopt mode against hand-computed values. */
+/* Tests for learner/node.c and the comms mailbox, without any network: push deltas, schedule, counters, coalescing,
+ * version ordering, adopt modes vs hand-computed values, the host parameter interface, deferred vs immediate pushes. */
 #include "learner/node.h"
 
 #include <math.h>
@@ -381,6 +381,188 @@ static void test_mode(int mode, const char *name)
     printf("ok: adopt %s matches hand-computed parameters and counters\n", name);
 }
 
+
+// ---------------------------------------------------------------------------
+// the host parameter interface: reads are gathers, apply is a*theta + b*in
+
+static void test_host_model(void)
+{
+    float *theta = calloc(total, sizeof(float)), *want = calloc(total, sizeof(float));
+    for (size_t i = 0; i < total; i++) theta[i] = dyadic((long)i * 3);
+    dl_node_model *m = NULL;
+    REQUIRE(dl_node_host_model_open(plan, theta, 1, &m) == 0, "host model: %s", dl_errmsg());
+    CHECK(m->deferred == 1, "deferred flag kept");
+    size_t kmax = dl_plan_max_fragment_numel(plan);
+    float *g = calloc(kmax, sizeof(float));
+    /* every read in flight at once: each keeps its own snapshot */
+    for (int p = 0; p < P; p++) CHECK(m->read_begin(m->ctx, p) == 0, "read_begin %d", p);
+    for (int p = 0; p < P; p++) {
+        const float *snap = NULL;
+        CHECK(m->read_end(m->ctx, p, &snap) == 0 && snap, "read_end %d", p);
+        float *th = gather(p, theta);
+        CHECK(same(snap, th, dl_plan_fragment_numel(plan, p)), "snapshot of %d == gather", p);
+        free(th);
+    }
+    memcpy(want, theta, total * sizeof(float));
+    for (int p = 0; p < P; p++) {
+        size_t k = dl_plan_fragment_numel(plan, p);
+        global_of(p, 7, g);
+        float *th = gather(p, want);
+        float a = p == 0 ? 0.0f : p == 1 ? 0.25f : 1.0f, b = p == 1 ? 0.75f : 1.0f;
+        if (p == 3) b = 0.5f;
+        for (size_t i = 0; i < k; i++) th[i] = a * th[i] + b * g[i]; /* exact: dyadic values */
+        dl_plan_scatter(plan, p, th, want);
+        free(th);
+        if (p == 0) { /* a NaN in theta must not survive an overwrite */
+            int ns;
+            const dl_plan_span *sp = dl_plan_fragment_spans(plan, 0, &ns);
+            theta[dl_plan_tensor(plan, sp[0].tensor)->offset] = NAN;
+        }
+        CHECK(m->apply(m->ctx, p, a, b, g) == 0, "apply %d", p);
+    }
+    CHECK(same(theta, want, total), "apply (0,1) (0.25,0.75) (1,1) (1,0.5): theta matches hand-computed values");
+    dl_node_host_model_close(&m);
+    dl_node_host_model_close(&m);
+    CHECK(m == NULL, "close NULLs");
+    free(theta);
+    free(want);
+    free(g);
+    printf("ok: host parameter interface: snapshots, apply for every (a, b), NaN does not survive overwrite\n");
+}
+
+// ---------------------------------------------------------------------------
+// deferred pushes: a node over a deferred host model against a node over the
+// same parameters pushing at once. Every deferred push must be the immediate
+// push of the step before (same payload bits, same counters), posted one step
+// later or when an adopt needs its fragment; a forced update drops it.
+
+typedef struct {
+    int got;
+    dl_comms_push h;
+    float *d;
+} taken;
+
+static void take_all(dl_comms *c, taken *t)
+{
+    for (int p = 0; p < P; p++) t[p].got = dl_comms_take_push(c, p, &t[p].h, &t[p].d);
+}
+
+static int same_push(const taken *a, const taken *b, int p)
+{
+    if (a->got != b->got) return 0;
+    if (!a->got) return 1;
+    return a->h.fragment == b->h.fragment && a->h.base_version == b->h.base_version && a->h.steps == b->h.steps &&
+           a->h.tokens == b->h.tokens && memcmp(&a->h.loss, &b->h.loss, sizeof(double)) == 0 &&
+           a->h.final == b->h.final && same(a->d, b->d, dl_plan_fragment_numel(plan, p));
+}
+
+static void put_both(dl_comms *a, dl_comms *b, int p, uint64_t v, int forced)
+{
+    size_t k = dl_plan_fragment_numel(plan, p);
+    float *g = calloc(k, sizeof(float));
+    global_of(p, v, g);
+    dl_comms_put_update(a, p, v, forced, g, k);
+    dl_comms_put_update(b, p, v, forced, g, k);
+    free(g);
+}
+
+static void test_deferred(int mode, const char *name)
+{
+    float *ta = calloc(total, sizeof(float)), *tb = calloc(total, sizeof(float));
+    dl_comms *ca = open_mailbox(), *cb = open_mailbox();
+    dl_node_model *mb = NULL;
+    REQUIRE(dl_node_host_model_open(plan, tb, 1, &mb) == 0, "host model: %s", dl_errmsg());
+    dl_node_opts oa = {.plan = plan, .params = ta, .adopt = mode, .alpha = 0.25f};
+    dl_node_opts ob = {.plan = plan, .model = mb, .adopt = mode, .alpha = 0.25f};
+    dl_node *na = NULL, *nb = NULL;
+    REQUIRE(dl_node_open(&oa, ca, &na) == 0 && dl_node_open(&ob, cb, &nb) == 0, "open: %s", dl_errmsg());
+    for (int p = 0; p < P; p++) put_both(ca, cb, p, 1, 1);
+    REQUIRE(dl_node_poll(na) == P && dl_node_poll(nb) == P, "initial fetch");
+
+    taken prev[P], cura[P], curb[P];
+    for (int p = 0; p < P; p++) {
+        prev[p].d = dl_comms_buf_alloc(ca);
+        cura[p].d = dl_comms_buf_alloc(ca);
+        curb[p].d = dl_comms_buf_alloc(cb);
+        prev[p].got = 0;
+    }
+    const int adopt_at = H + 1, forced_at = 2 * H + 2; /* fragments 1 and 2 are due there */
+    int compared = 0, bad = 0;
+    for (int64_t s = 1; s <= 3 * H; s++) {
+        train_step(ta, s);
+        train_step(tb, s);
+        double loss = 2.0 + 0.125 * (double)s;
+        int ra = dl_node_after_step(na, s, H, TOK, loss), rb = dl_node_after_step(nb, s, H, TOK, loss);
+        CHECK(ra == rb && ra >= 0, "step %lld: %d immediate pushes, %d deferred begun", (long long)s, ra, rb);
+        take_all(ca, cura);
+        take_all(cb, curb);
+        for (int p = 0; p < P; p++) {
+            if (!same_push(&prev[p], &curb[p], p)) {
+                bad++;
+                CHECK(0, "%s step %lld: deferred push of %d (got %d, steps %llu) is not the immediate push of step "
+                         "%lld (got %d, steps %llu)", name, (long long)s, p, curb[p].got,
+                      (unsigned long long)curb[p].h.steps, (long long)s - 1, prev[p].got,
+                      (unsigned long long)prev[p].h.steps);
+            }
+            compared += prev[p].got;
+            /* the current step's pushes are in flight on b: nothing posted for them yet */
+            taken t = prev[p];
+            prev[p] = cura[p];
+            cura[p] = t;
+        }
+        if (s == adopt_at || s == forced_at) {
+            const int q = s == adopt_at ? 1 : 2, forced = s == forced_at;
+            CHECK(prev[q].got, "fragment %d was due at step %lld", q, (long long)s);
+            dl_node_stats before;
+            dl_node_get_stats(nb, &before);
+            put_both(ca, cb, q, 5 + (uint64_t)s, forced);
+            CHECK(dl_node_poll(na) == 1 && dl_node_poll(nb) == 1, "update of %d adopted by both", q);
+            take_all(cb, curb);
+            dl_node_stats after;
+            dl_node_get_stats(nb, &after);
+            if (!forced) {
+                /* the adopt needed fragment q: its pending push was posted first */
+                CHECK(same_push(&prev[q], &curb[q], q), "%s: pending push of %d posted before the adopt", name, q);
+                compared++;
+            } else {
+                CHECK(!curb[q].got && after.dropped == before.dropped + 1,
+                      "%s: a forced update drops the pending push of %d (posted %d, dropped %llu)", name, q,
+                      curb[q].got, (unsigned long long)after.dropped);
+            }
+            prev[q].got = 0;
+            for (int p = 0; p < P; p++)
+                if (p != q) CHECK(!curb[p].got, "no other push posted by the adopt of %d", q);
+            CHECK(same(ta, tb, total), "%s: parameters identical after the %s adopt of %d", name,
+                  forced ? "forced" : "regular", q);
+            CHECK(dl_node_steps(na, q) == dl_node_steps(nb, q) && dl_node_tokens(na, q) == dl_node_tokens(nb, q),
+                  "%s: counters of %d after adopt: %llu vs %llu", name, q, (unsigned long long)dl_node_steps(na, q),
+                  (unsigned long long)dl_node_steps(nb, q));
+        }
+    }
+    CHECK(compared >= 2 * P && bad == 0, "%s: %d deferred pushes compared, %d differ", name, compared, bad);
+    /* flush: b completes the last step's push, then the final pushes replace it in the mailbox */
+    int fa = dl_node_flush(na), fb = dl_node_flush(nb);
+    CHECK(fa == fb && fa == P, "%s: flush %d vs %d final pushes", name, fa, fb);
+    take_all(ca, cura);
+    take_all(cb, curb);
+    for (int p = 0; p < P; p++) CHECK(same_push(&cura[p], &curb[p], p) && curb[p].h.final, "%s: final push of %d", name, p);
+    CHECK(same(ta, tb, total), "%s: parameters identical at the end", name);
+    for (int p = 0; p < P; p++) {
+        free(prev[p].d);
+        free(cura[p].d);
+        free(curb[p].d);
+    }
+    dl_node_close(&na);
+    dl_node_close(&nb);
+    dl_node_host_model_close(&mb);
+    dl_comms_close(&ca);
+    dl_comms_close(&cb);
+    free(ta);
+    free(tb);
+    printf("ok: deferred pushes (%s): %d pushes identical to the immediate ones one step later, posted early for an "
+           "adopt, dropped for a rebase, flush\n", name, compared);
+}
+
 static void test_bad_input(void)
 {
     dl_comms_opts co = {.endpoint = "tcp://127.0.0.1:1", .learner_id = "bad id", .run_id = "t", .plan = plan};
@@ -424,6 +606,10 @@ int main(void)
     test_mode(DL_ADOPT_OVERWRITE, "overwrite");
     test_mode(DL_ADOPT_MIX, "mix");
     test_mode(DL_ADOPT_KEEP, "keep");
+    test_host_model();
+    test_deferred(DL_ADOPT_OVERWRITE, "overwrite");
+    test_deferred(DL_ADOPT_MIX, "mix");
+    test_deferred(DL_ADOPT_KEEP, "keep");
     test_bad_input();
 
     dl_plan_close(&plan);

@@ -9,7 +9,7 @@ trap 'rm -rf "$W"' EXIT
 fail=0
 # a small text corpus made here, so the test does not depend on fortunes
 for i in $(seq 1 400); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$W/corpus.txt"
-COMMON="--standalone --data $W/corpus.txt --n_layer 2 --n_embd 32 --n_head 2 --seq_len 32 --batch 4 --steps 20 --warmup 3 --val_every 5 --val_batches 2 --log_every 5"
+COMMON="--standalone --device cpu --data $W/corpus.txt --n_layer 2 --n_embd 32 --n_head 2 --seq_len 32 --batch 4 --steps 20 --warmup 3 --val_every 5 --val_batches 2 --log_every 5"
 
 "$BIN" $COMMON --checkpoint "$W/a.ckpt" --loss_log "$W/a.log" > "$W/a.out" 2>&1 || { echo "FAIL: straight run"; cat "$W/a.out"; exit 1; }
 "$BIN" $COMMON --checkpoint "$W/b.ckpt" --loss_log "$W/b.log" --stop_after 10 > "$W/b1.out" 2>&1 || { echo "FAIL: first half"; cat "$W/b1.out"; exit 1; }

@@ -71,11 +71,34 @@ extern "C" int dl_cuda_device_name(char *buf, size_t cap)
     return 0;
 }
 
-static std::atomic<int> dl_cuda_tf32{0};
+static std::atomic<int> dl_cuda_matmul{DL_MATMUL_FP32};
 
-extern "C" void dl_cuda_set_tf32(int on) { dl_cuda_tf32.store(on ? 1 : 0); }
+extern "C" void dl_cuda_set_matmul(int precision)
+{
+    assert(precision == DL_MATMUL_FP32 || precision == DL_MATMUL_TF32 || precision == DL_MATMUL_BF16);
+    dl_cuda_matmul.store(precision);
+}
 
-int dl_cuda_tf32_enabled(void) { return dl_cuda_tf32.load(); }
+extern "C" int dl_cuda_get_matmul(void) { return dl_cuda_matmul.load(); }
+
+extern "C" const char *dl_cuda_matmul_name(int precision)
+{
+    switch (precision) {
+    case DL_MATMUL_FP32: return "fp32";
+    case DL_MATMUL_TF32: return "tf32";
+    case DL_MATMUL_BF16: return "bf16";
+    default: return "?";
+    }
+}
+
+cublasComputeType_t dl_cuda_compute_type(void)
+{
+    switch (dl_cuda_matmul.load()) {
+    case DL_MATMUL_TF32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case DL_MATMUL_BF16: return CUBLAS_COMPUTE_32F_FAST_16BF;
+    default: return CUBLAS_COMPUTE_32F;
+    }
+}
 
 extern "C" int dl_cuda_sync(void)
 {
@@ -182,4 +205,98 @@ extern "C" int dl_cuda_memset0(void *dst, size_t bytes)
     assert(dst);
     DL_CUDA_CHECK(cudaMemset(dst, 0, bytes));
     return 0;
+}
+
+/* ---- streams, events, pinned host memory */
+
+extern "C" int dl_cuda_stream_open(dl_cuda_stream *out)
+{
+    assert(out);
+    *out = NULL;
+    cudaStream_t s = NULL;
+    DL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    *out = s;
+    return 0;
+}
+
+extern "C" void dl_cuda_stream_close(dl_cuda_stream *s)
+{
+    assert(s);
+    if (!*s) return;
+    cudaError_t e = cudaStreamSynchronize(*s);
+    cudaError_t e2 = cudaStreamDestroy(*s);
+    if (e == cudaSuccess) e = e2;
+    if (e != cudaSuccess) DL_WARN("dl_cuda_stream_close: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    *s = NULL;
+}
+
+extern "C" int dl_cuda_stream_sync(dl_cuda_stream s)
+{
+    DL_CUDA_CHECK(cudaStreamSynchronize(s));
+    return 0;
+}
+
+extern "C" int dl_cuda_event_open(dl_cuda_event *out)
+{
+    assert(out);
+    *out = NULL;
+    cudaEvent_t e = NULL;
+    DL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *out = e;
+    return 0;
+}
+
+extern "C" void dl_cuda_event_close(dl_cuda_event *e)
+{
+    assert(e);
+    if (!*e) return;
+    cudaError_t r = cudaEventDestroy(*e);
+    if (r != cudaSuccess) DL_WARN("cudaEventDestroy: %s (%s)", cudaGetErrorString(r), cudaGetErrorName(r));
+    *e = NULL;
+}
+
+extern "C" int dl_cuda_event_record(dl_cuda_event e, dl_cuda_stream s)
+{
+    assert(e);
+    DL_CUDA_CHECK(cudaEventRecord(e, s));
+    return 0;
+}
+
+extern "C" int dl_cuda_event_sync(dl_cuda_event e)
+{
+    assert(e);
+    DL_CUDA_CHECK(cudaEventSynchronize(e));
+    return 0;
+}
+
+extern "C" int dl_cuda_stream_wait(dl_cuda_stream s, dl_cuda_event e)
+{
+    assert(e);
+    DL_CUDA_CHECK(cudaStreamWaitEvent(s, e, 0));
+    return 0;
+}
+
+extern "C" int dl_cuda_copy_async(void *dst, const void *src, size_t bytes, dl_cuda_stream s)
+{
+    if (!bytes) return 0;
+    assert(dst && src);
+    DL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    return 0;
+}
+
+extern "C" int dl_cuda_host_alloc(size_t bytes, void **out)
+{
+    assert(out);
+    *out = NULL;
+    DL_CUDA_CHECK(cudaMallocHost(out, bytes));
+    return 0;
+}
+
+extern "C" void dl_cuda_host_free(void **p)
+{
+    assert(p);
+    if (!*p) return;
+    cudaError_t e = cudaFreeHost(*p);
+    if (e != cudaSuccess) DL_WARN("cudaFreeHost: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    *p = NULL;
 }

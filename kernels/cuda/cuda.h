@@ -67,9 +67,19 @@ int dl_cuda_available(void);
  * bytes and NUL-terminated (cap > 0). buf is "" on failure. */
 int dl_cuda_device_name(char *buf, size_t cap);
 
-/* Use TF32 tensor cores for fp32 matmuls (process-wide, default 0 = exact
- * fp32 compute; TF32 has a 10-bit mantissa, ~1e-3 relative error). */
-void dl_cuda_set_tf32(int on);
+/* Compute precision of every cuBLAS matmul (process-wide; operands, results
+ * and the master weights stay fp32 in memory, accumulation is fp32):
+ *   DL_MATMUL_FP32  CUBLAS_COMPUTE_32F, exact fp32 (the default here)
+ *   DL_MATMUL_TF32  CUBLAS_COMPUTE_32F_FAST_TF32: tensor cores round the
+ *                   operands to TF32 (10-bit mantissa), ~1e-3 relative error
+ *   DL_MATMUL_BF16  CUBLAS_COMPUTE_32F_FAST_16BF: operands rounded to bf16
+ *                   (7-bit mantissa) on the tensor cores, ~1e-2 relative error
+ * An unknown value is API misuse (asserted). */
+enum { DL_MATMUL_FP32 = 0, DL_MATMUL_TF32 = 1, DL_MATMUL_BF16 = 2 };
+void dl_cuda_set_matmul(int precision);
+int dl_cuda_get_matmul(void);
+/* "fp32" | "tf32" | "bf16" (DL_MATMUL_*), "?" otherwise. */
+const char *dl_cuda_matmul_name(int precision);
 
 /* Wait for all queued work on the current device; reports errors raised by
  * kernels that already ran. */
@@ -78,6 +88,38 @@ int dl_cuda_sync(void);
 /* Free this thread's cuBLAS handle and scratch buffer; safe to call twice and
  * on threads that never used CUDA. The next kernel call recreates them. */
 void dl_cuda_thread_release(void);
+
+/* ---- streams, events, pinned host memory: for copies that overlap the
+ * compute. The handles ARE cudaStream_t / cudaEvent_t (same struct tags), so
+ * .cu code may pass them to the runtime directly. A NULL stream is the legacy
+ * default stream, where every kernel of this backend runs ("the compute
+ * stream"). */
+typedef struct CUstream_st *dl_cuda_stream;
+typedef struct CUevent_st *dl_cuda_event;
+/* A stream created with cudaStreamNonBlocking: it does not synchronize
+ * implicitly with the legacy default stream; order it with events. */
+int dl_cuda_stream_open(dl_cuda_stream *out);
+/* Wait for the stream's work, destroy it, NULL the handle; NULL-safe. */
+void dl_cuda_stream_close(dl_cuda_stream *s);
+int dl_cuda_stream_sync(dl_cuda_stream s);
+/* An event without timing (cudaEventDisableTiming). A never-recorded event
+ * counts as complete. */
+int dl_cuda_event_open(dl_cuda_event *out);
+void dl_cuda_event_close(dl_cuda_event *e); /* NULLs the handle; NULL-safe */
+/* Record e after the work queued so far on s. */
+int dl_cuda_event_record(dl_cuda_event e, dl_cuda_stream s);
+/* The host waits until the work before e's last record has finished. */
+int dl_cuda_event_sync(dl_cuda_event e);
+/* Work queued on s after this call waits for e on the device; the host does
+ * not block. */
+int dl_cuda_stream_wait(dl_cuda_stream s, dl_cuda_event e);
+/* cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s): the direction
+ * follows from the pointers (unified addressing). Asynchronous only for
+ * pinned host memory (dl_cuda_host_alloc) and device memory. */
+int dl_cuda_copy_async(void *dst, const void *src, size_t bytes, dl_cuda_stream s);
+/* Page-locked host memory (cudaMallocHost); *out = NULL on failure. */
+int dl_cuda_host_alloc(size_t bytes, void **out);
+void dl_cuda_host_free(void **p); /* NULLs *p; NULL-safe */
 
 /* ---- memory. Copies take (dst, src, bytes) in memcpy order and are
  * synchronous with respect to the host. */
@@ -100,8 +142,11 @@ int dl_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n,
 int dl_cuda_sumsq(const float *x, size_t n, double *out);
 /* delta = base - theta, bit-identical to the CPU. */
 int dl_cuda_pseudograd(float *delta, const float *base, const float *theta, size_t n);
+/* y = a*y + b*x as fmaf(a, y, b*x), bit-identical to dl_cpu_axpby; a == 0
+ * writes y = b*x without reading y (a NaN in y does not survive). */
+int dl_cuda_axpby(float *y, float a, const float *x, float b, size_t n);
 /* out[N,OC] = inp[N,IC] @ w[OC,IC]^T + bias[OC] (bias may be NULL), cuBLAS
- * sgemm with fp32 compute (TF32 when dl_cuda_set_tf32(1)). N, IC, OC > 0. */
+ * GEMM with fp32 operands in the dl_cuda_set_matmul precision. N, IC, OC > 0. */
 int dl_cuda_matmul_fwd(float *out, const float *inp, const float *w, const float *bias, int N, int IC, int OC);
 /* dinp += dout @ w; dw += dout^T @ inp (cuBLAS, beta = 1); dbias += colsum(dout)
  * (dbias may be NULL) by a fixed-order two-pass column reduction. */

@@ -43,7 +43,7 @@ int dl_cuda_ctx_work(dl_cuda_ctx *ctx, size_t bytes, void **out);
 
 /* Strided-batched fp32 GEMM in cuBLAS's column-major terms (batch 1 = plain
  * GEMM): C_i = alpha op(A_i) op(B_i) + beta C_i with X_i = X + i*strideX.
- * Compute type fp32, or TF32 when dl_cuda_set_tf32(1). */
+ * Compute type from dl_cuda_set_matmul (fp32, TF32 or bf16 tensor cores). */
 int dl_cuda_gemm(dl_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                  const float *A, int lda, long long sA, const float *B, int ldb, long long sB, float beta, float *C,
                  int ldc, long long sC, int batch);
@@ -106,8 +106,8 @@ __device__ static inline double dl_block_sum_d(double s, double *buf)
     return s;
 }
 
-/* Process-wide TF32 switch read by the matmul wrapper. */
-int dl_cuda_tf32_enabled(void);
+/* The cuBLAS compute type of the process-wide dl_cuda_set_matmul setting. */
+cublasComputeType_t dl_cuda_compute_type(void);
 
 /* Blocks for a grid-stride loop over n elements (n > 0). Capped so huge n
  * loops inside the kernel instead of overflowing gridDim. */

@@ -1,5 +1,5 @@
-/* CUDA twins of dl_cpu_matmul_fwd/bwd: cuBLAS GEMMs (fp32 compute, TF32 on
- * request) on the thread's handle, a bias broadcast and a deterministic bias-gradient reduction. */
+/* CUDA twins of dl_cpu_matmul_fwd/bwd: cuBLAS GEMMs (fp32 compute, TF32 or
+ * bf16 tensor cores on request) on the thread's handle, a bias broadcast and a deterministic bias-gradient reduction. */
 #include "kernels/cuda/internal.h"
 
 #include <cassert>
@@ -8,7 +8,7 @@ int dl_cuda_gemm(dl_cuda_ctx *ctx, cublasOperation_t ta, cublasOperation_t tb, i
                  const float *A, int lda, long long sA, const float *B, int ldb, long long sB, float beta, float *C,
                  int ldc, long long sC, int batch)
 {
-    cublasComputeType_t ct = dl_cuda_tf32_enabled() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    cublasComputeType_t ct = dl_cuda_compute_type();
     if (batch == 1) {
         DL_CUBLAS_CHECK(cublasGemmEx(ctx->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb,
                                      &beta, C, CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT));

@@ -1,5 +1,5 @@
 /* CUDA twins of the optimizer and outer-loop primitives of kernels/cpu.c:
- * AdamW, sum of squares (double), pseudo-gradient. Grid-stride, fp32 in memory. */
+ * AdamW, sum of squares (double), pseudo-gradient, axpby. Grid-stride, fp32 in memory. */
 #include "kernels/cuda/internal.h"
 
 #include <cassert>
@@ -113,6 +113,33 @@ extern "C" int dl_cuda_pseudograd(float *delta, const float *base, const float *
     if (!n) return 0;
     assert(delta && base && theta);
     dl_pseudograd_kernel<<<dl_cuda_grid(n), DL_CUDA_BLOCK>>>(delta, base, theta, n);
+    DL_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+/* ---- axpby (adopting a global fragment into the device parameters) */
+
+/* Explicit intrinsics: nvcc must not contract or reassociate differently
+ * from the CPU twin, which computes the same fmaf(a, y, b*x). */
+static __global__ void dl_axpby_kernel(float *y, float a, const float *x, float b, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        y[i] = __fmaf_rn(a, y[i], __fmul_rn(b, x[i]));
+}
+
+static __global__ void dl_scale_copy_kernel(float *y, const float *x, float b, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) y[i] = __fmul_rn(b, x[i]);
+}
+
+extern "C" int dl_cuda_axpby(float *y, float a, const float *x, float b, size_t n)
+{
+    if (!n) return 0;
+    assert(y && x);
+    if (a == 0.0f) dl_scale_copy_kernel<<<dl_cuda_grid(n), DL_CUDA_BLOCK>>>(y, x, b, n);
+    else dl_axpby_kernel<<<dl_cuda_grid(n), DL_CUDA_BLOCK>>>(y, a, x, b, n);
     DL_CUDA_CHECK_LAUNCH();
     return 0;
 }

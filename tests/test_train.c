@@ -1,0 +1,212 @@
+/* Trainer and checkpoint tests that run without a GPU: raw-buffer checkpoints
+ * are the dl_gpt checkpoint byte for byte, resume through the API is bit-exact, and device selection errors. */
+#include "learner/train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/err.h"
+#include "learner/ckpt.h"
+#include "learner/gpt.h"
+#ifdef DLOCO_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
+
+#include "tests/check.h"
+
+static char dir[] = "/tmp/dloco_test_train.XXXXXX";
+static char corpus[512];
+
+static dl_gpt_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
+
+static void *read_file(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    REQUIRE(f, "open %s", path);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc(*n ? *n : 1);
+    REQUIRE(fread(p, 1, *n, f) == *n, "read %s", path);
+    fclose(f);
+    return p;
+}
+
+static dl_data *open_data(void)
+{
+    dl_data_opts o = {.path = corpus, .format = "text", .seq_len = CFG.seq_len, .vocab = 256, .val_frac = 0.1,
+                      .seed = 3};
+    dl_data *d = NULL;
+    REQUIRE(dl_data_open(&o, &d) == 0, "data: %s", dl_errmsg());
+    return d;
+}
+
+static dl_train_cfg train_cfg(int device)
+{
+    dl_train_cfg tc = {
+        .model = CFG,
+        .batch = 4,
+        .steps = 20,
+        .lr = 3e-3f,
+        .warmup = 2,
+        .min_lr_frac = 0.1f,
+        .adamw = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f},
+        .seed = 11,
+        .val_batches = 2,
+        .device = device,
+    };
+    return tc;
+}
+
+/* ---- raw checkpoints: the same bytes as the model's, loads back exactly */
+
+static void test_ckpt_raw(void)
+{
+    dl_gpt *g = NULL;
+    REQUIRE(dl_gpt_open(&CFG, 2, &g) == 0, "open: %s", dl_errmsg());
+    dl_gpt_init(g, 5);
+    size_t n = dl_gpt_num_params(g);
+    for (size_t i = 0; i < n; i++) {
+        dl_gpt_adam_m(g)[i] = (float)i * 1e-4f;
+        dl_gpt_adam_v(g)[i] = (float)(n - i) * 1e-6f;
+    }
+    dl_ckpt_state st = {.step = 42, .data = {.epoch = 3, .index = 17}, .seed = 99};
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/model.ckpt", dir);
+    snprintf(b, sizeof b, "%s/raw.ckpt", dir);
+    REQUIRE(dl_ckpt_save(a, g, &st) == 0, "save: %s", dl_errmsg());
+    REQUIRE(dl_ckpt_save_raw(b, dl_gpt_cfg(g), n, dl_gpt_params(g), dl_gpt_adam_m(g), dl_gpt_adam_v(g), &st) == 0,
+            "save_raw: %s", dl_errmsg());
+    size_t na, nb;
+    void *fa = read_file(a, &na), *fb = read_file(b, &nb);
+    CHECK(na == nb && na == 128 + 3 * n * sizeof(float) && memcmp(fa, fb, na) == 0,
+          "raw checkpoint differs from the model's (%zu vs %zu bytes)", nb, na);
+
+    float *p = malloc(3 * n * sizeof(float));
+    dl_ckpt_state got;
+    REQUIRE(dl_ckpt_load_raw(a, dl_gpt_cfg(g), n, p, p + n, p + 2 * n, &got) == 0, "load_raw: %s", dl_errmsg());
+    CHECK(!memcmp(p, dl_gpt_params(g), n * 4) && !memcmp(p + n, dl_gpt_adam_m(g), n * 4) &&
+              !memcmp(p + 2 * n, dl_gpt_adam_v(g), n * 4),
+          "load_raw: params / m / v differ from what was saved");
+    CHECK(got.step == 42 && got.data.epoch == 3 && got.data.index == 17 && got.seed == 99, "load_raw: state");
+
+    /* another model's config: refused, buffers untouched */
+    dl_gpt_config other = CFG;
+    other.n_embd = 64;
+    REQUIRE(dl_gpt_config_check(&other) == 0, "config");
+    size_t n2;
+    dl_gpt_tensor_table(&other, NULL, 0, &n2);
+    float *q = calloc(3 * n2, sizeof(float));
+    int rc = dl_ckpt_load_raw(a, &other, n2, q, q + n2, q + 2 * n2, &got);
+    int untouched = 1;
+    for (size_t i = 0; i < 3 * n2; i++) untouched &= q[i] == 0.0f;
+    printf("load_raw of another model -> %s: %s\n", dl_strerror(rc), dl_errmsg());
+    CHECK(rc == DL_EMISMATCH && untouched, "mismatched load_raw: rc %d, buffers untouched %d", rc, untouched);
+    free(q);
+    free(p);
+    free(fa);
+    free(fb);
+    dl_gpt_close(&g);
+    unlink(a);
+    unlink(b);
+    printf("ok: raw-buffer checkpoints are the model's byte for byte and load back exactly\n");
+}
+
+/* ---- the CPU trainer: step/eval/save/resume through the API */
+
+static void test_cpu_resume(void)
+{
+    dl_train_cfg tc = train_cfg(DL_DEVICE_CPU);
+    dl_trainer *a = NULL, *b = NULL;
+    REQUIRE(dl_trainer_open(&tc, open_data(), &a) == 0, "open a: %s", dl_errmsg());
+    REQUIRE(dl_trainer_open(&tc, open_data(), &b) == 0, "open b: %s", dl_errmsg());
+    CHECK(dl_trainer_device(a) == DL_DEVICE_CPU && dl_trainer_model(a) && !dl_trainer_gptc(a), "cpu trainer");
+    CHECK(dl_trainer_num_params(a) == dl_gpt_num_params(dl_trainer_model(a)) &&
+              dl_trainer_model_cfg(a)->padded_vocab == 256,
+          "params %zu, padded vocab %d", dl_trainer_num_params(a), dl_trainer_model_cfg(a)->padded_vocab);
+    double la[8], lb = 0, first = 0;
+    float norm = -1.0f;
+    for (int s = 0; s < 3; s++) {
+        CHECK(dl_trainer_step(a, &la[s], &norm) == 0, "step %d", s);
+        if (s == 0) first = la[0];
+    }
+    CHECK(isfinite(first) && norm > 0.0f, "first loss %g, norm %g", first, norm);
+    char path[600];
+    snprintf(path, sizeof path, "%s/trainer.ckpt", dir);
+    REQUIRE(dl_trainer_save(a, path) == 0, "save: %s", dl_errmsg());
+    REQUIRE(dl_trainer_resume(b, path) == 0, "resume: %s", dl_errmsg());
+    CHECK(dl_trainer_steps_done(b) == 3, "resumed at step %lld", (long long)dl_trainer_steps_done(b));
+    int same = 1;
+    for (int s = 3; s < 8; s++) {
+        CHECK(dl_trainer_step(a, &la[s], NULL) == 0 && dl_trainer_step(b, &lb, NULL) == 0, "step %d", s);
+        same &= memcmp(&la[s], &lb, sizeof lb) == 0;
+    }
+    CHECK(same, "losses after resume differ from the uninterrupted run");
+    size_t n = dl_trainer_num_params(a);
+    CHECK(!memcmp(dl_gpt_params(dl_trainer_model(a)), dl_gpt_params(dl_trainer_model(b)), n * 4),
+          "parameters after resume differ");
+    double va = -1, vb = -1;
+    CHECK(dl_trainer_eval(a, &va) == 0 && dl_trainer_eval(b, &vb) == 0 && va == vb && isfinite(va), "eval %g %g", va,
+          vb);
+    CHECK(la[7] < first, "loss fell: %g -> %g", first, la[7]);
+    printf("ok: cpu trainer: 3 steps, save, resume, 5 more steps bit-identical (loss %.4f -> %.4f, val %.4f)\n", first,
+           la[7], va);
+    dl_trainer_close(&a);
+    dl_trainer_close(&b);
+    dl_trainer_close(&b);
+    CHECK(a == NULL && b == NULL, "close NULLs");
+    unlink(path);
+}
+
+/* ---- device selection errors */
+
+static void test_devices(void)
+{
+    dl_trainer *t = (dl_trainer *)&CFG; /* must be overwritten with NULL */
+    dl_train_cfg tc = train_cfg(7);
+    int rc = dl_trainer_open(&tc, open_data(), &t);
+    CHECK(rc == DL_EINVAL && t == NULL, "unknown device 7: rc %d", rc);
+    printf("device 7 -> %s: %s\n", dl_strerror(rc), dl_errmsg());
+
+    tc = train_cfg(DL_DEVICE_CUDA);
+#ifndef DLOCO_HAVE_CUDA
+    rc = dl_trainer_open(&tc, open_data(), &t);
+    printf("cuda trainer in a build without CUDA -> %s: %s\n", dl_strerror(rc), dl_errmsg());
+    CHECK(rc == DL_ENODEV && t == NULL && strstr(dl_errmsg(), "this build has no CUDA"),
+          "cuda trainer without CUDA: rc %d '%s'", rc, dl_errmsg());
+#else
+    if (dl_cuda_available()) {
+        printf("a CUDA device is present: the CUDA trainer is tested by test_cuda_learner\n");
+        return;
+    }
+    rc = dl_trainer_open(&tc, open_data(), &t);
+    printf("cuda trainer without a device -> %s: %s\n", dl_strerror(rc), dl_errmsg());
+    CHECK((rc == DL_ENODEV || rc == DL_ECUDA) && t == NULL, "cuda trainer without a device: rc %d", rc);
+    dl_cuda_thread_release();
+#endif
+    printf("ok: device errors\n");
+}
+
+int main(void)
+{
+    REQUIRE(mkdtemp(dir), "mkdtemp");
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
+    FILE *f = fopen(corpus, "w");
+    REQUIRE(f, "corpus");
+    for (int i = 1; i <= 400; i++)
+        fprintf(f, "line %d: the quick brown fox jumps over the lazy dog %d\n", i, i * 7919 % 1000);
+    fclose(f);
+    REQUIRE(dl_gpt_config_check(&CFG) == 0, "config: %s", dl_errmsg());
+
+    test_ckpt_raw();
+    test_cpu_resume();
+    test_devices();
+
+    unlink(corpus);
+    rmdir(dir);
+    printf("test_train: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
