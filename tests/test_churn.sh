@@ -7,7 +7,7 @@ set -u
 TEST_NAME=churn
 . "$(dirname "$0")/lib_cluster.sh"
 make_corpus
-start_sync sync --durability periodic
+start_sync sync --durability periodic $OUTER
 v0=$(val_loss)
 start_learner a --steps 100000000 --data_shard 0 --data_shards 4 --throttle 0.5; A=$LPID
 start_learner b --steps 100000000 --data_shard 1 --data_shards 4 --throttle 0.5; Bp=$LPID

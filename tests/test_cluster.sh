@@ -10,7 +10,7 @@ TEST_NAME=cluster
 . "$(dirname "$0")/lib_cluster.sh"
 make_corpus
 
-start_sync sync1 --durability sync
+start_sync sync1 --durability sync $OUTER
 v0=$(val_loss); echo "global model before training: val loss $v0 (versions $(versions))"
 
 LP=()
@@ -36,7 +36,7 @@ v1=$(val_loss); echo "global model after training: val loss $v1"
 check "global val loss fell by more than 0.5 ($v0 -> $v1)" python3 -c "import sys; sys.exit(0 if $v1 < $v0 - 0.5 else 1)"
 
 # a learner of another model is refused with the reason, exit 3
-out=$("$LEARNER" --connect "$EP" --id intruder --n_layer 2 --n_head 2 --n_embd 64 --seq_len 32 \
+out=$("$LEARNER" --connect "$EP" --id intruder --device cpu --n_layer 2 --n_head 2 --n_embd 64 --seq_len 32 \
       --data "$W/corpus.txt" --steps 5 --fragments 4 --connect_timeout_ms 10000 2>&1); rc=$?
 if [ $rc = 3 ] && echo "$out" | grep -q "does not match the run"; then
   echo "ok: mismatched model refused (exit 3): $(echo "$out" | grep -m1 "does not match" | cut -c1-200)"
@@ -47,7 +47,7 @@ check "the synchronizer printed its summary" grep -q '^sync-summary:' "$W/sync1.
 check "dloco check after the run" quietly "$DLOCO" check "$W/store"
 
 # restart: same store, same versions, epoch 2, merges continue
-start_sync sync2 --durability sync
+start_sync sync2 --durability sync $OUTER
 check "restart resumed at epoch 2" grep -q "epoch 2: resumed" "$W/sync2.log"
 vers2=$(versions)
 check "restart resumed at the same versions ($vers1 -> $vers2)" [ "$vers2" = "$vers1" ]
