@@ -4,16 +4,18 @@
 # model, same total training tokens, same evaluation sequences. Prints both
 # final validation losses, bytes per learner, and as its last line
 # `decoupled_vs_dp_loss: X.XXX` ((b) / (a); lower is better, bar <= 1.03).
-# Usage: bench/quality.sh   (env: M=4 STEPS=250 L=4 C=128 NH=4 T=128 B=16 H=8 P=4
+# Usage: bench/quality.sh   (env: M=4 STEPS=250 L=4 C=128 NH=4 T=128 B=16 H=4 P=4
 #        K=1 OUTER_LR=1 OUTER_MU=0 ADOPT=keep MERGE=rda SHARE=true LR=3e-3 DP_LR=LR
+#        FLEET=4M (learners' --adam_fleet; 0 = plain AdamW; (a) always plain AdamW)
 #        DATA=... BUILD_DIR=build; DP_LOSS=x skips (a) and uses x, for sweeps of (b))
 # The outer step defaults to the local-SGD regime (lr 1, momentum 0), which
-# suits short periods like H=8; DiLoCo's Nesterov 0.7/0.9 is for H in the
+# suits short periods like H=4; DiLoCo's Nesterov 0.7/0.9 is for H in the
 # hundreds (measured here it gives 1.11 with K=4 and 1.27 with K=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-M=${M:-4} STEPS=${STEPS:-250} L=${L:-4} C=${C:-128} NH=${NH:-4} T=${T:-128} B=${B:-16} H=${H:-8} P=${P:-4}
+M=${M:-4} STEPS=${STEPS:-250} L=${L:-4} C=${C:-128} NH=${NH:-4} T=${T:-128} B=${B:-16} H=${H:-4} P=${P:-4}
+FLEET=${FLEET:-$((4 * M))}  # learners' split-batch second moment for a FLEET-times batch (0 = plain AdamW); 4M measured best at H=4
 K=${K:-1} OUTER_LR=${OUTER_LR:-1} OUTER_MU=${OUTER_MU:-0} LR=${LR:-3e-3} SHARE=${SHARE:-true}
 DP_LR=${DP_LR:-$LR}  # inner learning rate of (a); each side may use its own
 DATA=${DATA:-/usr/share/games/fortunes}
@@ -26,7 +28,7 @@ MODEL="--n_layer $L --n_head $NH --n_embd $C --seq_len $T"
 VB=$((256 / B))  # both evaluations use validation sequences 0..255
 echo "model L=$L C=$C NH=$NH T=$T; $M learners x B=$B x $STEPS steps vs 1 learner x B=$((M * B)) x $STEPS steps" \
      "($((M * B * T * STEPS)) tokens each); inner lr $DP_LR (a) / $LR (b); H=$H P=$P K=$K outer lr $OUTER_LR" \
-     "momentum $OUTER_MU share_scaling $SHARE adopt ${ADOPT:-keep} merge ${MERGE:-rda}"
+     "momentum $OUTER_MU share_scaling $SHARE adopt ${ADOPT:-keep} merge ${MERGE:-rda} adam_fleet $FLEET"
 
 # (a) data-parallel equivalent (deterministic: DP_LOSS=x reuses a known result
 # when sweeping settings of (b))
@@ -55,7 +57,7 @@ LP=()
 for i in $(seq 0 $((M - 1))); do
   "$BUILD_DIR"/learner/dloco-learner --connect "$EP" --id "q$i" $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" \
     --lr "$LR" --warmup 20 --fragments "$P" --data_shard "$i" --data_shards "$M" --seed $((7 + i)) --threads 1 \
-    --adopt "${ADOPT:-keep}" \
+    --adopt "${ADOPT:-keep}" --adam_fleet "$FLEET" \
     --log_every 50 > "$W/l$i.log" 2>&1 &
   LP+=($!); PIDS+=($!)
 done

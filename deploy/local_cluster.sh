@@ -53,12 +53,14 @@ v0=$("$BUILD_DIR"/tools/dloco eval "$STORE" --data "$DATA" | sed -E 's/.*val los
 echo "global model at start: val loss $v0"
 
 # each learner gets its own shard of the training data and one thread (the
-# learners share this machine's cores)
+# learners share this machine's cores, so they run on the cpu even where a GPU
+# exists), and estimates its AdamW second moment for the N-times batch of the
+# whole fleet (--adam_fleet 4N at H=4: see docs/ARCHITECTURE.md for why 4N)
 LP=()
 for i in $(seq 0 $((N - 1))); do
   "$BUILD_DIR"/learner/dloco-learner --config deploy/learner.ini --connect "$EP" --id "learner-$i" \
     --data "$DATA" --steps "$STEPS" --data_shard "$i" --data_shards "$N" --seed $((1000 + i)) \
-    --threads 1 "${EXTRA[@]}" > "$LOGS/learner-$i.log" 2>&1 &
+    --threads 1 --device cpu --adam_fleet "$((4 * N))" "${EXTRA[@]}" > "$LOGS/learner-$i.log" 2>&1 &
   LP+=($!); PIDS+=($!)
 done
 echo "started $N learners x $STEPS steps; progress of learner-0:"

@@ -343,6 +343,29 @@ void dl_cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n,
     }
 }
 
+void dl_cpu_adamw_split(float *param, const float *ga, const float *gb, float *m, float *v, float *w, size_t n,
+                        const dl_adamw_hp *hp, float fleet)
+{
+    assert(fleet >= 1.0f);
+    float b1 = hp->beta1, b2 = hp->beta2, lr = hp->lr, eps = hp->eps, wd = hp->weight_decay, gs = hp->grad_scale;
+    float c1 = 1.0f / (1.0f - powf(b1, (float)hp->t));
+    float c2 = 1.0f / (1.0f - powf(b2, (float)hp->t));
+    float q = 1.0f / (4.0f * fleet);
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float a = ga[i] * gs, b = gb[i] * gs, d = a - b;
+        float g = 0.5f * (a + b);
+        float mi = b1 * m[i] + (1.0f - b1) * g;
+        float vi = b2 * v[i] + (1.0f - b2) * a * b;
+        float wi = b2 * w[i] + (1.0f - b2) * d * d * q;
+        m[i] = mi;
+        v[i] = vi;
+        w[i] = wi;
+        float mhat = mi * c1, vhat = (fmaxf(vi, 0.0f) + wi) * c2;
+        param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * param[i]);
+    }
+}
+
 double dl_cpu_sumsq(const float *x, size_t n)
 {
     double s = 0.0;

@@ -57,6 +57,21 @@ typedef struct {
     int64_t t;          /* 1-based step count, for bias correction */
 } dl_adamw_hp;
 void dl_cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n, const dl_adamw_hp *hp);
+/* AdamW whose second moment estimates that of a `fleet`-times larger batch,
+ * from the gradients ga, gb of the two halves of this step's batch (both
+ * scaled by hp->grad_scale). With per-sample gradient mean mu and variance
+ * s^2 and B samples per step: E[ga*gb] = mu^2 (the halves' noise is
+ * independent) and E[(ga-gb)^2] = 4 s^2 / B, so
+ *     v = EMA(ga*gb)   w = EMA((ga-gb)^2 / (4 fleet))
+ * and max(v, 0) + w estimates mu^2 + s^2 / (fleet B), the second moment an
+ * optimizer stepping on a fleet*B batch would see. The first moment and the
+ * update use g = (ga + gb) / 2, the whole batch's gradient. Why: M learners
+ * whose updates are averaged (local SGD) each normalise by their own noisy
+ * v ~ mu^2 + s^2/B, which shrinks the averaged step in low-signal
+ * coordinates up to sqrt(M) times below a data-parallel optimizer's.
+ * fleet >= 1; with ga == gb this is exactly dl_cpu_adamw plus w = 0. */
+void dl_cpu_adamw_split(float *param, const float *ga, const float *gb, float *m, float *v, float *w, size_t n,
+                        const dl_adamw_hp *hp, float fleet);
 /* sum of squares, double accumulation */
 double dl_cpu_sumsq(const float *x, size_t n);
 /* delta = base - theta (the DiLoCo pseudo-gradient) */

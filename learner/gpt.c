@@ -416,6 +416,38 @@ float dl_gpt_adamw_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t)
     return (float)norm;
 }
 
+float dl_gpt_adamw_split_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t, const float *ga, float *w,
+                              float fleet)
+{
+    assert(t >= 1 && ga && w && fleet >= 1.0f);
+    const float *gb = g->grads;
+    double ss = 0.0;
+#pragma omp parallel for simd schedule(static) reduction(+ : ss)
+    for (size_t i = 0; i < g->nparams; i++) {
+        double x = 0.5 * ((double)ga[i] + (double)gb[i]);
+        ss += x * x;
+    }
+    double norm = sqrt(ss);
+    float scale = 1.0f;
+    if (c->grad_clip > 0.0f) {
+        double coef = c->grad_clip / (norm + 1e-6);
+        if (coef < 1.0) scale = (float)coef;
+    }
+    dl_adamw_hp hp = {.lr = lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps, .grad_scale = scale, .t = t};
+    int i = 0;
+    while (i < g->ntensors) {
+        int decay = g->tensors[i].kind != DL_TENSOR_VECTOR;
+        int j = i + 1;
+        while (j < g->ntensors && (g->tensors[j].kind != DL_TENSOR_VECTOR) == decay) j++;
+        size_t off = g->tensors[i].offset;
+        size_t n = g->tensors[j - 1].offset + g->tensors[j - 1].numel - off;
+        hp.weight_decay = decay ? c->weight_decay : 0.0f;
+        dl_cpu_adamw_split(g->params + off, ga + off, gb + off, g->m + off, g->v + off, w + off, n, &hp, fleet);
+        i = j;
+    }
+    return (float)norm;
+}
+
 double dl_gpt_flops_per_token(const dl_gpt_config *cfg, int T)
 {
     double L = cfg->n_layer, C = cfg->n_embd, Vp = cfg->padded_vocab;

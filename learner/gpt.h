@@ -68,6 +68,14 @@ typedef struct {
  * gradient norm before clipping. */
 float dl_gpt_adamw_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t);
 
+/* The same step with the split-batch second moment of dl_cpu_adamw_split:
+ * `ga` holds the gradient of the first half of the batch, the model's grads
+ * that of the second half; `w` (dl_gpt_num_params floats, zero at start) is
+ * the noise moment, kept by the caller. The gradient is (ga + grads) / 2;
+ * returns its global norm before clipping. fleet >= 1. */
+float dl_gpt_adamw_split_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t, const float *ga, float *w,
+                              float fleet);
+
 /* The fragment plan of a model with P fragments (core/plan.h) and the run's
  * model fingerprint: dl_plan_fingerprint over (L, NH, C, T, V, Vp) as
  * little-endian int32 and the plan. Learner and synchronizer both compute it;

@@ -395,3 +395,33 @@ int dl_gptc_adamw_step(dl_gptc *g, const dl_adamw_cfg *c, float lr, int64_t t, f
     }
     return 0;
 }
+
+int dl_gptc_adamw_split_step(dl_gptc *g, const dl_adamw_cfg *c, float lr, int64_t t, const float *ga, float *w,
+                             float fleet, float *norm_out)
+{
+    assert(c && t >= 1 && ga && w && fleet >= 1.0f);
+    double ss = 0.0;
+    DL_TRY(dl_cuda_sumsq_mean2(ga, g->grads, g->nparams, &ss)); /* synchronizes */
+    double norm = sqrt(ss);
+    if (norm_out) *norm_out = (float)norm;
+    if (!isfinite(norm)) return dl_err(DL_ERANGE, "gradient norm is %g: step skipped", norm);
+    float scale = 1.0f;
+    if (c->grad_clip > 0.0f) {
+        double coef = c->grad_clip / (norm + 1e-6);
+        if (coef < 1.0) scale = (float)coef;
+    }
+    dl_adamw_hp hp = {.lr = lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps, .grad_scale = scale, .t = t};
+    int i = 0;
+    while (i < g->ntensors) {
+        int decay = g->tensors[i].kind != DL_TENSOR_VECTOR;
+        int j = i + 1;
+        while (j < g->ntensors && (g->tensors[j].kind != DL_TENSOR_VECTOR) == decay) j++;
+        size_t off = g->tensors[i].offset;
+        size_t n = g->tensors[j - 1].offset + g->tensors[j - 1].numel - off;
+        hp.weight_decay = decay ? c->weight_decay : 0.0f;
+        DL_TRY(dl_cuda_adamw_split(g->params + off, ga + off, g->grads + off, g->m + off, g->v + off, w + off, n, &hp,
+                                   fleet));
+        i = j;
+    }
+    return 0;
+}

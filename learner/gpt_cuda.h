@@ -73,4 +73,10 @@ int dl_gptc_backward(dl_gptc *g);
  * (torch rule coef = clip/(norm+1e-6)); *norm (may be NULL) = norm before clipping. */
 int dl_gptc_adamw_step(dl_gptc *g, const dl_adamw_cfg *c, float lr, int64_t t, float *norm);
 
+/* The split-batch step (dl_gpt_adamw_split_step on the device): ga and w
+ * are device buffers of num_params floats (first half's gradient, noise
+ * moment), the model's grads hold the second half's. */
+int dl_gptc_adamw_split_step(dl_gptc *g, const dl_adamw_cfg *c, float lr, int64_t t, const float *ga, float *w,
+                             float fleet, float *norm);
+
 #endif

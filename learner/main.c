@@ -29,7 +29,7 @@ typedef struct {
     double val_frac;
     int64_t n_layer, n_head, n_embd, seq_len, vocab;
     int64_t batch, steps, warmup;
-    double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
+    double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip, adam_fleet;
     int64_t seed;
     int64_t val_every, val_batches, log_every;
     char checkpoint[DL_CFG_STRLEN];
@@ -73,6 +73,10 @@ static const dl_cfg_entry learner_table[] = {
     {"warmup", DL_CFG_INT, F(warmup), 0, 1000000000, "50", NULL, 0, "linear warm-up steps"},
     {"lr", DL_CFG_FLOAT, F(lr), 0.0, 1.0, "3e-3", NULL, 0, "peak AdamW learning rate"},
     {"min_lr_frac", DL_CFG_FLOAT, F(min_lr_frac), 0.0, 1.0, "0.1", NULL, 0, "cosine floor as a fraction of lr"},
+    {"adam_fleet", DL_CFG_FLOAT, F(adam_fleet), 0.0, 1e6, "0", NULL, 0,
+     "0: plain AdamW. M >= 1: AdamW whose second moment is estimated, from the two halves of each batch, for an "
+     "M-times larger batch, so learners whose updates are averaged step like one data-parallel optimizer; "
+     "2-4 x the number of learners measured best (even batch; see docs/ARCHITECTURE.md)"},
     {"weight_decay", DL_CFG_FLOAT, F(weight_decay), 0.0, 10.0, "0.1", NULL, 0, "decoupled weight decay (matrices, embeddings)"},
     {"beta1", DL_CFG_FLOAT, F(beta1), 0.0, 0.9999, "0.9", NULL, 0, "AdamW beta1"},
     {"beta2", DL_CFG_FLOAT, F(beta2), 0.0, 0.99999, "0.95", NULL, 0, "AdamW beta2"},
@@ -243,6 +247,7 @@ int main(int argc, char **argv)
         .seed = (uint64_t)cfg.seed,
         .val_batches = (int)cfg.val_batches,
         .device = device,
+        .fleet = (float)cfg.adam_fleet,
     };
     if ((rc = dl_gpt_config_check(&tc.model))) {
         dl_data_close(&data);
@@ -443,8 +448,9 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     printf("dloco-learner %s: GPT L=%d NH=%d C=%d T=%d V=%d, %zu parameters, B=%d, %d threads\n", cfg->id,
            mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len, mc->vocab, dl_trainer_num_params(tr), tc->batch,
            omp_get_max_threads());
-    printf("synchronizer %s, run %s, P=%d fragments (imbalance %.3f), fingerprint %016llx, adopt %s\n",
-           cfg->connect, cfg->run_id, dl_plan_P(plan), dl_plan_imbalance(plan), (unsigned long long)fp, cfg->adopt);
+    printf("synchronizer %s, run %s, P=%d fragments (imbalance %.3f), fingerprint %016llx, adopt %s, adam_fleet %g\n",
+           cfg->connect, cfg->run_id, dl_plan_P(plan), dl_plan_imbalance(plan), (unsigned long long)fp, cfg->adopt,
+           cfg->adam_fleet);
     fflush(stdout);
 
     int exit_code = 0;

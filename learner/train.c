@@ -6,8 +6,10 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef DLOCO_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
 #include "learner/gpt_cuda.h"
 #endif
 
@@ -19,6 +21,8 @@ struct dl_trainer {
     dl_data *data;
     int64_t step; /* completed steps */
     int32_t *inp, *tgt;
+    float *ga, *w;   /* fleet on the cpu: first half's gradient, noise moment */
+    float *dga, *dw; /* the same in device memory (fleet on cuda) */
 };
 
 static int open_model(dl_trainer *t)
@@ -49,7 +53,25 @@ int dl_trainer_open(const dl_train_cfg *cfg, dl_data *data, dl_trainer **out)
     t->data = data;
     /* fills padded_vocab, which the checkpoint header records */
     int rc = dl_gpt_config_check(&t->cfg.model);
+    if (rc == 0 && cfg->fleet != 0.0f) {
+        if (!(cfg->fleet >= 1.0f && cfg->fleet <= 1e6f))
+            rc = dl_err(DL_EINVAL, "adam_fleet %g: 0 (off) or a batch multiple in [1, 1e6]", cfg->fleet);
+        else if (cfg->batch < 2 || cfg->batch % 2)
+            rc = dl_err(DL_EINVAL, "adam_fleet needs an even batch of at least 2 (halves), got %d", cfg->batch);
+    }
     if (rc == 0) rc = open_model(t);
+    if (rc == 0 && cfg->fleet != 0.0f && t->model) {
+        t->ga = dl_xcalloc(t->nparams, sizeof(float));
+        t->w = dl_xcalloc(t->nparams, sizeof(float));
+    }
+#ifdef DLOCO_HAVE_CUDA
+    if (rc == 0 && cfg->fleet != 0.0f && t->gmodel) {
+        size_t bytes = t->nparams * sizeof(float);
+        rc = dl_cuda_malloc(bytes, (void **)&t->dga);
+        if (rc == 0) rc = dl_cuda_malloc(bytes, (void **)&t->dw);
+        if (rc == 0) rc = dl_cuda_memset0(t->dw, bytes);
+    }
+#endif
     if (rc) {
         dl_trainer_close(&t);
         return rc;
@@ -72,6 +94,12 @@ void dl_trainer_close(dl_trainer **tp)
     dl_data_close(&t->data);
     free(t->inp);
     free(t->tgt);
+    free(t->ga);
+    free(t->w);
+#ifdef DLOCO_HAVE_CUDA
+    dl_cuda_free((void **)&t->dga);
+    dl_cuda_free((void **)&t->dw);
+#endif
     free(t);
     *tp = NULL;
 }
@@ -90,6 +118,24 @@ int dl_trainer_step(dl_trainer *t, double *loss, float *grad_norm)
 {
     int B = t->cfg.batch, T = t->cfg.model.seq_len;
     dl_data_next_train(t->data, B, t->inp, t->tgt);
+    if (t->model && t->ga) {
+        /* two halves, two backward passes: ga, then the model's grads */
+        int h = B / 2;
+        size_t off = (size_t)h * T;
+        double l1 = dl_gpt_forward(t->model, t->inp, t->tgt, h, T);
+        dl_gpt_zero_grad(t->model);
+        dl_gpt_backward(t->model);
+        memcpy(t->ga, dl_gpt_grads(t->model), t->nparams * sizeof(float));
+        double l2 = dl_gpt_forward(t->model, t->inp + off, t->tgt + off, h, T);
+        dl_gpt_zero_grad(t->model);
+        dl_gpt_backward(t->model);
+        *loss = 0.5 * (l1 + l2);
+        t->step++;
+        float norm = dl_gpt_adamw_split_step(t->model, &t->cfg.adamw, dl_trainer_lr_at(t, t->step), t->step, t->ga,
+                                             t->w, t->cfg.fleet);
+        if (grad_norm) *grad_norm = norm;
+        return 0;
+    }
     if (t->model) {
         *loss = dl_gpt_forward(t->model, t->inp, t->tgt, B, T);
         dl_gpt_zero_grad(t->model);
@@ -104,6 +150,26 @@ int dl_trainer_step(dl_trainer *t, double *loss, float *grad_norm)
      * are still queued on the device when this returns (the next step's
      * token upload waits for them, so does a push snapshot). */
     *loss = NAN;
+    if (t->dga) {
+        /* two halves: the first's gradient is copied aside on the compute stream */
+        int h = B / 2;
+        size_t off = (size_t)h * T;
+        double l1 = NAN, l2 = NAN;
+        DL_TRY(dl_gptc_forward(t->gmodel, t->inp, t->tgt, h, T, &l1));
+        DL_TRY(dl_gptc_zero_grad(t->gmodel));
+        DL_TRY(dl_gptc_backward(t->gmodel));
+        DL_TRY(dl_cuda_copy_async(t->dga, dl_gptc_grads_dev(t->gmodel), t->nparams * sizeof(float), NULL));
+        DL_TRY(dl_gptc_forward(t->gmodel, t->inp + off, t->tgt + off, h, T, &l2));
+        DL_TRY(dl_gptc_zero_grad(t->gmodel));
+        DL_TRY(dl_gptc_backward(t->gmodel));
+        *loss = 0.5 * (l1 + l2);
+        t->step++;
+        float norm = NAN;
+        int rc = dl_gptc_adamw_split_step(t->gmodel, &t->cfg.adamw, dl_trainer_lr_at(t, t->step), t->step, t->dga,
+                                          t->dw, t->cfg.fleet, &norm);
+        if (grad_norm) *grad_norm = norm;
+        return rc;
+    }
     DL_TRY(dl_gptc_forward(t->gmodel, t->inp, t->tgt, B, T, loss));
     DL_TRY(dl_gptc_zero_grad(t->gmodel));
     DL_TRY(dl_gptc_backward(t->gmodel));
@@ -165,6 +231,9 @@ int dl_trainer_save(dl_trainer *t, const char *path)
 int dl_trainer_resume(dl_trainer *t, const char *path)
 {
     dl_ckpt_state st;
+    if (t->ga || t->dga)
+        return dl_err(DL_EINVAL, "%s: a run with adam_fleet cannot resume (its noise moment is not in checkpoints)",
+                      path);
     if (t->model) {
         DL_TRY(dl_ckpt_load(path, t->model, &st));
     } else {

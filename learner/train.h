@@ -25,6 +25,8 @@ typedef struct {
     uint64_t seed;
     int val_batches;    /* batches per evaluation */
     int device;         /* DL_DEVICE_*; 0 (cpu) when left out */
+    float fleet;        /* 0: plain AdamW. >= 1: the split-batch second moment of a fleet-times
+                         * larger batch (dl_cpu_adamw_split; even batch, not resumable) */
 } dl_train_cfg;
 
 typedef struct dl_trainer dl_trainer;

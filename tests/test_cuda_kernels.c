@@ -116,7 +116,7 @@ static int no_device(void)
         printf("FAIL: DLOCO_REQUIRE_CUDA=1 but no usable CUDA device\n");
         return 1;
     }
-    printf("SKIP: no CUDA device — CUDA parity tests (adamw, sumsq, pseudograd, axpby, matmul fwd/bwd, encoder, layernorm, "
+    printf("SKIP: no CUDA device — CUDA parity tests (adamw, adamw split, sumsq, pseudograd, axpby, matmul fwd/bwd, encoder, layernorm, "
            "attention, gelu, residual, softmax-xent) did not run\n");
     return 77;
 }
@@ -167,6 +167,57 @@ static void test_adamw(dl_rng *r)
 }
 
 /* ---- sum of squares, several sizes around the block/grid boundaries */
+
+/* The split-batch AdamW (adam_fleet) and the norm of its gradient. */
+static void test_adamw_split(dl_rng *r)
+{
+    const size_t n = 500009;
+    const int steps = 10;
+    float *p = dl_xmalloc(n * sizeof(float)), *p0 = dl_xmalloc(n * sizeof(float));
+    float *m = dl_xcalloc(n, sizeof(float)), *v = dl_xcalloc(n, sizeof(float)), *w = dl_xcalloc(n, sizeof(float));
+    float *ga = dl_xmalloc(n * sizeof(float)), *gb = dl_xmalloc(n * sizeof(float)), *back = dl_xmalloc(n * sizeof(float));
+    fill_normal(r, p, n, 0.05f);
+    memcpy(p0, p, n * sizeof(float));
+    float *dp = dev_upload(p, n), *dm = dev_upload(m, n), *dv = dev_upload(v, n), *dw = dev_upload(w, n);
+    float *dga = dev_alloc(n), *dgb = dev_alloc(n);
+    dl_adamw_hp hp = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                      .grad_scale = 0.7f, .t = 0};
+    double worst_norm = 0.0;
+    for (int s = 1; s <= steps; s++) {
+        hp.t = s;
+        fill_normal(r, ga, n, 0.01f);
+        fill_normal(r, gb, n, 0.01f);
+        CU(dl_cuda_h2d(dga, ga, n * sizeof(float)));
+        CU(dl_cuda_h2d(dgb, gb, n * sizeof(float)));
+        double cpu = 0.0, gpu = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            double x = 0.5 * ((double)ga[i] + (double)gb[i]);
+            cpu += x * x;
+        }
+        CU(dl_cuda_sumsq_mean2(dga, dgb, n, &gpu));
+        worst_norm = fmax(worst_norm, fabs(gpu - cpu) / cpu);
+        dl_cpu_adamw_split(p, ga, gb, m, v, w, n, &hp, 8.0f);
+        CU(dl_cuda_adamw_split(dp, dga, dgb, dm, dv, dw, n, &hp, 8.0f));
+    }
+    CU(dl_cuda_sync());
+    double scale = max_abs(p, n), moved = max_abs_diff(p, p0, n);
+    CU(dl_cuda_d2h(back, dp, n * sizeof(float)));
+    double ep = max_abs_diff(back, p, n) / scale;
+    CU(dl_cuda_d2h(back, dw, n * sizeof(float)));
+    double ew = max_abs_diff(back, w, n) / max_abs(w, n);
+    printf("adamw split n=%zu steps=%d  max|dparam|/max|param| %.3e  w %.3e  norm^2 %.3e  (tol %.0e)\n", n, steps,
+           ep, ew, worst_norm, TOL_ADAMW);
+    CHECK(moved > 1e-3 * scale, "CPU split AdamW barely moved the parameters (%g)", moved);
+    CHECK(ep <= TOL_ADAMW && ew <= TOL_ADAMW, "split adamw rel err param %.3e w %.3e > %.0e", ep, ew, TOL_ADAMW);
+    CHECK(worst_norm <= 1e-12, "sumsq_mean2 rel err %.3e", worst_norm);
+    dl_cuda_free((void **)&dp);
+    dl_cuda_free((void **)&dm);
+    dl_cuda_free((void **)&dv);
+    dl_cuda_free((void **)&dw);
+    dl_cuda_free((void **)&dga);
+    dl_cuda_free((void **)&dgb);
+    free(p), free(p0), free(m), free(v), free(w), free(ga), free(gb), free(back);
+}
 
 static void test_sumsq(dl_rng *r)
 {
@@ -637,6 +688,7 @@ int main(void)
     dl_rng r;
     dl_rng_seed(&r, 20240611);
     test_adamw(&r);
+    test_adamw_split(&r);
     test_sumsq(&r);
     test_pseudograd(&r);
     test_axpby(&r);

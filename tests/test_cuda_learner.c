@@ -327,6 +327,8 @@ static void test_node_over_device(int mode, const char *name)
 static char dir[] = "/tmp/dloco_test_cuda_learner.XXXXXX";
 static char corpus[512];
 
+static float FLEET = 0.0f; /* dl_train_cfg.fleet of the trainers open_trainer makes */
+
 static dl_trainer *open_trainer(int device, const char *resume)
 {
     dl_data_opts o = {.path = corpus, .format = "text", .seq_len = 32, .vocab = 256, .val_frac = 0.1, .seed = 3};
@@ -343,6 +345,7 @@ static dl_trainer *open_trainer(int device, const char *resume)
         .seed = 21,
         .val_batches = 2,
         .device = device,
+        .fleet = FLEET,
     };
     dl_trainer *t = NULL;
     CU(dl_trainer_open(&tc, d, &t));
@@ -447,7 +450,40 @@ static void test_trainer(void)
     dl_trainer_close(&b);
     dl_trainer_close(&c);
     dl_trainer_close(&d);
-    unlink(ca), unlink(cb), unlink(cc), unlink(corpus);
+    unlink(ca), unlink(cb), unlink(cc); /* the corpus serves test_fleet_trainer too */
+}
+
+/* ---- 4. the split-batch (adam_fleet) trainer on both devices */
+
+static void test_fleet_trainer(void)
+{
+    FLEET = 8.0f;
+    dl_trainer *a = open_trainer(DL_DEVICE_CPU, NULL), *b = open_trainer(DL_DEVICE_CUDA, NULL);
+    double worst = 0.0;
+    for (int s = 1; s <= 5; s++) {
+        double la, lb;
+        float na, nb;
+        CU(dl_trainer_step(a, &la, &na));
+        CU(dl_trainer_step(b, &lb, &nb));
+        double e = fmax(rel(lb, la), rel(nb, na));
+        worst = fmax(worst, e);
+        CHECK(e <= TOL_STEP, "fleet step %d: rel err %.3e", s, e);
+    }
+    float *sa = state_of(a), *sb = state_of(b);
+    size_t n = dl_trainer_num_params(a);
+    double dp = 0.0, sc = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        dp = fmax(dp, fabs((double)sa[i] - sb[i]));
+        sc = fmax(sc, fabs((double)sa[i]));
+    }
+    printf("fleet trainer: 5 steps, worst loss/norm rel err %.2e, params max|d|/max %.2e (tol %.0e)\n", worst,
+           dp / sc, TOL_STEP);
+    CHECK(dp / sc <= TOL_STEP, "fleet params rel err %.3e", dp / sc);
+    free(sa), free(sb);
+    dl_trainer_close(&a);
+    dl_trainer_close(&b);
+    FLEET = 0.0f;
+    unlink(corpus);
     rmdir(dir);
 }
 
@@ -463,7 +499,7 @@ int main(void)
             return 1;
         }
         printf("SKIP: no CUDA device — CUDA learner tests (fragment copies vs host, deferred node over the device, "
-               "trainer cuda vs cpu, cross-device checkpoints) did not run\n");
+               "trainer cuda vs cpu, cross-device checkpoints, adam_fleet trainer) did not run\n");
         return 77;
     }
     char name[256];
@@ -477,6 +513,7 @@ int main(void)
     test_node_over_device(DL_ADOPT_MIX, "mix");
     test_node_over_device(DL_ADOPT_KEEP, "keep");
     test_trainer();
+    test_fleet_trainer();
 
     dl_plan_close(&plan4);
     dl_cuda_thread_release();

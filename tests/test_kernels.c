@@ -230,6 +230,73 @@ static void test_adamw(void)
     printf("adamw: hand-computed steps %.4f, %.4f\n", 0.85, p);
 }
 
+static void test_adamw_split(void)
+{
+    /* equal halves: exactly dl_cpu_adamw, and the noise moment stays 0 */
+    size_t n = 1001;
+    float *g = randv(n, 1), *p1 = randv(n, 1), *p2 = zeros(n), *m1 = zeros(n), *v1 = zeros(n), *m2 = zeros(n),
+          *v2 = zeros(n), *w = zeros(n);
+    memcpy(p2, p1, n * sizeof(float));
+    dl_adamw_hp hp = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                      .grad_scale = 0.5f, .t = 1};
+    for (hp.t = 1; hp.t <= 3; hp.t++) {
+        dl_cpu_adamw(p1, g, m1, v1, n, &hp);
+        dl_cpu_adamw_split(p2, g, g, m2, v2, w, n, &hp, 4.0f);
+    }
+    int w0 = 1;
+    for (size_t i = 0; i < n; i++) w0 &= w[i] == 0.0f;
+    CHECK(!memcmp(p1, p2, n * 4) && !memcmp(m1, m2, n * 4) && !memcmp(v1, v2, n * 4) && w0,
+          "split AdamW with equal halves must be bit-identical to AdamW (and w = 0)");
+    free(g); free(p1); free(p2); free(m1); free(v1); free(m2); free(v2); free(w);
+
+    /* hand-computed first steps (lr 0.1, no decay, eps 0, fleet 4):
+     * halves 0.3, 0.1: g 0.2, m 0.02, v 0.05*0.03, w 0.05*0.04/16,
+     *   mhat 0.2, vhat 20*(0.0015+0.000125) = 0.0325, p -= 0.1*0.2/sqrt(0.0325);
+     * halves 0.3, -0.1: the product is negative and counts as 0:
+     *   g 0.1, w 0.05*0.16/16, vhat 20*0.0005 = 0.01, p -= 0.1*0.1/0.1 */
+    float pa[2] = {1.0f, 1.0f}, ga[2] = {0.3f, 0.3f}, gb[2] = {0.1f, -0.1f}, m[2] = {0}, v[2] = {0}, ww[2] = {0};
+    dl_adamw_hp h1 = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 0.0f, .weight_decay = 0.0f,
+                      .grad_scale = 1.0f, .t = 1};
+    dl_cpu_adamw_split(pa, ga, gb, m, v, ww, 2, &h1, 4.0f);
+    double e0 = 1.0 - 0.1 * 0.2 / sqrt(0.0325), e1 = 1.0 - 0.1;
+    CHECK(fabs(pa[0] - e0) < 1e-6 && fabs(pa[1] - e1) < 1e-6, "split AdamW hand steps %.7f %.7f, expected %.7f %.7f",
+          pa[0], pa[1], e0, e1);
+    CHECK(v[1] < 0.0f && fabsf(ww[1] - 0.0005f) < 1e-9f, "negative product kept in v (%g), noise moment %g", v[1],
+          ww[1]);
+
+    /* the estimator: per-sample gradients mean mu, sd s, B samples a step
+     * (halves of B/2). After many steps at lr 0, max(v,0)+w (bias-corrected)
+     * must approach mu^2 + s^2/(fleet*B), the second moment of a fleet*B
+     * batch, not the own batch's mu^2 + s^2/B. Averaged over coordinates. */
+    size_t k = 4000;
+    int B = 16;
+    float fleet = 4.0f, mu = 0.05f, sd = 1.0f;
+    float *P = zeros(k), *A = zeros(k), *Bv = zeros(k), *M = zeros(k), *V = zeros(k), *W = zeros(k);
+    dl_adamw_hp h0 = {.lr = 0.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_scale = 1.0f};
+    float hsd = sd / sqrtf((float)B / 2);
+    for (h0.t = 1; h0.t <= 400; h0.t++) {
+        for (size_t i = 0; i < k; i++) {
+            A[i] = mu + hsd * dl_rng_normal(&rng);
+            Bv[i] = mu + hsd * dl_rng_normal(&rng);
+        }
+        dl_cpu_adamw_split(P, A, Bv, M, V, W, k, &h0, fleet);
+    }
+    double c2 = 1.0 / (1.0 - pow(0.95, 400)), est = 0, raw = 0;
+    for (size_t i = 0; i < k; i++) {
+        est += ((V[i] > 0 ? V[i] : 0) + W[i]) * c2;
+        raw += (V[i] + W[i] * fleet) * c2; /* v + fleet*w estimates the own batch's mu^2 + s^2/B */
+    }
+    est /= (double)k;
+    raw /= (double)k;
+    double want = mu * mu + sd * sd / (fleet * B), own = mu * mu + sd * sd / B;
+    /* max(v,0) adds a small positive bias (noise of the product's EMA) */
+    CHECK(est > 0.9 * want && est < 1.6 * want, "fleet second moment %.5f, want ~%.5f (own batch %.5f)", est, want,
+          own);
+    CHECK(fabs(raw - own) < 0.1 * own, "own-batch second moment %.5f, want %.5f", raw, own);
+    printf("adamw split: fleet second moment %.5f (target %.5f, own batch %.5f)\n", est, want, own);
+    free(P); free(A); free(Bv); free(M); free(V); free(W);
+}
+
 static void test_misc(void)
 {
     size_t n = 100003;
@@ -273,6 +340,7 @@ int main(void)
     test_layernorm();
     test_xent();
     test_adamw();
+    test_adamw_split();
     test_misc();
     test_determinism();
     printf("%s\n", failures ? "test_kernels: FAILED" : "test_kernels: all checks passed");

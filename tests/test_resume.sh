@@ -58,6 +58,14 @@ printf 'steps = 5\n[model\n' > "$W/bad.ini"
 check_bad "bad.ini:2: malformed section header" --standalone --config "$W/bad.ini"
 printf 'lr = 2e-3\nwarmup = abc\n' > "$W/bad2.ini"
 check_bad "bad2.ini:2: option warmup: 'abc' is not an integer" --standalone --config "$W/bad2.ini"
+check_bad "adam_fleet needs an even batch" $COMMON --adam_fleet 8 --batch 3
+check_bad "adam_fleet 0.5: 0 (off) or a batch multiple" $COMMON --adam_fleet 0.5
+check_bad "cannot resume" $COMMON --adam_fleet 8 --resume "$W/a.ckpt"
+# adam_fleet trains: the run finishes and its validation loss falls
+out=$("$BIN" $COMMON --adam_fleet 8 2>&1); rc=$?
+v=$(echo "$out" | sed -n -E 's/^summary:.*val loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/p')
+if [ $rc = 0 ] && [ -n "$v" ] && python3 -c "import sys; a, b = map(float, '$v'.split()); sys.exit(0 if b < a else 1)"; then
+  echo "ok: --adam_fleet 8 trains (val loss $v)"; else echo "FAIL: --adam_fleet 8 rc=$rc: $(echo "$out" | tail -3)"; fail=1; fi
 # networked mode (the default): a bad learner id, and no synchronizer to answer
 check_bad "option id: 'bad id'" --data "$W/corpus.txt" --id "bad id"
 check_bad "no Welcome from" --data "$W/corpus.txt" --n_layer 1 --n_embd 16 --n_head 2 \

@@ -190,6 +190,57 @@ static void test_devices(void)
     printf("ok: device errors\n");
 }
 
+/* ---- adam_fleet: the split-batch step uses the whole batch, refuses what it cannot do */
+
+static void test_fleet(void)
+{
+    dl_trainer *plain = NULL, *fl = NULL;
+    dl_train_cfg tc = train_cfg(DL_DEVICE_CPU);
+    REQUIRE(dl_trainer_open(&tc, open_data(), &plain) == 0, "plain trainer: %s", dl_errmsg());
+    tc.fleet = 4.0f;
+    REQUIRE(dl_trainer_open(&tc, open_data(), &fl) == 0, "fleet trainer: %s", dl_errmsg());
+    /* same init, same batch: the halves' mean loss and the gradient norm of
+     * (ga + gb) / 2 are the whole batch's */
+    double l1 = 0, l2 = 0;
+    float n1 = 0, n2 = 0;
+    CHECK(dl_trainer_step(plain, &l1, &n1) == 0 && dl_trainer_step(fl, &l2, &n2) == 0, "steps");
+    CHECK(fabs(l1 - l2) < 1e-5 * fabs(l1), "fleet step loss %.9f vs whole batch %.9f", l2, l1);
+    CHECK(fabsf(n1 - n2) < 1e-4f * n1, "fleet gradient norm %.7f vs whole batch %.7f", n2, n1);
+    /* a different second moment: the parameters after the step differ */
+    const float *p1 = dl_gpt_params(dl_trainer_model(plain)), *p2 = dl_gpt_params(dl_trainer_model(fl));
+    size_t n = dl_trainer_num_params(plain), differ = 0;
+    for (size_t i = 0; i < n; i++) differ += p1[i] != p2[i];
+    CHECK(differ > n / 10, "fleet step moved %zu of %zu parameters differently from plain AdamW", differ, n);
+    double first = l2, last = l2;
+    for (int s = 0; s < 15; s++) CHECK(dl_trainer_step(fl, &last, NULL) == 0, "fleet step %d", s);
+    CHECK(last < first, "fleet training loss fell: %.4f -> %.4f", first, last);
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/fleet.ckpt", dir);
+    CHECK(dl_trainer_save(fl, ck) == 0, "fleet save: %s", dl_errmsg());
+    int rc = dl_trainer_resume(fl, ck);
+    CHECK(rc == DL_EINVAL && strstr(dl_errmsg(), "cannot resume"), "fleet resume refused: rc %d '%s'", rc,
+          dl_errmsg());
+    unlink(ck);
+    dl_trainer_close(&plain);
+    dl_trainer_close(&fl);
+
+    struct { float fleet; int batch, device; const char *msg; } bad[] = {
+        {0.5f, 4, DL_DEVICE_CPU, "0 (off) or a batch multiple"},
+        {4.0f, 3, DL_DEVICE_CPU, "even batch"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        dl_trainer *t = NULL;
+        tc = train_cfg(bad[i].device);
+        tc.fleet = bad[i].fleet;
+        tc.batch = bad[i].batch;
+        rc = dl_trainer_open(&tc, open_data(), &t);
+        CHECK(rc == DL_EINVAL && t == NULL && strstr(dl_errmsg(), bad[i].msg), "fleet %g batch %d device %d: rc %d '%s'",
+              bad[i].fleet, bad[i].batch, bad[i].device, rc, dl_errmsg());
+        printf("fleet %g, batch %d, device %d -> %s\n", bad[i].fleet, bad[i].batch, bad[i].device, dl_errmsg());
+    }
+    printf("ok: adam_fleet\n");
+}
+
 int main(void)
 {
     REQUIRE(mkdtemp(dir), "mkdtemp");
@@ -204,6 +255,7 @@ int main(void)
     test_ckpt_raw();
     test_cpu_resume();
     test_devices();
+    test_fleet();
 
     unlink(corpus);
     rmdir(dir);

@@ -140,6 +140,13 @@ int dl_cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n,
  * the order differs from the CPU's, so expect ~1e-15 relative difference.
  * Synchronizes the device. */
 int dl_cuda_sumsq(const float *x, size_t n, double *out);
+/* dl_cpu_adamw_split on the device: ga, gb the two half-batch gradients, w
+ * the noise moment; same formula and operation order. fleet >= 1. */
+int dl_cuda_adamw_split(float *param, const float *ga, const float *gb, float *m, float *v, float *w, size_t n,
+                        const dl_adamw_hp *hp, float fleet);
+/* *out (HOST) = sum of ((a[i] + b[i]) / 2)^2 in double, as dl_cuda_sumsq
+ * (deterministic, synchronizes): the norm of the split step's gradient. */
+int dl_cuda_sumsq_mean2(const float *a, const float *b, size_t n, double *out);
 /* delta = base - theta, bit-identical to the CPU. */
 int dl_cuda_pseudograd(float *delta, const float *base, const float *theta, size_t n);
 /* y = a*y + b*x as fmaf(a, y, b*x), bit-identical to dl_cpu_axpby; a == 0

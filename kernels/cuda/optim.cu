@@ -1,5 +1,5 @@
 /* CUDA twins of the optimizer and outer-loop primitives of kernels/cpu.c:
- * AdamW, sum of squares (double), pseudo-gradient, axpby. Grid-stride, fp32 in memory. */
+ * AdamW (plain and split-batch), sums of squares (double), pseudo-gradient, axpby. Grid-stride, fp32 in memory. */
 #include "kernels/cuda/internal.h"
 
 #include <cassert>
@@ -34,6 +34,44 @@ extern "C" int dl_cuda_adamw(float *param, const float *grad, float *m, float *v
     float c2 = 1.0f / (1.0f - powf(hp->beta2, (float)hp->t));
     dl_adamw_kernel<<<dl_cuda_grid(n), DL_CUDA_BLOCK>>>(param, grad, m, v, n, hp->lr, hp->beta1, hp->beta2, hp->eps,
                                                         hp->weight_decay, hp->grad_scale, c1, c2);
+    DL_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+/* ---- AdamW with the split-batch second moment (dl_cpu_adamw_split) */
+
+static __global__ void dl_adamw_split_kernel(float *param, const float *ga, const float *gb, float *m, float *v,
+                                             float *w, size_t n, float lr, float b1, float b2, float eps, float wd,
+                                             float gs, float c1, float c2, float q)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float a = ga[i] * gs, b = gb[i] * gs, d = a - b;
+        float g = 0.5f * (a + b);
+        float mi = b1 * m[i] + (1.0f - b1) * g;
+        float vi = b2 * v[i] + (1.0f - b2) * a * b;
+        float wi = b2 * w[i] + (1.0f - b2) * d * d * q;
+        m[i] = mi;
+        v[i] = vi;
+        w[i] = wi;
+        float mhat = mi * c1, vhat = (fmaxf(vi, 0.0f) + wi) * c2;
+        float p = param[i];
+        param[i] = p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+    }
+}
+
+extern "C" int dl_cuda_adamw_split(float *param, const float *ga, const float *gb, float *m, float *v, float *w,
+                                   size_t n, const dl_adamw_hp *hp, float fleet)
+{
+    assert(hp && hp->t >= 1 && fleet >= 1.0f);
+    if (!n) return 0;
+    assert(param && ga && gb && m && v && w);
+    float c1 = 1.0f / (1.0f - powf(hp->beta1, (float)hp->t));
+    float c2 = 1.0f / (1.0f - powf(hp->beta2, (float)hp->t));
+    float q = 1.0f / (4.0f * fleet);
+    dl_adamw_split_kernel<<<dl_cuda_grid(n), DL_CUDA_BLOCK>>>(param, ga, gb, m, v, w, n, hp->lr, hp->beta1,
+                                                              hp->beta2, hp->eps, hp->weight_decay, hp->grad_scale,
+                                                              c1, c2, q);
     DL_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -73,6 +111,19 @@ static __global__ void dl_sumsq_partial_kernel(const float *x, size_t n, double 
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
+/* Pass 1 of the sum of squares of (a + b) / 2, in double as the CPU. */
+static __global__ void dl_sumsq_mean2_partial_kernel(const float *a, const float *b, size_t n, double *partial)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    double s = 0.0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        double x = 0.5 * ((double)a[i] + (double)b[i]);
+        s += x * x;
+    }
+    s = dl_block_sum(s);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
 /* Pass 2 (one block): *out = sum of nb partials. */
 static __global__ void dl_sumsq_final_kernel(const double *partial, int nb, double *out)
 {
@@ -93,6 +144,24 @@ extern "C" int dl_cuda_sumsq(const float *x, size_t n, double *out)
     size_t want = (n + DL_CUDA_BLOCK - 1) / DL_CUDA_BLOCK;
     int nb = (int)(want < DL_CUDA_SUMSQ_BLOCKS ? want : DL_CUDA_SUMSQ_BLOCKS);
     dl_sumsq_partial_kernel<<<nb, DL_CUDA_BLOCK>>>(x, n, ctx->scratch);
+    DL_CUDA_CHECK_LAUNCH();
+    dl_sumsq_final_kernel<<<1, DL_CUDA_BLOCK>>>(ctx->scratch, nb, ctx->scratch + DL_CUDA_SUMSQ_BLOCKS);
+    DL_CUDA_CHECK_LAUNCH();
+    DL_CUDA_CHECK(cudaMemcpy(out, ctx->scratch + DL_CUDA_SUMSQ_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+extern "C" int dl_cuda_sumsq_mean2(const float *a, const float *b, size_t n, double *out)
+{
+    assert(out);
+    *out = 0.0;
+    if (!n) return 0;
+    assert(a && b);
+    dl_cuda_ctx *ctx;
+    DL_TRY(dl_cuda_ctx_get(&ctx));
+    size_t want = (n + DL_CUDA_BLOCK - 1) / DL_CUDA_BLOCK;
+    int nb = (int)(want < DL_CUDA_SUMSQ_BLOCKS ? want : DL_CUDA_SUMSQ_BLOCKS);
+    dl_sumsq_mean2_partial_kernel<<<nb, DL_CUDA_BLOCK>>>(a, b, n, ctx->scratch);
     DL_CUDA_CHECK_LAUNCH();
     dl_sumsq_final_kernel<<<1, DL_CUDA_BLOCK>>>(ctx->scratch, nb, ctx->scratch + DL_CUDA_SUMSQ_BLOCKS);
     DL_CUDA_CHECK_LAUNCH();
