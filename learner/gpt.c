@@ -390,29 +390,52 @@ void dl_gpt_backward(dl_gpt *g)
     dl_cpu_encoder_bwd(dwte, dwpe, g->dres, g->inp_copy, B, T, C);
 }
 
-float dl_gpt_adamw_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t)
+dl_adamw_hp dl_gpt_adamw_hp(const dl_adamw_cfg *c, float lr, int64_t t, double norm)
 {
-    assert(t >= 1);
-    double norm = sqrt(dl_cpu_sumsq(g->grads, g->nparams));
     float scale = 1.0f;
     /* same rule as torch.nn.utils.clip_grad_norm_ */
     if (c->grad_clip > 0.0f) {
         double coef = c->grad_clip / (norm + 1e-6);
         if (coef < 1.0) scale = (float)coef;
     }
-    dl_adamw_hp hp = {.lr = lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps, .grad_scale = scale, .t = t};
-    /* contiguous runs of tensors with the same decay are updated in one call */
-    int i = 0;
-    while (i < g->ntensors) {
-        int decay = g->tensors[i].kind != DL_TENSOR_VECTOR;
-        int j = i + 1;
-        while (j < g->ntensors && (g->tensors[j].kind != DL_TENSOR_VECTOR) == decay) j++;
-        size_t off = g->tensors[i].offset;
-        size_t n = g->tensors[j - 1].offset + g->tensors[j - 1].numel - off;
+    return (dl_adamw_hp){.lr = lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps, .grad_scale = scale, .t = t};
+}
+
+int dl_gpt_decay_run(const dl_tensor *t, int n, int i, size_t *off, size_t *len, int *decay)
+{
+    assert(i >= 0 && i < n);
+    int d = t[i].kind != DL_TENSOR_VECTOR, j = i + 1;
+    while (j < n && (t[j].kind != DL_TENSOR_VECTOR) == d) j++;
+    *off = t[i].offset;
+    *len = t[j - 1].offset + t[j - 1].numel - *off;
+    *decay = d;
+    return j;
+}
+
+/* Both AdamW variants over the decay runs (one kernel call per run); ga
+ * NULL: plain AdamW on the grads, else the split step with ga and grads. */
+static void adamw_runs(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t, double norm, const float *ga, float *w,
+                       float fleet)
+{
+    dl_adamw_hp hp = dl_gpt_adamw_hp(c, lr, t, norm);
+    size_t off, n;
+    int decay;
+    for (int i = 0; i < g->ntensors;) {
+        i = dl_gpt_decay_run(g->tensors, g->ntensors, i, &off, &n, &decay);
         hp.weight_decay = decay ? c->weight_decay : 0.0f;
-        dl_cpu_adamw(g->params + off, g->grads + off, g->m + off, g->v + off, n, &hp);
-        i = j;
+        if (ga)
+            dl_cpu_adamw_split(g->params + off, ga + off, g->grads + off, g->m + off, g->v + off, w + off, n, &hp,
+                               fleet);
+        else
+            dl_cpu_adamw(g->params + off, g->grads + off, g->m + off, g->v + off, n, &hp);
     }
+}
+
+float dl_gpt_adamw_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t)
+{
+    assert(t >= 1);
+    double norm = sqrt(dl_cpu_sumsq(g->grads, g->nparams));
+    adamw_runs(g, c, lr, t, norm, NULL, NULL, 0.0f);
     return (float)norm;
 }
 
@@ -428,23 +451,7 @@ float dl_gpt_adamw_split_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_
         ss += x * x;
     }
     double norm = sqrt(ss);
-    float scale = 1.0f;
-    if (c->grad_clip > 0.0f) {
-        double coef = c->grad_clip / (norm + 1e-6);
-        if (coef < 1.0) scale = (float)coef;
-    }
-    dl_adamw_hp hp = {.lr = lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps, .grad_scale = scale, .t = t};
-    int i = 0;
-    while (i < g->ntensors) {
-        int decay = g->tensors[i].kind != DL_TENSOR_VECTOR;
-        int j = i + 1;
-        while (j < g->ntensors && (g->tensors[j].kind != DL_TENSOR_VECTOR) == decay) j++;
-        size_t off = g->tensors[i].offset;
-        size_t n = g->tensors[j - 1].offset + g->tensors[j - 1].numel - off;
-        hp.weight_decay = decay ? c->weight_decay : 0.0f;
-        dl_cpu_adamw_split(g->params + off, ga + off, gb + off, g->m + off, g->v + off, w + off, n, &hp, fleet);
-        i = j;
-    }
+    adamw_runs(g, c, lr, t, norm, ga, w, fleet);
     return (float)norm;
 }
 

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "core/tensor.h"
+#include "kernels/cpu.h" /* dl_adamw_hp */
 
 typedef struct {
     int n_layer;      /* L */
@@ -67,6 +68,15 @@ typedef struct {
 /* One AdamW step with learning rate lr at 1-based step t. Returns the global
  * gradient norm before clipping. */
 float dl_gpt_adamw_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t);
+
+/* Shared by the CPU and CUDA models: the hyper-parameters of one AdamW step
+ * with the global-norm clip (torch's coef = clip/(norm+1e-6), applied when
+ * < 1) as grad_scale, weight_decay left 0; and the runs of adjacent tensors
+ * with the same decay (matrices and embeddings decay, vectors do not):
+ * from table entry i, *off and *len (floats) and *decay of the run, returns
+ * the index after it. */
+dl_adamw_hp dl_gpt_adamw_hp(const dl_adamw_cfg *c, float lr, int64_t t, double norm);
+int dl_gpt_decay_run(const dl_tensor *t, int n, int i, size_t *off, size_t *len, int *decay);
 
 /* The same step with the split-batch second moment of dl_cpu_adamw_split:
  * `ga` holds the gradient of the first half of the batch, the model's grads

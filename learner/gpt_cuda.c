@@ -366,6 +366,26 @@ int dl_gptc_backward(dl_gptc *g)
     return 0;
 }
 
+/* Both AdamW variants over the decay runs of learner/gpt.c; ga NULL: plain. */
+static int adamw_runs(dl_gptc *g, const dl_adamw_cfg *c, float lr, int64_t t, double norm, const float *ga,
+                      float *w, float fleet)
+{
+    if (!isfinite(norm)) return dl_err(DL_ERANGE, "gradient norm is %g: step skipped", norm);
+    dl_adamw_hp hp = dl_gpt_adamw_hp(c, lr, t, norm);
+    size_t off, n;
+    int decay;
+    for (int i = 0; i < g->ntensors;) {
+        i = dl_gpt_decay_run(g->tensors, g->ntensors, i, &off, &n, &decay);
+        hp.weight_decay = decay ? c->weight_decay : 0.0f;
+        if (ga)
+            DL_TRY(dl_cuda_adamw_split(g->params + off, ga + off, g->grads + off, g->m + off, g->v + off, w + off, n,
+                                       &hp, fleet));
+        else
+            DL_TRY(dl_cuda_adamw(g->params + off, g->grads + off, g->m + off, g->v + off, n, &hp));
+    }
+    return 0;
+}
+
 int dl_gptc_adamw_step(dl_gptc *g, const dl_adamw_cfg *c, float lr, int64_t t, float *norm_out)
 {
     assert(c && t >= 1);
@@ -373,27 +393,7 @@ int dl_gptc_adamw_step(dl_gptc *g, const dl_adamw_cfg *c, float lr, int64_t t, f
     DL_TRY(dl_cuda_sumsq(g->grads, g->nparams, &ss)); /* synchronizes */
     double norm = sqrt(ss);
     if (norm_out) *norm_out = (float)norm;
-    if (!isfinite(norm)) return dl_err(DL_ERANGE, "gradient norm is %g: step skipped", norm);
-    float scale = 1.0f;
-    /* same rule as torch.nn.utils.clip_grad_norm_ (and dl_gpt_adamw_step) */
-    if (c->grad_clip > 0.0f) {
-        double coef = c->grad_clip / (norm + 1e-6);
-        if (coef < 1.0) scale = (float)coef;
-    }
-    dl_adamw_hp hp = {.lr = lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps, .grad_scale = scale, .t = t};
-    /* contiguous runs of tensors with the same decay are updated in one call */
-    int i = 0;
-    while (i < g->ntensors) {
-        int decay = g->tensors[i].kind != DL_TENSOR_VECTOR;
-        int j = i + 1;
-        while (j < g->ntensors && (g->tensors[j].kind != DL_TENSOR_VECTOR) == decay) j++;
-        size_t off = g->tensors[i].offset;
-        size_t n = g->tensors[j - 1].offset + g->tensors[j - 1].numel - off;
-        hp.weight_decay = decay ? c->weight_decay : 0.0f;
-        DL_TRY(dl_cuda_adamw(g->params + off, g->grads + off, g->m + off, g->v + off, n, &hp));
-        i = j;
-    }
-    return 0;
+    return adamw_runs(g, c, lr, t, norm, NULL, NULL, 0.0f);
 }
 
 int dl_gptc_adamw_split_step(dl_gptc *g, const dl_adamw_cfg *c, float lr, int64_t t, const float *ga, float *w,
@@ -404,24 +404,5 @@ int dl_gptc_adamw_split_step(dl_gptc *g, const dl_adamw_cfg *c, float lr, int64_
     DL_TRY(dl_cuda_sumsq_mean2(ga, g->grads, g->nparams, &ss)); /* synchronizes */
     double norm = sqrt(ss);
     if (norm_out) *norm_out = (float)norm;
-    if (!isfinite(norm)) return dl_err(DL_ERANGE, "gradient norm is %g: step skipped", norm);
-    float scale = 1.0f;
-    if (c->grad_clip > 0.0f) {
-        double coef = c->grad_clip / (norm + 1e-6);
-        if (coef < 1.0) scale = (float)coef;
-    }
-    dl_adamw_hp hp = {.lr = lr, .beta1 = c->beta1, .beta2 = c->beta2, .eps = c->eps, .grad_scale = scale, .t = t};
-    int i = 0;
-    while (i < g->ntensors) {
-        int decay = g->tensors[i].kind != DL_TENSOR_VECTOR;
-        int j = i + 1;
-        while (j < g->ntensors && (g->tensors[j].kind != DL_TENSOR_VECTOR) == decay) j++;
-        size_t off = g->tensors[i].offset;
-        size_t n = g->tensors[j - 1].offset + g->tensors[j - 1].numel - off;
-        hp.weight_decay = decay ? c->weight_decay : 0.0f;
-        DL_TRY(dl_cuda_adamw_split(g->params + off, ga + off, g->grads + off, g->m + off, g->v + off, w + off, n, &hp,
-                                   fleet));
-        i = j;
-    }
-    return 0;
+    return adamw_runs(g, c, lr, t, norm, ga, w, fleet);
 }

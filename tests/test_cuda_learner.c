@@ -32,6 +32,7 @@
 #define TOL_STEP 1e-4
 
 #include "tests/check.h"
+#include "tests/push_pair.h"
 
 #define CU(call)                                                                                                  \
     do {                                                                                                          \
@@ -204,35 +205,6 @@ static dl_comms *open_mailbox(void)
     return c;
 }
 
-typedef struct {
-    int got;
-    dl_comms_push h;
-    float *d;
-} taken;
-
-static void take_all(dl_comms *c, taken *t)
-{
-    for (int p = 0; p < P; p++) t[p].got = dl_comms_take_push(c, p, &t[p].h, &t[p].d);
-}
-
-static int same_push(const taken *a, const taken *b, int p)
-{
-    if (a->got != b->got) return 0;
-    if (!a->got) return 1;
-    return a->h.base_version == b->h.base_version && a->h.steps == b->h.steps && a->h.tokens == b->h.tokens &&
-           memcmp(&a->h.loss, &b->h.loss, sizeof(double)) == 0 && a->h.final == b->h.final &&
-           !memcmp(a->d, b->d, dl_plan_fragment_numel(plan4, p) * 4);
-}
-
-static void put_both(dl_comms *a, dl_comms *b, int p, uint64_t v, int forced)
-{
-    size_t k = dl_plan_fragment_numel(plan4, p);
-    float *g = dl_xmalloc(k * 4);
-    global_of(p, v, g);
-    dl_comms_put_update(a, p, v, forced, g, k);
-    dl_comms_put_update(b, p, v, forced, g, k);
-    free(g);
-}
 
 static void test_node_over_device(int mode, const char *name)
 {
@@ -247,7 +219,7 @@ static void test_node_over_device(int mode, const char *name)
     dl_node_opts ob = {.plan = plan4, .model = dl_gptc_xfer_model(x), .adopt = mode, .alpha = 0.25f};
     dl_node *na = NULL, *nb = NULL;
     REQUIRE(dl_node_open(&oa, ca, &na) == 0 && dl_node_open(&ob, cb, &nb) == 0, "node open: %s", dl_errmsg());
-    for (int p = 0; p < P; p++) put_both(ca, cb, p, 1, 1);
+    for (int p = 0; p < P; p++) put_both(ca, cb, plan4, global_of, p, 1, 1);
     CU(dl_node_poll(na));
     CU(dl_node_poll(nb));
     CU(dl_gptc_get_params(g, dev));
@@ -271,10 +243,10 @@ static void test_node_over_device(int mode, const char *name)
         double loss = 2.0 + 0.125 * (double)s;
         int ra = dl_node_after_step(na, s, H, TOK, loss), rb = dl_node_after_step(nb, s, H, TOK, loss);
         CHECK(ra == rb && ra >= 0, "step %lld: %d vs %d pushes", (long long)s, ra, rb);
-        take_all(ca, cura);
-        take_all(cb, curb);
+        take_all(ca, cura, P);
+        take_all(cb, curb, P);
         for (int p = 0; p < P; p++) {
-            if (!same_push(&prev[p], &curb[p], p)) {
+            if (!same_push(&prev[p], &curb[p], plan4, p)) {
                 bad++;
                 CHECK(0, "%s step %lld: deferred device push of %d differs from the host push of the step before",
                       name, (long long)s, p);
@@ -286,11 +258,11 @@ static void test_node_over_device(int mode, const char *name)
         }
         if (s == adopt_at || s == forced_at) {
             const int q = s == adopt_at ? 1 : 2, forced = s == forced_at;
-            put_both(ca, cb, q, 5 + (uint64_t)s, forced);
+            put_both(ca, cb, plan4, global_of, q, 5 + (uint64_t)s, forced);
             CHECK(dl_node_poll(na) == 1 && dl_node_poll(nb) == 1, "update of %d adopted", q);
-            take_all(cb, curb);
+            take_all(cb, curb, P);
             if (!forced) {
-                CHECK(same_push(&prev[q], &curb[q], q), "%s: pending device push of %d posted before the adopt", name,
+                CHECK(same_push(&prev[q], &curb[q], plan4, q), "%s: pending device push of %d posted before the adopt", name,
                       q);
                 compared++;
             } else {
@@ -307,9 +279,9 @@ static void test_node_over_device(int mode, const char *name)
     CHECK(compared >= 2 * P && bad == 0, "%s: %d pushes compared, %d differ", name, compared, bad);
     int fa = dl_node_flush(na), fb = dl_node_flush(nb);
     CHECK(fa == P && fb == P, "%s: flush %d / %d", name, fa, fb);
-    take_all(ca, cura);
-    take_all(cb, curb);
-    for (int p = 0; p < P; p++) CHECK(same_push(&cura[p], &curb[p], p), "%s: final push of %d", name, p);
+    take_all(ca, cura, P);
+    take_all(cb, curb, P);
+    for (int p = 0; p < P; p++) CHECK(same_push(&cura[p], &curb[p], plan4, p), "%s: final push of %d", name, p);
     printf("node over the device (%s): %d deferred pushes bit-identical to the host node's one step later, "
            "adopts within %u ulp (tol %d)\n", name, compared, worst, TOL_ULP);
     for (int p = 0; p < P; p++) free(prev[p].d), free(cura[p].d), free(curb[p].d);

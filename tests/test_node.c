@@ -13,6 +13,7 @@
 #include "learner/gpt.h"
 
 #include "tests/check.h"
+#include "tests/push_pair.h"
 
 // ---------------------------------------------------------------------------
 // fixture: a tiny GPT's tensor table split into P = 4 fragments, a parameter
@@ -436,35 +437,6 @@ static void test_host_model(void)
 // push of the step before (same payload bits, same counters), posted one step
 // later or when an adopt needs its fragment; a forced update drops it.
 
-typedef struct {
-    int got;
-    dl_comms_push h;
-    float *d;
-} taken;
-
-static void take_all(dl_comms *c, taken *t)
-{
-    for (int p = 0; p < P; p++) t[p].got = dl_comms_take_push(c, p, &t[p].h, &t[p].d);
-}
-
-static int same_push(const taken *a, const taken *b, int p)
-{
-    if (a->got != b->got) return 0;
-    if (!a->got) return 1;
-    return a->h.fragment == b->h.fragment && a->h.base_version == b->h.base_version && a->h.steps == b->h.steps &&
-           a->h.tokens == b->h.tokens && memcmp(&a->h.loss, &b->h.loss, sizeof(double)) == 0 &&
-           a->h.final == b->h.final && same(a->d, b->d, dl_plan_fragment_numel(plan, p));
-}
-
-static void put_both(dl_comms *a, dl_comms *b, int p, uint64_t v, int forced)
-{
-    size_t k = dl_plan_fragment_numel(plan, p);
-    float *g = calloc(k, sizeof(float));
-    global_of(p, v, g);
-    dl_comms_put_update(a, p, v, forced, g, k);
-    dl_comms_put_update(b, p, v, forced, g, k);
-    free(g);
-}
 
 static void test_deferred(int mode, const char *name)
 {
@@ -476,7 +448,7 @@ static void test_deferred(int mode, const char *name)
     dl_node_opts ob = {.plan = plan, .model = mb, .adopt = mode, .alpha = 0.25f};
     dl_node *na = NULL, *nb = NULL;
     REQUIRE(dl_node_open(&oa, ca, &na) == 0 && dl_node_open(&ob, cb, &nb) == 0, "open: %s", dl_errmsg());
-    for (int p = 0; p < P; p++) put_both(ca, cb, p, 1, 1);
+    for (int p = 0; p < P; p++) put_both(ca, cb, plan, global_of, p, 1, 1);
     REQUIRE(dl_node_poll(na) == P && dl_node_poll(nb) == P, "initial fetch");
 
     taken prev[P], cura[P], curb[P];
@@ -494,10 +466,10 @@ static void test_deferred(int mode, const char *name)
         double loss = 2.0 + 0.125 * (double)s;
         int ra = dl_node_after_step(na, s, H, TOK, loss), rb = dl_node_after_step(nb, s, H, TOK, loss);
         CHECK(ra == rb && ra >= 0, "step %lld: %d immediate pushes, %d deferred begun", (long long)s, ra, rb);
-        take_all(ca, cura);
-        take_all(cb, curb);
+        take_all(ca, cura, P);
+        take_all(cb, curb, P);
         for (int p = 0; p < P; p++) {
-            if (!same_push(&prev[p], &curb[p], p)) {
+            if (!same_push(&prev[p], &curb[p], plan, p)) {
                 bad++;
                 CHECK(0, "%s step %lld: deferred push of %d (got %d, steps %llu) is not the immediate push of step "
                          "%lld (got %d, steps %llu)", name, (long long)s, p, curb[p].got,
@@ -515,14 +487,14 @@ static void test_deferred(int mode, const char *name)
             CHECK(prev[q].got, "fragment %d was due at step %lld", q, (long long)s);
             dl_node_stats before;
             dl_node_get_stats(nb, &before);
-            put_both(ca, cb, q, 5 + (uint64_t)s, forced);
+            put_both(ca, cb, plan, global_of, q, 5 + (uint64_t)s, forced);
             CHECK(dl_node_poll(na) == 1 && dl_node_poll(nb) == 1, "update of %d adopted by both", q);
-            take_all(cb, curb);
+            take_all(cb, curb, P);
             dl_node_stats after;
             dl_node_get_stats(nb, &after);
             if (!forced) {
                 /* the adopt needed fragment q: its pending push was posted first */
-                CHECK(same_push(&prev[q], &curb[q], q), "%s: pending push of %d posted before the adopt", name, q);
+                CHECK(same_push(&prev[q], &curb[q], plan, q), "%s: pending push of %d posted before the adopt", name, q);
                 compared++;
             } else {
                 CHECK(!curb[q].got && after.dropped == before.dropped + 1,
@@ -543,9 +515,9 @@ static void test_deferred(int mode, const char *name)
     /* flush: b completes the last step's push, then the final pushes replace it in the mailbox */
     int fa = dl_node_flush(na), fb = dl_node_flush(nb);
     CHECK(fa == fb && fa == P, "%s: flush %d vs %d final pushes", name, fa, fb);
-    take_all(ca, cura);
-    take_all(cb, curb);
-    for (int p = 0; p < P; p++) CHECK(same_push(&cura[p], &curb[p], p) && curb[p].h.final, "%s: final push of %d", name, p);
+    take_all(ca, cura, P);
+    take_all(cb, curb, P);
+    for (int p = 0; p < P; p++) CHECK(same_push(&cura[p], &curb[p], plan, p) && curb[p].h.final, "%s: final push of %d", name, p);
     CHECK(same(ta, tb, total), "%s: parameters identical at the end", name);
     for (int p = 0; p < P; p++) {
         free(prev[p].d);
