@@ -214,12 +214,28 @@ dl_data *dl_trainer_data(dl_trainer *t) { return t->data; }
 int dl_trainer_save(dl_trainer *t, const char *path)
 {
     dl_ckpt_state st = {.step = t->step, .data = dl_data_get_pos(t->data), .seed = t->cfg.seed};
-    if (t->model) return dl_ckpt_save(path, t->model, &st);
-#ifdef DLOCO_HAVE_CUDA
+    if (t->model && !t->ga) return dl_ckpt_save(path, t->model, &st);
     size_t n = t->nparams;
-    float *buf = malloc(3 * n * sizeof(float));
-    if (!buf) return dl_err(DL_ENOMEM, "checkpoint staging of 3 x %zu floats", n);
+    if (t->model) {
+        /* adam_fleet: store the effective second moment max(v, 0) + w, so
+         * the checkpoint is a valid plain-AdamW state (v may be negative) */
+        const float *v = dl_gpt_adam_v(t->model);
+        float *ve = malloc(n * sizeof(float));
+        if (!ve) return dl_err(DL_ENOMEM, "checkpoint staging of %zu floats", n);
+        for (size_t i = 0; i < n; i++) ve[i] = fmaxf(v[i], 0.0f) + t->w[i];
+        int rc = dl_ckpt_save_raw(path, &t->cfg.model, n, dl_gpt_params(t->model), dl_gpt_adam_m(t->model), ve, &st);
+        free(ve);
+        return rc;
+    }
+#ifdef DLOCO_HAVE_CUDA
+    float *buf = malloc((t->dw ? 4 : 3) * n * sizeof(float));
+    if (!buf) return dl_err(DL_ENOMEM, "checkpoint staging of %d x %zu floats", t->dw ? 4 : 3, n);
     int rc = dl_gptc_get_state(t->gmodel, buf, buf + n, buf + 2 * n);
+    if (rc == 0 && t->dw) {
+        float *v = buf + 2 * n, *w = buf + 3 * n; /* as on the cpu: max(v, 0) + w */
+        rc = dl_cuda_d2h(w, t->dw, n * sizeof(float));
+        for (size_t i = 0; rc == 0 && i < n; i++) v[i] = fmaxf(v[i], 0.0f) + w[i];
+    }
     if (rc == 0) rc = dl_ckpt_save_raw(path, &t->cfg.model, n, buf, buf + n, buf + 2 * n, &st);
     free(buf);
     return rc;
@@ -232,8 +248,9 @@ int dl_trainer_resume(dl_trainer *t, const char *path)
 {
     dl_ckpt_state st;
     if (t->ga || t->dga)
-        return dl_err(DL_EINVAL, "%s: a run with adam_fleet cannot resume (its noise moment is not in checkpoints)",
-                      path);
+        return dl_err(DL_EINVAL,
+                      "%s: a run with adam_fleet cannot resume (checkpoints keep the effective second moment, not "
+                      "its two parts; resume with adam_fleet 0)", path);
     if (t->model) {
         DL_TRY(dl_ckpt_load(path, t->model, &st));
     } else {

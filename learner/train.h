@@ -26,7 +26,8 @@ typedef struct {
     int val_batches;    /* batches per evaluation */
     int device;         /* DL_DEVICE_*; 0 (cpu) when left out */
     float fleet;        /* 0: plain AdamW. >= 1: the split-batch second moment of a fleet-times
-                         * larger batch (dl_cpu_adamw_split; even batch, not resumable) */
+                         * larger batch (dl_cpu_adamw_split; even batch; a checkpoint stores
+                         * max(v,0)+w as v, a plain-AdamW state; not resumable with fleet) */
 } dl_train_cfg;
 
 typedef struct dl_trainer dl_trainer;

@@ -220,6 +220,27 @@ static void test_fleet(void)
     int rc = dl_trainer_resume(fl, ck);
     CHECK(rc == DL_EINVAL && strstr(dl_errmsg(), "cannot resume"), "fleet resume refused: rc %d '%s'", rc,
           dl_errmsg());
+    /* the checkpoint holds max(v,0)+w: a plain-AdamW state even where the
+     * fleet's v (the EMA of ga*gb) went negative */
+    const float *fv = dl_gpt_adam_v(dl_trainer_model(fl));
+    size_t neg = 0;
+    for (size_t i = 0; i < n; i++) neg += fv[i] < 0.0f;
+    dl_trainer *pl = NULL;
+    tc = train_cfg(DL_DEVICE_CPU);
+    REQUIRE(dl_trainer_open(&tc, open_data(), &pl) == 0, "plain trainer: %s", dl_errmsg());
+    CHECK(dl_trainer_resume(pl, ck) == 0, "plain run resumes a fleet checkpoint: %s", dl_errmsg());
+    const float *pv = dl_gpt_adam_v(dl_trainer_model(pl));
+    size_t pneg = 0, fixed = 0;
+    for (size_t i = 0; i < n; i++) {
+        pneg += pv[i] < 0.0f;
+        fixed += fv[i] < 0.0f && pv[i] >= 0.0f;
+    }
+    double lp = NAN;
+    CHECK(dl_trainer_step(pl, &lp, NULL) == 0 && isfinite(lp), "plain step after a fleet checkpoint: loss %f", lp);
+    CHECK(neg > 0 && pneg == 0 && fixed == neg, "fleet v had %zu negative entries, the checkpoint %zu", neg, pneg);
+    printf("fleet checkpoint: %zu negative v entries stored as max(v,0)+w; plain resume steps to loss %.4f\n", neg,
+           lp);
+    dl_trainer_close(&pl);
     unlink(ck);
     dl_trainer_close(&plain);
     dl_trainer_close(&fl);
