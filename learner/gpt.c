@@ -26,26 +26,9 @@ struct dl_gpt {
     /* activations, one allocation; [L,...] arrays index layer-major */
     float *acts;
     size_t nacts;
-    float *encoded;            /* [B,T,C] */
-    float *ln1, *ln1_mean, *ln1_rstd; /* [L,B,T,C], [L,B,T], [L,B,T] */
-    float *qkv;                /* [L,B,T,3C] */
-    float *atty;               /* [L,B,T,C] */
-    float *att;                /* [L,B,NH,T,T] */
-    float *res2;               /* [L,B,T,C] residual after attention */
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu;     /* [L,B,T,4C] */
-    float *res3;               /* [L,B,T,C] residual after MLP = next layer input */
-    float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits;             /* [B,T,Vp]; reused as dlogits in backward */
-    float *probs;              /* [B,T,Vp] (only first V columns used) */
-    float *losses;             /* [B,T] */
-    /* backward scratch, one layer at a time */
-    float *dres;               /* [B,T,C] gradient flowing down the residual stream */
-    float *dbuf;               /* [B,T,C] */
-    float *dbuf2;              /* [B,T,C] */
-    float *dqkv;               /* [B,T,3C] */
-    float *dfch;               /* [B,T,4C] */
-    float *datt;               /* [B,NH,T,T] */
+#define DL_ACT_FIELD(name, n) float *name;
+    DL_GPT_ACTIVATIONS(DL_ACT_FIELD) /* learner/gpt.h */
+#undef DL_ACT_FIELD
 
     int B, T;                  /* shape of the last forward */
     const int32_t *inp, *targets;
@@ -144,22 +127,11 @@ int dl_gpt_open(const dl_gpt_config *cfg_in, int B, dl_gpt **out)
     g->v = blob + 3 * np;
 
     size_t L = (size_t)cfg.n_layer, C = (size_t)cfg.n_embd, T = (size_t)cfg.seq_len, NH = (size_t)cfg.n_head;
-    size_t Vp = (size_t)cfg.padded_vocab, BT = (size_t)B * T;
-    size_t sizes[] = {
-        BT * C,                                     /* encoded */
-        L * BT * C, L * BT, L * BT,                 /* ln1 */
-        L * BT * 3 * C, L * BT * C,                 /* qkv, atty */
-        L * (size_t)B * NH * T * T,                 /* att */
-        L * BT * C,                                 /* res2 */
-        L * BT * C, L * BT, L * BT,                 /* ln2 */
-        L * BT * 4 * C, L * BT * 4 * C,             /* fch, fch_gelu */
-        L * BT * C,                                 /* res3 */
-        BT * C, BT, BT,                             /* lnf */
-        BT * Vp, BT * Vp, BT,                       /* logits, probs, losses */
-        BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, (size_t)B * NH * T * T /* backward scratch */
-    };
+    size_t Vp = (size_t)cfg.padded_vocab, BT = (size_t)B * T, TT = (size_t)B * NH * T * T;
     size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 15) & ~(size_t)15;
+#define DL_ACT_SIZE(name, n) total += ((n) + 15) & ~(size_t)15;
+    DL_GPT_ACTIVATIONS(DL_ACT_SIZE)
+#undef DL_ACT_SIZE
     if (posix_memalign((void **)&g->acts, 64, total * sizeof(float))) {
         free(blob);
         free(g->tensors);
@@ -169,32 +141,9 @@ int dl_gpt_open(const dl_gpt_config *cfg_in, int B, dl_gpt **out)
     memset(g->acts, 0, total * sizeof(float));
     g->nacts = total;
     float *c = g->acts;
-    g->encoded = carve(&c, BT * C);
-    g->ln1 = carve(&c, L * BT * C);
-    g->ln1_mean = carve(&c, L * BT);
-    g->ln1_rstd = carve(&c, L * BT);
-    g->qkv = carve(&c, L * BT * 3 * C);
-    g->atty = carve(&c, L * BT * C);
-    g->att = carve(&c, L * (size_t)B * NH * T * T);
-    g->res2 = carve(&c, L * BT * C);
-    g->ln2 = carve(&c, L * BT * C);
-    g->ln2_mean = carve(&c, L * BT);
-    g->ln2_rstd = carve(&c, L * BT);
-    g->fch = carve(&c, L * BT * 4 * C);
-    g->fch_gelu = carve(&c, L * BT * 4 * C);
-    g->res3 = carve(&c, L * BT * C);
-    g->lnf = carve(&c, BT * C);
-    g->lnf_mean = carve(&c, BT);
-    g->lnf_rstd = carve(&c, BT);
-    g->logits = carve(&c, BT * Vp);
-    g->probs = carve(&c, BT * Vp);
-    g->losses = carve(&c, BT);
-    g->dres = carve(&c, BT * C);
-    g->dbuf = carve(&c, BT * C);
-    g->dbuf2 = carve(&c, BT * C);
-    g->dqkv = carve(&c, BT * 3 * C);
-    g->dfch = carve(&c, BT * 4 * C);
-    g->datt = carve(&c, (size_t)B * NH * T * T);
+#define DL_ACT_CARVE(name, n) g->name = carve(&c, n);
+    DL_GPT_ACTIVATIONS(DL_ACT_CARVE)
+#undef DL_ACT_CARVE
     assert((size_t)(c - g->acts) == total);
     g->inp_copy = dl_xcalloc(BT, sizeof(int32_t));
     g->tgt_copy = dl_xcalloc(BT, sizeof(int32_t));

@@ -27,6 +27,26 @@ int dl_gpt_config_check(dl_gpt_config *cfg);
  * entries, returns the count (2 + 12*L + 2). Total floats in *numel. */
 int dl_gpt_tensor_table(const dl_gpt_config *cfg, dl_tensor *out, int cap, size_t *numel);
 
+/* The activation buffers of one model (CPU dl_gpt and CUDA dl_gptc alike),
+ * in allocation order: X(name, floats) with the sizes in terms of L, B*T
+ * (BT), C, B*NH*T*T (TT) and Vp, which the expanding function defines.
+ * [L,...] arrays index layer-major; the backward scratch serves one layer
+ * at a time; logits are reused as dlogits in backward. */
+#define DL_GPT_ACTIVATIONS(X)                                                          \
+    X(encoded, BT * C)                       /* [B,T,C] */                             \
+    X(ln1, L * BT * C) X(ln1_mean, L * BT) X(ln1_rstd, L * BT)                         \
+    X(qkv, L * BT * 3 * C)                   /* [L,B,T,3C] */                          \
+    X(atty, L * BT * C)                      /* [L,B,T,C] */                           \
+    X(att, L * TT)                           /* [L,B,NH,T,T] probabilities */          \
+    X(res2, L * BT * C)                      /* residual after attention */            \
+    X(ln2, L * BT * C) X(ln2_mean, L * BT) X(ln2_rstd, L * BT)                         \
+    X(fch, L * BT * 4 * C) X(fch_gelu, L * BT * 4 * C)                                 \
+    X(res3, L * BT * C)                      /* residual after MLP = next layer input */ \
+    X(lnf, BT * C) X(lnf_mean, BT) X(lnf_rstd, BT)                                     \
+    X(logits, BT * Vp) X(probs, BT * Vp) X(losses, BT)                                 \
+    X(dres, BT * C)                          /* gradient down the residual stream */   \
+    X(dbuf, BT * C) X(dbuf2, BT * C) X(dqkv, BT * 3 * C) X(dfch, BT * 4 * C) X(datt, TT)
+
 typedef struct dl_gpt dl_gpt;
 
 /* Allocate params, grads, AdamW moments and activations for batches up to

@@ -27,14 +27,9 @@ struct dl_gptc {
     /* device activations, one allocation; [L,...] arrays layer-major, shapes as in gpt.c */
     float *acts;
     size_t nacts; /* floats */
-    float *encoded;
-    float *ln1, *ln1_mean, *ln1_rstd;
-    float *qkv, *atty, *att, *res2;
-    float *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fch_gelu, *res3;
-    float *lnf, *lnf_mean, *lnf_rstd;
-    float *logits, *probs, *losses;
-    float *dres, *dbuf, *dbuf2, *dqkv, *dfch, *datt;
+#define DL_ACT_FIELD(name, n) float *name;
+    DL_GPT_ACTIVATIONS(DL_ACT_FIELD) /* learner/gpt.h, the CPU model's layout */
+#undef DL_ACT_FIELD
     int32_t *inp, *tgt; /* device [maxB*T] token ids of the last forward */
 
     int B, T;        /* shape of the last forward */
@@ -73,22 +68,11 @@ int dl_gptc_open(const dl_gpt_config *cfg_in, int B, dl_gptc **out)
 
     size_t L = (size_t)cfg.n_layer, C = (size_t)cfg.n_embd, T = (size_t)cfg.seq_len, NH = (size_t)cfg.n_head;
     size_t Vp = (size_t)cfg.padded_vocab, BT = (size_t)B * T, TT = (size_t)B * NH * T * T;
-    size_t sizes[] = {
-        BT * C,                         /* encoded */
-        L * BT * C, L * BT, L * BT,     /* ln1, mean, rstd */
-        L * BT * 3 * C, L * BT * C,     /* qkv, atty */
-        L * TT,                         /* att */
-        L * BT * C,                     /* res2 */
-        L * BT * C, L * BT, L * BT,     /* ln2 */
-        L * BT * 4 * C, L * BT * 4 * C, /* fch, fch_gelu */
-        L * BT * C,                     /* res3 */
-        BT * C, BT, BT,                 /* lnf */
-        BT * Vp, BT * Vp, BT,           /* logits, probs, losses */
-        BT * C, BT * C, BT * C, BT * 3 * C, BT * 4 * C, TT, /* backward scratch */
-        BT, BT                          /* inp, tgt (int32, float-sized slots) */
-    };
     size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 63) & ~(size_t)63;
+#define DL_ACT_SIZE(name, n) total += ((n) + 63) & ~(size_t)63;
+    DL_GPT_ACTIVATIONS(DL_ACT_SIZE)
+#undef DL_ACT_SIZE
+    total += 2 * ((BT + 63) & ~(size_t)63); /* inp, tgt (int32, float-sized slots) */
     rc = dl_cuda_malloc(total * sizeof(float), (void **)&g->acts);
     if (rc < 0) {
         char why[256];
@@ -101,32 +85,9 @@ int dl_gptc_open(const dl_gpt_config *cfg_in, int B, dl_gptc **out)
     if (rc < 0) goto fail;
     g->nacts = total;
     float *c = g->acts;
-    g->encoded = carve(&c, BT * C);
-    g->ln1 = carve(&c, L * BT * C);
-    g->ln1_mean = carve(&c, L * BT);
-    g->ln1_rstd = carve(&c, L * BT);
-    g->qkv = carve(&c, L * BT * 3 * C);
-    g->atty = carve(&c, L * BT * C);
-    g->att = carve(&c, L * TT);
-    g->res2 = carve(&c, L * BT * C);
-    g->ln2 = carve(&c, L * BT * C);
-    g->ln2_mean = carve(&c, L * BT);
-    g->ln2_rstd = carve(&c, L * BT);
-    g->fch = carve(&c, L * BT * 4 * C);
-    g->fch_gelu = carve(&c, L * BT * 4 * C);
-    g->res3 = carve(&c, L * BT * C);
-    g->lnf = carve(&c, BT * C);
-    g->lnf_mean = carve(&c, BT);
-    g->lnf_rstd = carve(&c, BT);
-    g->logits = carve(&c, BT * Vp);
-    g->probs = carve(&c, BT * Vp);
-    g->losses = carve(&c, BT);
-    g->dres = carve(&c, BT * C);
-    g->dbuf = carve(&c, BT * C);
-    g->dbuf2 = carve(&c, BT * C);
-    g->dqkv = carve(&c, BT * 3 * C);
-    g->dfch = carve(&c, BT * 4 * C);
-    g->datt = carve(&c, TT);
+#define DL_ACT_CARVE(name, n) g->name = carve(&c, n);
+    DL_GPT_ACTIVATIONS(DL_ACT_CARVE)
+#undef DL_ACT_CARVE
     g->inp = (int32_t *)carve(&c, BT);
     g->tgt = (int32_t *)carve(&c, BT);
     assert((size_t)(c - g->acts) == total);
