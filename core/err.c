@@ -1,9 +1,11 @@
-/* Error text, per-thread detail messages and checked allocation.
- * The detail buffer is thread-local so the comms thread and the training
- * thread never overwrite each other's messages. */
+/* Error text, per-thread detail messages and the one allocator wrapper with
+ * failure injection. The detail buffer is thread-local so the comms thread
+ * and the training thread never overwrite each other's messages. */
 #include "core/err.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <string.h>
 
 static _Thread_local char dl_detail[512];
@@ -52,22 +54,106 @@ const char *dl_errmsg(void)
 
 void dl_err_clear(void) { dl_detail[0] = 0; }
 
+/* ---- allocation. The counter and the armed number are atomics, so the
+ * comms thread and the training thread share one numbering. */
+
+static atomic_llong dl_alloc_n;       /* allocations so far */
+static atomic_llong dl_alloc_fail_at; /* the number that fails; 0 = none */
+static pthread_once_t dl_alloc_env_once = PTHREAD_ONCE_INIT;
+
+static void alloc_read_env(void)
+{
+    const char *v = getenv("DLOCO_ALLOC_FAIL_AT");
+    if (v && *v) atomic_store(&dl_alloc_fail_at, strtoll(v, NULL, 10));
+}
+
+void dl_alloc_fail_after(long long n)
+{
+    pthread_once(&dl_alloc_env_once, alloc_read_env); /* so the env var cannot re-arm later */
+    atomic_store(&dl_alloc_fail_at, n > 0 ? atomic_load(&dl_alloc_n) + n : 0);
+}
+
+long long dl_alloc_count(void) { return atomic_load(&dl_alloc_n); }
+
+/* Number this allocation; its number when it must fail, else 0. */
+static long long alloc_injected(void)
+{
+    pthread_once(&dl_alloc_env_once, alloc_read_env);
+    long long k = atomic_fetch_add(&dl_alloc_n, 1) + 1;
+    long long at = atomic_load(&dl_alloc_fail_at);
+    return at > 0 && k == at ? k : 0;
+}
+
+static void alloc_die(long long injected, size_t n, const char *file, int line)
+{
+    if (injected) fprintf(stderr, "dloco: injected allocation failure %lld at %s:%d\n", injected, file, line);
+    else fprintf(stderr, "dloco: out of memory allocating %zu bytes at %s:%d\n", n, file, line);
+    abort();
+}
+
 void *dl_xmalloc_(size_t n, const char *file, int line)
 {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "dloco: out of memory allocating %zu bytes at %s:%d\n", n, file, line);
-        abort();
-    }
+    long long inj = alloc_injected();
+    void *p = inj ? NULL : malloc(n ? n : 1);
+    if (!p) alloc_die(inj, n, file, line);
     return p;
 }
 
 void *dl_xcalloc_(size_t n, size_t sz, const char *file, int line)
 {
-    void *p = calloc(n ? n : 1, sz ? sz : 1);
-    if (!p) {
-        fprintf(stderr, "dloco: out of memory allocating %zu x %zu bytes at %s:%d\n", n, sz, file, line);
-        abort();
-    }
+    long long inj = alloc_injected();
+    void *p = inj ? NULL : calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) alloc_die(inj, n * sz, file, line);
+    return p;
+}
+
+void *dl_xrealloc_(void *old, size_t n, const char *file, int line)
+{
+    long long inj = alloc_injected();
+    void *p = inj ? NULL : realloc(old, n ? n : 1);
+    if (!p) alloc_die(inj, n, file, line);
+    return p;
+}
+
+void *dl_xaligned_(size_t align, size_t n, const char *file, int line)
+{
+    long long inj = alloc_injected();
+    void *p = NULL;
+    if (!inj && posix_memalign(&p, align, n ? n : 1)) p = NULL;
+    if (!p) alloc_die(inj, n, file, line);
+    return p;
+}
+
+void *dl_try_malloc_(size_t n, const char *file, int line)
+{
+    (void)file;
+    (void)line;
+    if (alloc_injected()) return NULL;
+    return malloc(n ? n : 1);
+}
+
+void *dl_try_calloc_(size_t n, size_t sz, const char *file, int line)
+{
+    (void)file;
+    (void)line;
+    if (alloc_injected()) return NULL;
+    return calloc(n ? n : 1, sz ? sz : 1);
+}
+
+void *dl_try_realloc_(void *old, size_t n, const char *file, int line)
+{
+    (void)file;
+    (void)line;
+    if (alloc_injected()) return NULL; /* old stays valid, as with realloc */
+    return realloc(old, n ? n : 1);
+}
+
+void *dl_try_aligned_(size_t align, size_t n, const char *file, int line)
+{
+    (void)file;
+    (void)line;
+    if (alloc_injected()) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, align, n ? n : 1)) return NULL;
     return p;
 }

@@ -60,12 +60,46 @@ void dl_err_clear(void);
         if (dl_try_rc_ < 0) return dl_try_rc_;                                 \
     } while (0)
 
-/* Allocation that aborts with file:line on failure (used where a failure
- * cannot be recovered, e.g. model buffers sized at start-up). */
+/* ---- the one allocator wrapper. Every heap allocation of dloco goes
+ * through these, so tests can fail any one of them on purpose.
+ *
+ * dl_xmalloc / dl_xcalloc / dl_xrealloc / dl_xaligned abort with file:line
+ * when the allocation fails: out of memory is not a runtime condition dloco
+ * recovers from. The dl_try_* twins return NULL instead, for the rare caller
+ * with a real fallback or a size that comes from outside (a data file, a
+ * model config, a checkpoint) and deserves a DL_ENOMEM naming what and how
+ * much, each with a test that exercises it. dl_try_realloc leaves the old
+ * block valid and unchanged when it fails. All results are released with
+ * free(); zero-byte requests return a unique pointer.
+ *
+ * Failure injection: allocations are counted (1, 2, ...) across all threads;
+ * the one numbered by the environment variable DLOCO_ALLOC_FAIL_AT=N (read
+ * at the first allocation) or armed by dl_alloc_fail_after() fails, once.
+ * An aborting variant then prints "dloco: injected allocation failure N at
+ * file:line" and aborts; a dl_try_* variant returns NULL. */
 void *dl_xmalloc_(size_t n, const char *file, int line);
 void *dl_xcalloc_(size_t n, size_t sz, const char *file, int line);
+void *dl_xrealloc_(void *p, size_t n, const char *file, int line);
+/* `align` is a power of two and a multiple of sizeof(void *) (posix_memalign). */
+void *dl_xaligned_(size_t align, size_t n, const char *file, int line);
+void *dl_try_malloc_(size_t n, const char *file, int line);
+void *dl_try_calloc_(size_t n, size_t sz, const char *file, int line);
+void *dl_try_realloc_(void *p, size_t n, const char *file, int line);
+void *dl_try_aligned_(size_t align, size_t n, const char *file, int line);
 #define dl_xmalloc(n) dl_xmalloc_((n), __FILE__, __LINE__)
 #define dl_xcalloc(n, sz) dl_xcalloc_((n), (sz), __FILE__, __LINE__)
+#define dl_xrealloc(p, n) dl_xrealloc_((p), (n), __FILE__, __LINE__)
+#define dl_xaligned(align, n) dl_xaligned_((align), (n), __FILE__, __LINE__)
+#define dl_try_malloc(n) dl_try_malloc_((n), __FILE__, __LINE__)
+#define dl_try_calloc(n, sz) dl_try_calloc_((n), (sz), __FILE__, __LINE__)
+#define dl_try_realloc(p, n) dl_try_realloc_((p), (n), __FILE__, __LINE__)
+#define dl_try_aligned(align, n) dl_try_aligned_((align), (n), __FILE__, __LINE__)
+
+/* Fail the n-th allocation from now (1 = the next one); 0 disarms. Replaces
+ * DLOCO_ALLOC_FAIL_AT. */
+void dl_alloc_fail_after(long long n);
+/* Allocations made through the wrappers so far (the numbers injection uses). */
+long long dl_alloc_count(void);
 
 #ifdef __cplusplus
 }
