@@ -40,10 +40,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_gpu: matmul '%s' is not fp32, tf32 or bf16\n", mm);
         return 2;
     }
-    dl_gpt_config cfg = {.n_layer = atoi(argv[1]), .n_embd = atoi(argv[2]), .n_head = atoi(argv[3]),
+    dl_model_config cfg = {.n_layer = atoi(argv[1]), .n_embd = atoi(argv[2]), .n_head = atoi(argv[3]),
                          .seq_len = atoi(argv[4]), .vocab = atoi(argv[6])};
     int B = atoi(argv[5]), steps = atoi(argv[7]), T = cfg.seq_len;
-    if (dl_gpt_config_check(&cfg) || B < 1 || steps < 1) {
+    if (dl_model_config_check(&cfg) || B < 1 || steps < 1) {
         fprintf(stderr, "bench_gpu: bad config: %s\n", dl_errmsg());
         return 2;
     }
@@ -82,7 +82,7 @@ int main(int argc, char **argv)
     CU(dl_cuda_sync());
     double dt = (dl_clock_s() - t0) / steps;
     double tps = (double)BT / dt;
-    double flops = dl_gpt_flops_per_token(&cfg, T) * tps;
+    double flops = dl_model_flops_per_token(&cfg, T) * tps;
     printf("dloco_gpu: %s L=%d C=%d NH=%d T=%d B=%d V=%d params %zu device_mem %.2f GiB matmul %s ms/step %.2f tok/s %.0f "
            "model TFLOP/s %.2f mfu %.4f (vs %.0f TFLOP/s bf16 dense) loss %.4f -> %.4f\n",
            name, cfg.n_layer, cfg.n_embd, cfg.n_head, T, B, cfg.vocab, dl_gptc_num_params(g),

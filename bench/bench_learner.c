@@ -38,10 +38,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_learner L C NH T B V steps\n");
         return 2;
     }
-    dl_gpt_config cfg = {.n_layer = atoi(argv[1]), .n_embd = atoi(argv[2]), .n_head = atoi(argv[3]),
+    dl_model_config cfg = {.n_layer = atoi(argv[1]), .n_embd = atoi(argv[2]), .n_head = atoi(argv[3]),
                          .seq_len = atoi(argv[4]), .vocab = atoi(argv[6])};
     int B = atoi(argv[5]), steps = atoi(argv[7]), T = cfg.seq_len;
-    if (dl_gpt_config_check(&cfg) || B < 1 || steps < 1) {
+    if (dl_model_config_check(&cfg) || B < 1 || steps < 1) {
         fprintf(stderr, "bench_learner: bad config\n");
         return 2;
     }
@@ -67,7 +67,7 @@ int main(int argc, char **argv)
     }
     double dt = (dl_clock_s() - t0) / steps;
     double tps = (double)B * T / dt;
-    double flops = dl_gpt_flops_per_token(&cfg, T) * tps;
+    double flops = dl_model_flops_per_token(&cfg, T) * tps;
     double peak = sgemm_peak();
     printf("dloco_cpu: params %zu threads %d ms/step %.1f tok/s %.0f model GFLOP/s %.1f sgemm_peak GFLOP/s %.1f "
            "fraction_of_peak %.2f loss %.4f\n",

@@ -6,7 +6,7 @@
 # Env:   STEPS_124M (default 10), STEPS_SMALL (default 30), B_124M (default 8),
 #        MATMUL (default tf32: the learner's default, for the small config),
 #        MATMULS_124M (default "tf32 bf16": the 124M shape is run once per precision)
-# MFU = dl_gpt_flops_per_token (6N + attention, full T^2 count) x tok/s / 989 TFLOP/s,
+# MFU = dl_model_flops_per_token (6N + attention, full T^2 count) x tok/s / 989 TFLOP/s,
 # the dense BF16 tensor-core peak of the H100/H200 SXM. The step keeps fp32
 # storage and master weights; tf32 GEMMs (dense peak half of bf16's) or bf16
 # compute on fp32 operands (dloco-learner --matmul bf16).

@@ -87,20 +87,17 @@ int dl_plan_build(const dl_tensor *t, int ntensors, int P, dl_plan **out)
                       ntensors);
     DL_TRY(check_table(t, ntensors));
 
-    dl_plan *pl = calloc(1, sizeof *pl);
-    lpt_item *items = malloc((size_t)ntensors * sizeof *items);
-    int *fill = NULL;
-    if (!pl || !items) goto nomem;
+    dl_plan *pl = dl_xcalloc(1, sizeof *pl);
+    lpt_item *items = dl_xmalloc((size_t)ntensors * sizeof *items);
     pl->P = P;
     pl->nt = ntensors;
-    pl->t = malloc((size_t)ntensors * sizeof *pl->t);
-    pl->frag_of = malloc((size_t)ntensors * sizeof *pl->frag_of);
-    pl->start = calloc((size_t)P + 1, sizeof *pl->start);
-    pl->idx = malloc((size_t)ntensors * sizeof *pl->idx);
-    pl->spans = malloc((size_t)ntensors * sizeof *pl->spans);
-    pl->fnumel = calloc((size_t)P, sizeof *pl->fnumel);
-    fill = calloc((size_t)P, sizeof *fill);
-    if (!pl->t || !pl->frag_of || !pl->start || !pl->idx || !pl->spans || !pl->fnumel || !fill) goto nomem;
+    pl->t = dl_xmalloc((size_t)ntensors * sizeof *pl->t);
+    pl->frag_of = dl_xmalloc((size_t)ntensors * sizeof *pl->frag_of);
+    pl->start = dl_xcalloc((size_t)P + 1, sizeof *pl->start);
+    pl->idx = dl_xmalloc((size_t)ntensors * sizeof *pl->idx);
+    pl->spans = dl_xmalloc((size_t)ntensors * sizeof *pl->spans);
+    pl->fnumel = dl_xcalloc((size_t)P, sizeof *pl->fnumel);
+    int *fill = dl_xcalloc((size_t)P, sizeof *fill);
     memcpy(pl->t, t, (size_t)ntensors * sizeof *t);
 
     /* LPT: largest tensor first onto the lightest fragment. */
@@ -134,12 +131,6 @@ int dl_plan_build(const dl_tensor *t, int ntensors, int P, dl_plan **out)
     free(fill);
     *out = pl;
     return 0;
-
-nomem:
-    free(items);
-    free(fill);
-    dl_plan_close(&pl);
-    return dl_err(DL_ENOMEM, "plan: %d tensors, %d fragments", ntensors, P);
 }
 
 void dl_plan_close(dl_plan **plan)

@@ -32,7 +32,7 @@ typedef struct {
  * increasing, non-overlapping). Returns 0, or DL_EINVAL (dl_errmsg() says why)
  * when P < 1, P > ntensors, or the table is malformed (empty or unterminated
  * name, numel 0 or != product of shape, ndim not 1 or 2, unknown kind,
- * overlapping or out-of-order offsets); DL_ENOMEM. *out is NULL on failure. */
+ * overlapping or out-of-order offsets). *out is NULL on failure. */
 int dl_plan_build(const dl_tensor *t, int ntensors, int P, dl_plan **out);
 /* Free the plan and NULL the pointer; safe on NULL and twice. */
 void dl_plan_close(dl_plan **plan);

@@ -44,7 +44,7 @@ int dl_ckpt_load(const char *path, dl_gpt *g, dl_ckpt_state *st)
                             dl_gpt_adam_v(g), st);
 }
 
-int dl_ckpt_save_raw(const char *path, const dl_gpt_config *c, size_t nparams, const float *params,
+int dl_ckpt_save_raw(const char *path, const dl_model_config *c, size_t nparams, const float *params,
                      const float *m, const float *v, const dl_ckpt_state *st)
 {
     ckpt_header h;
@@ -98,7 +98,7 @@ int dl_ckpt_save_raw(const char *path, const dl_gpt_config *c, size_t nparams, c
     return 0;
 }
 
-int dl_ckpt_load_raw(const char *path, const dl_gpt_config *c, size_t nparams, float *params, float *m, float *v,
+int dl_ckpt_load_raw(const char *path, const dl_model_config *c, size_t nparams, float *params, float *m, float *v,
                      dl_ckpt_state *st)
 {
     FILE *f = fopen(path, "rb");
@@ -127,9 +127,10 @@ int dl_ckpt_load_raw(const char *path, const dl_gpt_config *c, size_t nparams, f
         goto out;
     }
     size_t n = h.nparams;
-    buf = malloc(3 * n * sizeof(float));
+    buf = dl_try_malloc(3 * n * sizeof(float));
     if (!buf) {
-        rc = dl_err(DL_ENOMEM, "checkpoint of %zu params", n);
+        rc = dl_err(DL_ENOMEM, "%s: state of %zu parameters x 3 buffers (%.2f GB): out of memory", path, n,
+                    3.0 * (double)n * sizeof(float) / 1e9);
         goto out;
     }
     if (fread(buf, sizeof(float), 3 * n, f) != 3 * n) {

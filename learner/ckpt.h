@@ -19,8 +19,9 @@ typedef struct {
 int dl_ckpt_save(const char *path, dl_gpt *g, const dl_ckpt_state *st);
 /* Load into an open model whose config must match the file's. Errors:
  * DL_EIO, DL_EFORMAT (magic/version), DL_ETRUNC (short file), DL_EMISMATCH
- * (model config differs), DL_ECORRUPT (checksum). The model is untouched on
- * error. */
+ * (model config differs), DL_ECORRUPT (checksum), DL_ENOMEM (no room to
+ * stage the file's state, 3 x nparams floats, before it is checked). The
+ * model is untouched on error. */
 int dl_ckpt_load(const char *path, dl_gpt *g, dl_ckpt_state *st);
 
 /* The same file from / into raw host buffers (a model that lives elsewhere,
@@ -28,9 +29,9 @@ int dl_ckpt_load(const char *path, dl_gpt *g, dl_ckpt_state *st);
  * checked config `cfg` (padded_vocab filled). Byte for byte what
  * dl_ckpt_save/dl_ckpt_load write and read, so a checkpoint moves between
  * backends. load_raw leaves the buffers untouched on error. */
-int dl_ckpt_save_raw(const char *path, const dl_gpt_config *cfg, size_t nparams, const float *params,
+int dl_ckpt_save_raw(const char *path, const dl_model_config *cfg, size_t nparams, const float *params,
                      const float *m, const float *v, const dl_ckpt_state *st);
-int dl_ckpt_load_raw(const char *path, const dl_gpt_config *cfg, size_t nparams, float *params, float *m, float *v,
+int dl_ckpt_load_raw(const char *path, const dl_model_config *cfg, size_t nparams, float *params, float *m, float *v,
                      dl_ckpt_state *st);
 
 #endif

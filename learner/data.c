@@ -45,10 +45,10 @@ static int read_file(const char *path, unsigned char **buf, size_t *len)
         fclose(f);
         return dl_err(DL_EIO, "cannot size %s", path);
     }
-    unsigned char *b = malloc((size_t)n + 1);
+    unsigned char *b = dl_try_malloc((size_t)n + 1);
     if (!b) {
         fclose(f);
-        return dl_err(DL_ENOMEM, "%s: %ld bytes", path, n);
+        return dl_err(DL_ENOMEM, "data file %s of %ld bytes (%.2f GB): out of memory", path, n, (double)n / 1e9);
     }
     if (n && fread(b, 1, (size_t)n, f) != (size_t)n) {
         free(b);
@@ -69,17 +69,19 @@ static int is_shard_bytes(const unsigned char *b, size_t len)
     return magic == DL_SHARD_MAGIC;
 }
 
-static int append_tokens(dl_data *d, const uint16_t *t, uint64_t n, uint64_t *cap)
+/* Room for n more tokens at d->tok + d->ntok (the caller fills them and
+ * adds n to ntok); the array grows to twice what is needed. */
+static int reserve_tokens(dl_data *d, uint64_t n, uint64_t *cap, const char *path)
 {
     if (d->ntok + n > *cap) {
         uint64_t nc = (d->ntok + n) * 2;
-        uint16_t *p = realloc(d->tok, nc * sizeof(uint16_t));
-        if (!p) return dl_err(DL_ENOMEM, "%llu tokens", (unsigned long long)nc);
+        uint16_t *p = dl_try_realloc(d->tok, nc * sizeof(uint16_t));
+        if (!p)
+            return dl_err(DL_ENOMEM, "%s: token array of %llu tokens (%.2f GB): out of memory", path,
+                          (unsigned long long)nc, (double)nc * sizeof(uint16_t) / 1e9);
         d->tok = p;
         *cap = nc;
     }
-    memcpy(d->tok + d->ntok, t, n * sizeof(uint16_t));
-    d->ntok += n;
     return 0;
 }
 
@@ -126,7 +128,10 @@ static int load_shard(dl_data *d, const char *path, int vocab, uint64_t *cap)
                         (unsigned long long)i, vocab);
             goto out;
         }
-    rc = append_tokens(d, t, n, cap);
+    if ((rc = reserve_tokens(d, n, cap, path)) == 0) {
+        memcpy(d->tok + d->ntok, t, n * sizeof(uint16_t));
+        d->ntok += n;
+    }
 out:
     free(b);
     return rc;
@@ -137,16 +142,20 @@ static int load_text(dl_data *d, const char *path, uint64_t *cap)
     unsigned char *b;
     size_t len;
     DL_TRY(read_file(path, &b, &len));
-    uint16_t *t = malloc((len ? len : 1) * sizeof(uint16_t));
-    if (!t) {
-        free(b);
-        return dl_err(DL_ENOMEM, "%s", path);
+    int rc = reserve_tokens(d, len, cap, path);
+    if (rc == 0) {
+        uint16_t *t = d->tok + d->ntok; /* one token per byte */
+        for (size_t i = 0; i < len; i++) t[i] = b[i];
+        d->ntok += len;
     }
-    for (size_t i = 0; i < len; i++) t[i] = b[i];
-    int rc = append_tokens(d, t, len, cap);
-    free(t);
     free(b);
     return rc;
+}
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    return memcpy(dl_xmalloc(n), s, n);
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -170,13 +179,9 @@ static int list_dir(const char *dir, char ***names, int *n)
         if (lstat(full, &st) != 0 || !S_ISREG(st.st_mode)) continue;
         if (cnt == cap) {
             cap = cap ? cap * 2 : 64;
-            v = realloc(v, (size_t)cap * sizeof *v);
-            if (!v) {
-                closedir(dp);
-                return dl_err(DL_ENOMEM, "listing %s", dir);
-            }
+            v = dl_xrealloc(v, (size_t)cap * sizeof *v);
         }
-        v[cnt++] = strdup(full);
+        v[cnt++] = dup_str(full);
     }
     closedir(dp);
     qsort(v, (size_t)cnt, sizeof *v, cmp_str);
@@ -232,7 +237,7 @@ int dl_data_open(const dl_data_opts *o, dl_data **out)
         if ((rc = list_dir(o->path, &files, &nfiles))) goto fail;
     } else {
         files = dl_xmalloc(sizeof *files);
-        files[0] = strdup(o->path);
+        files[0] = dup_str(o->path);
         nfiles = 1;
     }
     if (nfiles == 0) {

@@ -29,7 +29,8 @@ typedef struct {
 
 /* Load and validate. Errors: DL_EIO (unreadable), DL_EFORMAT (foreign file:
  * a shard without the magic, wrong version), DL_ETRUNC (shard shorter than
- * its header says), DL_ERANGE (token >= vocab, too little data). */
+ * its header says), DL_ERANGE (token >= vocab, too little data), DL_ENOMEM
+ * (a file or the token array does not fit in memory). *out is NULL on error. */
 int dl_data_open(const dl_data_opts *o, dl_data **out);
 void dl_data_close(dl_data **d);
 

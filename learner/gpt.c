@@ -3,8 +3,6 @@
 #include "learner/gpt.h"
 
 #include "core/err.h"
-#include "core/plan.h"
-#include "core/rng.h"
 #include "kernels/cpu.h"
 
 #include <assert.h>
@@ -16,7 +14,7 @@
 enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NLAYER_T };
 
 struct dl_gpt {
-    dl_gpt_config cfg;
+    dl_model_config cfg;
     int maxB;
     dl_tensor *tensors; /* 2 + 12L + 2 entries */
     int ntensors;
@@ -35,63 +33,6 @@ struct dl_gpt {
     int32_t *inp_copy, *tgt_copy; /* [maxB*T] kept for backward */
 };
 
-int dl_gpt_config_check(dl_gpt_config *c)
-{
-    if (c->n_layer < 1 || c->n_layer > 256) return dl_err(DL_EINVAL, "n_layer %d not in [1, 256]", c->n_layer);
-    if (c->n_embd < 8 || c->n_embd > 16384) return dl_err(DL_EINVAL, "n_embd %d not in [8, 16384]", c->n_embd);
-    if (c->n_head < 1 || c->n_embd % c->n_head)
-        return dl_err(DL_EINVAL, "n_embd %d is not a multiple of n_head %d", c->n_embd, c->n_head);
-    if (c->seq_len < 2 || c->seq_len > 65536) return dl_err(DL_EINVAL, "seq_len %d not in [2, 65536]", c->seq_len);
-    if (c->vocab < 2 || c->vocab > (1 << 24)) return dl_err(DL_EINVAL, "vocab %d not in [2, 2^24]", c->vocab);
-    c->padded_vocab = (c->vocab + 63) / 64 * 64;
-    return 0;
-}
-
-int dl_gpt_tensor_table(const dl_gpt_config *cfg, dl_tensor *out, int cap, size_t *numel)
-{
-    int L = cfg->n_layer, C = cfg->n_embd, Vp = cfg->padded_vocab, T = cfg->seq_len;
-    int n = 0;
-    size_t off = 0;
-#define ADD(nm, kd, d0, d1)                                                                                       \
-    do {                                                                                                          \
-        if (n < cap) {                                                                                            \
-            dl_tensor *e = &out[n];                                                                               \
-            memset(e, 0, sizeof *e);                                                                              \
-            snprintf(e->name, sizeof e->name, "%s", nm);                                                          \
-            e->offset = off;                                                                                      \
-            e->ndim = (d1) != 0 ? 2 : 1;                                                                          \
-            e->shape[0] = (d0);                                                                                   \
-            e->shape[1] = (d1);                                                                                   \
-            e->numel = (size_t)(d0) * ((d1) != 0 ? (size_t)(d1) : 1);                                            \
-            e->kind = (kd);                                                                                       \
-        }                                                                                                         \
-        off += (size_t)(d0) * ((d1) != 0 ? (size_t)(d1) : 1);                                                         \
-        n++;                                                                                                      \
-    } while (0)
-    char nm[48];
-    ADD("wte", DL_TENSOR_EMBED, Vp, C);
-    ADD("wpe", DL_TENSOR_EMBED, T, C);
-    for (int l = 0; l < L; l++) {
-        snprintf(nm, sizeof nm, "h.%d.ln_1.weight", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
-        snprintf(nm, sizeof nm, "h.%d.ln_1.bias", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
-        snprintf(nm, sizeof nm, "h.%d.attn.c_attn.weight", l); ADD(nm, DL_TENSOR_MATRIX, 3 * C, C);
-        snprintf(nm, sizeof nm, "h.%d.attn.c_attn.bias", l); ADD(nm, DL_TENSOR_VECTOR, 3 * C, 0);
-        snprintf(nm, sizeof nm, "h.%d.attn.c_proj.weight", l); ADD(nm, DL_TENSOR_MATRIX, C, C);
-        snprintf(nm, sizeof nm, "h.%d.attn.c_proj.bias", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
-        snprintf(nm, sizeof nm, "h.%d.ln_2.weight", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
-        snprintf(nm, sizeof nm, "h.%d.ln_2.bias", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
-        snprintf(nm, sizeof nm, "h.%d.mlp.c_fc.weight", l); ADD(nm, DL_TENSOR_MATRIX, 4 * C, C);
-        snprintf(nm, sizeof nm, "h.%d.mlp.c_fc.bias", l); ADD(nm, DL_TENSOR_VECTOR, 4 * C, 0);
-        snprintf(nm, sizeof nm, "h.%d.mlp.c_proj.weight", l); ADD(nm, DL_TENSOR_MATRIX, C, 4 * C);
-        snprintf(nm, sizeof nm, "h.%d.mlp.c_proj.bias", l); ADD(nm, DL_TENSOR_VECTOR, C, 0);
-    }
-    ADD("ln_f.weight", DL_TENSOR_VECTOR, C, 0);
-    ADD("ln_f.bias", DL_TENSOR_VECTOR, C, 0);
-#undef ADD
-    if (numel) *numel = off;
-    return n;
-}
-
 static float *carve(float **cursor, size_t n)
 {
     float *p = *cursor;
@@ -99,23 +40,24 @@ static float *carve(float **cursor, size_t n)
     return p;
 }
 
-int dl_gpt_open(const dl_gpt_config *cfg_in, int B, dl_gpt **out)
+int dl_gpt_open(const dl_model_config *cfg_in, int B, dl_gpt **out)
 {
     *out = NULL;
-    dl_gpt_config cfg = *cfg_in;
-    DL_TRY(dl_gpt_config_check(&cfg));
+    dl_model_config cfg = *cfg_in;
+    DL_TRY(dl_model_config_check(&cfg));
     if (B < 1 || B > 65536) return dl_err(DL_EINVAL, "batch size %d not in [1, 65536]", B);
     dl_gpt *g = dl_xcalloc(1, sizeof *g);
     g->cfg = cfg;
     g->maxB = B;
-    g->ntensors = dl_gpt_tensor_table(&cfg, NULL, 0, &g->nparams);
+    g->ntensors = dl_model_tensor_table(&cfg, NULL, 0, &g->nparams);
     g->tensors = dl_xcalloc((size_t)g->ntensors, sizeof(dl_tensor));
-    dl_gpt_tensor_table(&cfg, g->tensors, g->ntensors, NULL);
+    dl_model_tensor_table(&cfg, g->tensors, g->ntensors, NULL);
 
     size_t np = (g->nparams + 15) & ~(size_t)15;
-    float *blob = NULL;
-    if (posix_memalign((void **)&blob, 64, 4 * np * sizeof(float))) {
-        int rc = dl_err(DL_ENOMEM, "model state of %zu parameters x 4 buffers", g->nparams);
+    float *blob = dl_try_aligned(64, 4 * np * sizeof(float));
+    if (!blob) {
+        int rc = dl_err(DL_ENOMEM, "model state of %zu parameters x 4 buffers (%.2f GB): out of memory", g->nparams,
+                        4.0 * (double)np * sizeof(float) / 1e9);
         free(g->tensors);
         free(g);
         return rc;
@@ -132,11 +74,13 @@ int dl_gpt_open(const dl_gpt_config *cfg_in, int B, dl_gpt **out)
 #define DL_ACT_SIZE(name, n) total += ((n) + 15) & ~(size_t)15;
     DL_GPT_ACTIVATIONS(DL_ACT_SIZE)
 #undef DL_ACT_SIZE
-    if (posix_memalign((void **)&g->acts, 64, total * sizeof(float))) {
+    g->acts = dl_try_aligned(64, total * sizeof(float));
+    if (!g->acts) {
         free(blob);
         free(g->tensors);
         free(g);
-        return dl_err(DL_ENOMEM, "activations of %zu floats (B=%d, T=%zu)", total, B, T);
+        return dl_err(DL_ENOMEM, "activations of %zu floats (%.2f GB) for batch %d x %zu: out of memory", total,
+                      (double)total * sizeof(float) / 1e9, B, T);
     }
     memset(g->acts, 0, total * sizeof(float));
     g->nacts = total;
@@ -164,45 +108,14 @@ void dl_gpt_close(dl_gpt **gp)
     *gp = NULL;
 }
 
-int dl_gpt_init_params(const dl_gpt_config *cfg_in, uint64_t seed, float *params)
-{
-    dl_gpt_config cfg = *cfg_in;
-    DL_TRY(dl_gpt_config_check(&cfg));
-    int nt = dl_gpt_tensor_table(&cfg, NULL, 0, NULL);
-    dl_tensor *tab = dl_xcalloc((size_t)nt, sizeof *tab);
-    dl_gpt_tensor_table(&cfg, tab, nt, NULL);
-    dl_rng r;
-    dl_rng_seed(&r, seed);
-    float resid_std = 0.02f / sqrtf(2.0f * (float)cfg.n_layer);
-    for (int i = 0; i < nt; i++) {
-        const dl_tensor *t = &tab[i];
-        float *p = params + t->offset;
-        const char *nm = t->name;
-        size_t len = strlen(nm);
-        if (t->kind == DL_TENSOR_VECTOR) {
-            /* biases 0, layernorm weights 1 */
-            float val = (len > 7 && !strcmp(nm + len - 7, ".weight")) ? 1.0f : 0.0f;
-            for (size_t j = 0; j < t->numel; j++) p[j] = val;
-            continue;
-        }
-        float std = strstr(nm, "c_proj.weight") ? resid_std : 0.02f;
-        size_t n = t->numel;
-        if (!strcmp(nm, "wte")) n = (size_t)cfg.vocab * cfg.n_embd; /* padded rows stay 0 */
-        for (size_t j = 0; j < n; j++) p[j] = std * dl_rng_normal(&r);
-        for (size_t j = n; j < t->numel; j++) p[j] = 0.0f;
-    }
-    free(tab);
-    return 0;
-}
-
 void dl_gpt_init(dl_gpt *g, uint64_t seed)
 {
-    int rc = dl_gpt_init_params(&g->cfg, seed, g->params);
+    int rc = dl_model_init_params(&g->cfg, seed, g->params);
     assert(rc == 0); /* the config was checked at open */
     (void)rc;
 }
 
-const dl_gpt_config *dl_gpt_cfg(const dl_gpt *g) { return &g->cfg; }
+const dl_model_config *dl_gpt_cfg(const dl_gpt *g) { return &g->cfg; }
 size_t dl_gpt_num_params(const dl_gpt *g) { return g->nparams; }
 float *dl_gpt_params(dl_gpt *g) { return g->params; }
 float *dl_gpt_grads(dl_gpt *g) { return g->grads; }
@@ -402,34 +315,4 @@ float dl_gpt_adamw_split_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_
     double norm = sqrt(ss);
     adamw_runs(g, c, lr, t, norm, ga, w, fleet);
     return (float)norm;
-}
-
-double dl_gpt_flops_per_token(const dl_gpt_config *cfg, int T)
-{
-    double L = cfg->n_layer, C = cfg->n_embd, Vp = cfg->padded_vocab;
-    double matmul_params = L * 12.0 * C * C + Vp * C; /* qkv 3CC + proj CC + fc 4CC + fcproj 4CC, lm head */
-    double attn = L * 2.0 * 2.0 * T * C;              /* qk^T and av, per token, full (non-causal) count */
-    return 3.0 * (2.0 * matmul_params + attn);        /* forward + 2x for backward */
-}
-
-int dl_gpt_plan_open(const dl_gpt_config *cfg_in, int P, dl_plan **out)
-{
-    *out = NULL;
-    dl_gpt_config cfg = *cfg_in;
-    DL_TRY(dl_gpt_config_check(&cfg));
-    int nt = dl_gpt_tensor_table(&cfg, NULL, 0, NULL);
-    dl_tensor *tab = dl_xcalloc((size_t)nt, sizeof *tab);
-    dl_gpt_tensor_table(&cfg, tab, nt, NULL);
-    int rc = dl_plan_build(tab, nt, P, out);
-    free(tab);
-    return rc;
-}
-
-uint64_t dl_gpt_fingerprint(const dl_gpt_config *cfg, const dl_plan *plan)
-{
-    unsigned char b[24];
-    int32_t v[6] = {cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->seq_len, cfg->vocab, cfg->padded_vocab};
-    for (int i = 0; i < 6; i++)
-        for (int k = 0; k < 4; k++) b[i * 4 + k] = (unsigned char)((uint32_t)v[i] >> (8 * k));
-    return dl_plan_fingerprint(plan, b, sizeof b);
 }

@@ -1,31 +1,15 @@
-/* The GPT-2 model over one contiguous fp32 parameter buffer with a tensor
- * table (llm.c-style layout, per-layer tensors), its forward/backward on the
- * CPU kernels, and the AdamW inner optimizer over the same contiguous views. */
+/* The GPT-2 training model over one contiguous fp32 parameter buffer laid out
+ * by core/model.h's tensor table: forward/backward on the CPU kernels, and the
+ * AdamW inner optimizer over the same contiguous views. */
 #ifndef DL_LEARNER_GPT_H
 #define DL_LEARNER_GPT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/model.h"  /* dl_model_config, the tensor table and init */
 #include "core/tensor.h"
 #include "kernels/cpu.h" /* dl_adamw_hp */
-
-typedef struct {
-    int n_layer;      /* L */
-    int n_head;       /* NH; n_embd % n_head == 0 */
-    int n_embd;       /* C */
-    int seq_len;      /* T, maximum context (wpe rows) */
-    int vocab;        /* V, real vocabulary */
-    int padded_vocab; /* Vp >= V: wte rows, V rounded up to 64 (set by dl_gpt_config_check) */
-} dl_gpt_config;
-
-/* Validate a config and fill padded_vocab. DL_EINVAL with a message otherwise. */
-int dl_gpt_config_check(dl_gpt_config *cfg);
-
-
-/* Tensor table of a config, without allocating a model: fills up to `cap`
- * entries, returns the count (2 + 12*L + 2). Total floats in *numel. */
-int dl_gpt_tensor_table(const dl_gpt_config *cfg, dl_tensor *out, int cap, size_t *numel);
 
 /* The activation buffers of one model (CPU dl_gpt and CUDA dl_gptc alike),
  * in allocation order: X(name, floats) with the sizes in terms of L, B*T
@@ -50,18 +34,17 @@ int dl_gpt_tensor_table(const dl_gpt_config *cfg, dl_tensor *out, int cap, size_
 typedef struct dl_gpt dl_gpt;
 
 /* Allocate params, grads, AdamW moments and activations for batches up to
- * B x cfg->seq_len. Params are zero until dl_gpt_init or a load. */
-int dl_gpt_open(const dl_gpt_config *cfg, int B, dl_gpt **out);
+ * B x cfg->seq_len. Params are zero until dl_gpt_init or a load. Errors: the
+ * config's (core/model.h), DL_EINVAL (B), DL_ENOMEM (model state or
+ * activations too large; the message says which and how many bytes); *out
+ * is NULL on error. */
+int dl_gpt_open(const dl_model_config *cfg, int B, dl_gpt **out);
 void dl_gpt_close(dl_gpt **g); /* safe on NULL and twice */
 
-/* GPT-2 init from a seed: weights N(0, 0.02), residual projections
- * N(0, 0.02/sqrt(2L)), biases 0, layernorm weights 1, padded wte rows 0. */
+/* dl_model_init_params (core/model.h) into the model's params. */
 void dl_gpt_init(dl_gpt *g, uint64_t seed);
-/* The same initialisation into a bare buffer of dl_gpt_tensor_table's numel
- * floats, without allocating a model (the synchronizer's initial state). */
-int dl_gpt_init_params(const dl_gpt_config *cfg, uint64_t seed, float *params);
 
-const dl_gpt_config *dl_gpt_cfg(const dl_gpt *g);
+const dl_model_config *dl_gpt_cfg(const dl_gpt *g);
 size_t dl_gpt_num_params(const dl_gpt *g);
 float *dl_gpt_params(dl_gpt *g);
 float *dl_gpt_grads(dl_gpt *g);
@@ -105,17 +88,5 @@ int dl_gpt_decay_run(const dl_tensor *t, int n, int i, size_t *off, size_t *len,
  * returns its global norm before clipping. fleet >= 1. */
 float dl_gpt_adamw_split_step(dl_gpt *g, const dl_adamw_cfg *c, float lr, int64_t t, const float *ga, float *w,
                               float fleet);
-
-/* The fragment plan of a model with P fragments (core/plan.h) and the run's
- * model fingerprint: dl_plan_fingerprint over (L, NH, C, T, V, Vp) as
- * little-endian int32 and the plan. Learner and synchronizer both compute it;
- * Hello carries it. */
-struct dl_plan;
-int dl_gpt_plan_open(const dl_gpt_config *cfg, int P, struct dl_plan **out);
-uint64_t dl_gpt_fingerprint(const dl_gpt_config *cfg, const struct dl_plan *plan);
-
-/* FLOPs of one training step (forward + backward) per token: 6*N_matmul +
- * attention, for MFU figures. */
-double dl_gpt_flops_per_token(const dl_gpt_config *cfg, int T);
 
 #endif

@@ -16,7 +16,7 @@
 enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NLAYER_T };
 
 struct dl_gptc {
-    dl_gpt_config cfg;
+    dl_model_config cfg;
     int maxB;
     dl_tensor *tensors; /* host copy of the table, 2 + 12L + 2 entries */
     int ntensors;
@@ -43,18 +43,18 @@ static float *carve(float **cursor, size_t n)
     return p;
 }
 
-int dl_gptc_open(const dl_gpt_config *cfg_in, int B, dl_gptc **out)
+int dl_gptc_open(const dl_model_config *cfg_in, int B, dl_gptc **out)
 {
     *out = NULL;
-    dl_gpt_config cfg = *cfg_in;
-    DL_TRY(dl_gpt_config_check(&cfg));
+    dl_model_config cfg = *cfg_in;
+    DL_TRY(dl_model_config_check(&cfg));
     if (B < 1 || B > 65536) return dl_err(DL_EINVAL, "batch size %d not in [1, 65536]", B);
     dl_gptc *g = dl_xcalloc(1, sizeof *g);
     g->cfg = cfg;
     g->maxB = B;
-    g->ntensors = dl_gpt_tensor_table(&cfg, NULL, 0, &g->nparams);
+    g->ntensors = dl_model_tensor_table(&cfg, NULL, 0, &g->nparams);
     g->tensors = dl_xcalloc((size_t)g->ntensors, sizeof(dl_tensor));
-    dl_gpt_tensor_table(&cfg, g->tensors, g->ntensors, NULL);
+    dl_model_tensor_table(&cfg, g->tensors, g->ntensors, NULL);
 
     size_t np = (g->nparams + 63) & ~(size_t)63;
     int rc = dl_cuda_malloc(4 * np * sizeof(float), (void **)&g->state);
@@ -112,13 +112,13 @@ void dl_gptc_close(dl_gptc **gp)
 int dl_gptc_init(dl_gptc *g, uint64_t seed)
 {
     float *h = dl_xmalloc(g->nparams * sizeof(float));
-    int rc = dl_gpt_init_params(&g->cfg, seed, h);
+    int rc = dl_model_init_params(&g->cfg, seed, h);
     if (rc == 0) rc = dl_gptc_set_params(g, h);
     free(h);
     return rc;
 }
 
-const dl_gpt_config *dl_gptc_cfg(const dl_gptc *g) { return &g->cfg; }
+const dl_model_config *dl_gptc_cfg(const dl_gptc *g) { return &g->cfg; }
 size_t dl_gptc_num_params(const dl_gptc *g) { return g->nparams; }
 const dl_tensor *dl_gptc_tensors(const dl_gptc *g, int *n)
 {

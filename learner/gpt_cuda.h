@@ -10,7 +10,7 @@
 #include "learner/gpt.h"
 
 /* Same layout and numerics as dl_gpt (learner/gpt.c): the tensor table of
- * dl_gpt_tensor_table, params/grads/m/v as four views of ONE cudaMalloc,
+ * dl_model_tensor_table, params/grads/m/v as four views of ONE cudaMalloc,
  * activations (including the [L,B,NH,T,T] attention probabilities, as the
  * CPU keeps them) as one more. Forward/backward/AdamW run on the current
  * device's default stream; host pointers are only the token arrays and the
@@ -23,13 +23,13 @@
 typedef struct dl_gptc dl_gptc;
 
 /* Allocate for batches up to B x cfg->seq_len; params zero until init/set. */
-int dl_gptc_open(const dl_gpt_config *cfg, int B, dl_gptc **out);
+int dl_gptc_open(const dl_model_config *cfg, int B, dl_gptc **out);
 void dl_gptc_close(dl_gptc **g); /* safe on NULL and twice */
 
-/* dl_gpt_init_params on the host, then uploaded (identical to dl_gpt_init). */
+/* dl_model_init_params on the host, then uploaded (identical to dl_gpt_init). */
 int dl_gptc_init(dl_gptc *g, uint64_t seed);
 
-const dl_gpt_config *dl_gptc_cfg(const dl_gptc *g);
+const dl_model_config *dl_gptc_cfg(const dl_gptc *g);
 size_t dl_gptc_num_params(const dl_gptc *g);
 const dl_tensor *dl_gptc_tensors(const dl_gptc *g, int *n);
 /* Bytes of device memory held (state + activations). */
@@ -54,7 +54,7 @@ int dl_gptc_reset_optimizer(dl_gptc *g);
 int dl_gptc_get_logits(dl_gptc *g, float *host);
 
 /* Fragment p of `plan` (built from this model's tensor table, e.g. by
- * dl_gpt_plan_open): gather copies its tensors out of the device parameters
+ * dl_model_plan_open): gather copies its tensors out of the device parameters
  * into host `out` (dl_plan_fragment_numel floats, fragment payload order as
  * dl_plan_gather); scatter writes host `in` back into those tensors only. */
 struct dl_plan;

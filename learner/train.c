@@ -52,7 +52,7 @@ int dl_trainer_open(const dl_train_cfg *cfg, dl_data *data, dl_trainer **out)
     t->cfg = *cfg;
     t->data = data;
     /* fills padded_vocab, which the checkpoint header records */
-    int rc = dl_gpt_config_check(&t->cfg.model);
+    int rc = dl_model_config_check(&t->cfg.model);
     if (rc == 0 && cfg->fleet != 0.0f) {
         if (!(cfg->fleet >= 1.0f && cfg->fleet <= 1e6f))
             rc = dl_err(DL_EINVAL, "adam_fleet %g: 0 (off) or a batch multiple in [1, 1e6]", cfg->fleet);
@@ -61,8 +61,11 @@ int dl_trainer_open(const dl_train_cfg *cfg, dl_data *data, dl_trainer **out)
     }
     if (rc == 0) rc = open_model(t);
     if (rc == 0 && cfg->fleet != 0.0f && t->model) {
-        t->ga = dl_xcalloc(t->nparams, sizeof(float));
-        t->w = dl_xcalloc(t->nparams, sizeof(float));
+        t->ga = dl_try_calloc(t->nparams, sizeof(float));
+        t->w = t->ga ? dl_try_calloc(t->nparams, sizeof(float)) : NULL;
+        if (!t->w)
+            rc = dl_err(DL_ENOMEM, "adam_fleet state of %zu parameters x 2 buffers (%.2f GB): out of memory",
+                        t->nparams, 2.0 * (double)t->nparams * sizeof(float) / 1e9);
     }
 #ifdef DLOCO_HAVE_CUDA
     if (rc == 0 && cfg->fleet != 0.0f && t->gmodel) {
@@ -205,7 +208,7 @@ int dl_trainer_eval(dl_trainer *t, double *loss)
 
 int64_t dl_trainer_steps_done(const dl_trainer *t) { return t->step; }
 int dl_trainer_device(const dl_trainer *t) { return t->cfg.device; }
-const dl_gpt_config *dl_trainer_model_cfg(const dl_trainer *t) { return &t->cfg.model; }
+const dl_model_config *dl_trainer_model_cfg(const dl_trainer *t) { return &t->cfg.model; }
 size_t dl_trainer_num_params(const dl_trainer *t) { return t->nparams; }
 dl_gpt *dl_trainer_model(dl_trainer *t) { return t->model; }
 struct dl_gptc *dl_trainer_gptc(dl_trainer *t) { return t->gmodel; }
@@ -220,16 +223,21 @@ int dl_trainer_save(dl_trainer *t, const char *path)
         /* adam_fleet: store the effective second moment max(v, 0) + w, so
          * the checkpoint is a valid plain-AdamW state (v may be negative) */
         const float *v = dl_gpt_adam_v(t->model);
-        float *ve = malloc(n * sizeof(float));
-        if (!ve) return dl_err(DL_ENOMEM, "checkpoint staging of %zu floats", n);
+        float *ve = dl_try_malloc(n * sizeof(float));
+        if (!ve)
+            return dl_err(DL_ENOMEM, "%s: checkpoint staging of %zu parameters (%.2f GB): out of memory", path, n,
+                          (double)n * sizeof(float) / 1e9);
         for (size_t i = 0; i < n; i++) ve[i] = fmaxf(v[i], 0.0f) + t->w[i];
         int rc = dl_ckpt_save_raw(path, &t->cfg.model, n, dl_gpt_params(t->model), dl_gpt_adam_m(t->model), ve, &st);
         free(ve);
         return rc;
     }
 #ifdef DLOCO_HAVE_CUDA
-    float *buf = malloc((t->dw ? 4 : 3) * n * sizeof(float));
-    if (!buf) return dl_err(DL_ENOMEM, "checkpoint staging of %d x %zu floats", t->dw ? 4 : 3, n);
+    int nbuf = t->dw ? 4 : 3;
+    float *buf = dl_try_malloc((size_t)nbuf * n * sizeof(float));
+    if (!buf)
+        return dl_err(DL_ENOMEM, "%s: checkpoint staging of %zu parameters x %d buffers (%.2f GB): out of memory",
+                      path, n, nbuf, (double)nbuf * (double)n * sizeof(float) / 1e9);
     int rc = dl_gptc_get_state(t->gmodel, buf, buf + n, buf + 2 * n);
     if (rc == 0 && t->dw) {
         float *v = buf + 2 * n, *w = buf + 3 * n; /* as on the cpu: max(v, 0) + w */
@@ -256,8 +264,10 @@ int dl_trainer_resume(dl_trainer *t, const char *path)
     } else {
 #ifdef DLOCO_HAVE_CUDA
         size_t n = t->nparams;
-        float *buf = malloc(3 * n * sizeof(float));
-        if (!buf) return dl_err(DL_ENOMEM, "checkpoint staging of 3 x %zu floats", n);
+        float *buf = dl_try_malloc(3 * n * sizeof(float));
+        if (!buf)
+            return dl_err(DL_ENOMEM, "%s: checkpoint staging of %zu parameters x 3 buffers (%.2f GB): out of memory",
+                          path, n, 3.0 * (double)n * sizeof(float) / 1e9);
         int rc = dl_ckpt_load_raw(path, &t->cfg.model, n, buf, buf + n, buf + 2 * n, &st);
         if (rc == 0) rc = dl_gptc_set_state(t->gmodel, buf, buf + n, buf + 2 * n);
         free(buf);

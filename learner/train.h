@@ -15,7 +15,7 @@ enum {
 };
 
 typedef struct {
-    dl_gpt_config model;
+    dl_model_config model;
     int batch;          /* B sequences per step */
     int64_t steps;      /* total optimizer steps (schedule length) */
     float lr;           /* peak inner learning rate */
@@ -36,7 +36,8 @@ struct dl_gptc;
 /* Takes ownership of `data` (closed on failure too). Initialises the model
  * from cfg->seed, identically on both devices. DL_DEVICE_CUDA in a build
  * without CUDA: DL_ENODEV ("this build has no CUDA"); without a usable
- * device: the DL_ENODEV / DL_ECUDA of learner/gpt_cuda.h. */
+ * device: the DL_ENODEV / DL_ECUDA of learner/gpt_cuda.h. DL_ENOMEM: the
+ * CPU model (dl_gpt_open) or the adam_fleet state does not fit. */
 int dl_trainer_open(const dl_train_cfg *cfg, dl_data *data, dl_trainer **out);
 void dl_trainer_close(dl_trainer **t);
 
@@ -53,7 +54,7 @@ int dl_trainer_eval(dl_trainer *t, double *loss);
 int64_t dl_trainer_steps_done(const dl_trainer *t);
 float dl_trainer_lr_at(const dl_trainer *t, int64_t step); /* 1-based step */
 int dl_trainer_device(const dl_trainer *t);                /* DL_DEVICE_* */
-const dl_gpt_config *dl_trainer_model_cfg(const dl_trainer *t);
+const dl_model_config *dl_trainer_model_cfg(const dl_trainer *t);
 size_t dl_trainer_num_params(const dl_trainer *t);
 /* The model of the trainer's device; the other one is NULL. */
 dl_gpt *dl_trainer_model(dl_trainer *t);
@@ -62,7 +63,8 @@ dl_data *dl_trainer_data(dl_trainer *t);
 
 /* Checkpoints (learner/ckpt.h): the same file from either device, so a run
  * saved on a GPU resumes on a CPU and the other way round. The CUDA trainer
- * downloads / uploads parameters and AdamW moments through host buffers. */
+ * downloads / uploads parameters and AdamW moments through host buffers;
+ * DL_ENOMEM when those (or the CPU fleet's v staging) do not fit. */
 int dl_trainer_save(dl_trainer *t, const char *path);
 int dl_trainer_resume(dl_trainer *t, const char *path);
 

@@ -434,23 +434,17 @@ int dl_policy_open(const dl_policy_cfg *cfg, int num_fragments, dl_policy **out)
     DL_TRY(dl_policy_cfg_check(cfg, why, sizeof why));
     if (num_fragments < 1 || num_fragments > (1 << 20))
         return dl_err(DL_EINVAL, "merge policy: num_fragments %d outside [1, 2^20]", num_fragments);
-    dl_policy *p = calloc(1, sizeof *p);
-    if (!p) return dl_err(DL_ENOMEM, "merge policy state");
+    dl_policy *p = dl_xcalloc(1, sizeof *p);
     p->cfg = *cfg;
     p->P = num_fragments;
     p->now = INT64_MIN;
     uint32_t hcap = 16;
     while (hcap < 2u * (uint32_t)cfg->max_learners) hcap <<= 1;
     p->hmask = hcap - 1;
-    p->frags = calloc((size_t)num_fragments, sizeof *p->frags);
-    p->slots = calloc((size_t)cfg->max_learners, sizeof *p->slots);
-    p->hash = calloc(hcap, sizeof *p->hash);
-    p->scratch = calloc((size_t)cfg->max_learners, sizeof *p->scratch);
-    if (!p->frags || !p->slots || !p->hash || !p->scratch) {
-        dl_policy_close(&p);
-        return dl_err(DL_ENOMEM, "merge policy state for %d fragments, %d learners", num_fragments,
-                      cfg->max_learners);
-    }
+    p->frags = dl_xcalloc((size_t)num_fragments, sizeof *p->frags);
+    p->slots = dl_xcalloc((size_t)cfg->max_learners, sizeof *p->slots);
+    p->hash = dl_xcalloc(hcap, sizeof *p->hash);
+    p->scratch = dl_xcalloc((size_t)cfg->max_learners, sizeof *p->scratch);
     for (int f = 0; f < num_fragments; f++) {
         frag *fr = &p->frags[f];
         fr->quorum_ns = NONE_NS;
@@ -516,13 +510,8 @@ int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now)
     if (p->n_slots < p->cfg.max_learners) {
         i = p->n_slots;
         slot *s = &p->slots[i];
-        s->last = malloc((size_t)p->P * sizeof *s->last);
-        s->cur_idx = malloc((size_t)p->P * sizeof *s->cur_idx);
-        if (!s->last || !s->cur_idx) {
-            free(s->last), free(s->cur_idx);
-            s->last = NULL, s->cur_idx = NULL;
-            return dl_err(DL_ENOMEM, "merge policy: learner %u state", id);
-        }
+        s->last = dl_xmalloc((size_t)p->P * sizeof *s->last);
+        s->cur_idx = dl_xmalloc((size_t)p->P * sizeof *s->cur_idx);
         p->n_slots++;
         s->id = id;
         hash_insert(p, id, i);
@@ -580,6 +569,18 @@ int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_le
 
 int dl_policy_live_count(const dl_policy *p) { return p->n_live; }
 
+dl_policy_member dl_policy_learner_state(const dl_policy *p, uint32_t id)
+{
+    int i = find_slot(p, id);
+    if (i < 0) return DL_POLICY_MEMBER_NONE;
+    switch (p->slots[i].state) {
+    case SLOT_LIVE: return DL_POLICY_MEMBER_LIVE;
+    case SLOT_DEAD: return DL_POLICY_MEMBER_DEAD;
+    case SLOT_LEFT: return DL_POLICY_MEMBER_LEFT;
+    default: return DL_POLICY_MEMBER_NONE;
+    }
+}
+
 /* ---------------------------------------------------------------- pushes */
 
 static int reject(dl_policy *p, dl_policy_verdict *out, dl_policy_reason r)
@@ -590,17 +591,14 @@ static int reject(dl_policy *p, dl_policy_verdict *out, dl_policy_reason r)
     return 0;
 }
 
-static int grow(dl_policy_contrib **buf, int *cap, int need, int max)
+static void grow(dl_policy_contrib **buf, int *cap, int need, int max)
 {
-    if (need <= *cap) return 0;
+    if (need <= *cap) return;
     int n = *cap ? *cap * 2 : 8;
     if (n > max) n = max;
     if (n < need) n = need;
-    dl_policy_contrib *b = realloc(*buf, (size_t)n * sizeof *b);
-    if (!b) return dl_err(DL_ENOMEM, "merge policy: round of %d contributions", n);
-    *buf = b;
+    *buf = dl_xrealloc(*buf, (size_t)n * sizeof **buf);
     *cap = n;
-    return 0;
 }
 
 int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int64_t steps, int64_t tokens,
@@ -618,8 +616,7 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
     if (base_version > fr->version) return reject(p, out, DL_POLICY_R_FUTURE_VERSION);
 
     slot *s = &p->slots[i];
-    /* Make room first so an allocation failure leaves no trace. */
-    if (s->cur_idx[f] < 0) DL_TRY(grow(&fr->cur, &fr->cap_cur, fr->n_cur + 1, p->cfg.max_learners));
+    if (s->cur_idx[f] < 0) grow(&fr->cur, &fr->cap_cur, fr->n_cur + 1, p->cfg.max_learners);
 
     if (s->state == SLOT_DEAD) { /* a push is proof of life */
         s->state = SLOT_LIVE;

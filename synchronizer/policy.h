@@ -239,8 +239,17 @@ int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now);
 int dl_policy_learner_alive(dl_policy *p, uint32_t id, int64_t now);
 int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_leave reason);
 int dl_policy_live_count(const dl_policy *p);
+/* Membership of learner id: the one record of who is live, dead or gone
+ * (the synchronizer's registry keeps counters and times, never a copy). */
+typedef enum {
+    DL_POLICY_MEMBER_NONE = 0, /* never joined (or its slot was reused) */
+    DL_POLICY_MEMBER_LIVE = 1,
+    DL_POLICY_MEMBER_DEAD = 2, /* liveness lost; still registered */
+    DL_POLICY_MEMBER_LEFT = 3  /* said bye */
+} dl_policy_member;
+dl_policy_member dl_policy_learner_state(const dl_policy *p, uint32_t id);
 
-/* ---- pushes. Returns 0 with *out filled (any decision), or DL_ENOMEM.
+/* ---- pushes. Returns 0 with *out filled (any decision).
  * A push from a learner marked dead revives it (a push is proof of life). */
 int dl_policy_push(dl_policy *p, int fragment, uint32_t id, uint64_t base_version, int64_t steps, int64_t tokens,
                    int64_t now, uint64_t handle, dl_policy_verdict *out);

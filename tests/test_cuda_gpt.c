@@ -80,9 +80,9 @@ static void random_tokens(dl_rng *r, int32_t *x, size_t n, int V)
 static void test_vs_cpu(void)
 {
     /* V = 100 pads to Vp = 128: the padded-vocab path on both sides */
-    dl_gpt_config cfg = {.n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 32, .vocab = 100};
+    dl_model_config cfg = {.n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 32, .vocab = 100};
     const int B = 3, T = 32;
-    CU(dl_gpt_config_check(&cfg));
+    CU(dl_model_config_check(&cfg));
     dl_gpt *cpu = NULL;
     dl_gptc *gpu = NULL;
     CU(dl_gpt_open(&cfg, B, &cpu));
@@ -197,7 +197,7 @@ static void test_vs_cpu(void)
     CU(dl_gptc_get_params(gpu, hg));
     CHECK(memcmp(hp, hg, np * 4) == 0, "set/get params round trip differs");
     dl_plan *plan = NULL;
-    CU(dl_gpt_plan_open(&cfg, 3, &plan));
+    CU(dl_model_plan_open(&cfg, 3, &plan));
     for (int p = 0; p < 3; p++) {
         size_t fn = dl_plan_fragment_numel(plan, p);
         float *want = dl_xmalloc(fn * 4), *got = dl_xmalloc(fn * 4);
@@ -250,7 +250,7 @@ static void test_vs_torch(void)
         printf("FAIL: %s is not a version-1 reference file\n", path);
         exit(1);
     }
-    dl_gpt_config cfg = {.n_layer = hdr[2], .n_head = hdr[3], .n_embd = hdr[4], .seq_len = hdr[5], .vocab = hdr[6]};
+    dl_model_config cfg = {.n_layer = hdr[2], .n_head = hdr[3], .n_embd = hdr[4], .seq_len = hdr[5], .vocab = hdr[6]};
     int B = hdr[7], nsteps = hdr[8];
     size_t np = (size_t)hdr[9];
     int T = cfg.seq_len, V = cfg.vocab;
@@ -264,7 +264,7 @@ static void test_vs_torch(void)
     fclose(f);
 
     dl_gptc *g = NULL;
-    CU(dl_gpt_config_check(&cfg));
+    CU(dl_model_config_check(&cfg));
     CU(dl_gptc_open(&cfg, B, &g));
     CHECK(dl_gptc_num_params(g) == np, "parameter count %zu, reference %zu", dl_gptc_num_params(g), np);
     CHECK(cfg.padded_vocab == V, "the reference has no vocab padding");
@@ -320,7 +320,7 @@ int main(void)
     if (!dl_cuda_available()) {
         printf("dl_cuda_available() = 0: %s\n", dl_errmsg());
         /* the no-device path of the model itself: a clean error, no handle */
-        dl_gpt_config cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab = 10};
+        dl_model_config cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab = 10};
         dl_gptc *g = (dl_gptc *)&cfg; /* must be overwritten with NULL */
         int rc = dl_gptc_open(&cfg, 2, &g);
         printf("dl_gptc_open -> %s: %s\n", dl_strerror(rc), dl_errmsg());

@@ -1,5 +1,6 @@
 /* Data loader: text and llm.c shards, the fixed train/val split, per-epoch
- * shuffling, checkpointable position, and the error each bad file gets. */
+ * shuffling, checkpointable position, and the error each bad file (or a
+ * failed allocation of its size) gets. */
 #include "core/err.h"
 #include "learner/data.h"
 
@@ -165,12 +166,48 @@ static void test_shards(void)
     expect_error("good.bin", "text", 100, DL_ERANGE, "vocab >= 256");
 }
 
+/* dl_data_open of one file allocates, in order: the handle, the file list,
+ * the file's name, the file's bytes, the token array, the train, val and
+ * perm index arrays. The file's bytes and the token array grow with the
+ * data, so their failures are a DL_ENOMEM that says what and how much. */
+static void test_out_of_memory(void)
+{
+    char big[5000];
+    for (int i = 0; i < 5000; i++) big[i] = (char)('a' + i % 26);
+    write_bytes("oom.txt", big, sizeof big);
+    dl_data *d = NULL;
+    long long c0 = dl_alloc_count();
+    REQUIRE(open_path("oom.txt", "text", 8, 256, &d) == 0, "open: %s", dl_errmsg());
+    CHECK_EQ(dl_alloc_count() - c0, 8);
+    dl_data_close(&d);
+    struct { int k; const char *needle; } cases[] = {
+        {4, "oom.txt of 5000 bytes ("},
+        {5, "oom.txt: token array of 10000 tokens ("}, /* grown to twice the 5000 needed */
+    };
+    for (int i = 0; i < 2; i++) {
+        d = (dl_data *)big; /* must come back NULL */
+        dl_err_clear();
+        dl_alloc_fail_after(cases[i].k);
+        int rc = open_path("oom.txt", "text", 8, 256, &d);
+        dl_alloc_fail_after(0);
+        printf("allocation %d of dl_data_open failed -> %s: %s\n", cases[i].k, dl_strerror(rc), dl_errmsg());
+        CHECK(rc == DL_ENOMEM && d == NULL, "allocation %d: rc %d, handle %p", cases[i].k, rc, (void *)d);
+        CHECK(strstr(dl_errmsg(), cases[i].needle) && strstr(dl_errmsg(), " GB): out of memory"),
+              "allocation %d: message '%s' lacks '%s'", cases[i].k, dl_errmsg(), cases[i].needle);
+    }
+    REQUIRE(open_path("oom.txt", "text", 8, 256, &d) == 0, "an open after the failures: %s", dl_errmsg());
+    CHECK(dl_data_num_tokens(d) == 5000, "the later open read every token: %llu",
+          (unsigned long long)dl_data_num_tokens(d));
+    dl_data_close(&d);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dloco_test_data_%d", (int)getpid());
     mkdir(dir, 0755);
     test_text();
     test_shards();
+    test_out_of_memory();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) printf("note: could not remove %s\n", dir);

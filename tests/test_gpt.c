@@ -1,6 +1,9 @@
 /* GPT forward, backward and AdamW against PyTorch: tests/data/gpt_ref.bin was
- * written by tests/ref/make_ref.py (float64 torch, same weights and batch). */
+ * written by tests/ref/make_ref.py (float64 torch, same weights and batch);
+ * then dl_gpt_open's two out-of-memory refusals. */
 #include "learner/gpt.h"
+
+#include "core/err.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +35,37 @@ static double rel_err(const float *a, const float *b, size_t n)
     return num / (den > 0 ? den : 1.0);
 }
 
+/* dl_gpt_open allocates, in order: the handle, the tensor table, the state
+ * blob (params, grads, m, v), the activations, the two token copies. The
+ * blob and the activations grow with the config and the batch, so their
+ * failures are a DL_ENOMEM that says what and how much; the rest abort. */
+static void test_out_of_memory(const dl_model_config *cfg, int B)
+{
+    dl_gpt *g = NULL;
+    long long c0 = dl_alloc_count();
+    REQUIRE(dl_gpt_open(cfg, B, &g) == 0, "open: %s", dl_errmsg());
+    CHECK_EQ(dl_alloc_count() - c0, 6);
+    char want[160];
+    snprintf(want, sizeof want, "model state of %zu parameters x 4 buffers (", dl_gpt_num_params(g));
+    dl_gpt_close(&g);
+    struct { int k; const char *needle; } cases[] = {{3, want}, {4, "activations of "}};
+    for (int i = 0; i < 2; i++) {
+        g = (dl_gpt *)cfg; /* must come back NULL */
+        dl_err_clear();
+        dl_alloc_fail_after(cases[i].k);
+        int rc = dl_gpt_open(cfg, B, &g);
+        dl_alloc_fail_after(0);
+        printf("allocation %d of dl_gpt_open failed -> %s: %s\n", cases[i].k, dl_strerror(rc), dl_errmsg());
+        CHECK(rc == DL_ENOMEM && g == NULL, "allocation %d: rc %d, handle %p", cases[i].k, rc, (void *)g);
+        CHECK(strstr(dl_errmsg(), cases[i].needle) && strstr(dl_errmsg(), " GB") &&
+                  strstr(dl_errmsg(), "out of memory"),
+              "allocation %d: message '%s' lacks '%s'", cases[i].k, dl_errmsg(), cases[i].needle);
+    }
+    REQUIRE(dl_gpt_open(cfg, B, &g) == 0, "an open after the failures: %s", dl_errmsg());
+    CHECK(dl_gpt_num_params(g) > 0, "the later model is whole");
+    dl_gpt_close(&g);
+}
+
 int main(void)
 {
     const char *src = getenv("DLOCO_SRC");
@@ -48,7 +82,7 @@ int main(void)
         printf("FAIL: %s is not a version-1 reference file\n", path);
         return 1;
     }
-    dl_gpt_config cfg = {.n_layer = hdr[2], .n_head = hdr[3], .n_embd = hdr[4], .seq_len = hdr[5], .vocab = hdr[6]};
+    dl_model_config cfg = {.n_layer = hdr[2], .n_head = hdr[3], .n_embd = hdr[4], .seq_len = hdr[5], .vocab = hdr[6]};
     int B = hdr[7], nsteps = hdr[8];
     size_t np = (size_t)hdr[9];
     int T = cfg.seq_len, V = cfg.vocab;
@@ -62,7 +96,7 @@ int main(void)
     fclose(f);
 
     dl_gpt *g = NULL;
-    if (dl_gpt_config_check(&cfg) || dl_gpt_open(&cfg, B, &g)) {
+    if (dl_model_config_check(&cfg) || dl_gpt_open(&cfg, B, &g)) {
         printf("FAIL: cannot build the model\n");
         return 1;
     }
@@ -118,6 +152,7 @@ int main(void)
 
     dl_gpt_close(&g);
     dl_gpt_close(&g); /* close is safe twice */
+    test_out_of_memory(&cfg, B);
     free(hdr); free(hp); free(params); free(inp); free(tgt); free(logits); free(loss); free(grads); free(losses);
     printf("%s\n", failures ? "test_gpt: FAILED" : "test_gpt: all checks passed");
     return failures ? 1 : 0;

@@ -6,27 +6,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/err.h"
 #include "core/rng.h"
 #include "kernels/outer.h"
+#include "tests/check.h"
 
-static int fails, checks;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        checks++;                                                                                            \
-        if (!(cond)) {                                                                                       \
-            fails++;                                                                                         \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
 #define NEAR(a, b, tol) (fabs((double)(a) - (double)(b)) <= (tol))
 
 static void check_vec(const char *what, const float *got, const double *want, int n, double tol)
 {
+    int before = failures;
     for (int i = 0; i < n; i++)
         CHECK(NEAR(got[i], want[i], tol), "%s[%d] = %.9g, want %.9g", what, i, got[i], want[i]);
-    printf("  %-34s ok (%d values, tol %.0e)\n", what, n, tol);
+    printf("  %-34s %s (%d values, tol %.0e)\n", what, failures == before ? "ok" : "FAILED", n, tol);
 }
 
 /* ---------------------------------------------------------------- hand-computed */
@@ -247,10 +239,10 @@ static void test_large(void)
     const double w[M] = {1.0, 0.5, 3.0, 0.0, 2.25};
     dl_rng r;
     dl_rng_seed(&r, 7);
-    float *xs[M], *out = malloc(n * sizeof *out), *out1 = malloc(n * sizeof *out);
-    double *ref = malloc(n * sizeof *ref);
+    float *xs[M], *out = dl_xmalloc(n * sizeof *out), *out1 = dl_xmalloc(n * sizeof *out);
+    double *ref = dl_xmalloc(n * sizeof *ref);
     for (int i = 0; i < M; i++) {
-        xs[i] = malloc(n * sizeof *xs[i]);
+        xs[i] = dl_xmalloc(n * sizeof *xs[i]);
         fill_normal(xs[i], n, &r);
         for (size_t j = 0; j < n; j++) xs[i][j] += 0.1f * (float)i; /* not centred: no full cancellation */
     }
@@ -314,8 +306,8 @@ static void test_large(void)
     printf("  %-34s ok (rel err %.2e)\n", "rda", e);
 
     /* Nesterov: two steps against the float formula */
-    float *p = malloc(n * sizeof *p), *m = calloc(n, sizeof *m);
-    double *mref = calloc(n, sizeof *mref);
+    float *p = dl_xmalloc(n * sizeof *p), *m = dl_xcalloc(n, sizeof *m);
+    double *mref = dl_xcalloc(n, sizeof *mref);
     for (size_t j = 0; j < n; j++) ref[j] = p[j] = xs[1][j];
     for (int step = 0; step < 2; step++) {
         const float *g = xs[2 + step];
@@ -339,7 +331,7 @@ static void test_large(void)
     printf("  %-34s ok (rel err %.2e)\n", "clip to half the norm", e);
 
     /* trimmed mean (trim 1 of 5) and median against sorting each column */
-    float *tm = malloc(n * sizeof *tm), *md = malloc(n * sizeof *md);
+    float *tm = dl_xmalloc(n * sizeof *tm), *md = dl_xmalloc(n * sizeof *md);
     dl_cpu_trimmed_mean(tm, x, M, n, 1);
     dl_cpu_median(md, x, M, n);
     size_t bad_tm = 0, bad_md = 0;
@@ -372,8 +364,8 @@ int main(void)
     printf("properties:\n");
     test_rda_properties();
     test_large();
-    if (fails) {
-        fprintf(stderr, "test_outer: %d of %d checks FAILED\n", fails, checks);
+    if (failures) {
+        fprintf(stderr, "test_outer: %d of %d checks FAILED\n", failures, checks);
         return 1;
     }
     printf("test_outer: all %d checks passed\n", checks);

@@ -7,18 +7,7 @@
 
 #include "core/err.h"
 #include "core/plan.h"
-
-static int fails, checks;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        checks++;                                                                                            \
-        if (!(cond)) {                                                                                       \
-            fails++;                                                                                         \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
+#include "tests/check.h"
 
 /* ---------------------------------------------------------------- synthetic GPT-2 table */
 
@@ -482,10 +471,5 @@ int main(void)
     test_gather_scatter();
     test_schedule();
     test_rejects();
-    if (fails) {
-        fprintf(stderr, "test_plan: %d of %d checks FAILED\n", fails, checks);
-        return 1;
-    }
-    printf("test_plan: all %d checks passed\n", checks);
-    return 0;
+    return CHECK_DONE("test_plan");
 }

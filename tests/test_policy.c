@@ -4,6 +4,7 @@
 
 #include "core/err.h"
 #include "core/rng.h"
+#include "tests/check.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -13,34 +14,8 @@
 #define MS 1000000LL /* ns */
 #define US 1000LL
 
-static int fails, checks;
-
-#define CHECK(cond)                                                                                                \
-    do {                                                                                                           \
-        checks++;                                                                                                  \
-        if (!(cond)) {                                                                                             \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                        \
-            fails++;                                                                                               \
-        }                                                                                                          \
-    } while (0)
-#define CHECK_EQ(a, b)                                                                                             \
-    do {                                                                                                           \
-        long long a_ = (long long)(a), b_ = (long long)(b);                                                        \
-        checks++;                                                                                                  \
-        if (a_ != b_) {                                                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s == %s (%lld != %lld)\n", __FILE__, __LINE__, #a, #b, a_, b_);         \
-            fails++;                                                                                               \
-        }                                                                                                          \
-    } while (0)
-#define CHECK_NEAR(a, b)                                                                                           \
-    do {                                                                                                           \
-        double a_ = (a), b_ = (b);                                                                                 \
-        checks++;                                                                                                  \
-        if (!(fabs(a_ - b_) <= 1e-9 * fabs(b_) + 1e-12)) {                                                         \
-            fprintf(stderr, "FAIL %s:%d: %s ~= %s (%.12g != %.12g)\n", __FILE__, __LINE__, #a, #b, a_, b_);       \
-            fails++;                                                                                               \
-        }                                                                                                          \
-    } while (0)
+/* Relative closeness of computed weights: 1e-9 of the expected value. */
+#define CHECK_REL(a, b) CHECK_NEAR((a), (b), 1e-9 * fabs((double)(b)) + 1e-12)
 
 static dl_policy *mk(const dl_policy_cfg *c, int P)
 {
@@ -110,12 +85,12 @@ static void test_config(void)
 
     c.quorum = 0;
     CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
-    CHECK(strstr(why, "quorum") != NULL);
+    CHECK(strstr(why, "quorum") != NULL, "reason: %s", why);
     printf("  K=0 -> %s\n", why);
     dl_policy_cfg_default(&c);
     c.gamma = 0;
     CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
-    CHECK(strstr(why, "gamma") != NULL);
+    CHECK(strstr(why, "gamma") != NULL, "reason: %s", why);
     c.gamma = 10.5;
     CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
     c.gamma = 10;
@@ -125,7 +100,7 @@ static void test_config(void)
     dl_policy_cfg_default(&c);
     c.grace_cap_ns = 0;
     CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
-    CHECK(strstr(why, "grace_cap_ns") != NULL);
+    CHECK(strstr(why, "grace_cap_ns") != NULL, "reason: %s", why);
     dl_policy_cfg_default(&c);
     c.mad_k = -1;
     CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
@@ -143,7 +118,7 @@ static void test_config(void)
     CHECK_EQ(dl_policy_cfg_check(&c, why, sizeof why), DL_EINVAL);
     dl_policy *p = (dl_policy *)&c; /* must be overwritten with NULL */
     CHECK_EQ(dl_policy_open(&c, 4, &p), DL_EINVAL);
-    CHECK(p == NULL);
+    CHECK(p == NULL, "a refused open leaves the handle NULL");
     dl_policy_close(&p); /* safe on NULL */
 
     dl_policy_sfn s = DL_POLICY_SFN_CONST;
@@ -154,7 +129,7 @@ static void test_config(void)
     CHECK_EQ(dl_policy_sfn_parse("const", &s), 0);
     CHECK_EQ(s, DL_POLICY_SFN_CONST);
     CHECK_EQ(dl_policy_sfn_parse("linear", &s), DL_EINVAL);
-    CHECK(strstr(dl_errmsg(), "linear") && strstr(dl_errmsg(), "const, poly, hinge"));
+    CHECK(strstr(dl_errmsg(), "linear") && strstr(dl_errmsg(), "const, poly, hinge"), "message: %s", dl_errmsg());
     printf("  unknown staleness fn -> %s\n", dl_errmsg());
     dl_policy_kind k = DL_POLICY_DECOUPLED;
     CHECK_EQ(dl_policy_kind_parse("sync-elastic", &k), 0);
@@ -164,8 +139,8 @@ static void test_config(void)
     CHECK_EQ(dl_policy_kind_parse("sync", &k), 0);
     CHECK_EQ(k, DL_POLICY_SYNC);
     CHECK_EQ(dl_policy_kind_parse("fedavg", &k), DL_EINVAL);
-    CHECK(!strcmp(dl_policy_kind_name(DL_POLICY_SYNC_ELASTIC), "sync-elastic"));
-    CHECK(!strcmp(dl_policy_close_name(DL_POLICY_CLOSE_GRACE_EXPIRED), "grace-expired"));
+    CHECK(!strcmp(dl_policy_kind_name(DL_POLICY_SYNC_ELASTIC), "sync-elastic"), "kind name");
+    CHECK(!strcmp(dl_policy_close_name(DL_POLICY_CLOSE_GRACE_EXPIRED), "grace-expired"), "close name");
 }
 
 static void test_weights(void)
@@ -174,22 +149,22 @@ static void test_weights(void)
     dl_policy_cfg c;
     dl_policy_cfg_default(&c);
     c.sfn = DL_POLICY_SFN_CONST;
-    CHECK_NEAR(dl_policy_weight(&c, 10, 1000, 0), 100000.0);
-    CHECK_NEAR(dl_policy_weight(&c, 10, 1000, 7), 100000.0);
-    CHECK_NEAR(dl_policy_weight(&c, 3, 7, 1), 49.0 / 3.0);
+    CHECK_REL(dl_policy_weight(&c, 10, 1000, 0), 100000.0);
+    CHECK_REL(dl_policy_weight(&c, 10, 1000, 7), 100000.0);
+    CHECK_REL(dl_policy_weight(&c, 3, 7, 1), 49.0 / 3.0);
     c.sfn = DL_POLICY_SFN_POLY, c.sfn_a = 0.5;
-    CHECK_NEAR(dl_policy_sfactor(&c, 0), 1.0);
-    CHECK_NEAR(dl_policy_sfactor(&c, 3), 0.5);           /* 4^-0.5 */
-    CHECK_NEAR(dl_policy_weight(&c, 10, 1000, 3), 50000.0);
-    CHECK_NEAR(dl_policy_weight(&c, 10, 1000, 8), 100000.0 / 3.0); /* 9^-0.5 */
+    CHECK_REL(dl_policy_sfactor(&c, 0), 1.0);
+    CHECK_REL(dl_policy_sfactor(&c, 3), 0.5);           /* 4^-0.5 */
+    CHECK_REL(dl_policy_weight(&c, 10, 1000, 3), 50000.0);
+    CHECK_REL(dl_policy_weight(&c, 10, 1000, 8), 100000.0 / 3.0); /* 9^-0.5 */
     c.sfn_a = 1.0;
-    CHECK_NEAR(dl_policy_sfactor(&c, 1), 0.5);
-    CHECK_NEAR(dl_policy_sfactor(&c, 4), 0.2);
+    CHECK_REL(dl_policy_sfactor(&c, 1), 0.5);
+    CHECK_REL(dl_policy_sfactor(&c, 4), 0.2);
     c.sfn = DL_POLICY_SFN_HINGE, c.sfn_a = 0.5, c.sfn_b = 2;
-    CHECK_NEAR(dl_policy_sfactor(&c, 0), 1.0);
-    CHECK_NEAR(dl_policy_sfactor(&c, 2), 1.0);           /* at the hinge */
-    CHECK_NEAR(dl_policy_sfactor(&c, 4), 0.5);           /* 1/(0.5*2+1) */
-    CHECK_NEAR(dl_policy_weight(&c, 10, 1000, 6), 100000.0 / 3.0); /* 1/(0.5*4+1) */
+    CHECK_REL(dl_policy_sfactor(&c, 0), 1.0);
+    CHECK_REL(dl_policy_sfactor(&c, 2), 1.0);           /* at the hinge */
+    CHECK_REL(dl_policy_sfactor(&c, 4), 0.5);           /* 1/(0.5*2+1) */
+    CHECK_REL(dl_policy_weight(&c, 10, 1000, 6), 100000.0 / 3.0); /* 1/(0.5*4+1) */
 
     /* The same numbers inside a closed round. One learner A makes 3 versions,
      * then B pushes with base 0 (staleness 3) and A with base 3. */
@@ -228,17 +203,17 @@ static void test_weights(void)
         CHECK_EQ(ct->decision, DL_POLICY_MERGED);
         if (ct->learner == 2) {
             CHECK_EQ(ct->staleness, 3);
-            CHECK_NEAR(ct->sfactor, 0.5);
-            CHECK_NEAR(ct->weight, 50000.0);
+            CHECK_REL(ct->sfactor, 0.5);
+            CHECK_REL(ct->weight, 50000.0);
         } else {
             CHECK_EQ(ct->staleness, 0);
-            CHECK_NEAR(ct->weight, 12500.0); /* 500^2/20 */
+            CHECK_REL(ct->weight, 12500.0); /* 500^2/20 */
         }
     }
-    CHECK_NEAR(r.weight_sum, 62500.0);
+    CHECK_REL(r.weight_sum, 62500.0);
     dl_policy_committed(p, 0, 4, 290 * MS);
     dl_policy_close(&p);
-    CHECK(p == NULL);
+    CHECK(p == NULL, "a refused open leaves the handle NULL");
     dl_policy_close(&p);
 }
 
@@ -384,7 +359,7 @@ static void test_grace(void)
     CHECK_EQ(r.n, 2);
     CHECK_EQ(r.n_missing, 1);
     CHECK_EQ(r.deadline_ns, c_until);
-    CHECK(r.closed_ns <= r.cap_ns && r.cap_ns == t0 + 60 * MS);
+    CHECK(r.closed_ns <= r.cap_ns && r.cap_ns == t0 + 60 * MS, "closed %lld cap %lld", (long long)r.closed_ns, (long long)r.cap_ns);
     dl_policy_committed(p, 0, r.version + 1, d);
     /* next period: C's point (t0+40) + margin is long past: not waited for */
     push_fresh(p, 0, 1, t0 + 100 * MS);
@@ -476,7 +451,8 @@ static void test_grace(void)
     CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
     CHECK_EQ(r.n, 3);
     for (int i = 0; i < r.n; i++)
-        if (r.contribs[i].learner == 3) CHECK(r.contribs[i].handle == 32 && r.contribs[i].n_replaced == 1);
+        if (r.contribs[i].learner == 3) CHECK(r.contribs[i].handle == 32 && r.contribs[i].n_replaced == 1,
+                                        "learner 3 handle %llu replaced %d", (unsigned long long)r.contribs[i].handle, (int)r.contribs[i].n_replaced);
     dl_policy_committed(p, 0, r.version + 1, t0 + 140 * MS);
     print_stats("grace-refresh", p);
     dl_policy_close(&p);
@@ -583,10 +559,10 @@ static void test_replace(void)
             CHECK_EQ(ct->tokens, 80);
             CHECK_EQ(ct->n_replaced, 1);
             CHECK_EQ(ct->arrival_ns, 500 * MS);
-            CHECK_NEAR(ct->weight, 800.0);
+            CHECK_REL(ct->weight, 800.0);
         } else {
             CHECK_EQ(ct->handle, 21);
-            CHECK_NEAR(ct->weight, 400.0);
+            CHECK_REL(ct->weight, 400.0);
         }
     }
     dl_policy_committed(p, 0, 1, 501 * MS);
@@ -857,7 +833,8 @@ static void test_straggler(void)
             CHECK_EQ(base.pushes[i], SIM_N * SIM_P);
             CHECK_EQ(base.merged[i] + base.replaced_by[i], base.pushes[i]);
             CHECK_EQ(slow.merged[i] + slow.replaced_by[i], slow.pushes[i]);
-            CHECK(slow.merged[i] >= SIM_N * SIM_P - 1 && base.merged[i] >= SIM_N * SIM_P - 1);
+            CHECK(slow.merged[i] >= SIM_N * SIM_P - 1 && base.merged[i] >= SIM_N * SIM_P - 1, "learner %d merged %lld / %lld", i,
+                  (long long)slow.merged[i], (long long)base.merged[i]);
         }
         CHECK_EQ(base.replaced_after_warm, 0);
         CHECK_EQ(slow.replaced_after_warm, 0);
@@ -866,7 +843,7 @@ static void test_straggler(void)
          * inside the window and really came (then by < the 30 ms cap). Nobody
          * waited in vain: no grace-expired or cap closes. */
         CHECK_EQ(slow.n_fast, base.n_fast);
-        CHECK(base.n_fast >= SIM_P * (SIM_N - 11));
+        CHECK(base.n_fast >= SIM_P * (SIM_N - 11), "n_fast %lld", (long long)base.n_fast);
         int bad_time = 0, n = slow.n_fast < base.n_fast ? slow.n_fast : base.n_fast;
         for (int k = 0; k < n; k++) {
             const sim_fast_round *x = &slow.fast[k], *y = &base.fast[k];
@@ -886,7 +863,7 @@ static void test_straggler(void)
         CHECK_EQ(slow.slow_stale_min, 3);
         CHECK_EQ(slow.slow_stale_max, 3);
         CHECK_EQ(slow.slow_alone, 0);
-        CHECK(joined >= slow.pushes[3] - 2 * SIM_P * 3);
+        CHECK(joined >= slow.pushes[3] - 2 * SIM_P * 3, "joined %lld pushes %lld", (long long)joined, (long long)slow.pushes[3]);
         CHECK_EQ(slow.replaced_by[3], 0);
         CHECK_EQ(slow.dropped, 0);
     }
@@ -903,6 +880,5 @@ int main(void)
     test_sync();
     test_capacity();
     test_straggler();
-    printf("test_policy: %d checks, %d failed\n", checks, fails);
-    return fails ? 1 : 0;
+    return CHECK_DONE("test_policy");
 }

@@ -1,5 +1,6 @@
 /* Trainer and checkpoint tests that run without a GPU: raw-buffer checkpoints
- * are the dl_gpt checkpoint byte for byte, resume through the API is bit-exact, and device selection errors. */
+ * are the dl_gpt checkpoint byte for byte, resume through the API is bit-exact, device selection errors, and
+ * the out-of-memory refusals of model-sized buffers (the CUDA trainer's where a device exists). */
 #include "learner/train.h"
 
 #include <math.h>
@@ -20,7 +21,7 @@
 static char dir[] = "/tmp/dloco_test_train.XXXXXX";
 static char corpus[512];
 
-static dl_gpt_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
+static dl_model_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
 
 static void *read_file(const char *path, size_t *n)
 {
@@ -85,8 +86,23 @@ static void test_ckpt_raw(void)
     CHECK(na == nb && na == 128 + 3 * n * sizeof(float) && memcmp(fa, fb, na) == 0,
           "raw checkpoint differs from the model's (%zu vs %zu bytes)", nb, na);
 
-    float *p = malloc(3 * n * sizeof(float));
-    dl_ckpt_state got;
+    float *p = calloc(3 * n, sizeof(float));
+    dl_ckpt_state got = {0};
+    /* the file's state is staged whole (3 x nparams floats) before it is
+     * checked; no room for it is a DL_ENOMEM that leaves the buffers alone */
+    dl_err_clear();
+    dl_alloc_fail_after(1);
+    int rc = dl_ckpt_load_raw(a, dl_gpt_cfg(g), n, p, p + n, p + 2 * n, &got);
+    dl_alloc_fail_after(0);
+    int untouched = 1;
+    for (size_t i = 0; i < 3 * n; i++) untouched &= p[i] == 0.0f;
+    char want[160];
+    snprintf(want, sizeof want, "state of %zu parameters x 3 buffers (", n);
+    printf("load_raw without memory -> %s: %s\n", dl_strerror(rc), dl_errmsg());
+    CHECK(rc == DL_ENOMEM && untouched && got.step == 0, "load_raw out of memory: rc %d, untouched %d", rc,
+          untouched);
+    CHECK(strstr(dl_errmsg(), want) && strstr(dl_errmsg(), "model.ckpt") && strstr(dl_errmsg(), "out of memory"),
+          "load_raw out of memory: message '%s' lacks '%s'", dl_errmsg(), want);
     REQUIRE(dl_ckpt_load_raw(a, dl_gpt_cfg(g), n, p, p + n, p + 2 * n, &got) == 0, "load_raw: %s", dl_errmsg());
     CHECK(!memcmp(p, dl_gpt_params(g), n * 4) && !memcmp(p + n, dl_gpt_adam_m(g), n * 4) &&
               !memcmp(p + 2 * n, dl_gpt_adam_v(g), n * 4),
@@ -94,14 +110,14 @@ static void test_ckpt_raw(void)
     CHECK(got.step == 42 && got.data.epoch == 3 && got.data.index == 17 && got.seed == 99, "load_raw: state");
 
     /* another model's config: refused, buffers untouched */
-    dl_gpt_config other = CFG;
+    dl_model_config other = CFG;
     other.n_embd = 64;
-    REQUIRE(dl_gpt_config_check(&other) == 0, "config");
+    REQUIRE(dl_model_config_check(&other) == 0, "config");
     size_t n2;
-    dl_gpt_tensor_table(&other, NULL, 0, &n2);
+    dl_model_tensor_table(&other, NULL, 0, &n2);
     float *q = calloc(3 * n2, sizeof(float));
-    int rc = dl_ckpt_load_raw(a, &other, n2, q, q + n2, q + 2 * n2, &got);
-    int untouched = 1;
+    rc = dl_ckpt_load_raw(a, &other, n2, q, q + n2, q + 2 * n2, &got);
+    untouched = 1;
     for (size_t i = 0; i < 3 * n2; i++) untouched &= q[i] == 0.0f;
     printf("load_raw of another model -> %s: %s\n", dl_strerror(rc), dl_errmsg());
     CHECK(rc == DL_EMISMATCH && untouched, "mismatched load_raw: rc %d, buffers untouched %d", rc, untouched);
@@ -137,6 +153,11 @@ static void test_cpu_resume(void)
     char path[600];
     snprintf(path, sizeof path, "%s/trainer.ckpt", dir);
     REQUIRE(dl_trainer_save(a, path) == 0, "save: %s", dl_errmsg());
+    dl_alloc_fail_after(1); /* the checkpoint's staging buffer: refused, b stays at step 0 */
+    int rc = dl_trainer_resume(b, path);
+    dl_alloc_fail_after(0);
+    CHECK(rc == DL_ENOMEM && dl_trainer_steps_done(b) == 0 && strstr(dl_errmsg(), "x 3 buffers"),
+          "resume out of memory: rc %d at step %lld '%s'", rc, (long long)dl_trainer_steps_done(b), dl_errmsg());
     REQUIRE(dl_trainer_resume(b, path) == 0, "resume: %s", dl_errmsg());
     CHECK(dl_trainer_steps_done(b) == 3, "resumed at step %lld", (long long)dl_trainer_steps_done(b));
     int same = 1;
@@ -190,6 +211,92 @@ static void test_devices(void)
     printf("ok: device errors\n");
 }
 
+/* ---- the CUDA trainer's host staging for checkpoints: 3 (4 with
+ * adam_fleet) x nparams floats, each the first allocation of the call; no
+ * room is a DL_ENOMEM that writes no file and leaves the trainer usable */
+
+static void test_cuda_staging(void)
+{
+#ifdef DLOCO_HAVE_CUDA
+    if (!dl_cuda_available()) {
+        printf("SKIP: no CUDA device: the CUDA trainer's checkpoint staging refusals are not exercised\n");
+        dl_cuda_thread_release();
+        return;
+    }
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/cuda.ckpt", dir);
+    for (int fleet = 0; fleet < 2; fleet++) {
+        dl_train_cfg tc = train_cfg(DL_DEVICE_CUDA);
+        tc.fleet = fleet ? 4.0f : 0.0f;
+        dl_trainer *t = NULL;
+        REQUIRE(dl_trainer_open(&tc, open_data(), &t) == 0, "cuda trainer (fleet %d): %s", fleet, dl_errmsg());
+        char want[160];
+        snprintf(want, sizeof want, "checkpoint staging of %zu parameters x %d buffers (", dl_trainer_num_params(t),
+                 3 + fleet);
+        dl_err_clear();
+        dl_alloc_fail_after(1);
+        int rc = dl_trainer_save(t, ck);
+        dl_alloc_fail_after(0);
+        printf("cuda save (fleet %d) without memory -> %s: %s\n", fleet, dl_strerror(rc), dl_errmsg());
+        CHECK(rc == DL_ENOMEM && strstr(dl_errmsg(), want) && strstr(dl_errmsg(), "out of memory"),
+              "cuda save (fleet %d) out of memory: rc %d '%s' (want '%s')", fleet, rc, dl_errmsg(), want);
+        CHECK(access(ck, F_OK) != 0, "no checkpoint file after a refused save");
+        CHECK(dl_trainer_save(t, ck) == 0, "cuda save (fleet %d) after the failure: %s", fleet, dl_errmsg());
+        if (!fleet) {
+            dl_alloc_fail_after(1);
+            rc = dl_trainer_resume(t, ck);
+            dl_alloc_fail_after(0);
+            printf("cuda resume without memory -> %s: %s\n", dl_strerror(rc), dl_errmsg());
+            CHECK(rc == DL_ENOMEM && strstr(dl_errmsg(), "x 3 buffers (") && strstr(dl_errmsg(), "out of memory"),
+                  "cuda resume out of memory: rc %d '%s'", rc, dl_errmsg());
+            CHECK(dl_trainer_resume(t, ck) == 0, "cuda resume after the failure: %s", dl_errmsg());
+        }
+        dl_trainer_close(&t);
+        unlink(ck);
+    }
+    dl_cuda_thread_release();
+    printf("ok: cuda checkpoint staging refusals\n");
+#else
+    printf("SKIP: a build without CUDA: the CUDA trainer's checkpoint staging refusals are not exercised\n");
+#endif
+}
+
+/* ---- adam_fleet's two nparams-float buffers (ga, w): allocated by
+ * dl_trainer_open just before the two token buffers, so they are the
+ * 4th and 3rd allocations from the end of a successful open. Either one
+ * failing is a DL_ENOMEM, the data is closed, no handle comes back. */
+
+static void test_fleet_out_of_memory(void)
+{
+    dl_train_cfg tc = train_cfg(DL_DEVICE_CPU);
+    tc.fleet = 4.0f;
+    dl_trainer *t = NULL;
+    dl_data *d = open_data();
+    long long c0 = dl_alloc_count();
+    REQUIRE(dl_trainer_open(&tc, d, &t) == 0, "fleet trainer: %s", dl_errmsg());
+    long long nalloc = dl_alloc_count() - c0;
+    char want[160];
+    snprintf(want, sizeof want, "adam_fleet state of %zu parameters x 2 buffers (", dl_trainer_num_params(t));
+    dl_trainer_close(&t);
+    for (long long k = nalloc - 3; k <= nalloc - 2; k++) {
+        d = open_data();
+        t = (dl_trainer *)&CFG; /* must come back NULL */
+        dl_err_clear();
+        dl_alloc_fail_after(k);
+        int rc = dl_trainer_open(&tc, d, &t);
+        dl_alloc_fail_after(0);
+        printf("allocation %lld of %lld in a fleet dl_trainer_open failed -> %s: %s\n", k, nalloc, dl_strerror(rc),
+               dl_errmsg());
+        CHECK(rc == DL_ENOMEM && t == NULL, "allocation %lld: rc %d", k, rc);
+        CHECK(strstr(dl_errmsg(), want) && strstr(dl_errmsg(), "out of memory"), "allocation %lld: '%s' lacks '%s'",
+              k, dl_errmsg(), want);
+    }
+    REQUIRE(dl_trainer_open(&tc, open_data(), &t) == 0, "a fleet open after the failures: %s", dl_errmsg());
+    double l = NAN;
+    CHECK(dl_trainer_step(t, &l, NULL) == 0 && isfinite(l), "a step after the failures: loss %f", l);
+    dl_trainer_close(&t);
+}
+
 /* ---- adam_fleet: the split-batch step uses the whole batch, refuses what it cannot do */
 
 static void test_fleet(void)
@@ -216,8 +323,19 @@ static void test_fleet(void)
     CHECK(last < first, "fleet training loss fell: %.4f -> %.4f", first, last);
     char ck[600];
     snprintf(ck, sizeof ck, "%s/fleet.ckpt", dir);
+    /* max(v,0)+w is staged in nparams floats first: without them, a DL_ENOMEM and no file */
+    dl_err_clear();
+    dl_alloc_fail_after(1);
+    int rc = dl_trainer_save(fl, ck);
+    dl_alloc_fail_after(0);
+    char want[160];
+    snprintf(want, sizeof want, "checkpoint staging of %zu parameters (", n);
+    printf("fleet save without memory -> %s: %s\n", dl_strerror(rc), dl_errmsg());
+    CHECK(rc == DL_ENOMEM && strstr(dl_errmsg(), want) && strstr(dl_errmsg(), "out of memory"),
+          "fleet save out of memory: rc %d '%s'", rc, dl_errmsg());
+    CHECK(access(ck, F_OK) != 0, "no checkpoint file after a refused save");
     CHECK(dl_trainer_save(fl, ck) == 0, "fleet save: %s", dl_errmsg());
-    int rc = dl_trainer_resume(fl, ck);
+    rc = dl_trainer_resume(fl, ck);
     CHECK(rc == DL_EINVAL && strstr(dl_errmsg(), "cannot resume"), "fleet resume refused: rc %d '%s'", rc,
           dl_errmsg());
     /* the checkpoint holds max(v,0)+w: a plain-AdamW state even where the
@@ -259,6 +377,7 @@ static void test_fleet(void)
               bad[i].fleet, bad[i].batch, bad[i].device, rc, dl_errmsg());
         printf("fleet %g, batch %d, device %d -> %s\n", bad[i].fleet, bad[i].batch, bad[i].device, dl_errmsg());
     }
+    test_fleet_out_of_memory();
     printf("ok: adam_fleet\n");
 }
 
@@ -271,12 +390,13 @@ int main(void)
     for (int i = 1; i <= 400; i++)
         fprintf(f, "line %d: the quick brown fox jumps over the lazy dog %d\n", i, i * 7919 % 1000);
     fclose(f);
-    REQUIRE(dl_gpt_config_check(&CFG) == 0, "config: %s", dl_errmsg());
+    REQUIRE(dl_model_config_check(&CFG) == 0, "config: %s", dl_errmsg());
 
     test_ckpt_raw();
     test_cpu_resume();
     test_devices();
     test_fleet();
+    test_cuda_staging();
 
     unlink(corpus);
     rmdir(dir);

@@ -4,6 +4,7 @@
 #include "core/config.h"
 #include "core/err.h"
 #include "core/log.h"
+#include "core/model.h"
 #include "core/plan.h"
 #include "learner/data.h"
 #include "learner/gpt.h"
@@ -32,23 +33,34 @@ static void usage(FILE *f)
                "                               validation loss of the store's global model\n");
 }
 
-/* the model config recorded in the store's run config text ("name = value") */
-static int model_from_store(const dl_store_run *run, dl_gpt_config *m, int *P)
+/* What the store cannot check alone: the run's typed model and P give the
+ * plan, whose fingerprint and fragment sizes must be the recorded ones. */
+static int check_model(const char *dir)
 {
-    memset(m, 0, sizeof *m);
-    *P = (int)run->n_fragments;
-    if (!run->config_text) return dl_err(DL_EFORMAT, "the store has no run config text");
-    const char *keys[] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab"};
-    int *vals[] = {&m->n_layer, &m->n_head, &m->n_embd, &m->seq_len, &m->vocab};
-    for (int i = 0; i < 5; i++) {
-        char pat[40];
-        snprintf(pat, sizeof pat, "\n%s = ", keys[i]);
-        const char *at = strstr(run->config_text, pat);
-        if (!at && !strncmp(run->config_text, pat + 1, strlen(pat + 1))) at = run->config_text - 1;
-        if (!at) return dl_err(DL_EFORMAT, "the store's run config has no %s", keys[i]);
-        *vals[i] = atoi(at + strlen(pat));
-    }
-    return dl_gpt_config_check(m);
+    dl_store_opts o = dl_store_opts_default();
+    o.read_only = 1;
+    dl_store *s = NULL;
+    dl_plan *plan = NULL;
+    dl_store_run run;
+    int rc = dl_store_open(dir, &o, &s);
+    if (!rc) rc = dl_store_get_run(s, &run);
+    if (!rc) rc = dl_model_plan_open(&run.model, (int)run.n_fragments, &plan);
+    if (!rc && dl_model_fingerprint(&run.model, plan) != run.fingerprint)
+        rc = dl_err(DL_ECORRUPT, "the run's model (L=%d NH=%d C=%d T=%d V=%d, P=%u) has fingerprint %016llx, the run "
+                    "records %016llx", run.model.n_layer, run.model.n_head, run.model.n_embd, run.model.seq_len,
+                    run.model.vocab, run.n_fragments, (unsigned long long)dl_model_fingerprint(&run.model, plan),
+                    (unsigned long long)run.fingerprint);
+    for (uint32_t p = 0; !rc && p < run.n_fragments; p++)
+        if (dl_plan_fragment_numel(plan, (int)p) != run.numel[p])
+            rc = dl_err(DL_ECORRUPT, "fragment %u: the model's plan has %zu floats, the run records %llu", p,
+                        dl_plan_fragment_numel(plan, (int)p), (unsigned long long)run.numel[p]);
+    if (!rc)
+        printf("  model: L=%d NH=%d C=%d T=%d V=%d, init seed %llu: matches the fingerprint and fragment sizes\n",
+               run.model.n_layer, run.model.n_head, run.model.n_embd, run.model.seq_len, run.model.vocab,
+               (unsigned long long)run.seed);
+    dl_plan_close(&plan);
+    dl_store_close(&s);
+    return rc;
 }
 
 typedef struct {
@@ -99,6 +111,8 @@ static int cmd_status(const char *dir)
     dl_store_get_epoch(s, &epoch);
     printf("run %s: fingerprint %016llx, %u fragments, epoch %llu\n", run.run_id, (unsigned long long)run.fingerprint,
            run.n_fragments, (unsigned long long)epoch);
+    printf("model: L=%d NH=%d C=%d T=%d V=%d, init seed %llu\n", run.model.n_layer, run.model.n_head, run.model.n_embd,
+           run.model.seq_len, run.model.vocab, (unsigned long long)run.seed);
     merge_stats ms = {0};
     printf("versions:");
     for (uint32_t p = 0; p < run.n_fragments; p++) {
@@ -116,10 +130,12 @@ static int cmd_status(const char *dir)
      * fragment. Divided by P it reads in tokens. */
     if (!dl_store_ledger_get(s, &led)) {
         double P = run.n_fragments ? (double)run.n_fragments : 1.0;
-        printf("token ledger (tokens; fragment-tokens / %u): applied %.0f, dropped_stale %.0f, rejected %.0f, lost %.0f\n",
+        printf("token ledger (tokens; fragment-tokens / %u): applied %.0f, dropped_stale %.0f, rejected %.0f, lost %.0f, "
+               "discarded %.0f, outstanding %.0f\n",
                run.n_fragments, (double)led.tokens[DL_LEDGER_APPLIED] / P,
                (double)led.tokens[DL_LEDGER_DROPPED_STALE] / P, (double)led.tokens[DL_LEDGER_REJECTED] / P,
-               (double)led.tokens[DL_LEDGER_LOST] / P);
+               (double)led.tokens[DL_LEDGER_LOST] / P, (double)led.tokens[DL_LEDGER_DISCARDED] / P,
+               (double)led.tokens[DL_LEDGER_OUTSTANDING] / P);
     }
     dl_store_foreach_learner(s, print_learner, NULL);
     dl_store_close(&s);
@@ -181,17 +197,17 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     dl_store *s = NULL;
     if ((rc = dl_store_open(dir, &o, &s))) return fail("opening the store", rc);
     dl_store_run run;
-    dl_gpt_config m;
-    int P;
     dl_plan *plan = NULL;
     dl_gpt *g = NULL;
     dl_data *d = NULL;
-    if ((rc = dl_store_get_run(s, &run)) || (rc = model_from_store(&run, &m, &P)) ||
-        (rc = dl_gpt_plan_open(&m, P, &plan))) {
+    if ((rc = dl_store_get_run(s, &run)) || (rc = dl_model_plan_open(&run.model, (int)run.n_fragments, &plan))) {
         dl_store_close(&s);
         return fail("reading the run", rc);
     }
-    if (dl_gpt_fingerprint(&m, plan) != run.fingerprint) {
+    const dl_model_config m = run.model;
+    int P = (int)run.n_fragments;
+    if (dl_model_fingerprint(&m, plan) != run.fingerprint) {
+        dl_plan_close(&plan);
         dl_store_close(&s);
         return fail("reading the run", dl_err(DL_EMISMATCH, "model config in the store does not match its fingerprint"));
     }
@@ -244,6 +260,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1], *dir = argv[2];
     if (!strcmp(cmd, "check")) {
         int rc = dl_store_check(dir, stdout);
+        if (!rc) rc = check_model(dir);
         if (rc) {
             fprintf(stderr, "dloco check: %s: %s\n", dl_strerror(rc), dl_errmsg());
             return 1;
