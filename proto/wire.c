@@ -11,6 +11,7 @@
 
 #include "core/err.h"
 #include "core/hash.h"
+#include "core/log.h"
 
 dl_wire_limits dl_wire_limits_default(void)
 {
@@ -28,7 +29,7 @@ dl_wire_limits dl_wire_limits_default(void)
 
 /* ---- zmq boundary: every failing call records file:line and zmq's reason */
 
-static int zmq_fail(const char *what, const char *file, int line)
+int dl_wire_zmq_fail(const char *what, const char *file, int line)
 {
     int e = zmq_errno();
     if (e == EAGAIN) return dl_err(DL_EAGAIN, "%s: would block", what);
@@ -37,11 +38,16 @@ static int zmq_fail(const char *what, const char *file, int line)
     if (e == ENOMEM) return dl_err(DL_ENOMEM, "%s:%d: %s: out of memory", file, line, what);
     return dl_err(DL_ENET, "%s:%d: %s: %s", file, line, what, zmq_strerror(e));
 }
-#define ZFAIL(what) zmq_fail((what), __FILE__, __LINE__)
 
-static int setopt_int(void *sock, int opt, int v, const char *name)
+void dl_wire_zmq_warn(const char *what, const char *file, int line)
 {
-    if (zmq_setsockopt(sock, opt, &v, sizeof v) != 0) return ZFAIL(name);
+    int e = zmq_errno();
+    DL_WARN("%s:%d: %s: %s", file, line, what, zmq_strerror(e));
+}
+
+static int setopt_int(void *sock, int opt, int v)
+{
+    DL_ZMQ_CALL(zmq_setsockopt(sock, opt, &v, sizeof v));
     return 0;
 }
 
@@ -49,20 +55,19 @@ int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes)
 {
     assert(sock && max_msg_bytes > 0 && max_msg_bytes <= (size_t)INT64_MAX);
     int64_t maxmsg = (int64_t)max_msg_bytes;
-    if (zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) != 0)
-        return ZFAIL("setsockopt ZMQ_MAXMSGSIZE");
-    DL_TRY(setopt_int(sock, ZMQ_LINGER, 0, "setsockopt ZMQ_LINGER"));
-    DL_TRY(setopt_int(sock, ZMQ_SNDHWM, DL_WIRE_HWM, "setsockopt ZMQ_SNDHWM"));
-    DL_TRY(setopt_int(sock, ZMQ_RCVHWM, DL_WIRE_HWM, "setsockopt ZMQ_RCVHWM"));
-    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE, 1, "setsockopt ZMQ_TCP_KEEPALIVE"));
-    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_IDLE, 30, "setsockopt ZMQ_TCP_KEEPALIVE_IDLE"));
-    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_INTVL, 10, "setsockopt ZMQ_TCP_KEEPALIVE_INTVL"));
-    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_CNT, 3, "setsockopt ZMQ_TCP_KEEPALIVE_CNT"));
-    DL_TRY(setopt_int(sock, ZMQ_RECONNECT_IVL, 100, "setsockopt ZMQ_RECONNECT_IVL"));
-    DL_TRY(setopt_int(sock, ZMQ_RECONNECT_IVL_MAX, 10000, "setsockopt ZMQ_RECONNECT_IVL_MAX"));
+    DL_ZMQ_CALL(zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg));
+    DL_TRY(setopt_int(sock, ZMQ_LINGER, 0));
+    DL_TRY(setopt_int(sock, ZMQ_SNDHWM, DL_WIRE_HWM));
+    DL_TRY(setopt_int(sock, ZMQ_RCVHWM, DL_WIRE_HWM));
+    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE, 1));
+    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_IDLE, 30));
+    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_INTVL, 10));
+    DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_CNT, 3));
+    DL_TRY(setopt_int(sock, ZMQ_RECONNECT_IVL, 100));
+    DL_TRY(setopt_int(sock, ZMQ_RECONNECT_IVL_MAX, 10000));
     if (is_router) {
-        DL_TRY(setopt_int(sock, ZMQ_ROUTER_MANDATORY, 1, "setsockopt ZMQ_ROUTER_MANDATORY"));
-        DL_TRY(setopt_int(sock, ZMQ_ROUTER_HANDOVER, 1, "setsockopt ZMQ_ROUTER_HANDOVER"));
+        DL_TRY(setopt_int(sock, ZMQ_ROUTER_MANDATORY, 1));
+        DL_TRY(setopt_int(sock, ZMQ_ROUTER_HANDOVER, 1));
     }
     return 0;
 }
@@ -96,6 +101,42 @@ const char *dl_wire_body_name(Dloco__V1__Envelope__BodyCase body)
     case DLOCO__V1__ENVELOPE__BODY_ERROR: return "error";
     default: return "unknown";
     }
+}
+
+int dl_wire_error_kind_valid(int kind)
+{
+    return kind >= DLOCO__V1__ERROR_KIND__ERROR_KIND_INVALID && kind <= DLOCO__V1__ERROR_KIND__ERROR_KIND_INTERNAL;
+}
+
+const char *dl_wire_error_kind_name(int kind)
+{
+    switch (kind) {
+    case DLOCO__V1__ERROR_KIND__ERROR_KIND_INVALID: return "invalid";
+    case DLOCO__V1__ERROR_KIND__ERROR_KIND_PROTOCOL: return "protocol";
+    case DLOCO__V1__ERROR_KIND__ERROR_KIND_MISMATCH: return "mismatch";
+    case DLOCO__V1__ERROR_KIND__ERROR_KIND_UNKNOWN_LEARNER: return "unknown learner";
+    case DLOCO__V1__ERROR_KIND__ERROR_KIND_FULL: return "full";
+    case DLOCO__V1__ERROR_KIND__ERROR_KIND_INTERNAL: return "internal";
+    default: return "unspecified";
+    }
+}
+
+Dloco__V1__ErrorKind dl_wire_error_kind_of(int dl_code)
+{
+    switch (dl_code) {
+    case DL_EINVAL: return DLOCO__V1__ERROR_KIND__ERROR_KIND_INVALID;
+    case DL_EPROTO: return DLOCO__V1__ERROR_KIND__ERROR_KIND_PROTOCOL;
+    case DL_EMISMATCH: return DLOCO__V1__ERROR_KIND__ERROR_KIND_MISMATCH;
+    case DL_ENOTFOUND: return DLOCO__V1__ERROR_KIND__ERROR_KIND_UNKNOWN_LEARNER;
+    case DL_ERANGE: return DLOCO__V1__ERROR_KIND__ERROR_KIND_FULL;
+    default: return DLOCO__V1__ERROR_KIND__ERROR_KIND_INTERNAL;
+    }
+}
+
+Dloco__V1__ErrorKind dl_wire_error_kind(const Dloco__V1__Error *e)
+{
+    if (e->kind != DLOCO__V1__ERROR_KIND__ERROR_KIND_UNSPECIFIED) return e->kind;
+    return dl_wire_error_kind_of(e->code); /* legacy: the sender's DL_E* code of protocol v1.0 */
 }
 
 const char *dl_wire_codec_name(Dloco__V1__Codec codec)
@@ -297,13 +338,35 @@ static int check_welcome(const Dloco__V1__Welcome *m, int npayload, const dl_wir
     return check_str(b, "policy", m->policy, lim->max_name);
 }
 
-static int check_heartbeat(const Dloco__V1__Heartbeat *m, int npayload)
+/* Discarded fragment-tokens can never exceed the fragment-tokens processed. */
+static int check_discarded(const char *b, uint64_t discarded, uint64_t tokens, const dl_wire_limits *lim)
+{
+    uint64_t P = lim->num_fragments ? lim->num_fragments : DL_WIRE_MAX_FRAGMENTS;
+    uint64_t cap = tokens > UINT64_MAX / P ? UINT64_MAX : tokens * P;
+    if (discarded > cap)
+        return bad(b, "discarded_tokens %llu > tokens %llu x %llu fragments", (unsigned long long)discarded,
+                   (unsigned long long)tokens, (unsigned long long)P);
+    return 0;
+}
+
+static int check_heartbeat(const Dloco__V1__Heartbeat *m, int npayload, const dl_wire_limits *lim)
 {
     const char *b = "heartbeat";
     DL_TRY(no_payload(b, npayload));
     DL_TRY(check_finite(b, "steps_per_s", m->steps_per_s));
     if (m->steps_per_s < 0) return bad(b, "steps_per_s is %g, must be >= 0", m->steps_per_s);
-    return 0;
+    return check_discarded(b, m->discarded_tokens, m->tokens, lim);
+}
+
+static int check_error(const Dloco__V1__Error *m, int npayload, const dl_wire_limits *lim)
+{
+    const char *b = "error";
+    DL_TRY(no_payload(b, npayload));
+    /* A v1 peer from before ErrorKind sends only the deprecated code. */
+    int legacy = m->kind == DLOCO__V1__ERROR_KIND__ERROR_KIND_UNSPECIFIED && m->code != 0;
+    if (!legacy && !dl_wire_error_kind_valid(m->kind))
+        return bad(b, "kind %d is not a known ErrorKind", (int)m->kind);
+    return check_str(b, "message", m->message, lim->max_text);
 }
 
 static int check_push(const Dloco__V1__Push *m, const size_t *lens, int npayload, const dl_wire_limits *lim)
@@ -313,6 +376,10 @@ static int check_push(const Dloco__V1__Push *m, const size_t *lens, int npayload
     if (m->tokens < m->steps)
         return bad(b, "tokens %llu < steps %llu", (unsigned long long)m->tokens, (unsigned long long)m->steps);
     DL_TRY(check_finite(b, "loss", m->loss));
+    DL_TRY(check_finite(b, "compute_s", m->compute_s));
+    /* a day per step is far beyond any real step: larger means a broken clock */
+    if (m->compute_s < 0 || m->compute_s > (double)m->steps * 86400.0)
+        return bad(b, "compute_s is %g, must be in [0, steps * 86400 = %g]", m->compute_s, (double)m->steps * 86400.0);
     return check_tensor(b, m->fragment, m->codec, m->numel, m->block_size, lens, npayload, lim);
 }
 
@@ -376,7 +443,7 @@ int dl_wire_validate(const Dloco__V1__Envelope *env, const size_t *payload_lens,
         return check_welcome(env->welcome, npayload, lim);
     case DLOCO__V1__ENVELOPE__BODY_HEARTBEAT:
         if (!env->heartbeat) break;
-        return check_heartbeat(env->heartbeat, npayload);
+        return check_heartbeat(env->heartbeat, npayload, lim);
     case DLOCO__V1__ENVELOPE__BODY_PUSH:
         if (!env->push) break;
         return check_push(env->push, payload_lens, npayload, lim);
@@ -393,11 +460,11 @@ int dl_wire_validate(const Dloco__V1__Envelope *env, const size_t *payload_lens,
     case DLOCO__V1__ENVELOPE__BODY_BYE:
         if (!env->bye) break;
         DL_TRY(no_payload(b, npayload));
+        DL_TRY(check_discarded(b, env->bye->discarded_tokens, env->bye->tokens, lim));
         return check_str(b, "reason", env->bye->reason, lim->max_text);
     case DLOCO__V1__ENVELOPE__BODY_ERROR:
         if (!env->error) break;
-        DL_TRY(no_payload(b, npayload));
-        return check_str(b, "message", env->error->message, lim->max_text);
+        return check_error(env->error, npayload, lim);
     default: return bad("envelope", "unknown body %d", (int)env->body_case);
     }
     return bad(b, "body pointer is NULL");
@@ -451,7 +518,7 @@ int dl_wire_send(void *sock, const void *routing_id, size_t id_len, const Dloco_
     if (hlen > DL_WIRE_MAX_HEADER_BYTES)
         return dl_err(DL_EINVAL, "header packs to %zu bytes, max %u", hlen, DL_WIRE_MAX_HEADER_BYTES);
     zmq_msg_t hdr;
-    if (zmq_msg_init_size(&hdr, hlen) != 0) return ZFAIL("zmq_msg_init_size");
+    DL_ZMQ_CALL(zmq_msg_init_size(&hdr, hlen));
     size_t packed = dloco__v1__envelope__pack(env, zmq_msg_data(&hdr));
     assert(packed == hlen);
     (void)packed;
@@ -459,17 +526,15 @@ int dl_wire_send(void *sock, const void *routing_id, size_t id_len, const Dloco_
     /* The first frame decides: libzmq checks the high-water mark and (ROUTER)
      * the peer only there, and then accepts the rest of the multipart message
      * as a unit, so a failure below the first frame means the socket broke. */
-    if (id_len > 0 && zmq_send(sock, routing_id, id_len, flags | ZMQ_SNDMORE) < 0) {
-        zmq_msg_close(&hdr);
-        return ZFAIL("send routing id");
-    }
-    if (zmq_msg_send(&hdr, sock, flags | (npayload > 0 ? ZMQ_SNDMORE : 0)) < 0) {
-        zmq_msg_close(&hdr);
-        return ZFAIL("send header");
+    int rc = id_len > 0 ? DL_ZMQ_RC(zmq_send(sock, routing_id, id_len, flags | ZMQ_SNDMORE)) : 0;
+    if (rc >= 0) rc = DL_ZMQ_RC(zmq_msg_send(&hdr, sock, flags | (npayload > 0 ? ZMQ_SNDMORE : 0)));
+    if (rc < 0) {
+        DL_ZMQ_LOG(zmq_msg_close(&hdr)); /* a sent message belongs to zmq; an unsent one is ours */
+        return rc;
     }
     for (int i = 0; i < npayload; i++) {
         int more = i + 1 < npayload ? ZMQ_SNDMORE : 0;
-        if (zmq_send(sock, payloads[i], lens[i], flags | more) < 0) return ZFAIL("send payload");
+        DL_ZMQ_CALL(zmq_send(sock, payloads[i], lens[i], flags | more));
     }
     return 0;
 }
@@ -490,7 +555,7 @@ void dl_wire_msg_close(dl_wire_msg *m)
 {
     assert(m);
     dl_wire_env_free(&m->env);
-    for (int i = 0; i < m->npayload; i++) zmq_msg_close(&m->payload[i]);
+    for (int i = 0; i < m->npayload; i++) DL_ZMQ_LOG(zmq_msg_close(&m->payload[i]));
     m->npayload = 0;
 }
 
@@ -501,14 +566,15 @@ static int drain_payloads(void *sock, dl_wire_msg *m, int *nframes)
     for (;;) {
         zmq_msg_t spill;
         zmq_msg_t *dst = m->npayload < DL_WIRE_MAX_PAYLOADS ? &m->payload[m->npayload] : &spill;
-        zmq_msg_init(dst);
+        DL_ZMQ_CALL(zmq_msg_init(dst));
         /* Later frames of a message are already queued (delivery is atomic). */
-        if (zmq_msg_recv(dst, sock, 0) < 0) {
-            zmq_msg_close(dst);
-            return ZFAIL("recv payload");
+        int rc = DL_ZMQ_RC(zmq_msg_recv(dst, sock, 0));
+        if (rc < 0) {
+            DL_ZMQ_LOG(zmq_msg_close(dst));
+            return rc;
         }
         int more = zmq_msg_more(dst);
-        if (dst == &spill) zmq_msg_close(&spill);
+        if (dst == &spill) DL_ZMQ_LOG(zmq_msg_close(&spill));
         else m->npayload++;
         (*nframes)++;
         if (!more) return 0;
@@ -523,10 +589,11 @@ int dl_wire_recv(void *sock, int is_router, const dl_wire_limits *lim, dl_wire_m
     if (!lim) lim = &dflt;
 
     zmq_msg_t part;
-    zmq_msg_init(&part);
-    if (zmq_msg_recv(&part, sock, flags) < 0) {
-        zmq_msg_close(&part);
-        return ZFAIL("recv");
+    DL_ZMQ_CALL(zmq_msg_init(&part));
+    int rrc = DL_ZMQ_RC(zmq_msg_recv(&part, sock, flags));
+    if (rrc < 0) {
+        DL_ZMQ_LOG(zmq_msg_close(&part));
+        return rrc;
     }
     if (is_router) {
         size_t n = zmq_msg_size(&part);
@@ -535,12 +602,13 @@ int dl_wire_recv(void *sock, int is_router, const dl_wire_limits *lim, dl_wire_m
         out->id[n] = 0;
         out->id_len = n;
         int more = zmq_msg_more(&part);
-        zmq_msg_close(&part);
+        DL_ZMQ_LOG(zmq_msg_close(&part));
         if (!more) return dl_err(DL_EPROTO, "message has no header frame");
-        zmq_msg_init(&part);
-        if (zmq_msg_recv(&part, sock, 0) < 0) {
-            zmq_msg_close(&part);
-            return ZFAIL("recv header");
+        DL_ZMQ_CALL(zmq_msg_init(&part));
+        rrc = DL_ZMQ_RC(zmq_msg_recv(&part, sock, 0));
+        if (rrc < 0) {
+            DL_ZMQ_LOG(zmq_msg_close(&part));
+            return rrc;
         }
     }
     /* `part` is the header now. */
@@ -554,7 +622,7 @@ int dl_wire_recv(void *sock, int is_router, const dl_wire_limits *lim, dl_wire_m
         for (int i = 0; i < out->npayload; i++) lens[i] = zmq_msg_size(&out->payload[i]);
         rc = dl_wire_unpack(zmq_msg_data(&part), zmq_msg_size(&part), lens, out->npayload, lim, &out->env);
     }
-    zmq_msg_close(&part);
+    DL_ZMQ_LOG(zmq_msg_close(&part));
     if (rc == 0 && lim->verify_checksum) {
         const Dloco__V1__Envelope *e = out->env;
         uint64_t want = 0;
@@ -573,7 +641,7 @@ int dl_wire_recv(void *sock, int is_router, const dl_wire_limits *lim, dl_wire_m
     if (rc < 0) {
         /* Keep the routing id for an Error reply; drop everything else. */
         dl_wire_env_free(&out->env);
-        for (int i = 0; i < out->npayload; i++) zmq_msg_close(&out->payload[i]);
+        for (int i = 0; i < out->npayload; i++) DL_ZMQ_LOG(zmq_msg_close(&out->payload[i]));
         out->npayload = 0;
     }
     return rc;

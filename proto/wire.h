@@ -61,6 +61,36 @@ typedef struct {
  * max_text 1024, max_frames 2, verify_checksum true. */
 dl_wire_limits dl_wire_limits_default(void);
 
+/* ---- the ZeroMQ error boundary: every zmq call goes through one of these */
+
+/* Record a failed zmq call: reads zmq_errno() and returns DL_EAGAIN for
+ * EAGAIN/EINTR (would block: the caller retries), DL_ENOTFOUND for
+ * EHOSTUNREACH (ROUTER_MANDATORY: peer not connected), DL_ENOMEM, else
+ * DL_ENET with "file:line: call: zmq_strerror" in dl_errmsg(). */
+int dl_wire_zmq_fail(const char *call, const char *file, int line);
+/* The same for a place that cannot return (a cleanup): logs a warning. */
+void dl_wire_zmq_warn(const char *call, const char *file, int line);
+
+/* Call returning an int (-1 on failure); the enclosing function returns the
+ * DL_E* code:  DL_ZMQ_CALL(zmq_connect(sock, ep)); */
+#define DL_ZMQ_CALL(call)                                                                                \
+    do {                                                                                                 \
+        if ((call) == -1) return dl_wire_zmq_fail(#call, __FILE__, __LINE__);                            \
+    } while (0)
+/* Call returning a pointer (NULL on failure), assigned to lhs. */
+#define DL_ZMQ_PTR(lhs, call)                                                                            \
+    do {                                                                                                 \
+        if (!((lhs) = (call))) return dl_wire_zmq_fail(#call, __FILE__, __LINE__);                       \
+    } while (0)
+/* Call whose failure can only be logged (void cleanup paths). */
+#define DL_ZMQ_LOG(call)                                                                                 \
+    do {                                                                                                 \
+        if ((call) == -1) dl_wire_zmq_warn(#call, __FILE__, __LINE__);                                   \
+    } while (0)
+/* Call as an expression: its result, or the DL_E* code when it failed
+ * (for zmq_poll's count, and sends whose DL_EAGAIN the caller handles). */
+#define DL_ZMQ_RC(call) ({ int zr_ = (call); zr_ == -1 ? dl_wire_zmq_fail(#call, __FILE__, __LINE__) : zr_; })
+
 /* ---- socket setup */
 
 /* Options every dloco socket gets: ZMQ_LINGER 0 (close never blocks on
@@ -108,6 +138,16 @@ DL_WIRE_BODY_SETTER(error, Error, ERROR)
 /* "hello", "push", ... or "none" / "unknown"; for logs. */
 const char *dl_wire_body_name(Dloco__V1__Envelope__BodyCase body);
 /* "fp32", "bf16", "int8", "int4", or "unknown". */
+/* Error.kind: the protocol's own refusal reasons (dloco.proto ErrorKind).
+ * DL_E* codes never travel: a sender maps its code with dl_wire_error_kind_of
+ * (EINVAL invalid, EPROTO protocol, EMISMATCH mismatch, ENOTFOUND unknown
+ * learner, ERANGE full, anything else internal). */
+Dloco__V1__ErrorKind dl_wire_error_kind_of(int dl_code);
+int dl_wire_error_kind_valid(int kind); /* a known kind other than UNSPECIFIED */
+const char *dl_wire_error_kind_name(int kind);
+/* The kind of a received (validated) Error: Error.kind, or for a peer from
+ * before ErrorKind (kind unset, only the deprecated code) the kind of that code. */
+Dloco__V1__ErrorKind dl_wire_error_kind(const Dloco__V1__Error *e);
 const char *dl_wire_codec_name(Dloco__V1__Codec codec);
 
 /* ---- payload sizes and checksums */

@@ -11,44 +11,18 @@
 #include "core/err.h"
 #include "core/hash.h"
 #include "core/rng.h"
+#include "tests/check.h"
 
 // ---------------------------------------------------------------------------
-// check helpers: count every check, report every failure, exit non-zero.
+// check helpers, on tests/check.h's CHECK so every failure is counted there
 
-static int n_checks, n_fail;
-
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        n_checks++;                                                            \
-        if (!(cond)) {                                                         \
-            n_fail++;                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fputc('\n', stderr);                                               \
-        }                                                                      \
-    } while (0)
-
-/* A failure after which the rest of the test would only crash. */
-#define REQUIRE(cond, ...)                                                     \
-    do {                                                                       \
-        int require_ok_ = !!(cond); /* evaluated once: it may have effects */ \
-        CHECK(require_ok_, __VA_ARGS__);                                       \
-        if (!require_ok_) {                                                    \
-            fprintf(stderr, "test_proto: aborting after fatal failure: %s\n", #cond); \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
-
+/* rc is `code` and dl_errmsg() contains `sub`; `line` is the caller's. */
 #define EXPECT_ERR(rc, code, sub) expect_err_((rc), (code), (sub), __LINE__)
 static void expect_err_(int rc, int code, const char *sub, int line)
 {
-    n_checks++;
     const char *msg = dl_errmsg();
-    if (rc != code || !strstr(msg, sub)) {
-        n_fail++;
-        fprintf(stderr, "FAIL %s:%d: got rc %d (%s) \"%s\", want rc %d (%s) containing \"%s\"\n", __FILE__,
-                line, rc, dl_strerror(rc), msg, code, dl_strerror(code), sub);
-    }
+    CHECK(rc == code && strstr(msg, sub), "line %d: got rc %d (%s) \"%s\", want rc %d (%s) containing \"%s\"", line,
+          rc, dl_strerror(rc), msg, code, dl_strerror(code), sub);
 }
 
 // ---------------------------------------------------------------------------
@@ -139,7 +113,7 @@ static void fx_make(fixture *f, Dloco__V1__Envelope__BodyCase body, Dloco__V1__C
         dloco__v1__push__init(&f->push);
         f->push.fragment = 1, f->push.base_version = 6, f->push.steps = 24, f->push.tokens = 3072;
         f->push.codec = codec, f->push.numel = PLAN_NUMEL[1], f->push.block_size = block;
-        f->push.checksum = 0, f->push.loss = 3.25;
+        f->push.checksum = 0, f->push.loss = 3.25, f->push.compute_s = 1.5;
         dl_wire_set_push(&f->env, &f->push);
         break;
     case DLOCO__V1__ENVELOPE__BODY_ACK:
@@ -167,7 +141,8 @@ static void fx_make(fixture *f, Dloco__V1__Envelope__BodyCase body, Dloco__V1__C
         break;
     case DLOCO__V1__ENVELOPE__BODY_ERROR:
         dloco__v1__error__init(&f->error);
-        f->error.code = DL_EMISMATCH, f->error.message = "fingerprint mismatch", f->error.fatal = 1;
+        f->error.kind = DLOCO__V1__ERROR_KIND__ERROR_KIND_MISMATCH, f->error.message = "fingerprint mismatch",
+        f->error.fatal = 1;
         dl_wire_set_error(&f->env, &f->error);
         break;
     default: REQUIRE(0, "fx_make: bad body %d", (int)body);
@@ -267,7 +242,7 @@ static void test_bad_inputs(void)
     dl_wire_limits dflt = dl_wire_limits_default();
     fixture f;
     size_t len, n;
-    int before = n_checks;
+    int before = checks;
 
     /* garbage and truncated headers */
     {
@@ -374,6 +349,25 @@ static void test_bad_inputs(void)
     EXPECT_BAD(&f.env, &len, 1, &lim, "push: loss is nan, must be finite");
     f.push.loss = -INFINITY;
     EXPECT_BAD(&f.env, &len, 1, &lim, "push: loss is -inf, must be finite");
+    fx_make(&f, DLOCO__V1__ENVELOPE__BODY_PUSH, DLOCO__V1__CODEC__CODEC_FP32);
+    f.push.compute_s = NAN;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: compute_s is nan, must be finite");
+    f.push.compute_s = INFINITY;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: compute_s is inf, must be finite");
+    f.push.compute_s = -0.5;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: compute_s is -0.5, must be in [0, steps * 86400 = 2.0736e+06]");
+    f.push.compute_s = 24 * 86400.0 + 1;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: compute_s is 2.0736e+06, must be in [0, steps * 86400 = 2.0736e+06]");
+    f.push.compute_s = 24 * 86400.0;
+    {
+        size_t n;
+        uint8_t *buf = pack_env(&f.env, &n);
+        Dloco__V1__Envelope *out = NULL;
+        CHECK(dl_wire_unpack(buf, n, &len, 1, &lim, &out) == 0 && out->push->compute_s == 24 * 86400.0,
+              "push: compute_s = steps * 86400 accepted: %s", dl_errmsg());
+        dl_wire_env_free(&out);
+        free(buf);
+    }
 
     /* payload length off by one, per codec, for push and update */
     for (int c = 0; c < 4; c++) {
@@ -450,6 +444,31 @@ static void test_bad_inputs(void)
     EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: steps_per_s is nan");
     f.heartbeat.steps_per_s = -1;
     EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: steps_per_s is -1, must be >= 0");
+    /* discarded fragment-tokens are bounded by tokens x fragments (lim: 4 fragments) */
+    fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HEARTBEAT, 0);
+    f.heartbeat.tokens = 100, f.heartbeat.discarded_tokens = 401;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: discarded_tokens 401 > tokens 100 x 4 fragments");
+    f.heartbeat.discarded_tokens = 400;
+    CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "heartbeat: discarded_tokens = tokens x P accepted");
+    f.heartbeat.tokens = UINT64_MAX, f.heartbeat.discarded_tokens = UINT64_MAX;
+    CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "heartbeat: tokens x P saturates instead of wrapping");
+    fx_make(&f, DLOCO__V1__ENVELOPE__BODY_BYE, 0);
+    f.bye.tokens = 0, f.bye.discarded_tokens = 1;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "bye: discarded_tokens 1 > tokens 0 x 4 fragments");
+    /* Error.kind: required, known; a v1.0 Error with only the deprecated code is still read */
+    fx_make(&f, DLOCO__V1__ENVELOPE__BODY_ERROR, 0);
+    f.error.kind = DLOCO__V1__ERROR_KIND__ERROR_KIND_UNSPECIFIED;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "error: kind 0 is not a known ErrorKind");
+    f.error.kind = (Dloco__V1__ErrorKind)7;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "error: kind 7 is not a known ErrorKind");
+    f.error.kind = DLOCO__V1__ERROR_KIND__ERROR_KIND_UNSPECIFIED, f.error.code = DL_ENOTFOUND;
+    CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0 &&
+              dl_wire_error_kind(&f.error) == DLOCO__V1__ERROR_KIND__ERROR_KIND_UNKNOWN_LEARNER,
+          "a legacy Error (code only) validates and reads as its kind");
+    CHECK(dl_wire_error_kind_of(DL_EMISMATCH) == DLOCO__V1__ERROR_KIND__ERROR_KIND_MISMATCH &&
+              dl_wire_error_kind_of(DL_ERANGE) == DLOCO__V1__ERROR_KIND__ERROR_KIND_FULL &&
+              dl_wire_error_kind_of(DL_ESTORE) == DLOCO__V1__ERROR_KIND__ERROR_KIND_INTERNAL,
+          "internal codes map onto the protocol's kinds");
 
     /* oversize strings, control bytes */
     char text[1100];
@@ -544,7 +563,7 @@ static void test_bad_inputs(void)
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HELLO, 0);
     f.hello.n_held_versions = 0;
     CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "fresh hello with no held versions: %s", dl_errmsg());
-    printf("bad inputs: %d checks\n", n_checks - before);
+    printf("bad inputs: %d checks\n", checks - before);
 }
 
 // ---------------------------------------------------------------------------
@@ -646,7 +665,7 @@ static void test_round_trips(void)
     fixture f;
     dl_wire_msg m = {0};
     dl_wire_msg_close(&m); /* close on a zeroed msg is a no-op */
-    int before = n_checks;
+    int before = checks;
 
     /* hello: learner -> synchronizer (also teaches the ROUTER the peer) */
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HELLO, 0);
@@ -693,7 +712,7 @@ static void test_round_trips(void)
         CHECK(p->fragment == 1 && p->base_version == 6 && p->steps == 24 && p->tokens == 3072, "push counters");
         CHECK(p->codec == CODECS[c] && p->numel == 1001 && p->block_size == f.push.block_size, "push tensor %s",
               dl_wire_codec_name(CODECS[c]));
-        CHECK(p->checksum == f.push.checksum && p->loss == 3.25, "push checksum, loss");
+        CHECK(p->checksum == f.push.checksum && p->loss == 3.25 && p->compute_s == 1.5, "push checksum, loss, compute_s");
         dl_wire_msg_close(&m);
 
         fx_make(&f, DLOCO__V1__ENVELOPE__BODY_UPDATE, CODECS[c]);
@@ -735,7 +754,8 @@ static void test_round_trips(void)
 
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_ERROR, 0);
     round_trip(&n, 0, &f, NULL, &lim, &m);
-    CHECK(m.env->error->code == DL_EMISMATCH && m.env->error->fatal &&
+    CHECK(m.env->error->kind == DLOCO__V1__ERROR_KIND__ERROR_KIND_MISMATCH && m.env->error->code == 0 &&
+              m.env->error->fatal &&
               strcmp(m.env->error->message, "fingerprint mismatch") == 0,
           "error fields");
     dl_wire_msg_close(&m);
@@ -768,7 +788,7 @@ static void test_round_trips(void)
     dl_wire_msg_close(&m);
 
     printf("round trips: every message type over ROUTER/DEALER on %s, %d checks\n", n.endpoint,
-           n_checks - before);
+           checks - before);
     free(payload);
     net_close(&n);
 }
@@ -783,7 +803,7 @@ static void test_raw_peer(void)
     dl_wire_msg m;
     fixture f;
     uint8_t payload[8192] = {0};
-    int before = n_checks;
+    int before = checks;
 
     /* garbage header; the routing id survives, so the ROUTER can answer */
     zmq_send(n.dealer, "\xff\xff\xff\xff", 4, 0);
@@ -795,13 +815,14 @@ static void test_raw_peer(void)
         snprintf(why, sizeof why, "%s", dl_errmsg());
         fixture e;
         fx_make(&e, DLOCO__V1__ENVELOPE__BODY_ERROR, 0);
-        e.error.code = DL_EPROTO, e.error.message = why;
+        e.error.kind = dl_wire_error_kind_of(DL_EPROTO), e.error.message = why;
         CHECK(dl_wire_send(n.router, m.id, m.id_len, &e.env, NULL, NULL, 0, 0) == 0, "error reply: %s",
               dl_errmsg());
         dl_wire_msg_close(&m);
         CHECK(dl_wire_recv(n.dealer, 0, &lim, &m, 0) == 0, "dealer gets the error: %s", dl_errmsg());
         CHECK(m.env && m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR &&
-                  strstr(m.env->error->message, "undecodable header") && m.env->error->code == DL_EPROTO,
+                  strstr(m.env->error->message, "undecodable header") &&
+                  m.env->error->kind == DLOCO__V1__ERROR_KIND__ERROR_KIND_PROTOCOL,
               "error reply carries the reason");
         dl_wire_msg_close(&m);
     }
@@ -861,7 +882,7 @@ static void test_raw_peer(void)
           "the good push arrives intact");
     dl_wire_msg_close(&m);
     free(hdr);
-    printf("raw peer: malformed frames rejected over real sockets, %d checks\n", n_checks - before);
+    printf("raw peer: malformed frames rejected over real sockets, %d checks\n", checks - before);
     net_close(&n);
 }
 
@@ -875,7 +896,7 @@ static void test_maxmsgsize(void)
     REQUIRE(zmq_socket_monitor(n.router, "inproc://mon", ZMQ_EVENT_DISCONNECTED) == 0, "monitor");
     void *mon = zmq_socket(n.ctx, ZMQ_PAIR);
     REQUIRE(zmq_connect(mon, "inproc://mon") == 0, "monitor connect");
-    int before = n_checks;
+    int before = checks;
 
     fixture f;
     size_t numel = 65536, len = 4 * numel; /* 256 KiB > 64 KiB */
@@ -939,7 +960,7 @@ static void test_maxmsgsize(void)
     dl_wire_msg_close(&m);
     CHECK(small_push, "push under ZMQ_MAXMSGSIZE delivered");
     CHECK(!big_push, "push over ZMQ_MAXMSGSIZE never delivered");
-    printf("maxmsgsize: 256 KiB frame dropped by a 64 KiB router, %d checks\n", n_checks - before);
+    printf("maxmsgsize: 256 KiB frame dropped by a 64 KiB router, %d checks\n", checks - before);
     free(big);
     zmq_socket_monitor(n.router, NULL, 0);
     zmq_close(mon);
@@ -985,7 +1006,7 @@ static void test_golden(void)
     const char *src = getenv("DLOCO_SRC");
     REQUIRE(src, "DLOCO_SRC is not set (run through ctest)");
     dl_wire_limits lim = plan_limits();
-    int before = n_checks;
+    int before = checks;
     for (int i = 0; i < NGOLDEN; i++) {
         golden *g = &GOLDEN[i];
         char path[1024];
@@ -1035,7 +1056,10 @@ static void test_golden(void)
             CHECK(e->bye->step == 99 && strcmp(e->bye->reason, "shutdown") == 0, "golden bye fields");
             break;
         case DLOCO__V1__ENVELOPE__BODY_ERROR:
-            CHECK(e->error->code == DL_EPROTO && e->error->fatal && e->learner_id[0] == 0, "golden error fields");
+            /* a v1.0 Error (deprecated code only) still validates, and reads as its kind */
+            CHECK(e->error->code == DL_EPROTO && e->error->fatal && e->learner_id[0] == 0 &&
+                      dl_wire_error_kind(e->error) == DLOCO__V1__ERROR_KIND__ERROR_KIND_PROTOCOL,
+                  "golden error fields");
             break;
         default: break;
         }
@@ -1046,7 +1070,7 @@ static void test_golden(void)
         free(re);
         dl_wire_env_free(&e);
     }
-    printf("golden corpus: %d v1 headers from tests/data/proto_corpus, %d checks\n", NGOLDEN, n_checks - before);
+    printf("golden corpus: %d v1 headers from tests/data/proto_corpus, %d checks\n", NGOLDEN, checks - before);
 }
 
 // ---------------------------------------------------------------------------
@@ -1227,6 +1251,5 @@ int main(void)
     test_golden();
     test_fuzz();
     for (int g = 0; g < NGOLDEN; g++) free(GOLDEN[g].bytes);
-    printf("test_proto: %d checks, %d failed\n", n_checks, n_fail);
-    return n_fail ? 1 : 0;
+    return CHECK_DONE("test_proto");
 }
