@@ -1,5 +1,5 @@
-/* The learner's comms thread: a DEALER session with the synchronizer (hello, fetch, flow-controlled
- * pushes, acks, updates, heartbeats, re-hello, bye) and the mailbox it shares with the training thread. */
+/* A learner's comms session: one DEALER to one synchronizer on its own thread (hello, fetch,
+ * flow-controlled pushes, acks, updates, heartbeats, re-hello, bye), serving fragments of a mailbox. */
 #include "learner/comms.h"
 
 #include <assert.h>
@@ -15,72 +15,44 @@
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/event.h"
 #include "core/log.h"
 #include "core/plan.h"
 #include "proto/wire.h"
 
 #define MS ((int64_t)1000000) /* ns per ms */
-#define BYE_LINGER_MS 1000    /* how long close() lets a Bye leave */
-#define ACK_EXPIRY_MIN_MS 5000
-#define SILENCE_MIN_MS 1000
-#define POLL_MAX_MS 100       /* timers are checked at least this often */
-#define HELLO_UNSENT_MS 20    /* retry period of a Hello that found no connection */
-#define HELLO_RETRY_MAX_MS 16000 /* cap of the Hello retry backoff */
 
-enum { OPEN_NONE = 0, OPEN_SENT = 1, OPEN_POOLED = 2 };
-
+/* Session-side state of one fragment; comms thread only. */
 typedef struct {
-    dl_comms_push h;
-    float *buf;
-    int queued;
-} push_slot;
-
-typedef struct {
-    uint64_t version;
-    int forced;
-    int have;
-    float *buf;
-} update_slot;
+    int served;         /* this session pushes, fetches and receives fragment p */
+    int unacked;        /* a push waits for its immediate ack */
+    int64_t unacked_ns; /* when it was sent */
+    int fetch_pending;  /* the next Update of p is a fetch reply */
+    int rebase_pending; /* the next Update of p is the rebase after a DROPPED_STALE */
+} sfrag;
 
 struct dl_comms {
     /* ---- immutable after open */
+    dl_mailbox *mb;
+    int link; /* our number in the mailbox */
     char endpoint[256];
     char id[DL_WIRE_LEARNER_ID_MAX + 1];
     char run_id[129];
     char device[129];
-    const dl_plan *plan;
     int P;
-    uint64_t *numel; /* [P] floats per fragment (wire limits want uint64) */
+    int *served; /* [n_served] the fragments we serve, ascending */
+    int n_served;
+    uint64_t *numel; /* [P] floats per fragment: a uint64 array because dl_wire_limits borrows it */
     size_t maxn;     /* floats per swapped buffer */
     uint64_t fingerprint;
     uint32_t n_layer, n_head, n_embd, seq_len, vocab;
-    int hello_retry_ms, connect_timeout_ms;
-    int hello_wait_ms, hello_sent_once; /* current Hello retry period (backoff) */
-    FILE *acklog;
-    int efd; /* eventfd: training thread -> comms thread wake-ups */
+    int hello_retry_ms, hello_retry_max_ms, hello_unsent_ms, connect_timeout_ms, poll_max_ms, silence_min_ms,
+        ack_expiry_min_ms, bye_linger_ms, reconnect_ms, reconnect_max_ms;
+    int efd; /* eventfd: training thread (through the mailbox) -> this thread */
 
-    /* ---- guarded by mu */
+    /* ---- guarded by mu (read by other threads: stats and state) */
     pthread_mutex_t mu;
-    push_slot *push;  /* [P] */
-    update_slot *upd; /* [P] */
-    uint64_t *held;   /* [P] node's adopted versions */
-    uint8_t *held_ok; /* [P] */
-    /* Fate of the latest push of each fragment (OPEN_*). The synchronizer
-     * replaces an earlier pooled push of ours with a newer one of the same
-     * fragment without answering the earlier one, so only the latest push
-     * is tracked. Flow control guarantees that the first immediate ack
-     * (MERGED_PENDING / DROPPED_STALE / REJECTED) of p after the push was
-     * sent is its own; once pooled, it is decided by an ACCEPTED or
-     * REJECTED ack echoing its base_version (an earlier round's ACCEPTED
-     * arrives before our MERGED_PENDING, or names an older base). */
-    uint8_t *open;        /* [P] OPEN_* */
-    uint64_t *open_base;  /* [P] base_version of the latest push */
-    uint8_t *need_update; /* [P] an ACCEPTED ack came; its Update has not */
-    uint64_t prog_step, prog_tokens;
-    double prog_sps;
-    int bye_req, stop_req;
-    char bye_reason[128];
-    uint64_t bye_step;
+    int stop_req;
     dl_comms_stats st;
     char msg[640];
 
@@ -89,22 +61,29 @@ struct dl_comms {
     pthread_t thread;
     int started;
     dl_wire_limits lim;
-    float *send_spare, *recv_spare; /* [maxn] */
-    uint64_t *hv;                   /* [P] held_versions being sent */
-    uint32_t *fetch_list;           /* [P] */
-    uint8_t *unacked;               /* [P] a push waits for its immediate ack */
-    int64_t *unacked_ns;            /* [P] when it was sent */
-    uint8_t *fetch_pending;         /* [P] the next Update of p is a fetch reply */
+    sfrag *f;               /* [P] */
+    float *send_spare;      /* [maxn] */
+    uint64_t *hv;           /* [P] held_versions being sent (contiguous: it goes on the wire as is) */
+    uint32_t *fetch_list;   /* [P] fragments of the next Fetch (likewise) */
     uint64_t seq;
-    uint64_t epoch;                 /* newest epoch seen (mirror of st.epoch) */
-    uint64_t hello_epoch;           /* epoch the last Hello carried */
-    int state;                      /* mirror of st.state */
+    uint64_t epoch;         /* newest epoch seen (mirror of st.epoch) */
+    uint64_t hello_epoch;   /* epoch the last Hello carried */
+    int state;              /* mirror of st.state */
     int ever_welcomed;
+    int hello_wait_ms, hello_sent_once; /* current Hello retry period (backoff) */
     uint32_t hb_ms, liveness;
     int64_t t_start, t_hello, t_hb, t_recv, t_warn;
     int hello_unsent; /* the last Hello found no connection */
     int rr; /* round-robin start for fairness among fragments */
 };
+
+static void wake(dl_comms *c)
+{
+    uint64_t one = 1;
+    /* EAGAIN only when the counter is saturated: the thread is already due to wake up */
+    ssize_t n = write(c->efd, &one, sizeof one);
+    (void)n;
+}
 
 /* ------------------------------------------------------------------------- */
 /* mailbox */
@@ -130,215 +109,132 @@ static int copy_str(char *dst, size_t cap, const char *src, const char *what)
     return 0;
 }
 
-size_t dl_comms_buf_numel(const dl_comms *c) { return c->maxn; }
+#define DEF(v, d) ((v) > 0 ? (v) : (d))
 
-float *dl_comms_buf_alloc(const dl_comms *c) { return dl_xcalloc(c->maxn, sizeof(float)); }
+int dl_comms_check_timeouts(const dl_comms_opts *o, int push_decision_timeout_ms)
+{
+    int poll = DEF(o->poll_max_ms, 100), retry = DEF(o->hello_retry_ms, 1000), cap = DEF(o->hello_retry_max_ms, 16000),
+        unsent = DEF(o->hello_unsent_ms, 20), connect = DEF(o->connect_timeout_ms, 30000),
+        silence = DEF(o->silence_min_ms, 1000), expiry = DEF(o->ack_expiry_min_ms, 5000),
+        reconnect = DEF(o->reconnect_ms, 100), reconnect_max = DEF(o->reconnect_max_ms, 10000);
+    /* Timers fire only when the loop wakes, at least every poll period: a
+     * retry or a silence limit at or below it cannot be honoured. An unsent
+     * Hello (no connection yet) is retried sooner than an unanswered one,
+     * and the backoff starts below its cap. */
+    if (!(unsent <= retry && poll < retry && retry <= cap))
+        return dl_err(DL_EINVAL,
+                      "comms timeouts must be ordered hello_unsent_ms <= hello_retry_ms, poll_max_ms < hello_retry_ms "
+                      "<= hello_retry_max_ms, got %d, %d, %d, %d",
+                      unsent, retry, poll, cap);
+    if (!(poll < silence))
+        return dl_err(DL_EINVAL, "comms timeouts must be ordered poll_max_ms < silence_min_ms, got %d < %d", poll,
+                      silence);
+    /* A lost connection is retried before the Hello that needs it, and the
+     * reconnect backoff never outgrows the Hello backoff (a Hello retried on
+     * a connection still backing off only finds no connection). */
+    if (!(reconnect <= reconnect_max && reconnect < retry && reconnect_max <= cap))
+        return dl_err(DL_EINVAL,
+                      "comms timeouts must be ordered reconnect_ms <= reconnect_max_ms, reconnect_ms < hello_retry_ms, "
+                      "reconnect_max_ms <= hello_retry_max_ms, got %d, %d, %d, %d",
+                      reconnect, reconnect_max, retry, cap);
+    /* at least one Hello retry before the first connection is given up */
+    if (!(retry < connect))
+        return dl_err(DL_EINVAL, "comms timeouts must be ordered hello_retry_ms < connect_timeout_ms, got %d < %d",
+                      retry, connect);
+    /* The node releases a held push after push_decision_timeout_ms; before
+     * the session's flow control has given up on a lost immediate Ack the
+     * released push would only wait behind it. */
+    if (push_decision_timeout_ms >= 0 && !(expiry < push_decision_timeout_ms))
+        return dl_err(DL_EINVAL,
+                      "comms timeouts must be ordered ack_expiry_min_ms < push_decision_timeout_ms, got %d < %d",
+                      expiry, push_decision_timeout_ms);
+    return 0;
+}
 
 int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
 {
     assert(o && out);
     *out = NULL;
     if (!o->plan) return dl_err(DL_EINVAL, "comms: no fragment plan");
+    if (!o->mailbox) return dl_err(DL_EINVAL, "comms: no mailbox");
     if (!o->endpoint || !o->endpoint[0]) return dl_err(DL_EINVAL, "comms: no synchronizer endpoint");
     if (!dl_comms_id_ok(o->learner_id))
         return dl_err(DL_EINVAL, "learner id '%s' is not [A-Za-z0-9._-]{1,64}", o->learner_id ? o->learner_id : "");
-    if (!o->run_id || !o->run_id[0]) return dl_err(DL_EINVAL, "comms: empty run id");
+    DL_TRY(dl_comms_check_timeouts(o, -1));
     int P = dl_plan_P(o->plan);
-    if (P < 1 || (uint32_t)P > DL_WIRE_MAX_FRAGMENTS)
-        return dl_err(DL_EINVAL, "comms: %d fragments, protocol max %u", P, DL_WIRE_MAX_FRAGMENTS);
-
+    if (P != dl_mailbox_P(o->mailbox)) return dl_err(DL_EINVAL, "comms: plan has %d fragments, mailbox %d", P,
+                                                     dl_mailbox_P(o->mailbox));
     dl_comms *c = dl_xcalloc(1, sizeof *c);
+    c->f = dl_xcalloc((size_t)P, sizeof *c->f);
     int rc = 0;
-    if ((rc = copy_str(c->endpoint, sizeof c->endpoint, o->endpoint, "endpoint")) ||
+    if (o->fragments) {
+        for (int i = 0; i < o->n_fragments && !rc; i++) {
+            int p = o->fragments[i];
+            if (p < 0 || p >= P || c->f[p].served)
+                rc = dl_err(DL_EINVAL, "comms: fragment %d listed twice or not in [0, %d)", p, P);
+            else c->f[p].served = 1;
+        }
+        if (!rc && o->n_fragments < 1) rc = dl_err(DL_EINVAL, "comms: empty fragment list");
+    } else {
+        for (int p = 0; p < P; p++) c->f[p].served = 1;
+    }
+    if (rc || (rc = copy_str(c->endpoint, sizeof c->endpoint, o->endpoint, "endpoint")) ||
         (rc = copy_str(c->id, sizeof c->id, o->learner_id, "learner id")) ||
         (rc = copy_str(c->run_id, sizeof c->run_id, o->run_id, "run id")) ||
         (rc = copy_str(c->device, sizeof c->device, o->device ? o->device : "cpu", "device"))) {
+        free(c->f);
         free(c);
         return rc;
     }
     c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (c->efd < 0) {
         rc = dl_err(DL_EIO, "eventfd: %s", strerror(errno));
+        free(c->f);
         free(c);
         return rc;
     }
-    if (o->log_acks && o->log_acks[0] && !(c->acklog = fopen(o->log_acks, "a"))) {
-        rc = dl_err(DL_EIO, "log_acks %s: %s", o->log_acks, strerror(errno));
+    c->link = dl_mailbox_attach(o->mailbox, c->efd);
+    if (c->link < 0) {
+        rc = c->link;
         close(c->efd);
+        free(c->f);
         free(c);
         return rc;
     }
-    c->plan = o->plan;
+    c->mb = o->mailbox;
     c->P = P;
+    c->served = dl_xcalloc((size_t)P, sizeof *c->served);
+    for (int p = 0; p < P; p++)
+        if (c->f[p].served) c->served[c->n_served++] = p;
     c->fingerprint = o->fingerprint;
     c->n_layer = o->n_layer;
     c->n_head = o->n_head;
     c->n_embd = o->n_embd;
     c->seq_len = o->seq_len;
     c->vocab = o->vocab;
-    c->hello_retry_ms = o->hello_retry_ms > 0 ? o->hello_retry_ms : 1000;
-    c->connect_timeout_ms = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 30000;
-    c->maxn = dl_plan_max_fragment_numel(o->plan);
+    c->hello_retry_ms = DEF(o->hello_retry_ms, 1000);
+    c->hello_retry_max_ms = DEF(o->hello_retry_max_ms, 16000);
+    c->hello_unsent_ms = DEF(o->hello_unsent_ms, 20);
+    c->connect_timeout_ms = DEF(o->connect_timeout_ms, 30000);
+    c->poll_max_ms = DEF(o->poll_max_ms, 100);
+    c->silence_min_ms = DEF(o->silence_min_ms, 1000);
+    c->ack_expiry_min_ms = DEF(o->ack_expiry_min_ms, 5000);
+    c->bye_linger_ms = DEF(o->bye_linger_ms, 1000);
+    c->reconnect_ms = DEF(o->reconnect_ms, 100);
+    c->reconnect_max_ms = DEF(o->reconnect_max_ms, 10000);
+    c->maxn = dl_mailbox_buf_numel(o->mailbox);
     c->numel = dl_xcalloc((size_t)P, sizeof *c->numel);
     for (int p = 0; p < P; p++) c->numel[p] = dl_plan_fragment_numel(o->plan, p);
-
     pthread_mutex_init(&c->mu, NULL);
-    c->push = dl_xcalloc((size_t)P, sizeof *c->push);
-    c->upd = dl_xcalloc((size_t)P, sizeof *c->upd);
-    for (int p = 0; p < P; p++) {
-        c->push[p].buf = dl_comms_buf_alloc(c);
-        c->upd[p].buf = dl_comms_buf_alloc(c);
-    }
-    c->held = dl_xcalloc((size_t)P, sizeof *c->held);
-    c->held_ok = dl_xcalloc((size_t)P, 1);
-    c->open = dl_xcalloc((size_t)P, 1);
-    c->open_base = dl_xcalloc((size_t)P, sizeof *c->open_base);
-    c->need_update = dl_xcalloc((size_t)P, 1);
-    c->send_spare = dl_comms_buf_alloc(c);
-    c->recv_spare = dl_comms_buf_alloc(c);
+    c->send_spare = dl_mailbox_buf_alloc(o->mailbox);
     c->hv = dl_xcalloc((size_t)P, sizeof *c->hv);
     c->fetch_list = dl_xcalloc((size_t)P, sizeof *c->fetch_list);
-    c->unacked = dl_xcalloc((size_t)P, 1);
-    c->unacked_ns = dl_xcalloc((size_t)P, sizeof *c->unacked_ns);
-    c->fetch_pending = dl_xcalloc((size_t)P, 1);
     c->state = c->st.state = DL_COMMS_IDLE;
-
     c->lim = dl_wire_limits_default();
     c->lim.num_fragments = (uint32_t)P;
     c->lim.fragment_numel = c->numel;
     *out = c;
     return 0;
-}
-
-static void wake(dl_comms *c)
-{
-    uint64_t one = 1;
-    /* EAGAIN only when the counter is saturated: the comms thread is
-     * already due to wake up, so nothing is lost. */
-    ssize_t n = write(c->efd, &one, sizeof one);
-    (void)n;
-}
-
-int dl_comms_post_push(dl_comms *c, const dl_comms_push *h, float **delta)
-{
-    assert(c && h && delta && *delta && h->fragment >= 0 && h->fragment < c->P);
-    assert(h->steps >= 1 && h->tokens >= h->steps);
-    int p = h->fragment, replaced;
-    pthread_mutex_lock(&c->mu);
-    push_slot *s = &c->push[p];
-    replaced = s->queued;
-    float *t = s->buf;
-    s->buf = *delta;
-    *delta = t;
-    s->h = *h;
-    s->queued = 1;
-    if (replaced) c->st.coalesced++;
-    pthread_mutex_unlock(&c->mu);
-    wake(c);
-    return replaced;
-}
-
-int dl_comms_take_push(dl_comms *c, int p, dl_comms_push *h, float **delta)
-{
-    assert(c && h && delta && *delta && p >= 0 && p < c->P);
-    pthread_mutex_lock(&c->mu);
-    push_slot *s = &c->push[p];
-    int got = s->queued;
-    if (got) {
-        float *t = s->buf;
-        s->buf = *delta;
-        *delta = t;
-        *h = s->h;
-        s->queued = 0;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return got;
-}
-
-int dl_comms_put_update(dl_comms *c, int p, uint64_t version, int forced, const void *data, size_t numel)
-{
-    assert(c && data && p >= 0 && p < c->P && numel == c->numel[p]);
-    /* Copy outside the lock (the payload may be unaligned inside libzmq's buffer). */
-    memcpy(c->recv_spare, data, numel * sizeof(float));
-    pthread_mutex_lock(&c->mu);
-    update_slot *s = &c->upd[p];
-    int store = !s->have || forced || version > s->version;
-    if (!store) c->st.superseded++; /* the waiting one is newer */
-    if (store) {
-        if (s->have) c->st.superseded++;
-        float *t = s->buf;
-        s->buf = c->recv_spare;
-        c->recv_spare = t;
-        /* A forced update stays forced even when a newer merge replaces it:
-         * the learner still has to rebase, now onto the newer global. */
-        s->forced = forced || (s->have && s->forced);
-        s->version = version;
-        s->have = 1;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return store;
-}
-
-int dl_comms_take_update(dl_comms *c, int p, float **buf, dl_comms_update *u)
-{
-    assert(c && buf && *buf && u && p >= 0 && p < c->P);
-    pthread_mutex_lock(&c->mu);
-    update_slot *s = &c->upd[p];
-    int got = s->have;
-    if (got) {
-        float *t = s->buf;
-        s->buf = *buf;
-        *buf = t;
-        u->fragment = p;
-        u->version = s->version;
-        u->forced = s->forced;
-        if (s->forced && c->push[p].queued) {
-            /* queued relative to a base the rebase throws away */
-            c->push[p].queued = 0;
-            c->st.discarded++;
-        }
-        s->have = 0;
-        s->forced = 0;
-    }
-    pthread_mutex_unlock(&c->mu);
-    return got;
-}
-
-void dl_comms_set_held(dl_comms *c, int p, uint64_t version)
-{
-    assert(c && p >= 0 && p < c->P);
-    pthread_mutex_lock(&c->mu);
-    c->held[p] = version;
-    c->held_ok[p] = 1;
-    pthread_mutex_unlock(&c->mu);
-}
-
-void dl_comms_set_progress(dl_comms *c, uint64_t step, uint64_t tokens, double steps_per_s)
-{
-    pthread_mutex_lock(&c->mu);
-    c->prog_step = step;
-    c->prog_tokens = tokens;
-    c->prog_sps = steps_per_s >= 0 && steps_per_s < 1e300 ? steps_per_s : 0.0;
-    pthread_mutex_unlock(&c->mu);
-}
-
-int dl_comms_flush_pending(dl_comms *c)
-{
-    int n = 0;
-    pthread_mutex_lock(&c->mu);
-    for (int p = 0; p < c->P; p++) n += c->push[p].queued || c->open[p] || c->need_update[p];
-    pthread_mutex_unlock(&c->mu);
-    return n;
-}
-
-void dl_comms_bye(dl_comms *c, const char *reason, uint64_t step)
-{
-    pthread_mutex_lock(&c->mu);
-    c->bye_req = 1;
-    snprintf(c->bye_reason, sizeof c->bye_reason, "%s", reason ? reason : "done");
-    c->bye_step = step;
-    pthread_mutex_unlock(&c->mu);
-    wake(c);
 }
 
 int dl_comms_state(dl_comms *c, char *msg, size_t cap)
@@ -355,6 +251,11 @@ void dl_comms_get_stats(dl_comms *c, dl_comms_stats *out)
     pthread_mutex_lock(&c->mu);
     *out = c->st;
     pthread_mutex_unlock(&c->mu);
+    dl_mailbox_stats ms;
+    dl_mailbox_get_stats(c->mb, &ms);
+    out->coalesced = ms.coalesced;
+    out->discarded = ms.discarded;
+    out->superseded = ms.superseded;
 }
 
 uint32_t dl_comms_h(dl_comms *c)
@@ -381,6 +282,7 @@ static void set_state(dl_comms *c, int state, const char *fmt, ...)
     }
     pthread_mutex_unlock(&c->mu);
     c->state = state;
+    dl_mailbox_set_link(c->mb, c->link, state, 0, fmt ? c->msg : NULL);
 }
 
 /* Send one message (at most one fp32 payload). Never blocks: at the high-water
@@ -417,13 +319,8 @@ static void send_hello(dl_comms *c)
     h.num_fragments = (uint32_t)c->P;
     h.device = c->device;
     int all = 1;
-    pthread_mutex_lock(&c->mu);
-    for (int p = 0; p < c->P; p++) {
-        all &= c->held_ok[p];
-        c->hv[p] = c->held[p];
-    }
-    h.step = c->prog_step;
-    pthread_mutex_unlock(&c->mu);
+    for (int p = 0; p < c->P; p++) all &= dl_mailbox_held(c->mb, p, &c->hv[p]);
+    dl_mailbox_progress(c->mb, &h.step, NULL, NULL, NULL);
     /* A learner that holds only some fragments is fresh for the protocol. */
     h.n_held_versions = all ? (size_t)c->P : 0;
     h.held_versions = all ? c->hv : NULL;
@@ -432,15 +329,15 @@ static void send_hello(dl_comms *c)
     dl_wire_set_hello(&env, &h);
     c->hello_epoch = c->epoch;
     int rc = send_env(c, &env, NULL, 0);
-    /* Not connected yet (ZMQ_IMMEDIATE): try again in HELLO_UNSENT_MS, not
+    /* Not connected yet (ZMQ_IMMEDIATE): try again in hello_unsent_ms, not
      * after the full retry period. */
     c->hello_unsent = rc == DL_EAGAIN;
     c->t_hello = dl_clock_ns();
     if (rc) return;
     /* backoff: each unanswered Hello doubles the wait for the next, from
-     * hello_retry_ms up to HELLO_RETRY_MAX_MS; a Welcome resets it */
-    c->hello_wait_ms = c->hello_sent_once ? (c->hello_wait_ms * 2 < HELLO_RETRY_MAX_MS ? c->hello_wait_ms * 2
-                                                                                       : HELLO_RETRY_MAX_MS)
+     * hello_retry_ms up to hello_retry_max_ms; a Welcome resets it */
+    c->hello_wait_ms = c->hello_sent_once ? (c->hello_wait_ms < c->hello_retry_max_ms / 2 ? c->hello_wait_ms * 2
+                                                                                          : c->hello_retry_max_ms)
                                           : c->hello_retry_ms;
     c->hello_sent_once = 1;
     pthread_mutex_lock(&c->mu);
@@ -454,11 +351,7 @@ static void send_heartbeat(dl_comms *c)
 {
     Dloco__V1__Heartbeat hb;
     dloco__v1__heartbeat__init(&hb);
-    pthread_mutex_lock(&c->mu);
-    hb.step = c->prog_step;
-    hb.tokens = c->prog_tokens;
-    hb.steps_per_s = c->prog_sps;
-    pthread_mutex_unlock(&c->mu);
+    dl_mailbox_progress(c->mb, &hb.step, &hb.tokens, &hb.steps_per_s, &hb.discarded_tokens);
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_heartbeat(&env, &hb);
@@ -470,7 +363,8 @@ static void send_heartbeat(dl_comms *c)
     }
 }
 
-/* Fetch the n fragments in c->fetch_list (n == P: an empty list = all). */
+/* Fetch the n fragments in c->fetch_list (n == P: an empty list = all). A
+ * session serving a subset always names its fragments. */
 static void send_fetch(dl_comms *c, int n)
 {
     Dloco__V1__Fetch f;
@@ -479,7 +373,7 @@ static void send_fetch(dl_comms *c, int n)
         f.n_fragments = (size_t)n;
         f.fragments = c->fetch_list;
     }
-    for (int i = 0; i < n; i++) c->fetch_pending[c->fetch_list[i]] = 1;
+    for (int i = 0; i < n; i++) c->f[c->fetch_list[i]].fetch_pending = 1;
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_fetch(&env, &f);
@@ -496,13 +390,15 @@ static void send_bye(dl_comms *c, const char *reason, uint64_t step)
     dloco__v1__bye__init(&b);
     b.reason = (char *)reason;
     b.step = step;
+    /* the final counts: the ledger closes this learner's account with them */
+    dl_mailbox_progress(c->mb, NULL, &b.tokens, NULL, &b.discarded_tokens);
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_bye(&env, &b);
     send_env(c, &env, NULL, 0);
     /* Give the Bye a bounded chance to leave when the socket closes. */
-    int linger = BYE_LINGER_MS;
-    zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger);
+    int linger = c->bye_linger_ms;
+    DL_ZMQ_LOG(zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger));
 }
 
 /* Start a new session: the synchronizer restarted, forgot us, went silent or
@@ -512,11 +408,8 @@ static void send_bye(dl_comms *c, const char *reason, uint64_t step)
  * pushes wait in their slots either way. */
 static void forget_sent(dl_comms *c)
 {
-    pthread_mutex_lock(&c->mu);
-    memset(c->open, 0, (size_t)c->P);
-    memset(c->need_update, 0, (size_t)c->P);
-    pthread_mutex_unlock(&c->mu);
-    memset(c->unacked, 0, (size_t)c->P);
+    dl_mailbox_forget_sent(c->mb, c->served, c->n_served);
+    for (int p = 0; p < c->P; p++) c->f[p].unacked = 0;
 }
 
 static void rehello(dl_comms *c, const char *why, int forget)
@@ -528,25 +421,18 @@ static void rehello(dl_comms *c, const char *why, int forget)
         return;
     }
     DL_WARN("comms: %s; sending hello again", why);
+    char ev[1400];
+    dl_event("rehello", " learner=%s epoch=%llu reason=%s", c->id, (unsigned long long)c->epoch,
+             dl_event_str(why, ev, sizeof ev));
     set_state(c, DL_COMMS_HELLO, NULL);
     pthread_mutex_lock(&c->mu);
     c->st.rehellos++;
     pthread_mutex_unlock(&c->mu);
-    memset(c->fetch_pending, 0, (size_t)c->P);
+    for (int p = 0; p < c->P; p++) c->f[p].fetch_pending = c->f[p].rebase_pending = 0;
     c->t_warn = dl_clock_ns();
     send_hello(c);
 }
 
-static void log_line(dl_comms *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void log_line(dl_comms *c, const char *fmt, ...)
-{
-    if (!c->acklog) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(c->acklog, fmt, ap);
-    va_end(ap);
-    fflush(c->acklog);
-}
 
 static const char *decision_name(Dloco__V1__Decision d)
 {
@@ -566,28 +452,27 @@ static void on_welcome(dl_comms *c, const Dloco__V1__Welcome *w)
 {
     c->hello_sent_once = 0; /* backoff starts over at the next re-hello */
     int n = 0;
+    for (int i = 0; i < c->n_served; i++) {
+        int p = c->served[i];
+        uint64_t v;
+        if (w->must_fetch) {
+            dl_mailbox_discard_queued(c->mb, p); /* relative to a base the synchronizer will not accept */
+            c->fetch_list[n++] = (uint32_t)p;
+        } else if (!dl_mailbox_held(c->mb, p, &v)) {
+            c->fetch_list[n++] = (uint32_t)p; /* must_fetch=0 but we lack it: fetch anyway */
+        }
+    }
     pthread_mutex_lock(&c->mu);
     c->st.h = w->h;
     c->st.heartbeat_ms = w->heartbeat_ms;
     c->st.state = DL_COMMS_READY;
     c->msg[0] = 0;
-    for (int p = 0; p < c->P; p++) {
-        if (w->must_fetch) {
-            if (c->push[p].queued) {
-                c->push[p].queued = 0; /* relative to a base the synchronizer will not accept */
-                c->st.discarded++;
-            }
-            c->fetch_list[n++] = (uint32_t)p;
-        } else if (!c->held_ok[p]) {
-            c->fetch_list[n++] = (uint32_t)p; /* must_fetch=0 but we lack it: fetch anyway */
-        }
-    }
     pthread_mutex_unlock(&c->mu);
     c->state = DL_COMMS_READY;
+    dl_mailbox_set_link(c->mb, c->link, DL_COMMS_READY, w->h, "");
     c->hb_ms = w->heartbeat_ms;
     c->liveness = w->liveness;
-    memset(c->unacked, 0, (size_t)c->P);
-    memset(c->fetch_pending, 0, (size_t)c->P);
+    for (int p = 0; p < c->P; p++) c->f[p].unacked = c->f[p].fetch_pending = c->f[p].rebase_pending = 0;
     int64_t now = dl_clock_ns();
     c->t_hb = now;
     c->t_recv = now;
@@ -595,7 +480,23 @@ static void on_welcome(dl_comms *c, const Dloco__V1__Welcome *w)
     DL_INFO("comms: welcome from %s: epoch %llu, H %u, heartbeat %u ms x %u, policy %s, must_fetch %d (fetching %d)",
             c->endpoint, (unsigned long long)c->epoch, w->h, w->heartbeat_ms, w->liveness,
             w->policy && w->policy[0] ? w->policy : "?", (int)w->must_fetch, n);
-    if (n) send_fetch(c, n);
+    char pol[300];
+    dl_event("welcome", " learner=%s epoch=%llu h=%u heartbeat_ms=%u liveness=%u policy=%s must_fetch=%d fetching=%d",
+             c->id, (unsigned long long)c->epoch, w->h, w->heartbeat_ms, w->liveness,
+             dl_event_str(w->policy ? w->policy : "", pol, sizeof pol), (int)w->must_fetch, n);
+    /* all served fragments: an empty list, unless we serve a subset */
+    if (n) send_fetch(c, n == c->P ? c->P : n);
+}
+
+/* 1 when p is ours; counts a bad message otherwise (a shard sent us another's fragment). */
+static int served(dl_comms *c, int p, const char *what)
+{
+    if (p >= 0 && p < c->P && c->f[p].served) return 1;
+    DL_WARN("comms: %s of fragment %d ignored: not served by this session", what, p);
+    pthread_mutex_lock(&c->mu);
+    c->st.bad_msgs++;
+    pthread_mutex_unlock(&c->mu);
+    return 0;
 }
 
 static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
@@ -609,60 +510,55 @@ static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
         pthread_mutex_unlock(&c->mu);
         return;
     }
-    int forced = c->fetch_pending[p];
-    c->fetch_pending[p] = 0;
-    dl_comms_put_update(c, p, u->version, forced, dl_wire_msg_payload(m, 0), (size_t)u->numel);
+    if (!served(c, p, "update")) return;
+    int forced = c->f[p].fetch_pending ? DL_UPDATE_FETCHED
+                 : c->f[p].rebase_pending ? DL_UPDATE_REBASE
+                                          : DL_UPDATE_NORMAL;
+    c->f[p].rebase_pending = 0;
+    c->f[p].fetch_pending = 0;
+    dl_mailbox_put_update(c->mb, p, u->version, forced, dl_wire_msg_payload(m, 0), (size_t)u->numel);
     pthread_mutex_lock(&c->mu);
     c->st.updates++;
-    c->need_update[p] = 0;
     pthread_mutex_unlock(&c->mu);
-    log_line(c, "update learner=%s epoch=%llu fragment=%d version=%llu forced=%d\n", c->id,
+    dl_event("update", " learner=%s epoch=%llu fragment=%d version=%llu forced=%d", c->id,
              (unsigned long long)c->epoch, p, (unsigned long long)u->version, forced);
 }
 
 static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
 {
     int p = (int)a->fragment;
-    pthread_mutex_lock(&c->mu);
-    int same = a->base_version == c->open_base[p], decides = 0;
+    if (!served(c, p, "ack")) return;
+    int d = 0;
     switch (a->decision) {
-    case DLOCO__V1__DECISION__DECISION_MERGED_PENDING:
-        if (c->open[p] == OPEN_SENT) c->open[p] = OPEN_POOLED;
-        break;
-    case DLOCO__V1__DECISION__DECISION_ACCEPTED: decides = c->open[p] == OPEN_POOLED && same; break;
-    case DLOCO__V1__DECISION__DECISION_DROPPED_STALE: decides = c->open[p] == OPEN_SENT && same; break;
-    case DLOCO__V1__DECISION__DECISION_REJECTED: decides = c->open[p] != OPEN_NONE && same; break;
-    default: break;
+    case DLOCO__V1__DECISION__DECISION_MERGED_PENDING: d = DL_DECIDE_PENDING; break;
+    case DLOCO__V1__DECISION__DECISION_ACCEPTED: d = DL_DECIDE_ACCEPTED; break;
+    case DLOCO__V1__DECISION__DECISION_DROPPED_STALE: d = DL_DECIDE_DROPPED; break;
+    case DLOCO__V1__DECISION__DECISION_REJECTED: d = DL_DECIDE_REJECTED; break;
+    default: return; /* unknown decisions never pass dl_wire_validate */
     }
-    if (decides) c->open[p] = OPEN_NONE;
-    switch (a->decision) {
-    case DLOCO__V1__DECISION__DECISION_MERGED_PENDING:
-        c->st.acks_pending++;
-        c->unacked[p] = 0;
-        break;
-    case DLOCO__V1__DECISION__DECISION_ACCEPTED:
+    int decided = dl_mailbox_decide(c->mb, p, d, a->base_version,
+                                    d == DL_DECIDE_ACCEPTED || (d == DL_DECIDE_DROPPED && a->rebase));
+    if (decided && d == DL_DECIDE_DROPPED && a->rebase) c->f[p].rebase_pending = 1;
+    /* any immediate answer frees the fragment for flow control */
+    if (d != DL_DECIDE_ACCEPTED) c->f[p].unacked = 0;
+    pthread_mutex_lock(&c->mu);
+    switch (d) {
+    case DL_DECIDE_PENDING: c->st.acks_pending++; break;
+    case DL_DECIDE_ACCEPTED:
         c->st.accepted++;
-        if (decides) c->need_update[p] = 1; /* the Update follows */
         if (a->merged_version > a->base_version) {
             c->st.staleness_sum += a->merged_version - 1 - a->base_version;
             c->st.staleness_n++;
         }
         break;
-    case DLOCO__V1__DECISION__DECISION_DROPPED_STALE:
-        c->st.dropped_stale++;
-        c->unacked[p] = 0;
-        break;
-    case DLOCO__V1__DECISION__DECISION_REJECTED:
-        c->st.rejected++;
-        c->unacked[p] = 0;
-        break;
-    default: break; /* unknown decisions never pass dl_wire_validate */
+    case DL_DECIDE_DROPPED: c->st.dropped_stale++; break;
+    default: c->st.rejected++; break;
     }
     pthread_mutex_unlock(&c->mu);
-    if (a->decision == DLOCO__V1__DECISION__DECISION_REJECTED)
+    if (d == DL_DECIDE_REJECTED)
         DL_WARN("comms: push of fragment %d (base version %llu) rejected: %s", p,
                 (unsigned long long)a->base_version, a->reason ? a->reason : "");
-    log_line(c, "ack learner=%s epoch=%llu fragment=%d base_version=%llu decision=%s merged_version=%llu\n", c->id,
+    dl_event("ack", " learner=%s epoch=%llu fragment=%d base_version=%llu decision=%s merged_version=%llu", c->id,
              (unsigned long long)c->epoch, p, (unsigned long long)a->base_version, decision_name(a->decision),
              (unsigned long long)a->merged_version);
 }
@@ -674,18 +570,19 @@ static int on_error(dl_comms *c, const Dloco__V1__Error *e)
     c->st.errors_recv++;
     pthread_mutex_unlock(&c->mu);
     const char *text = e->message ? e->message : "";
+    Dloco__V1__ErrorKind k = dl_wire_error_kind(e);
+    const char *kind = dl_wire_error_kind_name(k);
     if (e->fatal) {
-        set_state(c, DL_COMMS_REFUSED, "synchronizer at %s refused learner %s (error %d, %s): %s", c->endpoint, c->id,
-                  e->code, dl_strerror(e->code), text);
-        DL_ERROR("comms: fatal error from synchronizer (%d, %s): %s", e->code, dl_strerror(e->code), text);
+        set_state(c, DL_COMMS_REFUSED, "synchronizer at %s refused learner %s (%s): %s", c->endpoint, c->id, kind, text);
+        DL_ERROR("comms: fatal error from synchronizer (%s): %s", kind, text);
         return 1;
     }
-    if (e->code == DL_ENOTFOUND) {
+    if (k == DLOCO__V1__ERROR_KIND__ERROR_KIND_UNKNOWN_LEARNER) {
         char why[1200];
         snprintf(why, sizeof why, "synchronizer does not know this learner (%s)", text);
         rehello(c, why, 1);
     } else {
-        DL_WARN("comms: error from synchronizer (%d, %s): %s", e->code, dl_strerror(e->code), text);
+        DL_WARN("comms: error from synchronizer (%s): %s", kind, text);
     }
     return 0;
 }
@@ -801,85 +698,65 @@ static int recv_all(dl_comms *c)
 static int send_pushes(dl_comms *c, int64_t now)
 {
     int64_t expiry = (int64_t)c->liveness * c->hb_ms;
-    if (expiry < ACK_EXPIRY_MIN_MS) expiry = ACK_EXPIRY_MIN_MS;
-    for (int k = 0; k < c->P; k++) {
-        int p = (c->rr + k) % c->P;
-        if (c->fetch_pending[p]) continue;
-        if (c->unacked[p] && now - c->unacked_ns[p] < expiry * MS) continue;
-        dl_comms_push h;
-        uint8_t prev_open = 0;
-        uint64_t prev_base = 0;
-        pthread_mutex_lock(&c->mu);
-        int go = c->push[p].queued && !(c->upd[p].have && c->upd[p].forced);
-        if (go) {
-            push_slot *s = &c->push[p];
-            float *t = s->buf;
-            s->buf = c->send_spare;
-            c->send_spare = t;
-            h = s->h;
-            s->queued = 0;
-            /* the latest push from here on, so dl_comms_flush_pending never
-             * misses a push between its slot and the socket */
-            prev_open = c->open[p];
-            prev_base = c->open_base[p];
-            c->open[p] = OPEN_SENT;
-            c->open_base[p] = h.base_version;
+    if (expiry < c->ack_expiry_min_ms) expiry = c->ack_expiry_min_ms;
+    int hb_first = 0;
+    for (int k = 0; k < c->n_served; k++) {
+        int p = c->served[(c->rr + k) % c->n_served];
+        sfrag *f = &c->f[p];
+        if (f->fetch_pending) continue;
+        if (f->unacked && now - f->unacked_ns < expiry * MS) continue;
+        dl_mailbox_claim cl;
+        if (!dl_mailbox_claim_push(c->mb, p, now, &cl, &c->send_spare)) continue;
+        const dl_mailbox_push *h = &cl.h;
+        /* A Heartbeat first, so the synchronizer's record of the tokens this
+         * learner processed covers every token the push reports (the
+         * ledger's balance holds even if the learner dies right after). */
+        if (!hb_first) {
+            send_heartbeat(c);
+            hb_first = 1;
         }
-        pthread_mutex_unlock(&c->mu);
-        if (!go) continue;
 
         size_t n = (size_t)c->numel[p];
         Dloco__V1__Push m;
         dloco__v1__push__init(&m);
         m.fragment = (uint32_t)p;
-        m.base_version = h.base_version;
-        m.steps = h.steps;
-        m.tokens = h.tokens;
+        m.base_version = h->base_version;
+        m.steps = h->steps;
+        m.tokens = h->tokens;
         m.codec = DLOCO__V1__CODEC__CODEC_FP32;
         m.numel = n;
         m.block_size = 0;
         m.checksum = dl_wire_checksum(c->send_spare, n * sizeof(float));
-        m.loss = h.loss;
+        m.loss = h->loss;
+        m.compute_s = h->compute_s;
         Dloco__V1__Envelope env;
         dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
         dl_wire_set_push(&env, &m);
         int rc = send_env(c, &env, c->send_spare, n);
         if (rc == DL_EAGAIN) {
-            /* Put it back unless a newer push of p arrived meanwhile. */
-            pthread_mutex_lock(&c->mu);
-            c->open[p] = prev_open;
-            c->open_base[p] = prev_base;
-            push_slot *s = &c->push[p];
-            if (!s->queued) {
-                float *t = s->buf;
-                s->buf = c->send_spare;
-                c->send_spare = t;
-                s->h = h;
-                s->queued = 1;
-            } else {
-                c->st.coalesced++;
-            }
-            pthread_mutex_unlock(&c->mu);
+            /* put it back unless a newer push of p arrived meanwhile */
+            dl_mailbox_unclaim_push(c->mb, p, &cl, &c->send_spare, 1);
             return 1;
         }
         if (rc < 0) {
-            pthread_mutex_lock(&c->mu);
-            c->open[p] = prev_open;
-            c->open_base[p] = prev_base;
-            pthread_mutex_unlock(&c->mu);
+            dl_mailbox_unclaim_push(c->mb, p, &cl, &c->send_spare, 0);
             if (rc == DL_ENET) return 0;
             continue; /* refused locally (e.g. a NaN loss): dropped, logged by send_env */
         }
-        c->unacked[p] = 1;
-        c->unacked_ns[p] = now;
+        f->unacked = 1;
+        f->unacked_ns = now;
         pthread_mutex_lock(&c->mu);
         c->st.pushes++;
         c->st.push_bytes += n * sizeof(float);
         pthread_mutex_unlock(&c->mu);
-        DL_DEBUG("comms: push fragment %d base %llu steps %llu tokens %llu%s", p, (unsigned long long)h.base_version,
-                 (unsigned long long)h.steps, (unsigned long long)h.tokens, h.final ? " (final flush)" : "");
+        DL_DEBUG("comms: push fragment %d base %llu steps %llu tokens %llu%s", p, (unsigned long long)h->base_version,
+                 (unsigned long long)h->steps, (unsigned long long)h->tokens, h->final ? " (final flush)" : "");
+        dl_event("push", " learner=%s epoch=%llu fragment=%d base_version=%llu steps=%llu tokens=%llu compute_s=%.6f "
+                 "final=%d held=%d",
+                 c->id, (unsigned long long)c->epoch, p, (unsigned long long)h->base_version,
+                 (unsigned long long)h->steps, (unsigned long long)h->tokens, h->compute_s, h->final, h->held);
     }
-    c->rr = (c->rr + 1) % c->P;
+    c->rr = (c->rr + 1) % c->n_served;
     return 0;
 }
 
@@ -901,15 +778,16 @@ static void *comms_main(void *arg)
     int blocked = 0;
     while (c->state == DL_COMMS_HELLO || c->state == DL_COMMS_READY) {
         int64_t now = dl_clock_ns();
-        int64_t wait = POLL_MAX_MS;
+        int64_t wait = c->poll_max_ms;
         if (c->state == DL_COMMS_HELLO)
-            wait = min64(wait, (c->t_hello + (c->hello_unsent ? HELLO_UNSENT_MS : c->hello_wait_ms) * MS - now) / MS);
+            wait = min64(wait, (c->t_hello + (c->hello_unsent ? c->hello_unsent_ms : c->hello_wait_ms) * MS - now) / MS);
         if (c->state == DL_COMMS_READY) wait = min64(wait, (c->t_hb + c->hb_ms * MS - now) / MS);
         if (blocked) wait = min64(wait, 10);
         if (wait < 0) wait = 0;
         zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {NULL, c->efd, ZMQ_POLLIN, 0}};
-        if (zmq_poll(items, 2, (long)wait) < 0 && zmq_errno() != EINTR) {
-            set_state(c, DL_COMMS_FAILED, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+        int prc = DL_ZMQ_RC(zmq_poll(items, 2, (long)wait));
+        if (prc < 0 && prc != DL_EAGAIN) { /* DL_EAGAIN: EINTR */
+            set_state(c, DL_COMMS_FAILED, "%s", dl_errmsg());
             break;
         }
         uint64_t cnt;
@@ -917,11 +795,11 @@ static void *comms_main(void *arg)
         }
 
         pthread_mutex_lock(&c->mu);
-        int stop = c->stop_req, bye = c->bye_req;
-        char reason[128];
-        snprintf(reason, sizeof reason, "%s", c->bye_reason);
-        uint64_t bye_step = c->bye_step;
+        int stop = c->stop_req;
         pthread_mutex_unlock(&c->mu);
+        char reason[128] = "";
+        uint64_t bye_step = 0;
+        int bye = dl_mailbox_bye_asked(c->mb, reason, sizeof reason, &bye_step);
         if (stop && !bye) {
             set_state(c, DL_COMMS_DONE, NULL);
             break;
@@ -941,10 +819,10 @@ static void *comms_main(void *arg)
                         c->connect_timeout_ms);
                 c->t_warn = now;
             }
-            if (now - c->t_hello >= (c->hello_unsent ? HELLO_UNSENT_MS : c->hello_wait_ms) * MS) send_hello(c);
+            if (now - c->t_hello >= (c->hello_unsent ? c->hello_unsent_ms : c->hello_wait_ms) * MS) send_hello(c);
         } else if (c->state == DL_COMMS_READY) {
             int64_t silence = (int64_t)c->liveness * c->hb_ms;
-            if (silence < SILENCE_MIN_MS) silence = SILENCE_MIN_MS;
+            if (silence < c->silence_min_ms) silence = c->silence_min_ms;
             if (now - c->t_recv >= silence * MS) {
                 char why[96];
                 snprintf(why, sizeof why, "no message from the synchronizer for %lld ms", (long long)silence);
@@ -964,44 +842,50 @@ static void *comms_main(void *arg)
             break;
         }
     }
-    zmq_close(c->sock);
+    DL_ZMQ_LOG(zmq_close(c->sock));
     c->sock = NULL;
     return NULL;
+}
+
+/* Context, DEALER and its options, connect. Returns 0 or the DL_E* code;
+ * the caller closes what was made. */
+static int open_socket(dl_comms *c)
+{
+    DL_ZMQ_PTR(c->ctx, zmq_ctx_new());
+    DL_ZMQ_PTR(c->sock, zmq_socket(c->ctx, ZMQ_DEALER));
+    size_t maxmsg = c->maxn * sizeof(float) + DL_WIRE_MAX_HEADER_BYTES;
+    DL_TRY(dl_wire_sock_setup(c->sock, 0, maxmsg));
+    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->id, strlen(c->id)));
+    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL, &c->reconnect_ms, sizeof c->reconnect_ms));
+    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL_MAX, &c->reconnect_max_ms, sizeof c->reconnect_max_ms));
+    /* Queue nothing while disconnected: sends fail with EAGAIN instead, so
+     * pushes wait (and coalesce) in their slots, and Hellos retried during
+     * an outage do not pile up to be answered all at once on reconnect. */
+    int one = 1;
+    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_IMMEDIATE, &one, sizeof one));
+    DL_ZMQ_CALL(zmq_connect(c->sock, c->endpoint));
+    return 0;
+}
+
+static void close_socket(dl_comms *c)
+{
+    if (c->sock) DL_ZMQ_LOG(zmq_close(c->sock));
+    c->sock = NULL;
+    if (c->ctx) DL_ZMQ_LOG(zmq_ctx_term(c->ctx)); /* waits at most the Bye linger */
+    c->ctx = NULL;
 }
 
 int dl_comms_start(dl_comms *c)
 {
     assert(c && !c->started);
-    c->ctx = zmq_ctx_new();
-    if (!c->ctx) return dl_err(DL_ENET, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
-    c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
-    if (!c->sock) {
-        int rc = dl_err(DL_ENET, "zmq_socket: %s", zmq_strerror(zmq_errno()));
-        zmq_ctx_term(c->ctx);
-        c->ctx = NULL;
-        return rc;
-    }
-    size_t maxmsg = c->maxn * sizeof(float) + DL_WIRE_MAX_HEADER_BYTES;
-    int rc = dl_wire_sock_setup(c->sock, 0, maxmsg);
-    if (!rc && zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->id, strlen(c->id)) != 0)
-        rc = dl_err(DL_ENET, "setsockopt ZMQ_ROUTING_ID: %s", zmq_strerror(zmq_errno()));
-    /* Queue nothing while disconnected: sends fail with EAGAIN instead, so
-     * pushes wait (and coalesce) in their slots, and Hellos retried during
-     * an outage do not pile up to be answered all at once on reconnect. */
-    int one = 1;
-    if (!rc && zmq_setsockopt(c->sock, ZMQ_IMMEDIATE, &one, sizeof one) != 0)
-        rc = dl_err(DL_ENET, "setsockopt ZMQ_IMMEDIATE: %s", zmq_strerror(zmq_errno()));
-    if (!rc && zmq_connect(c->sock, c->endpoint) != 0)
-        rc = dl_err(DL_ENET, "connect %s: %s", c->endpoint, zmq_strerror(zmq_errno()));
+    int rc = open_socket(c);
+    if (rc) rc = dl_err(DL_ENET, "connecting to %s: %s", c->endpoint, dl_errmsg());
     if (!rc) set_state(c, DL_COMMS_HELLO, NULL);
     if (!rc && pthread_create(&c->thread, NULL, comms_main, c) != 0)
         rc = dl_err(DL_ENET, "cannot start the comms thread");
     if (rc) {
         set_state(c, DL_COMMS_FAILED, "%s", dl_errmsg());
-        zmq_close(c->sock);
-        c->sock = NULL;
-        zmq_ctx_term(c->ctx);
-        c->ctx = NULL;
+        close_socket(c);
         return rc;
     }
     c->started = 1;
@@ -1016,8 +900,7 @@ void dl_comms_stop(dl_comms *c)
     pthread_mutex_unlock(&c->mu);
     wake(c);
     pthread_join(c->thread, NULL);
-    zmq_ctx_term(c->ctx); /* waits at most the Bye linger */
-    c->ctx = NULL;
+    close_socket(c);
     c->started = 0;
 }
 
@@ -1026,26 +909,13 @@ void dl_comms_close(dl_comms **cp)
     if (!cp || !*cp) return;
     dl_comms *c = *cp;
     dl_comms_stop(c);
-    for (int p = 0; p < c->P; p++) {
-        free(c->push[p].buf);
-        free(c->upd[p].buf);
-    }
-    free(c->push);
-    free(c->upd);
-    free(c->held);
-    free(c->held_ok);
-    free(c->open);
-    free(c->open_base);
-    free(c->need_update);
+    dl_mailbox_detach(c->mb, c->link);
+    free(c->f);
+    free(c->served);
     free(c->send_spare);
-    free(c->recv_spare);
     free(c->hv);
     free(c->fetch_list);
-    free(c->unacked);
-    free(c->unacked_ns);
-    free(c->fetch_pending);
     free(c->numel);
-    if (c->acklog) fclose(c->acklog);
     close(c->efd);
     pthread_mutex_destroy(&c->mu);
     free(c);

@@ -3,7 +3,9 @@
 #include "core/clock.h"
 #include "core/config.h"
 #include "core/err.h"
+#include "core/event.h"
 #include "core/log.h"
+#include "core/model.h"
 #include "core/plan.h"
 #include "learner/comms.h"
 #include "learner/node.h"
@@ -27,7 +29,7 @@ typedef struct {
     char data[DL_CFG_STRLEN];
     char data_format[DL_CFG_STRLEN];
     double val_frac;
-    int64_t n_layer, n_head, n_embd, seq_len, vocab;
+    dl_model_opts model; /* n_layer .. vocab and fragments: DL_MODEL_CFG_ROWS */
     int64_t batch, steps, warmup;
     double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip, adam_fleet;
     int64_t seed;
@@ -45,12 +47,13 @@ typedef struct {
     char connect[DL_CFG_STRLEN];
     char id[DL_CFG_STRLEN];
     char run_id[DL_CFG_STRLEN];
-    int64_t fragments;
     char adopt[DL_CFG_STRLEN];
     double alpha;
     int64_t data_shard, data_shards;
     int64_t flush_timeout_ms, connect_timeout_ms;
-    char log_acks[DL_CFG_STRLEN];
+    int64_t hello_retry_ms, hello_retry_max_ms, hello_unsent_ms, poll_max_ms, silence_min_ms, ack_expiry_min_ms,
+        bye_linger_ms, push_decision_timeout_ms, reconnect_ms, reconnect_max_ms;
+    char events[DL_CFG_STRLEN];
     int local_eval;
     double throttle;
     int final_flush;
@@ -63,11 +66,7 @@ static const dl_cfg_entry learner_table[] = {
      "training data: text file, directory of text files, or llm.c .bin shard(s)"},
     {"data_format", DL_CFG_ENUM, F(data_format), 0, 0, "auto", "auto|text|shards", 0, "how to read --data"},
     {"val_frac", DL_CFG_FLOAT, F(val_frac), 0.0, 0.5, "0.05", NULL, 0, "fraction of sequences held out"},
-    {"n_layer", DL_CFG_INT, F(n_layer), 1, 256, "4", NULL, 0, "transformer blocks (L)"},
-    {"n_head", DL_CFG_INT, F(n_head), 1, 256, "4", NULL, 0, "attention heads (NH)"},
-    {"n_embd", DL_CFG_INT, F(n_embd), 8, 16384, "128", NULL, 0, "channels (C)"},
-    {"seq_len", DL_CFG_INT, F(seq_len), 2, 65536, "128", NULL, 0, "context length (T)"},
-    {"vocab", DL_CFG_INT, F(vocab), 0, 16777216, "0", NULL, 0, "vocabulary; 0 = 256 for text, 50257 for shards"},
+    DL_MODEL_CFG_ROWS(learner_cfg, model, "0", "model: vocabulary (V); 0 = 256 for text, 50257 for shards"),
     {"batch", DL_CFG_INT, F(batch), 1, 65536, "16", NULL, 0, "sequences per step (B)"},
     {"steps", DL_CFG_INT, F(steps), 1, 1000000000, "1000", NULL, 0, "optimizer steps"},
     {"warmup", DL_CFG_INT, F(warmup), 0, 1000000000, "50", NULL, 0, "linear warm-up steps"},
@@ -101,8 +100,6 @@ static const dl_cfg_entry learner_table[] = {
     {"connect", DL_CFG_STR, F(connect), 0, 0, "tcp://127.0.0.1:5555", NULL, 0, "synchronizer endpoint (networked mode)"},
     {"id", DL_CFG_STR, F(id), 0, 0, "", NULL, 0, "learner id [A-Za-z0-9._-]{1,64}; empty = learner-<pid>"},
     {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id, must match the synchronizer's"},
-    {"fragments", DL_CFG_INT, F(fragments), 1, 4096, "4", NULL, 0,
-     "P: parameter fragments (must match the synchronizer: part of the fingerprint)"},
     {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, "overwrite", "overwrite|mix|keep", 0,
      "how a new global fragment is adopted: overwrite, mix alpha*local+(1-alpha)*global, keep progress since the push"},
     {"alpha", DL_CFG_FLOAT, F(alpha), 0.0, 1.0, "0.5", NULL, 0, "adopt=mix: weight of the local parameters"},
@@ -113,7 +110,27 @@ static const dl_cfg_entry learner_table[] = {
      "at the end, wait this long for the answers to the final flush"},
     {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 100, 86400000, "30000", NULL, 0,
      "give up when Welcome and the initial fetch take longer than this"},
-    {"log_acks", DL_CFG_STR, F(log_acks), 0, 0, "", NULL, 0, "append one line per Ack / Update received to this file"},
+    {"hello_retry_ms", DL_CFG_INT, F(hello_retry_ms), 1, 3600000, "1000", NULL, 0,
+     "first Hello retry when no Welcome came; doubles per retry up to hello_retry_max_ms"},
+    {"hello_retry_max_ms", DL_CFG_INT, F(hello_retry_max_ms), 1, 3600000, "16000", NULL, 0,
+     "cap of the Hello retry backoff"},
+    {"hello_unsent_ms", DL_CFG_INT, F(hello_unsent_ms), 1, 60000, "20", NULL, 0,
+     "retry period of a Hello that found no connection yet (<= hello_retry_ms)"},
+    {"poll_max_ms", DL_CFG_INT, F(poll_max_ms), 1, 60000, "100", NULL, 0,
+     "the comms thread checks its timers at least this often (< hello_retry_ms, < silence_min_ms)"},
+    {"silence_min_ms", DL_CFG_INT, F(silence_min_ms), 1, 3600000, "1000", NULL, 0,
+     "re-hello after max(this, liveness x heartbeat_ms) without any message from the synchronizer"},
+    {"ack_expiry_min_ms", DL_CFG_INT, F(ack_expiry_min_ms), 1, 3600000, "5000", NULL, 0,
+     "a push without its Ack stops blocking its fragment after max(this, liveness x heartbeat_ms)"},
+    {"bye_linger_ms", DL_CFG_INT, F(bye_linger_ms), 1, 60000, "1000", NULL, 0, "how long exiting lets a Bye leave"},
+    {"reconnect_ms", DL_CFG_INT, F(reconnect_ms), 1, 3600000, "100", NULL, 0,
+     "first reconnect attempt after the connection to the synchronizer is lost (< hello_retry_ms)"},
+    {"reconnect_max_ms", DL_CFG_INT, F(reconnect_max_ms), 1, 3600000, "10000", NULL, 0,
+     "reconnect backoff doubles up to this (<= hello_retry_max_ms)"},
+    {"push_decision_timeout_ms", DL_CFG_INT, F(push_decision_timeout_ms), 1, 86400000, "30000", NULL, 0,
+     "a due push waits for the previous push's decision at most this long (> ack_expiry_min_ms)"},
+    {"events", DL_CFG_STR, F(events), 0, 0, "", NULL, 0,
+     "append machine-readable events (logfmt, docs/EVENTS.md) to this file; empty = off"},
     {"final_flush", DL_CFG_BOOL, F(final_flush), 0, 0, "true", NULL, 0,
      "on exit (end of steps or SIGTERM) push every fragment with progress before saying Bye"},
     {"throttle", DL_CFG_FLOAT, F(throttle), 0.001, 1.0, "1", NULL, 0,
@@ -135,6 +152,23 @@ static int fail(const char *what, int rc)
 {
     fprintf(stderr, "dloco-learner: %s: %s%s%s\n", what, dl_strerror(rc), dl_errmsg()[0] ? ": " : "", dl_errmsg());
     return 2;
+}
+
+/* The comms timing rows as session options. */
+static dl_comms_opts comms_timing(const learner_cfg *cfg)
+{
+    return (dl_comms_opts){
+        .connect_timeout_ms = (int)cfg->connect_timeout_ms,
+        .hello_retry_ms = (int)cfg->hello_retry_ms,
+        .hello_retry_max_ms = (int)cfg->hello_retry_max_ms,
+        .hello_unsent_ms = (int)cfg->hello_unsent_ms,
+        .poll_max_ms = (int)cfg->poll_max_ms,
+        .silence_min_ms = (int)cfg->silence_min_ms,
+        .ack_expiry_min_ms = (int)cfg->ack_expiry_min_ms,
+        .bye_linger_ms = (int)cfg->bye_linger_ms,
+        .reconnect_ms = (int)cfg->reconnect_ms,
+        .reconnect_max_ms = (int)cfg->reconnect_max_ms,
+    };
 }
 
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
@@ -195,10 +229,13 @@ int main(int argc, char **argv)
     if (rc) return fail("bad configuration", rc);
     dl_log_set_level(dl_log_level_parse(cfg.log_level));
     dl_log_set_name("learner");
+    if ((rc = dl_event_open(cfg.events, "learner"))) return fail("opening the events file (option events)", rc);
     if (!cfg.standalone) {
         if (!cfg.id[0]) snprintf(cfg.id, sizeof cfg.id, "learner-%ld", (long)getpid());
         if (!dl_comms_id_ok(cfg.id))
             return fail("bad configuration", dl_err(DL_EINVAL, "option id: '%s' is not [A-Za-z0-9._-]{1,64}", cfg.id));
+        dl_comms_opts t = comms_timing(&cfg);
+        if ((rc = dl_comms_check_timeouts(&t, (int)cfg.push_decision_timeout_ms))) return fail("bad configuration", rc);
         if (!cfg.run_id[0]) return fail("bad configuration", dl_err(DL_EINVAL, "option run_id is empty"));
         if (cfg.resume[0] || cfg.stop_after)
             return fail("bad configuration",
@@ -216,27 +253,37 @@ int main(int argc, char **argv)
     if (device == DL_DEVICE_CPU && strcmp(cfg.matmul, "tf32"))
         printf("note: --matmul %s ignored on the cpu (OpenBLAS sgemm, fp32)\n", cfg.matmul);
     fflush(stdout);
+    {
+        char ev_hello[200], ev_desc[900];
+        /* matmul: the precision in use (the cpu is always fp32) */
+        dl_event("device", "device=%s matmul=%s desc=%s", dl_event_str(hello_device, ev_hello, sizeof ev_hello),
+                 device == DL_DEVICE_CPU ? "fp32" : cfg.matmul, dl_event_str(device_desc, ev_desc, sizeof ev_desc));
+    }
+
+    /* the model options before any data is read; vocab 0 ("from the data")
+     * stands for a valid one until the data says which */
+    dl_model_opts mo = cfg.model;
+    if (!mo.vocab) mo.vocab = DL_MODEL_VOCAB_MIN;
+    if ((rc = dl_model_config_from(&mo, &(dl_model_config){0}))) return fail("model config", rc);
 
     dl_data_opts dopt = {.path = cfg.data,
                          .format = cfg.data_format,
-                         .seq_len = (int)cfg.seq_len,
-                         .vocab = cfg.vocab ? (int)cfg.vocab : 65536,
+                         .seq_len = (int)cfg.model.seq_len,
+                         .vocab = cfg.model.vocab ? (int)cfg.model.vocab : 65536,
                          .val_frac = cfg.val_frac,
                          .seed = (uint64_t)cfg.seed,
                          .shard_index = (int)cfg.data_shard,
                          .shard_count = (int)cfg.data_shards};
     dl_data *data = NULL;
     if ((rc = dl_data_open(&dopt, &data))) return fail("loading data", rc);
-    int vocab = cfg.vocab ? (int)cfg.vocab : (!strcmp(dl_data_kind(data), "text") ? 256 : 50257);
-    if (!cfg.vocab && strcmp(dl_data_kind(data), "text")) {
+    int vocab = cfg.model.vocab ? (int)cfg.model.vocab : (!strcmp(dl_data_kind(data), "text") ? 256 : 50257);
+    if (!cfg.model.vocab && strcmp(dl_data_kind(data), "text")) {
         /* re-open with the real bound so out-of-range tokens are refused */
         dl_data_close(&data);
         dopt.vocab = vocab;
         if ((rc = dl_data_open(&dopt, &data))) return fail("loading data", rc);
     }
     dl_train_cfg tc = {
-        .model = {.n_layer = (int)cfg.n_layer, .n_head = (int)cfg.n_head, .n_embd = (int)cfg.n_embd,
-                  .seq_len = (int)cfg.seq_len, .vocab = vocab},
         .batch = (int)cfg.batch,
         .steps = cfg.steps,
         .lr = (float)cfg.lr,
@@ -249,7 +296,8 @@ int main(int argc, char **argv)
         .device = device,
         .fleet = (float)cfg.adam_fleet,
     };
-    if ((rc = dl_gpt_config_check(&tc.model))) {
+    mo.vocab = vocab; /* 0 resolved from the data above */
+    if ((rc = dl_model_config_from(&mo, &tc.model))) {
         dl_data_close(&data);
         return fail("model config", rc);
     }
@@ -282,16 +330,23 @@ int main(int argc, char **argv)
     signal(SIGTERM, on_signal);
 
     size_t nparams = dl_trainer_num_params(tr);
-    double flops_tok = dl_gpt_flops_per_token(&tc.model, tc.model.seq_len);
+    double flops_tok = dl_model_flops_per_token(&tc.model, tc.model.seq_len);
     int64_t tok_per_step = (int64_t)tc.batch * tc.model.seq_len;
     printf("dloco-learner standalone: GPT L=%d NH=%d C=%d T=%d V=%d, %zu parameters, B=%d, %d threads\n",
            tc.model.n_layer, tc.model.n_head, tc.model.n_embd, tc.model.seq_len, vocab, nparams, tc.batch,
            omp_get_max_threads());
+    char ev_dev[200];
+    dl_event("learner_start", "mode=standalone device=%s params=%zu steps=%lld",
+             dl_event_str(hello_device, ev_dev, sizeof ev_dev), nparams, (long long)cfg.steps);
     printf("data: %s (%s, %llu tokens, %llu train / %llu val sequences)\n", cfg.data, dl_data_kind(data),
            (unsigned long long)dl_data_num_tokens(data), (unsigned long long)dl_data_train_seqs(data),
            (unsigned long long)dl_data_val_seqs(data));
     int64_t start = dl_trainer_steps_done(tr);
-    if (start) printf("resumed from %s at step %lld\n", cfg.resume, (long long)start);
+    if (start) {
+        char ev_path[DL_CFG_STRLEN + 8];
+        printf("resumed from %s at step %lld\n", cfg.resume, (long long)start);
+        dl_event("resumed", "path=%s step=%lld", dl_event_str(cfg.resume, ev_path, sizeof ev_path), (long long)start);
+    }
     double val0 = 0.0;
     if ((rc = dl_trainer_eval(tr, &val0))) {
         dl_trainer_close(&tr);
@@ -343,6 +398,12 @@ int main(int argc, char **argv)
             printf("lr %.2e | norm %6.3f | %7.0f tok/s | %7.1f ms/step | %.1f GFLOP/s\n",
                    dl_trainer_lr_at(tr, step), norm, tps, ms, tps * flops_tok * 1e-9);
             fflush(stdout);
+            if (do_val)
+                dl_event("step", "step=%lld loss=%.17g tokens=%lld val_loss=%.17g", (long long)step,
+                         train_sum / (double)win_steps, (long long)(step * tok_per_step), val);
+            else
+                dl_event("step", "step=%lld loss=%.17g tokens=%lld", (long long)step, train_sum / (double)win_steps,
+                         (long long)(step * tok_per_step));
             t_win = dl_clock_s();
             train_sum = 0.0;
             win_steps = 0;
@@ -367,11 +428,17 @@ int main(int argc, char **argv)
             return fail("saving checkpoint", rc);
         }
         printf("checkpoint: %s (step %lld)\n", cfg.checkpoint, (long long)step);
+        char ev_path[DL_CFG_STRLEN + 8];
+        dl_event("checkpoint", "path=%s step=%lld", dl_event_str(cfg.checkpoint, ev_path, sizeof ev_path),
+                 (long long)step);
     }
     if (losslog) fclose(losslog);
     int64_t done = step - start;
     printf("summary: %lld steps in %.1f s | %.0f tok/s | train loss %.4f | val loss %.4f -> %.4f (best %.4f)\n",
            (long long)done, wall, done ? (double)(done * tok_per_step) / wall : 0.0, last_train, val0, val, best);
+    dl_event("train_summary", "steps=%lld step=%lld wall_s=%.3f train_loss=%.17g val_loss_start=%.17g val_loss=%.17g "
+             "val_loss_best=%.17g stopped=%d",
+             (long long)done, (long long)step, wall, last_train, val0, val, best, stop_requested ? 1 : 0);
     dl_trainer_close(&tr);
     release_device(device);
     return 0;
@@ -382,29 +449,33 @@ int main(int argc, char **argv)
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
                          FILE *losslog)
 {
-    const dl_gpt_config *mc = dl_trainer_model_cfg(tr);
+    const dl_model_config *mc = dl_trainer_model_cfg(tr);
     dl_plan *plan = NULL;
-    int rc = dl_gpt_plan_open(mc, (int)cfg->fragments, &plan);
+    int rc = dl_model_plan_open(mc, (int)cfg->model.fragments, &plan);
     if (rc) return fail("building the fragment plan (option fragments)", rc);
-    uint64_t fp = dl_gpt_fingerprint(mc, plan);
-    dl_comms_opts co = {
-        .endpoint = cfg->connect,
-        .learner_id = cfg->id,
-        .run_id = cfg->run_id,
-        .plan = plan,
-        .fingerprint = fp,
-        .n_layer = (uint32_t)mc->n_layer,
-        .n_head = (uint32_t)mc->n_head,
-        .n_embd = (uint32_t)mc->n_embd,
-        .seq_len = (uint32_t)mc->seq_len,
-        .vocab = (uint32_t)mc->vocab,
-        .device = hello_device,
-        .connect_timeout_ms = (int)cfg->connect_timeout_ms,
-        .log_acks = cfg->log_acks,
-    };
+    uint64_t fp = dl_model_fingerprint(mc, plan);
+    dl_mailbox *mb = NULL;
+    if ((rc = dl_mailbox_open(plan, &mb))) {
+        dl_plan_close(&plan);
+        return fail("setting up the mailbox", rc);
+    }
+    dl_comms_opts co = comms_timing(cfg);
+    co.mailbox = mb;
+    co.endpoint = cfg->connect;
+    co.learner_id = cfg->id;
+    co.run_id = cfg->run_id;
+    co.plan = plan;
+    co.fingerprint = fp;
+    co.n_layer = (uint32_t)mc->n_layer;
+    co.n_head = (uint32_t)mc->n_head;
+    co.n_embd = (uint32_t)mc->n_embd;
+    co.seq_len = (uint32_t)mc->seq_len;
+    co.vocab = (uint32_t)mc->vocab;
+    co.device = hello_device;
     dl_comms *comms = NULL;
     dl_node *node = NULL;
     if ((rc = dl_comms_open(&co, &comms))) {
+        dl_mailbox_close(&mb);
         dl_plan_close(&plan);
         return fail("setting up the connection", rc);
     }
@@ -417,6 +488,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     if (dl_trainer_device(tr) == DL_DEVICE_CUDA) {
         if ((rc = dl_gptc_xfer_open(dl_trainer_gptc(tr), plan, &xfer))) {
             dl_comms_close(&comms);
+            dl_mailbox_close(&mb);
             dl_plan_close(&plan);
             return fail("setting up the GPU fragment copies", rc);
         }
@@ -430,11 +502,13 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         .adopt = !strcmp(cfg->adopt, "mix") ? DL_ADOPT_MIX : !strcmp(cfg->adopt, "keep") ? DL_ADOPT_KEEP
                                                                                          : DL_ADOPT_OVERWRITE,
         .alpha = (float)cfg->alpha,
+        .push_decision_timeout_ms = (int)cfg->push_decision_timeout_ms,
     };
-    if ((rc = dl_node_open(&no, comms, &node)) || (rc = dl_comms_start(comms))) {
+    if ((rc = dl_node_open(&no, mb, &node)) || (rc = dl_comms_start(comms))) {
         int r = fail("connecting", rc);
         dl_node_close(&node);
         dl_comms_close(&comms);
+        dl_mailbox_close(&mb);
 #ifdef DLOCO_HAVE_CUDA
         dl_gptc_xfer_close(&xfer);
 #endif
@@ -452,6 +526,10 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
            cfg->connect, cfg->run_id, dl_plan_P(plan), dl_plan_imbalance(plan), (unsigned long long)fp, cfg->adopt,
            cfg->adam_fleet);
     fflush(stdout);
+    char ev_dev[200], ev_ep[DL_CFG_STRLEN + 8];
+    dl_event("learner_start", "id=%s mode=networked device=%s params=%zu fragments=%d fingerprint=%016llx endpoint=%s",
+             cfg->id, dl_event_str(hello_device, ev_dev, sizeof ev_dev), dl_trainer_num_params(tr), dl_plan_P(plan),
+             (unsigned long long)fp, dl_event_str(cfg->connect, ev_ep, sizeof ev_ep));
 
     int exit_code = 0;
     double t_run = dl_clock_s();
@@ -464,13 +542,19 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         exit_code = 3;
     } else if (rc == DL_EAGAIN) {
         printf("stopped by signal before training\n");
-        dl_comms_bye(comms, "signal", 0);
+        dl_mailbox_bye(mb, "signal", 0);
     } else if (rc) {
         fail("joining the synchronizer", rc);
         exit_code = 2;
     } else {
         printf("joined: holding all %d fragments of the global model, H=%u\n", dl_plan_P(plan), dl_comms_h(comms));
-        dl_comms_set_progress(comms, 0, 0, 0.0);
+        {
+            dl_node_stats ns;
+            dl_node_get_stats(node, &ns);
+            dl_event("ready", "id=%s fragments=%d fetched=%llu h=%u wait_s=%.3f", cfg->id, dl_plan_P(plan),
+                     (unsigned long long)ns.adopted, dl_comms_h(comms), dl_clock_s() - t_run);
+        }
+        dl_mailbox_set_progress(mb, 0, 0, 0.0);
         fflush(stdout);
         double t_win = dl_clock_s(), train_sum = 0.0, sps = 0.0;
         int64_t win_steps = 0;
@@ -503,7 +587,12 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             win_steps++;
             /* H comes from the (last) Welcome; a re-hello may change it. */
             int H = (int)dl_comms_h(comms);
-            if ((rc = dl_node_after_step(node, step, H > 0 ? H : 1, (uint64_t)tok_per_step, loss)) < 0 ||
+            /* wall seconds behind this step (throttle included): Push.compute_s */
+            double compute_s = dl_clock_s() - t_step;
+            /* progress first: a push of this step must never report more than the
+             * learner has reported processing (the ledger's overclaim check) */
+            dl_mailbox_set_progress(mb, (uint64_t)step, (uint64_t)(step * tok_per_step), sps);
+            if ((rc = dl_node_after_step(node, step, H > 0 ? H : 1, (uint64_t)tok_per_step, loss, compute_s)) < 0 ||
                 (rc = dl_node_poll(node)) < 0) {
                 fail("pushing or adopting fragments", rc);
                 exit_code = 2;
@@ -541,11 +630,13 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                 else printf("staleness  -   | ");
                 printf("sent %.2f MB | recv %.2f MB\n", (double)cs.bytes_sent * 1e-6, (double)cs.bytes_recv * 1e-6);
                 fflush(stdout);
+                dl_event("step", "id=%s step=%lld loss=%.17g tokens=%lld pushes=%llu coalesced=%llu", cfg->id,
+                         (long long)step, train_sum / (double)win_steps, (long long)(step * tok_per_step),
+                         (unsigned long long)cs.pushes, (unsigned long long)cs.coalesced);
                 t_win = dl_clock_s();
                 train_sum = 0.0;
                 win_steps = 0;
             }
-            dl_comms_set_progress(comms, (uint64_t)step, (uint64_t)(step * tok_per_step), sps);
         }
         if (stop_requested) printf("stopped by signal at step %lld\n", (long long)step);
         if (exit_code == 0 && cfg->final_flush) {
@@ -555,15 +646,20 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         } else if (exit_code == 0) {
             /* the scheduled pushes of the last step still go (a deferred one is not posted yet) */
             if ((rc = dl_node_complete(node)) < 0) exit_code = fail("last pushes", rc);
-            dl_comms_bye(comms, stop_requested ? "signal (no flush)" : "done (no flush)", (uint64_t)step);
+            dl_mailbox_bye(mb, stop_requested ? "signal (no flush)" : "done (no flush)", (uint64_t)step);
         }
         else if (dl_comms_state(comms, NULL, 0) != DL_COMMS_REFUSED)
-            dl_comms_bye(comms, "failed", (uint64_t)step); /* diverged: push nothing more, just leave */
+            dl_mailbox_bye(mb, "failed", (uint64_t)step); /* diverged: push nothing more, just leave */
     }
     double wall = dl_clock_s() - t_run;
     if (exit_code == 0 && cfg->checkpoint[0]) {
         if ((rc = dl_trainer_save(tr, cfg->checkpoint))) exit_code = fail("saving checkpoint", rc);
-        else printf("checkpoint: %s (step %lld, local parameters)\n", cfg->checkpoint, (long long)step);
+        else {
+            char ev_path[DL_CFG_STRLEN + 8];
+            printf("checkpoint: %s (step %lld, local parameters)\n", cfg->checkpoint, (long long)step);
+            dl_event("checkpoint", "id=%s path=%s step=%lld", cfg->id,
+                     dl_event_str(cfg->checkpoint, ev_path, sizeof ev_path), (long long)step);
+        }
     }
     dl_comms_stop(comms); /* joins the comms thread; lets the Bye leave */
     dl_comms_stats cs;
@@ -575,10 +671,12 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
      * without a final decision (accepted, dropped_stale, rejected) at exit,
      * which includes pushes the synchronizer replaced by a newer push of the
      * same fragment in the same open round */
-    printf("learner-summary: id=%s steps=%lld tokens=%lld pushes=%llu coalesced=%llu acks_pending=%llu "
+    char summary[1024];
+    snprintf(summary, sizeof summary, "id=%s steps=%lld tokens=%lld pushes=%llu coalesced=%llu acks_pending=%llu "
            "accepted=%llu dropped_stale=%llu rejected=%llu undecided=%llu updates_adopted=%llu rebased=%llu "
            "updates_superseded=%llu updates_ignored=%llu discarded=%llu flush_unanswered=%d bytes_sent=%llu "
-           "bytes_received=%llu epoch=%llu wall_s=%.3f final_train_loss=%.6f\n",
+           "bytes_received=%llu epoch=%llu held=%llu held_due=%llu hold_released=%llu discarded_tokens=%llu wall_s=%.3f "
+           "final_train_loss=%.6f",
            cfg->id, (long long)step, (long long)(step * tok_per_step), (unsigned long long)cs.pushes,
            (unsigned long long)cs.coalesced, (unsigned long long)cs.acks_pending, (unsigned long long)cs.accepted,
            (unsigned long long)cs.dropped_stale, (unsigned long long)cs.rejected,
@@ -586,11 +684,15 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
            (unsigned long long)(ns.adopted - ns.rebased), (unsigned long long)ns.rebased,
            (unsigned long long)cs.superseded, (unsigned long long)ns.ignored, (unsigned long long)cs.discarded,
            flush_left, (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_recv,
-           (unsigned long long)cs.epoch, wall,
+           (unsigned long long)cs.epoch, (unsigned long long)ns.held, (unsigned long long)ns.held_due,
+           (unsigned long long)ns.hold_released, (unsigned long long)ns.discarded_tokens, wall,
            last_train);
+    printf("learner-summary: %s\n", summary);
+    dl_event("learner_summary", "%s exit_code=%d", summary, exit_code);
     fflush(stdout);
     dl_comms_close(&comms);
     dl_node_close(&node);
+    dl_mailbox_close(&mb);
 #ifdef DLOCO_HAVE_CUDA
     dl_gptc_xfer_close(&xfer);
 #endif

@@ -10,6 +10,7 @@
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/event.h"
 #include "core/log.h"
 #include "core/plan.h"
 #include "kernels/cpu.h"
@@ -94,35 +95,47 @@ void dl_node_host_model_close(dl_node_model **mp)
 
 /* ---- the node */
 
+/* One fragment's training-side state; training thread only (the node is
+ * not shared: every field is read and written between training steps). */
+typedef struct {
+    size_t numel;
+    float *base;      /* [numel] last adopted global */
+    float *ref;       /* keep mode: [numel] theta at the last push, or the last global */
+    uint64_t version; /* of base */
+    int held;         /* base is valid */
+    uint64_t steps, tokens; /* since the reference point of the next delta */
+    double loss;            /* summed training loss over those steps */
+    double compute_s;       /* summed wall seconds of those steps */
+    uint64_t steps_ref, tokens_ref; /* keep mode: counters at the last push */
+    uint64_t tokens_posted; /* tokens of the last push posted since the adopt (all modes): what the next
+                             * adopt does not discard, since that push reported them */
+    double loss_ref, compute_ref;
+    int pending;                    /* deferred push begun (read_begin), not yet posted */
+    uint64_t pend_steps, pend_tokens; /* counters at its snapshot */
+    double pend_loss, pend_compute;
+    int owed;       /* a scheduled push was held (previous push of p undecided): make it when decided */
+    int owed_final; /* the final flush of p waits for the previous push's decision */
+} nfrag;
+
 struct dl_node {
     const dl_plan *plan;
     const dl_node_model *model;
     dl_node_model *own_model; /* host model over opts.params, or NULL */
-    dl_comms *comms;
+    dl_mailbox *mb;
     int P;
     int adopt;
     float alpha;
-    size_t *numel;     /* [P] */
-    float **base;      /* [P][numel_p] last adopted global */
-    float **ref;       /* keep mode: [P][numel_p] theta at the last push, or the last global */
-    uint64_t *version; /* [P] */
-    uint8_t *held;     /* [P] base_p is valid */
-    uint64_t *steps, *tokens; /* [P] since the reference point of the next delta */
-    double *loss;             /* [P] summed training loss over those steps */
-    uint64_t *steps_ref, *tokens_ref; /* keep mode: counters at the last push */
-    double *loss_ref;
-    uint8_t *pending;                   /* [P] deferred push begun (read_begin), not yet posted */
-    uint64_t *pend_steps, *pend_tokens; /* [P] counters at its snapshot */
-    double *pend_loss;
-    float *out;  /* [comms buf] delta being posted (swapped with the mailbox) */
-    float *in;   /* [comms buf] update being adopted (swapped with the mailbox) */
-    float *tmp;  /* [max numel] keep mode: g - ref_p */
+    int64_t decision_timeout_ns;
+    nfrag *f;   /* [P] */
+    float *out; /* [mailbox buf] delta being posted (swapped with the mailbox) */
+    float *in;  /* [mailbox buf] update being adopted (swapped with the mailbox) */
+    float *tmp; /* [max numel] keep mode: g - ref_p */
     dl_node_stats st;
 };
 
-int dl_node_open(const dl_node_opts *o, dl_comms *comms, dl_node **out)
+int dl_node_open(const dl_node_opts *o, dl_mailbox *mb, dl_node **out)
 {
-    assert(o && comms && out);
+    assert(o && mb && out);
     *out = NULL;
     if (!o->plan || (!o->params && !o->model))
         return dl_err(DL_EINVAL, "node: no plan, or neither a parameter buffer nor a parameter interface");
@@ -131,6 +144,8 @@ int dl_node_open(const dl_node_opts *o, dl_comms *comms, dl_node **out)
     if (o->adopt < DL_ADOPT_OVERWRITE || o->adopt > DL_ADOPT_KEEP)
         return dl_err(DL_EINVAL, "node: unknown adopt mode %d", o->adopt);
     if (!(o->alpha >= 0.0f && o->alpha <= 1.0f)) return dl_err(DL_EINVAL, "node: alpha %g outside [0, 1]", o->alpha);
+    if (dl_plan_P(o->plan) != dl_mailbox_P(mb))
+        return dl_err(DL_EINVAL, "node: plan has %d fragments, mailbox %d", dl_plan_P(o->plan), dl_mailbox_P(mb));
     dl_node *n = dl_xcalloc(1, sizeof *n);
     n->plan = o->plan;
     if (o->params) {
@@ -143,33 +158,23 @@ int dl_node_open(const dl_node_opts *o, dl_comms *comms, dl_node **out)
     } else {
         n->model = o->model;
     }
-    n->comms = comms;
+    n->mb = mb;
     n->P = dl_plan_P(o->plan);
     n->adopt = o->adopt;
     n->alpha = o->alpha;
-    size_t P = (size_t)n->P;
-    n->numel = dl_xcalloc(P, sizeof *n->numel);
-    n->base = dl_xcalloc(P, sizeof *n->base);
-    n->ref = dl_xcalloc(P, sizeof *n->ref);
+    /* < 0: a pooled push never holds the next one (the protocol tests of
+     * learner/comms.c that exercise pooled pushes) */
+    int ms = o->push_decision_timeout_ms;
+    n->decision_timeout_ns = (int64_t)(ms > 0 ? ms : ms < 0 ? 0 : 30000) * 1000000;
+    n->f = dl_xcalloc((size_t)n->P, sizeof *n->f);
     for (int p = 0; p < n->P; p++) {
-        n->numel[p] = dl_plan_fragment_numel(o->plan, p);
-        n->base[p] = dl_xcalloc(n->numel[p], sizeof(float));
-        if (n->adopt == DL_ADOPT_KEEP) n->ref[p] = dl_xcalloc(n->numel[p], sizeof(float));
+        nfrag *f = &n->f[p];
+        f->numel = dl_plan_fragment_numel(o->plan, p);
+        f->base = dl_xcalloc(f->numel, sizeof(float));
+        if (n->adopt == DL_ADOPT_KEEP) f->ref = dl_xcalloc(f->numel, sizeof(float));
     }
-    n->version = dl_xcalloc(P, sizeof *n->version);
-    n->held = dl_xcalloc(P, 1);
-    n->steps = dl_xcalloc(P, sizeof *n->steps);
-    n->tokens = dl_xcalloc(P, sizeof *n->tokens);
-    n->loss = dl_xcalloc(P, sizeof *n->loss);
-    n->steps_ref = dl_xcalloc(P, sizeof *n->steps_ref);
-    n->tokens_ref = dl_xcalloc(P, sizeof *n->tokens_ref);
-    n->loss_ref = dl_xcalloc(P, sizeof *n->loss_ref);
-    n->pending = dl_xcalloc(P, 1);
-    n->pend_steps = dl_xcalloc(P, sizeof *n->pend_steps);
-    n->pend_tokens = dl_xcalloc(P, sizeof *n->pend_tokens);
-    n->pend_loss = dl_xcalloc(P, sizeof *n->pend_loss);
-    n->out = dl_comms_buf_alloc(comms);
-    n->in = dl_comms_buf_alloc(comms);
+    n->out = dl_mailbox_buf_alloc(mb);
+    n->in = dl_mailbox_buf_alloc(mb);
     n->tmp = dl_xcalloc(dl_plan_max_fragment_numel(o->plan), sizeof(float));
     *out = n;
     return 0;
@@ -180,24 +185,10 @@ void dl_node_close(dl_node **np)
     if (!np || !*np) return;
     dl_node *n = *np;
     for (int p = 0; p < n->P; p++) {
-        free(n->base[p]);
-        free(n->ref[p]);
+        free(n->f[p].base);
+        free(n->f[p].ref);
     }
-    free(n->base);
-    free(n->ref);
-    free(n->numel);
-    free(n->version);
-    free(n->held);
-    free(n->steps);
-    free(n->tokens);
-    free(n->loss);
-    free(n->steps_ref);
-    free(n->tokens_ref);
-    free(n->loss_ref);
-    free(n->pending);
-    free(n->pend_steps);
-    free(n->pend_tokens);
-    free(n->pend_loss);
+    free(n->f);
     free(n->out);
     free(n->in);
     free(n->tmp);
@@ -215,45 +206,74 @@ static int read_now(dl_node *n, int p, const float **theta)
 
 /* Post the push of p: delta = base_p - theta (theta_p as it was after the
  * step the counters describe). */
-static void post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t tokens, double loss, int final)
+static void post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t tokens, double loss, double compute,
+                 int final, int held)
 {
-    assert(n->held[p] && steps >= 1);
-    dl_cpu_pseudograd(n->out, n->base[p], theta, n->numel[p]);
-    dl_comms_push h = {
+    nfrag *f = &n->f[p];
+    assert(f->held && steps >= 1);
+    dl_cpu_pseudograd(n->out, f->base, theta, f->numel);
+    dl_mailbox_push h = {
         .fragment = p,
-        .base_version = n->version[p],
+        .base_version = f->version,
         .steps = steps,
         .tokens = tokens,
         .loss = loss / (double)steps,
+        .compute_s = compute > 0 ? compute : 0.0,
         .final = final,
+        .held = held,
     };
-    n->st.coalesced += (uint64_t)dl_comms_post_push(n->comms, &h, &n->out);
+    n->st.coalesced += (uint64_t)dl_mailbox_post_push(n->mb, &h, &n->out);
+    f->tokens_posted = tokens;
     n->st.pushes++;
     if (final) n->st.flushed++;
     if (n->adopt == DL_ADOPT_KEEP) {
-        memcpy(n->ref[p], theta, n->numel[p] * sizeof(float));
-        n->steps_ref[p] = steps;
-        n->tokens_ref[p] = tokens;
-        n->loss_ref[p] = loss;
+        memcpy(f->ref, theta, f->numel * sizeof(float));
+        f->steps_ref = steps;
+        f->tokens_ref = tokens;
+        f->loss_ref = loss;
+        f->compute_ref = compute;
     }
 }
 
-static int push_now(dl_node *n, int p, int final)
+static int push_now(dl_node *n, int p, int final, int held)
 {
     const float *theta;
+    nfrag *f = &n->f[p];
     DL_TRY(read_now(n, p, &theta));
-    post(n, p, theta, n->steps[p], n->tokens[p], n->loss[p], final);
+    post(n, p, theta, f->steps, f->tokens, f->loss, f->compute_s, final, held);
     return 0;
+}
+
+/* The hold rule: 1 while the previous push of p is undecided (or an update
+ * of p waits to be adopted), so a push made now would re-send its progress.
+ * A decision that does not come within the timeout (a lost Ack) releases
+ * the hold: better a rare double count than a fragment that never pushes. */
+static int must_hold(dl_node *n, int p)
+{
+    int64_t since = 0;
+    if (!dl_mailbox_undecided(n->mb, p, &since)) return 0;
+    int64_t now = dl_clock_ns();
+    if (since > 0 && now - since >= n->decision_timeout_ns) {
+        n->st.hold_released++;
+        DL_WARN("node: push of fragment %d undecided after %lld ms; pushing again anyway", p,
+                (long long)((now - since) / 1000000));
+        dl_event("push_hold_released", " fragment=%d base_version=%llu waited_ms=%lld", p,
+                 (unsigned long long)n->f[p].version, (long long)((now - since) / 1000000));
+        return 0;
+    }
+    return 1;
 }
 
 /* Complete the deferred push of p, if one is pending: 1 when posted. */
 static int complete(dl_node *n, int p)
 {
-    if (!n->pending[p]) return 0;
-    n->pending[p] = 0;
+    nfrag *f = &n->f[p];
+    if (!f->pending) return 0;
+    int late = f->pending == 2; /* begun as a held push made late */
+    f->pending = 0;
     const float *theta;
     DL_TRY(n->model->read_end(n->model->ctx, p, &theta));
-    post(n, p, theta, n->pend_steps[p], n->pend_tokens[p], n->pend_loss[p], 0);
+    post(n, p, theta, f->pend_steps, f->pend_tokens, f->pend_loss, f->pend_compute, 0, late);
     return 1;
 }
 
@@ -270,38 +290,77 @@ int dl_node_complete(dl_node *n)
 
 int dl_node_delta(dl_node *n, int p, float *out)
 {
-    assert(n && out && p >= 0 && p < n->P && n->held[p]);
+    assert(n && out && p >= 0 && p < n->P && n->f[p].held);
     DL_TRY(complete(n, p));
     const float *theta;
     DL_TRY(read_now(n, p, &theta));
-    dl_cpu_pseudograd(out, n->base[p], theta, n->numel[p]);
+    dl_cpu_pseudograd(out, n->f[p].base, theta, n->f[p].numel);
     return 0;
 }
 
-int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double loss)
+int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double loss, double compute_s)
 {
     assert(n && step >= 1 && H >= 1 && tokens >= 1);
     /* the snapshots begun after the previous step were copied while this
      * step trained */
     DL_TRY(dl_node_complete(n));
     for (int p = 0; p < n->P; p++) {
-        if (!n->held[p]) continue;
-        n->steps[p]++;
-        n->tokens[p] += tokens;
-        n->loss[p] += loss;
+        nfrag *f = &n->f[p];
+        if (!f->held) continue;
+        f->steps++;
+        f->tokens += tokens;
+        f->loss += loss;
+        if (compute_s > 0 && compute_s < 1e300) f->compute_s += compute_s;
     }
     int pushed = 0;
     for (int p = 0; p < n->P; p++) {
-        if (!n->held[p] || !dl_plan_due(step, p, H, n->P)) continue;
+        nfrag *f = &n->f[p];
+        if (!f->held || !(dl_plan_due(step, p, H, n->P) || f->owed)) continue;
+        if (must_hold(n, p)) {
+            if (!f->owed) n->st.held++;
+            if (dl_plan_due(step, p, H, n->P)) n->st.held_due++;
+            f->owed = 1;
+            continue;
+        }
+        int late = f->owed;
+        f->owed = 0;
         if (n->model->deferred) {
             DL_TRY(n->model->read_begin(n->model->ctx, p));
-            n->pending[p] = 1;
-            n->pend_steps[p] = n->steps[p];
-            n->pend_tokens[p] = n->tokens[p];
-            n->pend_loss[p] = n->loss[p];
+            f->pending = late ? 2 : 1;
+            f->pend_steps = f->steps;
+            f->pend_tokens = f->tokens;
+            f->pend_loss = f->loss;
+            f->pend_compute = f->compute_s;
         } else {
-            DL_TRY(push_now(n, p, 0));
+            DL_TRY(push_now(n, p, 0, late));
         }
+        pushed++;
+    }
+    return pushed;
+}
+
+/* Final pushes of the fragments whose previous push is decided (all of them
+ * with `force`): returns the number pushed; the others stay owed_final. */
+static int flush_some(dl_node *n, int force)
+{
+    int pushed = 0;
+    for (int p = 0; p < n->P; p++) {
+        nfrag *f = &n->f[p];
+        if (!f->owed_final) continue;
+        if (!f->held || f->steps == 0) { /* e.g. an overwrite adopted meanwhile: nothing left to send */
+            f->owed_final = 0;
+            continue;
+        }
+        if (!force && must_hold(n, p)) continue;
+        if (force) {
+            n->st.hold_released++;
+            DL_WARN("node: final flush of fragment %d sent before its previous push was decided", p);
+            dl_event("push_hold_released", " fragment=%d base_version=%llu final=1", p,
+                     (unsigned long long)f->version);
+        }
+        f->owed_final = 0;
+        f->owed = 0;
+        DL_TRY(push_now(n, p, 1, 1));
         pushed++;
     }
     return pushed;
@@ -312,58 +371,84 @@ int dl_node_flush(dl_node *n)
     DL_TRY(dl_node_complete(n));
     int pushed = 0;
     for (int p = 0; p < n->P; p++) {
-        if (!n->held[p] || n->steps[p] == 0) continue;
-        DL_TRY(push_now(n, p, 1));
+        nfrag *f = &n->f[p];
+        if (!f->held || f->steps == 0) continue;
+        if (must_hold(n, p)) {
+            f->owed_final = 1;
+            continue;
+        }
+        f->owed = 0;
+        DL_TRY(push_now(n, p, 1, 0));
         pushed++;
     }
     return pushed;
 }
 
+int dl_node_flush_owed(dl_node *n)
+{
+    int k = 0;
+    for (int p = 0; p < n->P; p++) k += n->f[p].owed_final;
+    return k;
+}
+
 int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *g)
 {
     assert(n && g && p >= 0 && p < n->P);
-    if (n->held[p] && !forced && version <= n->version[p]) {
+    nfrag *f = &n->f[p];
+    if (f->held && !forced && version <= f->version) {
         n->st.ignored++;
         DL_DEBUG("node: update of fragment %d version %llu ignored (holding %llu)", p, (unsigned long long)version,
-                 (unsigned long long)n->version[p]);
+                 (unsigned long long)f->version);
         return 0;
     }
-    if (n->pending[p] && forced) {
+    if (f->pending && forced == DL_UPDATE_FETCHED) {
         /* relative to a base the synchronizer told us to abandon */
-        n->pending[p] = 0;
+        f->pending = 0;
         n->st.dropped++;
     }
     DL_TRY(complete(n, p));
-    size_t k = n->numel[p];
-    int mode = forced || !n->held[p] ? -1 : n->adopt;
+    size_t k = f->numel;
+    int mode = forced == DL_UPDATE_FETCHED || !f->held ? -1 : n->adopt;
     void *ctx = n->model->ctx;
     switch (mode) {
     case DL_ADOPT_MIX: DL_TRY(n->model->apply(ctx, p, n->alpha, 1.0f - n->alpha, g)); break;
     case DL_ADOPT_KEEP:
-        for (size_t i = 0; i < k; i++) n->tmp[i] = g[i] - n->ref[p][i];
+        for (size_t i = 0; i < k; i++) n->tmp[i] = g[i] - f->ref[i];
         DL_TRY(n->model->apply(ctx, p, 1.0f, 1.0f, n->tmp));
         break;
     default: DL_TRY(n->model->apply(ctx, p, 0.0f, 1.0f, g)); break; /* rebase, overwrite: theta_p = g */
     }
+    /* Progress not pushed and not kept is thrown away: the ledger counts it
+     * DISCARDED from the learner's own report (Heartbeat / Bye). Keep mode
+     * keeps it; a rebase, overwrite or mix drops what came after the last push. */
+    if (mode != DL_ADOPT_KEEP && f->tokens > f->tokens_posted) {
+        n->st.discarded_tokens += f->tokens - f->tokens_posted;
+        dl_mailbox_set_discarded(n->mb, n->st.discarded_tokens);
+    }
+    f->tokens_posted = 0;
     if (mode == DL_ADOPT_KEEP) {
-        n->steps[p] -= n->steps_ref[p];
-        n->tokens[p] -= n->tokens_ref[p];
-        n->loss[p] -= n->loss_ref[p];
+        f->steps -= f->steps_ref;
+        f->tokens -= f->tokens_ref;
+        f->loss -= f->loss_ref;
+        f->compute_s -= f->compute_ref;
     } else {
-        n->steps[p] = n->tokens[p] = 0;
-        n->loss[p] = 0.0;
+        f->steps = f->tokens = 0;
+        f->loss = f->compute_s = 0.0;
     }
     if (n->adopt == DL_ADOPT_KEEP) {
-        memcpy(n->ref[p], g, k * sizeof(float));
-        n->steps_ref[p] = n->tokens_ref[p] = 0;
-        n->loss_ref[p] = 0.0;
+        memcpy(f->ref, g, k * sizeof(float));
+        f->steps_ref = f->tokens_ref = 0;
+        f->loss_ref = f->compute_ref = 0.0;
     }
-    if (g != n->base[p]) memcpy(n->base[p], g, k * sizeof(float));
-    n->version[p] = version;
-    n->held[p] = 1;
+    if (g != f->base) memcpy(f->base, g, k * sizeof(float));
+    f->version = version;
+    f->held = 1;
     n->st.adopted++;
     if (mode == -1) n->st.rebased++;
-    dl_comms_set_held(n->comms, p, version);
+    dl_mailbox_set_held(n->mb, p, version);
+    static const char *const names[] = {"overwrite", "mix", "keep"};
+    dl_event("adopt", " fragment=%d version=%llu mode=%s", p, (unsigned long long)version,
+             mode < 0 ? "rebase" : names[mode]);
     return 1;
 }
 
@@ -371,8 +456,8 @@ int dl_node_poll(dl_node *n)
 {
     int adopted = 0;
     for (int p = 0; p < n->P; p++) {
-        dl_comms_update u;
-        if (!dl_comms_take_update(n->comms, p, &n->in, &u)) continue;
+        dl_mailbox_update u;
+        if (!dl_mailbox_take_update(n->mb, p, &n->in, &u)) continue;
         int rc = dl_node_adopt(n, p, u.version, u.forced, n->in);
         if (rc < 0) return rc;
         adopted += rc;
@@ -393,14 +478,14 @@ int dl_node_wait_ready(dl_node *n, int timeout_ms, const volatile sig_atomic_t *
         DL_TRY(dl_node_poll(n));
         if (dl_node_holds_all(n)) return 0;
         char msg[640];
-        int s = dl_comms_state(n->comms, msg, sizeof msg);
+        int s = dl_mailbox_state(n->mb, msg, sizeof msg);
         if (s == DL_COMMS_REFUSED) return dl_err(DL_EPROTO, "%s", msg);
         if (s == DL_COMMS_FAILED || s == DL_COMMS_DONE || s == DL_COMMS_IDLE)
             return dl_err(DL_ENET, "%s", msg[0] ? msg : "comms thread not running");
         if (stop && *stop) return dl_err(DL_EAGAIN, "stopped while waiting for the initial fetch");
         if (dl_clock_ns() - t0 >= (int64_t)timeout_ms * 1000000) {
             int held = 0;
-            for (int p = 0; p < n->P; p++) held += n->held[p];
+            for (int p = 0; p < n->P; p++) held += n->f[p].held;
             return dl_err(DL_ETIMEDOUT, "%s after %d ms: holding %d of %d fragments",
                           s == DL_COMMS_HELLO ? "no Welcome from the synchronizer" : "initial fetch incomplete",
                           timeout_ms, held, n->P);
@@ -414,29 +499,43 @@ int dl_node_finish(dl_node *n, int flush_timeout_ms, uint64_t step, const char *
     int rc = dl_node_poll(n);
     int flushed = rc < 0 ? rc : dl_node_flush(n);
     if (flushed < 0) {
-        dl_comms_bye(n->comms, "failed", step);
+        dl_mailbox_bye(n->mb, "failed", step);
         return flushed;
     }
     int64_t t0 = dl_clock_ns();
-    int left = dl_comms_flush_pending(n->comms);
+    /* held final pushes go as soon as their previous push is decided and its
+     * update adopted; then every push sent waits for its own decision */
+    int left = dl_mailbox_flush_pending(n->mb) + dl_node_flush_owed(n);
     while (left > 0 && rc >= 0) {
-        int s = dl_comms_state(n->comms, NULL, 0);
+        int s = dl_mailbox_state(n->mb, NULL, 0);
         if (s != DL_COMMS_READY && s != DL_COMMS_HELLO) break;
         if (dl_clock_ns() - t0 >= (int64_t)flush_timeout_ms * 1000000) break;
         nap_ms(2);
         rc = dl_node_poll(n);
-        left = dl_comms_flush_pending(n->comms);
+        if (rc >= 0) {
+            int k = flush_some(n, 0);
+            if (k < 0) rc = k;
+            else flushed += k;
+        }
+        left = dl_mailbox_flush_pending(n->mb) + dl_node_flush_owed(n);
     }
     if (rc >= 0) rc = dl_node_poll(n);
+    /* out of time: the remaining progress still goes, once (it may be
+     * counted twice if the undecided push was merged after all) */
+    if (rc >= 0 && dl_node_flush_owed(n)) {
+        int k = flush_some(n, 1);
+        if (k < 0) rc = k;
+        else flushed += k;
+    }
     if (rc < 0) {
-        dl_comms_bye(n->comms, "failed", step);
+        dl_mailbox_bye(n->mb, "failed", step);
         return rc;
     }
     if (left)
         DL_WARN("node: final flush of %d fragments: %d fragments still have unanswered pushes after %d ms", flushed,
                 left, flush_timeout_ms);
     else DL_INFO("node: final flush of %d fragments complete", flushed);
-    dl_comms_bye(n->comms, reason, step);
+    dl_mailbox_bye(n->mb, reason, step);
     return left;
 }
 
@@ -445,38 +544,50 @@ int dl_node_P(const dl_node *n) { return n->P; }
 int dl_node_holds_all(const dl_node *n)
 {
     for (int p = 0; p < n->P; p++)
-        if (!n->held[p]) return 0;
+        if (!n->f[p].held) return 0;
     return 1;
 }
 
 int dl_node_held(const dl_node *n, int p)
 {
     assert(p >= 0 && p < n->P);
-    return n->held[p];
+    return n->f[p].held;
 }
 
 uint64_t dl_node_version(const dl_node *n, int p)
 {
     assert(p >= 0 && p < n->P);
-    return n->version[p];
+    return n->f[p].version;
 }
 
 uint64_t dl_node_steps(const dl_node *n, int p)
 {
     assert(p >= 0 && p < n->P);
-    return n->steps[p];
+    return n->f[p].steps;
 }
 
 uint64_t dl_node_tokens(const dl_node *n, int p)
 {
     assert(p >= 0 && p < n->P);
-    return n->tokens[p];
+    return n->f[p].tokens;
+}
+
+double dl_node_compute_s(const dl_node *n, int p)
+{
+    assert(p >= 0 && p < n->P);
+    return n->f[p].compute_s;
+}
+
+int dl_node_owes(const dl_node *n, int p)
+{
+    assert(p >= 0 && p < n->P);
+    return n->f[p].owed || n->f[p].owed_final;
 }
 
 const float *dl_node_base(const dl_node *n, int p)
 {
     assert(p >= 0 && p < n->P);
-    return n->base[p];
+    return n->f[p].base;
 }
 
 void dl_node_get_stats(const dl_node *n, dl_node_stats *out) { *out = n->st; }

@@ -4,14 +4,14 @@
  * A node reads and writes the learner's parameters (theta) only through a
  * parameter interface (dl_node_model, below), one fragment at a time, so the
  * same logic serves a model in a host buffer and one on a GPU. It talks only
- * to a comms mailbox (learner/comms.h), never to a socket, so nothing here
+ * to the mailbox (learner/mailbox.h), never to a session or socket, so nothing here
  * blocks on the network except the two explicit waits (dl_node_wait_ready
  * before training, dl_node_finish after it).
  *
  * Per fragment p it keeps:
  *   base_p     the global fragment last adopted (fp32, numel_p floats)
  *   version_p  its version
- *   steps_p, tokens_p, loss_p   inner steps, tokens and summed training loss
+ *   steps_p, tokens_p, loss_p, compute_p   inner steps, tokens, summed training loss and wall seconds
  *              since the reference point of the next delta (the adopt; in
  *              keep mode, see below)
  * A push of p is delta_p = base_p - theta_p with steps_p / tokens_p.
@@ -40,14 +40,27 @@
  * forced update (rebase) drops it instead, as the mailbox drops a queued push
  * of a base that is no longer usable. A deferred push is thus the push a
  * non-deferred node makes, with the counters of the step it was snapshotted
- * at, posted one step later. */
+ * at, posted one step later.
+ *
+ * The hold rule (no progress sent twice): delta and counters are cumulative
+ * since the reference point, so a push of p made while the previous push of
+ * p is undecided (sent and not yet answered by ACCEPTED and its Update,
+ * DROPPED_STALE or REJECTED; or an update of p waiting in the mailbox)
+ * would carry that push's progress again. When p is due then, the node
+ * makes no push (ref_p and the counters stay) and owes it: it is made at the
+ * first step boundary (dl_node_after_step) after the decision came and the
+ * update was adopted, with everything since the reference point. A
+ * decision that never comes (a lost Ack) releases the hold after
+ * push_decision_timeout_ms (counted in hold_released, warned). A deferred
+ * push is begun only when p is not held. The final flush holds the same way,
+ * bounded by the flush timeout (dl_node_finish). */
 #ifndef DL_LEARNER_NODE_H
 #define DL_LEARNER_NODE_H
 
 #include <signal.h>
 #include <stdint.h>
 
-#include "learner/comms.h"
+#include "learner/mailbox.h"
 
 struct dl_plan;
 typedef struct dl_node dl_node;
@@ -89,6 +102,8 @@ typedef struct {
     const dl_node_model *model; /* borrowed; used when params is NULL */
     int adopt;                  /* DL_ADOPT_* */
     float alpha;                /* mix: weight of the local theta, in [0, 1] */
+    int push_decision_timeout_ms; /* release a held push after this wait for the previous one's decision;
+                                   * 0 = 30000; < 0 = at once (only an update waiting in the mailbox holds) */
 } dl_node_opts;
 
 typedef struct {
@@ -99,34 +114,45 @@ typedef struct {
     uint64_t rebased;   /* of those, forced / first-time adoptions (theta overwritten) */
     uint64_t ignored;   /* updates not newer than the held version */
     uint64_t dropped;   /* deferred pushes dropped unposted because a forced update came first */
+    uint64_t discarded_tokens; /* fragment-tokens thrown away by adopts (rebase, overwrite, mix): trained
+                                * after the fragment's last push and not kept; reported to the ledger */
+    uint64_t held;      /* due pushes held because the previous push of the fragment was undecided */
+    uint64_t held_due;  /* scheduled pushes folded into a held (owed) one: >= held, one per due step */
+    uint64_t hold_released; /* holds released because a decision did not come in time (or the flush ran out of time) */
 } dl_node_stats;
 
 /* Allocates base copies (one model's worth) and, in keep mode, reference
- * copies (another). `comms` is the mailbox, borrowed. Returns 0 or DL_EINVAL.
+ * copies (another). `mb` is the mailbox, borrowed. Returns 0 or DL_EINVAL.
  *
  * Every function below that touches theta returns a negative DL_E* code when
  * the parameter interface fails (a GPU error); the node is unusable then. */
-int dl_node_open(const dl_node_opts *o, dl_comms *comms, dl_node **out);
+int dl_node_open(const dl_node_opts *o, dl_mailbox *mb, dl_node **out);
 void dl_node_close(dl_node **n); /* safe on NULL and twice */
 
-/* After completed inner step `step` (1-based) of `tokens` tokens and training
- * loss `loss`: deferred pushes of the previous step are completed, counters
- * of every held fragment grow, then every fragment with dl_plan_due(step, p,
- * H, P) gets a push (deferred: begun). Returns the number of pushes made or
- * begun for this step. */
-int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double loss);
+/* After completed inner step `step` (1-based) of `tokens` tokens, training
+ * loss `loss` and `compute_s` wall seconds: deferred pushes of the previous
+ * step are completed, counters of every held fragment grow, then every
+ * fragment with dl_plan_due(step, p, H, P) or an owed push gets a push
+ * (deferred: begun) unless the hold rule holds it. Returns the number of
+ * pushes made or begun for this step. */
+int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double loss, double compute_s);
 /* Step boundary: take every waiting update from the mailbox and adopt it.
  * Returns the number adopted. Never blocks on the network. */
 int dl_node_poll(dl_node *n);
 /* Complete every deferred push now. Returns the number posted. */
 int dl_node_complete(dl_node *n);
 /* Complete deferred pushes, then push every held fragment with steps_p > 0,
- * marked final (regardless of the schedule). Returns the number of final
- * pushes. */
+ * marked final (regardless of the schedule), except those the hold rule
+ * holds: they are owed (dl_node_flush_owed) and dl_node_finish pushes them
+ * once decided. Returns the number of final pushes made. */
 int dl_node_flush(dl_node *n);
+/* Fragments whose final push is still owed. */
+int dl_node_flush_owed(dl_node *n);
 
-/* Adopt global fragment p (numel_p floats) at `version` as described above.
- * Returns 1 when adopted, 0 when ignored as not newer. */
+/* Adopt global fragment p (numel_p floats) at `version` as described above;
+ * `forced` is a DL_UPDATE_* kind: FETCHED is the rebase (overwrite, even if
+ * not newer), REBASE (after a dropped push) adopts in the node's mode even if
+ * not newer, NORMAL only when newer. Returns 1 when adopted, 0 when ignored. */
 int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *global);
 /* delta = base_p - theta_p into out (numel_p floats), without pushing
  * (a deferred push of p is completed first). Returns 0. */
@@ -138,9 +164,11 @@ int dl_node_delta(dl_node *n, int p, float *out);
  * Error) or DL_ENET when the comms failed (no Welcome, socket): dl_errmsg()
  * carries the reason; or the parameter interface's error. Polls every 2 ms. */
 int dl_node_wait_ready(dl_node *n, int timeout_ms, const volatile sig_atomic_t *stop);
-/* After training: final flush, wait (adopting updates) until every push sent
- * has its final answer (dl_comms_flush_pending() == 0) or flush_timeout_ms
- * passed, then ask the comms thread to send Bye{reason, step}. Returns the
+/* After training: final flush, wait (adopting updates, making held final
+ * pushes once their predecessor is decided) until every push sent has its
+ * final answer (dl_mailbox_flush_pending() == 0) or flush_timeout_ms passed
+ * (held final pushes still owed then are sent anyway), then ask the
+ * sessions to send Bye{reason, step}. Returns the
  * number of fragments with unanswered pushes (0 = complete flush), or the
  * parameter interface's error (Bye is still requested). */
 int dl_node_finish(dl_node *n, int flush_timeout_ms, uint64_t step, const char *reason);
@@ -151,6 +179,8 @@ int dl_node_held(const dl_node *n, int p);
 uint64_t dl_node_version(const dl_node *n, int p);
 uint64_t dl_node_steps(const dl_node *n, int p);
 uint64_t dl_node_tokens(const dl_node *n, int p);
+double dl_node_compute_s(const dl_node *n, int p);
+int dl_node_owes(const dl_node *n, int p); /* a held push of p is owed */
 const float *dl_node_base(const dl_node *n, int p); /* numel_p floats */
 void dl_node_get_stats(const dl_node *n, dl_node_stats *out);
 

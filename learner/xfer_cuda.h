@@ -37,7 +37,7 @@
  * unusable after one. */
 typedef struct dl_gptc_xfer dl_gptc_xfer;
 
-/* `plan` must be the fragment plan of g's tensor table (dl_gpt_plan_open of
+/* `plan` must be the fragment plan of g's tensor table (dl_model_plan_open of
  * the same config): DL_EINVAL otherwise. g and plan are borrowed. */
 int dl_gptc_xfer_open(dl_gptc *g, const struct dl_plan *plan, dl_gptc_xfer **out);
 /* Waits for the side stream, frees everything, NULLs; safe on NULL and twice. */

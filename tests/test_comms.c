@@ -1,6 +1,7 @@
 /* Tests for learner/comms.c + node.c against a fake synchronizer: a real ROUTER on
  * loopback that checks the exact message sequence of docs/PROTOCOL.md, then the dloco-learner binary end to end. */
 #include "learner/comms.h"
+#include "core/event.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -17,8 +18,8 @@
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/model.h"
 #include "core/plan.h"
-#include "learner/gpt.h"
 #include "learner/node.h"
 #include "proto/wire.h"
 
@@ -194,7 +195,7 @@ static void h_error(harness *h, const char *id, uint64_t epoch, int code, const 
 {
     Dloco__V1__Error e;
     dloco__v1__error__init(&e);
-    e.code = code;
+    e.kind = dl_wire_error_kind_of(code);
     e.message = (char *)msg;
     e.fatal = fatal;
     Dloco__V1__Envelope env;
@@ -218,7 +219,7 @@ static void h_heartbeat(harness *h, const char *id, uint64_t epoch)
 
 #define P 4
 #define TOK 32
-static dl_gpt_config CFG = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 16};
+static dl_model_config CFG = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 16};
 static dl_plan *plan;
 static size_t total;
 
@@ -277,14 +278,18 @@ static int recv_push(harness *h, const expected *e, int p, uint64_t *base_out, c
     return f;
 }
 
-static dl_comms *start_learner(harness *h, const char *id, const char *acklog, float *theta, dl_node **node)
+static int hold_ms = -1, hold_adopt = DL_ADOPT_OVERWRITE;
+
+static dl_comms *start_learner(harness *h, const char *id, float *theta, dl_mailbox **mb, dl_node **node)
 {
+    REQUIRE(dl_mailbox_open(plan, mb) == 0, "mailbox open: %s", dl_errmsg());
     dl_comms_opts co = {
+        .mailbox = *mb,
         .endpoint = h->ep,
         .learner_id = id,
         .run_id = "dloco",
         .plan = plan,
-        .fingerprint = dl_gpt_fingerprint(&CFG, plan),
+        .fingerprint = dl_model_fingerprint(&CFG, plan),
         .n_layer = (uint32_t)CFG.n_layer,
         .n_head = (uint32_t)CFG.n_head,
         .n_embd = (uint32_t)CFG.n_embd,
@@ -292,12 +297,15 @@ static dl_comms *start_learner(harness *h, const char *id, const char *acklog, f
         .vocab = (uint32_t)CFG.vocab,
         .device = "cpu",
         .connect_timeout_ms = 20000,
-        .log_acks = acklog,
     };
     dl_comms *c = NULL;
     REQUIRE(dl_comms_open(&co, &c) == 0, "comms open: %s", dl_errmsg());
-    dl_node_opts no = {.plan = plan, .params = theta, .adopt = DL_ADOPT_OVERWRITE, .alpha = 0.5f};
-    REQUIRE(dl_node_open(&no, c, node) == 0, "node open: %s", dl_errmsg());
+    /* These scenarios test the session message by message, with pushes made
+     * while earlier ones are pooled: the hold rule (test_hold) is released at
+     * once (push_decision_timeout_ms < 0) so every due push is made. */
+    dl_node_opts no = {.plan = plan, .params = theta, .adopt = hold_adopt, .alpha = 0.5f,
+                       .push_decision_timeout_ms = hold_ms};
+    REQUIRE(dl_node_open(&no, *mb, node) == 0, "node open: %s", dl_errmsg());
     REQUIRE(dl_comms_start(c) == 0, "comms start: %s", dl_errmsg());
     return c;
 }
@@ -329,11 +337,13 @@ static void test_session(harness *h, const char *dir)
 {
     const char *id = "L1";
     const int H = 4;
-    char acklog[512];
-    snprintf(acklog, sizeof acklog, "%s/acks.log", dir);
+    char evlog[512];
+    snprintf(evlog, sizeof evlog, "%s/events.log", dir);
+    REQUIRE(dl_event_open(evlog, "test") == 0, "event log: %s", dl_errmsg());
     float *theta = calloc(total, sizeof(float));
     dl_node *n = NULL;
-    dl_comms *c = start_learner(h, id, acklog, theta, &n);
+    dl_mailbox *mb = NULL;
+    dl_comms *c = start_learner(h, id, theta, &mb, &n);
     dl_wire_msg m;
     uint64_t E = 7;
 
@@ -341,7 +351,7 @@ static void test_session(harness *h, const char *dir)
     for (int attempt = 0; attempt < 2; attempt++) {
         REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello %d", attempt);
         const Dloco__V1__Hello *he = m.env->hello;
-        CHECK(he->fingerprint == dl_gpt_fingerprint(&CFG, plan), "hello fingerprint");
+        CHECK(he->fingerprint == dl_model_fingerprint(&CFG, plan), "hello fingerprint");
         CHECK(he->num_fragments == P && he->n_held_versions == 0, "hello P=%u held %zu", he->num_fragments,
               he->n_held_versions);
         CHECK(he->n_layer == 1 && he->n_head == 2 && he->n_embd == 8 && he->seq_len == 4 && he->vocab == 16,
@@ -382,7 +392,7 @@ static void test_session(harness *h, const char *dir)
     for (; step < H; ) {
         step++;
         train_step(theta, step);
-        dl_node_after_step(n, step, H, TOK, 2.5);
+        dl_node_after_step(n, step, H, TOK, 2.5, 0.0);
         for (int p = 0; p < P; p++) {
             if (!due(step, p, H)) continue;
             expect_push(&e, n, p);
@@ -421,7 +431,7 @@ static void test_session(harness *h, const char *dir)
     for (; step < 14; ) {
         step++;
         train_step(theta, step);
-        dl_node_after_step(n, step, H, TOK, 2.5);
+        dl_node_after_step(n, step, H, TOK, 2.5, 0.0);
         for (int p = 0; p < P; p++) {
             if (!due(step, p, H)) continue;
             expect_push(&e, n, p);
@@ -443,7 +453,7 @@ static void test_session(harness *h, const char *dir)
     printf("ok: unacked push holds its fragment; 2 later pushes collapse into 1 carrying all 14 steps\n");
 
     /* heartbeats carry the training thread's progress */
-    dl_comms_set_progress(c, 777, 777 * TOK, 3.5);
+    dl_mailbox_set_progress(mb, 777, 777 * TOK, 3.5);
     int hb0 = h->heartbeats;
     int64_t t0 = dl_clock_ns();
     while ((h->heartbeats < hb0 + 2 || h->hb_step != 777) && dl_clock_ns() - t0 < WAIT_MS * 1000000LL) {
@@ -479,7 +489,7 @@ static void test_session(harness *h, const char *dir)
     CHECK(WAIT_FOR(dl_comms_state(c, NULL, 0) == DL_COMMS_READY), "ready again");
     step++;
     train_step(theta, step); /* step 15: fragment 3 */
-    dl_node_after_step(n, step, H, TOK, 2.5);
+    dl_node_after_step(n, step, H, TOK, 2.5, 0.0);
     expect_push(&e, n, 3);
     if (recv_push(h, &e, 3, &b, "push after re-hello") == 3)
         h_ack(h, id, E, 3, b, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
@@ -519,7 +529,7 @@ static void test_session(harness *h, const char *dir)
     for (int k = 0; k < 2; k++) {
         step++;
         train_step(theta, step);
-        dl_node_after_step(n, step, H, TOK, 2.5);
+        dl_node_after_step(n, step, H, TOK, 2.5, 0.0);
         for (int p = 0; p < P; p++) {
             if (!due(step, p, H)) continue;
             expect_push(&e, n, p);
@@ -554,10 +564,11 @@ static void test_session(harness *h, const char *dir)
     global_of(1, 11, g);
     h_update(h, id, E, 1, 11, g);
     h_ack(h, id, E, 1, 10, DLOCO__V1__DECISION__DECISION_DROPPED_STALE, 0);
+    h_update(h, id, E, 1, 11, g); /* the rebase that follows every DROPPED_STALE */
     h_ack(h, id, E, 2, 10, DLOCO__V1__DECISION__DECISION_REJECTED, 0);
     h_ack(h, id, E, 3, 10, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
     /* fragment 3 is still pending: no Bye may come yet */
-    CHECK(WAIT_FOR(dl_comms_flush_pending(c) == 1), "flush waits for fragment 3 only (%d)", dl_comms_flush_pending(c));
+    CHECK(WAIT_FOR(dl_mailbox_flush_pending(mb) == 1), "flush waits for fragment 3 only (%d)", dl_mailbox_flush_pending(mb));
     int early = h_next(h, &m, 300);
     CHECK(early < 0, "nothing but heartbeats before the last answer (got %s)",
           early < 0 ? "-" : dl_wire_body_name((Dloco__V1__Envelope__BodyCase)early));
@@ -583,27 +594,30 @@ static void test_session(harness *h, const char *dir)
     printf("ok: final flush pushes all %d fragments, waits until every push sent has its update / dropped / "
            "rejected answer, then bye\n", P);
 
-    /* log_acks: one line per ack and update received */
-    FILE *f = fopen(acklog, "r");
-    REQUIRE(f, "ack log");
-    char line[512];
+    /* the event log: one ack / update event per Ack / Update received */
+    dl_event_close();
+    FILE *f = fopen(evlog, "r");
+    REQUIRE(f, "event log");
+    char line[1024];
     int acks = 0, upds = 0, found = 0;
     while (fgets(line, sizeof line, f)) {
-        acks += !strncmp(line, "ack ", 4);
-        upds += !strncmp(line, "update ", 7);
-        found += !strcmp(line, "ack learner=L1 epoch=7 fragment=1 base_version=3 decision=accepted merged_version=4\n");
+        acks += strstr(line, " event=ack learner=L1 ") != NULL;
+        upds += strstr(line, " event=update learner=L1 ") != NULL;
+        found += strstr(line, " event=ack learner=L1 epoch=7 fragment=1 base_version=3 decision=accepted "
+                              "merged_version=4\n") != NULL;
     }
     fclose(f);
     uint64_t want_acks = s.acks_pending + s.accepted + s.dropped_stale + s.rejected;
     CHECK((uint64_t)acks == want_acks && (uint64_t)upds == s.updates, "ack log: %d acks (want %llu), %d updates (%llu)",
           acks, (unsigned long long)want_acks, upds, (unsigned long long)s.updates);
     CHECK(found == 1, "ack log has the accepted line of fragment 1");
-    printf("ok: log_acks has %d ack and %d update lines\n", acks, upds);
+    printf("ok: the event log has %d ack and %d update events\n", acks, upds);
 
     free(g);
     for (int p = 0; p < P; p++) free(e.delta[p]);
     dl_node_close(&n);
     dl_comms_close(&c);
+    dl_mailbox_close(&mb);
     free(theta);
 }
 
@@ -614,7 +628,8 @@ static void test_fatal(harness *h)
 {
     float *theta = calloc(total, sizeof(float));
     dl_node *n = NULL;
-    dl_comms *c = start_learner(h, "L2", NULL, theta, &n);
+    dl_mailbox *mb = NULL;
+    dl_comms *c = start_learner(h, "L2", theta, &mb, &n);
     dl_wire_msg m;
     REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
     dl_wire_msg_close(&m);
@@ -628,6 +643,7 @@ static void test_fatal(harness *h)
           "state refused: %s", msg);
     dl_node_close(&n);
     dl_comms_close(&c);
+    dl_mailbox_close(&mb);
     free(theta);
     printf("ok: fatal Error -> learner refused with the synchronizer's message\n");
 }
@@ -640,7 +656,8 @@ static void test_silence(harness *h)
 {
     float *theta = calloc(total, sizeof(float));
     dl_node *n = NULL;
-    dl_comms *c = start_learner(h, "L3", NULL, theta, &n);
+    dl_mailbox *mb = NULL;
+    dl_comms *c = start_learner(h, "L3", theta, &mb, &n);
     dl_wire_msg m;
     REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
     dl_wire_msg_close(&m);
@@ -666,8 +683,174 @@ static void test_silence(harness *h)
     free(g);
     dl_node_close(&n);
     dl_comms_close(&c);
+    dl_mailbox_close(&mb);
     free(theta);
     printf("ok: silent synchronizer (liveness x heartbeat) -> re-hello with held versions\n");
+}
+
+// ---------------------------------------------------------------------------
+// scenario 3b: the hold rule. A push of p made while the previous one is
+// undecided would carry its progress again; the node holds it until the
+// decision and the update came, then pushes only what is new (keep mode).
+
+static void test_hold(harness *h)
+{
+    const char *id = "L4";
+    const int H = 4;
+    hold_ms = 30000;
+    hold_adopt = DL_ADOPT_KEEP;
+    float *theta = calloc(total, sizeof(float));
+    dl_node *n = NULL;
+    dl_mailbox *mb = NULL;
+    dl_comms *c = start_learner(h, id, theta, &mb, &n);
+    hold_ms = -1;
+    hold_adopt = DL_ADOPT_OVERWRITE;
+    dl_wire_msg m;
+    const uint64_t E = 2;
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    dl_wire_msg_close(&m);
+    h_welcome(h, id, E, 1, (uint32_t)H, 50, 1);
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
+    dl_wire_msg_close(&m);
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, 1, g);
+        h_update(h, id, E, p, 1, g);
+    }
+    REQUIRE(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
+    expected e = {0};
+    uint64_t b;
+    for (int64_t step = 1; step <= 4; step++) { /* fragments 1, 2, 3, 0: pushed and pooled */
+        train_step(theta, step);
+        dl_node_after_step(n, step, H, TOK, 2.5, 0.25);
+        int p = (int)((step % 4) == 0 ? 0 : step);
+        expect_push(&e, n, p);
+        if (recv_push(h, &e, p, &b, "first push") == p)
+            h_ack(h, id, E, p, b, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+    }
+    CHECK(WAIT_FOR(stats(c).acks_pending == 4), "4 pushes pooled");
+    train_step(theta, 5);
+    CHECK(dl_node_after_step(n, 5, H, TOK, 2.5, 0.25) == 0 && dl_node_owes(n, 1), "step 5: fragment 1 due but held");
+    int got = h_next(h, &m, 300);
+    CHECK(got < 0, "nothing is posted while the push of step 1 is undecided (got %s)",
+          got < 0 ? "-" : dl_wire_body_name((Dloco__V1__Envelope__BodyCase)got));
+    if (got >= 0) dl_wire_msg_close(&m);
+    dl_node_stats ns;
+    dl_node_get_stats(n, &ns);
+    CHECK(ns.held == 1 && ns.pushes == 4 && stats(c).pushes == 4, "held %llu, pushes %llu",
+          (unsigned long long)ns.held, (unsigned long long)ns.pushes);
+    /* decide it: ACCEPTED + Update v2, adopted (keep) at the step boundary */
+    h_ack(h, id, E, 1, 1, DLOCO__V1__DECISION__DECISION_ACCEPTED, 2);
+    global_of(1, 2, g);
+    h_update(h, id, E, 1, 2, g);
+    CHECK(WAIT_FOR(stats(c).updates == P + 1), "update received");
+    CHECK(dl_node_poll(n) == 1 && dl_node_version(n, 1) == 2, "adopted v2");
+    CHECK(dl_node_steps(n, 1) == 4 && dl_node_tokens(n, 1) == 4 * TOK, "keep: counters since the first push (%llu)",
+          (unsigned long long)dl_node_steps(n, 1));
+    train_step(theta, 6);
+    CHECK(dl_node_after_step(n, 6, H, TOK, 2.5, 0.25) == 1 && !dl_node_owes(n, 1), "step 6: the owed push is made");
+    expect_push(&e, n, 1);
+    CHECK(e.steps[1] == 5 && e.tokens[1] == 5 * TOK && e.base[1] == 2,
+          "it carries only steps 2..6 (%llu steps, %llu tokens) on base 2", (unsigned long long)e.steps[1],
+          (unsigned long long)e.tokens[1]);
+    CHECK(fabs(dl_node_compute_s(n, 1) - 5 * 0.25) < 1e-9, "compute_s since the first push: %g",
+          dl_node_compute_s(n, 1));
+    dl_wire_msg pm;
+    if (h_expect(h, DLOCO__V1__ENVELOPE__BODY_PUSH, &pm, "owed push")) {
+        const Dloco__V1__Push *u = pm.env->push;
+        size_t k = dl_plan_fragment_numel(plan, 1);
+        CHECK(u->fragment == 1 && u->steps == 5 && u->tokens == 5 * TOK && u->base_version == 2 &&
+                  fabs(u->compute_s - 1.25) < 1e-9 &&
+                  !memcmp(dl_wire_msg_payload(&pm, 0), e.delta[1], k * sizeof(float)),
+              "owed push: fragment %u steps %llu base %llu compute_s %g, payload = base - theta", u->fragment,
+              (unsigned long long)u->steps, (unsigned long long)u->base_version, u->compute_s);
+        dl_wire_msg_close(&pm);
+    }
+    printf("ok: hold rule: a push due while the previous one is undecided waits; after ACCEPTED + Update it "
+           "carries only the new progress\n");
+    free(g);
+    for (int p = 0; p < P; p++) free(e.delta[p]);
+    dl_node_close(&n);
+    dl_comms_close(&c);
+    dl_mailbox_close(&mb);
+    free(theta);
+}
+
+// ---------------------------------------------------------------------------
+// scenario 3c: two sessions over one mailbox, each serving half the fragments
+// against its own ROUTER (a sharded synchronizer), do not interfere
+
+static void test_two_sessions(void)
+{
+    harness ha, hb;
+    h_open(&ha, plan);
+    h_open(&hb, plan);
+    const char *id = "L5";
+    float *theta = calloc(total, sizeof(float));
+    dl_mailbox *mb = NULL;
+    REQUIRE(dl_mailbox_open(plan, &mb) == 0, "mailbox");
+    int fa[2] = {0, 1}, fb[2] = {2, 3};
+    dl_comms *cs[2] = {NULL, NULL};
+    harness *hs[2] = {&ha, &hb};
+    for (int i = 0; i < 2; i++) {
+        dl_comms_opts co = {.mailbox = mb, .endpoint = hs[i]->ep, .learner_id = id, .run_id = "dloco", .plan = plan,
+                            .fragments = i ? fb : fa, .n_fragments = 2,
+                            .fingerprint = dl_model_fingerprint(&CFG, plan), .device = "cpu", .n_layer = 1, .n_head = 2,
+                            .n_embd = 8, .seq_len = 4, .vocab = 16,
+                            .connect_timeout_ms = 20000};
+        REQUIRE(dl_comms_open(&co, &cs[i]) == 0, "session %d: %s", i, dl_errmsg());
+    }
+    dl_node *n = NULL;
+    dl_node_opts no = {.plan = plan, .params = theta, .adopt = DL_ADOPT_OVERWRITE};
+    REQUIRE(dl_node_open(&no, mb, &n) == 0, "node");
+    for (int i = 0; i < 2; i++) REQUIRE(dl_comms_start(cs[i]) == 0, "start %d", i);
+    dl_wire_msg m;
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        REQUIRE(h_expect(hs[i], DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello %d", i);
+        dl_wire_msg_close(&m);
+        h_welcome(hs[i], id, 1, 1, 4, 50, 1);
+        REQUIRE(h_expect(hs[i], DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch %d", i);
+        const Dloco__V1__Fetch *f = m.env->fetch;
+        CHECK(f->n_fragments == 2 && (int)f->fragments[0] == 2 * i && (int)f->fragments[1] == 2 * i + 1,
+              "session %d fetches only its fragments", i);
+        dl_wire_msg_close(&m);
+        for (int p = 2 * i; p < 2 * i + 2; p++) {
+            global_of(p, 1, g);
+            h_update(hs[i], id, 1, p, 1, g);
+        }
+    }
+    CHECK(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready from two sessions: %s", dl_errmsg());
+    /* an update of a fragment the session does not serve is refused */
+    global_of(3, 9, g);
+    h_update(&ha, id, 1, 3, 9, g);
+    CHECK(WAIT_FOR(stats(cs[0]).bad_msgs == 1), "session A refuses fragment 3");
+    CHECK(dl_node_poll(n) == 0 && dl_node_version(n, 3) == 1, "and nothing is adopted");
+    for (int64_t step = 1; step <= 2; step++) {
+        train_step(theta, step);
+        dl_node_after_step(n, step, 4, TOK, 2.5, 0.1);
+        int p = (int)step, mine = p < 2 ? 0 : 1; /* fragment 1 at step 1 (A), 2 at step 2 (B) */
+        if (h_expect(hs[mine], DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "push")) {
+            CHECK((int)m.env->push->fragment == p, "push of %d on its own session", p);
+            dl_wire_msg_close(&m);
+        }
+        int other = h_next(hs[1 - mine], &m, 200);
+        CHECK(other < 0, "nothing on the other session");
+        if (other >= 0) dl_wire_msg_close(&m);
+    }
+    CHECK(stats(cs[0]).pushes == 1 && stats(cs[1]).pushes == 1, "one push each");
+    dl_mailbox_bye(mb, "done", 2);
+    for (int i = 0; i < 2; i++) {
+        if (h_expect(hs[i], DLOCO__V1__ENVELOPE__BODY_BYE, &m, "bye")) dl_wire_msg_close(&m);
+        dl_comms_close(&cs[i]);
+    }
+    printf("ok: two sessions over one mailbox serve their own fragments on their own sockets\n");
+    free(g);
+    dl_node_close(&n);
+    dl_mailbox_close(&mb);
+    free(theta);
+    h_close(&ha);
+    h_close(&hb);
 }
 
 // ---------------------------------------------------------------------------
@@ -724,33 +907,33 @@ static long long field(const char *summary, const char *key)
 
 static void test_binary(const char *dir, int sigterm)
 {
-    dl_gpt_config cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 16, .vocab = 256};
-    REQUIRE(dl_gpt_config_check(&cfg) == 0, "cfg");
+    dl_model_config cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 16, .vocab = 256};
+    REQUIRE(dl_model_config_check(&cfg) == 0, "cfg");
     dl_plan *bp = NULL;
-    REQUIRE(dl_gpt_plan_open(&cfg, P, &bp) == 0, "plan");
+    REQUIRE(dl_model_plan_open(&cfg, P, &bp) == 0, "plan");
     harness h;
     h_open(&h, bp);
     const char *id = sigterm ? "bin-term" : "bin-run";
-    char out[700], err[700], acks[700];
+    char out[700], err[700], events[700];
     snprintf(out, sizeof out, "%s/%s.out", dir, id);
     snprintf(err, sizeof err, "%s/%s.err", dir, id);
-    snprintf(acks, sizeof acks, "%s/%s.acks", dir, id);
+    snprintf(events, sizeof events, "%s/%s.events", dir, id);
     char *argv[] = {bin, "--connect", h.ep, "--id", (char *)id, "--data", corpus, "--n_layer", "1", "--n_head", "2",
                     "--n_embd", "16", "--seq_len", "16", "--batch", "2", "--steps", sigterm ? "1000000" : "12",
                     "--warmup", "2", "--fragments", "4", "--log_every", "4", "--threads", "1",
-                    "--flush_timeout_ms", "5000", "--connect_timeout_ms", "20000", "--log_acks", acks, NULL};
+                    "--flush_timeout_ms", "5000", "--connect_timeout_ms", "20000", "--events", events, NULL};
     pid_t pid = spawn(argv, out, err);
     const uint64_t E = 3;
     dl_wire_msg m;
     REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "binary hello"), "hello; stderr: %s", slurp(err));
-    CHECK(m.env->hello->fingerprint == dl_gpt_fingerprint(&cfg, bp), "binary fingerprint matches the harness's plan");
+    CHECK(m.env->hello->fingerprint == dl_model_fingerprint(&cfg, bp), "binary fingerprint matches the harness's plan");
     dl_wire_msg_close(&m);
     h_welcome(&h, id, E, 0, 4, 100, 1);
     REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "binary fetch"), "fetch");
     dl_wire_msg_close(&m);
     size_t N = dl_plan_total_numel(bp);
     float *params = calloc(N, sizeof(float));
-    REQUIRE(dl_gpt_init_params(&cfg, 42, params) == 0, "init");
+    REQUIRE(dl_model_init_params(&cfg, 42, params) == 0, "init");
     /* shift the global away from any init the learner could make itself */
     for (size_t i = 0; i < N; i++) params[i] += 0.25f;
     float *glob[P];
@@ -823,18 +1006,20 @@ static void test_binary(const char *dir, int sigterm)
         long long steps = field(sum, "steps");
         if (sigterm) CHECK(steps >= 6 && steps < 1000000, "stopped by SIGTERM at step %lld", steps);
         else CHECK(steps == 12 && field(sum, "tokens") == 12 * 32, "12 steps, 384 tokens: %s", sum);
-        /* 12 scheduled pushes at least (plus the flush): sent or replaced by a newer one */
+        /* 12 scheduled pushes at least (plus the flush): sent, replaced by a
+         * newer one, or folded into a push held for its predecessor's decision */
         if (!sigterm)
-            CHECK(field(sum, "pushes") + field(sum, "coalesced") >= 12, "every scheduled push sent or coalesced: %s",
-                  sum);
+            CHECK(field(sum, "pushes") + field(sum, "coalesced") + field(sum, "held_due") >= 12,
+                  "every scheduled push sent, coalesced or held: %s", sum);
         CHECK(field(sum, "bytes_sent") > (long long)pushes * 4 * 100 && field(sum, "bytes_received") > 0, "bytes");
         CHECK(!strncmp(sum, "learner-summary: id=", 20), "summary starts with the id");
     }
-    char *al = slurp(acks);
+    char *al = slurp(events);
     int lines = 0;
-    for (char *q = al; *q; q++) lines += *q == '\n';
-    CHECK(lines == acks_sent + updates + P, "ack log lines %d = acks %d + updates %d + fetch %d", lines, acks_sent,
-          updates, P);
+    for (char *q = al; (q = strstr(q, " event=")); q++)
+        lines += !strncmp(q, " event=ack ", 11) || !strncmp(q, " event=update ", 14);
+    CHECK(lines == acks_sent + updates + P, "ack + update events %d = acks %d + updates %d + fetch %d", lines,
+          acks_sent, updates, P);
     printf("ok: dloco-learner %s: %d pushes, all acked and adopted, bye, exit 0, summary agrees\n",
            sigterm ? "stopped by SIGTERM (final flush)" : "12 steps", pushes);
     free(al);
@@ -849,10 +1034,10 @@ static void test_binary(const char *dir, int sigterm)
 
 static void test_binary_refused(const char *dir)
 {
-    dl_gpt_config cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 16, .vocab = 256};
-    dl_gpt_config_check(&cfg);
+    dl_model_config cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 16, .vocab = 256};
+    dl_model_config_check(&cfg);
     dl_plan *bp = NULL;
-    REQUIRE(dl_gpt_plan_open(&cfg, P, &bp) == 0, "plan");
+    REQUIRE(dl_model_plan_open(&cfg, P, &bp) == 0, "plan");
     harness h;
     h_open(&h, bp);
     char out[700], err[700];
@@ -877,8 +1062,8 @@ static void test_binary_refused(const char *dir)
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
-    REQUIRE(dl_gpt_config_check(&CFG) == 0, "config");
-    REQUIRE(dl_gpt_plan_open(&CFG, P, &plan) == 0, "plan: %s", dl_errmsg());
+    REQUIRE(dl_model_config_check(&CFG) == 0, "config");
+    REQUIRE(dl_model_plan_open(&CFG, P, &plan) == 0, "plan: %s", dl_errmsg());
     total = dl_plan_total_numel(plan);
     char dir[] = "/tmp/dloco_comms.XXXXXX";
     REQUIRE(mkdtemp(dir), "mkdtemp");
@@ -888,7 +1073,9 @@ int main(void)
     test_session(&h, dir);
     test_fatal(&h);
     test_silence(&h);
+    test_hold(&h);
     h_close(&h);
+    test_two_sessions();
 
     const char *b = getenv("DLOCO_BIN");
     snprintf(bin, sizeof bin, "%s/learner/dloco-learner", b ? b : "build");

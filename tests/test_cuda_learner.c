@@ -5,6 +5,7 @@
 #include "core/rng.h"
 #include "kernels/cuda/cuda.h"
 #include "learner/comms.h"
+#include "learner/mailbox.h"
 #include "learner/gpt.h"
 #include "learner/gpt_cuda.h"
 #include "learner/node.h"
@@ -48,7 +49,7 @@
 #define TOK 64
 
 /* V = 100 pads to Vp = 128: padded rows travel in the wte fragment too */
-static dl_gpt_config CFG = {.n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 32, .vocab = 100};
+static dl_model_config CFG = {.n_layer = 2, .n_head = 4, .n_embd = 64, .seq_len = 32, .vocab = 100};
 static size_t total;
 
 /* Distance in units in the last place; NaN against anything else is huge. */
@@ -89,9 +90,9 @@ static void test_xfer(void)
     CU(dl_gptc_init(g, 5));
     size_t np = dl_gptc_num_params(g);
     float *theta = dl_xmalloc(np * 4), *dev = dl_xmalloc(np * 4);
-    CU(dl_gpt_init_params(&CFG, 5, theta));
+    CU(dl_model_init_params(&CFG, 5, theta));
     dl_plan *plan = NULL;
-    CU(dl_gpt_plan_open(&CFG, 5, &plan));
+    CU(dl_model_plan_open(&CFG, 5, &plan));
     dl_gptc_xfer *x = NULL;
     CU(dl_gptc_xfer_open(g, plan, &x));
     printf("xfer: %d fragments, %.2f MiB device + %.2f MiB pinned host\n", dl_plan_P(plan),
@@ -163,10 +164,10 @@ static void test_xfer(void)
     CHECK(max_ulps(dev, theta, np, NULL) <= TOL_ULP, "overwrite over a NaN: device differs from the host");
 
     /* a plan of another model is refused */
-    dl_gpt_config other = CFG;
+    dl_model_config other = CFG;
     other.n_embd = 32;
     dl_plan *bad = NULL;
-    CU(dl_gpt_plan_open(&other, 5, &bad));
+    CU(dl_model_plan_open(&other, 5, &bad));
     dl_gptc_xfer *y = (dl_gptc_xfer *)&other;
     int rc = dl_gptc_xfer_open(g, bad, &y);
     printf("xfer with another model's plan -> %s: %s\n", dl_strerror(rc), dl_errmsg());
@@ -197,11 +198,10 @@ static void train_step(float *theta, int64_t step)
     for (size_t i = 0; i < total; i++) theta[i] += (float)((long)(i * 7 + (size_t)step * 3) % 5 - 2) / 8.0f;
 }
 
-static dl_comms *open_mailbox(void)
+static dl_mailbox *open_mailbox(void)
 {
-    dl_comms_opts co = {.endpoint = "tcp://127.0.0.1:1", .learner_id = "test-cuda", .run_id = "t", .plan = plan4};
-    dl_comms *c = NULL;
-    REQUIRE(dl_comms_open(&co, &c) == 0, "dl_comms_open: %s", dl_errmsg());
+    dl_mailbox *c = NULL;
+    REQUIRE(dl_mailbox_open(plan4, &c) == 0, "dl_mailbox_open: %s", dl_errmsg());
     return c;
 }
 
@@ -214,7 +214,7 @@ static void test_node_over_device(int mode, const char *name)
     CU(dl_gptc_set_params(g, theta));
     dl_gptc_xfer *x = NULL;
     CU(dl_gptc_xfer_open(g, plan4, &x));
-    dl_comms *ca = open_mailbox(), *cb = open_mailbox();
+    dl_mailbox *ca = open_mailbox(), *cb = open_mailbox();
     dl_node_opts oa = {.plan = plan4, .params = theta, .adopt = mode, .alpha = 0.25f};
     dl_node_opts ob = {.plan = plan4, .model = dl_gptc_xfer_model(x), .adopt = mode, .alpha = 0.25f};
     dl_node *na = NULL, *nb = NULL;
@@ -227,9 +227,9 @@ static void test_node_over_device(int mode, const char *name)
 
     taken prev[P], cura[P], curb[P];
     for (int p = 0; p < P; p++) {
-        prev[p].d = dl_comms_buf_alloc(ca);
-        cura[p].d = dl_comms_buf_alloc(ca);
-        curb[p].d = dl_comms_buf_alloc(cb);
+        prev[p].d = dl_mailbox_buf_alloc(ca);
+        cura[p].d = dl_mailbox_buf_alloc(ca);
+        curb[p].d = dl_mailbox_buf_alloc(cb);
         prev[p].got = 0;
     }
     const int adopt_at = H + 1, forced_at = 2 * H + 2;
@@ -241,7 +241,7 @@ static void test_node_over_device(int mode, const char *name)
         train_step(theta, s);
         CU(dl_gptc_set_params(g, theta));
         double loss = 2.0 + 0.125 * (double)s;
-        int ra = dl_node_after_step(na, s, H, TOK, loss), rb = dl_node_after_step(nb, s, H, TOK, loss);
+        int ra = dl_node_after_step(na, s, H, TOK, loss, 0.0), rb = dl_node_after_step(nb, s, H, TOK, loss, 0.0);
         CHECK(ra == rb && ra >= 0, "step %lld: %d vs %d pushes", (long long)s, ra, rb);
         take_all(ca, cura, P);
         take_all(cb, curb, P);
@@ -287,8 +287,8 @@ static void test_node_over_device(int mode, const char *name)
     for (int p = 0; p < P; p++) free(prev[p].d), free(cura[p].d), free(curb[p].d);
     dl_node_close(&na);
     dl_node_close(&nb);
-    dl_comms_close(&ca);
-    dl_comms_close(&cb);
+    dl_mailbox_close(&ca);
+    dl_mailbox_close(&cb);
     dl_gptc_xfer_close(&x);
     dl_gptc_close(&g);
     free(theta), free(dev);
@@ -461,7 +461,7 @@ static void test_fleet_trainer(void)
 
 int main(void)
 {
-    REQUIRE(dl_gpt_config_check(&CFG) == 0, "config: %s", dl_errmsg());
+    REQUIRE(dl_model_config_check(&CFG) == 0, "config: %s", dl_errmsg());
     if (!dl_cuda_available()) {
         printf("dl_cuda_available() = 0: %s\n", dl_errmsg());
         dl_cuda_thread_release();
@@ -477,7 +477,7 @@ int main(void)
     char name[256];
     CU(dl_cuda_device_name(name, sizeof name));
     printf("device: %s\n", name);
-    REQUIRE(dl_gpt_plan_open(&CFG, P, &plan4) == 0, "plan: %s", dl_errmsg());
+    REQUIRE(dl_model_plan_open(&CFG, P, &plan4) == 0, "plan: %s", dl_errmsg());
     total = dl_plan_total_numel(plan4);
 
     test_xfer();

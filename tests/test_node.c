@@ -6,11 +6,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "core/clock.h"
 #include "core/err.h"
+#include "core/model.h"
 #include "core/plan.h"
 #include "learner/comms.h"
-#include "learner/gpt.h"
+#include "learner/mailbox.h"
 
 #include "tests/check.h"
 #include "tests/push_pair.h"
@@ -27,7 +30,7 @@
 #define H 4
 #define TOK 32 /* tokens per step */
 
-static dl_gpt_config CFG = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 16};
+static dl_model_config CFG = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 16};
 static dl_plan *plan;
 static size_t total;
 
@@ -61,16 +64,15 @@ static int same(const float *a, const float *b, size_t n)
     return memcmp(a, b, n * sizeof(float)) == 0;
 }
 
-static dl_comms *open_mailbox(void)
+static dl_mailbox *open_mailbox(void)
 {
-    dl_comms_opts co = {.endpoint = "tcp://127.0.0.1:1", .learner_id = "test-node", .run_id = "t", .plan = plan};
-    dl_comms *c = NULL;
-    REQUIRE(dl_comms_open(&co, &c) == 0, "dl_comms_open: %s", dl_errmsg());
+    dl_mailbox *c = NULL;
+    REQUIRE(dl_mailbox_open(plan, &c) == 0, "dl_mailbox_open: %s", dl_errmsg());
     return c;
 }
 
 /* Fresh node in `mode` holding version 1 of every fragment (a fetch). */
-static void setup(int mode, float alpha, float *theta, dl_comms **c, dl_node **n)
+static void setup(int mode, float alpha, float *theta, dl_mailbox **c, dl_node **n)
 {
     *c = open_mailbox();
     dl_node_opts o = {.plan = plan, .params = theta, .adopt = mode, .alpha = alpha};
@@ -78,7 +80,7 @@ static void setup(int mode, float alpha, float *theta, dl_comms **c, dl_node **n
     float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
     for (int p = 0; p < P; p++) {
         global_of(p, 1, g);
-        dl_comms_put_update(*c, p, 1, 1, g, dl_plan_fragment_numel(plan, p));
+        dl_mailbox_put_update(*c, p, 1, 1, g, dl_plan_fragment_numel(plan, p));
     }
     free(g);
     REQUIRE(dl_node_poll(*n) == P, "initial fetch adopted");
@@ -90,21 +92,21 @@ static void test_fetch_and_pushes(void)
 {
     float *theta = calloc(total, sizeof(float));
     for (size_t i = 0; i < total; i++) theta[i] = 99.0f; /* the learner's own init */
-    dl_comms *c = open_mailbox();
+    dl_mailbox *c = open_mailbox();
     dl_node_opts o = {.plan = plan, .params = theta, .adopt = DL_ADOPT_OVERWRITE, .alpha = 0.5f};
     dl_node *n = NULL;
     REQUIRE(dl_node_open(&o, c, &n) == 0, "open: %s", dl_errmsg());
 
     /* nothing held: no counters, no pushes */
     CHECK(!dl_node_holds_all(n), "fresh node holds nothing");
-    CHECK(dl_node_after_step(n, 1, H, TOK, 1.0) == 0, "a fresh node pushes nothing");
+    CHECK(dl_node_after_step(n, 1, H, TOK, 1.0, 0.0) == 0, "a fresh node pushes nothing");
     for (int p = 0; p < P; p++) CHECK(dl_node_steps(n, p) == 0, "fragment %d counted a step before holding it", p);
 
     /* initial fetch: fragments arrive one by one, with different versions */
     float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
     for (int p = 0; p < P; p++) {
         global_of(p, 10 + (uint64_t)p, g);
-        CHECK(dl_comms_put_update(c, p, 10 + (uint64_t)p, 1, g, dl_plan_fragment_numel(plan, p)) == 1, "put");
+        CHECK(dl_mailbox_put_update(c, p, 10 + (uint64_t)p, 1, g, dl_plan_fragment_numel(plan, p)) == 1, "put");
         CHECK(dl_node_poll(n) == 1, "fetch reply %d adopted at the step boundary", p);
         CHECK(dl_node_holds_all(n) == (p == P - 1), "holds_all after %d of %d", p + 1, P);
     }
@@ -123,7 +125,7 @@ static void test_fetch_and_pushes(void)
 
     /* 2H steps: pushes exactly when due, delta = base - theta bit for bit,
      * counters since adopt, mean loss */
-    float *d = dl_comms_buf_alloc(c);
+    float *d = dl_mailbox_buf_alloc(c);
     double loss_sum = 0;
     int npush = 0;
     for (int64_t s = 1; s <= 2 * H; s++) {
@@ -132,10 +134,10 @@ static void test_fetch_and_pushes(void)
         loss_sum += loss;
         int want = 0;
         for (int p = 0; p < P; p++) want += due(s, p);
-        CHECK(dl_node_after_step(n, s, H, TOK, loss) == want, "step %lld: %d pushes due", (long long)s, want);
+        CHECK(dl_node_after_step(n, s, H, TOK, loss, 0.0) == want, "step %lld: %d pushes due", (long long)s, want);
         for (int p = 0; p < P; p++) {
-            dl_comms_push h;
-            int got = dl_comms_take_push(c, p, &h, &d);
+            dl_mailbox_push h;
+            int got = dl_mailbox_take_push(c, p, &h, &d);
             CHECK(got == due(s, p), "step %lld fragment %d: pushed %d, due %d", (long long)s, p, got, due(s, p));
             if (!got) continue;
             npush++;
@@ -162,23 +164,23 @@ static void test_fetch_and_pushes(void)
     /* coalescing: nobody takes pushes for 2H more steps */
     for (int64_t s = 2 * H + 1; s <= 4 * H; s++) {
         train_step(theta, s);
-        dl_node_after_step(n, s, H, TOK, 1.0);
+        dl_node_after_step(n, s, H, TOK, 1.0, 0.0);
     }
     dl_node_stats ns;
     dl_node_get_stats(n, &ns);
-    dl_comms_stats cs;
-    dl_comms_get_stats(c, &cs);
+    dl_mailbox_stats cs;
+    dl_mailbox_get_stats(c, &cs);
     CHECK(ns.coalesced == P && cs.coalesced == P, "2 pushes per fragment, one queued: %llu / %llu coalesced",
           (unsigned long long)ns.coalesced, (unsigned long long)cs.coalesced);
     for (int p = 0; p < P; p++) {
-        dl_comms_push h;
-        CHECK(dl_comms_take_push(c, p, &h, &d) == 1, "one push of %d queued", p);
+        dl_mailbox_push h;
+        CHECK(dl_mailbox_take_push(c, p, &h, &d) == 1, "one push of %d queued", p);
         int64_t last = 0;
         for (int64_t s = 2 * H + 1; s <= 4 * H; s++)
             if (due(s, p)) last = s;
         CHECK(h.steps == (uint64_t)last, "queued push of %d is the newest (steps %llu, want %lld)", p,
               (unsigned long long)h.steps, (long long)last);
-        CHECK(dl_comms_take_push(c, p, &h, &d) == 0, "and only one");
+        CHECK(dl_mailbox_take_push(c, p, &h, &d) == 0, "and only one");
     }
 
     /* version ordering: older and equal versions are ignored, newer adopted;
@@ -188,10 +190,10 @@ static void test_fetch_and_pushes(void)
     float *before = malloc(total * sizeof(float));
     memcpy(before, theta, total * sizeof(float));
     global_of(p, 5, g);
-    CHECK(dl_comms_put_update(c, p, 5, 0, g, k) == 1, "put v5");
+    CHECK(dl_mailbox_put_update(c, p, 5, 0, g, k) == 1, "put v5");
     CHECK(dl_node_poll(n) == 0, "v5 < held v12 is ignored");
     global_of(p, 12, g);
-    dl_comms_put_update(c, p, 12, 0, g, k);
+    dl_mailbox_put_update(c, p, 12, 0, g, k);
     CHECK(dl_node_poll(n) == 0, "v12 == held v12 is ignored");
     CHECK(same(before, theta, total), "ignored updates leave theta alone");
     CHECK(dl_node_version(n, p) == 12, "version stays 12");
@@ -199,11 +201,11 @@ static void test_fetch_and_pushes(void)
     CHECK(ns.ignored == 2, "2 ignored, got %llu", (unsigned long long)ns.ignored);
 
     global_of(p, 14, g);
-    CHECK(dl_comms_put_update(c, p, 14, 0, g, k) == 1, "put v14");
+    CHECK(dl_mailbox_put_update(c, p, 14, 0, g, k) == 1, "put v14");
     global_of(p, 13, g);
-    CHECK(dl_comms_put_update(c, p, 13, 0, g, k) == 0, "v13 does not replace a waiting v14");
+    CHECK(dl_mailbox_put_update(c, p, 13, 0, g, k) == 0, "v13 does not replace a waiting v14");
     global_of(p, 15, g);
-    CHECK(dl_comms_put_update(c, p, 15, 0, g, k) == 1, "v15 replaces a waiting v14");
+    CHECK(dl_mailbox_put_update(c, p, 15, 0, g, k) == 1, "v15 replaces a waiting v14");
     uint64_t steps_before = dl_node_steps(n, p);
     CHECK(steps_before > 0, "fragment %d has progress", p);
     CHECK(dl_node_poll(n) == 1, "one adoption");
@@ -221,13 +223,13 @@ static void test_fetch_and_pushes(void)
     }
 
     /* final flush: every fragment with steps > 0, marked final */
-    int left_before = dl_comms_flush_pending(c);
+    int left_before = dl_mailbox_flush_pending(c);
     CHECK(left_before == 0, "no flush pending yet");
     CHECK(dl_node_flush(n) == P - 1, "flush pushes the %d fragments with progress, not the one just adopted", P - 1);
-    CHECK(dl_comms_flush_pending(c) == P - 1, "flush pending %d", dl_comms_flush_pending(c));
+    CHECK(dl_mailbox_flush_pending(c) == P - 1, "flush pending %d", dl_mailbox_flush_pending(c));
     for (int q = 0; q < P; q++) {
-        dl_comms_push h;
-        int got = dl_comms_take_push(c, q, &h, &d);
+        dl_mailbox_push h;
+        int got = dl_mailbox_take_push(c, q, &h, &d);
         CHECK(got == (q != p), "flush push of %d: %d", q, got);
         if (got) CHECK(h.final && h.steps == dl_node_steps(n, q), "flush push of %d is final with all its steps", q);
     }
@@ -235,19 +237,19 @@ static void test_fetch_and_pushes(void)
     /* a forced update (fetch reply) rebases even onto an older version and
      * drops a queued push relative to the old base */
     train_step(theta, 100);
-    dl_node_after_step(n, 4 * H + 1, H, TOK, 1.0); /* fragment 1 due at step 17 */
-    dl_comms_get_stats(c, &cs);
+    dl_node_after_step(n, 4 * H + 1, H, TOK, 1.0, 0.0); /* fragment 1 due at step 17 */
+    dl_mailbox_get_stats(c, &cs);
     uint64_t disc0 = cs.discarded;
     global_of(1, 3, g);
-    dl_comms_put_update(c, 1, 3, 1, g, dl_plan_fragment_numel(plan, 1));
+    dl_mailbox_put_update(c, 1, 3, 1, g, dl_plan_fragment_numel(plan, 1));
     CHECK(dl_node_poll(n) == 1, "forced update adopted");
     CHECK(dl_node_version(n, 1) == 3, "rebase to an older version: %llu", (unsigned long long)dl_node_version(n, 1));
     th = gather(1, theta);
     CHECK(same(th, g, dl_plan_fragment_numel(plan, 1)), "rebase: theta = global");
     free(th);
-    dl_comms_push h;
-    CHECK(dl_comms_take_push(c, 1, &h, &d) == 0, "queued push of the old base dropped");
-    dl_comms_get_stats(c, &cs);
+    dl_mailbox_push h;
+    CHECK(dl_mailbox_take_push(c, 1, &h, &d) == 0, "queued push of the old base dropped");
+    dl_mailbox_get_stats(c, &cs);
     CHECK(cs.discarded == disc0 + 1, "discarded counted");
     dl_node_get_stats(n, &ns);
     CHECK(ns.rebased == P + 1, "rebases: %llu", (unsigned long long)ns.rebased);
@@ -257,8 +259,8 @@ static void test_fetch_and_pushes(void)
     free(g);
     dl_node_close(&n);
     dl_node_close(&n);
-    dl_comms_close(&c);
-    dl_comms_close(&c);
+    dl_mailbox_close(&c);
+    dl_mailbox_close(&c);
     free(theta);
     printf("ok: fetch, schedule, delta = base - theta exactly, counters, coalescing, version ordering, flush, "
            "rebase\n");
@@ -269,21 +271,21 @@ static void test_mode(int mode, const char *name)
 {
     const float alpha = 0.25f;
     float *theta = calloc(total, sizeof(float));
-    dl_comms *c;
+    dl_mailbox *c;
     dl_node *n;
     setup(mode, alpha, theta, &c, &n);
     const int p = 1; /* due at steps 1, 5, 9, ... */
     size_t k = dl_plan_fragment_numel(plan, p);
     float *g = calloc(k, sizeof(float));
-    float *d = dl_comms_buf_alloc(c);
+    float *d = dl_mailbox_buf_alloc(c);
 
     /* 3 steps (push of p at step 1), then adopt v2 */
     for (int64_t s = 1; s <= 3; s++) {
         train_step(theta, s);
-        dl_node_after_step(n, s, H, TOK, 2.0);
+        dl_node_after_step(n, s, H, TOK, 2.0, 0.0);
         if (s == 1) {
-            dl_comms_push h;
-            CHECK(dl_comms_take_push(c, p, &h, &d) == 1 && h.steps == 1, "%s: push of %d at step 1", name, p);
+            dl_mailbox_push h;
+            CHECK(dl_mailbox_take_push(c, p, &h, &d) == 1 && h.steps == 1, "%s: push of %d at step 1", name, p);
         }
     }
     float *at_push = NULL;
@@ -299,7 +301,7 @@ static void test_mode(int mode, const char *name)
     }
     float *before = gather(p, theta);
     global_of(p, 2, g);
-    dl_comms_put_update(c, p, 2, 0, g, k);
+    dl_mailbox_put_update(c, p, 2, 0, g, k);
     CHECK(dl_node_poll(n) == 1, "%s: v2 adopted", name);
     float *after = gather(p, theta);
     int exact = 1;
@@ -321,11 +323,11 @@ static void test_mode(int mode, const char *name)
 
     /* the next push is relative to the new base and carries the counters */
     train_step(theta, 4);
-    dl_node_after_step(n, 4, H, TOK, 2.0);
+    dl_node_after_step(n, 4, H, TOK, 2.0, 0.0);
     train_step(theta, 5);
-    dl_node_after_step(n, 5, H, TOK, 2.0); /* p due */
-    dl_comms_push h;
-    CHECK(dl_comms_take_push(c, p, &h, &d) == 1, "%s: push at step 5", name);
+    dl_node_after_step(n, 5, H, TOK, 2.0, 0.0); /* p due */
+    dl_mailbox_push h;
+    CHECK(dl_mailbox_take_push(c, p, &h, &d) == 1, "%s: push at step 5", name);
     float *th = gather(p, theta);
     exact = 1;
     for (size_t i = 0; i < k; i++) exact &= d[i] == g[i] - th[i];
@@ -337,11 +339,11 @@ static void test_mode(int mode, const char *name)
         /* an update with no push since the last adopt keeps everything since
          * the push at step 5: theta = g3 + (theta - theta_at_push5) */
         train_step(theta, 6);
-        dl_node_after_step(n, 6, H, TOK, 2.0);
+        dl_node_after_step(n, 6, H, TOK, 2.0, 0.0);
         float *cur = gather(p, theta);
         float *g3 = calloc(k, sizeof(float));
         global_of(p, 3, g3);
-        dl_comms_put_update(c, p, 3, 0, g3, k);
+        dl_mailbox_put_update(c, p, 3, 0, g3, k);
         dl_node_poll(n);
         float *a3 = gather(p, theta);
         exact = 1;
@@ -351,11 +353,11 @@ static void test_mode(int mode, const char *name)
               (unsigned long long)dl_node_steps(n, p));
         /* and a third, without any push: progress since the last adopt too */
         train_step(theta, 7);
-        dl_node_after_step(n, 7, H, TOK, 2.0);
+        dl_node_after_step(n, 7, H, TOK, 2.0, 0.0);
         float *cur2 = gather(p, theta);
         float *g4 = calloc(k, sizeof(float));
         global_of(p, 4, g4);
-        dl_comms_put_update(c, p, 4, 0, g4, k);
+        dl_mailbox_put_update(c, p, 4, 0, g4, k);
         dl_node_poll(n);
         float *a4 = gather(p, theta);
         exact = 1;
@@ -377,7 +379,7 @@ static void test_mode(int mode, const char *name)
     free(g);
     free(d);
     dl_node_close(&n);
-    dl_comms_close(&c);
+    dl_mailbox_close(&c);
     free(theta);
     printf("ok: adopt %s matches hand-computed parameters and counters\n", name);
 }
@@ -441,7 +443,7 @@ static void test_host_model(void)
 static void test_deferred(int mode, const char *name)
 {
     float *ta = calloc(total, sizeof(float)), *tb = calloc(total, sizeof(float));
-    dl_comms *ca = open_mailbox(), *cb = open_mailbox();
+    dl_mailbox *ca = open_mailbox(), *cb = open_mailbox();
     dl_node_model *mb = NULL;
     REQUIRE(dl_node_host_model_open(plan, tb, 1, &mb) == 0, "host model: %s", dl_errmsg());
     dl_node_opts oa = {.plan = plan, .params = ta, .adopt = mode, .alpha = 0.25f};
@@ -453,9 +455,9 @@ static void test_deferred(int mode, const char *name)
 
     taken prev[P], cura[P], curb[P];
     for (int p = 0; p < P; p++) {
-        prev[p].d = dl_comms_buf_alloc(ca);
-        cura[p].d = dl_comms_buf_alloc(ca);
-        curb[p].d = dl_comms_buf_alloc(cb);
+        prev[p].d = dl_mailbox_buf_alloc(ca);
+        cura[p].d = dl_mailbox_buf_alloc(ca);
+        curb[p].d = dl_mailbox_buf_alloc(cb);
         prev[p].got = 0;
     }
     const int adopt_at = H + 1, forced_at = 2 * H + 2; /* fragments 1 and 2 are due there */
@@ -464,7 +466,7 @@ static void test_deferred(int mode, const char *name)
         train_step(ta, s);
         train_step(tb, s);
         double loss = 2.0 + 0.125 * (double)s;
-        int ra = dl_node_after_step(na, s, H, TOK, loss), rb = dl_node_after_step(nb, s, H, TOK, loss);
+        int ra = dl_node_after_step(na, s, H, TOK, loss, 0.0), rb = dl_node_after_step(nb, s, H, TOK, loss, 0.0);
         CHECK(ra == rb && ra >= 0, "step %lld: %d immediate pushes, %d deferred begun", (long long)s, ra, rb);
         take_all(ca, cura, P);
         take_all(cb, curb, P);
@@ -527,17 +529,103 @@ static void test_deferred(int mode, const char *name)
     dl_node_close(&na);
     dl_node_close(&nb);
     dl_node_host_model_close(&mb);
-    dl_comms_close(&ca);
-    dl_comms_close(&cb);
+    dl_mailbox_close(&ca);
+    dl_mailbox_close(&cb);
     free(ta);
     free(tb);
     printf("ok: deferred pushes (%s): %d pushes identical to the immediate ones one step later, posted early for an "
            "adopt, dropped for a rebase, flush\n", name, compared);
 }
 
+/* The hold rule without a socket: the test plays the session (claim, decide).
+ * (a) a push due while the previous one is undecided is not made; once the
+ * decision and the update came it carries only what is new; (b) a decision
+ * that never comes releases the hold after push_decision_timeout_ms. */
+static void test_hold(void)
+{
+    float *theta = calloc(total, sizeof(float));
+    dl_mailbox *c = open_mailbox();
+    dl_node_opts o = {.plan = plan, .params = theta, .adopt = DL_ADOPT_KEEP, .push_decision_timeout_ms = 50};
+    dl_node *n = NULL;
+    REQUIRE(dl_node_open(&o, c, &n) == 0, "open");
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, 1, g);
+        dl_mailbox_put_update(c, p, 1, 1, g, dl_plan_fragment_numel(plan, p));
+    }
+    REQUIRE(dl_node_poll(n) == P, "fetched");
+    float *d = dl_mailbox_buf_alloc(c);
+    dl_mailbox_push h;
+    dl_mailbox_claim cl;
+    train_step(theta, 1);
+    dl_node_after_step(n, 1, H, TOK, 1.0, 0.5); /* fragment 1 due */
+    CHECK(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1 && cl.h.steps == 1, "push of step 1 sent");
+    for (int64_t s = 2; s <= 5; s++) {
+        train_step(theta, s);
+        dl_node_after_step(n, s, H, TOK, 1.0, 0.5);
+        for (int p = 0; p < P; p++)
+            if (p != 1) dl_mailbox_take_push(c, p, &h, &d);
+    }
+    CHECK(dl_mailbox_take_push(c, 1, &h, &d) == 0 && dl_node_owes(n, 1), "(a) step 5: nothing posted, the push is owed");
+    CHECK(dl_mailbox_decide(c, 1, DL_DECIDE_PENDING, 1, 0) == 0 && dl_mailbox_decide(c, 1, DL_DECIDE_ACCEPTED, 1, 1) == 1,
+          "pooled, then accepted");
+    CHECK(dl_mailbox_undecided(c, 1, NULL), "accepted without its update is still undecided");
+    train_step(theta, 6);
+    dl_node_after_step(n, 6, H, TOK, 1.0, 0.5);
+    CHECK(dl_mailbox_take_push(c, 1, &h, &d) == 0, "still held at step 6");
+    global_of(1, 2, g);
+    dl_mailbox_put_update(c, 1, 2, 0, g, dl_plan_fragment_numel(plan, 1));
+    CHECK(dl_mailbox_undecided(c, 1, NULL), "an update waiting to be adopted holds too");
+    CHECK(dl_node_poll(n) == 1 && !dl_mailbox_undecided(c, 1, NULL), "adopted: decided");
+    train_step(theta, 7);
+    dl_node_after_step(n, 7, H, TOK, 1.0, 0.5);
+    float *want = calloc(dl_plan_fragment_numel(plan, 1), sizeof(float));
+    dl_node_delta(n, 1, want);
+    CHECK(dl_mailbox_take_push(c, 1, &h, &d) == 1 && h.steps == 6 && h.tokens == 6 * TOK && h.base_version == 2 &&
+              h.held == 1 && fabs(h.compute_s - 3.0) < 1e-12,
+          "(a) the owed push: steps 2..7 only (%llu), base 2, compute_s %g", (unsigned long long)h.steps, h.compute_s);
+    CHECK(same(d, want, dl_plan_fragment_numel(plan, 1)), "its delta = base - theta");
+    /* (b) lost decision */
+    int64_t now = dl_clock_ns();
+    CHECK(dl_mailbox_claim_push(c, 1, now, &cl, &d) == 0, "nothing left to send");
+    train_step(theta, 8);
+    dl_node_after_step(n, 8, H, TOK, 1.0, 0.5);
+    for (int p = 0; p < P; p++) dl_mailbox_take_push(c, p, &h, &d);
+    train_step(theta, 9);
+    dl_node_after_step(n, 9, H, TOK, 1.0, 0.5); /* fragment 1 due */
+    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1, "push of step 9 sent");
+    dl_node_stats ns;
+    for (int64_t s = 10; s <= 13; s++) {
+        train_step(theta, s);
+        dl_node_after_step(n, s, H, TOK, 1.0, 0.5);
+        for (int p = 0; p < P; p++)
+            if (p != 1) dl_mailbox_take_push(c, p, &h, &d);
+    }
+    dl_node_get_stats(n, &ns);
+    CHECK(dl_mailbox_take_push(c, 1, &h, &d) == 0 && ns.hold_released == 0, "(b) held while the decision is due");
+    struct timespec ts = {0, 60 * 1000000L};
+    nanosleep(&ts, NULL);
+    train_step(theta, 14);
+    dl_node_after_step(n, 14, H, TOK, 1.0, 0.5);
+    dl_node_get_stats(n, &ns);
+    CHECK(dl_mailbox_take_push(c, 1, &h, &d) == 1 && ns.hold_released == 1 && ns.held == 2,
+          "(b) released after push_decision_timeout_ms: held %llu released %llu", (unsigned long long)ns.held,
+          (unsigned long long)ns.hold_released);
+    printf("ok: hold rule: no push while the previous one is undecided; the owed push carries only new progress; "
+           "a lost decision releases after the timeout\n");
+    free(want);
+    free(d);
+    free(g);
+    dl_node_close(&n);
+    dl_mailbox_close(&c);
+    free(theta);
+}
+
 static void test_bad_input(void)
 {
-    dl_comms_opts co = {.endpoint = "tcp://127.0.0.1:1", .learner_id = "bad id", .run_id = "t", .plan = plan};
+    dl_mailbox *mb = open_mailbox();
+    dl_comms_opts co = {.mailbox = mb, .endpoint = "tcp://127.0.0.1:1", .learner_id = "bad id", .run_id = "t",
+                        .plan = plan};
     dl_comms *c = NULL;
     CHECK(dl_comms_open(&co, &c) == DL_EINVAL && c == NULL, "learner id with a space refused");
     CHECK(strstr(dl_errmsg(), "bad id") != NULL, "message names the id: %s", dl_errmsg());
@@ -551,26 +639,35 @@ static void test_bad_input(void)
     longid[64] = 0;
     CHECK(dl_comms_id_ok(longid) && dl_comms_id_ok("a.B_c-9") && !dl_comms_id_ok("a/b"), "id rule");
     co.learner_id = "ok";
-    co.log_acks = "/nonexistent-dir/acks.log";
-    CHECK(dl_comms_open(&co, &c) == DL_EIO, "unwritable log_acks refused");
-    co.log_acks = NULL;
+    int two[2] = {1, 1};
+    co.fragments = two;
+    co.n_fragments = 2;
+    CHECK(dl_comms_open(&co, &c) == DL_EINVAL, "a fragment listed twice refused");
+    co.fragments = NULL;
+    co.hello_retry_ms = 50; /* at or below poll_max_ms (100) */
+    CHECK(dl_comms_open(&co, &c) == DL_EINVAL && strstr(dl_errmsg(), "poll_max_ms < hello_retry_ms"),
+          "hello retry below the poll period refused: %s", dl_errmsg());
+    co.hello_retry_ms = 0;
     REQUIRE(dl_comms_open(&co, &c) == 0, "open");
     float theta[1];
     dl_node_opts o = {.plan = plan, .params = theta, .adopt = 7, .alpha = 0.5f};
     dl_node *n = NULL;
-    CHECK(dl_node_open(&o, c, &n) == DL_EINVAL && !n, "unknown adopt mode refused");
+    CHECK(dl_node_open(&o, mb, &n) == DL_EINVAL && !n, "unknown adopt mode refused");
     o.adopt = DL_ADOPT_MIX;
     o.alpha = 1.5f;
-    CHECK(dl_node_open(&o, c, &n) == DL_EINVAL && !n, "alpha 1.5 refused");
+    CHECK(dl_node_open(&o, mb, &n) == DL_EINVAL && !n, "alpha 1.5 refused");
     CHECK(dl_comms_state(c, NULL, 0) == DL_COMMS_IDLE, "unstarted mailbox is idle");
+    CHECK(dl_mailbox_state(mb, NULL, 0) == DL_COMMS_IDLE, "and so is the mailbox");
     dl_comms_close(&c);
-    printf("ok: bad learner ids, log file, adopt mode and alpha are refused\n");
+    dl_comms_close(&c);
+    dl_mailbox_close(&mb);
+    printf("ok: bad learner ids, log file, fragment list, timeouts, adopt mode and alpha are refused\n");
 }
 
 int main(void)
 {
-    REQUIRE(dl_gpt_config_check(&CFG) == 0, "config: %s", dl_errmsg());
-    REQUIRE(dl_gpt_plan_open(&CFG, P, &plan) == 0, "plan: %s", dl_errmsg());
+    REQUIRE(dl_model_config_check(&CFG) == 0, "config: %s", dl_errmsg());
+    REQUIRE(dl_model_plan_open(&CFG, P, &plan) == 0, "plan: %s", dl_errmsg());
     total = dl_plan_total_numel(plan);
     for (int p = 0; p < P; p++) REQUIRE(dl_plan_fragment_numel(plan, p) > 0, "fragment %d empty", p);
 
@@ -582,6 +679,7 @@ int main(void)
     test_deferred(DL_ADOPT_OVERWRITE, "overwrite");
     test_deferred(DL_ADOPT_MIX, "mix");
     test_deferred(DL_ADOPT_KEEP, "keep");
+    test_hold();
     test_bad_input();
 
     dl_plan_close(&plan);

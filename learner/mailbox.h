@@ -1,0 +1,183 @@
+/* The mailbox between a learner's training thread (learner/node.c) and its comms
+ * sessions (learner/comms.c): per-fragment push and update slots, held versions, push fates, progress, bye.
+ *
+ * One mutex guards everything and is only ever held for a few pointer swaps
+ * and counter updates (never across a zmq call or a copy of tensor data):
+ *
+ *   push slot p   (training -> session)  one queued push of fragment p; a
+ *                 newer push of p replaces an unsent older one (it contains
+ *                 the older progress), so at most P pushes are ever queued.
+ *   update slot p (session -> training)  the newest global fragment p
+ *                 received and not yet adopted; an older version never
+ *                 replaces a newer.
+ *   fate of p     (session writes, training reads) whether the latest push of
+ *                 p that left is still undecided: sent / pooled awaiting its
+ *                 final Ack, or ACCEPTED with its Update not yet received.
+ *                 The node holds p's next push while it is (the hold rule,
+ *                 learner/node.h), so no progress is sent twice.
+ *
+ * Buffers move by swapping pointers: every slot buffer and every buffer a
+ * caller swaps in holds dl_mailbox_buf_numel() floats (the largest fragment).
+ *
+ * Sessions attach with their own wake-up eventfd (dl_mailbox_attach); every
+ * post and bye writes to all of them. Each fragment is served by at most one
+ * session. Without any session the mailbox is a plain data structure (tests
+ * of learner/node.c drive it alone). */
+#ifndef DL_LEARNER_MAILBOX_H
+#define DL_LEARNER_MAILBOX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct dl_plan;
+typedef struct dl_mailbox dl_mailbox;
+
+#define DL_MAILBOX_MAX_SESSIONS 16
+
+/* Where a session stands (dl_comms_state, dl_mailbox_state). */
+enum {
+    DL_COMMS_IDLE = 0,    /* opened, not started */
+    DL_COMMS_HELLO = 1,   /* waiting for Welcome (first hello or re-hello) */
+    DL_COMMS_READY = 2,   /* welcomed: pushes flow */
+    DL_COMMS_REFUSED = 3, /* the synchronizer sent a fatal Error; thread stopped */
+    DL_COMMS_FAILED = 4,  /* local failure (socket, connect timeout); thread stopped */
+    DL_COMMS_DONE = 5     /* Bye sent (or stopped); thread stopped */
+};
+
+/* Final decisions a session reports for a push (dl_mailbox_decide). */
+enum { DL_DECIDE_PENDING = 1, DL_DECIDE_ACCEPTED = 2, DL_DECIDE_DROPPED = 3, DL_DECIDE_REJECTED = 4 };
+
+/* Header of one queued push. The delta travels separately (a buffer swap). */
+typedef struct {
+    int fragment;
+    uint64_t base_version; /* version_p the delta is relative to */
+    uint64_t steps;        /* inner steps since adopting base_version, >= 1 */
+    uint64_t tokens;       /* tokens over those steps, >= steps */
+    double loss;           /* mean training loss over those steps (finite) */
+    double compute_s;      /* wall seconds of those steps, >= 0 */
+    int final;             /* part of the final flush */
+    int held;              /* made late because the previous push of p was undecided (events only) */
+} dl_mailbox_push;
+
+/* A global fragment handed to the training thread. */
+typedef struct {
+    int fragment;
+    uint64_t version;
+    int forced; /* DL_UPDATE_* */
+} dl_mailbox_update;
+
+/* How an update must be adopted (dl_mailbox_update.forced). */
+enum {
+    DL_UPDATE_NORMAL = 0,  /* a merge result: adopt in the learner's mode when newer */
+    DL_UPDATE_FETCHED = 1, /* reply to a Fetch: overwrite theta (a rebase), even if not newer */
+    /* the global after a DROPPED_STALE push (Ack.rebase): adopt in the learner's
+     * mode even if not newer, so the dropped push's progress and counters leave
+     * (the version may not have moved yet while a round is in flight) */
+    DL_UPDATE_REBASE = 2
+};
+
+/* Mailbox-wide counters, monotonic. */
+typedef struct {
+    uint64_t coalesced;  /* queued pushes replaced by a newer push of the same fragment */
+    uint64_t discarded;  /* queued pushes dropped because the learner had to rebase */
+    uint64_t superseded; /* updates replaced in their slot by a newer one before the training thread took them */
+} dl_mailbox_stats;
+
+/* What dl_mailbox_claim_push took, to undo it (dl_mailbox_unclaim_push). */
+typedef struct {
+    dl_mailbox_push h;
+    int prev_open;
+    uint64_t prev_base;
+    int64_t prev_ns;
+} dl_mailbox_claim;
+
+/* Allocate P push and update slots and their buffers. `plan` is borrowed.
+ * Returns 0 or DL_EINVAL (no plan). */
+int dl_mailbox_open(const struct dl_plan *plan, dl_mailbox **out);
+/* Free everything; NULLs the pointer; safe on NULL and twice. Sessions
+ * attached must be closed first. */
+void dl_mailbox_close(dl_mailbox **m);
+int dl_mailbox_P(const dl_mailbox *m);
+/* Floats every swapped buffer must hold (the plan's largest fragment). */
+size_t dl_mailbox_buf_numel(const dl_mailbox *m);
+/* A buffer of dl_mailbox_buf_numel() floats, for swapping; free() it. */
+float *dl_mailbox_buf_alloc(const dl_mailbox *m);
+
+/* ---- training-thread side (never blocks on the network) */
+
+/* Queue a push: swaps *delta with the slot's buffer (first fragment_numel
+ * floats the fp32 delta). Wakes the sessions. Returns 1 when an unsent push
+ * of the same fragment was replaced (coalesced), else 0. */
+int dl_mailbox_post_push(dl_mailbox *m, const dl_mailbox_push *h, float **delta);
+/* Take the pending update of p, if any: swaps *buf with the slot's buffer
+ * and fills *u. Taking a forced update also drops a queued push of p (its
+ * base is no longer usable). Returns 1 if taken, 0 if none was waiting. */
+int dl_mailbox_take_update(dl_mailbox *m, int p, float **buf, dl_mailbox_update *u);
+/* The node's adopted version of p, for re-hello held_versions. */
+void dl_mailbox_set_held(dl_mailbox *m, int p, uint64_t version);
+/* Values for Heartbeat and Hello.step. */
+void dl_mailbox_set_progress(dl_mailbox *m, uint64_t step, uint64_t tokens, double steps_per_s);
+/* The node's discarded fragment-tokens so far (Heartbeat/Bye.discarded_tokens). */
+void dl_mailbox_set_discarded(dl_mailbox *m, uint64_t discarded_tokens);
+/* 1 when the latest push of p that left is undecided, or an update of p
+ * waits in its slot; *since_ns (may be NULL) = when that push was sent
+ * (dl_clock_ns), 0 when only an update waits. */
+int dl_mailbox_undecided(dl_mailbox *m, int p, int64_t *since_ns);
+/* Fragments whose latest push has no known fate yet: still queued, or sent
+ * and not decided by an ACCEPTED (and its Update), DROPPED_STALE or
+ * REJECTED. 0 when a final flush is complete. */
+int dl_mailbox_flush_pending(dl_mailbox *m);
+/* Ask every session to send Bye{reason, step} (when it has one) and stop. */
+void dl_mailbox_bye(dl_mailbox *m, const char *reason, uint64_t step);
+/* The sessions' combined state: REFUSED or FAILED if any is, else IDLE when
+ * none is attached or one is idle, else HELLO if one waits for a Welcome,
+ * else DONE if one is done, else READY; msg gets the first message. */
+int dl_mailbox_state(dl_mailbox *m, char *msg, size_t cap);
+/* H from the last Welcome of any session, 0 before the first. */
+uint32_t dl_mailbox_h(dl_mailbox *m);
+void dl_mailbox_get_stats(dl_mailbox *m, dl_mailbox_stats *out);
+
+/* ---- session side (public so tests can play a session without a socket) */
+
+/* Register a session waking on eventfd `wake_fd`. Returns its link number
+ * (>= 0) or DL_EINVAL when DL_MAILBOX_MAX_SESSIONS are attached. */
+int dl_mailbox_attach(dl_mailbox *m, int wake_fd);
+void dl_mailbox_detach(dl_mailbox *m, int link);
+/* Publish a session's state (msg NULL: keep the old one) and H (0: keep). */
+void dl_mailbox_set_link(dl_mailbox *m, int link, int state, uint32_t h, const char *msg);
+/* 1 when a bye was asked for: reason and step copied out. */
+int dl_mailbox_bye_asked(dl_mailbox *m, char *reason, size_t cap, uint64_t *step);
+void dl_mailbox_progress(dl_mailbox *m, uint64_t *step, uint64_t *tokens, double *steps_per_s,
+                         uint64_t *discarded_tokens);
+/* Held version of p into *v; returns whether p is held. */
+int dl_mailbox_held(dl_mailbox *m, int p, uint64_t *v);
+
+/* Take the queued push of p without sending it (tests). Returns 1 if one was. */
+int dl_mailbox_take_push(dl_mailbox *m, int p, dl_mailbox_push *h, float **delta);
+/* Take the queued push of p to send it: as take_push, and from here on it is
+ * the latest push of p, undecided, sent at now_ns (so flush_pending never
+ * misses a push between its slot and the socket). Nothing is claimed while
+ * a forced update of p waits (the push's base is being abandoned). */
+int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, dl_mailbox_claim *c, float **delta);
+/* The claimed push did not leave: restore p's fate; with requeue put it back
+ * in the slot unless a newer push arrived meanwhile (then counted coalesced). */
+void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, float **delta, int requeue);
+/* An Ack of p echoing base_version: DL_DECIDE_*. The first immediate answer
+ * (PENDING / DROPPED / REJECTED) after the send is the push's own (one push
+ * per fragment in flight); a pooled push is decided by an ACCEPTED or
+ * REJECTED echoing its base_version. Returns 1 when it decided the latest
+ * push. With update_follows (an ACCEPTED, or a DROPPED with rebase) the push
+ * stays undecided for the hold rule until that Update is in the slot: a push
+ * made before a rebase is adopted would report the dropped tokens again. */
+int dl_mailbox_decide(dl_mailbox *m, int p, int decision, uint64_t base_version, int update_follows);
+/* Offer a received global fragment (numel floats, any alignment) to update
+ * slot p: kept when newer than a waiting one, or forced. Clears "Update
+ * awaited" for p. Returns 1 if stored, 0 if a newer update already waits. */
+int dl_mailbox_put_update(dl_mailbox *m, int p, uint64_t version, int kind, const void *data, size_t numel);
+/* Forget the fates of the pushes of these fragments (their answers will not
+ * come: a new epoch, DL_ENOTFOUND). frags NULL = all. */
+void dl_mailbox_forget_sent(dl_mailbox *m, const int *frags, int n);
+/* Drop the queued push of p (must_fetch). Returns 1 if one was dropped. */
+int dl_mailbox_discard_queued(dl_mailbox *m, int p);
+
+#endif
