@@ -37,7 +37,7 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 #define MAGIC_LEARNER MAGIC4('D', 'L', 'L', 'N')
 #define MAGIC_MERGE MAGIC4('D', 'L', 'M', 'G')
 #define MAGIC_LEDGER MAGIC4('D', 'L', 'L', 'G')
-#define FMT_VERSION 1u /* format version of every value kind above */
+#define FMT_VERSION 1u /* format version of every value kind above but the run (RUN_FMT) */
 
 /* fragments value: 64-byte header, then fp32 params. 64 keeps the params
  * 16-byte aligned in LMDB overflow pages (page header 16 bytes).
@@ -48,9 +48,12 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 /* outer value: 32-byte header, then fp32 momentum (16-byte aligned likewise).
  *   0 magic | 4 fmt | 8 p u32 | 12 reserved u32 | 16 version u64 | 24 numel u64 */
 #define OUTER_HDR 32
-/* run value: 0 magic | 4 fmt | 8 fingerprint u64 | 16 created ns i64 | 24 P u32
- *  28 id length u32 | 32 id char[64] NUL-padded | 96 numel u64[P] */
-#define RUN_HDR 96
+/* run value (format RUN_FMT): 0 magic | 4 fmt | 8 fingerprint u64
+ *  16 created ns i64 | 24 P u32 | 28 id length u32 | 32 id char[64] NUL-padded
+ *  96 n_layer u32 | 100 n_head u32 | 104 n_embd u32 | 108 seq_len u32
+ * 112 vocab u32 | 116 reserved u32 | 120 init seed u64 | 128 numel u64[P] */
+#define RUN_HDR 128
+#define RUN_FMT 2u /* 1 (schema 1) had no model fields and a 96-byte header */
 /* merge value: 80-byte header + n_contrib entries of 160 bytes.
  *   0 magic | 4 fmt | 8 p u32 | 12 n u32 | 16 version u64 | 24 epoch u64
  *  32 wallclock i64 | 40 delta norm f64 | 48 staleness fn char[32]
@@ -152,6 +155,8 @@ struct dl_store {
     uint64_t fingerprint;
     uint32_t n_frag;
     uint64_t *numel;   /* [n_frag] */
+    dl_model_config model;
+    uint64_t seed;
     char *config_text; /* NULL if none */
     /* stats */
     int stale_cleared;
@@ -449,7 +454,7 @@ static void mrec_encode(uint8_t *b, uint32_t p, uint64_t version, const dl_merge
 }
 
 /* Decode the record stored under (p, version); contributors go to *buf
- * (grown with realloc to *cap entries as needed). */
+ * (grown with dl_xrealloc to *cap entries as needed). */
 static int mrec_decode(const MDB_val *v, uint32_t p, uint64_t version, dl_merge_record *out,
                        dl_merge_contrib **buf, uint32_t *cap)
 {
@@ -465,9 +470,7 @@ static int mrec_decode(const MDB_val *v, uint32_t p, uint64_t version, dl_merge_
         return dl_err(DL_ECORRUPT, "merges[%u,%llu]: %zu bytes for %u contributors", p,
                       (unsigned long long)version, v->mv_size, n);
     if (n > *cap) {
-        dl_merge_contrib *nb = realloc(*buf, (size_t)n * sizeof *nb);
-        if (!nb) return dl_err(DL_ENOMEM, "merge record of %u contributors", n);
-        *buf = nb;
+        *buf = dl_xrealloc(*buf, (size_t)n * sizeof **buf); /* n <= MREC_MAX_CONTRIB */
         *cap = n;
     }
     memset(out, 0, sizeof *out);
@@ -529,12 +532,17 @@ static int load_run(dl_store *s, MDB_txn *t)
     if (rc == MDB_NOTFOUND) return 0;
     if (rc) return mdb_fail(rc, "mdb_get(meta, run)", __FILE__, __LINE__);
     const uint8_t *b = v.mv_data;
-    if (v.mv_size < RUN_HDR || get32(b) != MAGIC_RUN || get32(b + 4) != FMT_VERSION)
+    if (v.mv_size < RUN_HDR || get32(b) != MAGIC_RUN || get32(b + 4) != RUN_FMT)
         return dl_err(DL_ECORRUPT, "meta[run]: bad size/magic/format (%zu bytes)", v.mv_size);
     uint32_t P = get32(b + 24), idlen = get32(b + 28);
     if (P == 0 || P > MAX_FRAGMENTS || v.mv_size != RUN_HDR + 8 * (size_t)P || idlen == 0 ||
         idlen > DL_STORE_ID_MAX)
         return dl_err(DL_ECORRUPT, "meta[run]: P=%u, id length %u, %zu bytes do not fit", P, idlen, v.mv_size);
+    dl_model_config m = {.n_layer = (int)get32(b + 96), .n_head = (int)get32(b + 100), .n_embd = (int)get32(b + 104),
+                         .seq_len = (int)get32(b + 108), .vocab = (int)get32(b + 112)};
+    if (dl_model_config_check(&m)) return dl_err(DL_ECORRUPT, "meta[run]: bad model: %s", dl_errmsg());
+    s->model = m;
+    s->seed = get64(b + 120);
     s->fingerprint = get64(b + 8);
     s->n_frag = P;
     memcpy(s->run_id, b + 32, idlen);
@@ -640,7 +648,8 @@ int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
         return dl_err(DL_ENOTFOUND, "no store at %s (no data.mdb)", dir);
 
     dl_store *s = dl_xcalloc(1, sizeof *s);
-    s->dir = strdup(dir);
+    s->dir = dl_xmalloc(strlen(dir) + 1);
+    strcpy(s->dir, dir);
     s->read_only = o.read_only;
     s->durability = o.durability;
     s->lock_fd = -1;
@@ -761,6 +770,8 @@ static int check_run(const dl_store_run *r)
 {
     DL_TRY(check_id("run id", r->run_id));
     if (r->fingerprint == 0) return dl_err(DL_EINVAL, "run '%s': fingerprint must be nonzero", r->run_id);
+    dl_model_config m = r->model;
+    if (dl_model_config_check(&m)) return dl_err(DL_EINVAL, "run '%s': model: %s", r->run_id, dl_errmsg());
     if (r->n_fragments == 0 || r->n_fragments > MAX_FRAGMENTS || !r->numel)
         return dl_err(DL_EINVAL, "run '%s': %u fragments (need 1..%u with numels)", r->run_id, r->n_fragments,
                       MAX_FRAGMENTS);
@@ -830,12 +841,18 @@ static int init_fn(dl_store *s, MDB_txn *t, void *vctx)
     uint8_t *b = v.mv_data;
     memset(b, 0, RUN_HDR);
     put32(b, MAGIC_RUN);
-    put32(b + 4, FMT_VERSION);
+    put32(b + 4, RUN_FMT);
     put64(b + 8, r->fingerprint);
     put64(b + 16, (uint64_t)c->wall);
     put32(b + 24, r->n_fragments);
     put32(b + 28, (uint32_t)idlen);
     memcpy(b + 32, r->run_id, idlen);
+    put32(b + 96, (uint32_t)r->model.n_layer);
+    put32(b + 100, (uint32_t)r->model.n_head);
+    put32(b + 104, (uint32_t)r->model.n_embd);
+    put32(b + 108, (uint32_t)r->model.seq_len);
+    put32(b + 112, (uint32_t)r->model.vocab);
+    put64(b + 120, r->seed);
     for (uint32_t p = 0; p < r->n_fragments; p++) put64(b + RUN_HDR + 8 * (size_t)p, r->numel[p]);
     if (r->config_text) {
         size_t n = strlen(r->config_text);
@@ -854,11 +871,31 @@ static int init_fn(dl_store *s, MDB_txn *t, void *vctx)
     return 0;
 }
 
+/* A resumed run must describe the stored model and seed: DL_EMISMATCH naming
+ * the first field that differs, with both values. */
+static int same_model(const dl_store *s, const dl_store_run *r)
+{
+    const char *names[] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab"};
+    int have[] = {s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.seq_len, s->model.vocab};
+    int want[] = {r->model.n_layer, r->model.n_head, r->model.n_embd, r->model.seq_len, r->model.vocab};
+    for (int i = 0; i < 5; i++)
+        if (have[i] != want[i])
+            return dl_err(DL_EMISMATCH, "store %s holds run '%s' with %s %d; refusing %s %d", s->dir, s->run_id,
+                          names[i], have[i], names[i], want[i]);
+    if (s->seed != r->seed)
+        return dl_err(DL_EMISMATCH, "store %s holds run '%s' with seed %llu; refusing seed %llu", s->dir, s->run_id,
+                      (unsigned long long)s->seed, (unsigned long long)r->seed);
+    return 0;
+}
+
 int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *init_params)
 {
     assert(s && run);
     DL_TRY(check_run(run));
     if (s->have_run) {
+        /* the run id first (another run altogether), then the field that
+         * differs, then what the model does not cover (plan, numels) */
+        if (strcmp(s->run_id, run->run_id) == 0) DL_TRY(same_model(s, run));
         int same = strcmp(s->run_id, run->run_id) == 0 && s->fingerprint == run->fingerprint &&
                    s->n_frag == run->n_fragments;
         for (uint32_t p = 0; same && p < s->n_frag; p++) same = s->numel[p] == run->numel[p];
@@ -891,7 +928,10 @@ int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *
     s->fingerprint = run->fingerprint;
     s->numel = dl_xmalloc(P * sizeof *s->numel);
     memcpy(s->numel, run->numel, P * sizeof *s->numel);
-    s->config_text = run->config_text ? strdup(run->config_text) : NULL;
+    s->config_text = run->config_text ? strcpy(dl_xmalloc(strlen(run->config_text) + 1), run->config_text) : NULL;
+    s->model = run->model;
+    dl_model_config_check(&s->model); /* fills padded_vocab; checked by check_run */
+    s->seed = run->seed;
     s->n_frag = P;
     s->have_run = 1;
     DL_INFO("store %s: initialized run '%s' (fingerprint %016llx, %u fragments)", s->dir, s->run_id,
@@ -903,7 +943,7 @@ int dl_store_get_run(const dl_store *s, dl_store_run *out)
 {
     assert(s && out);
     if (!s->have_run) return dl_err(DL_ENOTFOUND, "store %s has no run", s->dir);
-    *out = (dl_store_run){s->run_id, s->fingerprint, s->config_text, s->n_frag, s->numel};
+    *out = (dl_store_run){s->run_id, s->fingerprint, s->config_text, s->n_frag, s->numel, s->model, s->seed};
     return 0;
 }
 
@@ -1038,12 +1078,9 @@ int dl_store_snapshot_fragment(dl_store_snap *snap, uint32_t p, uint64_t *versio
     if ((uintptr_t)ptr % _Alignof(float)) { /* small values live in leaf pages, 2-byte aligned */
         if (snap->ncopies == snap->capcopies) {
             snap->capcopies = snap->capcopies ? 2 * snap->capcopies : 8;
-            void **nc = realloc(snap->copies, snap->capcopies * sizeof *nc);
-            if (!nc) return dl_err(DL_ENOMEM, "snapshot copy list");
-            snap->copies = nc;
+            snap->copies = dl_xrealloc(snap->copies, snap->capcopies * sizeof *snap->copies);
         }
-        void *copy = malloc(h.numel * 4);
-        if (!copy) return dl_err(DL_ENOMEM, "snapshot copy of fragment %u", p);
+        void *copy = dl_xmalloc(h.numel * 4); /* a leaf-page value: under half an LMDB page */
         memcpy(copy, ptr, h.numel * 4);
         snap->copies[snap->ncopies++] = copy;
         ptr = copy;
@@ -1075,22 +1112,17 @@ struct commit_ctx {
     const float *params, *momentum;
     const uint8_t *rec;
     size_t rec_len;
-    uint64_t add_applied, add_dropped;
+    dl_store_ledger ledger; /* added to the totals in the same transaction */
     int64_t wall;
 };
 
-static int ledger_rmw(dl_store *s, MDB_txn *t, int state, uint64_t a, uint64_t b)
+static int ledger_rmw(dl_store *s, MDB_txn *t, const dl_store_ledger *delta)
 {
     MDB_val k = key_str("totals"), v;
     dl_store_ledger l = {{0}};
     MDB_GET(t, s->dbi_ledger, &k, &v, DL_ECORRUPT, "store %s: ledger totals missing", s->dir);
     DL_TRY(ledger_decode(&v, &l));
-    if (state < 0) {
-        l.tokens[DL_LEDGER_APPLIED] += a;
-        l.tokens[DL_LEDGER_DROPPED_STALE] += b;
-    } else {
-        l.tokens[state] += a;
-    }
+    for (int i = 0; i < DL_LEDGER_NSTATES; i++) l.tokens[i] += delta->tokens[i];
     uint8_t buf[LEDGER_LEN];
     put32(buf, MAGIC_LEDGER);
     put32(buf + 4, FMT_VERSION);
@@ -1120,27 +1152,30 @@ static int commit_fn(dl_store *s, MDB_txn *t, void *vctx)
     if (rc) return mdb_fail(rc, "mdb_put(merges)", __FILE__, __LINE__);
     DL_TRY(put_fragment(s, t, c->p, c->new_version, c->numel, c->params, c->psum, c->msum, c->wall));
     DL_TRY(put_outer(s, t, c->p, c->new_version, c->numel, c->momentum));
-    return ledger_rmw(s, t, -1, c->add_applied, c->add_dropped);
+    return ledger_rmw(s, t, &c->ledger);
 }
 
 int dl_store_commit_merge(dl_store *s, uint32_t p, uint64_t new_version, const float *params,
-                          const float *momentum, const dl_merge_record *rec)
+                          const float *momentum, const dl_merge_record *rec, const dl_store_ledger *ledger)
 {
     assert(s && params && momentum && rec);
     DL_TRY(check_p(s, p));
     DL_TRY(mrec_validate(rec));
+    uint64_t applied = 0;
+    for (uint32_t i = 0; i < rec->n_contrib; i++)
+        if (rec->contrib[i].decision == DL_MERGE_MERGED) applied += rec->contrib[i].tokens;
+    uint64_t given = ledger ? ledger->tokens[DL_LEDGER_APPLIED] : 0;
+    if (given != applied)
+        return dl_err(DL_EINVAL, "fragment %u merge %llu: ledger adds %llu applied tokens, its merged contributors have %llu",
+                      p, (unsigned long long)new_version, (unsigned long long)given, (unsigned long long)applied);
     struct commit_ctx c = {.p = p, .new_version = new_version, .numel = s->numel[p], .params = params,
                            .momentum = momentum, .wall = dl_wallclock_ns()};
     /* encode and checksum before the transaction: nothing slow inside it */
     c.rec_len = mrec_size(rec->n_contrib);
-    uint8_t *buf = malloc(c.rec_len);
-    if (!buf) return dl_err(DL_ENOMEM, "merge record of %u contributors", rec->n_contrib);
+    uint8_t *buf = dl_xmalloc(c.rec_len); /* mrec_validate bounds n_contrib */
     mrec_encode(buf, p, new_version, rec);
     c.rec = buf;
-    for (uint32_t i = 0; i < rec->n_contrib; i++) {
-        if (rec->contrib[i].decision == DL_MERGE_MERGED) c.add_applied += rec->contrib[i].tokens;
-        if (rec->contrib[i].decision == DL_MERGE_DROPPED_STALE) c.add_dropped += rec->contrib[i].tokens;
-    }
+    if (ledger) c.ledger = *ledger;
     c.psum = dl_hash64(params, c.numel * 4, 0);
     c.msum = dl_hash64(momentum, c.numel * 4, 0);
     int rc = store_write(s, c.numel * 8 + FRAG_HDR + OUTER_HDR + c.rec_len, commit_fn, &c);
@@ -1304,23 +1339,14 @@ int dl_store_ledger_get(dl_store *s, dl_store_ledger *out)
     return rc;
 }
 
-struct ledger_ctx {
-    int state;
-    uint64_t tokens;
-};
-static int ledger_add_fn(dl_store *s, MDB_txn *t, void *vctx)
-{
-    struct ledger_ctx *c = vctx;
-    return ledger_rmw(s, t, c->state, c->tokens, 0);
-}
+static int ledger_add_fn(dl_store *s, MDB_txn *t, void *vctx) { return ledger_rmw(s, t, vctx); }
 
-int dl_store_ledger_add(dl_store *s, int state, uint64_t tokens)
+int dl_store_ledger_add(dl_store *s, const dl_store_ledger *delta)
 {
-    assert(s);
-    assert((state == DL_LEDGER_REJECTED || state == DL_LEDGER_LOST) &&
-           "applied/dropped_stale tokens move only with a merge commit");
-    struct ledger_ctx c = {state, tokens};
-    return store_write(s, 0, ledger_add_fn, &c);
+    assert(s && delta);
+    assert(delta->tokens[DL_LEDGER_APPLIED] == 0 && "applied tokens move only with a merge commit");
+    dl_store_ledger d = *delta;
+    return store_write(s, 0, ledger_add_fn, &d);
 }
 
 int dl_store_get_stats(dl_store *s, dl_store_stats *out)
@@ -1442,7 +1468,10 @@ static int check_in(dl_store *s, MDB_txn *t, struct check_sum *c)
     DL_TRY(check_no_stray(s, t, s->dbi_outer, "outer", 4));
     DL_TRY(check_no_stray(s, t, s->dbi_merges, "merges", 12));
     DL_TRY(foreach_learner_in(s, t, count_learner_cb, c));
-    if (c->applied != c->ledger.tokens[DL_LEDGER_APPLIED] || c->dropped != c->ledger.tokens[DL_LEDGER_DROPPED_STALE])
+    /* Dropped-stale pushes are recorded in their fragment's next merge
+     * record, so the ones after a fragment's last merge are in the ledger
+     * only: the records' sum is a lower bound. */
+    if (c->applied != c->ledger.tokens[DL_LEDGER_APPLIED] || c->dropped > c->ledger.tokens[DL_LEDGER_DROPPED_STALE])
         return dl_err(DL_ECORRUPT,
                       "ledger says applied %llu, dropped_stale %llu tokens; merge records sum to %llu, %llu",
                       (unsigned long long)c->ledger.tokens[DL_LEDGER_APPLIED],
@@ -1475,12 +1504,14 @@ int dl_store_check(const char *dir, FILE *report)
             fprintf(report,
                     "  schema %u, run '%s', fingerprint %016llx, epoch %llu, %u fragments, %llu merge records, "
                     "%llu learners\n"
-                    "  ledger tokens: applied %llu, dropped_stale %llu, rejected %llu, lost %llu\n",
+                    "  ledger fragment-tokens: applied %llu, dropped_stale %llu, rejected %llu, lost %llu, "
+                    "discarded %llu, outstanding %llu\n",
                     DL_STORE_SCHEMA_VERSION, s->run_id, (unsigned long long)s->fingerprint,
                     (unsigned long long)c.epoch, s->n_frag, (unsigned long long)c.records,
                     (unsigned long long)c.learners, (unsigned long long)c.ledger.tokens[0],
                     (unsigned long long)c.ledger.tokens[1], (unsigned long long)c.ledger.tokens[2],
-                    (unsigned long long)c.ledger.tokens[3]);
+                    (unsigned long long)c.ledger.tokens[3], (unsigned long long)c.ledger.tokens[4],
+                    (unsigned long long)c.ledger.tokens[5]);
         if (rc == 0)
             fprintf(report, "  result: OK\n");
         else

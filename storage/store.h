@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/model.h"
+
 /* Layout of a store directory (an LMDB environment: data.mdb + lock.mdb, plus
  * dloco.lock, which a writer holds with flock so two synchronizers never
  * write the same store). Named databases, every value little-endian with a
@@ -14,7 +16,9 @@
  * (bad magic, version or size -> DL_ECORRUPT naming the key):
  *
  *   meta      "schema" -> schema version; "run" -> run id, fingerprint, P,
- *             numel of each fragment; "config" -> run config text; "epoch".
+ *             model shape (L, NH, C, T, V), init seed, numel of each
+ *             fragment; "config" -> run config text (an audit record: nothing
+ *             reads the model from it); "epoch".
  *   fragments p (u32 big-endian) -> 64-byte header {version, numel, XXH64 of
  *             params, XXH64 of momentum, commit wallclock} + fp32 params.
  *   outer     p -> 32-byte header {version, numel} + fp32 outer momentum.
@@ -36,7 +40,9 @@
  * Every call is one short transaction; nothing holds a transaction across
  * network I/O. A failed call changes nothing (its transaction is aborted). */
 
-#define DL_STORE_SCHEMA_VERSION 1u
+/* 2: the run record holds the model shape and the init seed as typed fields.
+ * A store of another schema version is refused at open (DL_EFORMAT). */
+#define DL_STORE_SCHEMA_VERSION 2u
 #define DL_STORE_ID_MAX 64     /* run ids and learner ids: 1..64 printable ASCII chars, no spaces */
 #define DL_STORE_FN_MAX 31     /* staleness function name, chars */
 #define DL_STORE_REASON_MAX 47 /* contributor reason text, chars (longer is truncated) */
@@ -92,18 +98,25 @@ int dl_store_sync(dl_store *s);
 typedef struct {
     const char *run_id;      /* 1..DL_STORE_ID_MAX printable ASCII chars, no spaces */
     uint64_t fingerprint;    /* model/fragment-plan fingerprint, nonzero */
-    const char *config_text; /* run config text to record; NULL = none */
+    const char *config_text; /* run config text to record (audit only); NULL = none */
     uint32_t n_fragments;    /* P >= 1 */
     const uint64_t *numel;   /* [P] fp32 elements per fragment, each >= 1 */
+    /* The model the fragments are views of: L, NH, C, T and V are stored, and
+     * must pass dl_model_config_check; padded_vocab is derived (filled on read). */
+    dl_model_config model;
+    uint64_t seed;           /* init seed of the version-0 params */
 } dl_store_run;
 
 /* Start or resume a run.
  * Empty store: writes meta and every fragment p at version 0 with params
  * init_params[p] (numel[p] floats) and zero momentum, in ONE transaction.
- * Store with a run: same run id, fingerprint, P and numels -> 0, state left as
- * is (resume; init_params may be NULL). Otherwise DL_EMISMATCH naming both
- * runs. DL_EINVAL for a bad run description or init_params NULL on an empty
- * store. */
+ * Store with a run: same run id, model (n_layer, n_head, n_embd, seq_len,
+ * vocab), seed, fingerprint, P and numels -> 0, state left as is (resume;
+ * init_params may be NULL). Otherwise DL_EMISMATCH: a different run id names
+ * both runs; a different model field or seed names that field with both
+ * values; a different fingerprint, P or numel names both runs. DL_EINVAL for
+ * a bad run description (dl_model_config_check included) or init_params NULL
+ * on an empty store. */
 int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *init_params);
 
 /* The stored run; the pointers stay valid until dl_store_close.
@@ -139,6 +152,28 @@ int dl_store_snapshot_fragment(dl_store_snap *snap, uint32_t p, uint64_t *versio
                                size_t *numel);
 void dl_store_snapshot_end(dl_store_snap **snap);
 
+/* ---- token ledger: every fragment-token a learner processed ends in one
+ * state (synchronizer/ledger.h defines them and moves tokens between them;
+ * the store only persists the totals). */
+
+enum {
+    DL_LEDGER_APPLIED = 0,       /* merged into a committed version (only by dl_store_commit_merge) */
+    DL_LEDGER_DROPPED_STALE = 1, /* too stale, dropped; the learner rebased */
+    DL_LEDGER_REJECTED = 2,      /* refused and not carried on */
+    DL_LEDGER_LOST = 3,          /* learner died or left before the tokens were merged */
+    DL_LEDGER_DISCARDED = 4,     /* thrown away by the learner (adopt overwrite/mix, rebase) */
+    DL_LEDGER_OUTSTANDING = 5,   /* pooled, carried or unpushed when the synchronizer stopped */
+    DL_LEDGER_NSTATES = 6
+};
+typedef struct {
+    uint64_t tokens[DL_LEDGER_NSTATES];
+} dl_store_ledger;
+
+int dl_store_ledger_get(dl_store *s, dl_store_ledger *out);
+/* Add `delta` to the totals in one transaction. delta->tokens[DL_LEDGER_APPLIED]
+ * must be 0: applied tokens only move with a merge commit (API misuse). */
+int dl_store_ledger_add(dl_store *s, const dl_store_ledger *delta);
+
 /* ---- merges */
 
 typedef enum {
@@ -170,16 +205,20 @@ typedef struct {
 
 /* Commit merge `new_version` of fragment p: params, momentum (numel floats
  * each), the fragment version, `rec` (stored as version new_version;
- * rec->version is ignored) and the ledger (applied += tokens of MERGED
- * contributors, dropped_stale += tokens of DROPPED_STALE ones) in ONE
- * transaction; a crash at any instant leaves either the old or the new
- * version. REJECTED contributors are recorded for audit only: count their
- * tokens once, with dl_store_ledger_add(DL_LEDGER_REJECTED).
+ * rec->version is ignored) and the ledger changes `ledger` (the push
+ * ledger's updates since the last commit plus this merge's applied tokens)
+ * in ONE transaction; a crash at any instant leaves either the old or the
+ * new version. ledger->tokens[DL_LEDGER_APPLIED] must equal the tokens of
+ * rec's MERGED contributors (DL_EINVAL otherwise), so applied always equals
+ * the merge records' sum; DROPPED_STALE and REJECTED contributors are
+ * recorded for audit, their tokens travel in `ledger` (possibly in another
+ * fragment's commit). ledger may be NULL only when rec has no MERGED
+ * contributor's tokens to add.
  * DL_EMISMATCH (nothing written) unless new_version == stored version + 1;
  * DL_ERANGE p >= P; DL_EINVAL bad record (id/name too long, bad decision);
  * DL_EAGAIN the map is full and cannot grow while snapshots are open. */
 int dl_store_commit_merge(dl_store *s, uint32_t p, uint64_t new_version, const float *params,
-                          const float *momentum, const dl_merge_record *rec);
+                          const float *momentum, const dl_merge_record *rec, const dl_store_ledger *ledger);
 
 /* Merge record (p, version), contrib malloc'd: free with dl_merge_record_free.
  * DL_ENOTFOUND if absent. */
@@ -209,23 +248,6 @@ int dl_store_learner_get(dl_store *s, const char *id, dl_store_learner *out);
 typedef int (*dl_learner_cb)(const dl_store_learner *rec, void *ctx);
 int dl_store_foreach_learner(dl_store *s, dl_learner_cb cb, void *ctx);
 
-/* ---- token ledger: every token a learner processed ends in one state */
-
-enum {
-    DL_LEDGER_APPLIED = 0,       /* by dl_store_commit_merge */
-    DL_LEDGER_DROPPED_STALE = 1, /* by dl_store_commit_merge */
-    DL_LEDGER_REJECTED = 2,      /* by dl_store_ledger_add */
-    DL_LEDGER_LOST = 3,          /* by dl_store_ledger_add */
-    DL_LEDGER_NSTATES = 4
-};
-typedef struct {
-    uint64_t tokens[DL_LEDGER_NSTATES];
-} dl_store_ledger;
-
-int dl_store_ledger_get(dl_store *s, dl_store_ledger *out);
-/* Add tokens to DL_LEDGER_REJECTED or DL_LEDGER_LOST (the other states are
- * only moved by merge commits; passing them is API misuse). */
-int dl_store_ledger_add(dl_store *s, int state, uint64_t tokens);
 
 /* ---- health */
 
@@ -243,7 +265,9 @@ int dl_store_get_stats(dl_store *s, dl_store_stats *out);
 
 /* Offline consistency check (opens `dir` read-only; safe while a
  * synchronizer runs, but not from a process that has `dir` open). Verifies:
- * schema version; run and fingerprint present; for every fragment p < P the
+ * schema version; run and fingerprint present; the run's model passes
+ * dl_model_config_check (the store does not recompute the fingerprint from
+ * it: `dloco check` does, with core/model.h); for every fragment p < P the
  * header, numel, that version == number of merge records and the record
  * versions are exactly 1..version, params and momentum checksums, outer
  * version == fragment version; no records of fragments >= P; ledger applied

@@ -2,18 +2,21 @@
  * SIGINT/SIGTERM -> summary. */
 #include "core/config.h"
 #include "core/err.h"
+#include "core/event.h"
 #include "core/log.h"
+#include "core/model.h"
 #include "storage/store.h"
 #include "synchronizer/sync.h"
 
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
     char bind[DL_CFG_STRLEN], store[DL_CFG_STRLEN], run_id[DL_CFG_STRLEN];
-    int64_t n_layer, n_head, n_embd, seq_len, vocab;
-    int64_t fragments, H, seed;
+    dl_model_opts model; /* n_layer .. vocab and fragments: DL_MODEL_CFG_ROWS */
+    int64_t H, seed;
     char policy[DL_CFG_STRLEN];
     int64_t quorum, grace_cap_ms, max_staleness, max_learners;
     double gamma, mad_k;
@@ -24,6 +27,7 @@ typedef struct {
     int share_scaling;
     int64_t heartbeat_ms, liveness, rebase_ms, sync_every_ms, status_every_ms, max_msg_mb;
     char durability[DL_CFG_STRLEN], log_level[DL_CFG_STRLEN];
+    char events[DL_CFG_STRLEN];
 } sync_cfg;
 
 #define F(x) offsetof(sync_cfg, x)
@@ -31,12 +35,7 @@ static const dl_cfg_entry table[] = {
     {"bind", DL_CFG_STR, F(bind), 0, 0, "tcp://127.0.0.1:5555", NULL, 0, "ZeroMQ endpoint to bind"},
     {"store", DL_CFG_STR, F(store), 0, 0, "runs/sync.lmdb", NULL, 0, "LMDB store directory (created if missing)"},
     {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id; learners must use the same"},
-    {"n_layer", DL_CFG_INT, F(n_layer), 1, 256, "4", NULL, 0, "model: transformer blocks"},
-    {"n_head", DL_CFG_INT, F(n_head), 1, 256, "4", NULL, 0, "model: attention heads"},
-    {"n_embd", DL_CFG_INT, F(n_embd), 8, 16384, "128", NULL, 0, "model: channels"},
-    {"seq_len", DL_CFG_INT, F(seq_len), 2, 65536, "128", NULL, 0, "model: context length"},
-    {"vocab", DL_CFG_INT, F(vocab), 2, 16777216, "256", NULL, 0, "model: vocabulary"},
-    {"fragments", DL_CFG_INT, F(fragments), 1, 4096, "4", NULL, 0, "P: parameter fragments"},
+    DL_MODEL_CFG_ROWS(sync_cfg, model, "256", "model: vocabulary (V)"),
     {"H", DL_CFG_INT, F(H), 1, 1000000, "24", NULL, 0, "inner steps between two pushes of one fragment"},
     {"seed", DL_CFG_INT, F(seed), 0, 9.2e18, "1337", NULL, 0, "init seed of a new run's global model"},
     {"policy", DL_CFG_ENUM, F(policy), 0, 0, "decoupled", "decoupled|sync|sync-elastic", 0, "merge policy"},
@@ -64,6 +63,8 @@ static const dl_cfg_entry table[] = {
     {"status_every_ms", DL_CFG_INT, F(status_every_ms), 0, 3600000, "10000", NULL, 0, "status line interval (0 = off)"},
     {"max_msg_mb", DL_CFG_INT, F(max_msg_mb), 1, 65536, "2048", NULL, 0, "largest inbound message, MiB"},
     {"log_level", DL_CFG_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error", 0, "log verbosity"},
+    {"events", DL_CFG_STR, F(events), 0, 0, "", NULL, 0,
+     "append machine-readable events (logfmt, docs/EVENTS.md) to this file; empty = off"},
 };
 #undef F
 #define NCFG (sizeof table / sizeof table[0])
@@ -137,7 +138,12 @@ static int reload(void *ctx, const dl_sync_tunables *cur, dl_sync_tunables *out)
         char a[DL_CFG_STRLEN + 32], b[DL_CFG_STRLEN + 32];
         dl_cfg_format(&table[i], &running, a, sizeof a);
         dl_cfg_format(&table[i], &c, b, sizeof b);
-        if (strcmp(a, b)) DL_WARN("reload: %s changed (%s -> %s) but needs a restart; ignored", table[i].name, a, b);
+        if (strcmp(a, b)) {
+            DL_WARN("reload: %s changed (%s -> %s) but needs a restart; ignored", table[i].name, a, b);
+            char ea[DL_CFG_STRLEN + 40], eb[DL_CFG_STRLEN + 40];
+            dl_event("reload_ignored", "key=%s from=%s to=%s", table[i].name, dl_event_str(a, ea, sizeof ea),
+                     dl_event_str(b, eb, sizeof eb));
+        }
     }
     running = c;
     return 0;
@@ -156,6 +162,7 @@ int main(int argc, char **argv)
     if (rc) return fail("bad configuration", rc);
     dl_log_set_level(dl_log_level_parse(c.log_level));
     dl_log_set_name("sync");
+    if ((rc = dl_event_open(c.events, "sync"))) return fail("opening the events file (option events)", rc);
     if (strlen(c.run_id) < 1 || strlen(c.run_id) > 64)
         return fail("bad configuration", dl_err(DL_EINVAL, "run_id must be 1..64 characters"));
     if ((rc = check_timeouts(&c))) return fail("bad configuration", rc);
@@ -165,10 +172,8 @@ int main(int argc, char **argv)
     snprintf(sc.bind, sizeof sc.bind, "%s", c.bind);
     snprintf(sc.store, sizeof sc.store, "%s", c.store);
     snprintf(sc.run_id, sizeof sc.run_id, "%.64s", c.run_id);
-    sc.model = (dl_gpt_config){.n_layer = (int)c.n_layer, .n_head = (int)c.n_head, .n_embd = (int)c.n_embd,
-                               .seq_len = (int)c.seq_len, .vocab = (int)c.vocab};
-    if ((rc = dl_gpt_config_check(&sc.model))) return fail("model config", rc);
-    sc.P = (int)c.fragments;
+    if ((rc = dl_model_config_from(&c.model, &sc.model))) return fail("model config", rc);
+    sc.P = (int)c.model.fragments;
     sc.H = (int)c.H;
     sc.seed = (uint64_t)c.seed;
     dl_sync_tunables t;
@@ -182,15 +187,20 @@ int main(int argc, char **argv)
     sc.sync_every_ms = (int)c.sync_every_ms;
     sc.status_every_ms = (int)c.status_every_ms;
     sc.max_msg_bytes = (uint64_t)c.max_msg_mb << 20;
-    {
-        FILE *m = fmemopen(sc.config_text, sizeof sc.config_text - 1, "w");
-        if (m) {
-            dl_cfg_print(table, NCFG, &c, m);
-            fclose(m);
-        }
+    /* the whole effective config, however long, as the store's audit record */
+    char *config_text = NULL;
+    size_t config_len = 0;
+    FILE *m = open_memstream(&config_text, &config_len);
+    if (m) {
+        dl_cfg_print(table, NCFG, &c, m);
+        fclose(m);
     }
+    sc.config_text = config_text;
     dl_sync *s = NULL;
-    if ((rc = dl_sync_open(&sc, &s))) return fail("cannot start", rc);
+    if ((rc = dl_sync_open(&sc, &s))) {
+        free(config_text);
+        return fail("cannot start", rc);
+    }
     saved_argc = argc;
     saved_argv = argv;
     running = c;
@@ -200,5 +210,6 @@ int main(int argc, char **argv)
     dl_sync_run(s);
     dl_sync_summary(s, stdout);
     dl_sync_close(&s);
+    free(config_text);
     return 0;
 }

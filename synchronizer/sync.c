@@ -1,19 +1,22 @@
-/* dloco-sync: one libev loop owns the ROUTER socket, the learner registry and
- * the merge policy; one worker thread merges, steps and commits each closed
- * round (and does every other LMDB write), so no merge or fsync blocks the loop. */
+/* dloco-sync's loop: one libev loop owns the ROUTER socket and handles every
+ * message; registry, policy, round assembly, ledger and worker do the rest. */
 #include "synchronizer/sync.h"
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/event.h"
 #include "core/log.h"
 #include "core/plan.h"
 #include "proto/wire.h"
 #include "storage/store.h"
+#include "synchronizer/registry.h"
+#include "synchronizer/report.h"
+#include "synchronizer/round.h"
+#include "synchronizer/worker.h"
 
 #include <assert.h>
 #include <ev.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,54 +26,15 @@
 /* ------------------------------------------------------------------------ */
 /* state */
 
-typedef struct {
-    int used;       /* slot holds a learner (registered now or earlier) */
-    int registered; /* said hello and not bye */
-    int live;       /* heard from within liveness * heartbeat */
-    char id[DL_WIRE_LEARNER_ID_MAX + 1];
-    int64_t last_seen_ns;     /* monotonic */
-    int64_t first_seen_wall;  /* wallclock ns */
-    uint64_t step, tokens;    /* from its heartbeats */
-    double steps_per_s;
-    uint64_t hellos, pushes, merged, dropped, rejected, tokens_applied, bytes_in, bytes_out;
-    uint64_t last_push_tokens; /* tokens of its latest push: its expected contribution to a round */
-} learner_slot;
-
+/* A pooled push: its payload waits for its round. */
 typedef struct {
     int used;
-    float *delta; /* aligned copy of the payload */
-    uint32_t learner;
+    float *delta;      /* aligned copy of the payload */
+    uint32_t learner;  /* registry slot */
     int fragment;
+    uint64_t base_version, tokens;
+    double compute_s;  /* the learner's training seconds behind the delta (Push.compute_s) */
 } pending_push;
-
-typedef struct {
-    dl_merge_contrib c; /* a dropped-stale push, recorded in the next merge record of its fragment */
-} aside_entry;
-
-typedef enum { JOB_MERGE, JOB_LEARNER_PUT, JOB_LEDGER, JOB_SYNC } job_kind;
-
-typedef struct job {
-    job_kind kind;
-    struct job *next;
-    /* merge */
-    int fragment;
-    uint64_t version; /* merges onto this version; commits version + 1 */
-    dl_merge_opts mopts; /* merge settings at submission (SIGHUP may change the live ones) */
-    double share;        /* this round's tokens / the live fleet's tokens per push period, (0, 1] */
-    int m;
-    float **deltas;
-    double *w;
-    uint64_t *handles;
-    dl_merge_record rec;
-    /* learner put / ledger */
-    dl_store_learner lrec;
-    int ledger_state;
-    uint64_t ledger_tokens;
-    /* result */
-    int rc;
-    double norm;
-    char err[320];
-} job;
 
 struct dl_sync {
     dl_sync_cfg cfg;
@@ -83,146 +47,45 @@ struct dl_sync {
     ev_signal sigint, sigterm, sighup;
     dl_sync_reload_fn reload;
     void *reload_ctx;
-    int stopping;
+    int stopping;     /* SIGINT/SIGTERM seen: finish the jobs in flight */
+    int final_ledger; /* the shutdown ledger write was submitted */
 
     dl_store *store;
     dl_plan *plan;
-    dl_policy *policy;
+    dl_policy *policy;     /* rounds, and the one owner of liveness */
+    dl_registry *reg;      /* ids -> slots, counters */
+    dl_ledger *ledger;     /* token fates */
+    dl_worker *worker;     /* merges and every LMDB write */
     uint64_t fingerprint, epoch;
     uint64_t *numel;    /* [P] */
-    float **params;     /* [P] current committed global fragment */
+    float **params;     /* [P] committed global fragment (written by the worker after a commit) */
     float **momentum;   /* [P] */
     dl_wire_limits lim;
 
-    learner_slot *slots; /* [max_learners] */
-    int nslots;
-    pending_push *pend;
+    pending_push *pend; /* pool, indexed by handle */
     size_t npend, cappend;
-    aside_entry **aside; /* [P] arrays */
+    dl_merge_contrib **aside; /* [P] dropped-stale pushes since the fragment's last merge */
     int *naside, *capaside;
 
-    /* worker */
-    pthread_t worker;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    job *todo_head, *todo_tail, *done_head, *done_tail;
-    int worker_quit;
-    int inflight;
-    float *scratch_merged, *scratch_params, *scratch_mom;
-
-    /* statistics */
+    /* statistics (the snapshot formats them) */
     uint64_t merges, merged_contribs, stale_sum, dropped_stale, rejected, fetches;
     uint64_t seq;
-    int64_t started_ns;
+    int64_t started_ns, last_sync_ns;
+    uint64_t *versions;               /* [P] snapshot buffer */
+    dl_sync_learner_stats *lstats;    /* [max learners] snapshot buffer */
 };
 
-/* ------------------------------------------------------------------------ */
-/* worker thread: the only place that writes LMDB */
-
-static void push_done(dl_sync *s, job *j)
+static int member(const dl_sync *s, int slot) { return (int)dl_policy_learner_state(s->policy, (uint32_t)slot); }
+static int registered(const dl_sync *s, int slot)
 {
-    pthread_mutex_lock(&s->mu);
-    j->next = NULL;
-    if (s->done_tail) s->done_tail->next = j;
-    else s->done_head = j;
-    s->done_tail = j;
-    pthread_mutex_unlock(&s->mu);
-    ev_async_send(s->loop, &s->wake);
+    int m = member(s, slot);
+    return m == DL_POLICY_MEMBER_LIVE || m == DL_POLICY_MEMBER_DEAD;
 }
 
-static void run_merge_job(dl_sync *s, job *j)
-{
-    int p = j->fragment;
-    size_t n = s->numel[p];
-    memcpy(s->scratch_params, s->params[p], n * sizeof(float));
-    memcpy(s->scratch_mom, s->momentum[p], n * sizeof(float));
-    j->norm = dl_merge_apply(s->plan, p, &j->mopts, j->deltas, j->w, j->m, j->mopts.share_scaling ? j->share : 1.0,
-                             s->scratch_merged, s->scratch_params,
-                             s->scratch_mom);
-    j->rec.delta_norm = j->norm;
-    j->rec.wallclock_ns = dl_wallclock_ns();
-    if (!dl_merge_finite(s->scratch_params, n)) {
-        j->rc = DL_ECORRUPT;
-        snprintf(j->err, sizeof j->err, "merged fragment %d is not finite; not committed", p);
-        return;
-    }
-    j->rc = dl_store_commit_merge(s->store, (uint32_t)p, j->version + 1, s->scratch_params, s->scratch_mom, &j->rec);
-    if (j->rc) {
-        snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
-        return;
-    }
-    /* committed: the in-memory global follows (the loop reads it only after
-     * this job is done, and no other job of fragment p is in flight) */
-    memcpy(s->params[p], s->scratch_params, n * sizeof(float));
-    memcpy(s->momentum[p], s->scratch_mom, n * sizeof(float));
-}
-
-static void *worker_main(void *arg)
-{
-    dl_sync *s = arg;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (!s->todo_head && !s->worker_quit) pthread_cond_wait(&s->cv, &s->mu);
-        job *j = s->todo_head;
-        if (!j) {
-            pthread_mutex_unlock(&s->mu);
-            return NULL;
-        }
-        s->todo_head = j->next;
-        if (!s->todo_head) s->todo_tail = NULL;
-        pthread_mutex_unlock(&s->mu);
-        dl_err_clear();
-        switch (j->kind) {
-        case JOB_MERGE: run_merge_job(s, j); break;
-        case JOB_LEARNER_PUT:
-            j->rc = dl_store_learner_put(s->store, &j->lrec);
-            if (j->rc) snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
-            break;
-        case JOB_LEDGER:
-            j->rc = dl_store_ledger_add(s->store, j->ledger_state, j->ledger_tokens);
-            if (j->rc) snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
-            break;
-        case JOB_SYNC:
-            j->rc = dl_store_sync(s->store);
-            if (j->rc) snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
-            break;
-        }
-        push_done(s, j);
-    }
-}
-
-static void submit(dl_sync *s, job *j)
-{
-    pthread_mutex_lock(&s->mu);
-    j->next = NULL;
-    if (s->todo_tail) s->todo_tail->next = j;
-    else s->todo_head = j;
-    s->todo_tail = j;
-    s->inflight++;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
+static void submit(dl_sync *s, dl_job *j) { dl_worker_submit(s->worker, j); }
 
 /* ------------------------------------------------------------------------ */
 /* sending */
-
-static learner_slot *slot_of_id(dl_sync *s, const char *id, int create)
-{
-    int free_i = -1;
-    for (int i = 0; i < s->nslots; i++) {
-        if (s->slots[i].used && !strcmp(s->slots[i].id, id)) return &s->slots[i];
-        if (!s->slots[i].used && free_i < 0) free_i = i;
-    }
-    if (!create || free_i < 0) return NULL;
-    learner_slot *l = &s->slots[free_i];
-    memset(l, 0, sizeof *l);
-    l->used = 1;
-    snprintf(l->id, sizeof l->id, "%s", id);
-    l->first_seen_wall = dl_wallclock_ns();
-    return l;
-}
-
-static uint32_t slot_index(dl_sync *s, const learner_slot *l) { return (uint32_t)(l - s->slots); }
 
 static void env_to(dl_sync *s, Dloco__V1__Envelope *env, const char *learner)
 {
@@ -232,8 +95,8 @@ static void env_to(dl_sync *s, Dloco__V1__Envelope *env, const char *learner)
 
 /* Never block the loop: a learner whose queue is full loses this message
  * (it will get the next update; a lost Ack only leaves its log incomplete). */
-static int send_msg(dl_sync *s, const char *rid, learner_slot *l, Dloco__V1__Envelope *env, const void *payload,
-                    size_t len)
+static int send_msg(dl_sync *s, const char *rid, dl_registry_learner *l, Dloco__V1__Envelope *env,
+                    const void *payload, size_t len)
 {
     const void *pl[1] = {payload};
     size_t lens[1] = {len};
@@ -268,18 +131,17 @@ static void send_error(dl_sync *s, const char *rid, int code, int fatal, const c
     Dloco__V1__Envelope env;
     Dloco__V1__Error e;
     dloco__v1__error__init(&e);
-    e.code = code;
+    e.kind = dl_wire_error_kind_of(code); /* DL_E* codes never travel */
     e.message = msg;
     e.fatal = fatal;
     env_to(s, &env, valid ? rid : "");
     dl_wire_set_error(&env, &e);
-    const void *idp = rid;
-    int rc = dl_wire_send(s->router, idp, strlen(rid), &env, NULL, NULL, 0, ZMQ_DONTWAIT);
+    int rc = dl_wire_send(s->router, rid, strlen(rid), &env, NULL, NULL, 0, ZMQ_DONTWAIT);
     if (rc) DL_DEBUG("error reply to %s not sent: %s", rid, dl_errmsg());
     DL_INFO("learner %s: %s error: %s", rid, fatal ? "fatal" : "non-fatal", msg);
 }
 
-static void send_update(dl_sync *s, learner_slot *l, int p, uint64_t version, const float *params)
+static void send_update(dl_sync *s, dl_registry_learner *l, int p, uint64_t version, const float *params)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Update u;
@@ -295,8 +157,8 @@ static void send_update(dl_sync *s, learner_slot *l, int p, uint64_t version, co
     send_msg(s, l->id, l, &env, params, bytes);
 }
 
-static void send_ack(dl_sync *s, learner_slot *l, int p, uint64_t base, Dloco__V1__Decision d, uint64_t merged,
-                     const char *reason, int rebase)
+static void send_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
+                     uint64_t merged, const char *reason, int rebase)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Ack a;
@@ -313,7 +175,7 @@ static void send_ack(dl_sync *s, learner_slot *l, int p, uint64_t base, Dloco__V
 }
 
 /* Serve fragments from an LMDB read snapshot: never waits on a merge. */
-static void serve_fragments(dl_sync *s, learner_slot *l, const uint32_t *frags, size_t nf)
+static void serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *frags, size_t nf)
 {
     dl_store_snap *snap = NULL;
     if (dl_store_snapshot_begin(s->store, &snap)) {
@@ -336,9 +198,7 @@ static void serve_fragments(dl_sync *s, learner_slot *l, const uint32_t *frags, 
 }
 
 /* ------------------------------------------------------------------------ */
-/* rounds */
-
-static void schedule(dl_sync *s);
+/* the pool */
 
 static void free_pending(dl_sync *s, uint64_t h)
 {
@@ -354,62 +214,66 @@ static uint64_t alloc_pending(dl_sync *s)
         if (!s->pend[i].used) return i;
     if (s->npend == s->cappend) {
         s->cappend = s->cappend ? s->cappend * 2 : 64;
-        s->pend = realloc(s->pend, s->cappend * sizeof *s->pend);
-        if (!s->pend) DL_PANIC("out of memory growing the push pool");
+        s->pend = dl_xrealloc(s->pend, s->cappend * sizeof *s->pend);
     }
     memset(&s->pend[s->npend], 0, sizeof s->pend[0]);
     return s->npend++;
 }
 
+static void add_aside(dl_sync *s, int p, const dl_merge_contrib *c)
+{
+    if (s->naside[p] == s->capaside[p]) {
+        s->capaside[p] = s->capaside[p] ? 2 * s->capaside[p] : 8;
+        s->aside[p] = dl_xrealloc(s->aside[p], (size_t)s->capaside[p] * sizeof **s->aside);
+    }
+    s->aside[p][s->naside[p]++] = *c;
+}
+
+/* ------------------------------------------------------------------------ */
+/* rounds */
+
+static const char *id_of_slot(void *ctx, uint32_t slot)
+{
+    dl_sync *s = ctx;
+    return dl_registry_get(s->reg, (int)slot)->id;
+}
+
 static void submit_round(dl_sync *s, const dl_policy_round *r)
 {
     int p = r->fragment;
-    job *j = dl_xcalloc(1, sizeof *j);
-    j->kind = JOB_MERGE;
+    double fleet = 0;
+    for (int i = 0; i < dl_registry_count(s->reg); i++)
+        if (member(s, i) == DL_POLICY_MEMBER_LIVE) fleet += (double)dl_registry_get(s->reg, i)->last_push_tokens;
+    dl_round_in in = {.epoch = s->epoch,
+                      .staleness_fn = dl_policy_sfn_name(s->cfg.policy.sfn),
+                      .fleet_tokens = fleet,
+                      .learner_id = id_of_slot,
+                      .ctx = s,
+                      .asides = s->aside[p],
+                      .n_asides = s->naside[p]};
+    dl_round_out out;
+    dl_round_assemble(r, &in, &out);
+    s->naside[p] = 0;
+
+    dl_job *j = dl_job_new(DL_JOB_MERGE);
     j->mopts = s->cfg.merge;
     j->fragment = p;
     j->version = r->version;
+    j->share = out.share;
+    j->rec = out.rec; /* the job owns the contributors now */
     j->m = r->n;
     j->deltas = dl_xcalloc((size_t)r->n, sizeof(float *));
     j->w = dl_xcalloc((size_t)r->n, sizeof(double));
     j->handles = dl_xcalloc((size_t)r->n, sizeof(uint64_t));
-    int na = s->naside[p];
-    j->rec.epoch = s->epoch;
-    snprintf(j->rec.staleness_fn, sizeof j->rec.staleness_fn, "%s", dl_policy_sfn_name(s->cfg.policy.sfn));
-    j->rec.n_contrib = (uint32_t)(r->n + na);
-    j->rec.contrib = dl_xcalloc(j->rec.n_contrib, sizeof(dl_merge_contrib));
     for (int i = 0; i < r->n; i++) {
-        const dl_policy_contrib *c = &r->contribs[i];
-        j->handles[i] = c->handle;
-        j->deltas[i] = s->pend[c->handle].delta;
-        j->w[i] = c->weight;
-        dl_merge_contrib *mc = &j->rec.contrib[i];
-        snprintf(mc->learner_id, sizeof mc->learner_id, "%s", s->slots[c->learner].id);
-        mc->base_version = c->base_version;
-        mc->staleness = (uint64_t)c->staleness;
-        mc->steps = (uint64_t)c->steps;
-        mc->tokens = (uint64_t)c->tokens;
-        mc->weight = r->weight_sum > 0 ? c->weight / r->weight_sum : 0;
-        mc->decision = DL_MERGE_MERGED;
-        snprintf(mc->reason, sizeof mc->reason, "%s", c->learner_dead ? "merged (learner dead)" : "");
+        j->handles[i] = r->contribs[i].handle;
+        j->deltas[i] = s->pend[r->contribs[i].handle].delta;
+        j->w[i] = r->contribs[i].weight;
     }
-    for (int i = 0; i < na; i++) j->rec.contrib[r->n + i] = s->aside[p][i].c;
-    /* Round share: a round that merges only some of the live learners moves
-     * the global fragment by that share of a full round. Without it, a fleet
-     * of M learners whose pushes land in separate rounds would apply M
-     * full-size outer steps per push period (each learner's delta measures
-     * the same stretch of training), which the outer momentum then amplifies.
-     * The expected tokens of a full round are the live learners' latest push
-     * sizes, so a slow learner (fewer tokens per push) counts for less. */
-    {
-        double round_tokens = 0, fleet_tokens = 0;
-        for (int i = 0; i < r->n; i++) round_tokens += (double)r->contribs[i].tokens;
-        for (int i = 0; i < s->nslots; i++)
-            if (s->slots[i].used && s->slots[i].registered && s->slots[i].live)
-                fleet_tokens += (double)s->slots[i].last_push_tokens;
-        j->share = fleet_tokens > round_tokens ? round_tokens / fleet_tokens : 1.0;
-    }
-    s->naside[p] = 0;
+    /* the ledger's pending changes and this round's applied tokens commit
+     * with the merge, in its transaction */
+    dl_ledger_take(s->ledger, &j->ledger);
+    j->ledger.tokens[DL_LEDGER_APPLIED] = out.applied_tokens;
     char line[512];
     dl_policy_round_format(r, line, sizeof line);
     DL_DEBUG("round closed: %s", line);
@@ -431,17 +295,25 @@ static void schedule(dl_sync *s)
     }
 }
 
-static void merge_done(dl_sync *s, job *j)
+static void merge_done(dl_sync *s, dl_job *j)
 {
     int p = j->fragment;
     int64_t now = dl_clock_ns();
     if (j->rc) {
         DL_ERROR("merge of fragment %d onto v%llu failed, round abandoned: %s", p, (unsigned long long)j->version,
                  j->err);
+        char ebuf[400];
+        dl_event("merge_failed", " frag=%d version=%llu reason=%s", p, (unsigned long long)j->version,
+                 dl_event_str(j->err, ebuf, sizeof ebuf));
         dl_policy_abandon(s->policy, p, now);
+        /* nothing of the job's ledger delta was persisted: the pending part
+         * goes back, the applied part never happened */
+        j->ledger.tokens[DL_LEDGER_APPLIED] = 0;
+        dl_ledger_untake(s->ledger, &j->ledger);
         for (int i = 0; i < j->m; i++) {
-            uint32_t li = s->pend[j->handles[i]].learner;
-            learner_slot *l = &s->slots[li];
+            pending_push *pp = &s->pend[j->handles[i]];
+            dl_registry_learner *l = dl_registry_get(s->reg, (int)pp->learner);
+            dl_ledger_failed(s->ledger, (int)pp->learner, p, pp->base_version, pp->tokens);
             /* no rebase: the pushed progress is still in the learner's
              * parameters (theta - base) and goes into its next push */
             send_ack(s, l, p, j->rec.contrib[i].base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0,
@@ -451,16 +323,18 @@ static void merge_done(dl_sync *s, job *j)
         return;
     }
     uint64_t nv = j->version + 1;
-    double stale = 0;
+    double stale = 0, compute_s = 0;
     for (int i = 0; i < j->m; i++) {
-        uint32_t li = s->pend[j->handles[i]].learner;
-        learner_slot *l = &s->slots[li];
+        pending_push *pp = &s->pend[j->handles[i]];
+        compute_s += pp->compute_s;
+        dl_registry_learner *l = dl_registry_get(s->reg, (int)pp->learner);
         const dl_merge_contrib *mc = &j->rec.contrib[i];
         l->merged++;
         l->tokens_applied += mc->tokens;
         stale += (double)mc->staleness;
         s->stale_sum += mc->staleness;
-        if (l->registered) {
+        dl_ledger_merged(s->ledger, (int)pp->learner, p, pp->tokens);
+        if (registered(s, (int)pp->learner)) {
             send_ack(s, l, p, mc->base_version, DLOCO__V1__DECISION__DECISION_ACCEPTED, nv, "", 0);
             send_update(s, l, p, nv, s->params[p]);
         }
@@ -469,28 +343,20 @@ static void merge_done(dl_sync *s, job *j)
     s->merges++;
     s->merged_contribs += (uint64_t)j->m;
     dl_policy_committed(s->policy, p, nv, now);
+    double share = j->mopts.share_scaling ? j->share : 1.0;
     DL_INFO("merge frag %d v%llu: %d learner(s), mean staleness %.2f, share %.2f, |delta| %.4g", p,
-            (unsigned long long)nv, j->m, j->m ? stale / j->m : 0.0, j->mopts.share_scaling ? j->share : 1.0, j->norm);
+            (unsigned long long)nv, j->m, j->m ? stale / j->m : 0.0, share, j->norm);
+    dl_event("merge", "frag=%d version=%llu n=%d staleness_mean=%.3f share=%.4f norm=%.6g tokens=%llu compute_s=%.6f",
+             p, (unsigned long long)nv, j->m, j->m ? stale / j->m : 0.0, share, j->norm,
+             (unsigned long long)j->ledger.tokens[DL_LEDGER_APPLIED], compute_s);
 }
-
-static void free_job(job *j)
-{
-    free(j->deltas);
-    free(j->w);
-    free(j->handles);
-    free(j->rec.contrib);
-    free(j);
-}
-
-static void on_wake(struct ev_loop *loop, ev_async *w, int revents);
 
 /* ------------------------------------------------------------------------ */
 /* inbound messages */
 
-static void learner_put(dl_sync *s, learner_slot *l)
+static void learner_put(dl_sync *s, const dl_registry_learner *l)
 {
-    job *j = dl_xcalloc(1, sizeof *j);
-    j->kind = JOB_LEARNER_PUT;
+    dl_job *j = dl_job_new(DL_JOB_LEARNER_PUT);
     dl_store_learner *r = &j->lrec;
     snprintf(r->id, sizeof r->id, "%s", l->id);
     r->first_seen_ns = l->first_seen_wall;
@@ -504,15 +370,6 @@ static void learner_put(dl_sync *s, learner_slot *l)
     submit(s, j);
 }
 
-static void ledger_add(dl_sync *s, int state, uint64_t tokens)
-{
-    job *j = dl_xcalloc(1, sizeof *j);
-    j->kind = JOB_LEDGER;
-    j->ledger_state = state;
-    j->ledger_tokens = tokens;
-    submit(s, j);
-}
-
 static void on_hello(dl_sync *s, const char *rid, const Dloco__V1__Envelope *env, const Dloco__V1__Hello *h)
 {
     if (strcmp(env->run_id, s->cfg.run_id)) {
@@ -520,7 +377,7 @@ static void on_hello(dl_sync *s, const char *rid, const Dloco__V1__Envelope *env
                    s->cfg.run_id);
         return;
     }
-    const dl_gpt_config *m = &s->cfg.model;
+    const dl_model_config *m = &s->cfg.model;
     if (h->fingerprint != s->fingerprint || h->num_fragments != (uint32_t)s->cfg.P) {
         send_error(s, rid, DL_EMISMATCH, 1,
                    "model fingerprint %016llx (L=%u NH=%u C=%u T=%u V=%u P=%u) does not match the run's %016llx "
@@ -530,24 +387,24 @@ static void on_hello(dl_sync *s, const char *rid, const Dloco__V1__Envelope *env
                    m->seq_len, m->vocab, s->cfg.P);
         return;
     }
-    learner_slot *l = slot_of_id(s, rid, 1);
-    if (!l) {
-        send_error(s, rid, DL_ERANGE, 1, "the synchronizer already serves %d learners", s->nslots);
+    int slot = dl_registry_add(s->reg, rid, dl_wallclock_ns());
+    if (slot < 0) {
+        send_error(s, rid, DL_ERANGE, 1, "%s", dl_errmsg());
         return;
     }
+    dl_registry_learner *l = dl_registry_get(s->reg, slot);
     int64_t now = dl_clock_ns();
-    int rc = dl_policy_learner_join(s->policy, slot_index(s, l), now);
+    int was = member(s, slot) == DL_POLICY_MEMBER_LIVE;
+    int rc = dl_policy_learner_join(s->policy, (uint32_t)slot, now);
     if (rc) {
         send_error(s, rid, rc, 1, "cannot register: %s", dl_errmsg());
         return;
     }
-    int was = l->registered && l->live;
     /* away longer than rebase_ms: its fragments are too old to push onto */
     int away_long = l->hellos > 0 && now - l->last_seen_ns > (int64_t)s->cfg.rebase_ms * 1000000LL;
-    l->registered = 1;
-    l->live = 1;
     l->last_seen_ns = now;
     l->hellos++;
+    dl_ledger_hello(s->ledger, slot, h->step);
     int must_fetch = h->n_held_versions == 0 || away_long;
     uint64_t *vers = dl_xcalloc((size_t)s->cfg.P, sizeof(uint64_t));
     for (int p = 0; p < s->cfg.P; p++) {
@@ -575,83 +432,118 @@ static void on_hello(dl_sync *s, const char *rid, const Dloco__V1__Envelope *env
     DL_INFO("learner %s %s (device %s, step %llu, %s)", rid, was ? "said hello again" : "joined",
             h->device[0] ? h->device : "?", (unsigned long long)h->step,
             must_fetch ? "will fetch the global model" : "keeps its fragments");
+    char dev[160];
+    dl_event("learner_join", "id=%s device=%s again=%d must_fetch=%d step=%llu", rid,
+             dl_event_str(h->device, dev, sizeof dev), was, must_fetch, (unsigned long long)h->step);
     learner_put(s, l);
     schedule(s);
 }
 
-static void on_push(dl_sync *s, learner_slot *l, dl_wire_msg *msg, const Dloco__V1__Push *ph)
+static void push_event(const dl_registry_learner *l, const Dloco__V1__Push *ph, const char *decision,
+                       const char *reason)
+{
+    char rb[160];
+    dl_event("push", "id=%s frag=%u base=%llu steps=%llu tokens=%llu compute_s=%.6f decision=%s reason=%s", l->id,
+             ph->fragment, (unsigned long long)ph->base_version, (unsigned long long)ph->steps,
+             (unsigned long long)ph->tokens, ph->compute_s, decision, dl_event_str(reason, rb, sizeof rb));
+}
+
+/* Refused on arrival: the learner keeps the progress, its next push of the
+ * fragment carries it on. */
+static void refuse_push(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, const char *why)
+{
+    int p = (int)ph->fragment;
+    l->rejected++;
+    s->rejected++;
+    dl_ledger_refused(s->ledger, slot, p, ph->base_version, ph->tokens);
+    send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0);
+    push_event(l, ph, "rejected", why);
+    DL_INFO("learner %s: push of fragment %d rejected (%s)", l->id, p, why);
+}
+
+static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *msg, const Dloco__V1__Push *ph)
 {
     int p = (int)ph->fragment;
     l->pushes++;
     l->last_push_tokens = ph->tokens;
+    dl_ledger_arrived(s->ledger, slot, p, ph->base_version, ph->tokens);
     if (ph->codec != DLOCO__V1__CODEC__CODEC_FP32) {
-        l->rejected++;
-        s->rejected++;
-        send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0,
-                 "only fp32 pushes are supported by this synchronizer", 0);
-        ledger_add(s, DL_LEDGER_REJECTED, ph->tokens);
+        refuse_push(s, slot, l, ph, "only fp32 pushes are supported by this synchronizer");
         return;
     }
     size_t n = s->numel[p];
-    float *delta = NULL;
-    if (posix_memalign((void **)&delta, 64, n * sizeof(float))) DL_PANIC("out of memory for a push");
+    float *delta = dl_xaligned(64, n * sizeof(float));
     memcpy(delta, dl_wire_msg_payload(msg, 0), n * sizeof(float)); /* payload may be unaligned */
     if (!dl_merge_finite(delta, n)) {
         free(delta);
-        l->rejected++;
-        s->rejected++;
-        send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, "non-finite values in push",
-                 0);
-        ledger_add(s, DL_LEDGER_REJECTED, ph->tokens);
+        refuse_push(s, slot, l, ph, "non-finite values in push");
         return;
     }
     uint64_t h = alloc_pending(s);
     dl_policy_verdict v;
-    int rc = dl_policy_push(s->policy, p, slot_index(s, l), ph->base_version, (int64_t)ph->steps,
-                            (int64_t)ph->tokens, dl_clock_ns(), h, &v);
+    int rc = dl_policy_push(s->policy, p, (uint32_t)slot, ph->base_version, (int64_t)ph->steps, (int64_t)ph->tokens,
+                            dl_clock_ns(), h, &v);
     if (rc) DL_PANIC("merge policy: %s", dl_errmsg());
     if (v.decision == DL_POLICY_POOLED) {
-        s->pend[h].used = 1;
-        s->pend[h].delta = delta;
-        s->pend[h].learner = slot_index(s, l);
-        s->pend[h].fragment = p;
-        if (v.replaced) free_pending(s, v.replaced_handle);
+        pending_push *pp = &s->pend[h];
+        pp->used = 1;
+        pp->delta = delta;
+        pp->learner = (uint32_t)slot;
+        pp->fragment = p;
+        pp->base_version = ph->base_version;
+        pp->tokens = ph->tokens;
+        pp->compute_s = ph->compute_s;
+        uint64_t replaced_tokens = 0;
+        if (v.replaced) {
+            replaced_tokens = s->pend[v.replaced_handle].tokens;
+            free_pending(s, v.replaced_handle);
+        }
+        dl_ledger_pooled(s->ledger, slot, p, ph->tokens, replaced_tokens);
         send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0, "", 0);
+        push_event(l, ph, v.replaced ? "pooled_replacing" : "pooled", "");
         schedule(s);
         return;
     }
     free(delta);
-    const char *why = dl_policy_reason_name(v.reason);
     if (v.decision == DL_POLICY_DROPPED_STALE) {
         l->dropped++;
         s->dropped_stale++;
+        dl_ledger_dropped_stale(s->ledger, slot, p, ph->tokens);
         char reason[96];
         snprintf(reason, sizeof reason, "staleness %lld > max %lld", (long long)v.staleness,
                  (long long)s->cfg.policy.max_staleness);
         send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_DROPPED_STALE, 0, reason, 1);
         serve_fragments(s, l, (const uint32_t[]){(uint32_t)p}, 1); /* rebase */
-        if (s->naside[p] == s->capaside[p]) {
-            s->capaside[p] = s->capaside[p] ? 2 * s->capaside[p] : 8;
-            s->aside[p] = realloc(s->aside[p], (size_t)s->capaside[p] * sizeof(aside_entry));
-            if (!s->aside[p]) DL_PANIC("out of memory");
-        }
-        dl_merge_contrib *c = &s->aside[p][s->naside[p]++].c;
-        memset(c, 0, sizeof *c);
-        snprintf(c->learner_id, sizeof c->learner_id, "%s", l->id);
-        c->base_version = ph->base_version;
-        c->staleness = (uint64_t)v.staleness;
-        c->steps = ph->steps;
-        c->tokens = ph->tokens;
-        c->decision = DL_MERGE_DROPPED_STALE;
-        snprintf(c->reason, sizeof c->reason, "%.*s", (int)sizeof c->reason - 1, reason);
+        dl_merge_contrib c;
+        memset(&c, 0, sizeof c);
+        snprintf(c.learner_id, sizeof c.learner_id, "%s", l->id);
+        c.base_version = ph->base_version;
+        c.staleness = (uint64_t)v.staleness;
+        c.steps = ph->steps;
+        c.tokens = ph->tokens;
+        c.decision = DL_MERGE_DROPPED_STALE;
+        snprintf(c.reason, sizeof c.reason, "%.*s", (int)sizeof c.reason - 1, reason);
+        add_aside(s, p, &c);
+        push_event(l, ph, "dropped_stale", reason);
         DL_INFO("learner %s: push of fragment %d dropped (%s), told to rebase", l->id, p, reason);
     } else {
-        l->rejected++;
-        s->rejected++;
-        send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0);
-        ledger_add(s, DL_LEDGER_REJECTED, ph->tokens);
-        DL_INFO("learner %s: push of fragment %d rejected (%s)", l->id, p, why);
+        refuse_push(s, slot, l, ph, dl_policy_reason_name(v.reason));
     }
+}
+
+static void on_bye(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Bye *b, int64_t now)
+{
+    dl_policy_learner_leave(s->policy, (uint32_t)slot, now, DL_POLICY_LEAVE_BYE);
+    l->step = b->step > l->step ? b->step : l->step;
+    l->tokens = b->tokens > l->tokens ? b->tokens : l->tokens; /* a Bye from before Bye.tokens reports 0 */
+    dl_ledger_bye(s->ledger, slot, l->step, l->tokens, b->discarded_tokens);
+    DL_INFO("learner %s said bye at step %llu (%s)", l->id, (unsigned long long)b->step,
+            b->reason[0] ? b->reason : "no reason");
+    char rb[160];
+    dl_event("learner_bye", "id=%s reason=%s step=%llu", l->id, dl_event_str(b->reason, rb, sizeof rb),
+             (unsigned long long)b->step);
+    learner_put(s, l);
+    schedule(s);
 }
 
 static void on_message(dl_sync *s, dl_wire_msg *msg)
@@ -667,44 +559,38 @@ static void on_message(dl_sync *s, dl_wire_msg *msg)
     for (int i = 0; i < msg->npayload; i++) bytes += dl_wire_msg_payload_len(msg, i);
     if (env->body_case == DLOCO__V1__ENVELOPE__BODY_HELLO) {
         on_hello(s, rid, env, env->hello);
-        learner_slot *l = slot_of_id(s, rid, 0);
-        if (l) l->bytes_in += bytes;
+        int slot = dl_registry_find(s->reg, rid);
+        if (slot >= 0) dl_registry_get(s->reg, slot)->bytes_in += bytes;
         return;
     }
-    learner_slot *l = slot_of_id(s, rid, 0);
-    if (!l || !l->registered || env->epoch != s->epoch) {
+    int slot = dl_registry_find(s->reg, rid);
+    if (slot < 0 || !registered(s, slot) || env->epoch != s->epoch) {
         send_error(s, rid, DL_ENOTFOUND, 0, "unknown learner in epoch %llu: send hello",
                    (unsigned long long)s->epoch);
         return;
     }
+    dl_registry_learner *l = dl_registry_get(s->reg, slot);
     int64_t now = dl_clock_ns();
     l->last_seen_ns = now;
     l->bytes_in += bytes;
-    if (!l->live) {
-        l->live = 1;
-        dl_policy_learner_alive(s->policy, slot_index(s, l), now);
+    if (member(s, slot) == DL_POLICY_MEMBER_DEAD) {
+        dl_policy_learner_alive(s->policy, (uint32_t)slot, now);
         DL_INFO("learner %s is alive again", l->id);
+        dl_event("learner_alive", "id=%s", l->id);
     }
     switch (env->body_case) {
     case DLOCO__V1__ENVELOPE__BODY_HEARTBEAT:
         l->step = env->heartbeat->step;
         l->tokens = env->heartbeat->tokens;
         l->steps_per_s = env->heartbeat->steps_per_s;
+        dl_ledger_progress(s->ledger, slot, l->step, l->tokens, env->heartbeat->discarded_tokens);
         break;
-    case DLOCO__V1__ENVELOPE__BODY_PUSH: on_push(s, l, msg, env->push); break;
+    case DLOCO__V1__ENVELOPE__BODY_PUSH: on_push(s, slot, l, msg, env->push); break;
     case DLOCO__V1__ENVELOPE__BODY_FETCH:
         s->fetches++;
         serve_fragments(s, l, env->fetch->fragments, env->fetch->n_fragments);
         break;
-    case DLOCO__V1__ENVELOPE__BODY_BYE:
-        l->registered = 0;
-        l->live = 0;
-        dl_policy_learner_leave(s->policy, slot_index(s, l), now, DL_POLICY_LEAVE_BYE);
-        DL_INFO("learner %s said bye at step %llu (%s)", l->id, (unsigned long long)env->bye->step,
-                env->bye->reason[0] ? env->bye->reason : "no reason");
-        learner_put(s, l);
-        schedule(s);
-        break;
+    case DLOCO__V1__ENVELOPE__BODY_BYE: on_bye(s, slot, l, env->bye, now); break;
     default:
         send_error(s, rid, DL_EPROTO, 0, "%s is not a learner-to-synchronizer message",
                    dl_wire_body_name(env->body_case));
@@ -716,10 +602,17 @@ static void on_message(dl_sync *s, dl_wire_msg *msg)
  * wake-up and after every send. */
 static void drain(dl_sync *s)
 {
+    /* Stopping: nothing more is read, so the ledger's last write covers every
+     * push this process answered; later messages are for the next epoch. */
+    if (s->stopping) return;
     for (int budget = 0; budget < 100000; budget++) {
         int ev = 0;
         size_t sz = sizeof ev;
-        if (zmq_getsockopt(s->router, ZMQ_EVENTS, &ev, &sz) != 0 || !(ev & ZMQ_POLLIN)) return;
+        if (zmq_getsockopt(s->router, ZMQ_EVENTS, &ev, &sz) != 0) {
+            dl_wire_zmq_warn("zmq_getsockopt(ZMQ_EVENTS)", __FILE__, __LINE__);
+            return;
+        }
+        if (!(ev & ZMQ_POLLIN)) return;
         dl_wire_msg msg;
         dl_err_clear();
         int rc = dl_wire_recv(s->router, 1, &s->lim, &msg, ZMQ_DONTWAIT);
@@ -747,28 +640,44 @@ static void on_zmq(struct ev_loop *loop, ev_io *w, int revents)
     drain(w->data);
 }
 
+static int live_cb(void *ctx, int slot) { return member(ctx, slot) == DL_POLICY_MEMBER_LIVE; }
+
+/* The last store write of a run: what the ledger still holds becomes
+ * OUTSTANDING (or LOST for learners that are dead now). */
+static void submit_final_ledger(dl_sync *s)
+{
+    s->final_ledger = 1;
+    dl_ledger_shutdown(s->ledger, live_cb, s);
+    dl_job *j = dl_job_new(DL_JOB_LEDGER);
+    if (dl_ledger_take(s->ledger, &j->ledger)) submit(s, j);
+    else dl_job_free(j);
+}
+
+static void maybe_finish(dl_sync *s)
+{
+    if (!s->stopping || dl_worker_inflight(s->worker)) return;
+    if (!s->final_ledger) submit_final_ledger(s);
+    if (dl_worker_inflight(s->worker) == 0) ev_break(s->loop, EVBREAK_ALL);
+}
+
 static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
 {
     (void)loop;
     (void)revents;
     dl_sync *s = w->data;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        job *j = s->done_head;
-        if (j) {
-            s->done_head = j->next;
-            if (!s->done_head) s->done_tail = NULL;
-            s->inflight--;
+    dl_job *j;
+    while ((j = dl_worker_done(s->worker))) {
+        if (j->kind == DL_JOB_MERGE) {
+            merge_done(s, j);
+        } else if (j->rc) {
+            DL_ERROR("store write failed: %s", j->err);
+            if (j->kind == DL_JOB_LEDGER && !s->final_ledger) dl_ledger_untake(s->ledger, &j->ledger);
         }
-        pthread_mutex_unlock(&s->mu);
-        if (!j) break;
-        if (j->kind == JOB_MERGE) merge_done(s, j);
-        else if (j->rc) DL_ERROR("store write failed: %s", j->err);
-        free_job(j);
+        dl_job_free(j);
     }
     schedule(s);
     drain(s);
-    if (s->stopping && s->inflight == 0) ev_break(s->loop, EVBREAK_ALL);
+    maybe_finish(s);
 }
 
 static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
@@ -787,32 +696,26 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
     dl_sync *s = w->data;
     int64_t now = dl_clock_ns();
     int64_t dead_after = (int64_t)s->cfg.liveness * s->cfg.heartbeat_ms * 1000000LL;
-    for (int i = 0; i < s->nslots; i++) {
-        learner_slot *l = &s->slots[i];
-        if (!l->used || !l->registered) continue;
-        if (l->live && now - l->last_seen_ns > dead_after) {
-            l->live = 0;
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        dl_registry_learner *l = dl_registry_get(s->reg, i);
+        if (member(s, i) != DL_POLICY_MEMBER_LIVE) continue;
+        if (now - l->last_seen_ns > dead_after) {
             dl_policy_learner_leave(s->policy, (uint32_t)i, now, DL_POLICY_LEAVE_DEAD);
-            DL_WARN("learner %s declared dead after %.1f s of silence", l->id, (double)(now - l->last_seen_ns) * 1e-9);
+            double silent = (double)(now - l->last_seen_ns) * 1e-9;
+            DL_WARN("learner %s declared dead after %.1f s of silence", l->id, silent);
+            dl_event("learner_dead", "id=%s silent_ms=%lld", l->id, (long long)((now - l->last_seen_ns) / 1000000));
             continue;
         }
-        if (l->live) {
-            Dloco__V1__Envelope env;
-            Dloco__V1__Heartbeat hb;
-            dloco__v1__heartbeat__init(&hb);
-            env_to(s, &env, l->id);
-            dl_wire_set_heartbeat(&env, &hb);
-            send_msg(s, l->id, l, &env, NULL, 0);
-        }
+        Dloco__V1__Envelope env;
+        Dloco__V1__Heartbeat hb;
+        dloco__v1__heartbeat__init(&hb);
+        env_to(s, &env, l->id);
+        dl_wire_set_heartbeat(&env, &hb);
+        send_msg(s, l->id, l, &env, NULL, 0);
     }
-    if (s->cfg.durability == DL_STORE_PERIODIC) {
-        static int64_t last_sync;
-        if (now - last_sync >= (int64_t)s->cfg.sync_every_ms * 1000000LL) {
-            last_sync = now;
-            job *j = dl_xcalloc(1, sizeof *j);
-            j->kind = JOB_SYNC;
-            submit(s, j);
-        }
+    if (s->cfg.durability == DL_STORE_PERIODIC && now - s->last_sync_ns >= (int64_t)s->cfg.sync_every_ms * 1000000LL) {
+        s->last_sync_ns = now;
+        submit(s, dl_job_new(DL_JOB_SYNC));
     }
     schedule(s);
     drain(s);
@@ -823,34 +726,26 @@ static void on_status(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
     dl_sync *s = w->data;
-    int live = 0, reg = 0;
-    for (int i = 0; i < s->nslots; i++) {
-        live += s->slots[i].used && s->slots[i].live;
-        reg += s->slots[i].used && s->slots[i].registered;
-    }
-    char vers[256];
-    size_t o = 0;
-    for (int p = 0; p < s->cfg.P && o < sizeof vers - 24; p++)
-        o += (size_t)snprintf(vers + o, sizeof vers - o, "%s%llu", p ? "," : "",
-                              (unsigned long long)dl_policy_version(s->policy, p));
-    DL_INFO("status: epoch %llu | learners %d live / %d registered | merges %llu | mean staleness %.2f | "
-            "versions [%s] | dropped %llu rejected %llu",
-            (unsigned long long)s->epoch, live, reg, (unsigned long long)s->merges,
-            s->merged_contribs ? (double)s->stale_sum / (double)s->merged_contribs : 0.0, vers,
-            (unsigned long long)s->dropped_stale, (unsigned long long)s->rejected);
+    dl_sync_stats st;
+    dl_sync_get_stats(s, &st);
+    char line[768];
+    dl_report_status(&st, line, sizeof line);
+    DL_INFO("status: %s", line);
 }
 
 static void on_stop(struct ev_loop *loop, ev_signal *w, int revents)
 {
+    (void)loop;
     (void)revents;
     dl_sync *s = w->data;
     if (s->stopping) return;
-    DL_INFO("signal %d: finishing %d store job(s) in flight, then stopping", w->signum, s->inflight);
+    DL_INFO("signal %d: finishing %d store job(s) in flight, then stopping", w->signum,
+            dl_worker_inflight(s->worker));
     s->stopping = 1;
+    ev_io_stop(s->loop, &s->zio);
     /* persist the registry counters on the way out */
-    for (int i = 0; i < s->nslots; i++)
-        if (s->slots[i].used) learner_put(s, &s->slots[i]);
-    if (s->inflight == 0) ev_break(loop, EVBREAK_ALL);
+    for (int i = 0; i < dl_registry_count(s->reg); i++) learner_put(s, dl_registry_get(s->reg, i));
+    maybe_finish(s);
 }
 
 static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
@@ -860,37 +755,23 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
     dl_sync *s = w->data;
     if (!s->reload) {
         DL_WARN("SIGHUP: no config file to reload");
+        dl_event("reload", "refused=1 reason=no_config_file");
         return;
     }
     dl_sync_tunables cur = {.policy = *dl_policy_get_cfg(s->policy), .merge = s->cfg.merge}, nt = cur;
     dl_err_clear();
     if (s->reload(s->reload_ctx, &cur, &nt) || dl_policy_reconfigure(s->policy, &nt.policy)) {
         DL_ERROR("reload refused, running values unchanged: %s", dl_errmsg());
+        char rb[600];
+        dl_event("reload", "refused=1 reason=%s", dl_event_str(dl_errmsg(), rb, sizeof rb));
         return;
     }
-    char log[1024];
-    size_t o = 0;
-#define CHANGED(name, fmt, a, b)                                                                                  \
-    if ((a) != (b) && o < sizeof log - 128) o += (size_t)snprintf(log + o, sizeof log - o, " " name " " fmt " -> " fmt ",", a, b)
-    CHANGED("quorum", "%d", cur.policy.quorum, nt.policy.quorum);
-    CHANGED("grace_cap_ms", "%lld", (long long)(cur.policy.grace_cap_ns / 1000000), (long long)(nt.policy.grace_cap_ns / 1000000));
-    CHANGED("gamma", "%g", cur.policy.gamma, nt.policy.gamma);
-    CHANGED("mad_k", "%g", cur.policy.mad_k, nt.policy.mad_k);
-    CHANGED("max_staleness", "%lld", (long long)cur.policy.max_staleness, (long long)nt.policy.max_staleness);
-    if (cur.policy.sfn != nt.policy.sfn && o < sizeof log - 128)
-        o += (size_t)snprintf(log + o, sizeof log - o, " staleness %s -> %s,", dl_policy_sfn_name(cur.policy.sfn),
-                              dl_policy_sfn_name(nt.policy.sfn));
-    CHANGED("staleness_a", "%g", cur.policy.sfn_a, nt.policy.sfn_a);
-    CHANGED("staleness_b", "%g", cur.policy.sfn_b, nt.policy.sfn_b);
-    CHANGED("outer_lr", "%g", (double)cur.merge.outer_lr, (double)nt.merge.outer_lr);
-    CHANGED("outer_momentum", "%g", (double)cur.merge.outer_momentum, (double)nt.merge.outer_momentum);
-    CHANGED("clip_norm", "%g", cur.merge.clip_norm, nt.merge.clip_norm);
-    CHANGED("share_scaling", "%d", cur.merge.share_scaling, nt.merge.share_scaling);
-#undef CHANGED
-    if (o && log[o - 1] == ',') log[o - 1] = 0;
+    char diff[1024], db[1100];
+    int n = dl_report_tunables_diff(&cur, &nt, diff, sizeof diff);
     s->cfg.merge = nt.merge;
     s->cfg.policy = nt.policy;
-    DL_INFO("reload:%s", o ? log : " no reloadable value changed");
+    DL_INFO("reload:%s", n ? diff : " no reloadable value changed");
+    dl_event("reload", "refused=0 changes=%d changed=%s", n, dl_event_str(n ? diff + 1 : "", db, sizeof db));
     schedule(s);
     drain(s);
 }
@@ -902,7 +783,76 @@ void dl_sync_set_reload(dl_sync *s, dl_sync_reload_fn fn, void *ctx)
 }
 
 /* ------------------------------------------------------------------------ */
+/* statistics */
+
+void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    out->epoch = s->epoch;
+    out->wall_s = (double)(dl_clock_ns() - s->started_ns) * 1e-9;
+    out->P = s->cfg.P;
+    for (int p = 0; p < s->cfg.P; p++) s->versions[p] = dl_policy_version(s->policy, p);
+    out->versions = s->versions;
+    int n = dl_registry_count(s->reg);
+    for (int i = 0; i < n; i++) {
+        const dl_registry_learner *l = dl_registry_cget(s->reg, i);
+        dl_sync_learner_stats *o = &s->lstats[i];
+        snprintf(o->id, sizeof o->id, "%s", l->id);
+        o->state = member(s, i);
+        o->pushes = l->pushes;
+        o->merged = l->merged;
+        o->dropped = l->dropped;
+        o->rejected = l->rejected;
+        o->tokens_applied = l->tokens_applied;
+        o->bytes_in = l->bytes_in;
+        o->bytes_out = l->bytes_out;
+        o->step = l->step;
+        o->tokens = l->tokens;
+        o->steps_per_s = l->steps_per_s;
+        out->live += o->state == DL_POLICY_MEMBER_LIVE;
+        out->dead += o->state == DL_POLICY_MEMBER_DEAD;
+        out->left += o->state == DL_POLICY_MEMBER_LEFT;
+    }
+    out->n_learners = n;
+    out->learners = s->lstats;
+    out->merges = s->merges;
+    out->merged_contribs = s->merged_contribs;
+    out->stale_sum = s->stale_sum;
+    out->dropped_stale = s->dropped_stale;
+    out->rejected = s->rejected;
+    out->fetches = s->fetches;
+    out->jobs_inflight = dl_worker_inflight(s->worker);
+    dl_ledger_get_totals(s->ledger, &out->ledger);
+}
+
+void dl_sync_summary(dl_sync *s, FILE *f)
+{
+    dl_sync_stats st;
+    dl_sync_get_stats(s, &st);
+    dl_report_summary(&st, f);
+    dl_report_summary_events(&st);
+}
+
+/* ------------------------------------------------------------------------ */
 /* lifecycle */
+
+static void wake_loop(void *ctx)
+{
+    dl_sync *s = ctx;
+    ev_async_send(s->loop, &s->wake);
+}
+
+static int open_router(dl_sync *s)
+{
+    DL_ZMQ_PTR(s->zctx, zmq_ctx_new());
+    DL_ZMQ_PTR(s->router, zmq_socket(s->zctx, ZMQ_ROUTER));
+    DL_TRY(dl_wire_sock_setup(s->router, 1, (size_t)s->cfg.max_msg_bytes));
+    if (zmq_bind(s->router, s->cfg.bind) != 0)
+        return dl_err(DL_ENET, "bind %s: %s", s->cfg.bind, zmq_strerror(zmq_errno()));
+    size_t elen = sizeof s->endpoint;
+    DL_ZMQ_CALL(zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &elen));
+    return 0;
+}
 
 int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
 {
@@ -913,38 +863,35 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->cfg = *cfg;
     int rc = 0;
     float *full = NULL;
-    if ((rc = dl_gpt_config_check(&s->cfg.model))) goto fail;
-    if ((rc = dl_gpt_plan_open(&s->cfg.model, s->cfg.P, &s->plan))) goto fail;
-    s->fingerprint = dl_gpt_fingerprint(&s->cfg.model, s->plan);
+    if ((rc = dl_model_config_check(&s->cfg.model))) goto fail;
+    if ((rc = dl_model_plan_open(&s->cfg.model, s->cfg.P, &s->plan))) goto fail;
+    s->fingerprint = dl_model_fingerprint(&s->cfg.model, s->plan);
     int P = s->cfg.P;
     s->numel = dl_xcalloc((size_t)P, sizeof(uint64_t));
     s->params = dl_xcalloc((size_t)P, sizeof(float *));
     s->momentum = dl_xcalloc((size_t)P, sizeof(float *));
-    s->aside = dl_xcalloc((size_t)P, sizeof(aside_entry *));
+    s->aside = dl_xcalloc((size_t)P, sizeof *s->aside);
     s->naside = dl_xcalloc((size_t)P, sizeof(int));
     s->capaside = dl_xcalloc((size_t)P, sizeof(int));
-    size_t maxn = dl_plan_max_fragment_numel(s->plan);
+    s->versions = dl_xcalloc((size_t)P, sizeof(uint64_t));
     for (int p = 0; p < P; p++) {
         s->numel[p] = dl_plan_fragment_numel(s->plan, p);
-        if (posix_memalign((void **)&s->params[p], 64, s->numel[p] * sizeof(float)) ||
-            posix_memalign((void **)&s->momentum[p], 64, s->numel[p] * sizeof(float)))
-            DL_PANIC("out of memory for the global model");
+        s->params[p] = dl_xaligned(64, s->numel[p] * sizeof(float));
+        s->momentum[p] = dl_xaligned(64, s->numel[p] * sizeof(float));
     }
-    if (posix_memalign((void **)&s->scratch_merged, 64, maxn * sizeof(float)) ||
-        posix_memalign((void **)&s->scratch_params, 64, maxn * sizeof(float)) ||
-        posix_memalign((void **)&s->scratch_mom, 64, maxn * sizeof(float)))
-        DL_PANIC("out of memory for merge buffers");
 
     /* the store: a fresh run starts from the seeded init, a resumed one from LMDB */
     dl_store_opts so = dl_store_opts_default();
     so.durability = s->cfg.durability;
     if ((rc = dl_store_open(s->cfg.store, &so, &s->store))) goto fail;
     full = dl_xmalloc(dl_plan_total_numel(s->plan) * sizeof(float));
-    if ((rc = dl_gpt_init_params(&s->cfg.model, s->cfg.seed, full))) goto fail;
+    if ((rc = dl_model_init_params(&s->cfg.model, s->cfg.seed, full))) goto fail;
     for (int p = 0; p < P; p++) dl_plan_gather(s->plan, p, full, s->params[p]);
     dl_store_run run = {.run_id = s->cfg.run_id,
                         .fingerprint = s->fingerprint,
                         .config_text = s->cfg.config_text,
+                        .model = s->cfg.model,
+                        .seed = s->cfg.seed,
                         .n_fragments = (uint32_t)P,
                         .numel = s->numel};
     if ((rc = dl_store_init_run(s->store, &run, (const float *const *)s->params))) goto fail;
@@ -957,35 +904,24 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
         dl_policy_set_version(s->policy, p, v);
         total_v += v;
     }
-    s->nslots = s->cfg.policy.max_learners;
-    s->slots = dl_xcalloc((size_t)s->nslots, sizeof(learner_slot));
+    dl_registry_open(s->cfg.policy.max_learners, &s->reg);
+    dl_ledger_open(s->cfg.policy.max_learners, P, &s->ledger);
+    s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
 
     s->lim = dl_wire_limits_default();
     s->lim.num_fragments = (uint32_t)P;
     s->lim.fragment_numel = s->numel;
     s->lim.max_frames = 2;
-
-    s->zctx = zmq_ctx_new();
-    s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
-    if (!s->router || dl_wire_sock_setup(s->router, 1, (size_t)s->cfg.max_msg_bytes)) {
-        rc = dl_err(DL_ENET, "router socket: %s", zmq_strerror(zmq_errno()));
-        goto fail;
-    }
-    if (zmq_bind(s->router, s->cfg.bind) != 0) {
-        rc = dl_err(DL_ENET, "bind %s: %s", s->cfg.bind, zmq_strerror(zmq_errno()));
-        goto fail;
-    }
-    size_t elen = sizeof s->endpoint;
-    zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, s->endpoint, &elen);
-
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    if (pthread_create(&s->worker, NULL, worker_main, s) != 0) DL_PANIC("cannot start the merge worker");
+    if ((rc = open_router(s))) goto fail;
 
     s->loop = ev_loop_new(EVFLAG_AUTO);
+    dl_worker_open(s->store, s->plan, s->params, s->momentum, wake_loop, s, &s->worker);
     int fd;
     size_t fl = sizeof fd;
-    zmq_getsockopt(s->router, ZMQ_FD, &fd, &fl);
+    if (zmq_getsockopt(s->router, ZMQ_FD, &fd, &fl) != 0) {
+        rc = dl_wire_zmq_fail("zmq_getsockopt(ZMQ_FD)", __FILE__, __LINE__);
+        goto fail;
+    }
     ev_io_init(&s->zio, on_zmq, fd, EV_READ);
     s->zio.data = s;
     ev_io_start(s->loop, &s->zio);
@@ -1014,10 +950,13 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->sighup.data = s;
     ev_signal_start(s->loop, &s->sighup);
 
-    s->started_ns = dl_clock_ns();
+    s->started_ns = s->last_sync_ns = dl_clock_ns();
     DL_INFO("run '%s' epoch %llu: %s (%d fragments, %zu params, fingerprint %016llx), listening on %s",
             s->cfg.run_id, (unsigned long long)s->epoch, total_v ? "resumed" : "new run", P,
             dl_plan_total_numel(s->plan), (unsigned long long)s->fingerprint, s->endpoint);
+    dl_event("sync_start", "epoch=%llu resumed=%d fragments=%d params=%zu fingerprint=%016llx endpoint=%s",
+             (unsigned long long)s->epoch, total_v ? 1 : 0, P, dl_plan_total_numel(s->plan),
+             (unsigned long long)s->fingerprint, s->endpoint);
     free(full);
     *out = s;
     return 0;
@@ -1042,49 +981,17 @@ int dl_sync_run(dl_sync *s)
 
 const char *dl_sync_endpoint(const dl_sync *s) { return s->endpoint; }
 
-void dl_sync_summary(dl_sync *s, FILE *f)
-{
-    double wall = (double)(dl_clock_ns() - s->started_ns) * 1e-9;
-    fprintf(f, "sync-summary: epoch=%llu merges=%llu contributions=%llu mean_staleness=%.3f dropped_stale=%llu "
-               "rejected=%llu fetches=%llu wall_s=%.1f\n",
-            (unsigned long long)s->epoch, (unsigned long long)s->merges, (unsigned long long)s->merged_contribs,
-            s->merged_contribs ? (double)s->stale_sum / (double)s->merged_contribs : 0.0,
-            (unsigned long long)s->dropped_stale, (unsigned long long)s->rejected, (unsigned long long)s->fetches,
-            wall);
-    for (int i = 0; i < s->nslots; i++) {
-        learner_slot *l = &s->slots[i];
-        if (!l->used) continue;
-        fprintf(f, "sync-learner: id=%s pushes=%llu merged=%llu dropped=%llu rejected=%llu tokens_applied=%llu "
-                   "bytes_in=%llu bytes_out=%llu\n",
-                l->id, (unsigned long long)l->pushes, (unsigned long long)l->merged, (unsigned long long)l->dropped,
-                (unsigned long long)l->rejected, (unsigned long long)l->tokens_applied,
-                (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out);
-    }
-}
-
 void dl_sync_close(dl_sync **sp)
 {
     if (!sp || !*sp) return;
     dl_sync *s = *sp;
-    if (s->loop) {
-        pthread_mutex_lock(&s->mu);
-        s->worker_quit = 1;
-        pthread_cond_signal(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->worker, NULL);
-        /* jobs the worker finished but the loop never saw */
-        while (s->done_head) {
-            job *j = s->done_head;
-            s->done_head = j->next;
-            free_job(j);
-        }
-        ev_loop_destroy(s->loop);
-        pthread_mutex_destroy(&s->mu);
-        pthread_cond_destroy(&s->cv);
-    }
-    if (s->router) zmq_close(s->router);
-    if (s->zctx) zmq_ctx_term(s->zctx);
+    dl_worker_close(&s->worker); /* before the loop it wakes */
+    if (s->loop) ev_loop_destroy(s->loop);
+    if (s->router) DL_ZMQ_LOG(zmq_close(s->router));
+    if (s->zctx) DL_ZMQ_LOG(zmq_ctx_term(s->zctx));
     dl_policy_close(&s->policy);
+    dl_registry_close(&s->reg);
+    dl_ledger_close(&s->ledger);
     dl_store_close(&s->store);
     dl_plan_close(&s->plan);
     for (int p = 0; s->params && p < s->cfg.P; p++) {
@@ -1100,10 +1007,8 @@ void dl_sync_close(dl_sync **sp)
     free(s->naside);
     free(s->capaside);
     free(s->numel);
-    free(s->slots);
-    free(s->scratch_merged);
-    free(s->scratch_params);
-    free(s->scratch_mom);
+    free(s->versions);
+    free(s->lstats);
     free(s);
     *sp = NULL;
 }

@@ -1,13 +1,16 @@
-/* The synchronizer daemon: a libev loop around a ZeroMQ ROUTER, the learner
- * registry and liveness, the merge policy, and a worker thread that merges,
- * applies the outer step and commits to LMDB so the loop never blocks. */
+/* The synchronizer daemon: a libev loop around a ZeroMQ ROUTER and its
+ * message handlers. The jobs it drives live in their own files: registry.c
+ * (ids -> slots), policy.c (rounds, liveness), round.c (merge records,
+ * share), ledger.c (token fates), worker.c (merges and every LMDB write),
+ * report.c (status, summary, reload lines from one statistics snapshot). */
 #ifndef DL_SYNCHRONIZER_SYNC_H
 #define DL_SYNCHRONIZER_SYNC_H
 
 #include <stdint.h>
 #include <stdio.h>
 
-#include "learner/gpt.h"
+#include "core/model.h"
+#include "synchronizer/ledger.h"
 #include "synchronizer/merge.h"
 #include "synchronizer/policy.h"
 
@@ -15,7 +18,7 @@ typedef struct {
     char bind[256];        /* ZeroMQ endpoint to bind, e.g. tcp://127.0.0.1:5555 */
     char store[256];       /* LMDB store directory */
     char run_id[65];
-    dl_gpt_config model;
+    dl_model_config model;
     int P;                 /* fragments */
     int H;                 /* inner steps between two pushes of one fragment */
     uint64_t seed;         /* init of a new run's global model */
@@ -28,7 +31,8 @@ typedef struct {
     int sync_every_ms;     /* periodic durability: fsync interval */
     int status_every_ms;   /* progress line interval (0 = off) */
     uint64_t max_msg_bytes;
-    char config_text[4096]; /* the effective config, recorded in the store */
+    const char *config_text; /* the effective config text, recorded in the store as an audit record (nothing
+                                parses it); NULL = none; the caller's, kept until dl_sync_close */
 } dl_sync_cfg;
 
 typedef struct dl_sync dl_sync;
@@ -52,6 +56,31 @@ void dl_sync_set_reload(dl_sync *s, dl_sync_reload_fn fn, void *ctx);
 int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out);
 /* Run the loop until SIGINT/SIGTERM (or dl_sync_stop). Returns 0. */
 int dl_sync_run(dl_sync *s);
+/* One statistics snapshot: what the status line, the shutdown summary and
+ * (later) the metrics endpoint all format from. Pointers point into the
+ * synchronizer and stay valid until its next loop iteration. */
+typedef struct {
+    char id[65];
+    int state;             /* dl_policy_member */
+    uint64_t pushes, merged, dropped, rejected, tokens_applied, bytes_in, bytes_out;
+    uint64_t step, tokens; /* from its latest Heartbeat */
+    double steps_per_s;
+} dl_sync_learner_stats;
+
+typedef struct {
+    uint64_t epoch;
+    double wall_s;           /* since dl_sync_open */
+    int P;
+    const uint64_t *versions; /* [P] committed version per fragment */
+    int live, dead, left;    /* learners by membership */
+    int n_learners;
+    const dl_sync_learner_stats *learners; /* [n_learners], registry order */
+    uint64_t merges, merged_contribs, stale_sum, dropped_stale, rejected, fetches;
+    int jobs_inflight;
+    dl_ledger_totals ledger;
+} dl_sync_stats;
+
+void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out);
 /* Print the end-of-run summary (merges, staleness, per-learner bytes). */
 void dl_sync_summary(dl_sync *s, FILE *f);
 void dl_sync_close(dl_sync **s);

@@ -26,6 +26,9 @@
 // ----------------------------------------------------------------------------
 // helpers
 
+/* The model every test run records (the store checks it is a valid one). */
+#define TEST_MODEL {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256}
+
 #define CHECK(cond, ...)                                                                                 \
     do {                                                                                                 \
         if (!(cond)) {                                                                                   \
@@ -125,7 +128,8 @@ static int commit_v(dl_store *s, uint32_t p, uint64_t v, size_t n, uint64_t toke
     dl_merge_contrib c = contrib("learner-0", v - 1, tokens, 1.0, DL_MERGE_MERGED, "");
     dl_merge_record rec = {.epoch = 1, .wallclock_ns = 42, .staleness_fn = "constant", .delta_norm = 0.5,
                            .n_contrib = 1, .contrib = &c};
-    int rc = dl_store_commit_merge(s, p, v, x, m, &rec);
+    dl_store_ledger led = {{[DL_LEDGER_APPLIED] = tokens}};
+    int rc = dl_store_commit_merge(s, p, v, x, m, &rec, &led);
     free(x);
     free(m);
     return rc;
@@ -188,7 +192,7 @@ static void test_roundtrip(void)
     path_of(dir, sizeof dir, "rt/nested/store");
     const uint64_t numel[3] = {5, 1000, 70000}; /* tiny (leaf page), medium, large (overflow pages) */
     const char *cfg = "[sync]\nquorum = 2\nouter_lr = 0.7\n";
-    dl_store_run run = {"run-A", 0x1234abcd5678ef01ull, cfg, 3, numel};
+    dl_store_run run = {"run-A", 0x1234abcd5678ef01ull, cfg, 3, numel, TEST_MODEL, 1337};
     params_set init = make_init(3, numel);
 
     dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
@@ -236,7 +240,12 @@ static void test_roundtrip(void)
     dl_merge_record rec = {.version = 12345 /* ignored */, .epoch = 2, .wallclock_ns = 1700000000123456789ll,
                            .staleness_fn = "inverse_sqrt", .delta_norm = 3.25, .n_contrib = 4, .contrib = cs};
     fill(x, numel[1], 1, 1, 0), fill(m, numel[1], 1, 1, 1);
-    OK(dl_store_commit_merge(s, 1, 1, x, m, &rec));
+    dl_store_ledger led = {{[DL_LEDGER_APPLIED] = 1300, [DL_LEDGER_DROPPED_STALE] = 500}};
+    dl_store_ledger led_bad = led;
+    led_bad.tokens[DL_LEDGER_APPLIED] = 1299;
+    EXPECT_ERR(dl_store_commit_merge(s, 1, 1, x, m, &rec, &led_bad), DL_EINVAL, "applied tokens");
+    EXPECT_ERR(dl_store_commit_merge(s, 1, 1, x, m, &rec, NULL), DL_EINVAL, "applied tokens");
+    OK(dl_store_commit_merge(s, 1, 1, x, m, &rec, &led));
     uint64_t v = 0;
     OK(dl_store_read_fragment(s, 1, &v, x, m));
     CHECK(v == 1 && equal_to(x, numel[1], 1, 1, 0) && equal_to(m, numel[1], 1, 1, 1), "fragment 1 at version 1");
@@ -282,10 +291,13 @@ static void test_roundtrip(void)
               l.tokens[DL_LEDGER_REJECTED] == 0 && l.tokens[DL_LEDGER_LOST] == 0,
           "ledger after commits: %llu %llu %llu %llu", (unsigned long long)l.tokens[0],
           (unsigned long long)l.tokens[1], (unsigned long long)l.tokens[2], (unsigned long long)l.tokens[3]);
-    OK(dl_store_ledger_add(s, DL_LEDGER_REJECTED, 77));
-    OK(dl_store_ledger_add(s, DL_LEDGER_LOST, 11));
+    OK(dl_store_ledger_add(s, &(dl_store_ledger){{[DL_LEDGER_REJECTED] = 77}}));
+    OK(dl_store_ledger_add(s, &(dl_store_ledger){{[DL_LEDGER_LOST] = 11, [DL_LEDGER_DISCARDED] = 5,
+                                                   [DL_LEDGER_OUTSTANDING] = 3}}));
     OK(dl_store_ledger_get(s, &l));
-    CHECK(l.tokens[2] == 77 && l.tokens[3] == 11 && l.tokens[0] == 1350, "ledger add");
+    CHECK(l.tokens[2] == 77 && l.tokens[3] == 11 && l.tokens[0] == 1350 && l.tokens[DL_LEDGER_DISCARDED] == 5 &&
+              l.tokens[DL_LEDGER_OUTSTANDING] == 3,
+          "ledger add");
     printf("ok: ledger: commits add merged (1350) and dropped-stale (500) tokens, not rejected; "
            "ledger_add moves rejected/lost\n");
 
@@ -319,10 +331,10 @@ static void test_roundtrip(void)
 
     dl_merge_contrib bad = contrib("", 0, 1, 1.0, DL_MERGE_MERGED, "");
     dl_merge_record brec = {.staleness_fn = "x", .n_contrib = 1, .contrib = &bad};
-    EXPECT_ERR(dl_store_commit_merge(s, 1, 3, x, m, &brec), DL_EINVAL, "contributor learner id");
+    EXPECT_ERR(dl_store_commit_merge(s, 1, 3, x, m, &brec, NULL), DL_EINVAL, "contributor learner id");
     bad = contrib("ok-id", 0, 1, 1.0, 9, "");
-    EXPECT_ERR(dl_store_commit_merge(s, 1, 3, x, m, &brec), DL_EINVAL, "decision");
-    EXPECT_ERR(dl_store_commit_merge(s, 5, 1, x, m, &rec), DL_ERANGE, "out of range");
+    EXPECT_ERR(dl_store_commit_merge(s, 1, 3, x, m, &brec, NULL), DL_EINVAL, "decision");
+    EXPECT_ERR(dl_store_commit_merge(s, 5, 1, x, m, &rec, &led), DL_ERANGE, "out of range");
     dl_store_stats st;
     OK(dl_store_get_stats(s, &st));
     CHECK(st.map_size == (1ull << 30) && st.stale_readers_cleared == 0 && st.used_bytes > 0, "stats");
@@ -389,7 +401,7 @@ static void test_version_fence(void)
     char dir[4200];
     path_of(dir, sizeof dir, "fence");
     const uint64_t numel[2] = {300, 9};
-    dl_store_run run = {"fence", 7, NULL, 2, numel};
+    dl_store_run run = {"fence", 7, NULL, 2, numel, TEST_MODEL, 1337};
     params_set init = make_init(2, numel);
     dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
     OK(dl_store_init_run(s, &run, (const float *const *)init.a));
@@ -425,7 +437,7 @@ static void test_snapshot(void)
     char dir[4200];
     path_of(dir, sizeof dir, "snap");
     const uint64_t numel[2] = {5, 70000};
-    dl_store_run run = {"snap", 8, NULL, 2, numel};
+    dl_store_run run = {"snap", 8, NULL, 2, numel, TEST_MODEL, 1337};
     params_set init = make_init(2, numel);
     dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
     OK(dl_store_init_run(s, &run, (const float *const *)init.a));
@@ -478,7 +490,7 @@ static void test_map_growth(void)
     char dir[4200];
     path_of(dir, sizeof dir, "grow");
     const uint64_t numel[2] = {20000, 3};
-    dl_store_run run = {"grow", 9, NULL, 2, numel};
+    dl_store_run run = {"grow", 9, NULL, 2, numel, TEST_MODEL, 1337};
     params_set init = make_init(2, numel);
     /* periodic durability: thousands of small commits without an fsync each */
     dl_store *s = open_store(dir, 64 << 10, DL_STORE_PERIODIC, 0);
@@ -620,12 +632,109 @@ static void raw_del(const char *dir, const char *db, MDB_val k)
     raw_close(&r);
 }
 
+/* The typed model and seed of the run record: round trip through a reopen,
+ * resume refused per field, an invalid model refused on init and on read,
+ * and a store of schema 1 (no model fields) refused at open. */
+static void test_run_model(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "model");
+    const uint64_t numel[2] = {40, 9};
+    const dl_model_config model = {.n_layer = 3, .n_head = 4, .n_embd = 48, .seq_len = 24, .vocab = 1000};
+    dl_store_run run = {"model", 13, "n_layer = 999\n", 2, numel, model, 0xfeedfacecafebeefull};
+    params_set init = make_init(2, numel);
+
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    dl_store_run bad = run;
+    bad.model.n_head = 5; /* 48 % 5 != 0 */
+    EXPECT_ERR(dl_store_init_run(s, &bad, (const float *const *)init.a), DL_EINVAL, "not a multiple of n_head");
+    bad = run;
+    bad.model.vocab = 0;
+    EXPECT_ERR(dl_store_init_run(s, &bad, (const float *const *)init.a), DL_EINVAL, "vocab 0");
+    CHECK(dl_store_n_fragments(s) == 0, "a refused run writes nothing");
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    for (int reopen = 0; reopen < 2; reopen++) {
+        dl_store_run got;
+        OK(dl_store_get_run(s, &got));
+        CHECK(got.model.n_layer == 3 && got.model.n_head == 4 && got.model.n_embd == 48 && got.model.seq_len == 24 &&
+                  got.model.vocab == 1000 && got.model.padded_vocab == 1024 && got.seed == 0xfeedfacecafebeefull,
+              "model and seed (reopen %d): L=%d NH=%d C=%d T=%d V=%d Vp=%d seed %llx", reopen, got.model.n_layer,
+              got.model.n_head, got.model.n_embd, got.model.seq_len, got.model.vocab, got.model.padded_vocab,
+              (unsigned long long)got.seed);
+        /* the config text is audit only: its n_layer is not the model's */
+        CHECK(strcmp(got.config_text, "n_layer = 999\n") == 0, "config text kept as given");
+        dl_store_close(&s);
+        s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    }
+    OK(dl_store_init_run(s, &run, NULL));
+    printf("ok: the run's model (Vp derived) and seed round-trip through a reopen; same model resumes\n");
+
+    const char *field[] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab"};
+    for (int i = 0; i < 5; i++) {
+        dl_store_run other = run;
+        int *f[] = {&other.model.n_layer, &other.model.n_head, &other.model.n_embd, &other.model.seq_len,
+                    &other.model.vocab};
+        int have = *f[i], want = i == 1 ? 8 : have * 2; /* 48 % 8 == 0: only the field differs */
+        *f[i] = want;
+        char needle[96];
+        snprintf(needle, sizeof needle, "with %s %d; refusing %s %d", field[i], have, field[i], want);
+        EXPECT_ERR(dl_store_init_run(s, &other, NULL), DL_EMISMATCH, needle);
+    }
+    dl_store_run other = run;
+    other.seed = 1;
+    EXPECT_ERR(dl_store_init_run(s, &other, NULL), DL_EMISMATCH, "seed 18369614221190020847; refusing seed 1");
+    uint64_t v = 99;
+    OK(dl_store_read_fragment(s, 0, &v, NULL, NULL));
+    CHECK(v == 0, "state untouched by refused resumes");
+    printf("ok: resume with another n_layer / n_head / n_embd / seq_len / vocab / seed -> DL_EMISMATCH naming it\n");
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+
+    /* a run record whose model does not pass the check is corrupt */
+    size_t len;
+    uint8_t *orig = raw_get(dir, "meta", (MDB_val){3, "run"}, &len);
+    CHECK(len == 128 + 8 * 2, "run value: 128-byte header + P numels, got %zu bytes", len);
+    uint8_t *b = malloc(len);
+    memcpy(b, orig, len);
+    uint32_t nh = 7;
+    memcpy(b + 100, &nh, 4);
+    raw_put(dir, "meta", (MDB_val){3, "run"}, b, len);
+    dl_store_opts o = dl_store_opts_default();
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_ECORRUPT, "meta[run]: bad model: n_embd 48 is not a multiple of n_head 7");
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "meta[run]: bad model");
+    raw_put(dir, "meta", (MDB_val){3, "run"}, orig, len);
+    OK(dl_store_check(dir, NULL));
+
+    /* a schema-1 store: version 1 in meta[schema] and the run value of then
+     * (format 1, 96-byte header, no model): refused at open, not misread */
+    uint8_t *schema = raw_get(dir, "meta", (MDB_val){6, "schema"}, &len);
+    CHECK(len == 8 && schema[4] == DL_STORE_SCHEMA_VERSION, "schema value of this build");
+    uint8_t old_schema[8];
+    memcpy(old_schema, schema, 8);
+    old_schema[4] = 1;
+    raw_put(dir, "meta", (MDB_val){6, "schema"}, old_schema, 8);
+    uint8_t old_run[96 + 8 * 2];
+    memcpy(old_run, orig, 96);
+    old_run[4] = 1;
+    memcpy(old_run + 96, orig + 128, 8 * 2);
+    raw_put(dir, "meta", (MDB_val){3, "run"}, old_run, sizeof old_run);
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 1, this build reads schema version 2");
+    CHECK(s == NULL, "failed open leaves NULL");
+    o.read_only = 1;
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 1");
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_EFORMAT, "schema version 1");
+    printf("ok: a bad model in the run record -> DL_ECORRUPT; a schema-1 store -> open (rw and ro) and check refuse "
+           "it with DL_EFORMAT naming schema 1\n");
+    free(orig), free(b), free(schema);
+    free_init(&init);
+}
+
 static void test_checker(void)
 {
     char dir[4200];
     path_of(dir, sizeof dir, "check");
     const uint64_t numel[2] = {64, 5000};
-    dl_store_run run = {"check", 10, NULL, 2, numel};
+    dl_store_run run = {"check", 10, NULL, 2, numel, TEST_MODEL, 1337};
     params_set init = make_init(2, numel);
     dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
     OK(dl_store_init_run(s, &run, (const float *const *)init.a));
@@ -815,7 +924,7 @@ static void test_stale_readers(void)
     char dir[4200];
     path_of(dir, sizeof dir, "readers");
     const uint64_t numel[1] = {16};
-    dl_store_run run = {"readers", 11, NULL, 1, numel};
+    dl_store_run run = {"readers", 11, NULL, 1, numel, TEST_MODEL, 1337};
     params_set init = make_init(1, numel);
     dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
     OK(dl_store_init_run(s, &run, (const float *const *)init.a));
@@ -899,7 +1008,7 @@ static void test_crash(uint64_t seed)
     char dir[4200];
     path_of(dir, sizeof dir, "crash");
     const uint64_t numel[2] = {CRASH_NUMEL, 7};
-    dl_store_run run = {"crash", 12, NULL, 2, numel};
+    dl_store_run run = {"crash", 12, NULL, 2, numel, TEST_MODEL, 1337};
     params_set init = make_init(2, numel);
     dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
     OK(dl_store_init_run(s, &run, (const float *const *)init.a));
@@ -986,6 +1095,7 @@ int main(void)
     test_snapshot();
     test_map_growth();
     test_checker();
+    test_run_model();
     test_stale_readers();
     uint64_t seed = 20240611;
     printf("crash test seed %llu\n", (unsigned long long)seed);

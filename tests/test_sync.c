@@ -5,8 +5,8 @@
  * record the merge leaves behind. */
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/model.h"
 #include "core/plan.h"
-#include "learner/gpt.h"
 #include "proto/wire.h"
 #include "storage/store.h"
 
@@ -21,7 +21,7 @@
 
 #include "tests/check.h"
 
-static const dl_gpt_config MODEL = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab = 256};
+static const dl_model_config MODEL = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab = 256};
 enum { P = 2 };
 static char dir[256], endpoint[256];
 static pid_t sync_pid;
@@ -125,7 +125,7 @@ static void expect_error(void *d, const char *what, int code, int fatal, const c
 {
     dl_wire_msg m;
     int rc = recv_msg(d, &m);
-    int ok = rc == 0 && m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR && m.env->error->code == code &&
+    int ok = rc == 0 && m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR && m.env->error->kind == dl_wire_error_kind_of(code) && m.env->error->code == 0 &&
              m.env->error->fatal == fatal && strstr(m.env->error->message, needle);
     printf("%-28s -> %s\n", what, rc == 0 && m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR ? m.env->error->message : "(no error)");
     CHECK(ok, "%s: expected %s error %d containing '%s'", what, fatal ? "fatal" : "non-fatal", code, needle);
@@ -142,10 +142,10 @@ int main(void)
         return 1;
     }
     ctx = zmq_ctx_new();
-    dl_gpt_config m = MODEL;
-    dl_gpt_config_check(&m);
-    dl_gpt_plan_open(&m, P, &plan);
-    fingerprint = dl_gpt_fingerprint(&m, plan);
+    dl_model_config m = MODEL;
+    dl_model_config_check(&m);
+    dl_model_plan_open(&m, P, &plan);
+    fingerprint = dl_model_fingerprint(&m, plan);
 
     /* bad hellos and messages before hello */
     void *d = dealer("bad-1");
@@ -186,7 +186,7 @@ int main(void)
     /* fetch: the global model equals the seeded init */
     size_t total = dl_plan_total_numel(plan);
     float *init = malloc(total * 4), *frag = malloc(total * 4);
-    dl_gpt_init_params(&m, 1337, init);
+    dl_model_init_params(&m, 1337, init);
     {
         expect_error(d, "push with a wrong numel", DL_EPROTO, 0, "numel");
         Dloco__V1__Envelope env;
@@ -283,6 +283,22 @@ int main(void)
         CHECK(dropped && rebase_update, "stale push: dropped %d, rebase update to v3 %d", dropped, rebase_update);
     }
 
+    /* A NaN push of fragment 1 and then bye: nothing carries it on, so its
+     * tokens end REJECTED. (The NaN push of fragment 0 above was carried on
+     * by the next push on the same base, which was merged: a learner's
+     * counters are cumulative, so that push reported those tokens again.) */
+    delta[3] = NAN;
+    send_push(d, "good-1", 1, 0, delta, dl_plan_fragment_numel(plan, 1));
+    {
+        dl_wire_msg r;
+        int rc = recv_msg(d, &r);
+        CHECK(rc == 0 && r.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK &&
+                  r.env->ack->decision == DLOCO__V1__DECISION__DECISION_REJECTED,
+              "NaN push of fragment 1 rejected");
+        dl_wire_msg_close(&r);
+    }
+    delta[3] = 0.01f;
+
     /* bye, then the learner is unknown */
     {
         Dloco__V1__Envelope env;
@@ -325,7 +341,8 @@ int main(void)
         printf("ledger: applied %llu rejected %llu\n", (unsigned long long)led.tokens[DL_LEDGER_APPLIED],
                (unsigned long long)led.tokens[DL_LEDGER_REJECTED]);
         CHECK(led.tokens[DL_LEDGER_APPLIED] == 3 * 64, "applied tokens");
-        CHECK(led.tokens[DL_LEDGER_REJECTED] == 64, "rejected tokens (the NaN push)");
+        CHECK(led.tokens[DL_LEDGER_REJECTED] == 64, "rejected tokens (the NaN push of fragment 1)");
+        CHECK(led.tokens[DL_LEDGER_DROPPED_STALE] == 64, "dropped-stale tokens (the stale push)");
         dl_store_close(&st);
     }
     free(init);

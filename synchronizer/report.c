@@ -1,0 +1,128 @@
+/* Status line, shutdown summary and reload diff of the synchronizer, from
+ * the statistics snapshot. */
+#include "synchronizer/report.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+#include "core/event.h"
+#include "storage/store.h"
+
+static double mean_staleness(const dl_sync_stats *st)
+{
+    return st->merged_contribs ? (double)st->stale_sum / (double)st->merged_contribs : 0.0;
+}
+
+void dl_report_status(const dl_sync_stats *st, char *buf, size_t cap)
+{
+    char vers[256];
+    size_t o = 0;
+    vers[0] = 0;
+    for (int p = 0; p < st->P && o < sizeof vers - 24; p++)
+        o += (size_t)snprintf(vers + o, sizeof vers - o, "%s%llu", p ? "," : "", (unsigned long long)st->versions[p]);
+    snprintf(buf, cap,
+             "epoch %llu | learners %d live / %d dead / %d left | merges %llu | mean staleness %.2f | versions [%s] | "
+             "dropped %llu rejected %llu | jobs in flight %d",
+             (unsigned long long)st->epoch, st->live, st->dead, st->left, (unsigned long long)st->merges,
+             mean_staleness(st), vers, (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
+             st->jobs_inflight);
+}
+
+static const char *member_name(int state)
+{
+    switch (state) {
+    case DL_POLICY_MEMBER_LIVE: return "live";
+    case DL_POLICY_MEMBER_DEAD: return "dead";
+    case DL_POLICY_MEMBER_LEFT: return "left";
+    default: return "none";
+    }
+}
+
+void dl_report_summary(const dl_sync_stats *st, FILE *f)
+{
+    fprintf(f, "sync-summary: epoch=%llu merges=%llu contributions=%llu mean_staleness=%.3f dropped_stale=%llu "
+               "rejected=%llu fetches=%llu wall_s=%.1f\n",
+            (unsigned long long)st->epoch, (unsigned long long)st->merges, (unsigned long long)st->merged_contribs,
+            mean_staleness(st), (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
+            (unsigned long long)st->fetches, st->wall_s);
+    for (int i = 0; i < st->n_learners; i++) {
+        const dl_sync_learner_stats *l = &st->learners[i];
+        fprintf(f, "sync-learner: id=%s pushes=%llu merged=%llu dropped=%llu rejected=%llu tokens_applied=%llu "
+                   "bytes_in=%llu bytes_out=%llu\n",
+                l->id, (unsigned long long)l->pushes, (unsigned long long)l->merged, (unsigned long long)l->dropped,
+                (unsigned long long)l->rejected, (unsigned long long)l->tokens_applied,
+                (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out);
+    }
+}
+
+void dl_report_summary_events(const dl_sync_stats *st)
+{
+    dl_event("sync_summary",
+             "epoch=%llu merges=%llu contributions=%llu mean_staleness=%.3f dropped_stale=%llu rejected=%llu "
+             "fetches=%llu wall_s=%.1f",
+             (unsigned long long)st->epoch, (unsigned long long)st->merges, (unsigned long long)st->merged_contribs,
+             mean_staleness(st), (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
+             (unsigned long long)st->fetches, st->wall_s);
+    for (int i = 0; i < st->n_learners; i++) {
+        const dl_sync_learner_stats *l = &st->learners[i];
+        dl_event("sync_learner",
+                 "id=%s state=%s pushes=%llu merged=%llu dropped=%llu rejected=%llu tokens_applied=%llu "
+                 "tokens=%llu bytes_in=%llu bytes_out=%llu",
+                 l->id, member_name(l->state), (unsigned long long)l->pushes, (unsigned long long)l->merged,
+                 (unsigned long long)l->dropped, (unsigned long long)l->rejected,
+                 (unsigned long long)l->tokens_applied, (unsigned long long)l->tokens,
+                 (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out);
+    }
+    const dl_ledger_totals *t = &st->ledger;
+    dl_event("ledger",
+             "applied=%llu dropped_stale=%llu rejected=%llu lost=%llu discarded=%llu outstanding=%llu pooled=%llu "
+             "carried=%llu processed=%llu overclaim=%llu carried_in=%llu",
+             (unsigned long long)t->state[DL_LEDGER_APPLIED], (unsigned long long)t->state[DL_LEDGER_DROPPED_STALE],
+             (unsigned long long)t->state[DL_LEDGER_REJECTED], (unsigned long long)t->state[DL_LEDGER_LOST],
+             (unsigned long long)t->state[DL_LEDGER_DISCARDED], (unsigned long long)t->state[DL_LEDGER_OUTSTANDING],
+             (unsigned long long)t->pooled, (unsigned long long)t->carried, (unsigned long long)t->processed,
+             (unsigned long long)t->overclaim, (unsigned long long)t->carried_in);
+}
+
+typedef struct {
+    char *buf;
+    size_t cap, o;
+    int n;
+} diff_buf;
+
+static void add(diff_buf *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void add(diff_buf *d, const char *fmt, ...)
+{
+    d->n++;
+    if (d->o >= d->cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(d->buf + d->o, d->cap - d->o, fmt, ap);
+    va_end(ap);
+    d->o += k > 0 ? (size_t)k : 0;
+}
+
+int dl_report_tunables_diff(const dl_sync_tunables *a, const dl_sync_tunables *b, char *buf, size_t cap)
+{
+    diff_buf d = {buf, cap, 0, 0};
+    buf[0] = 0;
+    const dl_policy_cfg *x = &a->policy, *y = &b->policy;
+    const dl_merge_opts *m = &a->merge, *n = &b->merge;
+#define CHANGED(name, fmt, u, v) \
+    if ((u) != (v)) add(&d, "%s" name " " fmt " -> " fmt, d.n ? ", " : " ", u, v)
+    CHANGED("quorum", "%d", x->quorum, y->quorum);
+    CHANGED("grace_cap_ms", "%lld", (long long)(x->grace_cap_ns / 1000000), (long long)(y->grace_cap_ns / 1000000));
+    CHANGED("gamma", "%g", x->gamma, y->gamma);
+    CHANGED("mad_k", "%g", x->mad_k, y->mad_k);
+    CHANGED("max_staleness", "%lld", (long long)x->max_staleness, (long long)y->max_staleness);
+    if (x->sfn != y->sfn)
+        add(&d, "%sstaleness %s -> %s", d.n ? ", " : " ", dl_policy_sfn_name(x->sfn), dl_policy_sfn_name(y->sfn));
+    CHANGED("staleness_a", "%g", x->sfn_a, y->sfn_a);
+    CHANGED("staleness_b", "%g", x->sfn_b, y->sfn_b);
+    CHANGED("outer_lr", "%g", (double)m->outer_lr, (double)n->outer_lr);
+    CHANGED("outer_momentum", "%g", (double)m->outer_momentum, (double)n->outer_momentum);
+    CHANGED("clip_norm", "%g", m->clip_norm, n->clip_norm);
+    CHANGED("share_scaling", "%d", m->share_scaling, n->share_scaling);
+#undef CHANGED
+    return d.n;
+}

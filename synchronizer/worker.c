@@ -1,0 +1,186 @@
+/* Worker thread: a FIFO of jobs under one mutex; merges work on scratch
+ * copies and replace the in-memory global only after their commit. */
+#include "synchronizer/worker.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/clock.h"
+#include "core/err.h"
+
+struct dl_worker {
+    dl_store *store;
+    const dl_plan *plan;
+    float **params, **momentum;
+    void (*wake)(void *);
+    void *wake_ctx;
+    float *scratch_merged, *scratch_params, *scratch_mom; /* [max fragment numel], worker thread only */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    dl_job *todo_head, *todo_tail, *done_head, *done_tail; /* guarded by mu */
+    int quit;     /* guarded by mu */
+    int inflight; /* guarded by mu */
+};
+
+dl_job *dl_job_new(dl_job_kind kind)
+{
+    dl_job *j = dl_xcalloc(1, sizeof *j);
+    j->kind = kind;
+    return j;
+}
+
+void dl_job_free(dl_job *j)
+{
+    if (!j) return;
+    free(j->deltas);
+    free(j->w);
+    free(j->handles);
+    free(j->rec.contrib);
+    free(j);
+}
+
+static void run_merge(dl_worker *w, dl_job *j)
+{
+    int p = j->fragment;
+    size_t n = dl_plan_fragment_numel(w->plan, p);
+    memcpy(w->scratch_params, w->params[p], n * sizeof(float));
+    memcpy(w->scratch_mom, w->momentum[p], n * sizeof(float));
+    j->norm = dl_merge_apply(w->plan, p, &j->mopts, j->deltas, j->w, j->m, j->mopts.share_scaling ? j->share : 1.0,
+                             w->scratch_merged, w->scratch_params, w->scratch_mom);
+    j->rec.delta_norm = j->norm;
+    j->rec.wallclock_ns = dl_wallclock_ns();
+    if (!dl_merge_finite(w->scratch_params, n)) {
+        j->rc = DL_ECORRUPT;
+        snprintf(j->err, sizeof j->err, "merged fragment %d is not finite; not committed", p);
+        return;
+    }
+    j->rc = dl_store_commit_merge(w->store, (uint32_t)p, j->version + 1, w->scratch_params, w->scratch_mom, &j->rec,
+                                  &j->ledger);
+    if (j->rc) {
+        snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
+        return;
+    }
+    /* committed: the in-memory global follows (the loop reads it only after
+     * this job is back, and no other job of fragment p is in flight) */
+    memcpy(w->params[p], w->scratch_params, n * sizeof(float));
+    memcpy(w->momentum[p], w->scratch_mom, n * sizeof(float));
+}
+
+static void run(dl_worker *w, dl_job *j)
+{
+    dl_err_clear();
+    switch (j->kind) {
+    case DL_JOB_MERGE: run_merge(w, j); return;
+    case DL_JOB_LEARNER_PUT: j->rc = dl_store_learner_put(w->store, &j->lrec); break;
+    case DL_JOB_LEDGER: j->rc = dl_store_ledger_add(w->store, &j->ledger); break;
+    case DL_JOB_SYNC: j->rc = dl_store_sync(w->store); break;
+    }
+    if (j->rc) snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
+}
+
+static void *worker_main(void *arg)
+{
+    dl_worker *w = arg;
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (!w->todo_head && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+        dl_job *j = w->todo_head;
+        if (!j) {
+            pthread_mutex_unlock(&w->mu);
+            return NULL;
+        }
+        w->todo_head = j->next;
+        if (!w->todo_head) w->todo_tail = NULL;
+        pthread_mutex_unlock(&w->mu);
+        run(w, j);
+        pthread_mutex_lock(&w->mu);
+        j->next = NULL;
+        if (w->done_tail) w->done_tail->next = j;
+        else w->done_head = j;
+        w->done_tail = j;
+        pthread_mutex_unlock(&w->mu);
+        w->wake(w->wake_ctx);
+    }
+}
+
+static float *aligned_floats(size_t n) { return dl_xaligned(64, n * sizeof(float)); }
+
+int dl_worker_open(dl_store *store, const dl_plan *plan, float **params, float **momentum,
+                   void (*wake)(void *ctx), void *wake_ctx, dl_worker **out)
+{
+    dl_worker *w = dl_xcalloc(1, sizeof *w);
+    w->store = store;
+    w->plan = plan;
+    w->params = params;
+    w->momentum = momentum;
+    w->wake = wake;
+    w->wake_ctx = wake_ctx;
+    size_t maxn = dl_plan_max_fragment_numel(plan);
+    w->scratch_merged = aligned_floats(maxn);
+    w->scratch_params = aligned_floats(maxn);
+    w->scratch_mom = aligned_floats(maxn);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) DL_PANIC("cannot start the merge worker");
+    *out = w;
+    return 0;
+}
+
+void dl_worker_close(dl_worker **wp)
+{
+    if (!wp || !*wp) return;
+    dl_worker *w = *wp;
+    pthread_mutex_lock(&w->mu);
+    w->quit = 1;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    while (w->done_head) { /* jobs the worker finished but the loop never took back */
+        dl_job *j = w->done_head;
+        w->done_head = j->next;
+        dl_job_free(j);
+    }
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w->scratch_merged);
+    free(w->scratch_params);
+    free(w->scratch_mom);
+    free(w);
+    *wp = NULL;
+}
+
+void dl_worker_submit(dl_worker *w, dl_job *j)
+{
+    pthread_mutex_lock(&w->mu);
+    j->next = NULL;
+    if (w->todo_tail) w->todo_tail->next = j;
+    else w->todo_head = j;
+    w->todo_tail = j;
+    w->inflight++;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+dl_job *dl_worker_done(dl_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    dl_job *j = w->done_head;
+    if (j) {
+        w->done_head = j->next;
+        if (!w->done_head) w->done_tail = NULL;
+        w->inflight--;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return j;
+}
+
+int dl_worker_inflight(dl_worker *w)
+{
+    pthread_mutex_lock(&w->mu);
+    int n = w->inflight;
+    pthread_mutex_unlock(&w->mu);
+    return n;
+}

@@ -1,0 +1,64 @@
+/* The synchronizer's worker thread: the only writer of LMDB. It runs jobs in
+ * submission order -- merge a closed round (merge rule, outer step) and
+ * commit it with its ledger changes in one transaction, registry records,
+ * ledger writes, periodic fsync -- so the event loop never blocks on a
+ * merge or an fsync. */
+#ifndef DL_SYNCHRONIZER_WORKER_H
+#define DL_SYNCHRONIZER_WORKER_H
+
+#include <stdint.h>
+
+#include "core/plan.h"
+#include "storage/store.h"
+#include "synchronizer/merge.h"
+
+typedef enum { DL_JOB_MERGE, DL_JOB_LEARNER_PUT, DL_JOB_LEDGER, DL_JOB_SYNC } dl_job_kind;
+
+/* One job. The loop fills the inputs, submits, and reads the results when
+ * the job comes back from dl_worker_done; between the two the worker owns it. */
+typedef struct dl_job {
+    dl_job_kind kind;
+    struct dl_job *next; /* queue link, the worker's */
+    /* DL_JOB_MERGE: merge m deltas of `fragment` onto `version`, commit version + 1 */
+    int fragment;
+    uint64_t version;
+    dl_merge_opts mopts; /* merge settings at submission (SIGHUP may change the live ones) */
+    double share;        /* the round's share of a full outer step, (0, 1] */
+    int m;
+    float **deltas;      /* [m] borrowed payloads (the loop's pool keeps them until the job is back) */
+    double *w;           /* [m] weights */
+    uint64_t *handles;   /* [m] the loop's pool handles */
+    dl_merge_record rec; /* contrib owned by the job */
+    /* DL_JOB_MERGE: persisted with the commit; DL_JOB_LEDGER: the delta to add */
+    dl_store_ledger ledger;
+    /* DL_JOB_LEARNER_PUT */
+    dl_store_learner lrec;
+    /* results */
+    int rc;              /* 0 or the failing call's DL_E* code */
+    double norm;         /* merge: L2 norm of the merged delta */
+    char err[320];       /* detail of a failure */
+} dl_job;
+
+/* A zeroed job of `kind`; dl_job_free frees it and the arrays it owns. */
+dl_job *dl_job_new(dl_job_kind kind);
+void dl_job_free(dl_job *j);
+
+typedef struct dl_worker dl_worker;
+
+/* Start the worker over `store` (borrowed) and the committed global model
+ * params[p] / momentum[p] (borrowed, [P] fragments of plan's sizes): a
+ * successful merge of p overwrites them after its commit. The loop may read
+ * fragment p's arrays whenever no merge job of p is in flight. `wake(ctx)`
+ * is called from the worker thread after each finished job (ev_async_send). */
+int dl_worker_open(dl_store *store, const dl_plan *plan, float **params, float **momentum,
+                   void (*wake)(void *ctx), void *wake_ctx, dl_worker **out);
+/* Finish the queued jobs, stop the thread, free jobs never taken back. */
+void dl_worker_close(dl_worker **w);
+
+void dl_worker_submit(dl_worker *w, dl_job *j);
+/* The oldest finished job, or NULL; the caller frees it. */
+dl_job *dl_worker_done(dl_worker *w);
+/* Jobs submitted and not yet taken back with dl_worker_done. */
+int dl_worker_inflight(dl_worker *w);
+
+#endif

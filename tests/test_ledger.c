@@ -1,0 +1,193 @@
+/* The push ledger and round assembly (pure modules): every fate moves
+ * tokens between states exactly once, the per-learner balance holds through
+ * replacements, refusals, failed merges, deaths, byes and shutdown; a round's
+ * record, weights and share. */
+#include "synchronizer/ledger.h"
+#include "synchronizer/round.h"
+
+#include <string.h>
+
+#include "tests/check.h"
+
+enum { P = 3, A = 0, B = 1, C = 2 };
+
+static uint64_t sum_states(const dl_ledger_totals *t)
+{
+    uint64_t s = 0;
+    for (int i = 0; i < DL_LEDGER_NSTATES; i++) s += t->state[i];
+    return s;
+}
+
+static int live_a_only(void *ctx, int learner)
+{
+    (void)ctx;
+    return learner == A;
+}
+
+static void test_ledger(void)
+{
+    dl_ledger *l = NULL;
+    dl_ledger_open(8, P, &l);
+    dl_ledger_totals t;
+    dl_store_ledger d;
+
+    /* A: pooled, replaced in the open round by its cumulative newer push, merged */
+    dl_ledger_hello(l, A, 0);
+    dl_ledger_progress(l, A, 10, 100, 0); /* 100 tokens -> 300 fragment-tokens */
+    dl_ledger_arrived(l, A, 0, 0, 40);
+    dl_ledger_pooled(l, A, 0, 40, 0);
+    dl_ledger_arrived(l, A, 0, 0, 70);
+    dl_ledger_pooled(l, A, 0, 70, 40); /* carries the 40 on */
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.pooled, 70);
+    dl_ledger_merged(l, A, 0, 70);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.pooled, 0);
+    CHECK_EQ(t.state[DL_LEDGER_APPLIED], 70);
+    CHECK(!dl_ledger_take(l, &d), "applied tokens are persisted by the merge commit, not handed out by take");
+
+    /* A, fragment 1: refused (carried), then carried on by its next push on the same base */
+    dl_ledger_arrived(l, A, 1, 2, 30);
+    dl_ledger_refused(l, A, 1, 2, 30);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.carried, 30);
+    dl_ledger_arrived(l, A, 1, 2, 50);
+    dl_ledger_pooled(l, A, 1, 50, 0);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.carried, 0);
+    CHECK_EQ(t.state[DL_LEDGER_REJECTED], 0);
+    /* ... its round fails: carried again; the learner rebased, so its next push
+     * (another base) does not carry them: REJECTED */
+    dl_ledger_failed(l, A, 1, 2, 50);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.pooled, 0);
+    CHECK_EQ(t.carried, 50);
+    dl_ledger_arrived(l, A, 1, 3, 20);
+    dl_ledger_dropped_stale(l, A, 1, 20);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.state[DL_LEDGER_REJECTED], 50);
+    CHECK_EQ(t.state[DL_LEDGER_DROPPED_STALE], 20);
+    CHECK(dl_ledger_take(l, &d), "pending changes are handed out");
+    CHECK_EQ(d.tokens[DL_LEDGER_REJECTED], 50);
+    CHECK_EQ(d.tokens[DL_LEDGER_DROPPED_STALE], 20);
+    CHECK_EQ(d.tokens[DL_LEDGER_APPLIED], 0);
+    CHECK(!dl_ledger_take(l, &d), "take zeroes the pending changes");
+    dl_ledger_untake(l, &(dl_store_ledger){{[DL_LEDGER_REJECTED] = 50}});
+    CHECK(dl_ledger_take(l, &d) && d.tokens[DL_LEDGER_REJECTED] == 50, "untake gives a failed write back");
+
+    /* A reports discarded tokens (an adopt overwrite) */
+    dl_ledger_progress(l, A, 12, 120, 25);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.state[DL_LEDGER_DISCARDED], 25);
+    CHECK_EQ(t.processed, 360);
+
+    /* B: pushes, dies with a push pooled; a later Hello with step 0 is a new
+     * process: unpushed tokens of the old one are LOST, its pooled push still merges */
+    dl_ledger_hello(l, B, 0);
+    dl_ledger_progress(l, B, 5, 50, 0); /* 150 fragment-tokens */
+    dl_ledger_arrived(l, B, 2, 0, 60);
+    dl_ledger_pooled(l, B, 2, 60, 0);
+    dl_ledger_hello(l, B, 0);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.state[DL_LEDGER_LOST], 90);
+    dl_ledger_merged(l, B, 2, 60);
+    dl_ledger_progress(l, B, 1, 10, 0); /* the new process: 30 fragment-tokens */
+    /* C: bye with a refused push nobody carries on and 10 unpushed tokens */
+    dl_ledger_hello(l, C, 0);
+    dl_ledger_arrived(l, C, 0, 0, 20);
+    dl_ledger_refused(l, C, 0, 0, 20);
+    dl_ledger_bye(l, C, 3, 10, 0); /* 30 fragment-tokens */
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.state[DL_LEDGER_REJECTED], 70);
+    CHECK_EQ(t.state[DL_LEDGER_LOST], 100);
+    /* a failed merge of a learner that has left: LOST, nobody carries it on */
+    dl_ledger_arrived(l, C, 1, 0, 5);
+    dl_ledger_pooled(l, C, 1, 5, 0);
+    dl_ledger_failed(l, C, 1, 0, 5);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.state[DL_LEDGER_LOST], 105);
+
+    /* D (learner 3) is met mid-life, as after a synchronizer restart: counted
+     * from its first report on; progress it pushes from before is carried_in */
+    dl_ledger_hello(l, 3, 50);
+    dl_ledger_progress(l, 3, 50, 500, 7); /* the base: 500 tokens, 7 discarded before we met it */
+    dl_ledger_arrived(l, 3, 0, 9, 80);
+    dl_ledger_pooled(l, 3, 0, 80, 0);
+    dl_ledger_merged(l, 3, 0, 80);
+    dl_ledger_bye(l, 3, 70, 520, 7); /* 20 tokens since: 60 fragment-tokens */
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.carried_in, 20);
+    CHECK_EQ(t.overclaim, 0);
+    CHECK_EQ(t.state[DL_LEDGER_DISCARDED], 25);
+    uint64_t lost_before = t.state[DL_LEDGER_LOST];
+
+    /* shutdown: A is live (its unpushed tokens OUTSTANDING, with a pooled push),
+     * B (new process) is dead: LOST */
+    dl_ledger_arrived(l, A, 2, 0, 7);
+    dl_ledger_pooled(l, A, 2, 7, 0);
+    dl_ledger_shutdown(l, live_a_only, NULL);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.pooled, 0);
+    CHECK_EQ(t.carried, 0);
+    /* A: 360 processed = 70 applied + 50 rejected + 20 dropped + 25 discarded + 7 pooled + 188 unpushed */
+    CHECK_EQ(t.state[DL_LEDGER_OUTSTANDING], 7 + 188);
+    CHECK_EQ(t.state[DL_LEDGER_LOST], lost_before + 30);
+    CHECK_EQ(lost_before, 105);
+    /* every processed fragment-token in exactly one state; C pushed 5 after
+     * its bye, D 20 from before we met it */
+    CHECK_EQ(t.overclaim, 0);
+    CHECK_EQ(sum_states(&t), t.processed + 5 + 20);
+    printf("ok: ledger: processed %llu fragment-tokens, states sum %llu (C pushed 5 after its bye, D 20 from before we met it)\n",
+           (unsigned long long)t.processed, (unsigned long long)sum_states(&t));
+    dl_ledger_close(&l);
+    dl_ledger_close(&l);
+    CHECK(l == NULL, "close is safe twice");
+}
+
+static const char *ids[] = {"alpha", "beta", "gamma"};
+static const char *id_of(void *ctx, uint32_t i)
+{
+    (void)ctx;
+    return ids[i];
+}
+
+static void test_round(void)
+{
+    dl_policy_contrib cs[2] = {
+        {.learner = 0, .handle = 7, .base_version = 4, .steps = 4, .tokens = 64, .staleness = 0, .weight = 3},
+        {.learner = 2, .handle = 9, .base_version = 3, .steps = 4, .tokens = 32, .staleness = 1, .weight = 1,
+         .learner_dead = 1},
+    };
+    dl_policy_round r = {.fragment = 1, .version = 4, .n = 2, .contribs = cs, .weight_sum = 4};
+    dl_merge_contrib aside = {.learner_id = "beta", .base_version = 0, .tokens = 16,
+                              .decision = DL_MERGE_DROPPED_STALE};
+    dl_round_in in = {.epoch = 5, .staleness_fn = "poly", .fleet_tokens = 192, .learner_id = id_of,
+                      .asides = &aside, .n_asides = 1};
+    dl_round_out o;
+    dl_round_assemble(&r, &in, &o);
+    CHECK_EQ(o.rec.n_contrib, 3);
+    CHECK_STR(o.rec.contrib[0].learner_id, "alpha");
+    CHECK_STR(o.rec.contrib[1].learner_id, "gamma");
+    CHECK_STR(o.rec.contrib[1].reason, "merged (learner dead)");
+    CHECK_NEAR(o.rec.contrib[0].weight, 0.75, 1e-15);
+    CHECK_NEAR(o.rec.contrib[1].weight, 0.25, 1e-15);
+    CHECK_EQ(o.rec.contrib[2].decision, DL_MERGE_DROPPED_STALE);
+    CHECK_EQ(o.rec.epoch, 5);
+    CHECK_STR(o.rec.staleness_fn, "poly");
+    CHECK_NEAR(o.share, 0.5, 1e-15);
+    CHECK_EQ(o.applied_tokens, 96);
+    dl_round_out_free(&o);
+    in.fleet_tokens = 50; /* the round has more than the fleet's latest pushes: a full step */
+    dl_round_assemble(&r, &in, &o);
+    CHECK_NEAR(o.share, 1.0, 0);
+    dl_round_out_free(&o);
+    dl_round_out_free(&o);
+    printf("ok: round: record with normalised weights, dead-learner reason, asides after the merged; share 0.5 / capped 1\n");
+}
+
+int main(void)
+{
+    test_ledger();
+    test_round();
+    return CHECK_DONE("test_ledger");
+}
