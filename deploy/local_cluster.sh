@@ -1,7 +1,7 @@
 #!/bin/bash
 # A local cluster on this machine: one dloco-sync + N dloco-learner processes
 # on loopback, training one GPT on a corpus; ends with a summary (final global
-# validation loss, merges, mean staleness, bytes per learner).
+# validation loss, merges, mean staleness, the token ledger, bytes per learner).
 # Usage: deploy/local_cluster.sh [--learners N] [--steps S] [--store DIR] [--keep]
 #        [--data PATH] [--port P] [-- extra learner flags]
 # Model and merge settings come from deploy/cluster.ini (synchronizer) and
@@ -33,12 +33,13 @@ done
 LOGS=$(dirname "$STORE")/$(basename "$STORE" .lmdb)-logs
 mkdir -p "$(dirname "$STORE")" "$LOGS"
 [ "$KEEP" = 1 ] || rm -rf "$STORE"
+: > "$LOGS/events-sync.log"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT INT TERM
 
 "$BUILD_DIR"/synchronizer/dloco-sync --config deploy/cluster.ini --store "$STORE" --bind "tcp://127.0.0.1:$PORT" \
-  > "$LOGS/sync.log" 2>&1 &
+  --events "$LOGS/events-sync.log" > "$LOGS/sync.log" 2>&1 &
 SPID=$!; PIDS+=("$SPID")
 EP=""
 for _ in $(seq 1 100); do
@@ -68,12 +69,21 @@ tail -n +1 -f "$LOGS/learner-0.log" --pid "${LP[0]}" | grep --line-buffered -E '
 rc=0
 for i in "${!LP[@]}"; do wait "${LP[$i]}" || { echo "learner-$i exited with an error:"; tail -3 "$LOGS/learner-$i.log"; rc=1; }; done
 kill -TERM "$SPID"; wait "$SPID" || true
+# the push ledger at shutdown (docs/FAILURE_MODEL.md): every token the
+# learners processed, by the state it ended in
+ledger=$(grep ' event=ledger ' "$LOGS/events-sync.log" | tail -n 1)
+P=$(sed -n 's/^ *fragments *= *//p' deploy/cluster.ini | head -n 1)
 
 echo
 echo "==== summary ===="
 "$BUILD_DIR"/tools/dloco status "$STORE" | grep -E '^(run|versions|merges|token)'
 v1=$("$BUILD_DIR"/tools/dloco eval "$STORE" --data "$DATA" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
 echo "final global val loss: $v1 (start $v0)"
+[ -n "$ledger" ] && echo "$ledger" | awk -v P="${P:-1}" '{
+    for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    printf "ledger: %d tokens processed = applied %d + dropped_stale %d + rejected %d + lost %d + discarded %d + outstanding %d (double-counted: %d)\n",
+      v["processed"] / P, v["applied"] / P, v["dropped_stale"] / P, v["rejected"] / P, v["lost"] / P, v["discarded"] / P,
+      v["outstanding"] / P, v["overclaim"] / P }'
 grep -h '^learner-summary:' "$LOGS"/learner-*.log | sed -E 's/^learner-summary: /  /' \
   | awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
            printf "  %-10s steps %-6s pushes %-5s adopted %-5s sent %8.2f MB  received %8.2f MB\n", v["id"], v["steps"], v["pushes"], v["updates_adopted"], v["bytes_sent"] / 1e6, v["bytes_received"] / 1e6 }'

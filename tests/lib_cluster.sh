@@ -1,12 +1,15 @@
 # Shared helpers of the cluster tests (sourced): start/stop dloco-sync and
-# learners by PID, bounded waits, store queries. Every process a test starts
-# is recorded in PIDS and killed by PID on exit; nothing else is touched.
+# learners by PID, bounded waits, store and event-log queries. Every process a
+# test starts is recorded in PIDS and killed by PID on exit; nothing else is
+# touched. Assertions read the event logs (docs/EVENTS.md), never the human
+# log lines, which may change freely.
 B=${DLOCO_BIN:-build}
 SYNC=$B/synchronizer/dloco-sync LEARNER=$B/learner/dloco-learner DLOCO=$B/tools/dloco
 W=$(mktemp -d /tmp/dloco_${TEST_NAME:-cluster}.XXXXXX)
 PIDS=()
 fail=0
-cleanup() { for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done; rm -rf "$W"; }
+. "$(dirname "${BASH_SOURCE[0]}")/lib_events.sh"
+cleanup() { for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done; [ -n "${KEEP_W:-}" ] || rm -rf "$W"; }
 trap cleanup EXIT
 die() { echo "FAIL: $*"; for f in "$W"/*.log; do echo "== $f"; tail -15 "$f"; done; exit 1; }
 check() { # description command...
@@ -23,15 +26,16 @@ MODEL="--n_layer 2 --n_head 2 --n_embd 32 --seq_len 32"
 OUTER="--outer_lr 1.0 --outer_momentum 0"
 
 # start_sync LOGNAME [extra args...]: binds $BIND (default: a free loopback
-# port); sets SPID and EP
+# port); sets SPID and EP; events go to $W/events-LOGNAME.log
 start_sync() {
   local log=$1; shift
+  : > "$W/events-$log.log" # a fresh file, like the log: the endpoint below is this start's
   "$SYNC" --store "$W/store" --bind "${BIND:-tcp://127.0.0.1:0}" $MODEL --vocab 256 --fragments 4 --H 8 --heartbeat_ms 200 \
-    --status_every_ms 0 "$@" > "$W/$log.log" 2>&1 &
+    --status_every_ms 0 --events "$W/events-$log.log" "$@" > "$W/$log.log" 2>&1 &
   SPID=$!; PIDS+=("$SPID")
   EP=""
   for _ in $(seq 1 150); do
-    EP=$(sed -n 's/^dloco-sync: listening on //p' "$W/$log.log")
+    EP=$(ev_last "$W/events-$log.log" sync_start endpoint)
     [ -n "$EP" ] && return 0
     kill -0 "$SPID" 2>/dev/null || die "dloco-sync exited at start ($log)"
     sleep 0.1
@@ -44,11 +48,12 @@ stop_sync() {
   kill -0 "$SPID" 2>/dev/null && die "dloco-sync did not stop on SIGTERM"
   wait "$SPID" 2>/dev/null
 }
-# start_learner NAME [extra args...]: sets LPID
+# start_learner NAME [extra args...]: sets LPID; events go to $W/events-NAME.log
 start_learner() {
   local name=$1; shift
+  : > "$W/events-$name.log"
   "$LEARNER" --connect "$EP" --id "$name" --device cpu $MODEL --data "$W/corpus.txt" --batch 8 --warmup 5 --lr 3e-3 \
-    --fragments 4 --threads 1 --log_every 50 --log_acks "$W/acks-$name.txt" --loss_log "$W/loss-$name.txt" "$@" \
+    --fragments 4 --threads 1 --log_every 50 --events "$W/events-$name.log" --loss_log "$W/loss-$name.txt" "$@" \
     > "$W/$name.log" 2>&1 &
   LPID=$!; PIDS+=("$LPID")
 }
@@ -63,3 +68,4 @@ val_loss() { "$DLOCO" eval "$W/store" --data "$W/corpus.txt" --batch 8 --val_bat
 steps_of() { [ -f "$W/loss-$1.txt" ] && wc -l < "$W/loss-$1.txt" || echo 0; }
 # wait_until SECONDS 'shell condition' -> 0 when it became true
 wait_until() { local deadline=$(( $(date +%s) + $1 )); while ! eval "$2"; do [ "$(date +%s)" -lt "$deadline" ] || return 1; sleep 0.2; done; }
+

@@ -21,11 +21,9 @@ done
 for i in 0 1 2; do
   wait_pid 240 "${LP[$i]}"; rc=$?
   [ $rc = 0 ] || { echo "FAIL: learner-$i exited $rc"; tail -5 "$W/learner-$i.log"; fail=1; }
-  s=$(grep '^learner-summary:' "$W/learner-$i.log")
-  adopted=$(echo "$s" | sed -E 's/.*updates_adopted=([0-9]+).*/\1/')
-  accepted=$(echo "$s" | sed -E 's/.* accepted=([0-9]+).*/\1/')
+  read -r adopted accepted <<< "$(ev_last "$W/events-learner-$i.log" learner_summary "updates_adopted accepted")"
   echo "learner-$i: updates_adopted=$adopted accepted=$accepted"
-  [ "${adopted:-0}" -gt 0 ] && [ "${accepted:-0}" -gt 0 ] || { echo "FAIL: learner-$i adopted nothing: $s"; fail=1; }
+  [ "${adopted:-0}" -gt 0 ] && [ "${accepted:-0}" -gt 0 ] || { echo "FAIL: learner-$i adopted nothing (updates_adopted=$adopted accepted=$accepted)"; fail=1; }
 done
 
 vers1=$(versions); echo "versions after training: $vers1"
@@ -43,12 +41,13 @@ if [ $rc = 3 ] && echo "$out" | grep -q "does not match the run"; then
 else echo "FAIL: mismatched learner rc=$rc: $(echo "$out" | tail -3)"; fail=1; fi
 
 stop_sync
-check "the synchronizer printed its summary" grep -q '^sync-summary:' "$W/sync1.log"
+check "the synchronizer wrote its summary" ev_has "$W/events-sync1.log" sync_summary
 check "dloco check after the run" quietly "$DLOCO" check "$W/store"
 
 # restart: same store, same versions, epoch 2, merges continue
 start_sync sync2 --durability sync $OUTER
-check "restart resumed at epoch 2" grep -q "epoch 2: resumed" "$W/sync2.log"
+check "the first start was a new run at epoch 1" ev_has "$W/events-sync1.log" sync_start epoch=1 resumed=0
+check "restart resumed at epoch 2" ev_has "$W/events-sync2.log" sync_start epoch=2 resumed=1
 vers2=$(versions)
 check "restart resumed at the same versions ($vers1 -> $vers2)" [ "$vers2" = "$vers1" ]
 start_learner learner-late --steps 24 --log_every 8

@@ -28,7 +28,7 @@ for c in $(seq 1 "$CRASHES"); do
   for v in $now; do [ "$v" -ge "$1" ] || die "versions went back after crash $c: $prev -> $now"; shift; done
   for p in "${LP[@]}"; do kill -0 "$p" 2>/dev/null || die "a learner died during crash $c"; done
   BIND="tcp://127.0.0.1:$PORT" start_sync "sync$c" --durability sync
-  grep -q "epoch $((c + 1)): resumed" "$W/sync$c.log" || die "restart $c did not resume at epoch $((c + 1))"
+  ev_has "$W/events-sync$c.log" sync_start epoch=$((c + 1)) resumed=1 || die "restart $c did not resume at epoch $((c + 1))"
   echo "crash $c after ${delay_ms} ms: check ok, versions $prev -> $now, restarted at epoch $((c + 1))"
   prev=$now
 done
@@ -45,8 +45,7 @@ check "dloco check passes at the end" quietly "$DLOCO" check "$W/store"
 
 # every acknowledged merge is in the store
 "$DLOCO" records "$W/store" | awk '$4 == "merged" { print $1, $2, $3 }' | sort -u > "$W/stored.txt"
-cat "$W"/acks-*.txt | sed -n -E 's/^ack learner=([^ ]+) epoch=[0-9]+ fragment=([0-9]+) base_version=[0-9]+ decision=accepted merged_version=([0-9]+).*/\2 \3 \1/p' \
-  | sort -u > "$W/acked.txt"
+cat "$W"/events-l[0-9].log | ev_field - ack "fragment merged_version learner" decision=accepted | sort -u > "$W/acked.txt"
 n_acked=$(wc -l < "$W/acked.txt"); missing=$(comm -23 "$W/acked.txt" "$W/stored.txt" | wc -l)
 echo "acknowledged merges: $n_acked, in the store: $((n_acked - missing)), missing: $missing"
 [ "$n_acked" -gt 50 ] || { echo "FAIL: too few acknowledged merges to prove anything ($n_acked)"; fail=1; }

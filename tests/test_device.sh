@@ -10,6 +10,7 @@ BIN=${DLOCO_BIN:-build}/learner/dloco-learner
 W=$(mktemp -d /tmp/dloco_device.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 fail=0
+. "$(dirname "$0")/lib_events.sh"
 for i in $(seq 1 300); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$W/corpus.txt"
 RUN="--standalone --data $W/corpus.txt --n_layer 1 --n_embd 16 --n_head 2 --seq_len 16 --batch 2 --steps 3 --warmup 1 --val_batches 1 --log_every 1"
 
@@ -24,26 +25,52 @@ expect() { # description want-rc want-substring args...
   fi
   LAST="$out"
 }
+# expect_run description COND... -- args...: exit 0, and the run's device
+# event (its --events file is $W/ev.log) matches every COND
+expect_run() {
+  local d="$1"; shift
+  local conds=(); while [ $# -gt 0 ] && [ "$1" != -- ]; do conds+=("$1"); shift; done; shift
+  : > "$W/ev.log"
+  local out rc
+  out=$("$BIN" "$@" --events "$W/ev.log" 2>&1); rc=$?
+  if [ "$rc" = 0 ] && ev_has "$W/ev.log" device "${conds[@]}"; then
+    echo "ok: $d -> $(ev_last "$W/ev.log" device "device matmul") ($(ev_last "$W/ev.log" device desc))"
+  else
+    echo "FAIL: $d: rc $rc, no device event with ${conds[*]}:"; cat "$W/ev.log"; echo "$out" | tail -5; fail=1
+  fi
+  LAST="$out"
+}
 
 expect "unknown device" 2 "option device" $RUN --device tpu
 expect "unknown matmul precision" 2 "option matmul" $RUN --matmul fp16
-expect "--device cpu trains on the cpu" 0 "^device: cpu (--device cpu)" $RUN --device cpu
-echo "$LAST" | grep -q "^summary: 3 steps" || { echo "FAIL: --device cpu did not train 3 steps"; fail=1; }
-expect "--matmul on the cpu is ignored with a note" 0 "note: --matmul bf16 ignored on the cpu" $RUN --device cpu --matmul bf16
-expect "--device auto trains" 0 "^device: " $RUN --device auto
-auto_line=$(echo "$LAST" | grep -m1 "^device: ")
-default_line=$("$BIN" $RUN 2>&1 | grep -m1 "^device: ")
-[ "$default_line" = "$auto_line" ] && echo "ok: the default is auto ($default_line)" \
-  || { echo "FAIL: default device line '$default_line' differs from auto's '$auto_line'"; fail=1; }
+# comms timeouts out of order are refused at start (networked mode; nothing listens on the endpoint)
+NET="--connect tcp://127.0.0.1:9 --data $W/corpus.txt --steps 1"
+expect "hello retry at the poll period" 2 "poll_max_ms < hello_retry_ms <= hello_retry_max_ms, got 20, 100, 100, 16000" $NET --hello_retry_ms 100
+expect "hello retry above its cap" 2 "got 20, 2000, 100, 1000" $NET --hello_retry_ms 2000 --hello_retry_max_ms 1000
+expect "silence at the poll period" 2 "poll_max_ms < silence_min_ms, got 500 < 400" $NET --poll_max_ms 500 --silence_min_ms 400
+expect "reconnect backoff above the hello backoff" 2 "reconnect_max_ms <= hello_retry_max_ms, got 100, 20000, 1000, 16000" $NET --reconnect_max_ms 20000
+expect "first reconnect after the first hello retry" 2 "reconnect_ms < hello_retry_ms, reconnect_max_ms <= hello_retry_max_ms, got 1500, 10000, 1000, 16000" $NET --reconnect_ms 1500
+expect "connect timeout below the hello retry" 2 "hello_retry_ms < connect_timeout_ms, got 1000 < 500" $NET --connect_timeout_ms 500
+expect "push decision before the ack expiry" 2 "ack_expiry_min_ms < push_decision_timeout_ms, got 5000 < 4000" $NET --push_decision_timeout_ms 4000
+expect_run "--device cpu trains on the cpu" device=cpu matmul=fp32 "desc=cpu (--device cpu)" -- $RUN --device cpu
+ev_has "$W/ev.log" train_summary steps=3 || { echo "FAIL: --device cpu did not train 3 steps"; fail=1; }
+expect_run "--matmul on the cpu is ignored" device=cpu matmul=fp32 -- $RUN --device cpu --matmul bf16
+echo "$LAST" | grep -q "note: --matmul bf16 ignored on the cpu" || { echo "FAIL: no note that --matmul is ignored on the cpu"; fail=1; }
+expect_run "--device auto trains" -- $RUN --device auto
+auto_desc=$(ev_last "$W/ev.log" device desc)
+: > "$W/ev.log"; "$BIN" $RUN --events "$W/ev.log" > /dev/null 2>&1
+default_desc=$(ev_last "$W/ev.log" device desc)
+[ "$default_desc" = "$auto_desc" ] && echo "ok: the default is auto ($default_desc)" \
+  || { echo "FAIL: default device '$default_desc' differs from auto's '$auto_desc'"; fail=1; }
 
-case "$auto_line" in
-"device: cuda"*)
+case "$auto_desc" in
+"cuda"*)
   echo "a usable CUDA device: auto chose it"
-  expect "--device cuda trains on the GPU" 0 "^device: cuda: .*matmul tf32" $RUN --device cuda
-  expect "--device cuda --matmul bf16" 0 "^device: cuda: .*matmul bf16" $RUN --device cuda --matmul bf16
+  expect_run "--device cuda trains on the GPU" "device~^cuda:0 " matmul=tf32 -- $RUN --device cuda
+  expect_run "--device cuda --matmul bf16" "device~^cuda:0 " matmul=bf16 -- $RUN --device cuda --matmul bf16
   ;;
-"device: cpu (--device auto: "*)
-  reason=$(echo "$auto_line" | sed -E 's/^device: cpu \(--device auto: (.*)\)$/\1/')
+"cpu (--device auto: "*)
+  reason=$(echo "$auto_desc" | sed -E 's/^cpu \(--device auto: (.*)\)$/\1/')
   case "$reason" in
   "no usable CUDA device"*|"this build has no CUDA"*) echo "ok: auto fell back to the cpu: $reason" ;;
   *) echo "FAIL: auto's reason is neither 'no usable CUDA device' nor 'this build has no CUDA': $reason"; fail=1 ;;
@@ -55,7 +82,7 @@ case "$auto_line" in
   expect "--device cuda without a device, networked" 2 "--device cuda: $want" \
     --connect tcp://127.0.0.1:1 --id dev-test --data "$W/corpus.txt" --device cuda
   ;;
-*) echo "FAIL: unexpected device line '$auto_line'"; fail=1 ;;
+*) echo "FAIL: unexpected device '$auto_desc'"; fail=1 ;;
 esac
 
 [ $fail = 0 ] && echo "test_device: all checks passed" || echo "test_device: FAILED"

@@ -13,7 +13,7 @@ make_corpus
 
 # ---- does this machine have a GPU the learner can use?
 out=$("$LEARNER" --standalone --device cuda $MODEL --data "$W/corpus.txt" --batch 8 --steps 20 --warmup 2 \
-      --val_every 10 --val_batches 2 --log_every 10 --checkpoint "$W/gpu.ckpt" 2>&1); rc=$?
+      --val_every 10 --val_batches 2 --log_every 10 --checkpoint "$W/gpu.ckpt" --events "$W/events-sa-gpu.log" 2>&1); rc=$?
 if [ $rc = 2 ] && echo "$out" | grep -q -- "--device cuda: "; then
   echo "$out" | grep -- "--device cuda"
   if [ "${DLOCO_REQUIRE_CUDA:-0}" = 1 ]; then echo "FAIL: DLOCO_REQUIRE_CUDA=1 but no usable CUDA device"; exit 1; fi
@@ -21,12 +21,14 @@ if [ $rc = 2 ] && echo "$out" | grep -q -- "--device cuda: "; then
   exit 77
 fi
 [ $rc = 0 ] || { echo "FAIL: standalone --device cuda rc=$rc"; echo "$out" | tail -20; exit 1; }
-echo "$out" | grep -m1 "^device: "
-check "standalone cuda run trained 20 steps" grep -q "^summary: 20 steps" <<< "$out"
+echo "device: $(ev_last "$W/events-sa-gpu.log" device desc)"
+check "standalone cuda run was on the GPU" ev_has "$W/events-sa-gpu.log" device "device~^cuda:0 "
+check "standalone cuda run trained 20 steps" ev_has "$W/events-sa-gpu.log" train_summary steps=20 step=20
+check "and wrote its checkpoint at step 20" ev_has "$W/events-sa-gpu.log" checkpoint step=20
 out=$("$LEARNER" --standalone --device cpu $MODEL --data "$W/corpus.txt" --batch 8 --steps 30 --warmup 2 \
-      --val_every 10 --val_batches 2 --log_every 10 --resume "$W/gpu.ckpt" 2>&1); rc=$?
-check "a GPU checkpoint resumes on the cpu (rc $rc)" grep -q "resumed from .* at step 20" <<< "$out"
-check "and trains on to step 30" grep -q "^summary: 10 steps" <<< "$out"
+      --val_every 10 --val_batches 2 --log_every 10 --resume "$W/gpu.ckpt" --events "$W/events-sa-cpu.log" 2>&1); rc=$?
+check "a GPU checkpoint resumes on the cpu (rc $rc)" ev_has "$W/events-sa-cpu.log" resumed step=20
+check "and trains on to step 30" ev_has "$W/events-sa-cpu.log" train_summary steps=10 step=30
 
 # ---- the mixed cluster
 start_sync sync --durability sync
@@ -40,15 +42,13 @@ for l in gpu-0 cpu-1; do
   pid=$GP; [ $l = cpu-1 ] && pid=$CP
   wait_pid 240 "$pid"; rc=$?
   [ $rc = 0 ] || { echo "FAIL: $l exited $rc"; tail -20 "$W/$l.log"; fail=1; }
-  s=$(grep '^learner-summary:' "$W/$l.log")
-  adopted=$(echo "$s" | sed -E 's/.*updates_adopted=([0-9]+).*/\1/')
-  accepted=$(echo "$s" | sed -E 's/.* accepted=([0-9]+).*/\1/')
-  echo "$l: $(grep -m1 '^device: ' "$W/$l.log") | updates_adopted=$adopted accepted=$accepted"
-  [ "${adopted:-0}" -gt 0 ] && [ "${accepted:-0}" -gt 0 ] || { echo "FAIL: $l merged or adopted nothing: $s"; fail=1; }
+  read -r adopted accepted <<< "$(ev_last "$W/events-$l.log" learner_summary "updates_adopted accepted")"
+  echo "$l: device $(ev_last "$W/events-$l.log" device desc) | updates_adopted=$adopted accepted=$accepted"
+  [ "${adopted:-0}" -gt 0 ] && [ "${accepted:-0}" -gt 0 ] || { echo "FAIL: $l merged or adopted nothing (updates_adopted=$adopted accepted=$accepted)"; fail=1; }
 done
-check "the cuda learner ran on the GPU" grep -q "^device: cuda: " "$W/gpu-0.log"
-check "the synchronizer saw a cuda learner (Hello.device)" grep -q "learner gpu-0 [a-z ]*(device cuda:0 " "$W/sync.log"
-check "and a cpu learner" grep -q "learner cpu-1 [a-z ]*(device cpu," "$W/sync.log"
+check "the cuda learner ran on the GPU" ev_has "$W/events-gpu-0.log" device "device~^cuda:0 "
+check "the synchronizer saw a cuda learner (Hello.device)" ev_has "$W/events-sync.log" learner_join id=gpu-0 "device~^cuda:0 "
+check "and a cpu learner" ev_has "$W/events-sync.log" learner_join id=cpu-1 device=cpu
 vers=$(versions); echo "versions after training: $vers"
 for v in $vers; do [ "$v" -gt 0 ] || { echo "FAIL: a fragment never merged ($vers)"; fail=1; }; done
 m=$(merges); echo "merge records: $m"

@@ -16,24 +16,31 @@ INI
 start_sync sync --config "$W/sync.ini"
 start_learner r0 --steps 100000000 --throttle 0.3; L0=$LPID
 wait_until 30 '[ "$(merges)" -ge 5 ]' || die "no merges"
-hup_and_wait() { # expected log substring
-  local n; n=$(grep -cE '\] reload' "$W/sync.log")
+EV="$W/events-sync.log"
+# hup_and_wait applied|refused TEXT: SIGHUP, wait for the next reload event;
+# true when it was applied with TEXT in its changed= list, or refused with
+# TEXT in its reason (both fixed strings)
+hup_and_wait() {
+  local n; n=$(ev_count "$EV" reload)
   kill -HUP "$SPID"
-  wait_until 10 "[ \$(grep -cE '\\] reload' '$W/sync.log') -gt $n ]" || return 1
-  sleep 0.2
-  grep -E '\] reload' "$W/sync.log" | tail -3 | grep -q -- "$1"
+  wait_until 10 "[ \$(ev_count '$EV' reload) -gt $n ]" || return 1
+  # the newest reload event decides; only applied ones carry changed=, only refused ones reason=
+  case $1 in
+  applied) [ "$(ev_last "$EV" reload refused)" = 0 ] && ev_last "$EV" reload changed | grep -qF -- "$2" ;;
+  refused) [ "$(ev_last "$EV" reload refused)" = 1 ] && ev_last "$EV" reload reason | grep -qF -- "$2" ;;
+  esac
 }
 printf 'quorum = 2\nouter_lr = 0.5\nstaleness = hinge\ngrace_cap_ms = 4000\n' > "$W/sync.ini"
-check "valid change applied and logged" hup_and_wait "reload: quorum 1 -> 2, grace_cap_ms 5000 -> 4000, staleness poly -> hinge, outer_lr 0.7 -> 0.5"
+check "valid change applied and reported" hup_and_wait applied "quorum 1 -> 2, grace_cap_ms 5000 -> 4000, staleness poly -> hinge, outer_lr 0.7 -> 0.5"
 printf 'quorum = abc\nouter_lr = 0.1\n' > "$W/sync.ini"
-check "bad value refused, running values unchanged" hup_and_wait "reload refused, running values unchanged: .*quorum: 'abc' is not an integer"
+check "bad value refused, running values unchanged" hup_and_wait refused "quorum: 'abc' is not an integer"
 printf 'quorum = 2\nouter_lr = 0.5\nstaleness = hinge\ngrace_cap_ms = 100\n' > "$W/sync.ini"
-check "broken timeout order refused" hup_and_wait "reload refused, running values unchanged: timeouts must be ordered"
+check "broken timeout order refused" hup_and_wait refused "timeouts must be ordered"
 # the refused files changed nothing: the next valid reload starts from quorum 2 / outer_lr 0.5
 printf 'quorum = 3\nouter_lr = 0.6\nstaleness = hinge\ngrace_cap_ms = 4000\nmerge = mean\n' > "$W/sync.ini"
-check "after refused reloads the running values were still the last valid ones" hup_and_wait "reload: quorum 2 -> 3, outer_lr 0.5 -> 0.6"
-check "restart-only change reported and ignored" grep -q "reload: merge changed (rda -> mean) but needs a restart; ignored" "$W/sync.log"
-grep -E '\] reload' "$W/sync.log" | sed -E 's/^\[[^]]*\] /  /'
+check "after refused reloads the running values were still the last valid ones" hup_and_wait applied "quorum 2 -> 3, outer_lr 0.5 -> 0.6"
+check "restart-only change reported and ignored" ev_has "$EV" reload_ignored key=merge from=rda to=mean
+echo "  reload events: $(ev_count "$EV" reload refused=0) applied, $(ev_count "$EV" reload refused=1) refused"
 m=$(merges)
 wait_until 30 "[ \$(merges) -gt $((m + 5)) ]" && echo "ok: merges continue after the reloads" || { echo "FAIL: merges stopped"; fail=1; }
 kill -TERM "$L0"; wait_pid 60 "$L0"

@@ -7,15 +7,17 @@ BIN=${DLOCO_BIN:-build}/learner/dloco-learner
 W=$(mktemp -d /tmp/dloco_resume.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 fail=0
+. "$(dirname "$0")/lib_events.sh"
 # a small text corpus made here, so the test does not depend on fortunes
 for i in $(seq 1 400); do echo "line $i: the quick brown fox jumps over the lazy dog $((i * 7919 % 1000))"; done > "$W/corpus.txt"
 COMMON="--standalone --device cpu --data $W/corpus.txt --n_layer 2 --n_embd 32 --n_head 2 --seq_len 32 --batch 4 --steps 20 --warmup 3 --val_every 5 --val_batches 2 --log_every 5"
 
 "$BIN" $COMMON --checkpoint "$W/a.ckpt" --loss_log "$W/a.log" > "$W/a.out" 2>&1 || { echo "FAIL: straight run"; cat "$W/a.out"; exit 1; }
-"$BIN" $COMMON --checkpoint "$W/b.ckpt" --loss_log "$W/b.log" --stop_after 10 > "$W/b1.out" 2>&1 || { echo "FAIL: first half"; cat "$W/b1.out"; exit 1; }
-grep -q "checkpoint: .*step 10" "$W/b1.out" || { echo "FAIL: first half did not stop at step 10"; cat "$W/b1.out"; fail=1; }
-"$BIN" $COMMON --checkpoint "$W/b.ckpt" --loss_log "$W/b.log" --resume "$W/b.ckpt" > "$W/b2.out" 2>&1 || { echo "FAIL: resumed half"; cat "$W/b2.out"; exit 1; }
-grep -q "resumed from .* at step 10" "$W/b2.out" || { echo "FAIL: resume not reported"; fail=1; }
+"$BIN" $COMMON --checkpoint "$W/b.ckpt" --loss_log "$W/b.log" --stop_after 10 --events "$W/events-b1.log" > "$W/b1.out" 2>&1 || { echo "FAIL: first half"; cat "$W/b1.out"; exit 1; }
+ev_has "$W/events-b1.log" checkpoint step=10 path="$W/b.ckpt" || { echo "FAIL: first half did not stop at step 10"; cat "$W/events-b1.log"; fail=1; }
+"$BIN" $COMMON --checkpoint "$W/b.ckpt" --loss_log "$W/b.log" --resume "$W/b.ckpt" --events "$W/events-b2.log" > "$W/b2.out" 2>&1 || { echo "FAIL: resumed half"; cat "$W/b2.out"; exit 1; }
+ev_has "$W/events-b2.log" resumed step=10 || { echo "FAIL: resume not reported"; fail=1; }
+ev_has "$W/events-b2.log" train_summary steps=10 step=20 || { echo "FAIL: the resumed half did not train steps 11..20"; fail=1; }
 
 if [ "$(wc -l < "$W/a.log")" != 20 ] || [ "$(wc -l < "$W/b.log")" != 20 ]; then
   echo "FAIL: expected 20 loss lines each"; fail=1
@@ -61,15 +63,31 @@ check_bad "bad2.ini:2: option warmup: 'abc' is not an integer" --standalone --co
 check_bad "adam_fleet needs an even batch" $COMMON --adam_fleet 8 --batch 3
 check_bad "adam_fleet 0.5: 0 (off) or a batch multiple" $COMMON --adam_fleet 0.5
 check_bad "cannot resume" $COMMON --adam_fleet 8 --resume "$W/a.ckpt"
+# the model options are one set of rows (core/model.h): dloco-sync refuses a
+# bad value with the same bounds error as the learner
+SYNC=${DLOCO_BIN:-build}/synchronizer/dloco-sync
+check_both() { # expected-substring args...
+  local want="$1"; shift
+  check_bad "$want" --standalone --data "$W/corpus.txt" "$@"
+  local out rc
+  out=$("$SYNC" --store "$W/sync-store" "$@" 2>&1); rc=$?
+  if [ $rc = 2 ] && echo "$out" | grep -q -- "$want"; then echo "ok: dloco-sync $* -> $(echo "$out" | tail -1)";
+  else echo "FAIL: 'dloco-sync $*' gave rc=$rc: $out"; fail=1; fi
+}
+check_both "option n_embd: 4 out of range \[8, 16384\]" --n_embd 4
+check_both "option n_head: 300 out of range \[1, 256\]" --n_head 300
+check_both "option fragments: 5000 out of range \[1, 4096\]" --fragments 5000
+check_both "option vocab: 1 out of range \[2, 16777216\]" --vocab 1
+[ -e "$W/sync-store" ] && { echo "FAIL: a refused dloco-sync config created its store"; fail=1; }
 # adam_fleet trains: the run finishes and its validation loss falls
-out=$("$BIN" $COMMON --adam_fleet 8 2>&1); rc=$?
-v=$(echo "$out" | sed -n -E 's/^summary:.*val loss ([0-9.]+) -> ([0-9.]+).*/\1 \2/p')
+out=$("$BIN" $COMMON --adam_fleet 8 --events "$W/events-fleet.log" 2>&1); rc=$?
+v=$(ev_last "$W/events-fleet.log" train_summary "val_loss_start val_loss")
 if [ $rc = 0 ] && [ -n "$v" ] && python3 -c "import sys; a, b = map(float, '$v'.split()); sys.exit(0 if b < a else 1)"; then
   echo "ok: --adam_fleet 8 trains (val loss $v)"; else echo "FAIL: --adam_fleet 8 rc=$rc: $(echo "$out" | tail -3)"; fail=1; fi
 # networked mode (the default): a bad learner id, and no synchronizer to answer
 check_bad "option id: 'bad id'" --data "$W/corpus.txt" --id "bad id"
 check_bad "no Welcome from" --data "$W/corpus.txt" --n_layer 1 --n_embd 16 --n_head 2 \
-  --seq_len 16 --connect tcp://127.0.0.1:9 --connect_timeout_ms 500
+  --seq_len 16 --connect tcp://127.0.0.1:9 --connect_timeout_ms 1500
 
 [ $fail = 0 ] && echo "test_resume: all checks passed" || echo "test_resume: FAILED"
 exit $fail

@@ -24,7 +24,7 @@ run() { # label with_straggler
   FAST_WALL=$(python3 -c "print('%.1f' % ($t1 - $t0))")
   "$DLOCO" records "$W/store" > "$W/records-$1.txt"
 }
-summary_field() { sed -n -E "s/.* $2=([0-9]+).*/\1/p" "$W/$1.log"; }
+summary_field() { ev_last "$W/events-$1.log" learner_summary "$2"; } # learner field
 
 run base 0
 run mixed 1
@@ -49,7 +49,7 @@ fast_stale=$(awk '$3 ~ /mixed-f/ && $4 == "merged" { s += $5; n++ } END { if (n)
 echo "straggler: $slow_pushes pushes, $slow_merged merged, mean staleness $slow_stale (fast learners: $fast_stale)"
 check "the straggler's pushes are merged" [ "$slow_merged" -gt 0 ]
 echo "measured (not asserted): fast learners' wall time for $STEPS steps"
-echo "  without straggler: $(grep -h 'wall_s' "$W"/base-f*.log | sed -E 's/.*wall_s=([0-9.]+).*/\1/' | tr '\n' ' ')s"
-echo "  with straggler:    $(grep -h 'wall_s' "$W"/mixed-f*.log | sed -E 's/.*wall_s=([0-9.]+).*/\1/' | tr '\n' ' ')s"
+echo "  without straggler: $(for i in 0 1 2; do summary_field "base-f$i" wall_s; done | tr '\n' ' ')s"
+echo "  with straggler:    $(for i in 0 1 2; do summary_field "mixed-f$i" wall_s; done | tr '\n' ' ')s"
 [ $fail = 0 ] && echo "test_straggler: all checks passed" || echo "test_straggler: FAILED"
 exit $fail
