@@ -7,6 +7,7 @@
 #include "core/err.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "tests/check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,25 +25,16 @@
 #include <unistd.h>
 
 // ----------------------------------------------------------------------------
-// helpers
+// helpers: every check is a REQUIRE (tests/check.h): the scenarios build on
+// each other, so the first failure ends the test
 
 /* The model every test run records (the store checks it is a valid one). */
 #define TEST_MODEL {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256}
 
-#define CHECK(cond, ...)                                                                                 \
-    do {                                                                                                 \
-        if (!(cond)) {                                                                                   \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                              \
-            fprintf(stderr, __VA_ARGS__);                                                                \
-            fputc('\n', stderr);                                                                         \
-            exit(1);                                                                                     \
-        }                                                                                                \
-    } while (0)
-
 #define OK(expr)                                                                                         \
     do {                                                                                                 \
         int ok_rc_ = (expr);                                                                             \
-        CHECK(ok_rc_ == 0, "%s -> %d (%s): %s", #expr, ok_rc_, dl_strerror(ok_rc_), dl_errmsg());        \
+        REQUIRE(ok_rc_ == 0, "%s -> %d (%s): %s", #expr, ok_rc_, dl_strerror(ok_rc_), dl_errmsg());        \
     } while (0)
 
 /* expr must fail with `code` and a detail containing `needle` */
@@ -50,16 +42,16 @@
     do {                                                                                                 \
         dl_err_clear();                                                                                  \
         int ee_rc_ = (expr);                                                                             \
-        CHECK(ee_rc_ == (code), "%s -> %d (%s), expected %s: %s", #expr, ee_rc_, dl_strerror(ee_rc_),   \
+        REQUIRE(ee_rc_ == (code), "%s -> %d (%s), expected %s: %s", #expr, ee_rc_, dl_strerror(ee_rc_),   \
               dl_strerror(code), dl_errmsg());                                                           \
-        CHECK(strstr(dl_errmsg(), (needle)) != NULL, "%s: detail '%s' lacks '%s'", #expr, dl_errmsg(),  \
+        REQUIRE(strstr(dl_errmsg(), (needle)) != NULL, "%s: detail '%s' lacks '%s'", #expr, dl_errmsg(),  \
               (needle));                                                                                 \
     } while (0)
 
 #define LMDB_OK(call)                                                                                    \
     do {                                                                                                 \
         int lm_rc_ = (call);                                                                             \
-        CHECK(lm_rc_ == 0, "%s: %s", #call, mdb_strerror(lm_rc_));                                       \
+        REQUIRE(lm_rc_ == 0, "%s: %s", #call, mdb_strerror(lm_rc_));                                       \
     } while (0)
 
 static char g_base[4096];
@@ -197,31 +189,31 @@ static void test_roundtrip(void)
 
     dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
     dl_store_run got;
-    CHECK(dl_store_n_fragments(s) == 0, "fresh store has no run");
+    REQUIRE(dl_store_n_fragments(s) == 0, "fresh store has no run");
     EXPECT_ERR(dl_store_get_run(s, &got), DL_ENOTFOUND, "no run");
     EXPECT_ERR(dl_store_read_fragment(s, 0, &(uint64_t){0}, NULL, NULL), DL_ENOTFOUND, "no run");
     OK(dl_store_init_run(s, &run, (const float *const *)init.a));
     OK(dl_store_get_run(s, &got));
-    CHECK(strcmp(got.run_id, "run-A") == 0 && got.fingerprint == run.fingerprint && got.n_fragments == 3,
+    REQUIRE(strcmp(got.run_id, "run-A") == 0 && got.fingerprint == run.fingerprint && got.n_fragments == 3,
           "run meta");
-    CHECK(strcmp(got.config_text, cfg) == 0, "config text kept");
-    for (uint32_t p = 0; p < 3; p++) CHECK(got.numel[p] == numel[p] && dl_store_fragment_numel(s, p) == numel[p], "numel");
-    CHECK(dl_store_fragment_numel(s, 3) == 0, "numel out of range is 0");
+    REQUIRE(strcmp(got.config_text, cfg) == 0, "config text kept");
+    for (uint32_t p = 0; p < 3; p++) REQUIRE(got.numel[p] == numel[p] && dl_store_fragment_numel(s, p) == numel[p], "numel");
+    REQUIRE(dl_store_fragment_numel(s, 3) == 0, "numel out of range is 0");
 
     uint64_t epoch = 99;
     OK(dl_store_get_epoch(s, &epoch));
-    CHECK(epoch == 0, "new store at epoch 0, got %llu", (unsigned long long)epoch);
+    REQUIRE(epoch == 0, "new store at epoch 0, got %llu", (unsigned long long)epoch);
     OK(dl_store_bump_epoch(s, &epoch));
-    CHECK(epoch == 1, "bump -> 1");
+    REQUIRE(epoch == 1, "bump -> 1");
     OK(dl_store_bump_epoch(s, &epoch));
-    CHECK(epoch == 2, "bump -> 2");
+    REQUIRE(epoch == 2, "bump -> 2");
     printf("ok: new store: run meta, config text, numels, epoch 0 -> 1 -> 2\n");
 
     float *x = malloc(70000 * 4), *m = malloc(70000 * 4);
     for (uint32_t p = 0; p < 3; p++) {
         uint64_t v = 9;
         OK(dl_store_read_fragment(s, p, &v, x, m));
-        CHECK(v == 0 && equal_to(x, numel[p], p, 0, 0) && all_zero(m, numel[p]), "fragment %u at version 0", p);
+        REQUIRE(v == 0 && equal_to(x, numel[p], p, 0, 0) && all_zero(m, numel[p]), "fragment %u at version 0", p);
     }
     EXPECT_ERR(dl_store_read_fragment(s, 3, &(uint64_t){0}, x, NULL), DL_ERANGE, "out of range");
     printf("ok: every fragment at version 0 with its initial params and zero momentum\n");
@@ -235,7 +227,7 @@ static void test_roundtrip(void)
                 DL_MERGE_DROPPED_STALE, "staleness 9 > 8"),
         contrib("learner-d", 0, 77, 0.0, DL_MERGE_REJECTED, long_reason),
     };
-    CHECK(strlen(cs[2].learner_id) == 64, "64-char id used");
+    REQUIRE(strlen(cs[2].learner_id) == 64, "64-char id used");
     cs[0].staleness = 0, cs[0].steps = 24;
     dl_merge_record rec = {.version = 12345 /* ignored */, .epoch = 2, .wallclock_ns = 1700000000123456789ll,
                            .staleness_fn = "inverse_sqrt", .delta_norm = 3.25, .n_contrib = 4, .contrib = cs};
@@ -248,46 +240,46 @@ static void test_roundtrip(void)
     OK(dl_store_commit_merge(s, 1, 1, x, m, &rec, &led));
     uint64_t v = 0;
     OK(dl_store_read_fragment(s, 1, &v, x, m));
-    CHECK(v == 1 && equal_to(x, numel[1], 1, 1, 0) && equal_to(m, numel[1], 1, 1, 1), "fragment 1 at version 1");
+    REQUIRE(v == 1 && equal_to(x, numel[1], 1, 1, 0) && equal_to(m, numel[1], 1, 1, 1), "fragment 1 at version 1");
     dl_merge_record r2;
     OK(dl_store_get_merge(s, 1, 1, &r2));
-    CHECK(r2.version == 1 && r2.epoch == 2 && r2.wallclock_ns == 1700000000123456789ll && r2.delta_norm == 3.25 &&
+    REQUIRE(r2.version == 1 && r2.epoch == 2 && r2.wallclock_ns == 1700000000123456789ll && r2.delta_norm == 3.25 &&
               strcmp(r2.staleness_fn, "inverse_sqrt") == 0 && r2.n_contrib == 4,
           "record header round trip");
     for (int i = 0; i < 4; i++) {
         const dl_merge_contrib *a = &cs[i], *b = &r2.contrib[i];
-        CHECK(strcmp(a->learner_id, b->learner_id) == 0 && a->base_version == b->base_version &&
+        REQUIRE(strcmp(a->learner_id, b->learner_id) == 0 && a->base_version == b->base_version &&
                   a->staleness == b->staleness && a->steps == b->steps && a->tokens == b->tokens &&
                   a->weight == b->weight && a->decision == b->decision,
               "contributor %d round trip", i);
     }
-    CHECK(strcmp(r2.contrib[0].reason, "ok") == 0 && strcmp(r2.contrib[2].reason, "staleness 9 > 8") == 0, "reasons");
-    CHECK(strlen(r2.contrib[3].reason) == DL_STORE_REASON_MAX &&
+    REQUIRE(strcmp(r2.contrib[0].reason, "ok") == 0 && strcmp(r2.contrib[2].reason, "staleness 9 > 8") == 0, "reasons");
+    REQUIRE(strlen(r2.contrib[3].reason) == DL_STORE_REASON_MAX &&
               strncmp(r2.contrib[3].reason, long_reason, DL_STORE_REASON_MAX) == 0,
           "long reason truncated to %d chars: '%s'", DL_STORE_REASON_MAX, r2.contrib[3].reason);
     dl_merge_record_free(&r2);
-    CHECK(r2.contrib == NULL, "record free NULLs");
+    REQUIRE(r2.contrib == NULL, "record free NULLs");
     printf("ok: merge commit: params, momentum, version and a 4-contributor record round trip "
            "(64-char id kept, long reason truncated)\n");
 
     OK(commit_v(s, 1, 2, numel[1], 50));
     struct versions vs = {{0}, 0};
     OK(dl_store_foreach_merge(s, 1, 0, collect_cb, &vs));
-    CHECK(vs.n == 2 && vs.v[0] == 1 && vs.v[1] == 2, "foreach from 0 sees 1,2 (n=%d)", vs.n);
+    REQUIRE(vs.n == 2 && vs.v[0] == 1 && vs.v[1] == 2, "foreach from 0 sees 1,2 (n=%d)", vs.n);
     vs.n = 0;
     OK(dl_store_foreach_merge(s, 1, 2, collect_cb, &vs));
-    CHECK(vs.n == 1 && vs.v[0] == 2, "foreach from 2 sees 2");
+    REQUIRE(vs.n == 1 && vs.v[0] == 2, "foreach from 2 sees 2");
     vs.n = 0;
     OK(dl_store_foreach_merge(s, 0, 0, collect_cb, &vs));
-    CHECK(vs.n == 0, "fragment 0 has no records");
-    CHECK(dl_store_foreach_merge(s, 1, 0, stop_cb, NULL) == 7, "callback stop value returned");
+    REQUIRE(vs.n == 0, "fragment 0 has no records");
+    REQUIRE(dl_store_foreach_merge(s, 1, 0, stop_cb, NULL) == 7, "callback stop value returned");
     EXPECT_ERR(dl_store_get_merge(s, 1, 3, &r2), DL_ENOTFOUND, "version 3");
     EXPECT_ERR(dl_store_get_merge(s, 0, 1, &r2), DL_ENOTFOUND, "fragment 0");
     printf("ok: merge records iterate in version order per fragment; absent ones are DL_ENOTFOUND\n");
 
     dl_store_ledger l;
     OK(dl_store_ledger_get(s, &l));
-    CHECK(l.tokens[DL_LEDGER_APPLIED] == 1350 && l.tokens[DL_LEDGER_DROPPED_STALE] == 500 &&
+    REQUIRE(l.tokens[DL_LEDGER_APPLIED] == 1350 && l.tokens[DL_LEDGER_DROPPED_STALE] == 500 &&
               l.tokens[DL_LEDGER_REJECTED] == 0 && l.tokens[DL_LEDGER_LOST] == 0,
           "ledger after commits: %llu %llu %llu %llu", (unsigned long long)l.tokens[0],
           (unsigned long long)l.tokens[1], (unsigned long long)l.tokens[2], (unsigned long long)l.tokens[3]);
@@ -295,7 +287,7 @@ static void test_roundtrip(void)
     OK(dl_store_ledger_add(s, &(dl_store_ledger){{[DL_LEDGER_LOST] = 11, [DL_LEDGER_DISCARDED] = 5,
                                                    [DL_LEDGER_OUTSTANDING] = 3}}));
     OK(dl_store_ledger_get(s, &l));
-    CHECK(l.tokens[2] == 77 && l.tokens[3] == 11 && l.tokens[0] == 1350 && l.tokens[DL_LEDGER_DISCARDED] == 5 &&
+    REQUIRE(l.tokens[2] == 77 && l.tokens[3] == 11 && l.tokens[0] == 1350 && l.tokens[DL_LEDGER_DISCARDED] == 5 &&
               l.tokens[DL_LEDGER_OUTSTANDING] == 3,
           "ledger add");
     printf("ok: ledger: commits add merged (1350) and dropped-stale (500) tokens, not rejected; "
@@ -315,15 +307,15 @@ static void test_roundtrip(void)
     OK(dl_store_learner_put(s, &lb));
     dl_store_learner lg;
     OK(dl_store_learner_get(s, "learner-b", &lg));
-    CHECK(strcmp(lg.id, la.id) == 0 && lg.first_seen_ns == 10 && lg.last_seen_ns == 20 &&
+    REQUIRE(strcmp(lg.id, la.id) == 0 && lg.first_seen_ns == 10 && lg.last_seen_ns == 20 &&
               memcmp(lg.pubkey, la.pubkey, DL_STORE_PUBKEY_BYTES) == 0 && lg.pushes == 3 && lg.merged == 2 &&
               lg.dropped == 1 && lg.tokens_applied == 300 && lg.bytes_in == 4096 && lg.bytes_out == 8192,
           "learner round trip");
     OK(dl_store_learner_get(s, "learner-c", &lg));
-    CHECK(lg.pushes == 99 && lg.last_seen_ns == 1000, "learner update replaces");
+    REQUIRE(lg.pushes == 99 && lg.last_seen_ns == 1000, "learner update replaces");
     char names[256] = "";
     OK(dl_store_foreach_learner(s, learner_list_cb, names));
-    CHECK(strcmp(names, "learner-a,learner-b,learner-c,") == 0, "learners in id order: %s", names);
+    REQUIRE(strcmp(names, "learner-a,learner-b,learner-c,") == 0, "learners in id order: %s", names);
     EXPECT_ERR(dl_store_learner_get(s, "nobody", &lg), DL_ENOTFOUND, "nobody");
     snprintf(lb.id, sizeof lb.id, "has space");
     EXPECT_ERR(dl_store_learner_put(s, &lb), DL_EINVAL, "learner id");
@@ -337,54 +329,54 @@ static void test_roundtrip(void)
     EXPECT_ERR(dl_store_commit_merge(s, 5, 1, x, m, &rec, &led), DL_ERANGE, "out of range");
     dl_store_stats st;
     OK(dl_store_get_stats(s, &st));
-    CHECK(st.map_size == (1ull << 30) && st.stale_readers_cleared == 0 && st.used_bytes > 0, "stats");
+    REQUIRE(st.map_size == (1ull << 30) && st.stale_readers_cleared == 0 && st.used_bytes > 0, "stats");
     printf("ok: bad records refused (DL_EINVAL), fragment out of range (DL_ERANGE); stats map %llu MiB\n",
            (unsigned long long)(st.map_size >> 20));
 
     dl_store_close(&s);
-    CHECK(s == NULL, "close NULLs");
+    REQUIRE(s == NULL, "close NULLs");
     dl_store_close(&s); /* safe twice */
 
     /* reopen: everything persisted, resume keeps state */
     s = open_store(dir, 0, DL_STORE_SYNC, 0);
     OK(dl_store_get_run(s, &got));
-    CHECK(strcmp(got.run_id, "run-A") == 0 && got.fingerprint == run.fingerprint && got.n_fragments == 3 &&
+    REQUIRE(strcmp(got.run_id, "run-A") == 0 && got.fingerprint == run.fingerprint && got.n_fragments == 3 &&
               got.numel[2] == 70000 && strcmp(got.config_text, cfg) == 0,
           "run meta after reopen");
     OK(dl_store_init_run(s, &run, NULL));
     OK(dl_store_get_epoch(s, &epoch));
-    CHECK(epoch == 2, "epoch persisted");
+    REQUIRE(epoch == 2, "epoch persisted");
     OK(dl_store_read_fragment(s, 1, &v, x, m));
-    CHECK(v == 2 && equal_to(x, numel[1], 1, 2, 0) && equal_to(m, numel[1], 1, 2, 1), "fragment 1 kept at v2");
+    REQUIRE(v == 2 && equal_to(x, numel[1], 1, 2, 0) && equal_to(m, numel[1], 1, 2, 1), "fragment 1 kept at v2");
     OK(dl_store_read_fragment(s, 2, &v, x, m));
-    CHECK(v == 0 && equal_to(x, numel[2], 2, 0, 0), "fragment 2 kept at v0");
+    REQUIRE(v == 0 && equal_to(x, numel[2], 2, 0, 0), "fragment 2 kept at v0");
     OK(dl_store_ledger_get(s, &l));
-    CHECK(l.tokens[0] == 1350 && l.tokens[1] == 500 && l.tokens[2] == 77 && l.tokens[3] == 11, "ledger persisted");
+    REQUIRE(l.tokens[0] == 1350 && l.tokens[1] == 500 && l.tokens[2] == 77 && l.tokens[3] == 11, "ledger persisted");
     OK(dl_store_learner_get(s, "learner-c", &lg));
-    CHECK(lg.pushes == 99, "learners persisted");
+    REQUIRE(lg.pushes == 99, "learners persisted");
     printf("ok: reopen + init_run of the same run resumes: meta, epoch, fragments, ledger, learners kept\n");
 
     dl_store_run other = run;
     other.run_id = "run-B";
     EXPECT_ERR(dl_store_init_run(s, &other, (const float *const *)init.a), DL_EMISMATCH, "'run-A'");
-    CHECK(strstr(dl_errmsg(), "'run-B'") != NULL, "message names both runs: %s", dl_errmsg());
+    REQUIRE(strstr(dl_errmsg(), "'run-B'") != NULL, "message names both runs: %s", dl_errmsg());
     other = run;
     other.fingerprint = 0x77;
     EXPECT_ERR(dl_store_init_run(s, &other, (const float *const *)init.a), DL_EMISMATCH, "0000000000000077");
-    CHECK(strstr(dl_errmsg(), "1234abcd5678ef01") != NULL, "message names both fingerprints: %s", dl_errmsg());
+    REQUIRE(strstr(dl_errmsg(), "1234abcd5678ef01") != NULL, "message names both fingerprints: %s", dl_errmsg());
     other = run;
     const uint64_t numel2[3] = {5, 1000, 70001};
     other.numel = numel2;
     EXPECT_ERR(dl_store_init_run(s, &other, (const float *const *)init.a), DL_EMISMATCH, "refusing");
     OK(dl_store_read_fragment(s, 1, &v, NULL, NULL));
-    CHECK(v == 2, "state untouched by refused init");
+    REQUIRE(v == 2, "state untouched by refused init");
     printf("ok: init_run of another run id / fingerprint / numel -> DL_EMISMATCH naming both runs\n");
     dl_store_close(&s);
 
     OK(dl_store_check(dir, stdout));
     s = open_store(dir, 0, DL_STORE_SYNC, 1);
     OK(dl_store_read_fragment(s, 1, &v, x, NULL));
-    CHECK(v == 2, "read-only read");
+    REQUIRE(v == 2, "read-only read");
     EXPECT_ERR(commit_v(s, 1, 3, numel[1], 1), DL_EINVAL, "read-only");
     EXPECT_ERR(dl_store_bump_epoch(s, &epoch), DL_EINVAL, "read-only");
     dl_store_close(&s);
@@ -413,15 +405,15 @@ static void test_version_fence(void)
     float x[300], m[300];
     uint64_t v;
     OK(dl_store_read_fragment(s, 0, &v, x, m));
-    CHECK(v == 1 && equal_to(x, 300, 0, 1, 0) && equal_to(m, 300, 0, 1, 1), "fragment 0 still v1");
+    REQUIRE(v == 1 && equal_to(x, 300, 0, 1, 0) && equal_to(m, 300, 0, 1, 1), "fragment 0 still v1");
     OK(dl_store_read_fragment(s, 1, &v, x, m));
-    CHECK(v == 0 && equal_to(x, 9, 1, 0, 0) && all_zero(m, 9), "fragment 1 still v0");
+    REQUIRE(v == 0 && equal_to(x, 9, 1, 0, 0) && all_zero(m, 9), "fragment 1 still v0");
     int n = 0;
     OK(dl_store_foreach_merge(s, 0, 0, count_cb, &n));
-    CHECK(n == 1, "one merge record, got %d", n);
+    REQUIRE(n == 1, "one merge record, got %d", n);
     dl_store_ledger l;
     OK(dl_store_ledger_get(s, &l));
-    CHECK(l.tokens[0] == 10, "ledger only counts the accepted commit: %llu", (unsigned long long)l.tokens[0]);
+    REQUIRE(l.tokens[0] == 10, "ledger only counts the accepted commit: %llu", (unsigned long long)l.tokens[0]);
     dl_store_close(&s);
     OK(dl_store_check(dir, NULL));
     printf("ok: commits of versions 3, 1, 0 (stored 1) and 2 (stored 0) refused with DL_EMISMATCH; "
@@ -451,29 +443,29 @@ static void test_snapshot(void)
     uint64_t v0, v1;
     OK(dl_store_snapshot_fragment(snap, 0, &v0, &p0, &n0));
     OK(dl_store_snapshot_fragment(snap, 1, &v1, &p1, &n1));
-    CHECK(v0 == 1 && v1 == 1 && n0 == 5 && n1 == 70000, "snapshot sees v1");
-    CHECK((uintptr_t)p0 % 4 == 0 && (uintptr_t)p1 % 4 == 0, "snapshot pointers are float-aligned");
+    REQUIRE(v0 == 1 && v1 == 1 && n0 == 5 && n1 == 70000, "snapshot sees v1");
+    REQUIRE((uintptr_t)p0 % 4 == 0 && (uintptr_t)p1 % 4 == 0, "snapshot pointers are float-aligned");
     EXPECT_ERR(dl_store_snapshot_fragment(snap, 2, &v0, &p0, &n0), DL_ERANGE, "out of range");
 
     /* commits in between: two versions of each fragment */
     OK(commit_v(s, 0, 2, numel[0], 1));
     OK(commit_v(s, 1, 2, numel[1], 1));
     OK(commit_v(s, 1, 3, numel[1], 1));
-    CHECK(equal_to(p0, 5, 0, 1, 0) && equal_to(p1, 70000, 1, 1, 0), "old pointers still hold v1 contents");
+    REQUIRE(equal_to(p0, 5, 0, 1, 0) && equal_to(p1, 70000, 1, 1, 0), "old pointers still hold v1 contents");
     OK(dl_store_snapshot_fragment(snap, 1, &v1, &p1, &n1));
-    CHECK(v1 == 1 && equal_to(p1, 70000, 1, 1, 0), "snapshot re-read still v1");
+    REQUIRE(v1 == 1 && equal_to(p1, 70000, 1, 1, 0), "snapshot re-read still v1");
     uint64_t v;
     OK(dl_store_read_fragment(s, 1, &v, NULL, NULL));
-    CHECK(v == 3, "read outside the snapshot sees v3");
+    REQUIRE(v == 3, "read outside the snapshot sees v3");
     dl_store_snap *snap2 = NULL;
     OK(dl_store_snapshot_begin(s, &snap2));
     OK(dl_store_snapshot_fragment(snap2, 1, &v1, &p1, &n1));
-    CHECK(v1 == 3 && equal_to(p1, 70000, 1, 3, 0), "new snapshot sees v3");
+    REQUIRE(v1 == 3 && equal_to(p1, 70000, 1, 3, 0), "new snapshot sees v3");
     OK(dl_store_snapshot_fragment(snap2, 0, &v0, &p0, &n0));
-    CHECK(v0 == 2 && equal_to(p0, 5, 0, 2, 0), "new snapshot sees fragment 0 v2");
+    REQUIRE(v0 == 2 && equal_to(p0, 5, 0, 2, 0), "new snapshot sees fragment 0 v2");
     dl_store_snapshot_end(&snap);
     dl_store_snapshot_end(&snap2);
-    CHECK(snap == NULL && snap2 == NULL, "snapshot end NULLs");
+    REQUIRE(snap == NULL && snap2 == NULL, "snapshot end NULLs");
     dl_store_snapshot_end(&snap);
     dl_store_close(&s);
     OK(dl_store_check(dir, NULL));
@@ -496,13 +488,13 @@ static void test_map_growth(void)
     dl_store *s = open_store(dir, 64 << 10, DL_STORE_PERIODIC, 0);
     dl_store_stats st;
     OK(dl_store_get_stats(s, &st));
-    CHECK(st.map_size == 64 << 10, "starts at 64 KiB: %llu", (unsigned long long)st.map_size);
+    REQUIRE(st.map_size == 64 << 10, "starts at 64 KiB: %llu", (unsigned long long)st.map_size);
     OK(dl_store_init_run(s, &run, (const float *const *)init.a)); /* 160 KB of values into a 64 KiB map */
     uint64_t v = 0;
     for (v = 1; v <= 30; v++) OK(commit_v(s, 0, v, numel[0], 3));
     v = 30;
     OK(dl_store_get_stats(s, &st));
-    CHECK(st.map_size > (64 << 10) && st.map_grows >= 1, "map grew: %llu bytes, %u grows",
+    REQUIRE(st.map_size > (64 << 10) && st.map_grows >= 1, "map grew: %llu bytes, %u grows",
           (unsigned long long)st.map_size, st.map_grows);
     uint64_t after_commits = st.map_size;
 
@@ -519,16 +511,16 @@ static void test_map_growth(void)
         OK(dl_store_get_stats(s, &st));
         if (st.map_full_retries > retries0 && nl % 1000 == 0) break;
     }
-    CHECK(st.map_full_retries > retries0, "MDB_MAP_FULL retry happened within %d puts", nl);
-    CHECK(st.map_size > after_commits, "map grew on MAP_FULL");
+    REQUIRE(st.map_full_retries > retries0, "MDB_MAP_FULL retry happened within %d puts", nl);
+    REQUIRE(st.map_size > after_commits, "map grew on MAP_FULL");
     OK(dl_store_sync(s));
     int count = 0;
     char mid[32];
     snprintf(mid, sizeof mid, "learner-%06d", nl / 2);
     OK(dl_store_learner_get(s, mid, &lr));
-    CHECK(lr.pushes == (uint64_t)(nl / 2), "learner written before growth intact");
+    REQUIRE(lr.pushes == (uint64_t)(nl / 2), "learner written before growth intact");
     OK(dl_store_foreach_learner(s, count_learner_cb, &count));
-    CHECK(count == nl, "all %d learners present (%d)", nl, count);
+    REQUIRE(count == nl, "all %d learners present (%d)", nl, count);
     printf("ok: map grew from 64 KiB to %llu KiB (%u grows, %u MAP_FULL retries); 30 commits and %d learner "
            "records intact\n",
            (unsigned long long)(st.map_size >> 10), st.map_grows, st.map_full_retries, nl);
@@ -547,18 +539,18 @@ static void test_map_growth(void)
         if (rc != 0) break;
         v++, ncommits++;
     }
-    CHECK(rc == DL_EAGAIN && strstr(dl_errmsg(), "snapshot"), "commit under a snapshot ends in DL_EAGAIN: %d %s",
+    REQUIRE(rc == DL_EAGAIN && strstr(dl_errmsg(), "snapshot"), "commit under a snapshot ends in DL_EAGAIN: %d %s",
           rc, dl_errmsg());
     uint64_t got;
     OK(dl_store_read_fragment(s, 0, &got, NULL, NULL));
-    CHECK(got == v, "failed commit left version %llu (got %llu)", (unsigned long long)v, (unsigned long long)got);
-    CHECK(sv == 30 && equal_to(sp, sn, 0, 30, 0), "snapshot still reads v30 intact");
+    REQUIRE(got == v, "failed commit left version %llu (got %llu)", (unsigned long long)v, (unsigned long long)got);
+    REQUIRE(sv == 30 && equal_to(sp, sn, 0, 30, 0), "snapshot still reads v30 intact");
     dl_store_snapshot_end(&snap);
     OK(commit_v(s, 0, v + 1, numel[0], 3));
     v++;
     float *x = malloc(numel[0] * 4);
     OK(dl_store_read_fragment(s, 0, &got, x, NULL));
-    CHECK(got == v && equal_to(x, numel[0], 0, v, 0), "commit after snapshot end");
+    REQUIRE(got == v && equal_to(x, numel[0], 0, v, 0), "commit after snapshot end");
     free(x);
     dl_store_close(&s);
     OK(dl_store_check(dir, NULL));
@@ -651,18 +643,18 @@ static void test_run_model(void)
     bad = run;
     bad.model.vocab = 0;
     EXPECT_ERR(dl_store_init_run(s, &bad, (const float *const *)init.a), DL_EINVAL, "vocab 0");
-    CHECK(dl_store_n_fragments(s) == 0, "a refused run writes nothing");
+    REQUIRE(dl_store_n_fragments(s) == 0, "a refused run writes nothing");
     OK(dl_store_init_run(s, &run, (const float *const *)init.a));
     for (int reopen = 0; reopen < 2; reopen++) {
         dl_store_run got;
         OK(dl_store_get_run(s, &got));
-        CHECK(got.model.n_layer == 3 && got.model.n_head == 4 && got.model.n_embd == 48 && got.model.seq_len == 24 &&
+        REQUIRE(got.model.n_layer == 3 && got.model.n_head == 4 && got.model.n_embd == 48 && got.model.seq_len == 24 &&
                   got.model.vocab == 1000 && got.model.padded_vocab == 1024 && got.seed == 0xfeedfacecafebeefull,
               "model and seed (reopen %d): L=%d NH=%d C=%d T=%d V=%d Vp=%d seed %llx", reopen, got.model.n_layer,
               got.model.n_head, got.model.n_embd, got.model.seq_len, got.model.vocab, got.model.padded_vocab,
               (unsigned long long)got.seed);
         /* the config text is audit only: its n_layer is not the model's */
-        CHECK(strcmp(got.config_text, "n_layer = 999\n") == 0, "config text kept as given");
+        REQUIRE(strcmp(got.config_text, "n_layer = 999\n") == 0, "config text kept as given");
         dl_store_close(&s);
         s = open_store(dir, 0, DL_STORE_SYNC, 0);
     }
@@ -685,7 +677,7 @@ static void test_run_model(void)
     EXPECT_ERR(dl_store_init_run(s, &other, NULL), DL_EMISMATCH, "seed 18369614221190020847; refusing seed 1");
     uint64_t v = 99;
     OK(dl_store_read_fragment(s, 0, &v, NULL, NULL));
-    CHECK(v == 0, "state untouched by refused resumes");
+    REQUIRE(v == 0, "state untouched by refused resumes");
     printf("ok: resume with another n_layer / n_head / n_embd / seq_len / vocab / seed -> DL_EMISMATCH naming it\n");
     dl_store_close(&s);
     OK(dl_store_check(dir, NULL));
@@ -693,7 +685,7 @@ static void test_run_model(void)
     /* a run record whose model does not pass the check is corrupt */
     size_t len;
     uint8_t *orig = raw_get(dir, "meta", (MDB_val){3, "run"}, &len);
-    CHECK(len == 128 + 8 * 2, "run value: 128-byte header + P numels, got %zu bytes", len);
+    REQUIRE(len == 128 + 8 * 2, "run value: 128-byte header + P numels, got %zu bytes", len);
     uint8_t *b = malloc(len);
     memcpy(b, orig, len);
     uint32_t nh = 7;
@@ -708,7 +700,7 @@ static void test_run_model(void)
     /* a schema-1 store: version 1 in meta[schema] and the run value of then
      * (format 1, 96-byte header, no model): refused at open, not misread */
     uint8_t *schema = raw_get(dir, "meta", (MDB_val){6, "schema"}, &len);
-    CHECK(len == 8 && schema[4] == DL_STORE_SCHEMA_VERSION, "schema value of this build");
+    REQUIRE(len == 8 && schema[4] == DL_STORE_SCHEMA_VERSION, "schema value of this build");
     uint8_t old_schema[8];
     memcpy(old_schema, schema, 8);
     old_schema[4] = 1;
@@ -719,7 +711,7 @@ static void test_run_model(void)
     memcpy(old_run + 96, orig + 128, 8 * 2);
     raw_put(dir, "meta", (MDB_val){3, "run"}, old_run, sizeof old_run);
     EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 1, this build reads schema version 2");
-    CHECK(s == NULL, "failed open leaves NULL");
+    REQUIRE(s == NULL, "failed open leaves NULL");
     o.read_only = 1;
     EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 1");
     EXPECT_ERR(dl_store_check(dir, NULL), DL_EFORMAT, "schema version 1");
@@ -826,14 +818,14 @@ static void test_checker(void)
 
     /* wrong schema version */
     orig = raw_get(dir, "meta", (MDB_val){6, "schema"}, &len);
-    CHECK(len == 8, "schema value is 8 bytes");
+    REQUIRE(len == 8, "schema value is 8 bytes");
     bad = malloc(len);
     memcpy(bad, orig, len);
     bad[4] = 99;
     raw_put(dir, "meta", (MDB_val){6, "schema"}, bad, len);
     dl_store_opts o = dl_store_opts_default();
     EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 99");
-    CHECK(s == NULL, "failed open leaves NULL");
+    REQUIRE(s == NULL, "failed open leaves NULL");
     EXPECT_ERR(dl_store_check(dir, NULL), DL_EFORMAT, "schema version 99");
     raw_put(dir, "meta", (MDB_val){6, "schema"}, orig, len);
     free(orig), free(bad);
@@ -849,7 +841,7 @@ static void test_checker(void)
 static void write_file(const char *path, const void *data, size_t n)
 {
     FILE *f = fopen(path, "wb");
-    CHECK(f && fwrite(data, 1, n, f) == n, "write %s", path);
+    REQUIRE(f && fwrite(data, 1, n, f) == n, "write %s", path);
     fclose(f);
 }
 
@@ -934,32 +926,32 @@ static void test_stale_readers(void)
     /* A keeps the environment open (so the lock table is not reset when the
      * parent opens), B dies holding a read snapshot. */
     int ready[2], hold[2];
-    CHECK(pipe(ready) == 0 && pipe(hold) == 0, "pipes");
+    REQUIRE(pipe(ready) == 0 && pipe(hold) == 0, "pipes");
     fflush(NULL);
     pid_t a = fork();
-    CHECK(a >= 0, "fork");
+    REQUIRE(a >= 0, "fork");
     if (a == 0) {
         close(ready[0]), close(hold[1]);
         dl_store *cs = open_store(dir, 0, DL_STORE_SYNC, 1);
-        CHECK(write(ready[1], "a", 1) == 1, "ready");
+        REQUIRE(write(ready[1], "a", 1) == 1, "ready");
         char c;
         while (read(hold[0], &c, 1) > 0) {}
         dl_store_close(&cs);
         _exit(0);
     }
     pid_t b = fork();
-    CHECK(b >= 0, "fork");
+    REQUIRE(b >= 0, "fork");
     if (b == 0) {
         close(ready[0]), close(hold[1]), close(hold[0]);
         dl_store *cs = open_store(dir, 0, DL_STORE_SYNC, 1);
         dl_store_snap *snap;
         OK(dl_store_snapshot_begin(cs, &snap));
-        CHECK(write(ready[1], "b", 1) == 1, "ready");
+        REQUIRE(write(ready[1], "b", 1) == 1, "ready");
         for (;;) pause();
     }
     close(ready[1]), close(hold[0]);
     char c[2];
-    CHECK(read(ready[0], c, 1) == 1 && read(ready[0], c + 1, 1) == 1, "children ready");
+    REQUIRE(read(ready[0], c, 1) == 1 && read(ready[0], c + 1, 1) == 1, "children ready");
     kill(b, SIGKILL);
     int status;
     waitpid(b, &status, 0);
@@ -969,9 +961,9 @@ static void test_stale_readers(void)
     dl_store_close(&s);
     close(hold[1]);
     waitpid(a, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "holder exited cleanly");
+    REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0, "holder exited cleanly");
     close(ready[0]);
-    CHECK(st.stale_readers_cleared >= 1, "stale reader of the killed process cleared: %d", st.stale_readers_cleared);
+    REQUIRE(st.stale_readers_cleared >= 1, "stale reader of the killed process cleared: %d", st.stale_readers_cleared);
     printf("ok: a process killed inside a snapshot left a reader slot; open cleared %d stale reader(s)\n",
            st.stale_readers_cleared);
 }
@@ -1021,10 +1013,10 @@ static void test_crash(uint64_t seed)
     uint64_t last_acked = 0;
     for (int round = 0; round < 8; round++) {
         int fds[2];
-        CHECK(pipe(fds) == 0, "pipe");
+        REQUIRE(pipe(fds) == 0, "pipe");
         fflush(NULL);
         pid_t pid = fork();
-        CHECK(pid >= 0, "fork");
+        REQUIRE(pid >= 0, "fork");
         if (pid == 0) {
             close(fds[0]);
             crash_child(dir, fds[1]);
@@ -1032,13 +1024,13 @@ static void test_crash(uint64_t seed)
         close(fds[1]);
         /* wait for the first ack of this round (bounded), then a seeded delay */
         struct pollfd pfd = {fds[0], POLLIN, 0};
-        CHECK(poll(&pfd, 1, 30000) == 1, "child acked a commit within 30 s");
+        REQUIRE(poll(&pfd, 1, 30000) == 1, "child acked a commit within 30 s");
         unsigned delay_us = (unsigned)dl_rng_below(&rng, 40000);
         usleep(delay_us);
         kill(pid, SIGKILL);
         int status;
         waitpid(pid, &status, 0);
-        CHECK(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 0),
+        REQUIRE(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 0),
               "child failed on its own (exit %d)", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
         uint8_t buf[8192], acc[8];
         size_t have = 0;
@@ -1052,7 +1044,7 @@ static void test_crash(uint64_t seed)
                 if (have == 8) {
                     uint64_t a;
                     memcpy(&a, acc, 8);
-                    CHECK(a > last_acked, "acks increase");
+                    REQUIRE(a > last_acked, "acks increase");
                     last_acked = a;
                     have = 0;
                     acks++;
@@ -1067,11 +1059,11 @@ static void test_crash(uint64_t seed)
         dl_store_ledger l;
         OK(dl_store_ledger_get(s, &l));
         dl_store_close(&s);
-        CHECK(v >= last_acked && v <= last_acked + 1, "round %d: stored v%llu, last acked v%llu", round,
+        REQUIRE(v >= last_acked && v <= last_acked + 1, "round %d: stored v%llu, last acked v%llu", round,
               (unsigned long long)v, (unsigned long long)last_acked);
-        CHECK(equal_to(x, CRASH_NUMEL, 0, v, 0) && equal_to(m, CRASH_NUMEL, 0, v, 1),
+        REQUIRE(equal_to(x, CRASH_NUMEL, 0, v, 0) && equal_to(m, CRASH_NUMEL, 0, v, 1),
               "round %d: params and momentum are exactly those of v%llu", round, (unsigned long long)v);
-        CHECK(l.tokens[DL_LEDGER_APPLIED] == 10 * v, "round %d: ledger applied %llu for v%llu", round,
+        REQUIRE(l.tokens[DL_LEDGER_APPLIED] == 10 * v, "round %d: ledger applied %llu for v%llu", round,
               (unsigned long long)l.tokens[DL_LEDGER_APPLIED], (unsigned long long)v);
         printf("ok: crash round %d: SIGKILL %u us after the first ack (%llu acks); last acked v%llu, stored v%llu; "
                "check passes, contents and ledger match\n",
@@ -1086,7 +1078,7 @@ int main(void)
     dl_log_set_level(DL_LOG_WARN);
     const char *bin = getenv("DLOCO_BIN");
     snprintf(g_base, sizeof g_base, "%s/test_store.XXXXXX", bin && *bin ? bin : "/tmp");
-    CHECK(mkdtemp(g_base) != NULL, "mkdtemp %s: %s", g_base, strerror(errno));
+    REQUIRE(mkdtemp(g_base) != NULL, "mkdtemp %s: %s", g_base, strerror(errno));
     printf("test_store: working in %s\n", g_base);
 
     test_bad_dirs();
@@ -1102,6 +1094,5 @@ int main(void)
     test_crash(seed);
 
     rm_rf(g_base);
-    printf("test_store: all checks passed\n");
-    return 0;
+    return CHECK_DONE("test_store");
 }
