@@ -65,9 +65,19 @@ static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw
 }
 static void rm_rf(const char *p) { nftw(p, rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
 
-/* Deterministic contents: params and momentum of fragment p at version v. */
-static float pval(uint32_t p, uint64_t v, size_t i) { return (float)(p * 1000 + v) + (float)(i % 977) * 0.001f; }
-static float mval(uint32_t p, uint64_t v, size_t i) { return -(float)(p + v) * 0.5f + (float)(i % 311) * 1e-4f; }
+/* Deterministic contents: params and momentum of fragment p at version v.
+ * Integer arithmetic, then one division: a float multiply-add may be
+ * contracted to an FMA in one vectorised loop and not in another (gnu11's
+ * -ffp-contract=fast), so `a + b * c` computed in fill() and in equal_to()
+ * could differ in the last bit depending on a buffer's alignment. */
+static float pval(uint32_t p, uint64_t v, size_t i)
+{
+    return (float)((double)(((uint64_t)p * 1000 + v) * 1000 + i % 977) / 1000.0);
+}
+static float mval(uint32_t p, uint64_t v, size_t i)
+{
+    return (float)(((double)(int64_t)(i % 311) - (double)(int64_t)(p + v) * 5000.0) / 10000.0);
+}
 
 static float *fill(float *x, size_t n, uint32_t p, uint64_t v, int mom)
 {
