@@ -38,40 +38,47 @@ static const char *member_name(int state)
     }
 }
 
-void dl_report_summary(const dl_sync_stats *st, FILE *f)
+/* The fields of the summary line and of one learner's line: the text
+ * summary and the events print the same strings. */
+static void summary_fields(const dl_sync_stats *st, char *buf, size_t cap)
 {
-    fprintf(f, "sync-summary: epoch=%llu merges=%llu contributions=%llu mean_staleness=%.3f dropped_stale=%llu "
-               "rejected=%llu fetches=%llu wall_s=%.1f\n",
-            (unsigned long long)st->epoch, (unsigned long long)st->merges, (unsigned long long)st->merged_contribs,
-            mean_staleness(st), (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
-            (unsigned long long)st->fetches, st->wall_s);
-    for (int i = 0; i < st->n_learners; i++) {
-        const dl_sync_learner_stats *l = &st->learners[i];
-        fprintf(f, "sync-learner: id=%s pushes=%llu merged=%llu dropped=%llu rejected=%llu tokens_applied=%llu "
-                   "bytes_in=%llu bytes_out=%llu\n",
-                l->id, (unsigned long long)l->pushes, (unsigned long long)l->merged, (unsigned long long)l->dropped,
-                (unsigned long long)l->rejected, (unsigned long long)l->tokens_applied,
-                (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out);
-    }
-}
-
-void dl_report_summary_events(const dl_sync_stats *st)
-{
-    dl_event("sync_summary",
+    snprintf(buf, cap,
              "epoch=%llu merges=%llu contributions=%llu mean_staleness=%.3f dropped_stale=%llu rejected=%llu "
              "fetches=%llu wall_s=%.1f",
              (unsigned long long)st->epoch, (unsigned long long)st->merges, (unsigned long long)st->merged_contribs,
              mean_staleness(st), (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
              (unsigned long long)st->fetches, st->wall_s);
+}
+
+static void learner_fields(const dl_sync_learner_stats *l, char *buf, size_t cap)
+{
+    snprintf(buf, cap,
+             "id=%s state=%s pushes=%llu merged=%llu dropped=%llu rejected=%llu tokens_applied=%llu tokens=%llu "
+             "bytes_in=%llu bytes_out=%llu",
+             l->id, member_name(l->state), (unsigned long long)l->pushes, (unsigned long long)l->merged,
+             (unsigned long long)l->dropped, (unsigned long long)l->rejected, (unsigned long long)l->tokens_applied,
+             (unsigned long long)l->tokens, (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out);
+}
+
+void dl_report_summary(const dl_sync_stats *st, FILE *f)
+{
+    char line[512];
+    summary_fields(st, line, sizeof line);
+    fprintf(f, "sync-summary: %s\n", line);
     for (int i = 0; i < st->n_learners; i++) {
-        const dl_sync_learner_stats *l = &st->learners[i];
-        dl_event("sync_learner",
-                 "id=%s state=%s pushes=%llu merged=%llu dropped=%llu rejected=%llu tokens_applied=%llu "
-                 "tokens=%llu bytes_in=%llu bytes_out=%llu",
-                 l->id, member_name(l->state), (unsigned long long)l->pushes, (unsigned long long)l->merged,
-                 (unsigned long long)l->dropped, (unsigned long long)l->rejected,
-                 (unsigned long long)l->tokens_applied, (unsigned long long)l->tokens,
-                 (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out);
+        learner_fields(&st->learners[i], line, sizeof line);
+        fprintf(f, "sync-learner: %s\n", line);
+    }
+}
+
+void dl_report_summary_events(const dl_sync_stats *st)
+{
+    char line[512];
+    summary_fields(st, line, sizeof line);
+    dl_event("sync_summary", "%s", line);
+    for (int i = 0; i < st->n_learners; i++) {
+        learner_fields(&st->learners[i], line, sizeof line);
+        dl_event("sync_learner", "%s", line);
     }
     const dl_ledger_totals *t = &st->ledger;
     dl_event("ledger",
