@@ -12,7 +12,6 @@
 typedef struct {
     uint64_t carried;      /* tokens of its last refused push of this fragment, 0 = none */
     uint64_t carried_base; /* that push's base version */
-    uint64_t pooled;       /* tokens of its push of this fragment in the pool (open round) */
 } frag_acct;
 
 typedef struct {
@@ -180,14 +179,13 @@ void dl_ledger_arrived(dl_ledger *l, int learner, int fragment, uint64_t base_ve
 
 void dl_ledger_pooled(dl_ledger *l, int learner, int fragment, uint64_t tokens, uint64_t replaced_tokens)
 {
+    (void)fragment;
     account *a = acct(l, learner);
-    frag_acct *f = fa(l, learner, fragment);
     assert(replaced_tokens <= a->pooled);
     a->pooled -= replaced_tokens;
     l->tot.pooled -= replaced_tokens;
     a->pooled += tokens;
     l->tot.pooled += tokens;
-    f->pooled = tokens;
 }
 
 void dl_ledger_dropped_stale(dl_ledger *l, int learner, int fragment, uint64_t tokens)
@@ -218,21 +216,21 @@ void dl_ledger_refused(dl_ledger *l, int learner, int fragment, uint64_t base_ve
 
 /* Take a push out of the pool; returns how much of it belonged to an
  * earlier process of the id (those leave first: they are older). */
-static uint64_t unpool(dl_ledger *l, account *a, frag_acct *f, uint64_t tokens)
+static uint64_t unpool(dl_ledger *l, account *a, uint64_t tokens)
 {
     assert(tokens <= a->pooled && tokens <= l->tot.pooled);
     a->pooled -= tokens;
     l->tot.pooled -= tokens;
     uint64_t before = tokens < a->pooled_before ? tokens : a->pooled_before;
     a->pooled_before -= before;
-    if (f->pooled == tokens) f->pooled = 0;
     return before;
 }
 
 void dl_ledger_merged(dl_ledger *l, int learner, int fragment, uint64_t tokens)
 {
+    (void)fragment;
     account *a = acct(l, learner);
-    uint64_t before = unpool(l, a, fa(l, learner, fragment), tokens);
+    uint64_t before = unpool(l, a, tokens);
     /* persisted by the merge commit itself, not handed out by take */
     l->tot.state[DL_LEDGER_APPLIED] += tokens;
     a->settled += tokens - before;
@@ -241,7 +239,7 @@ void dl_ledger_merged(dl_ledger *l, int learner, int fragment, uint64_t tokens)
 void dl_ledger_failed(dl_ledger *l, int learner, int fragment, uint64_t base_version, uint64_t tokens)
 {
     account *a = acct(l, learner);
-    uint64_t before = unpool(l, a, fa(l, learner, fragment), tokens);
+    uint64_t before = unpool(l, a, tokens);
     if (before) { /* its process is gone: nobody carries it on */
         l->pending.tokens[DL_LEDGER_LOST] += before;
         l->tot.state[DL_LEDGER_LOST] += before;
@@ -254,10 +252,11 @@ void dl_ledger_shutdown(dl_ledger *l, int (*live)(void *ctx, int learner), void 
     for (int i = 0; i < l->max; i++) {
         account *a = &l->acct[i];
         if (a->pooled) {
+            /* all of it OUTSTANDING; an earlier process's part is not this account's */
             settle(l, a, DL_LEDGER_OUTSTANDING, a->pooled);
+            a->settled -= a->pooled_before;
             l->tot.pooled -= a->pooled;
-            a->pooled = 0;
-            for (int p = 0; p < l->P; p++) fa(l, i, p)->pooled = 0;
+            a->pooled = a->pooled_before = 0;
         }
         if (a->open) end_account(l, i, DL_LEDGER_OUTSTANDING, live(ctx, i) ? DL_LEDGER_OUTSTANDING : DL_LEDGER_LOST);
     }

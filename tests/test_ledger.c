@@ -120,6 +120,16 @@ static void test_ledger(void)
     CHECK_EQ(t.overclaim, 0);
     CHECK_EQ(t.state[DL_LEDGER_DISCARDED], 25);
     uint64_t lost_before = t.state[DL_LEDGER_LOST];
+    /* E (learner 4): a new process while its predecessor's push is still
+     * pooled; at shutdown that push is OUTSTANDING and not the new account's */
+    dl_ledger_hello(l, 4, 0);
+    dl_ledger_progress(l, 4, 3, 10, 0);
+    dl_ledger_arrived(l, 4, 1, 0, 30);
+    dl_ledger_pooled(l, 4, 1, 30, 0);
+    dl_ledger_hello(l, 4, 0); /* restarted: the 30 processed, all pooled: nothing lost */
+    dl_ledger_progress(l, 4, 1, 4, 0); /* the new process: 12 fragment-tokens */
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.state[DL_LEDGER_LOST], lost_before);
 
     /* shutdown: A is live (its unpushed tokens OUTSTANDING, with a pooled push),
      * B (new process) is dead: LOST */
@@ -129,9 +139,11 @@ static void test_ledger(void)
     dl_ledger_get_totals(l, &t);
     CHECK_EQ(t.pooled, 0);
     CHECK_EQ(t.carried, 0);
-    /* A: 360 processed = 70 applied + 50 rejected + 20 dropped + 25 discarded + 7 pooled + 188 unpushed */
-    CHECK_EQ(t.state[DL_LEDGER_OUTSTANDING], 7 + 188);
-    CHECK_EQ(t.state[DL_LEDGER_LOST], lost_before + 30);
+    /* A: 360 processed = 70 applied + 50 rejected + 20 dropped + 25 discarded + 7 pooled + 188 unpushed;
+     * E's predecessor's pooled 30 */
+    CHECK_EQ(t.state[DL_LEDGER_OUTSTANDING], 7 + 188 + 30);
+    /* B's new process (30) and E's new one (12, dead at shutdown) */
+    CHECK_EQ(t.state[DL_LEDGER_LOST], lost_before + 30 + 12);
     CHECK_EQ(lost_before, 105);
     /* every processed fragment-token in exactly one state; C pushed 5 after
      * its bye, D 20 from before we met it */
