@@ -32,6 +32,7 @@ const char *dl_strerror(int code)
     case DL_ETIMEDOUT: return "timed out";
     case DL_ESTALE: return "too stale";
     case DL_ECORRUPT: return "corrupt data";
+    case DL_EPERM: return "not authorized";
     default: return "unknown error";
     }
 }

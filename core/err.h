@@ -30,7 +30,8 @@ enum {
     DL_ETIMEDOUT = -15,/* deadline passed */
     DL_ESTALE = -16,   /* contribution too stale */
     DL_ECORRUPT = -17, /* checksum / invariant violated in stored data */
-    DL_ECODE_MIN = -17
+    DL_EPERM = -18,    /* not authorized: unknown or revoked key, file with unsafe permissions */
+    DL_ECODE_MIN = -18
 };
 
 /* Short fixed text for a code ("invalid argument"); never NULL. */

@@ -105,7 +105,7 @@ const char *dl_wire_body_name(Dloco__V1__Envelope__BodyCase body)
 
 int dl_wire_error_kind_valid(int kind)
 {
-    return kind >= DLOCO__V1__ERROR_KIND__ERROR_KIND_INVALID && kind <= DLOCO__V1__ERROR_KIND__ERROR_KIND_INTERNAL;
+    return kind >= DLOCO__V1__ERROR_KIND__ERROR_KIND_INVALID && kind <= DLOCO__V1__ERROR_KIND__ERROR_KIND_BUSY;
 }
 
 const char *dl_wire_error_kind_name(int kind)
@@ -117,6 +117,8 @@ const char *dl_wire_error_kind_name(int kind)
     case DLOCO__V1__ERROR_KIND__ERROR_KIND_UNKNOWN_LEARNER: return "unknown learner";
     case DLOCO__V1__ERROR_KIND__ERROR_KIND_FULL: return "full";
     case DLOCO__V1__ERROR_KIND__ERROR_KIND_INTERNAL: return "internal";
+    case DLOCO__V1__ERROR_KIND__ERROR_KIND_UNAUTHORIZED: return "unauthorized";
+    case DLOCO__V1__ERROR_KIND__ERROR_KIND_BUSY: return "busy";
     default: return "unspecified";
     }
 }
@@ -129,6 +131,8 @@ Dloco__V1__ErrorKind dl_wire_error_kind_of(int dl_code)
     case DL_EMISMATCH: return DLOCO__V1__ERROR_KIND__ERROR_KIND_MISMATCH;
     case DL_ENOTFOUND: return DLOCO__V1__ERROR_KIND__ERROR_KIND_UNKNOWN_LEARNER;
     case DL_ERANGE: return DLOCO__V1__ERROR_KIND__ERROR_KIND_FULL;
+    case DL_EPERM: return DLOCO__V1__ERROR_KIND__ERROR_KIND_UNAUTHORIZED;
+    case DL_EAGAIN: return DLOCO__V1__ERROR_KIND__ERROR_KIND_BUSY;
     default: return DLOCO__V1__ERROR_KIND__ERROR_KIND_INTERNAL;
     }
 }
