@@ -8,6 +8,7 @@
 #include "core/plan.h"
 #include "learner/data.h"
 #include "learner/gpt.h"
+#include "proto/auth.h"
 #include "storage/store.h"
 
 #include <math.h>
@@ -30,7 +31,9 @@ static void usage(FILE *f)
                "  records STORE                one line per merge contribution: fragment version learner decision\n"
                "                               staleness tokens weight\n"
                "  eval   STORE [--data PATH] [--batch B] [--val_batches N] [--val_frac F]\n"
-               "                               validation loss of the store's global model\n");
+               "                               validation loss of the store's global model\n"
+               "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
+               "                               PREFIX.pub (0644); prints the public key and an allowlist line\n");
 }
 
 /* What the store cannot check alone: the run's typed model and P give the
@@ -245,6 +248,26 @@ out:
     return rc ? fail("eval", rc) : 0;
 }
 
+/* A new key pair for a learner or the synchronizer. The allowlist line uses
+ * the file name as the learner id when it is one, so `dloco keygen keys/l3`
+ * prints a line ready for the synchronizer's allowlist. */
+static int cmd_keygen(const char *prefix)
+{
+    dl_auth_keypair kp;
+    int rc = dl_auth_keygen(prefix, &kp);
+    if (rc) {
+        fprintf(stderr, "dloco keygen: %s: %s\n", dl_strerror(rc), dl_errmsg());
+        return 1;
+    }
+    const char *slash = strrchr(prefix, '/');
+    const char *base = slash ? slash + 1 : prefix;
+    printf("wrote %s.key (secret, mode 0600) and %s.pub (mode 0644)\n", prefix, prefix);
+    printf("public key: %s\n", kp.public_z85);
+    printf("allowlist line: %s %s\n", dl_auth_id_ok(base) ? base : "<learner_id>", kp.public_z85);
+    explicit_bzero(&kp, sizeof kp);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     dl_log_set_level(DL_LOG_WARN);
@@ -270,6 +293,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "status")) return cmd_status(dir);
     if (!strcmp(cmd, "records")) return cmd_records(dir);
     if (!strcmp(cmd, "eval")) return cmd_eval(dir, argc - 2, argv + 2);
+    if (!strcmp(cmd, "keygen")) return cmd_keygen(dir);
     fprintf(stderr, "dloco: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;
