@@ -1,6 +1,8 @@
 /* The synchronizer's round merge (synchronizer/merge.c): embedding spans get
  * the weighted mean, other spans RDA per tensor, then one Nesterov step —
- * checked against values computed here in double precision. */
+ * checked against values computed here in double precision; and the robust
+ * aggregators, which keep one hostile contribution out of the merge. */
+#include "core/err.h"
 #include "core/plan.h"
 #include "kernels/outer.h"
 #include "synchronizer/merge.h"
@@ -10,6 +12,144 @@
 #include <string.h>
 
 #include "tests/check.h"
+
+/* Three honest learners near (1, 2, -1, 0.5) and one hostile one (4 floats:
+ * the embedding and the matrix of the plan in main). Merged with outer lr 1,
+ * momentum 0 and scale 0.5 from zero params, so params = -0.5 x merged. */
+static void merge_four(const dl_plan *plan, dl_merge_aggregate agg, float hostile, const double *w, float *merged,
+                       float *params, double *norm)
+{
+    float d[4][4] = {{1.0f, 2.0f, -1.0f, 0.5f}, {1.1f, 1.9f, -0.9f, 0.6f}, {0.9f, 2.1f, -1.1f, 0.4f}, {0}};
+    for (int j = 0; j < 4; j++) d[3][j] = hostile * d[0][j];
+    float *dp[4] = {d[0], d[1], d[2], d[3]};
+    float mom[4] = {0};
+    memset(params, 0, 4 * sizeof *params);
+    dl_merge_opts o = {.rule = DL_MERGE_RULE_RDA, .outer_lr = 1.0f, .outer_momentum = 0.0f, .aggregate = agg,
+                       .trim = DL_MERGE_TRIM_DEFAULT};
+    *norm = dl_merge_apply(plan, 0, &o, dp, w, 4, 0.5, merged, params, mom);
+    for (int j = 0; j < 4; j++) CHECK_NEAR(mom[j], merged[j], 0);
+}
+
+static void test_robust(const dl_plan *plan)
+{
+    const double clean[4] = {1.0, 2.0, -1.0, 0.5}; /* mean of the three honest ones */
+    const double w1[4] = {1, 1, 1, 1}, wbig[4] = {1, 1, 1, 1000};
+    const float hostile[2] = {100.0f, -100.0f}; /* 100x scaled, and sign-flipped */
+    float merged[4], params[4], m2[4], p2[4];
+    double norm, norm2;
+    for (int h = 0; h < 2; h++) {
+        /* weighted (today's rule): the hostile contribution drags the merge far off */
+        merge_four(plan, DL_MERGE_AGG_WEIGHTED, hostile[h], w1, merged, params, &norm);
+        double err = 0;
+        for (int j = 0; j < 4; j++) err = fmax(err, fabs(2.0 * merged[j] - clean[j])); /* scale 0.5 */
+        CHECK(err > 10, "weighted merge with a %gx contribution is off by %g only", hostile[h], err);
+        for (int a = DL_MERGE_AGG_TRIMMED_MEAN; a <= DL_MERGE_AGG_MEDIAN; a++) {
+            merge_four(plan, (dl_merge_aggregate)a, hostile[h], w1, merged, params, &norm);
+            double n2 = 0;
+            for (int j = 0; j < 4; j++) {
+                /* per coordinate: drop the hostile value and one honest extreme,
+                 * mean of the middle two; within 0.05 of the clean mean */
+                CHECK_NEAR(2.0 * merged[j], clean[j], 0.051);
+                CHECK_NEAR(params[j], -merged[j], 0); /* outer step with lr 1, mu 0 */
+                n2 += (double)merged[j] * merged[j];
+            }
+            CHECK_NEAR(norm, sqrt(n2), 1e-6);
+            /* token weights are ignored: a 1000x weight claim changes nothing */
+            merge_four(plan, (dl_merge_aggregate)a, hostile[h], wbig, m2, p2, &norm2);
+            CHECK(!memcmp(m2, merged, sizeof m2) && norm2 == norm, "%s depends on the weights",
+                  dl_merge_aggregate_name((dl_merge_aggregate)a));
+        }
+    }
+    /* the exact values for +100x: coordinate 0 holds 0.9, 1.0, 1.1, 100 -> (1.0 + 1.1) / 2 */
+    merge_four(plan, DL_MERGE_AGG_MEDIAN, 100.0f, w1, merged, params, &norm);
+    CHECK_NEAR(merged[0], 0.5 * 1.05, 1e-6);
+    CHECK_NEAR(merged[2], 0.5 * -1.05, 1e-6); /* -100, -1.1, -1.0, -0.9 */
+
+    /* m < 3: the unweighted mean, whatever the weights */
+    float a[4] = {1, 0, 3, 4}, b[4] = {0, 1, 0, 2};
+    float *d[2] = {a, b};
+    double w[2] = {1, 3};
+    for (int ag = DL_MERGE_AGG_TRIMMED_MEAN; ag <= DL_MERGE_AGG_MEDIAN; ag++) {
+        dl_merge_opts o = {.outer_lr = 1.0f, .outer_momentum = 0.0f, .aggregate = (dl_merge_aggregate)ag,
+                           .trim = 0.49};
+        float pz[4] = {0}, mz[4] = {0};
+        dl_merge_apply(plan, 0, &o, d, w, 2, 1.0, merged, pz, mz);
+        for (int j = 0; j < 4; j++) CHECK_NEAR(merged[j], 0.5 * (a[j] + b[j]), 1e-7);
+        memset(pz, 0, sizeof pz);
+        memset(mz, 0, sizeof mz);
+        dl_merge_apply(plan, 0, &o, d, w, 1, 1.0, merged, pz, mz);
+        for (int j = 0; j < 4; j++) CHECK_NEAR(merged[j], a[j], 0);
+    }
+
+    /* m = 5 with trim 0.4 trims 2 per side: the median */
+    float e[5][4];
+    float *ep[5];
+    double w5[5] = {1, 1, 1, 1, 1};
+    for (int i = 0; i < 5; i++) {
+        for (int j = 0; j < 4; j++) e[i][j] = (float)((i * 7 + j * 3) % 5) - (i == 4 ? 1000.0f : 0.0f);
+        ep[i] = e[i];
+    }
+    dl_merge_opts ot = {.outer_lr = 1.0f, .aggregate = DL_MERGE_AGG_TRIMMED_MEAN, .trim = 0.4};
+    dl_merge_opts om = {.outer_lr = 1.0f, .aggregate = DL_MERGE_AGG_MEDIAN, .trim = 0.4};
+    float pz[4] = {0}, mz[4] = {0};
+    dl_merge_apply(plan, 0, &ot, ep, w5, 5, 1.0, merged, pz, mz);
+    memset(pz, 0, sizeof pz);
+    memset(mz, 0, sizeof mz);
+    dl_merge_apply(plan, 0, &om, ep, w5, 5, 1.0, m2, pz, mz);
+    CHECK(!memcmp(merged, m2, sizeof m2), "trim 0.4 of 5 is the median");
+
+    /* trim counts */
+    CHECK_EQ(dl_merge_trim_count(0.25, 4), 1);
+    CHECK_EQ(dl_merge_trim_count(0.25, 3), 0);
+    CHECK_EQ(dl_merge_trim_count(0.25, 2), 0);
+    CHECK_EQ(dl_merge_trim_count(0.49, 2), 0);
+    CHECK_EQ(dl_merge_trim_count(0.49, 3), 1);
+    CHECK_EQ(dl_merge_trim_count(0.4, 5), 2);
+    CHECK_EQ(dl_merge_trim_count(0.29, 100), 29);
+    CHECK_EQ(dl_merge_trim_count(0.499, 1000), 499);
+    CHECK_EQ(dl_merge_trim_count(0.0, 1000), 0);
+}
+
+static void test_names(void)
+{
+    dl_merge_aggregate a = DL_MERGE_AGG_MEDIAN;
+    CHECK(dl_merge_aggregate_parse("weighted", &a) == 0 && a == DL_MERGE_AGG_WEIGHTED, "parse weighted");
+    CHECK(dl_merge_aggregate_parse("trimmed_mean", &a) == 0 && a == DL_MERGE_AGG_TRIMMED_MEAN, "parse trimmed_mean");
+    CHECK(dl_merge_aggregate_parse("median", &a) == 0 && a == DL_MERGE_AGG_MEDIAN, "parse median");
+    const char *bad[] = {"trimmed-mean", "Median", "", "mean", "rda", "median "};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        a = DL_MERGE_AGG_MEDIAN;
+        CHECK(dl_merge_aggregate_parse(bad[i], &a) == DL_EINVAL && a == DL_MERGE_AGG_MEDIAN, "'%s' refused", bad[i]);
+    }
+    CHECK(dl_merge_aggregate_parse(NULL, &a) == DL_EINVAL, "NULL refused");
+    CHECK(strstr(dl_errmsg(), "trimmed_mean") != NULL, "the valid names are listed: %s", dl_errmsg());
+    for (int i = 0; i < 3; i++) {
+        CHECK(dl_merge_aggregate_parse(dl_merge_aggregate_name((dl_merge_aggregate)i), &a) == 0 && (int)a == i,
+              "name %d round-trips", i);
+    }
+    CHECK_STR(dl_merge_aggregate_name((dl_merge_aggregate)9), "?");
+
+    dl_merge_opts o = {.outer_lr = 0.7f, .outer_momentum = 0.9f, .trim = DL_MERGE_TRIM_DEFAULT};
+    CHECK_EQ(dl_merge_opts_check(&o), 0);
+    struct {
+        const char *field;
+        dl_merge_opts o;
+    } refused[7];
+    int nr = 0;
+#define REFUSE(f, v) (refused[nr].field = #f, refused[nr].o = o, refused[nr].o.f = (v), nr++)
+    REFUSE(trim, 0.5);
+    REFUSE(trim, -0.1);
+    REFUSE(trim, NAN);
+    REFUSE(aggregate, (dl_merge_aggregate)3);
+    REFUSE(rule, (dl_merge_rule)2);
+    REFUSE(clip_norm, -1.0);
+    REFUSE(clip_norm, INFINITY);
+#undef REFUSE
+    for (int i = 0; i < nr; i++) {
+        CHECK(dl_merge_opts_check(&refused[i].o) == DL_EINVAL, "opts with bad %s accepted", refused[i].field);
+        CHECK(strstr(dl_errmsg(), refused[i].field) != NULL, "'%s' does not name %s", dl_errmsg(), refused[i].field);
+    }
+}
 
 int main(void)
 {
@@ -68,6 +208,8 @@ int main(void)
     CHECK(!dl_merge_finite(bad, 2) && dl_merge_finite(a, 4), "finite check");
     dl_merge_rule r;
     CHECK(dl_merge_rule_parse("median", &r) != 0, "unknown merge rule refused");
+    test_robust(plan);
+    test_names();
     dl_plan_close(&plan);
     printf("%s\n", failures ? "test_merge: FAILED" : "test_merge: all checks passed");
     return failures ? 1 : 0;

@@ -1,0 +1,395 @@
+/* Push guards: plausibility of a push's counters, norm bounds from a robust
+ * per-fragment history, replay refusal, and the merged-parameter check. Pure. */
+#include "synchronizer/guard.h"
+
+#include "core/err.h"
+
+#include <assert.h>
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Below this many floats the O(n) passes run on one thread. */
+#define PAR_MIN ((size_t)1 << 15)
+/* Sums add a fixed number of chunk sums in order: bit-identical results
+ * whatever the thread count. */
+#define NCHUNK 256
+
+/* Accepted norms of one fragment: a ring in arrival order and the same values
+ * sorted, so the median is O(1) and an update O(window). */
+typedef struct {
+    double *ring;   /* [cap], ring[(pos - n + i) mod cap] is the i-th oldest */
+    double *sorted; /* [n], ascending */
+    int n, pos;     /* remembered norms; next ring index to write */
+} hist;
+
+struct dl_guard {
+    dl_guard_cfg cfg;
+    int P, L;
+    int cap;           /* ring capacity of every hist = cfg.norm_window */
+    hist *h;           /* [P] */
+    double *hmem;      /* [P][2 * cap]: every ring and sorted array */
+    uint64_t **next;   /* [L], each NULL or [P]: lowest base that is not a replay */
+};
+
+/* A reason for the caller (why may be NULL). */
+static void say(char *why, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *why, size_t cap, const char *fmt, ...)
+{
+    if (!why || !cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, cap, fmt, ap);
+    va_end(ap);
+}
+
+/* The same reason in why and in dl_errmsg(); returns code. */
+static int refuse(int code, char *why, size_t cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int refuse(int code, char *why, size_t cap, const char *fmt, ...)
+{
+    char m[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m, sizeof m, fmt, ap);
+    va_end(ap);
+    say(why, cap, "%s", m);
+    return dl_err(code, "%s", m);
+}
+
+/* ---------------------------------------------------------------- config */
+
+dl_guard_cfg dl_guard_cfg_default(void)
+{
+    dl_guard_cfg c = {
+        .norm_k = 10.0,
+        .norm_window = 32,
+        .norm_min_history = 3,
+        .norm_param_ratio = 10.0,
+        .norm_action = DL_GUARD_REJECT,
+        .param_abs_max = 1000.0,
+        .max_step_rate = 1000.0,
+        .step_slack = 64,
+        .max_batch = 65536,
+    };
+    return c;
+}
+
+int dl_guard_cfg_check(const dl_guard_cfg *c)
+{
+    /* written as !(in range) so a NaN fails every check */
+    if (!(c->norm_k == 0.0 || (c->norm_k >= 1.0 && c->norm_k <= 1e6)))
+        return dl_err(DL_EINVAL, "guard config: norm_k %g must be 0 (off) or in [1, 1e6]", c->norm_k);
+    if (c->norm_window < 1 || c->norm_window > DL_GUARD_MAX_WINDOW)
+        return dl_err(DL_EINVAL, "guard config: norm_window %d outside [1, %d]", c->norm_window, DL_GUARD_MAX_WINDOW);
+    if (c->norm_min_history < 1 || c->norm_min_history > c->norm_window)
+        return dl_err(DL_EINVAL, "guard config: norm_min_history %d outside [1, norm_window %d]", c->norm_min_history,
+                      c->norm_window);
+    if (!(c->norm_param_ratio == 0.0 || (c->norm_param_ratio > 0.0 && c->norm_param_ratio <= 1e9)))
+        return dl_err(DL_EINVAL, "guard config: norm_param_ratio %g must be 0 (off) or in (0, 1e9]",
+                      c->norm_param_ratio);
+    if (c->norm_action != DL_GUARD_REJECT && c->norm_action != DL_GUARD_CLIP)
+        return dl_err(DL_EINVAL, "guard config: norm_action %d is not reject (0) or clip (1)", (int)c->norm_action);
+    if (!(c->param_abs_max >= 0.0 && isfinite(c->param_abs_max)))
+        return dl_err(DL_EINVAL, "guard config: param_abs_max %g must be 0 (off) or finite > 0", c->param_abs_max);
+    if (!(c->max_step_rate > 0.0 && c->max_step_rate <= 1e9))
+        return dl_err(DL_EINVAL, "guard config: max_step_rate %g outside (0, 1e9] steps/s", c->max_step_rate);
+    if (c->max_batch < 1) return dl_err(DL_EINVAL, "guard config: max_batch %u must be >= 1", c->max_batch);
+    return 0;
+}
+
+static const char *const action_names[] = {"reject", "clip"};
+
+const char *dl_guard_action_name(dl_guard_action a)
+{
+    return (unsigned)a < 2 ? action_names[a] : "?";
+}
+
+int dl_guard_action_parse(const char *name, dl_guard_action *out)
+{
+    for (int i = 0; name && i < 2; i++)
+        if (!strcmp(name, action_names[i])) return *out = (dl_guard_action)i, 0;
+    return dl_err(DL_EINVAL, "guard norm action '%s' is not reject or clip", name ? name : "(null)");
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+/* Point every fragment's history into a fresh block for capacity cap. */
+static void hist_alloc(int P, int cap, hist **h, double **mem)
+{
+    *h = dl_xcalloc((size_t)P, sizeof **h);
+    *mem = dl_xcalloc((size_t)P * 2 * (size_t)cap, sizeof **mem);
+    for (int p = 0; p < P; p++) {
+        (*h)[p].ring = *mem + (size_t)p * 2 * (size_t)cap;
+        (*h)[p].sorted = (*h)[p].ring + cap;
+    }
+}
+
+int dl_guard_open(const dl_guard_cfg *c, int n_fragments, int max_learners, dl_guard **out)
+{
+    *out = NULL;
+    DL_TRY(dl_guard_cfg_check(c));
+    if (n_fragments < 1 || n_fragments > DL_GUARD_MAX_FRAGMENTS)
+        return dl_err(DL_EINVAL, "guard: n_fragments %d outside [1, %d]", n_fragments, DL_GUARD_MAX_FRAGMENTS);
+    if (max_learners < 1 || max_learners > DL_GUARD_MAX_LEARNERS)
+        return dl_err(DL_EINVAL, "guard: max_learners %d outside [1, %d]", max_learners, DL_GUARD_MAX_LEARNERS);
+    dl_guard *g = dl_xcalloc(1, sizeof *g);
+    g->cfg = *c;
+    g->P = n_fragments;
+    g->L = max_learners;
+    g->cap = c->norm_window;
+    hist_alloc(g->P, g->cap, &g->h, &g->hmem);
+    g->next = dl_xcalloc((size_t)g->L, sizeof *g->next);
+    *out = g;
+    return 0;
+}
+
+void dl_guard_close(dl_guard **gp)
+{
+    if (!gp || !*gp) return;
+    dl_guard *g = *gp;
+    for (int s = 0; s < g->L; s++) free(g->next[s]);
+    free(g->next);
+    free(g->h);
+    free(g->hmem);
+    free(g);
+    *gp = NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int dl_guard_reconfigure(dl_guard *g, const dl_guard_cfg *c)
+{
+    DL_TRY(dl_guard_cfg_check(c));
+    if (c->norm_window != g->cap) {
+        /* move each fragment's newest min(n, new window) norms, oldest first */
+        int cap = c->norm_window;
+        hist *h;
+        double *mem;
+        hist_alloc(g->P, cap, &h, &mem);
+        for (int p = 0; p < g->P; p++) {
+            const hist *o = &g->h[p];
+            int keep = o->n < cap ? o->n : cap;
+            for (int i = 0; i < keep; i++) {
+                int k = ((o->pos - keep + i) % g->cap + g->cap) % g->cap;
+                h[p].ring[i] = h[p].sorted[i] = o->ring[k];
+            }
+            qsort(h[p].sorted, (size_t)keep, sizeof(double), cmp_double);
+            h[p].n = keep;
+            h[p].pos = keep % cap;
+        }
+        free(g->h);
+        free(g->hmem);
+        g->h = h;
+        g->hmem = mem;
+        g->cap = cap;
+    }
+    g->cfg = *c;
+    return 0;
+}
+
+const dl_guard_cfg *dl_guard_get_cfg(const dl_guard *g) { return &g->cfg; }
+
+/* ---------------------------------------------------------------- counters */
+
+int dl_guard_counters(const dl_guard *g, uint32_t batch, uint32_t seq_len, uint64_t steps, uint64_t tokens,
+                      double elapsed_s, char *why, size_t cap)
+{
+    assert(elapsed_s >= 0.0); /* also refuses NaN */
+    uint32_t b = batch ? batch : g->cfg.max_batch;
+    /* tokens <= steps * bs without forming the product: with q = tokens / bs,
+     * r = tokens % bs, tokens > steps * bs  <=>  q > steps or (q == steps and
+     * r > 0). bs < 2^64 as a product of two 32-bit numbers. */
+    uint64_t bs = (uint64_t)b * seq_len;
+    int over = bs ? (tokens / bs > steps || (tokens / bs == steps && tokens % bs)) : tokens > 0;
+    if (over) {
+        /* steps * bs < tokens <= UINT64_MAX here, so it is printable exactly */
+        return refuse(DL_ERANGE, why, cap, "tokens %llu > steps %llu x batch %u%s x seq_len %u = %llu",
+                      (unsigned long long)tokens, (unsigned long long)steps, b,
+                      batch ? "" : " (max_batch: none declared)", seq_len, (unsigned long long)(steps * bs));
+    }
+    /* ceil(elapsed * rate) + slack, saturating */
+    double r = ceil(elapsed_s * g->cfg.max_step_rate);
+    uint64_t lim = r >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)r;
+    lim = lim > UINT64_MAX - g->cfg.step_slack ? UINT64_MAX : lim + g->cfg.step_slack;
+    if (steps > lim) {
+        return refuse(DL_ERANGE, why, cap,
+                      "steps %llu > %llu plausible in %.3g s (max_step_rate %g/s + step_slack %llu)",
+                      (unsigned long long)steps, (unsigned long long)lim, elapsed_s, g->cfg.max_step_rate,
+                      (unsigned long long)g->cfg.step_slack);
+    }
+    return 0;
+}
+
+int dl_guard_batch(const dl_guard *g, uint32_t batch, char *why, size_t cap)
+{
+    if (batch <= g->cfg.max_batch) return 0;
+    return refuse(DL_ERANGE, why, cap, "batch %u > max_batch %u", batch, g->cfg.max_batch);
+}
+
+/* ---------------------------------------------------------------- values */
+
+double dl_guard_norm(const float *x, size_t n, int *finite)
+{
+    assert((x || n == 0) && finite);
+    double part[NCHUNK];
+    size_t chunk = (n + NCHUNK - 1) / NCHUNK;
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (int c = 0; c < NCHUNK; c++) {
+        size_t lo = (size_t)c * chunk, hi = lo + chunk;
+        if (lo > n) lo = n;
+        if (hi > n) hi = n;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (size_t i = lo; i < hi; i++) s += (double)x[i] * (double)x[i];
+        part[c] = s;
+    }
+    /* every term is finite and < 2^256 unless its value is not finite (inf^2
+     * = inf, nan^2 = nan; no -inf can cancel an inf), so the sum is finite
+     * exactly when every value is */
+    double s = 0.0;
+    for (int c = 0; c < NCHUNK; c++) s += part[c];
+    *finite = isfinite(s) ? 1 : 0;
+    return sqrt(s);
+}
+
+static double hist_median(const hist *h)
+{
+    if (h->n == 0) return 0.0;
+    int k = h->n / 2;
+    return h->n % 2 ? h->sorted[k] : 0.5 * (h->sorted[k - 1] + h->sorted[k]);
+}
+
+double dl_guard_median(const dl_guard *g, int p, int *count)
+{
+    assert(p >= 0 && p < g->P);
+    if (count) *count = g->h[p].n;
+    return hist_median(&g->h[p]);
+}
+
+int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, double *scale, char *why, size_t cap)
+{
+    assert(p >= 0 && p < g->P && scale && !(norm < 0.0));
+    const dl_guard_cfg *c = &g->cfg;
+    const hist *h = &g->h[p];
+    *scale = 0.0;
+    if (!isfinite(norm)) {
+        say(why, cap, "norm %g is not finite", norm);
+        return DL_GUARD_REJECTED;
+    }
+    double bound = INFINITY;
+    int rule = 0; /* 1: median, 2: parameter ratio */
+    if (c->norm_k > 0.0 && h->n >= c->norm_min_history) {
+        bound = c->norm_k * hist_median(h);
+        rule = 1;
+    }
+    if (c->norm_param_ratio > 0.0 && isfinite(param_norm) && param_norm > 0.0 &&
+        c->norm_param_ratio * param_norm < bound) {
+        bound = c->norm_param_ratio * param_norm;
+        rule = 2;
+    }
+    if (norm <= bound) {
+        *scale = 1.0;
+        return DL_GUARD_OK;
+    }
+    char r[160];
+    if (rule == 1)
+        snprintf(r, sizeof r, "norm %.3g > %g x median %.3g of the last %d accepted pushes", norm, c->norm_k,
+                 hist_median(h), h->n);
+    else
+        snprintf(r, sizeof r, "norm %.3g > %g x parameter norm %.3g", norm, c->norm_param_ratio, param_norm);
+    /* the bound is positive (remembered norms are > 0, param_norm > 0), so
+     * bound / norm is in (0, 1); it rounds to 0 only for a norm ~1e308 times
+     * the bound, which is no delta worth keeping */
+    double s = bound / norm;
+    if (c->norm_action == DL_GUARD_CLIP && s > 0.0) {
+        *scale = s < 1.0 ? s : nextafter(1.0, 0.0);
+        say(why, cap, "%s: clipped to %.3g (x %.3g)", r, bound, *scale);
+        return DL_GUARD_CLIPPED;
+    }
+    say(why, cap, "%s", r);
+    return DL_GUARD_REJECTED;
+}
+
+void dl_guard_accepted(dl_guard *g, int p, double norm)
+{
+    assert(p >= 0 && p < g->P && isfinite(norm) && norm >= 0.0);
+    if (norm == 0.0) return;
+    hist *h = &g->h[p];
+    double *v = h->sorted;
+    if (h->n == g->cap) {
+        /* evict the oldest (the one about to be overwritten) from the sorted copy */
+        double old = h->ring[h->pos];
+        int i = 0;
+        while (v[i] != old) i++; /* present by construction */
+        memmove(v + i, v + i + 1, (size_t)(h->n - 1 - i) * sizeof *v);
+        h->n--;
+    }
+    int i = h->n;
+    while (i > 0 && v[i - 1] > norm) {
+        v[i] = v[i - 1];
+        i--;
+    }
+    v[i] = norm;
+    h->n++;
+    h->ring[h->pos] = norm;
+    h->pos = (h->pos + 1) % g->cap;
+}
+
+/* ---------------------------------------------------------------- replays */
+
+int dl_guard_replay(const dl_guard *g, int slot, int p, uint64_t base, char *why, size_t cap)
+{
+    assert(slot >= 0 && slot < g->L && p >= 0 && p < g->P);
+    const uint64_t *nx = g->next[slot];
+    if (!nx || base >= nx[p]) return 0;
+    say(why, cap, "base version %llu of fragment %d is not newer than %llu, already merged from this learner",
+        (unsigned long long)base, p, (unsigned long long)(nx[p] - 1));
+    return 1;
+}
+
+void dl_guard_applied(dl_guard *g, int slot, int p, uint64_t base)
+{
+    assert(slot >= 0 && slot < g->L && p >= 0 && p < g->P && base < UINT64_MAX);
+    if (!g->next[slot]) g->next[slot] = dl_xcalloc((size_t)g->P, sizeof(uint64_t));
+    if (base + 1 > g->next[slot][p]) g->next[slot][p] = base + 1;
+}
+
+void dl_guard_forget(dl_guard *g, int slot)
+{
+    assert(slot >= 0 && slot < g->L);
+    free(g->next[slot]);
+    g->next[slot] = NULL;
+}
+
+/* ---------------------------------------------------------------- parameters */
+
+int dl_guard_params_max(double param_abs_max, int p, const float *x, size_t n, char *why, size_t cap)
+{
+    assert((x || n == 0) && param_abs_max >= 0.0);
+    /* one compare catches nan (false), inf (> FLT_MAX) and too big */
+    double lim = param_abs_max > 0.0 && param_abs_max < FLT_MAX ? param_abs_max : FLT_MAX;
+    int ok = 1;
+#pragma omp parallel for simd reduction(& : ok) schedule(static) if (n >= PAR_MIN)
+    for (size_t i = 0; i < n; i++) ok &= (double)fabsf(x[i]) <= lim;
+    if (ok) return 0;
+    size_t i = 0;
+    while ((double)fabsf(x[i]) <= lim) i++; /* the first offender exists */
+    if (!isfinite(x[i]))
+        return refuse(DL_ECORRUPT, why, cap, "parameter %zu of fragment %d is %s", i, p,
+                      isnan(x[i]) ? "nan" : x[i] > 0 ? "inf" : "-inf");
+    return refuse(DL_ECORRUPT, why, cap, "parameter %zu of fragment %d is %.3g %sparam_abs_max %g", i, p,
+                  (double)x[i], x[i] > 0 ? "> " : "< -", param_abs_max);
+}
+
+int dl_guard_params(const dl_guard *g, int p, const float *x, size_t n, char *why, size_t cap)
+{
+    assert(p >= 0 && p < g->P);
+    return dl_guard_params_max(g->cfg.param_abs_max, p, x, n, why, cap);
+}

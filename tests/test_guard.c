@@ -1,0 +1,383 @@
+/* The push guards (synchronizer/guard.c): each rule accepts a realistic push
+ * and refuses the hostile one with its reason. */
+#include "synchronizer/guard.h"
+
+#include "core/err.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tests/check.h"
+
+#define HAS(s, sub) CHECK(strstr((s), (sub)) != NULL, "\"%s\" lacks \"%s\"", (s), (sub))
+
+static dl_guard *open_guard(const dl_guard_cfg *c, int P, int L)
+{
+    dl_guard *g = NULL;
+    int rc = dl_guard_open(c, P, L, &g);
+    REQUIRE(rc == 0 && g, "open: %s", dl_errmsg());
+    return g;
+}
+
+static void test_cfg(void)
+{
+    dl_guard_cfg d = dl_guard_cfg_default();
+    CHECK_EQ(dl_guard_cfg_check(&d), 0);
+    CHECK(d.norm_k == 10 && d.norm_window == 32 && d.norm_min_history == 3 && d.norm_param_ratio == 10 &&
+              d.norm_action == DL_GUARD_REJECT && d.param_abs_max == 1000 && d.max_step_rate == 1000 &&
+              d.step_slack == 64 && d.max_batch == 65536,
+          "defaults");
+    struct {
+        const char *field;
+        dl_guard_cfg c;
+    } bad[12];
+    int nb = 0;
+#define BAD(f, v) (bad[nb].field = #f, bad[nb].c = d, bad[nb].c.f = (v), nb++)
+    BAD(norm_k, -1.0);
+    BAD(norm_k, 0.5);
+    BAD(norm_k, NAN);
+    BAD(norm_window, 0);
+    BAD(norm_window, DL_GUARD_MAX_WINDOW + 1);
+    BAD(norm_min_history, 0);
+    BAD(norm_min_history, 33); /* > norm_window 32 */
+    BAD(norm_param_ratio, -2.0);
+    BAD(norm_action, (dl_guard_action)7);
+    BAD(param_abs_max, INFINITY);
+    BAD(max_step_rate, 0.0);
+    BAD(max_batch, 0u);
+#undef BAD
+    for (int i = 0; i < nb; i++) {
+        int rc = dl_guard_cfg_check(&bad[i].c);
+        CHECK(rc == DL_EINVAL, "%s: rc %d", bad[i].field, rc);
+        HAS(dl_errmsg(), bad[i].field);
+    }
+    dl_guard_cfg off = d;
+    off.norm_k = 0;
+    off.norm_param_ratio = 0;
+    off.param_abs_max = 0;
+    CHECK_EQ(dl_guard_cfg_check(&off), 0);
+    dl_guard *g = NULL;
+    CHECK(dl_guard_open(&bad[0].c, 1, 1, &g) == DL_EINVAL && !g, "open refuses a bad config");
+    CHECK(dl_guard_open(&d, 0, 1, &g) == DL_EINVAL && !g, "open refuses 0 fragments");
+    CHECK(dl_guard_open(&d, 1, DL_GUARD_MAX_LEARNERS + 1, &g) == DL_EINVAL && !g, "open refuses too many learners");
+
+    dl_guard_action a;
+    CHECK(dl_guard_action_parse("clip", &a) == 0 && a == DL_GUARD_CLIP, "parse clip");
+    CHECK(dl_guard_action_parse("reject", &a) == 0 && a == DL_GUARD_REJECT, "parse reject");
+    CHECK(dl_guard_action_parse("drop", &a) == DL_EINVAL, "parse refuses drop");
+    CHECK(dl_guard_action_parse(NULL, &a) == DL_EINVAL, "parse refuses NULL");
+    CHECK_STR(dl_guard_action_name(DL_GUARD_CLIP), "clip");
+}
+
+static void test_counters(void)
+{
+    dl_guard_cfg c = dl_guard_cfg_default();
+    dl_guard *g = open_guard(&c, 4, 8);
+    char why[256];
+
+    /* realistic: 100 steps of batch 16 x 64 tokens in 2 s */
+    CHECK_EQ(dl_guard_counters(g, 16, 64, 100, 100 * 16 * 64, 2.0, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_counters(g, 16, 64, 100, 100 * 16 * 64 - 5, 2.0, why, sizeof why), 0);
+    /* tokens one over the bound */
+    CHECK_EQ(dl_guard_counters(g, 16, 64, 100, 100 * 16 * 64 + 1, 2.0, why, sizeof why), DL_ERANGE);
+    /* 2^62 tokens claimed for 4 steps */
+    why[0] = 0;
+    CHECK_EQ(dl_guard_counters(g, 16, 64, 4, (uint64_t)1 << 62, 2.0, why, sizeof why), DL_ERANGE);
+    CHECK_STR(why, "tokens 4611686018427387904 > steps 4 x batch 16 x seq_len 64 = 4096");
+    CHECK_STR(dl_errmsg(), why);
+    /* no batch declared: max_batch bounds it */
+    CHECK_EQ(dl_guard_counters(g, 0, 64, 4, 4ull * 65536 * 64, 2.0, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_counters(g, 0, 64, 4, 4ull * 65536 * 64 + 1, 2.0, why, sizeof why), DL_ERANGE);
+    HAS(why, "max_batch");
+    /* zero steps can claim no tokens */
+    CHECK_EQ(dl_guard_counters(g, 16, 64, 0, 1, 2.0, why, sizeof why), DL_ERANGE);
+    CHECK_EQ(dl_guard_counters(g, 16, 64, 0, 0, 2.0, why, sizeof why), 0);
+
+    /* overflow-safe: steps x batch x seq_len well past 2^64 never wraps */
+    uint64_t big = UINT64_MAX / 2; /* x 2^32 x 2^32 would wrap a 64-bit product to a small number */
+    CHECK_EQ(dl_guard_counters(g, UINT32_MAX, UINT32_MAX, big, UINT64_MAX, INFINITY, why, sizeof why), 0);
+    /* batch x seq_len = 2^32 exactly; steps 2^32 - 1: product 2^64 - 2^32 < UINT64_MAX */
+    dl_guard_cfg cb = c;
+    cb.max_batch = UINT32_MAX;
+    dl_guard *gb = open_guard(&cb, 1, 1);
+    uint64_t s32 = ((uint64_t)1 << 32) - 1, prod = s32 << 32;
+    CHECK_EQ(dl_guard_counters(gb, 65536, 65536, s32, prod, INFINITY, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_counters(gb, 65536, 65536, s32, prod + 1, INFINITY, why, sizeof why), DL_ERANGE);
+    CHECK_STR(why, "tokens 18446744069414584321 > steps 4294967295 x batch 65536 x seq_len 65536 = "
+                   "18446744069414584320");
+    /* steps 2^32: the product is exactly 2^64, one past UINT64_MAX: every token count fits */
+    CHECK_EQ(dl_guard_counters(gb, 65536, 65536, s32 + 1, UINT64_MAX, INFINITY, why, sizeof why), 0);
+    /* a 64-bit product would wrap 2^33 x 2^32 x 2^32 to 0 and refuse everything */
+    CHECK_EQ(dl_guard_counters(gb, UINT32_MAX, UINT32_MAX, (uint64_t)1 << 33, 12345, INFINITY, why, sizeof why), 0);
+    dl_guard_close(&gb);
+
+    /* step rate: 1000 steps/s, slack 64 */
+    CHECK_EQ(dl_guard_counters(g, 1, 1, 1064, 1000, 1.0, why, sizeof why), 0);
+    why[0] = 0;
+    CHECK_EQ(dl_guard_counters(g, 1, 1, 1000000, 1000, 1.0, why, sizeof why), DL_ERANGE);
+    CHECK_STR(why, "steps 1000000 > 1064 plausible in 1 s (max_step_rate 1000/s + step_slack 64)");
+    CHECK_EQ(dl_guard_counters(g, 1, 1, 1065, 1000, 1.0, why, sizeof why), DL_ERANGE);
+    /* elapsed 0: only the slack; ceil rounds a fraction of a step up */
+    CHECK_EQ(dl_guard_counters(g, 1, 1, 64, 64, 0.0, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_counters(g, 1, 1, 65, 65, 0.0, why, sizeof why), DL_ERANGE);
+    CHECK_EQ(dl_guard_counters(g, 1, 1, 65, 65, 0.0001, why, sizeof why), 0);
+    /* saturating: huge elapsed and slack do not wrap */
+    dl_guard_cfg cs = c;
+    cs.step_slack = UINT64_MAX - 1;
+    CHECK_EQ(dl_guard_reconfigure(g, &cs), 0);
+    CHECK_EQ(dl_guard_counters(g, 1, 1, UINT64_MAX, UINT64_MAX, 1e30, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_counters(g, 1, 1, UINT64_MAX, UINT64_MAX, 0.5, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_reconfigure(g, &c), 0);
+    /* NULL why: still refused, reason in dl_errmsg() */
+    CHECK_EQ(dl_guard_counters(g, 1, 1, 1000000, 1000, 1.0, NULL, 0), DL_ERANGE);
+    HAS(dl_errmsg(), "steps 1000000 > 1064");
+
+    /* batch at Hello */
+    CHECK_EQ(dl_guard_batch(g, 0, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_batch(g, 65536, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_batch(g, 65537, why, sizeof why), DL_ERANGE);
+    CHECK_STR(why, "batch 65537 > max_batch 65536");
+    dl_guard_close(&g);
+}
+
+static void test_norm(void)
+{
+    float x[1000];
+    for (int i = 0; i < 1000; i++) x[i] = (float)((i % 7) - 3) * 0.5f;
+    double ref = 0;
+    for (int i = 0; i < 1000; i++) ref += (double)x[i] * x[i];
+    int fin = -1;
+    CHECK_NEAR(dl_guard_norm(x, 1000, &fin), sqrt(ref), 1e-9 * sqrt(ref));
+    CHECK_EQ(fin, 1);
+    CHECK(dl_guard_norm(x, 0, &fin) == 0.0 && fin == 1, "empty delta");
+    /* 1e38 everywhere: float squares overflow, the double sum does not */
+    for (int i = 0; i < 1000; i++) x[i] = 1e38f;
+    double n38 = dl_guard_norm(x, 1000, &fin);
+    CHECK(fin == 1 && isfinite(n38), "1e38 delta is finite in double: %g", n38);
+    CHECK_NEAR(n38 / (1e38 * sqrt(1000.0)), 1.0, 1e-6);
+    x[500] = INFINITY;
+    dl_guard_norm(x, 1000, &fin);
+    CHECK_EQ(fin, 0);
+    x[500] = -INFINITY;
+    dl_guard_norm(x, 1000, &fin);
+    CHECK_EQ(fin, 0);
+    x[500] = NAN;
+    double nn = dl_guard_norm(x, 1000, &fin);
+    CHECK(fin == 0 && !isfinite(nn), "nan delta: finite %d norm %g", fin, nn);
+    /* large fragment through the threaded path, with one nan at the end */
+    size_t n = (size_t)1 << 20;
+    float *big = dl_xmalloc(n * sizeof *big);
+    for (size_t i = 0; i < n; i++) big[i] = 1.0f;
+    double nb = dl_guard_norm(big, n, &fin);
+    CHECK(fin == 1 && nb == 1024.0, "1M ones: norm %g", nb);
+    big[n - 1] = NAN;
+    dl_guard_norm(big, n, &fin);
+    CHECK_EQ(fin, 0);
+    free(big);
+}
+
+static void test_value(void)
+{
+    dl_guard_cfg c = dl_guard_cfg_default();
+    dl_guard *g = open_guard(&c, 3, 4);
+    char why[256];
+    double sc = -1;
+    int cnt = -1;
+
+    /* no history: only the parameter-ratio bound (10 x 12.5 = 125) */
+    CHECK(dl_guard_median(g, 0, &cnt) == 0.0 && cnt == 0, "empty history");
+    CHECK_EQ(dl_guard_value(g, 0, 100.0, 12.5, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK(sc == 1.0, "ok scale %g", sc);
+    /* a 1e38 delta of 1000 floats has norm ~3e39: far over the parameter ratio */
+    CHECK_EQ(dl_guard_value(g, 0, 5e37, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_STR(why, "norm 5e+37 > 10 x parameter norm 12.5");
+    CHECK(sc == 0.0, "rejected scale %g", sc);
+    CHECK_EQ(dl_guard_value(g, 0, INFINITY, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    HAS(why, "not finite");
+    CHECK_EQ(dl_guard_value(g, 0, NAN, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    /* parameters all zero: the ratio bound is off, so only min_history protects */
+    CHECK_EQ(dl_guard_value(g, 0, 1e30, 0.0, &sc, why, sizeof why), DL_GUARD_OK);
+
+    /* min_history 3: two remembered norms do not arm the median rule */
+    dl_guard_accepted(g, 0, 1.0);
+    dl_guard_accepted(g, 0, 1.2);
+    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    dl_guard_accepted(g, 0, 1.1);
+    CHECK_NEAR(dl_guard_median(g, 0, &cnt), 1.1, 1e-12);
+    CHECK_EQ(cnt, 3);
+    /* a realistic push (within 10 x 1.1) passes, 10^6 x median is refused */
+    CHECK_EQ(dl_guard_value(g, 0, 1.5, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 10 * 1.1, 1e6, &sc, why, sizeof why), DL_GUARD_OK); /* exactly the bound */
+    CHECK_EQ(dl_guard_value(g, 0, 1.1e6, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_STR(why, "norm 1.1e+06 > 10 x median 1.1 of the last 3 accepted pushes");
+    /* other fragments keep their own history */
+    CHECK_EQ(dl_guard_value(g, 1, 1.1e6, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    /* the tighter of the two bounds wins: parameter norm 0.5 -> bound 5 < 11 */
+    CHECK_EQ(dl_guard_value(g, 0, 8.0, 0.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    HAS(why, "parameter norm 0.5");
+
+    /* clipping: the scale brings the delta exactly to the bound */
+    dl_guard_cfg cc = c;
+    cc.norm_action = DL_GUARD_CLIP;
+    CHECK_EQ(dl_guard_reconfigure(g, &cc), 0);
+    CHECK_NEAR(dl_guard_median(g, 0, &cnt), 1.1, 1e-12); /* history kept */
+    CHECK_EQ(dl_guard_value(g, 0, 44.0, 1e6, &sc, why, sizeof why), DL_GUARD_CLIPPED);
+    CHECK_NEAR(sc, 0.25, 1e-12);
+    HAS(why, "median 1.1");
+    HAS(why, "clipped");
+    CHECK_EQ(dl_guard_value(g, 0, 1e9, 0.5, &sc, why, sizeof why), DL_GUARD_CLIPPED); /* bound 5 < 11 */
+    CHECK_NEAR(sc, 5.0 / 1e9, 1e-20);
+    HAS(why, "parameter norm 0.5");
+    /* non-finite is rejected even when clipping */
+    CHECK_EQ(dl_guard_value(g, 0, INFINITY, 2.0, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 2.0, 2.0, &sc, NULL, 0), DL_GUARD_OK);
+
+    /* the median follows the window: 32 newest, even count -> mean of the middle two */
+    dl_guard_cfg cw = c;
+    cw.norm_window = 4;
+    cw.norm_min_history = 2;
+    CHECK_EQ(dl_guard_reconfigure(g, &cw), 0); /* shrink keeps the newest 3: 1.0 1.2 1.1 */
+    CHECK_NEAR(dl_guard_median(g, 0, &cnt), 1.1, 1e-12);
+    CHECK_EQ(cnt, 3);
+    dl_guard_accepted(g, 0, 3.0); /* 1.0 1.2 1.1 3.0 */
+    CHECK_NEAR(dl_guard_median(g, 0, &cnt), 1.15, 1e-12);
+    CHECK_EQ(cnt, 4);
+    dl_guard_accepted(g, 0, 5.0); /* evicts 1.0: 1.2 1.1 3.0 5.0 */
+    CHECK_NEAR(dl_guard_median(g, 0, &cnt), 2.1, 1e-12);
+    dl_guard_accepted(g, 0, 0.0); /* zero norms are not remembered */
+    CHECK_NEAR(dl_guard_median(g, 0, &cnt), 2.1, 1e-12);
+    CHECK_EQ(cnt, 4);
+    for (int i = 0; i < 4; i++) dl_guard_accepted(g, 0, 7.0); /* the window turns over */
+    CHECK_NEAR(dl_guard_median(g, 0, &cnt), 7.0, 1e-12);
+    /* a window of 1: the last norm alone */
+    cw.norm_window = 1;
+    cw.norm_min_history = 1;
+    CHECK_EQ(dl_guard_reconfigure(g, &cw), 0);
+    CHECK_NEAR(dl_guard_median(g, 0, &cnt), 7.0, 1e-12);
+    dl_guard_accepted(g, 0, 2.0);
+    CHECK_NEAR(dl_guard_median(g, 0, &cnt), 2.0, 1e-12);
+    CHECK_EQ(cnt, 1);
+    /* grow again: keeps what there is */
+    CHECK_EQ(dl_guard_reconfigure(g, &c), 0);
+    CHECK_NEAR(dl_guard_median(g, 0, &cnt), 2.0, 1e-12);
+    CHECK_EQ(cnt, 1);
+    /* a refused reconfigure changes nothing */
+    dl_guard_cfg bad = c;
+    bad.norm_window = 0;
+    CHECK_EQ(dl_guard_reconfigure(g, &bad), DL_EINVAL);
+    CHECK_EQ(dl_guard_get_cfg(g)->norm_window, 32);
+
+    /* slow inflation, as the header warns: clipped pushes remembered at the
+     * bound raise the median by up to norm_k per half window */
+    dl_guard *gi = open_guard(&cc, 1, 1);
+    for (int i = 0; i < 3; i++) dl_guard_accepted(gi, 0, 1.0);
+    for (int i = 0; i < 160; i++) {
+        double m = dl_guard_median(gi, 0, NULL), s;
+        if (dl_guard_value(gi, 0, 1e30, 0.0, &s, NULL, 0) == DL_GUARD_CLIPPED) dl_guard_accepted(gi, 0, 1e30 * s);
+        CHECK(dl_guard_median(gi, 0, NULL) <= 10.0 * m * (1 + 1e-12), "median grows at most norm_k per push");
+    }
+    /* steady state: x norm_k per norm_window / 2 pushes, so ~10^9 after 160 */
+    CHECK(dl_guard_median(gi, 0, NULL) > 1e6, "an attacker owning the window inflates the median: %g",
+          dl_guard_median(gi, 0, NULL));
+    dl_guard_close(&gi);
+    dl_guard_close(&g);
+    dl_guard_close(&g); /* twice is safe */
+    dl_guard_close(NULL);
+}
+
+static void test_replay(void)
+{
+    dl_guard_cfg c = dl_guard_cfg_default();
+    dl_guard *g = open_guard(&c, 3, 4);
+    char why[256];
+    /* nothing merged yet: base 0 is fine */
+    CHECK_EQ(dl_guard_replay(g, 1, 2, 0, why, sizeof why), 0);
+    dl_guard_applied(g, 1, 2, 5);
+    CHECK_EQ(dl_guard_replay(g, 1, 2, 5, why, sizeof why), 1);
+    CHECK_STR(why, "base version 5 of fragment 2 is not newer than 5, already merged from this learner");
+    CHECK_EQ(dl_guard_replay(g, 1, 2, 4, why, sizeof why), 1);
+    CHECK_EQ(dl_guard_replay(g, 1, 2, 0, NULL, 0), 1);
+    CHECK_EQ(dl_guard_replay(g, 1, 2, 6, why, sizeof why), 0); /* a newer base */
+    /* other fragments and other learners are independent */
+    CHECK_EQ(dl_guard_replay(g, 1, 1, 5, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_replay(g, 0, 2, 5, why, sizeof why), 0);
+    /* an older base applied later does not lower the mark */
+    dl_guard_applied(g, 1, 2, 3);
+    CHECK_EQ(dl_guard_replay(g, 1, 2, 5, why, sizeof why), 1);
+    dl_guard_applied(g, 1, 2, 9);
+    CHECK_EQ(dl_guard_replay(g, 1, 2, 8, why, sizeof why), 1);
+    CHECK_EQ(dl_guard_replay(g, 1, 2, 10, why, sizeof why), 0);
+    /* base 0 merged: only base 0 itself is a replay */
+    dl_guard_applied(g, 3, 0, 0);
+    CHECK_EQ(dl_guard_replay(g, 3, 0, 0, why, sizeof why), 1);
+    CHECK_EQ(dl_guard_replay(g, 3, 0, 1, why, sizeof why), 0);
+    /* the slot's next learner starts clean */
+    dl_guard_forget(g, 1);
+    CHECK_EQ(dl_guard_replay(g, 1, 2, 5, why, sizeof why), 0);
+    dl_guard_forget(g, 1); /* twice, and a slot never used */
+    dl_guard_forget(g, 2);
+    CHECK_EQ(dl_guard_replay(g, 3, 0, 0, why, sizeof why), 1); /* others untouched */
+    /* reconfigure keeps replay state */
+    dl_guard_cfg c2 = c;
+    c2.norm_window = 8;
+    CHECK_EQ(dl_guard_reconfigure(g, &c2), 0);
+    CHECK_EQ(dl_guard_replay(g, 3, 0, 0, why, sizeof why), 1);
+    dl_guard_close(&g);
+}
+
+static void test_params(void)
+{
+    dl_guard_cfg c = dl_guard_cfg_default();
+    dl_guard *g = open_guard(&c, 4, 1);
+    char why[256];
+    float x[2000];
+    for (int i = 0; i < 2000; i++) x[i] = (float)(i % 11) * 0.1f - 0.5f;
+    CHECK_EQ(dl_guard_params(g, 3, x, 2000, why, sizeof why), 0);
+    x[1000] = 1000.0f; /* exactly the bound */
+    x[1001] = -1000.0f;
+    CHECK_EQ(dl_guard_params(g, 3, x, 2000, why, sizeof why), 0);
+    x[1234] = NAN;
+    CHECK_EQ(dl_guard_params(g, 3, x, 2000, why, sizeof why), DL_ECORRUPT);
+    CHECK_STR(why, "parameter 1234 of fragment 3 is nan");
+    CHECK_STR(dl_errmsg(), why);
+    x[7] = 3.1e5f; /* the first offender is reported */
+    CHECK_EQ(dl_guard_params(g, 0, x, 2000, why, sizeof why), DL_ECORRUPT);
+    CHECK_STR(why, "parameter 7 of fragment 0 is 3.1e+05 > param_abs_max 1000");
+    x[7] = -2000.0f;
+    CHECK_EQ(dl_guard_params(g, 0, x, 2000, why, sizeof why), DL_ECORRUPT);
+    HAS(why, "-2e+03 < -param_abs_max 1000");
+    x[7] = 0;
+    x[1234] = -INFINITY;
+    CHECK_EQ(dl_guard_params(g, 0, x, 2000, why, sizeof why), DL_ECORRUPT);
+    CHECK_STR(why, "parameter 1234 of fragment 0 is -inf");
+    /* param_abs_max 0: any finite value passes, inf and nan still refused */
+    x[1234] = 1e37f;
+    CHECK_EQ(dl_guard_params(g, 0, x, 2000, why, sizeof why), DL_ECORRUPT);
+    CHECK_EQ(dl_guard_params_max(0.0, 0, x, 2000, why, sizeof why), 0);
+    x[1999] = INFINITY;
+    CHECK_EQ(dl_guard_params_max(0.0, 0, x, 2000, why, sizeof why), DL_ECORRUPT);
+    CHECK_STR(why, "parameter 1999 of fragment 0 is inf");
+    CHECK_EQ(dl_guard_params_max(0.0, 0, x, 0, why, sizeof why), 0);
+    /* the threaded path */
+    size_t n = (size_t)1 << 20;
+    float *big = dl_xcalloc(n, sizeof *big);
+    CHECK_EQ(dl_guard_params(g, 1, big, n, why, sizeof why), 0);
+    big[n - 3] = NAN;
+    CHECK_EQ(dl_guard_params(g, 1, big, n, NULL, 0), DL_ECORRUPT);
+    HAS(dl_errmsg(), "parameter 1048573 of fragment 1 is nan");
+    free(big);
+    dl_guard_close(&g);
+}
+
+int main(void)
+{
+    test_cfg();
+    test_counters();
+    test_norm();
+    test_value();
+    test_replay();
+    test_params();
+    return CHECK_DONE("test_guard");
+}
