@@ -3,12 +3,15 @@
 #include "proto/wire.h"
 
 #include <assert.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "core/err.h"
 #include "core/hash.h"
 #include "core/log.h"
@@ -65,11 +68,64 @@ int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes)
     DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_CNT, 3));
     DL_TRY(setopt_int(sock, ZMQ_RECONNECT_IVL, 100));
     DL_TRY(setopt_int(sock, ZMQ_RECONNECT_IVL_MAX, 10000));
+    DL_TRY(setopt_int(sock, ZMQ_HEARTBEAT_IVL, DL_WIRE_PING_MS));
+    DL_TRY(setopt_int(sock, ZMQ_HEARTBEAT_TIMEOUT, DL_WIRE_PING_TIMEOUT_MS));
+    DL_TRY(setopt_int(sock, ZMQ_HEARTBEAT_TTL, DL_WIRE_PING_TIMEOUT_MS));
     if (is_router) {
         DL_TRY(setopt_int(sock, ZMQ_ROUTER_MANDATORY, 1));
-        DL_TRY(setopt_int(sock, ZMQ_ROUTER_HANDOVER, 1));
+        DL_TRY(setopt_int(sock, ZMQ_ROUTER_HANDOVER, 0));
     }
     return 0;
+}
+
+/* ---- outbound queue accounting */
+
+struct dl_wire_queue {
+    _Atomic int64_t refs;
+    _Atomic uint64_t bytes;
+    _Atomic int64_t drained_ns;
+};
+
+dl_wire_queue *dl_wire_queue_new(void)
+{
+    dl_wire_queue *q = dl_xcalloc(1, sizeof *q);
+    atomic_init(&q->refs, 1);
+    return q;
+}
+
+static void queue_unref(dl_wire_queue *q)
+{
+    if (atomic_fetch_sub(&q->refs, 1) == 1) free(q);
+}
+
+void dl_wire_queue_release(dl_wire_queue **q)
+{
+    if (!q || !*q) return;
+    queue_unref(*q);
+    *q = NULL;
+}
+
+uint64_t dl_wire_queue_bytes(const dl_wire_queue *q) { return q ? atomic_load(&q->bytes) : 0; }
+int64_t dl_wire_queue_drained_ns(const dl_wire_queue *q) { return q ? atomic_load(&q->drained_ns) : 0; }
+
+typedef struct {
+    dl_wire_queue *q[2];
+    size_t len;
+} queued_buf;
+
+/* libzmq's free callback (its I/O thread, or the sender on a failed send) */
+static void queued_free(void *data, void *hint)
+{
+    queued_buf *b = hint;
+    int64_t now = dl_clock_ns();
+    for (int i = 0; i < 2; i++)
+        if (b->q[i]) {
+            atomic_fetch_sub(&b->q[i]->bytes, b->len);
+            atomic_store(&b->q[i]->drained_ns, now);
+            queue_unref(b->q[i]);
+        }
+    free(data);
+    free(b);
 }
 
 /* ---- building messages */
@@ -506,6 +562,43 @@ void dl_wire_env_free(Dloco__V1__Envelope **env)
 int dl_wire_send(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
                  const void *const *payloads, const size_t *lens, int npayload, int flags)
 {
+    return dl_wire_send_q(sock, routing_id, id_len, env, payloads, lens, npayload, flags, NULL);
+}
+
+/* One payload frame. Counted: a copy libzmq frees through queued_free. */
+static int send_payload(void *sock, const void *data, size_t len, int flags, dl_wire_queue *const q[2])
+{
+    if (!q || (!q[0] && !q[1])) {
+        DL_ZMQ_CALL(zmq_send(sock, data, len, flags));
+        return 0;
+    }
+    void *copy = dl_xmalloc(len ? len : 1);
+    memcpy(copy, data, len);
+    queued_buf *b = dl_xcalloc(1, sizeof *b);
+    b->len = len;
+    for (int i = 0; i < 2; i++)
+        if (q[i]) {
+            b->q[i] = q[i];
+            atomic_fetch_add(&q[i]->refs, 1);
+            atomic_fetch_add(&q[i]->bytes, len);
+        }
+    zmq_msg_t m;
+    if (zmq_msg_init_data(&m, copy, len, queued_free, b) != 0) {
+        queued_free(copy, b);
+        return dl_wire_zmq_fail("zmq_msg_init_data", __FILE__, __LINE__);
+    }
+    if (zmq_msg_send(&m, sock, flags) == -1) {
+        int rc = dl_wire_zmq_fail("zmq_msg_send", __FILE__, __LINE__);
+        DL_ZMQ_LOG(zmq_msg_close(&m)); /* runs queued_free */
+        return rc;
+    }
+    return 0;
+}
+
+int dl_wire_send_q(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
+                   const void *const *payloads, const size_t *lens, int npayload, int flags,
+                   dl_wire_queue *const q[2])
+{
     assert(sock && env && (id_len == 0 || routing_id) && id_len <= DL_WIRE_ROUTING_ID_MAX);
     assert(npayload >= 0 && npayload <= DL_WIRE_MAX_PAYLOADS && (npayload == 0 || (payloads && lens)));
     assert((flags & ~ZMQ_DONTWAIT) == 0);
@@ -538,7 +631,7 @@ int dl_wire_send(void *sock, const void *routing_id, size_t id_len, const Dloco_
     }
     for (int i = 0; i < npayload; i++) {
         int more = i + 1 < npayload ? ZMQ_SNDMORE : 0;
-        DL_ZMQ_CALL(zmq_send(sock, payloads[i], lens[i], flags | more));
+        DL_TRY(send_payload(sock, payloads[i], lens[i], flags | more, q));
     }
     return 0;
 }
@@ -615,7 +708,9 @@ int dl_wire_recv(void *sock, int is_router, const dl_wire_limits *lim, dl_wire_m
             return rrc;
         }
     }
-    /* `part` is the header now. */
+    /* `part` is the header now; its connection's ZAP User-Id, if any */
+    const char *uid = zmq_msg_gets(&part, "User-Id");
+    if (uid) snprintf(out->user_id, sizeof out->user_id, "%s", uid);
     int nframes = 1;
     int rc = 0;
     if (zmq_msg_more(&part)) rc = drain_payloads(sock, out, &nframes);

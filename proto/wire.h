@@ -10,7 +10,8 @@
  * wrong (undecodable, unknown enum, out-of-range index, payload length that
  * disagrees with codec+numel, non-finite float, oversize string...) with
  * DL_EPROTO and a specific message in dl_errmsg(). Semantic checks (epoch,
- * run_id, fingerprint, staleness, learner_id == routing id) are the caller's. */
+ * run_id, fingerprint, staleness, which connection may speak for which
+ * learner id, counters and values of a push) are the caller's. */
 #ifndef DL_PROTO_WIRE_H
 #define DL_PROTO_WIRE_H
 
@@ -30,6 +31,7 @@
 #define DL_WIRE_MAX_HEADER_BYTES 65536u /* packed Envelope; 4096 held versions fit */
 #define DL_WIRE_LEARNER_ID_MAX 64     /* learner_id: [A-Za-z0-9._-]{1,64} */
 #define DL_WIRE_ROUTING_ID_MAX 255    /* libzmq's own limit */
+#define DL_WIRE_USER_ID_MAX 127       /* ZAP User-Id kept per message ("<learner id> <z85 key>" is 105) */
 #define DL_WIRE_BLOCK_MIN 16u         /* int8/int4 scale block size, elements */
 #define DL_WIRE_BLOCK_MAX 65536u
 /* Per-peer-pipe high-water mark in messages (ZMQ HWMs count per connection).
@@ -97,14 +99,39 @@ void dl_wire_zmq_warn(const char *call, const char *file, int line);
  * unsent data), ZMQ_MAXMSGSIZE = max_msg_bytes (a larger inbound frame makes
  * libzmq drop the connection; the message is never delivered), SNDHWM/RCVHWM
  * DL_WIRE_HWM, TCP keepalive (idle 30 s, interval 10 s, 3 probes: half-open
- * connections die in about a minute, NAT state stays warm), reconnect backoff
- * 100 ms doubling to 10 s. A ROUTER (is_router) also gets ZMQ_ROUTER_MANDATORY
+ * connections die in about a minute, NAT state stays warm), ZMTP heartbeats
+ * (PING every DL_WIRE_PING_MS; a connection that sends nothing for
+ * DL_WIRE_PING_TIMEOUT_MS is closed, so a hung or vanished peer's
+ * connection and what is queued for it go away), reconnect backoff 100 ms
+ * doubling to 10 s. A ROUTER (is_router) also gets ZMQ_ROUTER_MANDATORY
  * (sending to an unknown peer fails with DL_ENOTFOUND instead of vanishing)
- * and ZMQ_ROUTER_HANDOVER (a learner that restarts with the same routing id
- * takes over its stale connection). Call before bind/connect. A DEALER's
- * routing id (ZMQ_ROUTING_ID = learner id) is the caller's to set.
- * Returns 0 or DL_ENET. */
+ * and keeps ZMQ_ROUTER_HANDOVER off: a second connection that presents a
+ * routing id already in use is never attached (libzmq ignores it), so no
+ * connection can take over another's route. dloco learners set no routing
+ * id; libzmq gives each connection a fresh one, and the synchronizer binds a
+ * learner id to the connection it said Hello on (see synchronizer/sync.c).
+ * Call before bind/connect. Returns 0 or DL_ENET. */
+#define DL_WIRE_PING_MS 2000
+#define DL_WIRE_PING_TIMEOUT_MS 20000
 int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes);
+
+/* ---- outbound queue accounting
+ *
+ * What a sender hands to zmq_send stays in libzmq (its pipes, then the
+ * kernel's socket buffer) until the peer reads it; ZMQ_SNDHWM bounds that in
+ * messages, not bytes. A dl_wire_queue counts the payload bytes of messages
+ * sent through dl_wire_send_q that libzmq still holds: the count goes up at
+ * send and down when libzmq frees the message (its free callback, from
+ * libzmq's I/O thread; counters are atomic). One queue per peer connection
+ * plus one for the whole socket give the synchronizer byte bounds. A queue
+ * lives while its owner or any queued message holds it. */
+typedef struct dl_wire_queue dl_wire_queue;
+dl_wire_queue *dl_wire_queue_new(void);
+/* Drop the owner's reference and NULL the pointer; safe on NULL. */
+void dl_wire_queue_release(dl_wire_queue **q);
+uint64_t dl_wire_queue_bytes(const dl_wire_queue *q);
+/* Monotonic ns when libzmq last freed a message of this queue (0 = never). */
+int64_t dl_wire_queue_drained_ns(const dl_wire_queue *q);
 
 /* ---- building messages */
 
@@ -207,12 +234,19 @@ void dl_wire_env_free(Dloco__V1__Envelope **env);
  * DL_EINVAL; DL_ENOMEM; DL_ENET. */
 int dl_wire_send(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
                  const void *const *payloads, const size_t *lens, int npayload, int flags);
+/* dl_wire_send, and the payload bytes count in each non-NULL queue of q[0],
+ * q[1] until libzmq frees them (the payload is copied into a buffer libzmq
+ * owns, as dl_wire_send does). */
+int dl_wire_send_q(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
+                   const void *const *payloads, const size_t *lens, int npayload, int flags,
+                   dl_wire_queue *const q[2]);
 
 /* One received message. Payload data stays inside zmq messages (zero-copy:
  * no copy after libzmq's own receive) until dl_wire_msg_close(). */
 typedef struct {
     uint8_t id[DL_WIRE_ROUTING_ID_MAX + 1]; /* ROUTER: sender's routing id, NUL-terminated */
     size_t id_len;                          /* bytes of id; 0 on a DEALER */
+    char user_id[DL_WIRE_USER_ID_MAX + 1];  /* the ZAP User-Id of the connection (CURVE), "" without */
     Dloco__V1__Envelope *env;               /* validated header; NULL unless recv returned 0 */
     int npayload;                           /* payload frames held in payload[] */
     zmq_msg_t payload[DL_WIRE_MAX_PAYLOADS];

@@ -164,6 +164,14 @@ void dl_ledger_bye(dl_ledger *l, int learner, uint64_t step, uint64_t tokens, ui
     end_account(l, learner, DL_LEDGER_REJECTED, DL_LEDGER_LOST);
 }
 
+void dl_ledger_forget(dl_ledger *l, int learner)
+{
+    end_account(l, learner, DL_LEDGER_REJECTED, DL_LEDGER_LOST);
+    account *a = acct(l, learner);
+    assert(a->pooled == 0 && a->carried == 0);
+    memset(a, 0, sizeof *a);
+}
+
 void dl_ledger_arrived(dl_ledger *l, int learner, int fragment, uint64_t base_version, uint64_t tokens)
 {
     account *a = acct(l, learner);

@@ -76,6 +76,11 @@ void dl_ledger_progress(dl_ledger *l, int learner, uint64_t step, uint64_t token
  * carried -> REJECTED). Pooled pushes stay pooled and still merge. */
 void dl_ledger_bye(dl_ledger *l, int learner, uint64_t step, uint64_t tokens, uint64_t discarded);
 
+/* The learner's slot is reclaimed (it left or died long ago, nothing of it
+ * is pooled): its account ends as at a Bye and the slot's account is blank
+ * for the next learner that gets the number. */
+void dl_ledger_forget(dl_ledger *l, int learner);
+
 /* ---- fates of one push of `fragment` by `learner` with `tokens` */
 /* Arrival of a push, before its verdict: settles tokens carried for this
  * fragment (REJECTED unless this push carries them on: same base version and

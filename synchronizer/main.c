@@ -22,12 +22,17 @@ typedef struct {
     double gamma, mad_k;
     char staleness[DL_CFG_STRLEN];
     double staleness_a, staleness_b;
-    char merge[DL_CFG_STRLEN];
-    double outer_lr, outer_momentum, clip_norm;
+    char merge[DL_CFG_STRLEN], aggregate[DL_CFG_STRLEN];
+    double outer_lr, outer_momentum, clip_norm, trim;
     int share_scaling;
     int64_t heartbeat_ms, liveness, rebase_ms, sync_every_ms, status_every_ms, max_msg_mb;
     char durability[DL_CFG_STRLEN], log_level[DL_CFG_STRLEN];
     char events[DL_CFG_STRLEN];
+    char auth[DL_CFG_STRLEN], key_file[DL_CFG_STRLEN], allowlist[DL_CFG_STRLEN];
+    int64_t max_new_hellos_per_s, new_hello_burst, reclaim_ms, max_outbound_mb, peer_outbound_mb, slow_reader_ms;
+    double norm_k, norm_param_ratio, param_abs_max, max_step_rate;
+    int64_t norm_window, norm_min_history, step_slack, max_batch;
+    char norm_action[DL_CFG_STRLEN];
 } sync_cfg;
 
 #define F(x) offsetof(sync_cfg, x)
@@ -43,6 +48,8 @@ static const dl_cfg_entry table[] = {
     {"grace_cap_ms", DL_CFG_INT, F(grace_cap_ms), 1, 86400000, "5000", NULL, 1, "grace window cap, ms"},
     {"gamma", DL_CFG_FLOAT, F(gamma), 1e-6, 10, "0.5", NULL, 1, "grace cap as a fraction of the push period"},
     {"mad_k", DL_CFG_FLOAT, F(mad_k), 0, 100, "3", NULL, 1, "arrival prediction margin, in MADs"},
+    {"max_learners", DL_CFG_INT, F(max_learners), 1, 65536, "1024", NULL, 0,
+     "learner slots: the registry's bound (a full table answers FULL; slots of learners gone reclaim_ms are reused)"},
     {"max_staleness", DL_CFG_INT, F(max_staleness), 0, 1000000000, "8", NULL, 1, "drop pushes staler than this"},
     {"staleness", DL_CFG_ENUM, F(staleness), 0, 0, "poly", "const|poly|hinge", 1, "staleness factor s()"},
     {"staleness_a", DL_CFG_FLOAT, F(staleness_a), 0, 1e6, "0.5", NULL, 1, "s() parameter a"},
@@ -53,15 +60,53 @@ static const dl_cfg_entry table[] = {
     {"share_scaling", DL_CFG_BOOL, F(share_scaling), 0, 0, "true", NULL, 1,
      "scale a round's step by its share of the live fleet's tokens"},
     {"clip_norm", DL_CFG_FLOAT, F(clip_norm), 0, 1e9, "0", NULL, 1, "clip each pseudo-gradient's norm (0 = off)"},
-    {"heartbeat_ms", DL_CFG_INT, F(heartbeat_ms), 10, 600000, "500", NULL, 0, "heartbeat period, ms"},
-    {"liveness", DL_CFG_INT, F(liveness), 2, 1000, "6", NULL, 0, "missed heartbeats before a learner is dead"},
+    {"aggregate", DL_CFG_ENUM, F(aggregate), 0, 0, "weighted", "weighted|trimmed_mean|median", 1,
+     "how a round's deltas combine: token-weighted (rda/mean), or coordinate-wise trimmed mean / median (unweighted, "
+     "robust to a minority of bad learners; docs/SECURITY.md)"},
+    {"trim", DL_CFG_FLOAT, F(trim), 0, 0.49, "0.25", NULL, 1, "trimmed_mean: fraction trimmed from each side"},
+    {"auth", DL_CFG_ENUM, F(auth), 0, 0, "auto", "auto|curve|off", 0,
+     "who may connect: curve = only learners whose public key is in the allowlist; auto = curve unless bind is "
+     "loopback"},
+    {"key_file", DL_CFG_STR, F(key_file), 0, 0, "", NULL, 0, "CURVE: this synchronizer's key pair (dloco keygen PREFIX)"},
+    {"allowlist", DL_CFG_STR, F(allowlist), 0, 0, "", NULL, 0,
+     "CURVE: file of 'learner_id public_key' lines; re-read on SIGHUP (removed keys are cut off)"},
+    {"max_new_hellos_per_s", DL_CFG_INT, F(max_new_hellos_per_s), 1, 100000, "20", NULL, 0,
+     "Hellos from new learner ids admitted per second (token bucket)"},
+    {"new_hello_burst", DL_CFG_INT, F(new_hello_burst), 1, 100000, "64", NULL, 0, "depth of that bucket"},
+    {"reclaim_ms", DL_CFG_INT, F(reclaim_ms), 0, 864000000, "30000", NULL, 0,
+     "a learner dead or gone this long gives its slot back to new learners"},
+    {"max_outbound_mb", DL_CFG_INT, F(max_outbound_mb), 0, 1048576, "0", NULL, 0,
+     "payload MiB queued for all learners at once; more waits (0 = max(256, 4 x model size))"},
+    {"peer_outbound_mb", DL_CFG_INT, F(peer_outbound_mb), 0, 1048576, "0", NULL, 0,
+     "payload MiB queued for one learner; more waits (0 = max(model, 2 x largest fragment))"},
+    {"slow_reader_ms", DL_CFG_INT, F(slow_reader_ms), 100, 86400000, "60000", NULL, 0,
+     "a learner whose queue makes no progress this long is dropped"},
+    {"norm_k", DL_CFG_FLOAT, F(norm_k), 0, 1e6, "10", NULL, 1,
+     "value guard: a push whose norm exceeds norm_k x the fragment's median recent norm is refused (0 = off)"},
+    {"norm_window", DL_CFG_INT, F(norm_window), 1, 1024, "32", NULL, 1, "value guard: recent norms kept per fragment"},
+    {"norm_min_history", DL_CFG_INT, F(norm_min_history), 1, 1024, "3", NULL, 1,
+     "value guard: norms needed before the median rule applies"},
+    {"norm_param_ratio", DL_CFG_FLOAT, F(norm_param_ratio), 0, 1e9, "10", NULL, 1,
+     "value guard: a push whose norm exceeds this x the fragment's parameter norm is refused (0 = off)"},
+    {"norm_action", DL_CFG_ENUM, F(norm_action), 0, 0, "reject", "reject|clip", 1,
+     "value guard: refuse an oversized push, or clip it to the bound"},
+    {"param_abs_max", DL_CFG_FLOAT, F(param_abs_max), 0, 1e30, "1000", NULL, 1,
+     "a merge whose result has a parameter beyond this (or not finite) is not committed (0 = finite only)"},
+    {"max_step_rate", DL_CFG_FLOAT, F(max_step_rate), 1e-3, 1e9, "10000", NULL, 1,
+     "inner steps per second a learner can plausibly make: bounds a push's steps"},
+    {"step_slack", DL_CFG_INT, F(step_slack), 0, 1000000000, "64", NULL, 1, "steps allowed on top of that bound"},
+    {"max_batch", DL_CFG_INT, F(max_batch), 1, 4294967295.0, "65536", NULL, 1,
+     "largest batch (sequences per step) a learner may declare: bounds a push's tokens"},
+    {"heartbeat_ms", DL_CFG_INT, F(heartbeat_ms), 10, 60000, "500", NULL, 0, "heartbeat period, ms"},
+    {"liveness", DL_CFG_INT, F(liveness), 2, 100, "6", NULL, 0, "missed heartbeats before a learner is dead"},
     {"rebase_ms", DL_CFG_INT, F(rebase_ms), 1, 864000000, "60000", NULL, 0,
      "a learner silent longer than this must fetch (rebase) before pushing again"},
     {"durability", DL_CFG_ENUM, F(durability), 0, 0, "sync", "sync|periodic", 0,
      "sync: fsync every merge commit; periodic: fsync every sync_every_ms"},
     {"sync_every_ms", DL_CFG_INT, F(sync_every_ms), 10, 3600000, "1000", NULL, 0, "periodic durability interval"},
     {"status_every_ms", DL_CFG_INT, F(status_every_ms), 0, 3600000, "10000", NULL, 0, "status line interval (0 = off)"},
-    {"max_msg_mb", DL_CFG_INT, F(max_msg_mb), 1, 65536, "2048", NULL, 0, "largest inbound message, MiB"},
+    {"max_msg_mb", DL_CFG_INT, F(max_msg_mb), 0, 65536, "0", NULL, 0,
+     "largest inbound message, MiB (0 = the largest fragment + header: nothing bigger is a valid message)"},
     {"log_level", DL_CFG_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error", 0, "log verbosity"},
     {"events", DL_CFG_STR, F(events), 0, 0, "", NULL, 0,
      "append machine-readable events (logfmt, docs/EVENTS.md) to this file; empty = off"},
@@ -82,6 +127,7 @@ static int tunables_of(const sync_cfg *c, dl_sync_tunables *t)
     DL_TRY(dl_policy_kind_parse(c->policy, &t->policy.kind));
     DL_TRY(dl_policy_sfn_parse(c->staleness, &t->policy.sfn));
     t->policy.quorum = (int)c->quorum;
+    t->policy.max_learners = (int)c->max_learners;
     t->policy.grace_cap_ns = c->grace_cap_ms * 1000000LL;
     t->policy.gamma = c->gamma;
     t->policy.mad_k = c->mad_k;
@@ -95,6 +141,20 @@ static int tunables_of(const sync_cfg *c, dl_sync_tunables *t)
     t->merge.outer_momentum = (float)c->outer_momentum;
     t->merge.clip_norm = c->clip_norm;
     t->merge.share_scaling = c->share_scaling;
+    DL_TRY(dl_merge_aggregate_parse(c->aggregate, &t->merge.aggregate));
+    t->merge.trim = c->trim;
+    DL_TRY(dl_merge_opts_check(&t->merge));
+    t->guard = dl_guard_cfg_default();
+    t->guard.norm_k = c->norm_k;
+    t->guard.norm_window = (int)c->norm_window;
+    t->guard.norm_min_history = (int)c->norm_min_history;
+    t->guard.norm_param_ratio = c->norm_param_ratio;
+    DL_TRY(dl_guard_action_parse(c->norm_action, &t->guard.norm_action));
+    t->guard.param_abs_max = c->param_abs_max;
+    t->guard.max_step_rate = c->max_step_rate;
+    t->guard.step_slack = (uint64_t)c->step_slack;
+    t->guard.max_batch = (uint32_t)c->max_batch;
+    DL_TRY(dl_guard_cfg_check(&t->guard));
     return 0;
 }
 
@@ -187,6 +247,16 @@ int main(int argc, char **argv)
     sc.sync_every_ms = (int)c.sync_every_ms;
     sc.status_every_ms = (int)c.status_every_ms;
     sc.max_msg_bytes = (uint64_t)c.max_msg_mb << 20;
+    sc.guard = t.guard;
+    sc.auth = !strcmp(c.auth, "curve") ? DL_SYNC_AUTH_CURVE : !strcmp(c.auth, "off") ? DL_SYNC_AUTH_OFF : DL_SYNC_AUTH_AUTO;
+    snprintf(sc.key_file, sizeof sc.key_file, "%s", c.key_file);
+    snprintf(sc.allowlist, sizeof sc.allowlist, "%s", c.allowlist);
+    sc.max_new_hellos_per_s = (int)c.max_new_hellos_per_s;
+    sc.new_hello_burst = (int)c.new_hello_burst;
+    sc.reclaim_ms = (int)c.reclaim_ms;
+    sc.max_outbound_bytes = (uint64_t)c.max_outbound_mb << 20;
+    sc.peer_outbound_bytes = (uint64_t)c.peer_outbound_mb << 20;
+    sc.slow_reader_ms = (int)c.slow_reader_ms;
     /* the whole effective config, however long, as the store's audit record */
     char *config_text = NULL;
     size_t config_len = 0;

@@ -516,9 +516,11 @@ int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now)
         s->id = id;
         hash_insert(p, id, i);
     } else {
-        /* Reuse the slot of a learner that said bye and has nothing pooled. */
+        /* Reuse a forgotten slot, or one of a learner that said bye and has nothing pooled. */
         for (i = 0; i < p->n_slots; i++)
-            if (p->slots[i].state == SLOT_LEFT && !slot_pooled_anywhere(p, &p->slots[i])) break;
+            if (p->slots[i].state == SLOT_FREE ||
+                (p->slots[i].state == SLOT_LEFT && !slot_pooled_anywhere(p, &p->slots[i])))
+                break;
         if (i == p->n_slots)
             return dl_err(DL_ERANGE, "merge policy: learner %u cannot join: all %d learner slots are registered", id,
                           p->cfg.max_learners);
@@ -564,6 +566,19 @@ int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_le
     if (s->state == SLOT_LIVE) p->n_live--;
     s->state = reason == DL_POLICY_LEAVE_BYE ? SLOT_LEFT : SLOT_DEAD;
     refresh(p, now);
+    return 0;
+}
+
+int dl_policy_learner_forget(dl_policy *p, uint32_t id)
+{
+    int i = find_slot(p, id);
+    if (i < 0) return 0;
+    slot *s = &p->slots[i];
+    if (s->state == SLOT_LIVE) return dl_err(DL_EINVAL, "merge policy: learner %u is live", id);
+    if (slot_pooled_anywhere(p, s)) return dl_err(DL_EAGAIN, "merge policy: learner %u has pooled pushes", id);
+    s->state = SLOT_FREE;
+    s->id = UINT32_MAX; /* never a learner number */
+    hash_rebuild(p);
     return 0;
 }
 

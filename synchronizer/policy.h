@@ -238,6 +238,10 @@ uint64_t dl_policy_version(const dl_policy *p, int fragment);
 int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now);
 int dl_policy_learner_alive(dl_policy *p, uint32_t id, int64_t now);
 int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_leave reason);
+/* Forget a learner that is dead or left, so its number can be given to a
+ * new learner: 0 (also for an unknown id); DL_EINVAL while it is live;
+ * DL_EAGAIN while it has pooled pushes (try again after they merged). */
+int dl_policy_learner_forget(dl_policy *p, uint32_t id);
 int dl_policy_live_count(const dl_policy *p);
 /* Membership of learner id: the one record of who is live, dead or gone
  * (the synchronizer's registry keeps counters and times, never a copy). */

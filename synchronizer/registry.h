@@ -1,6 +1,7 @@
 /* The synchronizer's learner registry: learner id -> slot in a hash table,
- * and per learner the counters and times the loop keeps (never liveness:
- * the merge policy is the one owner of live / dead / left). */
+ * and per learner the connection (route) it speaks on and the counters and
+ * times the loop keeps (never liveness: the merge policy is the one owner of
+ * live / dead / left). */
 #ifndef DL_SYNCHRONIZER_REGISTRY_H
 #define DL_SYNCHRONIZER_REGISTRY_H
 
@@ -8,35 +9,81 @@
 
 #include "proto/wire.h"
 
-/* One learner the synchronizer has heard from in this process. Slot indices
- * are stable for the life of the registry: they are the learner numbers the
- * merge policy and the push ledger use. */
+#define DL_REGISTRY_BASES 8
 typedef struct {
+    uint64_t version;
+    int64_t ns; /* monotonic */
+} dl_registry_base;
+
+/* One learner the synchronizer has heard from in this process. A slot index
+ * is the learner number the merge policy, the push ledger and the guards use;
+ * it stays the learner's until dl_registry_remove (the loop reclaims slots of
+ * learners that left or died, see sync.c), after which a new learner may get
+ * it. */
+typedef struct {
+    int used;                /* 0: a free slot (removed; dl_registry_add reuses it) */
     char id[DL_WIRE_LEARNER_ID_MAX + 1];
+    /* The connection the learner speaks on: libzmq's routing id of it on the
+     * ROUTER (binary, never printed). Messages naming this learner from any
+     * other connection are refused; 0 bytes = none (cut off, or not yet). */
+    uint8_t route[DL_WIRE_ROUTING_ID_MAX];
+    size_t route_len;
+    char user[DL_WIRE_USER_ID_MAX + 1]; /* CURVE: the ZAP User-Id of that connection ("" without auth) */
+    dl_wire_queue *outq;     /* bytes queued in libzmq for that connection (a new one per connection) */
+    int64_t outq_busy_ns;    /* monotonic ns since when outq has been non-empty (0 = empty at the last look) */
     int64_t last_seen_ns;    /* monotonic ns of its last valid message */
+    int64_t left_ns;         /* monotonic ns it was declared dead / said bye (0 while live) */
     int64_t first_seen_wall; /* wallclock ns of its first Hello */
+    int64_t hello_ns;        /* monotonic ns of its latest Hello */
+    uint32_t batch;          /* sequences per step it declared at Hello (0 = not declared) */
     uint64_t step, tokens;   /* from its latest Heartbeat (or Bye): inner step, tokens processed since start */
     double steps_per_s;      /* from its latest Heartbeat */
     uint64_t hellos, pushes, merged, dropped, rejected, tokens_applied; /* counters, fragment-tokens */
     uint64_t bytes_in, bytes_out;      /* frames, bytes (headers approximated) */
-    uint64_t last_push_tokens;         /* tokens of its latest push: its expected share of a round */
+    uint64_t last_push_tokens;         /* tokens of its latest accepted push: its expected share of a round */
+    /* [P * DL_REGISTRY_BASES]: per fragment a ring of the versions this
+     * learner was given (Update sent, or held at Hello) and when: a push from
+     * base v can have accumulated steps only since v reached the learner. */
+    dl_registry_base *bases;
+    uint32_t *nbases;        /* [P] records written to each ring */
+    uint8_t *owed;           /* [P] 1 = an Update of this fragment is owed (deferred by the outbound bounds) */
+    int n_owed;
+    int64_t owed_since_ns;   /* monotonic ns the oldest owed update became owed */
 } dl_registry_learner;
 
 typedef struct dl_registry dl_registry;
 
-/* A registry of at most `max` learners (>= 1). */
-int dl_registry_open(int max, dl_registry **out);
+/* A registry of at most `max` learners (>= 1), each with P (>= 1) fragments. */
+int dl_registry_open(int max, int P, dl_registry **out);
 void dl_registry_close(dl_registry **r); /* safe on NULL and twice */
 
 /* Slot of `id`, or -1 when unknown. O(1) expected. */
 int dl_registry_find(const dl_registry *r, const char *id);
-/* Slot of `id`, adding it (zeroed, first_seen_wall = now_wall) when unknown.
- * DL_ERANGE when the registry already holds `max` learners. */
+/* Slot of `id`, adding it (zeroed, first_seen_wall = now_wall) when unknown,
+ * in a free slot if there is one. DL_ERANGE when all `max` slots are used. */
 int dl_registry_add(dl_registry *r, const char *id, int64_t now_wall);
-/* Slots in use are 0 .. dl_registry_count()-1. */
+/* Free a slot: its id is forgotten, its connection queue released. */
+void dl_registry_remove(dl_registry *r, int slot);
+/* Slots are 0 .. dl_registry_count()-1; skip the ones with used == 0. */
 int dl_registry_count(const dl_registry *r);
+int dl_registry_used(const dl_registry *r); /* slots in use */
 int dl_registry_max(const dl_registry *r);
 dl_registry_learner *dl_registry_get(dl_registry *r, int slot);
 const dl_registry_learner *dl_registry_cget(const dl_registry *r, int slot);
+
+/* Record that the learner got `version` of fragment p at `ns`. */
+void dl_registry_base_add(dl_registry *r, int slot, int p, uint64_t version, int64_t ns);
+/* When the learner got `version` of p: the newest record of it; else the
+ * oldest record of p (a base older than the ring); 0 with *found = 0 when p
+ * has no record. */
+int64_t dl_registry_base_ns(const dl_registry *r, int slot, int p, uint64_t version, int *found);
+
+/* Attach the connection `route` (with ZAP user id `user`, "" for none) to a
+ * slot: a fresh outbound queue counter replaces the old one. */
+void dl_registry_set_route(dl_registry *r, int slot, const uint8_t *route, size_t len, const char *user);
+/* Detach the slot's connection (it is cut off: nothing more is sent there). */
+void dl_registry_clear_route(dl_registry *r, int slot);
+/* 1 when the slot's connection is `route`. */
+int dl_registry_route_is(const dl_registry *r, int slot, const uint8_t *route, size_t len);
 
 #endif

@@ -44,10 +44,14 @@ static void summary_fields(const dl_sync_stats *st, char *buf, size_t cap)
 {
     snprintf(buf, cap,
              "epoch=%llu merges=%llu contributions=%llu mean_staleness=%.3f dropped_stale=%llu rejected=%llu "
-             "fetches=%llu wall_s=%.1f",
+             "fetches=%llu wall_s=%.1f refused_msgs=%llu clipped=%llu reclaimed=%llu dropped_readers=%llu "
+             "deferred_updates=%llu outbound_peak_bytes=%llu outbound_max_bytes=%llu",
              (unsigned long long)st->epoch, (unsigned long long)st->merges, (unsigned long long)st->merged_contribs,
              mean_staleness(st), (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
-             (unsigned long long)st->fetches, st->wall_s);
+             (unsigned long long)st->fetches, st->wall_s, (unsigned long long)st->refused_msgs,
+             (unsigned long long)st->clipped, (unsigned long long)st->reclaimed,
+             (unsigned long long)st->dropped_readers, (unsigned long long)st->deferred_updates,
+             (unsigned long long)st->outbound_peak, (unsigned long long)st->outbound_max);
 }
 
 static void learner_fields(const dl_sync_learner_stats *l, char *buf, size_t cap)
@@ -62,7 +66,7 @@ static void learner_fields(const dl_sync_learner_stats *l, char *buf, size_t cap
 
 void dl_report_summary(const dl_sync_stats *st, FILE *f)
 {
-    char line[512];
+    char line[768];
     summary_fields(st, line, sizeof line);
     fprintf(f, "sync-summary: %s\n", line);
     for (int i = 0; i < st->n_learners; i++) {
@@ -73,7 +77,7 @@ void dl_report_summary(const dl_sync_stats *st, FILE *f)
 
 void dl_report_summary_events(const dl_sync_stats *st)
 {
-    char line[512];
+    char line[768];
     summary_fields(st, line, sizeof line);
     dl_event("sync_summary", "%s", line);
     for (int i = 0; i < st->n_learners; i++) {
@@ -130,6 +134,20 @@ int dl_report_tunables_diff(const dl_sync_tunables *a, const dl_sync_tunables *b
     CHANGED("outer_momentum", "%g", (double)m->outer_momentum, (double)n->outer_momentum);
     CHANGED("clip_norm", "%g", m->clip_norm, n->clip_norm);
     CHANGED("share_scaling", "%d", m->share_scaling, n->share_scaling);
+    if (m->aggregate != n->aggregate)
+        add(&d, "%saggregate %s -> %s", d.n ? ", " : " ", dl_merge_aggregate_name(m->aggregate),
+            dl_merge_aggregate_name(n->aggregate));
+    CHANGED("trim", "%g", m->trim, n->trim);
+    const dl_guard_cfg *g = &a->guard, *h = &b->guard;
+    CHANGED("norm_k", "%g", g->norm_k, h->norm_k);
+    CHANGED("norm_window", "%d", g->norm_window, h->norm_window);
+    CHANGED("norm_min_history", "%d", g->norm_min_history, h->norm_min_history);
+    CHANGED("norm_param_ratio", "%g", g->norm_param_ratio, h->norm_param_ratio);
+    CHANGED("norm_action", "%d", (int)g->norm_action, (int)h->norm_action);
+    CHANGED("param_abs_max", "%g", g->param_abs_max, h->param_abs_max);
+    CHANGED("max_step_rate", "%g", g->max_step_rate, h->max_step_rate);
+    CHANGED("step_slack", "%llu", (unsigned long long)g->step_slack, (unsigned long long)h->step_slack);
+    CHANGED("max_batch", "%u", g->max_batch, h->max_batch);
 #undef CHANGED
     return d.n;
 }

@@ -7,6 +7,7 @@
 #include "core/event.h"
 #include "core/log.h"
 #include "core/plan.h"
+#include "proto/auth.h"
 #include "proto/wire.h"
 #include "storage/store.h"
 #include "synchronizer/registry.h"
@@ -34,6 +35,7 @@ typedef struct {
     int fragment;
     uint64_t base_version, tokens;
     double compute_s;  /* the learner's training seconds behind the delta (Push.compute_s) */
+    double norm;       /* L2 norm of the delta as pooled (after a clip) */
 } pending_push;
 
 struct dl_sync {
@@ -56,6 +58,14 @@ struct dl_sync {
     dl_registry *reg;      /* ids -> slots, counters */
     dl_ledger *ledger;     /* token fates */
     dl_worker *worker;     /* merges and every LMDB write */
+    dl_guard *guard;       /* counters, replays and values of pushes */
+    dl_auth *auth;         /* CURVE: the ZAP handler and the allowlist; NULL without auth */
+    dl_wire_queue *outq;   /* payload bytes queued in libzmq for every learner */
+    double *param_norm;    /* [P] L2 norm of the committed global fragment */
+    double hello_tokens;   /* token bucket of Hellos from new ids */
+    int64_t errlog_ns;     /* error-reply log throttle: window start, lines, suppressed */
+    uint64_t errlog_n, errlog_suppressed;
+    int64_t hello_refill_ns;
     uint64_t fingerprint, epoch;
     uint64_t *numel;    /* [P] */
     float **params;     /* [P] committed global fragment (written by the worker after a commit) */
@@ -69,10 +79,12 @@ struct dl_sync {
 
     /* statistics (the snapshot formats them) */
     uint64_t merges, merged_contribs, stale_sum, dropped_stale, rejected, fetches;
+    uint64_t refused_msgs, clipped, reclaimed, dropped_readers, deferred_updates, outbound_peak;
     uint64_t seq;
     int64_t started_ns, last_sync_ns;
     uint64_t *versions;               /* [P] snapshot buffer */
     dl_sync_learner_stats *lstats;    /* [max learners] snapshot buffer */
+    dl_registry_learner **owed_order; /* [max learners] scratch of serve_all_owed */
 };
 
 static int member(const dl_sync *s, int slot) { return (int)dl_policy_learner_state(s->policy, (uint32_t)slot); }
@@ -93,52 +105,97 @@ static void env_to(dl_sync *s, Dloco__V1__Envelope *env, const char *learner)
     env->seq = ++s->seq;
 }
 
-/* Never block the loop: a learner whose queue is full loses this message
- * (it will get the next update; a lost Ack only leaves its log incomplete). */
-static int send_msg(dl_sync *s, const char *rid, dl_registry_learner *l, Dloco__V1__Envelope *env,
-                    const void *payload, size_t len)
+/* A routing id as logs may show it: hex of its first bytes. Routing ids come
+ * from libzmq (or from the peer): they are never printed raw. */
+static const char *route_str(const uint8_t *r, size_t n, char buf[40])
 {
+    static const char hx[] = "0123456789abcdef";
+    size_t k = 0, m = n < 16 ? n : 16;
+    for (size_t i = 0; i < m; i++) {
+        buf[k++] = hx[r[i] >> 4];
+        buf[k++] = hx[r[i] & 15];
+    }
+    if (m < n) buf[k++] = '+';
+    buf[k] = 0;
+    return buf;
+}
+
+static int valid_id(const char *id)
+{
+    size_t n = strlen(id);
+    if (n == 0 || n > DL_WIRE_LEARNER_ID_MAX) return 0;
+    for (const char *c = id; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
+              *c == '_' || *c == '-'))
+            return 0;
+    return 1;
+}
+
+/* Never block the loop: a learner whose queue is full loses this message
+ * (it will get the next update; a lost Ack only leaves its log incomplete).
+ * Nothing goes to a learner whose connection was cut off. */
+static int send_msg(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *env, const void *payload, size_t len)
+{
+    if (!l->route_len) return DL_ENOTFOUND;
     const void *pl[1] = {payload};
     size_t lens[1] = {len};
-    int rc = dl_wire_send(s->router, rid, strlen(rid), env, payload ? pl : NULL, payload ? lens : NULL,
-                          payload ? 1 : 0, ZMQ_DONTWAIT);
+    dl_wire_queue *q[2] = {s->outq, l->outq};
+    int rc = dl_wire_send_q(s->router, l->route, l->route_len, env, payload ? pl : NULL, payload ? lens : NULL,
+                            payload ? 1 : 0, ZMQ_DONTWAIT, q);
     if (rc == 0) {
-        if (l) l->bytes_out += len + 64;
+        l->bytes_out += len + 64;
+        uint64_t q = dl_wire_queue_bytes(s->outq);
+        if (q > s->outbound_peak) s->outbound_peak = q;
     } else if (rc == DL_EAGAIN) {
-        DL_WARN("learner %s: send queue full, %s dropped", rid, dl_wire_body_name(env->body_case));
+        DL_WARN("learner %s: send queue full, %s dropped", l->id, dl_wire_body_name(env->body_case));
     } else if (rc == DL_ENOTFOUND) {
-        DL_DEBUG("learner %s: not connected, %s dropped", rid, dl_wire_body_name(env->body_case));
+        DL_DEBUG("learner %s: not connected, %s dropped", l->id, dl_wire_body_name(env->body_case));
     } else {
-        DL_WARN("send %s to %s: %s", dl_wire_body_name(env->body_case), rid, dl_errmsg());
+        DL_WARN("send %s to %s: %s", dl_wire_body_name(env->body_case), l->id, dl_errmsg());
     }
     return rc;
 }
 
-static void send_error(dl_sync *s, const char *rid, int code, int fatal, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static void send_error(dl_sync *s, const char *rid, int code, int fatal, const char *fmt, ...)
+/* An Error to a connection. `learner` names the addressee when it is a
+ * valid id (else the reply's learner_id is empty). */
+static void send_error(dl_sync *s, const uint8_t *route, size_t rlen, const char *learner, int code, int fatal,
+                       const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static void send_error(dl_sync *s, const uint8_t *route, size_t rlen, const char *learner, int code, int fatal,
+                       const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    /* the addressee id must be a valid learner id; a malformed routing id gets an empty one */
-    int valid = rid[0] != 0 && strlen(rid) <= DL_WIRE_LEARNER_ID_MAX;
-    for (const char *c = rid; valid && *c; c++)
-        valid = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
-                *c == '_' || *c == '-';
+    int valid = learner && valid_id(learner);
     Dloco__V1__Envelope env;
     Dloco__V1__Error e;
     dloco__v1__error__init(&e);
     e.kind = dl_wire_error_kind_of(code); /* DL_E* codes never travel */
     e.message = msg;
     e.fatal = fatal;
-    env_to(s, &env, valid ? rid : "");
+    env_to(s, &env, valid ? learner : "");
     dl_wire_set_error(&env, &e);
-    int rc = dl_wire_send(s->router, rid, strlen(rid), &env, NULL, NULL, 0, ZMQ_DONTWAIT);
-    if (rc) DL_DEBUG("error reply to %s not sent: %s", rid, dl_errmsg());
-    DL_INFO("learner %s: %s error: %s", rid, fatal ? "fatal" : "non-fatal", msg);
+    int rc = rlen ? dl_wire_send(s->router, route, rlen, &env, NULL, NULL, 0, ZMQ_DONTWAIT) : DL_ENOTFOUND;
+    char rb[40], mb[600];
+    if (rc) DL_DEBUG("error reply to %s not sent: %s", valid ? learner : route_str(route, rlen, rb), dl_errmsg());
+    /* at most 10 lines a second: refused peers must not flood the log */
+    int64_t now = dl_clock_ns();
+    if (now - s->errlog_ns >= 1000000000LL) {
+        if (s->errlog_suppressed)
+            DL_INFO("(%llu more error replies in the last second not logged)",
+                    (unsigned long long)s->errlog_suppressed);
+        s->errlog_ns = now;
+        s->errlog_n = s->errlog_suppressed = 0;
+    }
+    if (s->errlog_n++ >= 10) {
+        s->errlog_suppressed++;
+        return;
+    }
+    /* msg may quote what a peer sent (ids are validated, the rest is escaped) */
+    DL_INFO("%s %s: %s error: %s", valid ? "learner" : "connection", valid ? learner : route_str(route, rlen, rb),
+            fatal ? "fatal" : "non-fatal", dl_event_str(msg, mb, sizeof mb));
 }
 
 static void send_update(dl_sync *s, dl_registry_learner *l, int p, uint64_t version, const float *params)
@@ -154,7 +211,30 @@ static void send_update(dl_sync *s, dl_registry_learner *l, int p, uint64_t vers
     u.checksum = dl_wire_checksum(params, bytes);
     env_to(s, &env, l->id);
     dl_wire_set_update(&env, &u);
-    send_msg(s, l->id, l, &env, params, bytes);
+    if (send_msg(s, l, &env, params, bytes) == 0) {
+        int slot = dl_registry_find(s->reg, l->id);
+        dl_registry_base_add(s->reg, slot, p, version, dl_clock_ns());
+    }
+}
+
+/* The outbound bounds: may `bytes` more be queued for learner l now? A
+ * learner with nothing queued always may (a fragment above its own bound
+ * still goes, one at a time). */
+static int outbound_room(const dl_sync *s, const dl_registry_learner *l, size_t bytes)
+{
+    uint64_t all = dl_wire_queue_bytes(s->outq), mine = dl_wire_queue_bytes(l->outq);
+    if (all > 0 && all + bytes > s->cfg.max_outbound_bytes) return 0;
+    if (mine > 0 && mine + bytes > s->cfg.peer_outbound_bytes) return 0;
+    return 1;
+}
+
+static void owe(dl_sync *s, dl_registry_learner *l, int p)
+{
+    if (l->owed[p]) return;
+    if (!l->n_owed) l->owed_since_ns = dl_clock_ns();
+    l->owed[p] = 1;
+    l->n_owed++;
+    s->deferred_updates++;
 }
 
 static void send_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
@@ -171,30 +251,42 @@ static void send_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, D
     a.rebase = rebase;
     env_to(s, &env, l->id);
     dl_wire_set_ack(&env, &a);
-    send_msg(s, l->id, l, &env, NULL, 0);
+    send_msg(s, l, &env, NULL, 0);
 }
 
-/* Serve fragments from an LMDB read snapshot: never waits on a merge. */
-static void serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *frags, size_t nf)
+/* Serve what a learner is owed from an LMDB read snapshot (never waits on a
+ * merge), as far as the outbound bounds allow; the rest stays owed and the
+ * tick serves it as the queues drain. */
+static void serve_owed(dl_sync *s, dl_registry_learner *l)
 {
+    if (!l->n_owed || !l->route_len) return;
     dl_store_snap *snap = NULL;
     if (dl_store_snapshot_begin(s->store, &snap)) {
         DL_ERROR("snapshot for %s: %s", l->id, dl_errmsg());
         return;
     }
-    size_t count = nf ? nf : (size_t)s->cfg.P;
-    for (size_t i = 0; i < count; i++) {
-        uint32_t p = nf ? frags[i] : (uint32_t)i;
+    for (int p = 0; p < s->cfg.P && l->n_owed; p++) {
+        if (!l->owed[p]) continue;
+        if (!outbound_room(s, l, s->numel[p] * sizeof(float))) break;
         uint64_t v;
         const float *pp;
         size_t n;
-        if (dl_store_snapshot_fragment(snap, p, &v, &pp, &n)) {
-            DL_ERROR("snapshot fragment %u: %s", p, dl_errmsg());
+        l->owed[p] = 0;
+        l->n_owed--;
+        if (dl_store_snapshot_fragment(snap, (uint32_t)p, &v, &pp, &n)) {
+            DL_ERROR("snapshot fragment %d: %s", p, dl_errmsg());
             continue;
         }
-        send_update(s, l, (int)p, v, pp);
+        send_update(s, l, p, v, pp);
     }
     dl_store_snapshot_end(&snap);
+}
+
+static void serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *frags, size_t nf)
+{
+    size_t count = nf ? nf : (size_t)s->cfg.P;
+    for (size_t i = 0; i < count; i++) owe(s, l, nf ? (int)frags[i] : (int)i);
+    serve_owed(s, l);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -243,7 +335,8 @@ static void submit_round(dl_sync *s, const dl_policy_round *r)
     int p = r->fragment;
     double fleet = 0;
     for (int i = 0; i < dl_registry_count(s->reg); i++)
-        if (member(s, i) == DL_POLICY_MEMBER_LIVE) fleet += (double)dl_registry_get(s->reg, i)->last_push_tokens;
+        if (dl_registry_get(s->reg, i)->used && member(s, i) == DL_POLICY_MEMBER_LIVE)
+            fleet += (double)dl_registry_get(s->reg, i)->last_push_tokens;
     dl_round_in in = {.epoch = s->epoch,
                       .staleness_fn = dl_policy_sfn_name(s->cfg.policy.sfn),
                       .fleet_tokens = fleet,
@@ -257,6 +350,7 @@ static void submit_round(dl_sync *s, const dl_policy_round *r)
 
     dl_job *j = dl_job_new(DL_JOB_MERGE);
     j->mopts = s->cfg.merge;
+    j->param_abs_max = s->cfg.guard.param_abs_max;
     j->fragment = p;
     j->version = r->version;
     j->share = out.share;
@@ -334,12 +428,16 @@ static void merge_done(dl_sync *s, dl_job *j)
         stale += (double)mc->staleness;
         s->stale_sum += mc->staleness;
         dl_ledger_merged(s->ledger, (int)pp->learner, p, pp->tokens);
+        dl_guard_accepted(s->guard, p, pp->norm);
+        dl_guard_applied(s->guard, (int)pp->learner, p, pp->base_version);
         if (registered(s, (int)pp->learner)) {
             send_ack(s, l, p, mc->base_version, DLOCO__V1__DECISION__DECISION_ACCEPTED, nv, "", 0);
-            send_update(s, l, p, nv, s->params[p]);
+            if (outbound_room(s, l, s->numel[p] * sizeof(float))) send_update(s, l, p, nv, s->params[p]);
+            else owe(s, l, p);
         }
         free_pending(s, j->handles[i]);
     }
+    s->param_norm[p] = j->param_norm;
     s->merges++;
     s->merged_contribs += (uint64_t)j->m;
     dl_policy_committed(s->policy, p, nv, now);
@@ -370,16 +468,78 @@ static void learner_put(dl_sync *s, const dl_registry_learner *l)
     submit(s, j);
 }
 
-static void on_hello(dl_sync *s, const char *rid, const Dloco__V1__Envelope *env, const Dloco__V1__Hello *h)
+/* 1 while the learner's connection is still attached on the ROUTER: a
+ * header-only heartbeat to it is accepted (or would block), not
+ * EHOSTUNREACH. */
+static int route_connected(dl_sync *s, dl_registry_learner *l)
 {
+    if (!l->route_len) return 0;
+    Dloco__V1__Envelope env;
+    Dloco__V1__Heartbeat hb;
+    dloco__v1__heartbeat__init(&hb);
+    env_to(s, &env, l->id);
+    dl_wire_set_heartbeat(&env, &hb);
+    int rc = dl_wire_send(s->router, l->route, l->route_len, &env, NULL, NULL, 0, ZMQ_DONTWAIT);
+    return rc == 0 || rc == DL_EAGAIN;
+}
+
+/* Token bucket of Hellos from ids the registry does not hold. */
+static int new_hello_allowed(dl_sync *s, int64_t now)
+{
+    double rate = s->cfg.max_new_hellos_per_s, burst = s->cfg.new_hello_burst;
+    s->hello_tokens += (double)(now - s->hello_refill_ns) * 1e-9 * rate;
+    if (s->hello_tokens > burst) s->hello_tokens = burst;
+    s->hello_refill_ns = now;
+    if (s->hello_tokens < 1.0) return 0;
+    s->hello_tokens -= 1.0;
+    return 1;
+}
+
+/* A slot of a learner that left, or died (not under the `sync` policy,
+ * whose barrier waits for the dead), more than reclaim_ms ago, with nothing
+ * pooled and nothing queued: forget it everywhere so the number can be
+ * reused. 1 when reclaimed. */
+static int try_reclaim(dl_sync *s, int slot, int64_t now)
+{
+    dl_registry_learner *l = dl_registry_get(s->reg, slot);
+    if (!l->used) return 0;
+    int m = member(s, slot);
+    if (m == DL_POLICY_MEMBER_LIVE) return 0;
+    if (m == DL_POLICY_MEMBER_DEAD && s->cfg.policy.kind == DL_POLICY_SYNC) return 0;
+    if (!l->left_ns || now - l->left_ns < (int64_t)s->cfg.reclaim_ms * 1000000LL) return 0;
+    if (dl_wire_queue_bytes(l->outq) > 0) return 0;
+    for (size_t i = 0; i < s->npend; i++)
+        if (s->pend[i].used && s->pend[i].learner == (uint32_t)slot) return 0;
+    if (dl_policy_learner_forget(s->policy, (uint32_t)slot)) return 0;
+    learner_put(s, l); /* its counters stay in the store */
+    dl_ledger_forget(s->ledger, slot);
+    dl_guard_forget(s->guard, slot);
+    dl_event("learner_reclaimed", "id=%s slot=%d away_ms=%lld", l->id, slot, (long long)((now - l->left_ns) / 1000000));
+    DL_INFO("learner %s: slot %d reclaimed after %.1f s away", l->id, slot, (double)(now - l->left_ns) * 1e-9);
+    dl_registry_remove(s->reg, slot);
+    s->reclaimed++;
+    return 1;
+}
+
+static void mark_left(dl_sync *s, dl_registry_learner *l, int slot, int64_t now, dl_policy_leave why)
+{
+    dl_policy_learner_leave(s->policy, (uint32_t)slot, now, why);
+    l->left_ns = now;
+}
+
+static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env, const Dloco__V1__Hello *h)
+{
+    const uint8_t *route = msg->id;
+    size_t rlen = msg->id_len;
+    const char *id = env->learner_id;
     if (strcmp(env->run_id, s->cfg.run_id)) {
-        send_error(s, rid, DL_EMISMATCH, 1, "run id '%s' is not this synchronizer's run '%s'", env->run_id,
-                   s->cfg.run_id);
+        send_error(s, route, rlen, id, DL_EMISMATCH, 1, "run id '%s' is not this synchronizer's run '%s'",
+                   env->run_id, s->cfg.run_id);
         return;
     }
     const dl_model_config *m = &s->cfg.model;
     if (h->fingerprint != s->fingerprint || h->num_fragments != (uint32_t)s->cfg.P) {
-        send_error(s, rid, DL_EMISMATCH, 1,
+        send_error(s, route, rlen, id, DL_EMISMATCH, 1,
                    "model fingerprint %016llx (L=%u NH=%u C=%u T=%u V=%u P=%u) does not match the run's %016llx "
                    "(L=%d NH=%d C=%d T=%d V=%d P=%d)",
                    (unsigned long long)h->fingerprint, h->n_layer, h->n_head, h->n_embd, h->seq_len, h->vocab,
@@ -387,23 +547,69 @@ static void on_hello(dl_sync *s, const char *rid, const Dloco__V1__Envelope *env
                    m->seq_len, m->vocab, s->cfg.P);
         return;
     }
-    int slot = dl_registry_add(s->reg, rid, dl_wallclock_ns());
-    if (slot < 0) {
-        send_error(s, rid, DL_ERANGE, 1, "%s", dl_errmsg());
+    char why[256];
+    if (dl_guard_batch(s->guard, h->batch, why, sizeof why)) {
+        send_error(s, route, rlen, id, DL_EINVAL, 1, "%s", why);
         return;
     }
-    dl_registry_learner *l = dl_registry_get(s->reg, slot);
     int64_t now = dl_clock_ns();
+    int slot = dl_registry_find(s->reg, id);
+    if (slot >= 0 && registered(s, slot) && !dl_registry_route_is(s->reg, slot, route, rlen)) {
+        /* the id is registered on another connection */
+        dl_registry_learner *l = dl_registry_get(s->reg, slot);
+        if (l->route_len && route_connected(s, l)) {
+            if (!s->auth) {
+                send_error(s, route, rlen, id, DL_EPROTO, 0,
+                           "learner id '%s' is live on another connection: refused (retry when it is gone)", id);
+                dl_event("learner_duplicate", "id=%s action=refused", id);
+                s->refused_msgs++;
+                return;
+            }
+            /* with CURVE the key proves the identity: the newer connection
+             * wins, the old one is told and cut off */
+            send_error(s, l->route, l->route_len, id, DL_EPROTO, 1,
+                       "learner id '%s' connected again from another connection: this one is closed", id);
+            dl_event("learner_duplicate", "id=%s action=replaced", id);
+            DL_WARN("learner %s: a new connection with its key replaces the old one", id);
+        } else if (l->route_len) {
+            dl_event("learner_duplicate", "id=%s action=took_over_gone", id);
+        }
+    }
+    if (slot < 0) {
+        if (!new_hello_allowed(s, now)) {
+            send_error(s, route, rlen, id, DL_EAGAIN, 0, "too many new learners joining: retry in a second");
+            dl_event("hello_limited", "id=%s", id);
+            s->refused_msgs++;
+            return;
+        }
+        slot = dl_registry_add(s->reg, id, dl_wallclock_ns());
+        if (slot < 0) {
+            /* a slot of one long gone may be free now */
+            for (int i = 0; i < dl_registry_count(s->reg) && slot < 0; i++)
+                if (try_reclaim(s, i, now)) slot = dl_registry_add(s->reg, id, dl_wallclock_ns());
+        }
+        if (slot < 0) {
+            send_error(s, route, rlen, id, DL_ERANGE, 0, "%s; retry later", dl_errmsg());
+            dl_event("hello_full", "id=%s max=%d", id, dl_registry_max(s->reg));
+            s->refused_msgs++;
+            return;
+        }
+    }
+    dl_registry_learner *l = dl_registry_get(s->reg, slot);
+    if (!dl_registry_route_is(s->reg, slot, route, rlen)) dl_registry_set_route(s->reg, slot, route, rlen, msg->user_id);
     int was = member(s, slot) == DL_POLICY_MEMBER_LIVE;
     int rc = dl_policy_learner_join(s->policy, (uint32_t)slot, now);
     if (rc) {
-        send_error(s, rid, rc, 1, "cannot register: %s", dl_errmsg());
+        send_error(s, route, rlen, id, rc, 0, "cannot register: %s", dl_errmsg());
         return;
     }
     /* away longer than rebase_ms: its fragments are too old to push onto */
     int away_long = l->hellos > 0 && now - l->last_seen_ns > (int64_t)s->cfg.rebase_ms * 1000000LL;
     l->last_seen_ns = now;
+    l->hello_ns = now;
+    l->left_ns = 0;
     l->hellos++;
+    l->batch = h->batch;
     dl_ledger_hello(s->ledger, slot, h->step);
     int must_fetch = h->n_held_versions == 0 || away_long;
     uint64_t *vers = dl_xcalloc((size_t)s->cfg.P, sizeof(uint64_t));
@@ -414,6 +620,10 @@ static void on_hello(dl_sync *s, const char *rid, const Dloco__V1__Envelope *env
             if (held > vers[p] || vers[p] - held > (uint64_t)s->cfg.policy.max_staleness) must_fetch = 1;
         }
     }
+    /* the held versions: progress on them can be as old as the longest
+     * absence that keeps fragments (rebase_ms) */
+    for (int p = 0; !must_fetch && p < s->cfg.P; p++)
+        dl_registry_base_add(s->reg, slot, p, h->held_versions[p], now - (int64_t)s->cfg.rebase_ms * 1000000LL);
     Dloco__V1__Envelope out;
     Dloco__V1__Welcome w;
     dloco__v1__welcome__init(&w);
@@ -427,14 +637,15 @@ static void on_hello(dl_sync *s, const char *rid, const Dloco__V1__Envelope *env
     w.must_fetch = must_fetch;
     env_to(s, &out, l->id);
     dl_wire_set_welcome(&out, &w);
-    send_msg(s, rid, l, &out, NULL, 0);
+    send_msg(s, l, &out, NULL, 0);
     free(vers);
-    DL_INFO("learner %s %s (device %s, step %llu, %s)", rid, was ? "said hello again" : "joined",
-            h->device[0] ? h->device : "?", (unsigned long long)h->step,
-            must_fetch ? "will fetch the global model" : "keeps its fragments");
     char dev[160];
-    dl_event("learner_join", "id=%s device=%s again=%d must_fetch=%d step=%llu", rid,
-             dl_event_str(h->device, dev, sizeof dev), was, must_fetch, (unsigned long long)h->step);
+    DL_INFO("learner %s %s (device %s, step %llu, %s)", id, was ? "said hello again" : "joined",
+            dl_event_str(h->device[0] ? h->device : "?", dev, sizeof dev), (unsigned long long)h->step,
+            must_fetch ? "will fetch the global model" : "keeps its fragments");
+    dl_event("learner_join", "id=%s device=%s again=%d must_fetch=%d step=%llu batch=%u auth=%d", id,
+             dl_event_str(h->device, dev, sizeof dev), was, must_fetch, (unsigned long long)h->step, h->batch,
+             s->auth ? 1 : 0);
     learner_put(s, l);
     schedule(s);
 }
@@ -442,47 +653,98 @@ static void on_hello(dl_sync *s, const char *rid, const Dloco__V1__Envelope *env
 static void push_event(const dl_registry_learner *l, const Dloco__V1__Push *ph, const char *decision,
                        const char *reason)
 {
-    char rb[160];
+    char rb[300];
     dl_event("push", "id=%s frag=%u base=%llu steps=%llu tokens=%llu compute_s=%.6f decision=%s reason=%s", l->id,
              ph->fragment, (unsigned long long)ph->base_version, (unsigned long long)ph->steps,
              (unsigned long long)ph->tokens, ph->compute_s, decision, dl_event_str(reason, rb, sizeof rb));
 }
 
 /* Refused on arrival: the learner keeps the progress, its next push of the
- * fragment carries it on. */
-static void refuse_push(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, const char *why)
+ * fragment carries it on (or, with rebase, it fetches the global fragment).
+ * `tokens` is what the ledger may believe of the push (at most what the
+ * counter check found plausible). */
+static void refuse_push(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, uint64_t tokens,
+                        int rebase, const char *why)
 {
     int p = (int)ph->fragment;
     l->rejected++;
     s->rejected++;
-    dl_ledger_refused(s->ledger, slot, p, ph->base_version, ph->tokens);
-    send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0);
+    dl_ledger_arrived(s->ledger, slot, p, ph->base_version, tokens);
+    dl_ledger_refused(s->ledger, slot, p, ph->base_version, tokens);
+    send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, rebase);
+    if (rebase) serve_fragments(s, l, (const uint32_t[]){(uint32_t)p}, 1);
     push_event(l, ph, "rejected", why);
-    DL_INFO("learner %s: push of fragment %d rejected (%s)", l->id, p, why);
+    char rb[300];
+    DL_INFO("learner %s: push of fragment %d rejected (%s)", l->id, p, dl_event_str(why, rb, sizeof rb));
 }
 
 static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *msg, const Dloco__V1__Push *ph)
 {
     int p = (int)ph->fragment;
+    int64_t now = dl_clock_ns();
     l->pushes++;
-    l->last_push_tokens = ph->tokens;
-    dl_ledger_arrived(s->ledger, slot, p, ph->base_version, ph->tokens);
-    if (ph->codec != DLOCO__V1__CODEC__CODEC_FP32) {
-        refuse_push(s, slot, l, ph, "only fp32 pushes are supported by this synchronizer");
+    char why[320];
+    /* 1. counters: nothing the push claims is believed beyond what its
+     * learner can have done since it got the base version */
+    int found = 0;
+    int64_t since = dl_registry_base_ns(s->reg, slot, p, ph->base_version, &found);
+    if (!since) since = l->hello_ns - (int64_t)s->cfg.rebase_ms * 1000000LL;
+    double elapsed = (double)(now - since) * 1e-9;
+    if (elapsed < 0) elapsed = 0;
+    uint64_t batch = l->batch ? l->batch : s->cfg.guard.max_batch;
+    uint64_t steps_max = (uint64_t)ceil(elapsed * s->cfg.guard.max_step_rate) + s->cfg.guard.step_slack;
+    uint64_t plausible = ph->tokens;
+    if (dl_guard_counters(s->guard, l->batch, (uint32_t)s->cfg.model.seq_len, ph->steps, ph->tokens, elapsed, why,
+                          sizeof why)) {
+        unsigned __int128 cap = (unsigned __int128)(ph->steps < steps_max ? ph->steps : steps_max) * batch *
+                                (uint64_t)s->cfg.model.seq_len;
+        if (cap < plausible) plausible = (uint64_t)cap;
+        refuse_push(s, slot, l, ph, plausible, 1, why);
         return;
     }
+    /* 2. replays (a push too stale to pool is dropped below either way) */
+    uint64_t cur = dl_policy_version(s->policy, p);
+    int poolable = ph->base_version <= cur && cur - ph->base_version <= (uint64_t)s->cfg.policy.max_staleness;
+    if (poolable && dl_guard_replay(s->guard, slot, p, ph->base_version, why, sizeof why)) {
+        refuse_push(s, slot, l, ph, 0, 1, why);
+        return;
+    }
+    if (ph->codec != DLOCO__V1__CODEC__CODEC_FP32) {
+        refuse_push(s, slot, l, ph, ph->tokens, 0, "only fp32 pushes are supported by this synchronizer");
+        return;
+    }
+    /* 3. values */
     size_t n = s->numel[p];
     float *delta = dl_xaligned(64, n * sizeof(float));
     memcpy(delta, dl_wire_msg_payload(msg, 0), n * sizeof(float)); /* payload may be unaligned */
-    if (!dl_merge_finite(delta, n)) {
+    int finite = 0;
+    double norm = dl_guard_norm(delta, n, &finite);
+    if (!finite) {
         free(delta);
-        refuse_push(s, slot, l, ph, "non-finite values in push");
+        refuse_push(s, slot, l, ph, ph->tokens, 0, "non-finite values in push");
         return;
     }
+    double scale = 1.0;
+    int g = dl_guard_value(s->guard, p, norm, s->param_norm[p], &scale, why, sizeof why);
+    if (g == DL_GUARD_REJECTED) {
+        free(delta);
+        refuse_push(s, slot, l, ph, ph->tokens, 1, why);
+        return;
+    }
+    if (g == DL_GUARD_CLIPPED) {
+        for (size_t i = 0; i < n; i++) delta[i] = (float)(delta[i] * scale);
+        norm *= scale;
+        s->clipped++;
+        char rb[400];
+        dl_event("push_clipped", "id=%s frag=%d scale=%.6g reason=%s", l->id, p, scale, dl_event_str(why, rb, sizeof rb));
+    }
+    /* passed every check: now its numbers count */
+    l->last_push_tokens = ph->tokens;
+    dl_ledger_arrived(s->ledger, slot, p, ph->base_version, ph->tokens);
     uint64_t h = alloc_pending(s);
     dl_policy_verdict v;
     int rc = dl_policy_push(s->policy, p, (uint32_t)slot, ph->base_version, (int64_t)ph->steps, (int64_t)ph->tokens,
-                            dl_clock_ns(), h, &v);
+                            now, h, &v);
     if (rc) DL_PANIC("merge policy: %s", dl_errmsg());
     if (v.decision == DL_POLICY_POOLED) {
         pending_push *pp = &s->pend[h];
@@ -493,6 +755,7 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         pp->base_version = ph->base_version;
         pp->tokens = ph->tokens;
         pp->compute_s = ph->compute_s;
+        pp->norm = norm;
         uint64_t replaced_tokens = 0;
         if (v.replaced) {
             replaced_tokens = s->pend[v.replaced_handle].tokens;
@@ -500,7 +763,7 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         }
         dl_ledger_pooled(s->ledger, slot, p, ph->tokens, replaced_tokens);
         send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0, "", 0);
-        push_event(l, ph, v.replaced ? "pooled_replacing" : "pooled", "");
+        push_event(l, ph, v.replaced ? "pooled_replacing" : "pooled", g == DL_GUARD_CLIPPED ? why : "");
         schedule(s);
         return;
     }
@@ -527,46 +790,88 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         push_event(l, ph, "dropped_stale", reason);
         DL_INFO("learner %s: push of fragment %d dropped (%s), told to rebase", l->id, p, reason);
     } else {
-        refuse_push(s, slot, l, ph, dl_policy_reason_name(v.reason));
+        /* the policy's own refusal (a base newer than global, ...): undo the
+         * arrival's settlement by refusing through the ledger as well */
+        l->rejected++;
+        s->rejected++;
+        dl_ledger_refused(s->ledger, slot, p, ph->base_version, ph->tokens);
+        const char *r = dl_policy_reason_name(v.reason);
+        send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, r, 0);
+        push_event(l, ph, "rejected", r);
+        DL_INFO("learner %s: push of fragment %d rejected (%s)", l->id, p, r);
     }
 }
 
 static void on_bye(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Bye *b, int64_t now)
 {
-    dl_policy_learner_leave(s->policy, (uint32_t)slot, now, DL_POLICY_LEAVE_BYE);
+    mark_left(s, l, slot, now, DL_POLICY_LEAVE_BYE);
     l->step = b->step > l->step ? b->step : l->step;
     l->tokens = b->tokens > l->tokens ? b->tokens : l->tokens; /* a Bye from before Bye.tokens reports 0 */
     dl_ledger_bye(s->ledger, slot, l->step, l->tokens, b->discarded_tokens);
+    char rb[300];
     DL_INFO("learner %s said bye at step %llu (%s)", l->id, (unsigned long long)b->step,
-            b->reason[0] ? b->reason : "no reason");
-    char rb[160];
+            dl_event_str(b->reason[0] ? b->reason : "no reason", rb, sizeof rb));
     dl_event("learner_bye", "id=%s reason=%s step=%llu", l->id, dl_event_str(b->reason, rb, sizeof rb),
              (unsigned long long)b->step);
     learner_put(s, l);
     schedule(s);
 }
 
+/* Heartbeat counters: a learner cannot have stepped faster than
+ * max_step_rate since its Hello; a claim beyond is ignored (not stored). */
+static void on_heartbeat(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Heartbeat *hb, int64_t now)
+{
+    (void)slot;
+    double since = (double)(now - l->hello_ns) * 1e-9 + (double)s->cfg.rebase_ms * 1e-3;
+    uint64_t cap = l->step + (uint64_t)ceil(since * s->cfg.guard.max_step_rate) + s->cfg.guard.step_slack;
+    if (hb->step > cap && hb->step > l->step) {
+        dl_event("heartbeat_ignored", "id=%s step=%llu plausible=%llu", l->id, (unsigned long long)hb->step,
+                 (unsigned long long)cap);
+        return;
+    }
+    l->step = hb->step;
+    l->tokens = hb->tokens;
+    l->steps_per_s = hb->steps_per_s;
+    dl_ledger_progress(s->ledger, slot, l->step, l->tokens, hb->discarded_tokens);
+}
+
 static void on_message(dl_sync *s, dl_wire_msg *msg)
 {
-    const char *rid = (const char *)msg->id;
     const Dloco__V1__Envelope *env = msg->env;
-    if (strcmp(env->learner_id, rid) != 0) {
-        send_error(s, rid, DL_EPROTO, 1, "learner_id '%s' differs from the connection's routing id '%s'",
-                   env->learner_id, rid);
+    const char *id = env->learner_id; /* validated: [A-Za-z0-9._-]{1,64} */
+    if (s->auth && !dl_auth_user_ok(s->auth, msg->user_id, id)) {
+        char owner[DL_WIRE_LEARNER_ID_MAX + 1] = "";
+        dl_auth_user_id(msg->user_id, owner);
+        if (!owner[0])
+            send_error(s, msg->id, msg->id_len, id, DL_EPERM, 1, "this connection has no allowed key");
+        else if (!strcmp(owner, id))
+            send_error(s, msg->id, msg->id_len, id, DL_EPERM, 1,
+                       "the key of learner '%s' was revoked or given to another id: reconnect with a current key", id);
+        else
+            send_error(s, msg->id, msg->id_len, id, DL_EPERM, 1,
+                       "this connection's key belongs to learner '%s', not '%s'", owner, id);
+        dl_event("auth_refused", "id=%s key_owner=%s body=%s", id, owner[0] ? owner : "-",
+                 dl_wire_body_name(env->body_case));
+        s->refused_msgs++;
         return;
     }
     size_t bytes = 64;
     for (int i = 0; i < msg->npayload; i++) bytes += dl_wire_msg_payload_len(msg, i);
     if (env->body_case == DLOCO__V1__ENVELOPE__BODY_HELLO) {
-        on_hello(s, rid, env, env->hello);
-        int slot = dl_registry_find(s->reg, rid);
+        on_hello(s, msg, env, env->hello);
+        int slot = dl_registry_find(s->reg, id);
         if (slot >= 0) dl_registry_get(s->reg, slot)->bytes_in += bytes;
         return;
     }
-    int slot = dl_registry_find(s->reg, rid);
-    if (slot < 0 || !registered(s, slot) || env->epoch != s->epoch) {
-        send_error(s, rid, DL_ENOTFOUND, 0, "unknown learner in epoch %llu: send hello",
+    int slot = dl_registry_find(s->reg, id);
+    if (slot < 0 || !registered(s, slot) || env->epoch != s->epoch ||
+        !dl_registry_route_is(s->reg, slot, msg->id, msg->id_len)) {
+        /* unknown, or another connection than the one this id said Hello
+         * on: nothing of it is believed; a genuine learner re-hellos */
+        send_error(s, msg->id, msg->id_len, id, DL_ENOTFOUND, 0,
+                   "learner '%s' is not registered on this connection in epoch %llu: send hello", id,
                    (unsigned long long)s->epoch);
+        s->refused_msgs++;
         return;
     }
     dl_registry_learner *l = dl_registry_get(s->reg, slot);
@@ -575,16 +880,12 @@ static void on_message(dl_sync *s, dl_wire_msg *msg)
     l->bytes_in += bytes;
     if (member(s, slot) == DL_POLICY_MEMBER_DEAD) {
         dl_policy_learner_alive(s->policy, (uint32_t)slot, now);
+        l->left_ns = 0;
         DL_INFO("learner %s is alive again", l->id);
         dl_event("learner_alive", "id=%s", l->id);
     }
     switch (env->body_case) {
-    case DLOCO__V1__ENVELOPE__BODY_HEARTBEAT:
-        l->step = env->heartbeat->step;
-        l->tokens = env->heartbeat->tokens;
-        l->steps_per_s = env->heartbeat->steps_per_s;
-        dl_ledger_progress(s->ledger, slot, l->step, l->tokens, env->heartbeat->discarded_tokens);
-        break;
+    case DLOCO__V1__ENVELOPE__BODY_HEARTBEAT: on_heartbeat(s, slot, l, env->heartbeat, now); break;
     case DLOCO__V1__ENVELOPE__BODY_PUSH: on_push(s, slot, l, msg, env->push); break;
     case DLOCO__V1__ENVELOPE__BODY_FETCH:
         s->fetches++;
@@ -592,7 +893,7 @@ static void on_message(dl_sync *s, dl_wire_msg *msg)
         break;
     case DLOCO__V1__ENVELOPE__BODY_BYE: on_bye(s, slot, l, env->bye, now); break;
     default:
-        send_error(s, rid, DL_EPROTO, 0, "%s is not a learner-to-synchronizer message",
+        send_error(s, msg->id, msg->id_len, id, DL_EPROTO, 0, "%s is not a learner-to-synchronizer message",
                    dl_wire_body_name(env->body_case));
         break;
     }
@@ -621,7 +922,8 @@ static void drain(dl_sync *s)
         } else if (rc == DL_EPROTO) {
             char why[400];
             snprintf(why, sizeof why, "%s", dl_errmsg());
-            if (msg.id_len) send_error(s, (const char *)msg.id, DL_EPROTO, 0, "rejected message: %s", why);
+            s->refused_msgs++;
+            if (msg.id_len) send_error(s, msg.id, msg.id_len, NULL, DL_EPROTO, 0, "rejected message: %s", why);
             else DL_WARN("rejected message: %s", why);
         } else if (rc != DL_EAGAIN) {
             DL_ERROR("receive: %s", dl_errmsg());
@@ -689,6 +991,58 @@ static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
     drain(s);
 }
 
+/* A learner whose queued bytes made no progress for slow_reader_ms does not
+ * read: it is dropped (dead, its connection cut off, owed updates
+ * forgotten), so it cannot hold the outbound budget. What libzmq already
+ * holds for it stays counted until its connection closes (ZMTP heartbeats
+ * close a silent one within DL_WIRE_PING_TIMEOUT_MS). */
+static void check_reader(dl_sync *s, int slot, dl_registry_learner *l, int64_t now)
+{
+    uint64_t q = dl_wire_queue_bytes(l->outq);
+    if (!q) {
+        l->outq_busy_ns = 0;
+        return;
+    }
+    if (!l->outq_busy_ns) l->outq_busy_ns = now;
+    int64_t progress = dl_wire_queue_drained_ns(l->outq);
+    if (progress < l->outq_busy_ns) progress = l->outq_busy_ns;
+    if (now - progress < (int64_t)s->cfg.slow_reader_ms * 1000000LL) return;
+    DL_WARN("learner %s reads nothing: %llu bytes queued for it without progress for %lld ms; dropped", l->id,
+            (unsigned long long)q, (long long)((now - progress) / 1000000));
+    dl_event("learner_dropped", "id=%s reason=not_reading queued_bytes=%llu stalled_ms=%lld", l->id,
+             (unsigned long long)q, (long long)((now - progress) / 1000000));
+    send_error(s, l->route, l->route_len, l->id, DL_EAGAIN, 1, "you did not read for %d ms: dropped",
+               s->cfg.slow_reader_ms);
+    mark_left(s, l, slot, now, DL_POLICY_LEAVE_DEAD);
+    dl_registry_clear_route(s->reg, slot);
+    memset(l->owed, 0, (size_t)s->cfg.P);
+    l->n_owed = 0;
+    s->dropped_readers++;
+}
+
+/* Owed updates, fairly: first the learners that have read everything they
+ * were sent (empty queue), then the others, each group oldest debt first. A
+ * learner that does not read keeps its queue non-empty, so it never takes
+ * the budget ahead of one that reads. */
+static int owed_cmp(const void *a, const void *b)
+{
+    const dl_registry_learner *x = *(dl_registry_learner *const *)a, *y = *(dl_registry_learner *const *)b;
+    int bx = dl_wire_queue_bytes(x->outq) > 0, by = dl_wire_queue_bytes(y->outq) > 0;
+    if (bx != by) return bx - by;
+    return (x->owed_since_ns > y->owed_since_ns) - (x->owed_since_ns < y->owed_since_ns);
+}
+
+static void serve_all_owed(dl_sync *s)
+{
+    int n = 0;
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        dl_registry_learner *l = dl_registry_get(s->reg, i);
+        if (l->used && l->n_owed && l->route_len && member(s, i) == DL_POLICY_MEMBER_LIVE) s->owed_order[n++] = l;
+    }
+    if (n > 1) qsort(s->owed_order, (size_t)n, sizeof *s->owed_order, owed_cmp);
+    for (int k = 0; k < n; k++) serve_owed(s, s->owed_order[k]);
+}
+
 static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
 {
     (void)loop;
@@ -698,21 +1052,28 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
     int64_t dead_after = (int64_t)s->cfg.liveness * s->cfg.heartbeat_ms * 1000000LL;
     for (int i = 0; i < dl_registry_count(s->reg); i++) {
         dl_registry_learner *l = dl_registry_get(s->reg, i);
-        if (member(s, i) != DL_POLICY_MEMBER_LIVE) continue;
+        if (!l->used) continue;
+        if (member(s, i) != DL_POLICY_MEMBER_LIVE) {
+            try_reclaim(s, i, now);
+            continue;
+        }
         if (now - l->last_seen_ns > dead_after) {
-            dl_policy_learner_leave(s->policy, (uint32_t)i, now, DL_POLICY_LEAVE_DEAD);
+            mark_left(s, l, i, now, DL_POLICY_LEAVE_DEAD);
             double silent = (double)(now - l->last_seen_ns) * 1e-9;
             DL_WARN("learner %s declared dead after %.1f s of silence", l->id, silent);
             dl_event("learner_dead", "id=%s silent_ms=%lld", l->id, (long long)((now - l->last_seen_ns) / 1000000));
             continue;
         }
+        check_reader(s, i, l, now);
+        if (member(s, i) != DL_POLICY_MEMBER_LIVE) continue;
         Dloco__V1__Envelope env;
         Dloco__V1__Heartbeat hb;
         dloco__v1__heartbeat__init(&hb);
         env_to(s, &env, l->id);
         dl_wire_set_heartbeat(&env, &hb);
-        send_msg(s, l->id, l, &env, NULL, 0);
+        send_msg(s, l, &env, NULL, 0);
     }
+    serve_all_owed(s);
     if (s->cfg.durability == DL_STORE_PERIODIC && now - s->last_sync_ns >= (int64_t)s->cfg.sync_every_ms * 1000000LL) {
         s->last_sync_ns = now;
         submit(s, dl_job_new(DL_JOB_SYNC));
@@ -744,8 +1105,41 @@ static void on_stop(struct ev_loop *loop, ev_signal *w, int revents)
     s->stopping = 1;
     ev_io_stop(s->loop, &s->zio);
     /* persist the registry counters on the way out */
-    for (int i = 0; i < dl_registry_count(s->reg); i++) learner_put(s, dl_registry_get(s->reg, i));
+    for (int i = 0; i < dl_registry_count(s->reg); i++)
+        if (dl_registry_get(s->reg, i)->used) learner_put(s, dl_registry_get(s->reg, i));
     maybe_finish(s);
+}
+
+/* SIGHUP with CURVE: re-read the allowlist; every registered learner whose
+ * connection's key no longer owns its id is cut off (dead, connection
+ * detached, told so). Its later messages on that connection are refused by
+ * on_message, and a new connection with the removed key fails ZAP. */
+static void reload_allowlist(dl_sync *s)
+{
+    int n = 0;
+    if (dl_auth_reload(s->auth, &n)) {
+        char rb[600];
+        DL_ERROR("allowlist reload refused, the running list stays: %s", dl_errmsg());
+        dl_event("allowlist_reload", "refused=1 reason=%s", dl_event_str(dl_errmsg(), rb, sizeof rb));
+        return;
+    }
+    int revoked = 0;
+    int64_t now = dl_clock_ns();
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        dl_registry_learner *l = dl_registry_get(s->reg, i);
+        if (!l->used || !l->route_len || dl_auth_user_ok(s->auth, l->user, l->id)) continue;
+        send_error(s, l->route, l->route_len, l->id, DL_EPERM, 1, "the key of learner '%s' was revoked", l->id);
+        if (member(s, i) == DL_POLICY_MEMBER_LIVE) mark_left(s, l, i, now, DL_POLICY_LEAVE_DEAD);
+        dl_registry_clear_route(s->reg, i);
+        memset(l->owed, 0, (size_t)s->cfg.P);
+        l->n_owed = 0;
+        dl_event("learner_revoked", "id=%s", l->id);
+        DL_WARN("learner %s: its key left the allowlist; cut off", l->id);
+        revoked++;
+    }
+    DL_INFO("allowlist reloaded: %d key(s), %d learner(s) cut off", n, revoked);
+    dl_event("allowlist_reload", "refused=0 keys=%d revoked=%d", n, revoked);
+    schedule(s);
 }
 
 static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
@@ -753,14 +1147,17 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
     (void)loop;
     (void)revents;
     dl_sync *s = w->data;
+    if (s->auth) reload_allowlist(s);
     if (!s->reload) {
         DL_WARN("SIGHUP: no config file to reload");
         dl_event("reload", "refused=1 reason=no_config_file");
         return;
     }
-    dl_sync_tunables cur = {.policy = *dl_policy_get_cfg(s->policy), .merge = s->cfg.merge}, nt = cur;
+    dl_sync_tunables cur = {.policy = *dl_policy_get_cfg(s->policy), .merge = s->cfg.merge, .guard = s->cfg.guard},
+                     nt = cur;
     dl_err_clear();
-    if (s->reload(s->reload_ctx, &cur, &nt) || dl_policy_reconfigure(s->policy, &nt.policy)) {
+    if (s->reload(s->reload_ctx, &cur, &nt) || dl_guard_cfg_check(&nt.guard) ||
+        dl_policy_reconfigure(s->policy, &nt.policy)) {
         DL_ERROR("reload refused, running values unchanged: %s", dl_errmsg());
         char rb[600];
         dl_event("reload", "refused=1 reason=%s", dl_event_str(dl_errmsg(), rb, sizeof rb));
@@ -770,6 +1167,8 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
     int n = dl_report_tunables_diff(&cur, &nt, diff, sizeof diff);
     s->cfg.merge = nt.merge;
     s->cfg.policy = nt.policy;
+    s->cfg.guard = nt.guard;
+    dl_guard_reconfigure(s->guard, &nt.guard);
     DL_INFO("reload:%s", n ? diff : " no reloadable value changed");
     dl_event("reload", "refused=0 changes=%d changed=%s", n, dl_event_str(n ? diff + 1 : "", db, sizeof db));
     schedule(s);
@@ -794,9 +1193,11 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     for (int p = 0; p < s->cfg.P; p++) s->versions[p] = dl_policy_version(s->policy, p);
     out->versions = s->versions;
     int n = dl_registry_count(s->reg);
+    int k = 0;
     for (int i = 0; i < n; i++) {
         const dl_registry_learner *l = dl_registry_cget(s->reg, i);
-        dl_sync_learner_stats *o = &s->lstats[i];
+        if (!l->used) continue;
+        dl_sync_learner_stats *o = &s->lstats[k++];
         snprintf(o->id, sizeof o->id, "%s", l->id);
         o->state = member(s, i);
         o->pushes = l->pushes;
@@ -813,8 +1214,16 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
         out->dead += o->state == DL_POLICY_MEMBER_DEAD;
         out->left += o->state == DL_POLICY_MEMBER_LEFT;
     }
-    out->n_learners = n;
+    out->n_learners = k;
     out->learners = s->lstats;
+    out->refused_msgs = s->refused_msgs;
+    out->clipped = s->clipped;
+    out->reclaimed = s->reclaimed;
+    out->dropped_readers = s->dropped_readers;
+    out->deferred_updates = s->deferred_updates;
+    out->outbound_bytes = dl_wire_queue_bytes(s->outq);
+    out->outbound_peak = s->outbound_peak;
+    out->outbound_max = s->cfg.max_outbound_bytes;
     out->merges = s->merges;
     out->merged_contribs = s->merged_contribs;
     out->stale_sum = s->stale_sum;
@@ -842,10 +1251,27 @@ static void wake_loop(void *ctx)
     ev_async_send(s->loop, &s->wake);
 }
 
+/* 1 when the endpoint only accepts connections from this host. */
+static int loopback_endpoint(const char *ep)
+{
+    return !strncmp(ep, "tcp://127.", 10) || !strncmp(ep, "tcp://localhost:", 16) || !strncmp(ep, "tcp://[::1]:", 12) ||
+           !strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9);
+}
+
 static int open_router(dl_sync *s)
 {
     DL_ZMQ_PTR(s->zctx, zmq_ctx_new());
-    DL_ZMQ_PTR(s->router, zmq_socket(s->zctx, ZMQ_ROUTER));
+    if (s->cfg.auth == DL_SYNC_AUTH_CURVE) {
+        /* the ZAP handler must be bound before the CURVE socket is */
+        dl_auth_keypair kp;
+        DL_TRY(dl_auth_load_keypair(s->cfg.key_file, &kp));
+        DL_TRY(dl_auth_start(s->zctx, s->cfg.allowlist, &s->auth));
+        DL_ZMQ_PTR(s->router, zmq_socket(s->zctx, ZMQ_ROUTER));
+        DL_TRY(dl_auth_server_sock(s->router, &kp));
+        memset(&kp, 0, sizeof kp);
+    } else {
+        DL_ZMQ_PTR(s->router, zmq_socket(s->zctx, ZMQ_ROUTER));
+    }
     DL_TRY(dl_wire_sock_setup(s->router, 1, (size_t)s->cfg.max_msg_bytes));
     if (zmq_bind(s->router, s->cfg.bind) != 0)
         return dl_err(DL_ENET, "bind %s: %s", s->cfg.bind, zmq_strerror(zmq_errno()));
@@ -874,6 +1300,8 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->naside = dl_xcalloc((size_t)P, sizeof(int));
     s->capaside = dl_xcalloc((size_t)P, sizeof(int));
     s->versions = dl_xcalloc((size_t)P, sizeof(uint64_t));
+    s->param_norm = dl_xcalloc((size_t)P, sizeof(double));
+    s->outq = dl_wire_queue_new();
     for (int p = 0; p < P; p++) {
         s->numel[p] = dl_plan_fragment_numel(s->plan, p);
         s->params[p] = dl_xaligned(64, s->numel[p] * sizeof(float));
@@ -897,17 +1325,43 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     if ((rc = dl_store_init_run(s->store, &run, (const float *const *)s->params))) goto fail;
     if ((rc = dl_store_bump_epoch(s->store, &s->epoch))) goto fail;
     if ((rc = dl_policy_open(&s->cfg.policy, P, &s->policy))) goto fail;
+    if ((rc = dl_guard_cfg_check(&s->cfg.guard))) goto fail;
+    if ((rc = dl_guard_open(&s->cfg.guard, P, s->cfg.policy.max_learners, &s->guard))) goto fail;
     uint64_t total_v = 0;
     for (int p = 0; p < P; p++) {
         uint64_t v;
         if ((rc = dl_store_read_fragment(s->store, (uint32_t)p, &v, s->params[p], s->momentum[p]))) goto fail;
         dl_policy_set_version(s->policy, p, v);
         total_v += v;
+        int fin = 0;
+        s->param_norm[p] = dl_guard_norm(s->params[p], s->numel[p], &fin);
     }
-    dl_registry_open(s->cfg.policy.max_learners, &s->reg);
+    dl_registry_open(s->cfg.policy.max_learners, P, &s->reg);
     dl_ledger_open(s->cfg.policy.max_learners, P, &s->ledger);
     s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
+    s->owed_order = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->owed_order);
 
+    /* bounds that follow from the model unless set */
+    uint64_t model_bytes = (uint64_t)dl_plan_total_numel(s->plan) * sizeof(float),
+             frag_bytes = (uint64_t)dl_plan_max_fragment_numel(s->plan) * sizeof(float);
+    if (!s->cfg.max_msg_bytes) s->cfg.max_msg_bytes = frag_bytes + DL_WIRE_MAX_HEADER_BYTES;
+    if (!s->cfg.peer_outbound_bytes) s->cfg.peer_outbound_bytes = model_bytes > 2 * frag_bytes ? model_bytes : 2 * frag_bytes;
+    if (!s->cfg.max_outbound_bytes) {
+        uint64_t four = 4 * model_bytes, floor = 256ull << 20;
+        s->cfg.max_outbound_bytes = four > floor ? four : floor;
+    }
+    if (s->cfg.auth == DL_SYNC_AUTH_AUTO)
+        s->cfg.auth = loopback_endpoint(s->cfg.bind) ? DL_SYNC_AUTH_OFF : DL_SYNC_AUTH_CURVE;
+    if (s->cfg.auth == DL_SYNC_AUTH_CURVE && (!s->cfg.key_file[0] || !s->cfg.allowlist[0])) {
+        rc = dl_err(DL_EINVAL,
+                    "bind %s is not loopback, so CURVE authentication is on: set key_file (the synchronizer's key "
+                    "pair: dloco keygen PREFIX) and allowlist (a file of 'learner_id public_key' lines), or auth = "
+                    "off to accept anyone who can reach the port",
+                    s->cfg.bind);
+        goto fail;
+    }
+    s->hello_tokens = s->cfg.new_hello_burst;
+    s->hello_refill_ns = dl_clock_ns();
     s->lim = dl_wire_limits_default();
     s->lim.num_fragments = (uint32_t)P;
     s->lim.fragment_numel = s->numel;
@@ -954,9 +1408,18 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     DL_INFO("run '%s' epoch %llu: %s (%d fragments, %zu params, fingerprint %016llx), listening on %s",
             s->cfg.run_id, (unsigned long long)s->epoch, total_v ? "resumed" : "new run", P,
             dl_plan_total_numel(s->plan), (unsigned long long)s->fingerprint, s->endpoint);
-    dl_event("sync_start", "epoch=%llu resumed=%d fragments=%d params=%zu fingerprint=%016llx endpoint=%s",
+    DL_INFO("limits: messages <= %llu bytes, outbound queue <= %llu bytes (%llu per learner), %s",
+            (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.max_outbound_bytes,
+            (unsigned long long)s->cfg.peer_outbound_bytes,
+            s->auth ? "CURVE: only allowlisted keys connect" : "no authentication (loopback or auth = off)");
+    if (!s->auth && !loopback_endpoint(s->cfg.bind))
+        DL_WARN("bind %s is not loopback and auth = off: anyone who reaches the port can join and push", s->cfg.bind);
+    dl_event("sync_start",
+             "epoch=%llu resumed=%d fragments=%d params=%zu fingerprint=%016llx endpoint=%s auth=%s max_msg_bytes=%llu "
+             "max_outbound_bytes=%llu",
              (unsigned long long)s->epoch, total_v ? 1 : 0, P, dl_plan_total_numel(s->plan),
-             (unsigned long long)s->fingerprint, s->endpoint);
+             (unsigned long long)s->fingerprint, s->endpoint, s->auth ? "curve" : "off",
+             (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.max_outbound_bytes);
     free(full);
     *out = s;
     return 0;
@@ -988,7 +1451,12 @@ void dl_sync_close(dl_sync **sp)
     dl_worker_close(&s->worker); /* before the loop it wakes */
     if (s->loop) ev_loop_destroy(s->loop);
     if (s->router) DL_ZMQ_LOG(zmq_close(s->router));
+    dl_auth_stop(&s->auth);
     if (s->zctx) DL_ZMQ_LOG(zmq_ctx_term(s->zctx));
+    /* libzmq has freed every queued message now: the counters can go */
+    dl_wire_queue_release(&s->outq);
+    dl_guard_close(&s->guard);
+    free(s->param_norm);
     dl_policy_close(&s->policy);
     dl_registry_close(&s->reg);
     dl_ledger_close(&s->ledger);
@@ -1009,6 +1477,7 @@ void dl_sync_close(dl_sync **sp)
     free(s->numel);
     free(s->versions);
     free(s->lstats);
+    free(s->owed_order);
     free(s);
     *sp = NULL;
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "core/model.h"
+#include "synchronizer/guard.h"
 #include "synchronizer/ledger.h"
 #include "synchronizer/merge.h"
 #include "synchronizer/policy.h"
@@ -30,10 +31,23 @@ typedef struct {
     int durability;        /* DL_STORE_SYNC | DL_STORE_PERIODIC */
     int sync_every_ms;     /* periodic durability: fsync interval */
     int status_every_ms;   /* progress line interval (0 = off) */
-    uint64_t max_msg_bytes;
+    uint64_t max_msg_bytes;  /* inbound message cap; 0 = the largest fragment's fp32 bytes + header cap */
+    /* who may connect (docs/SECURITY.md) */
+    int auth;                /* DL_SYNC_AUTH_*: resolved by dl_sync_open (AUTO -> CURVE unless bind is loopback) */
+    char key_file[256];      /* CURVE: the synchronizer's key pair (dloco keygen) */
+    char allowlist[256];     /* CURVE: learner id -> public key, re-read on SIGHUP */
+    int max_new_hellos_per_s; /* Hellos from ids not registered: token bucket rate ... */
+    int new_hello_burst;     /* ... and depth */
+    int reclaim_ms;          /* a learner dead or gone this long gives its slot back */
+    uint64_t max_outbound_bytes;  /* payload bytes queued in libzmq for all learners; 0 = derived */
+    uint64_t peer_outbound_bytes; /* ... for one learner; 0 = derived */
+    int slow_reader_ms;      /* a learner whose queue makes no progress this long is dropped */
+    dl_guard_cfg guard;      /* counters, replays, value guards */
     const char *config_text; /* the effective config text, recorded in the store as an audit record (nothing
                                 parses it); NULL = none; the caller's, kept until dl_sync_close */
 } dl_sync_cfg;
+
+enum { DL_SYNC_AUTH_AUTO = 0, DL_SYNC_AUTH_CURVE = 1, DL_SYNC_AUTH_OFF = 2 };
 
 typedef struct dl_sync dl_sync;
 
@@ -42,6 +56,7 @@ typedef struct dl_sync dl_sync;
 typedef struct {
     dl_policy_cfg policy;
     dl_merge_opts merge;
+    dl_guard_cfg guard;
 } dl_sync_tunables;
 
 /* Called on SIGHUP with the running values; fills *out from the config file
@@ -76,6 +91,13 @@ typedef struct {
     int n_learners;
     const dl_sync_learner_stats *learners; /* [n_learners], registry order */
     uint64_t merges, merged_contribs, stale_sum, dropped_stale, rejected, fetches;
+    uint64_t refused_msgs;     /* messages refused before any handler: unauthorized, foreign connection, limits */
+    uint64_t clipped;          /* pushes scaled down by the value guard */
+    uint64_t reclaimed;        /* learner slots given back */
+    uint64_t dropped_readers;  /* learners dropped for not reading */
+    uint64_t deferred_updates; /* Updates held back by the outbound bounds (sent later) */
+    uint64_t outbound_bytes, outbound_peak, outbound_max; /* payload bytes queued in libzmq: now, the most seen
+                                                             after a send, and the bound */
     int jobs_inflight;
     dl_ledger_totals ledger;
 } dl_sync_stats;

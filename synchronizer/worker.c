@@ -2,6 +2,7 @@
  * copies and replace the in-memory global only after their commit. */
 #include "synchronizer/worker.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,11 +53,19 @@ static void run_merge(dl_worker *w, dl_job *j)
                              w->scratch_merged, w->scratch_params, w->scratch_mom);
     j->rec.delta_norm = j->norm;
     j->rec.wallclock_ns = dl_wallclock_ns();
-    if (!dl_merge_finite(w->scratch_params, n)) {
-        j->rc = DL_ECORRUPT;
-        snprintf(j->err, sizeof j->err, "merged fragment %d is not finite; not committed", p);
-        return;
+    /* the last guard: a poisoned global is never persisted */
+    double ss = 0, lim = j->param_abs_max > 0 ? j->param_abs_max : INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        float x = w->scratch_params[i];
+        if (!(fabsf(x) <= lim)) {
+            j->rc = DL_ECORRUPT;
+            snprintf(j->err, sizeof j->err, "merged fragment %d: parameter %zu is %g (%s); not committed", p, i,
+                     (double)x, isfinite(x) ? "beyond param_abs_max" : "not finite");
+            return;
+        }
+        ss += (double)x * x;
     }
+    j->param_norm = sqrt(ss);
     j->rc = dl_store_commit_merge(w->store, (uint32_t)p, j->version + 1, w->scratch_params, w->scratch_mom, &j->rec,
                                   &j->ledger);
     if (j->rc) {

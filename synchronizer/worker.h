@@ -36,6 +36,9 @@ typedef struct dl_job {
     /* results */
     int rc;              /* 0 or the failing call's DL_E* code */
     double norm;         /* merge: L2 norm of the merged delta */
+    double param_abs_max; /* merge: the new global must be finite with |x| <= this (0 = finite only), else the
+                           * commit is aborted (dl_guard_cfg.param_abs_max at submission) */
+    double param_norm;   /* merge: L2 norm of the committed global fragment */
     char err[320];       /* detail of a failure */
 } dl_job;
 

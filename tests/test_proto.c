@@ -459,8 +459,8 @@ static void test_bad_inputs(void)
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_ERROR, 0);
     f.error.kind = DLOCO__V1__ERROR_KIND__ERROR_KIND_UNSPECIFIED;
     EXPECT_BAD(&f.env, NULL, 0, &lim, "error: kind 0 is not a known ErrorKind");
-    f.error.kind = (Dloco__V1__ErrorKind)7;
-    EXPECT_BAD(&f.env, NULL, 0, &lim, "error: kind 7 is not a known ErrorKind");
+    f.error.kind = (Dloco__V1__ErrorKind)9;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "error: kind 9 is not a known ErrorKind");
     f.error.kind = DLOCO__V1__ERROR_KIND__ERROR_KIND_UNSPECIFIED, f.error.code = DL_ENOTFOUND;
     CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0 &&
               dl_wire_error_kind(&f.error) == DLOCO__V1__ERROR_KIND__ERROR_KIND_UNKNOWN_LEARNER,
