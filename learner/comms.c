@@ -4,6 +4,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -18,9 +19,11 @@
 #include "core/event.h"
 #include "core/log.h"
 #include "core/plan.h"
+#include "proto/auth.h"
 #include "proto/wire.h"
 
 #define MS ((int64_t)1000000) /* ns per ms */
+#define NEVER INT64_MAX
 
 /* Session-side state of one fragment; comms thread only. */
 typedef struct {
@@ -29,6 +32,9 @@ typedef struct {
     int64_t unacked_ns; /* when it was sent */
     int fetch_pending;  /* the next Update of p is a fetch reply */
     int rebase_pending; /* the next Update of p is the rebase after a DROPPED_STALE */
+    int fetch_want;     /* a Fetch of p is to be sent at fetch_at (a Welcome, or a refused update) */
+    int64_t fetch_at;
+    uint64_t known;     /* newest version of p known: held, announced by the last Welcome, or received */
 } sfrag;
 
 struct dl_comms {
@@ -45,7 +51,12 @@ struct dl_comms {
     uint64_t *numel; /* [P] floats per fragment: a uint64 array because dl_wire_limits borrows it */
     size_t maxn;     /* floats per swapped buffer */
     uint64_t fingerprint;
-    uint32_t n_layer, n_head, n_embd, seq_len, vocab;
+    uint32_t n_layer, n_head, n_embd, seq_len, vocab, batch;
+    char curve_server[41], curve_public[41], curve_secret[41]; /* Z85; "" = plain */
+    uint64_t max_jump;  /* max_version_jump */
+    int byzantine;
+    float byz_scale;
+    size_t maxmsg;      /* ZMQ_MAXMSGSIZE: largest served fragment's fp32 bytes + header */
     int hello_retry_ms, hello_retry_max_ms, hello_unsent_ms, connect_timeout_ms, poll_max_ms, silence_min_ms,
         ack_expiry_min_ms, bye_linger_ms, reconnect_ms, reconnect_max_ms;
     int efd; /* eventfd: training thread (through the mailbox) -> this thread */
@@ -57,22 +68,33 @@ struct dl_comms {
     char msg[640];
 
     /* ---- comms thread only */
-    void *ctx, *sock;
+    void *ctx, *sock;       /* sock NULL between a rebuild and its reopen (t_reopen) */
+    void *mon;              /* PAIR reading the DEALER's socket monitor */
+    unsigned mon_seq;       /* makes each monitor's inproc endpoint unique */
     pthread_t thread;
     int started;
     dl_wire_limits lim;
     sfrag *f;               /* [P] */
     float *send_spare;      /* [maxn] */
+    float *byz_buf;         /* [maxn] byzantine only: the corrupted copy of a push's delta */
+    int *refusals;          /* [n_served] scratch for dl_mailbox_take_refetches */
     uint64_t *hv;           /* [P] held_versions being sent (contiguous: it goes on the wire as is) */
     uint32_t *fetch_list;   /* [P] fragments of the next Fetch (likewise) */
     uint64_t seq;
-    uint64_t epoch;         /* newest epoch seen (mirror of st.epoch) */
-    uint64_t hello_epoch;   /* epoch the last Hello carried */
+    uint64_t epoch;         /* epoch of the last Welcome taken (mirror of st.epoch) */
     int state;              /* mirror of st.state */
     int ever_welcomed;
     int hello_wait_ms, hello_sent_once; /* current Hello retry period (backoff) */
     uint32_t hb_ms, liveness;
     int64_t t_start, t_hello, t_hb, t_recv, t_warn;
+    int64_t t_sock;         /* when the current socket was opened */
+    int64_t t_reopen;       /* when a rebuilt socket opens (sock NULL until then) */
+    int64_t t_fetch;        /* earliest fetch_at of a wanted Fetch, NEVER when none */
+    int sent_on_sock;       /* a message left on the current socket */
+    int any_epoch;          /* a new connection: its first Welcome is taken whatever its epoch */
+    int rebuilds_row;       /* rebuilds since the last Welcome (their backoff) */
+    int bad_row;            /* inbound messages rejected by proto/wire.c in a row */
+    char conn_err[400];     /* the last connection problem, for the connect-timeout message */
     int hello_unsent; /* the last Hello found no connection */
     int rr; /* round-robin start for fairness among fragments */
 };
@@ -110,6 +132,24 @@ static int copy_str(char *dst, size_t cap, const char *src, const char *what)
 }
 
 #define DEF(v, d) ((v) > 0 ? (v) : (d))
+
+/* The CURVE options: all three keys or none, each Z85, and a libzmq with CURVE. */
+static int check_curve(const dl_comms_opts *o)
+{
+    const char *k[3] = {o->curve_server, o->curve_public, o->curve_secret};
+    static const char *const name[3] = {"synchronizer public", "learner public", "learner secret"};
+    int n = 0;
+    for (int i = 0; i < 3; i++) n += k[i][0] != 0;
+    if (n == 0) return 0;
+    if (n != 3)
+        return dl_err(DL_EINVAL, "comms: CURVE needs the synchronizer's public key and this learner's key pair "
+                                 "(%d of the 3 keys given)", n);
+    for (int i = 0; i < 3; i++)
+        if (!dl_auth_z85_ok(k[i]))
+            return dl_err(DL_EINVAL, "comms: the CURVE %s key is not 40 Z85 characters", name[i]);
+    if (!zmq_has("curve")) return dl_err(DL_EINVAL, "comms: CURVE keys given, but this libzmq was built without CURVE");
+    return 0;
+}
 
 int dl_comms_check_timeouts(const dl_comms_opts *o, int push_decision_timeout_ms)
 {
@@ -161,6 +201,9 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     if (!dl_comms_id_ok(o->learner_id))
         return dl_err(DL_EINVAL, "learner id '%s' is not [A-Za-z0-9._-]{1,64}", o->learner_id ? o->learner_id : "");
     DL_TRY(dl_comms_check_timeouts(o, -1));
+    DL_TRY(check_curve(o));
+    if (o->byzantine && !(isfinite(o->byzantine_scale) && fabs(o->byzantine_scale) <= 1e6))
+        return dl_err(DL_EINVAL, "comms: byzantine scale %g is not finite in [-1e6, 1e6]", o->byzantine_scale);
     int P = dl_plan_P(o->plan);
     if (P != dl_mailbox_P(o->mailbox)) return dl_err(DL_EINVAL, "comms: plan has %d fragments, mailbox %d", P,
                                                      dl_mailbox_P(o->mailbox));
@@ -212,6 +255,13 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->n_embd = o->n_embd;
     c->seq_len = o->seq_len;
     c->vocab = o->vocab;
+    c->batch = o->batch;
+    memcpy(c->curve_server, o->curve_server, sizeof c->curve_server);
+    memcpy(c->curve_public, o->curve_public, sizeof c->curve_public);
+    memcpy(c->curve_secret, o->curve_secret, sizeof c->curve_secret);
+    c->max_jump = o->max_version_jump ? o->max_version_jump : DL_COMMS_MAX_VERSION_JUMP;
+    c->byzantine = o->byzantine != 0;
+    c->byz_scale = (float)o->byzantine_scale;
     c->hello_retry_ms = DEF(o->hello_retry_ms, 1000);
     c->hello_retry_max_ms = DEF(o->hello_retry_max_ms, 16000);
     c->hello_unsent_ms = DEF(o->hello_unsent_ms, 20);
@@ -224,9 +274,18 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->reconnect_max_ms = DEF(o->reconnect_max_ms, 10000);
     c->maxn = dl_mailbox_buf_numel(o->mailbox);
     c->numel = dl_xcalloc((size_t)P, sizeof *c->numel);
-    for (int p = 0; p < P; p++) c->numel[p] = dl_plan_fragment_numel(o->plan, p);
+    size_t maxserved = 0;
+    for (int p = 0; p < P; p++) {
+        c->numel[p] = dl_plan_fragment_numel(o->plan, p);
+        if (c->f[p].served && c->numel[p] > maxserved) maxserved = (size_t)c->numel[p];
+    }
+    /* No frame we accept is larger: libzmq drops the connection on one that is. */
+    c->maxmsg = maxserved * sizeof(float) + DL_WIRE_MAX_HEADER_BYTES;
     pthread_mutex_init(&c->mu, NULL);
     c->send_spare = dl_mailbox_buf_alloc(o->mailbox);
+    if (c->byzantine) c->byz_buf = dl_mailbox_buf_alloc(o->mailbox);
+    c->refusals = dl_xcalloc((size_t)c->n_served, sizeof *c->refusals);
+    c->t_fetch = NEVER;
     c->hv = dl_xcalloc((size_t)P, sizeof *c->hv);
     c->fetch_list = dl_xcalloc((size_t)P, sizeof *c->fetch_list);
     c->state = c->st.state = DL_COMMS_IDLE;
@@ -285,15 +344,50 @@ static void set_state(dl_comms *c, int state, const char *fmt, ...)
     dl_mailbox_set_link(c->mb, c->link, state, 0, fmt ? c->msg : NULL);
 }
 
+#define COUNT(field)                                                                                     \
+    do {                                                                                                 \
+        pthread_mutex_lock(&c->mu);                                                                      \
+        c->st.field++;                                                                                   \
+        pthread_mutex_unlock(&c->mu);                                                                    \
+    } while (0)
+
+/* Text from the network (Error.message, Ack.reason, Welcome.policy, a run
+ * id) for a log line: always quoted, '"' and '\' escaped, every byte outside
+ * printable ASCII as \xHH, so no peer can break or forge a line (proto/wire.c
+ * already refuses control bytes; this holds even if it did not). Cut to fit
+ * cap (>= 3), never inside an escape. */
+static const char *net_str(const char *s, char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[n++] = '"';
+    for (const unsigned char *q = (const unsigned char *)(s ? s : ""); *q; q++) {
+        char esc[5];
+        size_t len = 1;
+        if (*q == '"' || *q == '\\') esc[0] = '\\', esc[1] = (char)*q, len = 2;
+        else if (*q < 0x20 || *q >= 0x7f) len = (size_t)snprintf(esc, sizeof esc, "\\x%02x", *q);
+        else esc[0] = (char)*q;
+        if (n + len + 2 > cap) break;
+        memcpy(buf + n, esc, len);
+        n += len;
+    }
+    buf[n++] = '"';
+    buf[n] = 0;
+    return buf;
+}
+#define NET_STR_CAP (4 * 1024 + 3) /* a max_text string, every byte escaped */
+
 /* Send one message (at most one fp32 payload). Never blocks: at the high-water
- * mark it returns DL_EAGAIN and the caller keeps the data for later. */
+ * mark, or without a socket (between a rebuild and its reopen), it returns
+ * DL_EAGAIN and the caller keeps the data for later. */
 static int send_env(dl_comms *c, Dloco__V1__Envelope *env, const float *payload, size_t numel)
 {
+    if (!c->sock) return DL_EAGAIN;
     env->seq = ++c->seq;
     const void *pl[1] = {payload};
     size_t len[1] = {numel * sizeof(float)};
     int rc = dl_wire_send(c->sock, NULL, 0, env, pl, len, payload ? 1 : 0, ZMQ_DONTWAIT);
     if (rc == 0) {
+        c->sent_on_sock = 1;
         uint64_t bytes = dloco__v1__envelope__get_packed_size(env) + (payload ? len[0] : 0);
         pthread_mutex_lock(&c->mu);
         c->st.bytes_sent += bytes;
@@ -316,6 +410,7 @@ static void send_hello(dl_comms *c)
     h.n_embd = c->n_embd;
     h.seq_len = c->seq_len;
     h.vocab = c->vocab;
+    h.batch = c->batch;
     h.num_fragments = (uint32_t)c->P;
     h.device = c->device;
     int all = 1;
@@ -327,10 +422,9 @@ static void send_hello(dl_comms *c)
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_hello(&env, &h);
-    c->hello_epoch = c->epoch;
     int rc = send_env(c, &env, NULL, 0);
-    /* Not connected yet (ZMQ_IMMEDIATE): try again in hello_unsent_ms, not
-     * after the full retry period. */
+    /* Not connected yet (ZMQ_IMMEDIATE), or no socket: try again in
+     * hello_unsent_ms, not after the full retry period. */
     c->hello_unsent = rc == DL_EAGAIN;
     c->t_hello = dl_clock_ns();
     if (rc) return;
@@ -340,9 +434,7 @@ static void send_hello(dl_comms *c)
                                                                                           : c->hello_retry_max_ms)
                                           : c->hello_retry_ms;
     c->hello_sent_once = 1;
-    pthread_mutex_lock(&c->mu);
-    c->st.hellos++;
-    pthread_mutex_unlock(&c->mu);
+    COUNT(hellos);
     DL_DEBUG("comms: hello to %s (epoch %llu, %s)", c->endpoint, (unsigned long long)c->epoch,
              all ? "with held versions" : "fresh");
 }
@@ -356,31 +448,76 @@ static void send_heartbeat(dl_comms *c)
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_heartbeat(&env, &hb);
     c->t_hb = dl_clock_ns();
-    if (send_env(c, &env, NULL, 0) == 0) {
-        pthread_mutex_lock(&c->mu);
-        c->st.heartbeats_sent++;
-        pthread_mutex_unlock(&c->mu);
-    }
+    if (send_env(c, &env, NULL, 0) == 0) COUNT(heartbeats_sent);
 }
 
-/* Fetch the n fragments in c->fetch_list (n == P: an empty list = all). A
- * session serving a subset always names its fragments. */
-static void send_fetch(dl_comms *c, int n)
+/* Send one Fetch of every wanted fragment whose time has come (a fragment
+ * waiting for a fetch reply is asked again only after that reply); all P of
+ * them as an empty list (= all), a subset by name. c->t_fetch = the next
+ * time one is due. READY only. */
+static void send_fetches(dl_comms *c, int64_t now)
 {
-    Dloco__V1__Fetch f;
-    dloco__v1__fetch__init(&f);
-    if (n < c->P) {
-        f.n_fragments = (size_t)n;
-        f.fragments = c->fetch_list;
+    int n = 0;
+    c->t_fetch = NEVER;
+    for (int i = 0; i < c->n_served; i++) {
+        sfrag *f = &c->f[c->served[i]];
+        if (!f->fetch_want || f->fetch_pending) continue;
+        if (f->fetch_at <= now) c->fetch_list[n++] = (uint32_t)c->served[i];
+        else if (f->fetch_at < c->t_fetch) c->t_fetch = f->fetch_at;
     }
-    for (int i = 0; i < n; i++) c->f[c->fetch_list[i]].fetch_pending = 1;
+    if (!n) return;
+    Dloco__V1__Fetch fm;
+    dloco__v1__fetch__init(&fm);
+    if (n < c->P) {
+        fm.n_fragments = (size_t)n;
+        fm.fragments = c->fetch_list;
+    }
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
-    dl_wire_set_fetch(&env, &f);
-    if (send_env(c, &env, NULL, 0) == 0) {
-        pthread_mutex_lock(&c->mu);
-        c->st.fetches++;
-        pthread_mutex_unlock(&c->mu);
+    dl_wire_set_fetch(&env, &fm);
+    if (send_env(c, &env, NULL, 0) != 0) {
+        c->t_fetch = now + 10 * MS; /* no connection or a full queue: soon again */
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        sfrag *f = &c->f[c->fetch_list[i]];
+        f->fetch_want = 0;
+        f->fetch_pending = 1;
+    }
+    COUNT(fetches);
+}
+
+/* Ask for a Fetch of p at `at` (merged with an earlier request). */
+static void want_fetch(dl_comms *c, int p, int64_t at)
+{
+    sfrag *f = &c->f[p];
+    if (!f->fetch_want || at < f->fetch_at) f->fetch_at = at;
+    f->fetch_want = 1;
+    if (f->fetch_at < c->t_fetch) c->t_fetch = f->fetch_at;
+}
+
+/* Fetches asked for through the mailbox (an update of a served fragment was
+ * refused, here or by the node): the first DL_COMMS_REFETCH_FREE refusals
+ * of a fragment in a row are fetched again at once, later ones after
+ * hello_retry_ms doubling up to hello_retry_max_ms, so a synchronizer that
+ * keeps sending garbage does not make the learner spin. */
+static void take_refetches(dl_comms *c, int64_t now)
+{
+    if (!dl_mailbox_take_refetches(c->mb, c->served, c->n_served, c->refusals)) return;
+    for (int i = 0; i < c->n_served; i++) {
+        int k = c->refusals[i], p = c->served[i];
+        if (!k) continue;
+        int64_t delay = 0;
+        if (k > DL_COMMS_REFETCH_FREE) {
+            delay = c->hello_retry_ms;
+            for (int j = DL_COMMS_REFETCH_FREE + 1; j < k && delay < c->hello_retry_max_ms; j++) delay *= 2;
+            if (delay > c->hello_retry_max_ms) delay = c->hello_retry_max_ms;
+        }
+        want_fetch(c, p, now + delay * MS);
+        COUNT(refetches);
+        DL_INFO("comms: fragment %d fetched again in %lld ms (refusal %d in a row)", p, (long long)delay, k);
+        dl_event("refetch", " learner=%s epoch=%llu fragment=%d refusals=%d delay_ms=%lld", c->id,
+                 (unsigned long long)c->epoch, p, k, (long long)delay);
     }
 }
 
@@ -398,41 +535,172 @@ static void send_bye(dl_comms *c, const char *reason, uint64_t step)
     send_env(c, &env, NULL, 0);
     /* Give the Bye a bounded chance to leave when the socket closes. */
     int linger = c->bye_linger_ms;
-    DL_ZMQ_LOG(zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger));
+    if (c->sock) DL_ZMQ_LOG(zmq_setsockopt(c->sock, ZMQ_LINGER, &linger, sizeof linger));
 }
 
-/* Start a new session: the synchronizer restarted, forgot us, went silent or
- * said bye. With `forget` (a new epoch, or DL_ENOTFOUND: our recent pushes
- * got Errors instead of Acks) the answers to pushes already sent will never
- * come, so they stop holding their fragments and the final flush. Queued
- * pushes wait in their slots either way. */
+/* The answers to pushes already sent will never come (another incarnation
+ * of the synchronizer, or DL_ENOTFOUND: our recent pushes got Errors instead
+ * of Acks): they stop holding their fragments and the final flush. */
 static void forget_sent(dl_comms *c)
 {
     dl_mailbox_forget_sent(c->mb, c->served, c->n_served);
     for (int p = 0; p < c->P; p++) c->f[p].unacked = 0;
 }
 
+/* Start a new session: the synchronizer restarted, forgot us, went silent,
+ * said bye, or the connection was rebuilt. With `forget` the pushes sent are
+ * forgotten (forget_sent). Queued pushes wait in their slots either way.
+ * While already waiting for a Welcome nothing more is sent: the Hello
+ * retries (with their backoff) go on. */
 static void rehello(dl_comms *c, const char *why, int forget)
 {
     if (forget) forget_sent(c);
-    if (c->state == DL_COMMS_HELLO) {
-        /* Already waiting for a Welcome; re-send only if the epoch moved. */
-        if (c->hello_epoch != c->epoch) send_hello(c);
-        return;
-    }
+    if (c->state == DL_COMMS_HELLO) return;
     DL_WARN("comms: %s; sending hello again", why);
     char ev[1400];
     dl_event("rehello", " learner=%s epoch=%llu reason=%s", c->id, (unsigned long long)c->epoch,
              dl_event_str(why, ev, sizeof ev));
     set_state(c, DL_COMMS_HELLO, NULL);
-    pthread_mutex_lock(&c->mu);
-    c->st.rehellos++;
-    pthread_mutex_unlock(&c->mu);
-    for (int p = 0; p < c->P; p++) c->f[p].fetch_pending = c->f[p].rebase_pending = 0;
-    c->t_warn = dl_clock_ns();
+    COUNT(rehellos);
+    int64_t now = dl_clock_ns();
+    for (int p = 0; p < c->P; p++) {
+        /* a fetch reply that may never come on the new session is asked for again after its Welcome */
+        if (c->f[p].fetch_pending) want_fetch(c, p, now);
+        c->f[p].fetch_pending = c->f[p].rebase_pending = 0;
+    }
+    c->t_warn = now;
     send_hello(c);
 }
 
+/* ------------------------------------------------------------------------- */
+/* comms thread: the socket */
+
+/* DEALER, its options, its monitor, connect. Returns 0 or the DL_E* code
+ * (what was made is closed again). */
+static int open_socket_(dl_comms *c)
+{
+    DL_ZMQ_PTR(c->sock, zmq_socket(c->ctx, ZMQ_DEALER));
+    DL_TRY(dl_wire_sock_setup(c->sock, 0, c->maxmsg));
+    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL, &c->reconnect_ms, sizeof c->reconnect_ms));
+    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL_MAX, &c->reconnect_max_ms, sizeof c->reconnect_max_ms));
+    /* Queue nothing while disconnected: sends fail with EAGAIN instead, so
+     * pushes wait (and coalesce) in their slots, and Hellos retried during
+     * an outage do not pile up to be answered all at once on reconnect. */
+    int one = 1;
+    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_IMMEDIATE, &one, sizeof one));
+    if (c->curve_server[0]) {
+        DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_CURVE_SERVERKEY, c->curve_server, 40));
+        DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_CURVE_PUBLICKEY, c->curve_public, 40));
+        DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_CURVE_SECRETKEY, c->curve_secret, 40));
+    }
+    /* The monitor tells a dead connection: libzmq does not reconnect after
+     * an oversized frame or a failed handshake, so the session rebuilds. */
+    char ep[96];
+    snprintf(ep, sizeof ep, "inproc://dloco-comms-monitor-%p-%u", (void *)c, ++c->mon_seq);
+    DL_ZMQ_CALL(zmq_socket_monitor(c->sock, ep,
+                                   ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH));
+    DL_ZMQ_PTR(c->mon, zmq_socket(c->ctx, ZMQ_PAIR));
+    int zero = 0;
+    DL_ZMQ_CALL(zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof zero));
+    DL_ZMQ_CALL(zmq_connect(c->mon, ep));
+    DL_ZMQ_CALL(zmq_connect(c->sock, c->endpoint));
+    return 0;
+}
+
+static void drop_socket(dl_comms *c)
+{
+    if (c->sock && c->mon) DL_ZMQ_LOG(zmq_socket_monitor(c->sock, NULL, 0));
+    if (c->mon) DL_ZMQ_LOG(zmq_close(c->mon));
+    if (c->sock) DL_ZMQ_LOG(zmq_close(c->sock));
+    c->mon = c->sock = NULL;
+    c->sent_on_sock = 0;
+}
+
+static int open_socket(dl_comms *c)
+{
+    int rc = open_socket_(c);
+    if (rc) drop_socket(c);
+    else c->t_sock = dl_clock_ns();
+    return rc;
+}
+
+/* Close the DEALER and open a new one (a new connection, a new routing id):
+ * at once the first time in a row, else after reconnect_ms doubling up to
+ * reconnect_max_ms. A welcomed session re-hellos (a waiting one keeps
+ * retrying its Hello, which leaves as soon as the new socket connects).
+ * `reason` is the event's word, `why` the log line's. */
+static void rebuild(dl_comms *c, const char *reason, const char *why)
+{
+    drop_socket(c);
+    c->rebuilds_row++;
+    int64_t delay = 0;
+    if (c->rebuilds_row > 1) {
+        delay = c->reconnect_ms;
+        for (int i = 2; i < c->rebuilds_row && delay < c->reconnect_max_ms; i++) delay *= 2;
+        if (delay > c->reconnect_max_ms) delay = c->reconnect_max_ms;
+    }
+    int64_t now = dl_clock_ns();
+    c->t_reopen = now + delay * MS;
+    c->any_epoch = 1; /* nothing of an earlier incarnation can arrive on the new connection */
+    c->bad_row = 0;
+    COUNT(rebuilds);
+    snprintf(c->conn_err, sizeof c->conn_err, "%s", why);
+    set_state(c, c->state, "last connection problem: %s", why); /* what a timed-out wait reports */
+    DL_WARN("comms: %s; new connection to %s in %lld ms", why, c->endpoint, (long long)delay);
+    char ev[400];
+    dl_event("socket_rebuild", " learner=%s epoch=%llu reason=%s rebuilds=%d delay_ms=%lld detail=%s", c->id,
+             (unsigned long long)c->epoch, reason, c->rebuilds_row, (long long)delay,
+             dl_event_str(why, ev, sizeof ev));
+    if (c->state == DL_COMMS_READY) {
+        rehello(c, why, 0);
+    } else {
+        c->hello_unsent = 1; /* Hello again as soon as the new socket is connected */
+        c->t_hello = now;
+    }
+}
+
+/* Drain the monitor. Returns 1 when the connection died (c->conn_err says how). */
+static int monitor_lost(dl_comms *c)
+{
+    int lost = 0;
+    for (;;) {
+        zmq_msg_t a;
+        zmq_msg_init(&a);
+        if (zmq_msg_recv(&a, c->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&a);
+            break;
+        }
+        uint16_t ev = 0;
+        uint32_t val = 0;
+        if (zmq_msg_size(&a) >= 6) {
+            memcpy(&ev, zmq_msg_data(&a), 2);
+            memcpy(&val, (const char *)zmq_msg_data(&a) + 2, 4);
+        }
+        int more = zmq_msg_more(&a);
+        zmq_msg_close(&a);
+        while (more) { /* the endpoint frame */
+            zmq_msg_t b;
+            zmq_msg_init(&b);
+            more = zmq_msg_recv(&b, c->mon, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&b);
+            zmq_msg_close(&b);
+        }
+        if (ev == ZMQ_EVENT_DISCONNECTED) {
+            snprintf(c->conn_err, sizeof c->conn_err, "connection to %s lost", c->endpoint);
+            lost = 1;
+        } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
+            int auth = ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+            snprintf(c->conn_err, sizeof c->conn_err, "handshake with %s failed (%s, code %u%s)", c->endpoint,
+                     auth ? "authentication" : ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail", val,
+                     !c->curve_server[0] ? ""
+                     : auth              ? "; the synchronizer refused this learner's key: is it in its allowlist?"
+                                         : "; is server_key the synchronizer's public key?");
+            lost = 1;
+        }
+    }
+    return lost;
+}
 
 static const char *decision_name(Dloco__V1__Decision d)
 {
@@ -448,23 +716,66 @@ static const char *decision_name(Dloco__V1__Decision d)
 /* ------------------------------------------------------------------------- */
 /* comms thread: inbound */
 
-static void on_welcome(dl_comms *c, const Dloco__V1__Welcome *w)
+/* A Welcome's values outside the learner's bounds: the reason into why, else "". */
+static void welcome_bounds(const Dloco__V1__Welcome *w, char *why, size_t cap)
 {
+    why[0] = 0;
+    if (w->h < DL_COMMS_H_MIN || w->h > DL_COMMS_H_MAX)
+        snprintf(why, cap, "h %u outside [%u, %u]", w->h, DL_COMMS_H_MIN, DL_COMMS_H_MAX);
+    else if (w->heartbeat_ms < DL_COMMS_HEARTBEAT_MIN_MS || w->heartbeat_ms > DL_COMMS_HEARTBEAT_MAX_MS)
+        snprintf(why, cap, "heartbeat_ms %u outside [%u, %u]", w->heartbeat_ms, DL_COMMS_HEARTBEAT_MIN_MS,
+                 DL_COMMS_HEARTBEAT_MAX_MS);
+    else if (w->liveness < DL_COMMS_LIVENESS_MIN || w->liveness > DL_COMMS_LIVENESS_MAX)
+        snprintf(why, cap, "liveness %u outside [%u, %u]", w->liveness, DL_COMMS_LIVENESS_MIN, DL_COMMS_LIVENESS_MAX);
+}
+
+/* A Welcome answering our Hello (state HELLO). */
+static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
+{
+    char why[128];
+    welcome_bounds(w, why, sizeof why);
+    if (why[0]) {
+        /* as if the Hello had not been answered: its retry (with backoff) comes */
+        COUNT(welcomes_refused);
+        DL_WARN("comms: welcome from %s (epoch %llu) refused: %s; hello again in %d ms", c->endpoint,
+                (unsigned long long)epoch, why, c->hello_wait_ms);
+        char ev[300];
+        dl_event("welcome_refused", " learner=%s epoch=%llu reason=%s", c->id, (unsigned long long)epoch,
+                 dl_event_str(why, ev, sizeof ev));
+        return;
+    }
+    if (c->epoch && epoch != c->epoch) {
+        forget_sent(c); /* another incarnation: what the old one pooled is gone */
+        if (epoch < c->epoch)
+            DL_WARN("comms: epoch goes back from %llu to %llu on a new connection (a new store?)",
+                    (unsigned long long)c->epoch, (unsigned long long)epoch);
+    }
+    c->epoch = epoch;
+    c->any_epoch = 0;
+    c->rebuilds_row = 0;
+    c->conn_err[0] = 0;
     c->hello_sent_once = 0; /* backoff starts over at the next re-hello */
+    int64_t now = dl_clock_ns();
     int n = 0;
     for (int i = 0; i < c->n_served; i++) {
         int p = c->served[i];
+        sfrag *f = &c->f[p];
         uint64_t v;
-        if (w->must_fetch) {
-            dl_mailbox_discard_queued(c->mb, p); /* relative to a base the synchronizer will not accept */
-            c->fetch_list[n++] = (uint32_t)p;
-        } else if (!dl_mailbox_held(c->mb, p, &v)) {
-            c->fetch_list[n++] = (uint32_t)p; /* must_fetch=0 but we lack it: fetch anyway */
+        int held = dl_mailbox_held(c->mb, p, &v);
+        f->known = w->fragment_versions[p] > (held ? v : 0) ? w->fragment_versions[p] : (held ? v : 0);
+        f->unacked = f->fetch_pending = f->rebase_pending = 0;
+        if (w->must_fetch || !held) {
+            /* a queued push is relative to a base the synchronizer will not accept */
+            if (w->must_fetch) dl_mailbox_discard_queued(c->mb, p);
+            want_fetch(c, p, now);
+            n++;
         }
+        /* a fetch still wanted after a refused update keeps its time */
     }
     pthread_mutex_lock(&c->mu);
     c->st.h = w->h;
     c->st.heartbeat_ms = w->heartbeat_ms;
+    c->st.epoch = epoch;
     c->st.state = DL_COMMS_READY;
     c->msg[0] = 0;
     pthread_mutex_unlock(&c->mu);
@@ -472,20 +783,17 @@ static void on_welcome(dl_comms *c, const Dloco__V1__Welcome *w)
     dl_mailbox_set_link(c->mb, c->link, DL_COMMS_READY, w->h, "");
     c->hb_ms = w->heartbeat_ms;
     c->liveness = w->liveness;
-    for (int p = 0; p < c->P; p++) c->f[p].unacked = c->f[p].fetch_pending = c->f[p].rebase_pending = 0;
-    int64_t now = dl_clock_ns();
     c->t_hb = now;
     c->t_recv = now;
     c->ever_welcomed = 1;
+    char pol[NET_STR_CAP];
     DL_INFO("comms: welcome from %s: epoch %llu, H %u, heartbeat %u ms x %u, policy %s, must_fetch %d (fetching %d)",
             c->endpoint, (unsigned long long)c->epoch, w->h, w->heartbeat_ms, w->liveness,
-            w->policy && w->policy[0] ? w->policy : "?", (int)w->must_fetch, n);
-    char pol[300];
+            net_str(w->policy, pol, sizeof pol), (int)w->must_fetch, n);
     dl_event("welcome", " learner=%s epoch=%llu h=%u heartbeat_ms=%u liveness=%u policy=%s must_fetch=%d fetching=%d",
              c->id, (unsigned long long)c->epoch, w->h, w->heartbeat_ms, w->liveness,
-             dl_event_str(w->policy ? w->policy : "", pol, sizeof pol), (int)w->must_fetch, n);
-    /* all served fragments: an empty list, unless we serve a subset */
-    if (n) send_fetch(c, n == c->P ? c->P : n);
+             dl_event_str(w->policy ? w->policy : "", pol, 300), (int)w->must_fetch, n);
+    send_fetches(c, now);
 }
 
 /* 1 when p is ours; counts a bad message otherwise (a shard sent us another's fragment). */
@@ -493,10 +801,22 @@ static int served(dl_comms *c, int p, const char *what)
 {
     if (p >= 0 && p < c->P && c->f[p].served) return 1;
     DL_WARN("comms: %s of fragment %d ignored: not served by this session", what, p);
-    pthread_mutex_lock(&c->mu);
-    c->st.bad_msgs++;
-    pthread_mutex_unlock(&c->mu);
+    COUNT(bad_msgs);
     return 0;
+}
+
+/* 1 when all n fp32 values at (possibly unaligned) data are finite. */
+static int all_finite(const void *data, size_t n)
+{
+    const unsigned char *b = data;
+    uint32_t acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, b + 4 * i, 4);
+        /* exponent all ones = inf or NaN */
+        acc |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    return !acc;
 }
 
 static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
@@ -505,21 +825,51 @@ static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
     if (u->codec != DLOCO__V1__CODEC__CODEC_FP32) {
         DL_WARN("comms: update of fragment %d in codec %s ignored: this learner only reads fp32", p,
                 dl_wire_codec_name(u->codec));
-        pthread_mutex_lock(&c->mu);
-        c->st.bad_msgs++;
-        pthread_mutex_unlock(&c->mu);
+        COUNT(bad_msgs);
         return;
     }
     if (!served(c, p, "update")) return;
-    int forced = c->f[p].fetch_pending ? DL_UPDATE_FETCHED
-                 : c->f[p].rebase_pending ? DL_UPDATE_REBASE
-                                          : DL_UPDATE_NORMAL;
-    c->f[p].rebase_pending = 0;
-    c->f[p].fetch_pending = 0;
-    dl_mailbox_put_update(c->mb, p, u->version, forced, dl_wire_msg_payload(m, 0), (size_t)u->numel);
-    pthread_mutex_lock(&c->mu);
-    c->st.updates++;
-    pthread_mutex_unlock(&c->mu);
+    sfrag *f = &c->f[p];
+    int forced = f->fetch_pending ? DL_UPDATE_FETCHED : f->rebase_pending ? DL_UPDATE_REBASE : DL_UPDATE_NORMAL;
+    uint64_t held;
+    int is_held = dl_mailbox_held(c->mb, p, &held);
+    if (forced == DL_UPDATE_NORMAL && is_held && u->version < held) {
+        /* out of date: the learner already holds a newer global */
+        COUNT(updates_old);
+        dl_mailbox_update_seen(c->mb, p);
+        DL_DEBUG("comms: update of fragment %d version %llu ignored: holding %llu", p, (unsigned long long)u->version,
+                 (unsigned long long)held);
+        return;
+    }
+    const void *payload = dl_wire_msg_payload(m, 0);
+    const char *reason = NULL;
+    char why[160];
+    if (u->version > f->known && u->version - f->known > c->max_jump) {
+        reason = "version_jump";
+        snprintf(why, sizeof why, "version %llu is more than %llu above the newest known %llu",
+                 (unsigned long long)u->version, (unsigned long long)c->max_jump, (unsigned long long)f->known);
+    } else if (!all_finite(payload, (size_t)u->numel)) {
+        reason = "nonfinite";
+        snprintf(why, sizeof why, "it holds non-finite values");
+    }
+    f->rebase_pending = 0;
+    f->fetch_pending = 0;
+    if (reason) {
+        /* never adopted; a fresh fetch of p is asked for (take_refetches backs off) */
+        COUNT(updates_refused);
+        int k = dl_mailbox_refuse_update(c->mb, p);
+        DL_WARN("comms: update of fragment %d version %llu refused: %s (refusal %d in a row)", p,
+                (unsigned long long)u->version, why, k);
+        dl_event("update_refused", " learner=%s epoch=%llu fragment=%d version=%llu reason=%s refusals=%d", c->id,
+                 (unsigned long long)c->epoch, p, (unsigned long long)u->version, reason, k);
+        return;
+    }
+    if (u->version > f->known) f->known = u->version;
+    /* a good one came: a fetch still waiting for its backoff after a refused
+     * update is not needed any more (the node asks again if it refuses this one) */
+    f->fetch_want = 0;
+    dl_mailbox_put_update(c->mb, p, u->version, forced, payload, (size_t)u->numel);
+    COUNT(updates);
     dl_event("update", " learner=%s epoch=%llu fragment=%d version=%llu forced=%d", c->id,
              (unsigned long long)c->epoch, p, (unsigned long long)u->version, forced);
 }
@@ -546,7 +896,8 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
     case DL_DECIDE_PENDING: c->st.acks_pending++; break;
     case DL_DECIDE_ACCEPTED:
         c->st.accepted++;
-        if (a->merged_version > a->base_version) {
+        /* an absurd merged_version never reaches the staleness mean */
+        if (a->merged_version > a->base_version && a->merged_version - a->base_version <= c->max_jump) {
             c->st.staleness_sum += a->merged_version - 1 - a->base_version;
             c->st.staleness_n++;
         }
@@ -555,9 +906,11 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
     default: c->st.rejected++; break;
     }
     pthread_mutex_unlock(&c->mu);
-    if (d == DL_DECIDE_REJECTED)
-        DL_WARN("comms: push of fragment %d (base version %llu) rejected: %s", p,
-                (unsigned long long)a->base_version, a->reason ? a->reason : "");
+    if (d == DL_DECIDE_REJECTED) {
+        char r[NET_STR_CAP];
+        DL_WARN("comms: push of fragment %d (base version %llu) rejected: %s", p, (unsigned long long)a->base_version,
+                net_str(a->reason, r, sizeof r));
+    }
     dl_event("ack", " learner=%s epoch=%llu fragment=%d base_version=%llu decision=%s merged_version=%llu", c->id,
              (unsigned long long)c->epoch, p, (unsigned long long)a->base_version, decision_name(a->decision),
              (unsigned long long)a->merged_version);
@@ -566,10 +919,9 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
 /* Returns 1 when the thread must stop (fatal error). */
 static int on_error(dl_comms *c, const Dloco__V1__Error *e)
 {
-    pthread_mutex_lock(&c->mu);
-    c->st.errors_recv++;
-    pthread_mutex_unlock(&c->mu);
-    const char *text = e->message ? e->message : "";
+    COUNT(errors_recv);
+    char text[NET_STR_CAP];
+    net_str(e->message, text, sizeof text);
     Dloco__V1__ErrorKind k = dl_wire_error_kind(e);
     const char *kind = dl_wire_error_kind_name(k);
     if (e->fatal) {
@@ -578,7 +930,7 @@ static int on_error(dl_comms *c, const Dloco__V1__Error *e)
         return 1;
     }
     if (k == DLOCO__V1__ERROR_KIND__ERROR_KIND_UNKNOWN_LEARNER) {
-        char why[1200];
+        char why[NET_STR_CAP + 64];
         snprintf(why, sizeof why, "synchronizer does not know this learner (%s)", text);
         rehello(c, why, 1);
     } else {
@@ -596,70 +948,66 @@ static int handle(dl_comms *c, dl_wire_msg *m)
     pthread_mutex_lock(&c->mu);
     c->st.bytes_recv += bytes;
     pthread_mutex_unlock(&c->mu);
+    Dloco__V1__Envelope__BodyCase body = env->body_case;
 
     if (strcmp(env->run_id ? env->run_id : "", c->run_id) != 0 ||
         strcmp(env->learner_id ? env->learner_id : "", c->id) != 0) {
         /* Error may carry an empty learner_id (proto/wire.h). */
-        int anon_error = env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR &&
-                         !(env->learner_id && env->learner_id[0]) &&
+        int anon_error = body == DLOCO__V1__ENVELOPE__BODY_ERROR && !(env->learner_id && env->learner_id[0]) &&
                          !strcmp(env->run_id ? env->run_id : "", c->run_id);
         if (!anon_error) {
-            DL_WARN("comms: %s for run '%s' learner '%s' ignored (this is run '%s' learner '%s')",
-                    dl_wire_body_name(env->body_case), env->run_id, env->learner_id, c->run_id, c->id);
-            pthread_mutex_lock(&c->mu);
-            c->st.bad_msgs++;
-            pthread_mutex_unlock(&c->mu);
+            char r[NET_STR_CAP];
+            DL_WARN("comms: %s for run %s learner '%s' ignored (this is run '%s' learner '%s')",
+                    dl_wire_body_name(body), net_str(env->run_id, r, sizeof r), env->learner_id, c->run_id, c->id);
+            COUNT(bad_msgs);
             return 0;
         }
     }
-    if (env->epoch < c->epoch) {
-        pthread_mutex_lock(&c->mu);
-        c->st.old_epoch++;
-        pthread_mutex_unlock(&c->mu);
-        DL_DEBUG("comms: %s from epoch %llu ignored (newest is %llu)", dl_wire_body_name(env->body_case),
+    /* Only a Welcome answering our Hello sets the epoch (on a new connection
+     * whatever it is); Errors are read whatever their epoch (a restarted
+     * synchronizer answers with its own). */
+    int answer = body == DLOCO__V1__ENVELOPE__BODY_WELCOME && c->state == DL_COMMS_HELLO;
+    int is_error = body == DLOCO__V1__ENVELOPE__BODY_ERROR;
+    if (!c->ever_welcomed && !answer && !is_error) {
+        DL_WARN("comms: %s before any welcome ignored", dl_wire_body_name(body));
+        COUNT(bad_msgs);
+        return 0;
+    }
+    if (env->epoch < c->epoch && !(answer && c->any_epoch)) {
+        COUNT(old_epoch);
+        DL_DEBUG("comms: %s from epoch %llu ignored (session epoch %llu)", dl_wire_body_name(body),
                  (unsigned long long)env->epoch, (unsigned long long)c->epoch);
         return 0;
     }
-    c->t_recv = dl_clock_ns();
-    int newer = c->epoch != 0 && env->epoch > c->epoch;
-    uint64_t old = c->epoch;
-    if (env->epoch > c->epoch) {
-        c->epoch = env->epoch;
-        pthread_mutex_lock(&c->mu);
-        c->st.epoch = env->epoch;
-        pthread_mutex_unlock(&c->mu);
-    }
-    if (newer) forget_sent(c); /* the old incarnation took our pending pushes with it */
-    if (newer && env->body_case != DLOCO__V1__ENVELOPE__BODY_WELCOME) {
-        char why[128];
-        snprintf(why, sizeof why, "synchronizer restarted (epoch %llu -> %llu)", (unsigned long long)old,
-                 (unsigned long long)env->epoch);
+    if (env->epoch > c->epoch && !answer && !is_error) {
+        /* "the synchronizer restarted": hello again, but the epoch stays
+         * the welcomed one, so one absurd epoch cannot make later genuine
+         * messages look older; the message itself is not used */
+        COUNT(newer_epoch);
+        char why[160];
+        snprintf(why, sizeof why, "%s of epoch %llu, newer than the session's %llu (synchronizer restarted?)",
+                 dl_wire_body_name(body), (unsigned long long)env->epoch, (unsigned long long)c->epoch);
         rehello(c, why, 1);
+        return 0;
     }
+    c->t_recv = dl_clock_ns();
 
-    switch (env->body_case) {
+    switch (body) {
     case DLOCO__V1__ENVELOPE__BODY_WELCOME:
-        /* Answer to our Hello; a late duplicate (from a retried Hello) is
-         * ignored unless it comes from a newer incarnation. */
-        if (c->state == DL_COMMS_HELLO || newer) on_welcome(c, env->welcome);
+        /* a late duplicate (from a retried Hello) is ignored */
+        if (answer) on_welcome(c, env->epoch, env->welcome);
         else DL_DEBUG("comms: duplicate welcome ignored");
         return 0;
     case DLOCO__V1__ENVELOPE__BODY_UPDATE: on_update(c, env->update, m); return 0;
     case DLOCO__V1__ENVELOPE__BODY_ACK: on_ack(c, env->ack); return 0;
-    case DLOCO__V1__ENVELOPE__BODY_HEARTBEAT:
-        pthread_mutex_lock(&c->mu);
-        c->st.heartbeats_recv++;
-        pthread_mutex_unlock(&c->mu);
-        return 0;
+    case DLOCO__V1__ENVELOPE__BODY_HEARTBEAT: COUNT(heartbeats_recv); return 0;
     case DLOCO__V1__ENVELOPE__BODY_ERROR: return on_error(c, env->error);
     case DLOCO__V1__ENVELOPE__BODY_BYE:
         if (c->state == DL_COMMS_READY) rehello(c, "synchronizer said bye", 0);
         return 0;
     default:
-        DL_WARN("comms: unexpected %s from the synchronizer ignored", dl_wire_body_name(env->body_case));
-        pthread_mutex_lock(&c->mu);
-        c->st.bad_msgs++;
-        pthread_mutex_unlock(&c->mu);
+        DL_WARN("comms: unexpected %s from the synchronizer ignored", dl_wire_body_name(body));
+        COUNT(bad_msgs);
         return 0;
     }
 }
@@ -667,17 +1015,23 @@ static int handle(dl_comms *c, dl_wire_msg *m)
 /* Drain the socket. Returns 1 when the thread must stop. */
 static int recv_all(dl_comms *c)
 {
-    for (;;) {
+    while (c->sock) {
         dl_wire_msg m;
         int rc = dl_wire_recv(c->sock, 0, &c->lim, &m, ZMQ_DONTWAIT);
         int stop = 0;
         if (rc == 0) {
+            c->bad_row = 0;
             stop = handle(c, &m);
         } else if (rc == DL_EPROTO) {
             DL_WARN("comms: bad message from synchronizer dropped: %s", dl_errmsg());
-            pthread_mutex_lock(&c->mu);
-            c->st.bad_msgs++;
-            pthread_mutex_unlock(&c->mu);
+            COUNT(bad_msgs);
+            if (++c->bad_row >= DL_COMMS_BAD_IN_ROW) {
+                char why[96];
+                snprintf(why, sizeof why, "%d bad messages in a row from the synchronizer", c->bad_row);
+                dl_wire_msg_close(&m);
+                rebuild(c, "bad_messages", why);
+                return 0;
+            }
         } else if (rc == DL_EAGAIN) {
             dl_wire_msg_close(&m);
             return 0;
@@ -688,6 +1042,7 @@ static int recv_all(dl_comms *c)
         dl_wire_msg_close(&m);
         if (stop) return 1;
     }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -703,7 +1058,7 @@ static int send_pushes(dl_comms *c, int64_t now)
     for (int k = 0; k < c->n_served; k++) {
         int p = c->served[(c->rr + k) % c->n_served];
         sfrag *f = &c->f[p];
-        if (f->fetch_pending) continue;
+        if (f->fetch_pending || f->fetch_want) continue; /* the base is being replaced */
         if (f->unacked && now - f->unacked_ns < expiry * MS) continue;
         dl_mailbox_claim cl;
         if (!dl_mailbox_claim_push(c->mb, p, now, &cl, &c->send_spare)) continue;
@@ -717,6 +1072,13 @@ static int send_pushes(dl_comms *c, int64_t now)
         }
 
         size_t n = (size_t)c->numel[p];
+        const float *payload = c->send_spare;
+        if (c->byzantine) {
+            /* benchmarks only: corrupt what leaves, on a copy (the slot's
+             * buffer may go back to the mailbox unsent and be sent again) */
+            for (size_t i = 0; i < n; i++) c->byz_buf[i] = c->send_spare[i] * c->byz_scale;
+            payload = c->byz_buf;
+        }
         Dloco__V1__Push m;
         dloco__v1__push__init(&m);
         m.fragment = (uint32_t)p;
@@ -726,13 +1088,13 @@ static int send_pushes(dl_comms *c, int64_t now)
         m.codec = DLOCO__V1__CODEC__CODEC_FP32;
         m.numel = n;
         m.block_size = 0;
-        m.checksum = dl_wire_checksum(c->send_spare, n * sizeof(float));
+        m.checksum = dl_wire_checksum(payload, n * sizeof(float));
         m.loss = h->loss;
         m.compute_s = h->compute_s;
         Dloco__V1__Envelope env;
         dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
         dl_wire_set_push(&env, &m);
-        int rc = send_env(c, &env, c->send_spare, n);
+        int rc = send_env(c, &env, payload, n);
         if (rc == DL_EAGAIN) {
             /* put it back unless a newer push of p arrived meanwhile */
             dl_mailbox_unclaim_push(c->mb, p, &cl, &c->send_spare, 1);
@@ -765,6 +1127,16 @@ static int send_pushes(dl_comms *c, int64_t now)
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* The silence limit: max(silence_min_ms, liveness * heartbeat_ms of the last Welcome), ms. */
+static int64_t silence_ms(const dl_comms *c)
+{
+    int64_t s = (int64_t)c->liveness * c->hb_ms;
+    return s < c->silence_min_ms ? c->silence_min_ms : s;
+}
+
+/* Since when the current connection has been silent: its last message, or its opening. */
+static int64_t heard(const dl_comms *c) { return c->t_recv > c->t_sock ? c->t_recv : c->t_sock; }
+
 static void *comms_main(void *arg)
 {
     dl_comms *c = arg;
@@ -773,7 +1145,7 @@ static void *comms_main(void *arg)
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
 
-    c->t_start = c->t_warn = dl_clock_ns();
+    c->t_start = c->t_warn = c->t_recv = dl_clock_ns();
     send_hello(c);
     int blocked = 0;
     while (c->state == DL_COMMS_HELLO || c->state == DL_COMMS_READY) {
@@ -781,11 +1153,18 @@ static void *comms_main(void *arg)
         int64_t wait = c->poll_max_ms;
         if (c->state == DL_COMMS_HELLO)
             wait = min64(wait, (c->t_hello + (c->hello_unsent ? c->hello_unsent_ms : c->hello_wait_ms) * MS - now) / MS);
-        if (c->state == DL_COMMS_READY) wait = min64(wait, (c->t_hb + c->hb_ms * MS - now) / MS);
+        if (c->state == DL_COMMS_READY) {
+            wait = min64(wait, (c->t_hb + c->hb_ms * MS - now) / MS);
+            if (c->t_fetch != NEVER) wait = min64(wait, (c->t_fetch - now) / MS + 1);
+        }
+        if (!c->sock) wait = min64(wait, (c->t_reopen - now) / MS + 1);
         if (blocked) wait = min64(wait, 10);
         if (wait < 0) wait = 0;
-        zmq_pollitem_t items[2] = {{c->sock, 0, ZMQ_POLLIN, 0}, {NULL, c->efd, ZMQ_POLLIN, 0}};
-        int prc = DL_ZMQ_RC(zmq_poll(items, 2, (long)wait));
+        zmq_pollitem_t items[3] = {{NULL, c->efd, ZMQ_POLLIN, 0}};
+        int nitems = 1;
+        if (c->sock) items[nitems++] = (zmq_pollitem_t){c->sock, 0, ZMQ_POLLIN, 0};
+        if (c->mon) items[nitems++] = (zmq_pollitem_t){c->mon, 0, ZMQ_POLLIN, 0};
+        int prc = DL_ZMQ_RC(zmq_poll(items, nitems, (long)wait));
         if (prc < 0 && prc != DL_EAGAIN) { /* DL_EAGAIN: EINTR */
             set_state(c, DL_COMMS_FAILED, "%s", dl_errmsg());
             break;
@@ -804,14 +1183,26 @@ static void *comms_main(void *arg)
             set_state(c, DL_COMMS_DONE, NULL);
             break;
         }
+        /* what arrived before a connection died is still read */
         if (recv_all(c)) break;
+        if (c->mon && monitor_lost(c)) {
+            char why[sizeof c->conn_err];
+            snprintf(why, sizeof why, "%s", c->conn_err);
+            rebuild(c, strstr(why, "handshake") ? "handshake_failed" : "disconnected", why);
+        }
 
         now = dl_clock_ns();
+        if (!c->sock && now >= c->t_reopen && open_socket(c)) {
+            set_state(c, DL_COMMS_FAILED, "reconnecting to %s: %s", c->endpoint, dl_errmsg());
+            break;
+        }
+        take_refetches(c, now);
         if (c->state == DL_COMMS_HELLO) {
             if (!c->ever_welcomed && now - c->t_start >= c->connect_timeout_ms * MS) {
                 set_state(c, DL_COMMS_FAILED,
-                          "no Welcome from %s within %d ms (is dloco-sync running there with run_id '%s'?)",
-                          c->endpoint, c->connect_timeout_ms, c->run_id);
+                          "no Welcome from %s within %d ms (is dloco-sync running there with run_id '%s'?%s%s)",
+                          c->endpoint, c->connect_timeout_ms, c->run_id, c->conn_err[0] ? " last problem: " : "",
+                          c->conn_err);
                 break;
             }
             if (c->ever_welcomed && now - c->t_warn >= c->connect_timeout_ms * MS) {
@@ -819,20 +1210,33 @@ static void *comms_main(void *arg)
                         c->connect_timeout_ms);
                 c->t_warn = now;
             }
-            if (now - c->t_hello >= (c->hello_unsent ? c->hello_unsent_ms : c->hello_wait_ms) * MS) send_hello(c);
+            if (now - c->t_hello >= (c->hello_unsent ? c->hello_unsent_ms : c->hello_wait_ms) * MS) {
+                /* An unanswered Hello on a connection silent for the whole
+                 * silence limit: the synchronizer may have stopped reading it
+                 * (or a peer displaced it); a new connection, then the retry. */
+                if (!c->hello_unsent && c->sent_on_sock && now - heard(c) >= silence_ms(c) * MS) {
+                    char why[128];
+                    snprintf(why, sizeof why, "no answer from the synchronizer for %lld ms",
+                             (long long)((now - heard(c)) / MS));
+                    rebuild(c, "silence", why);
+                } else {
+                    send_hello(c);
+                }
+            }
         } else if (c->state == DL_COMMS_READY) {
-            int64_t silence = (int64_t)c->liveness * c->hb_ms;
-            if (silence < c->silence_min_ms) silence = c->silence_min_ms;
-            if (now - c->t_recv >= silence * MS) {
+            if (now - heard(c) >= silence_ms(c) * MS) {
                 char why[96];
-                snprintf(why, sizeof why, "no message from the synchronizer for %lld ms", (long long)silence);
-                rehello(c, why, 0);
+                snprintf(why, sizeof why, "no message from the synchronizer for %lld ms", (long long)silence_ms(c));
+                rebuild(c, "silence", why);
             } else if (now - c->t_hb >= c->hb_ms * MS) {
                 send_heartbeat(c);
             }
         }
         blocked = 0;
-        if (c->state == DL_COMMS_READY) blocked = send_pushes(c, now);
+        if (c->state == DL_COMMS_READY) {
+            if (c->t_fetch <= now) send_fetches(c, now);
+            blocked = send_pushes(c, now);
+        }
         if (bye) {
             if (c->ever_welcomed && (c->state == DL_COMMS_READY || c->state == DL_COMMS_HELLO)) {
                 send_bye(c, reason, bye_step);
@@ -842,35 +1246,13 @@ static void *comms_main(void *arg)
             break;
         }
     }
-    DL_ZMQ_LOG(zmq_close(c->sock));
-    c->sock = NULL;
+    drop_socket(c);
     return NULL;
-}
-
-/* Context, DEALER and its options, connect. Returns 0 or the DL_E* code;
- * the caller closes what was made. */
-static int open_socket(dl_comms *c)
-{
-    DL_ZMQ_PTR(c->ctx, zmq_ctx_new());
-    DL_ZMQ_PTR(c->sock, zmq_socket(c->ctx, ZMQ_DEALER));
-    size_t maxmsg = c->maxn * sizeof(float) + DL_WIRE_MAX_HEADER_BYTES;
-    DL_TRY(dl_wire_sock_setup(c->sock, 0, maxmsg));
-    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_ROUTING_ID, c->id, strlen(c->id)));
-    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL, &c->reconnect_ms, sizeof c->reconnect_ms));
-    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL_MAX, &c->reconnect_max_ms, sizeof c->reconnect_max_ms));
-    /* Queue nothing while disconnected: sends fail with EAGAIN instead, so
-     * pushes wait (and coalesce) in their slots, and Hellos retried during
-     * an outage do not pile up to be answered all at once on reconnect. */
-    int one = 1;
-    DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_IMMEDIATE, &one, sizeof one));
-    DL_ZMQ_CALL(zmq_connect(c->sock, c->endpoint));
-    return 0;
 }
 
 static void close_socket(dl_comms *c)
 {
-    if (c->sock) DL_ZMQ_LOG(zmq_close(c->sock));
-    c->sock = NULL;
+    drop_socket(c);
     if (c->ctx) DL_ZMQ_LOG(zmq_ctx_term(c->ctx)); /* waits at most the Bye linger */
     c->ctx = NULL;
 }
@@ -878,7 +1260,9 @@ static void close_socket(dl_comms *c)
 int dl_comms_start(dl_comms *c)
 {
     assert(c && !c->started);
-    int rc = open_socket(c);
+    int rc = 0;
+    if (!(c->ctx = zmq_ctx_new())) rc = dl_wire_zmq_fail("zmq_ctx_new()", __FILE__, __LINE__);
+    if (!rc) rc = open_socket(c);
     if (rc) rc = dl_err(DL_ENET, "connecting to %s: %s", c->endpoint, dl_errmsg());
     if (!rc) set_state(c, DL_COMMS_HELLO, NULL);
     if (!rc && pthread_create(&c->thread, NULL, comms_main, c) != 0)
@@ -891,7 +1275,6 @@ int dl_comms_start(dl_comms *c)
     c->started = 1;
     return 0;
 }
-
 void dl_comms_stop(dl_comms *c)
 {
     if (!c || !c->started) return;
@@ -913,10 +1296,13 @@ void dl_comms_close(dl_comms **cp)
     free(c->f);
     free(c->served);
     free(c->send_spare);
+    free(c->byz_buf);
+    free(c->refusals);
     free(c->hv);
     free(c->fetch_list);
     free(c->numel);
     close(c->efd);
+    memset(c->curve_secret, 0, sizeof c->curve_secret);
     pthread_mutex_destroy(&c->mu);
     free(c);
     *cp = NULL;

@@ -18,6 +18,46 @@
  * EAGAIN), so pushes wait in their slots and a Hello is retried every
  * hello_unsent_ms until one leaves.
  *
+ * Trust: the synchronizer is a peer, not an authority over the learner's
+ * state. Before anything it sends is used (docs/PROTOCOL.md "What a learner
+ * accepts"):
+ *   - an Update's payload must be finite, and its version at most
+ *     max_version_jump above the newest version the learner knows of that
+ *     fragment (held, announced by the last Welcome, or received); a refused
+ *     one never reaches the mailbox and a fresh fetch of the fragment is
+ *     asked for (dl_mailbox_refuse_update; the node refuses the same way an
+ *     update too far from its parameters). Fetches asked for after
+ *     refusals go out at once for the first DL_COMMS_REFETCH_FREE refusals
+ *     of a fragment in a row, then after hello_retry_ms doubling up to
+ *     hello_retry_max_ms. A normal Update below the held version is dropped
+ *     as out of date (updates_old).
+ *   - the epoch is taken only from a Welcome that answers our Hello; any
+ *     other message of a newer epoch means "the synchronizer restarted": the
+ *     session re-hellos and otherwise ignores the message (Errors aside), so
+ *     one absurd epoch cannot make later genuine messages look old. The first
+ *     Welcome on a new connection is taken whatever its epoch.
+ *   - a Welcome's h, heartbeat_ms and liveness must lie within the
+ *     DL_COMMS_*_MIN/MAX bounds below; a Welcome outside them is refused
+ *     like an unanswered Hello (retried with backoff).
+ *   - strings from the network (Error.message, Ack.reason, Welcome.policy)
+ *     are logged quoted, with every byte outside printable ASCII escaped.
+ *
+ * Connections: the DEALER sets no ZMQ_ROUTING_ID (libzmq gives every
+ * connection a fresh one; the synchronizer binds the learner id in each
+ * envelope to the connection itself). ZMQ_MAXMSGSIZE is the largest served
+ * fragment's fp32 bytes + DL_WIRE_MAX_HEADER_BYTES. A socket monitor sees
+ * the connection die (libzmq drops it on an oversized frame and then never
+ * reconnects by itself) or a handshake fail (e.g. CURVE); the session then
+ * closes the DEALER and opens a new one (a rebuild), as it does after
+ * DL_COMMS_BAD_IN_ROW inbound messages in a row that proto/wire.c rejects,
+ * and when nothing came from the synchronizer for max(silence_min_ms,
+ * liveness * heartbeat_ms) (READY), or since the last Hello was sent (HELLO,
+ * at its retry): a connection the synchronizer stopped reading recovers by
+ * itself. The first rebuild in a row is at once, the next after
+ * reconnect_ms doubling up to reconnect_max_ms (a Welcome ends the row); a
+ * rebuilt session re-hellos with its held versions. With CURVE keys
+ * (curve_server + curve_public + curve_secret) the DEALER is a CURVE client.
+ *
  * dl_comms_open() attaches to the mailbox only; the network starts with
  * dl_comms_start(). */
 #ifndef DL_LEARNER_COMMS_H
@@ -31,10 +71,25 @@
 struct dl_plan;
 typedef struct dl_comms dl_comms;
 
+/* Bounds on a Welcome's values (a Welcome outside them is refused). */
+#define DL_COMMS_H_MIN 1u
+#define DL_COMMS_H_MAX 1000000u
+#define DL_COMMS_HEARTBEAT_MIN_MS 10u
+#define DL_COMMS_HEARTBEAT_MAX_MS 60000u
+#define DL_COMMS_LIVENESS_MIN 2u
+#define DL_COMMS_LIVENESS_MAX 100u
+/* Default of dl_comms_opts.max_version_jump. */
+#define DL_COMMS_MAX_VERSION_JUMP 1000000u
+/* Refused updates of one fragment in a row that are fetched again at once;
+ * later fetches back off. */
+#define DL_COMMS_REFETCH_FREE 3
+/* Inbound messages in a row rejected by proto/wire.c that rebuild the socket. */
+#define DL_COMMS_BAD_IN_ROW 3
+
 typedef struct {
     dl_mailbox *mailbox;    /* borrowed, must outlive the session */
     const char *endpoint;   /* "tcp://host:port" of the synchronizer's ROUTER */
-    const char *learner_id; /* [A-Za-z0-9._-]{1,64}; also the DEALER routing id */
+    const char *learner_id; /* [A-Za-z0-9._-]{1,64}: Envelope.learner_id (not the routing id) */
     const char *run_id;
     const struct dl_plan *plan; /* borrowed, must outlive the session: P and fragment sizes */
     const int *fragments;   /* the fragments this session serves (copied); NULL = all P */
@@ -42,6 +97,18 @@ typedef struct {
     uint64_t fingerprint;   /* dl_model_fingerprint(cfg, plan) */
     uint32_t n_layer, n_head, n_embd, seq_len, vocab; /* Hello's model summary */
     const char *device;     /* Hello.device, e.g. "cpu" */
+    uint32_t batch;         /* Hello.batch: sequences per inner step (0 = not told) */
+    /* CURVE (Z85, 40 characters each): the synchronizer's public key and this
+     * learner's key pair; all three empty = a plain connection */
+    char curve_server[41], curve_public[41], curve_secret[41];
+    /* a fragment version more than this above the newest known is refused; 0 = DL_COMMS_MAX_VERSION_JUMP */
+    uint64_t max_version_jump;
+    /* Robustness benchmarks only: with byzantine set, every pushed delta
+     * leaves multiplied by byzantine_scale (flip = -1), so the synchronizer's
+     * guards can be measured against a corrupt learner. The mailbox, the node
+     * and the learner's own training stay honest. */
+    int byzantine;
+    double byzantine_scale;
     /* timing, ms; 0 = the default in brackets (dloco-learner's config rows) */
     int hello_retry_ms;     /* first Hello retry without a Welcome, doubling per retry [1000] */
     int hello_retry_max_ms; /* cap of that backoff [16000] */
@@ -64,7 +131,8 @@ typedef struct {
     uint64_t discarded;      /* queued pushes dropped because the learner had to rebase (must_fetch) */
     uint64_t acks_pending;   /* MERGED_PENDING acks received */
     uint64_t accepted, dropped_stale, rejected;
-    uint64_t updates;        /* Update messages received (fetch replies included) */
+    uint64_t updates;        /* Update messages handed to the mailbox (fetch replies included; refused
+                              * and out-of-date ones are counted below instead) */
     uint64_t superseded;     /* updates replaced in their slot by a newer one before the training thread took them */
     uint64_t hellos;         /* Hello messages sent (retries and re-hellos included) */
     uint64_t rehellos;       /* sessions restarted: newer epoch, DL_ENOTFOUND, silence, Bye */
@@ -73,9 +141,16 @@ typedef struct {
     uint64_t errors_recv;    /* Error messages received */
     uint64_t bad_msgs;       /* inbound messages rejected by proto/wire.c, for run/learner id, or for a fragment not served */
     uint64_t old_epoch;      /* inbound messages ignored for an older epoch */
+    uint64_t newer_epoch;    /* inbound messages (not a Welcome answering our Hello) of a newer epoch: re-hello */
+    uint64_t updates_refused; /* Updates refused on receipt: non-finite payload, version jump */
+    uint64_t updates_old;    /* normal Updates dropped: version below the held one */
+    uint64_t welcomes_refused; /* Welcomes with h / heartbeat_ms / liveness out of bounds */
+    uint64_t refetches;      /* fetches asked for after refused updates (each sent after its backoff,
+                              * unless a good Update of the fragment came first) */
+    uint64_t rebuilds;       /* sockets closed and opened again (lost connection, bad messages, silence) */
     uint64_t bytes_sent, bytes_recv; /* all frames: packed header + payloads */
     uint64_t staleness_sum, staleness_n; /* over ACCEPTED acks: merged_version - 1 - base_version */
-    uint64_t epoch;          /* newest synchronizer epoch seen */
+    uint64_t epoch;          /* epoch of the last Welcome taken (0 before) */
     uint32_t h;              /* H from the last Welcome (0 before) */
     uint32_t heartbeat_ms;   /* from the last Welcome (0 before) */
     int state;               /* DL_COMMS_* */
@@ -87,7 +162,9 @@ typedef struct {
 int dl_comms_check_timeouts(const dl_comms_opts *o, int push_decision_timeout_ms);
 /* Attach a session to o->mailbox. Copies the strings. Returns 0, DL_EINVAL
  * (bad learner id, missing endpoint/plan/mailbox, bad fragment list,
- * timeouts out of order, too many sessions), or DL_EIO (no eventfd).
+ * timeouts out of order, CURVE keys incomplete or not Z85, CURVE asked of a
+ * libzmq without it, byzantine_scale not finite, too many sessions), or
+ * DL_EIO (no eventfd).
  * *out is NULL on failure. */
 int dl_comms_open(const dl_comms_opts *o, dl_comms **out);
 /* Create the socket, connect, and start the session's thread, which sends
@@ -100,7 +177,9 @@ void dl_comms_stop(dl_comms *c);
 /* dl_comms_stop, detach from the mailbox, free; NULLs the pointer; safe on NULL and twice. */
 void dl_comms_close(dl_comms **c);
 
-/* DL_COMMS_* and, for REFUSED/FAILED, a message ("" otherwise) into msg. */
+/* DL_COMMS_* and, for REFUSED/FAILED, a message into msg; for HELLO the last
+ * connection problem ("last connection problem: ...") if the socket was
+ * rebuilt since the last Welcome; "" otherwise. */
 int dl_comms_state(dl_comms *c, char *msg, size_t cap);
 void dl_comms_get_stats(dl_comms *c, dl_comms_stats *out);
 /* H from the last Welcome, 0 before the first. */

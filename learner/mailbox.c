@@ -35,6 +35,9 @@ typedef struct {
     uint64_t open_base; /* its base_version */
     int64_t open_ns;    /* when it was sent (dl_clock_ns) */
     int need_update;    /* ACCEPTED came, its Update has not */
+    /* refused updates: written by either side, read by the serving session */
+    int refusals;       /* consecutive, since the last adopt (set_held) */
+    int refetch;        /* a fresh fetch of p was asked for and not yet taken */
 } frag;
 
 typedef struct {
@@ -57,6 +60,7 @@ struct dl_mailbox {
     uint32_t h;
     uint64_t prog_step, prog_tokens, prog_discarded;
     double prog_sps;
+    int refetch_n; /* fragments with refetch set: the sessions' fast path */
     int bye_req;
     char bye_reason[128];
     uint64_t bye_step;
@@ -272,6 +276,7 @@ void dl_mailbox_set_held(dl_mailbox *m, int p, uint64_t version)
     pthread_mutex_lock(&m->mu);
     m->f[p].held = version;
     m->f[p].held_ok = 1;
+    m->f[p].refusals = 0; /* an adopt ends a run of refusals */
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -355,6 +360,46 @@ int dl_mailbox_discard_queued(dl_mailbox *m, int p)
     }
     pthread_mutex_unlock(&m->mu);
     return q;
+}
+
+void dl_mailbox_update_seen(dl_mailbox *m, int p)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    m->f[p].need_update = 0;
+    pthread_mutex_unlock(&m->mu);
+}
+
+int dl_mailbox_refuse_update(dl_mailbox *m, int p)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    frag *f = &m->f[p];
+    if (f->refusals < 1000000) f->refusals++; /* saturates: only the backoff reads it */
+    if (!f->refetch) m->refetch_n++;
+    f->refetch = 1;
+    int k = f->refusals;
+    wake_all(m);
+    pthread_mutex_unlock(&m->mu);
+    return k;
+}
+
+int dl_mailbox_take_refetches(dl_mailbox *m, const int *frags, int n, int *refusals)
+{
+    assert(m && frags && refusals);
+    pthread_mutex_lock(&m->mu);
+    int asked = 0;
+    for (int i = 0; i < n; i++) {
+        frag *f = &m->f[frags[i]];
+        refusals[i] = 0;
+        if (!m->refetch_n || !f->refetch) continue;
+        f->refetch = 0;
+        m->refetch_n--;
+        refusals[i] = f->refusals > 0 ? f->refusals : 1;
+        asked++;
+    }
+    pthread_mutex_unlock(&m->mu);
+    return asked;
 }
 
 void dl_mailbox_bye(dl_mailbox *m, const char *reason, uint64_t step)

@@ -15,6 +15,11 @@
  *                 final Ack, or ACCEPTED with its Update not yet received.
  *                 The node holds p's next push while it is (the hold rule,
  *                 learner/node.h), so no progress is sent twice.
+ *   refusals of p (either side writes, the serving session reads) updates
+ *                 of p refused since p's last adopt (non-finite, too far from
+ *                 the learner's own parameters, an impossible version): each
+ *                 one asks the serving session for a fresh fetch of p, which
+ *                 it sends with a backoff that grows with the count.
  *
  * Buffers move by swapping pointers: every slot buffer and every buffer a
  * caller swaps in holds dl_mailbox_buf_numel() floats (the largest fragment).
@@ -179,5 +184,21 @@ int dl_mailbox_put_update(dl_mailbox *m, int p, uint64_t version, int kind, cons
 void dl_mailbox_forget_sent(dl_mailbox *m, const int *frags, int n);
 /* Drop the queued push of p (must_fetch). Returns 1 if one was dropped. */
 int dl_mailbox_discard_queued(dl_mailbox *m, int p);
+/* An Update of p arrived and was dropped as out of date (a version below the
+ * held one): it still was the Update an ACCEPTED announced, so the push stops
+ * waiting for it (as dl_mailbox_put_update would). */
+void dl_mailbox_update_seen(dl_mailbox *m, int p);
+
+/* ---- refused updates (either side) */
+
+/* The update of p just received (session) or taken (training thread) was
+ * refused and not adopted: count a consecutive refusal of p and ask the
+ * serving session for a fresh fetch of p (wakes the sessions). The count
+ * restarts at the next dl_mailbox_set_held of p (an adopt). Returns it. */
+int dl_mailbox_refuse_update(dl_mailbox *m, int p);
+/* Session: take the fetch requests of the n fragments frags[]: refusals[i] =
+ * the consecutive refusals of frags[i] when a fetch of it was asked for
+ * since the last call, else 0. Returns how many were asked for. */
+int dl_mailbox_take_refetches(dl_mailbox *m, const int *frags, int n, int *refusals);
 
 #endif

@@ -10,6 +10,7 @@
 #include "learner/comms.h"
 #include "learner/node.h"
 #include "learner/train.h"
+#include "proto/auth.h"
 #ifdef DLOCO_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
 #include "learner/xfer_cuda.h"
@@ -20,6 +21,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -57,6 +59,15 @@ typedef struct {
     int local_eval;
     double throttle;
     int final_flush;
+    /* trusting the synchronizer */
+    double update_max_ratio;
+    int64_t max_version_jump;
+    char server_key[DL_CFG_STRLEN], key_file[DL_CFG_STRLEN];
+    char byzantine[DL_CFG_STRLEN];
+    /* not rows: resolved from the rows above at start (resolve_networked) */
+    int byz_on;
+    double byz_scale;
+    char curve_server[41], curve_public[41], curve_secret[41];
 } learner_cfg;
 
 #define F(x) offsetof(learner_cfg, x)
@@ -137,6 +148,21 @@ static const dl_cfg_entry learner_table[] = {
      "run at this fraction of full speed (sleeps after each step): a deliberately slow learner for tests"},
     {"local_eval", DL_CFG_BOOL, F(local_eval), 0, 0, "false", NULL, 0,
      "networked mode: also evaluate the local model every val_every steps (the synchronizer evaluates the global one)"},
+    {"update_max_ratio", DL_CFG_FLOAT, F(update_max_ratio), 0.0, 1e12, "10", NULL, 0,
+     "refuse (and fetch again) a global fragment farther from this learner's own copy than this times (the copy's "
+     "norm + 0.1 x sqrt(elements)); 0 = no distance bound (non-finite values are always refused)"},
+    {"max_version_jump", DL_CFG_INT, F(max_version_jump), 1, 9.2e18, "1000000", NULL, 0,
+     "refuse an update whose fragment version is more than this above the newest version this learner knows"},
+    {"server_key", DL_CFG_STR, F(server_key), 0, 0, "", NULL, 0,
+     "CURVE: the synchronizer's public key (40 Z85 characters, or the path of its .pub file); with key_file; "
+     "empty = no CURVE"},
+    {"key_file", DL_CFG_STR, F(key_file), 0, 0, "", NULL, 0,
+     "CURVE: this learner's key pair file (as written by dloco keygen, not readable by group/others); with "
+     "server_key; empty = no CURVE"},
+    {"byzantine", DL_CFG_STR, F(byzantine), 0, 0, "none", NULL, 0,
+     "for robustness benchmarks only: corrupt this learner's own pushes (the synchronizer's guards must contain "
+     "it): none, scale:K (every pushed delta times K, K finite in [-1e6, 1e6]) or flip (negated); training stays "
+     "honest"},
 };
 #undef F
 #define NCFG (sizeof learner_table / sizeof learner_table[0])
@@ -152,6 +178,50 @@ static int fail(const char *what, int rc)
 {
     fprintf(stderr, "dloco-learner: %s: %s%s%s\n", what, dl_strerror(rc), dl_errmsg()[0] ? ": " : "", dl_errmsg());
     return 2;
+}
+
+/* --byzantine: none | flip | scale:K into *on, *scale. Returns 0 or DL_EINVAL. */
+static int parse_byzantine(const char *s, int *on, double *scale)
+{
+    *on = 0;
+    *scale = 1.0;
+    if (!strcmp(s, "none")) return 0;
+    if (!strcmp(s, "flip")) {
+        *on = 1;
+        *scale = -1.0;
+        return 0;
+    }
+    if (!strncmp(s, "scale:", 6)) {
+        char *end = NULL;
+        double k = strtod(s + 6, &end);
+        if (end != s + 6 && !*end && isfinite(k) && fabs(k) <= 1e6) {
+            *on = 1;
+            *scale = k;
+            return 0;
+        }
+    }
+    return dl_err(DL_EINVAL, "option byzantine: '%s' is not none, flip or scale:K with K finite in [-1e6, 1e6]", s);
+}
+
+/* The networked rows that need more than a bounds check: byzantine, and the
+ * CURVE keys (server_key and key_file together or not at all). */
+static int resolve_networked(learner_cfg *cfg)
+{
+    DL_TRY(parse_byzantine(cfg->byzantine, &cfg->byz_on, &cfg->byz_scale));
+    cfg->curve_server[0] = cfg->curve_public[0] = cfg->curve_secret[0] = 0;
+    if (!cfg->server_key[0] && !cfg->key_file[0]) return 0;
+    if (!cfg->server_key[0] || !cfg->key_file[0])
+        return dl_err(DL_EINVAL, "options server_key and key_file go together (CURVE needs the synchronizer's public "
+                                 "key and this learner's key pair); %s is set, %s is empty",
+                      cfg->server_key[0] ? "server_key" : "key_file", cfg->server_key[0] ? "key_file" : "server_key");
+    int rc = dl_auth_load_public(cfg->server_key, cfg->curve_server);
+    if (rc) return dl_err(rc, "option server_key: %s", dl_errmsg());
+    dl_auth_keypair kp;
+    if ((rc = dl_auth_load_keypair(cfg->key_file, &kp))) return dl_err(rc, "option key_file: %s", dl_errmsg());
+    memcpy(cfg->curve_public, kp.public_z85, sizeof cfg->curve_public);
+    memcpy(cfg->curve_secret, kp.secret_z85, sizeof cfg->curve_secret);
+    memset(&kp, 0, sizeof kp);
+    return 0;
 }
 
 /* The comms timing rows as session options. */
@@ -237,6 +307,7 @@ int main(int argc, char **argv)
         dl_comms_opts t = comms_timing(&cfg);
         if ((rc = dl_comms_check_timeouts(&t, (int)cfg.push_decision_timeout_ms))) return fail("bad configuration", rc);
         if (!cfg.run_id[0]) return fail("bad configuration", dl_err(DL_EINVAL, "option run_id is empty"));
+        if ((rc = resolve_networked(&cfg))) return fail("bad configuration", rc);
         if (cfg.resume[0] || cfg.stop_after)
             return fail("bad configuration",
                         dl_err(DL_EINVAL, "--resume and --stop_after are for --standalone runs (a networked learner "
@@ -472,9 +543,18 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     co.seq_len = (uint32_t)mc->seq_len;
     co.vocab = (uint32_t)mc->vocab;
     co.device = hello_device;
+    co.batch = (uint32_t)tc->batch;
+    co.max_version_jump = (uint64_t)cfg->max_version_jump;
+    co.byzantine = cfg->byz_on;
+    co.byzantine_scale = cfg->byz_scale;
+    memcpy(co.curve_server, cfg->curve_server, sizeof co.curve_server);
+    memcpy(co.curve_public, cfg->curve_public, sizeof co.curve_public);
+    memcpy(co.curve_secret, cfg->curve_secret, sizeof co.curve_secret);
     dl_comms *comms = NULL;
     dl_node *node = NULL;
-    if ((rc = dl_comms_open(&co, &comms))) {
+    rc = dl_comms_open(&co, &comms);
+    memset(co.curve_secret, 0, sizeof co.curve_secret);
+    if (rc) {
         dl_mailbox_close(&mb);
         dl_plan_close(&plan);
         return fail("setting up the connection", rc);
@@ -503,6 +583,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                                                                                          : DL_ADOPT_OVERWRITE,
         .alpha = (float)cfg->alpha,
         .push_decision_timeout_ms = (int)cfg->push_decision_timeout_ms,
+        .update_max_ratio = cfg->update_max_ratio,
     };
     if ((rc = dl_node_open(&no, mb, &node)) || (rc = dl_comms_start(comms))) {
         int r = fail("connecting", rc);
@@ -530,6 +611,14 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     dl_event("learner_start", "id=%s mode=networked device=%s params=%zu fragments=%d fingerprint=%016llx endpoint=%s",
              cfg->id, dl_event_str(hello_device, ev_dev, sizeof ev_dev), dl_trainer_num_params(tr), dl_plan_P(plan),
              (unsigned long long)fp, dl_event_str(cfg->connect, ev_ep, sizeof ev_ep));
+    if (cfg->byz_on) {
+        char ev_mode[DL_CFG_STRLEN + 8];
+        DL_WARN("BYZANTINE MODE '%s': every delta this learner pushes is corrupted on purpose (multiplied by %g); "
+                "for robustness benchmarks only, never in a real run", cfg->byzantine, cfg->byz_scale);
+        dl_event("byzantine", "id=%s mode=%s scale=%.17g", cfg->id,
+                 dl_event_str(cfg->byzantine, ev_mode, sizeof ev_mode), cfg->byz_scale);
+    }
+    if (cfg->curve_server[0]) printf("CURVE: encrypted and authenticated connection to the synchronizer\n");
 
     int exit_code = 0;
     double t_run = dl_clock_s();
@@ -671,12 +760,12 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
      * without a final decision (accepted, dropped_stale, rejected) at exit,
      * which includes pushes the synchronizer replaced by a newer push of the
      * same fragment in the same open round */
-    char summary[1024];
+    char summary[1536];
     snprintf(summary, sizeof summary, "id=%s steps=%lld tokens=%lld pushes=%llu coalesced=%llu acks_pending=%llu "
            "accepted=%llu dropped_stale=%llu rejected=%llu undecided=%llu updates_adopted=%llu rebased=%llu "
            "updates_superseded=%llu updates_ignored=%llu discarded=%llu flush_unanswered=%d bytes_sent=%llu "
            "bytes_received=%llu epoch=%llu held=%llu held_due=%llu hold_released=%llu discarded_tokens=%llu wall_s=%.3f "
-           "final_train_loss=%.6f",
+           "final_train_loss=%.6f updates_refused=%llu welcomes_refused=%llu socket_rebuilds=%llu",
            cfg->id, (long long)step, (long long)(step * tok_per_step), (unsigned long long)cs.pushes,
            (unsigned long long)cs.coalesced, (unsigned long long)cs.acks_pending, (unsigned long long)cs.accepted,
            (unsigned long long)cs.dropped_stale, (unsigned long long)cs.rejected,
@@ -686,7 +775,8 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
            flush_left, (unsigned long long)cs.bytes_sent, (unsigned long long)cs.bytes_recv,
            (unsigned long long)cs.epoch, (unsigned long long)ns.held, (unsigned long long)ns.held_due,
            (unsigned long long)ns.hold_released, (unsigned long long)ns.discarded_tokens, wall,
-           last_train);
+           last_train, (unsigned long long)(cs.updates_refused + ns.refused), (unsigned long long)cs.welcomes_refused,
+           (unsigned long long)cs.rebuilds);
     printf("learner-summary: %s\n", summary);
     dl_event("learner_summary", "%s exit_code=%d", summary, exit_code);
     fflush(stdout);

@@ -4,6 +4,7 @@
 #include "learner/node.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -125,6 +126,7 @@ struct dl_node {
     int P;
     int adopt;
     float alpha;
+    double max_ratio; /* 0 = no distance bound */
     int64_t decision_timeout_ns;
     nfrag *f;   /* [P] */
     float *out; /* [mailbox buf] delta being posted (swapped with the mailbox) */
@@ -144,6 +146,8 @@ int dl_node_open(const dl_node_opts *o, dl_mailbox *mb, dl_node **out)
     if (o->adopt < DL_ADOPT_OVERWRITE || o->adopt > DL_ADOPT_KEEP)
         return dl_err(DL_EINVAL, "node: unknown adopt mode %d", o->adopt);
     if (!(o->alpha >= 0.0f && o->alpha <= 1.0f)) return dl_err(DL_EINVAL, "node: alpha %g outside [0, 1]", o->alpha);
+    if (!(o->update_max_ratio >= 0.0 && isfinite(o->update_max_ratio)))
+        return dl_err(DL_EINVAL, "node: update_max_ratio %g must be finite and >= 0", o->update_max_ratio);
     if (dl_plan_P(o->plan) != dl_mailbox_P(mb))
         return dl_err(DL_EINVAL, "node: plan has %d fragments, mailbox %d", dl_plan_P(o->plan), dl_mailbox_P(mb));
     dl_node *n = dl_xcalloc(1, sizeof *n);
@@ -162,6 +166,7 @@ int dl_node_open(const dl_node_opts *o, dl_mailbox *mb, dl_node **out)
     n->P = dl_plan_P(o->plan);
     n->adopt = o->adopt;
     n->alpha = o->alpha;
+    n->max_ratio = o->update_max_ratio;
     /* < 0: a pooled push never holds the next one (the protocol tests of
      * learner/comms.c that exercise pooled pushes) */
     int ms = o->push_decision_timeout_ms;
@@ -391,6 +396,40 @@ int dl_node_flush_owed(dl_node *n)
     return k;
 }
 
+/* The trust check of an update before it is adopted (node.h "Trust"):
+ * 0 when g may be adopted, else 1 with the reason (and the measures) in
+ * *why / *dist / *bound. Reads theta_p only for a fragment not held yet. */
+static int untrusted(dl_node *n, int p, const float *g, const char **why, double *dist, double *bound)
+{
+    nfrag *f = &n->f[p];
+    const float *own = f->base;
+    *dist = *bound = 0.0;
+    if (n->max_ratio > 0 && !f->held) {
+        int rc = read_now(n, p, &own);
+        if (rc < 0) return rc;
+    }
+    double d2 = 0.0, o2 = 0.0;
+    int finite = 1;
+    for (size_t i = 0; i < f->numel; i++) {
+        finite &= isfinite(g[i]) != 0;
+        double d = (double)g[i] - (double)own[i];
+        d2 += d * d;
+        o2 += (double)own[i] * (double)own[i];
+    }
+    if (!finite) {
+        *why = "nonfinite";
+        return 1;
+    }
+    if (n->max_ratio <= 0) return 0;
+    *dist = sqrt(d2);
+    *bound = n->max_ratio * (sqrt(o2) + DL_NODE_RATIO_FLOOR_RMS * sqrt((double)f->numel));
+    if (!(*dist <= *bound)) {
+        *why = "ratio";
+        return 1;
+    }
+    return 0;
+}
+
 int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *g)
 {
     assert(n && g && p >= 0 && p < n->P);
@@ -399,6 +438,24 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
         n->st.ignored++;
         DL_DEBUG("node: update of fragment %d version %llu ignored (holding %llu)", p, (unsigned long long)version,
                  (unsigned long long)f->version);
+        return 0;
+    }
+    const char *why = NULL;
+    double dist, bound;
+    int bad = untrusted(n, p, g, &why, &dist, &bound);
+    if (bad < 0) return bad;
+    if (bad) {
+        n->st.refused++;
+        int k = dl_mailbox_refuse_update(n->mb, p);
+        if (!strcmp(why, "ratio"))
+            DL_WARN("node: update of fragment %d version %llu refused: ||new - own|| = %.3g > %.3g "
+                    "(update_max_ratio %g); fetching it again (refusal %d in a row)",
+                    p, (unsigned long long)version, dist, bound, n->max_ratio, k);
+        else
+            DL_WARN("node: update of fragment %d version %llu refused: it holds non-finite values; fetching it "
+                    "again (refusal %d in a row)", p, (unsigned long long)version, k);
+        dl_event("update_refused", " fragment=%d version=%llu reason=%s distance=%.6g bound=%.6g refusals=%d", p,
+                 (unsigned long long)version, why, dist, bound, k);
         return 0;
     }
     if (f->pending && forced == DL_UPDATE_FETCHED) {
@@ -486,9 +543,9 @@ int dl_node_wait_ready(dl_node *n, int timeout_ms, const volatile sig_atomic_t *
         if (dl_clock_ns() - t0 >= (int64_t)timeout_ms * 1000000) {
             int held = 0;
             for (int p = 0; p < n->P; p++) held += n->f[p].held;
-            return dl_err(DL_ETIMEDOUT, "%s after %d ms: holding %d of %d fragments",
+            return dl_err(DL_ETIMEDOUT, "%s after %d ms: holding %d of %d fragments%s%s%s",
                           s == DL_COMMS_HELLO ? "no Welcome from the synchronizer" : "initial fetch incomplete",
-                          timeout_ms, held, n->P);
+                          timeout_ms, held, n->P, msg[0] ? " (" : "", msg, msg[0] ? ")" : "");
         }
         nap_ms(2);
     }

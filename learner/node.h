@@ -30,6 +30,18 @@
  *              since the push is kept and still counted) (apply(1, 1, g - ref_p))
  * and then base_p = g, version_p = v, ref_p = g.
  *
+ * Trust (an update comes from the network): before any of the above, an
+ * update that is not ignored is refused when it holds a non-finite value or,
+ * with update_max_ratio r > 0, when it is too far from the learner's own
+ * parameters:  ||g - own||_2 > r * (||own||_2 + DL_NODE_RATIO_FLOOR_RMS * sqrt(numel_p)),
+ * own = base_p when p is held (the global last adopted: a merge moves it by
+ * one outer step, a rebase by what the run trained since), else theta_p (a
+ * fresh learner's seeded init). The floor lets a fragment whose own values
+ * are all zero (biases at init) be fetched. A refused update changes
+ * nothing (theta, base, version, counters), is counted in `refused`, logged,
+ * written as an `update_refused` event, and asks the serving session for a
+ * fresh fetch of p (dl_mailbox_refuse_update; the session backs off).
+ *
  * Deferred pushes (a model with deferred = 1, e.g. a GPU): when p is due after
  * step s, dl_node_after_step only starts the read of theta_p (read_begin) and
  * snapshots the counters; the push is completed (read_end, delta = base_p -
@@ -104,7 +116,13 @@ typedef struct {
     float alpha;                /* mix: weight of the local theta, in [0, 1] */
     int push_decision_timeout_ms; /* release a held push after this wait for the previous one's decision;
                                    * 0 = 30000; < 0 = at once (only an update waiting in the mailbox holds) */
+    double update_max_ratio;      /* refuse an update farther than this from the learner's own parameters
+                                   * (see "Trust" above); 0 = no distance bound (finiteness is always checked);
+                                   * dloco-learner's row update_max_ratio, default 10 */
 } dl_node_opts;
+
+/* Per-element RMS floor of the distance bound (see "Trust" above). */
+#define DL_NODE_RATIO_FLOOR_RMS 0.1
 
 typedef struct {
     uint64_t pushes;    /* pushes handed to the comms thread (flush included) */
@@ -119,10 +137,12 @@ typedef struct {
     uint64_t held;      /* due pushes held because the previous push of the fragment was undecided */
     uint64_t held_due;  /* scheduled pushes folded into a held (owed) one: >= held, one per due step */
     uint64_t hold_released; /* holds released because a decision did not come in time (or the flush ran out of time) */
+    uint64_t refused;   /* updates refused: non-finite, or beyond update_max_ratio (never adopted) */
 } dl_node_stats;
 
 /* Allocates base copies (one model's worth) and, in keep mode, reference
- * copies (another). `mb` is the mailbox, borrowed. Returns 0 or DL_EINVAL.
+ * copies (another). `mb` is the mailbox, borrowed. Returns 0 or DL_EINVAL
+ * (also for update_max_ratio negative or not finite).
  *
  * Every function below that touches theta returns a negative DL_E* code when
  * the parameter interface fails (a GPU error); the node is unusable then. */
@@ -152,7 +172,8 @@ int dl_node_flush_owed(dl_node *n);
 /* Adopt global fragment p (numel_p floats) at `version` as described above;
  * `forced` is a DL_UPDATE_* kind: FETCHED is the rebase (overwrite, even if
  * not newer), REBASE (after a dropped push) adopts in the node's mode even if
- * not newer, NORMAL only when newer. Returns 1 when adopted, 0 when ignored. */
+ * not newer, NORMAL only when newer. Returns 1 when adopted, 0 when ignored
+ * or refused (see "Trust" above; counted in ignored / refused). */
 int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *global);
 /* delta = base_p - theta_p into out (numel_p floats), without pushing
  * (a deferred push of p is completed first). Returns 0. */

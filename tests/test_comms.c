@@ -54,7 +54,28 @@ typedef struct {
     int heartbeats;      /* learner heartbeats seen (skipped by expect) */
     uint64_t hb_step;    /* step of the last one */
     const char *run_id;
+    /* learners set no routing id (libzmq assigns one per connection): the
+     * harness answers each learner id on the connection it last heard it on */
+    struct {
+        char id[DL_WIRE_LEARNER_ID_MAX + 1];
+        uint8_t rid[DL_WIRE_ROUTING_ID_MAX + 1];
+        size_t rid_len;
+    } peer[8];
+    int npeer;
 } harness;
+
+/* Remember the connection learner `id` spoke on. */
+static void h_learn(harness *h, const char *id, const uint8_t *rid, size_t len)
+{
+    int i = 0;
+    while (i < h->npeer && strcmp(h->peer[i].id, id)) i++;
+    if (i == h->npeer) {
+        REQUIRE(h->npeer < 8, "too many learners");
+        snprintf(h->peer[h->npeer++].id, sizeof h->peer[0].id, "%s", id);
+    }
+    memcpy(h->peer[i].rid, rid, len);
+    h->peer[i].rid_len = len;
+}
 
 static void h_open(harness *h, const dl_plan *plan)
 {
@@ -102,6 +123,7 @@ static int h_next(harness *h, dl_wire_msg *m, int timeout_ms)
             dl_wire_msg_close(m);
             return -1;
         }
+        h_learn(h, m->env->learner_id, m->id, m->id_len);
         if (m->env->body_case == DLOCO__V1__ENVELOPE__BODY_HEARTBEAT) {
             h->heartbeats++;
             h->hb_step = m->env->heartbeat->step;
@@ -132,11 +154,15 @@ static void h_send(harness *h, const char *id, Dloco__V1__Envelope *env, const f
 {
     const void *pl[1] = {payload};
     size_t len[1] = {numel * 4};
-    int rc = dl_wire_send(h->router, id, strlen(id), env, pl, len, payload ? 1 : 0, 0);
+    int i = 0;
+    while (i < h->npeer && strcmp(h->peer[i].id, id)) i++;
+    REQUIRE(i < h->npeer, "harness send to %s: never heard from it", id);
+    int rc = dl_wire_send(h->router, h->peer[i].rid, h->peer[i].rid_len, env, pl, len, payload ? 1 : 0, 0);
     REQUIRE(rc == 0, "harness send %s: %s", dl_wire_body_name(env->body_case), dl_errmsg());
 }
 
-static uint32_t welcome_liveness = 1000; /* no silence-based re-hello unless a test lowers it */
+static uint32_t welcome_liveness = 100; /* the most a learner accepts: no silence-based re-hello (5 s at 50 ms)
+                                         * unless a test lowers it */
 
 static void h_welcome(harness *h, const char *id, uint64_t epoch, uint64_t version, uint32_t H, uint32_t hb_ms,
                       int must_fetch)
@@ -356,8 +382,9 @@ static void test_session(harness *h, const char *dir)
               he->n_held_versions);
         CHECK(he->n_layer == 1 && he->n_head == 2 && he->n_embd == 8 && he->seq_len == 4 && he->vocab == 16,
               "hello model summary");
-        CHECK(!strcmp(m.env->learner_id, id) && !strcmp((char *)m.id, id), "learner id %s / routing id %s",
-              m.env->learner_id, (char *)m.id);
+        /* no ZMQ_ROUTING_ID: libzmq's own, 5 bytes starting with 0 */
+        CHECK(!strcmp(m.env->learner_id, id) && m.id_len == 5 && m.id[0] == 0,
+              "learner id %s, routing id of %zu bytes assigned by libzmq", m.env->learner_id, m.id_len);
         CHECK(!strcmp(m.env->run_id, "dloco") && m.env->epoch == 0, "run id and epoch 0 before any welcome");
         dl_wire_msg_close(&m);
     }
@@ -499,7 +526,8 @@ static void test_session(harness *h, const char *dir)
     /* newer epoch: the synchronizer restarted; must_fetch -> every fragment rebased */
     h_heartbeat(h, id, E + 1);
     REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after newer epoch"), "re-hello");
-    CHECK(m.env->epoch == E + 1 && m.env->hello->n_held_versions == P, "re-hello in epoch %llu with held versions",
+    /* the epoch of a message that is not a Welcome is never taken: the Hello carries the welcomed one */
+    CHECK(m.env->epoch == E && m.env->hello->n_held_versions == P, "re-hello in epoch %llu with held versions",
           (unsigned long long)m.env->epoch);
     dl_wire_msg_close(&m);
     E++;
@@ -660,10 +688,13 @@ static void test_silence(harness *h)
     dl_comms *c = start_learner(h, "L3", theta, &mb, &n);
     dl_wire_msg m;
     REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    uint8_t rid0[DL_WIRE_ROUTING_ID_MAX + 1];
+    size_t rid0_len = m.id_len;
+    memcpy(rid0, m.id, m.id_len);
     dl_wire_msg_close(&m);
     welcome_liveness = 2;
     h_welcome(h, "L3", 5, 1, 4, 50, 1);
-    welcome_liveness = 1000;
+    welcome_liveness = 100;
     REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
     dl_wire_msg_close(&m);
     float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
@@ -676,16 +707,19 @@ static void test_silence(harness *h)
     int hb0 = h->heartbeats;
     if (h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after silence")) {
         CHECK(m.env->hello->n_held_versions == P && m.env->epoch == 5, "re-hello with held versions in epoch 5");
+        /* the session rebuilt its socket: the Hello comes on a new connection */
+        CHECK(m.id_len != rid0_len || memcmp(m.id, rid0, rid0_len) != 0, "re-hello on a new connection");
         dl_wire_msg_close(&m);
     }
     CHECK(h->heartbeats > hb0, "the learner kept sending heartbeats while the synchronizer was silent");
-    CHECK(stats(c).rehellos == 1 && dl_comms_state(c, NULL, 0) == DL_COMMS_HELLO, "one re-hello, waiting for welcome");
+    CHECK(stats(c).rehellos == 1 && stats(c).rebuilds == 1 && dl_comms_state(c, NULL, 0) == DL_COMMS_HELLO,
+          "one re-hello after one rebuild (%llu), waiting for welcome", (unsigned long long)stats(c).rebuilds);
     free(g);
     dl_node_close(&n);
     dl_comms_close(&c);
     dl_mailbox_close(&mb);
     free(theta);
-    printf("ok: silent synchronizer (liveness x heartbeat) -> re-hello with held versions\n");
+    printf("ok: silent synchronizer (liveness x heartbeat) -> new connection, re-hello with held versions\n");
 }
 
 // ---------------------------------------------------------------------------

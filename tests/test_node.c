@@ -621,6 +621,107 @@ static void test_hold(void)
     free(theta);
 }
 
+// ---------------------------------------------------------------------------
+// trust: an update with a non-finite value, or farther from the learner's own
+// parameters than update_max_ratio allows, changes nothing and asks the
+// serving session for a fresh fetch (dl_mailbox_take_refetches), counting the
+// refusals of the fragment in a row until its next adopt.
+
+static int refetch_of(dl_mailbox *c, int p)
+{
+    int frags[P] = {0, 1, 2, 3}, k[P];
+    dl_mailbox_take_refetches(c, frags, P, k);
+    return k[p];
+}
+
+static void test_trust(void)
+{
+    float *theta = calloc(total, sizeof(float));
+    for (size_t i = 0; i < total; i++) theta[i] = dyadic((long)i * 3); /* the learner's own init */
+    float *theta0 = malloc(total * sizeof(float));
+    memcpy(theta0, theta, total * sizeof(float));
+    dl_mailbox *c = open_mailbox();
+    const double R = 10;
+    dl_node_opts o = {.plan = plan, .params = theta, .adopt = DL_ADOPT_OVERWRITE, .update_max_ratio = R};
+    dl_node *n = NULL;
+    REQUIRE(dl_node_open(&o, c, &n) == 0, "open: %s", dl_errmsg());
+    size_t k0 = dl_plan_fragment_numel(plan, 0), k1 = dl_plan_fragment_numel(plan, 1);
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+
+    /* a fetch reply with one NaN, into a fresh learner: refused, theta untouched, refetch asked */
+    global_of(0, 1, g);
+    g[k0 / 2] = NAN;
+    dl_mailbox_put_update(c, 0, 1, DL_UPDATE_FETCHED, g, k0);
+    CHECK(dl_node_poll(n) == 0 && !dl_node_held(n, 0), "a NaN fetch reply is not adopted");
+    CHECK(same(theta, theta0, total), "theta untouched by the refused fetch");
+    CHECK(refetch_of(c, 0) == 1 && refetch_of(c, 0) == 0, "one fresh fetch of fragment 0 asked for (and taken once)");
+    /* the refetch brings a good one */
+    for (int p = 0; p < P; p++) {
+        global_of(p, 1, g);
+        dl_mailbox_put_update(c, p, 1, DL_UPDATE_FETCHED, g, dl_plan_fragment_numel(plan, p));
+    }
+    CHECK(dl_node_poll(n) == P && dl_node_holds_all(n), "the fetched fragments are adopted");
+
+    /* a merge result of 1e38s (finite): refused by the ratio, twice in a row */
+    float *base1 = malloc(k1 * sizeof(float)), *th1 = gather(1, theta);
+    memcpy(base1, dl_node_base(n, 1), k1 * sizeof(float));
+    for (int r = 1; r <= 2; r++) {
+        for (size_t i = 0; i < k1; i++) g[i] = 1e38f;
+        dl_mailbox_put_update(c, 1, 2, DL_UPDATE_NORMAL, g, k1);
+        CHECK(dl_node_poll(n) == 0, "1e38 update refused (%d)", r);
+        CHECK(refetch_of(c, 1) == r, "refusal %d in a row of fragment 1", r);
+    }
+    float *now1 = gather(1, theta);
+    CHECK(dl_node_version(n, 1) == 1 && same(dl_node_base(n, 1), base1, k1) && same(now1, th1, k1),
+          "version, base and theta of fragment 1 unchanged");
+    free(now1);
+    /* the bound: r * (||own|| + 0.1 sqrt(n)) with own = base_1; a uniform
+     * shift of 0.99 of it is adopted, of 1.01 refused */
+    double o2 = 0;
+    for (size_t i = 0; i < k1; i++) o2 += (double)base1[i] * base1[i];
+    double bound = R * (sqrt(o2) + DL_NODE_RATIO_FLOOR_RMS * sqrt((double)k1)), per = bound / sqrt((double)k1);
+    for (size_t i = 0; i < k1; i++) g[i] = base1[i] + (float)(1.01 * per);
+    dl_mailbox_put_update(c, 1, 2, DL_UPDATE_NORMAL, g, k1);
+    CHECK(dl_node_poll(n) == 0 && refetch_of(c, 1) == 3, "a distance of 1.01 x the bound is refused (3rd in a row)");
+    for (size_t i = 0; i < k1; i++) g[i] = base1[i] + (float)(0.99 * per);
+    dl_mailbox_put_update(c, 1, 2, DL_UPDATE_NORMAL, g, k1);
+    CHECK(dl_node_poll(n) == 1 && dl_node_version(n, 1) == 2, "0.99 x the bound is adopted");
+    CHECK(refetch_of(c, 1) == 0, "an adopt asks for nothing");
+    for (size_t i = 0; i < k1; i++) g[i] = INFINITY;
+    dl_mailbox_put_update(c, 1, 3, DL_UPDATE_REBASE, g, k1);
+    CHECK(dl_node_poll(n) == 0 && refetch_of(c, 1) == 1, "an inf rebase is refused; the adopt restarted the count");
+    /* an ignored update (not newer) is ignored, not refused, whatever it holds */
+    for (size_t i = 0; i < k1; i++) g[i] = NAN;
+    dl_mailbox_put_update(c, 1, 1, DL_UPDATE_NORMAL, g, k1);
+    CHECK(dl_node_poll(n) == 0 && refetch_of(c, 1) == 0, "an old update is only ignored");
+    dl_node_stats st;
+    dl_node_get_stats(n, &st);
+    CHECK(st.refused == 5 && st.ignored == 1, "refused %llu, ignored %llu", (unsigned long long)st.refused,
+          (unsigned long long)st.ignored);
+    dl_node_close(&n);
+
+    /* update_max_ratio 0: no distance bound, finiteness still checked */
+    o.update_max_ratio = 0;
+    REQUIRE(dl_node_open(&o, c, &n) == 0, "open");
+    for (size_t i = 0; i < k0; i++) g[i] = 1e38f;
+    CHECK(dl_node_adopt(n, 0, 5, DL_UPDATE_FETCHED, g) == 1, "ratio 0: 1e38 adopted");
+    g[0] = NAN;
+    CHECK(dl_node_adopt(n, 0, 6, DL_UPDATE_FETCHED, g) == 0 && dl_node_version(n, 0) == 5, "ratio 0: NaN refused");
+    dl_node_close(&n);
+    o.update_max_ratio = -1;
+    CHECK(dl_node_open(&o, c, &n) == DL_EINVAL && !n, "negative update_max_ratio refused");
+    o.update_max_ratio = INFINITY;
+    CHECK(dl_node_open(&o, c, &n) == DL_EINVAL && !n, "infinite update_max_ratio refused");
+    free(base1);
+    free(th1);
+    free(g);
+    free(theta0);
+    dl_mailbox_close(&c);
+    free(theta);
+    printf("ok: trust: NaN / inf / 1e38 updates and fetches refused (theta, base, version untouched), refetch asked, "
+           "refusals counted in a row; the ratio bound is exact; 0 turns it off\n");
+}
+
 static void test_bad_input(void)
 {
     dl_mailbox *mb = open_mailbox();
@@ -657,6 +758,20 @@ static void test_bad_input(void)
     o.alpha = 1.5f;
     CHECK(dl_node_open(&o, mb, &n) == DL_EINVAL && !n, "alpha 1.5 refused");
     CHECK(dl_comms_state(c, NULL, 0) == DL_COMMS_IDLE, "unstarted mailbox is idle");
+    dl_comms *c2 = NULL;
+    snprintf(co.curve_server, sizeof co.curve_server, "%s", "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
+    CHECK(dl_comms_open(&co, &c2) == DL_EINVAL && !c2 && strstr(dl_errmsg(), "1 of the 3"),
+          "a CURVE server key without a key pair refused: %s", dl_errmsg());
+    snprintf(co.curve_public, sizeof co.curve_public, "%s", "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID");
+    snprintf(co.curve_secret, sizeof co.curve_secret, "%s", "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%wOTJ%JR%cs");
+    co.curve_secret[5] = '~'; /* not Z85 */
+    CHECK(dl_comms_open(&co, &c2) == DL_EINVAL && strstr(dl_errmsg(), "secret key is not 40 Z85"),
+          "a key outside Z85 refused: %s", dl_errmsg());
+    co.curve_server[0] = co.curve_public[0] = co.curve_secret[0] = 0;
+    co.byzantine = 1;
+    co.byzantine_scale = NAN;
+    CHECK(dl_comms_open(&co, &c2) == DL_EINVAL && strstr(dl_errmsg(), "byzantine"), "a NaN byzantine scale refused");
+    co.byzantine = 0;
     CHECK(dl_mailbox_state(mb, NULL, 0) == DL_COMMS_IDLE, "and so is the mailbox");
     dl_comms_close(&c);
     dl_comms_close(&c);
@@ -680,6 +795,7 @@ int main(void)
     test_deferred(DL_ADOPT_MIX, "mix");
     test_deferred(DL_ADOPT_KEEP, "keep");
     test_hold();
+    test_trust();
     test_bad_input();
 
     dl_plan_close(&plan);
