@@ -16,6 +16,7 @@ PKGS=(
   fortunes fortunes-min                   # the bundled training corpus (~2.5 MB of English text)
   python3                                 # small helpers in tests and benchmarks
   iproute2 procps                         # network namespaces / tc for network tests, ps/pkill-free process checks
+  clang libclang-rt-14-dev                # libFuzzer + ASan/UBSan runtimes for tests/fuzz (without them those tests SKIP)
 )
 WITH_TORCH=0
 FORCE=0

@@ -164,6 +164,7 @@ static int parse_keyfile(const char *text, size_t len, const char *name, char pu
 {
     pub[0] = sec[0] = 0;
     int line = 0;
+    if (!len) text = ""; /* NULL + 0 is undefined */
     for (const char *p = text, *end = text + len; p < end;) {
         const char *q = memchr(p, '\n', (size_t)(end - p));
         const char *next = q ? q + 1 : end;
@@ -432,6 +433,7 @@ int dl_auth_list_parse(const char *text, size_t len, const char *name, dl_auth_l
     dl_auth_list *l = dl_xcalloc(1, sizeof *l);
     list_rehash(l, 32);
     int line = 0, rc = 0;
+    if (!len) text = ""; /* (NULL, 0) is the empty list; NULL + 0 is undefined */
     for (const char *p = text, *end = text + len; p < end && !rc;) {
         const char *q = memchr(p, '\n', (size_t)(end - p));
         const char *next = q ? q + 1 : end;
