@@ -18,11 +18,15 @@
  * whatever the thread count. */
 #define NCHUNK 256
 
-/* Accepted norms of one fragment: a ring in arrival order and the same values
- * sorted, so the median is O(1) and an update O(window). */
+/* Recent push norms of one fragment, each with its learner slot: a ring in
+ * arrival order. The median is taken over the newest norm of each learner
+ * in the ring (O(window^2) worst case, window <= 1024; 32 by default). */
 typedef struct {
-    double *ring;   /* [cap], ring[(pos - n + i) mod cap] is the i-th oldest */
-    double *sorted; /* [n], ascending */
+    double norm;
+    int slot;
+} obs;
+typedef struct {
+    obs *ring;      /* [cap], ring[(pos - n + i) mod cap] is the i-th oldest */
     int n, pos;     /* remembered norms; next ring index to write */
 } hist;
 
@@ -31,7 +35,8 @@ struct dl_guard {
     int P, L;
     int cap;           /* ring capacity of every hist = cfg.norm_window */
     hist *h;           /* [P] */
-    double *hmem;      /* [P][2 * cap]: every ring and sorted array */
+    obs *hmem;         /* [P][cap]: every ring */
+    double *scratch;   /* [cap]: the median's values */
     uint64_t **next;   /* [L], each NULL or [P]: lowest base that is not a replay */
 };
 
@@ -117,14 +122,11 @@ int dl_guard_action_parse(const char *name, dl_guard_action *out)
 /* ---------------------------------------------------------------- lifetime */
 
 /* Point every fragment's history into a fresh block for capacity cap. */
-static void hist_alloc(int P, int cap, hist **h, double **mem)
+static void hist_alloc(int P, int cap, hist **h, obs **mem)
 {
     *h = dl_xcalloc((size_t)P, sizeof **h);
-    *mem = dl_xcalloc((size_t)P * 2 * (size_t)cap, sizeof **mem);
-    for (int p = 0; p < P; p++) {
-        (*h)[p].ring = *mem + (size_t)p * 2 * (size_t)cap;
-        (*h)[p].sorted = (*h)[p].ring + cap;
-    }
+    *mem = dl_xcalloc((size_t)P * (size_t)cap, sizeof **mem);
+    for (int p = 0; p < P; p++) (*h)[p].ring = *mem + (size_t)p * (size_t)cap;
 }
 
 int dl_guard_open(const dl_guard_cfg *c, int n_fragments, int max_learners, dl_guard **out)
@@ -141,6 +143,7 @@ int dl_guard_open(const dl_guard_cfg *c, int n_fragments, int max_learners, dl_g
     g->L = max_learners;
     g->cap = c->norm_window;
     hist_alloc(g->P, g->cap, &g->h, &g->hmem);
+    g->scratch = dl_xcalloc((size_t)DL_GUARD_MAX_WINDOW, sizeof *g->scratch);
     g->next = dl_xcalloc((size_t)g->L, sizeof *g->next);
     *out = g;
     return 0;
@@ -154,6 +157,7 @@ void dl_guard_close(dl_guard **gp)
     free(g->next);
     free(g->h);
     free(g->hmem);
+    free(g->scratch);
     free(g);
     *gp = NULL;
 }
@@ -171,16 +175,15 @@ int dl_guard_reconfigure(dl_guard *g, const dl_guard_cfg *c)
         /* move each fragment's newest min(n, new window) norms, oldest first */
         int cap = c->norm_window;
         hist *h;
-        double *mem;
+        obs *mem;
         hist_alloc(g->P, cap, &h, &mem);
         for (int p = 0; p < g->P; p++) {
             const hist *o = &g->h[p];
             int keep = o->n < cap ? o->n : cap;
             for (int i = 0; i < keep; i++) {
                 int k = ((o->pos - keep + i) % g->cap + g->cap) % g->cap;
-                h[p].ring[i] = h[p].sorted[i] = o->ring[k];
+                h[p].ring[i] = o->ring[k];
             }
-            qsort(h[p].sorted, (size_t)keep, sizeof(double), cmp_double);
             h[p].n = keep;
             h[p].pos = keep % cap;
         }
@@ -259,18 +262,31 @@ double dl_guard_norm(const float *x, size_t n, int *finite)
     return sqrt(s);
 }
 
-static double hist_median(const hist *h)
+/* Median of the newest norm of each learner in the ring; *learners = how
+ * many learners that is. */
+static double hist_median(const dl_guard *g, const hist *h, int *learners)
 {
-    if (h->n == 0) return 0.0;
-    int k = h->n / 2;
-    return h->n % 2 ? h->sorted[k] : 0.5 * (h->sorted[k - 1] + h->sorted[k]);
+    double *v = g->scratch;
+    int m = 0;
+    for (int i = 0; i < h->n; i++) { /* newest first */
+        const obs *o = &h->ring[((h->pos - 1 - i) % g->cap + g->cap) % g->cap];
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = h->ring[((h->pos - 1 - j) % g->cap + g->cap) % g->cap].slot == o->slot;
+        if (!seen) v[m++] = o->norm;
+    }
+    if (learners) *learners = m;
+    if (m == 0) return 0.0;
+    qsort(v, (size_t)m, sizeof *v, cmp_double);
+    int k = m / 2;
+    return m % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
 }
 
 double dl_guard_median(const dl_guard *g, int p, int *count)
 {
     assert(p >= 0 && p < g->P);
     if (count) *count = g->h[p].n;
-    return hist_median(&g->h[p]);
+    return hist_median(g, &g->h[p], NULL);
 }
 
 int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, double *scale, char *why, size_t cap)
@@ -283,10 +299,11 @@ int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, dou
         say(why, cap, "norm %g is not finite", norm);
         return DL_GUARD_REJECTED;
     }
-    double bound = INFINITY;
-    int rule = 0; /* 1: median, 2: parameter ratio */
+    double bound = INFINITY, med = 0.0;
+    int rule = 0, learners = 0; /* rule 1: median, 2: parameter ratio */
     if (c->norm_k > 0.0 && h->n >= c->norm_min_history) {
-        bound = c->norm_k * hist_median(h);
+        med = hist_median(g, h, &learners);
+        bound = c->norm_k * med;
         rule = 1;
     }
     if (c->norm_param_ratio > 0.0 && isfinite(param_norm) && param_norm > 0.0 &&
@@ -300,8 +317,8 @@ int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, dou
     }
     char r[160];
     if (rule == 1)
-        snprintf(r, sizeof r, "norm %.3g > %g x median %.3g of the last %d accepted pushes", norm, c->norm_k,
-                 hist_median(h), h->n);
+        snprintf(r, sizeof r, "norm %.3g > %g x median %.3g of %d learner(s)' latest pushes", norm, c->norm_k, med,
+                 learners);
     else
         snprintf(r, sizeof r, "norm %.3g > %g x parameter norm %.3g", norm, c->norm_param_ratio, param_norm);
     /* the bound is positive (remembered norms are > 0, param_norm > 0), so
@@ -317,29 +334,20 @@ int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, dou
     return DL_GUARD_REJECTED;
 }
 
-void dl_guard_accepted(dl_guard *g, int p, double norm)
+void dl_guard_observe(dl_guard *g, int p, int slot, double norm)
 {
-    assert(p >= 0 && p < g->P && isfinite(norm) && norm >= 0.0);
+    assert(p >= 0 && p < g->P && slot >= 0 && slot < g->L && isfinite(norm) && norm >= 0.0);
     if (norm == 0.0) return;
     hist *h = &g->h[p];
-    double *v = h->sorted;
-    if (h->n == g->cap) {
-        /* evict the oldest (the one about to be overwritten) from the sorted copy */
-        double old = h->ring[h->pos];
-        int i = 0;
-        while (v[i] != old) i++; /* present by construction */
-        memmove(v + i, v + i + 1, (size_t)(h->n - 1 - i) * sizeof *v);
-        h->n--;
+    /* remembered at most at the median bound: one push (or one learner)
+     * moves the median by at most norm_k */
+    if (g->cfg.norm_k > 0.0 && h->n >= g->cfg.norm_min_history) {
+        double cap = g->cfg.norm_k * hist_median(g, h, NULL);
+        if (norm > cap) norm = cap;
     }
-    int i = h->n;
-    while (i > 0 && v[i - 1] > norm) {
-        v[i] = v[i - 1];
-        i--;
-    }
-    v[i] = norm;
-    h->n++;
-    h->ring[h->pos] = norm;
+    h->ring[h->pos] = (obs){norm, slot};
     h->pos = (h->pos + 1) % g->cap;
+    if (h->n < g->cap) h->n++;
 }
 
 /* ---------------------------------------------------------------- replays */

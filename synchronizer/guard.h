@@ -26,20 +26,25 @@
  *     honest learner by up to (max_batch / its batch)^2 x (max_step_rate / its
  *     rate) in the weighted merge. The robust aggregators of merge.h ignore
  *     weights for this reason.
- *   norm (dl_guard_value). A delta's L2 norm above norm_k x the median of the
- *     fragment's last norm_window accepted norms, or above norm_param_ratio x
- *     the fragment's parameter norm, is clipped to the bound or rejected
- *     (norm_action). Non-finite deltas are always rejected. Still possible:
+ *   norm (dl_guard_value). A delta's L2 norm above norm_k x the median over
+ *     learners of each one's newest norm among the fragment's last norm_window
+ *     pushes (whatever their fate), or above norm_param_ratio x the fragment's
+ *     parameter norm, is clipped to the bound or rejected (norm_action).
+ *     Non-finite deltas are always rejected. The median follows the fleet, so
+ *     honest growth (the warm-up: norms x10 within a few pushes) is not locked
+ *     out, which a median of accepted norms only did (measured: every push of 4
+ *     honest learners refused after the warm-up, bench/byzantine.sh). Still
+ *     possible:
  *       - push a delta of norm just under the bound, every time: with the
  *         defaults up to 10 x the typical honest norm per push, in any
  *         direction (the guard bounds the length, never the direction);
- *       - inflate the median slowly: a learner whose pushes are more than half
- *         of a fragment's window can raise the median by up to norm_k every
- *         norm_window / 2 of its pushes (clipped norms are remembered at the
- *         bound), i.e. geometrically; then only the parameter-ratio bound
+ *       - with half the learners or more, raise the median by norm_k per push
+ *         (norms are remembered at most at the bound; one vote per learner:
+ *         a minority moves it little; with 1 or 2 learners the median is
+ *         theirs), i.e. geometrically; then only the parameter-ratio bound
  *         holds, and since every merge may grow the parameter norm, that one
- *         relaxes too. A minority of the window moves the median little;
- *       - be among the first norm_min_history accepted pushes of a fragment
+ *         relaxes too;
+ *       - be among the first norm_min_history pushes of a fragment
  *         (at start, and after every synchronizer restart: history is not
  *         persisted), when only the parameter-ratio bound applies.
  *     Zero norms are not remembered (a median of 0 would refuse every later
@@ -140,21 +145,28 @@ double dl_guard_norm(const float *x, size_t n, int *finite);
 /* Norm guard for a delta of fragment p with L2 norm `norm` (from
  * dl_guard_norm); param_norm is the fragment's current global parameter norm.
  * The bound is the smaller of the active rules:
- *   norm_k x median of the fragment's remembered norms (once norm_min_history
- *   are remembered; norm_k > 0), and norm_param_ratio x param_norm
+ *   norm_k x the median over learners of each one's newest remembered norm of
+ *   the fragment (once norm_min_history norms are remembered; norm_k > 0), and
+ *   norm_param_ratio x param_norm
  *   (norm_param_ratio > 0 and param_norm finite and > 0).
  * Returns DL_GUARD_OK (*scale = 1), DL_GUARD_CLIPPED (norm_action CLIP: *scale
  * in (0, 1) is the factor that brings the delta to the bound) or
  * DL_GUARD_REJECTED (*scale = 0), with a reason in why for the last two:
- *   "norm 3.2e+05 > 10 x median 1.1 of the last 32 accepted pushes"
+ *   "norm 3.2e+05 > 10 x median 1.1 of 4 learner(s)' latest pushes"
  *   "norm 5e+37 > 10 x parameter norm 12.5"
  * A non-finite norm is always rejected. why may be NULL. */
 int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, double *scale, char *why, size_t cap);
-/* Remember the (post-clip) norm of a delta that entered a merge of fragment
- * p (finite, >= 0; asserted). Zero norms are not remembered. */
-void dl_guard_accepted(dl_guard *g, int p, double norm);
-/* Median of fragment p's remembered norms (mean of the two middle ones for an
- * even count; 0 when none) and, if count is not NULL, how many there are. */
+/* Remember the norm of a push of fragment p by learner `slot` (finite, >= 0;
+ * asserted), whatever its fate, capped at the median bound in force (so one
+ * push moves the median by at most norm_k): the median rule compares a push
+ * with what the fleet pushes now, so it follows honest growth (a warm-up, a
+ * loss spike) instead of locking out every learner whose norms grew beyond
+ * the history of accepted ones. Zero norms are not remembered. */
+void dl_guard_observe(dl_guard *g, int p, int slot, double norm);
+/* Median over learners of the newest remembered norm of each (mean of the
+ * two middle ones for an even count; 0 when none) and, if count is not NULL,
+ * how many norms are remembered. A learner's own records are one vote
+ * however many it made, so a minority of learners cannot move it far. */
 double dl_guard_median(const dl_guard *g, int p, int *count);
 
 /* ---- replays. A push is a replay when learner `slot` already had a push of

@@ -428,7 +428,6 @@ static void merge_done(dl_sync *s, dl_job *j)
         stale += (double)mc->staleness;
         s->stale_sum += mc->staleness;
         dl_ledger_merged(s->ledger, (int)pp->learner, p, pp->tokens);
-        dl_guard_accepted(s->guard, p, pp->norm);
         dl_guard_applied(s->guard, (int)pp->learner, p, pp->base_version);
         if (registered(s, (int)pp->learner)) {
             send_ack(s, l, p, mc->base_version, DLOCO__V1__DECISION__DECISION_ACCEPTED, nv, "", 0);
@@ -726,6 +725,7 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     }
     double scale = 1.0;
     int g = dl_guard_value(s->guard, p, norm, s->param_norm[p], &scale, why, sizeof why);
+    dl_guard_observe(s->guard, p, slot, norm); /* what the fleet pushes now, whatever this push's fate */
     if (g == DL_GUARD_REJECTED) {
         free(delta);
         refuse_push(s, slot, l, ph, ph->tokens, 1, why);
