@@ -663,7 +663,7 @@ static void rebuild(dl_comms *c, const char *reason, const char *why)
 /* Drain the monitor. Returns 1 when the connection died (c->conn_err says how). */
 static int monitor_lost(dl_comms *c)
 {
-    int lost = 0;
+    int lost = 0, handshake = 0; /* a handshake failure says more than the disconnect that follows it */
     for (;;) {
         zmq_msg_t a;
         zmq_msg_init(&a);
@@ -686,7 +686,7 @@ static int monitor_lost(dl_comms *c)
             zmq_msg_close(&b);
         }
         if (ev == ZMQ_EVENT_DISCONNECTED) {
-            snprintf(c->conn_err, sizeof c->conn_err, "connection to %s lost", c->endpoint);
+            if (!handshake) snprintf(c->conn_err, sizeof c->conn_err, "connection to %s lost", c->endpoint);
             lost = 1;
         } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                          ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
@@ -696,7 +696,7 @@ static int monitor_lost(dl_comms *c)
                      !c->curve_server[0] ? ""
                      : auth              ? "; the synchronizer refused this learner's key: is it in its allowlist?"
                                          : "; is server_key the synchronizer's public key?");
-            lost = 1;
+            lost = handshake = 1;
         }
     }
     return lost;

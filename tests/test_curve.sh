@@ -1,0 +1,62 @@
+#!/bin/bash
+# CURVE on a real cluster: a synchronizer with --auth curve and an allowlist,
+# real learners with key files. Listed learners join and train; a learner
+# whose key is not listed never gets in (ZAP denies it; it gives up with a
+# clear reason); a learner using another learner's key under its own id is
+# refused; an allowlist reload (SIGHUP) without a key cuts that learner off
+# while the others go on merging.
+set -u
+TEST_NAME=curve
+. "$(dirname "$0")/lib_cluster.sh"
+make_corpus
+K="$W/keys"; mkdir -p "$K"
+for n in sync k0 k1 k2; do quietly "$DLOCO" keygen "$K/$n" || die "dloco keygen $n"; done
+pub() { sed -n 's/^public = //p' "$K/$1.pub"; }
+printf '# learners of this run\nk0 %s\nk1 %s\n' "$(pub k0)" "$(pub k1)" > "$W/allow.txt"
+chmod 644 "$W/allow.txt"
+start_sync sync --auth curve --key_file "$K/sync.key" --allowlist "$W/allow.txt" --H 4 --max_staleness 100
+EV="$W/events-sync.log"
+check "the synchronizer runs with CURVE on" ev_has "$EV" sync_start auth=curve
+CURVE=(--server_key "$K/sync.pub")
+start_learner k0 "${CURVE[@]}" --key_file "$K/k0.key" --steps 100000000 --throttle 0.5 --data_shard 0 --data_shards 2
+P0=$LPID
+start_learner k1 "${CURVE[@]}" --key_file "$K/k1.key" --steps 100000000 --throttle 0.5 --data_shard 1 --data_shards 2
+P1=$LPID
+ev_wait 60 "$EV" learner_join id=k0 auth=1 || die "k0 did not join"
+ev_wait 60 "$EV" learner_join id=k1 auth=1 || die "k1 did not join"
+wait_until 90 '[ "$(merges)" -ge 8 ]' || die "no merges with CURVE"
+check "k0 pushed" [ "$(ev_count "$EV" push id=k0)" -gt 0 ]
+check "k1 pushed" [ "$(ev_count "$EV" push id=k1)" -gt 0 ]
+
+# a key that is not in the allowlist: no Hello ever arrives, the learner gives up with the reason
+start_learner k2 "${CURVE[@]}" --key_file "$K/k2.key" --steps 10 --connect_timeout_ms 3000
+wait_pid 60 "$LPID"; rc=$?
+check "an unlisted key's learner exits with an error (status $rc)" [ "$rc" -ne 0 ]
+check "ZAP denied it" ev_has "$EV" auth_denied reason=unknown_key
+check "it never joined" [ "$(ev_count "$EV" learner_join id=k2)" = 0 ]
+check "its connection failed the handshake (authentication), and it rebuilt it" \
+  ev_has "$W/events-k2.log" socket_rebuild reason=handshake_failed
+
+# a listed key used for another id: refused, never registered
+start_learner k3 "${CURVE[@]}" --key_file "$K/k0.key" --steps 10 --connect_timeout_ms 3000
+wait_pid 60 "$LPID"; rc=$?
+check "k0's key under id k3 is refused (status $rc)" [ "$rc" -ne 0 ]
+check "auth_refused names the key's owner" ev_has "$EV" auth_refused id=k3 key_owner=k0
+check "k3 never joined" [ "$(ev_count "$EV" learner_join id=k3)" = 0 ]
+
+# revoke k1: it is cut off, k0 goes on
+printf 'k0 %s\n' "$(pub k0)" > "$W/allow.txt"
+kill -HUP "$SPID"
+ev_wait 30 "$EV" learner_revoked id=k1 || die "k1 was not revoked"
+check "the reload was applied" ev_has "$EV" allowlist_reload refused=0 revoked=1
+wait_pid 60 "$P1"; rc=$?
+check "the revoked learner stopped (status $rc)" [ "$rc" -ne 0 ]
+pooled_k1=$(ev_count "$EV" push id=k1)
+m=$(merges)
+wait_until 60 "[ \$(merges) -ge $((m + 4)) ]" || die "merges stopped after the revocation"
+check "nothing of k1 was accepted after its revocation" [ "$(ev_count "$EV" push id=k1)" = "$pooled_k1" ]
+kill -TERM "$P0"; wait_pid 60 "$P0"
+stop_sync
+check "the synchronizer summary came out" ev_has "$EV" sync_summary
+[ $fail = 0 ] && echo "test_curve: all checks passed" || echo "test_curve: FAILED"
+exit $fail
