@@ -10,6 +10,7 @@
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "synchronizer/guard.h"
 
 struct dl_worker {
     dl_store *store;
@@ -54,18 +55,14 @@ static void run_merge(dl_worker *w, dl_job *j)
     j->rec.delta_norm = j->norm;
     j->rec.wallclock_ns = dl_wallclock_ns();
     /* the last guard: a poisoned global is never persisted */
-    double ss = 0, lim = j->param_abs_max > 0 ? j->param_abs_max : INFINITY;
-    for (size_t i = 0; i < n; i++) {
-        float x = w->scratch_params[i];
-        if (!(fabsf(x) <= lim)) {
-            j->rc = DL_ECORRUPT;
-            snprintf(j->err, sizeof j->err, "merged fragment %d: parameter %zu is %g (%s); not committed", p, i,
-                     (double)x, isfinite(x) ? "beyond param_abs_max" : "not finite");
-            return;
-        }
-        ss += (double)x * x;
+    char why[200];
+    if (dl_guard_params_max(j->param_abs_max, p, w->scratch_params, n, why, sizeof why)) {
+        j->rc = DL_ECORRUPT;
+        snprintf(j->err, sizeof j->err, "merged %s; not committed", why);
+        return;
     }
-    j->param_norm = sqrt(ss);
+    int finite = 0;
+    j->param_norm = dl_guard_norm(w->scratch_params, n, &finite);
     j->rc = dl_store_commit_merge(w->store, (uint32_t)p, j->version + 1, w->scratch_params, w->scratch_mom, &j->rec,
                                   &j->ledger);
     if (j->rc) {

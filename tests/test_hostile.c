@@ -501,6 +501,18 @@ static void send_bye(peer *p, const char *as)
     CHECK(send_env(p, &env, NULL, 0, 0) == 0, "send bye: %s", dl_errmsg());
 }
 
+static void send_heartbeat(peer *p, uint64_t step, uint64_t tokens)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Heartbeat hb;
+    dloco__v1__heartbeat__init(&hb);
+    hb.step = step;
+    hb.tokens = tokens;
+    dl_wire_env_init(&env, RUN, p->epoch, p->id);
+    dl_wire_set_heartbeat(&env, &hb);
+    CHECK(send_env(p, &env, NULL, 0, 0) == 0, "send heartbeat: %s", dl_errmsg());
+}
+
 /* An envelope packed by hand: what dl_wire_send would refuse to send (a bad learner_id, a control byte). */
 static void send_raw_env(peer *p, Dloco__V1__Envelope *env)
 {
@@ -949,6 +961,33 @@ static void row_values(void)
         CHECK(finite && change < 30 * nn, "merged global after the clip: finite %d, change %.3g (normal %.3g)",
               finite, change, nn);
     }
+    peer_close(&V);
+    CHECK(sync_stop(&S) == 0, "values: dloco-sync exits 0");
+
+    /* every value guard off but the last one: a merge whose result leaves
+     * param_abs_max is not committed */
+    static const char *const poison[] = {"--norm_k", "0", "--norm_param_ratio", "0", "--param_abs_max", "1", NULL};
+    if (!start_or_fail(&S, "values-poison", &SMALL, poison)) goto out_free;
+    if (!join(&V, &S, "val-1", 0, NULL)) goto out_sync;
+    {
+        float *boom = normal_delta(n0, 1e4f);
+        uint64_t vb = 99;
+        CHECK(fetch_frag(&V, 0, g0, &vb) == 0 && vb == 0, "poison: fetch v0");
+        send_push(&V, NULL, 0, 0, 4, 64, boom);
+        rc = await_decision(&V, 0, 0, &d, NULL);
+        int failed = ev_wait(S.events, 1, 3000, "merge_failed", "frag=0", NULL);
+        char reason[300] = "";
+        ev_get(S.events, "merge_failed", -1, "reason", reason, sizeof reason, "frag=0", NULL);
+        fr = fetch_frag(&V, 0, g1, &v1);
+        same = fr == 0 && v1 == 0 && !memcmp(g0, g1, n0 * 4);
+        row("2d values", "guards off but param_abs_max 1: a Push (norm %.3g) whose merge leaves the bound -> %s; event "
+            "merge_failed x%d reason=%s; Fetch after: v%llu, %s", norm2(boom, n0), d.got, failed, reason,
+            (unsigned long long)v1, same ? "identical to v0" : "CHANGED");
+        CHECK(rc == 0 && d.decision == DLOCO__V1__DECISION__DECISION_REJECTED, "poisoned merge: %s", d.got);
+        CHECK(failed == 1 && strstr(reason, "param_abs_max"), "merge_failed naming the bound: %s", reason);
+        CHECK(same, "the poisoned version was not committed");
+        free(boom);
+    }
 out_sync:
     peer_close(&V);
     CHECK(sync_stop(&S) == 0, "values: dloco-sync exits 0");
@@ -1028,6 +1067,14 @@ static void row_counters(void)
     CHECK(merges_ok && nm == 3, "honest merges: %d", nm);
     CHECK(minshare > 0.5 && minshare <= 1.0, "merge shares > 0.5: %s", shares);
     CHECK(live_liar, "liar-1 stayed live through the merges");
+
+    send_heartbeat(&L, 1ull << 50, 1ull << 52);
+    int ign = ev_wait(S.events, 1, 2000, "heartbeat_ignored", "id=liar-1", NULL);
+    char plaus[64] = "";
+    ev_get(S.events, "heartbeat_ignored", -1, "plausible", plaus, sizeof plaus, "id=liar-1", NULL);
+    row("3e counters", "liar-1 sends a Heartbeat claiming step 2^50 -> ignored: event heartbeat_ignored x%d "
+        "(plausible step %s)", ign, plaus);
+    CHECK(ign == 1, "implausible heartbeat ignored: %d", ign);
 out_sync:
     peer_close(&L);
     peer_close(&Hn);
