@@ -57,6 +57,7 @@ struct dl_comms {
     int byzantine;
     float byz_scale;
     size_t maxmsg;      /* ZMQ_MAXMSGSIZE: largest served fragment's fp32 bytes + header */
+    int silence_rebuild_ms;
     int hello_retry_ms, hello_retry_max_ms, hello_unsent_ms, connect_timeout_ms, poll_max_ms, silence_min_ms,
         ack_expiry_min_ms, bye_linger_ms, reconnect_ms, reconnect_max_ms;
     int efd; /* eventfd: training thread (through the mailbox) -> this thread */
@@ -268,6 +269,7 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->connect_timeout_ms = DEF(o->connect_timeout_ms, 30000);
     c->poll_max_ms = DEF(o->poll_max_ms, 100);
     c->silence_min_ms = DEF(o->silence_min_ms, 1000);
+    c->silence_rebuild_ms = DEF(o->silence_rebuild_ms, 30000);
     c->ack_expiry_min_ms = DEF(o->ack_expiry_min_ms, 5000);
     c->bye_linger_ms = DEF(o->bye_linger_ms, 1000);
     c->reconnect_ms = DEF(o->reconnect_ms, 100);
@@ -1134,6 +1136,17 @@ static int64_t silence_ms(const dl_comms *c)
     return s < c->silence_min_ms ? c->silence_min_ms : s;
 }
 
+/* The socket is rebuilt only after a longer silence: max(silence_rebuild_ms,
+ * 4 x the silence limit). Until then silence re-hellos on the same socket,
+ * because a single large Update (or the learner's own large push ahead of a
+ * heartbeat) can take many seconds on a thin link, and closing the socket
+ * would throw that transfer away and start it again, forever. */
+static int64_t rebuild_silence_ms(const dl_comms *c)
+{
+    int64_t s = 4 * silence_ms(c);
+    return s < c->silence_rebuild_ms ? c->silence_rebuild_ms : s;
+}
+
 /* Since when the current connection has been silent: its last message, or its opening. */
 static int64_t heard(const dl_comms *c) { return c->t_recv > c->t_sock ? c->t_recv : c->t_sock; }
 
@@ -1214,7 +1227,7 @@ static void *comms_main(void *arg)
                 /* An unanswered Hello on a connection silent for the whole
                  * silence limit: the synchronizer may have stopped reading it
                  * (or a peer displaced it); a new connection, then the retry. */
-                if (!c->hello_unsent && c->sent_on_sock && now - heard(c) >= silence_ms(c) * MS) {
+                if (!c->hello_unsent && c->sent_on_sock && now - heard(c) >= rebuild_silence_ms(c) * MS) {
                     char why[128];
                     snprintf(why, sizeof why, "no answer from the synchronizer for %lld ms",
                              (long long)((now - heard(c)) / MS));
@@ -1225,9 +1238,10 @@ static void *comms_main(void *arg)
             }
         } else if (c->state == DL_COMMS_READY) {
             if (now - heard(c) >= silence_ms(c) * MS) {
+                /* the same socket first: a rebuild follows if the silence lasts */
                 char why[96];
                 snprintf(why, sizeof why, "no message from the synchronizer for %lld ms", (long long)silence_ms(c));
-                rebuild(c, "silence", why);
+                rehello(c, why, 0);
             } else if (now - c->t_hb >= c->hb_ms * MS) {
                 send_heartbeat(c);
             }

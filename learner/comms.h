@@ -116,6 +116,7 @@ typedef struct {
     int connect_timeout_ms; /* first Welcome must come within this, else the session fails [30000] */
     int poll_max_ms;        /* timers are checked at least this often [100] */
     int silence_min_ms;     /* re-hello after max(this, liveness * heartbeat_ms) without a message [1000] */
+    int silence_rebuild_ms; /* rebuild the socket after max(this, 4 x that) without a message [30000] */
     int ack_expiry_min_ms;  /* unacked push stops blocking after max(this, liveness * heartbeat_ms) [5000] */
     int bye_linger_ms;      /* how long stopping lets a Bye leave [1000] */
     int reconnect_ms;       /* ZeroMQ reconnect backoff: first retry of a lost connection [100] ... */

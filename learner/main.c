@@ -53,6 +53,7 @@ typedef struct {
     double alpha;
     int64_t data_shard, data_shards;
     int64_t flush_timeout_ms, connect_timeout_ms;
+    int64_t silence_rebuild_ms;
     int64_t hello_retry_ms, hello_retry_max_ms, hello_unsent_ms, poll_max_ms, silence_min_ms, ack_expiry_min_ms,
         bye_linger_ms, push_decision_timeout_ms, reconnect_ms, reconnect_max_ms;
     char events[DL_CFG_STRLEN];
@@ -131,6 +132,9 @@ static const dl_cfg_entry learner_table[] = {
      "the comms thread checks its timers at least this often (< hello_retry_ms, < silence_min_ms)"},
     {"silence_min_ms", DL_CFG_INT, F(silence_min_ms), 1, 3600000, "1000", NULL, 0,
      "re-hello after max(this, liveness x heartbeat_ms) without any message from the synchronizer"},
+    {"silence_rebuild_ms", DL_CFG_INT, F(silence_rebuild_ms), 1, 86400000, "30000", NULL, 0,
+     "close and reopen the connection after max(this, 4 x the re-hello silence) without any message (a large "
+     "transfer on a thin link can be silent for long: docs/PROTOCOL.md)"},
     {"ack_expiry_min_ms", DL_CFG_INT, F(ack_expiry_min_ms), 1, 3600000, "5000", NULL, 0,
      "a push without its Ack stops blocking its fragment after max(this, liveness x heartbeat_ms)"},
     {"bye_linger_ms", DL_CFG_INT, F(bye_linger_ms), 1, 60000, "1000", NULL, 0, "how long exiting lets a Bye leave"},
@@ -234,6 +238,7 @@ static dl_comms_opts comms_timing(const learner_cfg *cfg)
         .hello_unsent_ms = (int)cfg->hello_unsent_ms,
         .poll_max_ms = (int)cfg->poll_max_ms,
         .silence_min_ms = (int)cfg->silence_min_ms,
+        .silence_rebuild_ms = (int)cfg->silence_rebuild_ms,
         .ack_expiry_min_ms = (int)cfg->ack_expiry_min_ms,
         .bye_linger_ms = (int)cfg->bye_linger_ms,
         .reconnect_ms = (int)cfg->reconnect_ms,

@@ -68,9 +68,6 @@ int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes)
     DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_CNT, 3));
     DL_TRY(setopt_int(sock, ZMQ_RECONNECT_IVL, 100));
     DL_TRY(setopt_int(sock, ZMQ_RECONNECT_IVL_MAX, 10000));
-    DL_TRY(setopt_int(sock, ZMQ_HEARTBEAT_IVL, DL_WIRE_PING_MS));
-    DL_TRY(setopt_int(sock, ZMQ_HEARTBEAT_TIMEOUT, DL_WIRE_PING_TIMEOUT_MS));
-    DL_TRY(setopt_int(sock, ZMQ_HEARTBEAT_TTL, DL_WIRE_PING_TIMEOUT_MS));
     if (is_router) {
         DL_TRY(setopt_int(sock, ZMQ_ROUTER_MANDATORY, 1));
         DL_TRY(setopt_int(sock, ZMQ_ROUTER_HANDOVER, 0));

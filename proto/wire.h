@@ -99,11 +99,11 @@ void dl_wire_zmq_warn(const char *call, const char *file, int line);
  * unsent data), ZMQ_MAXMSGSIZE = max_msg_bytes (a larger inbound frame makes
  * libzmq drop the connection; the message is never delivered), SNDHWM/RCVHWM
  * DL_WIRE_HWM, TCP keepalive (idle 30 s, interval 10 s, 3 probes: half-open
- * connections die in about a minute, NAT state stays warm), ZMTP heartbeats
- * (PING every DL_WIRE_PING_MS; a connection that sends nothing for
- * DL_WIRE_PING_TIMEOUT_MS is closed, so a hung or vanished peer's
- * connection and what is queued for it go away), reconnect backoff 100 ms
- * doubling to 10 s. A ROUTER (is_router) also gets ZMQ_ROUTER_MANDATORY
+ * connections die in about a minute, NAT state stays warm, and what was
+ * queued for a vanished peer goes with them), reconnect backoff 100 ms
+ * doubling to 10 s. No ZMTP heartbeats: libzmq 4.3 only counts a completely
+ * received frame as traffic, so its heartbeat timeout cuts any connection on
+ * which one frame (a large fragment on a thin link) takes longer. A ROUTER (is_router) also gets ZMQ_ROUTER_MANDATORY
  * (sending to an unknown peer fails with DL_ENOTFOUND instead of vanishing)
  * and keeps ZMQ_ROUTER_HANDOVER off: a second connection that presents a
  * routing id already in use is never attached (libzmq ignores it), so no
@@ -111,8 +111,6 @@ void dl_wire_zmq_warn(const char *call, const char *file, int line);
  * id; libzmq gives each connection a fresh one, and the synchronizer binds a
  * learner id to the connection it said Hello on (see synchronizer/sync.c).
  * Call before bind/connect. Returns 0 or DL_ENET. */
-#define DL_WIRE_PING_MS 2000
-#define DL_WIRE_PING_TIMEOUT_MS 20000
 int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes);
 
 /* ---- outbound queue accounting

@@ -19,8 +19,9 @@
 #define NCHUNK 256
 
 /* Recent push norms of one fragment, each with its learner slot: a ring in
- * arrival order. The median is taken over the newest norm of each learner
- * in the ring (O(window^2) worst case, window <= 1024; 32 by default). */
+ * arrival order holding at most one record per learner (the newest), so the
+ * median is one vote per learner among the norm_window most recent pushers
+ * (O(window) per record, window <= 1024; 32 by default). */
 typedef struct {
     double norm;
     int slot;
@@ -71,11 +72,11 @@ dl_guard_cfg dl_guard_cfg_default(void)
     dl_guard_cfg c = {
         .norm_k = 10.0,
         .norm_window = 32,
-        .norm_min_history = 3,
+        .norm_min_history = 1,
         .norm_param_ratio = 10.0,
         .norm_action = DL_GUARD_REJECT,
         .param_abs_max = 1000.0,
-        .max_step_rate = 1000.0,
+        .max_step_rate = 10000.0, /* a small model on a GPU makes thousands */
         .step_slack = 64,
         .max_batch = 65536,
     };
@@ -344,6 +345,19 @@ void dl_guard_observe(dl_guard *g, int p, int slot, double norm)
     if (g->cfg.norm_k > 0.0 && h->n >= g->cfg.norm_min_history) {
         double cap = g->cfg.norm_k * hist_median(g, h, NULL);
         if (norm > cap) norm = cap;
+    }
+    /* one record per learner: its previous one leaves the ring, so a learner
+     * pushing often cannot evict the others' votes */
+    for (int i = 0; i < h->n; i++) {
+        int k = ((h->pos - h->n + i) % g->cap + g->cap) % g->cap;
+        if (h->ring[k].slot != slot) continue;
+        for (int j = i; j + 1 < h->n; j++) { /* close the gap, oldest first */
+            int a = ((h->pos - h->n + j) % g->cap + g->cap) % g->cap, b = (a + 1) % g->cap;
+            h->ring[a] = h->ring[b];
+        }
+        h->n--;
+        h->pos = (h->pos - 1 + g->cap) % g->cap;
+        break;
     }
     h->ring[h->pos] = (obs){norm, slot};
     h->pos = (h->pos + 1) % g->cap;

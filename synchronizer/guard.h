@@ -80,15 +80,17 @@ typedef struct {
     double norm_k;            /* a delta whose L2 norm exceeds norm_k x the median of the fragment's recent accepted
                                  norms is clipped to that bound or rejected (norm_action); 0 = off, else [1, 1e6];
                                  default 10 */
-    int norm_window;          /* accepted norms remembered per fragment, [1, DL_GUARD_MAX_WINDOW]; default 32 */
-    int norm_min_history;     /* the median rule applies once this many norms are remembered, [1, norm_window];
-                                 default 3 */
+    int norm_window;          /* learners whose latest push norm is remembered per fragment (the most recent
+                                 pushers), [1, DL_GUARD_MAX_WINDOW]; default 32 */
+    int norm_min_history;     /* the median rule applies once this many learners' norms are remembered,
+                                 [1, norm_window]; default 1: from the first push on (a single learner is
+                                 compared with its own previous push) */
     double norm_param_ratio;  /* history-free bound: norm <= ratio x the fragment's global parameter norm; 0 = off,
                                  else (0, 1e9]; default 10 */
     dl_guard_action norm_action; /* applies to both norm bounds; default DL_GUARD_REJECT */
     double param_abs_max;     /* after a merge every global parameter must be finite with |x| <= this; 0 = off
                                  (finite is still checked), else finite > 0; default 1000 */
-    double max_step_rate;     /* inner steps per second a learner can plausibly make, (0, 1e9]; default 1000 */
+    double max_step_rate;     /* inner steps per second a learner can plausibly make, (0, 1e9]; default 10000 */
     uint64_t step_slack;      /* steps allowed on top of max_step_rate x elapsed (any value); default 64 */
     uint32_t max_batch;       /* sequences per step a learner may declare at Hello (and the bound used for a Hello
                                  without a batch), >= 1; default 65536 */
@@ -165,8 +167,9 @@ int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, dou
 void dl_guard_observe(dl_guard *g, int p, int slot, double norm);
 /* Median over learners of the newest remembered norm of each (mean of the
  * two middle ones for an even count; 0 when none) and, if count is not NULL,
- * how many norms are remembered. A learner's own records are one vote
- * however many it made, so a minority of learners cannot move it far. */
+ * how many norms are remembered (one per learner: a learner's new record
+ * replaces its old one, so however often it pushes it is one vote and never
+ * evicts the others). */
 double dl_guard_median(const dl_guard *g, int p, int *count);
 
 /* ---- replays. A push is a replay when learner `slot` already had a push of

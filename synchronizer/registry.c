@@ -143,11 +143,15 @@ void dl_registry_set_route(dl_registry *r, int slot, const uint8_t *route, size_
 {
     assert(len > 0 && len <= DL_WIRE_ROUTING_ID_MAX && user && strlen(user) <= DL_WIRE_USER_ID_MAX);
     dl_registry_learner *l = dl_registry_get(r, slot);
+    int same = l->route_len == len && !memcmp(l->route, route, len) && l->outq;
     memcpy(l->route, route, len);
     l->route_len = len;
     snprintf(l->user, sizeof l->user, "%s", user);
+    l->probe_ns = 0;
+    if (same) return; /* the same connection again: what it holds stays counted against it */
     dl_wire_queue_release(&l->outq);
     l->outq = dl_wire_queue_new();
+    l->outq_busy_ns = 0;
 }
 
 void dl_registry_clear_route(dl_registry *r, int slot)

@@ -49,6 +49,10 @@ typedef struct {
     uint8_t *owed;           /* [P] 1 = an Update of this fragment is owed (deferred by the outbound bounds) */
     int n_owed;
     int64_t owed_since_ns;   /* monotonic ns the oldest owed update became owed */
+    int64_t put_ns;          /* monotonic ns of its last store record (learner_put), 0 = none */
+    int put_dirty;           /* a record was skipped by the one-a-second limit */
+    int64_t probe_ns;        /* monotonic ns its connection was last probed (route_connected) */
+    int probe_ok;            /* that probe's answer */
 } dl_registry_learner;
 
 typedef struct dl_registry dl_registry;
@@ -79,7 +83,8 @@ void dl_registry_base_add(dl_registry *r, int slot, int p, uint64_t version, int
 int64_t dl_registry_base_ns(const dl_registry *r, int slot, int p, uint64_t version, int *found);
 
 /* Attach the connection `route` (with ZAP user id `user`, "" for none) to a
- * slot: a fresh outbound queue counter replaces the old one. */
+ * slot: a fresh outbound queue counter replaces the old one, unless it is the
+ * connection already attached (its queue stays counted against it). */
 void dl_registry_set_route(dl_registry *r, int slot, const uint8_t *route, size_t len, const char *user);
 /* Detach the slot's connection (it is cut off: nothing more is sent there). */
 void dl_registry_clear_route(dl_registry *r, int slot);

@@ -45,13 +45,14 @@ static void summary_fields(const dl_sync_stats *st, char *buf, size_t cap)
     snprintf(buf, cap,
              "epoch=%llu merges=%llu contributions=%llu mean_staleness=%.3f dropped_stale=%llu rejected=%llu "
              "fetches=%llu wall_s=%.1f refused_msgs=%llu clipped=%llu reclaimed=%llu dropped_readers=%llu "
-             "deferred_updates=%llu outbound_peak_bytes=%llu outbound_max_bytes=%llu",
+             "deferred_updates=%llu outbound_peak_bytes=%llu outbound_max_bytes=%llu outbound_detached_bytes=%llu",
              (unsigned long long)st->epoch, (unsigned long long)st->merges, (unsigned long long)st->merged_contribs,
              mean_staleness(st), (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
              (unsigned long long)st->fetches, st->wall_s, (unsigned long long)st->refused_msgs,
              (unsigned long long)st->clipped, (unsigned long long)st->reclaimed,
              (unsigned long long)st->dropped_readers, (unsigned long long)st->deferred_updates,
-             (unsigned long long)st->outbound_peak, (unsigned long long)st->outbound_max);
+             (unsigned long long)st->outbound_peak, (unsigned long long)st->outbound_max,
+             (unsigned long long)(st->outbound_bytes - st->outbound_attached));
 }
 
 static void learner_fields(const dl_sync_learner_stats *l, char *buf, size_t cap)

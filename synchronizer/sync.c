@@ -5,6 +5,7 @@
 #include "core/clock.h"
 #include "core/err.h"
 #include "core/event.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "core/plan.h"
 #include "proto/auth.h"
@@ -26,6 +27,11 @@
 
 /* ------------------------------------------------------------------------ */
 /* state */
+
+/* Ids of reclaimed slots remembered (a ring): a learner that comes back
+ * after its slot was reclaimed has lost its replay record here, so it must
+ * fetch rather than push from what it holds. */
+#define DL_SYNC_RECLAIMED_IDS 4096
 
 /* A pooled push: its payload waits for its round. */
 typedef struct {
@@ -62,7 +68,10 @@ struct dl_sync {
     dl_auth *auth;         /* CURVE: the ZAP handler and the allowlist; NULL without auth */
     dl_wire_queue *outq;   /* payload bytes queued in libzmq for every learner */
     double *param_norm;    /* [P] L2 norm of the committed global fragment */
+    uint64_t max_frag_bytes; /* the largest fragment's fp32 bytes */
     double hello_tokens;   /* token bucket of Hellos from new ids */
+    uint64_t reclaimed_ids[DL_SYNC_RECLAIMED_IDS]; /* XXH64 of ids whose slot was reclaimed (a ring): */
+    int n_reclaimed_ids;   /* such a learner must fetch when it comes back */
     int64_t errlog_ns;     /* error-reply log throttle: window start, lines, suppressed */
     uint64_t errlog_n, errlog_suppressed;
     int64_t hello_refill_ns;
@@ -84,7 +93,7 @@ struct dl_sync {
     int64_t started_ns, last_sync_ns;
     uint64_t *versions;               /* [P] snapshot buffer */
     dl_sync_learner_stats *lstats;    /* [max learners] snapshot buffer */
-    dl_registry_learner **owed_order; /* [max learners] scratch of serve_all_owed */
+    struct owed_key *owed_order; /* [max learners] scratch of serve_all_owed */
 };
 
 static int member(const dl_sync *s, int slot) { return (int)dl_policy_learner_state(s->policy, (uint32_t)slot); }
@@ -131,6 +140,8 @@ static int valid_id(const char *id)
     return 1;
 }
 
+static uint64_t attached_bytes(const dl_sync *s);
+
 /* Never block the loop: a learner whose queue is full loses this message
  * (it will get the next update; a lost Ack only leaves its log incomplete).
  * Nothing goes to a learner whose connection was cut off. */
@@ -144,8 +155,10 @@ static int send_msg(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *env
                             payload ? 1 : 0, ZMQ_DONTWAIT, q);
     if (rc == 0) {
         l->bytes_out += len + 64;
-        uint64_t q = dl_wire_queue_bytes(s->outq);
-        if (q > s->outbound_peak) s->outbound_peak = q;
+        if (len) {
+            uint64_t q = attached_bytes(s);
+            if (q > s->outbound_peak) s->outbound_peak = q;
+        }
     } else if (rc == DL_EAGAIN) {
         DL_WARN("learner %s: send queue full, %s dropped", l->id, dl_wire_body_name(env->body_case));
     } else if (rc == DL_ENOTFOUND) {
@@ -198,7 +211,7 @@ static void send_error(dl_sync *s, const uint8_t *route, size_t rlen, const char
             fatal ? "fatal" : "non-fatal", dl_event_str(msg, mb, sizeof mb));
 }
 
-static void send_update(dl_sync *s, dl_registry_learner *l, int p, uint64_t version, const float *params)
+static int send_update(dl_sync *s, dl_registry_learner *l, int p, uint64_t version, const float *params)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Update u;
@@ -211,21 +224,41 @@ static void send_update(dl_sync *s, dl_registry_learner *l, int p, uint64_t vers
     u.checksum = dl_wire_checksum(params, bytes);
     env_to(s, &env, l->id);
     dl_wire_set_update(&env, &u);
-    if (send_msg(s, l, &env, params, bytes) == 0) {
+    int rc = send_msg(s, l, &env, params, bytes);
+    if (rc == 0) {
         int slot = dl_registry_find(s->reg, l->id);
         dl_registry_base_add(s->reg, slot, p, version, dl_clock_ns());
     }
+    return rc;
 }
 
 /* The outbound bounds: may `bytes` more be queued for learner l now? A
  * learner with nothing queued always may (a fragment above its own bound
  * still goes, one at a time). */
+/* Payload bytes libzmq holds for learners whose connection is attached. A
+ * learner dropped for not reading (or revoked) is detached: what it pins no
+ * longer holds the budget of those that read, and it is bounded anyway (its
+ * id cannot get a new connection while the old one holds bytes, on_hello). */
+static uint64_t attached_bytes(const dl_sync *s)
+{
+    uint64_t t = 0;
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        const dl_registry_learner *l = dl_registry_cget(s->reg, i);
+        if (l->used && l->route_len) t += dl_wire_queue_bytes(l->outq);
+    }
+    return t;
+}
+
+/* Room for `bytes` more to learner l: within its own bound and the global
+ * one. A learner whose queue is empty (it reads) may also use one fragment
+ * of overdraft above the global bound, so learners that never read cannot
+ * starve it while they hold the budget (until they are dropped): the
+ * attached total stays <= max_outbound_bytes + the largest fragment. */
 static int outbound_room(const dl_sync *s, const dl_registry_learner *l, size_t bytes)
 {
-    uint64_t all = dl_wire_queue_bytes(s->outq), mine = dl_wire_queue_bytes(l->outq);
-    if (all > 0 && all + bytes > s->cfg.max_outbound_bytes) return 0;
-    if (mine > 0 && mine + bytes > s->cfg.peer_outbound_bytes) return 0;
-    return 1;
+    uint64_t mine = dl_wire_queue_bytes(l->outq), all = attached_bytes(s);
+    if (mine == 0) return all + bytes <= s->cfg.max_outbound_bytes + s->max_frag_bytes;
+    return mine + bytes <= s->cfg.peer_outbound_bytes && all + bytes <= s->cfg.max_outbound_bytes;
 }
 
 static void owe(dl_sync *s, dl_registry_learner *l, int p)
@@ -271,13 +304,14 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l)
         uint64_t v;
         const float *pp;
         size_t n;
-        l->owed[p] = 0;
-        l->n_owed--;
         if (dl_store_snapshot_fragment(snap, (uint32_t)p, &v, &pp, &n)) {
             DL_ERROR("snapshot fragment %d: %s", p, dl_errmsg());
-            continue;
+            break; /* still owed: the next tick tries again */
         }
-        send_update(s, l, p, v, pp);
+        int rc = send_update(s, l, p, v, pp);
+        if (rc == DL_EAGAIN) break; /* its queue is full (in messages): still owed */
+        l->owed[p] = 0;
+        l->n_owed--;
     }
     dl_store_snapshot_end(&snap);
 }
@@ -314,6 +348,11 @@ static uint64_t alloc_pending(dl_sync *s)
 
 static void add_aside(dl_sync *s, int p, const dl_merge_contrib *c)
 {
+    for (int i = 0; i < s->naside[p]; i++)
+        if (!strcmp(s->aside[p][i].learner_id, c->learner_id)) { /* the latest per learner: repeats cannot grow it */
+            s->aside[p][i] = *c;
+            return;
+        }
     if (s->naside[p] == s->capaside[p]) {
         s->capaside[p] = s->capaside[p] ? 2 * s->capaside[p] : 8;
         s->aside[p] = dl_xrealloc(s->aside[p], (size_t)s->capaside[p] * sizeof **s->aside);
@@ -431,8 +470,8 @@ static void merge_done(dl_sync *s, dl_job *j)
         dl_guard_applied(s->guard, (int)pp->learner, p, pp->base_version);
         if (registered(s, (int)pp->learner)) {
             send_ack(s, l, p, mc->base_version, DLOCO__V1__DECISION__DECISION_ACCEPTED, nv, "", 0);
-            if (outbound_room(s, l, s->numel[p] * sizeof(float))) send_update(s, l, p, nv, s->params[p]);
-            else owe(s, l, p);
+            if (!outbound_room(s, l, s->numel[p] * sizeof(float)) || send_update(s, l, p, nv, s->params[p]) == DL_EAGAIN)
+                owe(s, l, p); /* sent from a snapshot as its queue drains */
         }
         free_pending(s, j->handles[i]);
     }
@@ -451,8 +490,9 @@ static void merge_done(dl_sync *s, dl_job *j)
 /* ------------------------------------------------------------------------ */
 /* inbound messages */
 
-static void learner_put(dl_sync *s, const dl_registry_learner *l)
+static void learner_put_now(dl_sync *s, dl_registry_learner *l)
 {
+    l->put_ns = dl_clock_ns();
     dl_job *j = dl_job_new(DL_JOB_LEARNER_PUT);
     dl_store_learner *r = &j->lrec;
     snprintf(r->id, sizeof r->id, "%s", l->id);
@@ -467,19 +507,38 @@ static void learner_put(dl_sync *s, const dl_registry_learner *l)
     submit(s, j);
 }
 
+/* At most one registry record a second per learner: a peer repeating
+ * Hellos cannot fill the worker's queue (the tick and shutdown write the
+ * rest). */
+static void learner_put(dl_sync *s, dl_registry_learner *l)
+{
+    if (l->put_ns && dl_clock_ns() - l->put_ns < 1000000000LL) {
+        l->put_dirty = 1;
+        return;
+    }
+    l->put_dirty = 0;
+    learner_put_now(s, l);
+}
+
 /* 1 while the learner's connection is still attached on the ROUTER: a
  * header-only heartbeat to it is accepted (or would block), not
  * EHOSTUNREACH. */
 static int route_connected(dl_sync *s, dl_registry_learner *l)
 {
     if (!l->route_len) return 0;
+    /* at most one probe per heartbeat period: Hellos repeated from another
+     * connection must not flood the real learner's queue with probes */
+    int64_t now = dl_clock_ns();
+    if (l->probe_ns && now - l->probe_ns < (int64_t)s->cfg.heartbeat_ms * 1000000LL) return l->probe_ok;
+    l->probe_ns = now;
     Dloco__V1__Envelope env;
     Dloco__V1__Heartbeat hb;
     dloco__v1__heartbeat__init(&hb);
     env_to(s, &env, l->id);
     dl_wire_set_heartbeat(&env, &hb);
     int rc = dl_wire_send(s->router, l->route, l->route_len, &env, NULL, NULL, 0, ZMQ_DONTWAIT);
-    return rc == 0 || rc == DL_EAGAIN;
+    l->probe_ok = rc == 0 || rc == DL_EAGAIN;
+    return l->probe_ok;
 }
 
 /* Token bucket of Hellos from ids the registry does not hold. */
@@ -510,9 +569,10 @@ static int try_reclaim(dl_sync *s, int slot, int64_t now)
     for (size_t i = 0; i < s->npend; i++)
         if (s->pend[i].used && s->pend[i].learner == (uint32_t)slot) return 0;
     if (dl_policy_learner_forget(s->policy, (uint32_t)slot)) return 0;
-    learner_put(s, l); /* its counters stay in the store */
+    learner_put_now(s, l); /* its counters stay in the store */
     dl_ledger_forget(s->ledger, slot);
     dl_guard_forget(s->guard, slot);
+    s->reclaimed_ids[s->n_reclaimed_ids++ % DL_SYNC_RECLAIMED_IDS] = dl_hash64(l->id, strlen(l->id), 0);
     dl_event("learner_reclaimed", "id=%s slot=%d away_ms=%lld", l->id, slot, (long long)((now - l->left_ns) / 1000000));
     DL_INFO("learner %s: slot %d reclaimed after %.1f s away", l->id, slot, (double)(now - l->left_ns) * 1e-9);
     dl_registry_remove(s->reg, slot);
@@ -553,6 +613,17 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     }
     int64_t now = dl_clock_ns();
     int slot = dl_registry_find(s->reg, id);
+    if (slot >= 0 && !dl_registry_route_is(s->reg, slot, route, rlen) &&
+        dl_wire_queue_bytes(dl_registry_get(s->reg, slot)->outq) > 0) {
+        /* what libzmq holds for the id's previous connection is bounded per
+         * learner only if a new connection waits until it is gone */
+        send_error(s, route, rlen, id, DL_EAGAIN, 0,
+                   "learner '%s' has %llu bytes still queued on its previous connection: retry when it is closed", id,
+                   (unsigned long long)dl_wire_queue_bytes(dl_registry_get(s->reg, slot)->outq));
+        dl_event("learner_duplicate", "id=%s action=busy_previous", id);
+        s->refused_msgs++;
+        return;
+    }
     if (slot >= 0 && registered(s, slot) && !dl_registry_route_is(s->reg, slot, route, rlen)) {
         /* the id is registered on another connection */
         dl_registry_learner *l = dl_registry_get(s->reg, slot);
@@ -602,8 +673,14 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
         send_error(s, route, rlen, id, rc, 0, "cannot register: %s", dl_errmsg());
         return;
     }
-    /* away longer than rebase_ms: its fragments are too old to push onto */
+    /* away longer than rebase_ms: its fragments are too old to push onto;
+     * back after its slot was reclaimed: what was merged from it is forgotten */
     int away_long = l->hellos > 0 && now - l->last_seen_ns > (int64_t)s->cfg.rebase_ms * 1000000LL;
+    if (l->hellos == 0) {
+        uint64_t hid = dl_hash64(id, strlen(id), 0);
+        int n = s->n_reclaimed_ids < DL_SYNC_RECLAIMED_IDS ? s->n_reclaimed_ids : DL_SYNC_RECLAIMED_IDS;
+        for (int i = 0; i < n && !away_long; i++) away_long = s->reclaimed_ids[i] == hid;
+    }
     l->last_seen_ns = now;
     l->hello_ns = now;
     l->left_ns = 0;
@@ -813,7 +890,7 @@ static void on_bye(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1
             dl_event_str(b->reason[0] ? b->reason : "no reason", rb, sizeof rb));
     dl_event("learner_bye", "id=%s reason=%s step=%llu", l->id, dl_event_str(b->reason, rb, sizeof rb),
              (unsigned long long)b->step);
-    learner_put(s, l);
+    learner_put_now(s, l);
     schedule(s);
 }
 
@@ -824,9 +901,11 @@ static void on_heartbeat(dl_sync *s, int slot, dl_registry_learner *l, const Dlo
     (void)slot;
     double since = (double)(now - l->hello_ns) * 1e-9 + (double)s->cfg.rebase_ms * 1e-3;
     uint64_t cap = l->step + (uint64_t)ceil(since * s->cfg.guard.max_step_rate) + s->cfg.guard.step_slack;
-    if (hb->step > cap && hb->step > l->step) {
-        dl_event("heartbeat_ignored", "id=%s step=%llu plausible=%llu", l->id, (unsigned long long)hb->step,
-                 (unsigned long long)cap);
+    uint64_t batch = l->batch ? l->batch : s->cfg.guard.max_batch;
+    unsigned __int128 tok_cap = (unsigned __int128)(hb->step + 1) * batch * (uint64_t)s->cfg.model.seq_len;
+    if ((hb->step > cap && hb->step > l->step) || (unsigned __int128)hb->tokens > tok_cap) {
+        dl_event("heartbeat_ignored", "id=%s step=%llu tokens=%llu plausible=%llu", l->id,
+                 (unsigned long long)hb->step, (unsigned long long)hb->tokens, (unsigned long long)cap);
         return;
     }
     l->step = hb->step;
@@ -993,9 +1072,9 @@ static void on_deadline(struct ev_loop *loop, ev_timer *w, int revents)
 
 /* A learner whose queued bytes made no progress for slow_reader_ms does not
  * read: it is dropped (dead, its connection cut off, owed updates
- * forgotten), so it cannot hold the outbound budget. What libzmq already
- * holds for it stays counted until its connection closes (ZMTP heartbeats
- * close a silent one within DL_WIRE_PING_TIMEOUT_MS). */
+ * forgotten), so it cannot hold the outbound budget of those that read:
+ * what libzmq already holds for it stays in its own counter (detached) until
+ * its connection closes, and its id gets no new connection before. */
 static void check_reader(dl_sync *s, int slot, dl_registry_learner *l, int64_t now)
 {
     uint64_t q = dl_wire_queue_bytes(l->outq);
@@ -1011,8 +1090,8 @@ static void check_reader(dl_sync *s, int slot, dl_registry_learner *l, int64_t n
             (unsigned long long)q, (long long)((now - progress) / 1000000));
     dl_event("learner_dropped", "id=%s reason=not_reading queued_bytes=%llu stalled_ms=%lld", l->id,
              (unsigned long long)q, (long long)((now - progress) / 1000000));
-    send_error(s, l->route, l->route_len, l->id, DL_EAGAIN, 1, "you did not read for %d ms: dropped",
-               s->cfg.slow_reader_ms);
+    send_error(s, l->route, l->route_len, l->id, DL_EAGAIN, 0,
+               "you did not read for %d ms: dropped (reconnect and say hello)", s->cfg.slow_reader_ms);
     mark_left(s, l, slot, now, DL_POLICY_LEAVE_DEAD);
     dl_registry_clear_route(s->reg, slot);
     memset(l->owed, 0, (size_t)s->cfg.P);
@@ -1024,23 +1103,30 @@ static void check_reader(dl_sync *s, int slot, dl_registry_learner *l, int64_t n
  * were sent (empty queue), then the others, each group oldest debt first. A
  * learner that does not read keeps its queue non-empty, so it never takes
  * the budget ahead of one that reads. */
+typedef struct owed_key {
+    dl_registry_learner *l;
+    int busy;        /* its queue held bytes when the pass began */
+    int64_t since;   /* owed_since_ns */
+} owed_key;
+
 static int owed_cmp(const void *a, const void *b)
 {
-    const dl_registry_learner *x = *(dl_registry_learner *const *)a, *y = *(dl_registry_learner *const *)b;
-    int bx = dl_wire_queue_bytes(x->outq) > 0, by = dl_wire_queue_bytes(y->outq) > 0;
-    if (bx != by) return bx - by;
-    return (x->owed_since_ns > y->owed_since_ns) - (x->owed_since_ns < y->owed_since_ns);
+    const owed_key *x = a, *y = b;
+    if (x->busy != y->busy) return x->busy - y->busy;
+    return (x->since > y->since) - (x->since < y->since);
 }
 
 static void serve_all_owed(dl_sync *s)
 {
+    /* keys are read once: the queue counters move under libzmq's I/O thread */
     int n = 0;
     for (int i = 0; i < dl_registry_count(s->reg); i++) {
         dl_registry_learner *l = dl_registry_get(s->reg, i);
-        if (l->used && l->n_owed && l->route_len && member(s, i) == DL_POLICY_MEMBER_LIVE) s->owed_order[n++] = l;
+        if (l->used && l->n_owed && l->route_len && member(s, i) == DL_POLICY_MEMBER_LIVE)
+            s->owed_order[n++] = (owed_key){l, dl_wire_queue_bytes(l->outq) > 0, l->owed_since_ns};
     }
     if (n > 1) qsort(s->owed_order, (size_t)n, sizeof *s->owed_order, owed_cmp);
-    for (int k = 0; k < n; k++) serve_owed(s, s->owed_order[k]);
+    for (int k = 0; k < n; k++) serve_owed(s, s->owed_order[k].l);
 }
 
 static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
@@ -1053,10 +1139,9 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
     for (int i = 0; i < dl_registry_count(s->reg); i++) {
         dl_registry_learner *l = dl_registry_get(s->reg, i);
         if (!l->used) continue;
-        if (member(s, i) != DL_POLICY_MEMBER_LIVE) {
-            try_reclaim(s, i, now);
-            continue;
-        }
+        if (l->put_dirty) learner_put(s, l);
+        /* slots are reclaimed only when a new learner needs one (on_hello) */
+        if (member(s, i) != DL_POLICY_MEMBER_LIVE) continue;
         if (now - l->last_seen_ns > dead_after) {
             mark_left(s, l, i, now, DL_POLICY_LEAVE_DEAD);
             double silent = (double)(now - l->last_seen_ns) * 1e-9;
@@ -1066,6 +1151,9 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
         }
         check_reader(s, i, l, now);
         if (member(s, i) != DL_POLICY_MEMBER_LIVE) continue;
+        /* a queue that holds payload is proof enough that we talk to it: a
+         * heartbeat would only take one of its DL_WIRE_HWM message slots */
+        if (dl_wire_queue_bytes(l->outq) > 0) continue;
         Dloco__V1__Envelope env;
         Dloco__V1__Heartbeat hb;
         dloco__v1__heartbeat__init(&hb);
@@ -1106,7 +1194,7 @@ static void on_stop(struct ev_loop *loop, ev_signal *w, int revents)
     ev_io_stop(s->loop, &s->zio);
     /* persist the registry counters on the way out */
     for (int i = 0; i < dl_registry_count(s->reg); i++)
-        if (dl_registry_get(s->reg, i)->used) learner_put(s, dl_registry_get(s->reg, i));
+        if (dl_registry_get(s->reg, i)->used) learner_put_now(s, dl_registry_get(s->reg, i));
     maybe_finish(s);
 }
 
@@ -1222,6 +1310,7 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->dropped_readers = s->dropped_readers;
     out->deferred_updates = s->deferred_updates;
     out->outbound_bytes = dl_wire_queue_bytes(s->outq);
+    out->outbound_attached = attached_bytes(s);
     out->outbound_peak = s->outbound_peak;
     out->outbound_max = s->cfg.max_outbound_bytes;
     out->merges = s->merges;
@@ -1344,6 +1433,7 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     /* bounds that follow from the model unless set */
     uint64_t model_bytes = (uint64_t)dl_plan_total_numel(s->plan) * sizeof(float),
              frag_bytes = (uint64_t)dl_plan_max_fragment_numel(s->plan) * sizeof(float);
+    s->max_frag_bytes = frag_bytes;
     if (!s->cfg.max_msg_bytes) s->cfg.max_msg_bytes = frag_bytes + DL_WIRE_MAX_HEADER_BYTES;
     if (!s->cfg.peer_outbound_bytes) s->cfg.peer_outbound_bytes = model_bytes > 2 * frag_bytes ? model_bytes : 2 * frag_bytes;
     if (!s->cfg.max_outbound_bytes) {

@@ -96,8 +96,9 @@ typedef struct {
     uint64_t reclaimed;        /* learner slots given back */
     uint64_t dropped_readers;  /* learners dropped for not reading */
     uint64_t deferred_updates; /* Updates held back by the outbound bounds (sent later) */
-    uint64_t outbound_bytes, outbound_peak, outbound_max; /* payload bytes queued in libzmq: now, the most seen
-                                                             after a send, and the bound */
+    uint64_t outbound_bytes;    /* payload bytes queued in libzmq now, for every connection */
+    uint64_t outbound_attached; /* ... of them for learners still attached (the bounded part) */
+    uint64_t outbound_peak, outbound_max; /* the most attached bytes seen after a send, and their bound */
     int jobs_inflight;
     dl_ledger_totals ledger;
 } dl_sync_stats;
