@@ -111,18 +111,7 @@ static void wake(dl_comms *c)
 /* ------------------------------------------------------------------------- */
 /* mailbox */
 
-int dl_comms_id_ok(const char *s)
-{
-    size_t n = s ? strlen(s) : 0;
-    if (n < 1 || n > DL_WIRE_LEARNER_ID_MAX) return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        int ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-                 ch == '_' || ch == '-';
-        if (!ok) return 0;
-    }
-    return 1;
-}
+int dl_comms_id_ok(const char *s) { return dl_wire_id_ok(s); }
 
 static int copy_str(char *dst, size_t cap, const char *src, const char *what)
 {

@@ -57,19 +57,9 @@ static int z85_ok_n(const char *s, size_t n)
 
 int dl_auth_z85_ok(const char *s) { return s && z85_ok_n(s, strnlen(s, DL_AUTH_Z85_LEN + 1)); }
 
-static int id_ok_n(const char *s, size_t n)
-{
-    if (n < 1 || n > DL_AUTH_ID_MAX) return 0;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
-                 c == '_' || c == '-';
-        if (!ok) return 0;
-    }
-    return 1;
-}
+static int id_ok_n(const char *s, size_t n) { return dl_wire_id_ok_n(s, n); }
 
-int dl_auth_id_ok(const char *id) { return id && id_ok_n(id, strnlen(id, DL_AUTH_ID_MAX + 1)); }
+int dl_auth_id_ok(const char *id) { return dl_wire_id_ok(id); }
 
 /* Outside text for a message: at most SHOW_MAX chars, bytes outside
  * printable ASCII (and '"') as '?', "..." when cut. */

@@ -278,18 +278,25 @@ static int check_str(const char *body, const char *field, const char *s, size_t 
     return 0;
 }
 
+int dl_wire_id_ok_n(const char *s, size_t n)
+{
+    if (n < 1 || n > DL_WIRE_LEARNER_ID_MAX) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!dl_wire_id_char((unsigned char)s[i])) return 0;
+    return 1;
+}
+
+int dl_wire_id_ok(const char *s) { return s && dl_wire_id_ok_n(s, strnlen(s, DL_WIRE_LEARNER_ID_MAX + 1)); }
+
 static int check_learner_id(const char *body, const char *id, bool may_be_empty)
 {
     size_t n = id ? strnlen(id, DL_WIRE_LEARNER_ID_MAX + 1) : 0;
     if (n == 0) return may_be_empty ? 0 : bad(body, "learner_id is empty");
     if (n > DL_WIRE_LEARNER_ID_MAX)
         return bad(body, "learner_id is %zu bytes, max %d", strlen(id), DL_WIRE_LEARNER_ID_MAX);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)id[i];
-        bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                  c == '.' || c == '_' || c == '-';
-        if (!ok) return bad(body, "learner_id byte %zu is 0x%02x, allowed [A-Za-z0-9._-]", i, c);
-    }
+    for (size_t i = 0; i < n; i++)
+        if (!dl_wire_id_char((unsigned char)id[i]))
+            return bad(body, "learner_id byte %zu is 0x%02x, allowed [A-Za-z0-9._-]", i, (unsigned char)id[i]);
     return 0;
 }
 

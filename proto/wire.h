@@ -40,6 +40,17 @@
  * stalled peer pin gigabytes. */
 #define DL_WIRE_HWM 64
 
+/* The learner id alphabet: 1 when byte c is in [A-Za-z0-9._-]. */
+static inline int dl_wire_id_char(unsigned char c)
+{
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
+}
+/* 1 when the n bytes at s are a learner id: [A-Za-z0-9._-]{1,DL_WIRE_LEARNER_ID_MAX}. */
+int dl_wire_id_ok_n(const char *s, size_t n);
+/* The same for a NUL-terminated string (NULL: 0). */
+int dl_wire_id_ok(const char *s);
+
 /* Bounds a receiver enforces. Get one from dl_wire_limits_default() and set
  * the run's plan on it (num_fragments, fragment_numel). */
 typedef struct {

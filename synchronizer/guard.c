@@ -2,6 +2,8 @@
  * per-fragment history, replay refusal, and the merged-parameter check. Pure. */
 #include "synchronizer/guard.h"
 
+#include "kernels/outer.h"
+
 #include "core/err.h"
 
 #include <assert.h>
@@ -242,25 +244,12 @@ int dl_guard_batch(const dl_guard *g, uint32_t batch, char *why, size_t cap)
 double dl_guard_norm(const float *x, size_t n, int *finite)
 {
     assert((x || n == 0) && finite);
-    double part[NCHUNK];
-    size_t chunk = (n + NCHUNK - 1) / NCHUNK;
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (int c = 0; c < NCHUNK; c++) {
-        size_t lo = (size_t)c * chunk, hi = lo + chunk;
-        if (lo > n) lo = n;
-        if (hi > n) hi = n;
-        double s = 0.0;
-#pragma omp simd reduction(+ : s)
-        for (size_t i = lo; i < hi; i++) s += (double)x[i] * (double)x[i];
-        part[c] = s;
-    }
-    /* every term is finite and < 2^256 unless its value is not finite (inf^2
-     * = inf, nan^2 = nan; no -inf can cancel an inf), so the sum is finite
-     * exactly when every value is */
-    double s = 0.0;
-    for (int c = 0; c < NCHUNK; c++) s += part[c];
-    *finite = isfinite(s) ? 1 : 0;
-    return sqrt(s);
+    /* every square is finite and < 2^256 unless its value is not finite
+     * (inf^2 = inf, nan^2 = nan; no -inf can cancel an inf), so the double
+     * sum is finite exactly when every value is */
+    double norm = dl_cpu_norm2(x, n);
+    *finite = isfinite(norm) ? 1 : 0;
+    return norm;
 }
 
 /* Median of the newest norm of each learner in the ring; *learners = how

@@ -129,17 +129,6 @@ static const char *route_str(const uint8_t *r, size_t n, char buf[40])
     return buf;
 }
 
-static int valid_id(const char *id)
-{
-    size_t n = strlen(id);
-    if (n == 0 || n > DL_WIRE_LEARNER_ID_MAX) return 0;
-    for (const char *c = id; *c; c++)
-        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '.' ||
-              *c == '_' || *c == '-'))
-            return 0;
-    return 1;
-}
-
 static uint64_t attached_bytes(const dl_sync *s);
 
 /* Never block the loop: a learner whose queue is full loses this message
@@ -181,7 +170,7 @@ static void send_error(dl_sync *s, const uint8_t *route, size_t rlen, const char
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    int valid = learner && valid_id(learner);
+    int valid = dl_wire_id_ok(learner);
     Dloco__V1__Envelope env;
     Dloco__V1__Error e;
     dloco__v1__error__init(&e);
