@@ -41,7 +41,6 @@ typedef struct {
     int fragment;
     uint64_t base_version, tokens;
     double compute_s;  /* the learner's training seconds behind the delta (Push.compute_s) */
-    double norm;       /* L2 norm of the delta as pooled (after a clip) */
 } pending_push;
 
 struct dl_sync {
@@ -799,7 +798,6 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     }
     if (g == DL_GUARD_CLIPPED) {
         for (size_t i = 0; i < n; i++) delta[i] = (float)(delta[i] * scale);
-        norm *= scale;
         s->clipped++;
         char rb[400];
         dl_event("push_clipped", "id=%s frag=%d scale=%.6g reason=%s", l->id, p, scale, dl_event_str(why, rb, sizeof rb));
@@ -821,7 +819,6 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         pp->base_version = ph->base_version;
         pp->tokens = ph->tokens;
         pp->compute_s = ph->compute_s;
-        pp->norm = norm;
         uint64_t replaced_tokens = 0;
         if (v.replaced) {
             replaced_tokens = s->pend[v.replaced_handle].tokens;
