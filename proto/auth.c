@@ -147,6 +147,28 @@ static void free_secret(char *b, size_t len)
     free(b);
 }
 
+/* The next line of text at *p (before end) that is neither blank nor a
+ * '#' comment: [*s, *q) without leading blanks, CR or LF; *line counts every
+ * line passed. 0 at the end. */
+static int next_line(const char **p, const char *end, int *line, const char **s, const char **q)
+{
+    while (*p < end) {
+        const char *e = memchr(*p, '\n', (size_t)(end - *p));
+        const char *next = e ? e + 1 : end;
+        if (!e) e = end;
+        (*line)++;
+        if (e > *p && e[-1] == '\r') e--;
+        const char *b = *p;
+        *p = next;
+        while (b < e && blank(*b)) b++;
+        if (b == e || *b == '#') continue;
+        *s = b;
+        *q = e;
+        return 1;
+    }
+    return 0;
+}
+
 /* Parse key file text: "public = K" / "secret = K" lines, comments, blanks.
  * Values are never echoed (one of them is a secret). */
 static int parse_keyfile(const char *text, size_t len, const char *name, char pub[DL_AUTH_Z85_LEN + 1],
@@ -155,16 +177,8 @@ static int parse_keyfile(const char *text, size_t len, const char *name, char pu
     pub[0] = sec[0] = 0;
     int line = 0;
     if (!len) text = ""; /* NULL + 0 is undefined */
-    for (const char *p = text, *end = text + len; p < end;) {
-        const char *q = memchr(p, '\n', (size_t)(end - p));
-        const char *next = q ? q + 1 : end;
-        if (!q) q = end;
-        line++;
-        if (q > p && q[-1] == '\r') q--;
-        const char *s = p;
-        p = next;
-        while (s < q && blank(*s)) s++;
-        if (s == q || *s == '#') continue;
+    const char *p = text, *end = text + len, *s, *q;
+    while (next_line(&p, end, &line, &s, &q)) {
         const char *f = s;
         while (s < q && *s >= 'a' && *s <= 'z') s++;
         size_t flen = (size_t)(s - f);
@@ -424,18 +438,8 @@ int dl_auth_list_parse(const char *text, size_t len, const char *name, dl_auth_l
     list_rehash(l, 32);
     int line = 0, rc = 0;
     if (!len) text = ""; /* (NULL, 0) is the empty list; NULL + 0 is undefined */
-    for (const char *p = text, *end = text + len; p < end && !rc;) {
-        const char *q = memchr(p, '\n', (size_t)(end - p));
-        const char *next = q ? q + 1 : end;
-        if (!q) q = end;
-        line++;
-        if (q > p && q[-1] == '\r') q--;
-        const char *s = p;
-        p = next;
-        while (s < q && blank(*s)) s++;
-        if (s == q || *s == '#') continue;
-        rc = parse_list_line(l, s, q, name, line);
-    }
+    const char *p = text, *end = text + len, *s, *q;
+    while (!rc && next_line(&p, end, &line, &s, &q)) rc = parse_list_line(l, s, q, name, line);
     if (rc) {
         dl_auth_list_free(&l);
         return rc;

@@ -24,14 +24,10 @@
 #include "proto/wire.h"
 
 #include "tests/check.h"
+#include "tests/proc.h"
 
 #define WAIT_MS 5000 /* bound of every single wait */
 
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* Poll `expr` every 2 ms for up to WAIT_MS; evaluates to whether it held. */
 #define WAIT_FOR(expr)                                                         \
@@ -903,33 +899,6 @@ static void test_two_sessions(void)
 
 static char bin[600], corpus[600];
 
-static pid_t spawn(char **argv, const char *out, const char *err)
-{
-    pid_t pid = fork();
-    REQUIRE(pid >= 0, "fork");
-    if (pid == 0) {
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fo, 1);
-        dup2(fe, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* Bounded wait for the child; kills it after 30 s. Returns the exit status or -1. */
-static int reap(pid_t pid)
-{
-    int st;
-    for (int i = 0; i < 3000; i++) {
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        nap_ms(10);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    CHECK(0, "learner process did not exit");
-    return -1;
-}
 
 static char *slurp(const char *path)
 {
