@@ -35,7 +35,22 @@ typedef struct {
     int fetch_want;     /* a Fetch of p is to be sent at fetch_at (a Welcome, or a refused update) */
     int64_t fetch_at;
     uint64_t known;     /* newest version of p known: held, announced by the last Welcome, or received */
+    int64_t busy_until; /* the synchronizer's pool was full: no push of p before this (dl_clock_ns) */
+    /* a chunked Update arriving: elements [0, rx_off) of version rx_version
+     * are in rx (kept across a re-hello or a new connection: a Fetch resumes
+     * from there); NULL when none */
+    float *rx;
+    uint64_t rx_version, rx_off;
 } sfrag;
+
+/* The chunked push leaving (one at a time): chunks [0, off) of the claimed
+ * push of fragment p have been handed to libzmq. */
+typedef struct {
+    int active, p;
+    dl_mailbox_claim cl;
+    uint64_t transfer, off;
+    const float *payload;
+} ptx;
 
 struct dl_comms {
     /* ---- immutable after open */
@@ -81,6 +96,7 @@ struct dl_comms {
     int *refusals;          /* [n_served] scratch for dl_mailbox_take_refetches */
     uint64_t *hv;           /* [P] held_versions being sent (contiguous: it goes on the wire as is) */
     uint32_t *fetch_list;   /* [P] fragments of the next Fetch (likewise) */
+    uint64_t *resume_v, *resume_o; /* [P] its resume points */
     uint64_t seq;
     uint64_t epoch;         /* epoch of the last Welcome taken (mirror of st.epoch) */
     int state;              /* mirror of st.state */
@@ -98,6 +114,10 @@ struct dl_comms {
     char conn_err[400];     /* the last connection problem, for the connect-timeout message */
     int hello_unsent; /* the last Hello found no connection */
     int rr; /* round-robin start for fairness among fragments */
+    dl_wire_queue *outq;    /* payload bytes of ours libzmq still holds (the push window) */
+    uint64_t chunk;         /* push chunk, elements, from the last Welcome (0 = whole pushes) */
+    uint64_t transfers;     /* transfer ids given out */
+    ptx tx;                 /* the chunked push leaving */
 };
 
 static void wake(dl_comms *c)
@@ -107,6 +127,9 @@ static void wake(dl_comms *c)
     ssize_t n = write(c->efd, &one, sizeof one);
     (void)n;
 }
+
+/* libzmq freed a payload of ours (its I/O thread): the push window has room. */
+static void queue_wake(void *ctx) { wake(ctx); }
 
 /* ------------------------------------------------------------------------- */
 /* mailbox */
@@ -279,6 +302,10 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->t_fetch = NEVER;
     c->hv = dl_xcalloc((size_t)P, sizeof *c->hv);
     c->fetch_list = dl_xcalloc((size_t)P, sizeof *c->fetch_list);
+    c->resume_v = dl_xcalloc((size_t)P, sizeof *c->resume_v);
+    c->resume_o = dl_xcalloc((size_t)P, sizeof *c->resume_o);
+    c->outq = dl_wire_queue_new();
+    dl_wire_queue_set_wake(c->outq, queue_wake, c);
     c->state = c->st.state = DL_COMMS_IDLE;
     c->lim = dl_wire_limits_default();
     c->lim.num_fragments = (uint32_t)P;
@@ -376,7 +403,8 @@ static int send_env(dl_comms *c, Dloco__V1__Envelope *env, const float *payload,
     env->seq = ++c->seq;
     const void *pl[1] = {payload};
     size_t len[1] = {numel * sizeof(float)};
-    int rc = dl_wire_send(c->sock, NULL, 0, env, pl, len, payload ? 1 : 0, ZMQ_DONTWAIT);
+    dl_wire_queue *q[2] = {c->outq, NULL};
+    int rc = dl_wire_send_q(c->sock, NULL, 0, env, pl, len, payload ? 1 : 0, ZMQ_DONTWAIT, payload ? q : NULL);
     if (rc == 0) {
         c->sent_on_sock = 1;
         uint64_t bytes = dloco__v1__envelope__get_packed_size(env) + (payload ? len[0] : 0);
@@ -404,6 +432,9 @@ static void send_hello(dl_comms *c)
     h.batch = c->batch;
     h.num_fragments = (uint32_t)c->P;
     h.device = c->device;
+    /* any chunk up to our largest fragment (libzmq takes nothing bigger) */
+    size_t mc = c->maxmsg - DL_WIRE_MAX_HEADER_BYTES;
+    h.max_chunk_bytes = mc > DL_WIRE_CHUNK_MAX ? DL_WIRE_CHUNK_MAX : mc < DL_WIRE_CHUNK_MIN ? DL_WIRE_CHUNK_MIN : (uint32_t)mc;
     int all = 1;
     for (int p = 0; p < c->P; p++) all &= dl_mailbox_held(c->mb, p, &c->hv[p]);
     dl_mailbox_progress(c->mb, &h.step, NULL, NULL, NULL);
@@ -459,9 +490,23 @@ static void send_fetches(dl_comms *c, int64_t now)
     if (!n) return;
     Dloco__V1__Fetch fm;
     dloco__v1__fetch__init(&fm);
-    if (n < c->P) {
+    /* what arrived of a chunked Update is kept: the synchronizer goes on from
+     * there while that version is still the global one */
+    int resume = 0;
+    for (int i = 0; i < n; i++) {
+        const sfrag *f = &c->f[c->fetch_list[i]];
+        c->resume_v[i] = f->rx ? f->rx_version : 0;
+        c->resume_o[i] = f->rx ? f->rx_off : 0;
+        resume |= f->rx && f->rx_off > 0;
+    }
+    if (n < c->P || resume) {
         fm.n_fragments = (size_t)n;
         fm.fragments = c->fetch_list;
+    }
+    if (resume) {
+        fm.n_resume_versions = fm.n_resume_offsets = (size_t)n;
+        fm.resume_versions = c->resume_v;
+        fm.resume_offsets = c->resume_o;
     }
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
@@ -532,8 +577,29 @@ static void send_bye(dl_comms *c, const char *reason, uint64_t step)
 /* The answers to pushes already sent will never come (another incarnation
  * of the synchronizer, or DL_ENOTFOUND: our recent pushes got Errors instead
  * of Acks): they stop holding their fragments and the final flush. */
+/* Stop the chunked push leaving. With requeue the push goes back to its
+ * slot (unless a newer one of the fragment came meanwhile) to be sent again
+ * whole; without, its claim is undone and it is gone (its progress stays in
+ * the parameters: the next push of the fragment carries it). decided: an
+ * Ack already settled it (nothing to undo). */
+static void tx_abort(dl_comms *c, int requeue, int decided, const char *why)
+{
+    ptx *t = &c->tx;
+    if (!t->active) return;
+    DL_DEBUG("comms: push of fragment %d stopped after %llu of %llu elements: %s", t->p, (unsigned long long)t->off,
+             (unsigned long long)c->numel[t->p], why);
+    dl_event("push_stopped", " learner=%s epoch=%llu fragment=%d sent=%llu numel=%llu requeue=%d reason=%s", c->id,
+             (unsigned long long)c->epoch, t->p, (unsigned long long)t->off, (unsigned long long)c->numel[t->p],
+             requeue, why);
+    if (!decided) dl_mailbox_unclaim_push(c->mb, t->p, &t->cl, &c->send_spare, requeue);
+    c->f[t->p].unacked = 0;
+    t->active = 0;
+    COUNT(pushes_stopped);
+}
+
 static void forget_sent(dl_comms *c)
 {
+    tx_abort(c, 1, 0, "session_forgotten");
     dl_mailbox_forget_sent(c->mb, c->served, c->n_served);
     for (int p = 0; p < c->P; p++) c->f[p].unacked = 0;
 }
@@ -601,6 +667,7 @@ static int open_socket_(dl_comms *c)
 
 static void drop_socket(dl_comms *c)
 {
+    tx_abort(c, 1, 0, "connection_closed"); /* the synchronizer drops what came of it */
     if (c->sock && c->mon) DL_ZMQ_LOG(zmq_socket_monitor(c->sock, NULL, 0));
     if (c->mon) DL_ZMQ_LOG(zmq_close(c->mon));
     if (c->sock) DL_ZMQ_LOG(zmq_close(c->sock));
@@ -744,6 +811,8 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
     c->epoch = epoch;
     c->any_epoch = 0;
     c->rebuilds_row = 0;
+    c->chunk = w->chunk_bytes / sizeof(float);
+    if (c->tx.active && (w->must_fetch || c->chunk == 0)) tx_abort(c, !w->must_fetch, 0, "welcome");
     c->conn_err[0] = 0;
     c->hello_sent_once = 0; /* backoff starts over at the next re-hello */
     int64_t now = dl_clock_ns();
@@ -754,7 +823,9 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
         uint64_t v;
         int held = dl_mailbox_held(c->mb, p, &v);
         f->known = w->fragment_versions[p] > (held ? v : 0) ? w->fragment_versions[p] : (held ? v : 0);
-        f->unacked = f->fetch_pending = f->rebase_pending = 0;
+        f->fetch_pending = f->rebase_pending = 0;
+        f->busy_until = 0;
+        if (!(c->tx.active && c->tx.p == p)) f->unacked = 0; /* a push still leaving keeps its slot */
         if (w->must_fetch || !held) {
             /* a queued push is relative to a base the synchronizer will not accept */
             if (w->must_fetch) dl_mailbox_discard_queued(c->mb, p);
@@ -810,6 +881,8 @@ static int all_finite(const void *data, size_t n)
     return !acc;
 }
 
+static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, const void *payload);
+
 static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
 {
     int p = (int)u->fragment;
@@ -820,6 +893,41 @@ static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
         return;
     }
     if (!served(c, p, "update")) return;
+    sfrag *f = &c->f[p];
+    const void *payload = dl_wire_msg_payload(m, 0);
+    if (u->chunk_numel) {
+        /* one chunk: in order, of one version; offset 0 starts (again) */
+        if (u->chunk_offset == 0) {
+            if (!f->rx) f->rx = dl_xmalloc((size_t)u->numel * sizeof(float));
+            f->rx_version = u->version;
+            f->rx_off = 0;
+        } else if (!f->rx || u->version != f->rx_version || u->chunk_offset != f->rx_off) {
+            /* a gap (a chunk lost with a connection, a transfer begun on
+             * another one): ask for the rest from what we hold */
+            COUNT(chunks_dropped);
+            DL_DEBUG("comms: chunk of fragment %d v%llu at %llu dropped (holding %llu of v%llu)", p,
+                     (unsigned long long)u->version, (unsigned long long)u->chunk_offset,
+                     (unsigned long long)(f->rx ? f->rx_off : 0), (unsigned long long)(f->rx ? f->rx_version : 0));
+            if (!f->fetch_want && !f->fetch_pending) want_fetch(c, p, dl_clock_ns());
+            return;
+        }
+        memcpy(f->rx + f->rx_off, payload, (size_t)u->chunk_numel * sizeof(float));
+        f->rx_off += u->chunk_numel;
+        COUNT(chunks_recv);
+        if (f->rx_off < u->numel) return;
+        payload = f->rx; /* complete: checked and handed over below, then freed */
+    }
+    on_update_whole(c, u, p, payload);
+    if (payload == f->rx) {
+        free(f->rx);
+        f->rx = NULL;
+        f->rx_off = f->rx_version = 0;
+    }
+}
+
+/* A complete Update of p (payload: numel floats, possibly unaligned). */
+static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, const void *payload)
+{
     sfrag *f = &c->f[p];
     int forced = f->fetch_pending ? DL_UPDATE_FETCHED : f->rebase_pending ? DL_UPDATE_REBASE : DL_UPDATE_NORMAL;
     uint64_t held;
@@ -832,7 +940,6 @@ static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
                  (unsigned long long)held);
         return;
     }
-    const void *payload = dl_wire_msg_payload(m, 0);
     const char *reason = NULL;
     char why[160];
     if (u->version > f->known && u->version - f->known > c->max_jump) {
@@ -877,8 +984,18 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
     case DLOCO__V1__DECISION__DECISION_REJECTED: d = DL_DECIDE_REJECTED; break;
     default: return; /* unknown decisions never pass dl_wire_validate */
     }
+    /* refused at its first chunk: the rest of it need not go */
+    if (c->tx.active && c->tx.p == p && c->tx.cl.h.base_version == a->base_version && d != DL_DECIDE_PENDING &&
+        d != DL_DECIDE_ACCEPTED)
+        tx_abort(c, 0, 1, a->busy ? "busy" : "refused");
     int decided = dl_mailbox_decide(c->mb, p, d, a->base_version,
                                     d == DL_DECIDE_ACCEPTED || (d == DL_DECIDE_DROPPED && a->rebase));
+    if (a->busy) {
+        /* the pool was full: nothing counted, the progress stays here; the
+         * fragment's next push (coalesced meanwhile) waits at least this */
+        c->f[p].busy_until = dl_clock_ns() + (int64_t)a->retry_after_ms * MS;
+        COUNT(busy);
+    }
     if (decided && d == DL_DECIDE_DROPPED && a->rebase) c->f[p].rebase_pending = 1;
     /* any immediate answer frees the fragment for flow control */
     if (d != DL_DECIDE_ACCEPTED) c->f[p].unacked = 0;
@@ -897,7 +1014,7 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
     default: c->st.rejected++; break;
     }
     pthread_mutex_unlock(&c->mu);
-    if (d == DL_DECIDE_REJECTED) {
+    if (d == DL_DECIDE_REJECTED && !a->busy) {
         char r[NET_STR_CAP];
         DL_WARN("comms: push of fragment %d (base version %llu) rejected: %s", p, (unsigned long long)a->base_version,
                 net_str(a->reason, r, sizeof r));
@@ -1039,18 +1156,104 @@ static int recv_all(dl_comms *c)
 /* ------------------------------------------------------------------------- */
 /* comms thread: outbound pushes */
 
-/* Send queued pushes allowed by flow control. Returns 1 when the socket is
- * full (retry soon), 0 otherwise. */
+/* The push window: payload bytes of ours libzmq may hold (two chunks keep
+ * the link busy; a heartbeat waits behind at most that). */
+static uint64_t push_window(const dl_comms *c) { return 2 * c->chunk * sizeof(float); }
+
+static void push_sent(dl_comms *c, int p, const dl_mailbox_push *h, uint64_t n)
+{
+    pthread_mutex_lock(&c->mu);
+    c->st.pushes++;
+    c->st.push_bytes += n * sizeof(float);
+    pthread_mutex_unlock(&c->mu);
+    DL_DEBUG("comms: push fragment %d base %llu steps %llu tokens %llu%s", p, (unsigned long long)h->base_version,
+             (unsigned long long)h->steps, (unsigned long long)h->tokens, h->final ? " (final flush)" : "");
+    dl_event("push", " learner=%s epoch=%llu fragment=%d base_version=%llu steps=%llu tokens=%llu compute_s=%.6f "
+             "final=%d held=%d",
+             c->id, (unsigned long long)c->epoch, p, (unsigned long long)h->base_version,
+             (unsigned long long)h->steps, (unsigned long long)h->tokens, h->compute_s, h->final, h->held);
+}
+
+/* One Push message: elements [off, off + n) of the claimed push of p
+ * (chunked when transfer != 0, else the whole fragment). */
+static int send_push_msg(dl_comms *c, int p, const dl_mailbox_push *h, const float *payload, uint64_t transfer,
+                         uint64_t off, uint64_t n)
+{
+    Dloco__V1__Push m;
+    dloco__v1__push__init(&m);
+    m.fragment = (uint32_t)p;
+    m.base_version = h->base_version;
+    m.steps = h->steps;
+    m.tokens = h->tokens;
+    m.codec = DLOCO__V1__CODEC__CODEC_FP32;
+    m.numel = c->numel[p];
+    m.block_size = 0;
+    m.chunk_offset = transfer ? off : 0;
+    m.chunk_numel = transfer ? n : 0;
+    m.transfer = transfer;
+    m.checksum = dl_wire_checksum(payload + off, (size_t)n * sizeof(float));
+    m.loss = h->loss;
+    m.compute_s = h->compute_s;
+    Dloco__V1__Envelope env;
+    dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
+    dl_wire_set_push(&env, &m);
+    return send_env(c, &env, payload + off, (size_t)n);
+}
+
+/* Go on with the chunked push leaving, as far as the window allows.
+ * Returns 1 when the socket is full (retry soon), 0 otherwise. */
+static int tx_continue(dl_comms *c)
+{
+    ptx *t = &c->tx;
+    uint64_t n = c->numel[t->p];
+    while (t->active && t->off < n) {
+        uint64_t cn = n - t->off < c->chunk ? n - t->off : c->chunk;
+        /* the first chunk always goes; later ones while the window has room
+         * (the queue's drain wakes the thread) */
+        if (t->off && dl_wire_queue_bytes(c->outq) + cn * sizeof(float) > push_window(c)) return 0;
+        int rc = send_push_msg(c, t->p, &t->cl.h, t->payload, t->transfer, t->off, cn);
+        if (rc == DL_EAGAIN) {
+            if (t->off == 0) { /* nothing left yet: back to its slot, sent again later */
+                tx_abort(c, 1, 0, "queue_full");
+                return 1;
+            }
+            return 1;
+        }
+        if (rc < 0) {
+            tx_abort(c, 0, 0, "send_failed");
+            return 0;
+        }
+        t->off += cn;
+        COUNT(chunks_sent);
+    }
+    if (t->active) {
+        t->active = 0;
+        c->f[t->p].unacked_ns = dl_clock_ns(); /* its Ack is due from now */
+        push_sent(c, t->p, &t->cl.h, n);
+    }
+    return 0;
+}
+
+/* Send queued pushes allowed by flow control: at most one chunked push
+ * leaves at a time (its chunks interleave with heartbeats and fetches), a
+ * fragment waits for the Ack of its previous push, and one refused busy
+ * waits its retry_after. Returns 1 when the socket is full (retry soon), 0
+ * otherwise. */
 static int send_pushes(dl_comms *c, int64_t now)
 {
+    if (c->tx.active) {
+        int blocked = tx_continue(c);
+        if (blocked || c->tx.active) return blocked;
+    }
     int64_t expiry = (int64_t)c->liveness * c->hb_ms;
     if (expiry < c->ack_expiry_min_ms) expiry = c->ack_expiry_min_ms;
     int hb_first = 0;
-    for (int k = 0; k < c->n_served; k++) {
+    for (int k = 0; k < c->n_served && !c->tx.active; k++) {
         int p = c->served[(c->rr + k) % c->n_served];
         sfrag *f = &c->f[p];
         if (f->fetch_pending || f->fetch_want) continue; /* the base is being replaced */
         if (f->unacked && now - f->unacked_ns < expiry * MS) continue;
+        if (f->busy_until > now) continue;
         dl_mailbox_claim cl;
         if (!dl_mailbox_claim_push(c->mb, p, now, &cl, &c->send_spare)) continue;
         const dl_mailbox_push *h = &cl.h;
@@ -1070,44 +1273,28 @@ static int send_pushes(dl_comms *c, int64_t now)
             for (size_t i = 0; i < n; i++) c->byz_buf[i] = c->send_spare[i] * c->byz_scale;
             payload = c->byz_buf;
         }
-        Dloco__V1__Push m;
-        dloco__v1__push__init(&m);
-        m.fragment = (uint32_t)p;
-        m.base_version = h->base_version;
-        m.steps = h->steps;
-        m.tokens = h->tokens;
-        m.codec = DLOCO__V1__CODEC__CODEC_FP32;
-        m.numel = n;
-        m.block_size = 0;
-        m.checksum = dl_wire_checksum(payload, n * sizeof(float));
-        m.loss = h->loss;
-        m.compute_s = h->compute_s;
-        Dloco__V1__Envelope env;
-        dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
-        dl_wire_set_push(&env, &m);
-        int rc = send_env(c, &env, payload, n);
+        f->unacked = 1;
+        f->unacked_ns = now;
+        if (c->chunk && n > c->chunk) {
+            c->tx = (ptx){.active = 1, .p = p, .cl = cl, .transfer = ++c->transfers, .off = 0, .payload = payload};
+            int blocked = tx_continue(c);
+            if (blocked) return 1;
+            continue; /* leaving (or refused locally): the next one after it */
+        }
+        int rc = send_push_msg(c, p, h, payload, 0, 0, n);
         if (rc == DL_EAGAIN) {
             /* put it back unless a newer push of p arrived meanwhile */
+            f->unacked = 0;
             dl_mailbox_unclaim_push(c->mb, p, &cl, &c->send_spare, 1);
             return 1;
         }
         if (rc < 0) {
+            f->unacked = 0;
             dl_mailbox_unclaim_push(c->mb, p, &cl, &c->send_spare, 0);
             if (rc == DL_ENET) return 0;
             continue; /* refused locally (e.g. a NaN loss): dropped, logged by send_env */
         }
-        f->unacked = 1;
-        f->unacked_ns = now;
-        pthread_mutex_lock(&c->mu);
-        c->st.pushes++;
-        c->st.push_bytes += n * sizeof(float);
-        pthread_mutex_unlock(&c->mu);
-        DL_DEBUG("comms: push fragment %d base %llu steps %llu tokens %llu%s", p, (unsigned long long)h->base_version,
-                 (unsigned long long)h->steps, (unsigned long long)h->tokens, h->final ? " (final flush)" : "");
-        dl_event("push", " learner=%s epoch=%llu fragment=%d base_version=%llu steps=%llu tokens=%llu compute_s=%.6f "
-                 "final=%d held=%d",
-                 c->id, (unsigned long long)c->epoch, p, (unsigned long long)h->base_version,
-                 (unsigned long long)h->steps, (unsigned long long)h->tokens, h->compute_s, h->final, h->held);
+        push_sent(c, p, h, n);
     }
     c->rr = (c->rr + 1) % c->n_served;
     return 0;
@@ -1256,6 +1443,7 @@ static void *comms_main(void *arg)
 static void close_socket(dl_comms *c)
 {
     drop_socket(c);
+    if (c->outq) dl_wire_queue_set_wake(c->outq, NULL, NULL);
     if (c->ctx) DL_ZMQ_LOG(zmq_ctx_term(c->ctx)); /* waits at most the Bye linger */
     c->ctx = NULL;
 }
@@ -1296,6 +1484,7 @@ void dl_comms_close(dl_comms **cp)
     dl_comms *c = *cp;
     dl_comms_stop(c);
     dl_mailbox_detach(c->mb, c->link);
+    for (int p = 0; p < c->P; p++) free(c->f[p].rx);
     free(c->f);
     free(c->served);
     free(c->send_spare);
@@ -1303,6 +1492,9 @@ void dl_comms_close(dl_comms **cp)
     free(c->refusals);
     free(c->hv);
     free(c->fetch_list);
+    free(c->resume_v);
+    free(c->resume_o);
+    dl_wire_queue_release(&c->outq);
     free(c->numel);
     close(c->efd);
     memset(c->curve_secret, 0, sizeof c->curve_secret);

@@ -150,6 +150,11 @@ typedef struct {
                               * unless a good Update of the fragment came first) */
     uint64_t rebuilds;       /* sockets closed and opened again (lost connection, bad messages, silence) */
     uint64_t bytes_sent, bytes_recv; /* all frames: packed header + payloads */
+    uint64_t chunks_sent;    /* Push messages that carried one chunk of a chunked push */
+    uint64_t chunks_recv;    /* Update chunks taken in order */
+    uint64_t chunks_dropped; /* Update chunks out of order (a resume Fetch follows) */
+    uint64_t busy;           /* pushes refused busy (the synchronizer's pool was full) */
+    uint64_t pushes_stopped; /* chunked pushes stopped before their end (connection, session, refusal) */
     uint64_t staleness_sum, staleness_n; /* over ACCEPTED acks: merged_version - 1 - base_version */
     uint64_t epoch;          /* epoch of the last Welcome taken (0 before) */
     uint32_t h;              /* H from the last Welcome (0 before) */

@@ -770,7 +770,8 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
            "accepted=%llu dropped_stale=%llu rejected=%llu undecided=%llu updates_adopted=%llu rebased=%llu "
            "updates_superseded=%llu updates_ignored=%llu discarded=%llu flush_unanswered=%d bytes_sent=%llu "
            "bytes_received=%llu epoch=%llu held=%llu held_due=%llu hold_released=%llu discarded_tokens=%llu wall_s=%.3f "
-           "final_train_loss=%.6f updates_refused=%llu welcomes_refused=%llu socket_rebuilds=%llu",
+           "final_train_loss=%.6f updates_refused=%llu welcomes_refused=%llu socket_rebuilds=%llu busy=%llu "
+           "chunks_sent=%llu chunks_recv=%llu chunks_dropped=%llu pushes_stopped=%llu",
            cfg->id, (long long)step, (long long)(step * tok_per_step), (unsigned long long)cs.pushes,
            (unsigned long long)cs.coalesced, (unsigned long long)cs.acks_pending, (unsigned long long)cs.accepted,
            (unsigned long long)cs.dropped_stale, (unsigned long long)cs.rejected,
@@ -781,7 +782,9 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
            (unsigned long long)cs.epoch, (unsigned long long)ns.held, (unsigned long long)ns.held_due,
            (unsigned long long)ns.hold_released, (unsigned long long)ns.discarded_tokens, wall,
            last_train, (unsigned long long)(cs.updates_refused + ns.refused), (unsigned long long)cs.welcomes_refused,
-           (unsigned long long)cs.rebuilds);
+           (unsigned long long)cs.rebuilds, (unsigned long long)cs.busy, (unsigned long long)cs.chunks_sent,
+           (unsigned long long)cs.chunks_recv, (unsigned long long)cs.chunks_dropped,
+           (unsigned long long)cs.pushes_stopped);
     printf("learner-summary: %s\n", summary);
     dl_event("learner_summary", "%s exit_code=%d", summary, exit_code);
     fflush(stdout);

@@ -81,7 +81,15 @@ struct dl_wire_queue {
     _Atomic int64_t refs;
     _Atomic uint64_t bytes;
     _Atomic int64_t drained_ns;
+    _Atomic(dl_wire_wake_fn) wake;
+    void *wake_ctx;
 };
+
+void dl_wire_queue_set_wake(dl_wire_queue *q, dl_wire_wake_fn fn, void *ctx)
+{
+    if (fn) q->wake_ctx = ctx;
+    atomic_store(&q->wake, fn);
+}
 
 dl_wire_queue *dl_wire_queue_new(void)
 {
@@ -119,6 +127,8 @@ static void queued_free(void *data, void *hint)
         if (b->q[i]) {
             atomic_fetch_sub(&b->q[i]->bytes, b->len);
             atomic_store(&b->q[i]->drained_ns, now);
+            dl_wire_wake_fn fn = atomic_load(&b->q[i]->wake);
+            if (fn) fn(b->q[i]->wake_ctx);
             queue_unref(b->q[i]);
         }
     free(data);
@@ -333,7 +343,8 @@ static int check_num_fragments(const char *body, uint32_t n, const dl_wire_limit
 
 /* The tensor description shared by Push and Update, and its payload frame. */
 static int check_tensor(const char *body, uint32_t fragment, Dloco__V1__Codec codec, uint64_t numel,
-                        uint32_t block_size, const size_t *lens, int npayload, const dl_wire_limits *lim)
+                        uint32_t block_size, uint64_t chunk_offset, uint64_t chunk_numel, const size_t *lens,
+                        int npayload, const dl_wire_limits *lim)
 {
     DL_TRY(check_fragment(body, fragment, lim));
     if (!codec_known(codec)) return bad(body, "unknown codec %d", (int)codec);
@@ -354,6 +365,19 @@ static int check_tensor(const char *body, uint32_t fragment, Dloco__V1__Codec co
         return bad(body, "block_size %u must be 0 for %s", block_size, dl_wire_codec_name(codec));
     }
     if (npayload != 1) return bad(body, "needs 1 payload frame, got %d", npayload);
+    /* a chunk: elements [chunk_offset, chunk_offset + chunk_numel) of the fragment */
+    if (chunk_numel == 0) {
+        if (chunk_offset != 0) return bad(body, "chunk_offset %llu without chunk_numel", (unsigned long long)chunk_offset);
+    } else {
+        if (is_int_codec(codec)) return bad(body, "%s cannot be chunked", dl_wire_codec_name(codec));
+        if (chunk_offset >= numel)
+            return bad(body, "chunk_offset %llu outside numel %llu", (unsigned long long)chunk_offset,
+                       (unsigned long long)numel);
+        if (chunk_numel > numel - chunk_offset)
+            return bad(body, "chunk [%llu, +%llu) runs past numel %llu", (unsigned long long)chunk_offset,
+                       (unsigned long long)chunk_numel, (unsigned long long)numel);
+        numel = chunk_numel; /* what this frame holds */
+    }
     size_t need = dl_wire_payload_bytes(codec, numel, block_size);
     if (need == 0)
         return bad(body, "%s x %llu has no representable size", dl_wire_codec_name(codec),
@@ -385,6 +409,8 @@ static int check_hello(const Dloco__V1__Hello *m, int npayload, const dl_wire_li
     if (m->n_held_versions != 0 && m->n_held_versions != m->num_fragments)
         return bad(b, "held_versions has %zu entries, expected 0 or num_fragments %u", m->n_held_versions,
                    m->num_fragments);
+    if (m->max_chunk_bytes && m->max_chunk_bytes < DL_WIRE_CHUNK_MIN)
+        return bad(b, "max_chunk_bytes %u below the protocol's minimum %u", m->max_chunk_bytes, DL_WIRE_CHUNK_MIN);
     return check_str(b, "device", m->device, lim->max_name);
 }
 
@@ -399,6 +425,10 @@ static int check_welcome(const Dloco__V1__Welcome *m, int npayload, const dl_wir
     if (m->h == 0) return bad(b, "h is 0");
     if (m->heartbeat_ms == 0) return bad(b, "heartbeat_ms is 0");
     if (m->liveness == 0) return bad(b, "liveness is 0");
+    if (m->chunk_bytes && (m->chunk_bytes < DL_WIRE_CHUNK_MIN || m->chunk_bytes > DL_WIRE_CHUNK_MAX ||
+                           m->chunk_bytes % 4))
+        return bad(b, "chunk_bytes %u is not a multiple of 4 in [%u, %u]", m->chunk_bytes, DL_WIRE_CHUNK_MIN,
+                   DL_WIRE_CHUNK_MAX);
     return check_str(b, "policy", m->policy, lim->max_name);
 }
 
@@ -444,7 +474,9 @@ static int check_push(const Dloco__V1__Push *m, const size_t *lens, int npayload
     /* a day per step is far beyond any real step: larger means a broken clock */
     if (m->compute_s < 0 || m->compute_s > (double)m->steps * 86400.0)
         return bad(b, "compute_s is %g, must be in [0, steps * 86400 = %g]", m->compute_s, (double)m->steps * 86400.0);
-    return check_tensor(b, m->fragment, m->codec, m->numel, m->block_size, lens, npayload, lim);
+    if (m->chunk_numel && m->transfer == 0) return bad(b, "chunked push without a transfer id");
+    return check_tensor(b, m->fragment, m->codec, m->numel, m->block_size, m->chunk_offset, m->chunk_numel, lens,
+                        npayload, lim);
 }
 
 static int check_ack(const Dloco__V1__Ack *m, int npayload, const dl_wire_limits *lim)
@@ -459,6 +491,9 @@ static int check_ack(const Dloco__V1__Ack *m, int npayload, const dl_wire_limits
     case DLOCO__V1__DECISION__DECISION_REJECTED: break;
     default: return bad(b, "unknown decision %d", (int)m->decision);
     }
+    if (m->busy && m->decision != DLOCO__V1__DECISION__DECISION_REJECTED) return bad(b, "busy on a decision other than REJECTED");
+    if (m->retry_after_ms > DL_WIRE_RETRY_MAX_MS)
+        return bad(b, "retry_after_ms %u above %u", m->retry_after_ms, DL_WIRE_RETRY_MAX_MS);
     return check_str(b, "reason", m->reason, lim->max_text);
 }
 
@@ -474,6 +509,17 @@ static int check_fetch(const Dloco__V1__Fetch *m, int npayload, const dl_wire_li
         DL_TRY(check_fragment(b, f, lim));
         if (seen[f / 8] & (1u << (f % 8))) return bad(b, "fragment %u listed twice", f);
         seen[f / 8] |= (uint8_t)(1u << (f % 8));
+    }
+    if (m->n_resume_versions != m->n_resume_offsets)
+        return bad(b, "%zu resume_versions but %zu resume_offsets", m->n_resume_versions, m->n_resume_offsets);
+    if (m->n_resume_offsets && m->n_resume_offsets != m->n_fragments)
+        return bad(b, "%zu resume entries for %zu fragments", m->n_resume_offsets, m->n_fragments);
+    for (size_t i = 0; i < m->n_resume_offsets; i++) {
+        uint32_t f = m->fragments[i];
+        uint64_t n = lim->fragment_numel ? lim->fragment_numel[f] : lim->max_numel;
+        if (m->resume_offsets[i] >= n)
+            return bad(b, "resume_offsets[%zu] %llu outside fragment %u's %llu elements", i,
+                       (unsigned long long)m->resume_offsets[i], f, (unsigned long long)n);
     }
     return 0;
 }
@@ -517,7 +563,8 @@ int dl_wire_validate(const Dloco__V1__Envelope *env, const size_t *payload_lens,
     case DLOCO__V1__ENVELOPE__BODY_UPDATE:
         if (!env->update) break;
         return check_tensor(b, env->update->fragment, env->update->codec, env->update->numel,
-                            env->update->block_size, payload_lens, npayload, lim);
+                            env->update->block_size, env->update->chunk_offset, env->update->chunk_numel,
+                            payload_lens, npayload, lim);
     case DLOCO__V1__ENVELOPE__BODY_FETCH:
         if (!env->fetch) break;
         return check_fetch(env->fetch, npayload, lim);

@@ -34,6 +34,12 @@
 #define DL_WIRE_USER_ID_MAX 127       /* ZAP User-Id kept per message ("<learner id> <z85 key>" is 105) */
 #define DL_WIRE_BLOCK_MIN 16u         /* int8/int4 scale block size, elements */
 #define DL_WIRE_BLOCK_MAX 65536u
+/* Chunked transfers (docs/PROTOCOL.md): a chunk's payload is at least
+ * DL_WIRE_CHUNK_MIN bytes (but the last one of a fragment) and Welcome.chunk_bytes at most
+ * DL_WIRE_CHUNK_MAX. */
+#define DL_WIRE_CHUNK_MIN 4096u
+#define DL_WIRE_CHUNK_MAX (64u << 20)
+#define DL_WIRE_RETRY_MAX_MS 600000u /* Ack.retry_after_ms */
 /* Per-peer-pipe high-water mark in messages (ZMQ HWMs count per connection).
  * A learner has at most a few pushes and heartbeats in flight, so 64 is deep
  * enough, and it bounds queued fragment copies per peer instead of letting a
@@ -141,6 +147,14 @@ void dl_wire_queue_release(dl_wire_queue **q);
 uint64_t dl_wire_queue_bytes(const dl_wire_queue *q);
 /* Monotonic ns when libzmq last freed a message of this queue (0 = never). */
 int64_t dl_wire_queue_drained_ns(const dl_wire_queue *q);
+/* Call fn(ctx) after every message of this queue that libzmq frees (from
+ * its I/O thread: fn must be thread-safe and quick, e.g. ev_async_send or
+ * an eventfd write), so a sender waiting for room learns of it without
+ * polling. fn NULL stops the calls; clear it before the context that fn
+ * uses goes away (calls in flight finish with the old ctx, so ctx must live
+ * until zmq_ctx_term has returned). */
+typedef void (*dl_wire_wake_fn)(void *ctx);
+void dl_wire_queue_set_wake(dl_wire_queue *q, dl_wire_wake_fn fn, void *ctx);
 
 /* ---- building messages */
 

@@ -30,6 +30,7 @@ typedef struct {
     char events[DL_CFG_STRLEN];
     char auth[DL_CFG_STRLEN], key_file[DL_CFG_STRLEN], allowlist[DL_CFG_STRLEN];
     int64_t max_new_hellos_per_s, new_hello_burst, reclaim_ms, max_outbound_mb, peer_outbound_mb, slow_reader_ms;
+    int64_t chunk_kb, pool_mb;
     double norm_k, norm_param_ratio, param_abs_max, max_step_rate;
     int64_t norm_window, norm_min_history, step_slack, max_batch;
     char norm_action[DL_CFG_STRLEN];
@@ -78,7 +79,12 @@ static const dl_cfg_entry table[] = {
     {"max_outbound_mb", DL_CFG_INT, F(max_outbound_mb), 0, 1048576, "0", NULL, 0,
      "payload MiB queued for all learners at once; more waits (0 = max(256, 4 x model size))"},
     {"peer_outbound_mb", DL_CFG_INT, F(peer_outbound_mb), 0, 1048576, "0", NULL, 0,
-     "payload MiB queued for one learner; more waits (0 = max(model, 2 x largest fragment))"},
+     "payload MiB queued for one learner; more waits (0 = 2 x chunk: a heartbeat waits behind at most that)"},
+    {"chunk_kb", DL_CFG_INT, F(chunk_kb), 0, 65536, "1024", NULL, 0,
+     "KiB per chunk of an Update, and of the pushes learners send (Welcome.chunk_bytes); >= 4"},
+    {"pool_mb", DL_CFG_INT, F(pool_mb), 0, 1048576, "0", NULL, 0,
+     "MiB of pushes pooled or arriving; a push finding no room is refused busy (0 = max(2 x model, 4 x largest "
+     "fragment, 64 MiB))"},
     {"slow_reader_ms", DL_CFG_INT, F(slow_reader_ms), 100, 86400000, "60000", NULL, 0,
      "a learner whose queue makes no progress this long is dropped"},
     {"norm_k", DL_CFG_FLOAT, F(norm_k), 0, 1e6, "10", NULL, 1,
@@ -257,6 +263,8 @@ int main(int argc, char **argv)
     sc.reclaim_ms = (int)c.reclaim_ms;
     sc.max_outbound_bytes = (uint64_t)c.max_outbound_mb << 20;
     sc.peer_outbound_bytes = (uint64_t)c.peer_outbound_mb << 20;
+    sc.chunk_bytes = (uint64_t)c.chunk_kb << 10;
+    sc.pool_bytes = (uint64_t)c.pool_mb << 20;
     sc.slow_reader_ms = (int)c.slow_reader_ms;
     /* the whole effective config, however long, as the store's audit record */
     char *config_text = NULL;

@@ -22,10 +22,11 @@ void dl_report_status(const dl_sync_stats *st, char *buf, size_t cap)
         o += (size_t)snprintf(vers + o, sizeof vers - o, "%s%llu", p ? "," : "", (unsigned long long)st->versions[p]);
     snprintf(buf, cap,
              "epoch %llu | learners %d live / %d dead / %d left | merges %llu | mean staleness %.2f | versions [%s] | "
-             "dropped %llu rejected %llu | jobs in flight %d",
+             "dropped %llu rejected %llu (busy %llu) | pool %.1f / %.1f MiB | outbound %.1f MiB | jobs in flight %d",
              (unsigned long long)st->epoch, st->live, st->dead, st->left, (unsigned long long)st->merges,
              mean_staleness(st), vers, (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
-             st->jobs_inflight);
+             (unsigned long long)st->busy_refused, (double)st->pool_bytes / 1048576.0,
+             (double)st->pool_max / 1048576.0, (double)st->outbound_attached / 1048576.0, st->jobs_inflight);
 }
 
 static const char *member_name(int state)
@@ -45,14 +46,20 @@ static void summary_fields(const dl_sync_stats *st, char *buf, size_t cap)
     snprintf(buf, cap,
              "epoch=%llu merges=%llu contributions=%llu mean_staleness=%.3f dropped_stale=%llu rejected=%llu "
              "fetches=%llu wall_s=%.1f refused_msgs=%llu clipped=%llu reclaimed=%llu dropped_readers=%llu "
-             "deferred_updates=%llu outbound_peak_bytes=%llu outbound_max_bytes=%llu outbound_detached_bytes=%llu",
+             "deferred_updates=%llu outbound_peak_bytes=%llu outbound_max_bytes=%llu outbound_detached_bytes=%llu "
+             "pool_peak_bytes=%llu pool_max_bytes=%llu busy_refused=%llu update_restarts=%llu chunks_in=%llu "
+             "chunks_out=%llu drain_yields=%llu abandoned_pushes=%llu",
              (unsigned long long)st->epoch, (unsigned long long)st->merges, (unsigned long long)st->merged_contribs,
              mean_staleness(st), (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
              (unsigned long long)st->fetches, st->wall_s, (unsigned long long)st->refused_msgs,
              (unsigned long long)st->clipped, (unsigned long long)st->reclaimed,
              (unsigned long long)st->dropped_readers, (unsigned long long)st->deferred_updates,
              (unsigned long long)st->outbound_peak, (unsigned long long)st->outbound_max,
-             (unsigned long long)(st->outbound_bytes - st->outbound_attached));
+             (unsigned long long)(st->outbound_bytes - st->outbound_attached), (unsigned long long)st->pool_peak,
+             (unsigned long long)st->pool_max, (unsigned long long)st->busy_refused,
+             (unsigned long long)st->update_restarts, (unsigned long long)st->chunks_in,
+             (unsigned long long)st->chunks_out, (unsigned long long)st->drain_yields,
+             (unsigned long long)st->abandoned_pushes);
 }
 
 static void learner_fields(const dl_sync_learner_stats *l, char *buf, size_t cap)
@@ -67,7 +74,7 @@ static void learner_fields(const dl_sync_learner_stats *l, char *buf, size_t cap
 
 void dl_report_summary(const dl_sync_stats *st, FILE *f)
 {
-    char line[768];
+    char line[1024];
     summary_fields(st, line, sizeof line);
     fprintf(f, "sync-summary: %s\n", line);
     for (int i = 0; i < st->n_learners; i++) {
@@ -78,7 +85,7 @@ void dl_report_summary(const dl_sync_stats *st, FILE *f)
 
 void dl_report_summary_events(const dl_sync_stats *st)
 {
-    char line[768];
+    char line[1024];
     summary_fields(st, line, sizeof line);
     dl_event("sync_summary", "%s", line);
     for (int i = 0; i < st->n_learners; i++) {

@@ -32,6 +32,17 @@
  * after its slot was reclaimed has lost its replay record here, so it must
  * fetch rather than push from what it holds. */
 #define DL_SYNC_RECLAIMED_IDS 4096
+/* Ack.retry_after_ms of a push refused because the pool is full. */
+#define DL_SYNC_BUSY_RETRY_MS 1000u
+/* One drain reads at most this many messages, or this many payload bytes,
+ * before timers, finished merges and sends get their turn (an ev_idle
+ * watcher goes on with the rest). */
+#define DL_SYNC_DRAIN_MSGS 64
+#define DL_SYNC_DRAIN_BYTES (32u << 20)
+/* The derived pool bound is at least this (small models never wait for room). */
+#define DL_SYNC_POOL_MIN (64ull << 20)
+/* Default chunk_bytes. */
+#define DL_SYNC_CHUNK_BYTES (1u << 20)
 
 /* A pooled push: its payload waits for its round. */
 typedef struct {
@@ -42,6 +53,26 @@ typedef struct {
     uint64_t base_version, tokens;
     double compute_s;  /* the learner's training seconds behind the delta (Push.compute_s) */
 } pending_push;
+
+/* A chunked push arriving from one learner (one at a time per connection:
+ * docs/PROTOCOL.md "Chunked transfers"). Its buffer counts in the pool. */
+typedef struct {
+    int active;          /* chunks are arriving into buf */
+    int refused;         /* its first chunk was refused (and answered): the rest are dropped unread */
+    uint32_t fragment;
+    uint64_t transfer, base_version, steps, tokens, numel;
+    uint64_t received;   /* elements so far, in order */
+    double compute_s;
+    int64_t started_ns;
+    float *buf;          /* [numel], aligned */
+} inbound;
+
+/* The Update being sent to one learner, chunk by chunk (one fragment at a
+ * time): version `version` of fragment p, elements [0, offset) sent. */
+typedef struct {
+    int p;               /* -1: none */
+    uint64_t version, offset;
+} outbound;
 
 struct dl_sync {
     dl_sync_cfg cfg;
@@ -84,10 +115,17 @@ struct dl_sync {
     size_t npend, cappend;
     dl_merge_contrib **aside; /* [P] dropped-stale pushes since the fragment's last merge */
     int *naside, *capaside;
+    inbound *inb;        /* [max learners] chunked push arriving per slot */
+    outbound *outx;      /* [max learners] Update being sent per slot */
+    uint64_t *resume_v, *resume_o; /* [max learners * P] a Fetch's resume point per slot and fragment */
+    uint64_t pool_used;  /* bytes of pooled deltas + arriving chunked pushes (<= cfg.pool_bytes) */
+    uint64_t pool_peak;
+    ev_idle more;        /* the drain stopped at its budget with messages waiting */
 
     /* statistics (the snapshot formats them) */
     uint64_t merges, merged_contribs, stale_sum, dropped_stale, rejected, fetches;
     uint64_t refused_msgs, clipped, reclaimed, dropped_readers, deferred_updates, outbound_peak;
+    uint64_t busy_refused, update_restarts, chunks_in, chunks_out, drain_yields, abandoned_in;
     uint64_t seq;
     int64_t started_ns, last_sync_ns;
     uint64_t *versions;               /* [P] snapshot buffer */
@@ -129,6 +167,7 @@ static const char *route_str(const uint8_t *r, size_t n, char buf[40])
 }
 
 static uint64_t attached_bytes(const dl_sync *s);
+static void serve_all_owed(dl_sync *s);
 
 /* Never block the loop: a learner whose queue is full loses this message
  * (it will get the next update; a lost Ack only leaves its log incomplete).
@@ -199,24 +238,36 @@ static void send_error(dl_sync *s, const uint8_t *route, size_t rlen, const char
             fatal ? "fatal" : "non-fatal", dl_event_str(msg, mb, sizeof mb));
 }
 
-static int send_update(dl_sync *s, dl_registry_learner *l, int p, uint64_t version, const float *params)
+/* Elements per Update chunk to learner l: the configured chunk, at most
+ * what the learner said it takes; 0 = whole fragments (a learner from
+ * before chunking). */
+static uint64_t chunk_elems(const dl_sync *s, const dl_registry_learner *l)
+{
+    if (!l->max_chunk) return 0;
+    uint64_t b = s->cfg.chunk_bytes < l->max_chunk ? s->cfg.chunk_bytes : l->max_chunk;
+    return b / sizeof(float);
+}
+
+/* One Update message: elements [off, off + n) of version `version` of
+ * fragment p (chunked when `chunked`, else the whole fragment). */
+static int send_update_chunk(dl_sync *s, dl_registry_learner *l, int p, uint64_t version, const float *data,
+                             uint64_t off, uint64_t n, int chunked)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Update u;
     dloco__v1__update__init(&u);
-    size_t bytes = s->numel[p] * sizeof(float);
+    size_t bytes = (size_t)n * sizeof(float);
     u.fragment = (uint32_t)p;
     u.version = version;
     u.codec = DLOCO__V1__CODEC__CODEC_FP32;
     u.numel = s->numel[p];
-    u.checksum = dl_wire_checksum(params, bytes);
+    u.chunk_offset = chunked ? off : 0;
+    u.chunk_numel = chunked ? n : 0;
+    u.checksum = dl_wire_checksum(data, bytes);
     env_to(s, &env, l->id);
     dl_wire_set_update(&env, &u);
-    int rc = send_msg(s, l, &env, params, bytes);
-    if (rc == 0) {
-        int slot = dl_registry_find(s->reg, l->id);
-        dl_registry_base_add(s->reg, slot, p, version, dl_clock_ns());
-    }
+    int rc = send_msg(s, l, &env, data, bytes);
+    if (rc == 0) s->chunks_out++;
     return rc;
 }
 
@@ -251,15 +302,15 @@ static int outbound_room(const dl_sync *s, const dl_registry_learner *l, size_t 
 
 static void owe(dl_sync *s, dl_registry_learner *l, int p)
 {
-    if (l->owed[p]) return;
+    if (l->owed[p]) return; /* one in progress ends at the newest version anyway (pump restarts it) */
     if (!l->n_owed) l->owed_since_ns = dl_clock_ns();
     l->owed[p] = 1;
     l->n_owed++;
     s->deferred_updates++;
 }
 
-static void send_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
-                     uint64_t merged, const char *reason, int rebase)
+static void send_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
+                          uint64_t merged, const char *reason, int rebase, uint32_t retry_after_ms)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Ack a;
@@ -270,37 +321,93 @@ static void send_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, D
     a.merged_version = merged;
     a.reason = (char *)reason;
     a.rebase = rebase;
+    a.busy = retry_after_ms > 0;
+    a.retry_after_ms = retry_after_ms;
     env_to(s, &env, l->id);
     dl_wire_set_ack(&env, &a);
     send_msg(s, l, &env, NULL, 0);
 }
 
-/* Serve what a learner is owed from an LMDB read snapshot (never waits on a
- * merge), as far as the outbound bounds allow; the rest stays owed and the
- * tick serves it as the queues drain. */
-static void serve_owed(dl_sync *s, dl_registry_learner *l)
+static void send_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
+                     uint64_t merged, const char *reason, int rebase)
 {
-    if (!l->n_owed || !l->route_len) return;
-    dl_store_snap *snap = NULL;
-    if (dl_store_snapshot_begin(s->store, &snap)) {
-        DL_ERROR("snapshot for %s: %s", l->id, dl_errmsg());
-        return;
-    }
-    for (int p = 0; p < s->cfg.P && l->n_owed; p++) {
-        if (!l->owed[p]) continue;
-        if (!outbound_room(s, l, s->numel[p] * sizeof(float))) break;
+    send_ack_busy(s, l, p, base, d, merged, reason, rebase, 0);
+}
+
+static int slot_of(const dl_sync *s, const dl_registry_learner *l)
+{
+    return (int)(l - dl_registry_cget(s->reg, 0));
+}
+
+/* Forget the Update in progress to a learner (its connection changed or
+ * went); what it owes stays owed. */
+static void outbound_reset(dl_sync *s, int slot) { s->outx[slot].p = -1; }
+
+/* Send what a learner is owed, chunk by chunk, as far as the outbound
+ * bounds allow, from an LMDB read snapshot the caller holds briefly (*snap,
+ * begun on first use): never from memory a merge may be writing, and never
+ * a version the loop has not seen committed yet (merge_done serves it then),
+ * so a learner never pushes from a base the policy does not know. One
+ * fragment at a time per learner; a fragment whose global version moved on
+ * mid-transfer starts again at the new version (from its first element).
+ * The rest stays owed; the queue's drain wakes the loop to go on. */
+static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
+{
+    int slot = slot_of(s, l);
+    outbound *x = &s->outx[slot];
+    uint64_t ce = chunk_elems(s, l);
+    while (l->n_owed && l->route_len) {
+        if (x->p < 0 || !l->owed[x->p]) {
+            x->p = -1;
+            for (int p = 0; p < s->cfg.P && x->p < 0; p++)
+                if (l->owed[p]) x->p = p;
+            x->version = x->offset = 0;
+        }
+        int p = x->p;
+        if (!*snap && dl_store_snapshot_begin(s->store, snap)) {
+            DL_ERROR("snapshot for %s: %s", l->id, dl_errmsg());
+            *snap = NULL;
+            return;
+        }
         uint64_t v;
         const float *pp;
         size_t n;
-        if (dl_store_snapshot_fragment(snap, (uint32_t)p, &v, &pp, &n)) {
+        if (dl_store_snapshot_fragment(*snap, (uint32_t)p, &v, &pp, &n)) {
             DL_ERROR("snapshot fragment %d: %s", p, dl_errmsg());
-            break; /* still owed: the next tick tries again */
+            return; /* still owed: the next tick tries again */
         }
-        int rc = send_update(s, l, p, v, pp);
-        if (rc == DL_EAGAIN) break; /* its queue is full (in messages): still owed */
+        if (v > dl_policy_version(s->policy, p)) return; /* committed, not yet seen by the loop: merge_done serves it */
+        if (x->version != v) {
+            if (x->version && x->offset) {
+                s->update_restarts++;
+                dl_event("update_restarted", "id=%s frag=%d from=%llu to=%llu sent=%llu", l->id, p,
+                         (unsigned long long)x->version, (unsigned long long)v, (unsigned long long)x->offset);
+            }
+            size_t r = (size_t)slot * (size_t)s->cfg.P + (size_t)p;
+            x->version = v;
+            x->offset = ce && s->resume_v[r] == v && s->resume_o[r] < n ? s->resume_o[r] : 0;
+            if (x->offset) dl_event("update_resumed", "id=%s frag=%d version=%llu offset=%llu", l->id, p,
+                                    (unsigned long long)v, (unsigned long long)x->offset);
+            s->resume_v[r] = s->resume_o[r] = 0;
+        }
+        uint64_t left = n - x->offset, cn = ce && ce < left ? ce : left;
+        if (!outbound_room(s, l, (size_t)cn * sizeof(float))) return;
+        int rc = send_update_chunk(s, l, p, v, pp + x->offset, x->offset, cn, ce != 0);
+        if (rc) return; /* its queue is full (in messages), or it is gone: still owed */
+        x->offset += cn;
+        if (x->offset < n) continue;
+        /* all of version v is on its way: progress on it counts from now */
+        dl_registry_base_add(s->reg, slot, p, v, dl_clock_ns());
         l->owed[p] = 0;
         l->n_owed--;
+        x->p = -1;
     }
+}
+
+static void serve_one(dl_sync *s, dl_registry_learner *l)
+{
+    dl_store_snap *snap = NULL;
+    serve_owed(s, l, &snap);
     dl_store_snapshot_end(&snap);
 }
 
@@ -308,18 +415,50 @@ static void serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *
 {
     size_t count = nf ? nf : (size_t)s->cfg.P;
     for (size_t i = 0; i < count; i++) owe(s, l, nf ? (int)frags[i] : (int)i);
-    serve_owed(s, l);
+    serve_one(s, l);
 }
 
 /* ------------------------------------------------------------------------ */
 /* the pool */
 
+/* Pool memory: a delta buffer of fragment p's size, counted in pool_used
+ * (the caller checked the room). */
+static float *pool_alloc(dl_sync *s, int p)
+{
+    s->pool_used += s->numel[p] * sizeof(float);
+    if (s->pool_used > s->pool_peak) s->pool_peak = s->pool_used;
+    return dl_xaligned(64, s->numel[p] * sizeof(float));
+}
+
+static void pool_free(dl_sync *s, int p, float *buf)
+{
+    if (!buf) return;
+    assert(s->pool_used >= s->numel[p] * sizeof(float));
+    s->pool_used -= s->numel[p] * sizeof(float);
+    free(buf);
+}
+
 static void free_pending(dl_sync *s, uint64_t h)
 {
     assert(h < s->npend && s->pend[h].used);
-    free(s->pend[h].delta);
+    pool_free(s, s->pend[h].fragment, s->pend[h].delta);
     s->pend[h].delta = NULL;
     s->pend[h].used = 0;
+}
+
+/* Drop the chunked push arriving from a slot, if any (its learner left,
+ * changed connection, or broke the chunk order). */
+static void inbound_drop(dl_sync *s, int slot, const char *why)
+{
+    inbound *in = &s->inb[slot];
+    if (in->active) {
+        s->abandoned_in++;
+        dl_event("push_abandoned", "id=%s frag=%u base=%llu received=%llu numel=%llu reason=%s",
+                 dl_registry_get(s->reg, slot)->id, in->fragment, (unsigned long long)in->base_version,
+                 (unsigned long long)in->received, (unsigned long long)in->numel, why);
+        pool_free(s, (int)in->fragment, in->buf);
+    }
+    memset(in, 0, sizeof *in);
 }
 
 static uint64_t alloc_pending(dl_sync *s)
@@ -458,8 +597,7 @@ static void merge_done(dl_sync *s, dl_job *j)
         dl_guard_applied(s->guard, (int)pp->learner, p, pp->base_version);
         if (registered(s, (int)pp->learner)) {
             send_ack(s, l, p, mc->base_version, DLOCO__V1__DECISION__DECISION_ACCEPTED, nv, "", 0);
-            if (!outbound_room(s, l, s->numel[p] * sizeof(float)) || send_update(s, l, p, nv, s->params[p]) == DL_EAGAIN)
-                owe(s, l, p); /* sent from a snapshot as its queue drains */
+            owe(s, l, p); /* sent from a snapshot (on_wake serves it once the policy knows nv) */
         }
         free_pending(s, j->handles[i]);
     }
@@ -563,6 +701,8 @@ static int try_reclaim(dl_sync *s, int slot, int64_t now)
     s->reclaimed_ids[s->n_reclaimed_ids++ % DL_SYNC_RECLAIMED_IDS] = dl_hash64(l->id, strlen(l->id), 0);
     dl_event("learner_reclaimed", "id=%s slot=%d away_ms=%lld", l->id, slot, (long long)((now - l->left_ns) / 1000000));
     DL_INFO("learner %s: slot %d reclaimed after %.1f s away", l->id, slot, (double)(now - l->left_ns) * 1e-9);
+    inbound_drop(s, slot, "reclaimed");
+    outbound_reset(s, slot);
     dl_registry_remove(s->reg, slot);
     s->reclaimed++;
     return 1;
@@ -572,6 +712,7 @@ static void mark_left(dl_sync *s, dl_registry_learner *l, int slot, int64_t now,
 {
     dl_policy_learner_leave(s->policy, (uint32_t)slot, now, why);
     l->left_ns = now;
+    inbound_drop(s, slot, why == DL_POLICY_LEAVE_BYE ? "bye" : "dead");
 }
 
 static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env, const Dloco__V1__Hello *h)
@@ -654,7 +795,12 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
         }
     }
     dl_registry_learner *l = dl_registry_get(s->reg, slot);
-    if (!dl_registry_route_is(s->reg, slot, route, rlen)) dl_registry_set_route(s->reg, slot, route, rlen, msg->user_id);
+    if (!dl_registry_route_is(s->reg, slot, route, rlen)) {
+        /* a new connection: nothing in flight on the old one arrives any more */
+        inbound_drop(s, slot, "new_connection");
+        outbound_reset(s, slot);
+        dl_registry_set_route(s->reg, slot, route, rlen, msg->user_id);
+    }
     int was = member(s, slot) == DL_POLICY_MEMBER_LIVE;
     int rc = dl_policy_learner_join(s->policy, (uint32_t)slot, now);
     if (rc) {
@@ -674,6 +820,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     l->left_ns = 0;
     l->hellos++;
     l->batch = h->batch;
+    l->max_chunk = h->max_chunk_bytes & ~3u;
     dl_ledger_hello(s->ledger, slot, h->step);
     int must_fetch = h->n_held_versions == 0 || away_long;
     uint64_t *vers = dl_xcalloc((size_t)s->cfg.P, sizeof(uint64_t));
@@ -699,6 +846,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     w.liveness = (uint32_t)s->cfg.liveness;
     w.policy = (char *)dl_policy_kind_name(s->cfg.policy.kind);
     w.must_fetch = must_fetch;
+    w.chunk_bytes = (uint32_t)s->cfg.chunk_bytes;
     env_to(s, &out, l->id);
     dl_wire_set_welcome(&out, &w);
     send_msg(s, l, &out, NULL, 0);
@@ -742,11 +890,25 @@ static void refuse_push(dl_sync *s, int slot, dl_registry_learner *l, const Dloc
     DL_INFO("learner %s: push of fragment %d rejected (%s)", l->id, p, dl_event_str(why, rb, sizeof rb));
 }
 
-static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *msg, const Dloco__V1__Push *ph)
+/* Refused for want of room (the pool is full): nothing of it counted, its
+ * progress stays with the learner (CARRIED), which pushes again later. */
+static void refuse_busy(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, const char *why)
 {
     int p = (int)ph->fragment;
-    int64_t now = dl_clock_ns();
-    l->pushes++;
+    s->busy_refused++;
+    l->rejected++;
+    dl_ledger_arrived(s->ledger, slot, p, ph->base_version, ph->tokens);
+    dl_ledger_refused(s->ledger, slot, p, ph->base_version, ph->tokens);
+    push_event(l, ph, "busy", why);
+    send_ack_busy(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0, DL_SYNC_BUSY_RETRY_MS);
+}
+
+/* What a push's header must pass before any of its payload is kept:
+ * counters, replays, codec, room in the pool. 0 = go on; -1 = refused (and
+ * answered). */
+static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, int64_t now)
+{
+    int p = (int)ph->fragment;
     char why[320];
     /* 1. counters: nothing the push claims is believed beyond what its
      * learner can have done since it got the base version */
@@ -764,27 +926,50 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
                                 (uint64_t)s->cfg.model.seq_len;
         if (cap < plausible) plausible = (uint64_t)cap;
         refuse_push(s, slot, l, ph, plausible, 1, why);
-        return;
+        return -1;
     }
     /* 2. replays (a push too stale to pool is dropped below either way) */
     uint64_t cur = dl_policy_version(s->policy, p);
     int poolable = ph->base_version <= cur && cur - ph->base_version <= (uint64_t)s->cfg.policy.max_staleness;
     if (poolable && dl_guard_replay(s->guard, slot, p, ph->base_version, why, sizeof why)) {
         refuse_push(s, slot, l, ph, 0, 1, why);
-        return;
+        return -1;
     }
     if (ph->codec != DLOCO__V1__CODEC__CODEC_FP32) {
         refuse_push(s, slot, l, ph, ph->tokens, 0, "only fp32 pushes are supported by this synchronizer");
+        return -1;
+    }
+    uint64_t need = s->numel[p] * sizeof(float);
+    if (s->pool_used + need > s->cfg.pool_bytes) {
+        snprintf(why, sizeof why, "pool full (%llu of %llu bytes hold pushes waiting for their rounds): push again later",
+                 (unsigned long long)s->pool_used, (unsigned long long)s->cfg.pool_bytes);
+        refuse_busy(s, slot, l, ph, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* The rest of a push whose payload is complete in `delta` (fragment-sized,
+ * from pool_alloc: this takes it): replays again (a merge may have come
+ * while it arrived), values, then the policy. */
+static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, float *delta,
+                      int64_t now)
+{
+    int p = (int)ph->fragment;
+    char why[320];
+    uint64_t cur = dl_policy_version(s->policy, p);
+    int poolable = ph->base_version <= cur && cur - ph->base_version <= (uint64_t)s->cfg.policy.max_staleness;
+    if (poolable && dl_guard_replay(s->guard, slot, p, ph->base_version, why, sizeof why)) {
+        pool_free(s, p, delta);
+        refuse_push(s, slot, l, ph, 0, 1, why);
         return;
     }
     /* 3. values */
     size_t n = s->numel[p];
-    float *delta = dl_xaligned(64, n * sizeof(float));
-    memcpy(delta, dl_wire_msg_payload(msg, 0), n * sizeof(float)); /* payload may be unaligned */
     int finite = 0;
     double norm = dl_guard_norm(delta, n, &finite);
     if (!finite) {
-        free(delta);
+        pool_free(s, p, delta);
         refuse_push(s, slot, l, ph, ph->tokens, 0, "non-finite values in push");
         return;
     }
@@ -792,7 +977,7 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     int g = dl_guard_value(s->guard, p, norm, s->param_norm[p], &scale, why, sizeof why);
     dl_guard_observe(s->guard, p, slot, norm); /* what the fleet pushes now, whatever this push's fate */
     if (g == DL_GUARD_REJECTED) {
-        free(delta);
+        pool_free(s, p, delta);
         refuse_push(s, slot, l, ph, ph->tokens, 1, why);
         return;
     }
@@ -830,7 +1015,7 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         schedule(s);
         return;
     }
-    free(delta);
+    pool_free(s, p, delta);
     if (v.decision == DL_POLICY_DROPPED_STALE) {
         l->dropped++;
         s->dropped_stale++;
@@ -863,6 +1048,101 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         push_event(l, ph, "rejected", r);
         DL_INFO("learner %s: push of fragment %d rejected (%s)", l->id, p, r);
     }
+}
+
+/* 1 when a chunk carries the same push as the one arriving. */
+static int same_push(const inbound *in, const Dloco__V1__Push *ph)
+{
+    return in->transfer == ph->transfer && in->fragment == ph->fragment && in->base_version == ph->base_version &&
+           in->steps == ph->steps && in->tokens == ph->tokens && in->compute_s == ph->compute_s;
+}
+
+/* A Push message: a whole push, or one chunk of one (docs/PROTOCOL.md
+ * "Chunked transfers"). The header checks run on the first chunk, before
+ * any room is taken; values and the policy once the last has come. */
+static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *msg, const Dloco__V1__Push *ph)
+{
+    int p = (int)ph->fragment;
+    int64_t now = dl_clock_ns();
+    inbound *in = &s->inb[slot];
+    const void *data = dl_wire_msg_payload(msg, 0); /* may be unaligned */
+    if (!ph->chunk_numel) {
+        if (in->active) inbound_drop(s, slot, "whole_push_before_end");
+        l->pushes++;
+        if (push_head(s, slot, l, ph, now)) return;
+        float *delta = pool_alloc(s, p);
+        memcpy(delta, data, s->numel[p] * sizeof(float));
+        push_body(s, slot, l, ph, delta, now);
+        return;
+    }
+    s->chunks_in++;
+    if (ph->chunk_offset == 0) {
+        if (in->active) inbound_drop(s, slot, "new_push_before_end");
+        memset(in, 0, sizeof *in);
+        l->pushes++;
+        in->fragment = ph->fragment;
+        in->transfer = ph->transfer;
+        in->base_version = ph->base_version;
+        in->steps = ph->steps;
+        in->tokens = ph->tokens;
+        in->compute_s = ph->compute_s;
+        in->numel = s->numel[p];
+        in->started_ns = now;
+        if (push_head(s, slot, l, ph, now)) {
+            in->refused = 1; /* its other chunks are dropped unread */
+            return;
+        }
+        in->active = 1;
+        in->buf = pool_alloc(s, p);
+    } else if (!in->active && in->refused && same_push(in, ph)) {
+        return; /* the rest of a refused push: answered at its first chunk */
+    } else if (!in->active || !same_push(in, ph) || ph->chunk_offset != in->received) {
+        char why[200];
+        if (!in->active)
+            snprintf(why, sizeof why, "chunk at %llu of fragment %d without its first chunk",
+                     (unsigned long long)ph->chunk_offset, p);
+        else if (!same_push(in, ph))
+            snprintf(why, sizeof why, "chunk of another push (fragment %d transfer %llu) before push %llu ended", p,
+                     (unsigned long long)ph->transfer, (unsigned long long)in->transfer);
+        else
+            snprintf(why, sizeof why, "chunk at %llu, expected %llu: chunks must come in order",
+                     (unsigned long long)ph->chunk_offset, (unsigned long long)in->received);
+        inbound_drop(s, slot, "chunk_out_of_order");
+        /* nothing of it was counted: the learner keeps its progress */
+        send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0);
+        push_event(l, ph, "rejected", why);
+        s->refused_msgs++;
+        in->fragment = ph->fragment; /* the rest of this transfer is dropped unread */
+        in->transfer = ph->transfer;
+        in->base_version = ph->base_version;
+        in->steps = ph->steps;
+        in->tokens = ph->tokens;
+        in->compute_s = ph->compute_s;
+        in->refused = 1;
+        return;
+    }
+    memcpy(in->buf + ph->chunk_offset, data, (size_t)ph->chunk_numel * sizeof(float));
+    in->received += ph->chunk_numel;
+    if (in->received < in->numel) return;
+    float *delta = in->buf;
+    memset(in, 0, sizeof *in);
+    push_body(s, slot, l, ph, delta, now);
+}
+
+/* A Fetch: the fragments are owed (again); a resume point is used when its
+ * version is still the global one as the transfer starts (serve_owed). */
+static void on_fetch(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Fetch *f)
+{
+    s->fetches++;
+    size_t P = (size_t)s->cfg.P;
+    for (size_t i = 0; i < f->n_fragments; i++) {
+        size_t p = f->fragments[i], r = (size_t)slot * P + p;
+        s->resume_v[r] = i < f->n_resume_versions ? f->resume_versions[i] : 0;
+        s->resume_o[r] = i < f->n_resume_offsets ? f->resume_offsets[i] : 0;
+        if (s->outx[slot].p == (int)p) outbound_reset(s, slot); /* asked again: start from the resume point */
+    }
+    if (!f->n_fragments) outbound_reset(s, slot);
+    serve_fragments(s, l, f->fragments, f->n_fragments);
 }
 
 static void on_bye(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Bye *b, int64_t now)
@@ -952,10 +1232,7 @@ static void on_message(dl_sync *s, dl_wire_msg *msg)
     switch (env->body_case) {
     case DLOCO__V1__ENVELOPE__BODY_HEARTBEAT: on_heartbeat(s, slot, l, env->heartbeat, now); break;
     case DLOCO__V1__ENVELOPE__BODY_PUSH: on_push(s, slot, l, msg, env->push); break;
-    case DLOCO__V1__ENVELOPE__BODY_FETCH:
-        s->fetches++;
-        serve_fragments(s, l, env->fetch->fragments, env->fetch->n_fragments);
-        break;
+    case DLOCO__V1__ENVELOPE__BODY_FETCH: on_fetch(s, slot, l, env->fetch); break;
     case DLOCO__V1__ENVELOPE__BODY_BYE: on_bye(s, slot, l, env->bye, now); break;
     default:
         send_error(s, msg->id, msg->id_len, id, DL_EPROTO, 0, "%s is not a learner-to-synchronizer message",
@@ -971,7 +1248,8 @@ static void drain(dl_sync *s)
     /* Stopping: nothing more is read, so the ledger's last write covers every
      * push this process answered; later messages are for the next epoch. */
     if (s->stopping) return;
-    for (int budget = 0; budget < 100000; budget++) {
+    size_t bytes = 0;
+    for (int budget = 0;; budget++) {
         int ev = 0;
         size_t sz = sizeof ev;
         if (zmq_getsockopt(s->router, ZMQ_EVENTS, &ev, &sz) != 0) {
@@ -979,10 +1257,17 @@ static void drain(dl_sync *s)
             return;
         }
         if (!(ev & ZMQ_POLLIN)) return;
+        if (budget >= DL_SYNC_DRAIN_MSGS || bytes >= DL_SYNC_DRAIN_BYTES) {
+            /* the rest after the timers, finished merges and sends that are due */
+            s->drain_yields++;
+            if (!ev_is_active(&s->more)) ev_idle_start(s->loop, &s->more);
+            return;
+        }
         dl_wire_msg msg;
         dl_err_clear();
         int rc = dl_wire_recv(s->router, 1, &s->lim, &msg, ZMQ_DONTWAIT);
         if (rc == 0) {
+            for (int i = 0; i < msg.npayload; i++) bytes += dl_wire_msg_payload_len(&msg, i);
             on_message(s, &msg);
         } else if (rc == DL_EPROTO) {
             char why[400];
@@ -1004,6 +1289,13 @@ static void on_zmq(struct ev_loop *loop, ev_io *w, int revents)
 {
     (void)loop;
     (void)revents;
+    drain(w->data);
+}
+
+static void on_more(struct ev_loop *loop, ev_idle *w, int revents)
+{
+    (void)revents;
+    ev_idle_stop(loop, w);
     drain(w->data);
 }
 
@@ -1043,6 +1335,7 @@ static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
         dl_job_free(j);
     }
     schedule(s);
+    serve_all_owed(s); /* what merges made owed, and what drained queues have room for now */
     drain(s);
     maybe_finish(s);
 }
@@ -1080,6 +1373,7 @@ static void check_reader(dl_sync *s, int slot, dl_registry_learner *l, int64_t n
                "you did not read for %d ms: dropped (reconnect and say hello)", s->cfg.slow_reader_ms);
     mark_left(s, l, slot, now, DL_POLICY_LEAVE_DEAD);
     dl_registry_clear_route(s->reg, slot);
+    outbound_reset(s, slot);
     memset(l->owed, 0, (size_t)s->cfg.P);
     l->n_owed = 0;
     s->dropped_readers++;
@@ -1112,7 +1406,9 @@ static void serve_all_owed(dl_sync *s)
             s->owed_order[n++] = (owed_key){l, dl_wire_queue_bytes(l->outq) > 0, l->owed_since_ns};
     }
     if (n > 1) qsort(s->owed_order, (size_t)n, sizeof *s->owed_order, owed_cmp);
-    for (int k = 0; k < n; k++) serve_owed(s, s->owed_order[k].l);
+    dl_store_snap *snap = NULL; /* one short snapshot for the pass */
+    for (int k = 0; k < n; k++) serve_owed(s, s->owed_order[k].l, &snap);
+    dl_store_snapshot_end(&snap);
 }
 
 static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
@@ -1163,9 +1459,15 @@ static void on_status(struct ev_loop *loop, ev_timer *w, int revents)
     dl_sync *s = w->data;
     dl_sync_stats st;
     dl_sync_get_stats(s, &st);
-    char line[768];
+    char line[1024];
     dl_report_status(&st, line, sizeof line);
     DL_INFO("status: %s", line);
+    dl_event("sync_status",
+             "live=%d dead=%d left=%d merges=%llu pool_bytes=%llu pool_max_bytes=%llu busy_refused=%llu "
+             "outbound_bytes=%llu jobs=%d drain_yields=%llu",
+             st.live, st.dead, st.left, (unsigned long long)st.merges, (unsigned long long)st.pool_bytes,
+             (unsigned long long)st.pool_max, (unsigned long long)st.busy_refused,
+             (unsigned long long)st.outbound_attached, st.jobs_inflight, (unsigned long long)st.drain_yields);
 }
 
 static void on_stop(struct ev_loop *loop, ev_signal *w, int revents)
@@ -1299,6 +1601,15 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->outbound_attached = attached_bytes(s);
     out->outbound_peak = s->outbound_peak;
     out->outbound_max = s->cfg.max_outbound_bytes;
+    out->pool_bytes = s->pool_used;
+    out->pool_peak = s->pool_peak;
+    out->pool_max = s->cfg.pool_bytes;
+    out->busy_refused = s->busy_refused;
+    out->update_restarts = s->update_restarts;
+    out->chunks_in = s->chunks_in;
+    out->chunks_out = s->chunks_out;
+    out->drain_yields = s->drain_yields;
+    out->abandoned_pushes = s->abandoned_in;
     out->merges = s->merges;
     out->merged_contribs = s->merged_contribs;
     out->stale_sum = s->stale_sum;
@@ -1377,6 +1688,7 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->versions = dl_xcalloc((size_t)P, sizeof(uint64_t));
     s->param_norm = dl_xcalloc((size_t)P, sizeof(double));
     s->outq = dl_wire_queue_new();
+    dl_wire_queue_set_wake(s->outq, wake_loop, s); /* room again: go on sending */
     for (int p = 0; p < P; p++) {
         s->numel[p] = dl_plan_fragment_numel(s->plan, p);
         s->params[p] = dl_xaligned(64, s->numel[p] * sizeof(float));
@@ -1414,14 +1726,39 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     dl_registry_open(s->cfg.policy.max_learners, P, &s->reg);
     dl_ledger_open(s->cfg.policy.max_learners, P, &s->ledger);
     s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
+    s->inb = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->inb);
+    s->outx = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->outx);
+    for (int i = 0; i < s->cfg.policy.max_learners; i++) s->outx[i].p = -1;
+    s->resume_v = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
+    s->resume_o = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
     s->owed_order = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->owed_order);
 
     /* bounds that follow from the model unless set */
     uint64_t model_bytes = (uint64_t)dl_plan_total_numel(s->plan) * sizeof(float),
              frag_bytes = (uint64_t)dl_plan_max_fragment_numel(s->plan) * sizeof(float);
     s->max_frag_bytes = frag_bytes;
-    if (!s->cfg.max_msg_bytes) s->cfg.max_msg_bytes = frag_bytes + DL_WIRE_MAX_HEADER_BYTES;
-    if (!s->cfg.peer_outbound_bytes) s->cfg.peer_outbound_bytes = model_bytes > 2 * frag_bytes ? model_bytes : 2 * frag_bytes;
+    if (!s->cfg.chunk_bytes) s->cfg.chunk_bytes = DL_SYNC_CHUNK_BYTES;
+    if (s->cfg.chunk_bytes < DL_WIRE_CHUNK_MIN || s->cfg.chunk_bytes > DL_WIRE_CHUNK_MAX || s->cfg.chunk_bytes % 4) {
+        rc = dl_err(DL_EINVAL, "chunk_bytes %llu is not a multiple of 4 in [%u, %u]",
+                    (unsigned long long)s->cfg.chunk_bytes, DL_WIRE_CHUNK_MIN, DL_WIRE_CHUNK_MAX);
+        goto fail;
+    }
+    /* chunked pushes: nothing bigger than a chunk (or a small whole fragment) is a valid message */
+    uint64_t unit = frag_bytes < s->cfg.chunk_bytes ? frag_bytes : s->cfg.chunk_bytes;
+    if (!s->cfg.max_msg_bytes) s->cfg.max_msg_bytes = unit + DL_WIRE_MAX_HEADER_BYTES;
+    /* a learner's window: two chunks in flight keep a link busy, and a
+     * heartbeat or Ack waits behind at most that */
+    if (!s->cfg.peer_outbound_bytes) s->cfg.peer_outbound_bytes = 2 * s->cfg.chunk_bytes;
+    if (!s->cfg.pool_bytes) {
+        uint64_t two = 2 * model_bytes, floor = 4 * frag_bytes;
+        s->cfg.pool_bytes = two > floor ? two : floor;
+        if (s->cfg.pool_bytes < DL_SYNC_POOL_MIN) s->cfg.pool_bytes = DL_SYNC_POOL_MIN;
+    }
+    if (s->cfg.pool_bytes < frag_bytes) {
+        rc = dl_err(DL_EINVAL, "pool_mb holds %llu bytes, less than the largest fragment (%llu bytes): no push could wait",
+                    (unsigned long long)s->cfg.pool_bytes, (unsigned long long)frag_bytes);
+        goto fail;
+    }
     if (!s->cfg.max_outbound_bytes) {
         uint64_t four = 4 * model_bytes, floor = 256ull << 20;
         s->cfg.max_outbound_bytes = four > floor ? four : floor;
@@ -1458,6 +1795,8 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     ev_async_init(&s->wake, on_wake);
     s->wake.data = s;
     ev_async_start(s->loop, &s->wake);
+    ev_idle_init(&s->more, on_more);
+    s->more.data = s;
     ev_timer_init(&s->deadline, on_deadline, 1.0, 0.0);
     s->deadline.data = s;
     double hb = s->cfg.heartbeat_ms * 1e-3;
@@ -1484,18 +1823,22 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     DL_INFO("run '%s' epoch %llu: %s (%d fragments, %zu params, fingerprint %016llx), listening on %s",
             s->cfg.run_id, (unsigned long long)s->epoch, total_v ? "resumed" : "new run", P,
             dl_plan_total_numel(s->plan), (unsigned long long)s->fingerprint, s->endpoint);
-    DL_INFO("limits: messages <= %llu bytes, outbound queue <= %llu bytes (%llu per learner), %s",
-            (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.max_outbound_bytes,
+    DL_INFO("limits: messages <= %llu bytes, chunks of %llu bytes, pool <= %llu bytes, outbound queue <= %llu bytes "
+            "(%llu per learner), %s",
+            (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.chunk_bytes,
+            (unsigned long long)s->cfg.pool_bytes, (unsigned long long)s->cfg.max_outbound_bytes,
             (unsigned long long)s->cfg.peer_outbound_bytes,
             s->auth ? "CURVE: only allowlisted keys connect" : "no authentication (loopback or auth = off)");
     if (!s->auth && !loopback_endpoint(s->cfg.bind))
         DL_WARN("bind %s is not loopback and auth = off: anyone who reaches the port can join and push", s->cfg.bind);
     dl_event("sync_start",
              "epoch=%llu resumed=%d fragments=%d params=%zu fingerprint=%016llx endpoint=%s auth=%s max_msg_bytes=%llu "
-             "max_outbound_bytes=%llu",
+             "max_outbound_bytes=%llu chunk_bytes=%llu pool_bytes=%llu peer_outbound_bytes=%llu",
              (unsigned long long)s->epoch, total_v ? 1 : 0, P, dl_plan_total_numel(s->plan),
              (unsigned long long)s->fingerprint, s->endpoint, s->auth ? "curve" : "off",
-             (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.max_outbound_bytes);
+             (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.max_outbound_bytes,
+             (unsigned long long)s->cfg.chunk_bytes, (unsigned long long)s->cfg.pool_bytes,
+             (unsigned long long)s->cfg.peer_outbound_bytes);
     free(full);
     *out = s;
     return 0;
@@ -1524,6 +1867,7 @@ void dl_sync_close(dl_sync **sp)
 {
     if (!sp || !*sp) return;
     dl_sync *s = *sp;
+    if (s->outq) dl_wire_queue_set_wake(s->outq, NULL, NULL); /* libzmq frees what it holds below */
     dl_worker_close(&s->worker); /* before the loop it wakes */
     if (s->loop) ev_loop_destroy(s->loop);
     if (s->router) DL_ZMQ_LOG(zmq_close(s->router));
@@ -1545,6 +1889,11 @@ void dl_sync_close(dl_sync **sp)
     }
     for (size_t i = 0; i < s->npend; i++) free(s->pend[i].delta);
     free(s->pend);
+    for (int i = 0; s->inb && i < s->cfg.policy.max_learners; i++) free(s->inb[i].buf);
+    free(s->inb);
+    free(s->outx);
+    free(s->resume_v);
+    free(s->resume_o);
     free(s->params);
     free(s->momentum);
     free(s->aside);

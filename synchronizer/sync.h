@@ -31,7 +31,10 @@ typedef struct {
     int durability;        /* DL_STORE_SYNC | DL_STORE_PERIODIC */
     int sync_every_ms;     /* periodic durability: fsync interval */
     int status_every_ms;   /* progress line interval (0 = off) */
-    uint64_t max_msg_bytes;  /* inbound message cap; 0 = the largest fragment's fp32 bytes + header cap */
+    uint64_t max_msg_bytes;  /* inbound message cap; 0 = min(largest fragment, chunk_bytes) + header cap */
+    uint64_t chunk_bytes;    /* payload bytes of one chunk of an Update (and the pushes learners send); 0 = 1 MiB */
+    uint64_t pool_bytes;     /* pushes pooled or arriving, bytes; a push finding no room is refused busy;
+                                0 = max(2 x model, 4 x largest fragment, 64 MiB) */
     /* who may connect (docs/SECURITY.md) */
     int auth;                /* DL_SYNC_AUTH_*: resolved by dl_sync_open (AUTO -> CURVE unless bind is loopback) */
     char key_file[256];      /* CURVE: the synchronizer's key pair (dloco keygen) */
@@ -40,7 +43,8 @@ typedef struct {
     int new_hello_burst;     /* ... and depth */
     int reclaim_ms;          /* a learner dead or gone this long gives its slot back */
     uint64_t max_outbound_bytes;  /* payload bytes queued in libzmq for all learners; 0 = derived */
-    uint64_t peer_outbound_bytes; /* ... for one learner; 0 = derived */
+    uint64_t peer_outbound_bytes; /* ... for one learner; 0 = 2 x chunk_bytes (a learner from before chunking
+                                     gets one whole fragment at a time when its queue is empty) */
     int slow_reader_ms;      /* a learner whose queue makes no progress this long is dropped */
     dl_guard_cfg guard;      /* counters, replays, value guards */
     const char *config_text; /* the effective config text, recorded in the store as an audit record (nothing
@@ -99,6 +103,12 @@ typedef struct {
     uint64_t outbound_bytes;    /* payload bytes queued in libzmq now, for every connection */
     uint64_t outbound_attached; /* ... of them for learners still attached (the bounded part) */
     uint64_t outbound_peak, outbound_max; /* the most attached bytes seen after a send, and their bound */
+    uint64_t pool_bytes, pool_peak, pool_max; /* pushes pooled or arriving: now, the most seen, the bound */
+    uint64_t busy_refused;     /* pushes refused busy (pool full) */
+    uint64_t update_restarts;  /* Updates restarted because the fragment's version moved on mid-transfer */
+    uint64_t chunks_in, chunks_out; /* Push chunks received, Update messages sent */
+    uint64_t drain_yields;     /* drains that stopped at their budget with messages waiting */
+    uint64_t abandoned_pushes; /* chunked pushes dropped unfinished (learner gone, new connection, order) */
     int jobs_inflight;
     dl_ledger_totals ledger;
 } dl_sync_stats;

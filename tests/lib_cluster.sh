@@ -24,6 +24,10 @@ MODEL="--n_layer 2 --n_head 2 --n_embd 32 --seq_len 32"
 # DiLoCo's Nesterov 0.7/0.9, is meant for H in the hundreds; at H=8 it
 # amplifies each averaged delta ~7x and the tiny test model sometimes diverges.
 OUTER="--outer_lr 1.0 --outer_momentum 0"
+# Chunked transfers (docs/PROTOCOL.md): the test model's fragments are tens
+# of KiB, so the synchronizer's chunks are the protocol's smallest (4 KiB)
+# and every Update and Push travels in several chunks, as at GPT-2 size.
+CHUNK_KB=${CHUNK_KB:-4}
 
 # start_sync LOGNAME [extra args...]: binds $BIND (default: a free loopback
 # port); sets SPID and EP; events go to $W/events-LOGNAME.log
@@ -31,7 +35,7 @@ start_sync() {
   local log=$1; shift
   : > "$W/events-$log.log" # a fresh file, like the log: the endpoint below is this start's
   "$SYNC" --store "$W/store" --bind "${BIND:-tcp://127.0.0.1:0}" $MODEL --vocab 256 --fragments 4 --H 8 --heartbeat_ms 200 \
-    --status_every_ms 0 --events "$W/events-$log.log" "$@" > "$W/$log.log" 2>&1 &
+    --status_every_ms 0 --chunk_kb "$CHUNK_KB" --events "$W/events-$log.log" "$@" > "$W/$log.log" 2>&1 &
   SPID=$!; PIDS+=("$SPID")
   EP=""
   for _ in $(seq 1 150); do
