@@ -1,5 +1,5 @@
-/* Fragment plan: splits a model's tensor table into P fragments of near-equal
- * bytes (whole tensors, greedy LPT packing), the staggered push schedule, and the model fingerprint. */
+/* Fragment plan: splits a model's tensor table into P fragments of near-equal bytes (whole tensors, big
+ * ones cut into row blocks), the staggered push schedule, and the model fingerprint. */
 #ifndef DL_CORE_PLAN_H
 #define DL_CORE_PLAN_H
 
@@ -13,19 +13,58 @@
  * synchronizer can each build it and compare fingerprints instead of
  * shipping it. The plan keeps its own copy of the table.
  *
- * Packing (LPT): tensors sorted by numel descending (ties: lower table index
- * first), each assigned to the fragment with the fewest floats so far (ties:
- * lowest fragment index). Inside a fragment the tensors keep table order,
- * which is buffer order, so a fragment's payload is its tensors concatenated
- * in the order they sit in the parameter buffer. */
+ * Blocks. A fragment is a list of blocks; a block is a contiguous element
+ * range [start, start + numel) of one tensor. Most tensors are one block (the
+ * whole tensor); a tensor larger than the fragment target
+ * ceil(total / P) floats, with at least two rows, may be split into row
+ * blocks: rows [r0, r1) of a row-major [rows, cols] tensor are elements
+ * [r0*cols, r1*cols), so every block of a 2-D tensor starts and ends on a row
+ * boundary (a 1-D tensor's rows are its elements).
+ *
+ * Packing. First the whole-tensor plan (LPT): tensors sorted by numel
+ * descending (ties: lower table index first), each assigned to the fragment
+ * with the fewest floats so far (ties: lowest fragment index). When no tensor
+ * exceeds the target that is the plan. Otherwise the split plan is built too:
+ * the tensors up to the target are packed by the same LPT, then the big
+ * tensors, concatenated in table order, are poured into the fragments like
+ * water: fragment p gets max(0, level - fill_p) floats (the level is where the
+ * quotas sum to the big tensors' floats exactly; the remainder goes one float
+ * each to the lowest-index fragments at or under the level), fragments take
+ * consecutive stretches of the stream in index order, and each cut is moved
+ * to the nearest row boundary of the tensor it falls in. A fragment thus gets
+ * at most one stretch, i.e. at most one block of each big tensor. The split
+ * plan is kept only when its largest fragment is strictly smaller than the
+ * whole-tensor plan's and no fragment is empty; otherwise the whole-tensor
+ * plan stands. So a table that needs no split gets exactly the plan it got
+ * before blocks existed.
+ *
+ * Order. Inside a fragment the blocks keep buffer order, so a fragment's
+ * payload is its blocks concatenated in the order they sit in the parameter
+ * buffer.
+ *
+ * What is per block. A merge works span by span (synchronizer/merge.c): an
+ * EMBED span by weighted mean, which is element-wise, so a split embedding
+ * merges exactly as a whole one; the other kinds by RDA, whose norms are then
+ * those of the block, not of the tensor. The blocks of one tensor sit in
+ * different fragments whose rounds close at different times with different
+ * contributors and weights, so a norm across the blocks would need deltas
+ * that are not in the round; per block is the only rule that keeps a merge a
+ * function of its own fragment. For GPT-2 124M only wte (EMBED) is above the
+ * target up to P = 52 (the MLP matrices pass it from P = 53 on), so there RDA
+ * stays per tensor; a small model gets there sooner (L=2 C=64 V=100 splits
+ * its MLP matrices at P = 8). Norm clipping and the push guards were per
+ * fragment already. */
 typedef struct dl_plan dl_plan;
 
-/* One tensor's place inside a fragment payload (all counts in floats). */
+/* One block's place in a fragment payload (all counts in floats). */
 typedef struct {
     size_t offset; /* start inside the fragment payload */
+    size_t src;    /* start inside the parameter buffer: the tensor's offset + start */
+    size_t start;  /* first element inside the tensor: 0 for a whole tensor, a multiple of shape[1] for 2-D */
     size_t numel;
     int kind;      /* DL_TENSOR_*: EMBED merges by weighted mean, the rest by RDA */
     int tensor;    /* index into the table */
+    int fragment;  /* fragment that holds this block */
 } dl_plan_span;
 
 /* Build the plan for `ntensors` tensors in buffer order (offsets strictly
@@ -43,27 +82,35 @@ const dl_tensor *dl_plan_tensor(const dl_plan *plan, int i); /* the plan's copy 
 size_t dl_plan_total_numel(const dl_plan *plan);             /* sum of all tensors' numel */
 size_t dl_plan_max_fragment_numel(const dl_plan *plan);      /* for sizing one payload buffer */
 size_t dl_plan_fragment_numel(const dl_plan *plan, int p);
-int dl_plan_fragment_ntensors(const dl_plan *plan, int p);
-/* Table indices of fragment p in buffer order; dl_plan_fragment_ntensors() entries. */
-const int *dl_plan_fragment_tensors(const dl_plan *plan, int p);
-/* Spans of fragment p in payload order (one per tensor); *nspans gets the count. */
+/* Blocks in the whole plan: ntensors plus one per extra block of a split tensor. */
+int dl_plan_nblocks(const dl_plan *plan);
+/* Spans of fragment p in payload (= buffer) order, one per block; *nspans
+ * gets the count. */
 const dl_plan_span *dl_plan_fragment_spans(const dl_plan *plan, int p, int *nspans);
-/* Fragment that holds table entry `tensor`. */
-int dl_plan_fragment_of(const dl_plan *plan, int tensor);
-/* 1 when fragment p holds at least one tensor of `kind` (DL_TENSOR_*). */
+/* Blocks of table entry `tensor`: 1 unless it is split. Block k (0 <= k <
+ * dl_plan_tensor_nblocks) in element order; the blocks cover the tensor
+ * exactly, each in one fragment (k-th block's ->fragment). */
+int dl_plan_tensor_nblocks(const dl_plan *plan, int tensor);
+const dl_plan_span *dl_plan_tensor_block(const dl_plan *plan, int tensor, int k);
+/* Fragment that holds element `elem` (0 <= elem < numel) of table entry `tensor`. */
+int dl_plan_fragment_of(const dl_plan *plan, int tensor, size_t elem);
+/* 1 when fragment p holds at least one block of `kind` (DL_TENSOR_*). */
 int dl_plan_fragment_has_kind(const dl_plan *plan, int p, int kind);
 
-/* Copy fragment p's tensors out of the parameter buffer `params` into `out`
+/* Copy fragment p's blocks out of the parameter buffer `params` into `out`
  * (dl_plan_fragment_numel(p) floats), concatenated in fragment order. */
 void dl_plan_gather(const dl_plan *plan, int p, const float *params, float *out);
-/* Inverse of gather: write the payload `in` back into fragment p's tensors
+/* Inverse of gather: write the payload `in` back into fragment p's blocks
  * of `params`; no other element of `params` is touched. */
 void dl_plan_scatter(const dl_plan *plan, int p, const float *in, float *params);
 
 /* Model fingerprint: dl_hash64 over a versioned serialisation (fixed-width,
  * little-endian) of the model config bytes, P, and for every tensor its name,
- * ndim, shape, offset, numel, kind and fragment. Any change in the model,
- * the table or the plan changes it; checked on every hello. */
+ * ndim, shape, offset, numel, kind and fragment, and, when any tensor is
+ * split, every block (see plan.c for the two formats: a plan without split
+ * tensors keeps format 1, so its fingerprint is what it was before blocks).
+ * Any change in the model, the table or the plan changes it; checked on
+ * every hello. */
 uint64_t dl_plan_fingerprint(const dl_plan *plan, const void *model_cfg_bytes, size_t len);
 
 /* max fragment bytes / mean fragment bytes (1.0 is perfect balance). */

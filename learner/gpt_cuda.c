@@ -181,9 +181,8 @@ int dl_gptc_gather(dl_gptc *g, const dl_plan *plan, int p, float *out)
     int ns;
     const dl_plan_span *sp = dl_plan_fragment_spans(plan, p, &ns);
     for (int i = 0; i < ns; i++) {
-        const dl_tensor *t = dl_plan_tensor(plan, sp[i].tensor);
-        assert(t->offset + t->numel <= g->nparams && t->numel == sp[i].numel);
-        DL_TRY(dl_cuda_d2h(out + sp[i].offset, g->params + t->offset, sp[i].numel * sizeof(float)));
+        assert(sp[i].src + sp[i].numel <= g->nparams);
+        DL_TRY(dl_cuda_d2h(out + sp[i].offset, g->params + sp[i].src, sp[i].numel * sizeof(float)));
     }
     return 0;
 }
@@ -194,9 +193,8 @@ int dl_gptc_scatter(dl_gptc *g, const dl_plan *plan, int p, const float *in)
     int ns;
     const dl_plan_span *sp = dl_plan_fragment_spans(plan, p, &ns);
     for (int i = 0; i < ns; i++) {
-        const dl_tensor *t = dl_plan_tensor(plan, sp[i].tensor);
-        assert(t->offset + t->numel <= g->nparams && t->numel == sp[i].numel);
-        DL_TRY(dl_cuda_h2d(g->params + t->offset, in + sp[i].offset, sp[i].numel * sizeof(float)));
+        assert(sp[i].src + sp[i].numel <= g->nparams);
+        DL_TRY(dl_cuda_h2d(g->params + sp[i].src, in + sp[i].offset, sp[i].numel * sizeof(float)));
     }
     return 0;
 }

@@ -54,9 +54,10 @@ int dl_gptc_reset_optimizer(dl_gptc *g);
 int dl_gptc_get_logits(dl_gptc *g, float *host);
 
 /* Fragment p of `plan` (built from this model's tensor table, e.g. by
- * dl_model_plan_open): gather copies its tensors out of the device parameters
- * into host `out` (dl_plan_fragment_numel floats, fragment payload order as
- * dl_plan_gather); scatter writes host `in` back into those tensors only. */
+ * dl_model_plan_open): gather copies its blocks (whole tensors or row blocks
+ * of split ones) out of the device parameters into host `out`
+ * (dl_plan_fragment_numel floats, fragment payload order as dl_plan_gather);
+ * scatter writes host `in` back into those blocks only. */
 struct dl_plan;
 int dl_gptc_gather(dl_gptc *g, const struct dl_plan *plan, int p, float *out);
 int dl_gptc_scatter(dl_gptc *g, const struct dl_plan *plan, int p, const float *in);

@@ -13,7 +13,8 @@
 #include "kernels/cuda/cuda.h"
 
 /* A stretch of a fragment that is contiguous in the payload and in the
- * parameter buffer (adjacent tensors of one fragment): one copy, one kernel. */
+ * parameter buffer (adjacent blocks of one fragment: whole tensors or row
+ * blocks of one): one copy, one kernel. */
 typedef struct {
     size_t dst; /* floats from the start of the fragment payload */
     size_t src; /* floats from the start of the device parameters */
@@ -93,13 +94,11 @@ static int xfer_init(dl_gptc_xfer *x)
         x->runs[p] = dl_xcalloc((size_t)ns, sizeof(run));
         int nr = 0;
         for (int i = 0; i < ns; i++) {
-            const dl_tensor *t = dl_plan_tensor(x->plan, sp[i].tensor);
-            assert(t->numel == sp[i].numel);
             run *last = nr ? &x->runs[p][nr - 1] : NULL;
-            if (last && last->dst + last->n == sp[i].offset && last->src + last->n == t->offset) {
+            if (last && last->dst + last->n == sp[i].offset && last->src + last->n == sp[i].src) {
                 last->n += sp[i].numel;
             } else {
-                x->runs[p][nr++] = (run){.dst = sp[i].offset, .src = t->offset, .n = sp[i].numel};
+                x->runs[p][nr++] = (run){.dst = sp[i].offset, .src = sp[i].src, .n = sp[i].numel};
             }
         }
         x->nruns[p] = nr;

@@ -1,6 +1,6 @@
-/* Round merge: per tensor span of the fragment, the configured averaging of
- * the contributions (or a robust coordinate-wise aggregate of the whole
- * fragment), then one outer Nesterov step over the whole fragment. */
+/* Round merge: per span of the fragment (a tensor or a row block of one), the configured averaging of
+ * the contributions (or a robust coordinate-wise aggregate of the whole fragment), then one outer Nesterov
+ * step over the whole fragment. */
 #include "synchronizer/merge.h"
 
 #include "core/err.h"
@@ -72,6 +72,8 @@ double dl_merge_apply(const dl_plan *plan, int p, const dl_merge_opts *o, float 
     if (o->aggregate == DL_MERGE_AGG_WEIGHTED) {
         int ns = 0;
         const dl_plan_span *sp = dl_plan_fragment_spans(plan, p, &ns);
+        /* A span is a block (core/plan.h): RDA's norms are the block's; the
+         * weighted mean is element-wise, so blocks change nothing there. */
         for (int s = 0; s < ns; s++) {
             for (int i = 0; i < m; i++) x[i] = deltas[i] + sp[s].offset;
             if (o->rule == DL_MERGE_RULE_MEAN || sp[s].kind == DL_TENSOR_EMBED)

@@ -1,7 +1,7 @@
 /* The merge of one closed round: weighted pseudo-gradients of a fragment ->
  * one merged delta (weighted mean for embeddings, radial-directional averaging
- * per tensor for the rest; or a robust coordinate-wise trimmed mean / median),
- * then the outer Nesterov step on the global fragment. */
+ * per span -- a tensor, or a row block of a split one -- for the rest; or a robust
+ * coordinate-wise trimmed mean / median), then the outer Nesterov step on the global fragment. */
 #ifndef DL_SYNCHRONIZER_MERGE_H
 #define DL_SYNCHRONIZER_MERGE_H
 

@@ -196,23 +196,30 @@ static void test_vs_cpu(void)
     CU(dl_gptc_set_params(gpu, hp));
     CU(dl_gptc_get_params(gpu, hg));
     CHECK(memcmp(hp, hg, np * 4) == 0, "set/get params round trip differs");
-    dl_plan *plan = NULL;
-    CU(dl_model_plan_open(&cfg, 3, &plan));
-    for (int p = 0; p < 3; p++) {
-        size_t fn = dl_plan_fragment_numel(plan, p);
-        float *want = dl_xmalloc(fn * 4), *got = dl_xmalloc(fn * 4);
-        dl_plan_gather(plan, p, hp, want);
-        CU(dl_gptc_gather(gpu, plan, p, got));
-        CHECK(memcmp(want, got, fn * 4) == 0, "gather of fragment %d differs from dl_plan_gather", p);
-        for (size_t i = 0; i < fn; i++) got[i] = -got[i] - 1.0f;
-        CU(dl_gptc_scatter(gpu, plan, p, got));
-        dl_plan_scatter(plan, p, got, hp); /* the expected buffer */
-        CU(dl_gptc_get_params(gpu, hg));
-        CHECK(memcmp(hp, hg, np * 4) == 0, "scatter of fragment %d: device params differ from dl_plan_scatter", p);
-        printf("fragment %d: %zu floats gathered and scattered, bit-identical to dl_plan_gather/scatter\n", p, fn);
-        free(want), free(got);
+    /* P = 3: whole tensors; P = 8: the target (13792 floats) is below the MLP
+     * matrices (16384), which the plan cuts into row blocks */
+    for (int P = 3; P <= 8; P += 5) {
+        dl_plan *plan = NULL;
+        CU(dl_model_plan_open(&cfg, P, &plan));
+        CHECK((dl_plan_nblocks(plan) > dl_plan_ntensors(plan)) == (P == 8), "P=%d: %d blocks for %d tensors", P,
+              dl_plan_nblocks(plan), dl_plan_ntensors(plan));
+        for (int p = 0; p < P; p++) {
+            size_t fn = dl_plan_fragment_numel(plan, p);
+            float *want = dl_xmalloc(fn * 4), *got = dl_xmalloc(fn * 4);
+            dl_plan_gather(plan, p, hp, want);
+            CU(dl_gptc_gather(gpu, plan, p, got));
+            CHECK(memcmp(want, got, fn * 4) == 0, "gather of fragment %d differs from dl_plan_gather", p);
+            for (size_t i = 0; i < fn; i++) got[i] = -got[i] - 1.0f;
+            CU(dl_gptc_scatter(gpu, plan, p, got));
+            dl_plan_scatter(plan, p, got, hp); /* the expected buffer */
+            CU(dl_gptc_get_params(gpu, hg));
+            CHECK(memcmp(hp, hg, np * 4) == 0, "scatter of fragment %d: device params differ from dl_plan_scatter", p);
+            printf("P=%d fragment %d: %zu floats gathered and scattered, bit-identical to dl_plan_gather/scatter\n", P,
+                   p, fn);
+            free(want), free(got);
+        }
+        dl_plan_close(&plan);
     }
-    dl_plan_close(&plan);
 
     dl_gptc_close(&gpu);
     dl_gptc_close(&gpu); /* safe twice */

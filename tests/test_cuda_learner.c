@@ -155,7 +155,7 @@ static void test_xfer(void)
     int ns;
     const dl_plan_span *sp = dl_plan_fragment_spans(plan, 0, &ns);
     CU(dl_gptc_get_params(g, dev));
-    dev[dl_plan_tensor(plan, sp[0].tensor)->offset] = NAN;
+    dev[sp[0].src] = NAN;
     CU(dl_gptc_set_params(g, dev));
     for (size_t i = 0; i < dl_plan_fragment_numel(plan, 0); i++) in[i] = dyadic((long)i * 3);
     CU(xm->apply(xm->ctx, 0, 0.0f, 1.0f, in));

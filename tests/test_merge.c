@@ -1,5 +1,5 @@
 /* The synchronizer's round merge (synchronizer/merge.c): embedding spans get
- * the weighted mean, other spans RDA per tensor, then one Nesterov step —
+ * the weighted mean, other spans RDA per tensor (per block of a split one), then one Nesterov step —
  * checked against values computed here in double precision; and the robust
  * aggregators, which keep one hostile contribution out of the merge. */
 #include "core/err.h"
@@ -151,6 +151,41 @@ static void test_names(void)
     }
 }
 
+/* A matrix the plan splits: w [4, 1] (above the target 3 of P = 2) and a
+ * vector b [1]. Whole tensors would give 4 / 1; the split gives f0 = b +
+ * w rows [0, 2), f1 = w rows [2, 4). RDA then runs per block (core/plan.h):
+ * fragment 1 alone, with the norms of its two rows, is exactly the RDA of
+ * those rows, whatever fragment 0 holds. */
+static void test_split_matrix(void)
+{
+    dl_tensor t[2];
+    memset(t, 0, sizeof t);
+    snprintf(t[0].name, sizeof t[0].name, "w");
+    t[0].offset = 0; t[0].numel = 4; t[0].ndim = 2; t[0].shape[0] = 4; t[0].shape[1] = 1; t[0].kind = DL_TENSOR_MATRIX;
+    snprintf(t[1].name, sizeof t[1].name, "b");
+    t[1].offset = 4; t[1].numel = 1; t[1].ndim = 1; t[1].shape[0] = 1; t[1].kind = DL_TENSOR_VECTOR;
+    dl_plan *plan = NULL;
+    REQUIRE(dl_plan_build(t, 2, 2, &plan) == 0, "%s", dl_errmsg());
+    int ns = 0;
+    const dl_plan_span *sp = dl_plan_fragment_spans(plan, 1, &ns);
+    REQUIRE(dl_plan_tensor_nblocks(plan, 0) == 2 && ns == 1 && sp[0].tensor == 0 && sp[0].start == 2 &&
+                sp[0].numel == 2 && dl_plan_fragment_numel(plan, 0) == 3,
+            "w split as rows [0, 2) + b | rows [2, 4): %d blocks, f1 %d spans", dl_plan_tensor_nblocks(plan, 0), ns);
+    /* learner A: rows 2..3 of w = (3, 4), weight 1; B: (0, 2), weight 3 */
+    float a[2] = {3, 4}, b[2] = {0, 2}, merged[2], params[2] = {0, 0}, mom[2] = {0, 0}, want[2];
+    float *d[2] = {a, b};
+    const float *x[2] = {a, b};
+    double w[2] = {1, 3};
+    dl_merge_opts o = {.rule = DL_MERGE_RULE_RDA, .outer_lr = 1.0f, .outer_momentum = 0.0f};
+    dl_cpu_rda(want, x, w, 2, 2);
+    dl_merge_apply(plan, 1, &o, d, w, 2, 1.0, merged, params, mom);
+    CHECK(merged[0] == want[0] && merged[1] == want[1], "fragment 1: (%g, %g), RDA of the block (%g, %g)", merged[0],
+          merged[1], want[0], want[1]);
+    printf("split matrix: fragment 1 = rows [2, 4) of w, merged (%.4f, %.4f) = RDA of the block\n", merged[0],
+           merged[1]);
+    dl_plan_close(&plan);
+}
+
 int main(void)
 {
     /* one fragment holding an embedding (2 floats) and a matrix (2x1) */
@@ -209,6 +244,7 @@ int main(void)
     dl_merge_rule r;
     CHECK(dl_merge_rule_parse("median", &r) != 0, "unknown merge rule refused");
     test_robust(plan);
+    test_split_matrix();
     test_names();
     dl_plan_close(&plan);
     printf("%s\n", failures ? "test_merge: FAILED" : "test_merge: all checks passed");

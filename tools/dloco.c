@@ -1,6 +1,6 @@
 /* dloco: the operator command. check (offline store verification), status
  * (versions, merges, ledger, learners), eval (validation loss of the global
- * model in a store). Read-only: safe while a synchronizer runs. */
+ * model in a store), plan (a model's fragments). Read-only: safe while a synchronizer runs. */
 #include "core/config.h"
 #include "core/err.h"
 #include "core/log.h"
@@ -33,7 +33,10 @@ static void usage(FILE *f)
                "  eval   STORE [--data PATH] [--batch B] [--val_batches N] [--val_frac F]\n"
                "                               validation loss of the store's global model\n"
                "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
-               "                               PREFIX.pub (0644); prints the public key and an allowlist line\n");
+               "                               PREFIX.pub (0644); prints the public key and an allowlist line\n"
+               "  plan   [--n_layer L] [--n_head NH] [--n_embd C] [--seq_len T] [--vocab V] [--fragments P]\n"
+               "                               the fragment plan of a model: sizes, balance, fingerprint, and\n"
+               "                               each fragment's blocks (name, or name[rows) of a split tensor)\n");
 }
 
 /* What the store cannot check alone: the run's typed model and P give the
@@ -248,6 +251,61 @@ out:
     return rc ? fail("eval", rc) : 0;
 }
 
+typedef struct {
+    dl_model_opts model;
+} plan_cfg;
+
+static const dl_cfg_entry plan_table[] = {
+    DL_MODEL_CFG_ROWS(plan_cfg, model, "256", "model: vocabulary (V)"),
+};
+
+/* The plan every learner and the synchronizer of this model would build:
+ * one line per fragment with its blocks in payload order. */
+static int cmd_plan(int argc, char **argv)
+{
+    size_t nrows = sizeof plan_table / sizeof plan_table[0];
+    plan_cfg pc;
+    dl_model_config m;
+    dl_plan *plan = NULL;
+    int rc = dl_cfg_parse_args(plan_table, nrows, &pc, argc, argv);
+    if (rc == 1) {
+        dl_cfg_usage(plan_table, nrows, stdout);
+        return 0;
+    }
+    if (rc) return fail("bad option", rc);
+    if ((rc = dl_model_config_from(&pc.model, &m)) || (rc = dl_model_plan_open(&m, (int)pc.model.fragments, &plan)))
+        return fail("plan", rc);
+    int P = dl_plan_P(plan), nt = dl_plan_ntensors(plan), nsplit = 0;
+    size_t total = dl_plan_total_numel(plan), lo = (size_t)-1, hi = 0;
+    for (int i = 0; i < nt; i++) nsplit += dl_plan_tensor_nblocks(plan, i) > 1;
+    for (int p = 0; p < P; p++) {
+        size_t n = dl_plan_fragment_numel(plan, p);
+        lo = n < lo ? n : lo;
+        hi = n > hi ? n : hi;
+    }
+    printf("model L=%d NH=%d C=%d T=%d V=%d (Vp=%d), P=%d: %zu floats (%.3f MB) in %d tensors, %d blocks, %d split\n",
+           m.n_layer, m.n_head, m.n_embd, m.seq_len, m.vocab, m.padded_vocab, P, total, total * 4 / 1e6, nt,
+           dl_plan_nblocks(plan), nsplit);
+    printf("fingerprint %016llx; fragments %.3f..%.3f MB, max/min %.5f, max/mean %.5f\n",
+           (unsigned long long)dl_model_fingerprint(&m, plan), lo * 4 / 1e6, hi * 4 / 1e6, (double)hi / (double)lo,
+           dl_plan_imbalance(plan));
+    for (int p = 0; p < P; p++) {
+        int ns;
+        const dl_plan_span *sp = dl_plan_fragment_spans(plan, p, &ns);
+        printf("fragment %d: %zu floats (%.3f MB), %d blocks:", p, dl_plan_fragment_numel(plan, p),
+               dl_plan_fragment_numel(plan, p) * 4 / 1e6, ns);
+        for (int k = 0; k < ns; k++) {
+            const dl_tensor *t = dl_plan_tensor(plan, sp[k].tensor);
+            size_t w = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+            if (sp[k].numel == t->numel) printf(" %s", t->name);
+            else printf(" %s[%zu:%zu)", t->name, sp[k].start / w, (sp[k].start + sp[k].numel) / w);
+        }
+        printf("\n");
+    }
+    dl_plan_close(&plan);
+    return 0;
+}
+
 /* A new key pair for a learner or the synchronizer. The allowlist line uses
  * the file name as the learner id when it is one, so `dloco keygen keys/l3`
  * prints a line ready for the synchronizer's allowlist. */
@@ -276,6 +334,7 @@ int main(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
     if (argc < 3) {
         usage(stderr);
         return 2;
