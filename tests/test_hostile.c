@@ -41,7 +41,7 @@ typedef struct {
     dl_model_config m;
     int P;
 } spec;
-/* every row but the outbound one: 2 fragments of 4096 and 3440 floats */
+/* every row but the outbound one: 2 fragments of 3776 and 3760 floats (wte in two row blocks) */
 static const spec SMALL = {{.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab = 256}, 2};
 /* the outbound row: 8 fragments of up to 262144 floats (1 MiB); a Fetch of all is 7.4 MB, more than a
  * non-reading client's libzmq (RCVHWM 1: one message in the pipe, one in the decoder) and the loopback
@@ -1708,13 +1708,14 @@ static void row_chunks(void)
 {
     int f0 = failures;
     syncd S;
-    /* 4 KiB chunks: fragment 0 (4096 floats) travels in 4 */
+    /* 4 KiB chunks: fragment 0 (3776 floats) travels in 4 */
     static const char *const extra[] = {"--chunk_kb", "4", NULL};
     hello_max_chunk = 1 << 20;
     float *d = NULL, *g = NULL, *h = NULL;
     peer C = {0};
     if (!start_or_fail(&S, "chunks", &SMALL, extra)) goto out;
     size_t n = dl_plan_fragment_numel(S.plan, 0), c = 1024;
+    CHECK(n > 3 * c && n <= 4 * c, "fragment 0 has %zu floats: 4 chunks of 1024", n);
     d = normal_delta(n, 1);
     g = calloc(n, 4);
     h = calloc(n, 4);
@@ -1726,7 +1727,7 @@ static void row_chunks(void)
     send_push_chunk(&C, 0, 0, 4, 64, 1, 0, c, d);
     send_push_chunk(&C, 0, 0, 4, 64, 1, 2 * c, c, d);
     int ra = await_decision(&C, 0, 0, &a, NULL);
-    send_push_chunk(&C, 0, 0, 4, 64, 1, 3 * c, c, d); /* the rest of the broken push */
+    send_push_chunk(&C, 0, 0, 4, 64, 1, 3 * c, n - 3 * c, d); /* the rest of the broken push */
     int quiet = ev_wait(S.events, 1, 2000, "push_abandoned", "id=chunky", "reason=chunk_out_of_order", NULL);
     row("9a chunks", "Push frag 0 chunk [0, +1024) then [2048, +1024) -> %s; its next chunk -> dropped unread; "
         "events: push_abandoned reason=chunk_out_of_order x%d", a.got, quiet);
