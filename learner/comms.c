@@ -908,7 +908,8 @@ static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
             DL_DEBUG("comms: chunk of fragment %d v%llu at %llu dropped (holding %llu of v%llu)", p,
                      (unsigned long long)u->version, (unsigned long long)u->chunk_offset,
                      (unsigned long long)(f->rx ? f->rx_off : 0), (unsigned long long)(f->rx ? f->rx_version : 0));
-            if (!f->fetch_want && !f->fetch_pending) want_fetch(c, p, dl_clock_ns());
+            f->fetch_pending = 0; /* the reply it waited for lost a chunk: asked again (send_fetches sets it) */
+            want_fetch(c, p, dl_clock_ns());
             return;
         }
         memcpy(f->rx + f->rx_off, payload, (size_t)u->chunk_numel * sizeof(float));

@@ -157,6 +157,7 @@ static void h_send(harness *h, const char *id, Dloco__V1__Envelope *env, const f
     REQUIRE(rc == 0, "harness send %s: %s", dl_wire_body_name(env->body_case), dl_errmsg());
 }
 
+static uint32_t welcome_chunk_bytes = 0; /* Welcome.chunk_bytes (0: whole pushes) */
 static uint32_t welcome_liveness = 100; /* the most a learner accepts: no silence-based re-hello (5 s at 50 ms)
                                          * unless a test lowers it */
 
@@ -176,6 +177,7 @@ static void h_welcome(harness *h, const char *id, uint64_t epoch, uint64_t versi
     w.liveness = welcome_liveness;
     w.policy = "test";
     w.must_fetch = must_fetch;
+    w.chunk_bytes = welcome_chunk_bytes;
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, h->run_id, epoch, id);
     dl_wire_set_welcome(&env, &w);
@@ -195,6 +197,25 @@ static void h_update(harness *h, const char *id, uint64_t epoch, int p, uint64_t
     dl_wire_env_init(&env, h->run_id, epoch, id);
     dl_wire_set_update(&env, &u);
     h_send(h, id, &env, g, h->numel[p]);
+}
+
+/* One chunk of an Update: elements [off, off + n) of g. */
+static void h_update_chunk(harness *h, const char *id, uint64_t epoch, int p, uint64_t version, const float *g,
+                           uint64_t off, uint64_t n)
+{
+    Dloco__V1__Update u;
+    dloco__v1__update__init(&u);
+    u.fragment = (uint32_t)p;
+    u.version = version;
+    u.codec = DLOCO__V1__CODEC__CODEC_FP32;
+    u.numel = h->numel[p];
+    u.chunk_offset = off;
+    u.chunk_numel = n;
+    u.checksum = dl_wire_checksum(g + off, n * 4);
+    Dloco__V1__Envelope env;
+    dl_wire_env_init(&env, h->run_id, epoch, id);
+    dl_wire_set_update(&env, &u);
+    h_send(h, id, &env, g + off, n);
 }
 
 static void h_ack(harness *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged)
@@ -1073,6 +1094,154 @@ static void test_binary_refused(const char *dir)
     dl_plan_close(&bp);
 }
 
+// ---------------------------------------------------------------------------
+// chunked transfers: Updates in chunks, a fetch resumed after a re-hello and
+// after a gap, pushes in chunks, a busy refusal (docs/PROTOCOL.md)
+
+static dl_model_config CFG_CHUNK = {.n_layer = 1, .n_head = 2, .n_embd = 32, .seq_len = 8, .vocab = 256};
+
+static void test_chunks(void)
+{
+    const char *id = "L9";
+    const uint64_t E = 9, C = 1024; /* 4 KiB chunks */
+    dl_model_config keep_cfg = CFG;
+    dl_plan *keep_plan = plan;
+    size_t keep_total = total;
+    dl_plan *p2 = NULL;
+    REQUIRE(dl_model_config_check(&CFG_CHUNK) == 0 && dl_model_plan_open(&CFG_CHUNK, P, &p2) == 0, "plan");
+    CFG = CFG_CHUNK, plan = p2, total = dl_plan_total_numel(p2);
+    size_t n0 = dl_plan_fragment_numel(plan, 0), n1 = dl_plan_fragment_numel(plan, 1);
+    REQUIRE(n0 > 3 * C && n1 > 2 * C, "fragments of %zu and %zu floats", n0, n1);
+    harness h;
+    h_open(&h, plan);
+    float *theta = calloc(total, sizeof(float));
+    dl_node *n = NULL;
+    dl_mailbox *mb = NULL;
+    dl_comms *c = start_learner(&h, id, theta, &mb, &n);
+    dl_wire_msg m;
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    CHECK(m.env->hello->max_chunk_bytes >= n0 * 4, "hello max_chunk_bytes %u (the largest fragment is %zu bytes)",
+          m.env->hello->max_chunk_bytes, n0 * 4);
+    dl_wire_msg_close(&m);
+    welcome_chunk_bytes = (uint32_t)(C * 4);
+    h_welcome(&h, id, E, 5, 4, 50, 1);
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
+    dl_wire_msg_close(&m);
+
+    /* fragment 0 v5: two chunks, then the synchronizer forgets us */
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    global_of(0, 5, g);
+    h_update_chunk(&h, id, E, 0, 5, g, 0, C);
+    h_update_chunk(&h, id, E, 0, 5, g, C, C);
+    CHECK(WAIT_FOR(stats(c).chunks_recv == 2), "two chunks taken (%llu)", (unsigned long long)stats(c).chunks_recv);
+    h_error(&h, id, E, DL_ENOTFOUND, "who are you", 0);
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello"), "re-hello");
+    dl_wire_msg_close(&m);
+    h_welcome(&h, id, E, 5, 4, 50, 1);
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after the re-hello"), "fetch 2");
+    const Dloco__V1__Fetch *f = m.env->fetch;
+    int at = -1;
+    for (size_t i = 0; i < f->n_fragments; i++)
+        if (f->fragments[i] == 0) at = (int)i;
+    CHECK(f->n_fragments == P && f->n_resume_offsets == P && at >= 0 && f->resume_versions[at] == 5 &&
+              f->resume_offsets[at] == 2 * C,
+          "the fetch after the re-hello resumes fragment 0 at v5 element %llu (%zu fragments, %zu resume points)",
+          at >= 0 && f->n_resume_offsets ? (unsigned long long)f->resume_offsets[at] : 0ULL, f->n_fragments,
+          f->n_resume_offsets);
+    dl_wire_msg_close(&m);
+    printf("ok: a re-hello keeps the chunks of an Update that arrived; the next Fetch resumes from element %llu\n",
+           (unsigned long long)(2 * C));
+
+    /* the rest of fragment 0; fragment 1 with a gap -> a resume Fetch of it */
+    for (uint64_t off = 2 * C; off < n0; off += C) h_update_chunk(&h, id, E, 0, 5, g, off, n0 - off < C ? n0 - off : C);
+    global_of(1, 5, g);
+    h_update_chunk(&h, id, E, 1, 5, g, 0, C);
+    h_update_chunk(&h, id, E, 1, 5, g, 2 * C, C);
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after a gap"), "fetch 3");
+    f = m.env->fetch;
+    CHECK(f->n_fragments == 1 && f->fragments[0] == 1 && f->n_resume_offsets == 1 && f->resume_versions[0] == 5 &&
+              f->resume_offsets[0] == C,
+          "a gap in fragment 1's chunks asks for the rest from element 1024 of v5");
+    dl_wire_msg_close(&m);
+    CHECK(stats(c).chunks_dropped == 1, "one chunk dropped (%llu)", (unsigned long long)stats(c).chunks_dropped);
+    for (uint64_t off = C; off < n1; off += C) h_update_chunk(&h, id, E, 1, 5, g, off, n1 - off < C ? n1 - off : C);
+    for (int p = 2; p < P; p++) {
+        size_t k = dl_plan_fragment_numel(plan, p);
+        global_of(p, 5, g);
+        for (uint64_t off = 0; off < k; off += C) h_update_chunk(&h, id, E, p, 5, g, off, k - off < C ? k - off : C);
+    }
+    CHECK(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready after chunked fetches: %s", dl_errmsg());
+    int same = 1;
+    for (int p = 0; p < P; p++) {
+        global_of(p, 5, g);
+        same &= memcmp(dl_node_base(n, p), g, dl_plan_fragment_numel(plan, p) * 4) == 0 && dl_node_version(n, p) == 5;
+    }
+    CHECK(same, "every fragment assembled from its chunks equals the global v5");
+    printf("ok: a gap in an Update's chunks asks for the rest (resume Fetch); assembled fragments equal the global\n");
+
+    /* a due push leaves in chunks of one transfer, in order; refused busy */
+    expected e = {0};
+    int64_t step = 0;
+    int pushed = -1;
+    while (pushed < 0 && step < 8) {
+        step++;
+        train_step(theta, step);
+        dl_node_after_step(n, step, 4, TOK, 2.5, 0.0);
+        for (int p = 0; p < P && pushed < 0; p++)
+            if (due(step, p, 4)) pushed = p, expect_push(&e, n, p);
+    }
+    REQUIRE(pushed >= 0, "a push was due");
+    size_t k = dl_plan_fragment_numel(plan, pushed);
+    float *got = calloc(k, sizeof(float));
+    uint64_t next = 0, transfer = 0;
+    int chunks = 0, in_order = 1;
+    while (next < k && h_expect(&h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "push chunk")) {
+        const Dloco__V1__Push *u = m.env->push;
+        if ((int)u->fragment != pushed || u->chunk_numel == 0 || u->chunk_offset != next ||
+            (transfer && u->transfer != transfer) || u->chunk_numel > C) {
+            in_order = 0;
+            dl_wire_msg_close(&m);
+            break;
+        }
+        transfer = u->transfer;
+        memcpy(got + next, dl_wire_msg_payload(&m, 0), u->chunk_numel * 4);
+        next += u->chunk_numel;
+        chunks++;
+        dl_wire_msg_close(&m);
+    }
+    CHECK(in_order && next == k && chunks == (int)((k + C - 1) / C), "push of fragment %d in %d chunks of transfer %llu",
+          pushed, chunks, (unsigned long long)transfer);
+    CHECK(memcmp(got, e.delta[pushed], k * 4) == 0, "the chunks carry base - theta");
+    Dloco__V1__Ack a;
+    dloco__v1__ack__init(&a);
+    a.fragment = (uint32_t)pushed;
+    a.base_version = 5;
+    a.decision = DLOCO__V1__DECISION__DECISION_REJECTED;
+    a.reason = "pool full";
+    a.busy = 1;
+    a.retry_after_ms = 200;
+    Dloco__V1__Envelope env;
+    dl_wire_env_init(&env, h.run_id, E, id);
+    dl_wire_set_ack(&env, &a);
+    h_send(&h, id, &env, NULL, 0);
+    CHECK(WAIT_FOR(stats(c).busy == 1), "busy counted (%llu)", (unsigned long long)stats(c).busy);
+    CHECK(stats(c).chunks_sent == (uint64_t)chunks && stats(c).pushes == 1, "chunks_sent %llu pushes %llu",
+          (unsigned long long)stats(c).chunks_sent, (unsigned long long)stats(c).pushes);
+    printf("ok: a push leaves as %d chunks of one transfer, in order; a busy refusal is counted\n", chunks);
+
+    dl_comms_close(&c);
+    dl_node_close(&n);
+    dl_mailbox_close(&mb);
+    h_close(&h);
+    for (int p = 0; p < P; p++) free(e.delta[p]);
+    free(got);
+    free(g);
+    free(theta);
+    welcome_chunk_bytes = 0;
+    CFG = keep_cfg, plan = keep_plan, total = keep_total;
+    dl_plan_close(&p2);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1090,6 +1259,7 @@ int main(void)
     test_hold(&h);
     h_close(&h);
     test_two_sessions();
+    test_chunks();
 
     const char *b = getenv("DLOCO_BIN");
     snprintf(bin, sizeof bin, "%s/learner/dloco-learner", b ? b : "build");
