@@ -1,5 +1,6 @@
 /* LMDB state store: encodings of every stored value, short transactions with
- * automatic map growth, merge commits, snapshots and the offline checker. */
+ * map growth that waits out open snapshots, block-wise fragment arrays, merge
+ * commits, snapshots and the offline checker. */
 #include "storage/store.h"
 
 #include "core/clock.h"
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* fp32 arrays are stored as host bytes and served zero-copy, so the on-disk
@@ -33,21 +35,31 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 #define MAGIC_CONFIG MAGIC4('D', 'L', 'C', 'F')
 #define MAGIC_EPOCH MAGIC4('D', 'L', 'E', 'P')
 #define MAGIC_FRAG MAGIC4('D', 'L', 'F', 'R')
-#define MAGIC_OUTER MAGIC4('D', 'L', 'O', 'M')
+#define MAGIC_PBLK MAGIC4('D', 'L', 'P', 'B')
+#define MAGIC_OBLK MAGIC4('D', 'L', 'O', 'B')
 #define MAGIC_LEARNER MAGIC4('D', 'L', 'L', 'N')
 #define MAGIC_MERGE MAGIC4('D', 'L', 'M', 'G')
 #define MAGIC_LEDGER MAGIC4('D', 'L', 'L', 'G')
-#define FMT_VERSION 1u /* format version of every value kind above but the run (RUN_FMT) */
+#define FMT_VERSION 1u /* format version of every value kind above but the run (RUN_FMT) and fragment (FRAG_FMT) */
 
-/* fragments value: 64-byte header, then fp32 params. 64 keeps the params
- * 16-byte aligned in LMDB overflow pages (page header 16 bytes).
- *   0 magic u32 | 4 fmt u32 | 8 p u32 | 12 reserved u32 | 16 version u64
- *  24 numel u64 | 32 params xxh64 | 40 momentum xxh64 | 48 wallclock ns i64
- *  56 reserved u64 */
-#define FRAG_HDR 64
-/* outer value: 32-byte header, then fp32 momentum (16-byte aligned likewise).
- *   0 magic | 4 fmt | 8 p u32 | 12 reserved u32 | 16 version u64 | 24 numel u64 */
-#define OUTER_HDR 32
+/* fragments value (format FRAG_FMT): the fragment's header; its params and
+ * momentum are blocks in the params and outer databases.
+ *   0 magic u32 | 4 fmt u32 | 8 p u32 | 12 blocks u32 | 16 version u64
+ *  24 numel u64 | 32 block floats u32 | 36 reserved u32 | 40 wallclock ns i64 */
+#define FRAG_HDR 48
+#define FRAG_FMT 2u /* 1 (schema 2) was a 64-byte header followed by all the params */
+/* params / outer value: block b of fragment p's params / momentum, elements
+ * [b * BF, b * BF + n): a 48-byte header, then n fp32. In an LMDB overflow
+ * page (16-byte page header) the floats start 64-byte aligned.
+ *   0 magic u32 | 4 fmt u32 | 8 p u32 | 12 block u32 | 16 version u64
+ *  24 n u32 | 28 reserved u32 | 32 XXH64 of the n floats | 40 reserved u64
+ * Every block of an array of more than one block is stored at the full
+ * size (the last one zero-padded after its n floats), so every value of a
+ * large array takes the same number of pages: a run of pages freed by one
+ * block fits any other block exactly, and the freelist does not fragment
+ * into runs too short for the next commit (the file reaches a steady size). */
+#define BLK_HDR 48
+#define BF ((uint64_t)DL_STORE_BLOCK_FLOATS)
 /* run value (format RUN_FMT): 0 magic | 4 fmt | 8 fingerprint u64
  *  16 created ns i64 | 24 P u32 | 28 id length u32 | 32 id char[64] NUL-padded
  *  96 n_layer u32 | 100 n_head u32 | 104 n_embd u32 | 108 seq_len u32
@@ -71,6 +83,13 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 #define SCHEMA_LEN 8                           /* magic | schema version u32 */
 #define CONFIG_HDR 16                          /* magic | fmt | length u64 | text */
 #define MAX_FRAGMENTS (1u << 20)
+#define MAX_NUMEL (1ull << 40) /* per fragment: fewer than 2^32 blocks */
+
+/* Map sizing and growth (see dl_store_opts in store.h). */
+#define MAP_DEFAULT (1ull << 30)
+#define MAP_FACTOR 4           /* a run's map: this many times its stored arrays */
+#define GROW_WAIT_MS 10000u    /* default dl_store_opts.grow_wait_ms */
+#define ENTER_WAIT_MS 20       /* longest a transaction begin waits for a pending grow */
 
 static void put32(uint8_t *b, uint32_t v) { memcpy(b, &v, 4); }
 static void put64(uint8_t *b, uint64_t v) { memcpy(b, &v, 8); }
@@ -93,16 +112,27 @@ static void get_text(char *dst, const uint8_t *b, size_t cap)
     dst[n] = 0;
 }
 
-/* Keys sort numerically: fragment index and version big-endian. */
+static void put_be32(uint8_t *b, uint32_t v)
+{
+    b[0] = (uint8_t)(v >> 24), b[1] = (uint8_t)(v >> 16), b[2] = (uint8_t)(v >> 8), b[3] = (uint8_t)v;
+}
+static uint32_t get_be32(const uint8_t *b)
+{
+    return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+}
+
+/* Keys sort numerically: fragment index, block and version big-endian. */
 static MDB_val key_frag(uint8_t b[4], uint32_t p)
 {
-    b[0] = (uint8_t)(p >> 24), b[1] = (uint8_t)(p >> 16), b[2] = (uint8_t)(p >> 8), b[3] = (uint8_t)p;
+    put_be32(b, p);
     return (MDB_val){4, b};
 }
-static uint32_t key_frag_p(const MDB_val *k)
+static uint32_t key_frag_p(const MDB_val *k) { return get_be32(k->mv_data); }
+static MDB_val key_blk(uint8_t b[8], uint32_t p, uint32_t block)
 {
-    const uint8_t *b = k->mv_data;
-    return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+    put_be32(b, p);
+    put_be32(b + 4, block);
+    return (MDB_val){8, b};
 }
 static MDB_val key_merge(uint8_t b[12], uint32_t p, uint64_t version)
 {
@@ -118,6 +148,16 @@ static uint64_t key_merge_version(const MDB_val *k)
     return v;
 }
 static MDB_val key_str(const char *s) { return (MDB_val){strlen(s), (void *)s}; }
+
+/* Blocks of an array of numel floats, floats in block b, and the value size
+ * of every one of its blocks (one size per array: see BLK_HDR). */
+static uint32_t blocks_of(uint64_t numel) { return (uint32_t)((numel + BF - 1) / BF); }
+static uint32_t block_len(uint64_t numel, uint32_t b)
+{
+    uint64_t left = numel - (uint64_t)b * BF;
+    return (uint32_t)(left < BF ? left : BF);
+}
+static size_t block_size(uint64_t numel) { return BLK_HDR + 4 * (size_t)(numel < BF ? numel : BF); }
 
 /* Ids: 1..DL_STORE_ID_MAX printable ASCII characters without spaces. */
 static int check_id(const char *what, const char *id)
@@ -137,17 +177,28 @@ static int check_id(const char *what, const char *id)
 
 struct dl_store {
     MDB_env *env;
-    MDB_dbi dbi_meta, dbi_frag, dbi_outer, dbi_learners, dbi_merges, dbi_ledger;
+    MDB_dbi dbi_meta, dbi_frag, dbi_params, dbi_outer, dbi_learners, dbi_merges, dbi_ledger;
     char *dir;
     int read_only, durability;
-    int lock_fd; /* dloco.lock, flock'ed by a writer; -1 if none */
-    int opened;  /* fully opened (close may sync) */
+    int auto_map; /* opts.map_size was 0: size the map from the run */
+    int lock_fd;  /* dloco.lock, flock'ed by a writer; -1 if none */
+    int opened;   /* fully opened (close may sync) */
     uint32_t psize;
-    /* LMDB may only resize the map while this process has no transaction
-     * open, so every transaction (and snapshot) is counted here and a resize
-     * happens under the mutex only when the count is zero. */
+    /* LMDB may only change the map size while this process has no
+     * transaction open (a remap moves every pointer a snapshot handed out),
+     * so every transaction and snapshot is counted under `gate`. A grow
+     * announces itself (grow_pending) and waits for the count to reach zero;
+     * transactions that begin meanwhile hold back for it (ENTER_WAIT_MS at
+     * most, and not at all once one of them gave up: grow_stalled), so a
+     * stream of short snapshots cannot starve a grow, and a snapshot held
+     * long (or begun by a thread that already holds one) cannot deadlock
+     * it: the grow gives up after grow_wait_ms. mdb_env_info reads the map,
+     * so it too runs under the gate. */
     pthread_mutex_t gate;
+    pthread_cond_t gate_cv; /* broadcast when the count reaches zero under a pending grow, and when a grow ends */
     int active_txns;
+    int grow_pending, grow_stalled;
+    uint32_t grow_wait_ms;
     atomic_int snaps_open;
     /* run cache: written once by open or init_run, immutable afterwards */
     int have_run;
@@ -160,13 +211,22 @@ struct dl_store {
     char *config_text; /* NULL if none */
     /* stats */
     int stale_cleared;
-    atomic_uint map_grows, map_full_retries;
+    atomic_uint map_grows, map_full_retries, grow_timeouts;
 };
+
+/* A copy a snapshot hands out where it cannot point into the map: a range
+ * that crosses blocks, an unaligned small value, a whole multi-block
+ * fragment (kept per fragment: asked again, it is not copied again). */
+typedef struct {
+    float *data;
+    uint32_t p;
+    int whole;
+} snap_copy;
 
 struct dl_store_snap {
     dl_store *s;
     MDB_txn *txn;
-    void **copies; /* aligned copies of unaligned values, freed at end */
+    snap_copy *copies; /* freed at end */
     size_t ncopies, capcopies;
 };
 
@@ -196,38 +256,99 @@ static int mdb_fail(int rc, const char *what, const char *file, int line)
         if (mdb_rc_ != MDB_SUCCESS) return mdb_fail(mdb_rc_, "mdb_get", __FILE__, __LINE__);             \
     } while (0)
 
+// ----------------------------------------------------------------------------
+// the gate and map growth
+
+static struct timespec deadline_ms(uint32_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    return ts;
+}
+
 static void gate_enter(dl_store *s)
 {
     pthread_mutex_lock(&s->gate);
+    if (s->grow_pending && !s->grow_stalled) {
+        struct timespec dl = deadline_ms(ENTER_WAIT_MS);
+        while (s->grow_pending && !s->grow_stalled)
+            if (pthread_cond_timedwait(&s->gate_cv, &s->gate, &dl) == ETIMEDOUT) {
+                /* a transaction older than this one stays open: let the
+                 * rest through, the grow waits for them all */
+                s->grow_stalled = 1;
+                break;
+            }
+    }
     s->active_txns++;
     pthread_mutex_unlock(&s->gate);
 }
 static void gate_leave(dl_store *s)
 {
     pthread_mutex_lock(&s->gate);
-    s->active_txns--;
+    if (--s->active_txns == 0 && s->grow_pending) pthread_cond_broadcast(&s->gate_cv);
     pthread_mutex_unlock(&s->gate);
 }
 
-/* Set the map size (0 = adopt the size another process set). DL_EAGAIN
- * while this process has transactions or snapshots open. */
-static int map_resize(dl_store *s, uint64_t size)
+/* Map size and bytes up to the last used page (mdb_env_info, under the gate). */
+static uint64_t map_info_locked(dl_store *s, uint64_t *map_size)
+{
+    MDB_envinfo info;
+    int rc = mdb_env_info(s->env, &info); /* fails only on NULL arguments */
+    if (rc) DL_PANIC("mdb_env_info: %s", mdb_strerror(rc));
+    *map_size = info.me_mapsize;
+    return ((uint64_t)info.me_last_pgno + 1) * s->psize;
+}
+static uint64_t map_info(dl_store *s, uint64_t *map_size)
 {
     pthread_mutex_lock(&s->gate);
-    if (s->active_txns > 0) {
-        int n = s->active_txns;
-        pthread_mutex_unlock(&s->gate);
-        return dl_err(DL_EAGAIN,
-                      "store %s: map is full and cannot grow while %d transaction(s) or snapshot(s) "
-                      "are open; retry after they end",
-                      s->dir, n);
-    }
-    int rc = mdb_env_set_mapsize(s->env, (size_t)size);
+    uint64_t used = map_info_locked(s, map_size);
     pthread_mutex_unlock(&s->gate);
+    return used;
+}
+
+/* Grow the map to at least `min_size` bytes (doubling from the current
+ * size), or with min_size 0 adopt the size another process set. Call with
+ * no transaction open on this thread. Waits up to grow_wait_ms for this
+ * process's transactions and snapshots to end; DL_EAGAIN if they did not. */
+static int map_grow(dl_store *s, uint64_t min_size)
+{
+    pthread_mutex_lock(&s->gate);
+    while (s->grow_pending) pthread_cond_wait(&s->gate_cv, &s->gate); /* another thread's grow */
+    uint64_t size, target = 0;
+    map_info_locked(s, &size);
+    if (min_size) {
+        if (size >= min_size) { /* grown meanwhile */
+            pthread_mutex_unlock(&s->gate);
+            return 0;
+        }
+        for (target = size ? size : MAP_DEFAULT; target < min_size;) target *= 2;
+    }
+    s->grow_pending = 1;
+    s->grow_stalled = 0;
+    struct timespec dl = deadline_ms(s->grow_wait_ms);
+    int timed_out = 0;
+    while (s->active_txns > 0 && !timed_out)
+        timed_out = pthread_cond_timedwait(&s->gate_cv, &s->gate, &dl) == ETIMEDOUT && s->active_txns > 0;
+    int open = s->active_txns, rc = 0;
+    if (!timed_out) rc = mdb_env_set_mapsize(s->env, (size_t)target);
+    s->grow_pending = 0;
+    pthread_cond_broadcast(&s->gate_cv);
+    pthread_mutex_unlock(&s->gate);
+    if (timed_out) {
+        atomic_fetch_add(&s->grow_timeouts, 1);
+        return dl_err(DL_EAGAIN,
+                      "store %s: the map must grow from %llu to %llu MiB, but %d transaction(s) or snapshot(s) of "
+                      "this process stayed open for %u ms; nothing was written, retry",
+                      s->dir, (unsigned long long)(size >> 20), (unsigned long long)(target >> 20), open,
+                      s->grow_wait_ms);
+    }
     if (rc) return mdb_fail(rc, "mdb_env_set_mapsize", __FILE__, __LINE__);
-    if (size) {
+    if (target) {
         atomic_fetch_add(&s->map_grows, 1);
-        DL_INFO("store %s: map grown to %llu MiB", s->dir, (unsigned long long)(size >> 20));
+        DL_INFO("store %s: map grown to %llu MiB", s->dir, (unsigned long long)(target >> 20));
     }
     return 0;
 }
@@ -240,7 +361,7 @@ static int txn_begin(dl_store *s, int write, MDB_txn **out)
         if (rc == MDB_SUCCESS) return 0;
         gate_leave(s);
         if (rc == MDB_MAP_RESIZED && attempt < 3) { /* another process grew the map */
-            DL_TRY(map_resize(s, 0));
+            DL_TRY(map_grow(s, 0));
             continue;
         }
         return mdb_fail(rc, write ? "mdb_txn_begin(write)" : "mdb_txn_begin(read)", __FILE__, __LINE__);
@@ -259,27 +380,15 @@ static int txn_commit(dl_store *s, MDB_txn *t)
     return 0;
 }
 
-static uint64_t map_used(dl_store *s, uint64_t *map_size)
-{
-    MDB_envinfo info;
-    int rc = mdb_env_info(s->env, &info); /* fails only on NULL arguments */
-    if (rc) DL_PANIC("mdb_env_info: %s", mdb_strerror(rc));
-    *map_size = info.me_mapsize;
-    return ((uint64_t)info.me_last_pgno + 1) * s->psize;
-}
-
-/* Before a write of `need` bytes of values, grow the map so copy-on-write has
- * room for the new pages while old ones are still referenced. Best effort:
- * skipped while snapshots are open; MDB_MAP_FULL retry is the fallback. */
+/* Before a write of `need` bytes of values, grow the map so copy-on-write
+ * has room for the new pages while the old ones are still referenced (the
+ * pages the write frees are reused only by later writes). A grow that
+ * times out is not an error here: the write may fit, and MDB_MAP_FULL
+ * grows again. */
 static void map_pregrow(dl_store *s, uint64_t need)
 {
-    uint64_t size, used = map_used(s, &size), target = size;
-    while (used + 2 * need + 16 * (uint64_t)s->psize > target) target *= 2;
-    if (target == size) return;
-    pthread_mutex_lock(&s->gate);
-    int busy = s->active_txns > 0; /* map_resize rechecks; this only keeps dl_errmsg clean */
-    pthread_mutex_unlock(&s->gate);
-    if (busy || map_resize(s, target) < 0) DL_DEBUG("store %s: pre-growing the map skipped", s->dir);
+    uint64_t size, used = map_info(s, &size), want = used + 2 * need + 16 * (uint64_t)s->psize;
+    if (want > size && map_grow(s, want) < 0) DL_DEBUG("store %s: pre-growing the map: %s", s->dir, dl_errmsg());
 }
 
 typedef int (*write_fn)(dl_store *s, MDB_txn *t, void *ctx);
@@ -303,8 +412,8 @@ static int store_write(dl_store *s, uint64_t need, write_fn fn, void *ctx)
         if (tl_mdb_rc != MDB_MAP_FULL || attempt >= 40) return rc;
         atomic_fetch_add(&s->map_full_retries, 1);
         uint64_t size;
-        map_used(s, &size);
-        DL_TRY(map_resize(s, size * 2));
+        map_info(s, &size);
+        DL_TRY(map_grow(s, size * 2));
     }
 }
 
@@ -312,51 +421,82 @@ static int store_write(dl_store *s, uint64_t need, write_fn fn, void *ctx)
 // decoders: validate magic, version and size; errors name the key
 
 typedef struct {
-    uint64_t version, numel, params_sum, mom_sum;
+    uint64_t version, numel;
+    uint32_t blocks;
     int64_t wallclock_ns;
-    const uint8_t *params; /* numel floats, possibly unaligned */
 } frag_hdr;
 
 static int frag_decode(const dl_store *s, uint32_t p, const MDB_val *v, frag_hdr *h)
 {
     const uint8_t *b = v->mv_data;
-    if (v->mv_size < FRAG_HDR)
-        return dl_err(DL_ECORRUPT, "fragments[%u]: value of %zu bytes is shorter than its header", p, v->mv_size);
-    if (get32(b) != MAGIC_FRAG || get32(b + 4) != FMT_VERSION)
+    if (v->mv_size != FRAG_HDR)
+        return dl_err(DL_ECORRUPT, "fragments[%u]: value of %zu bytes, a header is %d", p, v->mv_size, FRAG_HDR);
+    if (get32(b) != MAGIC_FRAG || get32(b + 4) != FRAG_FMT)
         return dl_err(DL_ECORRUPT, "fragments[%u]: bad magic/format 0x%08x/%u", p, get32(b), get32(b + 4));
     if (get32(b + 8) != p)
         return dl_err(DL_ECORRUPT, "fragments[%u]: value says it is fragment %u", p, get32(b + 8));
+    h->blocks = get32(b + 12);
     h->version = get64(b + 16);
     h->numel = get64(b + 24);
-    h->params_sum = get64(b + 32);
-    h->mom_sum = get64(b + 40);
-    h->wallclock_ns = (int64_t)get64(b + 48);
-    h->params = b + FRAG_HDR;
+    h->wallclock_ns = (int64_t)get64(b + 40);
     if (p < s->n_frag && h->numel != s->numel[p])
         return dl_err(DL_ECORRUPT, "fragments[%u]: numel %llu, the run says %llu", p,
                       (unsigned long long)h->numel, (unsigned long long)s->numel[p]);
-    if (v->mv_size != FRAG_HDR + h->numel * 4)
-        return dl_err(DL_ECORRUPT, "fragments[%u]: value of %zu bytes, numel %llu needs %llu", p, v->mv_size,
-                      (unsigned long long)h->numel, (unsigned long long)(FRAG_HDR + h->numel * 4));
+    if (h->numel == 0 || h->numel > MAX_NUMEL || get32(b + 32) != BF || h->blocks != blocks_of(h->numel))
+        return dl_err(DL_ECORRUPT, "fragments[%u]: numel %llu in %u blocks of %u floats (this build: blocks of %llu)",
+                      p, (unsigned long long)h->numel, h->blocks, get32(b + 32), (unsigned long long)BF);
     return 0;
 }
 
-static int outer_decode(const dl_store *s, uint32_t p, const MDB_val *v, uint64_t *version,
-                        const uint8_t **mom)
+/* One block of params (mom 0) or momentum (mom 1), validated against its
+ * fragment's header. */
+typedef struct {
+    const uint8_t *data; /* n floats, possibly unaligned (a small value in a leaf page) */
+    uint32_t n;
+    uint64_t sum;
+} blk_view;
+
+static const char *arr_db(int mom) { return mom ? "outer" : "params"; }
+
+static int blk_decode(int mom, uint32_t p, uint32_t blk, const frag_hdr *h, const MDB_val *v, blk_view *out)
 {
     const uint8_t *b = v->mv_data;
-    if (v->mv_size < OUTER_HDR)
-        return dl_err(DL_ECORRUPT, "outer[%u]: value of %zu bytes is shorter than its header", p, v->mv_size);
-    if (get32(b) != MAGIC_OUTER || get32(b + 4) != FMT_VERSION)
-        return dl_err(DL_ECORRUPT, "outer[%u]: bad magic/format 0x%08x/%u", p, get32(b), get32(b + 4));
-    if (get32(b + 8) != p) return dl_err(DL_ECORRUPT, "outer[%u]: value says it is fragment %u", p, get32(b + 8));
-    uint64_t numel = get64(b + 24);
-    if ((p < s->n_frag && numel != s->numel[p]) || v->mv_size != OUTER_HDR + numel * 4)
-        return dl_err(DL_ECORRUPT, "outer[%u]: numel %llu / %zu bytes do not match the run", p,
-                      (unsigned long long)numel, v->mv_size);
-    *version = get64(b + 16);
-    *mom = b + OUTER_HDR;
+    const char *db = arr_db(mom);
+    if (v->mv_size != block_size(h->numel))
+        return dl_err(DL_ECORRUPT, "%s[%u,%u]: value of %zu bytes, numel %llu needs %zu", db, p, blk, v->mv_size,
+                      (unsigned long long)h->numel, block_size(h->numel));
+    if (get32(b) != (mom ? MAGIC_OBLK : MAGIC_PBLK) || get32(b + 4) != FMT_VERSION)
+        return dl_err(DL_ECORRUPT, "%s[%u,%u]: bad magic/format 0x%08x/%u", db, p, blk, get32(b), get32(b + 4));
+    if (get32(b + 8) != p || get32(b + 12) != blk)
+        return dl_err(DL_ECORRUPT, "%s[%u,%u]: value says it is fragment %u block %u", db, p, blk, get32(b + 8),
+                      get32(b + 12));
+    if (get64(b + 16) != h->version)
+        return dl_err(DL_ECORRUPT, "%s[%u,%u]: block of version %llu, fragment %u is at version %llu", db, p, blk,
+                      (unsigned long long)get64(b + 16), p, (unsigned long long)h->version);
+    if (get32(b + 24) != block_len(h->numel, blk))
+        return dl_err(DL_ECORRUPT, "%s[%u,%u]: block holds %u floats, numel %llu puts %u in it", db, p, blk,
+                      get32(b + 24), (unsigned long long)h->numel, block_len(h->numel, blk));
+    out->data = b + BLK_HDR;
+    out->n = get32(b + 24);
+    out->sum = get64(b + 32);
     return 0;
+}
+
+static int frag_get(dl_store *s, MDB_txn *t, uint32_t p, frag_hdr *h)
+{
+    uint8_t kb[4];
+    MDB_val k = key_frag(kb, p), v;
+    MDB_GET(t, s->dbi_frag, &k, &v, DL_ECORRUPT, "store %s: fragments[%u] missing", s->dir, p);
+    return frag_decode(s, p, &v, h);
+}
+
+static int blk_get(dl_store *s, MDB_txn *t, int mom, uint32_t p, const frag_hdr *h, uint32_t blk, blk_view *out)
+{
+    uint8_t kb[8];
+    MDB_val k = key_blk(kb, p, blk), v;
+    MDB_GET(t, mom ? s->dbi_outer : s->dbi_params, &k, &v, DL_ECORRUPT,
+            "store %s: %s[%u,%u] missing (fragment %u has %u blocks)", s->dir, arr_db(mom), p, blk, p, h->blocks);
+    return blk_decode(mom, p, blk, h, &v, out);
 }
 
 static int epoch_decode(const MDB_val *v, uint64_t *epoch)
@@ -504,7 +644,25 @@ static int mrec_decode(const MDB_val *v, uint32_t p, uint64_t version, dl_merge_
 
 dl_store_opts dl_store_opts_default(void)
 {
-    return (dl_store_opts){.map_size = 1ull << 30, .durability = DL_STORE_SYNC, .read_only = 0};
+    return (dl_store_opts){.map_size = 0, .durability = DL_STORE_SYNC, .read_only = 0, .grow_wait_ms = 0};
+}
+
+/* Params + momentum of a run as stored: every block of both arrays. */
+static uint64_t state_bytes(uint32_t P, const uint64_t *numel)
+{
+    uint64_t n = 0;
+    for (uint32_t p = 0; p < P; p++) n += 2 * (uint64_t)blocks_of(numel[p]) * block_size(numel[p]);
+    return n;
+}
+
+/* The map a run starts with when opts.map_size is 0: MAP_FACTOR times its
+ * stored arrays (the live state, the copy a commit writes before the old
+ * one is freed, the pages a recent snapshot still sees), a power of two. */
+static uint64_t run_map_size(uint32_t P, const uint64_t *numel)
+{
+    uint64_t want = MAP_FACTOR * state_bytes(P, numel) + (64ull << 20), size = MAP_DEFAULT;
+    while (size < want) size *= 2;
+    return size;
 }
 
 static int mkdir_p(const char *dir)
@@ -570,8 +728,8 @@ static int load_run(dl_store *s, MDB_txn *t)
  * check the schema and load the run. */
 static int open_dbs(dl_store *s, MDB_txn *t)
 {
-    static const char *names[] = {"fragments", "outer", "learners", "merges", "ledger"};
-    MDB_dbi *dbis[] = {&s->dbi_frag, &s->dbi_outer, &s->dbi_learners, &s->dbi_merges, &s->dbi_ledger};
+    static const char *names[] = {"fragments", "params", "outer", "learners", "merges", "ledger"};
+    MDB_dbi *dbis[] = {&s->dbi_frag, &s->dbi_params, &s->dbi_outer, &s->dbi_learners, &s->dbi_merges, &s->dbi_ledger};
     int fresh = 0;
     int rc = mdb_dbi_open(t, "meta", 0, &s->dbi_meta);
     if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE) {
@@ -588,38 +746,39 @@ static int open_dbs(dl_store *s, MDB_txn *t)
     } else if (rc) {
         return mdb_fail(rc, "mdb_dbi_open(meta)", __FILE__, __LINE__);
     }
-    for (int i = 0; i < 5; i++) {
+    /* the schema first: a store of another schema may lack this one's databases */
+    MDB_val k = key_str("schema"), v;
+    if (!fresh) {
+        MDB_GET(t, s->dbi_meta, &k, &v, DL_EFORMAT, "store %s: meta has no schema version", s->dir);
+        const uint8_t *b = v.mv_data;
+        if (v.mv_size != SCHEMA_LEN || get32(b) != MAGIC_SCHEMA)
+            return dl_err(DL_EFORMAT, "store %s: meta[schema] has a bad size/magic (%zu bytes)", s->dir, v.mv_size);
+        if (get32(b + 4) != DL_STORE_SCHEMA_VERSION)
+            return dl_err(DL_EFORMAT, "store %s has schema version %u, this build reads schema version %u", s->dir,
+                          get32(b + 4), DL_STORE_SCHEMA_VERSION);
+    }
+    for (int i = 0; i < 6; i++) {
         rc = mdb_dbi_open(t, names[i], fresh ? MDB_CREATE : 0, dbis[i]);
         if (rc == MDB_NOTFOUND) return dl_err(DL_EFORMAT, "store %s has no '%s' database", s->dir, names[i]);
         if (rc) return mdb_fail(rc, "mdb_dbi_open", __FILE__, __LINE__);
     }
-    MDB_val k = key_str("schema"), v;
-    if (fresh) {
-        uint8_t sb[SCHEMA_LEN], eb[EPOCH_LEN], lb[LEDGER_LEN] = {0};
-        put32(sb, MAGIC_SCHEMA);
-        put32(sb + 4, DL_STORE_SCHEMA_VERSION);
-        put32(eb, MAGIC_EPOCH);
-        put32(eb + 4, FMT_VERSION);
-        put64(eb + 8, 0);
-        put32(lb, MAGIC_LEDGER);
-        put32(lb + 4, FMT_VERSION);
-        v = (MDB_val){SCHEMA_LEN, sb};
-        MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, 0));
-        k = key_str("epoch"), v = (MDB_val){EPOCH_LEN, eb};
-        MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, 0));
-        k = key_str("totals"), v = (MDB_val){LEDGER_LEN, lb};
-        MDB_CALL(mdb_put(t, s->dbi_ledger, &k, &v, 0));
-        DL_INFO("store %s: created (schema %u)", s->dir, DL_STORE_SCHEMA_VERSION);
-        return 0;
-    }
-    MDB_GET(t, s->dbi_meta, &k, &v, DL_EFORMAT, "store %s: meta has no schema version", s->dir);
-    const uint8_t *b = v.mv_data;
-    if (v.mv_size != SCHEMA_LEN || get32(b) != MAGIC_SCHEMA)
-        return dl_err(DL_EFORMAT, "store %s: meta[schema] has a bad size/magic (%zu bytes)", s->dir, v.mv_size);
-    if (get32(b + 4) != DL_STORE_SCHEMA_VERSION)
-        return dl_err(DL_EFORMAT, "store %s has schema version %u, this build reads schema version %u", s->dir,
-                      get32(b + 4), DL_STORE_SCHEMA_VERSION);
-    return load_run(s, t);
+    if (!fresh) return load_run(s, t);
+    uint8_t sb[SCHEMA_LEN], eb[EPOCH_LEN], lb[LEDGER_LEN] = {0};
+    put32(sb, MAGIC_SCHEMA);
+    put32(sb + 4, DL_STORE_SCHEMA_VERSION);
+    put32(eb, MAGIC_EPOCH);
+    put32(eb + 4, FMT_VERSION);
+    put64(eb + 8, 0);
+    put32(lb, MAGIC_LEDGER);
+    put32(lb + 4, FMT_VERSION);
+    v = (MDB_val){SCHEMA_LEN, sb};
+    MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, 0));
+    k = key_str("epoch"), v = (MDB_val){EPOCH_LEN, eb};
+    MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, 0));
+    k = key_str("totals"), v = (MDB_val){LEDGER_LEN, lb};
+    MDB_CALL(mdb_put(t, s->dbi_ledger, &k, &v, 0));
+    DL_INFO("store %s: created (schema %u)", s->dir, DL_STORE_SCHEMA_VERSION);
+    return 0;
 }
 
 int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
@@ -627,7 +786,8 @@ int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
     assert(dir && out);
     *out = NULL;
     dl_store_opts o = opts ? *opts : dl_store_opts_default();
-    if (o.map_size == 0) o.map_size = 1ull << 30;
+    int auto_map = o.map_size == 0;
+    if (auto_map) o.map_size = MAP_DEFAULT;
     o.map_size = (o.map_size + 0xffff) & ~(uint64_t)0xffff;
     if (o.durability != DL_STORE_SYNC && o.durability != DL_STORE_PERIODIC)
         return dl_err(DL_EINVAL, "store durability %d is neither SYNC nor PERIODIC", o.durability);
@@ -652,8 +812,15 @@ int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
     strcpy(s->dir, dir);
     s->read_only = o.read_only;
     s->durability = o.durability;
+    s->auto_map = auto_map;
+    s->grow_wait_ms = o.grow_wait_ms ? o.grow_wait_ms : GROW_WAIT_MS;
     s->lock_fd = -1;
     pthread_mutex_init(&s->gate, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->gate_cv, &ca);
+    pthread_condattr_destroy(&ca);
     int rc = 0;
 
     if (!o.read_only) { /* one writer per store, across processes */
@@ -722,8 +889,10 @@ int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
     /* committing (also a read txn) keeps the dbi handles for the env's life */
     if ((rc = txn_commit(s, t)) < 0) goto fail;
     s->opened = 1;
+    if (!o.read_only && auto_map && s->have_run && (rc = map_grow(s, run_map_size(s->n_frag, s->numel))) < 0)
+        goto fail;
     uint64_t size;
-    map_used(s, &size);
+    map_info(s, &size);
     DL_INFO("store %s: open %s%s, map %llu MiB, run %s", dir, o.read_only ? "read-only" : "read-write",
             o.read_only ? "" : o.durability == DL_STORE_SYNC ? " (sync)" : " (periodic sync)",
             (unsigned long long)(size >> 20), s->have_run ? s->run_id : "(none)");
@@ -748,6 +917,7 @@ void dl_store_close(dl_store **sp)
     }
     if (s->lock_fd >= 0) close(s->lock_fd); /* releases the flock */
     pthread_mutex_destroy(&s->gate);
+    pthread_cond_destroy(&s->gate_cv);
     free(s->numel);
     free(s->config_text);
     free(s->dir);
@@ -760,6 +930,63 @@ int dl_store_sync(dl_store *s)
     assert(s);
     if (s->read_only) return 0;
     MDB_CALL(mdb_env_sync(s->env, 1));
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// fragment arrays as blocks
+
+/* XXH64 of each block of x (numel floats; NULL = zeros) into sums[blocks_of(numel)]. */
+static void hash_blocks(const float *x, uint64_t numel, uint64_t *sums)
+{
+    float *zeros = x ? NULL : dl_xcalloc(numel < BF ? numel : BF, sizeof *zeros);
+    for (uint32_t b = 0; b < blocks_of(numel); b++)
+        sums[b] = dl_hash64(x ? x + (size_t)b * BF : zeros, (size_t)block_len(numel, b) * 4, 0);
+    free(zeros);
+}
+
+static int put_frag_hdr(dl_store *s, MDB_txn *t, uint32_t p, uint64_t version, uint64_t numel, int64_t wall)
+{
+    uint8_t kb[4], b[FRAG_HDR] = {0};
+    put32(b, MAGIC_FRAG);
+    put32(b + 4, FRAG_FMT);
+    put32(b + 8, p);
+    put32(b + 12, blocks_of(numel));
+    put64(b + 16, version);
+    put64(b + 24, numel);
+    put32(b + 32, (uint32_t)BF);
+    put64(b + 40, (uint64_t)wall);
+    MDB_val k = key_frag(kb, p), v = {FRAG_HDR, b};
+    MDB_CALL(mdb_put(t, s->dbi_frag, &k, &v, 0));
+    return 0;
+}
+
+/* Write every block of fragment p's params (mom 0) or momentum (mom 1) at
+ * `version` from x (numel floats; NULL = zeros), with their checksums. */
+static int put_blocks(dl_store *s, MDB_txn *t, int mom, uint32_t p, uint64_t version, uint64_t numel,
+                      const float *x, const uint64_t *sums)
+{
+    size_t size = block_size(numel);
+    for (uint32_t blk = 0; blk < blocks_of(numel); blk++) {
+        uint8_t kb[8];
+        uint32_t n = block_len(numel, blk);
+        MDB_val k = key_blk(kb, p, blk), v = {size, NULL};
+        MDB_CALL(mdb_put(t, mom ? s->dbi_outer : s->dbi_params, &k, &v, MDB_RESERVE));
+        uint8_t *b = v.mv_data, *data = b + BLK_HDR;
+        memset(b, 0, BLK_HDR);
+        put32(b, mom ? MAGIC_OBLK : MAGIC_PBLK);
+        put32(b + 4, FMT_VERSION);
+        put32(b + 8, p);
+        put32(b + 12, blk);
+        put64(b + 16, version);
+        put32(b + 24, n);
+        put64(b + 32, sums[blk]);
+        if (x)
+            memcpy(data, x + (size_t)blk * BF, (size_t)n * 4);
+        else
+            memset(data, 0, (size_t)n * 4);
+        memset(data + (size_t)n * 4, 0, size - BLK_HDR - (size_t)n * 4); /* a short last block's padding */
+    }
     return 0;
 }
 
@@ -785,48 +1012,9 @@ static int check_run(const dl_store_run *r)
 struct init_ctx {
     const dl_store_run *run;
     const float *const *params;
-    const uint64_t *psum, *msum;
+    uint64_t **psum, **msum; /* [P][blocks of p] */
     int64_t wall;
 };
-
-static int put_fragment(dl_store *s, MDB_txn *t, uint32_t p, uint64_t version, uint64_t numel,
-                        const float *params, uint64_t psum, uint64_t msum, int64_t wall)
-{
-    uint8_t kb[4];
-    MDB_val k = key_frag(kb, p), v = {FRAG_HDR + numel * 4, NULL};
-    MDB_CALL(mdb_put(t, s->dbi_frag, &k, &v, MDB_RESERVE));
-    uint8_t *b = v.mv_data;
-    memset(b, 0, FRAG_HDR);
-    put32(b, MAGIC_FRAG);
-    put32(b + 4, FMT_VERSION);
-    put32(b + 8, p);
-    put64(b + 16, version);
-    put64(b + 24, numel);
-    put64(b + 32, psum);
-    put64(b + 40, msum);
-    put64(b + 48, (uint64_t)wall);
-    memcpy(b + FRAG_HDR, params, numel * 4);
-    return 0;
-}
-
-static int put_outer(dl_store *s, MDB_txn *t, uint32_t p, uint64_t version, uint64_t numel, const float *mom)
-{
-    uint8_t kb[4];
-    MDB_val k = key_frag(kb, p), v = {OUTER_HDR + numel * 4, NULL};
-    MDB_CALL(mdb_put(t, s->dbi_outer, &k, &v, MDB_RESERVE));
-    uint8_t *b = v.mv_data;
-    memset(b, 0, OUTER_HDR);
-    put32(b, MAGIC_OUTER);
-    put32(b + 4, FMT_VERSION);
-    put32(b + 8, p);
-    put64(b + 16, version);
-    put64(b + 24, numel);
-    if (mom)
-        memcpy(b + OUTER_HDR, mom, numel * 4);
-    else
-        memset(b + OUTER_HDR, 0, numel * 4);
-    return 0;
-}
 
 static int init_fn(dl_store *s, MDB_txn *t, void *vctx)
 {
@@ -865,8 +1053,9 @@ static int init_fn(dl_store *s, MDB_txn *t, void *vctx)
         memcpy(b + CONFIG_HDR, r->config_text, n);
     }
     for (uint32_t p = 0; p < r->n_fragments; p++) {
-        DL_TRY(put_fragment(s, t, p, 0, r->numel[p], c->params[p], c->psum[p], c->msum[p], c->wall));
-        DL_TRY(put_outer(s, t, p, 0, r->numel[p], NULL));
+        DL_TRY(put_frag_hdr(s, t, p, 0, r->numel[p], c->wall));
+        DL_TRY(put_blocks(s, t, 0, p, 0, r->numel[p], c->params[p], c->psum[p]));
+        DL_TRY(put_blocks(s, t, 1, p, 0, r->numel[p], NULL, c->msum[p]));
     }
     return 0;
 }
@@ -909,19 +1098,20 @@ int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *
         return 0;
     }
     if (!init_params) return dl_err(DL_EINVAL, "store %s is empty: init_run needs initial params", s->dir);
+    if (s->read_only) return dl_err(DL_EINVAL, "store %s is open read-only", s->dir);
     uint32_t P = run->n_fragments;
-    uint64_t *sums = dl_xmalloc(2 * (size_t)P * sizeof *sums), need = 0, maxn = 0;
-    for (uint32_t p = 0; p < P; p++) maxn = run->numel[p] > maxn ? run->numel[p] : maxn;
-    float *zeros = dl_xcalloc(maxn, sizeof *zeros);
+    if (s->auto_map) DL_TRY(map_grow(s, run_map_size(P, run->numel)));
+    uint64_t **sums = dl_xcalloc(2 * (size_t)P, sizeof *sums);
     for (uint32_t p = 0; p < P; p++) {
         assert(init_params[p]);
-        sums[p] = dl_hash64(init_params[p], run->numel[p] * 4, 0);
-        sums[P + p] = dl_hash64(zeros, run->numel[p] * 4, 0);
-        need += run->numel[p] * 8 + FRAG_HDR + OUTER_HDR;
+        sums[p] = dl_xmalloc(blocks_of(run->numel[p]) * sizeof **sums);
+        sums[P + p] = dl_xmalloc(blocks_of(run->numel[p]) * sizeof **sums);
+        hash_blocks(init_params[p], run->numel[p], sums[p]);
+        hash_blocks(NULL, run->numel[p], sums[P + p]);
     }
-    free(zeros);
     struct init_ctx c = {run, init_params, sums, sums + P, dl_wallclock_ns()};
-    int rc = store_write(s, need, init_fn, &c);
+    int rc = store_write(s, state_bytes(P, run->numel), init_fn, &c);
+    for (uint32_t p = 0; p < 2 * P; p++) free(sums[p]);
     free(sums);
     if (rc < 0) return rc;
     snprintf(s->run_id, sizeof s->run_id, "%s", run->run_id);
@@ -1005,22 +1195,27 @@ static int check_p(const dl_store *s, uint32_t p)
     return 0;
 }
 
-static int read_in(dl_store *s, MDB_txn *t, uint32_t p, frag_hdr *h, float *params, float *momentum)
+/* Copy every block of one array of fragment p (header h) into x and its
+ * stored checksums into sums (verified by the caller, on the copy). */
+static int read_array(dl_store *s, MDB_txn *t, int mom, uint32_t p, const frag_hdr *h, float *x, uint64_t *sums)
 {
-    uint8_t kb[4];
-    MDB_val k = key_frag(kb, p), v;
-    MDB_GET(t, s->dbi_frag, &k, &v, DL_ECORRUPT, "store %s: fragment %u missing", s->dir, p);
-    DL_TRY(frag_decode(s, p, &v, h));
-    if (params) memcpy(params, h->params, h->numel * 4);
-    if (momentum) {
-        uint64_t over;
-        const uint8_t *mom;
-        MDB_GET(t, s->dbi_outer, &k, &v, DL_ECORRUPT, "store %s: outer momentum of fragment %u missing", s->dir, p);
-        DL_TRY(outer_decode(s, p, &v, &over, &mom));
-        if (over != h->version)
-            return dl_err(DL_ECORRUPT, "outer[%u] is at version %llu, fragment at %llu", p,
-                          (unsigned long long)over, (unsigned long long)h->version);
-        memcpy(momentum, mom, h->numel * 4);
+    for (uint32_t b = 0; b < h->blocks; b++) {
+        blk_view bv = {0};
+        DL_TRY(blk_get(s, t, mom, p, h, b, &bv));
+        memcpy(x + (size_t)b * BF, bv.data, (size_t)bv.n * 4);
+        sums[b] = bv.sum;
+    }
+    return 0;
+}
+
+static int verify_array(int mom, uint32_t p, const frag_hdr *h, const float *x, const uint64_t *sums)
+{
+    for (uint32_t b = 0; b < h->blocks; b++) {
+        uint64_t sum = dl_hash64(x + (size_t)b * BF, (size_t)block_len(h->numel, b) * 4, 0);
+        if (sum != sums[b])
+            return dl_err(DL_ECORRUPT, "fragment %u version %llu: %s checksum %016llx, stored %016llx (%s[%u,%u])",
+                          p, (unsigned long long)h->version, mom ? "momentum" : "params", (unsigned long long)sum,
+                          (unsigned long long)sums[b], arr_db(mom), p, b);
     }
     return 0;
 }
@@ -1029,22 +1224,23 @@ int dl_store_read_fragment(dl_store *s, uint32_t p, uint64_t *version, float *pa
 {
     assert(s && version);
     DL_TRY(check_p(s, p));
+    uint32_t nb = blocks_of(s->numel[p]);
+    uint64_t *sums = dl_xmalloc(2 * (size_t)nb * sizeof *sums);
     MDB_txn *t;
-    frag_hdr h;
-    DL_TRY(txn_begin(s, 0, &t));
-    int rc = read_in(s, t, p, &h, params, momentum);
-    txn_abort(s, t);
-    if (rc < 0) return rc;
+    frag_hdr h = {0};
+    int rc = txn_begin(s, 0, &t);
+    if (rc == 0) {
+        rc = frag_get(s, t, p, &h);
+        if (rc == 0 && params) rc = read_array(s, t, 0, p, &h, params, sums);
+        if (rc == 0 && momentum) rc = read_array(s, t, 1, p, &h, momentum, sums + nb);
+        txn_abort(s, t);
+    }
     /* verify the copies outside the transaction */
-    uint64_t sum;
-    if (params && (sum = dl_hash64(params, h.numel * 4, 0)) != h.params_sum)
-        return dl_err(DL_ECORRUPT, "fragment %u version %llu: params checksum %016llx, stored %016llx", p,
-                      (unsigned long long)h.version, (unsigned long long)sum, (unsigned long long)h.params_sum);
-    if (momentum && (sum = dl_hash64(momentum, h.numel * 4, 0)) != h.mom_sum)
-        return dl_err(DL_ECORRUPT, "fragment %u version %llu: momentum checksum %016llx, stored %016llx", p,
-                      (unsigned long long)h.version, (unsigned long long)sum, (unsigned long long)h.mom_sum);
-    *version = h.version;
-    return 0;
+    if (rc == 0 && params) rc = verify_array(0, p, &h, params, sums);
+    if (rc == 0 && momentum) rc = verify_array(1, p, &h, momentum, sums + nb);
+    free(sums);
+    if (rc == 0) *version = h.version;
+    return rc;
 }
 
 int dl_store_snapshot_begin(dl_store *s, dl_store_snap **out)
@@ -1063,30 +1259,84 @@ int dl_store_snapshot_begin(dl_store *s, dl_store_snap **out)
     return 0;
 }
 
+static float *snap_copy_new(dl_store_snap *snap, uint32_t p, int whole, uint64_t n)
+{
+    if (snap->ncopies == snap->capcopies) {
+        snap->capcopies = snap->capcopies ? 2 * snap->capcopies : 8;
+        snap->copies = dl_xrealloc(snap->copies, snap->capcopies * sizeof *snap->copies);
+    }
+    float *x = dl_xaligned(64, (size_t)n * 4);
+    snap->copies[snap->ncopies++] = (snap_copy){x, p, whole};
+    return x;
+}
+
+/* Params [offset, offset + n) of fragment p (header h): a pointer into the
+ * map when they lie in one block and are aligned, else a copy. */
+static int snap_range(dl_store_snap *snap, uint32_t p, const frag_hdr *h, uint64_t offset, uint64_t n, int whole,
+                      const float **out)
+{
+    dl_store *s = snap->s;
+    uint32_t b = (uint32_t)(offset / BF);
+    blk_view bv = {0};
+    DL_TRY(blk_get(s, snap->txn, 0, p, h, b, &bv));
+    uint64_t in = offset - (uint64_t)b * BF;
+    const uint8_t *ptr = bv.data + in * 4;
+    if (in + n <= bv.n && (uintptr_t)ptr % _Alignof(float) == 0) {
+        *out = (const float *)ptr;
+        return 0;
+    }
+    float *x = snap_copy_new(snap, p, whole, n);
+    for (uint64_t done = 0; done < n; b++, in = 0) {
+        if (done) DL_TRY(blk_get(s, snap->txn, 0, p, h, b, &bv));
+        uint64_t take = bv.n - in < n - done ? bv.n - in : n - done;
+        memcpy(x + done, bv.data + in * 4, (size_t)take * 4);
+        done += take;
+    }
+    *out = x;
+    return 0;
+}
+
+int dl_store_snapshot_info(dl_store_snap *snap, uint32_t p, uint64_t *version, size_t *numel)
+{
+    assert(snap && version && numel);
+    DL_TRY(check_p(snap->s, p));
+    frag_hdr h = {0};
+    DL_TRY(frag_get(snap->s, snap->txn, p, &h));
+    *version = h.version;
+    *numel = (size_t)h.numel;
+    return 0;
+}
+
+int dl_store_snapshot_range(dl_store_snap *snap, uint32_t p, uint64_t offset, size_t max_n, uint64_t *version,
+                            const float **params, size_t *n)
+{
+    assert(snap && version && params && n && max_n > 0);
+    DL_TRY(check_p(snap->s, p));
+    frag_hdr h = {0};
+    DL_TRY(frag_get(snap->s, snap->txn, p, &h));
+    if (offset >= h.numel)
+        return dl_err(DL_ERANGE, "fragment %u: offset %llu is past its %llu elements", p, (unsigned long long)offset,
+                      (unsigned long long)h.numel);
+    uint64_t want = h.numel - offset < max_n ? h.numel - offset : max_n;
+    DL_TRY(snap_range(snap, p, &h, offset, want, 0, params));
+    *version = h.version;
+    *n = (size_t)want;
+    return 0;
+}
+
 int dl_store_snapshot_fragment(dl_store_snap *snap, uint32_t p, uint64_t *version, const float **params,
                                size_t *numel)
 {
     assert(snap && version && params && numel);
-    dl_store *s = snap->s;
-    DL_TRY(check_p(s, p));
-    uint8_t kb[4];
-    MDB_val k = key_frag(kb, p), v;
-    frag_hdr h;
-    MDB_GET(snap->txn, s->dbi_frag, &k, &v, DL_ECORRUPT, "store %s: fragment %u missing", s->dir, p);
-    DL_TRY(frag_decode(s, p, &v, &h));
-    const void *ptr = h.params;
-    if ((uintptr_t)ptr % _Alignof(float)) { /* small values live in leaf pages, 2-byte aligned */
-        if (snap->ncopies == snap->capcopies) {
-            snap->capcopies = snap->capcopies ? 2 * snap->capcopies : 8;
-            snap->copies = dl_xrealloc(snap->copies, snap->capcopies * sizeof *snap->copies);
-        }
-        void *copy = dl_xmalloc(h.numel * 4); /* a leaf-page value: under half an LMDB page */
-        memcpy(copy, ptr, h.numel * 4);
-        snap->copies[snap->ncopies++] = copy;
-        ptr = copy;
-    }
+    DL_TRY(check_p(snap->s, p));
+    frag_hdr h = {0};
+    DL_TRY(frag_get(snap->s, snap->txn, p, &h));
+    const float *x = NULL;
+    for (size_t i = 0; i < snap->ncopies && !x; i++)
+        if (snap->copies[i].whole && snap->copies[i].p == p) x = snap->copies[i].data;
+    if (!x) DL_TRY(snap_range(snap, p, &h, 0, h.numel, 1, &x));
     *version = h.version;
-    *params = ptr;
+    *params = x;
     *numel = (size_t)h.numel;
     return 0;
 }
@@ -1097,7 +1347,7 @@ void dl_store_snapshot_end(dl_store_snap **sp)
     dl_store_snap *snap = *sp;
     txn_abort(snap->s, snap->txn);
     atomic_fetch_sub(&snap->s->snaps_open, 1);
-    for (size_t i = 0; i < snap->ncopies; i++) free(snap->copies[i]);
+    for (size_t i = 0; i < snap->ncopies; i++) free(snap->copies[i].data);
     free(snap->copies);
     free(snap);
     *sp = NULL;
@@ -1108,7 +1358,8 @@ void dl_store_snapshot_end(dl_store_snap **sp)
 
 struct commit_ctx {
     uint32_t p;
-    uint64_t new_version, numel, psum, msum;
+    uint64_t new_version, numel;
+    const uint64_t *psum, *msum; /* [blocks] */
     const float *params, *momentum;
     const uint8_t *rec;
     size_t rec_len;
@@ -1136,22 +1387,20 @@ static int commit_fn(dl_store *s, MDB_txn *t, void *vctx)
 {
     struct commit_ctx *c = vctx;
     uint8_t kb[12];
-    MDB_val k = key_frag(kb, c->p), v;
-    frag_hdr h;
-    MDB_GET(t, s->dbi_frag, &k, &v, DL_ECORRUPT, "store %s: fragment %u missing", s->dir, c->p);
-    DL_TRY(frag_decode(s, c->p, &v, &h));
+    frag_hdr h = {0};
+    DL_TRY(frag_get(s, t, c->p, &h));
     if (c->new_version != h.version + 1)
         return dl_err(DL_EMISMATCH, "fragment %u: refusing to commit version %llu, stored version is %llu", c->p,
                       (unsigned long long)c->new_version, (unsigned long long)h.version);
-    k = key_merge(kb, c->p, c->new_version);
-    v = (MDB_val){c->rec_len, (void *)c->rec};
+    MDB_val k = key_merge(kb, c->p, c->new_version), v = {c->rec_len, (void *)c->rec};
     int rc = mdb_put(t, s->dbi_merges, &k, &v, MDB_NOOVERWRITE);
     if (rc == MDB_KEYEXIST)
         return dl_err(DL_ECORRUPT, "merges[%u,%llu] already exists while fragment %u is at version %llu", c->p,
                       (unsigned long long)c->new_version, c->p, (unsigned long long)h.version);
     if (rc) return mdb_fail(rc, "mdb_put(merges)", __FILE__, __LINE__);
-    DL_TRY(put_fragment(s, t, c->p, c->new_version, c->numel, c->params, c->psum, c->msum, c->wall));
-    DL_TRY(put_outer(s, t, c->p, c->new_version, c->numel, c->momentum));
+    DL_TRY(put_frag_hdr(s, t, c->p, c->new_version, c->numel, c->wall));
+    DL_TRY(put_blocks(s, t, 0, c->p, c->new_version, c->numel, c->params, c->psum));
+    DL_TRY(put_blocks(s, t, 1, c->p, c->new_version, c->numel, c->momentum, c->msum));
     return ledger_rmw(s, t, &c->ledger);
 }
 
@@ -1171,15 +1420,20 @@ int dl_store_commit_merge(dl_store *s, uint32_t p, uint64_t new_version, const f
     struct commit_ctx c = {.p = p, .new_version = new_version, .numel = s->numel[p], .params = params,
                            .momentum = momentum, .wall = dl_wallclock_ns()};
     /* encode and checksum before the transaction: nothing slow inside it */
+    uint32_t nb = blocks_of(c.numel);
+    uint64_t *sums = dl_xmalloc(2 * (size_t)nb * sizeof *sums);
+    hash_blocks(params, c.numel, sums);
+    hash_blocks(momentum, c.numel, sums + nb);
+    c.psum = sums, c.msum = sums + nb;
     c.rec_len = mrec_size(rec->n_contrib);
     uint8_t *buf = dl_xmalloc(c.rec_len); /* mrec_validate bounds n_contrib */
     mrec_encode(buf, p, new_version, rec);
     c.rec = buf;
     if (ledger) c.ledger = *ledger;
-    c.psum = dl_hash64(params, c.numel * 4, 0);
-    c.msum = dl_hash64(momentum, c.numel * 4, 0);
-    int rc = store_write(s, c.numel * 8 + FRAG_HDR + OUTER_HDR + c.rec_len, commit_fn, &c);
+    uint64_t need = 2 * (uint64_t)nb * block_size(c.numel) + FRAG_HDR + c.rec_len;
+    int rc = store_write(s, need, commit_fn, &c);
     free(buf);
+    free(sums);
     return rc;
 }
 
@@ -1352,17 +1606,51 @@ int dl_store_ledger_add(dl_store *s, const dl_store_ledger *delta)
 int dl_store_get_stats(dl_store *s, dl_store_stats *out)
 {
     assert(s && out);
+    memset(out, 0, sizeof *out);
+    MDB_txn *t;
+    DL_TRY(txn_begin(s, 0, &t));
     MDB_envinfo info;
-    MDB_CALL(mdb_env_info(s->env, &info));
+    int rc = mdb_env_info(s->env, &info); /* the map cannot move: this transaction is counted */
+    /* the freelist (FREE_DBI, 0): one record per freeing transaction, an
+     * IDL whose first word is its page count */
+    uint64_t free_pages = 0;
+    MDB_cursor *cur = NULL;
+    if (rc == 0) rc = mdb_cursor_open(t, 0, &cur);
+    if (rc == 0) {
+        MDB_val k, v;
+        int lrc;
+        for (lrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); lrc == MDB_SUCCESS;
+             lrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+            size_t n = 0;
+            if (v.mv_size >= sizeof n) memcpy(&n, v.mv_data, sizeof n);
+            free_pages += n;
+        }
+        if (lrc != MDB_NOTFOUND) rc = lrc;
+        mdb_cursor_close(cur);
+    }
+    txn_abort(s, t);
+    if (rc) return mdb_fail(rc, "dl_store_get_stats", __FILE__, __LINE__);
+    struct stat st;
+    mdb_filehandle_t fd;
+    uint64_t file = 0;
+    if (mdb_env_get_fd(s->env, &fd) == 0 && fstat(fd, &st) == 0) file = (uint64_t)st.st_size;
+    uint64_t used = ((uint64_t)info.me_last_pgno + 1) * s->psize, free_b = free_pages * s->psize;
+    if (free_b > used) free_b = used;
     *out = (dl_store_stats){
         .map_size = info.me_mapsize,
-        .used_bytes = ((uint64_t)info.me_last_pgno + 1) * s->psize,
+        .file_bytes = file,
+        .used_bytes = used,
+        .free_bytes = free_b,
+        .live_bytes = used - free_b,
+        .state_bytes = s->have_run ? state_bytes(s->n_frag, s->numel) : 0,
         .page_size = s->psize,
         .readers_used = info.me_numreaders,
         .readers_max = info.me_maxreaders,
         .stale_readers_cleared = s->stale_cleared,
         .map_grows = atomic_load(&s->map_grows),
         .map_full_retries = atomic_load(&s->map_full_retries),
+        .grow_timeouts = atomic_load(&s->grow_timeouts),
+        .snapshots_open = (uint32_t)atomic_load(&s->snaps_open),
     };
     return 0;
 }
@@ -1371,7 +1659,7 @@ int dl_store_get_stats(dl_store *s, dl_store_stats *out)
 // offline checker
 
 struct check_sum {
-    uint64_t epoch, records, learners;
+    uint64_t epoch, records, learners, blocks;
     uint64_t applied, dropped; /* token sums over merge records */
     dl_store_ledger ledger;
     /* per-fragment record walk */
@@ -1420,6 +1708,53 @@ static int check_no_stray(dl_store *s, MDB_txn *t, MDB_dbi dbi, const char *name
     return rc;
 }
 
+/* Walk the params (mom 0) or outer (mom 1) database in key order: exactly
+ * the blocks (p, 0..blocks-1) of every p < P, each valid for its
+ * fragment's header h[p] and matching its checksum; nothing else. */
+static int check_blocks(dl_store *s, MDB_txn *t, int mom, const frag_hdr *h, struct check_sum *c)
+{
+    const char *db = arr_db(mom);
+    MDB_cursor *cur;
+    MDB_CALL(mdb_cursor_open(t, mom ? s->dbi_outer : s->dbi_params, &cur));
+    MDB_val k, v;
+    int rc = 0, lrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+    for (uint32_t p = 0; p < s->n_frag && !rc; p++)
+        for (uint32_t b = 0; b < h[p].blocks && !rc; b++, lrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+            uint8_t kb[8];
+            key_blk(kb, p, b);
+            int cmp = lrc == MDB_SUCCESS ? memcmp(k.mv_data, kb, k.mv_size < 8 ? k.mv_size : 8) : 1;
+            if (lrc != MDB_SUCCESS && lrc != MDB_NOTFOUND) {
+                rc = mdb_fail(lrc, "mdb_cursor_get", __FILE__, __LINE__);
+            } else if (lrc == MDB_SUCCESS && k.mv_size != 8) {
+                rc = dl_err(DL_ECORRUPT, "%s: key of %zu bytes (expected 8)", db, k.mv_size);
+            } else if (cmp < 0) {
+                rc = dl_err(DL_ECORRUPT, "%s: stray key for fragment %u block %u (fragment %u has %u blocks, P=%u)", db,
+                            key_frag_p(&k), get_be32((const uint8_t *)k.mv_data + 4), key_frag_p(&k),
+                            key_frag_p(&k) < s->n_frag ? h[key_frag_p(&k)].blocks : 0, s->n_frag);
+            } else if (cmp > 0) {
+                rc = dl_err(DL_ECORRUPT, "%s[%u,%u] missing (fragment %u has %u blocks)", db, p, b, p, h[p].blocks);
+            } else {
+                blk_view bv = {0};
+                uint64_t sum;
+                if ((rc = blk_decode(mom, p, b, &h[p], &v, &bv)) == 0 &&
+                    (sum = dl_hash64(bv.data, (size_t)bv.n * 4, 0)) != bv.sum)
+                    rc = dl_err(DL_ECORRUPT,
+                                "fragment %u version %llu: %s checksum %016llx, stored %016llx (%s[%u,%u])", p,
+                                (unsigned long long)h[p].version, mom ? "momentum" : "params",
+                                (unsigned long long)sum, (unsigned long long)bv.sum, db, p, b);
+                c->blocks++;
+            }
+        }
+    if (rc == 0 && lrc == MDB_SUCCESS)
+        rc = k.mv_size == 8 ? dl_err(DL_ECORRUPT, "%s: stray key for fragment %u block %u (P=%u)", db, key_frag_p(&k),
+                                     get_be32((const uint8_t *)k.mv_data + 4), s->n_frag)
+                            : dl_err(DL_ECORRUPT, "%s: key of %zu bytes (expected 8)", db, k.mv_size);
+    else if (rc == 0 && lrc != MDB_NOTFOUND)
+        rc = mdb_fail(lrc, "mdb_cursor_get", __FILE__, __LINE__);
+    mdb_cursor_close(cur);
+    return rc;
+}
+
 static int count_learner_cb(const dl_store_learner *r, void *ctx)
 {
     (void)r;
@@ -1429,7 +1764,7 @@ static int count_learner_cb(const dl_store_learner *r, void *ctx)
 
 /* One read transaction for a consistent view of the whole store; it blocks
  * no writer, so holding it while hashing is fine for an offline check. */
-static int check_in(dl_store *s, MDB_txn *t, struct check_sum *c)
+static int check_in(dl_store *s, MDB_txn *t, frag_hdr *h, struct check_sum *c)
 {
     MDB_val k = key_str("epoch"), v;
     MDB_GET(t, s->dbi_meta, &k, &v, DL_ECORRUPT, "meta has no epoch");
@@ -1438,34 +1773,18 @@ static int check_in(dl_store *s, MDB_txn *t, struct check_sum *c)
     MDB_GET(t, s->dbi_ledger, &k, &v, DL_ECORRUPT, "ledger totals missing");
     DL_TRY(ledger_decode(&v, &c->ledger));
     for (uint32_t p = 0; p < s->n_frag; p++) {
-        uint8_t kb[4];
-        frag_hdr h;
-        uint64_t over, sum;
-        const uint8_t *mom;
-        k = key_frag(kb, p);
-        MDB_GET(t, s->dbi_frag, &k, &v, DL_ECORRUPT, "fragment %u missing", p);
-        DL_TRY(frag_decode(s, p, &v, &h));
-        if ((sum = dl_hash64(h.params, h.numel * 4, 0)) != h.params_sum)
-            return dl_err(DL_ECORRUPT, "fragment %u version %llu: params checksum %016llx, stored %016llx", p,
-                          (unsigned long long)h.version, (unsigned long long)sum, (unsigned long long)h.params_sum);
-        MDB_GET(t, s->dbi_outer, &k, &v, DL_ECORRUPT, "outer momentum of fragment %u missing", p);
-        DL_TRY(outer_decode(s, p, &v, &over, &mom));
-        if (over != h.version)
-            return dl_err(DL_ECORRUPT, "outer[%u] is at version %llu, fragment at %llu", p,
-                          (unsigned long long)over, (unsigned long long)h.version);
-        if ((sum = dl_hash64(mom, h.numel * 4, 0)) != h.mom_sum)
-            return dl_err(DL_ECORRUPT, "fragment %u version %llu: momentum checksum %016llx, stored %016llx", p,
-                          (unsigned long long)h.version, (unsigned long long)sum, (unsigned long long)h.mom_sum);
+        DL_TRY(frag_get(s, t, p, &h[p]));
         c->p = p;
         c->expect = 1;
         DL_TRY(foreach_merge_in(s, t, p, 0, check_record_cb, c));
-        if (c->expect - 1 != h.version)
+        if (c->expect - 1 != h[p].version)
             return dl_err(DL_ECORRUPT, "fragment %u is at version %llu but has %llu merge records (1..%llu)", p,
-                          (unsigned long long)h.version, (unsigned long long)(c->expect - 1),
+                          (unsigned long long)h[p].version, (unsigned long long)(c->expect - 1),
                           (unsigned long long)(c->expect - 1));
     }
+    DL_TRY(check_blocks(s, t, 0, h, c));
+    DL_TRY(check_blocks(s, t, 1, h, c));
     DL_TRY(check_no_stray(s, t, s->dbi_frag, "fragments", 4));
-    DL_TRY(check_no_stray(s, t, s->dbi_outer, "outer", 4));
     DL_TRY(check_no_stray(s, t, s->dbi_merges, "merges", 12));
     DL_TRY(foreach_learner_in(s, t, count_learner_cb, c));
     /* Dropped-stale pushes are recorded in their fragment's next merge
@@ -1492,26 +1811,28 @@ int dl_store_check(const char *dir, FILE *report)
     if (rc == 0 && s->fingerprint == 0) rc = dl_err(DL_EFORMAT, "store %s: run fingerprint is zero", dir);
     if (rc == 0) {
         MDB_txn *t;
+        frag_hdr *h = dl_xcalloc(s->n_frag, sizeof *h);
         rc = txn_begin(s, 0, &t);
         if (rc == 0) {
-            rc = check_in(s, t, &c);
+            rc = check_in(s, t, h, &c);
             txn_abort(s, t);
         }
+        free(h);
     }
     if (report) {
         fprintf(report, "dloco store check: %s\n", dir);
         if (s && s->have_run)
             fprintf(report,
-                    "  schema %u, run '%s', fingerprint %016llx, epoch %llu, %u fragments, %llu merge records, "
-                    "%llu learners\n"
+                    "  schema %u, run '%s', fingerprint %016llx, epoch %llu, %u fragments (%llu blocks), %llu merge "
+                    "records, %llu learners\n"
                     "  ledger fragment-tokens: applied %llu, dropped_stale %llu, rejected %llu, lost %llu, "
                     "discarded %llu, outstanding %llu\n",
                     DL_STORE_SCHEMA_VERSION, s->run_id, (unsigned long long)s->fingerprint,
-                    (unsigned long long)c.epoch, s->n_frag, (unsigned long long)c.records,
-                    (unsigned long long)c.learners, (unsigned long long)c.ledger.tokens[0],
-                    (unsigned long long)c.ledger.tokens[1], (unsigned long long)c.ledger.tokens[2],
-                    (unsigned long long)c.ledger.tokens[3], (unsigned long long)c.ledger.tokens[4],
-                    (unsigned long long)c.ledger.tokens[5]);
+                    (unsigned long long)c.epoch, s->n_frag, (unsigned long long)c.blocks,
+                    (unsigned long long)c.records, (unsigned long long)c.learners,
+                    (unsigned long long)c.ledger.tokens[0], (unsigned long long)c.ledger.tokens[1],
+                    (unsigned long long)c.ledger.tokens[2], (unsigned long long)c.ledger.tokens[3],
+                    (unsigned long long)c.ledger.tokens[4], (unsigned long long)c.ledger.tokens[5]);
         if (rc == 0)
             fprintf(report, "  result: OK\n");
         else

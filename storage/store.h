@@ -19,17 +19,31 @@
  *             model shape (L, NH, C, T, V), init seed, numel of each
  *             fragment; "config" -> run config text (an audit record: nothing
  *             reads the model from it); "epoch".
- *   fragments p (u32 big-endian) -> 64-byte header {version, numel, XXH64 of
- *             params, XXH64 of momentum, commit wallclock} + fp32 params.
- *   outer     p -> 32-byte header {version, numel} + fp32 outer momentum.
+ *   fragments p (u32 big-endian) -> 48-byte header {version, numel, number
+ *             of blocks, block size, commit wallclock}.
+ *   params    (p u32 BE, block u32 BE) -> 48-byte header {p, block, version,
+ *             n, XXH64 of the block's floats} + n fp32: elements
+ *             [block * DL_STORE_BLOCK_FLOATS, + n) of fragment p's params.
+ *   outer     (p, block) -> the same for the outer momentum.
  *   learners  id -> registry record (seen times, public key, counters).
  *   merges    (p u32 BE, version u64 BE) -> merge record; append-only, so a
  *             fragment at version v has exactly the records 1..v.
  *   ledger    "totals" -> tokens per final state.
  *
- * Checksums are dl_hash64(bytes, len, 0) over the raw little-endian fp32
- * arrays. The host must be little-endian (checked at compile time): fp32
- * arrays are served zero-copy from the map.
+ * Why blocks: LMDB stores a large value in one run of contiguous pages and
+ * frees that run when the value is replaced; a freed run can only be reused
+ * by a value that fits in it. With one value per fragment (schema 2, GPT-2's
+ * fragments of 12 to 155 MB), freed runs were split by smaller values and
+ * the next large commit no longer fitted anywhere but at the end of the
+ * file: the file grew without bound while a third of it was free. Every
+ * block of an array of more than one block takes the same number of pages
+ * (a short last block is zero-padded), so a freed block always fits the
+ * next one and the file settles at about the live state plus the largest
+ * commit's new copy plus what the last commit freed (see dl_store_stats).
+ *
+ * Checksums are dl_hash64(bytes, len, 0) over each block's raw little-endian
+ * fp32 floats. The host must be little-endian (checked at compile time):
+ * fp32 arrays are served zero-copy from the map.
  *
  * Threads: one dl_store may be used from several threads at once (LMDB
  * serializes writers; readers never wait on a writer). At most one dl_store
@@ -37,12 +51,28 @@
  * time, not even read-only, while this process has it open. Call
  * dl_store_init_run before other threads use the handle.
  *
+ * Map growth: LMDB can resize its map only while the process has no
+ * transaction or snapshot open (the remap moves every pointer into it). A
+ * write that needs a bigger map (ahead of time, from the size of what it
+ * writes, or after MDB_MAP_FULL) announces a grow and waits for the open
+ * ones to end; transactions and snapshots begun meanwhile wait for the grow
+ * (at most 20 ms each, and not at all once one of them had to give up), so
+ * a stream of short snapshots cannot starve it and a long one cannot
+ * deadlock it. The grow gives up after dl_store_opts.grow_wait_ms: the write
+ * then fails with DL_EAGAIN having written nothing. Snapshots never wait on
+ * a writer, only (briefly) on a grow, and grows are rare: the map starts at
+ * 4 x the run's state (a power of two) and doubles.
+ *
  * Every call is one short transaction; nothing holds a transaction across
  * network I/O. A failed call changes nothing (its transaction is aborted). */
 
 /* 2: the run record holds the model shape and the init seed as typed fields.
+ * 3: fragment arrays are stored as fixed-size blocks (params, outer).
  * A store of another schema version is refused at open (DL_EFORMAT). */
-#define DL_STORE_SCHEMA_VERSION 2u
+#define DL_STORE_SCHEMA_VERSION 3u
+/* fp32 elements per stored block (1 MiB). A snapshot range that starts at a
+ * multiple of it and is at most this long is served zero-copy. */
+#define DL_STORE_BLOCK_FLOATS 262144u
 #define DL_STORE_ID_MAX 64     /* run ids and learner ids: 1..64 printable ASCII chars, no spaces */
 #define DL_STORE_FN_MAX 31     /* staleness function name, chars */
 #define DL_STORE_REASON_MAX 47 /* contributor reason text, chars (longer is truncated) */
@@ -66,13 +96,17 @@ typedef enum {
 } dl_store_durability;
 
 typedef struct {
-    uint64_t map_size; /* initial map size, bytes (rounded up to 64 KiB); 0 -> 1 GiB.
-                          Doubles automatically when full. */
-    int durability;    /* DL_STORE_SYNC or DL_STORE_PERIODIC */
-    int read_only;     /* open for reading only (offline checker, status) */
+    uint64_t map_size;     /* initial map size, bytes (rounded up to 64 KiB); 0 (default) -> 1 GiB, raised
+                              once the run is known (open or init_run) to 4 x its stored params + momentum,
+                              rounded up to a power of two. Address space only: the file grows as pages are
+                              written. Doubles whenever a write needs more. */
+    int durability;        /* DL_STORE_SYNC or DL_STORE_PERIODIC */
+    int read_only;         /* open for reading only (offline checker, status) */
+    uint32_t grow_wait_ms; /* how long a map growth waits for this process's open transactions and snapshots
+                              to end before the write fails with DL_EAGAIN; 0 -> 10000 */
 } dl_store_opts;
 
-/* map_size 1 GiB, DL_STORE_SYNC, read-write. */
+/* map_size 0 (sized from the run), DL_STORE_SYNC, read-write, grow_wait_ms 0. */
 dl_store_opts dl_store_opts_default(void);
 
 /* Open (read-write: create the directory and an empty store if missing) the
@@ -141,13 +175,29 @@ int dl_store_read_fragment(dl_store *s, uint32_t p, uint64_t *version, float *pa
 /* Zero-copy read snapshot (an LMDB read transaction) for serving joiners: it
  * never waits on a merge and sees the state of its begin, whatever commits
  * happen meanwhile. Pointers it hands out stay valid until dl_store_snapshot_end.
- * Keep a snapshot short-lived: it pins old pages (the map cannot be grown
- * while any snapshot is open, so a commit that needs room then fails with
- * DL_EAGAIN). A snapshot may be ended on another thread than it began on. */
+ * Keep a snapshot short-lived (one message's worth of sends): while it is
+ * open, the pages the commits since its begin freed cannot be reused, and a
+ * map growth waits for it to end (see "Map growth"). Begin may wait for a
+ * pending growth, at most 20 ms. A snapshot may be ended on another thread
+ * than it began on. */
 int dl_store_snapshot_begin(dl_store *s, dl_store_snap **out);
-/* Params of fragment p as of the snapshot (not checksum-verified; the
- * checker does that). `*params` is 4-byte aligned (a copy owned by the
- * snapshot in the rare case LMDB stores a small value unaligned). */
+/* Version and numel of fragment p as of the snapshot (its header only).
+ * DL_ERANGE p >= P. */
+int dl_store_snapshot_info(dl_store_snap *snap, uint32_t p, uint64_t *version, size_t *numel);
+/* Params [offset, offset + *n) of fragment p as of the snapshot, *n =
+ * min(max_n, numel - offset), max_n >= 1; not checksum-verified (the
+ * checker does that). `*params` is 4-byte aligned. Zero-copy (a pointer into
+ * the map) when the range lies inside one stored block: every range of a
+ * fragment of at most DL_STORE_BLOCK_FLOATS elements, and every chunk of a
+ * divisor of DL_STORE_BLOCK_FLOATS floats starting at a multiple of it.
+ * Otherwise (a range across blocks, or a small value LMDB stored unaligned)
+ * it is a copy of at most max_n floats, owned by the snapshot.
+ * DL_ERANGE p >= P or offset >= numel. */
+int dl_store_snapshot_range(dl_store_snap *snap, uint32_t p, uint64_t offset, size_t max_n, uint64_t *version,
+                            const float **params, size_t *n);
+/* All params of fragment p: dl_store_snapshot_range(0, numel). A fragment of
+ * more than one block is COPIED (numel floats, once per fragment per
+ * snapshot, freed at its end): serve large fragments range by range. */
 int dl_store_snapshot_fragment(dl_store_snap *snap, uint32_t p, uint64_t *version, const float **params,
                                size_t *numel);
 void dl_store_snapshot_end(dl_store_snap **snap);
@@ -216,7 +266,9 @@ typedef struct {
  * contributor's tokens to add.
  * DL_EMISMATCH (nothing written) unless new_version == stored version + 1;
  * DL_ERANGE p >= P; DL_EINVAL bad record (id/name too long, bad decision);
- * DL_EAGAIN the map is full and cannot grow while snapshots are open. */
+ * DL_EAGAIN the map had to grow and transactions or snapshots of this
+ * process stayed open longer than grow_wait_ms: transient, nothing written,
+ * the same commit may be retried. */
 int dl_store_commit_merge(dl_store *s, uint32_t p, uint64_t new_version, const float *params,
                           const float *momentum, const dl_merge_record *rec, const dl_store_ledger *ledger);
 
@@ -251,16 +303,31 @@ int dl_store_foreach_learner(dl_store *s, dl_learner_cb cb, void *ctx);
 
 /* ---- health */
 
+/* Sizes, bytes. file >= used = live + free, live >= state: state is what the run
+ * must keep, live what the current version of every database occupies
+ * (state, records, registry, B-tree and freelist pages), free the pages
+ * commits freed (reused by later commits once no snapshot older than the
+ * freeing one is open). In steady state used stays near live plus the
+ * largest fragment's params + momentum (the new copy a commit writes before
+ * the old one is freed) plus what the previous commit freed. */
 typedef struct {
-    uint64_t map_size;         /* bytes currently mapped */
-    uint64_t used_bytes;       /* pages up to the last used one, bytes */
+    uint64_t map_size;         /* bytes currently mapped (address space, not disk) */
+    uint64_t file_bytes;       /* size of data.mdb (LMDB never shrinks it) */
+    uint64_t used_bytes;       /* pages up to the last used one */
+    uint64_t live_bytes;       /* used_bytes - free_bytes */
+    uint64_t free_bytes;       /* pages on LMDB's freelist */
+    uint64_t state_bytes;      /* params + momentum blocks of every fragment as stored (headers, padding) */
     uint32_t page_size;
     uint32_t readers_used, readers_max; /* reader slots: high-water mark, capacity */
     int stale_readers_cleared; /* by mdb_reader_check at open */
     uint32_t map_grows;        /* map growths since open (all causes) */
     uint32_t map_full_retries; /* transactions retried after MDB_MAP_FULL */
+    uint32_t grow_timeouts;    /* growths that gave up (DL_EAGAIN): transactions stayed open past grow_wait_ms */
+    uint32_t snapshots_open;   /* snapshots open now */
 } dl_store_stats;
 
+/* One short read transaction; walks the freelist's records (one per
+ * freeing commit still on it, not one per page). */
 int dl_store_get_stats(dl_store *s, dl_store_stats *out);
 
 /* Offline consistency check (opens `dir` read-only; safe while a
@@ -269,8 +336,9 @@ int dl_store_get_stats(dl_store *s, dl_store_stats *out);
  * dl_model_config_check (the store does not recompute the fingerprint from
  * it: `dloco check` does, with core/model.h); for every fragment p < P the
  * header, numel, that version == number of merge records and the record
- * versions are exactly 1..version, params and momentum checksums, outer
- * version == fragment version; no records of fragments >= P; ledger applied
+ * versions are exactly 1..version; that params and outer hold exactly the
+ * blocks 0..blocks-1 of every p < P and nothing else, each at the
+ * fragment's version with its checksum; no records of fragments >= P; ledger applied
  * and dropped_stale equal the sums over all merge records. Returns 0, or
  * DL_ECORRUPT / DL_EFORMAT (or an open error) with the FIRST violation in the
  * detail. Prints a short summary to `report` (may be NULL). */

@@ -1,5 +1,6 @@
 /* Worker thread: a FIFO of jobs under one mutex; merges work on scratch
- * copies and replace the in-memory global only after their commit. */
+ * copies and replace the in-memory global only after their commit; store
+ * writes that fail for a transient cause are retried. */
 #include "synchronizer/worker.h"
 
 #include <math.h>
@@ -7,10 +8,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/log.h"
 #include "synchronizer/guard.h"
+
+/* A store write that fails with DL_EAGAIN (the map had to grow while
+ * snapshots stayed open past the store's grow_wait_ms) wrote nothing and may
+ * run again: up to WRITE_RETRIES more times, RETRY_MS0 ms after the first
+ * failure and twice as long after each next one, at most RETRY_MS_MAX. */
+#define WRITE_RETRIES 10
+#define RETRY_MS0 10
+#define RETRY_MS_MAX 1000
 
 struct dl_worker {
     dl_store *store;
@@ -44,6 +55,49 @@ void dl_job_free(dl_job *j)
     free(j);
 }
 
+static const char *job_name(dl_job_kind k)
+{
+    switch (k) {
+    case DL_JOB_MERGE: return "merge commit";
+    case DL_JOB_LEARNER_PUT: return "registry write";
+    case DL_JOB_LEDGER: return "ledger write";
+    case DL_JOB_SYNC: return "sync";
+    }
+    return "?";
+}
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {}
+}
+
+/* One store write of job j, retried while it fails for a transient cause. */
+static int store_write(dl_worker *w, dl_job *j)
+{
+    for (int ms = RETRY_MS0;; ms = ms * 2 < RETRY_MS_MAX ? ms * 2 : RETRY_MS_MAX) {
+        dl_err_clear();
+        int rc = 0;
+        switch (j->kind) {
+        case DL_JOB_MERGE:
+            rc = dl_store_commit_merge(w->store, (uint32_t)j->fragment, j->version + 1, w->scratch_params,
+                                       w->scratch_mom, &j->rec, &j->ledger);
+            break;
+        case DL_JOB_LEARNER_PUT: rc = dl_store_learner_put(w->store, &j->lrec); break;
+        case DL_JOB_LEDGER: rc = dl_store_ledger_add(w->store, &j->ledger); break;
+        case DL_JOB_SYNC: rc = dl_store_sync(w->store); break;
+        }
+        if (rc != DL_EAGAIN || j->retries >= WRITE_RETRIES) return rc;
+        j->retries++;
+        if (j->kind == DL_JOB_MERGE)
+            DL_WARN("%s of fragment %d onto v%llu: %s; retry %d of %d in %d ms", job_name(j->kind), j->fragment,
+                    (unsigned long long)j->version, dl_errmsg(), j->retries, WRITE_RETRIES, ms);
+        else
+            DL_WARN("%s: %s; retry %d of %d in %d ms", job_name(j->kind), dl_errmsg(), j->retries, WRITE_RETRIES, ms);
+        nap_ms(ms);
+    }
+}
+
 static void run_merge(dl_worker *w, dl_job *j)
 {
     int p = j->fragment;
@@ -63,8 +117,7 @@ static void run_merge(dl_worker *w, dl_job *j)
     }
     int finite = 0;
     j->param_norm = dl_guard_norm(w->scratch_params, n, &finite);
-    j->rc = dl_store_commit_merge(w->store, (uint32_t)p, j->version + 1, w->scratch_params, w->scratch_mom, &j->rec,
-                                  &j->ledger);
+    j->rc = store_write(w, j);
     if (j->rc) {
         snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
         return;
@@ -78,12 +131,11 @@ static void run_merge(dl_worker *w, dl_job *j)
 static void run(dl_worker *w, dl_job *j)
 {
     dl_err_clear();
-    switch (j->kind) {
-    case DL_JOB_MERGE: run_merge(w, j); return;
-    case DL_JOB_LEARNER_PUT: j->rc = dl_store_learner_put(w->store, &j->lrec); break;
-    case DL_JOB_LEDGER: j->rc = dl_store_ledger_add(w->store, &j->ledger); break;
-    case DL_JOB_SYNC: j->rc = dl_store_sync(w->store); break;
+    if (j->kind == DL_JOB_MERGE) {
+        run_merge(w, j);
+        return;
     }
+    j->rc = store_write(w, j);
     if (j->rc) snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
 }
 

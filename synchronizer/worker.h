@@ -2,7 +2,11 @@
  * submission order -- merge a closed round (merge rule, outer step) and
  * commit it with its ledger changes in one transaction, registry records,
  * ledger writes, periodic fsync -- so the event loop never blocks on a
- * merge or an fsync. */
+ * merge or an fsync. A store write that fails for a transient cause
+ * (DL_EAGAIN: the map could not grow while snapshots stayed open; nothing
+ * was written) is retried with backoff, up to 10 times over about 4 s plus
+ * the store's grow waits, before the job fails; a merge is computed once
+ * and only its commit is retried. */
 #ifndef DL_SYNCHRONIZER_WORKER_H
 #define DL_SYNCHRONIZER_WORKER_H
 
@@ -35,6 +39,7 @@ typedef struct dl_job {
     dl_store_learner lrec;
     /* results */
     int rc;              /* 0 or the failing call's DL_E* code */
+    int retries;         /* store writes retried after a transient failure (DL_EAGAIN) before rc */
     double norm;         /* merge: L2 norm of the merged delta */
     double param_abs_max; /* merge: the new global must be finite with |x| <= this (0 = finite only), else the
                            * commit is aborted (dl_guard_cfg.param_abs_max at submission) */

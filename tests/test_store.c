@@ -1,6 +1,9 @@
 /* Tests of the LMDB state store: round trips, run mismatch and resume, version
- * fencing, snapshots, map growth, the offline checker, bad directories, stale
- * readers and a SIGKILL crash test. Exits non-zero on the first failure. */
+ * fencing, snapshots, fragments of several blocks and snapshot ranges, map
+ * growth (alone, behind this thread's snapshot, under other threads' snapshots),
+ * a steady file size over hundreds of commits, the offline checker, bad
+ * directories, stale readers and a SIGKILL crash test. Exits non-zero on the
+ * first failure. */
 #define _GNU_SOURCE /* nftw */
 #include "storage/store.h"
 
@@ -15,7 +18,9 @@
 #include <lmdb.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -485,7 +490,126 @@ static void test_snapshot(void)
 }
 
 // ----------------------------------------------------------------------------
-// map growth from 64 KiB, MAP_FULL retry, and no growth under an open snapshot
+// fragments of several blocks: round trip, snapshot ranges, stats
+
+static dl_store *open_store_wait(const char *dir, uint64_t map_size, int durability, uint32_t grow_wait_ms)
+{
+    dl_store_opts o = dl_store_opts_default();
+    o.map_size = map_size;
+    o.durability = durability;
+    o.grow_wait_ms = grow_wait_ms;
+    dl_store *s = NULL;
+    OK(dl_store_open(dir, &o, &s));
+    return s;
+}
+
+static uint64_t file_size(const char *dir)
+{
+    char path[4300];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    REQUIRE(stat(path, &st) == 0, "stat %s: %s", path, strerror(errno));
+    return (uint64_t)st.st_size;
+}
+
+#define BF ((uint64_t)DL_STORE_BLOCK_FLOATS)
+
+static void test_blocks(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "blocks");
+    /* 3 blocks (a short last one), exactly 1 block, 1 block + 1 element, a leaf-page value */
+    const uint64_t numel[4] = {2 * BF + 1000, BF, BF + 1, 3};
+    dl_store_run run = {"blocks", 14, NULL, 4, numel, TEST_MODEL, 1337};
+    params_set init = make_init(4, numel);
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    float *x = malloc(numel[0] * 4), *m = malloc(numel[0] * 4);
+    for (uint32_t p = 0; p < 4; p++) {
+        uint64_t v = 9;
+        OK(dl_store_read_fragment(s, p, &v, x, m));
+        REQUIRE(v == 0 && equal_to(x, numel[p], p, 0, 0) && all_zero(m, numel[p]), "fragment %u at v0", p);
+        OK(commit_v(s, p, 1, numel[p], 10));
+        OK(dl_store_read_fragment(s, p, &v, x, m));
+        REQUIRE(v == 1 && equal_to(x, numel[p], p, 1, 0) && equal_to(m, numel[p], p, 1, 1), "fragment %u at v1", p);
+    }
+    printf("ok: fragments of 3 blocks, 1 block, 1 block + 1 and 3 floats round trip params and momentum "
+           "(init and commit)\n");
+
+    dl_store_snap *snap;
+    OK(dl_store_snapshot_begin(s, &snap));
+    uint64_t v;
+    size_t n, n2;
+    const float *a, *b;
+    OK(dl_store_snapshot_info(snap, 0, &v, &n));
+    REQUIRE(v == 1 && n == numel[0], "info: v%llu numel %zu", (unsigned long long)v, n);
+    /* chunks that divide a block, starting at a multiple: pointers into the map */
+    for (uint64_t off = 0; off < numel[0]; off += BF / 4) {
+        OK(dl_store_snapshot_range(snap, 0, off, BF / 4, &v, &a, &n));
+        OK(dl_store_snapshot_range(snap, 0, off, BF / 4, &v, &b, &n2));
+        uint64_t want = numel[0] - off < BF / 4 ? numel[0] - off : BF / 4;
+        REQUIRE(v == 1 && n == want && n2 == n && a == b && (uintptr_t)a % 4 == 0, "chunk at %llu: n %zu, %s",
+                (unsigned long long)off, n, a == b ? "same pointer" : "copied");
+        for (size_t i = 0; i < n; i += 997)
+            REQUIRE(a[i] == pval(0, 1, off + i), "chunk at %llu element %zu", (unsigned long long)off, i);
+    }
+    /* ranges across a block boundary: copies, right contents */
+    OK(dl_store_snapshot_range(snap, 0, BF - 10, 30, &v, &a, &n));
+    OK(dl_store_snapshot_range(snap, 0, BF - 10, 30, &v, &b, &n2));
+    REQUIRE(n == 30 && a != b, "a range across blocks is copied (%zu)", n);
+    for (size_t i = 0; i < n; i++) REQUIRE(a[i] == pval(0, 1, BF - 10 + i) && b[i] == a[i], "across element %zu", i);
+    OK(dl_store_snapshot_range(snap, 0, 5, numel[0], &v, &a, &n));
+    REQUIRE(n == numel[0] - 5, "a range is cut at the end: %zu", n);
+    for (size_t i = 0; i < n; i += 101) REQUIRE(a[i] == pval(0, 1, 5 + i), "long range element %zu", i);
+    EXPECT_ERR(dl_store_snapshot_range(snap, 0, numel[0], 1, &v, &a, &n), DL_ERANGE, "past its");
+    EXPECT_ERR(dl_store_snapshot_range(snap, 4, 0, 1, &v, &a, &n), DL_ERANGE, "out of range");
+    EXPECT_ERR(dl_store_snapshot_info(snap, 4, &v, &n), DL_ERANGE, "out of range");
+    /* whole fragments: one block is zero-copy, more are copied once per snapshot */
+    OK(dl_store_snapshot_fragment(snap, 1, &v, &a, &n));
+    OK(dl_store_snapshot_range(snap, 1, 0, BF, &v, &b, &n2));
+    REQUIRE(a == b && n == BF && equal_to(a, n, 1, 1, 0), "a one-block fragment is served from the map");
+    const float *w0, *w1;
+    OK(dl_store_snapshot_fragment(snap, 0, &v, &w0, &n));
+    OK(dl_store_snapshot_fragment(snap, 0, &v, &w1, &n2));
+    REQUIRE(w0 == w1 && n == numel[0] && equal_to(w0, n, 0, 1, 0), "a 3-block fragment: one copy, kept");
+    OK(dl_store_snapshot_fragment(snap, 3, &v, &a, &n));
+    REQUIRE(n == 3 && (uintptr_t)a % 4 == 0 && equal_to(a, 3, 3, 1, 0), "leaf-page value aligned");
+    /* a commit meanwhile: the snapshot's pointers keep version 1 */
+    const float *c0;
+    OK(dl_store_snapshot_range(snap, 0, BF, BF, &v, &c0, &n));
+    OK(commit_v(s, 0, 2, numel[0], 10));
+    for (size_t i = 0; i < n; i += 333) REQUIRE(c0[i] == pval(0, 1, BF + i), "old block kept after a commit, %zu", i);
+    OK(dl_store_snapshot_range(snap, 0, 2 * BF, BF, &v, &a, &n));
+    REQUIRE(v == 1 && n == 1000 && a[999] == pval(0, 1, 2 * BF + 999), "the snapshot still reads v1");
+    dl_store_stats st;
+    OK(dl_store_get_stats(s, &st));
+    REQUIRE(st.snapshots_open == 1, "one snapshot open: %u", st.snapshots_open);
+    dl_store_snapshot_end(&snap);
+    OK(dl_store_get_stats(s, &st));
+    uint64_t expect_state = 2 * (3 * (48 + BF * 4) + (48 + BF * 4) + 2 * (48 + BF * 4) + (48 + 12));
+    REQUIRE(st.state_bytes == expect_state, "state %llu bytes, expected %llu", (unsigned long long)st.state_bytes,
+            (unsigned long long)expect_state);
+    REQUIRE(st.used_bytes == st.live_bytes + st.free_bytes && st.live_bytes >= st.state_bytes &&
+                st.file_bytes >= st.used_bytes && st.file_bytes == file_size(dir) && st.snapshots_open == 0 &&
+                st.map_size >= st.used_bytes,
+            "sizes: file %llu used %llu live %llu free %llu state %llu map %llu", (unsigned long long)st.file_bytes,
+            (unsigned long long)st.used_bytes, (unsigned long long)st.live_bytes, (unsigned long long)st.free_bytes,
+            (unsigned long long)st.state_bytes, (unsigned long long)st.map_size);
+    printf("ok: snapshot ranges: block-aligned chunks zero-copy, cross-block ranges copied, a 3-block fragment "
+           "copied once; v1 kept across a commit; stats file %llu KiB = used %llu (live %llu + free %llu), "
+           "state %llu\n",
+           (unsigned long long)(st.file_bytes >> 10), (unsigned long long)(st.used_bytes >> 10),
+           (unsigned long long)(st.live_bytes >> 10), (unsigned long long)(st.free_bytes >> 10),
+           (unsigned long long)(st.state_bytes >> 10));
+    dl_store_close(&s);
+    OK(dl_store_check(dir, stdout));
+    free(x), free(m);
+    free_init(&init);
+}
+
+// ----------------------------------------------------------------------------
+// map growth from 64 KiB, MAP_FULL retry, and a grow that times out behind a
+// snapshot this thread holds
 
 static void test_map_growth(void)
 {
@@ -495,7 +619,7 @@ static void test_map_growth(void)
     dl_store_run run = {"grow", 9, NULL, 2, numel, TEST_MODEL, 1337};
     params_set init = make_init(2, numel);
     /* periodic durability: thousands of small commits without an fsync each */
-    dl_store *s = open_store(dir, 64 << 10, DL_STORE_PERIODIC, 0);
+    dl_store *s = open_store_wait(dir, 64 << 10, DL_STORE_PERIODIC, 100);
     dl_store_stats st;
     OK(dl_store_get_stats(s, &st));
     REQUIRE(st.map_size == 64 << 10, "starts at 64 KiB: %llu", (unsigned long long)st.map_size);
@@ -531,12 +655,14 @@ static void test_map_growth(void)
     REQUIRE(lr.pushes == (uint64_t)(nl / 2), "learner written before growth intact");
     OK(dl_store_foreach_learner(s, count_learner_cb, &count));
     REQUIRE(count == nl, "all %d learners present (%d)", nl, count);
+    REQUIRE(st.grow_timeouts == 0, "no grow timed out: %u", st.grow_timeouts);
     printf("ok: map grew from 64 KiB to %llu KiB (%u grows, %u MAP_FULL retries); 30 commits and %d learner "
            "records intact\n",
            (unsigned long long)(st.map_size >> 10), st.map_grows, st.map_full_retries, nl);
 
-    /* With a snapshot open the map cannot grow: commits eventually fail with
-     * DL_EAGAIN, change nothing, and succeed once the snapshot ends. */
+    /* This thread holds a snapshot, so a grow can never see zero open
+     * transactions: after grow_wait_ms (100) the write fails with DL_EAGAIN,
+     * changes nothing, and succeeds once the snapshot ends. */
     dl_store_snap *snap;
     OK(dl_store_snapshot_begin(s, &snap));
     const float *sp;
@@ -549,12 +675,14 @@ static void test_map_growth(void)
         if (rc != 0) break;
         v++, ncommits++;
     }
-    REQUIRE(rc == DL_EAGAIN && strstr(dl_errmsg(), "snapshot"), "commit under a snapshot ends in DL_EAGAIN: %d %s",
-          rc, dl_errmsg());
+    REQUIRE(rc == DL_EAGAIN && strstr(dl_errmsg(), "stayed open for 100 ms"),
+            "commit that needs a grow under this thread's snapshot ends in DL_EAGAIN: %d %s", rc, dl_errmsg());
     uint64_t got;
     OK(dl_store_read_fragment(s, 0, &got, NULL, NULL));
     REQUIRE(got == v, "failed commit left version %llu (got %llu)", (unsigned long long)v, (unsigned long long)got);
     REQUIRE(sv == 30 && equal_to(sp, sn, 0, 30, 0), "snapshot still reads v30 intact");
+    OK(dl_store_get_stats(s, &st));
+    REQUIRE(st.grow_timeouts >= 1, "grow timeouts counted: %u", st.grow_timeouts);
     dl_store_snapshot_end(&snap);
     OK(commit_v(s, 0, v + 1, numel[0], 3));
     v++;
@@ -564,10 +692,201 @@ static void test_map_growth(void)
     free(x);
     dl_store_close(&s);
     OK(dl_store_check(dir, NULL));
-    printf("ok: with a snapshot open, %d commits fit, the next failed with DL_EAGAIN leaving the store at v%llu; "
-           "after the snapshot ended the commit succeeded; check passes\n",
-           ncommits, (unsigned long long)(v - 1));
+    printf("ok: with this thread's snapshot open, %d commits fit, the next waited 100 ms for a grow and failed "
+           "with DL_EAGAIN leaving the store at v%llu (%u grow timeouts); after the snapshot ended the commit "
+           "succeeded; check passes\n",
+           ncommits, (unsigned long long)(v - 1), st.grow_timeouts);
     free_init(&init);
+}
+
+// ----------------------------------------------------------------------------
+// grows while other threads take short snapshots back to back, as the
+// synchronizer's loop does while serving chunks
+
+struct reader_ctx {
+    dl_store *s;
+    const uint64_t *numel;
+    uint32_t P;
+    uint64_t seed;
+    atomic_int *stop;
+    uint64_t snaps, checked, errors;
+    char err[256];
+};
+
+static void *reader_main(void *arg)
+{
+    struct reader_ctx *r = arg;
+    dl_rng rng;
+    dl_rng_seed(&rng, r->seed);
+    while (!atomic_load(r->stop)) {
+        dl_store_snap *snap;
+        if (dl_store_snapshot_begin(r->s, &snap)) {
+            r->errors++;
+            snprintf(r->err, sizeof r->err, "begin: %s", dl_errmsg());
+            continue;
+        }
+        uint32_t p = (uint32_t)dl_rng_below(&rng, r->P);
+        uint64_t off = dl_rng_below(&rng, r->numel[p]) / BF * BF, v;
+        const float *x;
+        size_t n;
+        if (dl_store_snapshot_range(snap, p, off, BF, &v, &x, &n)) {
+            r->errors++;
+            snprintf(r->err, sizeof r->err, "range: %s", dl_errmsg());
+        } else {
+            /* the version's contents, read through the map while grows happen around */
+            for (size_t i = 0; i < n; i += 4093)
+                if (x[i] != pval(p, v, off + i)) {
+                    r->errors++;
+                    snprintf(r->err, sizeof r->err, "fragment %u v%llu element %llu: %g", p, (unsigned long long)v,
+                             (unsigned long long)(off + i), x[i]);
+                    break;
+                }
+            r->checked++;
+        }
+        dl_store_snapshot_end(&snap);
+        r->snaps++;
+    }
+    return NULL;
+}
+
+static void test_grow_under_snapshots(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "growsnap");
+    const uint64_t numel[3] = {BF + 100, 3000, 5};
+    dl_store_run run = {"growsnap", 15, NULL, 3, numel, TEST_MODEL, 1337};
+    params_set init = make_init(3, numel);
+    /* a 256 KiB map for a run of 2 MB */
+    dl_store *s = open_store_wait(dir, 256 << 10, DL_STORE_PERIODIC, 0);
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    dl_store_stats st0, st;
+    atomic_int stop = 0;
+    struct reader_ctx rd[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        rd[i] = (struct reader_ctx){.s = s, .numel = numel, .P = 3, .seed = 100 + (uint64_t)i, .stop = &stop};
+        REQUIRE(pthread_create(&th[i], NULL, reader_main, &rd[i]) == 0, "reader thread");
+    }
+    OK(dl_store_get_stats(s, &st0));
+    /* small writes grow the map on MAP_FULL, large commits ahead of need */
+    uint32_t retries0 = st0.map_full_retries;
+    dl_store_learner lr = {.first_seen_ns = 1};
+    int nl = 0;
+    for (st = st0; nl < 200000 && st.map_full_retries == retries0; nl++) {
+        snprintf(lr.id, sizeof lr.id, "learner-%06d", nl);
+        OK(dl_store_learner_put(s, &lr));
+        if (nl % 64 == 0) OK(dl_store_get_stats(s, &st));
+    }
+    uint64_t v[3] = {0, 0, 0};
+    for (int i = 0; i < 30; i++) {
+        uint32_t p = i % 5 ? 0 : (uint32_t)(i / 5 % 3);
+        OK(commit_v(s, p, v[p] + 1, numel[p], 1));
+        v[p]++;
+    }
+    atomic_store(&stop, 1);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    OK(dl_store_get_stats(s, &st));
+    for (int i = 0; i < 2; i++)
+        REQUIRE(rd[i].errors == 0 && rd[i].checked > 0, "reader %d: %llu snapshots, %llu checked, %llu errors: %s", i,
+                (unsigned long long)rd[i].snaps, (unsigned long long)rd[i].checked,
+                (unsigned long long)rd[i].errors, rd[i].err);
+    REQUIRE(st.map_grows >= st0.map_grows + 2 && st.map_full_retries >= retries0 + 1 && st.grow_timeouts == 0,
+            "grows %u -> %u, MAP_FULL retries %u -> %u, timeouts %u", st0.map_grows, st.map_grows, retries0,
+            st.map_full_retries, st.grow_timeouts);
+    float *x = malloc(numel[0] * 4), *m = malloc(numel[0] * 4);
+    for (uint32_t p = 0; p < 3; p++) {
+        uint64_t got;
+        OK(dl_store_read_fragment(s, p, &got, x, m));
+        REQUIRE(got == v[p] && equal_to(x, numel[p], p, got, 0) && equal_to(m, numel[p], p, got, 1),
+                "fragment %u at v%llu", p, (unsigned long long)v[p]);
+    }
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: 2 threads took %llu + %llu back-to-back snapshots (contents checked) while the map grew %u times "
+           "(%u after MAP_FULL, to %llu MiB): every commit and %d registry writes succeeded, no grow timed out\n",
+           (unsigned long long)rd[0].snaps, (unsigned long long)rd[1].snaps, st.map_grows - st0.map_grows,
+           st.map_full_retries - retries0, (unsigned long long)(st.map_size >> 20), nl);
+    free(x), free(m);
+    free_init(&init);
+}
+
+// ----------------------------------------------------------------------------
+// steady size: hundreds of commits of a GPT-2-shaped model (one fragment 8x
+// the others, every array several blocks) with short snapshots around them
+
+static void read_chunk(dl_store_snap *snap, dl_rng *rng, const uint64_t *numel, uint32_t P, uint64_t *version_of)
+{
+    uint32_t p = (uint32_t)dl_rng_below(rng, P);
+    uint64_t off = dl_rng_below(rng, numel[p]) / BF * BF, v;
+    const float *x;
+    size_t n;
+    OK(dl_store_snapshot_range(snap, p, off, BF, &v, &x, &n));
+    REQUIRE(x[n - 1] == pval(p, v, off + n - 1) && (!version_of || version_of[p] == v), "chunk of fragment %u v%llu", p,
+            (unsigned long long)v);
+}
+
+static void test_steady_size(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "steady");
+    /* GPT-2 124M's first 8 fragments of P=24 (wte and 7 layer-sized ones), / 8 */
+    enum { P = 8, COMMITS = 300, WARMUP = 100 };
+    const uint64_t numel[P] = {4829184, 589824, 516096, 516096, 442368, 393216, 371232, 371136};
+    dl_store_run run = {"steady", 16, NULL, P, numel, TEST_MODEL, 1337};
+    params_set init = make_init(P, numel);
+    dl_store *s = open_store(dir, 0, DL_STORE_PERIODIC, 0);
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    free_init(&init);
+    uint64_t v[P] = {0}, warm = 0, hi = 0, largest = 0;
+    dl_rng rng;
+    dl_rng_seed(&rng, 424242);
+    dl_store_snap *span = NULL; /* a snapshot left open across the next commit too */
+    for (int i = 1; i <= COMMITS; i++) {
+        /* warm-up first: the large fragment three times in a row, each other one twice */
+        uint32_t p = i <= 3 ? 0 : i <= 3 + 2 * (P - 1) ? (uint32_t)(1 + (i - 4) / 2) : (uint32_t)dl_rng_below(&rng, P);
+        dl_store_snap *a;
+        OK(dl_store_snapshot_begin(s, &a));
+        read_chunk(a, &rng, numel, P, v);
+        if (i % 5 == 0) {
+            REQUIRE(span == NULL, "one spanning snapshot at a time");
+            OK(dl_store_snapshot_begin(s, &span));
+            read_chunk(span, &rng, numel, P, NULL);
+        }
+        OK(commit_v(s, p, v[p] + 1, numel[p], 1));
+        read_chunk(a, &rng, numel, P, NULL); /* the old version */
+        dl_store_snapshot_end(&a);
+        v[p]++;
+        if (span && i % 5 == 1) dl_store_snapshot_end(&span);
+        for (int k = 0; k < 2; k++) {
+            OK(dl_store_snapshot_begin(s, &a));
+            read_chunk(a, &rng, numel, P, v);
+            dl_store_snapshot_end(&a);
+        }
+        uint64_t f = file_size(dir);
+        if (i == WARMUP) warm = f;
+        if (i > WARMUP) {
+            REQUIRE(f <= warm + warm / 10 && f >= warm - warm / 10,
+                    "commit %d: file %llu bytes, %llu after the warm-up of %d commits (limit +-10%%)", i,
+                    (unsigned long long)f, (unsigned long long)warm, WARMUP);
+            hi = f > hi ? f : hi;
+        }
+    }
+    dl_store_snapshot_end(&span);
+    dl_store_stats st;
+    OK(dl_store_get_stats(s, &st));
+    largest = 2 * 19 * (48 + BF * 4); /* fragment 0's params + momentum: 19 blocks each */
+    /* the bound of LMDB's copy-on-write: the live state, the new copy of the
+     * largest fragment, what the previous commit (and one spanning
+     * snapshot) still pins */
+    REQUIRE(st.used_bytes <= st.state_bytes + 3 * largest + st.state_bytes / 10,
+            "used %llu bytes > state %llu + 3 x largest %llu + 10%%", (unsigned long long)st.used_bytes,
+            (unsigned long long)st.state_bytes, (unsigned long long)largest);
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: steady size: %d commits (%.0f MB of params + momentum, largest fragment %.0f MB) with 3-4 snapshots "
+           "each: file %.1f MB after %d, at most %.1f MB after (<= +10%%); state %.1f MB, live %.1f MB, free %.1f MB\n",
+           COMMITS, st.state_bytes / 1e6, largest / 1e6, warm / 1e6, WARMUP, hi / 1e6, st.state_bytes / 1e6,
+           st.live_bytes / 1e6, st.free_bytes / 1e6);
 }
 
 // ----------------------------------------------------------------------------
@@ -720,7 +1039,7 @@ static void test_run_model(void)
     old_run[4] = 1;
     memcpy(old_run + 96, orig + 128, 8 * 2);
     raw_put(dir, "meta", (MDB_val){3, "run"}, old_run, sizeof old_run);
-    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 1, this build reads schema version 2");
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 1, this build reads schema version 3");
     REQUIRE(s == NULL, "failed open leaves NULL");
     o.read_only = 1;
     EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 1");
@@ -731,11 +1050,18 @@ static void test_run_model(void)
     free_init(&init);
 }
 
+static MDB_val blk_key(uint8_t b[8], uint32_t p, uint32_t blk)
+{
+    frag_key(b, p);
+    frag_key(b + 4, blk);
+    return (MDB_val){8, b};
+}
+
 static void test_checker(void)
 {
     char dir[4200];
     path_of(dir, sizeof dir, "check");
-    const uint64_t numel[2] = {64, 5000};
+    const uint64_t numel[2] = {64, DL_STORE_BLOCK_FLOATS + 5000}; /* one block; two, the last short */
     dl_store_run run = {"check", 10, NULL, 2, numel, TEST_MODEL, 1337};
     params_set init = make_init(2, numel);
     dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
@@ -748,28 +1074,68 @@ static void test_checker(void)
 
     uint8_t kb[12];
     size_t len;
-    /* flip one params value of fragment 1 */
-    uint8_t *orig = raw_get(dir, "fragments", frag_key(kb, 1), &len);
+    /* flip one params value in fragment 1's second block */
+    uint8_t *orig = raw_get(dir, "params", blk_key(kb, 1, 1), &len);
+    REQUIRE(len == 48 + 4 * DL_STORE_BLOCK_FLOATS, "a short last block is stored full size: %zu bytes", len);
     uint8_t *bad = malloc(len);
     memcpy(bad, orig, len);
     float f;
-    memcpy(&f, bad + 64 + 4 * 100, 4);
+    memcpy(&f, bad + 48 + 4 * 100, 4);
     f += 1.0f;
-    memcpy(bad + 64 + 4 * 100, &f, 4);
-    raw_put(dir, "fragments", frag_key(kb, 1), bad, len);
+    memcpy(bad + 48 + 4 * 100, &f, 4);
+    raw_put(dir, "params", blk_key(kb, 1, 1), bad, len);
     EXPECT_ERR(dl_store_check(dir, stdout), DL_ECORRUPT, "fragment 1 version 2: params checksum");
+    REQUIRE(strstr(dl_errmsg(), "params[1,1]"), "names the block: %s", dl_errmsg());
     s = open_store(dir, 0, DL_STORE_SYNC, 1);
     float *x = malloc(numel[1] * 4);
     uint64_t v;
     EXPECT_ERR(dl_store_read_fragment(s, 1, &v, x, NULL), DL_ECORRUPT, "params checksum");
     OK(dl_store_read_fragment(s, 1, &v, NULL, NULL)); /* version alone needs no params */
     dl_store_close(&s);
-    raw_put(dir, "fragments", frag_key(kb, 1), orig, len);
+    raw_put(dir, "params", blk_key(kb, 1, 1), orig, len);
     OK(dl_store_check(dir, NULL));
     printf("ok: a flipped params value -> check DL_ECORRUPT '%s'; read_fragment also refuses it; "
            "restored -> passes\n",
-           "fragment 1 version 2: params checksum ...");
+           "fragment 1 version 2: params checksum ... (params[1,1])");
+
+    /* a block of another version, a block too many, a block missing, a header that disagrees */
+    memcpy(bad, orig, len);
+    bad[16] = 1; /* version 2 -> 1 */
+    raw_put(dir, "params", blk_key(kb, 1, 1), bad, len);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "params[1,1]: block of version 1, fragment 1 is at version 2");
+    s = open_store(dir, 0, DL_STORE_SYNC, 1);
+    EXPECT_ERR(dl_store_read_fragment(s, 1, &v, x, NULL), DL_ECORRUPT, "params[1,1]: block of version 1");
+    dl_store_snap *snap;
+    const float *sp;
+    size_t sn;
+    OK(dl_store_snapshot_begin(s, &snap));
+    EXPECT_ERR(dl_store_snapshot_range(snap, 1, DL_STORE_BLOCK_FLOATS, 10, &v, &sp, &sn), DL_ECORRUPT,
+               "params[1,1]: block of version 1");
+    dl_store_snapshot_end(&snap);
+    dl_store_close(&s);
+    raw_put(dir, "params", blk_key(kb, 1, 1), orig, len);
+    raw_put(dir, "params", blk_key(kb, 1, 2), orig, len);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "params: stray key for fragment 1 block 2");
+    raw_del(dir, "params", blk_key(kb, 1, 2));
+    raw_put(dir, "outer", blk_key(kb, 5, 0), orig, len);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "outer: stray key for fragment 5 block 0");
+    raw_del(dir, "outer", blk_key(kb, 5, 0));
+    raw_del(dir, "params", blk_key(kb, 1, 1));
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "params[1,1] missing (fragment 1 has 2 blocks)");
+    raw_put(dir, "params", blk_key(kb, 1, 1), orig, len);
     free(orig), free(bad);
+    orig = raw_get(dir, "fragments", frag_key(kb, 1), &len);
+    REQUIRE(len == 48, "fragment header: 48 bytes, got %zu", len);
+    bad = malloc(len);
+    memcpy(bad, orig, len);
+    bad[12] = 3; /* blocks */
+    raw_put(dir, "fragments", frag_key(kb, 1), bad, len);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "fragments[1]: numel 267144 in 3 blocks");
+    raw_put(dir, "fragments", frag_key(kb, 1), orig, len);
+    OK(dl_store_check(dir, NULL));
+    free(orig), free(bad);
+    printf("ok: a block of an older version (check, read, snapshot), a stray block, a block of a fragment >= P, "
+           "a missing block, a header with the wrong block count each caught naming the key; restored -> passes\n");
 
     /* delete a middle merge record, then the last one */
     orig = raw_get(dir, "merges", merge_key(kb, 0, 2), &len);
@@ -811,16 +1177,16 @@ static void test_checker(void)
     EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "ledger says applied");
     raw_put(dir, "ledger", (MDB_val){6, "totals"}, orig, len);
     free(orig), free(bad);
-    orig = raw_get(dir, "outer", frag_key(kb, 0), &len);
+    orig = raw_get(dir, "outer", blk_key(kb, 0, 0), &len);
     bad = malloc(len);
     memcpy(bad, orig, len);
-    bad[32 + 8] ^= 0x10;
-    raw_put(dir, "outer", frag_key(kb, 0), bad, len);
+    bad[48 + 8] ^= 0x10;
+    raw_put(dir, "outer", blk_key(kb, 0, 0), bad, len);
     EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "fragment 0 version 3: momentum checksum");
-    raw_put(dir, "outer", frag_key(kb, 0), orig, len);
-    raw_del(dir, "outer", frag_key(kb, 0));
-    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "outer momentum of fragment 0 missing");
-    raw_put(dir, "outer", frag_key(kb, 0), orig, len);
+    raw_put(dir, "outer", blk_key(kb, 0, 0), orig, len);
+    raw_del(dir, "outer", blk_key(kb, 0, 0));
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "outer[0,0] missing");
+    raw_put(dir, "outer", blk_key(kb, 0, 0), orig, len);
     free(orig), free(bad);
     OK(dl_store_check(dir, NULL));
     printf("ok: bad record magic, a record under another version's key, stray record of fragment 2 (P=2), tampered ledger, flipped momentum, "
@@ -981,7 +1347,7 @@ static void test_stale_readers(void)
 // ----------------------------------------------------------------------------
 // crash test: SIGKILL a committing child, no acknowledged version lost
 
-#define CRASH_NUMEL 4096
+#define CRASH_NUMEL (DL_STORE_BLOCK_FLOATS + 4096) /* two blocks, a short last one */
 
 static void crash_child(const char *dir, int wfd)
 {
@@ -1095,7 +1461,10 @@ int main(void)
     test_roundtrip();
     test_version_fence();
     test_snapshot();
+    test_blocks();
     test_map_growth();
+    test_grow_under_snapshots();
+    test_steady_size();
     test_checker();
     test_run_model();
     test_stale_readers();

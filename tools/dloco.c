@@ -27,7 +27,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: dloco COMMAND STORE [options]\n"
                "  check  STORE                 verify a store offline (exit 1 on the first violation)\n"
-               "  status STORE                 run, epoch, fragment versions, merges, token ledger, learners\n"
+               "  status STORE                 run, epoch, store sizes, fragment versions, merges, token ledger,\n"
+               "                               learners\n"
                "  records STORE                one line per merge contribution: fragment version learner decision\n"
                "                               staleness tokens weight\n"
                "  eval   STORE [--data PATH] [--batch B] [--val_batches N] [--val_frac F]\n"
@@ -119,6 +120,14 @@ static int cmd_status(const char *dir)
            run.n_fragments, (unsigned long long)epoch);
     printf("model: L=%d NH=%d C=%d T=%d V=%d, init seed %llu\n", run.model.n_layer, run.model.n_head, run.model.n_embd,
            run.model.seq_len, run.model.vocab, (unsigned long long)run.seed);
+    /* live: what the current state occupies; file: what it has grown to
+     * (LMDB never shrinks it); the difference is free pages commits reuse */
+    dl_store_stats st;
+    if (!dl_store_get_stats(s, &st))
+        printf("store: file %.1f MB, live %.1f MB (params + momentum %.1f MB), free %.1f MB, map %.0f MiB, "
+               "page %u B\n",
+               st.file_bytes / 1e6, st.live_bytes / 1e6, st.state_bytes / 1e6, st.free_bytes / 1e6,
+               st.map_size / 1048576.0, st.page_size);
     merge_stats ms = {0};
     printf("versions:");
     for (uint32_t p = 0; p < run.n_fragments; p++) {

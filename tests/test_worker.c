@@ -1,0 +1,202 @@
+/* Tests of the synchronizer's worker thread against a real store: a merge
+ * whose commit needs the map to grow while a snapshot is open is retried, not
+ * abandoned, and a commit that keeps failing gives up after a bounded number
+ * of retries leaving the store and the in-memory global untouched. */
+#define _GNU_SOURCE /* nftw */
+#include "synchronizer/worker.h"
+
+#include "core/err.h"
+#include "core/log.h"
+#include "core/tensor.h"
+#include "tests/check.h"
+
+#include <errno.h>
+#include <ftw.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define OK(expr)                                                                                         \
+    do {                                                                                                 \
+        int ok_rc_ = (expr);                                                                             \
+        REQUIRE(ok_rc_ == 0, "%s -> %d (%s): %s", #expr, ok_rc_, dl_strerror(ok_rc_), dl_errmsg());        \
+    } while (0)
+
+#define NUMEL (DL_STORE_BLOCK_FLOATS + 1000) /* two blocks: a commit writes 2 MiB */
+
+static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void wake(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
+
+/* A merge job of one delta (all `d`) onto `version` of fragment 0. */
+static dl_job *merge_job(uint64_t version, float *delta)
+{
+    dl_job *j = dl_job_new(DL_JOB_MERGE);
+    j->fragment = 0;
+    j->version = version;
+    j->mopts = (dl_merge_opts){.rule = DL_MERGE_RULE_MEAN, .outer_lr = 0.7f, .outer_momentum = 0.9f};
+    j->share = 1.0;
+    j->m = 1;
+    j->deltas = malloc(sizeof *j->deltas);
+    j->w = malloc(sizeof *j->w);
+    j->handles = malloc(sizeof *j->handles);
+    j->deltas[0] = delta;
+    j->w[0] = 1.0;
+    j->handles[0] = 0;
+    j->rec = (dl_merge_record){.epoch = 1, .staleness_fn = "constant", .n_contrib = 1,
+                               .contrib = calloc(1, sizeof(dl_merge_contrib))};
+    snprintf(j->rec.contrib[0].learner_id, sizeof j->rec.contrib[0].learner_id, "learner-0");
+    j->rec.contrib[0].base_version = version;
+    j->rec.contrib[0].tokens = 10;
+    j->rec.contrib[0].weight = 1.0;
+    j->rec.contrib[0].decision = DL_MERGE_MERGED;
+    j->ledger.tokens[DL_LEDGER_APPLIED] = 10;
+    return j;
+}
+
+/* The job back from the worker (bounded wait). */
+static dl_job *wait_done(dl_worker *w)
+{
+    for (int i = 0; i < 6000; i++) {
+        dl_job *j = dl_worker_done(w);
+        if (j) return j;
+        nap_ms(5);
+    }
+    REQUIRE(0, "the worker did not finish the job within 30 s");
+    return NULL;
+}
+
+int main(void)
+{
+    dl_log_set_level(DL_LOG_ERROR);
+    char dir[4096];
+    const char *bin = getenv("DLOCO_BIN");
+    snprintf(dir, sizeof dir, "%s/test_worker.XXXXXX", bin && *bin ? bin : "/tmp");
+    REQUIRE(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
+
+    dl_tensor t = {.name = "w", .offset = 0, .numel = NUMEL, .ndim = 2, .shape = {NUMEL, 1}, .kind = DL_TENSOR_MATRIX};
+    dl_plan *plan = NULL;
+    OK(dl_plan_build(&t, 1, 1, &plan));
+    float *params = dl_xaligned(64, NUMEL * 4), *mom = dl_xaligned(64, NUMEL * 4), *delta = malloc(NUMEL * 4);
+    for (size_t i = 0; i < NUMEL; i++) params[i] = (float)(i % 100) * 0.01f, mom[i] = 0, delta[i] = 0.5f;
+
+    /* a 256 KiB map: the 4 MB run and every commit must grow it; a grow
+     * waits 50 ms for open snapshots */
+    dl_store_opts o = dl_store_opts_default();
+    o.map_size = 256 << 10;
+    o.durability = DL_STORE_PERIODIC;
+    o.grow_wait_ms = 50;
+    dl_store *s = NULL;
+    OK(dl_store_open(dir, &o, &s));
+    const uint64_t numel[1] = {NUMEL};
+    const dl_model_config model = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
+    dl_store_run run = {"worker", 1, NULL, 1, numel, model, 7};
+    const float *init[1] = {params};
+    OK(dl_store_init_run(s, &run, init));
+    atomic_int wakes = 0;
+    dl_worker *w = NULL;
+    OK(dl_worker_open(s, plan, &params, &mom, wake, &wakes, &w));
+
+    /* 1. a snapshot stays open while merges commit: the pages they free stay
+     * pinned, the map fills and cannot grow; the first commit that does not
+     * fit fails with DL_EAGAIN inside the worker, which retries; the
+     * snapshot ends; the retry commits. */
+    dl_store_snap *snap;
+    OK(dl_store_snapshot_begin(s, &snap));
+    uint64_t v = 0;
+    int jobs = 0, retried = 0;
+    float *x = malloc(NUMEL * 4), *m = malloc(NUMEL * 4);
+    for (int k = 0; k < 40 && !retried; k++) {
+        dl_store_stats st;
+        OK(dl_store_get_stats(s, &st));
+        uint32_t t0 = st.grow_timeouts;
+        memcpy(x, params, NUMEL * 4);
+        dl_worker_submit(w, merge_job(v, delta));
+        jobs++;
+        dl_job *j = NULL;
+        for (int i = 0; i < 6000 && !j; i++) {
+            if ((j = dl_worker_done(w))) break;
+            OK(dl_store_get_stats(s, &st));
+            if (st.grow_timeouts >= t0 + 2) { /* the pre-grow and the MAP_FULL grow gave up: a try failed */
+                CHECK(memcmp(x, params, NUMEL * 4) == 0, "the global is untouched while the commit retries");
+                dl_store_snapshot_end(&snap);
+                retried = 1;
+                j = wait_done(w);
+            }
+            nap_ms(2);
+        }
+        REQUIRE(j, "job %d came back", jobs);
+        REQUIRE(j->rc == 0, "merge onto v%llu: rc %d (%s), %d retries: %s", (unsigned long long)v, j->rc,
+                dl_strerror(j->rc), j->retries, j->err);
+        CHECK(retried ? j->retries >= 1 : j->retries == 0, "merge onto v%llu: %d retries", (unsigned long long)v,
+              j->retries);
+        dl_job_free(j);
+        v++;
+    }
+    REQUIRE(retried, "no commit ran out of map under the snapshot in 40 merges");
+    uint64_t got = 0;
+    OK(dl_store_read_fragment(s, 0, &got, x, m));
+    CHECK(got == v && memcmp(x, params, NUMEL * 4) == 0 && memcmp(m, mom, NUMEL * 4) == 0,
+          "store at v%llu (expected %llu) holds the in-memory global", (unsigned long long)got, (unsigned long long)v);
+    printf("ok: %d merges under a long-held snapshot; the last one's commit found the map full, was retried, and "
+           "committed (v%llu) once the snapshot ended\n", jobs, (unsigned long long)v);
+
+    /* 2. the snapshot stays open for good: the commit that does not fit
+     * gives up after its bounded retries; nothing is written, the global
+     * keeps the last committed version */
+    OK(dl_store_snapshot_begin(s, &snap));
+    dl_job *j = NULL;
+    for (int k = 0; k < 40; k++) {
+        memcpy(x, params, NUMEL * 4);
+        dl_worker_submit(w, merge_job(v, delta));
+        jobs++;
+        j = wait_done(w);
+        if (j->rc) break;
+        dl_job_free(j);
+        j = NULL;
+        v++;
+    }
+    REQUIRE(j, "no commit ran out of map under the snapshot in 40 merges");
+    CHECK(j->rc == DL_EAGAIN && j->retries == 10 && strstr(j->err, "stayed open"),
+          "gave up: rc %d (%s), %d retries: %s", j->rc, dl_strerror(j->rc), j->retries, j->err);
+    int gave_up_after = j->retries;
+    dl_job_free(j);
+    dl_store_snapshot_end(&snap);
+    OK(dl_store_read_fragment(s, 0, &got, NULL, NULL));
+    CHECK(got == v && memcmp(x, params, NUMEL * 4) == 0, "store at v%llu (expected %llu), global unchanged",
+          (unsigned long long)got, (unsigned long long)v);
+    printf("ok: with the snapshot held throughout, the commit onto v%llu gave up after %d retries (DL_EAGAIN); "
+           "store and global unchanged\n", (unsigned long long)v, gave_up_after);
+
+    /* 3. once nothing holds the store the same merge goes through at once */
+    dl_worker_submit(w, merge_job(v, delta));
+    jobs++;
+    j = wait_done(w);
+    CHECK(j->rc == 0 && j->retries == 0, "rc %d, %d retries: %s", j->rc, j->retries, j->err);
+    dl_job_free(j);
+    OK(dl_store_read_fragment(s, 0, &got, NULL, NULL));
+    CHECK(got == v + 1, "store at v%llu", (unsigned long long)got);
+    CHECK(atomic_load(&wakes) == jobs, "one wake per job: %d of %d", atomic_load(&wakes), jobs);
+
+    dl_worker_close(&w);
+    dl_store_close(&s);
+    CHECK(dl_store_check(dir, NULL) == 0, "check: %s", dl_errmsg());
+    dl_plan_close(&plan);
+    free(params), free(mom), free(delta), free(x), free(m);
+    nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    return CHECK_DONE("test_worker");
+}
