@@ -22,11 +22,13 @@ void dl_report_status(const dl_sync_stats *st, char *buf, size_t cap)
         o += (size_t)snprintf(vers + o, sizeof vers - o, "%s%llu", p ? "," : "", (unsigned long long)st->versions[p]);
     snprintf(buf, cap,
              "epoch %llu | learners %d live / %d dead / %d left | merges %llu | mean staleness %.2f | versions [%s] | "
-             "dropped %llu rejected %llu (busy %llu) | pool %.1f / %.1f MiB | outbound %.1f MiB | jobs in flight %d",
+             "dropped %llu rejected %llu (busy %llu) | pool %.1f / %.1f MiB | outbound %.1f MiB | store file %.1f MiB "
+             "live %.1f MiB | jobs in flight %d",
              (unsigned long long)st->epoch, st->live, st->dead, st->left, (unsigned long long)st->merges,
              mean_staleness(st), vers, (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
              (unsigned long long)st->busy_refused, (double)st->pool_bytes / 1048576.0,
-             (double)st->pool_max / 1048576.0, (double)st->outbound_attached / 1048576.0, st->jobs_inflight);
+             (double)st->pool_max / 1048576.0, (double)st->outbound_attached / 1048576.0,
+             (double)st->store_file_bytes / 1048576.0, (double)st->store_live_bytes / 1048576.0, st->jobs_inflight);
 }
 
 static const char *member_name(int state)
@@ -48,7 +50,7 @@ static void summary_fields(const dl_sync_stats *st, char *buf, size_t cap)
              "fetches=%llu wall_s=%.1f refused_msgs=%llu clipped=%llu reclaimed=%llu dropped_readers=%llu "
              "deferred_updates=%llu outbound_peak_bytes=%llu outbound_max_bytes=%llu outbound_detached_bytes=%llu "
              "pool_peak_bytes=%llu pool_max_bytes=%llu busy_refused=%llu update_restarts=%llu chunks_in=%llu "
-             "chunks_out=%llu drain_yields=%llu abandoned_pushes=%llu",
+             "chunks_out=%llu drain_yields=%llu abandoned_pushes=%llu store_file_bytes=%llu store_live_bytes=%llu",
              (unsigned long long)st->epoch, (unsigned long long)st->merges, (unsigned long long)st->merged_contribs,
              mean_staleness(st), (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
              (unsigned long long)st->fetches, st->wall_s, (unsigned long long)st->refused_msgs,
@@ -59,7 +61,8 @@ static void summary_fields(const dl_sync_stats *st, char *buf, size_t cap)
              (unsigned long long)st->pool_max, (unsigned long long)st->busy_refused,
              (unsigned long long)st->update_restarts, (unsigned long long)st->chunks_in,
              (unsigned long long)st->chunks_out, (unsigned long long)st->drain_yields,
-             (unsigned long long)st->abandoned_pushes);
+             (unsigned long long)st->abandoned_pushes, (unsigned long long)st->store_file_bytes,
+             (unsigned long long)st->store_live_bytes);
 }
 
 static void learner_fields(const dl_sync_learner_stats *l, char *buf, size_t cap)

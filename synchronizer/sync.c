@@ -370,9 +370,8 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             return;
         }
         uint64_t v;
-        const float *pp;
         size_t n;
-        if (dl_store_snapshot_fragment(*snap, (uint32_t)p, &v, &pp, &n)) {
+        if (dl_store_snapshot_info(*snap, (uint32_t)p, &v, &n)) {
             DL_ERROR("snapshot fragment %d: %s", p, dl_errmsg());
             return; /* still owed: the next tick tries again */
         }
@@ -392,7 +391,18 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
         }
         uint64_t left = n - x->offset, cn = ce && ce < left ? ce : left;
         if (!outbound_room(s, l, (size_t)cn * sizeof(float))) return;
-        int rc = send_update_chunk(s, l, p, v, pp + x->offset, x->offset, cn, ce != 0);
+        /* zero-copy from the map when the chunk lies in one stored block
+         * (chunk_bytes divides the store's 1 MiB blocks); a whole fragment
+         * for a learner from before chunking is copied by the snapshot */
+        const float *pp;
+        size_t got;
+        uint64_t v2;
+        if (dl_store_snapshot_range(*snap, (uint32_t)p, x->offset, (size_t)cn, &v2, &pp, &got) || got != cn) {
+            DL_ERROR("snapshot fragment %d [%llu, +%llu): %s", p, (unsigned long long)x->offset,
+                     (unsigned long long)cn, dl_errmsg());
+            return;
+        }
+        int rc = send_update_chunk(s, l, p, v, pp, x->offset, cn, ce != 0);
         if (rc) return; /* its queue is full (in messages), or it is gone: still owed */
         x->offset += cn;
         if (x->offset < n) continue;
@@ -608,9 +618,11 @@ static void merge_done(dl_sync *s, dl_job *j)
     double share = j->mopts.share_scaling ? j->share : 1.0;
     DL_INFO("merge frag %d v%llu: %d learner(s), mean staleness %.2f, share %.2f, |delta| %.4g", p,
             (unsigned long long)nv, j->m, j->m ? stale / j->m : 0.0, share, j->norm);
-    dl_event("merge", "frag=%d version=%llu n=%d staleness_mean=%.3f share=%.4f norm=%.6g tokens=%llu compute_s=%.6f",
+    dl_event("merge",
+             "frag=%d version=%llu n=%d staleness_mean=%.3f share=%.4f norm=%.6g tokens=%llu compute_s=%.6f "
+             "retries=%d",
              p, (unsigned long long)nv, j->m, j->m ? stale / j->m : 0.0, share, j->norm,
-             (unsigned long long)j->ledger.tokens[DL_LEDGER_APPLIED], compute_s);
+             (unsigned long long)j->ledger.tokens[DL_LEDGER_APPLIED], compute_s, j->retries);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1464,10 +1476,11 @@ static void on_status(struct ev_loop *loop, ev_timer *w, int revents)
     DL_INFO("status: %s", line);
     dl_event("sync_status",
              "live=%d dead=%d left=%d merges=%llu pool_bytes=%llu pool_max_bytes=%llu busy_refused=%llu "
-             "outbound_bytes=%llu jobs=%d drain_yields=%llu",
+             "outbound_bytes=%llu jobs=%d drain_yields=%llu store_file_bytes=%llu store_live_bytes=%llu",
              st.live, st.dead, st.left, (unsigned long long)st.merges, (unsigned long long)st.pool_bytes,
              (unsigned long long)st.pool_max, (unsigned long long)st.busy_refused,
-             (unsigned long long)st.outbound_attached, st.jobs_inflight, (unsigned long long)st.drain_yields);
+             (unsigned long long)st.outbound_attached, st.jobs_inflight, (unsigned long long)st.drain_yields,
+             (unsigned long long)st.store_file_bytes, (unsigned long long)st.store_live_bytes);
 }
 
 static void on_stop(struct ev_loop *loop, ev_signal *w, int revents)
@@ -1618,6 +1631,12 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->fetches = s->fetches;
     out->jobs_inflight = dl_worker_inflight(s->worker);
     dl_ledger_get_totals(s->ledger, &out->ledger);
+    dl_store_stats ss;
+    if (dl_store_get_stats(s->store, &ss) == 0) {
+        out->store_file_bytes = ss.file_bytes;
+        out->store_live_bytes = ss.live_bytes;
+        out->store_free_bytes = ss.free_bytes;
+    }
 }
 
 void dl_sync_summary(dl_sync *s, FILE *f)

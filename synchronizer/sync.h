@@ -109,6 +109,7 @@ typedef struct {
     uint64_t chunks_in, chunks_out; /* Push chunks received, Update messages sent */
     uint64_t drain_yields;     /* drains that stopped at their budget with messages waiting */
     uint64_t abandoned_pushes; /* chunked pushes dropped unfinished (learner gone, new connection, order) */
+    uint64_t store_file_bytes, store_live_bytes, store_free_bytes; /* LMDB: data.mdb, used - free, freelist */
     int jobs_inflight;
     dl_ledger_totals ledger;
 } dl_sync_stats;
