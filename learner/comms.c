@@ -900,9 +900,11 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
     DL_INFO("comms: welcome from %s: epoch %llu, H %u, heartbeat %u ms x %u, policy %s, must_fetch %d (fetching %d)",
             c->endpoint, (unsigned long long)c->epoch, w->h, w->heartbeat_ms, w->liveness,
             net_str(w->policy, pol, sizeof pol), (int)w->must_fetch, n);
-    dl_event("welcome", " learner=%s epoch=%llu h=%u heartbeat_ms=%u liveness=%u policy=%s must_fetch=%d fetching=%d",
+    dl_event("welcome",
+             " learner=%s epoch=%llu h=%u heartbeat_ms=%u liveness=%u policy=%s must_fetch=%d fetching=%d shard=%d "
+             "shards=%d",
              c->id, (unsigned long long)c->epoch, w->h, w->heartbeat_ms, w->liveness,
-             dl_event_str(w->policy ? w->policy : "", pol, 300), (int)w->must_fetch, n);
+             dl_event_str(w->policy ? w->policy : "", pol, 300), (int)w->must_fetch, n, c->shard, c->shards);
     send_fetches(c, now);
 }
 
