@@ -438,7 +438,8 @@ static int check_welcome(const Dloco__V1__Welcome *m, int npayload, const dl_wir
                            m->chunk_bytes % 4))
         return bad(b, "chunk_bytes %u is not a multiple of 4 in [%u, %u]", m->chunk_bytes, DL_WIRE_CHUNK_MIN,
                    DL_WIRE_CHUNK_MAX);
-    if (m->shards <= 1 && m->shard != 0) return bad(b, "shard %u of %u shards (unsharded is shard 0)", m->shard, m->shards);
+    if (m->shards <= 1 && m->shard != 0)
+        return bad(b, "shard %u of %u shards (unsharded is shard 0)", m->shard, m->shards);
     if (m->shards > 1 && m->shards > m->num_fragments)
         return bad(b, "shards %u > num_fragments %u", m->shards, m->num_fragments);
     if (m->shards > 1 && m->shard >= m->shards) return bad(b, "shard %u is not below shards %u", m->shard, m->shards);

@@ -839,7 +839,8 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     /* the held versions: progress on them can be as old as the longest
      * absence that keeps fragments (rebase_ms) */
     for (int p = 0; !must_fetch && p < s->cfg.P; p++)
-        if (owns(s, p)) dl_registry_base_add(s->reg, slot, p, h->held_versions[p], now - (int64_t)s->cfg.rebase_ms * 1000000LL);
+        if (owns(s, p))
+            dl_registry_base_add(s->reg, slot, p, h->held_versions[p], now - (int64_t)s->cfg.rebase_ms * 1000000LL);
     Dloco__V1__Envelope out;
     Dloco__V1__Welcome w;
     dloco__v1__welcome__init(&w);

@@ -606,7 +606,8 @@ static void test_bad_inputs(void)
         CHECK(dl_wire_validate(&f.env, &pl, 1, &sl) == 0, "a push of an owned fragment: %s", dl_errmsg());
         f.push.fragment = 2, f.push.numel = PLAN_NUMEL[2];
         pl = (size_t)f.push.numel * 4;
-        EXPECT_BAD(&f.env, &pl, 1, &sl, "push: fragment 2 belongs to shard 0 of 2 (p % shards), this synchronizer is shard 1");
+        EXPECT_BAD(&f.env, &pl, 1, &sl,
+                   "push: fragment 2 belongs to shard 0 of 2 (p % shards), this synchronizer is shard 1");
         CHECK(dl_wire_validate(&f.env, &pl, 1, &lim) == 0, "unsharded, every fragment is served");
         fx_make(&f, DLOCO__V1__ENVELOPE__BODY_FETCH, 0); /* fragments 3 and 2 */
         EXPECT_BAD(&f.env, NULL, 0, &sl, "fetch: fragment 2 belongs to shard 0 of 2");
