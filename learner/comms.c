@@ -19,6 +19,7 @@
 #include "core/event.h"
 #include "core/log.h"
 #include "core/plan.h"
+#include "core/shard.h"
 #include "proto/auth.h"
 #include "proto/wire.h"
 
@@ -61,6 +62,7 @@ struct dl_comms {
     char run_id[129];
     char device[129];
     int P;
+    int shard, shards; /* the synchronizer shard we talk to (shards >= 1; 1 = unsharded) */
     int *served; /* [n_served] the fragments we serve, ascending */
     int n_served;
     uint64_t *numel; /* [P] floats per fragment: a uint64 array because dl_wire_limits borrows it */
@@ -220,19 +222,25 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     int P = dl_plan_P(o->plan);
     if (P != dl_mailbox_P(o->mailbox)) return dl_err(DL_EINVAL, "comms: plan has %d fragments, mailbox %d", P,
                                                      dl_mailbox_P(o->mailbox));
+    if (dl_shard_check(P, o->shard, o->shards)) return dl_err(DL_EINVAL, "comms: shard layout: %s", dl_errmsg());
     dl_comms *c = dl_xcalloc(1, sizeof *c);
     c->f = dl_xcalloc((size_t)P, sizeof *c->f);
+    c->shard = o->shards > 1 ? o->shard : 0;
+    c->shards = o->shards > 1 ? o->shards : 1;
     int rc = 0;
     if (o->fragments) {
         for (int i = 0; i < o->n_fragments && !rc; i++) {
             int p = o->fragments[i];
             if (p < 0 || p >= P || c->f[p].served)
                 rc = dl_err(DL_EINVAL, "comms: fragment %d listed twice or not in [0, %d)", p, P);
+            else if (!dl_shard_owns(p, c->shard, c->shards))
+                rc = dl_err(DL_EINVAL, "comms: fragment %d belongs to shard %d, not to this session's shard %d of %d", p,
+                            dl_shard_of(p, c->shards), c->shard, c->shards);
             else c->f[p].served = 1;
         }
         if (!rc && o->n_fragments < 1) rc = dl_err(DL_EINVAL, "comms: empty fragment list");
     } else {
-        for (int p = 0; p < P; p++) c->f[p].served = 1;
+        for (int p = 0; p < P; p++) c->f[p].served = dl_shard_owns(p, c->shard, c->shards);
     }
     if (rc || (rc = copy_str(c->endpoint, sizeof c->endpoint, o->endpoint, "endpoint")) ||
         (rc = copy_str(c->id, sizeof c->id, o->learner_id, "learner id")) ||
@@ -343,6 +351,32 @@ uint32_t dl_comms_h(dl_comms *c)
     return h;
 }
 
+void dl_comms_stats_add(dl_comms_stats *acc, const dl_comms_stats *s)
+{
+    uint64_t *a[] = {&acc->pushes, &acc->push_bytes, &acc->acks_pending, &acc->accepted, &acc->dropped_stale,
+                     &acc->rejected, &acc->updates, &acc->hellos, &acc->rehellos, &acc->fetches,
+                     &acc->heartbeats_sent, &acc->heartbeats_recv, &acc->errors_recv, &acc->bad_msgs, &acc->old_epoch,
+                     &acc->newer_epoch, &acc->updates_refused, &acc->updates_old, &acc->welcomes_refused,
+                     &acc->refetches, &acc->rebuilds, &acc->bytes_sent, &acc->bytes_recv, &acc->chunks_sent,
+                     &acc->chunks_recv, &acc->chunks_dropped, &acc->busy, &acc->pushes_stopped, &acc->staleness_sum,
+                     &acc->staleness_n};
+    const uint64_t *b[] = {&s->pushes, &s->push_bytes, &s->acks_pending, &s->accepted, &s->dropped_stale,
+                           &s->rejected, &s->updates, &s->hellos, &s->rehellos, &s->fetches,
+                           &s->heartbeats_sent, &s->heartbeats_recv, &s->errors_recv, &s->bad_msgs, &s->old_epoch,
+                           &s->newer_epoch, &s->updates_refused, &s->updates_old, &s->welcomes_refused,
+                           &s->refetches, &s->rebuilds, &s->bytes_sent, &s->bytes_recv, &s->chunks_sent,
+                           &s->chunks_recv, &s->chunks_dropped, &s->busy, &s->pushes_stopped, &s->staleness_sum,
+                           &s->staleness_n};
+    _Static_assert(sizeof a == sizeof b, "the same counters");
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) *a[i] += *b[i];
+    acc->coalesced = s->coalesced;
+    acc->discarded = s->discarded;
+    acc->superseded = s->superseded;
+    if (s->h) acc->h = s->h;
+    if (s->heartbeat_ms) acc->heartbeat_ms = s->heartbeat_ms;
+    if (s->epoch > acc->epoch) acc->epoch = s->epoch;
+}
+
 /* ------------------------------------------------------------------------- */
 /* comms thread: helpers */
 
@@ -435,9 +469,15 @@ static void send_hello(dl_comms *c)
     /* any chunk up to our largest fragment (libzmq takes nothing bigger) */
     size_t mc = c->maxmsg - DL_WIRE_MAX_HEADER_BYTES;
     h.max_chunk_bytes = mc > DL_WIRE_CHUNK_MAX ? DL_WIRE_CHUNK_MAX : mc < DL_WIRE_CHUNK_MIN ? DL_WIRE_CHUNK_MIN : (uint32_t)mc;
+    /* held_versions has all P entries; the synchronizer reads those of the
+     * fragments it owns, ours (a shard's are not the others' business) */
     int all = 1;
-    for (int p = 0; p < c->P; p++) all &= dl_mailbox_held(c->mb, p, &c->hv[p]);
-    dl_mailbox_progress(c->mb, &h.step, NULL, NULL, NULL);
+    for (int p = 0; p < c->P; p++) {
+        int held = dl_mailbox_held(c->mb, p, &c->hv[p]);
+        if (!held) c->hv[p] = 0;
+        if (c->f[p].served) all &= held;
+    }
+    dl_mailbox_progress(c->mb, NULL, 0, &h.step, NULL, NULL, NULL);
     /* A learner that holds only some fragments is fresh for the protocol. */
     h.n_held_versions = all ? (size_t)c->P : 0;
     h.held_versions = all ? c->hv : NULL;
@@ -465,7 +505,7 @@ static void send_heartbeat(dl_comms *c)
 {
     Dloco__V1__Heartbeat hb;
     dloco__v1__heartbeat__init(&hb);
-    dl_mailbox_progress(c->mb, &hb.step, &hb.tokens, &hb.steps_per_s, &hb.discarded_tokens);
+    dl_mailbox_progress(c->mb, c->served, c->n_served, &hb.step, &hb.tokens, &hb.steps_per_s, &hb.discarded_tokens);
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_heartbeat(&env, &hb);
@@ -564,7 +604,7 @@ static void send_bye(dl_comms *c, const char *reason, uint64_t step)
     b.reason = (char *)reason;
     b.step = step;
     /* the final counts: the ledger closes this learner's account with them */
-    dl_mailbox_progress(c->mb, NULL, &b.tokens, NULL, &b.discarded_tokens);
+    dl_mailbox_progress(c->mb, c->served, c->n_served, NULL, &b.tokens, NULL, &b.discarded_tokens);
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_bye(&env, &b);
@@ -774,11 +814,18 @@ static const char *decision_name(Dloco__V1__Decision d)
 /* ------------------------------------------------------------------------- */
 /* comms thread: inbound */
 
-/* A Welcome's values outside the learner's bounds: the reason into why, else "". */
-static void welcome_bounds(const Dloco__V1__Welcome *w, char *why, size_t cap)
+/* A Welcome's values outside the learner's bounds, or from another shard
+ * than this session's: the reason into why, else "". */
+static void welcome_bounds(const dl_comms *c, const Dloco__V1__Welcome *w, char *why, size_t cap)
 {
     why[0] = 0;
-    if (w->h < DL_COMMS_H_MIN || w->h > DL_COMMS_H_MAX)
+    int ws = w->shards > 1 ? (int)w->shards : 1, wk = w->shards > 1 ? (int)w->shard : 0;
+    if (ws != c->shards || wk != c->shard) {
+        char a[48], b[48];
+        snprintf(a, sizeof a, ws > 1 ? "shard %d of %d" : "an unsharded synchronizer", wk, ws);
+        snprintf(b, sizeof b, c->shards > 1 ? "shard %d of %d" : "an unsharded synchronizer", c->shard, c->shards);
+        snprintf(why, cap, "it is from %s, this session expects %s (the order of --connect is the shards' order)", a, b);
+    } else if (w->h < DL_COMMS_H_MIN || w->h > DL_COMMS_H_MAX)
         snprintf(why, cap, "h %u outside [%u, %u]", w->h, DL_COMMS_H_MIN, DL_COMMS_H_MAX);
     else if (w->heartbeat_ms < DL_COMMS_HEARTBEAT_MIN_MS || w->heartbeat_ms > DL_COMMS_HEARTBEAT_MAX_MS)
         snprintf(why, cap, "heartbeat_ms %u outside [%u, %u]", w->heartbeat_ms, DL_COMMS_HEARTBEAT_MIN_MS,
@@ -790,8 +837,8 @@ static void welcome_bounds(const Dloco__V1__Welcome *w, char *why, size_t cap)
 /* A Welcome answering our Hello (state HELLO). */
 static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
 {
-    char why[128];
-    welcome_bounds(w, why, sizeof why);
+    char why[200];
+    welcome_bounds(c, w, why, sizeof why);
     if (why[0]) {
         /* as if the Hello had not been answered: its retry (with backoff) comes */
         COUNT(welcomes_refused);
@@ -800,6 +847,7 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
         char ev[300];
         dl_event("welcome_refused", " learner=%s epoch=%llu reason=%s", c->id, (unsigned long long)epoch,
                  dl_event_str(why, ev, sizeof ev));
+        snprintf(c->conn_err, sizeof c->conn_err, "welcome refused: %s", why); /* for the connect timeout */
         return;
     }
     if (c->epoch && epoch != c->epoch) {
@@ -852,9 +900,11 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
     DL_INFO("comms: welcome from %s: epoch %llu, H %u, heartbeat %u ms x %u, policy %s, must_fetch %d (fetching %d)",
             c->endpoint, (unsigned long long)c->epoch, w->h, w->heartbeat_ms, w->liveness,
             net_str(w->policy, pol, sizeof pol), (int)w->must_fetch, n);
-    dl_event("welcome", " learner=%s epoch=%llu h=%u heartbeat_ms=%u liveness=%u policy=%s must_fetch=%d fetching=%d",
+    dl_event("welcome",
+             " learner=%s epoch=%llu h=%u heartbeat_ms=%u liveness=%u policy=%s must_fetch=%d fetching=%d shard=%d "
+             "shards=%d",
              c->id, (unsigned long long)c->epoch, w->h, w->heartbeat_ms, w->liveness,
-             dl_event_str(w->policy ? w->policy : "", pol, 300), (int)w->must_fetch, n);
+             dl_event_str(w->policy ? w->policy : "", pol, 300), (int)w->must_fetch, n, c->shard, c->shards);
     send_fetches(c, now);
 }
 

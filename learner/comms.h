@@ -37,8 +37,9 @@
  *     one absurd epoch cannot make later genuine messages look old. The first
  *     Welcome on a new connection is taken whatever its epoch.
  *   - a Welcome's h, heartbeat_ms and liveness must lie within the
- *     DL_COMMS_*_MIN/MAX bounds below; a Welcome outside them is refused
- *     like an unanswered Hello (retried with backoff).
+ *     DL_COMMS_*_MIN/MAX bounds below, and its shard layout must be the one
+ *     the session was opened for (opts.shard, opts.shards); a Welcome
+ *     otherwise is refused like an unanswered Hello (retried with backoff).
  *   - strings from the network (Error.message, Ack.reason, Welcome.policy)
  *     are logged quoted, with every byte outside printable ASCII escaped.
  *
@@ -92,8 +93,14 @@ typedef struct {
     const char *learner_id; /* [A-Za-z0-9._-]{1,64}: Envelope.learner_id (not the routing id) */
     const char *run_id;
     const struct dl_plan *plan; /* borrowed, must outlive the session: P and fragment sizes */
-    const int *fragments;   /* the fragments this session serves (copied); NULL = all P */
+    const int *fragments;   /* the fragments this session serves (copied); NULL = all P, or the shard's */
     int n_fragments;
+    /* The synchronizer shard this session talks to (core/shard.h): its
+     * Welcome must say shard `shard` of `shards`, else it is refused like one
+     * out of bounds (welcome_refused) and the Hello retried; the fragments
+     * served must be that shard's. shards 0 or 1 = an unsharded synchronizer
+     * (whose Welcome says shards 0 or 1). */
+    int shard, shards;
     uint64_t fingerprint;   /* dl_model_fingerprint(cfg, plan) */
     uint32_t n_layer, n_head, n_embd, seq_len, vocab; /* Hello's model summary */
     const char *device;     /* Hello.device, e.g. "cpu" */
@@ -145,7 +152,7 @@ typedef struct {
     uint64_t newer_epoch;    /* inbound messages (not a Welcome answering our Hello) of a newer epoch: re-hello */
     uint64_t updates_refused; /* Updates refused on receipt: non-finite payload, version jump */
     uint64_t updates_old;    /* normal Updates dropped: version below the held one */
-    uint64_t welcomes_refused; /* Welcomes with h / heartbeat_ms / liveness out of bounds */
+    uint64_t welcomes_refused; /* Welcomes with h / heartbeat_ms / liveness out of bounds, or of another shard */
     uint64_t refetches;      /* fetches asked for after refused updates (each sent after its backoff,
                               * unless a good Update of the fragment came first) */
     uint64_t rebuilds;       /* sockets closed and opened again (lost connection, bad messages, silence) */
@@ -167,7 +174,8 @@ typedef struct {
  * release (learner/node.h), < 0 = not checked. */
 int dl_comms_check_timeouts(const dl_comms_opts *o, int push_decision_timeout_ms);
 /* Attach a session to o->mailbox. Copies the strings. Returns 0, DL_EINVAL
- * (bad learner id, missing endpoint/plan/mailbox, bad fragment list,
+ * (bad learner id, missing endpoint/plan/mailbox, bad fragment list or
+ * shard layout, a fragment listed that is not the shard's,
  * timeouts out of order, CURVE keys incomplete or not Z85, CURVE asked of a
  * libzmq without it, byzantine_scale not finite, too many sessions), or
  * DL_EIO (no eventfd).
@@ -190,6 +198,12 @@ int dl_comms_state(dl_comms *c, char *msg, size_t cap);
 void dl_comms_get_stats(dl_comms *c, dl_comms_stats *out);
 /* H from the last Welcome, 0 before the first. */
 uint32_t dl_comms_h(dl_comms *c);
+/* Add the session counters of `s` to `acc` (a learner's sessions, one per
+ * shard, reported as one): the monotonic counters sum; the mailbox's
+ * (coalesced, discarded, superseded, shared by all sessions) are taken from
+ * `s`, as are h and heartbeat_ms when set; epoch is the largest; state is
+ * left as it is. */
+void dl_comms_stats_add(dl_comms_stats *acc, const dl_comms_stats *s);
 
 /* 1 when s is a valid learner id: [A-Za-z0-9._-]{1,64}. */
 int dl_comms_id_ok(const char *s);

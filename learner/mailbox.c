@@ -27,6 +27,7 @@ typedef struct {
     /* written by the training thread: the adopted version */
     uint64_t held;
     int held_ok;
+    uint64_t discarded; /* fragment-tokens of p the node threw away (adopts), cumulative */
     /* written by the serving session: fate of the latest push that left.
      * The synchronizer replaces an earlier pooled push of ours with a newer
      * one of the same fragment without answering the earlier one, so only
@@ -58,7 +59,7 @@ struct dl_mailbox {
     float *recv_spare; /* [maxn] swapped into an update slot by put_update (sessions serialise on mu) */
     link_t link[DL_MAILBOX_MAX_SESSIONS];
     uint32_t h;
-    uint64_t prog_step, prog_tokens, prog_discarded;
+    uint64_t prog_step, prog_tokens;
     double prog_sps;
     int refetch_n; /* fragments with refetch set: the sessions' fast path */
     int bye_req;
@@ -299,18 +300,23 @@ void dl_mailbox_set_progress(dl_mailbox *m, uint64_t step, uint64_t tokens, doub
     pthread_mutex_unlock(&m->mu);
 }
 
-void dl_mailbox_set_discarded(dl_mailbox *m, uint64_t discarded_tokens)
+void dl_mailbox_add_discarded(dl_mailbox *m, int p, uint64_t tokens)
 {
+    assert(m && p >= 0 && p < m->P);
     pthread_mutex_lock(&m->mu);
-    m->prog_discarded = discarded_tokens;
+    m->f[p].discarded += tokens;
     pthread_mutex_unlock(&m->mu);
 }
 
-void dl_mailbox_progress(dl_mailbox *m, uint64_t *step, uint64_t *tokens, double *steps_per_s,
-                         uint64_t *discarded_tokens)
+void dl_mailbox_progress(dl_mailbox *m, const int *frags, int n, uint64_t *step, uint64_t *tokens,
+                         double *steps_per_s, uint64_t *discarded_tokens)
 {
     pthread_mutex_lock(&m->mu);
-    if (discarded_tokens) *discarded_tokens = m->prog_discarded;
+    if (discarded_tokens) {
+        uint64_t d = 0;
+        for (int i = 0; i < (frags ? n : m->P); i++) d += m->f[frags ? frags[i] : i].discarded;
+        *discarded_tokens = d;
+    }
     if (step) *step = m->prog_step;
     if (tokens) *tokens = m->prog_tokens;
     if (steps_per_s) *steps_per_s = m->prog_sps;

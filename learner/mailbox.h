@@ -122,8 +122,10 @@ int dl_mailbox_take_update(dl_mailbox *m, int p, float **buf, dl_mailbox_update 
 void dl_mailbox_set_held(dl_mailbox *m, int p, uint64_t version);
 /* Values for Heartbeat and Hello.step. */
 void dl_mailbox_set_progress(dl_mailbox *m, uint64_t step, uint64_t tokens, double steps_per_s);
-/* The node's discarded fragment-tokens so far (Heartbeat/Bye.discarded_tokens). */
-void dl_mailbox_set_discarded(dl_mailbox *m, uint64_t discarded_tokens);
+/* The node threw away `tokens` fragment-tokens of fragment p (an adopt):
+ * kept per fragment, so each session reports those of its own fragments
+ * (Heartbeat/Bye.discarded_tokens: a shard's ledger settles only its own). */
+void dl_mailbox_add_discarded(dl_mailbox *m, int p, uint64_t tokens);
 /* 1 when the latest push of p that left is undecided, or an update of p
  * waits in its slot; *since_ns (may be NULL) = when that push was sent
  * (dl_clock_ns), 0 when only an update waits. */
@@ -152,8 +154,11 @@ void dl_mailbox_detach(dl_mailbox *m, int link);
 void dl_mailbox_set_link(dl_mailbox *m, int link, int state, uint32_t h, const char *msg);
 /* 1 when a bye was asked for: reason and step copied out. */
 int dl_mailbox_bye_asked(dl_mailbox *m, char *reason, size_t cap, uint64_t *step);
-void dl_mailbox_progress(dl_mailbox *m, uint64_t *step, uint64_t *tokens, double *steps_per_s,
-                         uint64_t *discarded_tokens);
+/* Progress for Heartbeat, Hello and Bye, read at once: step, tokens and
+ * steps_per_s of the learner, and the discarded fragment-tokens summed over
+ * the n fragments frags[] (NULL: all P). Any output may be NULL. */
+void dl_mailbox_progress(dl_mailbox *m, const int *frags, int n, uint64_t *step, uint64_t *tokens,
+                         double *steps_per_s, uint64_t *discarded_tokens);
 /* Held version of p into *v; returns whether p is held. */
 int dl_mailbox_held(dl_mailbox *m, int p, uint64_t *v);
 

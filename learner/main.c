@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/model.h"
 #include "core/plan.h"
+#include "core/shard.h"
 #include "learner/comms.h"
 #include "learner/node.h"
 #include "learner/train.h"
@@ -109,7 +110,9 @@ static const dl_cfg_entry learner_table[] = {
     {"matmul", DL_CFG_ENUM, F(matmul), 0, 0, "tf32", "fp32|tf32|bf16", 0,
      "cuda matmul precision: fp32, or tf32/bf16 tensor cores on fp32 weights with fp32 accumulation; cpu: ignored"},
     {"log_level", DL_CFG_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error", 0, "log verbosity"},
-    {"connect", DL_CFG_STR, F(connect), 0, 0, "tcp://127.0.0.1:5555", NULL, 0, "synchronizer endpoint (networked mode)"},
+    {"connect", DL_CFG_STR, F(connect), 0, 0, "tcp://127.0.0.1:5555", NULL, 0,
+     "synchronizer endpoint (networked mode); a sharded synchronizer: its shards' endpoints, comma-separated in shard "
+     "order (one session each; a shard that is down pauses only its fragments)"},
     {"id", DL_CFG_STR, F(id), 0, 0, "", NULL, 0, "learner id [A-Za-z0-9._-]{1,64}; empty = learner-<pid>"},
     {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id, must match the synchronizer's"},
     {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, "overwrite", "overwrite|mix|keep", 0,
@@ -248,6 +251,39 @@ static dl_comms_opts comms_timing(const learner_cfg *cfg)
 
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
                          FILE *losslog);
+
+/* --connect: the synchronizer's endpoint, or its S shards' endpoints
+ * comma-separated in shard order (shard k = the k-th). Returns S, or
+ * DL_EINVAL for an empty endpoint or more than `max`. */
+static int split_connect(const char *list, char eps[][DL_CFG_STRLEN], int max)
+{
+    int n = 0;
+    for (const char *a = list;;) {
+        const char *e = strchr(a, ',');
+        size_t len = e ? (size_t)(e - a) : strlen(a);
+        if (len == 0) return dl_err(DL_EINVAL, "option connect: empty endpoint in '%s'", list);
+        if (n == max) return dl_err(DL_EINVAL, "option connect: more than %d endpoints (shards)", max);
+        snprintf(eps[n++], DL_CFG_STRLEN, "%.*s", (int)len, a);
+        if (!e) return n;
+        a = e + 1;
+    }
+}
+
+static void close_sessions(dl_comms **c, int n)
+{
+    for (int k = 0; k < n; k++) dl_comms_close(&c[k]);
+}
+
+/* The sessions' counters as one learner's (dl_comms_stats_add). */
+static void sessions_stats(dl_comms **c, int n, dl_comms_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int k = 0; k < n; k++) {
+        dl_comms_stats s;
+        dl_comms_get_stats(c[k], &s);
+        dl_comms_stats_add(out, &s);
+    }
+}
 
 /* The main thread's cuBLAS handle and scratch (kernels/cuda), once the model is gone. */
 static void release_device(int device)
@@ -535,9 +571,19 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         dl_plan_close(&plan);
         return fail("setting up the mailbox", rc);
     }
+    /* one session per shard of the synchronizer, over one mailbox; each serves its shard's fragments */
+    char eps[DL_MAILBOX_MAX_SESSIONS][DL_CFG_STRLEN];
+    int S = split_connect(cfg->connect, eps, DL_MAILBOX_MAX_SESSIONS);
+    if (S > 0 && (rc = dl_shard_check(dl_plan_P(plan), 0, S)))
+        S = dl_err(DL_EINVAL, "option connect: %d shards: %s", S, dl_errmsg());
+    if (S < 0) {
+        dl_mailbox_close(&mb);
+        dl_plan_close(&plan);
+        return fail("bad configuration", S);
+    }
+    dl_comms *comms[DL_MAILBOX_MAX_SESSIONS] = {NULL};
     dl_comms_opts co = comms_timing(cfg);
     co.mailbox = mb;
-    co.endpoint = cfg->connect;
     co.learner_id = cfg->id;
     co.run_id = cfg->run_id;
     co.plan = plan;
@@ -552,14 +598,20 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     co.max_version_jump = (uint64_t)cfg->max_version_jump;
     co.byzantine = cfg->byz_on;
     co.byzantine_scale = cfg->byz_scale;
+    co.shards = S;
     memcpy(co.curve_server, cfg->curve_server, sizeof co.curve_server);
     memcpy(co.curve_public, cfg->curve_public, sizeof co.curve_public);
     memcpy(co.curve_secret, cfg->curve_secret, sizeof co.curve_secret);
-    dl_comms *comms = NULL;
     dl_node *node = NULL;
-    rc = dl_comms_open(&co, &comms);
+    rc = 0;
+    for (int k = 0; k < S && !rc; k++) {
+        co.endpoint = eps[k];
+        co.shard = k; /* fragments NULL: the shard's, p % S == k */
+        rc = dl_comms_open(&co, &comms[k]);
+    }
     memset(co.curve_secret, 0, sizeof co.curve_secret);
     if (rc) {
+        close_sessions(comms, S);
         dl_mailbox_close(&mb);
         dl_plan_close(&plan);
         return fail("setting up the connection", rc);
@@ -572,7 +624,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     dl_gptc_xfer *xfer = NULL;
     if (dl_trainer_device(tr) == DL_DEVICE_CUDA) {
         if ((rc = dl_gptc_xfer_open(dl_trainer_gptc(tr), plan, &xfer))) {
-            dl_comms_close(&comms);
+            close_sessions(comms, S);
             dl_mailbox_close(&mb);
             dl_plan_close(&plan);
             return fail("setting up the GPU fragment copies", rc);
@@ -590,10 +642,12 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         .push_decision_timeout_ms = (int)cfg->push_decision_timeout_ms,
         .update_max_ratio = cfg->update_max_ratio,
     };
-    if ((rc = dl_node_open(&no, mb, &node)) || (rc = dl_comms_start(comms))) {
+    rc = dl_node_open(&no, mb, &node);
+    for (int k = 0; k < S && !rc; k++) rc = dl_comms_start(comms[k]);
+    if (rc) {
         int r = fail("connecting", rc);
         dl_node_close(&node);
-        dl_comms_close(&comms);
+        close_sessions(comms, S);
         dl_mailbox_close(&mb);
 #ifdef DLOCO_HAVE_CUDA
         dl_gptc_xfer_close(&xfer);
@@ -613,9 +667,10 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
            cfg->adam_fleet);
     fflush(stdout);
     char ev_dev[200], ev_ep[DL_CFG_STRLEN + 8];
-    dl_event("learner_start", "id=%s mode=networked device=%s params=%zu fragments=%d fingerprint=%016llx endpoint=%s",
-             cfg->id, dl_event_str(hello_device, ev_dev, sizeof ev_dev), dl_trainer_num_params(tr), dl_plan_P(plan),
-             (unsigned long long)fp, dl_event_str(cfg->connect, ev_ep, sizeof ev_ep));
+    dl_event("learner_start",
+             "id=%s mode=networked device=%s params=%zu fragments=%d fingerprint=%016llx endpoint=%s shards=%d", cfg->id,
+             dl_event_str(hello_device, ev_dev, sizeof ev_dev), dl_trainer_num_params(tr), dl_plan_P(plan),
+             (unsigned long long)fp, dl_event_str(cfg->connect, ev_ep, sizeof ev_ep), S);
     if (cfg->byz_on) {
         char ev_mode[DL_CFG_STRLEN + 8];
         DL_WARN("BYZANTINE MODE '%s': every delta this learner pushes is corrupted on purpose (multiplied by %g); "
@@ -641,12 +696,12 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         fail("joining the synchronizer", rc);
         exit_code = 2;
     } else {
-        printf("joined: holding all %d fragments of the global model, H=%u\n", dl_plan_P(plan), dl_comms_h(comms));
+        printf("joined: holding all %d fragments of the global model, H=%u\n", dl_plan_P(plan), dl_mailbox_h(mb));
         {
             dl_node_stats ns;
             dl_node_get_stats(node, &ns);
             dl_event("ready", "id=%s fragments=%d fetched=%llu h=%u wait_s=%.3f", cfg->id, dl_plan_P(plan),
-                     (unsigned long long)ns.adopted, dl_comms_h(comms), dl_clock_s() - t_run);
+                     (unsigned long long)ns.adopted, dl_mailbox_h(mb), dl_clock_s() - t_run);
         }
         dl_mailbox_set_progress(mb, 0, 0, 0.0);
         fflush(stdout);
@@ -680,7 +735,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             train_sum += loss;
             win_steps++;
             /* H comes from the (last) Welcome; a re-hello may change it. */
-            int H = (int)dl_comms_h(comms);
+            int H = (int)dl_mailbox_h(mb);
             /* wall seconds behind this step (throttle included): Push.compute_s */
             double compute_s = dl_clock_s() - t_step;
             /* progress first: a push of this step must never report more than the
@@ -693,7 +748,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                 break;
             }
             char msg[640];
-            int st = dl_comms_state(comms, msg, sizeof msg);
+            int st = dl_mailbox_state(mb, msg, sizeof msg); /* REFUSED or FAILED when any session is */
             if (st == DL_COMMS_REFUSED) {
                 fprintf(stderr, "dloco-learner: %s\n", msg);
                 exit_code = 3;
@@ -710,7 +765,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                 sps = (double)win_steps / dt;
                 dl_comms_stats cs;
                 dl_node_stats ns;
-                dl_comms_get_stats(comms, &cs);
+                sessions_stats(comms, S, &cs);
                 dl_node_get_stats(node, &ns);
                 printf("step %6lld/%lld | train %.4f | ", (long long)step, (long long)cfg->steps,
                        train_sum / (double)win_steps);
@@ -742,7 +797,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             if ((rc = dl_node_complete(node)) < 0) exit_code = fail("last pushes", rc);
             dl_mailbox_bye(mb, stop_requested ? "signal (no flush)" : "done (no flush)", (uint64_t)step);
         }
-        else if (dl_comms_state(comms, NULL, 0) != DL_COMMS_REFUSED)
+        else if (dl_mailbox_state(mb, NULL, 0) != DL_COMMS_REFUSED)
             dl_mailbox_bye(mb, "failed", (uint64_t)step); /* diverged: push nothing more, just leave */
     }
     double wall = dl_clock_s() - t_run;
@@ -755,10 +810,16 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                      dl_event_str(cfg->checkpoint, ev_path, sizeof ev_path), (long long)step);
         }
     }
-    dl_comms_stop(comms); /* joins the comms thread; lets the Bye leave */
+    for (int k = 0; k < S; k++) dl_comms_stop(comms[k]); /* joins the comms threads; lets the Byes leave */
     dl_comms_stats cs;
     dl_node_stats ns;
-    dl_comms_get_stats(comms, &cs);
+    sessions_stats(comms, S, &cs);
+    char epochs[DL_MAILBOX_MAX_SESSIONS * 21 + 1] = "";
+    for (int k = 0, o = 0; k < S; k++) {
+        dl_comms_stats ks;
+        dl_comms_get_stats(comms[k], &ks);
+        o += snprintf(epochs + o, sizeof epochs - (size_t)o, "%s%llu", k ? "," : "", (unsigned long long)ks.epoch);
+    }
     dl_node_get_stats(node, &ns);
     uint64_t decided = cs.accepted + cs.dropped_stale + cs.rejected;
     /* acks_pending: MERGED_PENDING acks received; undecided: pushes sent
@@ -771,7 +832,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
            "updates_superseded=%llu updates_ignored=%llu discarded=%llu flush_unanswered=%d bytes_sent=%llu "
            "bytes_received=%llu epoch=%llu held=%llu held_due=%llu hold_released=%llu discarded_tokens=%llu wall_s=%.3f "
            "final_train_loss=%.6f updates_refused=%llu welcomes_refused=%llu socket_rebuilds=%llu busy=%llu "
-           "chunks_sent=%llu chunks_recv=%llu chunks_dropped=%llu pushes_stopped=%llu",
+           "chunks_sent=%llu chunks_recv=%llu chunks_dropped=%llu pushes_stopped=%llu shards=%d epochs=%s",
            cfg->id, (long long)step, (long long)(step * tok_per_step), (unsigned long long)cs.pushes,
            (unsigned long long)cs.coalesced, (unsigned long long)cs.acks_pending, (unsigned long long)cs.accepted,
            (unsigned long long)cs.dropped_stale, (unsigned long long)cs.rejected,
@@ -784,11 +845,11 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
            last_train, (unsigned long long)(cs.updates_refused + ns.refused), (unsigned long long)cs.welcomes_refused,
            (unsigned long long)cs.rebuilds, (unsigned long long)cs.busy, (unsigned long long)cs.chunks_sent,
            (unsigned long long)cs.chunks_recv, (unsigned long long)cs.chunks_dropped,
-           (unsigned long long)cs.pushes_stopped);
+           (unsigned long long)cs.pushes_stopped, S, epochs);
     printf("learner-summary: %s\n", summary);
     dl_event("learner_summary", "%s exit_code=%d", summary, exit_code);
     fflush(stdout);
-    dl_comms_close(&comms);
+    close_sessions(comms, S);
     dl_node_close(&node);
     dl_mailbox_close(&mb);
 #ifdef DLOCO_HAVE_CUDA

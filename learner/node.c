@@ -480,7 +480,7 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
      * keeps it; a rebase, overwrite or mix drops what came after the last push. */
     if (mode != DL_ADOPT_KEEP && f->tokens > f->tokens_posted) {
         n->st.discarded_tokens += f->tokens - f->tokens_posted;
-        dl_mailbox_set_discarded(n->mb, n->st.discarded_tokens);
+        dl_mailbox_add_discarded(n->mb, p, f->tokens - f->tokens_posted);
     }
     f->tokens_posted = 0;
     if (mode == DL_ADOPT_KEEP) {

@@ -15,6 +15,7 @@
 #include "core/err.h"
 #include "core/hash.h"
 #include "core/log.h"
+#include "core/shard.h"
 
 dl_wire_limits dl_wire_limits_default(void)
 {
@@ -332,6 +333,14 @@ static int check_fragment(const char *body, uint32_t fragment, const dl_wire_lim
     return 0;
 }
 
+/* A sharded receiver serves only its own fragments (core/shard.h). */
+static int check_owned(const char *body, uint32_t fragment, const dl_wire_limits *lim)
+{
+    if (lim->shards <= 1 || dl_shard_owns((int)fragment, (int)lim->shard, (int)lim->shards)) return 0;
+    return bad(body, "fragment %u belongs to shard %d of %u (p %% shards), this synchronizer is shard %u", fragment,
+               dl_shard_of((int)fragment, (int)lim->shards), lim->shards, lim->shard);
+}
+
 static int check_num_fragments(const char *body, uint32_t n, const dl_wire_limits *lim)
 {
     if (n == 0) return bad(body, "num_fragments is 0");
@@ -429,13 +438,20 @@ static int check_welcome(const Dloco__V1__Welcome *m, int npayload, const dl_wir
                            m->chunk_bytes % 4))
         return bad(b, "chunk_bytes %u is not a multiple of 4 in [%u, %u]", m->chunk_bytes, DL_WIRE_CHUNK_MIN,
                    DL_WIRE_CHUNK_MAX);
+    if (m->shards <= 1 && m->shard != 0)
+        return bad(b, "shard %u of %u shards (unsharded is shard 0)", m->shard, m->shards);
+    if (m->shards > 1 && m->shards > m->num_fragments)
+        return bad(b, "shards %u > num_fragments %u", m->shards, m->num_fragments);
+    if (m->shards > 1 && m->shard >= m->shards) return bad(b, "shard %u is not below shards %u", m->shard, m->shards);
     return check_str(b, "policy", m->policy, lim->max_name);
 }
 
-/* Discarded fragment-tokens can never exceed the fragment-tokens processed. */
+/* Discarded fragment-tokens can never exceed the fragment-tokens processed
+ * (of the fragments a shard owns: a learner's session reports its own). */
 static int check_discarded(const char *b, uint64_t discarded, uint64_t tokens, const dl_wire_limits *lim)
 {
     uint64_t P = lim->num_fragments ? lim->num_fragments : DL_WIRE_MAX_FRAGMENTS;
+    if (lim->shards > 1) P = (uint64_t)dl_shard_count((int)lim->num_fragments, (int)lim->shard, (int)lim->shards);
     uint64_t cap = tokens > UINT64_MAX / P ? UINT64_MAX : tokens * P;
     if (discarded > cap)
         return bad(b, "discarded_tokens %llu > tokens %llu x %llu fragments", (unsigned long long)discarded,
@@ -475,8 +491,9 @@ static int check_push(const Dloco__V1__Push *m, const size_t *lens, int npayload
     if (m->compute_s < 0 || m->compute_s > (double)m->steps * 86400.0)
         return bad(b, "compute_s is %g, must be in [0, steps * 86400 = %g]", m->compute_s, (double)m->steps * 86400.0);
     if (m->chunk_numel && m->transfer == 0) return bad(b, "chunked push without a transfer id");
-    return check_tensor(b, m->fragment, m->codec, m->numel, m->block_size, m->chunk_offset, m->chunk_numel, lens,
-                        npayload, lim);
+    DL_TRY(check_tensor(b, m->fragment, m->codec, m->numel, m->block_size, m->chunk_offset, m->chunk_numel, lens,
+                        npayload, lim));
+    return check_owned(b, m->fragment, lim);
 }
 
 static int check_ack(const Dloco__V1__Ack *m, int npayload, const dl_wire_limits *lim)
@@ -507,6 +524,7 @@ static int check_fetch(const Dloco__V1__Fetch *m, int npayload, const dl_wire_li
     for (size_t i = 0; i < m->n_fragments; i++) {
         uint32_t f = m->fragments[i];
         DL_TRY(check_fragment(b, f, lim));
+        DL_TRY(check_owned(b, f, lim));
         if (seen[f / 8] & (1u << (f % 8))) return bad(b, "fragment %u listed twice", f);
         seen[f / 8] |= (uint8_t)(1u << (f % 8));
     }
@@ -532,6 +550,7 @@ int dl_wire_validate(const Dloco__V1__Envelope *env, const size_t *payload_lens,
     if (!lim) lim = &dflt;
     assert(lim->num_fragments <= DL_WIRE_MAX_FRAGMENTS);
     assert(!lim->fragment_numel || lim->num_fragments > 0); /* numel table needs its length */
+    assert(lim->shards <= 1 || dl_shard_check((int)lim->num_fragments, (int)lim->shard, (int)lim->shards) == 0);
     assert(lim->max_frames >= 2 && lim->max_frames <= 1 + DL_WIRE_MAX_PAYLOADS);
 
     const char *b = dl_wire_body_name(env->body_case);

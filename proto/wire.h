@@ -74,10 +74,15 @@ typedef struct {
     int max_frames;         /* frames after the routing id: header + payloads,
                              * in [2, 1 + DL_WIRE_MAX_PAYLOADS] */
     bool verify_checksum;   /* dl_wire_recv hashes Push/Update payloads */
+    /* The receiver is shard `shard` of `shards` of a sharded synchronizer
+     * (core/shard.h; needs num_fragments): a Push or Fetch naming a fragment
+     * it does not own is rejected, and Heartbeat/Bye discarded_tokens are
+     * bounded by tokens x the fragments it owns. shards 0 or 1 = unsharded. */
+    uint32_t shard, shards;
 } dl_wire_limits;
 
 /* num_fragments 0, fragment_numel NULL, max_numel 2^32, max_name 128,
- * max_text 1024, max_frames 2, verify_checksum true. */
+ * max_text 1024, max_frames 2, verify_checksum true, unsharded. */
 dl_wire_limits dl_wire_limits_default(void);
 
 /* ---- the ZeroMQ error boundary: every zmq call goes through one of these */
@@ -227,7 +232,10 @@ bool dl_wire_checksum_ok(const void *payload, size_t len, uint64_t expected);
  * payload frame count exactly what the body needs (Push/Update 1, others 0);
  * payload length exactly dl_wire_payload_bytes(); Push steps >= 1 and
  * tokens >= steps; doubles finite; repeated fields bounded by num_fragments;
- * Fetch indices distinct. The checksum is not checked here (see recv). */
+ * Fetch indices distinct; a sharded receiver's Push and Fetch name only its
+ * own fragments; a Welcome's shard layout is valid (shard < shards <=
+ * num_fragments, or unsharded with shard 0). The checksum is not checked
+ * here (see recv). */
 int dl_wire_validate(const Dloco__V1__Envelope *env, const size_t *payload_lens, int npayload,
                      const dl_wire_limits *lim);
 

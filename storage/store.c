@@ -7,6 +7,7 @@
 #include "core/err.h"
 #include "core/hash.h"
 #include "core/log.h"
+#include "core/shard.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -63,7 +64,8 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 /* run value (format RUN_FMT): 0 magic | 4 fmt | 8 fingerprint u64
  *  16 created ns i64 | 24 P u32 | 28 id length u32 | 32 id char[64] NUL-padded
  *  96 n_layer u32 | 100 n_head u32 | 104 n_embd u32 | 108 seq_len u32
- * 112 vocab u32 | 116 reserved u32 | 120 init seed u64 | 128 numel u64[P] */
+ * 112 vocab u32 | 116 shard u16 | 118 shards u16 | 120 init seed u64 | 128 numel u64[P]
+ * (116 was reserved and written 0 before sharding: shards 0 = unsharded) */
 #define RUN_HDR 128
 #define RUN_FMT 2u /* 1 (schema 1) had no model fields and a 96-byte header */
 /* merge value: 80-byte header + n_contrib entries of 160 bytes.
@@ -208,6 +210,7 @@ struct dl_store {
     uint64_t *numel;   /* [n_frag] */
     dl_model_config model;
     uint64_t seed;
+    uint32_t shard, shards; /* the shard layout as stored (shards 0 = unsharded) */
     char *config_text; /* NULL if none */
     /* stats */
     int stale_cleared;
@@ -701,6 +704,11 @@ static int load_run(dl_store *s, MDB_txn *t)
     if (dl_model_config_check(&m)) return dl_err(DL_ECORRUPT, "meta[run]: bad model: %s", dl_errmsg());
     s->model = m;
     s->seed = get64(b + 120);
+    s->shard = get32(b + 116) & 0xffff;
+    s->shards = get32(b + 116) >> 16;
+    if (dl_shard_check((int)P, (int)s->shard, (int)s->shards) || s->shards == 1)
+        return dl_err(DL_ECORRUPT, "meta[run]: bad shard layout: %s",
+                      s->shards == 1 ? "shards 1 (unsharded is stored as 0)" : dl_errmsg());
     s->fingerprint = get64(b + 8);
     s->n_frag = P;
     memcpy(s->run_id, b + 32, idlen);
@@ -1009,8 +1017,17 @@ static int check_run(const dl_store_run *r)
     return 0;
 }
 
+/* "shard K of S" or "unsharded", for messages. */
+static const char *layout_str(uint32_t shard, uint32_t shards, char buf[48])
+{
+    if (shards <= 1) snprintf(buf, 48, "unsharded");
+    else snprintf(buf, 48, "shard %u of %u", shard, shards);
+    return buf;
+}
+
 struct init_ctx {
     const dl_store_run *run;
+    dl_store_shard layout;
     const float *const *params;
     uint64_t **psum, **msum; /* [P][blocks of p] */
     int64_t wall;
@@ -1040,6 +1057,7 @@ static int init_fn(dl_store *s, MDB_txn *t, void *vctx)
     put32(b + 104, (uint32_t)r->model.n_embd);
     put32(b + 108, (uint32_t)r->model.seq_len);
     put32(b + 112, (uint32_t)r->model.vocab);
+    put32(b + 116, c->layout.shards > 1 ? c->layout.shard | c->layout.shards << 16 : 0);
     put64(b + 120, r->seed);
     for (uint32_t p = 0; p < r->n_fragments; p++) put64(b + RUN_HDR + 8 * (size_t)p, r->numel[p]);
     if (r->config_text) {
@@ -1079,8 +1097,19 @@ static int same_model(const dl_store *s, const dl_store_run *r)
 
 int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *init_params)
 {
+    return dl_store_init_run_shard(s, run, NULL, init_params);
+}
+
+int dl_store_init_run_shard(dl_store *s, const dl_store_run *run, const dl_store_shard *layout,
+                            const float *const *init_params)
+{
     assert(s && run);
     DL_TRY(check_run(run));
+    dl_store_shard lay = layout && layout->shards > 1 ? *layout : (dl_store_shard){0, 0};
+    if (layout && (layout->shards > 0xffff || dl_shard_check((int)run->n_fragments, (int)layout->shard,
+                                                             (int)layout->shards)))
+        return dl_err(DL_EINVAL, "run '%s': shard layout: %s", run->run_id,
+                      layout->shards > 0xffff ? "more than 65535 shards" : dl_errmsg());
     if (s->have_run) {
         /* the run id first (another run altogether), then the field that
          * differs, then what the model does not cover (plan, numels) */
@@ -1094,6 +1123,11 @@ int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *
                           "(fingerprint %016llx, P=%u)",
                           s->dir, s->run_id, (unsigned long long)s->fingerprint, s->n_frag, run->run_id,
                           (unsigned long long)run->fingerprint, run->n_fragments);
+        if (s->shards != lay.shards || s->shard != lay.shard) {
+            char a[48], b[48];
+            return dl_err(DL_EMISMATCH, "store %s holds %s of run '%s'; refusing %s", s->dir,
+                          layout_str(s->shard, s->shards, a), s->run_id, layout_str(lay.shard, lay.shards, b));
+        }
         DL_INFO("store %s: resuming run '%s'", s->dir, s->run_id);
         return 0;
     }
@@ -1109,7 +1143,7 @@ int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *
         hash_blocks(init_params[p], run->numel[p], sums[p]);
         hash_blocks(NULL, run->numel[p], sums[P + p]);
     }
-    struct init_ctx c = {run, init_params, sums, sums + P, dl_wallclock_ns()};
+    struct init_ctx c = {run, lay, init_params, sums, sums + P, dl_wallclock_ns()};
     int rc = store_write(s, state_bytes(P, run->numel), init_fn, &c);
     for (uint32_t p = 0; p < 2 * P; p++) free(sums[p]);
     free(sums);
@@ -1122,6 +1156,8 @@ int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *
     s->model = run->model;
     dl_model_config_check(&s->model); /* fills padded_vocab; checked by check_run */
     s->seed = run->seed;
+    s->shard = lay.shard;
+    s->shards = lay.shards;
     s->n_frag = P;
     s->have_run = 1;
     DL_INFO("store %s: initialized run '%s' (fingerprint %016llx, %u fragments)", s->dir, s->run_id,
@@ -1134,6 +1170,14 @@ int dl_store_get_run(const dl_store *s, dl_store_run *out)
     assert(s && out);
     if (!s->have_run) return dl_err(DL_ENOTFOUND, "store %s has no run", s->dir);
     *out = (dl_store_run){s->run_id, s->fingerprint, s->config_text, s->n_frag, s->numel, s->model, s->seed};
+    return 0;
+}
+
+int dl_store_get_shard(const dl_store *s, dl_store_shard *out)
+{
+    assert(s && out);
+    if (!s->have_run) return dl_err(DL_ENOTFOUND, "store %s has no run", s->dir);
+    *out = (dl_store_shard){s->shard, s->shards};
     return 0;
 }
 
@@ -1774,6 +1818,10 @@ static int check_in(dl_store *s, MDB_txn *t, frag_hdr *h, struct check_sum *c)
     DL_TRY(ledger_decode(&v, &c->ledger));
     for (uint32_t p = 0; p < s->n_frag; p++) {
         DL_TRY(frag_get(s, t, p, &h[p]));
+        if (h[p].version && !dl_shard_owns((int)p, (int)s->shard, (int)s->shards))
+            return dl_err(DL_ECORRUPT, "fragment %u is at version %llu in the store of shard %u of %u; it belongs to "
+                          "shard %d", p, (unsigned long long)h[p].version, s->shard, s->shards,
+                          dl_shard_of((int)p, (int)s->shards));
         c->p = p;
         c->expect = 1;
         DL_TRY(foreach_merge_in(s, t, p, 0, check_record_cb, c));
@@ -1821,6 +1869,10 @@ int dl_store_check(const char *dir, FILE *report)
     }
     if (report) {
         fprintf(report, "dloco store check: %s\n", dir);
+        char lb[48];
+        if (s && s->have_run && s->shards > 1)
+            fprintf(report, "  %s (fragments p with p %% %u == %u)\n", layout_str(s->shard, s->shards, lb), s->shards,
+                    s->shard);
         if (s && s->have_run)
             fprintf(report,
                     "  schema %u, run '%s', fingerprint %016llx, epoch %llu, %u fragments (%llu blocks), %llu merge "

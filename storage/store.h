@@ -16,9 +16,9 @@
  * (bad magic, version or size -> DL_ECORRUPT naming the key):
  *
  *   meta      "schema" -> schema version; "run" -> run id, fingerprint, P,
- *             model shape (L, NH, C, T, V), init seed, numel of each
- *             fragment; "config" -> run config text (an audit record: nothing
- *             reads the model from it); "epoch".
+ *             model shape (L, NH, C, T, V), init seed, shard layout, numel
+ *             of each fragment; "config" -> run config text (an audit
+ *             record: nothing reads the model from it); "epoch".
  *   fragments p (u32 big-endian) -> 48-byte header {version, numel, number
  *             of blocks, block size, commit wallclock}.
  *   params    (p u32 BE, block u32 BE) -> 48-byte header {p, block, version,
@@ -141,17 +141,33 @@ typedef struct {
     uint64_t seed;           /* init seed of the version-0 params */
 } dl_store_run;
 
+/* The shard layout of a store (core/shard.h): the store of shard `shard` of
+ * a sharded synchronizer of `shards`; shards 0 or 1 = unsharded (shard 0;
+ * every store from before sharding). A shard's store holds every fragment,
+ * but only its own ever leave version 0. Kept in the run record. */
+typedef struct {
+    uint32_t shard, shards;
+} dl_store_shard;
+
 /* Start or resume a run.
  * Empty store: writes meta and every fragment p at version 0 with params
  * init_params[p] (numel[p] floats) and zero momentum, in ONE transaction.
  * Store with a run: same run id, model (n_layer, n_head, n_embd, seq_len,
- * vocab), seed, fingerprint, P and numels -> 0, state left as is (resume;
- * init_params may be NULL). Otherwise DL_EMISMATCH: a different run id names
- * both runs; a different model field or seed names that field with both
- * values; a different fingerprint, P or numel names both runs. DL_EINVAL for
- * a bad run description (dl_model_config_check included) or init_params NULL
- * on an empty store. */
+ * vocab), seed, fingerprint, P, numels and shard layout -> 0, state left as
+ * is (resume; init_params may be NULL). Otherwise DL_EMISMATCH: a different
+ * run id names both runs; a different model field or seed names that field
+ * with both values; a different fingerprint, P or numel names both runs; a
+ * different shard layout names both layouts. DL_EINVAL for a bad run
+ * description (dl_model_config_check and dl_shard_check included) or
+ * init_params NULL on an empty store. */
 int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *init_params);
+/* dl_store_init_run for shard layout `layout` (NULL = unsharded): a new run
+ * records it, a resumed one must have recorded the same (shards 0 and 1
+ * both mean unsharded). dl_store_init_run is this with NULL. */
+int dl_store_init_run_shard(dl_store *s, const dl_store_run *run, const dl_store_shard *layout,
+                            const float *const *init_params);
+/* The stored layout ({0, 0} when unsharded); DL_ENOTFOUND if no run. */
+int dl_store_get_shard(const dl_store *s, dl_store_shard *out);
 
 /* The stored run; the pointers stay valid until dl_store_close.
  * DL_ENOTFOUND if no run was initialized. */
@@ -338,7 +354,8 @@ int dl_store_get_stats(dl_store *s, dl_store_stats *out);
  * header, numel, that version == number of merge records and the record
  * versions are exactly 1..version; that params and outer hold exactly the
  * blocks 0..blocks-1 of every p < P and nothing else, each at the
- * fragment's version with its checksum; no records of fragments >= P; ledger applied
+ * fragment's version with its checksum; a shard's store: the fragments of
+ * other shards at version 0; no records of fragments >= P; ledger applied
  * and dropped_stale equal the sums over all merge records. Returns 0, or
  * DL_ECORRUPT / DL_EFORMAT (or an open error) with the FIRST violation in the
  * detail. Prints a short summary to `report` (may be NULL). */

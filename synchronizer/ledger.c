@@ -30,6 +30,7 @@ typedef struct {
 
 struct dl_ledger {
     int P, max;
+    int settles;           /* fragments whose pushes come here: P, or a shard's own */
     account *acct;         /* [max] */
     frag_acct *fa;         /* [max * P] */
     dl_store_ledger pending;
@@ -41,6 +42,7 @@ int dl_ledger_open(int max_learners, int P, dl_ledger **out)
     assert(out && max_learners >= 1 && P >= 1);
     dl_ledger *l = dl_xcalloc(1, sizeof *l);
     l->P = P;
+    l->settles = P;
     l->max = max_learners;
     l->acct = dl_xcalloc((size_t)max_learners, sizeof *l->acct);
     l->fa = dl_xcalloc((size_t)max_learners * (size_t)P, sizeof *l->fa);
@@ -55,6 +57,12 @@ void dl_ledger_close(dl_ledger **lp)
     free((*lp)->fa);
     free(*lp);
     *lp = NULL;
+}
+
+void dl_ledger_set_fragments(dl_ledger *l, int n)
+{
+    assert(n >= 1 && n <= l->P && l->tot.processed == 0);
+    l->settles = n;
 }
 
 static account *acct(dl_ledger *l, int learner)
@@ -127,7 +135,7 @@ static void report(dl_ledger *l, account *a, uint64_t step, uint64_t tokens, uin
     }
     tokens = tokens > a->base_tokens ? tokens - a->base_tokens : 0;
     discarded = discarded > a->base_discarded ? discarded - a->base_discarded : 0;
-    uint64_t processed = tokens * (uint64_t)l->P;
+    uint64_t processed = tokens * (uint64_t)l->settles;
     if (processed > a->processed) {
         l->tot.processed += processed - a->processed;
         a->processed = processed;

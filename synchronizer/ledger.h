@@ -7,7 +7,9 @@
  * Units: fragment-tokens. A push of fragment p reports the tokens behind its
  * delta since the learner's reference point for p, so a token a learner
  * trains on is counted once per fragment; a learner's processed
- * fragment-tokens are P x the tokens it reports in Heartbeat / Bye.
+ * fragment-tokens are P x the tokens it reports in Heartbeat / Bye -- or,
+ * for a shard of a sharded synchronizer, which settles only the fragments it
+ * owns, (fragments owned) x those tokens (dl_ledger_set_fragments).
  *
  * States (storage/store.h DL_LEDGER_*): persisted ones are final --
  *   APPLIED        in a committed merge
@@ -64,6 +66,10 @@ typedef struct {
 
 int dl_ledger_open(int max_learners, int P, dl_ledger **out);
 void dl_ledger_close(dl_ledger **l); /* safe on NULL and twice */
+/* Fragments whose pushes this ledger settles (1..P; P after open): a shard
+ * owns n of them, so a learner's processed fragment-tokens are n x its
+ * reported tokens. Call before the first report. */
+void dl_ledger_set_fragments(dl_ledger *l, int n);
 
 /* ---- progress reports. `tokens` is the learner's tokens processed since its
  * start (Heartbeat.tokens, Bye), `discarded` the fragment-tokens it reports

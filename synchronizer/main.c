@@ -5,6 +5,7 @@
 #include "core/event.h"
 #include "core/log.h"
 #include "core/model.h"
+#include "core/shard.h"
 #include "storage/store.h"
 #include "synchronizer/sync.h"
 
@@ -16,7 +17,7 @@
 typedef struct {
     char bind[DL_CFG_STRLEN], store[DL_CFG_STRLEN], run_id[DL_CFG_STRLEN];
     dl_model_opts model; /* n_layer .. vocab and fragments: DL_MODEL_CFG_ROWS */
-    int64_t H, seed;
+    int64_t H, seed, shard, shards;
     char policy[DL_CFG_STRLEN];
     int64_t quorum, grace_cap_ms, max_staleness, max_learners;
     double gamma, mad_k;
@@ -43,6 +44,10 @@ static const dl_cfg_entry table[] = {
     {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id; learners must use the same"},
     DL_MODEL_CFG_ROWS(sync_cfg, model, "256", "model: vocabulary (V)"),
     {"H", DL_CFG_INT, F(H), 1, 1000000, "24", NULL, 0, "inner steps between two pushes of one fragment"},
+    {"shards", DL_CFG_INT, F(shards), 1, 4096, "1", NULL, 0,
+     "synchronizer processes the fragments are split over (<= fragments): fragment p belongs to shard p % shards, "
+     "each shard with its own bind and store; learners --connect to all of them, in shard order"},
+    {"shard", DL_CFG_INT, F(shard), 0, 4095, "0", NULL, 0, "this process's shard, in [0, shards)"},
     {"seed", DL_CFG_INT, F(seed), 0, 9.2e18, "1337", NULL, 0, "init seed of a new run's global model"},
     {"policy", DL_CFG_ENUM, F(policy), 0, 0, "decoupled", "decoupled|sync|sync-elastic", 0, "merge policy"},
     {"quorum", DL_CFG_INT, F(quorum), 1, 65536, "1", NULL, 1, "K: learners before a round may close"},
@@ -242,6 +247,9 @@ int main(int argc, char **argv)
     if ((rc = dl_model_config_from(&c.model, &sc.model))) return fail("model config", rc);
     sc.P = (int)c.model.fragments;
     sc.H = (int)c.H;
+    sc.shard = (int)c.shard;
+    sc.shards = (int)c.shards;
+    if ((rc = dl_shard_check(sc.P, sc.shard, sc.shards))) return fail("bad configuration (options shard, shards)", rc);
     sc.seed = (uint64_t)c.seed;
     dl_sync_tunables t;
     if ((rc = tunables_of(&c, &t))) return fail("bad configuration", rc);

@@ -8,6 +8,7 @@
 #include "core/hash.h"
 #include "core/log.h"
 #include "core/plan.h"
+#include "core/shard.h"
 #include "proto/auth.h"
 #include "proto/wire.h"
 #include "storage/store.h"
@@ -141,6 +142,9 @@ static int registered(const dl_sync *s, int slot)
 }
 
 static void submit(dl_sync *s, dl_job *j) { dl_worker_submit(s->worker, j); }
+
+/* 1 when this synchronizer (a shard, or the only one) owns fragment p. */
+static int owns(const dl_sync *s, int p) { return dl_shard_owns(p, s->cfg.shard, s->cfg.shards); }
 
 /* ------------------------------------------------------------------------ */
 /* sending */
@@ -424,7 +428,8 @@ static void serve_one(dl_sync *s, dl_registry_learner *l)
 static void serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *frags, size_t nf)
 {
     size_t count = nf ? nf : (size_t)s->cfg.P;
-    for (size_t i = 0; i < count; i++) owe(s, l, nf ? (int)frags[i] : (int)i);
+    for (size_t i = 0; i < count; i++)
+        if (nf || owns(s, (int)i)) owe(s, l, nf ? (int)frags[i] : (int)i); /* listed ones: checked by proto/wire.c */
     serve_one(s, l);
 }
 
@@ -837,8 +842,8 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     int must_fetch = h->n_held_versions == 0 || away_long;
     uint64_t *vers = dl_xcalloc((size_t)s->cfg.P, sizeof(uint64_t));
     for (int p = 0; p < s->cfg.P; p++) {
-        vers[p] = dl_policy_version(s->policy, p);
-        if (h->n_held_versions) {
+        vers[p] = dl_policy_version(s->policy, p); /* 0 for another shard's: never served here */
+        if (h->n_held_versions && owns(s, p)) {
             uint64_t held = h->held_versions[p];
             if (held > vers[p] || vers[p] - held > (uint64_t)s->cfg.policy.max_staleness) must_fetch = 1;
         }
@@ -846,7 +851,8 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     /* the held versions: progress on them can be as old as the longest
      * absence that keeps fragments (rebase_ms) */
     for (int p = 0; !must_fetch && p < s->cfg.P; p++)
-        dl_registry_base_add(s->reg, slot, p, h->held_versions[p], now - (int64_t)s->cfg.rebase_ms * 1000000LL);
+        if (owns(s, p))
+            dl_registry_base_add(s->reg, slot, p, h->held_versions[p], now - (int64_t)s->cfg.rebase_ms * 1000000LL);
     Dloco__V1__Envelope out;
     Dloco__V1__Welcome w;
     dloco__v1__welcome__init(&w);
@@ -859,6 +865,8 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     w.policy = (char *)dl_policy_kind_name(s->cfg.policy.kind);
     w.must_fetch = must_fetch;
     w.chunk_bytes = (uint32_t)s->cfg.chunk_bytes;
+    w.shard = s->cfg.shards > 1 ? (uint32_t)s->cfg.shard : 0;
+    w.shards = s->cfg.shards > 1 ? (uint32_t)s->cfg.shards : 0;
     env_to(s, &out, l->id);
     dl_wire_set_welcome(&out, &w);
     send_msg(s, l, &out, NULL, 0);
@@ -1698,6 +1706,9 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     if ((rc = dl_model_plan_open(&s->cfg.model, s->cfg.P, &s->plan))) goto fail;
     s->fingerprint = dl_model_fingerprint(&s->cfg.model, s->plan);
     int P = s->cfg.P;
+    if ((rc = dl_shard_check(P, s->cfg.shard, s->cfg.shards))) goto fail;
+    if (s->cfg.shards <= 1) s->cfg.shard = 0, s->cfg.shards = 1;
+    int owned = dl_shard_count(P, s->cfg.shard, s->cfg.shards);
     s->numel = dl_xcalloc((size_t)P, sizeof(uint64_t));
     s->params = dl_xcalloc((size_t)P, sizeof(float *));
     s->momentum = dl_xcalloc((size_t)P, sizeof(float *));
@@ -1710,8 +1721,8 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     dl_wire_queue_set_wake(s->outq, wake_loop, s); /* room again: go on sending */
     for (int p = 0; p < P; p++) {
         s->numel[p] = dl_plan_fragment_numel(s->plan, p);
-        s->params[p] = dl_xaligned(64, s->numel[p] * sizeof(float));
-        s->momentum[p] = dl_xaligned(64, s->numel[p] * sizeof(float));
+        s->params[p] = dl_xaligned(64, s->numel[p] * sizeof(float)); /* another shard's: only until init_run */
+        if (owns(s, p)) s->momentum[p] = dl_xaligned(64, s->numel[p] * sizeof(float));
     }
 
     /* the store: a fresh run starts from the seeded init, a resumed one from LMDB */
@@ -1728,7 +1739,13 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
                         .seed = s->cfg.seed,
                         .n_fragments = (uint32_t)P,
                         .numel = s->numel};
-    if ((rc = dl_store_init_run(s->store, &run, (const float *const *)s->params))) goto fail;
+    dl_store_shard layout = {(uint32_t)s->cfg.shard, (uint32_t)s->cfg.shards};
+    if ((rc = dl_store_init_run_shard(s->store, &run, &layout, (const float *const *)s->params))) goto fail;
+    for (int p = 0; p < P; p++)
+        if (!owns(s, p)) {
+            free(s->params[p]); /* a new store's version 0 of it is written; nothing else here needs it */
+            s->params[p] = NULL;
+        }
     if ((rc = dl_store_bump_epoch(s->store, &s->epoch))) goto fail;
     if ((rc = dl_policy_open(&s->cfg.policy, P, &s->policy))) goto fail;
     if ((rc = dl_guard_cfg_check(&s->cfg.guard))) goto fail;
@@ -1736,6 +1753,7 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     uint64_t total_v = 0;
     for (int p = 0; p < P; p++) {
         uint64_t v;
+        if (!owns(s, p)) continue; /* stays at version 0 in the policy: no round of it ever opens */
         if ((rc = dl_store_read_fragment(s->store, (uint32_t)p, &v, s->params[p], s->momentum[p]))) goto fail;
         dl_policy_set_version(s->policy, p, v);
         total_v += v;
@@ -1744,6 +1762,7 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     }
     dl_registry_open(s->cfg.policy.max_learners, P, &s->reg);
     dl_ledger_open(s->cfg.policy.max_learners, P, &s->ledger);
+    dl_ledger_set_fragments(s->ledger, owned);
     s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
     s->inb = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->inb);
     s->outx = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->outx);
@@ -1798,6 +1817,8 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->lim.num_fragments = (uint32_t)P;
     s->lim.fragment_numel = s->numel;
     s->lim.max_frames = 2;
+    s->lim.shard = (uint32_t)s->cfg.shard; /* pushes and fetches of another shard's fragments are refused */
+    s->lim.shards = (uint32_t)s->cfg.shards;
     if ((rc = open_router(s))) goto fail;
 
     s->loop = ev_loop_new(EVFLAG_AUTO);
@@ -1842,6 +1863,9 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     DL_INFO("run '%s' epoch %llu: %s (%d fragments, %zu params, fingerprint %016llx), listening on %s",
             s->cfg.run_id, (unsigned long long)s->epoch, total_v ? "resumed" : "new run", P,
             dl_plan_total_numel(s->plan), (unsigned long long)s->fingerprint, s->endpoint);
+    if (s->cfg.shards > 1)
+        DL_INFO("shard %d of %d: the %d fragments p with p %% %d == %d are merged, stored and served here", s->cfg.shard,
+                s->cfg.shards, owned, s->cfg.shards, s->cfg.shard);
     DL_INFO("limits: messages <= %llu bytes, chunks of %llu bytes, pool <= %llu bytes, outbound queue <= %llu bytes "
             "(%llu per learner), %s",
             (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.chunk_bytes,
@@ -1852,12 +1876,13 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
         DL_WARN("bind %s is not loopback and auth = off: anyone who reaches the port can join and push", s->cfg.bind);
     dl_event("sync_start",
              "epoch=%llu resumed=%d fragments=%d params=%zu fingerprint=%016llx endpoint=%s auth=%s max_msg_bytes=%llu "
-             "max_outbound_bytes=%llu chunk_bytes=%llu pool_bytes=%llu peer_outbound_bytes=%llu",
+             "max_outbound_bytes=%llu chunk_bytes=%llu pool_bytes=%llu peer_outbound_bytes=%llu shard=%d shards=%d "
+             "owned=%d",
              (unsigned long long)s->epoch, total_v ? 1 : 0, P, dl_plan_total_numel(s->plan),
              (unsigned long long)s->fingerprint, s->endpoint, s->auth ? "curve" : "off",
              (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.max_outbound_bytes,
              (unsigned long long)s->cfg.chunk_bytes, (unsigned long long)s->cfg.pool_bytes,
-             (unsigned long long)s->cfg.peer_outbound_bytes);
+             (unsigned long long)s->cfg.peer_outbound_bytes, s->cfg.shard, s->cfg.shards, owned);
     free(full);
     *out = s;
     return 0;

@@ -21,6 +21,8 @@ typedef struct {
     char run_id[65];
     dl_model_config model;
     int P;                 /* fragments */
+    int shard, shards;     /* shard `shard` of `shards` (core/shard.h): only the fragments p with p % shards == shard
+                              are merged, persisted, held in memory and served here; shards 0 or 1 = unsharded */
     int H;                 /* inner steps between two pushes of one fragment */
     uint64_t seed;         /* init of a new run's global model */
     dl_policy_cfg policy;

@@ -158,6 +158,7 @@ static void h_send(harness *h, const char *id, Dloco__V1__Envelope *env, const f
 }
 
 static uint32_t welcome_chunk_bytes = 0; /* Welcome.chunk_bytes (0: whole pushes) */
+static uint32_t welcome_shard = 0, welcome_shards = 0; /* Welcome.shard, shards (0: unsharded) */
 static uint32_t welcome_liveness = 100; /* the most a learner accepts: no silence-based re-hello (5 s at 50 ms)
                                          * unless a test lowers it */
 
@@ -178,6 +179,8 @@ static void h_welcome(harness *h, const char *id, uint64_t epoch, uint64_t versi
     w.policy = "test";
     w.must_fetch = must_fetch;
     w.chunk_bytes = welcome_chunk_bytes;
+    w.shard = welcome_shard;
+    w.shards = welcome_shards;
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, h->run_id, epoch, id);
     dl_wire_set_welcome(&env, &w);
@@ -915,6 +918,62 @@ static void test_two_sessions(void)
     h_close(&hb);
 }
 
+/* A session for shard 1 of 2 serves fragments 1 and 3 (fragments NULL: the
+ * shard's) and takes only a Welcome of that layout: one of shard 0, or of an
+ * unsharded synchronizer, is refused (welcome_refused) and the Hello
+ * retried; an unsharded session refuses a shard's Welcome. */
+static void test_shard_welcome(void)
+{
+    harness h;
+    h_open(&h, plan);
+    const char *id = "L6";
+    dl_mailbox *mb = NULL;
+    REQUIRE(dl_mailbox_open(plan, &mb) == 0, "mailbox");
+    dl_comms_opts co = {.mailbox = mb, .endpoint = h.ep, .learner_id = id, .run_id = "dloco", .plan = plan,
+                        .shard = 1, .shards = 2, .fingerprint = dl_model_fingerprint(&CFG, plan), .device = "cpu",
+                        .n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 16,
+                        .hello_retry_ms = 200, .connect_timeout_ms = 20000};
+    dl_comms *c = NULL;
+    int bad[1] = {2};
+    co.fragments = bad, co.n_fragments = 1;
+    CHECK(dl_comms_open(&co, &c) == DL_EINVAL && strstr(dl_errmsg(), "fragment 2 belongs to shard 0"),
+          "a fragment of another shard is refused at open: %s", dl_errmsg());
+    co.fragments = NULL, co.n_fragments = 0;
+    REQUIRE(dl_comms_open(&co, &c) == 0, "session: %s", dl_errmsg());
+    REQUIRE(dl_comms_start(c) == 0, "start");
+    dl_wire_msg m;
+    const uint32_t lay[][2] = {{0, 2}, {0, 0}};
+    for (int i = 0; i < 2; i++) {
+        REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello %d", i);
+        dl_wire_msg_close(&m);
+        welcome_shard = lay[i][0], welcome_shards = lay[i][1];
+        h_welcome(&h, id, 1, 1, 4, 50, 1);
+        CHECK(WAIT_FOR(stats(c).welcomes_refused == (uint64_t)i + 1), "welcome of %s refused",
+              i ? "an unsharded synchronizer" : "shard 0 of 2");
+    }
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello again");
+    dl_wire_msg_close(&m);
+    welcome_shard = 1, welcome_shards = 2;
+    h_welcome(&h, id, 1, 1, 4, 50, 1);
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch after the right welcome");
+    CHECK(m.env->fetch->n_fragments == 2 && m.env->fetch->fragments[0] == 1 && m.env->fetch->fragments[1] == 3,
+          "the session fetches its shard's fragments 1 and 3");
+    dl_wire_msg_close(&m);
+    dl_comms_close(&c);
+    /* an unsharded session refuses a shard's Welcome */
+    co.shard = 0, co.shards = 0;
+    REQUIRE(dl_comms_open(&co, &c) == 0 && dl_comms_start(c) == 0, "unsharded session");
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    dl_wire_msg_close(&m);
+    h_welcome(&h, id, 2, 1, 4, 50, 1);
+    CHECK(WAIT_FOR(stats(c).welcomes_refused == 1), "an unsharded session refuses shard 1 of 2");
+    welcome_shard = welcome_shards = 0;
+    dl_comms_close(&c);
+    dl_mailbox_close(&mb);
+    h_close(&h);
+    printf("ok: a session takes only a Welcome of its shard layout\n");
+}
+
 // ---------------------------------------------------------------------------
 // scenario 4: the dloco-learner binary against the fake synchronizer
 
@@ -1259,6 +1318,7 @@ int main(void)
     test_hold(&h);
     h_close(&h);
     test_two_sessions();
+    test_shard_welcome();
     test_chunks();
 
     const char *b = getenv("DLOCO_BIN");

@@ -197,9 +197,39 @@ static void test_round(void)
     printf("ok: round: record with normalised weights, dead-learner reason, asides after the merged; share 0.5 / capped 1\n");
 }
 
+/* A shard owning 2 of 5 fragments settles only their pushes: a learner's
+ * 100 reported tokens are 200 processed fragment-tokens here, and they
+ * balance with what it pushed and discarded of those two. */
+static void test_shard(void)
+{
+    dl_ledger *l = NULL;
+    dl_ledger_open(4, 5, &l);
+    dl_ledger_set_fragments(l, 2);
+    dl_ledger_hello(l, A, 0);
+    dl_ledger_progress(l, A, 10, 100, 0);
+    dl_ledger_arrived(l, A, 1, 0, 60);
+    dl_ledger_pooled(l, A, 1, 60, 0);
+    dl_ledger_merged(l, A, 1, 60);
+    dl_ledger_arrived(l, A, 3, 0, 90);
+    dl_ledger_pooled(l, A, 3, 90, 0);
+    dl_ledger_merged(l, A, 3, 90);
+    dl_ledger_bye(l, A, 10, 100, 30); /* 30 of the 200 thrown away by adopts: 20 never pushed */
+    dl_ledger_totals t;
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.processed, 200);
+    CHECK_EQ(t.state[DL_LEDGER_APPLIED], 150);
+    CHECK_EQ(t.state[DL_LEDGER_DISCARDED], 30);
+    CHECK_EQ(t.state[DL_LEDGER_LOST], 20);
+    CHECK_EQ(sum_states(&t), t.processed);
+    CHECK_EQ(t.overclaim, 0);
+    dl_ledger_close(&l);
+    printf("ok: ledger of a shard: processed = tokens x the fragments it owns, and it balances\n");
+}
+
 int main(void)
 {
     test_ledger();
+    test_shard();
     test_round();
     return CHECK_DONE("test_ledger");
 }

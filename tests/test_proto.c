@@ -597,6 +597,42 @@ static void test_bad_inputs(void)
         free(many);
     }
 
+    /* shards (core/shard.h): shard 1 of 2 owns fragments 1 and 3 of the 4 */
+    {
+        dl_wire_limits sl = lim;
+        sl.shard = 1, sl.shards = 2;
+        fx_make(&f, DLOCO__V1__ENVELOPE__BODY_PUSH, DLOCO__V1__CODEC__CODEC_FP32);
+        size_t pl = (size_t)f.push.numel * 4;
+        CHECK(dl_wire_validate(&f.env, &pl, 1, &sl) == 0, "a push of an owned fragment: %s", dl_errmsg());
+        f.push.fragment = 2, f.push.numel = PLAN_NUMEL[2];
+        pl = (size_t)f.push.numel * 4;
+        EXPECT_BAD(&f.env, &pl, 1, &sl,
+                   "push: fragment 2 belongs to shard 0 of 2 (p % shards), this synchronizer is shard 1");
+        CHECK(dl_wire_validate(&f.env, &pl, 1, &lim) == 0, "unsharded, every fragment is served");
+        fx_make(&f, DLOCO__V1__ENVELOPE__BODY_FETCH, 0); /* fragments 3 and 2 */
+        EXPECT_BAD(&f.env, NULL, 0, &sl, "fetch: fragment 2 belongs to shard 0 of 2");
+        f.fetch.n_fragments = 1;
+        CHECK(dl_wire_validate(&f.env, NULL, 0, &sl) == 0, "a fetch of an owned fragment: %s", dl_errmsg());
+        /* discarded fragment-tokens of a session: tokens x the 2 fragments the shard owns */
+        fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HEARTBEAT, 0);
+        f.heartbeat.tokens = 100, f.heartbeat.discarded_tokens = 201;
+        EXPECT_BAD(&f.env, NULL, 0, &sl, "heartbeat: discarded_tokens 201 > tokens 100 x 2 fragments");
+        f.heartbeat.discarded_tokens = 200;
+        CHECK(dl_wire_validate(&f.env, NULL, 0, &sl) == 0, "discarded = tokens x owned accepted");
+        /* a Welcome's layout */
+        fx_make(&f, DLOCO__V1__ENVELOPE__BODY_WELCOME, 0);
+        f.welcome.shard = 1, f.welcome.shards = 2;
+        CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "welcome from shard 1 of 2: %s", dl_errmsg());
+        f.welcome.shard = 2;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: shard 2 is not below shards 2");
+        f.welcome.shard = 0, f.welcome.shards = 5;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: shards 5 > num_fragments 4");
+        f.welcome.shard = 1, f.welcome.shards = 1;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: shard 1 of 1 shards (unsharded is shard 0)");
+        f.welcome.shards = 0;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: shard 1 of 0 shards");
+    }
+
     /* every valid fixture does pass (so the rejections above are specific) */
     Dloco__V1__Envelope__BodyCase all[] = {
         DLOCO__V1__ENVELOPE__BODY_HELLO, DLOCO__V1__ENVELOPE__BODY_WELCOME, DLOCO__V1__ENVELOPE__BODY_HEARTBEAT,

@@ -1057,6 +1057,76 @@ static MDB_val blk_key(uint8_t b[8], uint32_t p, uint32_t blk)
     return (MDB_val){8, b};
 }
 
+/* The shard layout in the run record: stored, checked on resume both ways
+ * (another shard, another S, unsharded), validated, and the checker's rule
+ * that only the shard's own fragments move. */
+static void test_shard_layout(void)
+{
+    char dir[4200], flat[4200];
+    path_of(dir, sizeof dir, "shard");
+    path_of(flat, sizeof flat, "unsharded");
+    const uint64_t numel[4] = {16, 8, 12, 4};
+    dl_store_run run = {"sharded", 21, NULL, 4, numel, TEST_MODEL, 1337};
+    const dl_store_shard mine = {1, 2};
+    params_set init = make_init(4, numel);
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    EXPECT_ERR(dl_store_init_run_shard(s, &run, &(dl_store_shard){2, 2}, (const float *const *)init.a), DL_EINVAL,
+               "shard 2 is not in [0, shards 2)");
+    EXPECT_ERR(dl_store_init_run_shard(s, &run, &(dl_store_shard){0, 5}, (const float *const *)init.a), DL_EINVAL,
+               "shards 5 > fragments 4");
+    REQUIRE(dl_store_n_fragments(s) == 0, "a refused layout writes nothing");
+    OK(dl_store_init_run_shard(s, &run, &mine, (const float *const *)init.a));
+    dl_store_close(&s);
+    s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    dl_store_shard got;
+    OK(dl_store_get_shard(s, &got));
+    REQUIRE(got.shard == 1 && got.shards == 2, "layout read back: shard %u of %u", got.shard, got.shards);
+    OK(dl_store_init_run_shard(s, &run, &mine, NULL));
+    EXPECT_ERR(dl_store_init_run_shard(s, &run, &(dl_store_shard){0, 2}, NULL), DL_EMISMATCH,
+               "holds shard 1 of 2 of run 'sharded'; refusing shard 0 of 2");
+    EXPECT_ERR(dl_store_init_run_shard(s, &run, &(dl_store_shard){1, 4}, NULL), DL_EMISMATCH, "refusing shard 1 of 4");
+    EXPECT_ERR(dl_store_init_run(s, &run, NULL), DL_EMISMATCH,
+               "holds shard 1 of 2 of run 'sharded'; refusing unsharded");
+    /* its own fragments move; check passes */
+    OK(commit_v(s, 1, 1, numel[1], 10));
+    OK(commit_v(s, 3, 1, numel[3], 10));
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+    /* a fragment of the other shard that moved is corrupt for this store */
+    s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(commit_v(s, 2, 1, numel[2], 10));
+    dl_store_close(&s);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT,
+               "fragment 2 is at version 1 in the store of shard 1 of 2; it belongs to shard 0");
+    /* an unsharded store (layout NULL, {0, 0} or {0, 1}: the same) refuses a shard */
+    dl_store_run one = run;
+    one.run_id = "flat";
+    s = open_store(flat, 0, DL_STORE_SYNC, 0);
+    OK(dl_store_init_run_shard(s, &one, &(dl_store_shard){0, 1}, (const float *const *)init.a));
+    OK(dl_store_init_run(s, &one, NULL));
+    OK(dl_store_init_run_shard(s, &one, &(dl_store_shard){0, 0}, NULL));
+    EXPECT_ERR(dl_store_init_run_shard(s, &one, &(dl_store_shard){0, 2}, NULL), DL_EMISMATCH,
+               "holds unsharded of run 'flat'; refusing shard 0 of 2");
+    OK(dl_store_get_shard(s, &got));
+    REQUIRE(got.shard == 0 && got.shards == 0, "an unsharded run stores 0 there, as before sharding");
+    OK(commit_v(s, 2, 1, numel[2], 10));
+    dl_store_close(&s);
+    OK(dl_store_check(flat, NULL));
+    /* a layout that cannot be is corrupt */
+    size_t len;
+    uint8_t *orig = raw_get(flat, "meta", (MDB_val){3, "run"}, &len), *b = malloc(len);
+    memcpy(b, orig, len);
+    uint32_t lay = 3u | 2u << 16; /* shard 3 of 2 */
+    memcpy(b + 116, &lay, 4);
+    raw_put(flat, "meta", (MDB_val){3, "run"}, b, len);
+    dl_store_opts o = dl_store_opts_default();
+    EXPECT_ERR(dl_store_open(flat, &o, &s), DL_ECORRUPT, "meta[run]: bad shard layout: shard 3 is not in [0, shards 2)");
+    free(orig), free(b);
+    printf("ok: the shard layout is stored in the run record; a resume of another shard, S or an unsharded run is "
+           "DL_EMISMATCH; check refuses a moved fragment of another shard\n");
+    free_init(&init);
+}
+
 static void test_checker(void)
 {
     char dir[4200];
@@ -1467,6 +1537,7 @@ int main(void)
     test_steady_size();
     test_checker();
     test_run_model();
+    test_shard_layout();
     test_stale_readers();
     uint64_t seed = 20240611;
     printf("crash test seed %llu\n", (unsigned long long)seed);

@@ -29,37 +29,53 @@ static void *ctx;
 static dl_plan *plan;
 static uint64_t fingerprint, epoch;
 
-static void start_sync(void)
+/* Start dloco-sync on store dir/<name> (log dir/<name>.log) with P = 2,
+ * as shard `shard` of `shards` when shards is not NULL; the bound endpoint
+ * into ep (empty when it did not start within 10 s). */
+static pid_t spawn_sync(const char *name, const char *shard, const char *shards, char *ep, size_t cap)
 {
     char logp[300];
-    snprintf(logp, sizeof logp, "%s/sync.log", dir);
-    sync_pid = fork();
-    if (sync_pid == 0) {
+    snprintf(logp, sizeof logp, "%s/%s.log", dir, name);
+    pid_t pid = fork();
+    if (pid == 0) {
         FILE *f = freopen(logp, "w", stdout);
         (void)f;
         dup2(1, 2);
         const char *bin = getenv("DLOCO_BIN");
         char exe[512], store[300];
         snprintf(exe, sizeof exe, "%s/synchronizer/dloco-sync", bin ? bin : "build");
-        snprintf(store, sizeof store, "%s/store", dir);
-        execl(exe, exe, "--store", store, "--bind", "tcp://127.0.0.1:0", "--n_layer", "1", "--n_head", "2",
-              "--n_embd", "16", "--seq_len", "8", "--vocab", "256", "--fragments", "2", "--H", "4",
-              "--heartbeat_ms", "100", "--max_staleness", "1", "--staleness", "const", "--status_every_ms", "0",
-              "--outer_lr", "0.7", "--outer_momentum", "0.9", (char *)NULL);
+        snprintf(store, sizeof store, "%s/%s", dir, name);
+        char *argv[64] = {exe, "--store", store, "--bind", "tcp://127.0.0.1:0", "--n_layer", "1", "--n_head", "2",
+                          "--n_embd", "16", "--seq_len", "8", "--vocab", "256", "--fragments", "2", "--H", "4",
+                          "--heartbeat_ms", "100", "--max_staleness", "1", "--staleness", "const",
+                          "--status_every_ms", "0", "--outer_lr", "0.7", "--outer_momentum", "0.9"};
+        int n = 0;
+        while (argv[n]) n++;
+        if (shards) {
+            argv[n++] = "--shard", argv[n++] = (char *)shard;
+            argv[n++] = "--shards", argv[n++] = (char *)shards;
+        }
+        execv(exe, argv);
         _exit(127);
     }
-    for (int i = 0; i < 100 && !endpoint[0]; i++) {
+    ep[0] = 0;
+    for (int i = 0; i < 100 && !ep[0]; i++) {
         usleep(100000);
         FILE *f = fopen(logp, "r");
         char line[512];
         while (f && fgets(line, sizeof line, f))
             if (!strncmp(line, "dloco-sync: listening on ", 25)) {
-                snprintf(endpoint, sizeof endpoint, "%.200s", line + 25);
-                endpoint[strcspn(endpoint, "\n")] = 0;
+                snprintf(ep, cap, "%.200s", line + 25);
+                ep[strcspn(ep, "\n")] = 0;
             }
         if (f) fclose(f);
+        int st;
+        if (!ep[0] && waitpid(pid, &st, WNOHANG) == pid) return -1; /* it exited */
     }
+    return pid;
 }
+
+static void start_sync(void) { sync_pid = spawn_sync("store", NULL, NULL, endpoint, sizeof endpoint); }
 
 static void *dealer(const char *id)
 {
@@ -130,6 +146,106 @@ static void expect_error(void *d, const char *what, int code, int fatal, const c
     printf("%-28s -> %s\n", what, rc == 0 && m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR ? m.env->error->message : "(no error)");
     CHECK(ok, "%s: expected %s error %d containing '%s'", what, fatal ? "fatal" : "non-fatal", code, needle);
     dl_wire_msg_close(&m);
+}
+
+static void send_fetch(void *d, const char *id, const uint32_t *frags, size_t n)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Fetch f;
+    dloco__v1__fetch__init(&f);
+    f.fragments = (uint32_t *)frags;
+    f.n_fragments = n;
+    dl_wire_env_init(&env, "dloco", epoch, id);
+    dl_wire_set_fetch(&env, &f);
+    CHECK(dl_wire_send(d, NULL, 0, &env, NULL, NULL, 0, 0) == 0, "send fetch");
+}
+
+/* Shard 1 of 2 (P = 2: it owns fragment 1 only): its Welcome says so, it
+ * serves and merges fragment 1 only, refuses a push or fetch of fragment 0
+ * with an Error naming the owner, and its store keeps the layout: another
+ * layout on it does not start. */
+static void test_shard(void)
+{
+    char ep[256];
+    pid_t pid = spawn_sync("shard1", "1", "2", ep, sizeof ep);
+    REQUIRE(pid > 0 && ep[0], "shard 1 of 2 starts");
+    snprintf(endpoint, sizeof endpoint, "%s", ep);
+    void *d = dealer("shard-l");
+    send_hello(d, "shard-l", "dloco", fingerprint);
+    dl_wire_msg w;
+    REQUIRE(recv_msg(d, &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "welcome from the shard");
+    epoch = w.env->epoch;
+    CHECK(w.env->welcome->shard == 1 && w.env->welcome->shards == 2 && w.env->welcome->n_fragment_versions == P,
+          "welcome: shard %u of %u", w.env->welcome->shard, w.env->welcome->shards);
+    dl_wire_msg_close(&w);
+    /* fetch of all: only fragment 1 comes */
+    send_fetch(d, "shard-l", NULL, 0);
+    dl_wire_msg u;
+    int rc = recv_msg(d, &u);
+    CHECK(rc == 0 && u.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE && u.env->update->fragment == 1,
+          "a fetch of all gets the shard's fragment 1");
+    dl_wire_msg_close(&u);
+    uint32_t zero = 0;
+    send_fetch(d, "shard-l", &zero, 1);
+    expect_error(d, "fetch of another shard's", DL_EPROTO, 0, "fetch: fragment 0 belongs to shard 0 of 2");
+    size_t n0 = dl_plan_fragment_numel(plan, 0), n1 = dl_plan_fragment_numel(plan, 1);
+    float *delta = calloc(n0 > n1 ? n0 : n1, sizeof(float));
+    for (size_t i = 0; i < n1; i++) delta[i] = 0.001f;
+    send_push(d, "shard-l", 0, 0, delta, n0);
+    expect_error(d, "push of another shard's", DL_EPROTO, 0,
+                 "push: fragment 0 belongs to shard 0 of 2 (p % shards), this synchronizer is shard 1");
+    send_push(d, "shard-l", 1, 0, delta, n1);
+    int pending = 0, accepted = 0;
+    for (int k = 0; k < 3; k++) {
+        dl_wire_msg r;
+        if (recv_msg(d, &r) != 0) break;
+        if (r.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK && r.env->ack->fragment == 1) {
+            pending |= r.env->ack->decision == DLOCO__V1__DECISION__DECISION_MERGED_PENDING;
+            accepted |= r.env->ack->decision == DLOCO__V1__DECISION__DECISION_ACCEPTED;
+        }
+        dl_wire_msg_close(&r);
+    }
+    CHECK(pending && accepted, "the shard merges its own fragment: pending %d accepted %d", pending, accepted);
+    zmq_close(d);
+    free(delta);
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the shard exits 0 on SIGTERM");
+    char store[300];
+    snprintf(store, sizeof store, "%s/shard1", dir);
+    CHECK(dl_store_check(store, NULL) == 0, "shard store check: %s", dl_errmsg());
+    dl_store_opts so = dl_store_opts_default();
+    so.read_only = 1;
+    dl_store *st = NULL;
+    if (dl_store_open(store, &so, &st) == 0) {
+        dl_store_shard lay = {9, 9};
+        uint64_t v0 = 9, v1 = 9;
+        dl_store_get_shard(st, &lay);
+        dl_store_read_fragment(st, 0, &v0, NULL, NULL);
+        dl_store_read_fragment(st, 1, &v1, NULL, NULL);
+        CHECK(lay.shard == 1 && lay.shards == 2 && v0 == 0 && v1 == 1, "store: shard %u of %u, versions %llu %llu",
+              lay.shard, lay.shards, (unsigned long long)v0, (unsigned long long)v1);
+        dl_store_close(&st);
+    }
+    /* another layout on this store does not start */
+    const char *other[][2] = {{"0", "2"}, {NULL, NULL}};
+    for (int i = 0; i < 2; i++) {
+        pid_t q = spawn_sync("shard1", other[i][0], other[i][1], ep, sizeof ep);
+        if (q > 0) {
+            kill(q, SIGKILL);
+            waitpid(q, NULL, 0);
+        }
+        char logp[300];
+        snprintf(logp, sizeof logp, "%s/shard1.log", dir);
+        FILE *f = fopen(logp, "r");
+        char line[1024], found = 0;
+        while (f && fgets(line, sizeof line, f)) found |= strstr(line, "holds shard 1 of 2 of run 'dloco'") != NULL;
+        if (f) fclose(f);
+        CHECK(q < 0 && found, "%s on shard 1's store is refused", i ? "an unsharded dloco-sync" : "shard 0 of 2");
+    }
+    printf("ok: shard 1 of 2 welcomes with its layout, serves and merges only its fragment, refuses the other's push "
+           "and fetch, and its store refuses another layout\n");
 }
 
 int main(void)
@@ -348,6 +464,7 @@ int main(void)
     free(init);
     free(frag);
     free(delta);
+    test_shard();
     dl_plan_close(&plan);
     zmq_ctx_term(ctx);
     char cmd[300];

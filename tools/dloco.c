@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/model.h"
 #include "core/plan.h"
+#include "core/shard.h"
 #include "learner/data.h"
 #include "learner/gpt.h"
 #include "proto/auth.h"
@@ -36,6 +37,7 @@ static void usage(FILE *f)
                "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
                "                               PREFIX.pub (0644); prints the public key and an allowlist line\n"
                "  plan   [--n_layer L] [--n_head NH] [--n_embd C] [--seq_len T] [--vocab V] [--fragments P]\n"
+               "         [--shards S]\n"
                "                               the fragment plan of a model: sizes, balance, fingerprint, and\n"
                "                               each fragment's blocks (name, or name[rows) of a split tensor)\n");
 }
@@ -128,6 +130,10 @@ static int cmd_status(const char *dir)
                "page %u B\n",
                st.file_bytes / 1e6, st.live_bytes / 1e6, st.state_bytes / 1e6, st.free_bytes / 1e6,
                st.map_size / 1048576.0, st.page_size);
+    dl_store_shard lay;
+    if (dl_store_get_shard(s, &lay) == 0 && lay.shards > 1)
+        printf("shard %u of %u: fragments p with p %% %u == %u (the others stay at version 0 here)\n", lay.shard,
+               lay.shards, lay.shards, lay.shard);
     merge_stats ms = {0};
     printf("versions:");
     for (uint32_t p = 0; p < run.n_fragments; p++) {
@@ -262,10 +268,13 @@ out:
 
 typedef struct {
     dl_model_opts model;
+    int64_t shards;
 } plan_cfg;
 
 static const dl_cfg_entry plan_table[] = {
     DL_MODEL_CFG_ROWS(plan_cfg, model, "256", "model: vocabulary (V)"),
+    {"shards", DL_CFG_INT, offsetof(plan_cfg, shards), 1, 4096, "1", NULL, 0,
+     "also show the bytes each of this many synchronizer shards owns (fragment p belongs to shard p % shards)"},
 };
 
 /* The plan every learner and the synchronizer of this model would build:
@@ -310,6 +319,19 @@ static int cmd_plan(int argc, char **argv)
             else printf(" %s[%zu:%zu)", t->name, sp[k].start / w, (sp[k].start + sp[k].numel) / w);
         }
         printf("\n");
+    }
+    int S = (int)pc.shards;
+    if (S > 1 && (rc = dl_shard_check(P, 0, S))) {
+        dl_plan_close(&plan);
+        return fail("plan", rc);
+    }
+    for (int k = 0; S > 1 && k < S; k++) {
+        size_t n = 0;
+        int nf = 0;
+        for (int p = 0; p < P; p++)
+            if (dl_shard_owns(p, k, S)) n += dl_plan_fragment_numel(plan, p), nf++;
+        printf("shard %d of %d: %d fragments, %zu floats (%.3f MB), %.5f of the mean\n", k, S, nf, n, n * 4 / 1e6,
+               (double)n * S / (double)total);
     }
     dl_plan_close(&plan);
     return 0;
