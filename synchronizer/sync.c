@@ -1771,9 +1771,14 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->resume_o = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
     s->owed_order = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->owed_order);
 
-    /* bounds that follow from the model unless set */
-    uint64_t model_bytes = (uint64_t)dl_plan_total_numel(s->plan) * sizeof(float),
-             frag_bytes = (uint64_t)dl_plan_max_fragment_numel(s->plan) * sizeof(float);
+    /* bounds that follow from the model (a shard: its own fragments) unless set */
+    uint64_t model_bytes = 0, frag_bytes = 0;
+    for (int p = 0; p < P; p++) {
+        if (!owns(s, p)) continue;
+        uint64_t b = s->numel[p] * sizeof(float);
+        model_bytes += b;
+        if (b > frag_bytes) frag_bytes = b;
+    }
     s->max_frag_bytes = frag_bytes;
     if (!s->cfg.chunk_bytes) s->cfg.chunk_bytes = DL_SYNC_CHUNK_BYTES;
     if (s->cfg.chunk_bytes < DL_WIRE_CHUNK_MIN || s->cfg.chunk_bytes > DL_WIRE_CHUNK_MAX || s->cfg.chunk_bytes % 4) {
