@@ -710,13 +710,11 @@ typedef struct {
     uint64_t upd_version;
 } decision;
 
-/* Wait for the final Ack of (frag, base) (MERGED_PENDING skipped); after an
- * ACCEPTED or a rebase, also take the Update of frag that follows it, its
- * payload into upd (n floats) when not NULL. 0 when an Ack came. */
-static int await_decision(peer *p, int frag, uint64_t base, decision *d, float *upd)
+/* Wait for the final Ack of (frag, base) (MERGED_PENDING skipped), nothing
+ * after it consumed. 0 when it came. */
+static int await_ack(peer *p, int frag, uint64_t base, decision *d, int64_t deadline)
 {
     memset(d, 0, sizeof *d);
-    int64_t deadline = dl_clock_ns() + 5000000000LL;
     for (;;) {
         int left = (int)((deadline - dl_clock_ns()) / 1000000);
         dl_wire_msg m;
@@ -737,7 +735,7 @@ static int await_decision(peer *p, int frag, uint64_t base, decision *d, float *
             snprintf(d->reason, sizeof d->reason, "%s", e->ack->reason);
             describe(0, &m, 0, d->got, sizeof d->got);
             dl_wire_msg_close(&m);
-            break;
+            return 0;
         }
         if (e->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR) {
             describe(0, &m, 0, d->got, sizeof d->got);
@@ -746,6 +744,15 @@ static int await_decision(peer *p, int frag, uint64_t base, decision *d, float *
         }
         dl_wire_msg_close(&m); /* a pending Ack, or something of another fragment */
     }
+}
+
+/* await_ack; after an ACCEPTED or a rebase, also take the Update of frag
+ * that follows it, its payload into upd (n floats) when not NULL. 0 when an
+ * Ack came. */
+static int await_decision(peer *p, int frag, uint64_t base, decision *d, float *upd)
+{
+    int64_t deadline = dl_clock_ns() + 5000000000LL;
+    if (await_ack(p, frag, base, d, deadline)) return -1;
     if (d->decision != DLOCO__V1__DECISION__DECISION_ACCEPTED && !d->rebase) return 0;
     for (;;) {
         int left = (int)((deadline - dl_clock_ns()) / 1000000);
@@ -1677,33 +1684,6 @@ static int recv_chunked(peer *p, int frag, size_t n, float *out, uint64_t *v, ui
     }
 }
 
-/* The final Ack of (frag, base), nothing after it consumed. 0 when it came. */
-static int await_ack(peer *p, int frag, uint64_t base, decision *d)
-{
-    memset(d, 0, sizeof *d);
-    int64_t deadline = dl_clock_ns() + 5000000000LL;
-    for (;;) {
-        int left = (int)((deadline - dl_clock_ns()) / 1000000);
-        dl_wire_msg m;
-        int rc = left > 0 ? recv_msg(p, left, &m) : DL_ETIMEDOUT;
-        if (rc) {
-            describe(rc, &m, 5000, d->got, sizeof d->got);
-            dl_wire_msg_close(&m);
-            return -1;
-        }
-        const Dloco__V1__Envelope *e = m.env;
-        int done = e->body_case == DLOCO__V1__ENVELOPE__BODY_ACK && (int)e->ack->fragment == frag &&
-                   e->ack->base_version == base && e->ack->decision != DLOCO__V1__DECISION__DECISION_MERGED_PENDING;
-        if (done) {
-            d->decision = e->ack->decision;
-            d->merged = e->ack->merged_version;
-            describe(0, &m, 0, d->got, sizeof d->got);
-        }
-        dl_wire_msg_close(&m);
-        if (done) return 0;
-    }
-}
-
 static void row_chunks(void)
 {
     int f0 = failures;
@@ -1753,7 +1733,7 @@ static void row_chunks(void)
 
     /* 9c: an honest chunked push is merged; the Update comes in chunks and equals a fetch */
     for (uint64_t off = 0; off < n; off += c) send_push_chunk(&C, 0, 0, 4, 64, 5, off, n - off < c ? n - off : c, d);
-    int rc9 = await_ack(&C, 0, 0, &a);
+    int rc9 = await_ack(&C, 0, 0, &a, dl_clock_ns() + 5000000000LL);
     uint64_t v = 0, first = 0;
     int chunks = 0;
     int ru = rc9 == 0 && a.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED ? recv_chunked(&C, 0, n, g, &v, &first, &chunks)
