@@ -29,20 +29,16 @@
  *     (dl_mailbox_set_held); its payload is dropped.
  *
  * Memory. The mailbox holds 2P + 1 buffers of the LARGEST fragment and each
- * session one more (GPT-2 124M, P = 24: 50 x 154 MB = 7.7 GB of address
- * space per learner). Only the pages written are resident, and with
- * --lean (default) the swarm writes almost none:
- *   - the delta source is one memfd of pseudo-random floats; every push
- *     buffer handed to the mailbox has its page-aligned interior mapped
- *     MAP_PRIVATE from it (only the partial first and last pages are
- *     copied), so a push costs no private memory however many learners
- *     share it (sessions only read push buffers);
- *   - the buffer an Update comes back in is released (MADV_DONTNEED) after
- *     its version is recorded;
- *   - mallopt(M_MMAP_THRESHOLD) keeps large allocations (libzmq's message
- *     copies) out of the heap, so they are returned when freed.
- * --lean false copies the source into each push buffer and keeps update
- * buffers as a learner would: what the mailbox costs an ordinary learner.
+ * session one more (GPT-2 124M, P = 24: 50 x 154 MB = 7.4 GiB of address
+ * space per learner). Only the pages written are resident; an ordinary
+ * learner writes its update and push buffers as they rotate, up to about
+ * 2 x its model. With --lean (default) the swarm writes almost none (see
+ * "lean memory" below): push buffers map one shared memfd of pseudo-random
+ * floats, update buffers all map one shared scratch memfd that received
+ * payloads are copied into and never read, so the swarm's memory does not
+ * grow with N beyond the sessions' own (libzmq's message copies). --lean
+ * false copies the source into each push buffer and leaves update buffers
+ * alone: what the mailbox costs a real learner.
  *
  * Timing. The public API does not time single pushes, so the swarm writes
  * the sessions' own events (docs/EVENTS.md: push when a Push was handed to
@@ -119,7 +115,7 @@ static const dl_cfg_entry table[] = {
     {"delta_scale", DL_CFG_FLOAT, F(delta_scale), 0, 1, "1e-4", NULL, 0, "pushed deltas are uniform in [-this, this]"},
     {"seed", DL_CFG_INT, F(seed), 0, 9.2e18, "7", NULL, 0, "seed of the delta source and the jitter"},
     {"lean", DL_CFG_BOOL, F(lean), 0, 0, "true", NULL, 0,
-     "map push buffers from one shared source and release update buffers (false: copy, as a learner's memory)"},
+     "push and update buffers map shared memfds (false: copy and keep, the memory of a real learner's mailbox)"},
     {"tick_ms", DL_CFG_INT, F(tick_ms), 1, 1000, "2", NULL, 0, "the driver polls every learner this often"},
     {"hold_timeout_ms", DL_CFG_INT, F(hold_timeout_ms), 1, 86400000, "30000", NULL, 0,
      "a held push goes anyway after its predecessor is undecided this long (the node's push_decision_timeout_ms)"},
@@ -141,67 +137,132 @@ static void on_signal(int sig)
 }
 
 // ----------------------------------------------------------------------------
-// the shared delta source
+// lean memory: the shared delta source and the update scratch
 
-/* One memfd of pseudo-random floats, `bytes` + a page long, and a read-only
- * view of it. A push buffer b holds, at byte j, the source's byte
- * j - head(b) + PAGE, where head(b) is the distance from b to its first page
- * boundary: the interior pages are the file's pages from offset PAGE, the
- * partial first and last pages are copied from the view. Every buffer of
- * one head offset (glibc's mmapped chunks all have the same) holds the
- * same floats. */
+/* Two memfds shared by every learner of the swarm:
+ *   source   pseudo-random floats, cap + 2 pages long: a push buffer b holds
+ *            at byte j the source's byte j - head(b) + PAGE, head(b) being
+ *            the distance from b to its first page boundary; its whole
+ *            pages map the file MAP_PRIVATE from offset PAGE, its partial
+ *            first and last pages are copied once. Sessions only read push
+ *            buffers, so the pages stay the file's, resident once.
+ *   scratch  cap bytes nobody reads: the whole pages of every update
+ *            buffer map it MAP_SHARED, so the copy a session makes of each
+ *            received Update (dl_mailbox_put_update) lands in the same
+ *            pages whichever learner and fragment it is for; the payload is
+ *            dropped anyway (only its version is recorded).
+ * The mailbox swaps buffers but never reallocates them, so each buffer is
+ * mapped once, the first time it passes through the driver (lean_seen).
+ * Mapping over part of a malloc'd buffer is safe only for a chunk glibc
+ * mmapped on its own (free() then unmaps our mapping with it): main() fixes
+ * M_MMAP_THRESHOLD at or below the buffer size (lean_threshold). Without
+ * lean the source is copied into each push buffer and update buffers are
+ * left alone: the memory an ordinary learner's mailbox costs. */
 typedef struct {
-    int fd;
-    size_t page, len;  /* len: file bytes */
-    const char *view;  /* [len] */
-} source;
+    int src_fd, scr_fd;
+    size_t page, cap;  /* cap: bytes of one mailbox buffer */
+    const char *view;  /* [cap + 2 pages] the source, read-only */
+    int mapping;       /* lean and cap >= the mmap threshold */
+} lean;
 
-static int source_open(size_t bytes, double scale, uint64_t seed, source *s)
+/* The fixed mmap threshold for buffers of cap bytes: at most half of them
+ * (so they are mmapped chunks), at most 256 KiB, so that libzmq's message
+ * copies are mmapped too and given back when freed. (Measured with 8 GPT-2
+ * learners: a 32 MiB threshold, which lets the heap reuse the copies, kept
+ * 5 x the private memory for the same CPU time.) */
+static size_t lean_threshold(size_t cap)
 {
-    s->page = (size_t)sysconf(_SC_PAGESIZE);
-    s->len = (bytes + 2 * s->page + s->page - 1) / s->page * s->page;
-    s->fd = memfd_create("dloco-swarm-delta", MFD_CLOEXEC);
-    if (s->fd < 0) return dl_err(DL_EIO, "memfd_create: %s", strerror(errno));
-    if (ftruncate(s->fd, (off_t)s->len) != 0) return dl_err(DL_EIO, "ftruncate(memfd): %s", strerror(errno));
-    float *w = mmap(NULL, s->len, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
-    if (w == MAP_FAILED) return dl_err(DL_EIO, "mmap(memfd): %s", strerror(errno));
-    dl_rng r;
-    dl_rng_seed(&r, seed);
-    for (size_t i = 0; i < s->len / sizeof(float); i++) w[i] = (float)scale * (2.0f * dl_rng_uniform(&r) - 1.0f);
-    munmap(w, s->len);
-    s->view = mmap(NULL, s->len, PROT_READ, MAP_SHARED, s->fd, 0);
-    if (s->view == MAP_FAILED) return dl_err(DL_EIO, "mmap(memfd, read-only): %s", strerror(errno));
+    size_t t = cap / 2;
+    return t < (128u << 10) ? (128u << 10) : t > (256u << 10) ? (256u << 10) : t;
+}
+
+static int memfd(const char *name, size_t len, int *fd)
+{
+    *fd = memfd_create(name, MFD_CLOEXEC);
+    if (*fd < 0) return dl_err(DL_EIO, "memfd_create: %s", strerror(errno));
+    if (ftruncate(*fd, (off_t)len) != 0) return dl_err(DL_EIO, "ftruncate(memfd): %s", strerror(errno));
     return 0;
 }
 
-/* Fill the first n bytes of push buffer b (cap bytes) with the source.
- * Mapping needs a whole interior page; otherwise (and without lean) copy. */
-static void source_fill(const source *s, void *b, size_t n, size_t cap, int lean)
+static int lean_open(size_t cap, double scale, uint64_t seed, int on, lean *m)
 {
-    uintptr_t pg = (uintptr_t)s->page, lo = (uintptr_t)b, hi = lo + n;
-    uintptr_t a = (lo + pg - 1) & ~(pg - 1);      /* first whole page */
-    uintptr_t e = (hi + pg - 1) & ~(pg - 1);      /* past the last page holding data ... */
-    uintptr_t lim = (lo + cap) & ~(pg - 1);       /* ... but inside the buffer */
-    if (e > lim) e = lim;
-    size_t head = (size_t)(a - lo);
-    const char *src = s->view + s->page - head; /* byte j of b = src[j] */
-    /* only buffers glibc mmapped (>= M_MMAP_THRESHOLD): free() unmaps our mapping with the chunk */
-    if (!lean || cap < (1u << 20) || e <= a ||
-        mmap((void *)a, (size_t)(e - a), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, s->fd, (off_t)s->page) ==
-            MAP_FAILED) {
+    m->page = (size_t)sysconf(_SC_PAGESIZE);
+    m->cap = cap;
+    size_t len = (cap + 3 * m->page - 1) / m->page * m->page;
+    DL_TRY(memfd("dloco-swarm-delta", len, &m->src_fd));
+    float *w = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, m->src_fd, 0);
+    if (w == MAP_FAILED) return dl_err(DL_EIO, "mmap(memfd): %s", strerror(errno));
+    dl_rng r;
+    dl_rng_seed(&r, seed);
+    for (size_t i = 0; i < len / sizeof(float); i++) w[i] = (float)scale * (2.0f * dl_rng_uniform(&r) - 1.0f);
+    munmap(w, len);
+    m->view = mmap(NULL, len, PROT_READ, MAP_SHARED, m->src_fd, 0);
+    if (m->view == MAP_FAILED) return dl_err(DL_EIO, "mmap(memfd, read-only): %s", strerror(errno));
+    m->mapping = on && cap >= lean_threshold(cap);
+    m->scr_fd = -1;
+    if (m->mapping) DL_TRY(memfd("dloco-swarm-scratch", (cap + m->page - 1) / m->page * m->page, &m->scr_fd));
+    return 0;
+}
+
+/* The whole pages of buffer b: [*a, *e); 0 when there are none. */
+static int interior(const lean *m, const void *b, uintptr_t *a, uintptr_t *e)
+{
+    uintptr_t pg = (uintptr_t)m->page;
+    *a = ((uintptr_t)b + pg - 1) & ~(pg - 1);
+    *e = ((uintptr_t)b + m->cap) & ~(pg - 1);
+    return *e > *a;
+}
+
+/* Make push buffer b hold the source; n = bytes the push needs. */
+static void lean_push_buf(const lean *m, float *b, size_t n, int first)
+{
+    uintptr_t a, e;
+    size_t head = (size_t)((((uintptr_t)b + m->page - 1) & ~(uintptr_t)(m->page - 1)) - (uintptr_t)b);
+    const char *src = m->view + (m->page - head); /* byte j of b = src[j] */
+    if (!m->mapping || !interior(m, b, &a, &e)) {
         memcpy(b, src, n);
         return;
     }
-    memcpy(b, src, head < n ? head : n);
-    if (e < hi) memcpy((void *)e, src + (e - lo), (size_t)(hi - e));
+    if (!first) return; /* mapped already: nothing writes push buffers */
+    if (mmap((void *)a, (size_t)(e - a), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, m->src_fd,
+             (off_t)m->page) == MAP_FAILED)
+        DL_PANIC("swarm: mmap(MAP_FIXED) over a push buffer: %s", strerror(errno));
+    memcpy(b, src, (size_t)(a - (uintptr_t)b));
+    memcpy((void *)e, src + (e - (uintptr_t)b), (size_t)((uintptr_t)b + m->cap - e));
 }
 
-/* Give the pages of an update buffer back (the payload was dropped). */
-static void release_pages(void *b, size_t cap, size_t page)
+/* Point update buffer b's whole pages at the scratch (once per buffer). */
+static void lean_update_buf(const lean *m, float *b)
 {
-    uintptr_t a = ((uintptr_t)b + page - 1) & ~(uintptr_t)(page - 1);
-    uintptr_t e = ((uintptr_t)b + cap) & ~(uintptr_t)(page - 1);
-    if (e > a) madvise((void *)a, (size_t)(e - a), MADV_DONTNEED);
+    uintptr_t a, e;
+    if (!m->mapping || !interior(m, b, &a, &e)) return;
+    if (mmap((void *)a, (size_t)(e - a), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, m->scr_fd, 0) == MAP_FAILED)
+        DL_PANIC("swarm: mmap(MAP_FIXED) over an update buffer: %s", strerror(errno));
+}
+
+/* MiB of the shared memfds (resident once whatever the number of learners). */
+static double lean_shared_mb(const lean *m)
+{
+    size_t pages = (m->cap + 3 * m->page - 1) / m->page + (m->mapping ? (m->cap + m->page - 1) / m->page : 0);
+    return (double)(pages * m->page) / 1048576.0;
+}
+
+/* A small set of buffers: 1 when b was in it already, else adds it. */
+typedef struct {
+    const void **v;
+    int n, cap;
+} bufset;
+
+static int lean_seen(bufset *s, const void *b)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->v[i] == b) return 1;
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 16;
+        s->v = dl_xrealloc(s->v, (size_t)s->cap * sizeof *s->v);
+    }
+    s->v[s->n++] = b;
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -224,6 +285,7 @@ typedef struct {
     dl_comms *c;
     lfrag *f;                 /* [P] */
     float *hand, *inbuf;      /* the push buffer to post next, the update buffer to take into */
+    bufset push_bufs, update_bufs; /* buffers mapped already (lean) */
     int nheld;                /* fragments held */
     int64_t join_ns;          /* monotonic; 0 = not holding all fragments yet */
     int64_t step, next_step_ns;
@@ -242,7 +304,7 @@ typedef struct {
     int P, N, b2b;
     size_t maxn;
     uint64_t tps;             /* tokens per step */
-    source src;
+    lean mem;
     learner *l;               /* [N] */
     int64_t t0_ns, t0_wall_ns;
 } swarm;
@@ -278,6 +340,21 @@ static int learner_open(swarm *s, int i, learner *L)
     L->f = dl_xcalloc((size_t)s->P, sizeof *L->f);
     L->hand = dl_mailbox_buf_alloc(L->mb);
     L->inbuf = dl_mailbox_buf_alloc(L->mb);
+    if (s->mem.mapping) {
+        /* Before the session starts, pass every update buffer of the mailbox
+         * (a slot per fragment and its spare) through our hands once, so that
+         * no Update is ever copied into private pages: P + 1 rounds of
+         * offer-and-take rotate them all. Leaves the mailbox as it was. */
+        lean_seen(&L->update_bufs, L->inbuf);
+        lean_update_buf(&s->mem, L->inbuf);
+        for (int k = 0; k <= s->P; k++) {
+            int p = k % s->P;
+            dl_mailbox_update u;
+            dl_mailbox_put_update(L->mb, p, 0, DL_UPDATE_NORMAL, s->mem.view, dl_plan_fragment_numel(s->plan, p));
+            if (dl_mailbox_take_update(L->mb, p, &L->inbuf, &u) && !lean_seen(&L->update_bufs, L->inbuf))
+                lean_update_buf(&s->mem, L->inbuf);
+        }
+    }
     return 0;
 }
 
@@ -288,6 +365,8 @@ static void learner_close(learner *L)
     free(L->f);
     free(L->hand);
     free(L->inbuf);
+    free(L->push_bufs.v);
+    free(L->update_bufs.v);
 }
 
 /* Take every waiting update: adopt (overwrite) or ignore, drop the payload. */
@@ -296,7 +375,7 @@ static void take_updates(swarm *s, learner *L, int64_t now)
     for (int p = 0; p < s->P; p++) {
         dl_mailbox_update u;
         if (!dl_mailbox_take_update(L->mb, p, &L->inbuf, &u)) continue;
-        if (s->cfg.lean) release_pages(L->inbuf, s->maxn * sizeof(float), s->src.page);
+        if (!lean_seen(&L->update_bufs, L->inbuf)) lean_update_buf(&s->mem, L->inbuf);
         lfrag *f = &L->f[p];
         if (f->held && u.forced == DL_UPDATE_NORMAL && u.version <= f->version) {
             L->ignored++;
@@ -326,7 +405,7 @@ static void post(swarm *s, learner *L, int p, int late, int64_t now)
     lfrag *f = &L->f[p];
     uint64_t steps = (uint64_t)(L->step - f->ref_step);
     size_t n = dl_plan_fragment_numel(s->plan, p);
-    source_fill(&s->src, L->hand, n * sizeof(float), s->maxn * sizeof(float), s->cfg.lean);
+    lean_push_buf(&s->mem, L->hand, n * sizeof(float), !lean_seen(&L->push_bufs, L->hand));
     dl_mailbox_push h = {
         .fragment = p,
         .base_version = f->version,
@@ -709,9 +788,9 @@ static void write_json(FILE *f, swarm *s, const latencies *lat, const memstat *m
     json_num(f, "rss_end", mem_end->rss, 0);
     json_num(f, "rss_anon_max", anon_max, 0);
     json_num(f, "rss_shmem_end", mem_end->shmem, 0);
-    json_num(f, "source", (double)s->src.len / 1048576.0, 0);
+    json_num(f, "source", lean_shared_mb(&s->mem), 0);
     /* what this process holds physically per learner: private pages + the one shared source */
-    json_num(f, "per_learner", (anon_max + (double)s->src.len / 1048576.0) / s->N, 0);
+    json_num(f, "per_learner", (anon_max + lean_shared_mb(&s->mem)) / s->N, 0);
     json_num(f, "mailbox_address_space_per_learner",
              (double)(2 * s->P + 2) * (double)(s->maxn * sizeof(float)) / 1048576.0, 1);
     fprintf(f, "},\"per_learner\":[");
@@ -753,7 +832,6 @@ int main(int argc, char **argv)
 {
     /* before any allocation: big buffers (ours and libzmq's message copies)
      * are mmapped and given back when freed, never kept in the heap */
-    mallopt(M_MMAP_THRESHOLD, 256 * 1024);
     swarm S;
     memset(&S, 0, sizeof S);
     swarm *s = &S;
@@ -781,7 +859,10 @@ int main(int argc, char **argv)
         nof.rlim_cur = nof.rlim_max;
         setrlimit(RLIMIT_NOFILE, &nof);
     }
-    if ((rc = source_open(s->maxn * sizeof(float), s->cfg.delta_scale, (uint64_t)s->cfg.seed, &s->src)))
+    /* Before the mailboxes: a fixed threshold (no dynamic adjustment) makes
+     * every mailbox buffer an mmapped chunk of its own (see "lean memory"). */
+    mallopt(M_MMAP_THRESHOLD, (int)lean_threshold(s->maxn * sizeof(float)));
+    if ((rc = lean_open(s->maxn * sizeof(float), s->cfg.delta_scale, (uint64_t)s->cfg.seed, s->cfg.lean, &s->mem)))
         return fail("the delta source", rc);
     char events[DL_CFG_STRLEN];
     int temp_events = !s->cfg.events[0];
@@ -876,7 +957,7 @@ int main(int argc, char **argv)
         }
     printf("swarm: memory: VmHWM %.0f MiB, private (RssAnon) max %.0f MiB, shared delta source %.0f MiB, "
            "mailbox address space %.0f MiB per learner\n",
-           mem_end.hwm, anon_max, (double)s->src.len / 1048576.0,
+           mem_end.hwm, anon_max, lean_shared_mb(&s->mem),
            (double)(2 * s->P + 2) * (double)(s->maxn * sizeof(float)) / 1048576.0);
     write_json(stdout, s, &lat, &mem_end, anon_max, wall_s, measured_s);
     if (s->cfg.json[0]) {
