@@ -29,7 +29,8 @@
 # (the case then reports it), every process started is killed by PID at exit.
 # Usage: bench/sync_load.sh   (env: SYNC_LOAD_QUICK=1 tiny cases, about a minute, for smoke;
 #        GPT2_DURATION=100 GPT2_WARMUP=40 SMALL_DURATION=60 SMALL_WARMUP=20 CAP_DURATION=90 CAP_WARMUP=40
-#        SYNC_RSS_LIMIT_MB=14000 SWARM_RSS_LIMIT_MB=6000 BUILD_DIR=build KEEP_W=1 keeps the work dir)
+#        SYNC_RSS_LIMIT_MB=14000 SWARM_RSS_LIMIT_MB=6000 MIN_AVAIL_MB=1500 (a process is killed past these)
+#        BUILD_DIR=build KEEP_W=1 keeps the work dir)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -37,7 +38,7 @@ QUICK=${SYNC_LOAD_QUICK:-0}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync swarm memrate >/dev/null || exit 1
 SYNC=$BUILD_DIR/synchronizer/dloco-sync SWARM=$BUILD_DIR/bench/swarm MEMRATE=$BUILD_DIR/bench/memrate
-SYNC_RSS_LIMIT_MB=${SYNC_RSS_LIMIT_MB:-14000} SWARM_RSS_LIMIT_MB=${SWARM_RSS_LIMIT_MB:-6000}
+SYNC_RSS_LIMIT_MB=${SYNC_RSS_LIMIT_MB:-14000} SWARM_RSS_LIMIT_MB=${SWARM_RSS_LIMIT_MB:-6000} MIN_AVAIL_MB=${MIN_AVAIL_MB:-1500}
 W=$(mktemp -d /tmp/dloco_sync_load.XXXXXX)
 PIDS=()
 cleanup() {
@@ -171,18 +172,25 @@ def case(argv):
                               and e['ts'] < byes.get(e['id'], 1 << 62))
     row['failed_merges'] = sum(1 for e in sev if e['event'] == 'merge_failed')
     row['pool_bound'] = pool_bound(sev, help_path)
-    smp = []
-    try:
-        for line in open(d + '/sync-samples'):
-            f = line.split()
-            if len(f) == 5:
-                smp.append((float(f[0]), int(f[1]), int(f[2]), int(f[3])))
-    except OSError:
-        pass
-    inw = [s for s in smp if ws / 1e9 <= s[0] <= we / 1e9]
-    row['sync_cpu_pct'] = (100.0 * (inw[-1][1] - inw[0][1]) / clk / (inw[-1][0] - inw[0][0])
-                           if len(inw) >= 2 and inw[-1][0] > inw[0][0] else None)
+    def samples(path):
+        out = []
+        try:
+            for line in open(path):
+                f = line.split()
+                if len(f) == 5:
+                    out.append((float(f[0]), int(f[1]), int(f[2]), int(f[3])))
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def cpu_pct(smp):
+        inw = [s for s in smp if ws / 1e9 <= s[0] <= we / 1e9]
+        return (100.0 * (inw[-1][1] - inw[0][1]) / clk / (inw[-1][0] - inw[0][0])
+                if len(inw) >= 2 and inw[-1][0] > inw[0][0] else None)
+    smp = samples(d + '/sync-samples')
+    row['sync_cpu_pct'] = cpu_pct(smp)
     row['sync_max_rss_mb'] = max((s[3] for s in smp), default=0) / 1024.0 or None
+    row['swarm_cpu_pct'] = cpu_pct(samples(d + '/swarm-samples'))
     return row
 
 
@@ -192,15 +200,15 @@ def fmt(v, spec='.0f', none='-'):
 
 def report(rows_path, cap, memrate_path):
     rows = [json.loads(l) for l in open(rows_path) if l.strip()]
-    print('%-16s %4s %8s %7s %15s %17s %5s %8s %5s %4s %4s %13s %24s %8s' % (
+    print('%-16s %4s %8s %7s %15s %17s %5s %8s %5s %4s %4s %13s %24s %8s %6s' % (
         'case', 'N', 'merges/s', 'contrib', 'ack p50/p99 ms', 'merge p50/p99 ms', 'cpu%', 'maxRSS', 'rej',
-        'dead', 'fail', 'join p50/max', 'store MB start/warm/end', 'swarm MB'))
+        'dead', 'fail', 'join p50/max', 'store MB start/warm/end', 'swarm MB', 'sw cpu'))
     for r in rows:
         if 'error' in r:
             print('%-16s %4s error: %s' % (r['name'], r.get('learners', '?'), r['error']))
             continue
         mb = lambda b: b / 1e6
-        print('%-16s %4d %8.2f %7s %15s %17s %5s %8s %5d %4d %4d %13s %24s %8s' % (
+        print('%-16s %4d %8.2f %7s %15s %17s %5s %8s %5d %4d %4d %13s %24s %8s %6s' % (
             r['name'], r['learners'], r['merges_per_s'], fmt(r['contrib_per_merge'], '.2f'),
             fmt(r['ack_p50'], '.0f') + '/' + fmt(r['ack_p99'], '.0f'),
             fmt(r['merge_p50'], '.0f') + '/' + fmt(r['merge_p99'], '.0f'), fmt(r['sync_cpu_pct']),
@@ -208,7 +216,7 @@ def report(rows_path, cap, memrate_path):
             fmt(r['join_p50'], '.1f') + '/' + fmt(r['join_max'], '.1f') + ' s' +
             ('' if r['joined'] == r['learners'] else ' (%d joined)' % r['joined']),
             '%.0f/%.0f/%.0f' % (mb(r['store_start']), mb(r['store_warm']), mb(r['store_end'])),
-            fmt(r['swarm_mb_per_learner'], '.1f')))
+            fmt(r['swarm_mb_per_learner'], '.1f'), fmt(r.get('swarm_cpu_pct'))))
         for why, n in sorted(r['rejections'].items()):
             print('%-16s      rejected %d: %s' % ('', n, why))
         if r['note']:
@@ -218,8 +226,8 @@ def report(rows_path, cap, memrate_path):
     failed = sum(r['failed_merges'] for r in ok)
     newer = sum(r['rejections'].get('base version newer than global', 0) for r in ok)
     print('columns: ack = swarm push -> its immediate Ack; merge = sync push event -> merge event of its round '
-          '(both over the window after the warm-up); maxRSS = dloco-sync VmHWM, MiB; swarm MB = the swarm\'s '
-          'private pages + its one shared delta source, per learner')
+          '(both over the window after the warm-up); cpu% = dloco-sync, sw cpu = the swarm (same window, 100 = one '
+          'core); maxRSS = dloco-sync VmHWM, MiB; swarm MB = the swarm\'s private pages + its shared memfds, per learner')
     print('false_deaths: %d' % deaths)
     print('failed_merges: %d' % failed)
     mem = {}
@@ -303,6 +311,12 @@ sample() {
     echo "$(date +%s.%N) $(( st[13] + st[14] )) $rss $hwm $anon" >> "$out"
     if { [ "$field" = VmRSS ] && [ "$rss" -gt "$limit_kb" ]; } || { [ "$field" = RssAnon ] && [ "$anon" -gt "$limit_kb" ]; }; then
       echo "$field over ${2} MiB" > "$out.killed"
+      kill -KILL "$pid" 2>/dev/null
+      break
+    fi
+    read -r _ avail _ < <(grep '^MemAvailable:' /proc/meminfo)
+    if [ "${avail:-0}" -lt $(( MIN_AVAIL_MB * 1024 )) ]; then # the machine is shared: never push it into the OOM killer
+      echo "MemAvailable under $MIN_AVAIL_MB MiB" > "$out.killed"
       kill -KILL "$pid" 2>/dev/null
       break
     fi
