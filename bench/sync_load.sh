@@ -373,6 +373,7 @@ run_case() {
   python3 "$W/analyze.py" "$name" "$d" "$mode" "$N" "$store_start" "$store_warm" "$store_end" "$CLK_TCK" \
     "$W/sync-help.txt" "$note" "$(( $(date +%s) - t0 ))" >> "$W/rows.jsonl" ||
     echo "{\"name\":\"$name\",\"error\":\"analysis failed\"}" >> "$W/rows.jsonl"
+  [ -n "${KEEP_W:-}" ] || rm -rf "$d/store" # a GPT-2 store is GBs: one at a time on disk
 }
 
 if [ "$QUICK" = 1 ]; then
