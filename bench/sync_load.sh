@@ -1,0 +1,394 @@
+#!/bin/bash
+# The synchronizer at real model and fleet sizes: a real dloco-sync (its own
+# temporary store, a loopback port, events to a file) against bench/swarm (N
+# simulated learners built on the learner's own mailbox and comms sessions,
+# fake training), one case at a time.
+#   schedule  GPT-2 124M (L=12 C=768 NH=12 T=1024 V=50257, P=24, H=24) with
+#             4, 8 and 16 learners, and the quickstart model (L=4 C=128 NH=4
+#             T=128 V=256, P=4, H=24) with 8, 32 and 128, each on the real
+#             push schedule at 1 step/s, joining together; durability sync
+#   capacity  GPT-2 124M, 16 learners back-to-back (each fragment pushed again
+#             as soon as its push is decided, 2 in flight per learner),
+#             durability periodic: merged delta bytes/s (sum over merges of
+#             contributors x fragment bytes), against one thread's memcpy and
+#             merge arithmetic (bench/memrate) measured in the same run
+# Per case, over the window after the warm-up: merges/s, contributors per
+# merge, ack latency (swarm: Push handed to ZeroMQ -> its immediate Ack),
+# merge latency (the synchronizer's push event -> the merge event of the
+# version its ACCEPTED ack names), synchronizer CPU% (/proc/PID/stat) and max
+# RSS (VmHWM), and over the whole run: rejections by reason, learners falsely
+# declared dead (learner_dead before the learner's Bye: the swarm keeps every
+# learner alive), failed merges (merge_failed), join time, data.mdb size at the
+# start, after the warm-up and at the end.
+# Bars (measured, PASS/FAIL/n/a): 0 false deaths, 0 rejections "base version
+# newer than global", 0 failed merges, max RSS <= 2 x (model + momentum + pool
+# bound) (n/a when dloco-sync states no pool bound), store size flat after the
+# warm-up (+-10%), sync_merge_vs_memcpy >= 0.3.
+# Last line: `sync_merge_vs_memcpy: X.XX` (merged delta bytes/s / memcpy bytes/s).
+# Bounded: every wait has a deadline, a process over its RSS limit is killed
+# (the case then reports it), every process started is killed by PID at exit.
+# Usage: bench/sync_load.sh   (env: SYNC_LOAD_QUICK=1 tiny cases, about a minute, for smoke;
+#        GPT2_DURATION=100 GPT2_WARMUP=40 SMALL_DURATION=60 SMALL_WARMUP=20 CAP_DURATION=90 CAP_WARMUP=40
+#        SYNC_RSS_LIMIT_MB=14000 SWARM_RSS_LIMIT_MB=6000 MIN_AVAIL_MB=1500 (a process is killed past these)
+#        BUILD_DIR=build KEEP_W=1 keeps the work dir)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+QUICK=${SYNC_LOAD_QUICK:-0}
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync swarm memrate >/dev/null || exit 1
+SYNC=$BUILD_DIR/synchronizer/dloco-sync SWARM=$BUILD_DIR/bench/swarm MEMRATE=$BUILD_DIR/bench/memrate
+SYNC_RSS_LIMIT_MB=${SYNC_RSS_LIMIT_MB:-14000} SWARM_RSS_LIMIT_MB=${SWARM_RSS_LIMIT_MB:-6000} MIN_AVAIL_MB=${MIN_AVAIL_MB:-1500}
+W=$(mktemp -d /tmp/dloco_sync_load.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  [ -n "${KEEP_W:-}" ] && echo "work dir kept: $W" || rm -rf "$W"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+cat > "$W/analyze.py" <<'PY'
+# sync_load.sh's analysis: one case's row from its files (events, samples, the swarm's JSON), or, with
+# --report, the table, the totals and the bars over every row.
+import json, math, re, sys
+from collections import Counter, defaultdict
+
+LF = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)')
+ESC = {'n': '\n', 'r': '\r', 't': '\t', '"': '"', '\\': '\\'}
+
+
+def unquote(v):
+    if not v.startswith('"'):
+        return v
+    v, out, i = v[1:-1], [], 0
+    while i < len(v):
+        c = v[i]
+        if c == '\\' and i + 1 < len(v):
+            n = v[i + 1]
+            if n == 'x' and i + 3 < len(v):
+                out.append(chr(int(v[i + 2:i + 4], 16)))
+                i += 4
+                continue
+            out.append(ESC.get(n, n))
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return ''.join(out)
+
+
+def events(path):
+    out = []
+    try:
+        f = open(path, errors='replace')
+    except OSError:
+        return out
+    with f:
+        for line in f:
+            kv = {k: unquote(v) for k, v in LF.findall(line)}
+            if 'event' in kv and 'ts' in kv:
+                kv['ts'] = int(kv['ts'])
+                out.append(kv)
+    return out
+
+
+def pct(v, q):
+    if not v:
+        return None
+    v = sorted(v)
+    return v[max(0, math.ceil(q * len(v)) - 1)]
+
+
+def pool_bound(sync_ev, help_path):
+    """Bytes of the pooled-push bound dloco-sync states, or None: a sync_start field naming a pool in
+    bytes, else an option *pool*_mb with a non-zero default in --help."""
+    for e in sync_ev:
+        if e['event'] == 'sync_start':
+            for k, v in e.items():
+                if 'pool' in k and 'bytes' in k and v.isdigit() and int(v) > 0:
+                    return int(v)
+    try:
+        for line in open(help_path):
+            m = re.match(r'\s*--(\w*pool\w*_mb)\s.*\(default (\d+)\)', line)
+            if m and int(m.group(2)) > 0:
+                return int(m.group(2)) << 20
+    except OSError:
+        pass
+    return None
+
+
+def case(argv):
+    name, d, mode, N, s_start, s_warm, s_end, clk, help_path, note, elapsed = argv
+    N, clk = int(N), float(clk)
+    row = {'name': name, 'mode': mode, 'learners': N, 'note': note.strip(), 'elapsed_s': int(elapsed),
+           'store_start': int(s_start), 'store_warm': int(s_warm), 'store_end': int(s_end)}
+    try:
+        sw = json.load(open(d + '/swarm.json'))
+    except (OSError, ValueError):
+        row['error'] = 'no swarm summary' + (' (' + row['note'] + ')' if row['note'] else '')
+        return row
+    sev, wev = events(d + '/ev-sync.log'), events(d + '/ev-swarm.log')
+    ws = sw['t0_wall_ns'] + int(sw['warmup_s'] * 1e9)
+    we = sw['t0_wall_ns'] + int(sw['wall_s'] * 1e9)
+    win = max(1e-9, (we - ws) / 1e9)
+    fb = sw['fragment_bytes']
+    row.update(window_s=win, joined=sw['joined'], join_p50=sw['join_s']['p50'], join_max=sw['join_s']['max'],
+               ack_p50=sw['ack_ms']['p50'], ack_p99=sw['ack_ms']['p99'], ack_n=sw['ack_ms']['n'],
+               decision_p50=sw['decision_ms']['p50'], decision_p99=sw['decision_ms']['p99'],
+               swarm_pushes=sw['pushes'], swarm_rejected=sw['decisions']['rejected'],
+               swarm_rehellos=sw['rehellos'], swarm_rebuilds=sw['rebuilds'],
+               swarm_mb_per_learner=sw['memory_mb']['per_learner'], swarm_anon_max_mb=sw['memory_mb']['rss_anon_max'],
+               model_bytes=sw['model']['params'] * 4)
+    merges = [e for e in sev if e['event'] == 'merge' and ws <= e['ts'] <= we]
+    row['merges'] = len(merges)
+    row['merges_per_s'] = len(merges) / win
+    row['contrib_per_merge'] = sum(int(e['n']) for e in merges) / len(merges) if merges else None
+    row['merged_bytes_per_s'] = sum(int(e['n']) * fb[int(e['frag'])] for e in merges) / win
+    # merge latency: the synchronizer's push event (arrival, decided pooled) -> the merge event of the
+    # version its learner's ACCEPTED ack names
+    pushed = defaultdict(list)
+    for e in sev:
+        if e['event'] == 'push' and e.get('decision', '').startswith('pooled'):
+            pushed[(e['id'], e['frag'], e['base'])].append(e['ts'])
+    merged_at = {(e['frag'], e['version']): e['ts'] for e in sev if e['event'] == 'merge'}
+    lat = []
+    for e in wev:
+        if e['event'] != 'ack' or e.get('decision') != 'accepted':
+            continue
+        mts = merged_at.get((e['fragment'], e['merged_version']))
+        ps = [t for t in pushed.get((e['learner'], e['fragment'], e['base_version']), []) if mts and t <= mts]
+        if ps and ws <= ps[-1] <= we:
+            lat.append((mts - ps[-1]) / 1e6)
+    row['merge_lat_n'], row['merge_p50'], row['merge_p99'] = len(lat), pct(lat, 0.5), pct(lat, 0.99)
+    rej = Counter(e.get('reason', '') for e in sev if e['event'] == 'push' and e.get('decision') == 'rejected')
+    row['rejections'] = dict(rej)
+    byes = {}
+    for e in sev:
+        if e['event'] == 'learner_bye':
+            byes.setdefault(e['id'], e['ts'])
+    ids = {p['id'] for p in sw['per_learner']}
+    row['false_deaths'] = sum(1 for e in sev if e['event'] == 'learner_dead' and e['id'] in ids
+                              and e['ts'] < byes.get(e['id'], 1 << 62))
+    row['failed_merges'] = sum(1 for e in sev if e['event'] == 'merge_failed')
+    row['pool_bound'] = pool_bound(sev, help_path)
+    def samples(path):
+        out = []
+        try:
+            for line in open(path):
+                f = line.split()
+                if len(f) == 5:
+                    out.append((float(f[0]), int(f[1]), int(f[2]), int(f[3])))
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def cpu_pct(smp):
+        inw = [s for s in smp if ws / 1e9 <= s[0] <= we / 1e9]
+        return (100.0 * (inw[-1][1] - inw[0][1]) / clk / (inw[-1][0] - inw[0][0])
+                if len(inw) >= 2 and inw[-1][0] > inw[0][0] else None)
+    smp = samples(d + '/sync-samples')
+    row['sync_cpu_pct'] = cpu_pct(smp)
+    row['sync_max_rss_mb'] = max((s[3] for s in smp), default=0) / 1024.0 or None
+    row['swarm_cpu_pct'] = cpu_pct(samples(d + '/swarm-samples'))
+    return row
+
+
+def fmt(v, spec='.0f', none='-'):
+    return none if v is None else format(v, spec)
+
+
+def report(rows_path, cap, memrate_path):
+    rows = [json.loads(l) for l in open(rows_path) if l.strip()]
+    print('%-16s %4s %8s %7s %15s %17s %5s %8s %5s %4s %4s %13s %24s %8s %6s' % (
+        'case', 'N', 'merges/s', 'contrib', 'ack p50/p99 ms', 'merge p50/p99 ms', 'cpu%', 'maxRSS', 'rej',
+        'dead', 'fail', 'join p50/max', 'store MB start/warm/end', 'swarm MB', 'sw cpu'))
+    for r in rows:
+        if 'error' in r:
+            print('%-16s %4s error: %s' % (r['name'], r.get('learners', '?'), r['error']))
+            continue
+        mb = lambda b: b / 1e6
+        print('%-16s %4d %8.2f %7s %15s %17s %5s %8s %5d %4d %4d %13s %24s %8s %6s' % (
+            r['name'], r['learners'], r['merges_per_s'], fmt(r['contrib_per_merge'], '.2f'),
+            fmt(r['ack_p50'], '.0f') + '/' + fmt(r['ack_p99'], '.0f'),
+            fmt(r['merge_p50'], '.0f') + '/' + fmt(r['merge_p99'], '.0f'), fmt(r['sync_cpu_pct']),
+            fmt(r['sync_max_rss_mb']), sum(r['rejections'].values()), r['false_deaths'], r['failed_merges'],
+            fmt(r['join_p50'], '.1f') + '/' + fmt(r['join_max'], '.1f') + ' s' +
+            ('' if r['joined'] == r['learners'] else ' (%d joined)' % r['joined']),
+            '%.0f/%.0f/%.0f' % (mb(r['store_start']), mb(r['store_warm']), mb(r['store_end'])),
+            fmt(r['swarm_mb_per_learner'], '.1f'), fmt(r.get('swarm_cpu_pct'))))
+        for why, n in sorted(r['rejections'].items()):
+            print('%-16s      rejected %d: %s' % ('', n, why))
+        if r['note']:
+            print('%-16s      note: %s' % ('', r['note']))
+    ok = [r for r in rows if 'error' not in r]
+    deaths = sum(r['false_deaths'] for r in ok)
+    failed = sum(r['failed_merges'] for r in ok)
+    newer = sum(r['rejections'].get('base version newer than global', 0) for r in ok)
+    print('columns: ack = swarm push -> its immediate Ack; merge = sync push event -> merge event of its round '
+          '(both over the window after the warm-up); cpu% = dloco-sync, sw cpu = the swarm (same window, 100 = one '
+          'core); maxRSS = dloco-sync VmHWM, MiB; swarm MB = the swarm\'s private pages + its shared memfds, per learner')
+    print('false_deaths: %d' % deaths)
+    print('failed_merges: %d' % failed)
+    mem = {}
+    try:
+        for line in open(memrate_path):
+            k, v = line.split()[:2]
+            mem[k] = float(v)
+    except (OSError, ValueError):
+        pass
+    capr = next((r for r in ok if r['name'] == cap), None)
+    merged = capr['merged_bytes_per_s'] if capr else 0.0
+    copy = mem.get('memcpy_bytes_per_s')
+    ratio = merged / copy if copy else 0.0
+    print('capacity (%s): merged delta bytes/s %.3g (%d merges, %s contributors/merge over %.0f s); one thread: '
+          'memcpy %.3g B/s, merge arithmetic (weighted mean of %d + Nesterov) %.3g B/s; sync merged / merge loop %.2f'
+          % (cap, merged, capr['merges'] if capr else 0, fmt(capr and capr['contrib_per_merge'], '.2f'),
+             capr['window_s'] if capr else 0, copy or 0, int(mem.get('M', 0)), mem.get('merge_bytes_per_s', 0),
+             merged / mem['merge_bytes_per_s'] if mem.get('merge_bytes_per_s') else 0))
+    verdict = lambda c: 'PASS' if c else 'FAIL'
+    print('bar: every case completed: %s (%d of %d)' % (verdict(len(ok) == len(rows)), len(ok), len(rows)))
+    print('bar: 0 false deaths: %s (%d)' % (verdict(deaths == 0), deaths))
+    print('bar: 0 rejections "base version newer than global": %s (%d)' % (verdict(newer == 0), newer))
+    print('bar: 0 failed merges: %s (%d)' % (verdict(failed == 0), failed))
+    rss = []
+    for r in ok:
+        if r['sync_max_rss_mb'] is None:
+            continue
+        base = 2 * r['model_bytes'] / 2**20
+        if r['pool_bound'] is None:
+            rss.append('%s n/a (%.0f MiB = %.1f x model+momentum; no pool bound)' % (r['name'], r['sync_max_rss_mb'],
+                                                                                   r['sync_max_rss_mb'] / base))
+        else:
+            lim = 2 * (base + r['pool_bound'] / 2**20)
+            rss.append('%s %s (%.0f of %.0f MiB)' % (r['name'], verdict(r['sync_max_rss_mb'] <= lim),
+                                                    r['sync_max_rss_mb'], lim))
+    all_na = all(r['pool_bound'] is None for r in ok)
+    rss_fail = any(' FAIL ' in s for s in rss)
+    print('bar: max RSS <= 2 x (model + momentum + pool bound): %s: %s' % (
+        'n/a (dloco-sync states no pool bound)' if all_na else verdict(not rss_fail), '; '.join(rss)))
+    flat = []
+    for r in ok:
+        if r['store_warm'] > 0:
+            dev = (r['store_end'] - r['store_warm']) / r['store_warm']
+            flat.append((abs(dev) <= 0.10, '%s %+.0f%%' % (r['name'], 100 * dev)))
+    print('bar: store size flat after the warm-up (+-10%%): %s: %s' % (
+        verdict(flat and all(f[0] for f in flat)), ', '.join(f[1] for f in flat)))
+    print('bar: sync_merge_vs_memcpy >= 0.3: %s (%.2f)' % (verdict(ratio >= 0.3), ratio))
+    print('sync_merge_vs_memcpy: %.2f' % ratio)
+
+
+if __name__ == '__main__':
+    if sys.argv[1] == '--report':
+        report(*sys.argv[2:5])
+    else:
+        print(json.dumps(case(sys.argv[1:12])))
+PY
+GPT2="--n_layer 12 --n_head 12 --n_embd 768 --seq_len 1024 --vocab 50257"
+SMALL="--n_layer 4 --n_head 4 --n_embd 128 --seq_len 128 --vocab 256"
+CLK_TCK=$(getconf CLK_TCK)
+"$SYNC" --help > "$W/sync-help.txt" 2>&1
+
+alive() { kill -0 "$1" 2>/dev/null; }
+fsize() { stat -c %s "$1" 2>/dev/null || echo 0; }
+# wait_gone SECONDS PID: 0 once PID exited (reaped), 1 at the deadline
+wait_gone() {
+  local deadline=$(( $(date +%s) + $1 ))
+  while alive "$2"; do [ "$(date +%s)" -lt "$deadline" ] || return 1; sleep 0.2; done
+  wait "$2" 2>/dev/null
+  return 0
+}
+# sample PID LIMIT_MB FIELD OUT: every 0.5 s "wall_s cpu_ticks VmRSS_kB VmHWM_kB RssAnon_kB" until PID
+# exits; kills PID (and says so in OUT.killed) when FIELD (VmRSS or RssAnon) passes LIMIT_MB
+sample() {
+  local pid=$1 limit_kb=$(( $2 * 1024 )) field=$3 out=$4 st k v rss hwm anon
+  while alive "$pid"; do
+    read -r -a st < "/proc/$pid/stat" 2>/dev/null || break
+    rss=0 hwm=0 anon=0
+    while read -r k v _; do
+      case $k in VmRSS:) rss=$v ;; VmHWM:) hwm=$v ;; RssAnon:) anon=$v ;; esac
+    done < "/proc/$pid/status" 2>/dev/null
+    echo "$(date +%s.%N) $(( st[13] + st[14] )) $rss $hwm $anon" >> "$out"
+    if { [ "$field" = VmRSS ] && [ "$rss" -gt "$limit_kb" ]; } || { [ "$field" = RssAnon ] && [ "$anon" -gt "$limit_kb" ]; }; then
+      echo "$field over ${2} MiB" > "$out.killed"
+      kill -KILL "$pid" 2>/dev/null
+      break
+    fi
+    read -r _ avail _ < <(grep '^MemAvailable:' /proc/meminfo)
+    if [ "${avail:-0}" -lt $(( MIN_AVAIL_MB * 1024 )) ]; then # the machine is shared: never push it into the OOM killer
+      echo "MemAvailable under $MIN_AVAIL_MB MiB" > "$out.killed"
+      kill -KILL "$pid" 2>/dev/null
+      break
+    fi
+    sleep 0.5
+  done
+}
+
+# run_case NAME "MODEL" P H N MODE RATE DURATION WARMUP DURABILITY: one case; appends its row to $W/rows.jsonl
+run_case() {
+  local name=$1 model=$2 P=$3 H=$4 N=$5 mode=$6 rate=$7 dur=$8 warm=$9 durab=${10}
+  local d="$W/$name" ep="" sp wp smp wsmp t0
+  mkdir -p "$d"
+  echo "case $name: $N learners, $mode, P=$P H=$H, $rate step/s, ${dur} s (warm-up ${warm} s), durability $durab" >&2
+  t0=$(date +%s)
+  "$SYNC" --store "$d/store" --bind tcp://127.0.0.1:0 $model --fragments "$P" --H "$H" --durability "$durab" \
+    --status_every_ms 0 --events "$d/ev-sync.log" > "$d/sync.log" 2>&1 &
+  sp=$!; PIDS+=("$sp")
+  sample "$sp" "$SYNC_RSS_LIMIT_MB" VmRSS "$d/sync-samples" &
+  smp=$!; PIDS+=("$smp")
+  for _ in $(seq 1 900); do # a GPT-2 store is created and initialised first
+    ep=$(sed -n 's/.* event=sync_start .*endpoint=\([^ ]*\).*/\1/p' "$d/ev-sync.log" 2>/dev/null | tail -n 1)
+    [ -n "$ep" ] && break
+    alive "$sp" || break
+    sleep 0.2
+  done
+  if [ -z "$ep" ]; then
+    echo "case $name: dloco-sync did not start: $(tail -n 3 "$d/sync.log" | tr '\n' ' ')" >&2
+    kill -KILL "$sp" 2>/dev/null; wait_gone 10 "$sp"
+    echo "{\"name\":\"$name\",\"error\":\"dloco-sync did not start\"}" >> "$W/rows.jsonl"
+    return
+  fi
+  local store_start store_warm store_end
+  store_start=$(fsize "$d/store/data.mdb")
+  "$SWARM" --endpoint "$ep" $model --fragments "$P" --learners "$N" --mode "$mode" --rate "$rate" \
+    --duration "$dur" --warmup "$warm" --json "$d/swarm.json" --events "$d/ev-swarm.log" > "$d/swarm.log" 2>&1 &
+  wp=$!; PIDS+=("$wp")
+  sample "$wp" "$SWARM_RSS_LIMIT_MB" RssAnon "$d/swarm-samples" &
+  wsmp=$!; PIDS+=("$wsmp")
+  local tw=$(( $(date +%s) + ${warm%.*} ))
+  while [ "$(date +%s)" -lt "$tw" ] && alive "$wp"; do sleep 0.2; done
+  store_warm=$(fsize "$d/store/data.mdb")
+  local note=""
+  if ! wait_gone $(( ${dur%.*} + 180 )) "$wp"; then
+    note="swarm did not finish in time (killed)"
+    kill -KILL "$wp" 2>/dev/null; wait_gone 10 "$wp"
+  fi
+  store_end=$(fsize "$d/store/data.mdb")
+  alive "$sp" || note="$note dloco-sync died during the case"
+  kill -TERM "$sp" 2>/dev/null
+  if ! wait_gone 120 "$sp"; then note="$note dloco-sync did not stop on SIGTERM (killed)"; kill -KILL "$sp" 2>/dev/null; wait_gone 10 "$sp"; fi
+  kill -KILL "$smp" "$wsmp" 2>/dev/null; wait_gone 5 "$smp"; wait_gone 5 "$wsmp"
+  [ -f "$d/sync-samples.killed" ] && note="$note dloco-sync killed: $(cat "$d/sync-samples.killed")"
+  [ -f "$d/swarm-samples.killed" ] && note="$note swarm killed: $(cat "$d/swarm-samples.killed")"
+  python3 "$W/analyze.py" "$name" "$d" "$mode" "$N" "$store_start" "$store_warm" "$store_end" "$CLK_TCK" \
+    "$W/sync-help.txt" "$note" "$(( $(date +%s) - t0 ))" >> "$W/rows.jsonl" ||
+    echo "{\"name\":\"$name\",\"error\":\"analysis failed\"}" >> "$W/rows.jsonl"
+  [ -n "${KEEP_W:-}" ] || rm -rf "$d/store" # a GPT-2 store is GBs: one at a time on disk
+}
+
+if [ "$QUICK" = 1 ]; then
+  echo "sync_load (quick: tiny cases for smoke, not the figures)"
+  run_case sched_small_4 "$SMALL" 4 24 4 schedule 4 12 4 sync
+  run_case sched_small_8 "$SMALL" 4 24 8 schedule 4 12 4 sync
+  run_case cap_small_4_b2b "$SMALL" 4 24 4 b2b 4 10 3 periodic
+  CAP=cap_small_4_b2b MEMRATE_ARGS="1048576 4 0.3"
+else
+  GD=${GPT2_DURATION:-100} GW=${GPT2_WARMUP:-40} SD=${SMALL_DURATION:-60} SW=${SMALL_WARMUP:-20}
+  CD=${CAP_DURATION:-90} CW=${CAP_WARMUP:-40}
+  for n in 4 8 16; do run_case "sched_gpt2_$n" "$GPT2" 24 24 "$n" schedule 1 "$GD" "$GW" sync; done
+  for n in 8 32 128; do run_case "sched_small_$n" "$SMALL" 4 24 "$n" schedule 1 "$SD" "$SW" sync; done
+  run_case cap_gpt2_16_b2b "$GPT2" 24 24 16 b2b 1 "$CD" "$CW" periodic
+  CAP=cap_gpt2_16_b2b MEMRATE_ARGS="5186496 16 1" # GPT-2 124M's mean fragment (124475904 / 24 floats), 16 deltas
+fi
+"$MEMRATE" $MEMRATE_ARGS > "$W/memrate.txt" 2>&1 || echo "memrate failed: $(cat "$W/memrate.txt")" >&2
+python3 "$W/analyze.py" --report "$W/rows.jsonl" "$CAP" "$W/memrate.txt"
