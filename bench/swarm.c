@@ -384,7 +384,7 @@ static void take_updates(swarm *s, learner *L, int64_t now)
         uint64_t tokens = (uint64_t)(L->step - f->ref_step) * s->tps;
         if (f->held && tokens > f->tokens_posted) {
             L->discarded_tokens += tokens - f->tokens_posted;
-            dl_mailbox_set_discarded(L->mb, L->discarded_tokens);
+            dl_mailbox_add_discarded(L->mb, p, tokens - f->tokens_posted);
         }
         if (!f->held) L->nheld++;
         f->held = 1;
