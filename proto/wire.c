@@ -414,7 +414,12 @@ static int check_hello(const Dloco__V1__Hello *m, int npayload, const dl_wire_li
     if (!m->n_layer || !m->n_head || !m->n_embd || !m->seq_len || !m->vocab)
         return bad(b, "model config has a zero (n_layer %u n_head %u n_embd %u seq_len %u vocab %u)",
                    m->n_layer, m->n_head, m->n_embd, m->seq_len, m->vocab);
-    DL_TRY(check_num_fragments(b, m->num_fragments, lim));
+    /* another P than the run's is the synchronizer's semantic refusal (a
+     * fatal MISMATCH naming both shapes, so the learner stops), not a
+     * malformed message that it would retry: only the protocol's cap here */
+    dl_wire_limits any = *lim;
+    any.num_fragments = 0;
+    DL_TRY(check_num_fragments(b, m->num_fragments, &any));
     if (m->n_held_versions != 0 && m->n_held_versions != m->num_fragments)
         return bad(b, "held_versions has %zu entries, expected 0 or num_fragments %u", m->n_held_versions,
                    m->num_fragments);

@@ -39,6 +39,12 @@ out=$("$LEARNER" --connect "$EP" --id intruder --device cpu --n_layer 2 --n_head
 if [ $rc = 3 ] && echo "$out" | grep -q "does not match the run"; then
   echo "ok: mismatched model refused (exit 3): $(echo "$out" | grep -m1 "does not match" | cut -c1-200)"
 else echo "FAIL: mismatched learner rc=$rc: $(echo "$out" | tail -3)"; fail=1; fi
+# so is one with another fragment count (P is part of the fingerprint)
+out=$("$LEARNER" --connect "$EP" --id intruder2 --device cpu $MODEL --data "$W/corpus.txt" --steps 5 --fragments 8 \
+      --connect_timeout_ms 10000 2>&1); rc=$?
+if [ $rc = 3 ] && echo "$out" | grep -q "does not match the run"; then
+  echo "ok: another fragment count refused (exit 3)"
+else echo "FAIL: learner with --fragments 8 rc=$rc: $(echo "$out" | tail -3)"; fail=1; fi
 
 stop_sync
 check "the synchronizer wrote its summary" ev_has "$W/events-sync1.log" sync_summary
