@@ -65,6 +65,7 @@
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/rng.h"
+#include "core/shard.h"
 #include "learner/comms.h"
 #include "learner/mailbox.h"
 
@@ -96,7 +97,9 @@ typedef struct {
 
 #define F(x) offsetof(swarm_cfg, x)
 static const dl_cfg_entry table[] = {
-    {"endpoint", DL_CFG_STR, F(endpoint), 0, 0, "tcp://127.0.0.1:5555", NULL, 0, "the synchronizer's endpoint"},
+    {"endpoint", DL_CFG_STR, F(endpoint), 0, 0, "tcp://127.0.0.1:5555", NULL, 0,
+     "the synchronizer's endpoint; a sharded one: its shards' endpoints, comma-separated in shard order (each "
+     "learner then holds one session per shard, as dloco-learner does)"},
     {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id, must match the synchronizer's"},
     {"id_prefix", DL_CFG_STR, F(id_prefix), 0, 0, "swarm-", NULL, 0, "learner ids are this + 000, 001, ..."},
     {"learners", DL_CFG_INT, F(learners), 1, 4096, "4", NULL, 0, "simulated learners (N)"},
@@ -282,7 +285,7 @@ typedef struct {
 typedef struct {
     char id[DL_CFG_STRLEN + 16];
     dl_mailbox *mb;
-    dl_comms *c;
+    dl_comms *c[DL_MAILBOX_MAX_SESSIONS]; /* one session per shard */
     lfrag *f;                 /* [P] */
     float *hand, *inbuf;      /* the push buffer to post next, the update buffer to take into */
     bufset push_bufs, update_bufs; /* buffers mapped already (lean) */
@@ -307,7 +310,37 @@ typedef struct {
     lean mem;
     learner *l;               /* [N] */
     int64_t t0_ns, t0_wall_ns;
+    int S;                    /* shards (sessions per learner) */
+    char eps[DL_MAILBOX_MAX_SESSIONS][DL_CFG_STRLEN];
 } swarm;
+
+/* --endpoint split at commas: the shards' endpoints in order. Returns S or DL_EINVAL. */
+static int split_endpoints(swarm *s)
+{
+    int n = 0;
+    for (const char *a = s->cfg.endpoint;;) {
+        const char *e = strchr(a, ',');
+        size_t len = e ? (size_t)(e - a) : strlen(a);
+        if (len == 0) return dl_err(DL_EINVAL, "option endpoint: empty endpoint in '%s'", s->cfg.endpoint);
+        if (n == DL_MAILBOX_MAX_SESSIONS)
+            return dl_err(DL_EINVAL, "option endpoint: more than %d endpoints", DL_MAILBOX_MAX_SESSIONS);
+        snprintf(s->eps[n++], DL_CFG_STRLEN, "%.*s", (int)len, a);
+        if (!e) return n;
+        a = e + 1;
+    }
+}
+
+/* The worst state of a learner's sessions (FAILED/REFUSED over HELLO over READY). */
+static int learner_state(const swarm *s, learner *L)
+{
+    int worst = DL_COMMS_READY;
+    for (int k = 0; k < s->S; k++) {
+        int st = dl_comms_state(L->c[k], NULL, 0);
+        if (st != DL_COMMS_READY && (worst == DL_COMMS_READY || st == DL_COMMS_FAILED || st == DL_COMMS_REFUSED))
+            worst = st;
+    }
+    return worst;
+}
 
 static int64_t step_interval_ns(swarm *s, learner *L)
 {
@@ -336,7 +369,12 @@ static int learner_open(swarm *s, int i, learner *L)
         .batch = (uint32_t)s->cfg.batch,
         .connect_timeout_ms = (int)s->cfg.connect_timeout_ms,
     };
-    DL_TRY(dl_comms_open(&o, &L->c));
+    for (int k = 0; k < s->S; k++) {
+        o.endpoint = s->eps[k];
+        o.shard = s->S > 1 ? k : 0;
+        o.shards = s->S > 1 ? s->S : 0;
+        DL_TRY(dl_comms_open(&o, &L->c[k]));
+    }
     L->f = dl_xcalloc((size_t)s->P, sizeof *L->f);
     L->hand = dl_mailbox_buf_alloc(L->mb);
     L->inbuf = dl_mailbox_buf_alloc(L->mb);
@@ -360,7 +398,7 @@ static int learner_open(swarm *s, int i, learner *L)
 
 static void learner_close(learner *L)
 {
-    dl_comms_close(&L->c);
+    for (int k = 0; k < DL_MAILBOX_MAX_SESSIONS; k++) dl_comms_close(&L->c[k]);
     dl_mailbox_close(&L->mb);
     free(L->f);
     free(L->hand);
@@ -445,7 +483,7 @@ static void step(swarm *s, learner *L, int64_t now)
     L->step++;
     progress(s, L);
     if (s->b2b) return;
-    uint32_t h = s->cfg.H > 0 ? (uint32_t)s->cfg.H : dl_comms_h(L->c);
+    uint32_t h = s->cfg.H > 0 ? (uint32_t)s->cfg.H : dl_comms_h(L->c[0]);
     int H = h > 0 ? (int)h : 1;
     for (int p = 0; p < s->P; p++) {
         lfrag *f = &L->f[p];
@@ -747,7 +785,7 @@ static void write_json(FILE *f, swarm *s, const latencies *lat, const memstat *m
             s->mc.n_layer, s->mc.n_head, s->mc.n_embd, s->mc.seq_len, s->mc.vocab, s->P, dl_plan_total_numel(s->plan),
             s->maxn * sizeof(float));
     fprintf(f, "\"H\":%u,\"batch\":%lld,\"rate\":%g,\"window\":%lld,\"lean\":%s,",
-            s->cfg.H > 0 ? (unsigned)s->cfg.H : (s->N ? dl_comms_h(s->l[0].c) : 0u), (long long)s->cfg.batch,
+            s->cfg.H > 0 ? (unsigned)s->cfg.H : (s->N ? dl_comms_h(s->l[0].c[0]) : 0u), (long long)s->cfg.batch,
             s->cfg.rate, (long long)s->cfg.window, s->cfg.lean ? "true" : "false");
     fprintf(f, "\"fragment_bytes\":[");
     for (int p = 0; p < s->P; p++) fprintf(f, "%s%zu", p ? "," : "", dl_plan_fragment_numel(s->plan, p) * sizeof(float));
@@ -850,6 +888,8 @@ int main(int argc, char **argv)
     if ((rc = dl_model_config_from(&s->cfg.model, &s->mc))) return fail("model config", rc);
     if ((rc = dl_model_plan_open(&s->mc, (int)s->cfg.model.fragments, &s->plan))) return fail("fragment plan", rc);
     s->P = dl_plan_P(s->plan);
+    if ((s->S = split_endpoints(s)) < 0) return fail("option endpoint", s->S);
+    if (s->S > 1 && dl_shard_check(s->P, 0, s->S)) return fail("option endpoint (shards)", DL_EINVAL);
     s->maxn = dl_plan_max_fragment_numel(s->plan);
     s->fingerprint = dl_model_fingerprint(&s->mc, s->plan);
     s->tps = (uint64_t)s->cfg.batch * (uint64_t)s->mc.seq_len;
@@ -892,7 +932,8 @@ int main(int argc, char **argv)
     s->t0_ns = dl_clock_ns();
     s->t0_wall_ns = dl_wallclock_ns();
     for (int i = 0; i < s->N; i++)
-        if ((rc = dl_comms_start(s->l[i].c))) fprintf(stderr, "swarm: %s: %s\n", s->l[i].id, dl_errmsg());
+        for (int k = 0; k < s->S; k++)
+            if ((rc = dl_comms_start(s->l[i].c[k]))) fprintf(stderr, "swarm: %s: %s\n", s->l[i].id, dl_errmsg());
     int64_t t_end = s->t0_ns + (int64_t)(s->cfg.duration * 1e9), tick = s->cfg.tick_ms * 1000000;
     int64_t t_mem = 0;
     double anon_max = 0;
@@ -904,7 +945,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < s->N; i++) {
             learner *L = &s->l[i];
             take_updates(s, L, now);
-            L->state = dl_comms_state(L->c, NULL, 0);
+            L->state = learner_state(s, L);
             if (!L->join_ns) continue;
             joined++;
             while (now >= L->next_step_ns) {
@@ -932,8 +973,13 @@ int main(int argc, char **argv)
     // ---- leave: every Bye at once, then stop the sessions
     for (int i = 0; i < s->N; i++) dl_mailbox_bye(s->l[i].mb, "done", (uint64_t)s->l[i].step);
     for (int i = 0; i < s->N; i++) {
-        dl_comms_stop(s->l[i].c);
-        dl_comms_get_stats(s->l[i].c, &s->l[i].cs);
+        memset(&s->l[i].cs, 0, sizeof s->l[i].cs);
+        for (int k = 0; k < s->S; k++) {
+            dl_comms_stats cs;
+            dl_comms_stop(s->l[i].c[k]);
+            dl_comms_get_stats(s->l[i].c[k], &cs);
+            dl_comms_stats_add(&s->l[i].cs, &cs);
+        }
     }
     memstat mem_end;
     mem_read(&mem_end);

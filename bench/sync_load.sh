@@ -250,6 +250,8 @@ def report(rows_path, cap, memrate_path):
              capr['window_s'] if capr else 0, copy or 0, int(mem.get('M', 0)), mem.get('merge_bytes_per_s', 0),
              merged / mem['merge_bytes_per_s'] if mem.get('merge_bytes_per_s') else 0))
     verdict = lambda c: 'PASS' if c else 'FAIL'
+    s2 = next((r for r in ok if r['name'] == cap + '_s2'), None)
+    shard_ratio = s2['merged_bytes_per_s'] / merged if s2 and merged else None
     print('bar: every case completed: %s (%d of %d)' % (verdict(len(ok) == len(rows)), len(ok), len(rows)))
     print('bar: 0 false deaths: %s (%d)' % (verdict(deaths == 0), deaths))
     print('bar: 0 rejections "base version newer than global": %s (%d)' % (verdict(newer == 0), newer))
@@ -278,6 +280,9 @@ def report(rows_path, cap, memrate_path):
             flat.append((abs(dev) <= 0.10, '%s %+.0f%%' % (r['name'], 100 * dev)))
     print('bar: store size flat after the warm-up (+-10%%): %s: %s' % (
         verdict(flat and all(f[0] for f in flat)), ', '.join(f[1] for f in flat)))
+    print('bar: 2 shards merge >= 1.7 x the bytes of one: %s' % (
+        'n/a (no sharded case)' if shard_ratio is None else '%s (%.2f x: %.3g vs %.3g B/s)' % (
+            verdict(shard_ratio >= 1.7), shard_ratio, s2['merged_bytes_per_s'], merged)))
     print('bar: sync_merge_vs_memcpy >= 0.3: %s (%.2f)' % (verdict(ratio >= 0.3), ratio))
     print('sync_merge_vs_memcpy: %.2f' % ratio)
 
@@ -328,56 +333,73 @@ sample() {
   done
 }
 
-# run_case NAME "MODEL" P H N MODE RATE DURATION WARMUP DURABILITY: one case; appends its row to $W/rows.jsonl
+# run_case NAME "MODEL" P H N MODE RATE DURATION WARMUP DURABILITY: one case; appends its row to $W/rows.jsonl.
+# SHARDS=S (default 1): S dloco-sync shards (--shards S --shard k, a store each), the swarm's learners hold one
+# session per shard; the row then covers them all (events, store sizes summed; CPU and RSS of shard 0)
 run_case() {
   local name=$1 model=$2 P=$3 H=$4 N=$5 mode=$6 rate=$7 dur=$8 warm=$9 durab=${10}
-  local d="$W/$name" ep="" sp wp smp wsmp t0
+  local S=${SHARDS:-1} d="$W/$name" eps="" ep wp smp wsmp t0 k
+  local -a sps=()
   mkdir -p "$d"
-  echo "case $name: $N learners, $mode, P=$P H=$H, $rate step/s, ${dur} s (warm-up ${warm} s), durability $durab" >&2
+  echo "case $name: $N learners, $mode, P=$P H=$H, $rate step/s, ${dur} s (warm-up ${warm} s), durability $durab$([ "$S" -gt 1 ] && echo ", $S shards")" >&2
   t0=$(date +%s)
-  "$SYNC" --store "$d/store" --bind tcp://127.0.0.1:0 $model --fragments "$P" --H "$H" --durability "$durab" \
-    --status_every_ms 0 --events "$d/ev-sync.log" > "$d/sync.log" 2>&1 &
-  sp=$!; PIDS+=("$sp")
-  sample "$sp" "$SYNC_RSS_LIMIT_MB" VmRSS "$d/sync-samples" &
-  smp=$!; PIDS+=("$smp")
-  for _ in $(seq 1 900); do # a GPT-2 store is created and initialised first
-    ep=$(sed -n 's/.* event=sync_start .*endpoint=\([^ ]*\).*/\1/p' "$d/ev-sync.log" 2>/dev/null | tail -n 1)
-    [ -n "$ep" ] && break
-    alive "$sp" || break
-    sleep 0.2
+  for k in $(seq 0 $((S - 1))); do
+    local shard_args=""
+    [ "$S" -gt 1 ] && shard_args="--shards $S --shard $k"
+    "$SYNC" --store "$d/store$k" --bind tcp://127.0.0.1:0 $model --fragments "$P" --H "$H" --durability "$durab" \
+      --status_every_ms 0 $shard_args --events "$d/ev-sync$k.log" > "$d/sync$k.log" 2>&1 &
+    sps+=("$!"); PIDS+=("$!")
   done
-  if [ -z "$ep" ]; then
-    echo "case $name: dloco-sync did not start: $(tail -n 3 "$d/sync.log" | tr '\n' ' ')" >&2
-    kill -KILL "$sp" 2>/dev/null; wait_gone 10 "$sp"
-    echo "{\"name\":\"$name\",\"error\":\"dloco-sync did not start\"}" >> "$W/rows.jsonl"
-    return
-  fi
+  sample "${sps[0]}" "$SYNC_RSS_LIMIT_MB" VmRSS "$d/sync-samples" &
+  smp=$!; PIDS+=("$smp")
+  for k in $(seq 0 $((S - 1))); do
+    ep=""
+    for _ in $(seq 1 900); do # a GPT-2 store is created and initialised first
+      ep=$(sed -n 's/.* event=sync_start .*endpoint=\([^ ]*\).*/\1/p' "$d/ev-sync$k.log" 2>/dev/null | tail -n 1)
+      [ -n "$ep" ] && break
+      alive "${sps[$k]}" || break
+      sleep 0.2
+    done
+    if [ -z "$ep" ]; then
+      echo "case $name: dloco-sync $k did not start: $(tail -n 3 "$d/sync$k.log" | tr '\n' ' ')" >&2
+      kill -KILL "${sps[@]}" 2>/dev/null; for sp in "${sps[@]}"; do wait_gone 10 "$sp"; done
+      echo "{\"name\":\"$name\",\"error\":\"dloco-sync did not start\"}" >> "$W/rows.jsonl"
+      return
+    fi
+    eps="${eps:+$eps,}$ep"
+  done
+  stores() { local t=0; for k in $(seq 0 $((S - 1))); do t=$(( t + $(fsize "$d/store$k/data.mdb") )); done; echo $t; }
   local store_start store_warm store_end
-  store_start=$(fsize "$d/store/data.mdb")
-  "$SWARM" --endpoint "$ep" $model --fragments "$P" --learners "$N" --mode "$mode" --rate "$rate" \
+  store_start=$(stores)
+  "$SWARM" --endpoint "$eps" $model --fragments "$P" --learners "$N" --mode "$mode" --rate "$rate" \
     --duration "$dur" --warmup "$warm" --json "$d/swarm.json" --events "$d/ev-swarm.log" > "$d/swarm.log" 2>&1 &
   wp=$!; PIDS+=("$wp")
   sample "$wp" "$SWARM_RSS_LIMIT_MB" RssAnon "$d/swarm-samples" &
   wsmp=$!; PIDS+=("$wsmp")
   local tw=$(( $(date +%s) + ${warm%.*} ))
   while [ "$(date +%s)" -lt "$tw" ] && alive "$wp"; do sleep 0.2; done
-  store_warm=$(fsize "$d/store/data.mdb")
+  store_warm=$(stores)
   local note=""
   if ! wait_gone $(( ${dur%.*} + 180 )) "$wp"; then
     note="swarm did not finish in time (killed)"
     kill -KILL "$wp" 2>/dev/null; wait_gone 10 "$wp"
   fi
-  store_end=$(fsize "$d/store/data.mdb")
-  alive "$sp" || note="$note dloco-sync died during the case"
-  kill -TERM "$sp" 2>/dev/null
-  if ! wait_gone 120 "$sp"; then note="$note dloco-sync did not stop on SIGTERM (killed)"; kill -KILL "$sp" 2>/dev/null; wait_gone 10 "$sp"; fi
+  store_end=$(stores)
+  for k in $(seq 0 $((S - 1))); do
+    alive "${sps[$k]}" || note="$note dloco-sync $k died during the case"
+    kill -TERM "${sps[$k]}" 2>/dev/null
+  done
+  for k in $(seq 0 $((S - 1))); do
+    if ! wait_gone 120 "${sps[$k]}"; then note="$note dloco-sync $k did not stop on SIGTERM (killed)"; kill -KILL "${sps[$k]}" 2>/dev/null; wait_gone 10 "${sps[$k]}"; fi
+  done
   kill -KILL "$smp" "$wsmp" 2>/dev/null; wait_gone 5 "$smp"; wait_gone 5 "$wsmp"
   [ -f "$d/sync-samples.killed" ] && note="$note dloco-sync killed: $(cat "$d/sync-samples.killed")"
   [ -f "$d/swarm-samples.killed" ] && note="$note swarm killed: $(cat "$d/swarm-samples.killed")"
+  cat "$d"/ev-sync[0-9]*.log > "$d/ev-sync.log" # the shards' fragments are disjoint: their events together
   python3 "$W/analyze.py" "$name" "$d" "$mode" "$N" "$store_start" "$store_warm" "$store_end" "$CLK_TCK" \
     "$W/sync-help.txt" "$note" "$(( $(date +%s) - t0 ))" >> "$W/rows.jsonl" ||
     echo "{\"name\":\"$name\",\"error\":\"analysis failed\"}" >> "$W/rows.jsonl"
-  [ -n "${KEEP_W:-}" ] || rm -rf "$d/store" # a GPT-2 store is GBs: one at a time on disk
+  [ -n "${KEEP_W:-}" ] || rm -rf "$d"/store[0-9]* # a GPT-2 store is GBs: one at a time on disk
 }
 
 if [ "$QUICK" = 1 ]; then
@@ -385,6 +407,7 @@ if [ "$QUICK" = 1 ]; then
   run_case sched_small_4 "$SMALL" 4 24 4 schedule 4 12 4 sync
   run_case sched_small_8 "$SMALL" 4 24 8 schedule 4 12 4 sync
   run_case cap_small_4_b2b "$SMALL" 4 24 4 b2b 4 10 3 periodic
+  SHARDS=2 run_case cap_small_4_b2b_s2 "$SMALL" 4 24 4 b2b 4 10 3 periodic
   CAP=cap_small_4_b2b MEMRATE_ARGS="1048576 4 0.3"
 else
   GD=${GPT2_DURATION:-100} GW=${GPT2_WARMUP:-40} SD=${SMALL_DURATION:-60} SW=${SMALL_WARMUP:-20}
@@ -392,6 +415,7 @@ else
   for n in 4 8 16; do run_case "sched_gpt2_$n" "$GPT2" 24 24 "$n" schedule 1 "$GD" "$GW" sync; done
   for n in 8 32 128; do run_case "sched_small_$n" "$SMALL" 4 24 "$n" schedule 1 "$SD" "$SW" sync; done
   run_case cap_gpt2_16_b2b "$GPT2" 24 24 16 b2b 1 "$CD" "$CW" periodic
+  SHARDS=2 run_case cap_gpt2_16_b2b_s2 "$GPT2" 24 24 16 b2b 1 "$CD" "$CW" periodic
   CAP=cap_gpt2_16_b2b MEMRATE_ARGS="5186496 16 1" # GPT-2 124M's mean fragment (124475904 / 24 floats), 16 deltas
 fi
 "$MEMRATE" $MEMRATE_ARGS > "$W/memrate.txt" 2>&1 || echo "memrate failed: $(cat "$W/memrate.txt")" >&2
