@@ -41,10 +41,21 @@ static void check_valid(const Dloco__V1__Envelope *env, const size_t *lens, int 
         Dloco__V1__Codec codec = push ? env->push->codec : env->update->codec;
         uint64_t numel = push ? env->push->numel : env->update->numel;
         uint32_t block = push ? env->push->block_size : env->update->block_size;
+        uint64_t coff = push ? env->push->chunk_offset : env->update->chunk_offset;
+        uint64_t cnum = push ? env->push->chunk_numel : env->update->chunk_numel;
         FUZZ_CHECK(npayload == 1, "%s with %d payloads", name, npayload);
         FUZZ_CHECK(frag < nf, "%s fragment %u of %u", name, frag, nf);
         if (lim->fragment_numel) FUZZ_CHECK(numel == lim->fragment_numel[frag], "%s numel", name);
         FUZZ_CHECK(strcmp(dl_wire_codec_name(codec), "unknown") != 0, "%s codec %d", name, (int)codec);
+        /* a chunk: a range inside the fragment, never of an int codec, a push's with its transfer id */
+        FUZZ_CHECK(cnum ? coff < numel && cnum <= numel - coff : coff == 0, "%s chunk [%llu, +%llu) of %llu", name,
+                   (unsigned long long)coff, (unsigned long long)cnum, (unsigned long long)numel);
+        if (cnum) {
+            FUZZ_CHECK(codec == DLOCO__V1__CODEC__CODEC_FP32 || codec == DLOCO__V1__CODEC__CODEC_BF16,
+                       "%s chunked %s", name, dl_wire_codec_name(codec));
+            FUZZ_CHECK(!push || env->push->transfer != 0, "chunked push without a transfer id");
+            numel = cnum;
+        }
         size_t need = dl_wire_payload_bytes(codec, numel, block);
         FUZZ_CHECK(need != 0 && need == lens[0], "%s payload %zu bytes, codec needs %zu", name, lens[0], need);
         break;

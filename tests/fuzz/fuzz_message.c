@@ -24,7 +24,7 @@ static size_t scan_fp32(const uint8_t *p, uint64_t numel)
 }
 
 static void on_tensor(const char *body, uint32_t frag, Dloco__V1__Codec codec, uint64_t numel, uint32_t block,
-                      uint64_t sum, const uint8_t *payload, size_t plen, uint8_t flags)
+                      uint64_t coff, uint64_t cnum, uint64_t sum, const uint8_t *payload, size_t plen, uint8_t flags)
 {
     bool ok = dl_wire_checksum_ok(payload, plen, sum);
     FUZZ_CHECK(ok == (dl_wire_checksum(payload, plen) == sum), "checksum_ok disagrees with checksum");
@@ -35,6 +35,10 @@ static void on_tensor(const char *body, uint32_t frag, Dloco__V1__Codec codec, u
     FUZZ_CHECK(frag < FUZZ_NUM_FRAGMENTS, "%s fragment %u", body, frag);
     FUZZ_CHECK(numel == FUZZ_FRAGMENT_NUMEL[frag], "%s numel %llu, plan %llu", body, (unsigned long long)numel,
                (unsigned long long)FUZZ_FRAGMENT_NUMEL[frag]);
+    /* a chunk is a range inside the fragment: what its payload holds */
+    FUZZ_CHECK(cnum ? coff < numel && cnum <= numel - coff : coff == 0, "%s chunk [%llu, +%llu) of %llu", body,
+               (unsigned long long)coff, (unsigned long long)cnum, (unsigned long long)numel);
+    if (cnum) numel = cnum;
     size_t need = dl_wire_payload_bytes(codec, numel, block);
     FUZZ_CHECK(need != 0 && need == plen, "%s %s x %llu: payload %zu bytes, needs %zu", body,
                dl_wire_codec_name(codec), (unsigned long long)numel, plen, need);
@@ -87,10 +91,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(m->steps >= 1 && m->tokens >= m->steps, "push steps %llu tokens %llu",
                    (unsigned long long)m->steps, (unsigned long long)m->tokens);
         FUZZ_CHECK(isfinite(m->loss) && isfinite(m->compute_s) && m->compute_s >= 0, "push doubles");
-        on_tensor("push", m->fragment, m->codec, m->numel, m->block_size, m->checksum, payload, plen, flags);
+        on_tensor("push", m->fragment, m->codec, m->numel, m->block_size, m->chunk_offset, m->chunk_numel,
+                  m->checksum, payload, plen, flags);
     } else if (env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE) {
         const Dloco__V1__Update *m = env->update;
-        on_tensor("update", m->fragment, m->codec, m->numel, m->block_size, m->checksum, payload, plen, flags);
+        on_tensor("update", m->fragment, m->codec, m->numel, m->block_size, m->chunk_offset, m->chunk_numel,
+                  m->checksum, payload, plen, flags);
     } else {
         FUZZ_CHECK(npayload == 0, "%s accepted with a payload frame", dl_wire_body_name(env->body_case));
         FUZZ_VERDICT("accepted %s", dl_wire_body_name(env->body_case));

@@ -179,6 +179,23 @@ static void mk_update(msg *m, uint32_t frag, Dloco__V1__Codec codec, uint32_t bl
     dl_wire_set_update(&m->env, &m->update);
 }
 
+/* mk_push / mk_update as one chunk: elements [off, off + n) of the fragment. */
+static void mk_push_chunk(msg *m, uint32_t frag, uint64_t off, uint64_t n, uint64_t transfer)
+{
+    mk_push(m, frag, DLOCO__V1__CODEC__CODEC_FP32, 0);
+    m->push.chunk_offset = off, m->push.chunk_numel = n, m->push.transfer = transfer;
+    fill_payload(m, DLOCO__V1__CODEC__CODEC_FP32, n, 0);
+    m->push.checksum = dl_wire_checksum(m->payload, m->payload_len);
+}
+
+static void mk_update_chunk(msg *m, uint32_t frag, uint64_t off, uint64_t n)
+{
+    mk_update(m, frag, DLOCO__V1__CODEC__CODEC_FP32, 0);
+    m->update.chunk_offset = off, m->update.chunk_numel = n;
+    fill_payload(m, DLOCO__V1__CODEC__CODEC_FP32, n, 0);
+    m->update.checksum = dl_wire_checksum(m->payload, m->payload_len);
+}
+
 static void mk_fetch(msg *m, int n)
 {
     base(m, "learner-1");
@@ -286,6 +303,22 @@ static void wire_seeds(void)
     mk_update(&m, 0, INT8, 32), put_both("update_int8", &m, FUZZ_LIM_PLAN);
     mk_fetch(&m, 2), put_both("fetch", &m, FUZZ_LIM_PLAN);
     mk_fetch(&m, 0), put_both("fetch_all", &m, FUZZ_LIM_PLAN);
+    // chunked transfers (docs/PROTOCOL.md): a push's and an Update's middle chunk, a resumed fetch, chunk sizes
+    mk_push_chunk(&m, 0, 16, 16, 7), put_both("push_chunk", &m, FUZZ_LIM_PLAN);
+    mk_update_chunk(&m, 1, 8, 4), put_both("update_chunk", &m, FUZZ_LIM_PLAN);
+    {
+        uint64_t rv[2] = {6, 6}, ro[2] = {4, 0}; /* fragments 1 (17 elements) and 3 (1) */
+        mk_fetch(&m, 2), m.fetch.resume_versions = rv, m.fetch.resume_offsets = ro;
+        m.fetch.n_resume_versions = m.fetch.n_resume_offsets = 2, put_both("fetch_resume", &m, FUZZ_LIM_PLAN);
+        m.fetch.n_resume_offsets = 1, put_both("bad_fetch_resume_count", &m, FUZZ_LIM_PLAN);
+    }
+    mk_welcome(&m), m.welcome.chunk_bytes = 1u << 20, put_both("welcome_chunks", &m, FUZZ_LIM_PLAN);
+    mk_welcome(&m), m.welcome.shard = 1, m.welcome.shards = 2, put_both("welcome_shard", &m, FUZZ_LIM_PLAN);
+    mk_welcome(&m), m.welcome.shard = 3, m.welcome.shards = 2, put_both("bad_welcome_shard", &m, FUZZ_LIM_PLAN);
+    mk_hello(&m, 0), m.hello.max_chunk_bytes = 1u << 20, put_both("hello_chunks", &m, FUZZ_LIM_PLAN);
+    /* another P than the run's: the synchronizer's refusal (MISMATCH), not the wire's */
+    mk_hello(&m, 0), m.hello.num_fragments = 5, m.hello.n_held_versions = 0,
+                     put_both("hello_other_fragments", &m, FUZZ_LIM_PLAN);
     mk_bye(&m), put_both("bye", &m, FUZZ_LIM_PLAN);
     mk_error(&m, 0), put_both("error", &m, FUZZ_LIM_PLAN);
     mk_error(&m, 1), put_both("error_legacy", &m, FUZZ_LIM_PLAN);
@@ -298,7 +331,10 @@ static void wire_seeds(void)
     mk_hello(&m, 0), m.env.protocol_version = 2, put_both("bad_version", &m, FUZZ_LIM_PLAN);
     mk_heartbeat(&m), m.env.learner_id = "bad id!", put_both("bad_learner_id", &m, FUZZ_LIM_PLAN);
     mk_heartbeat(&m), m.heartbeat.steps_per_s = NAN, put_both("bad_heartbeat_nan", &m, FUZZ_LIM_PLAN);
-    mk_hello(&m, 0), m.hello.num_fragments = 5, put_both("bad_hello_fragments", &m, FUZZ_LIM_PLAN);
+    mk_hello(&m, 0), m.hello.num_fragments = 5, put_both("bad_hello_held_count", &m, FUZZ_LIM_PLAN);
+    mk_push_chunk(&m, 0, 60, 16, 7), put_both("bad_push_chunk_past", &m, FUZZ_LIM_PLAN);
+    mk_push_chunk(&m, 0, 16, 16, 0), put_both("bad_push_chunk_transfer", &m, FUZZ_LIM_PLAN);
+    mk_welcome(&m), m.welcome.chunk_bytes = 4098, put_both("bad_welcome_chunks", &m, FUZZ_LIM_PLAN);
     mk_welcome(&m), m.welcome.n_fragment_versions = 3, put_both("bad_welcome_versions", &m, FUZZ_LIM_PLAN);
     mk_push(&m, 0, FP32, 0), m.push.numel = 65, put_both("bad_push_numel", &m, FUZZ_LIM_PLAN);
     mk_push(&m, 0, FP32, 0), m.push.steps = 0, put_both("bad_push_steps", &m, FUZZ_LIM_PLAN);
