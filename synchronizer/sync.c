@@ -62,7 +62,9 @@ typedef struct {
     int refused;         /* its first chunk was refused (and answered): the rest are dropped unread */
     uint32_t fragment;
     uint64_t transfer, base_version, steps, tokens, numel;
+    int codec;           /* the first chunk's (fp32: push_head refuses others); every chunk must match */
     uint64_t received;   /* elements so far, in order */
+    int64_t progress_ns; /* monotonic ns of its latest chunk: one that stops for slow_reader_ms is dropped */
     double compute_s;
     int64_t started_ns;
     float *buf;          /* [numel], aligned */
@@ -72,6 +74,7 @@ typedef struct {
  * time): version `version` of fragment p, elements [0, offset) sent. */
 typedef struct {
     int p;               /* -1: none */
+    int started;         /* version is set: [0, offset) of it has left */
     uint64_t version, offset;
 } outbound;
 
@@ -345,7 +348,19 @@ static int slot_of(const dl_sync *s, const dl_registry_learner *l)
 
 /* Forget the Update in progress to a learner (its connection changed or
  * went); what it owes stays owed. */
-static void outbound_reset(dl_sync *s, int slot) { s->outx[slot].p = -1; }
+static void outbound_reset(dl_sync *s, int slot)
+{
+    s->outx[slot].p = -1;
+    s->outx[slot].started = 0;
+}
+
+/* Forget a slot's resume points (a new connection, a new learner in the slot). */
+static void resume_clear(dl_sync *s, int slot)
+{
+    size_t P = (size_t)s->cfg.P;
+    memset(s->resume_v + (size_t)slot * P, 0, P * sizeof *s->resume_v);
+    memset(s->resume_o + (size_t)slot * P, 0, P * sizeof *s->resume_o);
+}
 
 /* Send what a learner is owed, chunk by chunk, as far as the outbound
  * bounds allow, from an LMDB read snapshot the caller holds briefly (*snap,
@@ -366,6 +381,7 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             for (int p = 0; p < s->cfg.P && x->p < 0; p++)
                 if (l->owed[p]) x->p = p;
             x->version = x->offset = 0;
+            x->started = 0;
         }
         int p = x->p;
         if (!*snap && dl_store_snapshot_begin(s->store, snap)) {
@@ -380,13 +396,15 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             return; /* still owed: the next tick tries again */
         }
         if (v > dl_policy_version(s->policy, p)) return; /* committed, not yet seen by the loop: merge_done serves it */
-        if (x->version != v) {
-            if (x->version && x->offset) {
+        if (!ce && x->offset) x->started = 0; /* it said Hello again without chunks: whole fragments from now */
+        if (!x->started || x->version != v) {
+            if (x->started && x->offset) {
                 s->update_restarts++;
                 dl_event("update_restarted", "id=%s frag=%d from=%llu to=%llu sent=%llu", l->id, p,
                          (unsigned long long)x->version, (unsigned long long)v, (unsigned long long)x->offset);
             }
             size_t r = (size_t)slot * (size_t)s->cfg.P + (size_t)p;
+            x->started = 1;
             x->version = v;
             x->offset = ce && s->resume_v[r] == v && s->resume_o[r] < n ? s->resume_o[r] : 0;
             if (x->offset) dl_event("update_resumed", "id=%s frag=%d version=%llu offset=%llu", l->id, p,
@@ -397,11 +415,13 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
         if (!outbound_room(s, l, (size_t)cn * sizeof(float))) return;
         /* zero-copy from the map when the chunk lies in one stored block
          * (chunk_bytes divides the store's 1 MiB blocks); a whole fragment
-         * for a learner from before chunking is copied by the snapshot */
+         * for a learner from before chunking is copied once per snapshot */
         const float *pp;
         size_t got;
         uint64_t v2;
-        if (dl_store_snapshot_range(*snap, (uint32_t)p, x->offset, (size_t)cn, &v2, &pp, &got) || got != cn) {
+        int src = ce ? dl_store_snapshot_range(*snap, (uint32_t)p, x->offset, (size_t)cn, &v2, &pp, &got)
+                     : dl_store_snapshot_fragment(*snap, (uint32_t)p, &v2, &pp, &got);
+        if (src || got != cn) {
             DL_ERROR("snapshot fragment %d [%llu, +%llu): %s", p, (unsigned long long)x->offset,
                      (unsigned long long)cn, dl_errmsg());
             return;
@@ -720,6 +740,7 @@ static int try_reclaim(dl_sync *s, int slot, int64_t now)
     DL_INFO("learner %s: slot %d reclaimed after %.1f s away", l->id, slot, (double)(now - l->left_ns) * 1e-9);
     inbound_drop(s, slot, "reclaimed");
     outbound_reset(s, slot);
+    resume_clear(s, slot);
     dl_registry_remove(s->reg, slot);
     s->reclaimed++;
     return 1;
@@ -755,6 +776,15 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     char why[256];
     if (dl_guard_batch(s->guard, h->batch, why, sizeof why)) {
         send_error(s, route, rlen, id, DL_EINVAL, 1, "%s", why);
+        return;
+    }
+    if (!h->max_chunk_bytes && s->max_frag_bytes + DL_WIRE_MAX_HEADER_BYTES > s->cfg.max_msg_bytes) {
+        /* its whole pushes would exceed the message cap: libzmq would drop
+         * its connection on each one, silently */
+        send_error(s, route, rlen, id, DL_EMISMATCH, 1,
+                   "this learner sends whole fragments (no Hello.max_chunk_bytes) of up to %llu bytes, but this "
+                   "synchronizer takes messages of at most %llu bytes: use a learner that chunks its pushes",
+                   (unsigned long long)s->max_frag_bytes, (unsigned long long)s->cfg.max_msg_bytes);
         return;
     }
     int64_t now = dl_clock_ns();
@@ -816,6 +846,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
         /* a new connection: nothing in flight on the old one arrives any more */
         inbound_drop(s, slot, "new_connection");
         outbound_reset(s, slot);
+        resume_clear(s, slot);
         dl_registry_set_route(s->reg, slot, route, rlen, msg->user_id);
     }
     int was = member(s, slot) == DL_POLICY_MEMBER_LIVE;
@@ -923,6 +954,21 @@ static void refuse_busy(dl_sync *s, int slot, dl_registry_learner *l, const Dloc
     send_ack_busy(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0, DL_SYNC_BUSY_RETRY_MS);
 }
 
+/* 1 when fragment p's open round holds pushes of other learners and none of
+ * this one: its push can close the round (under `sync` it must come before
+ * the round closes at all), so a full pool must not refuse it. */
+static int round_waits_for(const dl_sync *s, int slot, int p)
+{
+    int others = 0;
+    for (size_t i = 0; i < s->npend; i++) {
+        const pending_push *q = &s->pend[i];
+        if (!q->used || q->fragment != p) continue;
+        if (q->learner == (uint32_t)slot) return 0;
+        others = 1;
+    }
+    return others;
+}
+
 /* What a push's header must pass before any of its payload is kept:
  * counters, replays, codec, room in the pool. 0 = go on; -1 = refused (and
  * answered). */
@@ -960,7 +1006,8 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
         return -1;
     }
     uint64_t need = s->numel[p] * sizeof(float);
-    if (s->pool_used + need > s->cfg.pool_bytes) {
+    if (s->pool_used + need > s->cfg.pool_bytes &&
+        !(round_waits_for(s, slot, p) && s->pool_used + need <= 2 * s->cfg.pool_bytes)) {
         snprintf(why, sizeof why, "pool full (%llu of %llu bytes hold pushes waiting for their rounds): push again later",
                  (unsigned long long)s->pool_used, (unsigned long long)s->cfg.pool_bytes);
         refuse_busy(s, slot, l, ph, why);
@@ -1074,7 +1121,23 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
 static int same_push(const inbound *in, const Dloco__V1__Push *ph)
 {
     return in->transfer == ph->transfer && in->fragment == ph->fragment && in->base_version == ph->base_version &&
-           in->steps == ph->steps && in->tokens == ph->tokens && in->compute_s == ph->compute_s;
+           in->steps == ph->steps && in->tokens == ph->tokens && in->compute_s == ph->compute_s &&
+           in->codec == (int)ph->codec && in->numel == ph->numel;
+}
+
+/* Start the slot's record of a chunked push from its header (nothing kept yet). */
+static void inbound_header(inbound *in, const Dloco__V1__Push *ph, int64_t now)
+{
+    memset(in, 0, sizeof *in);
+    in->fragment = ph->fragment;
+    in->transfer = ph->transfer;
+    in->base_version = ph->base_version;
+    in->steps = ph->steps;
+    in->tokens = ph->tokens;
+    in->compute_s = ph->compute_s;
+    in->codec = (int)ph->codec;
+    in->numel = ph->numel;
+    in->started_ns = in->progress_ns = now;
 }
 
 /* A Push message: a whole push, or one chunk of one (docs/PROTOCOL.md
@@ -1098,16 +1161,8 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     s->chunks_in++;
     if (ph->chunk_offset == 0) {
         if (in->active) inbound_drop(s, slot, "new_push_before_end");
-        memset(in, 0, sizeof *in);
         l->pushes++;
-        in->fragment = ph->fragment;
-        in->transfer = ph->transfer;
-        in->base_version = ph->base_version;
-        in->steps = ph->steps;
-        in->tokens = ph->tokens;
-        in->compute_s = ph->compute_s;
-        in->numel = s->numel[p];
-        in->started_ns = now;
+        inbound_header(in, ph, now);
         if (push_head(s, slot, l, ph, now)) {
             in->refused = 1; /* its other chunks are dropped unread */
             return;
@@ -1132,15 +1187,13 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0);
         push_event(l, ph, "rejected", why);
         s->refused_msgs++;
-        in->fragment = ph->fragment; /* the rest of this transfer is dropped unread */
-        in->transfer = ph->transfer;
-        in->base_version = ph->base_version;
-        in->steps = ph->steps;
-        in->tokens = ph->tokens;
-        in->compute_s = ph->compute_s;
-        in->refused = 1;
+        inbound_header(in, ph, now);
+        in->refused = 1; /* the rest of this transfer is dropped unread */
         return;
     }
+    /* same_push: fp32 like its first chunk, so the frame is 4 x chunk_numel bytes (proto/wire.c checked that) */
+    assert(dl_wire_msg_payload_len(msg, 0) == (size_t)ph->chunk_numel * sizeof(float));
+    in->progress_ns = now;
     memcpy(in->buf + ph->chunk_offset, data, (size_t)ph->chunk_numel * sizeof(float));
     in->received += ph->chunk_numel;
     if (in->received < in->numel) return;
@@ -1159,7 +1212,16 @@ static void on_fetch(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
         size_t p = f->fragments[i], r = (size_t)slot * P + p;
         s->resume_v[r] = i < f->n_resume_versions ? f->resume_versions[i] : 0;
         s->resume_o[r] = i < f->n_resume_offsets ? f->resume_offsets[i] : 0;
-        if (s->outx[slot].p == (int)p) outbound_reset(s, slot); /* asked again: start from the resume point */
+        outbound *x = &s->outx[slot];
+        if (x->p != (int)p) continue;
+        if (x->started && i < f->n_resume_versions && x->version == s->resume_v[r]) {
+            /* the version on its way: nothing on this connection is lost, so
+             * what is past the learner's point is in flight; skip ahead only */
+            if (x->offset < s->resume_o[r]) x->offset = s->resume_o[r];
+            s->resume_v[r] = s->resume_o[r] = 0;
+        } else {
+            outbound_reset(s, slot); /* asked again: start from the resume point, or at 0 */
+        }
     }
     if (!f->n_fragments) outbound_reset(s, slot);
     serve_fragments(s, l, f->fragments, f->n_fragments);
@@ -1394,6 +1456,7 @@ static void check_reader(dl_sync *s, int slot, dl_registry_learner *l, int64_t n
     mark_left(s, l, slot, now, DL_POLICY_LEAVE_DEAD);
     dl_registry_clear_route(s->reg, slot);
     outbound_reset(s, slot);
+    resume_clear(s, slot);
     memset(l->owed, 0, (size_t)s->cfg.P);
     l->n_owed = 0;
     s->dropped_readers++;
@@ -1442,6 +1505,9 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
         dl_registry_learner *l = dl_registry_get(s->reg, i);
         if (!l->used) continue;
         if (l->put_dirty) learner_put(s, l);
+        /* a chunked push whose chunks stopped holds pool room: not for ever */
+        if (s->inb[i].active && now - s->inb[i].progress_ns > (int64_t)s->cfg.slow_reader_ms * 1000000LL)
+            inbound_drop(s, i, "stalled");
         /* slots are reclaimed only when a new learner needs one (on_hello) */
         if (member(s, i) != DL_POLICY_MEMBER_LIVE) continue;
         if (now - l->last_seen_ns > dead_after) {
@@ -1918,10 +1984,11 @@ void dl_sync_close(dl_sync **sp)
     dl_sync *s = *sp;
     if (s->outq) dl_wire_queue_set_wake(s->outq, NULL, NULL); /* libzmq frees what it holds below */
     dl_worker_close(&s->worker); /* before the loop it wakes */
-    if (s->loop) ev_loop_destroy(s->loop);
     if (s->router) DL_ZMQ_LOG(zmq_close(s->router));
     dl_auth_stop(&s->auth);
     if (s->zctx) DL_ZMQ_LOG(zmq_ctx_term(s->zctx));
+    /* after libzmq's threads: a free callback in flight may still wake the loop */
+    if (s->loop) ev_loop_destroy(s->loop);
     /* libzmq has freed every queued message now: the counters can go */
     dl_wire_queue_release(&s->outq);
     dl_guard_close(&s->guard);

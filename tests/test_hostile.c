@@ -1807,6 +1807,16 @@ static void row_chunks(void)
         CHECK(busy_at >= 1 && pooled == busy_at && e.retry_after_ms > 0 && strstr(e.got, "pool full"),
               "busy: %s", e.got);
         CHECK(nbusy == 1, "busy events %d", nbusy);
+        /* the round of fragment 0 waits for B (sync): its push is admitted past the full pool, and closes it */
+        decision fb = {0};
+        int rfb = -1;
+        if (joined && busy_at >= 1) {
+            send_push(&B, NULL, 0, 0, 4, 64, big);
+            rfb = await_decision(&B, 0, 0, &fb, NULL);
+        }
+        row("9e pool", "with the pool full, the other learner's push of fragment 0 (its round waits for it) -> %s",
+            fb.got);
+        CHECK(rfb == 0 && fb.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED, "round-closing push: %s", fb.got);
         peer_close(&A);
         peer_close(&B);
         CHECK(sync_stop(&T) == 0, "pool: dloco-sync exits 0");
@@ -1814,9 +1824,13 @@ static void row_chunks(void)
         ev_get(T.events, "ledger", -1, "outstanding", out, sizeof out, NULL);
         ev_get(T.events, "ledger", -1, "lost", lost, sizeof lost, NULL);
         ev_get(T.events, "ledger", -1, "rejected", rej, sizeof rej, NULL);
-        row("9f pool", "at exit (both still connected): ledger outstanding=%s rejected=%s lost=%s fragment-tokens: the "
-            "two pooled pushes and the busy one, which the learner still carries", out, rej, lost);
-        CHECK(!strcmp(out, "192") && !strcmp(rej, "0") && !strcmp(lost, "0"), "ledger outstanding %s rejected %s lost %s",
+        row("9f pool", "at exit (both still connected): ledger outstanding=%s rejected=%s lost=%s fragment-tokens: A's "
+            "pooled push of fragment 1 and the busy one, which A still carries (fragment 0 merged)", out, rej, lost);
+        char peak[32] = "";
+        ev_get(T.events, "sync_summary", -1, "pool_peak_bytes", peak, sizeof peak, NULL);
+        row("9f pool", "pool_peak_bytes=%s (a round-closing push may go past pool_mb, never past twice it)", peak);
+        CHECK(strtoull(peak, NULL, 10) <= 2 * 2097152ull && strtoull(peak, NULL, 10) > 2097152ull, "pool peak %s", peak);
+        CHECK(!strcmp(out, "128") && !strcmp(rej, "0") && !strcmp(lost, "0"), "ledger outstanding %s rejected %s lost %s",
               out, rej, lost);
         free(big);
     }
