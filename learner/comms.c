@@ -42,6 +42,7 @@ typedef struct {
      * from there); NULL when none */
     float *rx;
     uint64_t rx_version, rx_off;
+    uint64_t gap_at;    /* rx_off + 1 when a resume Fetch was asked for that gap (0: none) */
 } sfrag;
 
 /* The chunked push leaving (one at a time): chunks [0, off) of the claimed
@@ -946,24 +947,41 @@ static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
     sfrag *f = &c->f[p];
     const void *payload = dl_wire_msg_payload(m, 0);
     if (u->chunk_numel) {
-        /* one chunk: in order, of one version; offset 0 starts (again) */
-        if (u->chunk_offset == 0) {
+        /* one chunk. Of the version being assembled: what we hold already is
+         * skipped (the synchronizer started it again, e.g. on a new
+         * connection, before our resume point reached it), the rest
+         * appended; a gap asks for the rest (once per point). Of another
+         * version: offset 0 starts it, anything else is a leftover of a
+         * transfer replaced or finished, dropped. */
+        uint64_t off = u->chunk_offset, end = off + u->chunk_numel;
+        if (f->rx && u->version == f->rx_version) {
+            if (end <= f->rx_off) {
+                COUNT(chunks_dropped);
+                return;
+            }
+            if (off > f->rx_off) {
+                COUNT(chunks_dropped);
+                DL_DEBUG("comms: chunk of fragment %d v%llu at %llu: a gap after %llu", p,
+                         (unsigned long long)u->version, (unsigned long long)off, (unsigned long long)f->rx_off);
+                if (f->gap_at != f->rx_off + 1) {
+                    f->gap_at = f->rx_off + 1;
+                    f->fetch_pending = 0; /* the reply it waited for has a hole: asked again (send_fetches sets it) */
+                    want_fetch(c, p, dl_clock_ns());
+                }
+                return;
+            }
+        } else if (off == 0) {
             if (!f->rx) f->rx = dl_xmalloc((size_t)u->numel * sizeof(float));
             f->rx_version = u->version;
             f->rx_off = 0;
-        } else if (!f->rx || u->version != f->rx_version || u->chunk_offset != f->rx_off) {
-            /* a gap (a chunk lost with a connection, a transfer begun on
-             * another one): ask for the rest from what we hold */
+        } else {
             COUNT(chunks_dropped);
-            DL_DEBUG("comms: chunk of fragment %d v%llu at %llu dropped (holding %llu of v%llu)", p,
-                     (unsigned long long)u->version, (unsigned long long)u->chunk_offset,
-                     (unsigned long long)(f->rx ? f->rx_off : 0), (unsigned long long)(f->rx ? f->rx_version : 0));
-            f->fetch_pending = 0; /* the reply it waited for lost a chunk: asked again (send_fetches sets it) */
-            want_fetch(c, p, dl_clock_ns());
             return;
         }
-        memcpy(f->rx + f->rx_off, payload, (size_t)u->chunk_numel * sizeof(float));
-        f->rx_off += u->chunk_numel;
+        const char *from = (const char *)payload + (f->rx_off - off) * sizeof(float);
+        memcpy(f->rx + f->rx_off, from, (size_t)(end - f->rx_off) * sizeof(float));
+        f->rx_off = end;
+        f->gap_at = 0;
         COUNT(chunks_recv);
         if (f->rx_off < u->numel) return;
         payload = f->rx; /* complete: checked and handed over below, then freed */
@@ -1279,7 +1297,9 @@ static int tx_continue(dl_comms *c)
     }
     if (t->active) {
         t->active = 0;
-        c->f[t->p].unacked_ns = dl_clock_ns(); /* its Ack is due from now */
+        int64_t now = dl_clock_ns();
+        c->f[t->p].unacked_ns = now; /* its Ack is due from now, */
+        dl_mailbox_push_left(c->mb, t->p, t->cl.h.base_version, now); /* and the node's hold counts from now */
         push_sent(c, t->p, &t->cl.h, n);
     }
     return 0;

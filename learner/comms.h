@@ -159,7 +159,8 @@ typedef struct {
     uint64_t bytes_sent, bytes_recv; /* all frames: packed header + payloads */
     uint64_t chunks_sent;    /* Push messages that carried one chunk of a chunked push */
     uint64_t chunks_recv;    /* Update chunks taken in order */
-    uint64_t chunks_dropped; /* Update chunks out of order (a resume Fetch follows) */
+    uint64_t chunks_dropped; /* Update chunks not taken: already held, leftovers of a replaced or finished transfer,
+                              * or after a gap (a resume Fetch follows, once per gap) */
     uint64_t busy;           /* pushes refused busy (the synchronizer's pool was full) */
     uint64_t pushes_stopped; /* chunked pushes stopped before their end (connection, session, refusal) */
     uint64_t staleness_sum, staleness_n; /* over ACCEPTED acks: merged_version - 1 - base_version */

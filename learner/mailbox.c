@@ -180,6 +180,15 @@ int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, dl_mailbox_claim
     return go;
 }
 
+void dl_mailbox_push_left(dl_mailbox *m, int p, uint64_t base_version, int64_t now_ns)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    frag *f = &m->f[p];
+    if (f->open == OPEN_SENT && f->open_base == base_version) f->open_ns = now_ns;
+    pthread_mutex_unlock(&m->mu);
+}
+
 void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, float **delta, int requeue)
 {
     assert(m && c && delta && p >= 0 && p < m->P);

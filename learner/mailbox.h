@@ -172,6 +172,10 @@ int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, dl_mailbox_claim
 /* The claimed push did not leave: restore p's fate; with requeue put it back
  * in the slot unless a newer push arrived meanwhile (then counted coalesced). */
 void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, float **delta, int requeue);
+/* The claimed push of p (base_version) has left whole, now_ns: a chunked
+ * one takes a while, and its undecided time (the node's hold release)
+ * counts from its last chunk, not from the claim. */
+void dl_mailbox_push_left(dl_mailbox *m, int p, uint64_t base_version, int64_t now_ns);
 /* An Ack of p echoing base_version: DL_DECIDE_*. The first immediate answer
  * (PENDING / DROPPED / REJECTED) after the send is the push's own (one push
  * per fragment in flight); a pooled push is decided by an ACCEPTED or

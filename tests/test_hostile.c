@@ -1760,6 +1760,16 @@ static void row_chunks(void)
     CHECK(same && c1 == 2 && first1 == 2 * c, "resume: %d chunks from %llu", c1, (unsigned long long)first1);
     CHECK(rr2 == 0 && v == 1 && chunks == 4 && first == 0, "resume of an old version: from %llu",
           (unsigned long long)first);
+    /* fragment 1 was never merged: a resume at version 0 works too (a new run's initial fetch) */
+    size_t n1 = dl_plan_fragment_numel(S.plan, 1);
+    float *g1 = calloc(n1, 4);
+    send_fetch_resume(&C, 1, 0, c);
+    int rr3 = recv_chunked(&C, 1, n1, g1, &v, &first, &chunks);
+    row("9d chunks", "Fetch frag 1 (never merged) resume v0 at 1024 -> v%llu in %d chunks from %llu",
+        (unsigned long long)v, chunks, (unsigned long long)first);
+    CHECK(rr3 == 0 && v == 0 && first == c && chunks == (int)((n1 - c + c - 1) / c), "resume at v0: from %llu",
+          (unsigned long long)first);
+    free(g1);
     (void)got;
     peer_close(&C);
     CHECK(sync_stop(&S) == 0, "chunks: dloco-sync exits 0");
