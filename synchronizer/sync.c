@@ -954,11 +954,13 @@ static void refuse_busy(dl_sync *s, int slot, dl_registry_learner *l, const Dloc
     send_ack_busy(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0, DL_SYNC_BUSY_RETRY_MS);
 }
 
-/* 1 when fragment p's open round holds pushes of other learners and none of
- * this one: its push can close the round (under `sync` it must come before
- * the round closes at all), so a full pool must not refuse it. */
+/* 1 under a barrier policy (sync, sync-elastic) when fragment p's open
+ * round holds pushes of other learners and none of this one: the round
+ * cannot close without it, so a full pool must not refuse it. (Decoupled
+ * rounds close at their grace deadline whatever comes: no exception.) */
 static int round_waits_for(const dl_sync *s, int slot, int p)
 {
+    if (s->cfg.policy.kind == DL_POLICY_DECOUPLED) return 0;
     int others = 0;
     for (size_t i = 0; i < s->npend; i++) {
         const pending_push *q = &s->pend[i];

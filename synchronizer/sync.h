@@ -35,8 +35,8 @@ typedef struct {
     int status_every_ms;   /* progress line interval (0 = off) */
     uint64_t max_msg_bytes;  /* inbound message cap; 0 = min(largest fragment, chunk_bytes) + header cap */
     uint64_t chunk_bytes;    /* payload bytes of one chunk of an Update (and the pushes learners send); 0 = 1 MiB */
-    uint64_t pool_bytes;     /* pushes pooled or arriving, bytes; a push finding no room is refused busy (one an
-                                open round waits for may use as much again: 2 x this is the hard bound);
+    uint64_t pool_bytes;     /* pushes pooled or arriving, bytes; a push finding no room is refused busy (under sync /
+                                sync-elastic one an open round waits for may use as much again);
                                 0 = max(2 x model, 4 x largest fragment, 64 MiB) */
     /* who may connect (docs/SECURITY.md) */
     int auth;                /* DL_SYNC_AUTH_*: resolved by dl_sync_open (AUTO -> CURVE unless bind is loopback) */
