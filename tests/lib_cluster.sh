@@ -72,4 +72,5 @@ val_loss() { "$DLOCO" eval "$W/store" --data "$W/corpus.txt" --batch 8 --val_bat
 steps_of() { [ -f "$W/loss-$1.txt" ] && wc -l < "$W/loss-$1.txt" || echo 0; }
 # wait_until SECONDS 'shell condition' -> 0 when it became true
 wait_until() { local deadline=$(( $(date +%s) + $1 )); while ! eval "$2"; do [ "$(date +%s)" -lt "$deadline" ] || return 1; sleep 0.2; done; }
-
+# json EXPR: EXPR evaluated over the swarm's JSON summary $W/swarm.json as `s` (bench/swarm --json)
+json() { python3 -c "import json, sys; print(eval(sys.argv[1], {'s': json.load(open(sys.argv[2]))}))" "$1" "$W/swarm.json"; }

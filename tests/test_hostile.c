@@ -461,10 +461,13 @@ static void send_hello_fp(peer *p, const char *as, uint32_t batch, uint64_t fp)
 
 static void send_hello(peer *p, const char *as, uint32_t batch) { send_hello_fp(p, as, batch, p->sd->fp); }
 
-static void send_push(peer *p, const char *as, int frag, uint64_t base, uint64_t steps, uint64_t tokens,
-                      const float *delta)
+/* A Push in learner `as`'s name (NULL: the peer's own): with transfer 0 the
+ * whole fragment, else its chunk of elements [off, off + n) of delta. */
+static void push_msg(peer *p, const char *as, int frag, uint64_t base, uint64_t steps, uint64_t tokens,
+                     uint64_t transfer, uint64_t off, uint64_t n, const float *delta)
 {
-    size_t n = dl_plan_fragment_numel(p->sd->plan, frag);
+    size_t numel = dl_plan_fragment_numel(p->sd->plan, frag);
+    if (!transfer) off = 0, n = numel;
     Dloco__V1__Envelope env;
     Dloco__V1__Push ph;
     dloco__v1__push__init(&ph);
@@ -473,35 +476,28 @@ static void send_push(peer *p, const char *as, int frag, uint64_t base, uint64_t
     ph.steps = steps;
     ph.tokens = tokens;
     ph.codec = DLOCO__V1__CODEC__CODEC_FP32;
-    ph.numel = n;
-    ph.checksum = dl_wire_checksum(delta, n * 4);
+    ph.numel = numel;
+    ph.chunk_offset = transfer ? off : 0;
+    ph.chunk_numel = transfer ? n : 0;
+    ph.transfer = transfer;
+    ph.checksum = dl_wire_checksum(delta + off, n * 4);
     ph.loss = 3.0;
     dl_wire_env_init(&env, RUN, p->epoch, as ? as : p->id);
     dl_wire_set_push(&env, &ph);
-    CHECK(send_env(p, &env, delta, n * 4, 0) == 0, "send push: %s", dl_errmsg());
+    CHECK(send_env(p, &env, delta + off, n * 4, 0) == 0, "send push: %s", dl_errmsg());
+}
+
+static void send_push(peer *p, const char *as, int frag, uint64_t base, uint64_t steps, uint64_t tokens,
+                      const float *delta)
+{
+    push_msg(p, as, frag, base, steps, tokens, 0, 0, 0, delta);
 }
 
 /* One chunk of a push: elements [off, off + n) of delta (the fragment's payload). */
 static void send_push_chunk(peer *p, int frag, uint64_t base, uint64_t steps, uint64_t tokens, uint64_t transfer,
                             uint64_t off, uint64_t n, const float *delta)
 {
-    Dloco__V1__Envelope env;
-    Dloco__V1__Push ph;
-    dloco__v1__push__init(&ph);
-    ph.fragment = (uint32_t)frag;
-    ph.base_version = base;
-    ph.steps = steps;
-    ph.tokens = tokens;
-    ph.codec = DLOCO__V1__CODEC__CODEC_FP32;
-    ph.numel = dl_plan_fragment_numel(p->sd->plan, frag);
-    ph.chunk_offset = off;
-    ph.chunk_numel = n;
-    ph.transfer = transfer;
-    ph.checksum = dl_wire_checksum(delta + off, n * 4);
-    ph.loss = 3.0;
-    dl_wire_env_init(&env, RUN, p->epoch, p->id);
-    dl_wire_set_push(&env, &ph);
-    CHECK(send_env(p, &env, delta + off, n * 4, 0) == 0, "send push chunk: %s", dl_errmsg());
+    push_msg(p, NULL, frag, base, steps, tokens, transfer, off, n, delta);
 }
 
 static void send_fetch_resume(peer *p, uint32_t frag, uint64_t version, uint64_t offset)

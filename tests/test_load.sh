@@ -24,7 +24,6 @@ wait_pid 90 "$SWP"; rc=$?
 check "the swarm exits 0 (rc=$rc)" [ "$rc" = 0 ]
 stop_sync
 
-json() { python3 -c "import json, sys; print(eval(sys.argv[1], {'s': json.load(open(sys.argv[2]))}))" "$1" "$W/swarm.json"; }
 [ -f "$W/swarm.json" ] || die "no JSON summary from the swarm"
 read -r chunks_in pool_peak pool_max busy yields < <(ev_field "$EV" sync_summary "chunks_in pool_peak_bytes pool_max_bytes busy_refused drain_yields")
 m=$(ev_count "$EV" merge)

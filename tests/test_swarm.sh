@@ -20,7 +20,6 @@ wait_pid 90 "$SWP"; rc=$?
 check "the swarm exits 0 (rc=$rc)" [ "$rc" = 0 ]
 stop_sync
 
-json() { python3 -c "import json, sys; print(eval(sys.argv[1], {'s': json.load(open(sys.argv[2]))}))" "$1" "$W/swarm.json"; }
 [ -f "$W/swarm.json" ] || die "no JSON summary from the swarm"
 echo "swarm: $(json "'joined %d of %d, pushes %d, decisions %s, ack p50 %s ms' % (s['joined'], s['learners'], s['pushes'], s['decisions'], s['ack_ms']['p50'])")"
 check "the swarm's summary reports every learner joined" [ "$(json "s['joined'] == s['learners'] == 4")" = True ]
