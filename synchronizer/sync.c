@@ -66,7 +66,6 @@ typedef struct {
     uint64_t received;   /* elements so far, in order */
     int64_t progress_ns; /* monotonic ns of its latest chunk: one that stops for slow_reader_ms is dropped */
     double compute_s;
-    int64_t started_ns;
     float *buf;          /* [numel], aligned */
 } inbound;
 
@@ -1139,7 +1138,7 @@ static void inbound_header(inbound *in, const Dloco__V1__Push *ph, int64_t now)
     in->compute_s = ph->compute_s;
     in->codec = (int)ph->codec;
     in->numel = ph->numel;
-    in->started_ns = in->progress_ns = now;
+    in->progress_ns = now;
 }
 
 /* A Push message: a whole push, or one chunk of one (docs/PROTOCOL.md
