@@ -17,6 +17,8 @@ PKGS=(
   python3                                 # small helpers in tests and benchmarks
   iproute2 procps                         # network namespaces / tc for network tests, ps/pkill-free process checks
   clang libclang-rt-14-dev                # libFuzzer + ASan/UBSan runtimes for tests/fuzz (without them those tests SKIP)
+  fiu-utils libfiu0                       # dloco-chaos disk faults: fiu-run / fiu-ctrl and libfiu's POSIX preload
+  gnuplot-nox                             # dloco-chaos report plots (SVG)
 )
 WITH_TORCH=0
 FORCE=0

@@ -1,0 +1,1006 @@
+/* One chaos run: start the synchronizer and learners as processes (learners
+ * of a namespaced datacenter inside it), put each datacenter's connections
+ * through its relay, apply the timeline, supervise, stop, evaluate, check. */
+#include "chaos/run.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chaos/net.h"
+#include "chaos/relay.h"
+#include "core/clock.h"
+#include "core/err.h"
+#include "core/event.h"
+
+volatile int dl_chaos_interrupted;
+
+#define TICK_MS 5
+#define DUTY_PERIOD_NS 100000000LL /* a slow learner's stop/run cycle: CFS's default quota period */
+#define PROGRESS_NS 5000000000LL
+#define MAX_UNPLANNED 5 /* restarts of one slot after exits nobody asked for */
+
+typedef struct {
+    char id[64];
+    int section, dc, data_shard;
+    int provisioned; /* slot_begin written, slot_end not yet */
+    int left;
+    pid_t pid;
+    int inc;      /* incarnations started */
+    int expected; /* the harness asked the running process to end */
+    int hung;
+    double slow; /* fraction of time it may run (0 = not slowed) */
+    int duty_off;
+    int64_t duty_next_ns;
+    int64_t restart_ns; /* > 0: start an incarnation then */
+    int unplanned;
+    char state[16];
+    int replaced_by; /* churn: the slot that took its place, or -1 */
+} slot_t;
+
+typedef struct {
+    int64_t at_ns;
+    int ev; /* index into the timeline */
+} pend_t;
+
+typedef struct {
+    const dl_chaos_run_cfg *c;
+    const dl_scenario *sc;
+    const dl_timeline *tl;
+    int64_t t0;
+    slot_t slot[DL_SC_MAX_SLOTS];
+    int n_slot;
+    pid_t spid;
+    int sinc, sexpected, shung, s_unplanned;
+    int64_t srestart_ns;
+    int sync_port;
+    int fiu;
+    char fiu_prefix[300];
+    int disk_on, disk_rearm; /* a disk fault is active: armed again in a restarted synchronizer */
+    double disk_p;
+    int disk_errno;
+    dl_net_dc net[DL_SC_MAX_DCS];
+    dl_relay *relay[DL_SC_MAX_DCS];
+    dl_relay_impair base[DL_SC_MAX_DCS], cur[DL_SC_MAX_DCS];
+    double rate_now[DL_SC_MAX_DCS];
+    int partitioned[DL_SC_MAX_DCS];
+    int next_ev;
+    pend_t pend[DL_SC_MAX_FAULTS];
+    int n_pend;
+    int applied;
+    pid_t epid;
+    int64_t eval_started;
+    double last_loss;
+    long sync_off;
+    long merges;
+    double merged_compute_s;
+    int unplanned_exits;
+    int churns;
+    pid_t rogue[32];
+    int n_rogue;
+    char path[700];
+} run_t;
+
+// ----------------------------------------------------------------------------
+// processes
+
+static double now_s(const run_t *r) { return (double)(dl_clock_ns() - r->t0) * 1e-9; }
+
+typedef struct {
+    char *v[160];
+    int n;
+} argv_t;
+
+static void arg(argv_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void arg(argv_t *a, const char *fmt, ...)
+{
+    if (a->n >= (int)(sizeof a->v / sizeof a->v[0]) - 1) return;
+    char buf[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    a->v[a->n++] = strdup(buf);
+    a->v[a->n] = NULL;
+}
+
+/* Flags written in a scenario's `args`, split on blanks. */
+static void args_split(argv_t *a, const char *s)
+{
+    char tmp[DL_CFG_STRLEN];
+    snprintf(tmp, sizeof tmp, "%s", s);
+    for (char *save = NULL, *t = strtok_r(tmp, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) arg(a, "%s", t);
+}
+
+static void argv_free(argv_t *a)
+{
+    for (int i = 0; i < a->n; i++) free(a->v[i]);
+    a->n = 0;
+}
+
+static pid_t spawn(argv_t *a, const char *log, int threads)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* nothing outlives a harness that died */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        int dn = open("/dev/null", O_RDONLY);
+        if (dn >= 0) dup2(dn, 0);
+        if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+        if (threads > 0) {
+            char t[16];
+            snprintf(t, sizeof t, "%d", threads);
+            setenv("OMP_NUM_THREADS", t, 1);
+        }
+        execvp(a->v[0], a->v);
+        fprintf(stderr, "dloco-chaos: exec %s: %s\n", a->v[0], strerror(errno));
+        _exit(127);
+    }
+    argv_free(a);
+    return pid;
+}
+
+static const char *runpath(run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static const char *runpath(run_t *r, const char *fmt, ...)
+{
+    char name[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    snprintf(r->path, sizeof r->path, "%s/%s", r->c->dir, name);
+    return r->path;
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t l = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || getsockname(fd, (struct sockaddr *)&a, &l)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void start_sync(run_t *r)
+{
+    const dl_scenario *sc = r->sc;
+    argv_t a = {0};
+    if (r->fiu) {
+        arg(&a, "fiu-run");
+        arg(&a, "-x");
+        arg(&a, "-f");
+        arg(&a, "%s", r->fiu_prefix);
+    }
+    arg(&a, "%s/synchronizer/dloco-sync", r->c->bin);
+    arg(&a, "--store"), arg(&a, "%s/store", r->c->dir);
+    arg(&a, "--bind"), arg(&a, "tcp://127.0.0.1:%d", r->sync_port);
+    arg(&a, "--n_layer"), arg(&a, "%lld", (long long)sc->run.n_layer);
+    arg(&a, "--n_head"), arg(&a, "%lld", (long long)sc->run.n_head);
+    arg(&a, "--n_embd"), arg(&a, "%lld", (long long)sc->run.n_embd);
+    arg(&a, "--seq_len"), arg(&a, "%lld", (long long)sc->run.seq_len);
+    arg(&a, "--vocab"), arg(&a, "%lld", (long long)sc->run.vocab);
+    arg(&a, "--fragments"), arg(&a, "%lld", (long long)sc->run.fragments);
+    arg(&a, "--H"), arg(&a, "%lld", (long long)sc->run.H);
+    arg(&a, "--policy"), arg(&a, "%s", r->c->policy);
+    arg(&a, "--heartbeat_ms"), arg(&a, "%lld", (long long)sc->sync.heartbeat_ms);
+    arg(&a, "--liveness"), arg(&a, "%lld", (long long)sc->sync.liveness);
+    arg(&a, "--quorum"), arg(&a, "%lld", (long long)sc->sync.quorum);
+    arg(&a, "--max_staleness"), arg(&a, "%lld", (long long)sc->sync.max_staleness);
+    arg(&a, "--chunk_kb"), arg(&a, "%lld", (long long)sc->sync.chunk_kb);
+    arg(&a, "--durability"), arg(&a, "%s", sc->sync.durability);
+    arg(&a, "--outer_lr"), arg(&a, "%g", sc->sync.outer_lr);
+    arg(&a, "--outer_momentum"), arg(&a, "%g", sc->sync.outer_momentum);
+    arg(&a, "--status_every_ms"), arg(&a, "5000");
+    arg(&a, "--events"), arg(&a, "%s/events-sync.log", r->c->dir);
+    args_split(&a, sc->sync.args);
+    r->spid = spawn(&a, runpath(r, "sync.log"), 0);
+    r->sexpected = 0;
+    r->shung = 0;
+    r->disk_rearm = r->disk_on && r->fiu;
+    dl_event("proc_start", "role=sync slot=-1 id=sync pid=%d incarnation=%d", (int)r->spid, r->sinc);
+    r->sinc++;
+}
+
+static void start_learner(run_t *r, int i)
+{
+    const dl_scenario *sc = r->sc;
+    slot_t *s = &r->slot[i];
+    const dl_sc_learner *l = &sc->learner[s->section];
+    const char *host = r->c->netns ? r->net[s->dc].host_ip : "127.0.0.1";
+    argv_t a = {0};
+    if (r->c->netns) {
+        arg(&a, "ip"), arg(&a, "netns"), arg(&a, "exec"), arg(&a, "%s", r->net[s->dc].ns);
+    }
+    arg(&a, "%s/learner/dloco-learner", r->c->bin);
+    arg(&a, "--connect"), arg(&a, "tcp://%s:%d", host, dl_relay_port(r->relay[s->dc]));
+    arg(&a, "--id"), arg(&a, "%s", s->id);
+    arg(&a, "--device"), arg(&a, "%s", l->device);
+    arg(&a, "--n_layer"), arg(&a, "%lld", (long long)sc->run.n_layer);
+    arg(&a, "--n_head"), arg(&a, "%lld", (long long)sc->run.n_head);
+    arg(&a, "--n_embd"), arg(&a, "%lld", (long long)sc->run.n_embd);
+    arg(&a, "--seq_len"), arg(&a, "%lld", (long long)sc->run.seq_len);
+    arg(&a, "--vocab"), arg(&a, "%lld", (long long)sc->run.vocab);
+    arg(&a, "--fragments"), arg(&a, "%lld", (long long)sc->run.fragments);
+    arg(&a, "--data"), arg(&a, "%s", sc->run.corpus);
+    arg(&a, "--batch"), arg(&a, "%lld", (long long)l->batch);
+    arg(&a, "--lr"), arg(&a, "%g", l->lr);
+    arg(&a, "--threads"), arg(&a, "%lld", (long long)sc->run.threads);
+    arg(&a, "--throttle"), arg(&a, "%g", l->speed);
+    arg(&a, "--adopt"), arg(&a, "%s", l->adopt);
+    arg(&a, "--steps"), arg(&a, "1000000000");
+    arg(&a, "--log_every"), arg(&a, "%lld", (long long)sc->run.log_every);
+    arg(&a, "--data_shard"), arg(&a, "%d", s->data_shard);
+    arg(&a, "--data_shards"), arg(&a, "%d", r->tl->n_slot);
+    arg(&a, "--flush_timeout_ms"), arg(&a, "5000");
+    arg(&a, "--events"), arg(&a, "%s/events-%s.log", r->c->dir, s->id);
+    args_split(&a, l->args);
+    s->pid = spawn(&a, runpath(r, "%s.log", s->id), (int)sc->run.threads);
+    s->expected = 0;
+    s->hung = 0;
+    s->duty_off = 0;
+    s->restart_ns = 0;
+    dl_event("proc_start", "role=learner slot=%d id=%s pid=%d incarnation=%d", i, s->id, (int)s->pid, s->inc);
+    s->inc++;
+}
+
+static void provision(run_t *r, int i)
+{
+    slot_t *s = &r->slot[i];
+    const dl_sc_learner *l = &r->sc->learner[s->section];
+    s->provisioned = 1;
+    dl_event("slot_begin", "slot=%d id=%s dc=%s speed=%g batch=%lld", i, s->id, r->sc->dc[s->dc].name, l->speed,
+             (long long)l->batch);
+    start_learner(r, i);
+}
+
+static void unprovision(run_t *r, int i, const char *reason)
+{
+    slot_t *s = &r->slot[i];
+    if (!s->provisioned) return;
+    s->provisioned = 0;
+    dl_event("slot_end", "slot=%d id=%s reason=%s", i, s->id, reason);
+}
+
+/* Ask a process to end: SIGCONT first (a stopped one cannot act on SIGTERM). */
+static void end_proc(pid_t pid, int sig)
+{
+    if (pid <= 0) return;
+    kill(pid, SIGCONT);
+    kill(pid, sig);
+}
+
+static int slot_of(const run_t *r, const char *id)
+{
+    for (int i = 0; i < r->n_slot; i++)
+        if (!strcmp(r->slot[i].id, id)) {
+            /* a churned-out learner's faults fall on the one that replaced it */
+            int j = i;
+            while (!r->slot[j].provisioned && r->slot[j].replaced_by >= 0) j = r->slot[j].replaced_by;
+            return j;
+        }
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// states, links, the synchronizer's events
+
+static void update_states(run_t *r)
+{
+    for (int i = 0; i < r->n_slot; i++) {
+        slot_t *s = &r->slot[i];
+        if (!s->provisioned && !s->left) continue;
+        const char *st = s->left ? "left"
+                         : s->pid <= 0 ? "dead"
+                         : s->hung ? "hung"
+                         : r->partitioned[s->dc] ? "partitioned"
+                         : s->slow > 0 ? "slow"
+                         : "up";
+        if (strcmp(st, s->state)) {
+            snprintf(s->state, sizeof s->state, "%s", st);
+            dl_event("state", "slot=%d id=%s state=%s", i, s->id, st);
+        }
+    }
+}
+
+/* Value of " key=" in an event line (bare values only: the numbers read here). */
+static int field(const char *line, const char *key, char *out, size_t cap)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, " %s=", key);
+    const char *p = strstr(line, pat);
+    if (!p) return 0;
+    p += strlen(pat);
+    size_t n = strcspn(p, " \n");
+    if (n >= cap) n = cap - 1;
+    memcpy(out, p, n);
+    out[n] = 0;
+    return 1;
+}
+
+/* New whole lines of events-sync.log: merges and their compute seconds, and
+ * the synchronizer's start (returns 1 when a sync_start of pid was seen). */
+static int scan_sync(run_t *r, pid_t pid)
+{
+    FILE *f = fopen(runpath(r, "events-sync.log"), "r");
+    if (!f) return 0;
+    int started = 0;
+    char line[4200], v[64];
+    if (fseek(f, r->sync_off, SEEK_SET) == 0) {
+        while (fgets(line, sizeof line, f)) {
+            if (!strchr(line, '\n')) break; /* not whole yet: read again next time */
+            r->sync_off += (long)strlen(line);
+            if (strstr(line, " event=merge ")) {
+                r->merges++;
+                if (field(line, "compute_s", v, sizeof v)) r->merged_compute_s += atof(v);
+            } else if (strstr(line, " event=sync_start ") && field(line, "pid", v, sizeof v) && atoi(v) == pid) {
+                started = 1;
+            }
+        }
+    }
+    fclose(f);
+    return started;
+}
+
+static void link_sample(run_t *r)
+{
+    for (int d = 0; d < r->sc->n_dc; d++) {
+        dl_relay_stats st;
+        dl_relay_stats_get(r->relay[d], &st);
+        dl_event("link", "dc=%s up_bytes=%llu down_bytes=%llu", r->sc->dc[d].name, (unsigned long long)st.up_bytes,
+                 (unsigned long long)st.down_bytes);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// evaluation
+
+static void eval_start(run_t *r)
+{
+    argv_t a = {0};
+    arg(&a, "%s/tools/dloco", r->c->bin);
+    arg(&a, "eval"), arg(&a, "%s/store", r->c->dir);
+    arg(&a, "--data"), arg(&a, "%s", r->sc->run.corpus);
+    arg(&a, "--batch"), arg(&a, "8");
+    arg(&a, "--val_batches"), arg(&a, "%lld", (long long)r->sc->run.eval_batches);
+    const char *out = runpath(r, "eval.out");
+    unlink(out);
+    r->epid = spawn(&a, out, 1);
+    r->eval_started = dl_clock_ns();
+}
+
+static void eval_done(run_t *r, int ok)
+{
+    r->epid = 0;
+    FILE *f = fopen(runpath(r, "eval.out"), "r");
+    char line[1024];
+    double loss = NAN;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, "val loss ");
+        if (p) loss = atof(p + 9);
+    }
+    if (f) fclose(f);
+    if (!ok || !isfinite(loss)) return; /* a store not yet readable (first seconds): no sample */
+    r->last_loss = loss;
+    dl_event("eval", "elapsed_s=%.3f merges=%ld val_loss=%.6f", now_s(r), r->merges, loss);
+}
+
+// ----------------------------------------------------------------------------
+// faults
+
+static void fault_event(run_t *r, const dl_sc_event *e, const char *phase, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void fault_event(run_t *r, const dl_sc_event *e, const char *phase, const char *fmt, ...)
+{
+    char d[300], q[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d, sizeof d, fmt, ap);
+    va_end(ap);
+    dl_event("fault", "n=%d kind=%s target=%s phase=%s value=%g detail=%s", e->n, dl_fault_kind_name(e->kind),
+             e->target, phase, e->value, dl_event_str(d, q, sizeof q));
+    printf("[chaos %s] %6.1f s  fault %d %s %s %s%s%s\n", r->c->label, now_s(r), e->n, dl_fault_kind_name(e->kind),
+           e->target, phase, *d ? ": " : "", d);
+}
+
+static void relay_apply(run_t *r, int d) { dl_relay_set(r->relay[d], &r->cur[d]); }
+
+static int fiu_ctrl(run_t *r, const char *cmd)
+{
+    if (r->spid <= 0) return DL_ENOTFOUND;
+    argv_t a = {0};
+    arg(&a, "fiu-ctrl"), arg(&a, "-f"), arg(&a, "%s", r->fiu_prefix);
+    args_split(&a, cmd); /* -c 'command' pairs were written without blanks inside */
+    arg(&a, "%d", (int)r->spid);
+    pid_t pid = spawn(&a, runpath(r, "fiu.log"), 0);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : DL_EIO;
+}
+
+/* The store's writes and syncs: LMDB writes pages with pwrite/writev and
+ * syncs with fdatasync (fsync on some systems); the event log and stdout use
+ * write(2), which stays working so the failure can be observed. */
+static const char *const disk_points[] = {"posix/io/rw/pwrite", "posix/io/rw/pwritev", "posix/io/rw/writev",
+                                          "posix/io/sync/fdatasync", "posix/io/sync/fsync"};
+
+static void disk_arm(run_t *r, int on, double p, int err)
+{
+    char cmd[1400] = "";
+    for (size_t i = 0; i < sizeof disk_points / sizeof disk_points[0]; i++) {
+        char one[200];
+        if (on) snprintf(one, sizeof one, "-c enable_random name=%s,probability=%g,failinfo=%d ", disk_points[i], p, err);
+        else snprintf(one, sizeof one, "-c disable name=%s ", disk_points[i]);
+        strncat(cmd, one, sizeof cmd - strlen(cmd) - 1);
+    }
+    fiu_ctrl(r, cmd);
+}
+
+static void schedule_end(run_t *r, int ev, double after_s)
+{
+    pend_t *p = &r->pend[r->n_pend++];
+    p->at_ns = dl_clock_ns() + (int64_t)(after_s * 1e9);
+    p->ev = ev;
+}
+
+static void rogue_start(run_t *r, const dl_sc_event *e)
+{
+    argv_t a = {0};
+    arg(&a, "%s", r->c->self), arg(&a, "rogue"), arg(&a, "127.0.0.1"), arg(&a, "%d", r->sync_port);
+    arg(&a, "%d", (int)e->value), arg(&a, "%lld", (long long)(r->sc->run.seed * 1000 + e->n));
+    pid_t pid = spawn(&a, runpath(r, "rogue.log"), 0);
+    if (r->n_rogue < (int)(sizeof r->rogue / sizeof r->rogue[0])) r->rogue[r->n_rogue++] = pid;
+}
+
+static void fault_begin(run_t *r, int ei)
+{
+    const dl_sc_event *e = &r->tl->ev[ei];
+    int d = dl_fault_kind_target(e->kind) == 'd' ? dl_scenario_dc_index(r->sc, e->target) : -1;
+    int i = dl_fault_kind_target(e->kind) == 'l' ? slot_of(r, e->target) : -1;
+    slot_t *s = i >= 0 ? &r->slot[i] : NULL;
+    if (dl_fault_kind_target(e->kind) == 'l' && e->kind != DL_FK_LEARNER_JOIN && (!s || !s->provisioned)) {
+        fault_event(r, e, "instant", "skipped: %s is not provisioned", e->target);
+        return;
+    }
+    r->applied++;
+    switch (e->kind) {
+    case DL_FK_LEARNER_KILL:
+        if (s->pid > 0) {
+            s->expected = 1;
+            kill(s->pid, SIGKILL);
+        }
+        s->restart_ns = -1; /* the fault's end restarts it */
+        fault_event(r, e, "begin", "pid=%d", (int)s->pid);
+        schedule_end(r, ei, e->duration_s);
+        break;
+    case DL_FK_LEARNER_HANG:
+        s->hung = 1;
+        if (s->pid > 0) kill(s->pid, SIGSTOP);
+        fault_event(r, e, "begin", "pid=%d", (int)s->pid);
+        schedule_end(r, ei, e->duration_s);
+        break;
+    case DL_FK_LEARNER_SLOW:
+        s->slow = e->value;
+        s->duty_next_ns = dl_clock_ns();
+        fault_event(r, e, "begin", "runs %.0f%% of the time", e->value * 100);
+        schedule_end(r, ei, e->duration_s);
+        break;
+    case DL_FK_LEARNER_LEAVE:
+    case DL_FK_CHURN:
+        s->expected = 1;
+        s->hung = 0;
+        s->slow = 0;
+        s->restart_ns = 0;
+        end_proc(s->pid, SIGTERM);
+        s->left = 1;
+        unprovision(r, i, "leave");
+        fault_event(r, e, e->kind == DL_FK_CHURN ? "begin" : "instant", "SIGTERM pid=%d", (int)s->pid);
+        if (e->kind == DL_FK_CHURN) schedule_end(r, ei, e->duration_s);
+        break;
+    case DL_FK_LEARNER_JOIN: {
+        int j = -1;
+        for (int k = 0; k < r->n_slot; k++)
+            if (!strcmp(r->slot[k].id, e->target)) j = k;
+        if (j < 0 || r->slot[j].provisioned || r->slot[j].left) {
+            fault_event(r, e, "instant", "skipped: %s cannot join", e->target);
+            r->applied--;
+            return;
+        }
+        provision(r, j);
+        fault_event(r, e, "instant", "pid=%d", (int)r->slot[j].pid);
+        break;
+    }
+    case DL_FK_SYNC_KILL:
+        if (r->spid > 0) {
+            r->sexpected = 1;
+            kill(r->spid, SIGKILL);
+        }
+        r->srestart_ns = -1;
+        fault_event(r, e, "begin", "pid=%d", (int)r->spid);
+        schedule_end(r, ei, e->duration_s);
+        break;
+    case DL_FK_SYNC_HANG:
+        r->shung = 1;
+        if (r->spid > 0) kill(r->spid, SIGSTOP);
+        fault_event(r, e, "begin", "pid=%d", (int)r->spid);
+        schedule_end(r, ei, e->duration_s);
+        break;
+    case DL_FK_PARTITION:
+        r->partitioned[d]++;
+        if (r->c->netns) dl_net_dc_link(&r->net[d], 0);
+        else r->cur[d].partitioned = 1, relay_apply(r, d);
+        fault_event(r, e, "begin", "%s", r->c->netns ? "veth down" : "relay holds every byte");
+        schedule_end(r, ei, e->duration_s);
+        break;
+    case DL_FK_BANDWIDTH:
+        if (r->c->netns) dl_net_dc_rate(&r->net[d], e->value);
+        else r->cur[d].rate_mbit = e->value, relay_apply(r, d);
+        r->rate_now[d] = e->value;
+        fault_event(r, e, "begin", "%g Mbit/s (%s)", e->value, r->c->netns ? "tbf" : "relay");
+        schedule_end(r, ei, e->duration_s);
+        break;
+    case DL_FK_DELAY:
+        r->cur[d].delay_ms += e->value / 2;
+        relay_apply(r, d);
+        fault_event(r, e, "begin", "+%g ms RTT", e->value);
+        schedule_end(r, ei, e->duration_s);
+        break;
+    case DL_FK_LOSS:
+    case DL_FK_DUPLICATE:
+    case DL_FK_REORDER: {
+        double *p = e->kind == DL_FK_LOSS ? &r->cur[d].loss : e->kind == DL_FK_DUPLICATE ? &r->cur[d].duplicate
+                                                                                            : &r->cur[d].reorder;
+        *p = e->value;
+        relay_apply(r, d);
+        fault_event(r, e, "begin", "p=%g", e->value);
+        schedule_end(r, ei, e->duration_s);
+        break;
+    }
+    case DL_FK_DISK_EIO:
+    case DL_FK_DISK_ENOSPC: {
+        int err = e->kind == DL_FK_DISK_EIO ? EIO : ENOSPC;
+        r->disk_on = 1;
+        r->disk_p = e->value;
+        r->disk_errno = err;
+        if (!r->fiu || r->spid <= 0) {
+            fault_event(r, e, "begin", "the synchronizer is %s: armed when it starts", r->spid > 0 ? "not under fiu-run" : "down");
+            r->disk_rearm = r->fiu;
+            schedule_end(r, ei, e->duration_s);
+            break;
+        }
+        disk_arm(r, 1, e->value, err);
+        fault_event(r, e, "begin", "store pwrite/writev/fdatasync/fsync fail with %s, p=%g", strerror(err), e->value);
+        schedule_end(r, ei, e->duration_s);
+        break;
+    }
+    case DL_FK_ROGUE_GARBAGE:
+        rogue_start(r, e);
+        fault_event(r, e, "instant", "%d garbage messages to 127.0.0.1:%d", (int)e->value, r->sync_port);
+        break;
+    case DL_FK_ROGUE_REPLAY: {
+        int sent = 0;
+        for (int k = 0; k < (int)e->value; k++) sent += dl_relay_replay(r->relay[d]) == 0;
+        dl_err_clear();
+        fault_event(r, e, "instant", "replayed %d of %d captured messages", sent, (int)e->value);
+        break;
+    }
+    default: break;
+    }
+}
+
+static void fault_end(run_t *r, int ei, const char *why)
+{
+    const dl_sc_event *e = &r->tl->ev[ei];
+    int d = dl_fault_kind_target(e->kind) == 'd' ? dl_scenario_dc_index(r->sc, e->target) : -1;
+    int i = dl_fault_kind_target(e->kind) == 'l' ? slot_of(r, e->target) : -1;
+    slot_t *s = i >= 0 ? &r->slot[i] : NULL;
+    int at_end = !strcmp(why, "run_end");
+    switch (e->kind) {
+    case DL_FK_LEARNER_KILL:
+        if (s && s->provisioned && !at_end) start_learner(r, i);
+        else if (s) s->restart_ns = 0;
+        fault_event(r, e, "end", "%s", at_end ? "not restarted: the run ends" : "restarted");
+        return;
+    case DL_FK_LEARNER_HANG:
+        if (s) {
+            s->hung = 0;
+            if (s->pid > 0) kill(s->pid, SIGCONT);
+        }
+        break;
+    case DL_FK_LEARNER_SLOW:
+        if (s) {
+            s->slow = 0;
+            if (s->pid > 0 && s->duty_off && !s->hung) kill(s->pid, SIGCONT);
+            s->duty_off = 0;
+        }
+        break;
+    case DL_FK_CHURN: {
+        if (at_end) break;
+        /* the replacement: the left learner's section and datacenter, a new id */
+        int old = -1;
+        for (int k = 0; k < r->n_slot; k++)
+            if (!strcmp(r->slot[k].id, e->target)) old = k;
+        while (old >= 0 && r->slot[old].replaced_by >= 0) old = r->slot[old].replaced_by;
+        if (old < 0 || r->n_slot == DL_SC_MAX_SLOTS) break;
+        slot_t *n = &r->slot[r->n_slot];
+        memset(n, 0, sizeof *n);
+        *n = r->slot[old];
+        snprintf(n->id, sizeof n->id, "%.40s-j%d", e->target, ++r->churns);
+        n->provisioned = n->left = 0;
+        n->pid = 0;
+        n->inc = 0;
+        n->unplanned = 0;
+        n->replaced_by = -1;
+        n->state[0] = 0;
+        r->slot[old].replaced_by = r->n_slot;
+        provision(r, r->n_slot++);
+        fault_event(r, e, "end", "joined as %s", n->id);
+        return;
+    }
+    case DL_FK_SYNC_KILL:
+        if (!at_end) start_sync(r);
+        r->srestart_ns = 0;
+        fault_event(r, e, "end", "%s", at_end ? "not restarted: the run ends" : "restarted");
+        return;
+    case DL_FK_SYNC_HANG:
+        r->shung = 0;
+        if (r->spid > 0) kill(r->spid, SIGCONT);
+        break;
+    case DL_FK_PARTITION:
+        if (--r->partitioned[d] == 0) {
+            if (r->c->netns) dl_net_dc_link(&r->net[d], 1);
+            else r->cur[d].partitioned = 0, relay_apply(r, d);
+        }
+        break;
+    case DL_FK_BANDWIDTH:
+        if (r->c->netns) dl_net_dc_rate(&r->net[d], r->sc->dc[d].bandwidth_mbit);
+        else r->cur[d].rate_mbit = r->base[d].rate_mbit, relay_apply(r, d);
+        r->rate_now[d] = r->sc->dc[d].bandwidth_mbit;
+        break;
+    case DL_FK_DELAY:
+        r->cur[d].delay_ms -= e->value / 2;
+        if (r->cur[d].delay_ms < r->base[d].delay_ms) r->cur[d].delay_ms = r->base[d].delay_ms;
+        relay_apply(r, d);
+        break;
+    case DL_FK_LOSS: r->cur[d].loss = r->base[d].loss, relay_apply(r, d); break;
+    case DL_FK_DUPLICATE: r->cur[d].duplicate = r->base[d].duplicate, relay_apply(r, d); break;
+    case DL_FK_REORDER: r->cur[d].reorder = r->base[d].reorder, relay_apply(r, d); break;
+    case DL_FK_DISK_EIO:
+    case DL_FK_DISK_ENOSPC:
+        r->disk_on = r->disk_rearm = 0;
+        if (r->spid > 0) disk_arm(r, 0, 0, 0);
+        break;
+    default: break;
+    }
+    fault_event(r, e, "end", "%s", at_end ? "undone: the run ends" : "");
+}
+
+// ----------------------------------------------------------------------------
+// the loop
+
+static void duty(run_t *r)
+{
+    int64_t now = dl_clock_ns();
+    for (int i = 0; i < r->n_slot; i++) {
+        slot_t *s = &r->slot[i];
+        if (s->slow <= 0 || s->pid <= 0 || s->hung || now < s->duty_next_ns) continue;
+        if (s->duty_off) {
+            kill(s->pid, SIGCONT);
+            s->duty_off = 0;
+            s->duty_next_ns = now + (int64_t)(DUTY_PERIOD_NS * s->slow);
+        } else {
+            kill(s->pid, SIGSTOP);
+            s->duty_off = 1;
+            s->duty_next_ns = now + (int64_t)(DUTY_PERIOD_NS * (1 - s->slow));
+        }
+    }
+}
+
+static void reap(run_t *r)
+{
+    int st;
+    pid_t pid;
+    while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+        int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1, sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+        if (pid == r->epid) {
+            eval_done(r, code == 0);
+            continue;
+        }
+        if (pid == r->spid) {
+            int exp = r->sexpected;
+            dl_event("proc_exit", "role=sync slot=-1 id=sync pid=%d incarnation=%d code=%d signal=%d expected=%d",
+                     (int)pid, r->sinc - 1, code, sig, exp);
+            r->spid = 0;
+            if (!exp) {
+                r->unplanned_exits++;
+                printf("[chaos %s] %6.1f s  the synchronizer exited by itself (code %d, signal %d): restarting it in "
+                       "%.1f s\n",
+                       r->c->label, now_s(r), code, sig, r->sc->sync.restart_delay_s);
+                if (++r->s_unplanned <= MAX_UNPLANNED)
+                    r->srestart_ns = dl_clock_ns() + (int64_t)(r->sc->sync.restart_delay_s * 1e9);
+            }
+            continue;
+        }
+        int found = 0;
+        for (int i = 0; i < r->n_slot && !found; i++) {
+            slot_t *s = &r->slot[i];
+            if (s->pid != pid) continue;
+            found = 1;
+            dl_event("proc_exit", "role=learner slot=%d id=%s pid=%d incarnation=%d code=%d signal=%d expected=%d", i,
+                     s->id, (int)pid, s->inc - 1, code, sig, s->expected);
+            s->pid = 0;
+            s->duty_off = 0;
+            if (!s->expected && s->provisioned) {
+                r->unplanned_exits++;
+                printf("[chaos %s] %6.1f s  learner %s exited by itself (code %d, signal %d; see %s.log)%s\n",
+                       r->c->label, now_s(r), s->id, code, sig, s->id,
+                       s->unplanned < MAX_UNPLANNED ? ": restarting it" : ": not restarted again");
+                if (++s->unplanned <= MAX_UNPLANNED && s->restart_ns == 0)
+                    s->restart_ns = dl_clock_ns() + (int64_t)(r->sc->sync.restart_delay_s * 1e9);
+            }
+        }
+        /* else: a rogue client or a helper command */
+    }
+}
+
+static int wait_all(run_t *r, double timeout_s)
+{
+    int64_t end = dl_clock_ns() + (int64_t)(timeout_s * 1e9);
+    for (;;) {
+        reap(r);
+        int alive = 0;
+        for (int i = 0; i < r->n_slot; i++) alive += r->slot[i].pid > 0;
+        if (!alive || dl_clock_ns() > end) return alive;
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void progress(run_t *r)
+{
+    int up = 0, dead = 0, hung = 0;
+    double prov = 0;
+    for (int i = 0; i < r->n_slot; i++) {
+        const slot_t *s = &r->slot[i];
+        if (!s->provisioned) continue;
+        up += s->pid > 0 && !s->hung;
+        dead += s->pid <= 0;
+        hung += s->pid > 0 && s->hung;
+        prov++;
+    }
+    double elapsed = now_s(r);
+    /* goodput so far: merged learner-seconds over provisioned learner-seconds
+     * (approximate: the report counts slots' real provisioned times) */
+    double gp = prov > 0 && elapsed > 0 ? r->merged_compute_s / (double)r->sc->run.fragments / (prov * elapsed) : 0;
+    char loss[32] = "-";
+    if (isfinite(r->last_loss) && r->last_loss > 0) snprintf(loss, sizeof loss, "%.4f", r->last_loss);
+    printf("[chaos %s] %6.1f/%.0f s | faults %d/%d | merges %ld | val loss %s | goodput so far %.2f | learners up %d "
+           "dead %d hung %d%s\n",
+           r->c->label, elapsed, r->sc->run.duration_s, r->applied, r->tl->n_ev, r->merges, loss, gp, up, dead, hung,
+           r->spid > 0 ? (r->shung ? " | sync hung" : "") : " | sync down");
+    fflush(stdout);
+}
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The run's end: undo what is still applied, stop the learners (they flush),
+ * then the synchronizer; a final evaluation and `dloco check`. */
+static void finish(run_t *r, int interrupted)
+{
+    for (int k = 0; k < r->n_pend; k++)
+        if (r->pend[k].ev >= 0) fault_end(r, r->pend[k].ev, "run_end"), r->pend[k].ev = -1;
+    for (int i = 0; i < r->n_slot; i++) {
+        slot_t *s = &r->slot[i];
+        unprovision(r, i, "run_end");
+        s->slow = 0;
+        s->restart_ns = 0;
+        if (s->pid > 0) {
+            s->expected = 1;
+            end_proc(s->pid, interrupted ? SIGKILL : SIGTERM);
+        }
+    }
+    if (r->spid > 0 && r->shung) kill(r->spid, SIGCONT);
+    if (wait_all(r, interrupted ? 5 : 30)) {
+        printf("[chaos %s] learners still running after the flush: SIGKILL\n", r->c->label);
+        for (int i = 0; i < r->n_slot; i++)
+            if (r->slot[i].pid > 0) kill(r->slot[i].pid, SIGKILL);
+        wait_all(r, 10);
+    }
+    for (int k = 0; k < r->n_rogue; k++) kill(r->rogue[k], SIGKILL);
+    if (r->spid > 0) {
+        r->sexpected = 1;
+        end_proc(r->spid, interrupted ? SIGKILL : SIGTERM);
+        int64_t end = dl_clock_ns() + 60 * 1000000000LL;
+        while (r->spid > 0 && dl_clock_ns() < end) reap(r), nap_ms(20);
+        if (r->spid > 0) {
+            printf("[chaos %s] the synchronizer did not stop within 60 s of SIGTERM: SIGKILL\n", r->c->label);
+            kill(r->spid, SIGKILL);
+            while (r->spid > 0) reap(r), nap_ms(20);
+        }
+    }
+    if (r->epid > 0) {
+        kill(r->epid, SIGKILL);
+        while (r->epid > 0) reap(r), nap_ms(10);
+    }
+    if (interrupted) return;
+    scan_sync(r, 0);
+    eval_start(r);
+    while (r->epid > 0) reap(r), nap_ms(20);
+    /* dloco check on the store: consistent after every kill and disk fault */
+    argv_t a = {0};
+    arg(&a, "%s/tools/dloco", r->c->bin), arg(&a, "check"), arg(&a, "%s/store", r->c->dir);
+    const char *out = runpath(r, "check.out");
+    unlink(out);
+    pid_t pid = spawn(&a, out, 1);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+    int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    char last[400] = "", line[400], q[500];
+    FILE *f = fopen(out, "r");
+    while (f && fgets(line, sizeof line, f))
+        if (*line != '\n') snprintf(last, sizeof last, "%.*s", (int)strcspn(line, "\n"), line);
+    if (f) fclose(f);
+    dl_event("check", "ok=%d detail=%s", ok, dl_event_str(last, q, sizeof q));
+    printf("[chaos %s] dloco check: %s (%s)\n", r->c->label, ok ? "ok" : "FAILED", last);
+}
+
+int dl_chaos_run(const dl_chaos_run_cfg *c)
+{
+    run_t *r = calloc(1, sizeof *r);
+    if (!r) return dl_err(DL_ENOMEM, "chaos run");
+    r->c = c;
+    r->sc = c->sc;
+    r->tl = c->tl;
+    r->last_loss = NAN;
+    const dl_scenario *sc = c->sc;
+    int rc = 0;
+    if (mkdir(c->dir, 0755) && errno != EEXIST) {
+        rc = dl_err(DL_EIO, "mkdir %s: %s", c->dir, strerror(errno));
+        free(r);
+        return rc;
+    }
+    if ((rc = dl_timeline_write(c->tl, runpath(r, "timeline.tsv"))) ||
+        (rc = dl_event_open(runpath(r, "events-chaos.log"), "chaos"))) {
+        free(r);
+        return rc;
+    }
+    for (int i = 0; i < sc->n_fault; i++)
+        if (sc->fault[i].k == DL_FK_DISK_EIO || sc->fault[i].k == DL_FK_DISK_ENOSPC) r->fiu = 1;
+    snprintf(r->fiu_prefix, sizeof r->fiu_prefix, "%s/fiu-ctrl", c->dir);
+    r->sync_port = free_port();
+    r->t0 = dl_clock_ns();
+    dl_event("run_start",
+             "label=%s policy=%s baseline=%d scenario=%s seed=%lld duration_s=%g fragments=%lld slots=%d dcs=%d "
+             "netns=%d eval_every_s=%g",
+             c->label, c->policy, c->baseline, sc->run.name, (long long)sc->run.seed, sc->run.duration_s,
+             (long long)sc->run.fragments, c->tl->n_slot, sc->n_dc, c->netns, sc->run.eval_every_s);
+    printf("[chaos %s] %s: %d learners in %d datacenters (%s), %d faults, %.0f s, policy %s\n", c->label,
+           sc->run.name, c->tl->n_slot, sc->n_dc, c->netns ? "network namespaces, tbf links" : "loopback, relay only",
+           c->tl->n_ev, sc->run.duration_s, c->policy);
+    /* datacenters: links, then relays */
+    for (int d = 0; d < sc->n_dc && !rc; d++) {
+        const dl_sc_dc *dc = &sc->dc[d];
+        if (c->netns && (rc = dl_net_dc_open(c->tag, d, dc->bandwidth_mbit, &r->net[d]))) break;
+        dl_relay_impair im = {.delay_ms = dc->rtt_ms / 2,
+                              .jitter_ms = dc->jitter_ms,
+                              .loss = dc->loss,
+                              .duplicate = dc->duplicate,
+                              .reorder = dc->reorder,
+                              .rate_mbit = c->netns ? 0 : dc->bandwidth_mbit};
+        r->base[d] = r->cur[d] = im;
+        r->rate_now[d] = dc->bandwidth_mbit;
+        dl_relay_cfg rcfg = {.listen_host = c->netns ? r->net[d].host_ip : "127.0.0.1",
+                             .listen_port = 0,
+                             .upstream_host = "127.0.0.1",
+                             .upstream_port = r->sync_port,
+                             .seed = (uint64_t)sc->run.seed * 131 + (uint64_t)d};
+        if ((rc = dl_relay_open(&rcfg, &r->relay[d]))) break;
+        dl_relay_set(r->relay[d], &im);
+        int nl = 0;
+        for (int i = 0; i < c->tl->n_slot; i++) nl += c->tl->slot[i].dc == d;
+        dl_event("dc", "name=%s mode=%s bandwidth_mbit=%g rtt_ms=%g learners=%d", dc->name, c->netns ? "netns" : "relay",
+                 dc->bandwidth_mbit, dc->rtt_ms, nl);
+    }
+    if (!rc) {
+        start_sync(r);
+        int64_t deadline = dl_clock_ns() + 60 * 1000000000LL;
+        int up = 0;
+        while (!up && r->spid > 0 && dl_clock_ns() < deadline && !dl_chaos_interrupted) {
+            up = scan_sync(r, r->spid);
+            if (!up) reap(r), nap_ms(20);
+        }
+        if (!up) rc = dl_err(DL_EIO, "dloco-sync did not start (see %s)", runpath(r, "sync.log"));
+    }
+    if (!rc) {
+        r->n_slot = c->tl->n_slot;
+        for (int i = 0; i < r->n_slot; i++) {
+            slot_t *s = &r->slot[i];
+            snprintf(s->id, sizeof s->id, "%s", c->tl->slot[i].id);
+            s->section = c->tl->slot[i].section;
+            s->dc = c->tl->slot[i].dc;
+            s->data_shard = c->tl->slot[i].data_shard;
+            s->replaced_by = -1;
+            if (c->tl->slot[i].join_s <= 0) provision(r, i);
+        }
+        update_states(r);
+        int64_t next_progress = dl_clock_ns() + PROGRESS_NS, next_link = dl_clock_ns();
+        int64_t next_eval = sc->run.eval_every_s > 0 ? dl_clock_ns() + (int64_t)(sc->run.eval_every_s * 1e9) : INT64_MAX;
+        int64_t end = r->t0 + (int64_t)(sc->run.duration_s * 1e9);
+        while (!dl_chaos_interrupted) {
+            int64_t now = dl_clock_ns();
+            if (now >= end) break;
+            while (r->next_ev < c->tl->n_ev && r->t0 + (int64_t)(c->tl->ev[r->next_ev].at_s * 1e9) <= now)
+                fault_begin(r, r->next_ev++);
+            for (int k = 0; k < r->n_pend; k++)
+                if (r->pend[k].ev >= 0 && r->pend[k].at_ns <= now) {
+                    int ev = r->pend[k].ev;
+                    r->pend[k].ev = -1;
+                    fault_end(r, ev, "scheduled");
+                }
+            reap(r);
+            now = dl_clock_ns();
+            for (int i = 0; i < r->n_slot; i++)
+                if (r->slot[i].restart_ns > 0 && r->slot[i].restart_ns <= now && r->slot[i].provisioned &&
+                    r->slot[i].pid <= 0)
+                    start_learner(r, i);
+            if (r->srestart_ns > 0 && r->srestart_ns <= now && r->spid <= 0) {
+                r->srestart_ns = 0;
+                start_sync(r);
+            }
+            if (r->disk_rearm && r->spid > 0) {
+                /* a synchronizer restarted during a disk fault meets it too, once
+                 * libfiu's control fifo of the new process exists */
+                char fifo[400];
+                snprintf(fifo, sizeof fifo, "%s-%d.in", r->fiu_prefix, (int)r->spid);
+                if (access(fifo, F_OK) == 0) r->disk_rearm = 0, disk_arm(r, 1, r->disk_p, r->disk_errno);
+            }
+            duty(r);
+            update_states(r);
+            if (now >= next_link) link_sample(r), next_link = now + 1000000000LL;
+            if (now >= next_eval && r->epid <= 0) eval_start(r), next_eval = now + (int64_t)(sc->run.eval_every_s * 1e9);
+            if (now >= next_progress) scan_sync(r, 0), progress(r), next_progress = now + PROGRESS_NS;
+            nap_ms(TICK_MS);
+        }
+        link_sample(r);
+        finish(r, dl_chaos_interrupted);
+        update_states(r);
+        link_sample(r);
+        dl_event("run_end", "wall_s=%.3f unplanned_exits=%d", now_s(r), r->unplanned_exits);
+        if (dl_chaos_interrupted) rc = dl_err(DL_EAGAIN, "interrupted");
+    } else {
+        finish(r, 1);
+    }
+    for (int d = 0; d < sc->n_dc; d++) {
+        dl_relay_close(&r->relay[d]);
+        if (c->netns) dl_net_dc_close(&r->net[d]);
+    }
+    dl_event_close();
+    free(r);
+    return rc;
+}

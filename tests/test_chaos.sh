@@ -1,0 +1,67 @@
+#!/bin/bash
+# The chaos harness on its CI scenario (chaos/scenarios/ci.ini): about two
+# minutes of real dloco-sync and dloco-learner processes with every fault
+# kind. Asserts on the harness's and the products' events (docs/CHAOS.md,
+# docs/EVENTS.md): the run completes, every fault of the timeline was
+# applied, the push ledger balances in every synchronizer incarnation that
+# exited cleanly, `dloco check` passes on the store, the goodput buckets sum
+# to 1, and the report files exist. As root the datacenters are network
+# namespaces with tbf links; otherwise loopback with the relay (it says so).
+set -u
+TEST_NAME=chaos
+. "$(dirname "$0")/lib_cluster.sh"
+SRC=${DLOCO_SRC:-.}
+CHAOS=$B/chaos/dloco-chaos
+[ -x "$CHAOS" ] || die "no $CHAOS"
+OUT="$W/out"
+timeout -k 10 420 "$CHAOS" run "$SRC/chaos/scenarios/ci.ini" --out "$OUT" > "$W/chaos.log" 2>&1
+rc=$?
+grep -E "^\[chaos|^dloco-chaos" "$W/chaos.log" | grep -vE "\| faults" | tail -40
+check "dloco-chaos run exited 0 (rc $rc)" [ "$rc" = 0 ]
+R="$OUT/decoupled"
+E="$R/events-chaos.log"
+[ -s "$E" ] || die "no harness events"
+check "the run ended (run_end)" ev_has "$E" run_end
+# every fault of the timeline: a begin or an instant event that was not a skip
+planned=$(tail -n +2 "$OUT/timeline.tsv" | wc -l)
+missing=""
+while IFS=$'\t' read -r n at kind target dur value src; do
+  [ "$n" = n ] && continue
+  got=$(ev_field "$E" fault detail "n=$n" "phase~^(begin|instant)$" | grep -vc '^skipped' || true)
+  [ "$got" -ge 1 ] || missing="$missing $n:$kind"
+  [ "$dur" = "0.000" ] || ev_has "$E" fault "n=$n" phase=end || missing="$missing $n:$kind(end)"
+done < "$OUT/timeline.tsv"
+check "all $planned faults of the timeline were applied and undone${missing:+ (missing:$missing)}" [ -z "$missing" ]
+kinds=$(ev_field "$E" fault kind phase~'^(begin|instant)$' | sort -u | tr '\n' ' ')
+echo "fault kinds applied: $kinds"
+check "every fault kind ran ($(echo $kinds | wc -w) of 18)" [ "$(echo $kinds | wc -w)" = 18 ]
+# the synchronizer was killed and restarted; the ledger balances in every
+# incarnation that exited cleanly (a SIGKILLed one writes none)
+SE="$R/events-sync.log"
+check "the synchronizer ran in more than one incarnation" [ "$(ev_count "$SE" sync_start)" -ge 2 ]
+nl=$(ev_count "$SE" ledger)
+bad=$(ev_field "$SE" ledger "applied dropped_stale rejected lost discarded outstanding processed carried_in pooled carried overclaim" |
+  awk '{ if ($1+$2+$3+$4+$5+$6 != $7+$8 || $9 != 0 || $10 != 0 || $11 != 0) print }')
+check "the push ledger balances in each of the $nl clean incarnations${bad:+ (unbalanced: $bad)}" [ "$nl" -ge 1 -a -z "$bad" ]
+check "dloco check passed on the store after the run" ev_has "$E" check ok=1
+check "dloco check agrees now" quietly "$DLOCO" check "$R/store"
+check "merges were committed" [ "$(ev_count "$SE" merge)" -gt 10 ]
+check "the rogue client's garbage was refused, the synchronizer stayed up" \
+  [ "$(ev_field "$SE" sync_summary refused_msgs | awk '{s += $1} END {print s + 0}')" -gt 0 ]
+# the report
+for f in report.md report.json; do check "$f written" [ -s "$OUT/$f" ]; done
+if command -v gnuplot > /dev/null; then
+  check "plots written (loss, goodput, timeline, links, staleness)" \
+    [ "$(ls "$OUT"/plots/*.svg 2> /dev/null | wc -l)" -ge 5 ]
+fi
+read -r gp bound sum <<< "$(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["runs"][0]
+f = r["fleet"]
+print(f["goodput"], f["availability_bound"], sum(f["fractions"].values()))' "$OUT/report.json")"
+echo "goodput $gp, availability bound $bound, buckets sum to $sum"
+check "goodput and badput buckets sum to 1 ($sum)" python3 -c "import sys; sys.exit(abs($sum - 1) > 1e-6)"
+check "goodput is positive and under the availability bound ($gp <= $bound)" \
+  python3 -c "import sys; sys.exit(not (0 < $gp <= $bound <= 1))"
+[ $fail = 0 ] && echo "test_chaos: all checks passed" || { echo "test_chaos: FAILED"; tail -30 "$W/chaos.log"; }
+exit $fail
