@@ -843,6 +843,20 @@ static void service(dl_relay *r, pair *p, int64_t now)
 
 /* ---- the loop */
 
+/* Move the first pair to the end. The pass serves pairs in list order and
+ * the first one takes what the shared token bucket holds, so without this
+ * one busy learner would starve the others of a rate-limited link. */
+static void rotate(dl_relay *r)
+{
+    pair *first = r->pairs;
+    if (!first || !first->next) return;
+    pair *last = first;
+    while (last->next) last = last->next;
+    r->pairs = first->next;
+    first->next = NULL;
+    last->next = first;
+}
+
 static int pfd_add(dl_relay *r, size_t *n, int fd, short events)
 {
     if (*n == r->pfd_cap) {
@@ -876,6 +890,7 @@ static void *relay_main(void *arg)
         for (pair *p = r->pairs; p; p = p->next) service(r, p, now);
         if (npfd >= 2 && (r->pfds[1].revents & POLLIN)) accept_all(r, now);
         reap(r);
+        rotate(r);
 
         /* Next pass: what to wait for and until when. */
         npfd = 0;
@@ -1055,11 +1070,14 @@ int dl_relay_replay(dl_relay *r)
     pthread_mutex_lock(&r->mu);
     pair *target = NULL;
     if (r->capture) {
-        /* The list is newest first: the first live pair is the newest. */
+        /* The pair it came from, else the newest (largest id) live one. */
         for (pair *p = r->pairs; p; p = p->next) {
             if (!pair_live(p)) continue;
-            if (!target || p->id == r->capture_pair) target = p;
-            if (p->id == r->capture_pair) break;
+            if (p->id == r->capture_pair) {
+                target = p;
+                break;
+            }
+            if (!target || p->id > target->id) target = p;
         }
     }
     if (!target) {
