@@ -611,6 +611,13 @@ static void test_cut(void)
         mp_free(&m);
     } while (!found && mp_recv(dealer, 500, &m));
     CHECK(found, "down-after-cut missing");
+    /* The capture's connection is gone: the replay goes on the new one. */
+    int rc = dl_relay_replay(relay);
+    CHECK(rc == 0, "replay after the cut: %s %s", dl_strerror(rc), dl_errmsg());
+    int k = mp_recv(router, 5000, &m);
+    CHECK(k == 3 && mp_is(&m, 0, "learner-1") && mp_is(&m, 1, "replay-me"), "replay on the new connection: %d frames",
+          k);
+    mp_free(&m);
     printf("cut: %d checks\n", checks - before);
 }
 
