@@ -58,6 +58,11 @@
  *     relay is (several connections interleave by timing). Jitter uses a
  *     second stream so greeting and command chunking does not shift them.
  *   - ZMTP 1.0/2.0 peers are refused (bad framing).
+ *   - The ZMTP handshake takes about three round trips (greeting parts, then
+ *     READY) through the relay's delay; one-way delays of seconds can run
+ *     into libzmq's ZMQ_HANDSHAKE_IVL (30 s by default) and loop reconnects.
+ *   - The replay capture is taken before the loss draw (the sniffer sits at
+ *     the learner's end), so a dropped message can still be replayed.
  *
  * Errors: dl_relay_open returns 0 or DL_EINVAL / DL_ENET / DL_ENOMEM with
  * dl_errmsg(); replay DL_ENOTFOUND. */
