@@ -402,9 +402,14 @@ static int push_owed(dl_node *n)
 int dl_node_barrier_wait(dl_node *n, const volatile sig_atomic_t *stop, dl_node_barrier *out)
 {
     assert(n && out);
-    out->fragment = dl_node_barrier_blocked(n);
+    out->fragment = -1;
     out->waited_s = 0.0;
     out->end = NULL;
+    if (!dl_mailbox_barrier(n->mb)) return 0;
+    /* a debt whose predecessor was decided since the step goes now, as one
+     * decided during a wait does, not after the next step */
+    DL_TRY(push_owed(n));
+    out->fragment = dl_node_barrier_blocked(n);
     if (out->fragment < 0) return 0;
     int64_t t0 = dl_clock_ns();
     uint64_t released = n->st.hold_released;

@@ -74,8 +74,8 @@
  * owed while it goes on. dl_node_barrier_wait, called between steps, waits
  * while some owed push is still held (dl_node_barrier_blocked): it polls and
  * adopts, and makes each owed push as soon as its predecessor is decided
- * (before the next step; one whose adopt reset the counters has nothing to
- * send and is dropped). The decision timeout releases it as it releases a
+ * (before the next step, whether or not it had to wait; one whose adopt
+ * reset the counters has nothing to send and is dropped). The decision timeout releases it as it releases a
  * hold, so a lost Ack never deadlocks. Under `decoupled` nothing waits. */
 #ifndef DL_LEARNER_NODE_H
 #define DL_LEARNER_NODE_H
@@ -185,9 +185,10 @@ int dl_node_poll(dl_node *n);
  * owed push the hold rule still holds (not yet released by the decision
  * timeout), else -1; always -1 under `decoupled`. Counts nothing. */
 int dl_node_barrier_blocked(dl_node *n);
-/* Between steps: when dl_node_barrier_blocked, wait until it is not (owed
- * pushes made as their predecessors are decided; deferred pushes completed
- * first), *stop becomes nonzero (may be NULL) or a session is REFUSED or
+/* Between steps, under a barrier policy: make the owed pushes whose
+ * predecessor is decided; then, when dl_node_barrier_blocked, wait until it
+ * is not (owed pushes made as their predecessors are decided; deferred
+ * pushes completed first), *stop becomes nonzero (may be NULL) or a session is REFUSED or
  * FAILED (the caller reads dl_mailbox_state). Polls every 2 ms. Returns 0 when
  * there was nothing to wait for, 1 after a wait (*out filled, counted in
  * barrier_waits / barrier_wait_s), or the parameter interface's error. */

@@ -720,14 +720,37 @@ static void test_barrier(int mode, const char *name)
     CHECK(ns.barrier_waits == 1 && ns.barrier_wait_s == bw.waited_s, "counted: %llu waits, %.3f s",
           (unsigned long long)ns.barrier_waits, ns.barrier_wait_s);
 
-    /* a stop ends the wait; the push stays owed */
+    /* decided before the step boundary: no wait, the debt is settled at once all the same */
     CHECK(steps_without_1(n, c, theta, 6, 8, &d) == 0, "steps 6..8: nothing waits");
     train_step(theta, 9);
     dl_node_after_step(n, 9, H, TOK, 1.0, 0.5); /* fragment 1 due */
     REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1, "push of step 9 sent");
     CHECK(steps_without_1(n, c, theta, 10, 12, &d) == 0, "steps 10..12: nothing waits");
     train_step(theta, 13);
-    dl_node_after_step(n, 13, H, TOK, 1.0, 0.5);
+    dl_node_after_step(n, 13, H, TOK, 1.0, 0.5); /* fragment 1 due, held */
+    CHECK(dl_node_owes(n, 1), "step 13: fragment 1 owed");
+    REQUIRE(dl_mailbox_decide(c, 1, DL_DECIDE_PENDING, 2, 0) == 0, "pooled");
+    a.base = 2;
+    a.version = 3;
+    a.delay_ms = 0;
+    answer_late(&a);
+    REQUIRE(dl_node_poll(n) == 1, "the update adopted at the step boundary");
+    CHECK(dl_node_barrier_wait(n, NULL, &bw) == 0 && !dl_node_owes(n, 1), "decided in time: no wait, no debt");
+    made = dl_mailbox_take_push(c, 1, &h, &d);
+    if (mode == DL_ADOPT_KEEP)
+        CHECK(made == 1 && h.base_version == 3 && h.held == 1 && h.steps == 4,
+              "keep: the owed push (steps 10..13: %llu) went before the next step", (unsigned long long)h.steps);
+    else
+        CHECK(made == 0, "%s: nothing owed is sent", name);
+
+    /* a stop ends the wait; the push stays owed */
+    CHECK(steps_without_1(n, c, theta, 14, 16, &d) == 0, "steps 14..16: nothing waits");
+    train_step(theta, 17);
+    dl_node_after_step(n, 17, H, TOK, 1.0, 0.5); /* fragment 1 due */
+    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1, "push of step 17 sent");
+    CHECK(steps_without_1(n, c, theta, 18, 20, &d) == 0, "steps 18..20: nothing waits");
+    train_step(theta, 21);
+    dl_node_after_step(n, 21, H, TOK, 1.0, 0.5); /* fragment 1 due, held */
     volatile sig_atomic_t stop = 1;
     CHECK(dl_node_barrier_wait(n, &stop, &bw) == 1 && !strcmp(bw.end, "signal") && dl_node_owes(n, 1) &&
               dl_node_barrier_blocked(n) == 1,
@@ -743,8 +766,8 @@ static void test_barrier(int mode, const char *name)
     CHECK(dl_mailbox_barrier(c), "sync-elastic is a barrier too");
     dl_mailbox_set_policy(c, NULL);
     CHECK(!dl_mailbox_barrier(c), "a Welcome without a policy is not");
-    printf("ok: barrier (%s): a held push stops training until decided and adopted, then goes at once; a stop ends "
-           "the wait, the decision timeout releases it; decoupled never waits\n", name);
+    printf("ok: barrier (%s): a held push stops training until decided and adopted, then goes at once (as one "
+           "decided before the step boundary does); a stop ends the wait, the decision timeout releases it; decoupled never waits\n", name);
     free(d);
     free(g);
     dl_node_close(&n);
