@@ -368,7 +368,6 @@ static void nap_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-
 int dl_node_barrier_blocked(dl_node *n)
 {
     assert(n);
