@@ -891,6 +891,8 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
     c->msg[0] = 0;
     pthread_mutex_unlock(&c->mu);
     c->state = DL_COMMS_READY;
+    /* before READY: a barrier policy holds the training thread from the first step */
+    dl_mailbox_set_policy(c->mb, w->policy);
     dl_mailbox_set_link(c->mb, c->link, DL_COMMS_READY, w->h, "");
     c->hb_ms = w->heartbeat_ms;
     c->liveness = w->liveness;

@@ -59,6 +59,7 @@ struct dl_mailbox {
     float *recv_spare; /* [maxn] swapped into an update slot by put_update (sessions serialise on mu) */
     link_t link[DL_MAILBOX_MAX_SESSIONS];
     uint32_t h;
+    int barrier; /* the last Welcome's policy is a barrier (sync, sync-elastic) */
     uint64_t prog_step, prog_tokens;
     double prog_sps;
     int refetch_n; /* fragments with refetch set: the sessions' fast path */
@@ -490,6 +491,22 @@ uint32_t dl_mailbox_h(dl_mailbox *m)
     uint32_t h = m->h;
     pthread_mutex_unlock(&m->mu);
     return h;
+}
+
+void dl_mailbox_set_policy(dl_mailbox *m, const char *policy)
+{
+    int b = policy && (!strcmp(policy, "sync") || !strcmp(policy, "sync-elastic"));
+    pthread_mutex_lock(&m->mu);
+    m->barrier = b;
+    pthread_mutex_unlock(&m->mu);
+}
+
+int dl_mailbox_barrier(dl_mailbox *m)
+{
+    pthread_mutex_lock(&m->mu);
+    int b = m->barrier;
+    pthread_mutex_unlock(&m->mu);
+    return b;
 }
 
 void dl_mailbox_get_stats(dl_mailbox *m, dl_mailbox_stats *out)

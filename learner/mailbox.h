@@ -142,6 +142,11 @@ void dl_mailbox_bye(dl_mailbox *m, const char *reason, uint64_t step);
 int dl_mailbox_state(dl_mailbox *m, char *msg, size_t cap);
 /* H from the last Welcome of any session, 0 before the first. */
 uint32_t dl_mailbox_h(dl_mailbox *m);
+/* 1 when the policy of the last Welcome of any session is a barrier
+ * (`sync`, `sync-elastic`): the node then stops training while a due push
+ * waits for its predecessor's decision (dl_node_barrier_wait); 0 before the
+ * first Welcome and under `decoupled`. */
+int dl_mailbox_barrier(dl_mailbox *m);
 void dl_mailbox_get_stats(dl_mailbox *m, dl_mailbox_stats *out);
 
 /* ---- session side (public so tests can play a session without a socket) */
@@ -152,6 +157,9 @@ int dl_mailbox_attach(dl_mailbox *m, int wake_fd);
 void dl_mailbox_detach(dl_mailbox *m, int link);
 /* Publish a session's state (msg NULL: keep the old one) and H (0: keep). */
 void dl_mailbox_set_link(dl_mailbox *m, int link, int state, uint32_t h, const char *msg);
+/* A Welcome's policy (Welcome.policy; NULL or unknown: not a barrier), for
+ * dl_mailbox_barrier. */
+void dl_mailbox_set_policy(dl_mailbox *m, const char *policy);
 /* 1 when a bye was asked for: reason and step copied out. */
 int dl_mailbox_bye_asked(dl_mailbox *m, char *reason, size_t cap, uint64_t *step);
 /* Progress for Heartbeat, Hello and Bye, read at once: step, tokens and

@@ -747,6 +747,17 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                 exit_code = 2;
                 break;
             }
+            /* sync / sync-elastic: a due push whose predecessor is undecided
+             * stops training here until it is decided (node.h "Barrier") */
+            dl_node_barrier bw;
+            if ((rc = dl_node_barrier_wait(node, &stop_requested, &bw)) < 0) {
+                fail("waiting at the barrier", rc);
+                exit_code = 2;
+                break;
+            }
+            if (rc > 0)
+                dl_event("barrier_wait", "id=%s fragment=%d waited_ms=%.3f step=%lld end=%s", cfg->id, bw.fragment,
+                         bw.waited_s * 1e3, (long long)step, bw.end);
             char msg[640];
             int st = dl_mailbox_state(mb, msg, sizeof msg); /* REFUSED or FAILED when any session is */
             if (st == DL_COMMS_REFUSED) {
@@ -846,8 +857,12 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
            (unsigned long long)cs.rebuilds, (unsigned long long)cs.busy, (unsigned long long)cs.chunks_sent,
            (unsigned long long)cs.chunks_recv, (unsigned long long)cs.chunks_dropped,
            (unsigned long long)cs.pushes_stopped, S, epochs);
-    printf("learner-summary: %s\n", summary);
-    dl_event("learner_summary", "%s exit_code=%d", summary, exit_code);
+    /* fields added after exit_code go after it in the event (docs/EVENTS.md) */
+    char later[128];
+    snprintf(later, sizeof later, "barrier_waits=%llu barrier_wait_s=%.3f", (unsigned long long)ns.barrier_waits,
+             ns.barrier_wait_s);
+    printf("learner-summary: %s %s\n", summary, later);
+    dl_event("learner_summary", "%s exit_code=%d %s", summary, exit_code, later);
     fflush(stdout);
     close_sessions(comms, S);
     dl_node_close(&node);

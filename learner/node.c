@@ -249,24 +249,40 @@ static int push_now(dl_node *n, int p, int final, int held)
     return 0;
 }
 
+/* The hold rule, as a question: HOLD_NO when p's previous push is decided
+ * (and its update adopted), HOLD_YES while it is undecided (or an update of p
+ * waits to be adopted), HOLD_RELEASED when it has been undecided for the
+ * decision timeout; *waited_ns then says how long. Counts nothing. */
+enum { HOLD_NO = 0, HOLD_YES = 1, HOLD_RELEASED = 2 };
+
+static int hold_state(dl_node *n, int p, int64_t *waited_ns)
+{
+    int64_t since = 0;
+    *waited_ns = 0;
+    if (!dl_mailbox_undecided(n->mb, p, &since)) return HOLD_NO;
+    if (since <= 0) return HOLD_YES;
+    *waited_ns = dl_clock_ns() - since;
+    return *waited_ns >= n->decision_timeout_ns ? HOLD_RELEASED : HOLD_YES;
+}
+
 /* The hold rule: 1 while the previous push of p is undecided (or an update
  * of p waits to be adopted), so a push made now would re-send its progress.
  * A decision that does not come within the timeout (a lost Ack) releases
- * the hold: better a rare double count than a fragment that never pushes. */
+ * the hold: better a rare double count than a fragment that never pushes.
+ * Called only where a push follows a 0, so each release is counted once. */
 static int must_hold(dl_node *n, int p)
 {
-    int64_t since = 0;
-    if (!dl_mailbox_undecided(n->mb, p, &since)) return 0;
-    int64_t now = dl_clock_ns();
-    if (since > 0 && now - since >= n->decision_timeout_ns) {
+    int64_t waited;
+    int h = hold_state(n, p, &waited);
+    if (h == HOLD_RELEASED) {
         n->st.hold_released++;
         DL_WARN("node: push of fragment %d undecided after %lld ms; pushing again anyway", p,
-                (long long)((now - since) / 1000000));
+                (long long)(waited / 1000000));
         dl_event("push_hold_released", " fragment=%d base_version=%llu waited_ms=%lld", p,
-                 (unsigned long long)n->f[p].version, (long long)((now - since) / 1000000));
+                 (unsigned long long)n->f[p].version, (long long)(waited / 1000000));
         return 0;
     }
-    return 1;
+    return h == HOLD_YES;
 }
 
 /* Complete the deferred push of p, if one is pending: 1 when posted. */
@@ -342,6 +358,85 @@ int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double 
         pushed++;
     }
     return pushed;
+}
+
+/* ---- the barrier policies (node.h "Barrier") */
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int dl_node_barrier_blocked(dl_node *n)
+{
+    assert(n);
+    if (!dl_mailbox_barrier(n->mb)) return -1;
+    for (int p = 0; p < n->P; p++) {
+        int64_t waited;
+        if (n->f[p].owed && hold_state(n, p, &waited) == HOLD_YES) return p;
+    }
+    return -1;
+}
+
+/* Make every owed push whose predecessor is now decided (or released), at
+ * once rather than after the next step. An owed fragment whose adopt took
+ * all its progress (overwrite and mix reset the counters) has nothing left
+ * to send: the debt goes, and p pushes again on its schedule. Returns the
+ * number of pushes made. */
+static int push_owed(dl_node *n)
+{
+    int pushed = 0;
+    for (int p = 0; p < n->P; p++) {
+        nfrag *f = &n->f[p];
+        if (!f->owed || !f->held || must_hold(n, p)) continue;
+        f->owed = 0;
+        if (f->steps == 0) continue;
+        DL_TRY(push_now(n, p, 0, 1));
+        pushed++;
+    }
+    return pushed;
+}
+
+int dl_node_barrier_wait(dl_node *n, const volatile sig_atomic_t *stop, dl_node_barrier *out)
+{
+    assert(n && out);
+    out->fragment = -1;
+    out->waited_s = 0.0;
+    out->end = NULL;
+    if (!dl_mailbox_barrier(n->mb)) return 0;
+    /* a debt whose predecessor was decided since the step goes now, as one
+     * decided during a wait does, not after the next step */
+    DL_TRY(push_owed(n));
+    out->fragment = dl_node_barrier_blocked(n);
+    if (out->fragment < 0) return 0;
+    int64_t t0 = dl_clock_ns();
+    uint64_t released = n->st.hold_released;
+    /* the deferred pushes of the last step go now, not after the next one:
+     * another learner's barrier may be waiting for them */
+    DL_TRY(dl_node_complete(n));
+    const char *end = "decided";
+    for (;;) {
+        DL_TRY(dl_node_poll(n));
+        DL_TRY(push_owed(n));
+        if (dl_node_barrier_blocked(n) < 0) break;
+        if (stop && *stop) {
+            end = "signal";
+            break;
+        }
+        int s = dl_mailbox_state(n->mb, NULL, 0); /* the training loop reports these */
+        if (s == DL_COMMS_REFUSED || s == DL_COMMS_FAILED) {
+            end = "comms";
+            break;
+        }
+        nap_ms(2);
+    }
+    if (!strcmp(end, "decided") && n->st.hold_released > released) end = "released";
+    out->waited_s = (double)(dl_clock_ns() - t0) * 1e-9;
+    out->end = end;
+    n->st.barrier_waits++;
+    n->st.barrier_wait_s += out->waited_s;
+    return 1;
 }
 
 /* Final pushes of the fragments whose previous push is decided (all of them
@@ -520,12 +615,6 @@ int dl_node_poll(dl_node *n)
         adopted += rc;
     }
     return adopted;
-}
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 int dl_node_wait_ready(dl_node *n, int timeout_ms, const volatile sig_atomic_t *stop)

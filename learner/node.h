@@ -5,8 +5,9 @@
  * parameter interface (dl_node_model, below), one fragment at a time, so the
  * same logic serves a model in a host buffer and one on a GPU. It talks only
  * to the mailbox (learner/mailbox.h), never to a session or socket, so nothing here
- * blocks on the network except the two explicit waits (dl_node_wait_ready
- * before training, dl_node_finish after it).
+ * blocks on the network except the explicit waits (dl_node_wait_ready
+ * before training, dl_node_barrier_wait under a barrier policy, dl_node_finish
+ * after it).
  *
  * Per fragment p it keeps:
  *   base_p     the global fragment last adopted (fp32, numel_p floats)
@@ -65,7 +66,17 @@
  * decision that never comes (a lost Ack) releases the hold after
  * push_decision_timeout_ms (counted in hold_released, warned). A deferred
  * push is begun only when p is not held. The final flush holds the same way,
- * bounded by the flush timeout (dl_node_finish). */
+ * bounded by the flush timeout (dl_node_finish).
+ *
+ * Barrier (the Welcome's policy is `sync` or `sync-elastic`,
+ * dl_mailbox_barrier): the synchronous baselines must be the synchronous
+ * training they stand for, so a held push stops training instead of being
+ * owed while it goes on. dl_node_barrier_wait, called between steps, waits
+ * while some owed push is still held (dl_node_barrier_blocked): it polls and
+ * adopts, and makes each owed push as soon as its predecessor is decided
+ * (before the next step, whether or not it had to wait; one whose adopt
+ * reset the counters has nothing to send and is dropped). The decision timeout releases it as it releases a
+ * hold, so a lost Ack never deadlocks. Under `decoupled` nothing waits. */
 #ifndef DL_LEARNER_NODE_H
 #define DL_LEARNER_NODE_H
 
@@ -138,7 +149,18 @@ typedef struct {
     uint64_t held_due;  /* scheduled pushes folded into a held (owed) one: >= held, one per due step */
     uint64_t hold_released; /* holds released because a decision did not come in time (or the flush ran out of time) */
     uint64_t refused;   /* updates refused: non-finite, or beyond update_max_ratio (never adopted) */
+    uint64_t barrier_waits; /* waits of dl_node_barrier_wait (barrier policies only) */
+    double barrier_wait_s;  /* wall seconds spent in them */
 } dl_node_stats;
+
+/* One wait at the barrier (dl_node_barrier_wait). */
+typedef struct {
+    int fragment;     /* the (lowest) fragment whose held push started the wait; -1 when none */
+    double waited_s;  /* wall seconds waited */
+    const char *end;  /* static: "decided" (every held push decided and its update adopted), "released" (some
+                       * hold released by push_decision_timeout_ms), "signal" (*stop), "comms" (a session
+                       * REFUSED or FAILED) */
+} dl_node_barrier;
 
 /* Allocates base copies (one model's worth) and, in keep mode, reference
  * copies (another). `mb` is the mailbox, borrowed. Returns 0 or DL_EINVAL
@@ -159,6 +181,18 @@ int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double 
 /* Step boundary: take every waiting update from the mailbox and adopt it.
  * Returns the number adopted. Never blocks on the network. */
 int dl_node_poll(dl_node *n);
+/* Under a barrier policy (see "Barrier" above): the lowest fragment whose
+ * owed push the hold rule still holds (not yet released by the decision
+ * timeout), else -1; always -1 under `decoupled`. Counts nothing. */
+int dl_node_barrier_blocked(dl_node *n);
+/* Between steps, under a barrier policy: make the owed pushes whose
+ * predecessor is decided; then, when dl_node_barrier_blocked, wait until it
+ * is not (owed pushes made as their predecessors are decided; deferred
+ * pushes completed first), *stop becomes nonzero (may be NULL) or a session is REFUSED or
+ * FAILED (the caller reads dl_mailbox_state). Polls every 2 ms. Returns 0 when
+ * there was nothing to wait for, 1 after a wait (*out filled, counted in
+ * barrier_waits / barrier_wait_s), or the parameter interface's error. */
+int dl_node_barrier_wait(dl_node *n, const volatile sig_atomic_t *stop, dl_node_barrier *out);
 /* Complete every deferred push now. Returns the number posted. */
 int dl_node_complete(dl_node *n);
 /* Complete deferred pushes, then push every held fragment with steps_p > 0,

@@ -633,6 +633,14 @@ static void merge_done(dl_sync *s, dl_job *j)
             send_ack(s, l, p, mc->base_version, DLOCO__V1__DECISION__DECISION_ACCEPTED, nv, "", 0);
             owe(s, l, p); /* sent from a snapshot (on_wake serves it once the policy knows nv) */
         }
+        /* one line per merged push, before the merge's own line: whose training
+         * time (compute_s) went into which version, with its weight */
+        char idbuf[4 * DL_STORE_ID_MAX + 8];
+        dl_event("merge_contrib",
+                 "frag=%d version=%llu id=%s base=%llu staleness=%llu tokens=%llu compute_s=%.6f weight=%.6g", p,
+                 (unsigned long long)nv, dl_event_str(mc->learner_id, idbuf, sizeof idbuf),
+                 (unsigned long long)mc->base_version, (unsigned long long)mc->staleness,
+                 (unsigned long long)mc->tokens, pp->compute_s, mc->weight);
         free_pending(s, j->handles[i]);
     }
     s->param_norm[p] = j->param_norm;

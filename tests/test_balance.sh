@@ -53,6 +53,15 @@ check "applied equals the tokens of every merged contribution in the merge event
 csec=$(ev_field "$EV" merge compute_s | awk '{s += $1} END {printf "%.3f", s}')
 check "merged pushes carry their learners' compute time (${csec} s, time goodput's numerator)" \
   awk -v s="$csec" 'BEGIN {exit !(s > 0)}'
+# merge_contrib: one line per merged push; each value is rounded to 1e-6, so
+# the two sums may differ by half of that per line
+read -r ccsec cn <<< "$(ev_field "$EV" merge_contrib compute_s | awk '{s += $1; n++} END {printf "%.6f %d", s, n}')"
+read -r msec mn <<< "$(ev_field "$EV" merge compute_s | awk '{s += $1; n++} END {printf "%.6f %d", s, n}')"
+check "the merge_contrib lines carry the merges' compute time ($ccsec s over $cn contributions = $msec s over $mn merges)" \
+  awk -v a="$ccsec" -v b="$msec" -v n="$((cn + mn))" 'BEGIN {d = a - b; if (d < 0) d = -d; exit !(n > 0 && a > 0 && d <= 1e-6 * n)}'
+check "the merge_contrib lines carry the merges' tokens and contributions" \
+  [ "$(ev_field "$EV" merge_contrib tokens | awk '{s += $1} END {print s + 0}')" = "$applied" -a \
+    "$cn" = "$(ev_field "$EV" merge n | awk '{s += $1} END {print s + 0}')" ]
 line=$("$DLOCO" check "$W/store" | sed -n 's/^ *ledger fragment-tokens: //p')
 want="applied $applied, dropped_stale $dropped, rejected $rejected, lost $lost, discarded $discarded, outstanding $outstanding"
 check "the store persisted the same totals ($line)" [ "$line" = "$want" ]

@@ -3,6 +3,8 @@
 #include "learner/node.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -622,6 +624,158 @@ static void test_hold(void)
 }
 
 // ---------------------------------------------------------------------------
+// barrier: under a barrier policy (Welcome.policy sync / sync-elastic) a held
+// push stops training in dl_node_barrier_wait until its predecessor is
+// decided; a thread plays the session's late answer.
+
+typedef struct {
+    dl_mailbox *c;
+    int p;
+    uint64_t base, version;
+    int delay_ms;
+} late_answer;
+
+static void *answer_late(void *arg)
+{
+    late_answer *a = arg;
+    struct timespec ts = {0, a->delay_ms * 1000000L};
+    nanosleep(&ts, NULL);
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    global_of(a->p, a->version, g);
+    dl_mailbox_decide(a->c, a->p, DL_DECIDE_ACCEPTED, a->base, 1);
+    dl_mailbox_put_update(a->c, a->p, a->version, DL_UPDATE_NORMAL, g, dl_plan_fragment_numel(plan, a->p));
+    free(g);
+    return NULL;
+}
+
+/* Steps from..to: train, after_step, and the session takes every push but
+ * fragment 1's (those are decided at once: they never hold). Returns the
+ * number of barrier waits those steps made (none expected). */
+static int steps_without_1(dl_node *n, dl_mailbox *c, float *theta, int64_t from, int64_t to, float **d)
+{
+    int waits = 0;
+    dl_mailbox_push h;
+    for (int64_t s = from; s <= to; s++) {
+        train_step(theta, s);
+        dl_node_after_step(n, s, H, TOK, 1.0, 0.5);
+        for (int p = 0; p < P; p++)
+            if (p != 1) dl_mailbox_take_push(c, p, &h, d);
+        dl_node_barrier bw;
+        waits += dl_node_barrier_wait(n, NULL, &bw);
+    }
+    return waits;
+}
+
+static void test_barrier(int mode, const char *name)
+{
+    float *theta = calloc(total, sizeof(float));
+    dl_mailbox *c = open_mailbox();
+    dl_node *n = NULL;
+    dl_node_opts o = {.plan = plan, .params = theta, .adopt = mode, .alpha = 0.5f, .push_decision_timeout_ms = 300};
+    REQUIRE(dl_node_open(&o, c, &n) == 0, "open");
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, 1, g);
+        dl_mailbox_put_update(c, p, 1, DL_UPDATE_FETCHED, g, dl_plan_fragment_numel(plan, p));
+    }
+    REQUIRE(dl_node_poll(n) == P, "fetched");
+    float *d = dl_mailbox_buf_alloc(c);
+    dl_mailbox_push h;
+    dl_mailbox_claim cl;
+    dl_node_barrier bw;
+    dl_node_stats ns;
+
+    /* decoupled (the default before any Welcome): a held push never waits */
+    CHECK(!dl_mailbox_barrier(c), "no barrier before a Welcome");
+    steps_without_1(n, c, theta, 1, 1, &d);
+    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1, "push of step 1 sent");
+    CHECK(steps_without_1(n, c, theta, 2, 5, &d) == 0 && dl_node_owes(n, 1) && dl_node_barrier_blocked(n) == -1,
+          "decoupled: step 5 owes fragment 1's push and goes on");
+    dl_mailbox_set_policy(c, "decoupled");
+    CHECK(!dl_mailbox_barrier(c) && dl_node_barrier_wait(n, NULL, &bw) == 0, "decoupled: no wait");
+
+    /* sync: the owed push stops training until it is decided and adopted */
+    dl_mailbox_set_policy(c, "sync");
+    CHECK(dl_mailbox_barrier(c) && dl_node_barrier_blocked(n) == 1, "sync: fragment 1 blocks");
+    REQUIRE(dl_mailbox_decide(c, 1, DL_DECIDE_PENDING, 1, 0) == 0, "pooled");
+    late_answer a = {.c = c, .p = 1, .base = 1, .version = 2, .delay_ms = 40};
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, answer_late, &a) == 0, "thread");
+    int64_t t0 = dl_clock_ns();
+    int w = dl_node_barrier_wait(n, NULL, &bw);
+    double el = (double)(dl_clock_ns() - t0) * 1e-9;
+    pthread_join(t, NULL);
+    CHECK(w == 1 && bw.fragment == 1 && !strcmp(bw.end, "decided") && bw.waited_s >= 0.035 && bw.waited_s <= el,
+          "sync: waited for the decision (%d, fragment %d, %s, %.3f s)", w, bw.fragment, bw.end ? bw.end : "-",
+          bw.waited_s);
+    CHECK(dl_node_version(n, 1) == 2 && !dl_node_owes(n, 1) && dl_node_barrier_blocked(n) == -1,
+          "the update was adopted and the debt paid");
+    int made = dl_mailbox_take_push(c, 1, &h, &d);
+    if (mode == DL_ADOPT_KEEP)
+        CHECK(made == 1 && h.steps == 4 && h.base_version == 2 && h.held == 1,
+              "keep: the owed push (steps 2..5: %llu) went before the next step", (unsigned long long)h.steps);
+    else
+        CHECK(made == 0, "%s: the adopt took the progress; nothing owed is sent", name);
+    dl_node_get_stats(n, &ns);
+    CHECK(ns.barrier_waits == 1 && ns.barrier_wait_s == bw.waited_s, "counted: %llu waits, %.3f s",
+          (unsigned long long)ns.barrier_waits, ns.barrier_wait_s);
+
+    /* decided before the step boundary: no wait, the debt is settled at once all the same */
+    CHECK(steps_without_1(n, c, theta, 6, 8, &d) == 0, "steps 6..8: nothing waits");
+    train_step(theta, 9);
+    dl_node_after_step(n, 9, H, TOK, 1.0, 0.5); /* fragment 1 due */
+    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1, "push of step 9 sent");
+    CHECK(steps_without_1(n, c, theta, 10, 12, &d) == 0, "steps 10..12: nothing waits");
+    train_step(theta, 13);
+    dl_node_after_step(n, 13, H, TOK, 1.0, 0.5); /* fragment 1 due, held */
+    CHECK(dl_node_owes(n, 1), "step 13: fragment 1 owed");
+    REQUIRE(dl_mailbox_decide(c, 1, DL_DECIDE_PENDING, 2, 0) == 0, "pooled");
+    a.base = 2;
+    a.version = 3;
+    a.delay_ms = 0;
+    answer_late(&a);
+    REQUIRE(dl_node_poll(n) == 1, "the update adopted at the step boundary");
+    CHECK(dl_node_barrier_wait(n, NULL, &bw) == 0 && !dl_node_owes(n, 1), "decided in time: no wait, no debt");
+    made = dl_mailbox_take_push(c, 1, &h, &d);
+    if (mode == DL_ADOPT_KEEP)
+        CHECK(made == 1 && h.base_version == 3 && h.held == 1 && h.steps == 4,
+              "keep: the owed push (steps 10..13: %llu) went before the next step", (unsigned long long)h.steps);
+    else
+        CHECK(made == 0, "%s: nothing owed is sent", name);
+
+    /* a stop ends the wait; the push stays owed */
+    CHECK(steps_without_1(n, c, theta, 14, 16, &d) == 0, "steps 14..16: nothing waits");
+    train_step(theta, 17);
+    dl_node_after_step(n, 17, H, TOK, 1.0, 0.5); /* fragment 1 due */
+    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1, "push of step 17 sent");
+    CHECK(steps_without_1(n, c, theta, 18, 20, &d) == 0, "steps 18..20: nothing waits");
+    train_step(theta, 21);
+    dl_node_after_step(n, 21, H, TOK, 1.0, 0.5); /* fragment 1 due, held */
+    volatile sig_atomic_t stop = 1;
+    CHECK(dl_node_barrier_wait(n, &stop, &bw) == 1 && !strcmp(bw.end, "signal") && dl_node_owes(n, 1) &&
+              dl_node_barrier_blocked(n) == 1,
+          "a stop ends the wait, the push still owed");
+    /* a decision that never comes: released after push_decision_timeout_ms */
+    CHECK(dl_node_barrier_wait(n, NULL, &bw) == 1 && !strcmp(bw.end, "released") && !dl_node_owes(n, 1) &&
+              dl_mailbox_take_push(c, 1, &h, &d) == 1 && h.held == 1,
+          "a lost decision: released (%s after %.3f s), the push made", bw.end, bw.waited_s);
+    dl_node_get_stats(n, &ns);
+    CHECK(ns.barrier_waits == 3 && ns.hold_released == 1, "3 waits, 1 release counted once (%llu)",
+          (unsigned long long)ns.hold_released);
+    dl_mailbox_set_policy(c, "sync-elastic");
+    CHECK(dl_mailbox_barrier(c), "sync-elastic is a barrier too");
+    dl_mailbox_set_policy(c, NULL);
+    CHECK(!dl_mailbox_barrier(c), "a Welcome without a policy is not");
+    printf("ok: barrier (%s): a held push stops training until decided and adopted, then goes at once (as one "
+           "decided before the step boundary does); a stop ends the wait, the decision timeout releases it; decoupled never waits\n", name);
+    free(d);
+    free(g);
+    dl_node_close(&n);
+    dl_mailbox_close(&c);
+    free(theta);
+}
+
+// ---------------------------------------------------------------------------
 // trust: an update with a non-finite value, or farther from the learner's own
 // parameters than update_max_ratio allows, changes nothing and asks the
 // serving session for a fresh fetch (dl_mailbox_take_refetches), counting the
@@ -795,6 +949,8 @@ int main(void)
     test_deferred(DL_ADOPT_MIX, "mix");
     test_deferred(DL_ADOPT_KEEP, "keep");
     test_hold();
+    test_barrier(DL_ADOPT_KEEP, "keep");
+    test_barrier(DL_ADOPT_OVERWRITE, "overwrite");
     test_trust();
     test_bad_input();
 
