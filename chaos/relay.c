@@ -765,7 +765,7 @@ static void accept_all(dl_relay *r, int64_t now)
                 connecting = true;
             } else {
                 /* The learner's ZeroMQ sees its connection close and reconnects with backoff. */
-                DL_INFO("relay %d: upstream connect: %s", r->port, strerror(errno));
+                DL_DEBUG("relay %d: upstream connect: %s", r->port, strerror(errno));
                 r->st.conns_failed_upstream++;
                 close(up);
                 close(fd);
@@ -799,7 +799,7 @@ static void connect_done(dl_relay *r, pair *p)
     if (getsockopt(p->fd[1], SOL_SOCKET, SO_ERROR, &err, &len) < 0) err = errno;
     if (err == EINPROGRESS || err == EALREADY) return;
     if (err) {
-        DL_INFO("relay %d: upstream connect: %s", r->port, strerror(err));
+        DL_DEBUG("relay %d: upstream connect: %s", r->port, strerror(err));
         r->st.conns_failed_upstream++;
         p->dead = true;
         return;
@@ -823,7 +823,7 @@ static void service(dl_relay *r, pair *p, int64_t now)
     }
     if (p->dead) return;
     if (p->connecting && now >= p->connect_until) {
-        DL_INFO("relay %d: upstream connect: timed out", r->port);
+        DL_DEBUG("relay %d: upstream connect: timed out", r->port);
         r->st.conns_failed_upstream++;
         p->dead = true;
         return;
@@ -1005,7 +1005,7 @@ int dl_relay_open(const dl_relay_cfg *cfg, dl_relay **out)
         rc = dl_err(DL_EIO, "relay: thread: %s", strerror(errno));
         goto fail;
     }
-    DL_INFO("relay %d: forwarding to %s:%d", r->port, cfg->upstream_host, cfg->upstream_port);
+    DL_DEBUG("relay %d: forwarding to %s:%d", r->port, cfg->upstream_host, cfg->upstream_port);
     *out = r;
     return 0;
 fail:
