@@ -956,6 +956,14 @@ static void compute(ctx *c)
         for (int b = 0; b < DL_ACCT_NBUCKETS; b++) f->bucket_s[b] += s->time.bucket_s[b];
     }
     finish_time(&a->fleet);
+    if (!a->contributions && a->merges) {
+        double merged = 0.0;
+        for (int m = 0; m < a->merges; m++) merged += a->merge[m].compute_s;
+        note(c,
+             "%d merges but no merge_contrib event (a synchronizer older than the accounting): goodput cannot be "
+             "attributed to learners and counts as wasted (%.3f learner-s were merged)",
+             a->merges, merged / (double)a->fragments);
+    }
     if (a->unattributed_s > 0)
         note(c, "%.3f s of merged or dropped compute from ids of no slot: in no bucket", a->unattributed_s);
     if (a->events_unmatched)

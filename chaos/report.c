@@ -1167,29 +1167,37 @@ static const char *find_gnuplot(char *buf, size_t cap)
     return NULL;
 }
 
-/* `gnuplot script` in dir, as a child (no shell), stdout to /dev/null;
- * gnuplot's errors go to our stderr. */
+/* `gnuplot script` in dir, as a child (no shell), its stdout and stderr
+ * into script.log there: kept when it fails (the error names it), removed
+ * when it succeeds, so gnuplot's warnings (a flat line's "empty y range")
+ * do not clutter the harness's output. */
 static int run_gnuplot(const char *exe, const char *dir, const char *script)
 {
-    char arg0[] = "gnuplot", arg1[256];
+    char arg0[] = "gnuplot", arg1[256], log[300], logpath[4400];
     snprintf(arg1, sizeof arg1, "%s", script);
+    snprintf(log, sizeof log, "%s.log", script);
+    snprintf(logpath, sizeof logpath, "%s/%s", dir, log);
     char *const argv[] = {arg0, arg1, NULL};
     pid_t pid = fork();
     if (pid < 0) return dl_err(DL_EIO, "fork for gnuplot: %s", strerror(errno));
     if (pid == 0) {
         /* only async-signal-safe calls between fork and exec */
         if (chdir(dir) != 0) _exit(126);
-        int fd = open("/dev/null", O_WRONLY);
-        if (fd >= 0) dup2(fd, 1), close(fd);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
         execv(exe, argv);
         _exit(127);
     }
     int st = 0;
     while (waitpid(pid, &st, 0) < 0)
         if (errno != EINTR) return dl_err(DL_EIO, "waiting for gnuplot %s: %s", script, strerror(errno));
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
-    if (WIFEXITED(st)) return dl_err(DL_EIO, "gnuplot %s/%s: exit status %d", dir, script, WEXITSTATUS(st));
-    return dl_err(DL_EIO, "gnuplot %s/%s: signal %d", dir, script, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        unlink(logpath);
+        return 0;
+    }
+    if (WIFEXITED(st))
+        return dl_err(DL_EIO, "gnuplot %s: exit status %d (see %s)", script, WEXITSTATUS(st), logpath);
+    return dl_err(DL_EIO, "gnuplot %s: signal %d (see %s)", script, WIFSIGNALED(st) ? WTERMSIG(st) : 0, logpath);
 }
 
 static void write_plots(rep *R)

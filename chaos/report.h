@@ -15,8 +15,9 @@
  * says there are no runs).
  *
  * gnuplot is looked up in PATH and run as a child process (fork + exec, no
- * shell). Without it the .dat and .gp files are still written, one warning
- * goes to stderr and the call succeeds. Returns 0; DL_EIO when a file could
+ * shell) in plots/, its output in X.gp.log (removed when it succeeds).
+ * Without it the .dat and .gp files are still written, one warning goes to
+ * stderr and the call succeeds. Returns 0; DL_EIO when a file could
  * not be written or a gnuplot run failed (everything else is still
  * written), with the reason in dl_errmsg(). */
 int dl_report_write(const char *out_dir, const char *scenario_name, const char *const *labels,

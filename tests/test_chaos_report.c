@@ -684,7 +684,7 @@ static void test_ledgers(void)
 
 static void test_errors(void)
 {
-    dl_account *a = (dl_account *)&a;
+    dl_account *a = (dl_account *)&a; /* not NULL, so the check sees it cleared */
     CHECK(dl_account_run("/nonexistent/run", &a) == DL_ENOTFOUND && a == NULL, "no run directory");
     char run[300], p[400];
     path_of(run, sizeof run, "nostart");
@@ -719,6 +719,22 @@ static void test_errors(void)
     path_of(out, sizeof out, "bare-report");
     dl_account *one[1] = {a};
     CHECK(dl_report_write(out, "bare", NULL, one, 1) == 0, "report of a bare run: %s", dl_errmsg());
+    dl_account_close(&a);
+
+    /* merges without merge_contrib (a synchronizer that predates them): said, not hidden */
+    path_of(run, sizeof run, "nocontrib");
+    REQUIRE(mkdir(run, 0755) == 0, "mkdir");
+    snprintf(p, sizeof p, "%s/events-chaos.log", run);
+    f = fopen(p, "w");
+    fprintf(f, "ts=%lld proc=chaos pid=1 event=run_start label=x duration_s=10 fragments=2\n", TS0);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/events-sync.log", run);
+    f = fopen(p, "w");
+    fprintf(f, "ts=%lld proc=sync pid=2 event=merge frag=0 version=1 n=1 compute_s=3.0\n", TS0 + 1000000000LL);
+    fclose(f);
+    REQUIRE(dl_account_run(run, &a) == 0, "nocontrib: %s", dl_errmsg());
+    CHECK(has_note(a, "1 merges but no merge_contrib event"), "missing merge_contrib noted");
+    CHECK(has_note(a, "(1.500 learner-s were merged)"), "with the merged compute / P");
     dl_account_close(&a);
 }
 
@@ -842,7 +858,7 @@ static void test_json_validator(void)
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) CHECK(!json_valid(bad[k]), "invalid #%zu: %s", k, bad[k]);
 }
 
-/* gnuplot's own directory in PATH, or NULL. */
+/* 1 when PATH has an executable gnuplot. */
 static int have_gnuplot(void)
 {
     const char *p = getenv("PATH");
@@ -929,6 +945,8 @@ static void test_report(void)
     const char *svgs[] = {"loss.svg", "goodput.svg", "staleness.svg", "timeline-decoupled.svg", "timeline-sync.svg",
                           "links-decoupled.svg", "links-decoupled-baseline.svg"};
     if (gp) {
+        snprintf(p, sizeof p, "%s/plots/loss.gp.log", out);
+        CHECK(access(p, F_OK) != 0, "no gnuplot log left after a success");
         for (size_t k = 0; k < sizeof svgs / sizeof svgs[0]; k++) {
             snprintf(p, sizeof p, "%s/plots/%s", out, svgs[k]);
             char *svg = slurp(p);
@@ -949,6 +967,30 @@ static void test_report(void)
     CHECK(exists(p), "scripts without gnuplot");
     snprintf(p, sizeof p, "%s/plots/loss.svg", out);
     CHECK(!exists(p), "no SVG without gnuplot");
+
+    /* a gnuplot that fails: DL_EIO naming its log, and everything else written */
+    char bin[300], fake[400];
+    path_of(bin, sizeof bin, "fakebin");
+    REQUIRE(mkdir(bin, 0755) == 0, "mkdir %s", bin);
+    snprintf(fake, sizeof fake, "%s/gnuplot", bin);
+    FILE *g = fopen(fake, "w");
+    REQUIRE(g, "create %s", fake);
+    fputs("#!/bin/sh\necho 'fake gnuplot: broken' >&2\nexit 3\n", g);
+    fclose(g);
+    REQUIRE(chmod(fake, 0755) == 0, "chmod");
+    setenv("PATH", bin, 1);
+    path_of(out, sizeof out, "report-badgnuplot");
+    rc = dl_report_write(out, "unit", labels, acc, 3);
+    CHECK(rc == DL_EIO, "a failing gnuplot is DL_EIO, got %d", rc);
+    CHECK(strstr(dl_errmsg(), "gnuplot loss.gp: exit status 3") != NULL, "says which: %s", dl_errmsg());
+    snprintf(p, sizeof p, "%s/plots/loss.gp.log", out);
+    char *log = slurp(p);
+    CHECK(log && strstr(log, "fake gnuplot: broken"), "its output is kept in %s", p);
+    free(log);
+    snprintf(p, sizeof p, "%s/report.md", out);
+    CHECK(exists(p), "report.md still written");
+    snprintf(p, sizeof p, "%s/plots/timeline-sync.gp", out);
+    CHECK(exists(p), "every script still written");
     if (path) setenv("PATH", path, 1), free(path);
     else unsetenv("PATH");
 
