@@ -983,7 +983,8 @@ static void plot_goodput(rep *R)
             gp_plot_sep(f, &first);
             snprintf(name, sizeof name, "goodput-%s.dat", R->r[i].file);
             gp_str(f, name);
-            fputs(" using 1:2 with linespoints lw 2 title ", f);
+            /* points only where they can be told apart */
+            fprintf(f, " using 1:2 with %s lw 2 title ", pts[i] > 50 ? "lines" : "linespoints");
             gp_str(f, R->r[i].label);
         }
         fputc('\n', f);
