@@ -28,12 +28,11 @@ rep = json.load(open(sys.argv[1]))
 runs = {r["label"]: r for r in rep["runs"]}
 print("%-20s %8s %8s %10s %10s %8s" % ("run", "goodput", "bound", "gp/bound", "val loss", "merges"))
 for label, r in runs.items():
-    f = r["fleet"]
-    print("%-20s %8.3f %8.3f %10.3f %10s %8d" % (label, f["goodput"], f["availability_bound"], f["goodput_over_bound"],
+    print("%-20s %8.3f %8.3f %10.3f %10s %8d" % (label, r["goodput"], r["availability_bound"], r["goodput_over_bound"],
           "%.4f" % r["final_val_loss"] if r.get("final_val_loss") is not None else "-", r["merges"]))
-d = runs["decoupled"]["fleet"]
+d = runs["decoupled"]
 ratio = d["goodput_over_bound"]
-lower = all(runs[p]["fleet"]["goodput"] < d["goodput"] for p in ("sync-elastic", "sync") if p in runs)
+lower = all(runs[p]["goodput"] < d["goodput"] for p in ("sync-elastic", "sync") if p in runs)
 cost = None
 if "decoupled-baseline" in runs and runs["decoupled"].get("final_val_loss") and runs["decoupled-baseline"].get("final_val_loss"):
     cost = runs["decoupled"]["final_val_loss"] / runs["decoupled-baseline"]["final_val_loss"] - 1

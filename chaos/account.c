@@ -209,8 +209,7 @@ static void on_slot_end(ctx *c, const dl_logfmt_line *l, double t)
 
 static void on_proc_start(ctx *c, const dl_logfmt_line *l, double t)
 {
-    /* the last pid= of the line: the started process's, after the harness's own */
-    int64_t pid = dl_logfmt_i64_or(l, "pid", -1);
+    int64_t pid = dl_logfmt_i64_or(l, "child_pid", -1); /* pid= is the harness's own */
     const char *role = dl_logfmt_str_or(l, "role", "");
     if (!strcmp(role, "sync")) {
         GROW(c->sinc, c->n_sinc, c->cap_sinc);
@@ -242,7 +241,7 @@ static void on_proc_start(ctx *c, const dl_logfmt_line *l, double t)
 
 static void on_proc_exit(ctx *c, const dl_logfmt_line *l, double t)
 {
-    int64_t pid = dl_logfmt_i64_or(l, "pid", -1);
+    int64_t pid = dl_logfmt_i64_or(l, "child_pid", -1);
     int64_t sig = dl_logfmt_i64_or(l, "signal", 0);
     if (!strcmp(dl_logfmt_str_or(l, "role", ""), "sync")) {
         for (int i = c->n_sinc - 1; i >= 0; i--) {
@@ -854,9 +853,8 @@ static void account_faults(ctx *c)
         for (int j = 0; j < a->n_fault_events; j++) {
             const dl_account_fault_event *e = &a->fault_events[j];
             if (e->n != f->n) continue;
-            /* the harness reports a fault it could not apply (its target not
-             * provisioned) as an instant whose detail starts "skipped" */
-            if (!strcmp(e->phase, "instant") && !strncmp(e->detail, "skipped", 7)) skipped = 1;
+            /* a fault the harness could not apply (its target not provisioned) */
+            if (!strcmp(e->phase, "skipped")) skipped = 1;
             else if (!strcmp(e->phase, "begin") || !strcmp(e->phase, "instant")) begun = 1;
             else if (!strcmp(e->phase, "end")) ended = 1;
         }

@@ -157,7 +157,7 @@ static int cmd_run(int argc, char **argv, const char *self)
         if (s) *s = 0;
         snprintf(bindir, sizeof bindir, "%s", exe);
     }
-    char probe[PATH_MAX];
+    char probe[PATH_MAX + 32];
     snprintf(probe, sizeof probe, "%s/synchronizer/dloco-sync", bindir);
     if (access(probe, X_OK)) return fail("--bin", dl_err(DL_ENOTFOUND, "%s is not an executable", probe));
     if (mkdir(out, 0755) && errno != EEXIST) return fail("--out", dl_err(DL_EIO, "mkdir %s: %s", out, strerror(errno)));

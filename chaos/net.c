@@ -172,7 +172,7 @@ void dl_net_sweep(void)
         int tag, idx;
         if (sscanf(e->d_name, "dlchaos-%d-%d", &tag, &idx) != 2) continue;
         if (kill(tag, 0) == 0 || errno == EPERM) continue; /* its harness lives */
-        char ns[64];
+        char ns[sizeof e->d_name];
         snprintf(ns, sizeof ns, "%s", e->d_name);
         RUN("ip", "netns", "del", ns);
     }

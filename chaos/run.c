@@ -220,7 +220,7 @@ static void start_sync(run_t *r)
     r->sexpected = 0;
     r->shung = 0;
     r->disk_rearm = r->disk_on && r->fiu;
-    dl_event("proc_start", "role=sync slot=-1 id=sync pid=%d incarnation=%d", (int)r->spid, r->sinc);
+    dl_event("proc_start", "role=sync slot=-1 id=sync child_pid=%d incarnation=%d", (int)r->spid, r->sinc);
     r->sinc++;
 }
 
@@ -262,7 +262,7 @@ static void start_learner(run_t *r, int i)
     s->hung = 0;
     s->duty_off = 0;
     s->restart_ns = 0;
-    dl_event("proc_start", "role=learner slot=%d id=%s pid=%d incarnation=%d", i, s->id, (int)s->pid, s->inc);
+    dl_event("proc_start", "role=learner slot=%d id=%s child_pid=%d incarnation=%d", i, s->id, (int)s->pid, s->inc);
     s->inc++;
 }
 
@@ -481,7 +481,7 @@ static void fault_begin(run_t *r, int ei)
     int i = dl_fault_kind_target(e->kind) == 'l' ? slot_of(r, e->target) : -1;
     slot_t *s = i >= 0 ? &r->slot[i] : NULL;
     if (dl_fault_kind_target(e->kind) == 'l' && e->kind != DL_FK_LEARNER_JOIN && (!s || !s->provisioned)) {
-        fault_event(r, e, "instant", "skipped: %s is not provisioned", e->target);
+        fault_event(r, e, "skipped", "%s is not provisioned", e->target);
         return;
     }
     r->applied++;
@@ -524,7 +524,7 @@ static void fault_begin(run_t *r, int ei)
         for (int k = 0; k < r->n_slot; k++)
             if (!strcmp(r->slot[k].id, e->target)) j = k;
         if (j < 0 || r->slot[j].provisioned || r->slot[j].left) {
-            fault_event(r, e, "instant", "skipped: %s cannot join", e->target);
+            fault_event(r, e, "skipped", "%s cannot join (already provisioned or gone)", e->target);
             r->applied--;
             return;
         }
@@ -730,7 +730,7 @@ static void reap(run_t *r)
         }
         if (pid == r->spid) {
             int exp = r->sexpected;
-            dl_event("proc_exit", "role=sync slot=-1 id=sync pid=%d incarnation=%d code=%d signal=%d expected=%d",
+            dl_event("proc_exit", "role=sync slot=-1 id=sync child_pid=%d incarnation=%d code=%d signal=%d expected=%d",
                      (int)pid, r->sinc - 1, code, sig, exp);
             r->spid = 0;
             if (!exp) {
@@ -748,7 +748,7 @@ static void reap(run_t *r)
             slot_t *s = &r->slot[i];
             if (s->pid != pid) continue;
             found = 1;
-            dl_event("proc_exit", "role=learner slot=%d id=%s pid=%d incarnation=%d code=%d signal=%d expected=%d", i,
+            dl_event("proc_exit", "role=learner slot=%d id=%s child_pid=%d incarnation=%d code=%d signal=%d expected=%d", i,
                      s->id, (int)pid, s->inc - 1, code, sig, s->expected);
             s->pid = 0;
             s->duty_off = 0;

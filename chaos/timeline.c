@@ -19,7 +19,9 @@ static int add(dl_timeline *t, double at, dl_fault_kind k, const char *target, d
     memset(e, 0, sizeof *e);
     e->at_s = at;
     e->kind = k;
-    snprintf(e->target, sizeof e->target, "%s", target);
+    size_t n = strnlen(target, sizeof e->target - 1); /* target may point into t itself */
+    memmove(e->target, target, n);
+    e->target[n] = 0;
     e->duration_s = dur;
     e->value = value;
     snprintf(e->source, sizeof e->source, "%s:%s", src_kind, src);

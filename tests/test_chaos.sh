@@ -57,8 +57,7 @@ fi
 read -r gp bound sum <<< "$(python3 -c '
 import json, sys
 r = json.load(open(sys.argv[1]))["runs"][0]
-f = r["fleet"]
-print(f["goodput"], f["availability_bound"], sum(f["fractions"].values()))' "$OUT/report.json")"
+print(r["goodput"], r["availability_bound"], sum(r["time"]["fractions"].values()))' "$OUT/report.json")"
 echo "goodput $gp, availability bound $bound, buckets sum to $sum"
 check "goodput and badput buckets sum to 1 ($sum)" python3 -c "import sys; sys.exit(abs($sum - 1) > 1e-6)"
 check "goodput is positive and under the availability bound ($gp <= $bound)" \

@@ -252,11 +252,11 @@ static void gen_faulty(const char *run, int ledger)
        "label=decoupled policy=decoupled baseline=0 scenario=unit seed=7 duration_s=100 fragments=4 slots=2 dcs=1 "
        "netns=0 eval_every_s=50");
     ev(&c, 0, H, "dc", "name=dc0 mode=relay bandwidth_mbit=100 rtt_ms=20 learners=2");
-    ev(&c, 0, H, "proc_start", "role=sync slot=-1 id=sync pid=500 incarnation=0");
+    ev(&c, 0, H, "proc_start", "role=sync slot=-1 id=sync child_pid=500 incarnation=0");
     ev(&c, 0, H, "slot_begin", "slot=0 id=a1 dc=dc0 speed=1 batch=8");
-    ev(&c, 0, H, "proc_start", "role=learner slot=0 id=a1 pid=1001 incarnation=0");
+    ev(&c, 0, H, "proc_start", "role=learner slot=0 id=a1 child_pid=1001 incarnation=0");
     ev(&c, 0, H, "slot_begin", "slot=1 id=a2 dc=dc0 speed=0.5 batch=8");
-    ev(&c, 1, H, "proc_start", "role=learner slot=1 id=a2 pid=2001 incarnation=0");
+    ev(&c, 1, H, "proc_start", "role=learner slot=1 id=a2 child_pid=2001 incarnation=0");
     ev(&c, 0, H, "state", "slot=0 id=a1 state=up");
     ev(&c, 0, H, "state", "slot=1 id=a2 state=up");
     ev(&c, 1, H, "link", "dc=dc0 up_bytes=1000 down_bytes=2000");
@@ -264,18 +264,18 @@ static void gen_faulty(const char *run, int ledger)
     ev(&c, 3, H, "link", "dc=dc0 up_bytes=6000 down_bytes=12000");
     ev(&c, 3.5, H, "progress", "note=\"a cut line\" cut=1");
     /* the first synchronizer exits by itself (cleanly: it writes a ledger) */
-    ev(&c, 25, H, "proc_exit", "role=sync slot=-1 id=sync pid=500 incarnation=0 code=1 signal=0 expected=0");
-    ev(&c, 26, H, "proc_start", "role=sync slot=-1 id=sync pid=501 incarnation=1");
+    ev(&c, 25, H, "proc_exit", "role=sync slot=-1 id=sync child_pid=500 incarnation=0 code=1 signal=0 expected=0");
+    ev(&c, 26, H, "proc_start", "role=sync slot=-1 id=sync child_pid=501 incarnation=1");
     ev(&c, 30, H, "fault", "n=0 kind=learner_kill target=a1 phase=begin value=0 detail=\"pid=1001\"");
-    ev(&c, 30, H, "proc_exit", "role=learner slot=0 id=a1 pid=1001 incarnation=0 code=-1 signal=9 expected=1");
+    ev(&c, 30, H, "proc_exit", "role=learner slot=0 id=a1 child_pid=1001 incarnation=0 code=-1 signal=9 expected=1");
     ev(&c, 30, H, "state", "slot=0 id=a1 state=dead");
     ev(&c, 40, H, "fault", "n=0 kind=learner_kill target=a1 phase=end value=0 detail=restarted");
-    ev(&c, 40, H, "proc_start", "role=learner slot=0 id=a1 pid=1002 incarnation=1");
+    ev(&c, 40, H, "proc_start", "role=learner slot=0 id=a1 child_pid=1002 incarnation=1");
     ev(&c, 40, H, "state", "slot=0 id=a1 state=up");
     ev(&c, 45, H, "fault", "n=1 kind=sync_kill target=sync phase=begin value=0 detail=\"pid=501\"");
-    ev(&c, 45, H, "proc_exit", "role=sync slot=-1 id=sync pid=501 incarnation=1 code=-1 signal=9 expected=1");
+    ev(&c, 45, H, "proc_exit", "role=sync slot=-1 id=sync child_pid=501 incarnation=1 code=-1 signal=9 expected=1");
     ev(&c, 47, H, "fault", "n=1 kind=sync_kill target=sync phase=end value=0 detail=restarted");
-    ev(&c, 47, H, "proc_start", "role=sync slot=-1 id=sync pid=502 incarnation=2");
+    ev(&c, 47, H, "proc_start", "role=sync slot=-1 id=sync child_pid=502 incarnation=2");
     ev(&c, 50, H, "fault", "n=2 kind=learner_hang target=a2 phase=begin value=0 detail=\"pid=2001\"");
     ev(&c, 50, H, "state", "slot=1 id=a2 state=hung");
     ev(&c, 60, H, "fault", "n=2 kind=learner_hang target=a2 phase=end value=0 detail=\"\"");
@@ -287,15 +287,15 @@ static void gen_faulty(const char *run, int ledger)
     ev(&c, 70, H, "state", "slot=0 id=a1 state=up");
     ev(&c, 70, H, "state", "slot=1 id=a2 state=up");
     ev(&c, 70, H, "slot_begin", "slot=2 id=b1 dc=dc0 speed=1 batch=8");
-    ev(&c, 70, H, "proc_start", "role=learner slot=2 id=b1 pid=3001 incarnation=0");
+    ev(&c, 70, H, "proc_start", "role=learner slot=2 id=b1 child_pid=3001 incarnation=0");
     ev(&c, 70, H, "fault", "n=4 kind=learner_join target=b1 phase=instant value=0 detail=\"pid=3001\"");
     ev(&c, 70, H, "state", "slot=2 id=b1 state=up");
     /* fault 5 never happens: missing; fault 6 is skipped by the harness */
-    ev(&c, 85, H, "fault", "n=6 kind=learner_kill target=a9 phase=instant value=0 detail=\"skipped: a9 is not provisioned\"");
+    ev(&c, 85, H, "fault", "n=6 kind=learner_kill target=a9 phase=skipped value=0 detail=\"a9 is not provisioned\"");
     ev(&c, 90, H, "slot_end", "slot=2 id=b1 reason=leave");
     ev(&c, 90, H, "fault", "n=7 kind=learner_leave target=b1 phase=instant value=0 detail=\"SIGTERM pid=3001\"");
     ev(&c, 90, H, "state", "slot=2 id=b1 state=left");
-    ev(&c, 90.5, H, "proc_exit", "role=learner slot=2 id=b1 pid=3001 incarnation=0 code=0 signal=0 expected=1");
+    ev(&c, 90.5, H, "proc_exit", "role=learner slot=2 id=b1 child_pid=3001 incarnation=0 code=0 signal=0 expected=1");
     ev(&c, 98, H, "fault", "n=8 kind=partition target=dc0 phase=begin value=0 detail=\"relay holds every byte\"");
     ev(&c, 98, H, "state", "slot=0 id=a1 state=partitioned");
     ev(&c, 98, H, "state", "slot=1 id=a2 state=partitioned");
@@ -304,9 +304,9 @@ static void gen_faulty(const char *run, int ledger)
     ev(&c, 100, H, "fault", "n=8 kind=partition target=dc0 phase=end value=0 detail=\"undone: the run ends\"");
     ev(&c, 100, H, "slot_end", "slot=0 id=a1 reason=run_end");
     ev(&c, 100, H, "slot_end", "slot=1 id=a2 reason=run_end");
-    ev(&c, 100.5, H, "proc_exit", "role=learner slot=0 id=a1 pid=1002 incarnation=1 code=0 signal=0 expected=1");
-    ev(&c, 100.5, H, "proc_exit", "role=learner slot=1 id=a2 pid=2001 incarnation=0 code=0 signal=0 expected=1");
-    ev(&c, 102, H, "proc_exit", "role=sync slot=-1 id=sync pid=502 incarnation=2 code=0 signal=0 expected=1");
+    ev(&c, 100.5, H, "proc_exit", "role=learner slot=0 id=a1 child_pid=1002 incarnation=1 code=0 signal=0 expected=1");
+    ev(&c, 100.5, H, "proc_exit", "role=learner slot=1 id=a2 child_pid=2001 incarnation=0 code=0 signal=0 expected=1");
+    ev(&c, 102, H, "proc_exit", "role=sync slot=-1 id=sync child_pid=502 incarnation=2 code=0 signal=0 expected=1");
     ev(&c, 103, H, "eval", "elapsed_s=103.000 merges=5 val_loss=3.200000");
     ev(&c, 104, H, "check", "ok=1 detail=\"store ok: 5 versions\"");
     ev(&c, 104.5, H, "run_end", "wall_s=104.500 unplanned_exits=1");
@@ -404,10 +404,10 @@ static void gen_baseline(const char *run)
     ev(&c, 0, 100, "run_start",
        "label=decoupled-baseline policy=decoupled baseline=1 scenario=unit seed=7 duration_s=100 fragments=4 slots=2 "
        "dcs=1 netns=0 eval_every_s=50");
-    ev(&c, 0, 100, "proc_start", "role=sync slot=-1 id=sync pid=600 incarnation=0");
+    ev(&c, 0, 100, "proc_start", "role=sync slot=-1 id=sync child_pid=600 incarnation=0");
     for (int i = 0; i < 2; i++) {
         ev(&c, 0, 100, "slot_begin", "slot=%d id=a%d dc=dc0 speed=1 batch=8", i, i + 1);
-        ev(&c, 0, 100, "proc_start", "role=learner slot=%d id=a%d pid=%d incarnation=0", i, i + 1, 1100 + i);
+        ev(&c, 0, 100, "proc_start", "role=learner slot=%d id=a%d child_pid=%d incarnation=0", i, i + 1, 1100 + i);
         ev(&c, 0, 100, "state", "slot=%d id=a%d state=up", i, i + 1);
     }
     ev(&c, 100, 100, "slot_end", "slot=0 id=a1 reason=run_end");
