@@ -486,6 +486,11 @@ static int read_sync(ctx *c)
         double t = rel(c, l->ts);
         const char *ev = l->event;
         if (!strcmp(ev, "merge")) {
+            double mc = dl_logfmt_f64_or(l, "compute_s", 0.0);
+            if (!isfinite(mc) || mc < 0 || mc > 1e12) {
+                note(c, "events-sync.log:%lld: merge with compute_s %g: ignored", (long long)dl_logfmt_lineno(f), mc);
+                continue;
+            }
             GROW(a->merge, a->merges, c->cap_merges);
             a->merge[a->merges++] = (dl_account_merge){.t_s = t,
                                                        .frag = (int)dl_logfmt_i64_or(l, "frag", -1),
@@ -498,16 +503,27 @@ static int read_sync(ctx *c)
         } else if (!strcmp(ev, "merge_contrib")) {
             a->contributions++;
             double st = dl_logfmt_f64_or(l, "staleness", 0.0);
-            stale_sum += st;
-            int bin = st <= 0 ? 0 : st >= DL_ACCT_STALE_BINS - 1 ? DL_ACCT_STALE_BINS - 1 : (int)floor(st);
-            a->staleness_hist[bin]++;
             double s = dl_logfmt_f64_or(l, "compute_s", 0.0) / P;
+            if (!isfinite(st) || st < 0 || !isfinite(s) || s < 0 || s > 1e9) {
+                /* no product writes these (the wire refuses them); a hostile or damaged file might */
+                note(c, "events-sync.log:%lld: merge_contrib with staleness %g compute_s %g: ignored",
+                     (long long)dl_logfmt_lineno(f), st, s * P);
+                a->contributions--;
+                continue;
+            }
+            stale_sum += st;
+            int bin = st >= DL_ACCT_STALE_BINS - 1 ? DL_ACCT_STALE_BINS - 1 : (int)floor(st);
+            a->staleness_hist[bin]++;
             int si = slot_by_id(c, dl_logfmt_str_or(l, "id", ""), t);
             if (si >= 0) c->goodput_raw[si] += s;
             else a->unattributed_s += s;
         } else if (!strcmp(ev, "push")) {
             if (strcmp(dl_logfmt_str_or(l, "decision", ""), "dropped_stale")) continue;
             double s = dl_logfmt_f64_or(l, "compute_s", 0.0) / P;
+            if (!isfinite(s) || s < 0 || s > 1e9) {
+                note(c, "events-sync.log:%lld: push with compute_s %g: ignored", (long long)dl_logfmt_lineno(f), s * P);
+                continue;
+            }
             int si = slot_by_id(c, dl_logfmt_str_or(l, "id", ""), t);
             if (si >= 0) c->dropped_raw[si] += s;
             else a->unattributed_s += s;
@@ -659,7 +675,7 @@ static void finish_time(dl_account_time *t)
         t->frac[b] = t->provisioned_s > 0 ? t->bucket_s[b] / t->provisioned_s : NAN;
         sum += t->frac[b];
     }
-    if (t->provisioned_s > 0 && fabs(sum - 1.0) > 1e-9)
+    if (t->provisioned_s > 0 && !(fabs(sum - 1.0) <= 1e-9)) /* unreachable with finite inputs (they are checked on reading) */
         DL_PANIC("account: buckets sum to %.17g of provisioned, not 1", sum);
     t->availability_bound = t->provisioned_s > 0 ? 1.0 - t->frac[DL_ACCT_DOWN] : NAN;
     t->goodput_over_bound = t->availability_bound > 0 ? t->frac[DL_ACCT_GOODPUT] / t->availability_bound : NAN;
@@ -704,13 +720,14 @@ static void sweep_slot(ctx *c, int si)
 #undef EDGE
     if (n) qsort(ed, (size_t)n, sizeof *ed, cmp_edge);
     int k[K_N] = {0};
-    double acc[DL_ACCT_NBUCKETS] = {0}, compute = 0.0, prev = b;
+    double acc[DL_ACCT_NBUCKETS] = {0}, compute = 0.0, prev = b, hung_running = 0.0;
     for (int i = 0; i <= n; i++) {
         double t = i < n ? ed[i].t : e;
         if (t > prev) {
             int cls = classify(k);
             if (cls < 0) compute += t - prev;
             else acc[cls] += t - prev;
+            if (k[K_HUNG] > 0 && k[K_RUN] > 0) hung_running += t - prev;
             prev = t;
         }
         if (i < n) k[ed[i].kind] += ed[i].d;
@@ -723,6 +740,16 @@ static void sweep_slot(ctx *c, int si)
     for (int j = 0; j <= DL_ACCT_IDLE_BARRIER; j++) tm->bucket_s[j] = acc[j];
     tm->compute_s = compute;
     double g = c->goodput_raw[si], d = c->dropped_raw[si];
+    if (hung_running > 0) {
+        /* A SIGSTOP lands inside a training step almost always (the step and
+         * its throttle are nearly all of a learner's loop), so that step's
+         * measured time, and every push that carries it, includes the stop.
+         * The hung seconds (already in `down`) come off the merged compute:
+         * an upper bound on what the stop added to it. */
+        double cut = hung_running < g ? hung_running : g;
+        g -= cut;
+        tm->hang_credit_s = cut;
+    }
     if (g + d > compute) {
         /* More credited than computed: the clocks of the learner, the
          * synchronizer and the harness disagree, or a push reported training
@@ -951,6 +978,7 @@ static void compute(ctx *c)
         f->provisioned_s += s->time.provisioned_s;
         f->compute_s += s->time.compute_s;
         f->skew_s += s->time.skew_s;
+        f->hang_credit_s += s->time.hang_credit_s;
         for (int b = 0; b < DL_ACCT_NBUCKETS; b++) f->bucket_s[b] += s->time.bucket_s[b];
     }
     finish_time(&a->fleet);

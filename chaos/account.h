@@ -91,6 +91,8 @@ typedef struct {
     double frac[DL_ACCT_NBUCKETS]; /* bucket_s / provisioned_s; NaN when nothing was provisioned */
     double compute_s;              /* goodput + dropped_stale + wasted (before any split) */
     double skew_s;                 /* goodput + dropped_stale beyond compute, scaled away (0 normally) */
+    double hang_credit_s;          /* merged compute taken off for the slot's hung time (a SIGSTOP inside a step
+                                      inflates that step's measured time and the pushes that carry it) */
     double availability_bound;     /* (provisioned - down) / provisioned */
     double goodput_over_bound;     /* frac[goodput] / availability_bound */
 } dl_account_time;

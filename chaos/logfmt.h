@@ -3,9 +3,8 @@
  *
  * Line format:  ts=<unix ns> proc=<p> pid=<pid> event=<name> k=v ...
  * Keys are [A-Za-z0-9_]+; fields are separated by one space. Keys are
- * meant to be unique, but the harness's proc_start / proc_exit carry the
- * started process's pid= after the line's own pid= (the harness's), so a
- * repeated key is allowed and a lookup finds its last value. A value is
+ * unique in what dloco writes; a repeated key (a hand-made file) is
+ * accepted and a lookup finds its last value. A value is
  * bare (no space, quote, backslash or control byte) or double-quoted with
  * the escapes \" \\ \n \r \t \xHH. A line the writer had
  * to cut ends with `cut=1`: its fields are whole, later ones are missing.

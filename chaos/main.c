@@ -94,8 +94,8 @@ static int cmd_run(int argc, char **argv, const char *self)
 {
     const char *scen = NULL, *out = NULL, *compare = NULL, *base = NULL, *bin = NULL;
     int no_netns = 0;
-    double duration = 0;
-    long long seed = -1;
+    dl_sc_overrides ov = {.duration_s = -1, .seed = -1};
+    char *end = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--out") && i + 1 < argc) out = argv[++i];
@@ -104,8 +104,20 @@ static int cmd_run(int argc, char **argv, const char *self)
         else if (!strncmp(a, "--baseline=", 11)) base = a + 11;
         else if (!strcmp(a, "--no-netns")) no_netns = 1;
         else if (!strcmp(a, "--bin") && i + 1 < argc) bin = argv[++i];
-        else if (!strcmp(a, "--duration_s") && i + 1 < argc) duration = atof(argv[++i]);
-        else if (!strcmp(a, "--seed") && i + 1 < argc) seed = atoll(argv[++i]);
+        else if (!strcmp(a, "--duration_s") && i + 1 < argc) {
+            ov.duration_s = strtod(argv[++i], &end);
+            if (end == argv[i] || *end || !(ov.duration_s >= 0)) {
+                fprintf(stderr, "dloco-chaos run: --duration_s '%s': seconds, a number >= 10\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(a, "--seed") && i + 1 < argc) {
+            errno = 0;
+            ov.seed = strtoll(argv[++i], &end, 10);
+            if (end == argv[i] || *end || errno || ov.seed < 0) {
+                fprintf(stderr, "dloco-chaos run: --seed '%s': an integer >= 0\n", argv[i]);
+                return 2;
+            }
+        }
         else if (a[0] == '-') {
             fprintf(stderr, "dloco-chaos run: unknown option '%s'\n", a);
             usage(stderr);
@@ -122,13 +134,8 @@ static int cmd_run(int argc, char **argv, const char *self)
     }
     static dl_scenario sc;
     static dl_timeline tl, twin;
-    int rc = dl_scenario_load(scen, &sc);
+    int rc = dl_scenario_load(scen, &ov, &sc);
     if (rc) return fail("scenario", rc);
-    if (duration > 0) {
-        if (duration < 10 || duration > 86400) return fail("--duration_s", dl_err(DL_ERANGE, "%g outside [10, 86400]", duration));
-        sc.run.duration_s = duration;
-    }
-    if (seed >= 0) sc.run.seed = seed;
     if ((rc = dl_timeline_build(&sc, 1, &tl)) || (rc = dl_timeline_build(&sc, 0, &twin))) return fail("timeline", rc);
     char pol[MAX_RUNS][32], bpol[MAX_RUNS][32];
     int np = 0, nb = 0;
@@ -164,6 +171,10 @@ static int cmd_run(int argc, char **argv, const char *self)
     char tpath[PATH_MAX];
     snprintf(tpath, sizeof tpath, "%s/timeline.tsv", out);
     if ((rc = dl_timeline_write(&tl, tpath))) return fail("timeline", rc);
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     int netns = 0;
     if (!no_netns) {
         dl_net_sweep();
@@ -176,10 +187,6 @@ static int cmd_run(int argc, char **argv, const char *self)
     } else {
         printf("dloco-chaos: --no-netns: running on loopback, the relay alone emulating bandwidth and partitions\n");
     }
-    struct sigaction sa = {0};
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
     char labels[MAX_RUNS * 2][48];
     int nl = 0;
     for (int i = 0; i < np && !dl_chaos_interrupted; i++) {
@@ -257,9 +264,17 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "timeline") && argc >= 3) {
         static dl_scenario sc;
         static dl_timeline tl;
-        int rc = dl_scenario_load(argv[2], &sc);
+        dl_sc_overrides tov = {.duration_s = -1, .seed = -1};
+        if (argc >= 5 && !strcmp(argv[3], "--seed")) {
+            char *e = NULL;
+            tov.seed = strtoll(argv[4], &e, 10);
+            if (e == argv[4] || *e || tov.seed < 0) {
+                fprintf(stderr, "dloco-chaos timeline: --seed '%s': an integer >= 0\n", argv[4]);
+                return 2;
+            }
+        }
+        int rc = dl_scenario_load(argv[2], &tov, &sc);
         if (rc) return fail("scenario", rc);
-        if (argc >= 5 && !strcmp(argv[3], "--seed")) sc.run.seed = atoll(argv[4]);
         if ((rc = dl_timeline_build(&sc, 1, &tl))) return fail("timeline", rc);
         printf("# %s: %d learners, %d datacenters, %.0f s, seed %lld, %d faults\n", sc.run.name, tl.n_slot, sc.n_dc,
                sc.run.duration_s, (long long)sc.run.seed, tl.n_ev);

@@ -237,6 +237,7 @@ static void jw_time(jw *w, const char *key, const dl_account_time *t)
     jw_num(w, "provisioned_s", t->provisioned_s);
     jw_num(w, "compute_s", t->compute_s);
     jw_num(w, "skew_s", t->skew_s);
+    jw_num(w, "hang_credit_s", t->hang_credit_s);
     jw_open(w, "seconds", '{', 1);
     for (int b = 0; b < DL_ACCT_NBUCKETS; b++) jw_num(w, dl_account_bucket_name(b), t->bucket_s[b]);
     jw_close(w, '}');
@@ -567,6 +568,8 @@ static void md_badput(FILE *f, const rep *R)
     for (int i = 0; i < R->n; i++) fprintf(f, " %s |", num(b, sizeof b, R->r[i].a->fleet.provisioned_s, 1));
     fputs("\n| clock skew scaled away (s) |", f);
     for (int i = 0; i < R->n; i++) fprintf(f, " %s |", num(b, sizeof b, R->r[i].a->fleet.skew_s, 3));
+    fputs("\n| merged compute taken off for hangs (s) |", f);
+    for (int i = 0; i < R->n; i++) fprintf(f, " %s |", num(b, sizeof b, R->r[i].a->fleet.hang_credit_s, 3));
     fputs("\n\n", f);
 }
 

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chaos/logfmt.h"
 #include "chaos/net.h"
 #include "chaos/relay.h"
 #include "core/clock.h"
@@ -41,8 +42,10 @@ typedef struct {
     pid_t pid;
     int inc;      /* incarnations started */
     int expected; /* the harness asked the running process to end */
-    int hung;
-    double slow; /* fraction of time it may run (0 = not slowed) */
+    int hung;    /* hang faults in force (overlapping ones nest: SIGCONT when the last ends) */
+    int kills;   /* kill faults in force: restarted when the last ends */
+    int slow_n;  /* slow-downs in force */
+    double slow; /* fraction of time it may run (0 = not slowed): the latest slow-down's */
     int duty_off;
     int64_t duty_next_ns;
     int64_t restart_ns; /* > 0: start an incarnation then */
@@ -64,19 +67,27 @@ typedef struct {
     slot_t slot[DL_SC_MAX_SLOTS];
     int n_slot;
     pid_t spid;
-    int sinc, sexpected, shung, s_unplanned;
+    int sinc, sexpected, s_unplanned;
+    int shung, skills; /* synchronizer hang / kill faults in force */
     int64_t srestart_ns;
     int sync_port;
     int fiu;
     char fiu_prefix[300];
-    int disk_on, disk_rearm; /* a disk fault is active: armed again in a restarted synchronizer */
+    /* disk faults: what the synchronizer should have armed (want_*) and what
+     * it has (armed_pid: the process libfiu was armed in). fiu-ctrl talks to a
+     * thread of the process, so nothing is sent while it is stopped; a
+     * restarted synchronizer is armed again once its control fifo exists. */
+    int disk_n;
     double disk_p;
     int disk_errno;
+    pid_t armed_pid;
+    int armed;
     dl_net_dc net[DL_SC_MAX_DCS];
     dl_relay *relay[DL_SC_MAX_DCS];
     dl_relay_impair base[DL_SC_MAX_DCS], cur[DL_SC_MAX_DCS];
     double rate_now[DL_SC_MAX_DCS];
     int partitioned[DL_SC_MAX_DCS];
+    int imp_n[DL_SC_MAX_DCS][DL_FK_N]; /* link faults of each kind in force per datacenter */
     int next_ev;
     pend_t pend[DL_SC_MAX_FAULTS];
     int n_pend;
@@ -89,8 +100,7 @@ typedef struct {
     double merged_compute_s;
     int unplanned_exits;
     int churns;
-    pid_t rogue[32];
-    int n_rogue;
+    pid_t rogue[32]; /* rogue clients still running (0: a free entry) */
     char path[700];
 } run_t;
 
@@ -98,6 +108,12 @@ typedef struct {
 // processes
 
 static double now_s(const run_t *r) { return (double)(dl_clock_ns() - r->t0) * 1e-9; }
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
 
 typedef struct {
     char *v[160];
@@ -131,32 +147,41 @@ static void argv_free(argv_t *a)
     a->n = 0;
 }
 
+/* fork + exec with stdout/stderr appended to `log`. The harness has relay
+ * threads, so the child does only async-signal-safe calls before exec: the
+ * files are opened and the environment set before the fork. Returns the
+ * pid, or -1 (fork failed: the reason in dl_errmsg()). */
 static pid_t spawn(argv_t *a, const char *log, int threads)
 {
     fflush(stdout);
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int dn = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    char t[16];
+    snprintf(t, sizeof t, "%d", threads > 0 ? threads : 1);
+    if (threads > 0) setenv("OMP_NUM_THREADS", t, 1); /* every child of the harness is told; none reads it but OpenMP */
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* nothing outlives a harness that died */
+        if (getppid() != parent) _exit(127);
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
         signal(SIGINT, SIG_DFL);
         signal(SIGTERM, SIG_DFL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        int dn = open("/dev/null", O_RDONLY);
         if (dn >= 0) dup2(dn, 0);
-        if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
-        if (threads > 0) {
-            char t[16];
-            snprintf(t, sizeof t, "%d", threads);
-            setenv("OMP_NUM_THREADS", t, 1);
-        }
+        if (fd >= 0) dup2(fd, 1), dup2(fd, 2); /* dup2 clears O_CLOEXEC on the copies */
         execvp(a->v[0], a->v);
-        fprintf(stderr, "dloco-chaos: exec %s: %s\n", a->v[0], strerror(errno));
+        static const char msg[] = "dloco-chaos: exec failed\n";
+        if (write(2, msg, sizeof msg - 1) < 0) {}
         _exit(127);
     }
+    int err = errno;
+    if (fd >= 0) close(fd);
+    if (dn >= 0) close(dn);
+    if (pid < 0) dl_err(DL_EIO, "fork %s: %s", a->v[0], strerror(err));
     argv_free(a);
-    return pid;
+    return pid < 0 ? -1 : pid;
 }
 
 static const char *runpath(run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -219,7 +244,13 @@ static void start_sync(run_t *r)
     r->spid = spawn(&a, runpath(r, "sync.log"), 0);
     r->sexpected = 0;
     r->shung = 0;
-    r->disk_rearm = r->disk_on && r->fiu;
+    if (r->spid < 0) {
+        printf("[chaos %s] %s: retrying in 1 s\n", r->c->label, dl_errmsg());
+        r->spid = 0;
+        r->srestart_ns = dl_clock_ns() + 1000000000LL;
+        return;
+    }
+    if (r->shung) kill(r->spid, SIGSTOP); /* a synchronizer hang still on: the new process is hung too */
     dl_event("proc_start", "role=sync slot=-1 id=sync child_pid=%d incarnation=%d", (int)r->spid, r->sinc);
     r->sinc++;
 }
@@ -259,9 +290,15 @@ static void start_learner(run_t *r, int i)
     args_split(&a, l->args);
     s->pid = spawn(&a, runpath(r, "%s.log", s->id), (int)sc->run.threads);
     s->expected = 0;
-    s->hung = 0;
     s->duty_off = 0;
     s->restart_ns = 0;
+    if (s->pid < 0) {
+        printf("[chaos %s] %s: retrying in 1 s\n", r->c->label, dl_errmsg());
+        s->pid = 0;
+        s->restart_ns = dl_clock_ns() + 1000000000LL;
+        return;
+    }
+    if (s->hung) kill(s->pid, SIGSTOP); /* a hang still on: the new process is hung too */
     dl_event("proc_start", "role=learner slot=%d id=%s child_pid=%d incarnation=%d", i, s->id, (int)s->pid, s->inc);
     s->inc++;
 }
@@ -325,21 +362,6 @@ static void update_states(run_t *r)
     }
 }
 
-/* Value of " key=" in an event line (bare values only: the numbers read here). */
-static int field(const char *line, const char *key, char *out, size_t cap)
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, " %s=", key);
-    const char *p = strstr(line, pat);
-    if (!p) return 0;
-    p += strlen(pat);
-    size_t n = strcspn(p, " \n");
-    if (n >= cap) n = cap - 1;
-    memcpy(out, p, n);
-    out[n] = 0;
-    return 1;
-}
-
 /* New whole lines of events-sync.log: merges and their compute seconds, and
  * the synchronizer's start (returns 1 when a sync_start of pid was seen). */
 static int scan_sync(run_t *r, pid_t pid)
@@ -347,15 +369,21 @@ static int scan_sync(run_t *r, pid_t pid)
     FILE *f = fopen(runpath(r, "events-sync.log"), "r");
     if (!f) return 0;
     int started = 0;
-    char line[4200], v[64];
+    char line[4200];
+    dl_logfmt_line l;
     if (fseek(f, r->sync_off, SEEK_SET) == 0) {
         while (fgets(line, sizeof line, f)) {
-            if (!strchr(line, '\n')) break; /* not whole yet: read again next time */
-            r->sync_off += (long)strlen(line);
-            if (strstr(line, " event=merge ")) {
+            size_t n = strlen(line);
+            if (!n || line[n - 1] != '\n') break; /* not whole yet (or over-long): read again next time */
+            r->sync_off = ftell(f);
+            if (dl_logfmt_parse(line, n - 1, &l)) continue;
+            const char *ev = dl_logfmt_get(&l, "event");
+            if (!ev) continue;
+            if (!strcmp(ev, "merge")) {
                 r->merges++;
-                if (field(line, "compute_s", v, sizeof v)) r->merged_compute_s += atof(v);
-            } else if (strstr(line, " event=sync_start ") && field(line, "pid", v, sizeof v) && atoi(v) == pid) {
+                double c = dl_logfmt_f64_or(&l, "compute_s", 0);
+                if (isfinite(c) && c > 0) r->merged_compute_s += c;
+            } else if (!strcmp(ev, "sync_start") && dl_logfmt_i64_or(&l, "pid", -1) == pid) {
                 started = 1;
             }
         }
@@ -427,17 +455,37 @@ static void fault_event(run_t *r, const dl_sc_event *e, const char *phase, const
 
 static void relay_apply(run_t *r, int d) { dl_relay_set(r->relay[d], &r->cur[d]); }
 
-static int fiu_ctrl(run_t *r, const char *cmd)
+/* fiu-ctrl -f PREFIX -c CMD ... PID: each CMD one argument ("enable_random
+ * name=...,probability=...,failinfo=..."). fiu-ctrl prints "Command ...
+ * returned error" for a command libfiu refused: that is a failure too. */
+static int fiu_ctrl(run_t *r, const char *const *cmds, int n)
 {
     if (r->spid <= 0) return DL_ENOTFOUND;
     argv_t a = {0};
     arg(&a, "fiu-ctrl"), arg(&a, "-f"), arg(&a, "%s", r->fiu_prefix);
-    args_split(&a, cmd); /* -c 'command' pairs were written without blanks inside */
+    for (int i = 0; i < n; i++) arg(&a, "-c"), arg(&a, "%s", cmds[i]);
     arg(&a, "%d", (int)r->spid);
-    pid_t pid = spawn(&a, runpath(r, "fiu.log"), 0);
+    const char *log = runpath(r, "fiu.out");
+    unlink(log);
+    pid_t pid = spawn(&a, log, 0);
+    if (pid < 0) return DL_EIO;
     int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : DL_EIO;
+    int64_t deadline = dl_clock_ns() + 5000000000LL;
+    pid_t w;
+    while ((w = waitpid(pid, &st, WNOHANG)) == 0 && dl_clock_ns() < deadline) nap_ms(10);
+    if (w == 0) {
+        kill(pid, SIGKILL);
+        while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+        return dl_err(DL_ETIMEDOUT, "fiu-ctrl got no answer from pid %d within 5 s", (int)r->spid);
+    }
+    FILE *f = fopen(log, "r");
+    char line[512], err[512] = "";
+    while (f && fgets(line, sizeof line, f))
+        if (strstr(line, "error") || strstr(line, "Error")) snprintf(err, sizeof err, "%.*s", (int)strcspn(line, "\n"), line);
+    if (f) fclose(f);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || *err)
+        return dl_err(DL_EIO, "fiu-ctrl: %s", *err ? err : "failed");
+    return 0;
 }
 
 /* The store's writes and syncs: LMDB writes pages with pwrite/writev and
@@ -445,17 +493,18 @@ static int fiu_ctrl(run_t *r, const char *cmd)
  * write(2), which stays working so the failure can be observed. */
 static const char *const disk_points[] = {"posix/io/rw/pwrite", "posix/io/rw/pwritev", "posix/io/rw/writev",
                                           "posix/io/sync/fdatasync", "posix/io/sync/fsync"};
+#define N_DISK (int)(sizeof disk_points / sizeof disk_points[0])
 
-static void disk_arm(run_t *r, int on, double p, int err)
+static int disk_arm(run_t *r, int on, double p, int err)
 {
-    char cmd[1400] = "";
-    for (size_t i = 0; i < sizeof disk_points / sizeof disk_points[0]; i++) {
-        char one[200];
-        if (on) snprintf(one, sizeof one, "-c enable_random name=%s,probability=%g,failinfo=%d ", disk_points[i], p, err);
-        else snprintf(one, sizeof one, "-c disable name=%s ", disk_points[i]);
-        strncat(cmd, one, sizeof cmd - strlen(cmd) - 1);
+    char buf[N_DISK][160];
+    const char *cmds[N_DISK];
+    for (int i = 0; i < N_DISK; i++) {
+        if (on) snprintf(buf[i], sizeof buf[i], "enable_random name=%s,probability=%g,failinfo=%d", disk_points[i], p, err);
+        else snprintf(buf[i], sizeof buf[i], "disable name=%s", disk_points[i]);
+        cmds[i] = buf[i];
     }
-    fiu_ctrl(r, cmd);
+    return fiu_ctrl(r, cmds, N_DISK);
 }
 
 static void schedule_end(run_t *r, int ev, double after_s)
@@ -469,9 +518,73 @@ static void rogue_start(run_t *r, const dl_sc_event *e)
 {
     argv_t a = {0};
     arg(&a, "%s", r->c->self), arg(&a, "rogue"), arg(&a, "127.0.0.1"), arg(&a, "%d", r->sync_port);
-    arg(&a, "%d", (int)e->value), arg(&a, "%lld", (long long)(r->sc->run.seed * 1000 + e->n));
+    arg(&a, "%d", (int)e->value), arg(&a, "%llu", (unsigned long long)r->sc->run.seed * 1000ULL + (unsigned)e->n);
     pid_t pid = spawn(&a, runpath(r, "rogue.log"), 0);
-    if (r->n_rogue < (int)(sizeof r->rogue / sizeof r->rogue[0])) r->rogue[r->n_rogue++] = pid;
+    for (int k = 0; pid > 0 && k < (int)(sizeof r->rogue / sizeof r->rogue[0]); k++)
+        if (r->rogue[k] <= 0) {
+            r->rogue[k] = pid;
+            break;
+        }
+}
+
+/* Bring the synchronizer's libfiu state to what the disk faults want, when
+ * it can be told: running, not stopped, its control fifo there. */
+static void disk_sync(run_t *r)
+{
+    int want = r->disk_n > 0;
+    if (!r->fiu || r->spid <= 0 || r->shung) return;
+    if (want == r->armed && (!want || r->armed_pid == r->spid)) return;
+    if (!want && r->armed_pid != r->spid) {
+        r->armed = 0; /* armed in a process that is gone */
+        return;
+    }
+    char fifo[400];
+    snprintf(fifo, sizeof fifo, "%s-%d.in", r->fiu_prefix, (int)r->spid);
+    if (access(fifo, F_OK)) return;
+    if (disk_arm(r, want, r->disk_p, r->disk_errno)) {
+        printf("[chaos %s] %6.1f s  %s the disk fault failed: %s\n", r->c->label, now_s(r), want ? "arming" : "disarming",
+               dl_errmsg());
+        return;
+    }
+    r->armed = want;
+    r->armed_pid = r->spid;
+}
+
+/* A link impairment of kind k on datacenter d begins (on=1) or ends: the
+ * value of the latest one holds while any is in force, then the base. */
+static int link_fault(run_t *r, int d, const dl_sc_event *e, int on)
+{
+    int k = (int)e->kind, rc = 0;
+    int n = on ? ++r->imp_n[d][k] : --r->imp_n[d][k];
+    double v = on ? e->value : -1;
+    switch (e->kind) {
+    case DL_FK_PARTITION:
+        if (n == (on ? 1 : 0)) {
+            if (r->c->netns) rc = dl_net_dc_link(&r->net[d], !on);
+            else r->cur[d].partitioned = on;
+        }
+        r->partitioned[d] = n > 0;
+        break;
+    case DL_FK_BANDWIDTH:
+        if (on || n == 0) {
+            double mbit = on ? v : r->sc->dc[d].bandwidth_mbit;
+            if (r->c->netns) rc = dl_net_dc_rate(&r->net[d], mbit);
+            else r->cur[d].rate_mbit = mbit;
+            r->rate_now[d] = mbit;
+        }
+        break;
+    case DL_FK_DELAY:
+        if (on) r->cur[d].delay_ms = r->base[d].delay_ms + v / 2;
+        else if (n == 0) r->cur[d].delay_ms = r->base[d].delay_ms;
+        break;
+    case DL_FK_LOSS: if (on || n == 0) r->cur[d].loss = on ? v : r->base[d].loss; break;
+    case DL_FK_DUPLICATE: if (on || n == 0) r->cur[d].duplicate = on ? v : r->base[d].duplicate; break;
+    case DL_FK_REORDER: if (on || n == 0) r->cur[d].reorder = on ? v : r->base[d].reorder; break;
+    default: break;
+    }
+    relay_apply(r, d);
+    if (rc && on) r->imp_n[d][k]--; /* not applied: it has no end */
+    return rc;
 }
 
 static void fault_begin(run_t *r, int ei)
@@ -487,21 +600,22 @@ static void fault_begin(run_t *r, int ei)
     r->applied++;
     switch (e->kind) {
     case DL_FK_LEARNER_KILL:
+        s->kills++;
         if (s->pid > 0) {
             s->expected = 1;
             kill(s->pid, SIGKILL);
         }
-        s->restart_ns = -1; /* the fault's end restarts it */
+        s->restart_ns = 0; /* the last kill's end restarts it */
         fault_event(r, e, "begin", "pid=%d", (int)s->pid);
         schedule_end(r, ei, e->duration_s);
         break;
     case DL_FK_LEARNER_HANG:
-        s->hung = 1;
-        if (s->pid > 0) kill(s->pid, SIGSTOP);
+        if (s->hung++ == 0 && s->pid > 0) kill(s->pid, SIGSTOP);
         fault_event(r, e, "begin", "pid=%d", (int)s->pid);
         schedule_end(r, ei, e->duration_s);
         break;
     case DL_FK_LEARNER_SLOW:
+        s->slow_n++;
         s->slow = e->value;
         s->duty_next_ns = dl_clock_ns();
         fault_event(r, e, "begin", "runs %.0f%% of the time", e->value * 100);
@@ -510,7 +624,7 @@ static void fault_begin(run_t *r, int ei)
     case DL_FK_LEARNER_LEAVE:
     case DL_FK_CHURN:
         s->expected = 1;
-        s->hung = 0;
+        s->hung = s->slow_n = s->kills = 0;
         s->slow = 0;
         s->restart_ns = 0;
         end_proc(s->pid, SIGTERM);
@@ -533,65 +647,55 @@ static void fault_begin(run_t *r, int ei)
         break;
     }
     case DL_FK_SYNC_KILL:
+        r->skills++;
         if (r->spid > 0) {
             r->sexpected = 1;
             kill(r->spid, SIGKILL);
         }
-        r->srestart_ns = -1;
+        r->srestart_ns = 0;
         fault_event(r, e, "begin", "pid=%d", (int)r->spid);
         schedule_end(r, ei, e->duration_s);
         break;
     case DL_FK_SYNC_HANG:
-        r->shung = 1;
-        if (r->spid > 0) kill(r->spid, SIGSTOP);
+        if (r->shung++ == 0 && r->spid > 0) kill(r->spid, SIGSTOP);
         fault_event(r, e, "begin", "pid=%d", (int)r->spid);
         schedule_end(r, ei, e->duration_s);
         break;
     case DL_FK_PARTITION:
-        r->partitioned[d]++;
-        if (r->c->netns) dl_net_dc_link(&r->net[d], 0);
-        else r->cur[d].partitioned = 1, relay_apply(r, d);
-        fault_event(r, e, "begin", "%s", r->c->netns ? "veth down" : "relay holds every byte");
-        schedule_end(r, ei, e->duration_s);
-        break;
     case DL_FK_BANDWIDTH:
-        if (r->c->netns) dl_net_dc_rate(&r->net[d], e->value);
-        else r->cur[d].rate_mbit = e->value, relay_apply(r, d);
-        r->rate_now[d] = e->value;
-        fault_event(r, e, "begin", "%g Mbit/s (%s)", e->value, r->c->netns ? "tbf" : "relay");
-        schedule_end(r, ei, e->duration_s);
-        break;
     case DL_FK_DELAY:
-        r->cur[d].delay_ms += e->value / 2;
-        relay_apply(r, d);
-        fault_event(r, e, "begin", "+%g ms RTT", e->value);
-        schedule_end(r, ei, e->duration_s);
-        break;
     case DL_FK_LOSS:
     case DL_FK_DUPLICATE:
     case DL_FK_REORDER: {
-        double *p = e->kind == DL_FK_LOSS ? &r->cur[d].loss : e->kind == DL_FK_DUPLICATE ? &r->cur[d].duplicate
-                                                                                            : &r->cur[d].reorder;
-        *p = e->value;
-        relay_apply(r, d);
-        fault_event(r, e, "begin", "p=%g", e->value);
+        if (link_fault(r, d, e, 1)) {
+            fault_event(r, e, "skipped", "%s", dl_errmsg());
+            r->applied--;
+            return;
+        }
+        char what[96];
+        if (e->kind == DL_FK_PARTITION) snprintf(what, sizeof what, "%s", r->c->netns ? "veth down" : "the relay holds every byte");
+        else if (e->kind == DL_FK_BANDWIDTH) snprintf(what, sizeof what, "%g Mbit/s (%s)", e->value, r->c->netns ? "tbf" : "relay");
+        else if (e->kind == DL_FK_DELAY) snprintf(what, sizeof what, "+%g ms RTT", e->value);
+        else snprintf(what, sizeof what, "p=%g", e->value);
+        fault_event(r, e, "begin", "%s", what);
         schedule_end(r, ei, e->duration_s);
         break;
     }
     case DL_FK_DISK_EIO:
     case DL_FK_DISK_ENOSPC: {
         int err = e->kind == DL_FK_DISK_EIO ? EIO : ENOSPC;
-        r->disk_on = 1;
+        if (!r->fiu) {
+            fault_event(r, e, "skipped", "the synchronizer is not under fiu-run");
+            r->applied--;
+            return;
+        }
+        r->disk_n++;
         r->disk_p = e->value;
         r->disk_errno = err;
-        if (!r->fiu || r->spid <= 0) {
-            fault_event(r, e, "begin", "the synchronizer is %s: armed when it starts", r->spid > 0 ? "not under fiu-run" : "down");
-            r->disk_rearm = r->fiu;
-            schedule_end(r, ei, e->duration_s);
-            break;
-        }
-        disk_arm(r, 1, e->value, err);
-        fault_event(r, e, "begin", "store pwrite/writev/fdatasync/fsync fail with %s, p=%g", strerror(err), e->value);
+        r->armed = 0; /* arm again with this fault's errno and probability */
+        disk_sync(r);
+        fault_event(r, e, "begin", "store pwrite/pwritev/writev/fdatasync/fsync fail with %s, p=%g%s", strerror(err),
+                    e->value, r->armed ? "" : " (armed once the synchronizer runs: it is down or stopped now)");
         schedule_end(r, ei, e->duration_s);
         break;
     }
@@ -603,6 +707,11 @@ static void fault_begin(run_t *r, int ei)
         int sent = 0;
         for (int k = 0; k < (int)e->value; k++) sent += dl_relay_replay(r->relay[d]) == 0;
         dl_err_clear();
+        if (!sent) {
+            fault_event(r, e, "skipped", "nothing captured or no live connection to replay on");
+            r->applied--;
+            return;
+        }
         fault_event(r, e, "instant", "replayed %d of %d captured messages", sent, (int)e->value);
         break;
     }
@@ -619,18 +728,14 @@ static void fault_end(run_t *r, int ei, const char *why)
     int at_end = !strcmp(why, "run_end");
     switch (e->kind) {
     case DL_FK_LEARNER_KILL:
-        if (s && s->provisioned && !at_end) start_learner(r, i);
-        else if (s) s->restart_ns = 0;
-        fault_event(r, e, "end", "%s", at_end ? "not restarted: the run ends" : "restarted");
+        if (s && s->kills > 0 && --s->kills == 0 && s->provisioned && !at_end) s->restart_ns = dl_clock_ns();
+        fault_event(r, e, "end", "%s", at_end ? "not restarted: the run ends" : s && s->kills ? "still killed by another fault" : "restarted");
         return;
     case DL_FK_LEARNER_HANG:
-        if (s) {
-            s->hung = 0;
-            if (s->pid > 0) kill(s->pid, SIGCONT);
-        }
+        if (s && s->hung > 0 && --s->hung == 0 && s->pid > 0 && !s->duty_off) kill(s->pid, SIGCONT);
         break;
     case DL_FK_LEARNER_SLOW:
-        if (s) {
+        if (s && s->slow_n > 0 && --s->slow_n == 0) {
             s->slow = 0;
             if (s->pid > 0 && s->duty_off && !s->hung) kill(s->pid, SIGCONT);
             s->duty_off = 0;
@@ -643,15 +748,24 @@ static void fault_end(run_t *r, int ei, const char *why)
         for (int k = 0; k < r->n_slot; k++)
             if (!strcmp(r->slot[k].id, e->target)) old = k;
         while (old >= 0 && r->slot[old].replaced_by >= 0) old = r->slot[old].replaced_by;
-        if (old < 0 || r->n_slot == DL_SC_MAX_SLOTS) break;
+        char id[64];
+        int unique = 0;
+        for (int tries = 0; tries < 1000 && !unique; tries++) {
+            snprintf(id, sizeof id, "%.40s-j%d", e->target, ++r->churns);
+            unique = 1;
+            for (int k = 0; k < r->n_slot; k++) unique &= strcmp(r->slot[k].id, id) != 0;
+        }
+        if (old < 0 || r->n_slot == DL_SC_MAX_SLOTS || !unique) {
+            fault_event(r, e, "end", "no replacement: %s", old < 0 ? "the slot is gone" : "no free slot or id");
+            return;
+        }
         slot_t *n = &r->slot[r->n_slot];
-        memset(n, 0, sizeof *n);
         *n = r->slot[old];
-        snprintf(n->id, sizeof n->id, "%.40s-j%d", e->target, ++r->churns);
+        snprintf(n->id, sizeof n->id, "%s", id);
         n->provisioned = n->left = 0;
         n->pid = 0;
-        n->inc = 0;
-        n->unplanned = 0;
+        n->inc = n->unplanned = n->hung = n->kills = n->slow_n = 0;
+        n->slow = 0;
         n->replaced_by = -1;
         n->state[0] = 0;
         r->slot[old].replaced_by = r->n_slot;
@@ -660,37 +774,24 @@ static void fault_end(run_t *r, int ei, const char *why)
         return;
     }
     case DL_FK_SYNC_KILL:
-        if (!at_end) start_sync(r);
-        r->srestart_ns = 0;
-        fault_event(r, e, "end", "%s", at_end ? "not restarted: the run ends" : "restarted");
+        if (r->skills > 0 && --r->skills == 0 && !at_end) r->srestart_ns = dl_clock_ns();
+        fault_event(r, e, "end", "%s", at_end ? "not restarted: the run ends" : r->skills ? "still killed by another fault" : "restarted");
         return;
     case DL_FK_SYNC_HANG:
-        r->shung = 0;
-        if (r->spid > 0) kill(r->spid, SIGCONT);
+        if (r->shung > 0 && --r->shung == 0 && r->spid > 0) kill(r->spid, SIGCONT);
         break;
     case DL_FK_PARTITION:
-        if (--r->partitioned[d] == 0) {
-            if (r->c->netns) dl_net_dc_link(&r->net[d], 1);
-            else r->cur[d].partitioned = 0, relay_apply(r, d);
-        }
-        break;
     case DL_FK_BANDWIDTH:
-        if (r->c->netns) dl_net_dc_rate(&r->net[d], r->sc->dc[d].bandwidth_mbit);
-        else r->cur[d].rate_mbit = r->base[d].rate_mbit, relay_apply(r, d);
-        r->rate_now[d] = r->sc->dc[d].bandwidth_mbit;
-        break;
     case DL_FK_DELAY:
-        r->cur[d].delay_ms -= e->value / 2;
-        if (r->cur[d].delay_ms < r->base[d].delay_ms) r->cur[d].delay_ms = r->base[d].delay_ms;
-        relay_apply(r, d);
+    case DL_FK_LOSS:
+    case DL_FK_DUPLICATE:
+    case DL_FK_REORDER:
+        if (link_fault(r, d, e, 0)) printf("[chaos %s] undoing fault %d: %s\n", r->c->label, e->n, dl_errmsg());
         break;
-    case DL_FK_LOSS: r->cur[d].loss = r->base[d].loss, relay_apply(r, d); break;
-    case DL_FK_DUPLICATE: r->cur[d].duplicate = r->base[d].duplicate, relay_apply(r, d); break;
-    case DL_FK_REORDER: r->cur[d].reorder = r->base[d].reorder, relay_apply(r, d); break;
     case DL_FK_DISK_EIO:
     case DL_FK_DISK_ENOSPC:
-        r->disk_on = r->disk_rearm = 0;
-        if (r->spid > 0) disk_arm(r, 0, 0, 0);
+        if (r->disk_n > 0) r->disk_n--;
+        disk_sync(r);
         break;
     default: break;
     }
@@ -744,6 +845,8 @@ static void reap(run_t *r)
             continue;
         }
         int found = 0;
+        for (size_t k = 0; k < sizeof r->rogue / sizeof r->rogue[0]; k++)
+            if (r->rogue[k] == pid) r->rogue[k] = 0, found = 1;
         for (int i = 0; i < r->n_slot && !found; i++) {
             slot_t *s = &r->slot[i];
             if (s->pid != pid) continue;
@@ -763,6 +866,13 @@ static void reap(run_t *r)
         }
         /* else: a rogue client or a helper command */
     }
+}
+
+static int rogues_running(const run_t *r)
+{
+    int n = 0;
+    for (size_t k = 0; k < sizeof r->rogue / sizeof r->rogue[0]; k++) n += r->rogue[k] > 0;
+    return n;
 }
 
 static int wait_all(run_t *r, double timeout_s)
@@ -803,16 +913,12 @@ static void progress(run_t *r)
     fflush(stdout);
 }
 
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* The run's end: undo what is still applied, stop the learners (they flush),
  * then the synchronizer; a final evaluation and `dloco check`. */
 static void finish(run_t *r, int interrupted)
 {
+    if (r->spid > 0 && r->shung) kill(r->spid, SIGCONT);
+    r->shung = 0;
     for (int k = 0; k < r->n_pend; k++)
         if (r->pend[k].ev >= 0) fault_end(r, r->pend[k].ev, "run_end"), r->pend[k].ev = -1;
     for (int i = 0; i < r->n_slot; i++) {
@@ -825,14 +931,15 @@ static void finish(run_t *r, int interrupted)
             end_proc(s->pid, interrupted ? SIGKILL : SIGTERM);
         }
     }
-    if (r->spid > 0 && r->shung) kill(r->spid, SIGCONT);
     if (wait_all(r, interrupted ? 5 : 30)) {
         printf("[chaos %s] learners still running after the flush: SIGKILL\n", r->c->label);
         for (int i = 0; i < r->n_slot; i++)
             if (r->slot[i].pid > 0) kill(r->slot[i].pid, SIGKILL);
         wait_all(r, 10);
     }
-    for (int k = 0; k < r->n_rogue; k++) kill(r->rogue[k], SIGKILL);
+    for (size_t k = 0; k < sizeof r->rogue / sizeof r->rogue[0]; k++)
+        if (r->rogue[k] > 0) kill(r->rogue[k], SIGKILL);
+    for (int k = 0; k < 100 && rogues_running(r); k++) reap(r), nap_ms(10);
     if (r->spid > 0) {
         r->sexpected = 1;
         end_proc(r->spid, interrupted ? SIGKILL : SIGTERM);
@@ -880,8 +987,11 @@ int dl_chaos_run(const dl_chaos_run_cfg *c)
     r->last_loss = NAN;
     const dl_scenario *sc = c->sc;
     int rc = 0;
-    if (mkdir(c->dir, 0755) && errno != EEXIST) {
-        rc = dl_err(DL_EIO, "mkdir %s: %s", c->dir, strerror(errno));
+    /* a run directory of its own: a second run into the same one would train
+     * on the first one's store and append to its logs */
+    if (mkdir(c->dir, 0755)) {
+        rc = errno == EEXIST ? dl_err(DL_EINVAL, "%s exists: remove it or give another --out", c->dir)
+                             : dl_err(DL_EIO, "mkdir %s: %s", c->dir, strerror(errno));
         free(r);
         return rc;
     }
@@ -895,10 +1005,11 @@ int dl_chaos_run(const dl_chaos_run_cfg *c)
     snprintf(r->fiu_prefix, sizeof r->fiu_prefix, "%s/fiu-ctrl", c->dir);
     r->sync_port = free_port();
     r->t0 = dl_clock_ns();
+    char qname[2 * DL_CFG_STRLEN + 8];
     dl_event("run_start",
              "label=%s policy=%s baseline=%d scenario=%s seed=%lld duration_s=%g fragments=%lld slots=%d dcs=%d "
              "netns=%d eval_every_s=%g",
-             c->label, c->policy, c->baseline, sc->run.name, (long long)sc->run.seed, sc->run.duration_s,
+             c->label, c->policy, c->baseline, dl_event_str(sc->run.name, qname, sizeof qname), (long long)sc->run.seed, sc->run.duration_s,
              (long long)sc->run.fragments, c->tl->n_slot, sc->n_dc, c->netns, sc->run.eval_every_s);
     printf("[chaos %s] %s: %d learners in %d datacenters (%s), %d faults, %.0f s, policy %s\n", c->label,
            sc->run.name, c->tl->n_slot, sc->n_dc, c->netns ? "network namespaces, tbf links" : "loopback, relay only",
@@ -919,7 +1030,11 @@ int dl_chaos_run(const dl_chaos_run_cfg *c)
                              .listen_port = 0,
                              .upstream_host = "127.0.0.1",
                              .upstream_port = r->sync_port,
-                             .seed = (uint64_t)sc->run.seed * 131 + (uint64_t)d};
+                             .seed = (uint64_t)sc->run.seed * 131 + (uint64_t)d,
+                             /* the synchronizer's inbound bound is min(fragment, chunk) + 64 KiB;
+                              * Updates are chunks too: a message of twice a chunk + 1 MiB is
+                              * no dloco message */
+                             .max_msg_bytes = (size_t)sc->sync.chunk_kb * 2048 + ((size_t)1 << 20)};
         if ((rc = dl_relay_open(&rcfg, &r->relay[d]))) break;
         dl_relay_set(r->relay[d], &im);
         int nl = 0;
@@ -973,13 +1088,7 @@ int dl_chaos_run(const dl_chaos_run_cfg *c)
                 r->srestart_ns = 0;
                 start_sync(r);
             }
-            if (r->disk_rearm && r->spid > 0) {
-                /* a synchronizer restarted during a disk fault meets it too, once
-                 * libfiu's control fifo of the new process exists */
-                char fifo[400];
-                snprintf(fifo, sizeof fifo, "%s-%d.in", r->fiu_prefix, (int)r->spid);
-                if (access(fifo, F_OK) == 0) r->disk_rearm = 0, disk_arm(r, 1, r->disk_p, r->disk_errno);
-            }
+            disk_sync(r);
             duty(r);
             update_states(r);
             if (now >= next_link) link_sample(r), next_link = now + 1000000000LL;

@@ -143,6 +143,10 @@ static int validate(dl_scenario *sc)
     const char *p = sc->path;
     if (!sc->n_learner) return dl_err(DL_EINVAL, "%s: no [learner NAME] section", p);
     if (!sc->n_dc) return dl_err(DL_EINVAL, "%s: no [dc NAME] section (every learner sits in a datacenter)", p);
+    for (int d = 0; d < sc->n_dc; d++)
+        if (sc->dc[d].bandwidth_mbit > 0 && sc->dc[d].bandwidth_mbit < 0.01)
+            return dl_err(DL_ERANGE, "%s: [dc %s] bandwidth_mbit %g: 0 (unshaped) or >= 0.01", p, sc->dc[d].name,
+                          sc->dc[d].bandwidth_mbit);
     int slots = 0;
     for (int i = 0; i < sc->n_learner; i++) {
         dl_sc_learner *l = &sc->learner[i];
@@ -208,12 +212,13 @@ static int validate(dl_scenario *sc)
         switch (k) {
         case DL_FK_LEARNER_SLOW:
             if (v < 0) v = 0.5;
-            if (v <= 0.02 || v >= 1)
-                return dl_err(DL_ERANGE, "%s: [fault %s] learner_slow value %g: the fraction of speed, in (0.02, 1)",
+            /* the duty cycle's period is 100 ms and the harness ticks every 5 ms */
+            if (v < 0.1 || v >= 1)
+                return dl_err(DL_ERANGE, "%s: [fault %s] learner_slow value %g: the fraction of speed, in [0.1, 1)",
                               p, f->name, v);
             break;
         case DL_FK_BANDWIDTH:
-            if (v <= 0) return dl_err(DL_ERANGE, "%s: [fault %s] bandwidth value: Mbit/s > 0", p, f->name);
+            if (v < 0.01) return dl_err(DL_ERANGE, "%s: [fault %s] bandwidth value: Mbit/s >= 0.01", p, f->name);
             break;
         case DL_FK_DELAY:
             if (v <= 0 || v > 10000)
@@ -245,7 +250,7 @@ static int validate(dl_scenario *sc)
     return 0;
 }
 
-int dl_scenario_load(const char *path, dl_scenario *sc)
+int dl_scenario_load(const char *path, const dl_sc_overrides *ov, dl_scenario *sc)
 {
     memset(sc, 0, sizeof *sc);
     snprintf(sc->path, sizeof sc->path, "%s", path);
@@ -359,5 +364,14 @@ int dl_scenario_load(const char *path, dl_scenario *sc)
         b = b ? b + 1 : path;
         snprintf(sc->run.name, sizeof sc->run.name, "%.*s", (int)strcspn(b, "."), b);
     }
+    if (!valid_name(sc->run.name))
+        return dl_err(DL_EINVAL, "%s: [run] name '%s' must be 1-%d of [A-Za-z0-9_-] (it names the report; the default is "
+                      "the file's name)", path, sc->run.name, DL_SC_NAME - 9);
+    if (ov && ov->duration_s >= 0) {
+        char v[64];
+        snprintf(v, sizeof v, "%.17g", ov->duration_s);
+        DL_TRY(set_key(run_t, NT(run_t), &sc->run, path, 0, "run (--duration_s)", "duration_s", v));
+    }
+    if (ov && ov->seed >= 0) sc->run.seed = ov->seed;
     return validate(sc);
 }

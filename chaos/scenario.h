@@ -139,9 +139,17 @@ typedef struct {
     int n_ev;
 } dl_timeline;
 
+/* Command-line overrides of [run] keys, applied before validation (so
+ * every rule sees them): < 0 = not given. */
+typedef struct {
+    double duration_s;
+    int64_t seed;
+} dl_sc_overrides;
+
 /* Parse and validate SCENARIO: every value typed and bounded, every
- * reference resolved. Errors name path:line and the key. */
-int dl_scenario_load(const char *path, dl_scenario *out);
+ * reference resolved. Errors name path:line and the key, or the section.
+ * ov may be NULL. */
+int dl_scenario_load(const char *path, const dl_sc_overrides *ov, dl_scenario *out);
 /* Expand the learner sections into slots and draw the fault timeline from the
  * scenario's seed (deterministic: the same file and seed give the same
  * timeline). `faults` 0 leaves only joins and leaves (a failure-free twin). */

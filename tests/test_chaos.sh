@@ -46,6 +46,12 @@ check "the push ledger balances in each of the $nl clean incarnations${bad:+ (un
 check "dloco check passed on the store after the run" ev_has "$E" check ok=1
 check "dloco check agrees now" quietly "$DLOCO" check "$R/store"
 check "merges were committed" [ "$(ev_count "$SE" merge)" -gt 10 ]
+# the faults' effects, seen by the products themselves
+check "the disk faults reached the store: commits failed with EIO" \
+  ev_has "$SE" merge_failed "reason~Input/output error"
+check "... and with ENOSPC" ev_has "$SE" merge_failed "reason~No space left on device"
+check "the partitioned and the killed learners were declared dead" [ "$(ev_count "$SE" learner_dead)" -ge 2 ]
+check "the churned-in learner joined and trained" ev_has "$R/events-b1-j1.log" ready
 check "the rogue client's garbage was refused, the synchronizer stayed up" \
   [ "$(ev_field "$SE" sync_summary refused_msgs | awk '{s += $1} END {print s + 0}')" -gt 0 ]
 # the report

@@ -21,7 +21,7 @@ static int load(const char *extra, dl_scenario *sc, char *msg, size_t cap)
     FILE *f = fopen(path, "w");
     fprintf(f, "%s%s", extra && !strncmp(extra, "!", 1) ? "" : BASE, extra ? extra + (extra[0] == '!') : "");
     fclose(f);
-    int rc = dl_scenario_load(path, sc);
+    int rc = dl_scenario_load(path, NULL, sc);
     snprintf(msg, cap, "%s", rc ? dl_errmsg() : "");
     return rc;
 }
@@ -61,7 +61,25 @@ static void test_refusals(void)
     refused("[fault f]\nkind = learner_hang\ntarget = a0\nat_s = 10\n", "duration_s > 0");
     refused("[fault f]\nkind = learner_slow\ntarget = a0\nat_s = 10\nduration_s = 5\nvalue = 1.5\n", "fraction");
     refused("[fault f]\nkind = loss\ntarget = east\nat_s = 10\nduration_s = 5\nvalue = 2\n", "probability");
-    refused("[fault f]\nkind = bandwidth\ntarget = east\nat_s = 10\nduration_s = 5\n", "Mbit/s > 0");
+    refused("[fault f]\nkind = bandwidth\ntarget = east\nat_s = 10\nduration_s = 5\n", "Mbit/s >= 0.01");
+    refused("[run]\nname = my test\n", "name 'my test' must be");
+    refused("[dc west]\nbandwidth_mbit = 0.001\n", "0 (unshaped) or >= 0.01");
+    {
+        /* a --duration_s override is validated like the file's value, with every rule after it */
+        static dl_scenario sc;
+        FILE *f = fopen(path, "w");
+        fprintf(f, "%s[learner j]\ndc = east\njoin_s = 80\n", BASE);
+        fclose(f);
+        dl_sc_overrides ov = {.duration_s = 60, .seed = -1};
+        CHECK(dl_scenario_load(path, &ov, &sc) != 0 && strstr(dl_errmsg(), "join_s/leave_s must be inside"), "%s",
+              dl_errmsg());
+        ov.duration_s = 5;
+        CHECK(dl_scenario_load(path, &ov, &sc) != 0 && strstr(dl_errmsg(), "--duration_s"), "%s", dl_errmsg());
+        ov.duration_s = 200;
+        ov.seed = 42;
+        CHECK(dl_scenario_load(path, &ov, &sc) == 0 && sc.run.duration_s == 200 && sc.run.seed == 42, "%s",
+              dl_errmsg());
+    }
     refused("[fault f]\nkind = delay\ntarget = east\nat_s = 10\nduration_s = 5\nvalue = 20000\n", "extra RTT");
     refused("[fault f]\nkind = rogue_garbage\nat_s = 10\nvalue = 2.5\n", "message count");
     refused("[fault f]\nkind = learner_kill\ntarget = a0\nat_s = 10\nduration_s = 1\nvalue = 3\n", "takes no value");
@@ -171,7 +189,7 @@ static void test_shipped(void)
         snprintf(p, sizeof p, "%s/chaos/scenarios/%s", src ? src : ".", files[i]);
         static dl_scenario sc;
         static dl_timeline t;
-        int rc = dl_scenario_load(p, &sc);
+        int rc = dl_scenario_load(p, NULL, &sc);
         CHECK(rc == 0, "%s: %s", p, dl_errmsg());
         if (rc) continue;
         rc = dl_timeline_build(&sc, 1, &t);
