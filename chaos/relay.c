@@ -66,6 +66,9 @@ typedef struct unit {
     int64_t release_ns; /* monotonic time it may go out */
     int kind;
 } unit;
+/* What one queued unit costs besides its bytes: the unit, the blob header,
+ * malloc's own overhead (about two words per allocation). */
+#define UNIT_COST (sizeof(unit) + sizeof(blob) + 4 * sizeof(void *))
 
 typedef struct {
     unit *head, *tail;
@@ -87,7 +90,7 @@ typedef struct {
     uqueue q;
     uqueue held;         /* a message (and its duplicate) held back for reordering */
     int64_t held_until;
-    size_t queued;       /* wire bytes in q and held (back-pressure reads at queue_max) */
+    size_t queued;       /* bytes in q and held, each unit counted with its UNIT_COST (back-pressure at queue_max) */
     bool want_out;       /* the last write would block: wait for POLLOUT on the target */
 } flow;
 
@@ -367,7 +370,7 @@ static int enqueue(flow *f, uqueue *q, blob *b, int kind, int64_t rel)
     unit *u = unit_new(b, kind, rel);
     if (!u) return DL_ENOMEM;
     uq_push(q, u);
-    f->queued += b->len;
+    f->queued += b->len + UNIT_COST; /* the heap a unit holds, not only its bytes: tiny messages add up */
     return 0;
 }
 
@@ -701,7 +704,7 @@ static void write_flow(dl_relay *r, pair *p, int side, int64_t now)
         else r->st.down_bytes += (uint64_t)n;
         if (u->off < u->b->len) continue;
         uq_pop(&f->q);
-        f->queued -= u->b->len;
+        f->queued -= u->b->len + UNIT_COST;
         if (u->kind == U_MSG) {
             if (side == UP) r->st.up_msgs++;
             else r->st.down_msgs++;

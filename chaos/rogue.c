@@ -54,8 +54,9 @@ int dl_rogue_garbage(const char *host, int port, int n, uint64_t seed, dl_rogue_
     for (int s = 0; s < socks; s++) {
         void *d = zmq_socket(ctx, ZMQ_DEALER);
         if (!d) break;
-        int zero = 0, hwm = 1000;
+        int zero = 0, hwm = 1000, sndtimeo = 200;
         zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(d, ZMQ_SNDTIMEO, &sndtimeo, sizeof sndtimeo);
         zmq_setsockopt(d, ZMQ_SNDHWM, &hwm, sizeof hwm);
         char rid[24];
         snprintf(rid, sizeof rid, "rogue-%llx", (unsigned long long)dl_rng_u64(&r));
@@ -63,7 +64,7 @@ int dl_rogue_garbage(const char *host, int port, int n, uint64_t seed, dl_rogue_
         if (zmq_connect(d, ep) == 0) {
             for (int i = s; i < n; i += socks) {
                 unsigned char b[4096];
-                int frames = 1 + (int)dl_rng_below(&r, 3);
+                int frames = 1 + (int)dl_rng_below(&r, 3), sent = 0, shaped = 0;
                 for (int f = 0; f < frames; f++) {
                     size_t len = (size_t)dl_rng_below(&r, f == 0 ? 256 : sizeof b);
                     fill(&r, b, len);
@@ -71,11 +72,16 @@ int dl_rogue_garbage(const char *host, int port, int n, uint64_t seed, dl_rogue_
                         /* protobuf-shaped: field 1 (varint) then a length-delimited field
                          * whose length runs past the end */
                         b[0] = 0x08, b[1] = (unsigned char)(1 + dl_rng_below(&r, 120)), b[2] = 0x12, b[3] = 0xff;
-                        out->envelopes++;
+                        shaped = 1;
                     }
-                    if (zmq_send(d, b, len, f + 1 < frames ? ZMQ_SNDMORE | ZMQ_DONTWAIT : ZMQ_DONTWAIT) < 0) break;
+                    /* blocking sends with a timeout: a queue that is full (the
+                     * synchronizer reads slowly) ends this socket's share */
+                    if (zmq_send(d, b, len, f + 1 < frames ? ZMQ_SNDMORE : 0) < 0) break;
+                    sent++;
                 }
+                if (sent < frames) break; /* a half-sent message: the socket closes with it */
                 out->zmq_msgs++;
+                out->envelopes += shaped;
             }
             /* let libzmq connect and hand the queue over before the close
              * (LINGER 0 would drop what is still queued) */
