@@ -898,7 +898,9 @@ static void *relay_main(void *arg)
         /* Next pass: what to wait for and until when. */
         npfd = 0;
         pfd_add(r, &npfd, r->wake[0], POLLIN); /* the first two fit the initial capacity */
-        pfd_add(r, &npfd, r->lfd, POLLIN);
+        /* a partitioned link takes no new connections either: they wait in the
+         * backlog (a SYN retried) and are accepted when it heals */
+        pfd_add(r, &npfd, r->lfd, r->imp.partitioned ? 0 : POLLIN);
         int64_t next = now + POLL_MAX_MS * MS;
         for (pair *p = r->pairs; p; p = p->next) {
             for (int s = 0; s < 2; s++) {
