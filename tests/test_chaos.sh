@@ -51,7 +51,7 @@ check "the disk faults reached the store: commits failed with EIO" \
   ev_has "$SE" merge_failed "reason~Input/output error"
 check "... and with ENOSPC" ev_has "$SE" merge_failed "reason~No space left on device"
 check "the partitioned and the killed learners were declared dead" [ "$(ev_count "$SE" learner_dead)" -ge 2 ]
-check "the churned-in learner joined and trained" ev_has "$R/events-b1-j1.log" ready
+check "the churned-in learner joined (the synchronizer welcomed b1-j1)" ev_has "$SE" learner_join id=b1-j1
 check "the rogue client's garbage was refused, the synchronizer stayed up" \
   [ "$(ev_field "$SE" sync_summary refused_msgs | awk '{s += $1} END {print s + 0}')" -gt 0 ]
 # the report
