@@ -582,8 +582,12 @@ static int link_fault(run_t *r, int d, const dl_sc_event *e, int on)
     case DL_FK_REORDER: if (on || n == 0) r->cur[d].reorder = on ? v : r->base[d].reorder; break;
     default: break;
     }
+    if (rc && on) {
+        /* not applied: it has no end; nothing it set stays */
+        r->imp_n[d][k]--;
+        if (e->kind == DL_FK_PARTITION) r->partitioned[d] = r->imp_n[d][k] > 0;
+    }
     relay_apply(r, d);
-    if (rc && on) r->imp_n[d][k]--; /* not applied: it has no end */
     return rc;
 }
 
