@@ -955,6 +955,19 @@ static int resolve(const char *host, int port, bool passive, struct sockaddr_sto
     return 0;
 }
 
+/* What open made, once the thread is gone (or never started). */
+static void free_relay(dl_relay *r)
+{
+    close_fd(&r->lfd, false);
+    close_fd(&r->wake[0], false);
+    close_fd(&r->wake[1], false);
+    free(r->pfds);
+    free(r->rbuf);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+}
+
 int dl_relay_open(const dl_relay_cfg *cfg, dl_relay **out)
 {
     assert(cfg && out);
@@ -1014,14 +1027,7 @@ int dl_relay_open(const dl_relay_cfg *cfg, dl_relay **out)
     *out = r;
     return 0;
 fail:
-    close_fd(&r->lfd, false);
-    close_fd(&r->wake[0], false);
-    close_fd(&r->wake[1], false);
-    free(r->pfds);
-    free(r->rbuf);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-    free(r);
+    free_relay(r);
     return rc;
 }
 
@@ -1135,12 +1141,5 @@ void dl_relay_close(dl_relay **rp)
     wake(r);
     pthread_join(r->thread, NULL);
     blob_unref(r->capture);
-    close_fd(&r->lfd, false);
-    close_fd(&r->wake[0], false);
-    close_fd(&r->wake[1], false);
-    free(r->pfds);
-    free(r->rbuf);
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-    free(r);
+    free_relay(r);
 }

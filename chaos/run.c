@@ -85,7 +85,6 @@ typedef struct {
     dl_net_dc net[DL_SC_MAX_DCS];
     dl_relay *relay[DL_SC_MAX_DCS];
     dl_relay_impair base[DL_SC_MAX_DCS], cur[DL_SC_MAX_DCS];
-    double rate_now[DL_SC_MAX_DCS];
     int partitioned[DL_SC_MAX_DCS];
     int imp_n[DL_SC_MAX_DCS][DL_FK_N]; /* link faults of each kind in force per datacenter */
     int next_ev;
@@ -93,7 +92,6 @@ typedef struct {
     int n_pend;
     int applied;
     pid_t epid;
-    int64_t eval_started;
     double last_loss;
     long sync_off;
     long merges;
@@ -416,7 +414,6 @@ static void eval_start(run_t *r)
     const char *out = runpath(r, "eval.out");
     unlink(out);
     r->epid = spawn(&a, out, 1);
-    r->eval_started = dl_clock_ns();
 }
 
 static void eval_done(run_t *r, int ok)
@@ -570,7 +567,6 @@ static int link_fault(run_t *r, int d, const dl_sc_event *e, int on)
             double mbit = on ? v : r->sc->dc[d].bandwidth_mbit;
             if (r->c->netns) rc = dl_net_dc_rate(&r->net[d], mbit);
             else r->cur[d].rate_mbit = mbit;
-            r->rate_now[d] = mbit;
         }
         break;
     case DL_FK_DELAY:
@@ -1029,7 +1025,6 @@ int dl_chaos_run(const dl_chaos_run_cfg *c)
                               .reorder = dc->reorder,
                               .rate_mbit = c->netns ? 0 : dc->bandwidth_mbit};
         r->base[d] = r->cur[d] = im;
-        r->rate_now[d] = dc->bandwidth_mbit;
         dl_relay_cfg rcfg = {.listen_host = c->netns ? r->net[d].host_ip : "127.0.0.1",
                              .listen_port = 0,
                              .upstream_host = "127.0.0.1",
