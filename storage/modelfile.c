@@ -1,6 +1,8 @@
 /* Model files (storage/modelfile.h): the writers of safetensors, the HF GPT-2
  * directory and llm.c checkpoints, and one bounded reader for all three. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* renameat2 */
+#endif
 #include "storage/modelfile.h"
 
 #include "core/err.h"
@@ -483,7 +485,7 @@ typedef struct {
 
 static int js_fail(js *j, const char *why)
 {
-    return dl_err(DL_EFORMAT, "%s: bad JSON at byte %ld of the header: %s", j->what, (long)(j->p - j->start), why);
+    return dl_err(DL_EFORMAT, "%s: bad JSON at byte %ld: %s", j->what, (long)(j->p - j->start), why);
 }
 
 static void js_ws(js *j)
@@ -623,6 +625,7 @@ static int js_skip(js *j, int depth)
             }
             DL_TRY(js_skip(j, depth + 1));
             int d = js_peek(j);
+            if (d < 0) return js_fail(j, "unexpected end");
             j->p++;
             if (d == close) return 0;
             if (d != ',') return js_fail(j, "expected ',' or a closing bracket");
@@ -803,6 +806,7 @@ static int parse_entry(js *j, st_entry *e, const char *name)
                     DL_TRY(js_uint(j, &v[n]));
                     n++;
                     int d = js_peek(j);
+                    if (d < 0) return js_fail(j, "unexpected end");
                     j->p++;
                     if (d == ']') break;
                     if (d != ',') return js_fail(j, "expected ',' or ']'");
@@ -818,6 +822,7 @@ static int parse_entry(js *j, st_entry *e, const char *name)
             }
         }
         int d = js_peek(j);
+        if (d < 0) return js_fail(j, "unexpected end");
         j->p++;
         if (d == '}') break;
         if (d != ',') return js_fail(j, "expected ',' or '}'");
@@ -851,6 +856,7 @@ static int parse_metadata(js *j, st_header *h)
             h->n_head = v;
         }
         int d = js_peek(j);
+        if (d < 0) return js_fail(j, "unexpected end");
         j->p++;
         if (d == '}') return 0;
         if (d != ',') return js_fail(j, "expected ',' or '}'");
@@ -880,6 +886,7 @@ static int parse_header(js *j, st_header *h)
             snprintf(e->name, sizeof e->name, "%s", name);
         }
         int d = js_peek(j);
+        if (d < 0) return js_fail(j, "unexpected end");
         j->p++;
         if (d == '}') break;
         if (d != ',') return js_fail(j, "expected ',' or '}'");
@@ -931,6 +938,10 @@ static int config_json_n_head(const char *model_path, int64_t *out)
                 goto out;
             }
             int d = js_peek(&j);
+            if (d < 0) {
+                rc = js_fail(&j, "unexpected end");
+                goto out;
+            }
             j.p++;
             if (d == '}') break;
             if (d != ',') {
@@ -1088,14 +1099,14 @@ static int read_safetensors(const char *path, const unsigned char *map, uint64_t
             }
             numel *= e->shape[d];
         }
+        if (i < 4 + 12 * L && e->dtype == DT_OTHER) {
+            rc = dl_err(DL_EFORMAT, "%s: tensor '%s': dtype not supported (F32, F16, BF16)", path, e->name);
+            goto out;
+        }
         if (e->b > e->e || e->e > dsize || e->e - e->b != numel * (uint64_t)e->esize) {
             rc = dl_err(DL_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] do not hold its %llu elements of %d bytes "
                         "inside the %llu data bytes", path, e->name, (unsigned long long)e->b, (unsigned long long)e->e,
                         (unsigned long long)numel, e->esize, (unsigned long long)dsize);
-            goto out;
-        }
-        if (i < 4 + 12 * L && e->dtype == DT_OTHER) {
-            rc = dl_err(DL_EFORMAT, "%s: tensor '%s': dtype not supported (F32, F16, BF16)", path, e->name);
             goto out;
         }
         if (i < 4 + 12 * L && e->dtype != dt0) mixed = 1;

@@ -51,7 +51,7 @@ typedef struct {
  * with it; a directory holding other files is left beside as path.tmp.PID
  * and reported). `progress` (may be NULL) gets a line per 10% for models of
  * more than 64 MiB. Errors: DL_EIO (create, write, fsync, rename),
- * DL_ENOMEM (a transpose buffer, hf only), DL_EINVAL. */
+ * DL_EINVAL (exists, bad format). */
 int dl_modelfile_write(const char *path, int format, const dl_model_config *cfg, const float *params,
                        const dl_modelfile_meta *meta, int force, FILE *progress);
 
