@@ -1775,7 +1775,7 @@ static int init_from_file(dl_sync *s, float *full)
 {
     dl_store_run have;
     if (dl_store_get_run(s->store, &have) == 0)
-        return dl_err(DL_EINVAL, "--init-from %s: the store %s already holds run %s; init_from applies only to a new "
+        return dl_err(DL_EINVAL, "--init_from %s: the store %s already holds run %s; init_from applies only to a new "
                       "(empty) store: drop --init-from to resume it, or start with another store", s->cfg.init_from,
                       s->cfg.store, have.run_id);
     dl_modelfile_info info;
@@ -1783,7 +1783,7 @@ static int init_from_file(dl_sync *s, float *full)
     if (rc) {
         char why[1024];
         snprintf(why, sizeof why, "%s", dl_errmsg());
-        return dl_err(rc, "--init-from %s", why);
+        return dl_err(rc, "--init_from %s", why);
     }
     DL_INFO("new run %s: global model from %s (%s, %s)", s->cfg.run_id, s->cfg.init_from, info.kind, info.dtype);
     return 0;

@@ -100,14 +100,6 @@ int dl_export_cmd(const char *dir, int argc, char **argv)
     int format;
     if ((rc = dl_modelfile_format_parse(ec.format, &format))) return fail(rc);
 
-    /* a store that is not consistent is not exported (the checker opens it
-     * on its own, before this process does: an LMDB rule) */
-    if ((rc = dl_store_check(dir, NULL))) {
-        if (rc == DL_ENOTFOUND) return fail(dl_err(rc, "%s: no store here", dir));
-        char why[512];
-        snprintf(why, sizeof why, "%s", dl_errmsg());
-        return fail(dl_err(rc, "%s fails dloco check (%s); not exporting", dir, why));
-    }
     dl_store_opts o = dl_store_opts_default();
     o.read_only = 1;
     dl_store *s = NULL;
@@ -116,11 +108,24 @@ int dl_export_cmd(const char *dir, int argc, char **argv)
     uint64_t *versions = NULL;
     dl_store_run run;
     dl_store_shard lay = {0, 0};
-    if ((rc = dl_store_open(dir, &o, &s))) return fail(rc);
-    if ((rc = dl_store_get_run(s, &run))) {
-        if (rc == DL_ENOTFOUND) rc = dl_err(rc, "%s holds no run (an empty store): nothing to export", dir);
-        goto done;
+    /* an empty store first (the checker would call it malformed) */
+    if ((rc = dl_store_open(dir, &o, &s))) {
+        if (rc == DL_ENOTFOUND) return fail(dl_err(rc, "%s: no store here", dir));
+        return fail(rc);
     }
+    rc = dl_store_get_run(s, &run);
+    dl_store_close(&s);
+    if (rc == DL_ENOTFOUND) return fail(dl_err(rc, "%s holds no run (an empty store): nothing to export", dir));
+    /* a store that is not consistent is not exported (the checker opens it
+     * on its own, while this process has it closed: an LMDB rule) */
+    if ((rc = dl_store_check(dir, NULL))) {
+        if (rc == DL_ENOTFOUND) return fail(dl_err(rc, "%s: no store here", dir));
+        char why[512];
+        snprintf(why, sizeof why, "%s", dl_errmsg());
+        return fail(dl_err(rc, "%s fails dloco check (%s); not exporting", dir, why));
+    }
+    if ((rc = dl_store_open(dir, &o, &s))) return fail(rc);
+    if ((rc = dl_store_get_run(s, &run))) goto done;
     if (dl_store_get_shard(s, &lay) == 0 && lay.shards > 1) {
         rc = dl_err(DL_EINVAL, "%s is shard %u of %u: it holds only its own fragments' progress; exporting a sharded "
                     "run is not supported", dir, lay.shard, lay.shards);
