@@ -69,7 +69,8 @@ typedef struct {
 
 typedef struct {
     int fd;
-    const char *path;
+    const char *path;  /* the file written (a temporary name), for errors */
+    const char *label; /* what the progress lines call it */
     char buf[1 << 20];
     size_t used;
     uint64_t done, total, next_report;
@@ -90,7 +91,7 @@ static int w_flush(writer *w)
     w->done += w->used;
     w->used = 0;
     if (w->progress && w->total > (64u << 20) && w->done >= w->next_report) {
-        fprintf(w->progress, "export: %s %.0f%% (%.1f of %.1f MB)\n", w->path, 100.0 * (double)w->done / (double)w->total,
+        fprintf(w->progress, "export: %s %.0f%% (%.1f of %.1f MB)\n", w->label ? w->label : w->path, 100.0 * (double)w->done / (double)w->total,
                 w->done / 1e6, w->total / 1e6);
         fflush(w->progress);
         w->next_report += w->total / 10;
@@ -265,7 +266,7 @@ static void meta_int(sbuf *b, const char *k, long long v)
 
 /* Write one safetensors file to the (new) file `path`. */
 static int write_safetensors(const char *path, const dl_model_config *cfg, const float *params,
-                             const dl_modelfile_meta *meta, int hf, FILE *progress)
+                             const dl_modelfile_meta *meta, int hf, FILE *progress, const char *label)
 {
     int nt = dl_model_tensor_table(cfg, NULL, 0, NULL);
     out_tensor *ts = dl_xcalloc((size_t)nt, sizeof *ts);
@@ -315,7 +316,7 @@ static int write_safetensors(const char *path, const dl_model_config *cfg, const
     int fd, rc;
     if ((rc = create_file(path, &fd))) goto out;
     writer *w = dl_xmalloc(sizeof *w);
-    *w = (writer){.fd = fd, .path = path, .total = 8 + h.len + off, .progress = progress};
+    *w = (writer){.fd = fd, .path = path, .label = label, .total = 8 + h.len + off, .progress = progress};
     w->next_report = w->total / 10;
     uint64_t n = h.len;
     unsigned char le[8];
@@ -334,7 +335,8 @@ out:
 }
 
 /* llm.c's 16 parameter arrays, in train_gpt2.c's order, as pieces. */
-static int write_llmc(const char *path, const dl_model_config *cfg, const float *params, FILE *progress)
+static int write_llmc(const char *path, const dl_model_config *cfg, const float *params, FILE *progress,
+                      const char *label)
 {
     int L = cfg->n_layer, C = cfg->n_embd, V = cfg->vocab, T = cfg->seq_len;
     int Vp = (V + LLMC_VPAD - 1) / LLMC_VPAD * LLMC_VPAD;
@@ -349,7 +351,7 @@ static int write_llmc(const char *path, const dl_model_config *cfg, const float 
     }
     writer *w = dl_xmalloc(sizeof *w);
     uint64_t total = sizeof hdr + 4ull * ((uint64_t)Vp * C + (uint64_t)T * C + (uint64_t)L * (12ull * C * C + 13ull * C) + 2ull * C);
-    *w = (writer){.fd = fd, .path = path, .total = total, .progress = progress};
+    *w = (writer){.fd = fd, .path = path, .label = label, .total = total, .progress = progress};
     w->next_report = total / 10;
     rc = w_bytes(w, hdr, sizeof hdr);
     piece wte = {.src = params + tab[0].offset, .n = (size_t)V * C};
@@ -433,7 +435,7 @@ int dl_modelfile_write(const char *path, int format, const dl_model_config *cfg_
         char f[4200];
         if (mkdir(tmp, 0755) != 0) return dl_err(DL_EIO, "cannot create directory %s: %s", tmp, strerror(errno));
         snprintf(f, sizeof f, "%s/model.safetensors", tmp);
-        rc = write_safetensors(f, &cfg, params, meta, 1, progress);
+        rc = write_safetensors(f, &cfg, params, meta, 1, progress, path);
         snprintf(f, sizeof f, "%s/config.json", tmp);
         if (!rc) rc = write_hf_config(f, &cfg);
         if (!rc) fsync_dir_of(f);
@@ -442,8 +444,8 @@ int dl_modelfile_write(const char *path, int format, const dl_model_config *cfg_
             return rc;
         }
     } else {
-        rc = format == DL_MODELFILE_LLMC ? write_llmc(tmp, &cfg, params, progress)
-                                         : write_safetensors(tmp, &cfg, params, meta, 0, progress);
+        rc = format == DL_MODELFILE_LLMC ? write_llmc(tmp, &cfg, params, progress, path)
+                                         : write_safetensors(tmp, &cfg, params, meta, 0, progress, path);
         if (rc) {
             unlink(tmp);
             return rc;
