@@ -77,7 +77,8 @@ typedef struct {
  * (converted), shapes exact, data_offsets in bounds, contiguous,
  * non-overlapping and covering the data exactly; no NaN or Inf in a weight.
  * Nothing is allocated from a header field: the file is mapped, parsed in
- * place and converted straight into `params`.
+ * place and converted straight into `params` (so the file must not be
+ * truncated while it is read: that would be a SIGBUS).
  * Errors: DL_EIO, DL_EFORMAT (not a model file, bad JSON, bad dtype, missing
  * or duplicate or unknown tensor, bad offsets), DL_ETRUNC (shorter than its
  * header says), DL_ERANGE (header field out of bounds, NaN/Inf), DL_EMISMATCH

@@ -286,6 +286,43 @@ static void hostile_safetensors(void)
     free(s.data);
 }
 
+/* json with every `from` replaced by `to`. */
+static char *subst_all(const char *json, const char *from, const char *to)
+{
+    char *cur = strdup(json);
+    while (strstr(cur, from)) {
+        char *next = subst(cur, from, to);
+        free(cur);
+        cur = next;
+    }
+    return cur;
+}
+
+/* What HF checkpoints also hold: names without "transformer." (older
+ * checkpoints), the causal-mask buffers and the tied head, all accepted. */
+static void hf_variants(void)
+{
+    st_file s = st_load(at("m.hf/model.safetensors"));
+    char *j = subst_all(s.json, "\"transformer.", "\"");
+    expect_same("hf without the prefix", st_write("hf_noprefix.safetensors", j, s.data, s.dlen));
+    free(j);
+    /* + lm_head.weight [60, 16] F32 and h.1.attn.bias [1, 1, 8, 8] BOOL after the data */
+    size_t head = 60 * 16 * 4, mask = 64;
+    char extra[256];
+    snprintf(extra, sizeof extra,
+             "{\"lm_head.weight\":{\"dtype\":\"F32\",\"shape\":[60,16],\"data_offsets\":[%zu,%zu]},"
+             "\"transformer.h.1.attn.bias\":{\"dtype\":\"BOOL\",\"shape\":[1,1,8,8],\"data_offsets\":[%zu,%zu]},",
+             s.dlen, s.dlen + head, s.dlen + head, s.dlen + head + mask);
+    char *j1 = subst(s.json, "{", extra);
+    unsigned char *d = calloc(1, s.dlen + head + mask);
+    memcpy(d, s.data, s.dlen);
+    expect_same("hf with lm_head and attn.bias", st_write("hf_extras.safetensors", j1, d, s.dlen + head + mask));
+    free(j1);
+    free(d);
+    free(s.json);
+    free(s.data);
+}
+
 static void hostile_hf(void)
 {
     /* an HF directory whose config.json is hostile, and one without the metadata n_head */
@@ -504,6 +541,7 @@ int main(void)
     }
     hostile_safetensors();
     hostile_hf();
+    hf_variants();
     hostile_llmc();
     writes();
     half_dtypes();
