@@ -455,6 +455,10 @@ int dl_modelfile_write(const char *path, int format, const dl_model_config *cfg_
     int e = 0;
     if (!exists) {
         if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) != 0) e = errno;
+        if ((e == EINVAL || e == ENOSYS) && lstat(path, &st) != 0) {
+            /* a filesystem without RENAME_NOREPLACE: checked just before, not atomically */
+            e = rename(tmp, path) == 0 ? 0 : errno;
+        }
     } else if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) == 0) {
         /* the old one is at tmp now */
         if (S_ISDIR(st.st_mode)) {
@@ -906,7 +910,7 @@ static int config_json_n_head(const char *model_path, int64_t *out)
     char tmp[4300], p[4400];
     snprintf(tmp, sizeof tmp, "%s", model_path);
     snprintf(p, sizeof p, "%s/config.json", dirname(tmp));
-    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us */
     if (fd < 0) return 0;
     struct stat st;
     char *buf = NULL;
@@ -916,9 +920,14 @@ static int config_json_n_head(const char *model_path, int64_t *out)
         goto out;
     }
     buf = dl_xmalloc((size_t)st.st_size);
-    if (read(fd, buf, (size_t)st.st_size) != st.st_size) {
-        rc = dl_err(DL_EIO, "read %s: %s", p, strerror(errno));
-        goto out;
+    for (size_t got = 0; got < (size_t)st.st_size;) {
+        ssize_t k = read(fd, buf + got, (size_t)st.st_size - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            rc = dl_err(DL_EIO, "read %s: %s", p, k < 0 ? strerror(errno) : "shorter than its size");
+            goto out;
+        }
+        got += (size_t)k;
     }
     js j = {buf, buf + st.st_size, buf, p};
     if ((rc = js_expect(&j, '{'))) goto out;
@@ -1272,7 +1281,7 @@ int dl_modelfile_read(const char *path_in, const dl_model_config *cfg_in, float 
     if (stat(path_in, &st) != 0) return dl_err(DL_EIO, "cannot open %s: %s", path_in, strerror(errno));
     if (S_ISDIR(st.st_mode)) snprintf(path, sizeof path, "%s/model.safetensors", path_in);
     else snprintf(path, sizeof path, "%s", path_in);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us */
     if (fd < 0) return dl_err(DL_EIO, "cannot open %s: %s", path, strerror(errno));
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
