@@ -1776,7 +1776,7 @@ static int init_from_file(dl_sync *s, float *full)
     dl_store_run have;
     if (dl_store_get_run(s->store, &have) == 0)
         return dl_err(DL_EINVAL, "--init_from %s: the store %s already holds run %s; init_from applies only to a new "
-                      "(empty) store: drop --init-from to resume it, or start with another store", s->cfg.init_from,
+                      "(empty) store: drop --init_from to resume it, or start with another store", s->cfg.init_from,
                       s->cfg.store, have.run_id);
     dl_modelfile_info info;
     int rc = dl_modelfile_read(s->cfg.init_from, &s->cfg.model, full, &info);

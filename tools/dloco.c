@@ -1,6 +1,7 @@
 /* dloco: the operator command. check (offline store verification), status
  * (versions, merges, ledger, learners), eval (validation loss of the global
- * model in a store), plan (a model's fragments). Read-only: safe while a synchronizer runs. */
+ * model in a store), plan (a model's fragments), export (tools/export.c: the global model as a model file).
+ * Read-only on the store: safe while a synchronizer runs. */
 #include "core/config.h"
 #include "core/err.h"
 #include "core/log.h"
