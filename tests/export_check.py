@@ -154,6 +154,31 @@ def loss_of(P, NH, idx, tgt):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1)).item()
 
 
+def loss_hf(P, NH, idx, tgt):
+    """The same model the way HF GPT2LMHeadModel computes it, on the HF names as
+    they are: Conv1D is x @ W + b with W [in, out] (modeling_gpt2.py), no
+    transposing back, so the export's orientation is checked against HF's
+    convention rather than against dloco's own inverse."""
+    B, T = idx.shape
+    t = lambda n: P["transformer." + n]
+    V, C = t("wte.weight").shape
+    L = sum(1 for k in P if k.endswith(".ln_1.weight"))
+    conv = lambda x, n: x @ t(n + ".weight") + t(n + ".bias")
+    ln = lambda x, n: torch.nn.functional.layer_norm(x, (C,), t(n + ".weight"), t(n + ".bias"), 1e-5)
+    x = t("wte.weight")[idx] + t("wpe.weight")[:T]
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
+    hs = C // NH
+    for l in range(L):
+        p = "h.%d." % l
+        q, k, v = conv(ln(x, p + "ln_1"), p + "attn.c_attn").split(C, dim=2)
+        q, k, v = (z.view(B, T, NH, hs).transpose(1, 2) for z in (q, k, v))
+        a = ((q @ k.transpose(-2, -1)) / math.sqrt(hs)).masked_fill(mask, float("-inf")).softmax(-1)
+        x = x + conv((a @ v).transpose(1, 2).contiguous().view(B, T, C), p + "attn.c_proj")
+        x = x + conv(gelu(conv(ln(x, p + "ln_2"), p + "mlp.c_fc")), p + "mlp.c_proj")
+    logits = ln(x, "ln_f") @ t("wte.weight").t()  # tie_word_embeddings
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1)).item()
+
+
 def read_seqs(path):
     raw = bytearray(open(path, "rb").read())
     magic, ver, batches, B, T, V = struct.unpack("<6i", raw[:24])
@@ -198,6 +223,7 @@ def main():
         if t["transformer.h.0.attn.c_attn.weight"].shape != (cfg["n_embd"], 3 * cfg["n_embd"]):
             fail("hf c_attn.weight is %r, Conv1D wants [in, out]" % (tuple(t["transformer.h.0.attn.c_attn.weight"].shape),))
         jobs.append(("hf", P, meta))
+        jobs.append(("hf-conv1d", t, meta))
     if a.llmc:
         t, meta = read_llmc(a.llmc)
         jobs.append(("llmc", t, meta))
@@ -206,7 +232,8 @@ def main():
         nh = int(meta.get("n_head", a.n_head))
         if nh != a.n_head:
             fail("%s says n_head %d, expected %d" % (name, nh, a.n_head))
-        losses = [loss_of(P, nh, seqs[i, :, 0], seqs[i, :, 1]) for i in range(seqs.shape[0])]
+        f = loss_hf if name == "hf-conv1d" else loss_of
+        losses = [f(P, nh, seqs[i, :, 0], seqs[i, :, 1]) for i in range(seqs.shape[0])]
         loss = sum(losses) / len(losses)
         diff = abs(loss - a.dloco_loss)
         print("export_check: format=%s loss=%.9f dloco=%.9f diff=%.3g" % (name, loss, a.dloco_loss, diff))

@@ -55,7 +55,7 @@ if "$PY" -c "import torch" 2>/dev/null; then
   "$PY" "$CHECK_PY" "$W/seqs.bin" "$L0" 2 --safetensors "$W/m.safetensors" --llmc "$W/m.bin" --hf "$W/m.hf" \
     > "$W/check.txt" 2>&1; rc=$?
   sed 's/^/  /' "$W/check.txt"
-  for f in safetensors llmc hf; do
+  for f in safetensors llmc hf hf-conv1d; do
     check "torch loss of the $f export == dloco eval (1e-4)" \
       awk -v f="format=$f" '$2 == f { split($5, d, "="); ok = (d[2] + 0 <= 1e-4) } END { exit !ok }' "$W/check.txt"
   done
