@@ -23,6 +23,9 @@ SYNC_MODEL="$MODEL --vocab 256 --fragments 4"
 # ---- a store with a trained global model
 start_sync sync $OUTER
 start_learner l0 --steps 40
+# while the synchronizer merges: one snapshot, a complete file
+wait_until 60 '[ "$(merges)" -ge 2 ]' || die "no merges"
+check "export while the synchronizer merges" quietly "$DLOCO" export "$W/store" --format safetensors "$W/live.safetensors"
 wait_pid 180 "$LPID" || die "learner l0 failed"
 stop_sync
 [ "$(merges)" -gt 0 ] || die "no merges: nothing trained"
@@ -75,6 +78,9 @@ for f in safetensors llmc hf; do
   check "and on the same sequences" cmp -s "$W/seqs.bin" "$W/seqs-$f.bin"
   check "its store passes dloco check" quietly "$DLOCO" check "$W/s-$f"
 done
+start_sync from-live --store "$W/s-live" --init_from "$W/live.safetensors"
+stop_sync
+check "the live export starts a run too" quietly "$DLOCO" check "$W/s-live"
 check "the import was logged" grep -q "global model from $W/m.hf (safetensors (hf names), F32)" "$W/from-hf.log"
 out=$("$SYNC" --store "$W/s-llmc" --bind tcp://127.0.0.1:0 $SYNC_MODEL --init_from "$W/m.bin" 2>&1); rc=$?
 check "init_from on a store that holds a run is refused (rc $rc)" \
