@@ -430,6 +430,12 @@ int dl_modelfile_write(const char *path, int format, const dl_model_config *cfg_
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
         return dl_err(DL_EINVAL, "path too long: %s", path);
+    /* a temporary of this pid is a crashed earlier writer's (pids are unique among the living) */
+    struct stat ts;
+    if (lstat(tmp, &ts) == 0) {
+        if (S_ISDIR(ts.st_mode)) remove_tree_of_ours(tmp);
+        else unlink(tmp);
+    }
     int rc = 0;
     if (format == DL_MODELFILE_HF) {
         char f[4200];
