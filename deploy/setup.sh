@@ -1,7 +1,8 @@
 #!/bin/bash
 # Install every Debian package dloco's build, tests and demo need (idempotent).
 # Usage: deploy/setup.sh [--with-torch] [--force]
-#   --with-torch  also install python3-torch (benchmarks and tests/ref only)
+#   --with-torch  also install python3-torch (benchmarks, tests/ref, and test_export's
+#                 PyTorch checks; tests/run.sh passes it)
 #   --force       run apt-get update + install even if everything is present
 # Nothing is fetched from anywhere but the Debian archive.
 set -euo pipefail

@@ -12,8 +12,10 @@
 #include "learner/node.h"
 #include "learner/train.h"
 #include "proto/auth.h"
+#include "storage/modelfile.h"
 #ifdef DLOCO_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
+#include "learner/gpt_cuda.h"
 #include "learner/xfer_cuda.h"
 #endif
 
@@ -41,6 +43,7 @@ typedef struct {
     int64_t save_every;
     int64_t stop_after;
     char resume[DL_CFG_STRLEN];
+    char init_from[DL_CFG_STRLEN];
     char loss_log[DL_CFG_STRLEN];
     int64_t threads;
     char device[DL_CFG_STRLEN];
@@ -103,6 +106,9 @@ static const dl_cfg_entry learner_table[] = {
     {"stop_after", DL_CFG_INT, F(stop_after), 0, 1000000000, "0", NULL, 0,
      "end this invocation after N steps (checkpoint kept; resume later with --resume)"},
     {"resume", DL_CFG_STR, F(resume), 0, 0, "", NULL, 0, "checkpoint file to resume from"},
+    {"init_from", DL_CFG_STR, F(init_from), 0, 0, "", NULL, 0,
+     "--standalone: start from this model file (dloco export: safetensors, an HF directory, llm.c) instead of the "
+     "seeded init, at step 0 with fresh AdamW state; its model must be this one (docs/OPERATING.md)"},
     {"loss_log", DL_CFG_STR, F(loss_log), 0, 0, "", NULL, 0, "append 'step train_loss' with exact hex floats to this file"},
     {"threads", DL_CFG_INT, F(threads), 0, 1024, "0", NULL, 0, "CPU threads (0 = OMP_NUM_THREADS or all cores)"},
     {"device", DL_CFG_ENUM, F(device), 0, 0, "auto", "auto|cpu|cuda", 0,
@@ -327,6 +333,35 @@ static int pick_device(const learner_cfg *cfg, int *device, char *desc, size_t c
     return 0;
 }
 
+/* --init_from: the model file's parameters into the trainer's model (on a
+ * GPU through a host buffer). */
+static int init_from_file(dl_trainer *tr, const char *path)
+{
+    const dl_model_config *mc = dl_trainer_model_cfg(tr);
+    dl_modelfile_info info;
+    int rc;
+    if (dl_trainer_device(tr) == DL_DEVICE_CPU) {
+        rc = dl_modelfile_read(path, mc, dl_gpt_params(dl_trainer_model(tr)), &info);
+    } else {
+#ifdef DLOCO_HAVE_CUDA
+        size_t n = dl_trainer_num_params(tr);
+        float *host = dl_try_malloc(n * sizeof(float));
+        if (!host) return dl_err(DL_ENOMEM, "%s: %zu floats to stage for the GPU: out of memory", path, n);
+        rc = dl_modelfile_read(path, mc, host, &info);
+        if (!rc) rc = dl_gptc_set_params(dl_trainer_gptc(tr), host);
+        free(host);
+#else
+        rc = dl_err(DL_ENODEV, "no CUDA in this build");
+#endif
+    }
+    if (rc) return rc;
+    printf("initialised from %s (%s, %s)\n", path, info.kind, info.dtype);
+    char ev_path[DL_CFG_STRLEN + 8];
+    dl_event("init_from", "path=%s kind=%s", dl_event_str(path, ev_path, sizeof ev_path),
+             !strcmp(info.kind, "llmc") ? "llmc" : strstr(info.kind, "hf") ? "safetensors-hf" : "safetensors-dloco");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     learner_cfg cfg;
@@ -349,6 +384,10 @@ int main(int argc, char **argv)
         if ((rc = dl_comms_check_timeouts(&t, (int)cfg.push_decision_timeout_ms))) return fail("bad configuration", rc);
         if (!cfg.run_id[0]) return fail("bad configuration", dl_err(DL_EINVAL, "option run_id is empty"));
         if ((rc = resolve_networked(&cfg))) return fail("bad configuration", rc);
+        if (cfg.init_from[0])
+            return fail("bad configuration",
+                        dl_err(DL_EINVAL, "--init_from is for --standalone runs (a networked learner starts from the "
+                                          "synchronizer's global model: give the file to dloco-sync --init_from)"));
         if (cfg.resume[0] || cfg.stop_after)
             return fail("bad configuration",
                         dl_err(DL_EINVAL, "--resume and --stop_after are for --standalone runs (a networked learner "
@@ -427,6 +466,15 @@ int main(int argc, char **argv)
         dl_trainer_close(&tr);
         release_device(device);
         return rc;
+    }
+    if (cfg.init_from[0] && cfg.resume[0]) {
+        dl_trainer_close(&tr);
+        return fail("bad configuration", dl_err(DL_EINVAL, "--init_from and --resume both given: a checkpoint already "
+                                                           "holds the model (and the optimizer state); choose one"));
+    }
+    if (cfg.init_from[0] && (rc = init_from_file(tr, cfg.init_from))) {
+        dl_trainer_close(&tr);
+        return fail("--init_from", rc);
     }
     if (cfg.resume[0] && (rc = dl_trainer_resume(tr, cfg.resume))) {
         dl_trainer_close(&tr);

@@ -18,6 +18,7 @@ typedef struct {
     char bind[DL_CFG_STRLEN], store[DL_CFG_STRLEN], run_id[DL_CFG_STRLEN];
     dl_model_opts model; /* n_layer .. vocab and fragments: DL_MODEL_CFG_ROWS */
     int64_t H, seed, shard, shards;
+    char init_from[DL_CFG_STRLEN];
     char policy[DL_CFG_STRLEN];
     int64_t quorum, grace_cap_ms, max_staleness, max_learners;
     double gamma, mad_k;
@@ -49,6 +50,10 @@ static const dl_cfg_entry table[] = {
      "each shard with its own bind and store; learners --connect to all of them, in shard order"},
     {"shard", DL_CFG_INT, F(shard), 0, 4095, "0", NULL, 0, "this process's shard, in [0, shards)"},
     {"seed", DL_CFG_INT, F(seed), 0, 9.2e18, "1337", NULL, 0, "init seed of a new run's global model"},
+    {"init_from", DL_CFG_STR, F(init_from), 0, 0, "", NULL, 0,
+     "a new run's global model from this file instead of the seed: a safetensors file (dloco export, or an HF "
+     "model.safetensors / its directory) or an llm.c checkpoint; its model must be this run's; refused on a store "
+     "that already holds a run (docs/OPERATING.md)"},
     {"policy", DL_CFG_ENUM, F(policy), 0, 0, "decoupled", "decoupled|sync|sync-elastic", 0, "merge policy"},
     {"quorum", DL_CFG_INT, F(quorum), 1, 65536, "1", NULL, 1, "K: learners before a round may close"},
     {"grace_cap_ms", DL_CFG_INT, F(grace_cap_ms), 1, 86400000, "5000", NULL, 1, "grace window cap, ms"},
@@ -251,6 +256,9 @@ int main(int argc, char **argv)
     sc.shards = (int)c.shards;
     if ((rc = dl_shard_check(sc.P, sc.shard, sc.shards))) return fail("bad configuration (options shard, shards)", rc);
     sc.seed = (uint64_t)c.seed;
+    if (strlen(c.init_from) >= sizeof sc.init_from)
+        return fail("bad configuration", dl_err(DL_EINVAL, "init_from: path longer than %zu bytes", sizeof sc.init_from - 1));
+    snprintf(sc.init_from, sizeof sc.init_from, "%s", c.init_from);
     dl_sync_tunables t;
     if ((rc = tunables_of(&c, &t))) return fail("bad configuration", rc);
     sc.policy = t.policy;

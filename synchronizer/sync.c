@@ -11,6 +11,7 @@
 #include "core/shard.h"
 #include "proto/auth.h"
 #include "proto/wire.h"
+#include "storage/modelfile.h"
 #include "storage/store.h"
 #include "synchronizer/registry.h"
 #include "synchronizer/report.h"
@@ -1768,6 +1769,26 @@ static int open_router(dl_sync *s)
     return 0;
 }
 
+/* A new run's global model from a model file instead of the seed. Only a
+ * store without a run: a resumed run's model is the store's. */
+static int init_from_file(dl_sync *s, float *full)
+{
+    dl_store_run have;
+    if (dl_store_get_run(s->store, &have) == 0)
+        return dl_err(DL_EINVAL, "--init_from %s: the store %s already holds run %s; init_from applies only to a new "
+                      "(empty) store: drop --init_from to resume it, or start with another store", s->cfg.init_from,
+                      s->cfg.store, have.run_id);
+    dl_modelfile_info info;
+    int rc = dl_modelfile_read(s->cfg.init_from, &s->cfg.model, full, &info);
+    if (rc) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", dl_errmsg());
+        return dl_err(rc, "--init_from %s", why);
+    }
+    DL_INFO("new run %s: global model from %s (%s, %s)", s->cfg.run_id, s->cfg.init_from, info.kind, info.dtype);
+    return 0;
+}
+
 int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
 {
     *out = NULL;
@@ -1805,7 +1826,11 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     so.durability = s->cfg.durability;
     if ((rc = dl_store_open(s->cfg.store, &so, &s->store))) goto fail;
     full = dl_xmalloc(dl_plan_total_numel(s->plan) * sizeof(float));
-    if ((rc = dl_model_init_params(&s->cfg.model, s->cfg.seed, full))) goto fail;
+    if (s->cfg.init_from[0]) {
+        if ((rc = init_from_file(s, full))) goto fail;
+    } else if ((rc = dl_model_init_params(&s->cfg.model, s->cfg.seed, full))) {
+        goto fail;
+    }
     for (int p = 0; p < P; p++) dl_plan_gather(s->plan, p, full, s->params[p]);
     dl_store_run run = {.run_id = s->cfg.run_id,
                         .fingerprint = s->fingerprint,

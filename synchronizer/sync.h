@@ -25,6 +25,8 @@ typedef struct {
                               are merged, persisted, held in memory and served here; shards 0 or 1 = unsharded */
     int H;                 /* inner steps between two pushes of one fragment */
     uint64_t seed;         /* init of a new run's global model */
+    char init_from[256];   /* "" or a model file (storage/modelfile.h) a NEW run's global model starts from instead of
+                              the seeded init; refused on a store that already holds a run */
     dl_policy_cfg policy;
     dl_merge_opts merge;
     int heartbeat_ms;      /* both directions */

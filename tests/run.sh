@@ -10,7 +10,7 @@
 # Exits non-zero when either run fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-deploy/setup.sh || exit 1
+deploy/setup.sh --with-torch || exit 1 # torch: the PyTorch checks of test_export (tests/export_check.py)
 BUILD_DIR=${BUILD_DIR:-build}
 ASAN_BUILD_DIR=${ASAN_BUILD_DIR:-build-asan}
 if [ "${CI:-}" = true ]; then SAN=1; else SAN=${DLOCO_SANITIZE_CI:-1}; fi

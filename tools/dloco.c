@@ -1,6 +1,7 @@
 /* dloco: the operator command. check (offline store verification), status
  * (versions, merges, ledger, learners), eval (validation loss of the global
- * model in a store), plan (a model's fragments). Read-only: safe while a synchronizer runs. */
+ * model in a store), plan (a model's fragments), export (tools/export.c: the global model as a model file).
+ * Read-only on the store: safe while a synchronizer runs. */
 #include "core/config.h"
 #include "core/err.h"
 #include "core/log.h"
@@ -11,6 +12,7 @@
 #include "learner/gpt.h"
 #include "proto/auth.h"
 #include "storage/store.h"
+#include "tools/export.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -33,7 +35,10 @@ static void usage(FILE *f)
                "  records STORE                one line per merge contribution: fragment version learner decision\n"
                "                               staleness tokens weight\n"
                "  eval   STORE [--data PATH] [--batch B] [--val_batches N] [--val_frac F]\n"
-               "                               validation loss of the store's global model\n"
+               "                               validation loss of the store's global model; --dump_seqs FILE\n"
+               "                               also writes the token sequences it evaluated (int32, docs/OPERATING.md)\n"
+               "  export STORE [--format safetensors|llmc|hf] [--force] OUT\n"
+               "                               the store's global model as a model file (docs/OPERATING.md)\n"
                "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
                "                               PREFIX.pub (0644); prints the public key and an allowlist line\n"
                "  plan   [--n_layer L] [--n_head NH] [--n_embd C] [--seq_len T] [--vocab V] [--fragments P]\n"
@@ -193,6 +198,7 @@ typedef struct {
     char data[DL_CFG_STRLEN];
     int64_t batch, val_batches;
     double val_frac;
+    char dump_seqs[DL_CFG_STRLEN];
 } eval_cfg;
 
 #define F(x) offsetof(eval_cfg, x)
@@ -201,6 +207,9 @@ static const dl_cfg_entry eval_table[] = {
     {"batch", DL_CFG_INT, F(batch), 1, 4096, "16", NULL, 0, "sequences per evaluation batch"},
     {"val_batches", DL_CFG_INT, F(val_batches), 1, 100000, "16", NULL, 0, "evaluation batches"},
     {"val_frac", DL_CFG_FLOAT, F(val_frac), 0.0, 0.5, "0.05", NULL, 0, "validation fraction the learners used"},
+    {"dump_seqs", DL_CFG_STR, F(dump_seqs), 0, 0, "", NULL, 0,
+     "also write the evaluated sequences here: int32 LE header {0x51534c44, 1, batches, B, T, V, 0, 0}, then per "
+     "sequence T inputs and T targets"},
 };
 #undef F
 
@@ -250,14 +259,33 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     int B = (int)ec.batch, T = m.seq_len;
     int32_t *inp = dl_xmalloc(sizeof(int32_t) * B * T), *tgt = dl_xmalloc(sizeof(int32_t) * B * T);
     double sum = 0;
-    for (int i = 0; i < ec.val_batches; i++) {
+    FILE *dump = NULL;
+    if (ec.dump_seqs[0]) {
+        int32_t hdr[8] = {0x51534c44, 1, (int32_t)ec.val_batches, B, T, m.vocab, 0, 0}; /* "DLSQ" */
+        if (!(dump = fopen(ec.dump_seqs, "wb")) || fwrite(hdr, sizeof hdr, 1, dump) != 1)
+            rc = dl_err(DL_EIO, "cannot write %s", ec.dump_seqs);
+    }
+    for (int i = 0; i < ec.val_batches && !rc; i++) {
         dl_data_val_batch(d, (uint64_t)i, B, inp, tgt);
+        for (int b = 0; dump && !rc && b < B; b++)
+            if (fwrite(inp + (size_t)b * T, sizeof(int32_t), (size_t)T, dump) != (size_t)T ||
+                fwrite(tgt + (size_t)b * T, sizeof(int32_t), (size_t)T, dump) != (size_t)T)
+                rc = dl_err(DL_EIO, "write %s", ec.dump_seqs);
         sum += dl_gpt_forward(g, inp, tgt, B, T);
+    }
+    if (dump && fclose(dump) != 0 && !rc) rc = dl_err(DL_EIO, "write %s", ec.dump_seqs);
+    if (rc) {
+        free(inp);
+        free(tgt);
+        goto out;
     }
     free(inp);
     free(tgt);
     printf("global model: run %s, %d fragments at total version %llu, val loss %.4f (%lld batches of %d x %d)\n",
            run.run_id, P, (unsigned long long)vsum, sum / ec.val_batches, (long long)ec.val_batches, B, T);
+    if (ec.dump_seqs[0])
+        printf("eval: %lld sequences of %d tokens written to %s; val_loss=%.9f\n", (long long)ec.val_batches * B, T,
+               ec.dump_seqs, sum / ec.val_batches);
 out:
     dl_data_close(&d);
     dl_gpt_close(&g);
@@ -383,6 +411,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "status")) return cmd_status(dir);
     if (!strcmp(cmd, "records")) return cmd_records(dir);
     if (!strcmp(cmd, "eval")) return cmd_eval(dir, argc - 2, argv + 2);
+    if (!strcmp(cmd, "export")) return dl_export_cmd(dir, argc - 2, argv + 2);
     if (!strcmp(cmd, "keygen")) return cmd_keygen(dir);
     fprintf(stderr, "dloco: unknown command '%s'\n", cmd);
     usage(stderr);

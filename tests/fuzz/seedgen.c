@@ -8,9 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/err.h"
+#include "core/model.h"
 #include "proto/wire.h"
+#include "storage/modelfile.h"
 #include "tests/fuzz/fuzz.h"
 
 static const char *g_out;
@@ -521,6 +524,97 @@ static void allowlist_seeds(void)
     put(T, "bad_nul.txt", nul, (size_t)n);
 }
 
+// ---------------------------------------------------------------------------
+// model files (format: storage/modelfile.h), of fuzz_modelfile.c's model
+
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "seedgen: open %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(*n + 1);
+    if (!b || fread(b, 1, *n, f) != *n) exit(1);
+    fclose(f);
+    return b;
+}
+
+/* Write `cfg`'s seeded model as `format` in a scratch directory; its bytes. */
+static unsigned char *model_bytes(const dl_model_config *cfg_in, int format, size_t *n)
+{
+    dl_model_config cfg = *cfg_in;
+    size_t numel;
+    if (dl_model_config_check(&cfg)) exit(1);
+    dl_model_tensor_table(&cfg, NULL, 0, &numel);
+    float *p = malloc(numel * sizeof(float));
+    if (!p || dl_model_init_params(&cfg, 11, p)) exit(1);
+    char dir[] = "/tmp/dloco_seedgen.XXXXXX", path[256];
+    if (!mkdtemp(dir)) exit(1);
+    snprintf(path, sizeof path, "%s/m", dir);
+    if (dl_modelfile_write(path, format, &cfg, p, NULL, 0, NULL)) {
+        fprintf(stderr, "seedgen: model file: %s\n", dl_errmsg());
+        exit(1);
+    }
+    char file[300];
+    snprintf(file, sizeof file, format == DL_MODELFILE_HF ? "%s/model.safetensors" : "%s", path);
+    unsigned char *b = slurp(file, n);
+    unlink(file);
+    if (format == DL_MODELFILE_HF) {
+        snprintf(file, sizeof file, "%s/config.json", path);
+        unlink(file);
+        rmdir(path);
+    }
+    rmdir(dir);
+    free(p);
+    return b;
+}
+
+static void model_seeds(void)
+{
+    const char *T = "fuzz_modelfile";
+    const dl_model_config m = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 10};
+    size_t n;
+    unsigned char *st = model_bytes(&m, DL_MODELFILE_SAFETENSORS, &n);
+    put(T, "dloco.safetensors", st, n);
+    put(T, "bad_short.safetensors", st, n - 4);
+    unsigned char *b = malloc(n);
+    memcpy(b, st, n);
+    b[0] = (unsigned char)(n - 7); /* header length past the end (n < 64 KiB here) */
+    b[1] = (unsigned char)((n - 7) >> 8);
+    put(T, "bad_header_len.safetensors", b, n);
+    memcpy(b, st, n);
+    char *colon = memchr(b + 8, ':', n - 8);
+    *colon = ' ';
+    put(T, "bad_json.safetensors", b, n);
+    memcpy(b, st, n);
+    float nan = NAN;
+    memcpy(b + n - 4, &nan, 4);
+    put(T, "bad_nan.safetensors", b, n);
+    free(b);
+    free(st);
+    st = model_bytes(&m, DL_MODELFILE_HF, &n);
+    put(T, "hf.safetensors", st, n);
+    free(st);
+    st = model_bytes(&m, DL_MODELFILE_LLMC, &n);
+    put(T, "model.llmc", st, n);
+    put(T, "bad_short.llmc", st, n - 4);
+    b = malloc(n);
+    memcpy(b, st, n);
+    b[4] = 1; /* version 1 */
+    put(T, "bad_version.llmc", b, n);
+    free(b);
+    free(st);
+    dl_model_config two = m;
+    two.n_layer = 2;
+    st = model_bytes(&two, DL_MODELFILE_LLMC, &n);
+    put(T, "bad_other_model.llmc", st, n);
+    free(st);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -535,6 +629,7 @@ int main(int argc, char **argv)
     wire_seeds();
     config_seeds();
     allowlist_seeds();
+    model_seeds();
     printf("seedgen: wrote %d files under %s\n", g_files, g_out);
     return 0;
 }
