@@ -331,10 +331,14 @@ int main(int argc, char **argv)
 {
     learner_cfg cfg;
     int rc = dl_cfg_parse_args(learner_table, NCFG, &cfg, argc, argv);
-    if (rc == 1) {
+    if (rc == DL_CFG_HELP) {
         printf("usage: dloco-learner [--standalone] [--config FILE] [--name value ...]\n"
                "networked by default: connects to dloco-sync at --connect; --standalone trains alone\n");
         dl_cfg_usage(learner_table, NCFG, stdout);
+        return 0;
+    }
+    if (rc == DL_CFG_PRINT) {
+        dl_cfg_print(learner_table, NCFG, &cfg, stdout);
         return 0;
     }
     if (rc) return fail("bad configuration", rc);

@@ -225,19 +225,24 @@ int main(int argc, char **argv)
 {
     sync_cfg c;
     int rc = dl_cfg_parse_args(table, NCFG, &c, argc, argv);
-    if (rc == 1) {
+    if (rc == DL_CFG_HELP) {
         printf("usage: dloco-sync [--config FILE] [--name value ...]\n"
                "SIGHUP re-reads --config FILE and applies the [reloadable] options; SIGINT/SIGTERM stop.\n");
         dl_cfg_usage(table, NCFG, stdout);
         return 0;
     }
-    if (rc) return fail("bad configuration", rc);
+    int print = rc == DL_CFG_PRINT;
+    if (rc && !print) return fail("bad configuration", rc);
+    if (strlen(c.run_id) < 1 || strlen(c.run_id) > 64)
+        return fail("bad configuration", dl_err(DL_EINVAL, "option run_id: must be 1..64 characters"));
+    if ((rc = check_timeouts(&c))) return fail("bad configuration", rc);
+    if (print) {
+        dl_cfg_print(table, NCFG, &c, stdout);
+        return 0;
+    }
     dl_log_set_level(dl_log_level_parse(c.log_level));
     dl_log_set_name("sync");
     if ((rc = dl_event_open(c.events, "sync"))) return fail("opening the events file (option events)", rc);
-    if (strlen(c.run_id) < 1 || strlen(c.run_id) > 64)
-        return fail("bad configuration", dl_err(DL_EINVAL, "run_id must be 1..64 characters"));
-    if ((rc = check_timeouts(&c))) return fail("bad configuration", rc);
 
     dl_sync_cfg sc;
     memset(&sc, 0, sizeof sc);
