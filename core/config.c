@@ -418,3 +418,58 @@ void dl_cfg_print(const dl_cfg_entry *t, size_t n, const void *obj, FILE *f)
         }
     }
 }
+
+static size_t field_size(const dl_cfg_entry *e)
+{
+    switch (e->type) {
+    case DL_CFG_INT: return sizeof(int64_t);
+    case DL_CFG_FLOAT: return sizeof(double);
+    case DL_CFG_BOOL: return sizeof(int);
+    case DL_CFG_STR:
+    case DL_CFG_ENUM: return DL_CFG_STRLEN;
+    }
+    return 0;
+}
+
+int dl_cfg_reload_plan(const dl_cfg_entry *t, size_t n, const void *cur, const void *next, void *out,
+                       unsigned char *what)
+{
+    char a[DL_CFG_STRLEN + 32], b[DL_CFG_STRLEN + 32];
+    int applied = 0;
+    for (size_t i = 0; i < n; i++) {
+        dl_cfg_format(&t[i], cur, a, sizeof a);
+        dl_cfg_format(&t[i], next, b, sizeof b);
+        what[i] = DL_CFG_KEEP;
+        if (!strcmp(a, b)) continue;
+        if (!t[i].reloadable) {
+            what[i] = DL_CFG_IGNORE;
+            continue;
+        }
+        memcpy((char *)out + t[i].offset, (const char *)next + t[i].offset, field_size(&t[i]));
+        what[i] = DL_CFG_APPLY;
+        applied++;
+    }
+    return applied;
+}
+
+int dl_cfg_diff(const dl_cfg_entry *t, size_t n, const unsigned char *what, int kind, const void *a, const void *b,
+                char *buf, size_t cap)
+{
+    char x[DL_CFG_STRLEN + 32], y[DL_CFG_STRLEN + 32];
+    int k = 0;
+    size_t len = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (what[i] != kind) continue;
+        dl_cfg_format(&t[i], a, x, sizeof x);
+        dl_cfg_format(&t[i], b, y, sizeof y);
+        int w = snprintf(buf + len, cap - len, "%s%s %s -> %s", k ? ", " : "", t[i].name, x, y);
+        k++;
+        if (w < 0 || (size_t)w >= cap - len) {
+            len = cap - 1; /* cut: the count stays right */
+            continue;
+        }
+        len += (size_t)w;
+    }
+    return k;
+}

@@ -65,6 +65,23 @@ const char *dl_cfg_unit(const dl_cfg_entry *e);
 /* Value of an entry formatted as text into buf. */
 void dl_cfg_format(const dl_cfg_entry *e, const void *obj, char *buf, size_t cap);
 
+/* A reload's plan (SIGHUP), pure: `next` is the config parsed afresh
+ * (defaults, then the file, then the flags given at start); `out`, a copy of
+ * the running config `cur` on entry, takes every reloadable entry's value
+ * from `next` and keeps the running value of every other one. what[i] (n
+ * entries) says, per entry: DL_CFG_APPLY a reloadable value that changes,
+ * DL_CFG_IGNORE a restart-only value that `next` changes (not taken), else
+ * DL_CFG_KEEP. Values compare as dl_cfg_format text. Returns the number of
+ * DL_CFG_APPLY entries. The caller validates `out` as a whole before
+ * applying anything, and its running config becomes `out` only once applied. */
+enum { DL_CFG_KEEP = 0, DL_CFG_APPLY = 1, DL_CFG_IGNORE = 2 };
+int dl_cfg_reload_plan(const dl_cfg_entry *t, size_t n, const void *cur, const void *next, void *out,
+                       unsigned char *what);
+/* "name a -> b, name2 c -> d" for the entries with what[i] == kind, values of
+ * `a` then `b`, into buf (empty when none); returns how many. */
+int dl_cfg_diff(const dl_cfg_entry *t, size_t n, const unsigned char *what, int kind, const void *a, const void *b,
+                char *buf, size_t cap);
+
 /* The INI line reader behind dl_cfg_load_ini, shared with other INI formats
  * (chaos scenarios): '#' or ';' outside quotes starts a comment; a value in
  * double quotes keeps its spaces, '#' and ';' (escapes \" \\ \n \t \r). */

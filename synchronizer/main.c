@@ -185,40 +185,48 @@ static int check_timeouts(const sync_cfg *c)
     return 0;
 }
 
+/* SIGHUP. The candidate is the running config with every reloadable option
+ * taken from a fresh parse of the start's command line (defaults, then the
+ * --config file as it is now, then the start's flags, which still win);
+ * restart-only options keep their running values, and a file that changes
+ * one is reported as ignored. The candidate is validated whole (bounds,
+ * timeout order, policy, merge and guard rules) before anything applies, and
+ * `running` becomes the candidate only once dl_sync applied it. */
 static int saved_argc;
 static char **saved_argv;
-static sync_cfg running;
+static sync_cfg running, candidate, fresh;
+static unsigned char what[NCFG];
 
-static int reload(void *ctx, const dl_sync_tunables *cur, dl_sync_tunables *out)
+static int reload(void *ctx, const dl_sync_tunables *cur, dl_sync_tunables *out, int *ignored)
 {
     (void)ctx;
-    sync_cfg c;
-    int rc = dl_cfg_parse_args(table, NCFG, &c, saved_argc, saved_argv);
-    if (rc == 1) rc = dl_err(DL_EINVAL, "unexpected --help");
+    (void)cur; /* the same values as running's reloadable options */
+    int rc = dl_cfg_parse_args(table, NCFG, &fresh, saved_argc, saved_argv);
+    if (rc > 0) rc = dl_err(DL_EINVAL, "unexpected --help or --print-config");
     if (rc) return rc;
-    /* the grace cap may change, so the timeout order is checked again */
-    sync_cfg order = running;
-    order.grace_cap_ms = c.grace_cap_ms;
-    DL_TRY(check_timeouts(&order));
-    DL_TRY(tunables_of(&c, out));
-    /* not reloadable: reported below, kept as they run */
-    out->merge.rule = cur->merge.rule;
-    out->policy.kind = cur->policy.kind;
-    out->policy.max_learners = cur->policy.max_learners;
-    for (size_t i = 0; i < NCFG; i++) {
-        if (table[i].reloadable) continue;
-        char a[DL_CFG_STRLEN + 32], b[DL_CFG_STRLEN + 32];
-        dl_cfg_format(&table[i], &running, a, sizeof a);
-        dl_cfg_format(&table[i], &c, b, sizeof b);
-        if (strcmp(a, b)) {
-            DL_WARN("reload: %s changed (%s -> %s) but needs a restart; ignored", table[i].name, a, b);
-            char ea[DL_CFG_STRLEN + 40], eb[DL_CFG_STRLEN + 40];
-            dl_event("reload_ignored", "key=%s from=%s to=%s", table[i].name, dl_event_str(a, ea, sizeof ea),
-                     dl_event_str(b, eb, sizeof eb));
-        }
-    }
-    running = c;
+    candidate = running;
+    dl_cfg_reload_plan(table, NCFG, &running, &fresh, &candidate, what);
+    DL_TRY(check_timeouts(&candidate));
+    DL_TRY(tunables_of(&candidate, out));
+    *ignored = 0;
+    for (size_t i = 0; i < NCFG; i++) *ignored += what[i] == DL_CFG_IGNORE;
     return 0;
+}
+
+static void reload_done(void *ctx, int applied)
+{
+    (void)ctx;
+    if (!applied) return;
+    for (size_t i = 0; i < NCFG; i++) {
+        if (what[i] != DL_CFG_IGNORE) continue;
+        char a[DL_CFG_STRLEN + 32], b[DL_CFG_STRLEN + 32], ea[DL_CFG_STRLEN + 40], eb[DL_CFG_STRLEN + 40];
+        dl_cfg_format(&table[i], &running, a, sizeof a);
+        dl_cfg_format(&table[i], &fresh, b, sizeof b);
+        DL_WARN("reload: %s = %s in the file, but it needs a restart: the run keeps %s", table[i].name, b, a);
+        dl_event("reload_ignored", "key=%s from=%s to=%s", table[i].name, dl_event_str(a, ea, sizeof ea),
+                 dl_event_str(b, eb, sizeof eb));
+    }
+    running = candidate;
 }
 
 int main(int argc, char **argv)
@@ -296,7 +304,7 @@ int main(int argc, char **argv)
     saved_argc = argc;
     saved_argv = argv;
     running = c;
-    dl_sync_set_reload(s, reload, NULL);
+    dl_sync_set_reload(s, reload, reload_done, NULL);
     printf("dloco-sync: listening on %s\n", dl_sync_endpoint(s));
     fflush(stdout);
     dl_sync_run(s);

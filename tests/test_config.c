@@ -201,6 +201,49 @@ static void test_ini_reader(void)
           dl_errmsg());
 }
 
+/* The reload plan: reloadable values come from the fresh parse, restart-only
+ * ones stay at the running values (reported as ignored), and a later reload
+ * compares against what runs, never against an ignored value. */
+static void test_reload_plan(void)
+{
+    cfg run, fresh, cand;
+    unsigned char what[N];
+    char diff[256];
+    const char *start[] = {"p", "--vocab", "300"};
+    REQUIRE(parse(&run, 3, start) == 0, "%s", dl_errmsg());
+    /* file 1: grace_cap_ms (reloadable) and chunk_kb (restart-only) change */
+    const char *f1[] = {"p", "--vocab", "300", "--grace_cap_ms", "4000", "--chunk_kb", "64"};
+    REQUIRE(parse(&fresh, 7, f1) == 0, "%s", dl_errmsg());
+    cand = run;
+    CHECK_EQ(dl_cfg_reload_plan(table, N, &run, &fresh, &cand, what), 1);
+    CHECK_EQ(cand.grace_cap_ms, 4000);
+    CHECK(cand.chunk_kb == 1024, "restart-only value kept at the running one: %lld", (long long)cand.chunk_kb);
+    CHECK_EQ(dl_cfg_diff(table, N, what, DL_CFG_APPLY, &run, &cand, diff, sizeof diff), 1);
+    CHECK(!strcmp(diff, "grace_cap_ms 5000 -> 4000"), "applied diff '%s'", diff);
+    CHECK_EQ(dl_cfg_diff(table, N, what, DL_CFG_IGNORE, &run, &fresh, diff, sizeof diff), 1);
+    CHECK(!strcmp(diff, "chunk_kb 1024 -> 64"), "ignored diff '%s'", diff);
+    run = cand; /* applied */
+    /* file 2: chunk_kb gone again, gamma changes: nothing phantom about chunk_kb */
+    const char *f2[] = {"p", "--vocab", "300", "--grace_cap_ms", "4000", "--gamma", "0.25"};
+    REQUIRE(parse(&fresh, 7, f2) == 0, "%s", dl_errmsg());
+    cand = run;
+    CHECK_EQ(dl_cfg_reload_plan(table, N, &run, &fresh, &cand, what), 1);
+    CHECK_EQ(dl_cfg_diff(table, N, what, DL_CFG_IGNORE, &run, &fresh, diff, sizeof diff), 0);
+    CHECK_EQ(dl_cfg_diff(table, N, what, DL_CFG_APPLY, &run, &cand, diff, sizeof diff), 1);
+    CHECK(!strcmp(diff, "gamma 0.5 -> 0.25"), "only the real change: '%s'", diff);
+    /* nothing changes: nothing applied, nothing ignored */
+    run = cand;
+    CHECK_EQ(dl_cfg_reload_plan(table, N, &run, &fresh, &cand, what), 0);
+    for (size_t i = 0; i < N; i++) CHECK(what[i] == DL_CFG_KEEP, "%s kept", table[i].name);
+    /* strings and booleans are copied whole */
+    const char *f3[] = {"p", "--vocab", "300", "--flag", "--note", "x y"};
+    REQUIRE(parse(&fresh, 6, f3) == 0, "%s", dl_errmsg());
+    cand = run;
+    CHECK_EQ(dl_cfg_reload_plan(table, N, &run, &fresh, &cand, what), 3);
+    CHECK(cand.flag == 1 && !strcmp(cand.note, ""), "flag applied (%d), note restart-only kept ('%s')", cand.flag,
+          cand.note);
+}
+
 int main(void)
 {
     REQUIRE(mkdtemp(dir), "mkdtemp");
@@ -209,6 +252,7 @@ int main(void)
     test_refusals();
     test_round_trip();
     test_ini_reader();
+    test_reload_plan();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) printf("note: could not remove %s\n", dir);
