@@ -1,8 +1,10 @@
 /* dl_hash64 (core/hash.c, libxxhash's XXH64) gives the values the
- * hand-written XXH64 gave (tests/xxh64_ref.c), so checksums on the wire and
- * in stores, fingerprints, checkpoints and data splits did not change: the
- * published vectors, a fixed table the old code printed, and every length
- * 0..1100 at several seeds and alignments against the old code itself. */
+ * hand-written XXH64 gave (tests/xxh64_ref.c), so fingerprints, checkpoints
+ * and data splits did not change: the published vectors, a fixed table the
+ * old code printed, and every length 0..1100 at several seeds and alignments
+ * against the old code itself. dl_checksum64 (XXH3, compiled in with this
+ * build's vector unit) against the published vector, a fixed table, and the
+ * shared libxxhash (its baseline build) on every length 0..1100 and larger. */
 #include "core/hash.h"
 
 #include "tests/check.h"
@@ -10,7 +12,9 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* buf[i] = i*31+7; printed by dl_xxh64_ref before core/hash.c changed */
 static const struct {
@@ -67,6 +71,37 @@ static const struct {
     {1000, 0x9e3779b185ebca87ULL, 0xd79c60b94f81cbf0ULL},
 };
 
+/* XXH3_64bits of the same buf, printed by the shared libxxhash 0.8.1 */
+static const struct {
+    size_t len;
+    uint64_t want;
+} gold3[] = {
+    {1, 0x4c5cca45d0f4811fULL},   {3, 0x15f7093b173d005cULL},   {4, 0xdca012f95811b6b9ULL},
+    {8, 0xdec6a9a43575982eULL},   {16, 0x7e484c18d74895d0ULL},  {17, 0x208bde5ee2bed407ULL},
+    {128, 0xf92b70eaa21a6288ULL}, {129, 0xf8f76713f2bb60faULL}, {240, 0xccc7375172c41f03ULL},
+    {241, 0x0b3b630948ce4a00ULL}, {1000, 0x989765d0ea7a5ecdULL},
+};
+
+static void test_checksum64(const unsigned char *buf, const unsigned char *big, size_t nbig)
+{
+    CHECK(dl_checksum64("", 0) == 0x2d06800538d394c2ULL, "XXH3 of the empty string (published)");
+    CHECK(dl_checksum64("abc", 3) == 0x78af5f94892f3950ULL, "XXH3 of \"abc\"");
+    for (size_t i = 0; i < sizeof gold3 / sizeof gold3[0]; i++)
+        CHECK(dl_checksum64(buf, gold3[i].len) == gold3[i].want, "XXH3 len %zu", gold3[i].len);
+    int bad = 0;
+    for (size_t off = 0; off < 8; off += 3)
+        for (size_t len = 0; len + off <= nbig; len++) bad += dl_checksum64(big + off, len) != XXH3_64bits(big + off, len);
+    CHECK(bad == 0, "%d lengths/alignments differ from the shared libxxhash", bad);
+    /* a fragment-sized buffer: the long-input path with many stripes */
+    size_t n = (size_t)5 << 20;
+    unsigned char *x = malloc(n);
+    REQUIRE(x, "malloc");
+    for (size_t i = 0; i < n; i++) x[i] = (unsigned char)(i * 2654435761u >> 9);
+    CHECK(dl_checksum64(x, n) == XXH3_64bits(x, n), "5 MiB agrees with the shared libxxhash");
+    CHECK(dl_checksum64(x, n - 13) == XXH3_64bits(x, n - 13), "5 MiB - 13 agrees");
+    free(x);
+}
+
 int main(void)
 {
     static unsigned char buf[1000], big[1100 + 8];
@@ -87,6 +122,7 @@ int main(void)
             for (size_t len = 0; len <= 1100; len++)
                 bad += dl_hash64(big + off, len, seeds[s]) != dl_xxh64_ref(big + off, len, seeds[s]);
     CHECK(bad == 0, "%d of %d (length, seed, alignment) cases differ from the old code", bad, 4 * 3 * 1101);
+    test_checksum64(buf, big, sizeof big);
     /* chained through the seed, as the fingerprint and checkpoints use it */
     uint64_t a = dl_hash64(buf, 500, 1), b = dl_xxh64_ref(buf, 500, 1);
     CHECK(dl_hash64(buf + 500, 500, a) == dl_xxh64_ref(buf + 500, 500, b), "chained hashes agree");
