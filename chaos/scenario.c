@@ -242,6 +242,29 @@ static int validate(dl_scenario *sc)
     return 0;
 }
 
+void dl_scenario_usage(FILE *f)
+{
+    static const struct {
+        const char *sec, *what;
+        const dl_cfg_entry *t;
+        size_t n;
+    } secs[] = {{"[run]", "the run and its model", run_t, NT(run_t)},
+                {"[sync]", "the synchronizer", sync_t, NT(sync_t)},
+                {"[learners]", "defaults of every [learner NAME] below it", learner_t, NT(learner_t)},
+                {"[learner NAME]", "a group of learners", learner_t, NT(learner_t)},
+                {"[dc NAME]", "a datacenter: its link to the synchronizer", dc_t, NT(dc_t)},
+                {"[fault NAME]", "a scheduled or random fault (docs/CHAOS.md lists the kinds)", fault_t, NT(fault_t)}};
+    fprintf(f, "scenario file keys ('key = value' under each section; '#' or ';' starts a comment):\n");
+    for (size_t i = 0; i < sizeof secs / sizeof secs[0]; i++) {
+        if (i == 3) { /* [learner NAME] takes [learners]' keys */
+            fprintf(f, "\n%s: %s; the keys of [learners]\n", secs[i].sec, secs[i].what);
+            continue;
+        }
+        fprintf(f, "\n%s: %s\n", secs[i].sec, secs[i].what);
+        dl_cfg_usage_keys(secs[i].t, secs[i].n, f);
+    }
+}
+
 int dl_scenario_load(const char *path, const dl_sc_overrides *ov, dl_scenario *sc)
 {
     memset(sc, 0, sizeof *sc);

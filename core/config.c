@@ -340,20 +340,18 @@ static void wrap(FILE *f, const char *text, int indent, int width)
     }
 }
 
-void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f)
+/* One entry a block: "--name <type, unit>" (flags) or "name <...>" (file
+ * keys), then default, range or choices, reloadability (flags), help. */
+static void usage_entries(const dl_cfg_entry *t, size_t n, int flags, FILE *f)
 {
     static const char *types[] = {"int", "float", "text", "choice", "bool"};
-    fprintf(f, "options: --name VALUE or --name=VALUE ('-' and '_' are the same in names: --log-level is\n"
-               "--log_level); a bare --name sets a bool to true. --config FILE reads 'name = value' lines first\n"
-               "(INI; a dotted name a.b is 'b = ...' under '[a]'), flags override it. --print-config prints the\n"
-               "effective config in that format and exits; -h/--help prints this.\n");
     for (size_t i = 0; i < n; i++) {
         const dl_cfg_entry *e = &t[i];
         const char *u = dl_cfg_unit(e);
         char lo[32], hi[32], what[160];
         int k = 0;
         k += snprintf(what + k, sizeof what - (size_t)k, "%s%s%s", types[e->type], *u ? ", " : "", u);
-        fprintf(f, "\n  --%s <%s>\n", e->name, what);
+        fprintf(f, "\n  %s%s <%s>\n", flags ? "--" : "", e->name, what);
         fprintf(f, "      default %s", e->def[0] ? e->def : "\"\"");
         if (e->type == DL_CFG_INT || e->type == DL_CFG_FLOAT) {
             fmt_bound(e, e->min, lo, sizeof lo), fmt_bound(e, e->max, hi, sizeof hi);
@@ -361,10 +359,22 @@ void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f)
         } else if (e->type == DL_CFG_ENUM) {
             fprintf(f, " | one of %s", e->choices);
         }
-        fprintf(f, " | %s\n", e->reloadable ? "reloadable (SIGHUP)" : "restart to change");
+        if (flags) fprintf(f, " | %s", e->reloadable ? "reloadable (SIGHUP)" : "restart to change");
+        fputc('\n', f);
         wrap(f, e->help, 6, 100);
     }
 }
+
+void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f)
+{
+    fprintf(f, "options: --name VALUE or --name=VALUE ('-' and '_' are the same in names: --log-level is\n"
+               "--log_level); a bare --name sets a bool to true. --config FILE reads 'name = value' lines first\n"
+               "(INI; a dotted name a.b is 'b = ...' under '[a]'), flags override it. --print-config prints the\n"
+               "effective config in that format and exits; -h/--help prints this.\n");
+    usage_entries(t, n, 1, f);
+}
+
+void dl_cfg_usage_keys(const dl_cfg_entry *t, size_t n, FILE *f) { usage_entries(t, n, 0, f); }
 
 /* A string as an INI value that dl_ini_next reads back unchanged: bare when
  * it can be, else quoted with \" \\ \n \t \r escaped. */

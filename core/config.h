@@ -52,6 +52,9 @@ int dl_cfg_parse_args(const dl_cfg_entry *t, size_t n, void *obj, int argc, char
 /* Every option: name, type and unit, default, range or choices, reloadable,
  * help (wrapped). */
 void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f);
+/* The same list for keys of a file format that has no flags (no preamble,
+ * no reloadability): the chaos scenarios' sections. */
+void dl_cfg_usage_keys(const dl_cfg_entry *t, size_t n, FILE *f);
 /* The config in the INI format dl_cfg_load_ini reads: keys without a dot
  * first, then one "[sec]" block per prefix of dotted names; strings quoted
  * when they would not read back bare. Loading the output and printing again

@@ -38,6 +38,17 @@ for p in "${PROGS[@]}"; do
   cmp -s "$W/a.ini" "$W/b.ini" && ok "$name: print -> load -> print identical" || { bad "$name: round trip differs"; diff "$W/a.ini" "$W/b.ini" | head -5; }
 done
 
+# dloco-chaos reads its tables from scenario files: `keys` lists them all
+C=$B/chaos/dloco-chaos
+if [ -x "$C" ]; then
+  out=$("$C" keys 2>&1); rc=$?
+  n=$(echo "$out" | grep -cE '^      default ')
+  if [ $rc = 0 ] && [ "$n" -ge 40 ] && echo "$out" | grep -q '^  rtt_ms <float, ms>$' && echo "$out" | grep -q '^\[fault NAME\]' \
+     && ! echo "$out" | grep -E '^  [a-z_]+ <int' -A1 | grep -E 'range' | grep -qE '[0-9]e'; then
+    ok "dloco-chaos keys lists $n scenario keys with type, unit, default and range"
+  else bad "dloco-chaos keys: rc=$rc, $n keys"; fi
+fi
+
 S=$B/synchronizer/dloco-sync
 # flags override the file, wherever they stand; - and _ are one
 printf 'quorum = 4\nlog_level = warn\nrun_id = "a run"\n' > "$W/s.ini"
