@@ -240,7 +240,8 @@ int main(int argc, char **argv)
     int rc = dl_cfg_parse_args(table, NCFG, &c, argc, argv);
     if (rc == DL_CFG_HELP) {
         printf("usage: dloco-sync [--config FILE] [--name value ...]\n"
-               "SIGHUP re-reads --config FILE and applies the [reloadable] options; SIGINT/SIGTERM stop.\n");
+               "SIGHUP re-reads --config FILE and applies the options marked reloadable (docs/OPERATING.md);\n"
+               "SIGINT/SIGTERM stop.\n");
         dl_cfg_usage(table, NCFG, stdout);
         return 0;
     }
