@@ -194,13 +194,16 @@ static int check_timeouts(const sync_cfg *c)
  * taken from a fresh parse of the start's command line (defaults, then the
  * --config file as it is now, then the start's flags, which still win);
  * restart-only options keep their running values, and a file that changes
- * one is reported as ignored. The candidate is validated whole (bounds,
+ * one is reported as ignored, once per value (again only if the file's value
+ * changes, or after it went back and came again). The candidate is validated whole (bounds,
  * timeout order, policy, merge and guard rules) before anything applies, and
  * `running` becomes the candidate only once dl_sync applied it. */
 static int saved_argc;
 static char **saved_argv;
 static sync_cfg running, candidate, fresh;
 static unsigned char what[NCFG];
+static char reported[NCFG][DL_CFG_STRLEN + 32]; /* the ignored value last reported, if said[i] */
+static unsigned char said[NCFG];
 
 static int reload(void *ctx, const dl_sync_tunables *cur, dl_sync_tunables *out, int *ignored)
 {
@@ -223,10 +226,16 @@ static void reload_done(void *ctx, int applied)
     (void)ctx;
     if (!applied) return;
     for (size_t i = 0; i < NCFG; i++) {
-        if (what[i] != DL_CFG_IGNORE) continue;
+        if (what[i] != DL_CFG_IGNORE) {
+            said[i] = 0;
+            continue;
+        }
         char a[DL_CFG_STRLEN + 32], b[DL_CFG_STRLEN + 32], ea[DL_CFG_STRLEN + 40], eb[DL_CFG_STRLEN + 40];
         dl_cfg_format(&table[i], &running, a, sizeof a);
         dl_cfg_format(&table[i], &fresh, b, sizeof b);
+        if (said[i] && !strcmp(reported[i], b)) continue; /* said at an earlier reload */
+        snprintf(reported[i], sizeof reported[i], "%s", b);
+        said[i] = 1;
         DL_WARN("reload: %s = %s in the file, but it needs a restart: the run keeps %s", table[i].name, b, a);
         dl_event("reload_ignored", "key=%s from=%s to=%s", table[i].name, dl_event_str(a, ea, sizeof ea),
                  dl_event_str(b, eb, sizeof eb));

@@ -1649,8 +1649,8 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
     s->cfg.policy = nt.policy;
     s->cfg.guard = nt.guard;
     dl_guard_reconfigure(s->guard, &nt.guard);
-    DL_INFO("reload applied:%s%s", n ? diff : " no reloadable value changed",
-            ignored ? " (restart-only changes ignored: see the warnings above)" : "");
+    DL_INFO("reload applied:%s; %d restart-only option(s) of the file ignored, kept as they run",
+            n ? diff : " no reloadable value changed", ignored);
     dl_event("reload", "refused=0 changes=%d changed=%s ignored=%d", n, dl_event_str(n ? diff + 1 : "", db, sizeof db),
              ignored);
     schedule(s);

@@ -62,6 +62,8 @@ check "a start flag still overrides the file: no H change to report" [ "$(ev_cou
 printf "${BASE}grace_cap_ms = 3500\nquorum = 2\n" > "$W/sync.ini"
 check "removing the ignored max_learners applies the real change only" hup_and_wait applied "quorum 3 -> 2"
 check "no phantom 'max_learners 512 -> 1024' was reported" [ "$(ev_count "$EV" reload_ignored key=max_learners)" = 1 ]
+check "an ignored value is reported once, not at every reload (merge = mean stood in 6 files)" \
+  [ "$(ev_count "$EV" reload_ignored key=merge)" = 1 ]
 check "the last reload lists only its real change" [ "$(ev_last "$EV" reload changes)" = 1 ]
 printf "${BASE}grace_cap_ms = 3500\nquorum = 2\nnorm_action = clip\n" > "$W/sync.ini"
 check "a choice is reported by name" hup_and_wait applied "norm_action reject -> clip"
