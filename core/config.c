@@ -316,7 +316,13 @@ void dl_cfg_format(const dl_cfg_entry *e, const void *obj, char *buf, size_t cap
     const char *field = (const char *)obj + e->offset;
     switch (e->type) {
     case DL_CFG_INT: snprintf(buf, cap, "%lld", (long long)*(const int64_t *)field); break;
-    case DL_CFG_FLOAT: snprintf(buf, cap, "%.9g", *(const double *)field); break;
+    case DL_CFG_FLOAT: {
+        /* the shortest of %.15g / %.17g that reads back as the same double */
+        double x = *(const double *)field;
+        snprintf(buf, cap, "%.15g", x);
+        if (strtod(buf, NULL) != x) snprintf(buf, cap, "%.17g", x);
+        break;
+    }
     case DL_CFG_STR:
     case DL_CFG_ENUM: snprintf(buf, cap, "%s", field); break;
     case DL_CFG_BOOL: snprintf(buf, cap, "%s", *(const int *)field ? "true" : "false"); break;

@@ -181,6 +181,13 @@ static void test_round_trip(void)
     CHECK(strstr(t, "note = \"\"\n") != NULL, "empty string quoted");
     CHECK(strstr(t, "gamma = 0.5\n") != NULL, "float");
     free(t);
+    /* floats print exactly and short */
+    const char *fa[] = {"p", "--gamma", "0.1234567891234567", "--rate_per_s", "0.7"};
+    REQUIRE(parse(&a, 5, fa) == 0, "%s", dl_errmsg());
+    t = print_of(&a);
+    CHECK(strstr(t, "gamma = 0.1234567891234567\n") != NULL && strstr(t, "rate_per_s = 0.7\n") != NULL,
+          "floats exact and short:\n%s", t);
+    free(t);
 }
 
 static void test_ini_reader(void)
