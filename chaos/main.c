@@ -16,6 +16,7 @@
 #include "chaos/run.h"
 #include "chaos/scenario.h"
 #include "core/err.h"
+#include "core/log.h"
 
 #define MAX_RUNS 8
 
@@ -253,6 +254,7 @@ static int cmd_report(const char *out)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    dl_log_set_name("chaos"); /* its events' echo on stderr (core/event.h) */
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
