@@ -332,6 +332,22 @@ static int pick_device(const learner_cfg *cfg, int *device, char *desc, size_t c
     return 0;
 }
 
+/* The rules of a networked config across options (an empty id is the
+ * default learner-<pid>, checked once it is set); resolves the CURVE keys. */
+static int check_networked(learner_cfg *cfg)
+{
+    if (cfg->id[0] && !dl_comms_id_ok(cfg->id))
+        return dl_err(DL_EINVAL, "option id: '%s' is not [A-Za-z0-9._-]{1,64}", cfg->id);
+    dl_comms_opts t = comms_timing(cfg);
+    DL_TRY(dl_comms_check_timeouts(&t, (int)cfg->push_decision_timeout_ms));
+    if (!cfg->run_id[0]) return dl_err(DL_EINVAL, "option run_id is empty");
+    DL_TRY(resolve_networked(cfg));
+    if (cfg->resume[0] || cfg->stop_after)
+        return dl_err(DL_EINVAL, "--resume and --stop_after are for --standalone runs (a networked learner starts from "
+                                 "the synchronizer's global model)");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     learner_cfg cfg;
@@ -343,6 +359,9 @@ int main(int argc, char **argv)
         return 0;
     }
     if (rc == DL_CFG_PRINT) {
+        /* the same checks as a networked start, on a copy (the printed id stays as given) */
+        learner_cfg v = cfg;
+        if (!v.standalone && (rc = check_networked(&v))) return fail("bad configuration", rc);
         dl_cfg_print(learner_table, NCFG, &cfg, stdout);
         return 0;
     }
@@ -352,16 +371,7 @@ int main(int argc, char **argv)
     if ((rc = dl_event_open(cfg.events, "learner"))) return fail("opening the events file (option events)", rc);
     if (!cfg.standalone) {
         if (!cfg.id[0]) snprintf(cfg.id, sizeof cfg.id, "learner-%ld", (long)getpid());
-        if (!dl_comms_id_ok(cfg.id))
-            return fail("bad configuration", dl_err(DL_EINVAL, "option id: '%s' is not [A-Za-z0-9._-]{1,64}", cfg.id));
-        dl_comms_opts t = comms_timing(&cfg);
-        if ((rc = dl_comms_check_timeouts(&t, (int)cfg.push_decision_timeout_ms))) return fail("bad configuration", rc);
-        if (!cfg.run_id[0]) return fail("bad configuration", dl_err(DL_EINVAL, "option run_id is empty"));
-        if ((rc = resolve_networked(&cfg))) return fail("bad configuration", rc);
-        if (cfg.resume[0] || cfg.stop_after)
-            return fail("bad configuration",
-                        dl_err(DL_EINVAL, "--resume and --stop_after are for --standalone runs (a networked learner "
-                                          "starts from the synchronizer's global model)"));
+        if ((rc = check_networked(&cfg))) return fail("bad configuration", rc);
     }
     if (cfg.threads > 0) omp_set_num_threads((int)cfg.threads);
     if (cfg.warmup >= cfg.steps) cfg.warmup = cfg.steps / 10;
