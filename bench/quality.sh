@@ -70,6 +70,6 @@ grep -h '^learner-summary:' "$W"/l*.log | sed -E 's/.*id=([^ ]+).*bytes_sent=([0
 # bytes a data-parallel run would move: a ring all-reduce of the fp32
 # gradients every step sends (and receives) 2 (M-1)/M x 4 x params bytes per learner
 np=$(grep -m1 -o '[0-9]* parameters' "$W/l0.log" | cut -d' ' -f1)
-sent=$(sed -n -E 's/.*bytes_sent=([0-9]+).*/\1/p' "$W/l0.log")
+sent=$(sed -n -E 's/^learner-summary:.*bytes_sent=([0-9]+).*/\1/p' "$W/l0.log")
 python3 -c "n=$np; m=$M; s=$STEPS; ar=2*(m-1)/m*4*n*s; print('per learner: decoupled sent %.1f MB; a per-step fp32 ring all-reduce would send %.1f MB (%.1fx more)' % ($sent/1e6, ar/1e6, ar/max($sent,1)))"
 python3 -c "print('decoupled_vs_dp_loss: %.3f' % ($dd / $dp))"

@@ -874,10 +874,14 @@ int main(int argc, char **argv)
     memset(&S, 0, sizeof S);
     swarm *s = &S;
     int rc = dl_cfg_parse_args(table, NCFG, &s->cfg, argc, argv);
-    if (rc == 1) {
+    if (rc == DL_CFG_HELP) {
         printf("usage: swarm [--config FILE] [--name value ...]\n"
                "N simulated learners (the learner's mailbox + comms sessions, fake training) against dloco-sync.\n");
         dl_cfg_usage(table, NCFG, stdout);
+        return 0;
+    }
+    if (rc == DL_CFG_PRINT) {
+        dl_cfg_print(table, NCFG, &s->cfg, stdout);
         return 0;
     }
     if (rc) return fail("bad configuration", rc);

@@ -16,6 +16,7 @@
 #include "chaos/run.h"
 #include "chaos/scenario.h"
 #include "core/err.h"
+#include "core/log.h"
 
 #define MAX_RUNS 8
 
@@ -26,6 +27,7 @@ static void usage(FILE *f)
             "                       [--no-netns] [--bin BUILD_DIR] [--duration_s S] [--seed N]\n"
             "       dloco-chaos timeline SCENARIO [--seed N]   validate SCENARIO, print its fault timeline\n"
             "       dloco-chaos report DIR                     write DIR's report again from its run directories\n"
+            "       dloco-chaos keys                           every scenario section and key: type, unit, default, range\n"
             "  run       start a synchronizer and the scenario's learners as processes, apply the fault\n"
             "            timeline, write DIR/<policy>/ (event logs, store, timeline.tsv) and DIR/report.md,\n"
             "            report.json, plots/*.svg (docs/CHAOS.md)\n"
@@ -252,6 +254,7 @@ static int cmd_report(const char *out)
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    dl_log_set_name("chaos"); /* its events' echo on stderr (core/event.h) */
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -282,6 +285,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(argv[1], "report") && argc == 3) return cmd_report(argv[2]);
+    if (!strcmp(argv[1], "keys") && argc == 2) {
+        dl_scenario_usage(stdout);
+        return 0;
+    }
     if (!strcmp(argv[1], "rogue") && argc == 6) {
         /* the rogue client's own process (started by a run for rogue_garbage) */
         dl_rogue_stats st;

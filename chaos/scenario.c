@@ -93,14 +93,6 @@ static const dl_cfg_entry fault_t[] = {
 };
 #define NT(t) (sizeof t / sizeof t[0])
 
-static char *trim(char *s)
-{
-    while (isspace((unsigned char)*s)) s++;
-    char *e = s + strlen(s);
-    while (e > s && isspace((unsigned char)e[-1])) *--e = 0;
-    return s;
-}
-
 /* A section or learner/datacenter name: what ids, files and events can carry bare. */
 static int valid_name(const char *s)
 {
@@ -250,6 +242,29 @@ static int validate(dl_scenario *sc)
     return 0;
 }
 
+void dl_scenario_usage(FILE *f)
+{
+    static const struct {
+        const char *sec, *what;
+        const dl_cfg_entry *t;
+        size_t n;
+    } secs[] = {{"[run]", "the run and its model", run_t, NT(run_t)},
+                {"[sync]", "the synchronizer", sync_t, NT(sync_t)},
+                {"[learners]", "defaults of every [learner NAME] below it", learner_t, NT(learner_t)},
+                {"[learner NAME]", "a group of learners", learner_t, NT(learner_t)},
+                {"[dc NAME]", "a datacenter: its link to the synchronizer", dc_t, NT(dc_t)},
+                {"[fault NAME]", "a scheduled or random fault (docs/CHAOS.md lists the kinds)", fault_t, NT(fault_t)}};
+    fprintf(f, "scenario file keys ('key = value' under each section; '#' or ';' starts a comment):\n");
+    for (size_t i = 0; i < sizeof secs / sizeof secs[0]; i++) {
+        if (i == 3) { /* [learner NAME] takes [learners]' keys */
+            fprintf(f, "\n%s: %s; the keys of [learners]\n", secs[i].sec, secs[i].what);
+            continue;
+        }
+        fprintf(f, "\n%s: %s\n", secs[i].sec, secs[i].what);
+        dl_cfg_usage_keys(secs[i].t, secs[i].n, f);
+    }
+}
+
 int dl_scenario_load(const char *path, const dl_sc_overrides *ov, dl_scenario *sc)
 {
     memset(sc, 0, sizeof *sc);
@@ -257,31 +272,21 @@ int dl_scenario_load(const char *path, const dl_sc_overrides *ov, dl_scenario *s
     DL_TRY(dl_cfg_defaults(run_t, NT(run_t), &sc->run));
     DL_TRY(dl_cfg_defaults(sync_t, NT(sync_t), &sc->sync));
     DL_TRY(dl_cfg_defaults(learner_t, NT(learner_t), &sc->learner_defaults));
-    FILE *f = fopen(path, "r");
-    if (!f) return dl_err(DL_EIO, "scenario %s: cannot open", path);
-    char line[1024], sec[DL_CFG_STRLEN] = "";
+    dl_ini r;
+    if (dl_ini_open(&r, path)) return dl_err(DL_EIO, "scenario %s: cannot open", path);
+    char sec[DL_CFG_STRLEN] = "", *ka, *kb;
     void *obj = NULL;
     const dl_cfg_entry *t = NULL;
     size_t tn = 0;
-    int lineno = 0, rc = 0;
-    while (!rc && fgets(line, sizeof line, f)) {
-        lineno++;
-        if (!strchr(line, '\n') && !feof(f)) {
-            rc = dl_err(DL_EINVAL, "%s:%d: line longer than %zu bytes", path, lineno, sizeof line - 2);
+    int rc = 0, kind, lineno = 0;
+    while (!rc && (kind = dl_ini_next(&r, &ka, &kb)) != DL_INI_END) {
+        lineno = r.line;
+        if (kind < 0) {
+            rc = kind;
             break;
         }
-        char *c = strpbrk(line, "#;");
-        if (c) *c = 0;
-        char *s = trim(line);
-        if (!*s) continue;
-        if (*s == '[') {
-            char *e = strchr(s, ']');
-            if (!e || e[1]) {
-                rc = dl_err(DL_EINVAL, "%s:%d: malformed section header", path, lineno);
-                break;
-            }
-            *e = 0;
-            snprintf(sec, sizeof sec, "%s", trim(s + 1));
+        if (kind == DL_INI_SECTION) {
+            snprintf(sec, sizeof sec, "%s", ka);
             char type[32] = "", name[DL_CFG_STRLEN] = "";
             if (sscanf(sec, "%31s %255s", type, name) < 1) {
                 rc = dl_err(DL_EINVAL, "%s:%d: empty section header", path, lineno);
@@ -345,19 +350,13 @@ int dl_scenario_load(const char *path, const dl_sc_overrides *ov, dl_scenario *s
                             lineno);
             continue;
         }
-        char *eq = strchr(s, '=');
-        if (!eq) {
-            rc = dl_err(DL_EINVAL, "%s:%d: expected 'key = value'", path, lineno);
-            break;
-        }
         if (!obj) {
             rc = dl_err(DL_EINVAL, "%s:%d: key outside a section", path, lineno);
             break;
         }
-        *eq = 0;
-        rc = set_key(t, tn, obj, path, lineno, sec, trim(s), trim(eq + 1));
+        rc = set_key(t, tn, obj, path, lineno, sec, ka, kb);
     }
-    fclose(f);
+    dl_ini_close(&r);
     if (rc) return rc;
     if (!*sc->run.name) {
         const char *b = strrchr(path, '/');

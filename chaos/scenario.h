@@ -150,6 +150,9 @@ typedef struct {
  * reference resolved. Errors name path:line and the key, or the section.
  * ov may be NULL. */
 int dl_scenario_load(const char *path, const dl_sc_overrides *ov, dl_scenario *out);
+/* Every section and its keys, with type, unit, default, range and help
+ * (`dloco-chaos keys`). */
+void dl_scenario_usage(FILE *f);
 /* Expand the learner sections into slots and draw the fault timeline from the
  * scenario's seed (deterministic: the same file and seed give the same
  * timeline). `faults` 0 leaves only joins and leaves (a failure-free twin). */

@@ -9,11 +9,55 @@
 #include <string.h>
 #include <strings.h>
 
+/* '-' and '_' are one character in names: --log-level is --log_level. */
+static int name_eq(const char *a, const char *b)
+{
+    for (;; a++, b++) {
+        char x = *a == '-' ? '_' : *a, y = *b == '-' ? '_' : *b;
+        if (x != y) return 0;
+        if (!x) return 1;
+    }
+}
+
 const dl_cfg_entry *dl_cfg_find(const dl_cfg_entry *t, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++)
-        if (strcmp(t[i].name, name) == 0) return &t[i];
+        if (name_eq(t[i].name, name)) return &t[i];
     return NULL;
+}
+
+const char *dl_cfg_unit(const dl_cfg_entry *e)
+{
+    static const char *suffix[][2] = {{"_per_s", "1/s"}, {"_ms", "ms"}, {"_us", "us"}, {"_ns", "ns"},
+                                      {"_s", "s"},       {"_kb", "KiB"}, {"_mb", "MiB"}, {"_gb", "GiB"},
+                                      {"_bytes", "bytes"}, {"_mbit", "Mbit/s"}};
+    if (e->unit) return e->unit;
+    size_t l = strlen(e->name);
+    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
+        size_t k = strlen(suffix[i][0]);
+        if (l > k && !strcmp(e->name + l - k, suffix[i][0])) return suffix[i][1];
+    }
+    return "";
+}
+
+/* A bound as text: integers in full (never 1.67772e+07), floats short. */
+static void fmt_bound(const dl_cfg_entry *e, double x, char *buf, size_t cap)
+{
+    if (e->type == DL_CFG_INT) {
+        snprintf(buf, cap, "%.0f", x);
+        return;
+    }
+    /* %g, with its exponent short: 1e+09 -> 1e9, 1e-06 -> 1e-6 */
+    char tmp[40], *o = buf;
+    snprintf(tmp, sizeof tmp, "%g", x);
+    for (const char *p = tmp; *p && (size_t)(o - buf) + 1 < cap; p++) {
+        *o++ = *p;
+        if (*p != 'e') continue;
+        if (p[1] == '+') p++;
+        else if (p[1] == '-') *o++ = *++p;
+        while (p[1] == '0' && p[2]) p++;
+    }
+    *o = 0;
 }
 
 static int choice_ok(const char *choices, const char *v)
@@ -40,8 +84,11 @@ static int set_entry(const dl_cfg_entry *e, void *obj, const char *v)
         long long x = strtoll(v, &end, 0);
         if (errno || end == v || *end)
             return dl_err(DL_EINVAL, "option %s: '%s' is not an integer", e->name, v);
-        if ((double)x < e->min || (double)x > e->max)
-            return dl_err(DL_ERANGE, "option %s: %lld out of range [%.17g, %.17g]", e->name, x, e->min, e->max);
+        if ((double)x < e->min || (double)x > e->max) {
+            char lo[32], hi[32];
+            fmt_bound(e, e->min, lo, sizeof lo), fmt_bound(e, e->max, hi, sizeof hi);
+            return dl_err(DL_ERANGE, "option %s: %lld out of range [%s, %s]", e->name, x, lo, hi);
+        }
         *(int64_t *)field = x;
         return 0;
     }
@@ -50,8 +97,11 @@ static int set_entry(const dl_cfg_entry *e, void *obj, const char *v)
         double x = strtod(v, &end);
         if (errno || end == v || *end || !isfinite(x))
             return dl_err(DL_EINVAL, "option %s: '%s' is not a finite number", e->name, v);
-        if (x < e->min || x > e->max)
-            return dl_err(DL_ERANGE, "option %s: %g out of range [%g, %g]", e->name, x, e->min, e->max);
+        if (x < e->min || x > e->max) {
+            char lo[40], hi[40];
+            fmt_bound(e, e->min, lo, sizeof lo), fmt_bound(e, e->max, hi, sizeof hi);
+            return dl_err(DL_ERANGE, "option %s: %g out of range [%s, %s]", e->name, x, lo, hi);
+        }
         *(double *)field = x;
         return 0;
     }
@@ -101,87 +151,149 @@ static char *trim(char *s)
     return s;
 }
 
-int dl_cfg_load_ini(const dl_cfg_entry *t, size_t n, void *obj, const char *path)
+int dl_ini_open(dl_ini *r, const char *path)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return dl_err(DL_EIO, "config file %s: %s", path, strerror(errno));
-    char line[1024], section[128] = "";
-    int lineno = 0, rc = 0;
-    while (fgets(line, sizeof line, f)) {
-        lineno++;
-        if (!strchr(line, '\n') && !feof(f)) {
-            rc = dl_err(DL_EINVAL, "%s:%d: line longer than %zu bytes", path, lineno, sizeof line - 2);
-            break;
+    memset(r, 0, sizeof *r);
+    r->path = path;
+    r->f = fopen(path, "r");
+    if (!r->f) return dl_err(DL_EIO, "config file %s: %s", path, strerror(errno));
+    return 0;
+}
+
+void dl_ini_close(dl_ini *r)
+{
+    if (r->f) fclose(r->f);
+    r->f = NULL;
+}
+
+/* Cut the line at its first '#' or ';' outside double quotes. */
+static void cut_comment(char *s)
+{
+    int q = 0;
+    for (; *s; s++) {
+        if (q && *s == '\\' && s[1]) s++;
+        else if (*s == '"') q = !q;
+        else if (!q && (*s == '#' || *s == ';')) {
+            *s = 0;
+            return;
         }
-        char *c = strpbrk(line, "#;");
-        if (c) *c = 0;
-        char *s = trim(line);
+    }
+}
+
+/* A value in quotes, unescaped in place; NULL when the quotes are broken. */
+static char *unquote(char *v)
+{
+    size_t l = strlen(v);
+    if (l < 2 || v[l - 1] != '"') return NULL;
+    char *o = v;
+    for (char *p = v + 1; p < v + l - 1; p++) {
+        if (*p == '"') return NULL; /* an inner quote must be escaped */
+        if (*p == '\\' && p + 1 < v + l - 1) {
+            p++;
+            *o++ = *p == 'n' ? '\n' : *p == 't' ? '\t' : *p == 'r' ? '\r' : *p;
+        } else if (*p == '\\') {
+            return NULL; /* the closing quote is escaped */
+        } else {
+            *o++ = *p;
+        }
+    }
+    *o = 0;
+    return v;
+}
+
+int dl_ini_next(dl_ini *r, char **a, char **b)
+{
+    while (fgets(r->buf, sizeof r->buf, r->f)) {
+        r->line++;
+        if (!strchr(r->buf, '\n') && !feof(r->f))
+            return dl_err(DL_EINVAL, "%s:%d: line longer than %zu bytes", r->path, r->line, sizeof r->buf - 2);
+        cut_comment(r->buf);
+        char *s = trim(r->buf);
         if (!*s) continue;
         if (*s == '[') {
             char *close = strchr(s, ']');
-            if (!close || close[1]) {
-                rc = dl_err(DL_EINVAL, "%s:%d: malformed section header", path, lineno);
-                break;
-            }
+            if (!close || close[1]) return dl_err(DL_EINVAL, "%s:%d: malformed section header", r->path, r->line);
             *close = 0;
-            snprintf(section, sizeof section, "%s", trim(s + 1));
-            continue;
+            *a = trim(s + 1);
+            return DL_INI_SECTION;
         }
         char *eq = strchr(s, '=');
-        if (!eq) {
-            rc = dl_err(DL_EINVAL, "%s:%d: expected 'key = value'", path, lineno);
-            break;
-        }
+        if (!eq) return dl_err(DL_EINVAL, "%s:%d: expected 'key = value'", r->path, r->line);
         *eq = 0;
-        char *k = trim(s), *v = trim(eq + 1);
+        *a = trim(s);
+        *b = trim(eq + 1);
+        if (**b == '"' && !(*b = unquote(*b)))
+            return dl_err(DL_EINVAL, "%s:%d: %s: unbalanced quotes (a quoted value escapes \" and \\ as \\\" and \\\\)",
+                          r->path, r->line, *a);
+        return DL_INI_KEY;
+    }
+    if (ferror(r->f)) return dl_err(DL_EIO, "%s:%d: read error", r->path, r->line);
+    return DL_INI_END;
+}
+
+int dl_cfg_load_ini(const dl_cfg_entry *t, size_t n, void *obj, const char *path)
+{
+    dl_ini r;
+    DL_TRY(dl_ini_open(&r, path));
+    char section[128] = "", *a, *b;
+    int rc;
+    while ((rc = dl_ini_next(&r, &a, &b)) > 0) {
+        if (rc == DL_INI_SECTION) {
+            snprintf(section, sizeof section, "%s", a);
+            continue;
+        }
         char key[300];
-        if (section[0]) snprintf(key, sizeof key, "%s.%s", section, k);
-        else snprintf(key, sizeof key, "%s", k);
-        rc = dl_cfg_set(t, n, obj, key, v);
-        if (rc) {
+        if (section[0]) snprintf(key, sizeof key, "%s.%s", section, a);
+        else snprintf(key, sizeof key, "%s", a);
+        if ((rc = dl_cfg_set(t, n, obj, key, b))) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", dl_errmsg());
-            dl_err(rc, "%s:%d: %s", path, lineno, msg);
+            rc = dl_err(rc, "%s:%d: %s", path, r.line, msg);
             break;
         }
     }
-    fclose(f);
-    return rc;
+    dl_ini_close(&r);
+    return rc < 0 ? rc : 0;
+}
+
+/* argv[i] as "--name[=value]": the name into name (dashes kept), the value
+ * or NULL; 0, or -1 when it is not an option. */
+static int split_flag(const char *arg, char *name, size_t cap, const char **val)
+{
+    if (strncmp(arg, "--", 2) != 0) return -1;
+    arg += 2;
+    const char *eq = strchr(arg, '=');
+    size_t l = eq ? (size_t)(eq - arg) : strlen(arg);
+    if (l >= cap) l = cap - 1;
+    memcpy(name, arg, l);
+    name[l] = 0;
+    *val = eq ? eq + 1 : NULL;
+    return 0;
 }
 
 int dl_cfg_parse_args(const dl_cfg_entry *t, size_t n, void *obj, int argc, char **argv)
 {
     DL_TRY(dl_cfg_defaults(t, n, obj));
+    int print = 0;
+    char name[128];
+    const char *val;
     /* --config first, so flags override the file wherever they appear */
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return 1;
-        const char *file = NULL;
-        if (!strcmp(argv[i], "--config")) {
-            if (i + 1 >= argc) return dl_err(DL_EINVAL, "--config needs a file");
-            file = argv[i + 1];
-        } else if (!strncmp(argv[i], "--config=", 9)) {
-            file = argv[i] + 9;
-        }
-        if (file) DL_TRY(dl_cfg_load_ini(t, n, obj, file));
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return DL_CFG_HELP;
+        if (split_flag(argv[i], name, sizeof name, &val) || !name_eq(name, "config")) continue;
+        if (!val && i + 1 >= argc) return dl_err(DL_EINVAL, "--config needs a file");
+        DL_TRY(dl_cfg_load_ini(t, n, obj, val ? val : argv[i + 1]));
     }
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strncmp(a, "--", 2) != 0)
-            return dl_err(DL_EINVAL, "unexpected argument '%s' (options are --name value)", a);
-        a += 2;
-        if (!strcmp(a, "config")) { i++; continue; }
-        if (!strncmp(a, "config=", 7)) continue;
-        char name[128];
-        const char *eq = strchr(a, '=');
-        const char *val = NULL;
-        if (eq) {
-            size_t l = (size_t)(eq - a);
-            if (l >= sizeof name) return dl_err(DL_EINVAL, "option name too long: %s", argv[i]);
-            memcpy(name, a, l);
-            name[l] = 0;
-            val = eq + 1;
-        } else {
-            snprintf(name, sizeof name, "%s", a);
+        if (split_flag(argv[i], name, sizeof name, &val))
+            return dl_err(DL_EINVAL, "unexpected argument '%s' (options are --name value)", argv[i]);
+        if (name_eq(name, "config")) {
+            i += !val;
+            continue;
+        }
+        if (name_eq(name, "print_config") && !val) {
+            print = 1;
+            continue;
         }
         const dl_cfg_entry *e = dl_cfg_find(t, n, name);
         if (!e) return dl_err(DL_EINVAL, "unknown option '--%s' (see --help)", name);
@@ -196,7 +308,7 @@ int dl_cfg_parse_args(const dl_cfg_entry *t, size_t n, void *obj, int argc, char
         }
         DL_TRY(set_entry(e, obj, val));
     }
-    return 0;
+    return print ? DL_CFG_PRINT : 0;
 }
 
 void dl_cfg_format(const dl_cfg_entry *e, const void *obj, char *buf, size_t cap)
@@ -204,33 +316,176 @@ void dl_cfg_format(const dl_cfg_entry *e, const void *obj, char *buf, size_t cap
     const char *field = (const char *)obj + e->offset;
     switch (e->type) {
     case DL_CFG_INT: snprintf(buf, cap, "%lld", (long long)*(const int64_t *)field); break;
-    case DL_CFG_FLOAT: snprintf(buf, cap, "%.9g", *(const double *)field); break;
+    case DL_CFG_FLOAT: {
+        /* the shortest of %.15g / %.17g that reads back as the same double */
+        double x = *(const double *)field;
+        snprintf(buf, cap, "%.15g", x);
+        if (strtod(buf, NULL) != x) snprintf(buf, cap, "%.17g", x);
+        break;
+    }
     case DL_CFG_STR:
     case DL_CFG_ENUM: snprintf(buf, cap, "%s", field); break;
     case DL_CFG_BOOL: snprintf(buf, cap, "%s", *(const int *)field ? "true" : "false"); break;
     }
 }
 
-void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f)
+/* Print `text` wrapped at `width` columns, each line indented by `indent`. */
+static void wrap(FILE *f, const char *text, int indent, int width)
 {
-    fprintf(f, "options (also settable as 'name = value' in an INI file given by --config FILE):\n");
+    const char *p = text;
+    while (*p) {
+        int room = width - indent, l = (int)strlen(p);
+        if (l > room) {
+            int cut = room;
+            while (cut > 0 && p[cut] != ' ') cut--;
+            l = cut > 0 ? cut : room;
+        }
+        fprintf(f, "%*s%.*s\n", indent, "", l, p);
+        p += l;
+        while (*p == ' ') p++;
+    }
+}
+
+/* One entry a block: "--name <type, unit>" (flags) or "name <...>" (file
+ * keys), then default, range or choices, reloadability (flags), help. */
+static void usage_entries(const dl_cfg_entry *t, size_t n, int flags, FILE *f)
+{
+    static const char *types[] = {"int", "float", "text", "choice", "bool"};
     for (size_t i = 0; i < n; i++) {
         const dl_cfg_entry *e = &t[i];
-        char range[96] = "";
-        if (e->type == DL_CFG_INT || e->type == DL_CFG_FLOAT)
-            snprintf(range, sizeof range, " [%g..%g]", e->min, e->max);
-        else if (e->type == DL_CFG_ENUM)
-            snprintf(range, sizeof range, " {%s}", e->choices);
-        fprintf(f, "  --%-22s %s (default %s)%s%s\n", e->name, e->help, e->def[0] ? e->def : "\"\"", range,
-                e->reloadable ? " [reloadable]" : "");
+        const char *u = dl_cfg_unit(e);
+        char lo[32], hi[32], what[160];
+        int k = 0;
+        k += snprintf(what + k, sizeof what - (size_t)k, "%s%s%s", types[e->type], *u ? ", " : "", u);
+        fprintf(f, "\n  %s%s <%s>\n", flags ? "--" : "", e->name, what);
+        fprintf(f, "      default %s", e->def[0] ? e->def : "\"\"");
+        if (e->type == DL_CFG_INT || e->type == DL_CFG_FLOAT) {
+            fmt_bound(e, e->min, lo, sizeof lo), fmt_bound(e, e->max, hi, sizeof hi);
+            fprintf(f, " | range %s .. %s", lo, hi);
+        } else if (e->type == DL_CFG_ENUM) {
+            fprintf(f, " | one of %s", e->choices);
+        }
+        if (flags) fprintf(f, " | %s", e->reloadable ? "reloadable (SIGHUP)" : "restart to change");
+        fputc('\n', f);
+        wrap(f, e->help, 6, 100);
     }
+}
+
+void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f)
+{
+    fprintf(f, "options: --name VALUE or --name=VALUE ('-' and '_' are the same in names: --log-level is\n"
+               "--log_level); a bare --name sets a bool to true. --config FILE reads 'name = value' lines first\n"
+               "(INI; a dotted name a.b is 'b = ...' under '[a]'), flags override it. --print-config prints the\n"
+               "effective config in that format and exits; -h/--help prints this.\n");
+    usage_entries(t, n, 1, f);
+}
+
+void dl_cfg_usage_keys(const dl_cfg_entry *t, size_t n, FILE *f) { usage_entries(t, n, 0, f); }
+
+/* A string as an INI value that dl_ini_next reads back unchanged: bare when
+ * it can be, else quoted with \" \\ \n \t \r escaped. */
+static void put_value(FILE *f, const char *v)
+{
+    size_t l = strlen(v);
+    int bare = l > 0 && !isspace((unsigned char)v[0]) && !isspace((unsigned char)v[l - 1]) && v[0] != '"' &&
+               !strpbrk(v, "#;\"\n\r\t");
+    if (bare) {
+        fputs(v, f);
+        return;
+    }
+    fputc('"', f);
+    for (const char *p = v; *p; p++) {
+        if (*p == '"' || *p == '\\') fputc('\\', f), fputc(*p, f);
+        else if (*p == '\n') fputs("\\n", f);
+        else if (*p == '\t') fputs("\\t", f);
+        else if (*p == '\r') fputs("\\r", f);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
 }
 
 void dl_cfg_print(const dl_cfg_entry *t, size_t n, const void *obj, FILE *f)
 {
     char buf[DL_CFG_STRLEN + 32];
-    for (size_t i = 0; i < n; i++) {
-        dl_cfg_format(&t[i], obj, buf, sizeof buf);
-        fprintf(f, "%s = %s\n", t[i].name, buf);
+    /* pass 0: names without a dot; then each section once, in table order */
+    for (size_t s = 0; s <= n; s++) {
+        const char *sec = NULL;
+        size_t sl = 0;
+        if (s > 0) {
+            const char *dot = strchr(t[s - 1].name, '.');
+            if (!dot) continue;
+            sl = (size_t)(dot - t[s - 1].name);
+            int seen = 0;
+            for (size_t j = 0; j + 1 < s && !seen; j++)
+                seen = !strncmp(t[j].name, t[s - 1].name, sl + 1);
+            if (seen) continue;
+            sec = t[s - 1].name;
+            fprintf(f, "\n[%.*s]\n", (int)sl, sec);
+        }
+        for (size_t i = 0; i < n; i++) {
+            const char *dot = strchr(t[i].name, '.');
+            if (sec ? !(dot && (size_t)(dot - t[i].name) == sl && !strncmp(t[i].name, sec, sl)) : dot != NULL)
+                continue;
+            dl_cfg_format(&t[i], obj, buf, sizeof buf);
+            fprintf(f, "%s = ", sec ? t[i].name + sl + 1 : t[i].name);
+            if (t[i].type == DL_CFG_STR) put_value(f, buf);
+            else fputs(buf, f);
+            fputc('\n', f);
+        }
     }
+}
+
+static size_t field_size(const dl_cfg_entry *e)
+{
+    switch (e->type) {
+    case DL_CFG_INT: return sizeof(int64_t);
+    case DL_CFG_FLOAT: return sizeof(double);
+    case DL_CFG_BOOL: return sizeof(int);
+    case DL_CFG_STR:
+    case DL_CFG_ENUM: return DL_CFG_STRLEN;
+    }
+    return 0;
+}
+
+int dl_cfg_reload_plan(const dl_cfg_entry *t, size_t n, const void *cur, const void *next, void *out,
+                       unsigned char *what)
+{
+    char a[DL_CFG_STRLEN + 32], b[DL_CFG_STRLEN + 32];
+    int applied = 0;
+    for (size_t i = 0; i < n; i++) {
+        dl_cfg_format(&t[i], cur, a, sizeof a);
+        dl_cfg_format(&t[i], next, b, sizeof b);
+        what[i] = DL_CFG_KEEP;
+        if (!strcmp(a, b)) continue;
+        if (!t[i].reloadable) {
+            what[i] = DL_CFG_IGNORE;
+            continue;
+        }
+        memcpy((char *)out + t[i].offset, (const char *)next + t[i].offset, field_size(&t[i]));
+        what[i] = DL_CFG_APPLY;
+        applied++;
+    }
+    return applied;
+}
+
+int dl_cfg_diff(const dl_cfg_entry *t, size_t n, const unsigned char *what, int kind, const void *a, const void *b,
+                char *buf, size_t cap)
+{
+    char x[DL_CFG_STRLEN + 32], y[DL_CFG_STRLEN + 32];
+    int k = 0;
+    size_t len = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (what[i] != kind) continue;
+        dl_cfg_format(&t[i], a, x, sizeof x);
+        dl_cfg_format(&t[i], b, y, sizeof y);
+        int w = snprintf(buf + len, cap - len, "%s%s %s -> %s", k ? ", " : "", t[i].name, x, y);
+        k++;
+        if (w < 0 || (size_t)w >= cap - len) {
+            len = cap - 1; /* cut: the count stays right */
+            continue;
+        }
+        len += (size_t)w;
+    }
+    return k;
 }

@@ -27,7 +27,13 @@ typedef struct {
     const char *choices; /* ENUM only */
     int reloadable;      /* may change at runtime (SIGHUP) */
     const char *help;
+    /* Optional (rows may stop before it): the value's unit for --help, where
+     * the name's suffix says nothing (dl_cfg_unit derives _ms, _s, _mb, ...). */
+    const char *unit;
 } dl_cfg_entry;
+
+/* dl_cfg_parse_args's positive results: the caller prints and exits 0. */
+enum { DL_CFG_HELP = 1, DL_CFG_PRINT = 2 };
 
 /* Set every field to its default. Returns 0 or DL_EINVAL (bad table). */
 int dl_cfg_defaults(const dl_cfg_entry *t, size_t n, void *obj);
@@ -38,14 +44,63 @@ int dl_cfg_set(const dl_cfg_entry *t, size_t n, void *obj, const char *name, con
  * keys with "section.". Errors carry path:line. */
 int dl_cfg_load_ini(const dl_cfg_entry *t, size_t n, void *obj, const char *path);
 /* Defaults, then --config FILE (if given), then flags. "--name value",
- * "--name=value", and a bare "--name" for BOOL. "-h"/"--help" returns 1
- * (caller prints usage and exits 0). Unknown or malformed flags: DL_EINVAL. */
+ * "--name=value", and a bare "--name" for BOOL. "-h"/"--help" returns
+ * DL_CFG_HELP (caller prints usage and exits 0); "--print-config" returns
+ * DL_CFG_PRINT once everything is loaded and valid (caller prints the config
+ * with dl_cfg_print and exits 0). Unknown or malformed flags: DL_EINVAL. */
 int dl_cfg_parse_args(const dl_cfg_entry *t, size_t n, void *obj, int argc, char **argv);
+/* Every option: name, type and unit, default, range or choices, reloadable,
+ * help (wrapped). */
 void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f);
-/* One "name = value" line per entry (what the run actually uses). */
+/* The same list for keys of a file format that has no flags (no preamble,
+ * no reloadability): the chaos scenarios' sections. */
+void dl_cfg_usage_keys(const dl_cfg_entry *t, size_t n, FILE *f);
+/* The config in the INI format dl_cfg_load_ini reads: keys without a dot
+ * first, then one "[sec]" block per prefix of dotted names; strings quoted
+ * when they would not read back bare. Loading the output and printing again
+ * gives the same text. */
 void dl_cfg_print(const dl_cfg_entry *t, size_t n, const void *obj, FILE *f);
+/* Names match with '-' and '_' taken as the same character. */
 const dl_cfg_entry *dl_cfg_find(const dl_cfg_entry *t, size_t n, const char *name);
+/* The entry's unit: e->unit, else from the name's suffix (_ms ms, _s s,
+ * _per_s 1/s, _mb MiB, _kb KiB, _gb GiB, _bytes bytes, _mbit Mbit/s); "" if none. */
+const char *dl_cfg_unit(const dl_cfg_entry *e);
 /* Value of an entry formatted as text into buf. */
 void dl_cfg_format(const dl_cfg_entry *e, const void *obj, char *buf, size_t cap);
+
+/* A reload's plan (SIGHUP), pure: `next` is the config parsed afresh
+ * (defaults, then the file, then the flags given at start); `out`, a copy of
+ * the running config `cur` on entry, takes every reloadable entry's value
+ * from `next` and keeps the running value of every other one. what[i] (n
+ * entries) says, per entry: DL_CFG_APPLY a reloadable value that changes,
+ * DL_CFG_IGNORE a restart-only value that `next` changes (not taken), else
+ * DL_CFG_KEEP. Values compare as dl_cfg_format text. Returns the number of
+ * DL_CFG_APPLY entries. The caller validates `out` as a whole before
+ * applying anything, and its running config becomes `out` only once applied. */
+enum { DL_CFG_KEEP = 0, DL_CFG_APPLY = 1, DL_CFG_IGNORE = 2 };
+int dl_cfg_reload_plan(const dl_cfg_entry *t, size_t n, const void *cur, const void *next, void *out,
+                       unsigned char *what);
+/* "name a -> b, name2 c -> d" for the entries with what[i] == kind, values of
+ * `a` then `b`, into buf (empty when none); returns how many. */
+int dl_cfg_diff(const dl_cfg_entry *t, size_t n, const unsigned char *what, int kind, const void *a, const void *b,
+                char *buf, size_t cap);
+
+/* The INI line reader behind dl_cfg_load_ini, shared with other INI formats
+ * (chaos scenarios): '#' or ';' outside quotes starts a comment; a value in
+ * double quotes keeps its spaces, '#' and ';' (escapes \" \\ \n \t \r). */
+typedef struct {
+    FILE *f;
+    const char *path;
+    int line; /* number of the line last read */
+    char buf[1024];
+} dl_ini;
+enum { DL_INI_END = 0, DL_INI_SECTION = 1, DL_INI_KEY = 2 };
+int dl_ini_open(dl_ini *r, const char *path); /* DL_EIO naming the path */
+/* The next line that holds something: DL_INI_SECTION with *a = the header's
+ * text inside the brackets (trimmed), DL_INI_KEY with *a = key and *b =
+ * value (trimmed, unquoted), DL_INI_END; or a negative code whose message
+ * starts "path:line: ". *a and *b point into r->buf until the next call. */
+int dl_ini_next(dl_ini *r, char **a, char **b);
+void dl_ini_close(dl_ini *r);
 
 #endif

@@ -3,6 +3,7 @@
 #include "core/event.h"
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/log.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -85,6 +86,17 @@ void dl_event_close(void)
     pthread_mutex_unlock(&dl_event_lock);
 }
 
+/* Events echoed on stderr at debug rather than info: one per push, ack,
+ * update, adopt or merged contribution, so an info log stays readable at any
+ * fleet size (docs/EVENTS.md "On stderr"). */
+static int echo_level(const char *name)
+{
+    static const char *debug[] = {"push", "ack", "update", "adopt", "merge_contrib", "update_resumed", "update_restarted"};
+    for (size_t i = 0; i < sizeof debug / sizeof debug[0]; i++)
+        if (!strcmp(name, debug[i])) return DL_LOG_DEBUG;
+    return DL_LOG_INFO;
+}
+
 int dl_event_enabled(void)
 {
     pthread_mutex_lock(&dl_event_lock);
@@ -113,8 +125,9 @@ void dl_event(const char *name, const char *fields, ...)
 {
     assert(name && name[0] && fields);
     for (const char *q = name; *q; q++) assert(bare_char((unsigned char)*q));
-    /* Cheap check first: most processes run with events off. */
-    if (!dl_event_enabled()) return;
+    /* Cheap checks first: no file and an echo the log level filters out. */
+    int level = echo_level(name), echo = dl_log_enabled(level);
+    if (!echo && !dl_event_enabled()) return;
 
     char body[2 * DL_EVENT_LINE];
     va_list ap;
@@ -125,6 +138,12 @@ void dl_event(const char *name, const char *fields, ...)
     if ((size_t)blen >= sizeof body) blen = (int)sizeof body - 1;
     const char *b = body;
     while (*b == ' ') b++, blen--;
+    if (echo) {
+        /* the same event as a log line on stderr (the file keeps its format) */
+        char kv[sizeof body + 96];
+        snprintf(kv, sizeof kv, "event=%s%s%.*s", name, blen > 0 ? " " : "", blen, b);
+        dl_log_kv(level, kv);
+    }
 
     char line[DL_EVENT_LINE + 2 * DL_EVENT_LINE + 160];
     pthread_mutex_lock(&dl_event_lock);

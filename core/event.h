@@ -9,7 +9,11 @@
  * otherwise. Each line is written with one write(2) on an O_APPEND
  * descriptor, so lines of several processes sharing one file never
  * interleave and every event written before a SIGKILL is on disk (in the
- * page cache). Thread-safe. */
+ * page cache). Thread-safe.
+ *
+ * Every event is also a log line on stderr (core/log.h), whether or not a
+ * file is open: "ts=<RFC 3339> level=<info|debug> proc=<tag> event=<name>
+ * <fields>", subject to --log-level (the per-push events are debug). */
 #ifndef DL_CORE_EVENT_H
 #define DL_CORE_EVENT_H
 

@@ -65,7 +65,7 @@ for i in $(seq 0 $((N - 1))); do
   LP+=($!); PIDS+=($!)
 done
 echo "started $N learners x $STEPS steps; progress of learner-0:"
-tail -n +1 -f "$LOGS/learner-0.log" --pid "${LP[0]}" | grep --line-buffered -E '^step|summary' || true
+tail -n +1 -f "$LOGS/learner-0.log" --pid "${LP[0]}" | grep --line-buffered -E '^(step|summary:|learner-summary:)' || true
 rc=0
 for i in "${!LP[@]}"; do wait "${LP[$i]}" || { echo "learner-$i exited with an error:"; tail -3 "$LOGS/learner-$i.log"; rc=1; }; done
 kill -TERM "$SPID"; wait "$SPID" || true

@@ -14,6 +14,7 @@ PKGS=(
   protobuf-c-compiler libprotobuf-c-dev   # wire: protobuf-c messages
   liblmdb-dev lmdb-utils                  # synchronizer state store
   libev-dev                               # synchronizer event loop
+  libxxhash-dev                           # checksums: XXH64 compiled in from xxhash.h (core/hash.c); bench/hash links the library
   fortunes fortunes-min                   # the bundled training corpus (~2.5 MB of English text)
   python3                                 # small helpers in tests and benchmarks
   iproute2 procps                         # network namespaces / tc for network tests, ps/pkill-free process checks

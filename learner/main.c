@@ -83,9 +83,9 @@ static const dl_cfg_entry learner_table[] = {
     {"data_format", DL_CFG_ENUM, F(data_format), 0, 0, "auto", "auto|text|shards", 0, "how to read --data"},
     {"val_frac", DL_CFG_FLOAT, F(val_frac), 0.0, 0.5, "0.05", NULL, 0, "fraction of sequences held out"},
     DL_MODEL_CFG_ROWS(learner_cfg, model, "0", "model: vocabulary (V); 0 = 256 for text, 50257 for shards"),
-    {"batch", DL_CFG_INT, F(batch), 1, 65536, "16", NULL, 0, "sequences per step (B)"},
-    {"steps", DL_CFG_INT, F(steps), 1, 1000000000, "1000", NULL, 0, "optimizer steps"},
-    {"warmup", DL_CFG_INT, F(warmup), 0, 1000000000, "50", NULL, 0, "linear warm-up steps"},
+    {"batch", DL_CFG_INT, F(batch), 1, 65536, "16", NULL, 0, "sequences per step (B)", "sequences"},
+    {"steps", DL_CFG_INT, F(steps), 1, 1000000000, "1000", NULL, 0, "optimizer steps", "steps"},
+    {"warmup", DL_CFG_INT, F(warmup), 0, 1000000000, "50", NULL, 0, "linear warm-up steps", "steps"},
     {"lr", DL_CFG_FLOAT, F(lr), 0.0, 1.0, "3e-3", NULL, 0, "peak AdamW learning rate"},
     {"min_lr_frac", DL_CFG_FLOAT, F(min_lr_frac), 0.0, 1.0, "0.1", NULL, 0, "cosine floor as a fraction of lr"},
     {"adam_fleet", DL_CFG_FLOAT, F(adam_fleet), 0.0, 1e6, "0", NULL, 0,
@@ -98,19 +98,22 @@ static const dl_cfg_entry learner_table[] = {
     {"eps", DL_CFG_FLOAT, F(eps), 1e-12, 1e-2, "1e-8", NULL, 0, "AdamW epsilon"},
     {"grad_clip", DL_CFG_FLOAT, F(grad_clip), 0.0, 1e6, "1.0", NULL, 0, "global gradient-norm clip (0 = off)"},
     {"seed", DL_CFG_INT, F(seed), 0, 9.2e18, "1337", NULL, 0, "init and shuffling seed"},
-    {"val_every", DL_CFG_INT, F(val_every), 0, 1000000000, "100", NULL, 0, "evaluate every N steps (0 = only at the end)"},
-    {"val_batches", DL_CFG_INT, F(val_batches), 1, 100000, "16", NULL, 0, "batches per evaluation"},
-    {"log_every", DL_CFG_INT, F(log_every), 1, 1000000000, "10", NULL, 0, "progress line every N steps"},
+    {"val_every", DL_CFG_INT, F(val_every), 0, 1000000000, "100", NULL, 0, "evaluate every N steps (0 = only at the end)",
+     "steps"},
+    {"val_batches", DL_CFG_INT, F(val_batches), 1, 100000, "16", NULL, 0, "batches per evaluation", "batches"},
+    {"log_every", DL_CFG_INT, F(log_every), 1, 1000000000, "10", NULL, 0, "progress line every N steps", "steps"},
     {"checkpoint", DL_CFG_STR, F(checkpoint), 0, 0, "", NULL, 0, "checkpoint file written at the end (and every save_every)"},
-    {"save_every", DL_CFG_INT, F(save_every), 0, 1000000000, "0", NULL, 0, "checkpoint every N steps (0 = only at the end)"},
+    {"save_every", DL_CFG_INT, F(save_every), 0, 1000000000, "0", NULL, 0, "checkpoint every N steps (0 = only at the end)",
+     "steps"},
     {"stop_after", DL_CFG_INT, F(stop_after), 0, 1000000000, "0", NULL, 0,
-     "end this invocation after N steps (checkpoint kept; resume later with --resume)"},
+     "end this invocation after N steps (checkpoint kept; resume later with --resume)", "steps"},
     {"resume", DL_CFG_STR, F(resume), 0, 0, "", NULL, 0, "checkpoint file to resume from"},
     {"init_from", DL_CFG_STR, F(init_from), 0, 0, "", NULL, 0,
      "--standalone: start from this model file (dloco export: safetensors, an HF directory, llm.c) instead of the "
      "seeded init, at step 0 with fresh AdamW state; its model must be this one (docs/OPERATING.md)"},
     {"loss_log", DL_CFG_STR, F(loss_log), 0, 0, "", NULL, 0, "append 'step train_loss' with exact hex floats to this file"},
-    {"threads", DL_CFG_INT, F(threads), 0, 1024, "0", NULL, 0, "CPU threads (0 = OMP_NUM_THREADS or all cores)"},
+    {"threads", DL_CFG_INT, F(threads), 0, 1024, "0", NULL, 0, "CPU threads (0 = OMP_NUM_THREADS or all cores)",
+     "threads"},
     {"device", DL_CFG_ENUM, F(device), 0, 0, "auto", "auto|cpu|cuda", 0,
      "where the model trains: cuda (a GPU), cpu, or auto (cuda when this build has CUDA and a usable device)"},
     {"matmul", DL_CFG_ENUM, F(matmul), 0, 0, "tf32", "fp32|tf32|bf16", 0,
@@ -158,14 +161,16 @@ static const dl_cfg_entry learner_table[] = {
     {"final_flush", DL_CFG_BOOL, F(final_flush), 0, 0, "true", NULL, 0,
      "on exit (end of steps or SIGTERM) push every fragment with progress before saying Bye"},
     {"throttle", DL_CFG_FLOAT, F(throttle), 0.001, 1.0, "1", NULL, 0,
-     "run at this fraction of full speed (sleeps after each step): a deliberately slow learner for tests"},
+     "run at this fraction of full speed (sleeps after each step): a deliberately slow learner for tests",
+     "x full speed"},
     {"local_eval", DL_CFG_BOOL, F(local_eval), 0, 0, "false", NULL, 0,
      "networked mode: also evaluate the local model every val_every steps (the synchronizer evaluates the global one)"},
     {"update_max_ratio", DL_CFG_FLOAT, F(update_max_ratio), 0.0, 1e12, "10", NULL, 0,
      "refuse (and fetch again) a global fragment farther from this learner's own copy than this times (the copy's "
      "norm + 0.1 x sqrt(elements)); 0 = no distance bound (non-finite values are always refused)"},
     {"max_version_jump", DL_CFG_INT, F(max_version_jump), 1, 9.2e18, "1000000", NULL, 0,
-     "refuse an update whose fragment version is more than this above the newest version this learner knows"},
+     "refuse an update whose fragment version is more than this above the newest version this learner knows",
+     "versions"},
     {"server_key", DL_CFG_STR, F(server_key), 0, 0, "", NULL, 0,
      "CURVE: the synchronizer's public key (40 Z85 characters, or the path of its .pub file); with key_file; "
      "empty = no CURVE"},
@@ -362,14 +367,40 @@ static int init_from_file(dl_trainer *tr, const char *path)
     return 0;
 }
 
+/* The rules of a networked config across options (an empty id is the
+ * default learner-<pid>, checked once it is set); resolves the CURVE keys. */
+static int check_networked(learner_cfg *cfg)
+{
+    if (cfg->id[0] && !dl_comms_id_ok(cfg->id))
+        return dl_err(DL_EINVAL, "option id: '%s' is not [A-Za-z0-9._-]{1,64}", cfg->id);
+    dl_comms_opts t = comms_timing(cfg);
+    DL_TRY(dl_comms_check_timeouts(&t, (int)cfg->push_decision_timeout_ms));
+    if (!cfg->run_id[0]) return dl_err(DL_EINVAL, "option run_id is empty");
+    DL_TRY(resolve_networked(cfg));
+    if (cfg->resume[0] || cfg->stop_after)
+        return dl_err(DL_EINVAL, "--resume and --stop_after are for --standalone runs (a networked learner starts from "
+                                 "the synchronizer's global model)");
+    if (cfg->init_from[0])
+        return dl_err(DL_EINVAL, "--init_from is for --standalone runs (a networked learner starts from the "
+                                 "synchronizer's global model: give the file to dloco-sync --init_from)");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     learner_cfg cfg;
     int rc = dl_cfg_parse_args(learner_table, NCFG, &cfg, argc, argv);
-    if (rc == 1) {
+    if (rc == DL_CFG_HELP) {
         printf("usage: dloco-learner [--standalone] [--config FILE] [--name value ...]\n"
                "networked by default: connects to dloco-sync at --connect; --standalone trains alone\n");
         dl_cfg_usage(learner_table, NCFG, stdout);
+        return 0;
+    }
+    if (rc == DL_CFG_PRINT) {
+        /* the same checks as a networked start, on a copy (the printed id stays as given) */
+        learner_cfg v = cfg;
+        if (!v.standalone && (rc = check_networked(&v))) return fail("bad configuration", rc);
+        dl_cfg_print(learner_table, NCFG, &cfg, stdout);
         return 0;
     }
     if (rc) return fail("bad configuration", rc);
@@ -378,20 +409,7 @@ int main(int argc, char **argv)
     if ((rc = dl_event_open(cfg.events, "learner"))) return fail("opening the events file (option events)", rc);
     if (!cfg.standalone) {
         if (!cfg.id[0]) snprintf(cfg.id, sizeof cfg.id, "learner-%ld", (long)getpid());
-        if (!dl_comms_id_ok(cfg.id))
-            return fail("bad configuration", dl_err(DL_EINVAL, "option id: '%s' is not [A-Za-z0-9._-]{1,64}", cfg.id));
-        dl_comms_opts t = comms_timing(&cfg);
-        if ((rc = dl_comms_check_timeouts(&t, (int)cfg.push_decision_timeout_ms))) return fail("bad configuration", rc);
-        if (!cfg.run_id[0]) return fail("bad configuration", dl_err(DL_EINVAL, "option run_id is empty"));
-        if ((rc = resolve_networked(&cfg))) return fail("bad configuration", rc);
-        if (cfg.init_from[0])
-            return fail("bad configuration",
-                        dl_err(DL_EINVAL, "--init_from is for --standalone runs (a networked learner starts from the "
-                                          "synchronizer's global model: give the file to dloco-sync --init_from)"));
-        if (cfg.resume[0] || cfg.stop_after)
-            return fail("bad configuration",
-                        dl_err(DL_EINVAL, "--resume and --stop_after are for --standalone runs (a networked learner "
-                                          "starts from the synchronizer's global model)"));
+        if ((rc = check_networked(&cfg))) return fail("bad configuration", rc);
     }
     if (cfg.threads > 0) omp_set_num_threads((int)cfg.threads);
     if (cfg.warmup >= cfg.steps) cfg.warmup = cfg.steps / 10;

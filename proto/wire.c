@@ -253,7 +253,7 @@ size_t dl_wire_payload_bytes(Dloco__V1__Codec codec, uint64_t numel, uint32_t bl
 uint64_t dl_wire_checksum(const void *payload, size_t len)
 {
     assert(payload || len == 0);
-    return dl_hash64(payload, len, 0);
+    return dl_checksum64(payload, len);
 }
 
 bool dl_wire_checksum_ok(const void *payload, size_t len, uint64_t expected)

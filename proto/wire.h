@@ -23,8 +23,10 @@
 
 #include "proto/dloco.pb-c.h"
 
-/* Envelope.protocol_version this build speaks (and the only one it accepts). */
-#define DL_WIRE_PROTOCOL_VERSION 1u
+/* Envelope.protocol_version this build speaks (and the only one it accepts:
+ * a peer of another version is refused with a message naming both).
+ * 1: Push/Update checksums were XXH64. 2: they are XXH3_64bits. */
+#define DL_WIRE_PROTOCOL_VERSION 2u
 /* Protocol-wide caps, independent of the run's limits. */
 #define DL_WIRE_MAX_FRAGMENTS 4096u   /* fragments per plan */
 #define DL_WIRE_MAX_PAYLOADS 4        /* payload frames dl_wire_recv keeps */
@@ -214,7 +216,8 @@ const char *dl_wire_codec_name(Dloco__V1__Codec codec);
  * DL_WIRE_BLOCK_MAX] for int codecs, or a size that overflows size_t. */
 size_t dl_wire_payload_bytes(Dloco__V1__Codec codec, uint64_t numel, uint32_t block_size);
 
-/* dl_hash64(payload, len, seed 0): the Push/Update checksum field. */
+/* dl_checksum64(payload, len), XXH3_64bits: the Push/Update checksum field
+ * (protocol version 2; version 1 carried XXH64). */
 uint64_t dl_wire_checksum(const void *payload, size_t len);
 bool dl_wire_checksum_ok(const void *payload, size_t len, uint64_t expected);
 

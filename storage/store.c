@@ -949,7 +949,7 @@ static void hash_blocks(const float *x, uint64_t numel, uint64_t *sums)
 {
     float *zeros = x ? NULL : dl_xcalloc(numel < BF ? numel : BF, sizeof *zeros);
     for (uint32_t b = 0; b < blocks_of(numel); b++)
-        sums[b] = dl_hash64(x ? x + (size_t)b * BF : zeros, (size_t)block_len(numel, b) * 4, 0);
+        sums[b] = dl_checksum64(x ? x + (size_t)b * BF : zeros, (size_t)block_len(numel, b) * 4);
     free(zeros);
 }
 
@@ -1255,7 +1255,7 @@ static int read_array(dl_store *s, MDB_txn *t, int mom, uint32_t p, const frag_h
 static int verify_array(int mom, uint32_t p, const frag_hdr *h, const float *x, const uint64_t *sums)
 {
     for (uint32_t b = 0; b < h->blocks; b++) {
-        uint64_t sum = dl_hash64(x + (size_t)b * BF, (size_t)block_len(h->numel, b) * 4, 0);
+        uint64_t sum = dl_checksum64(x + (size_t)b * BF, (size_t)block_len(h->numel, b) * 4);
         if (sum != sums[b])
             return dl_err(DL_ECORRUPT, "fragment %u version %llu: %s checksum %016llx, stored %016llx (%s[%u,%u])",
                           p, (unsigned long long)h->version, mom ? "momentum" : "params", (unsigned long long)sum,
@@ -1781,7 +1781,7 @@ static int check_blocks(dl_store *s, MDB_txn *t, int mom, const frag_hdr *h, str
                 blk_view bv = {0};
                 uint64_t sum;
                 if ((rc = blk_decode(mom, p, b, &h[p], &v, &bv)) == 0 &&
-                    (sum = dl_hash64(bv.data, (size_t)bv.n * 4, 0)) != bv.sum)
+                    (sum = dl_checksum64(bv.data, (size_t)bv.n * 4)) != bv.sum)
                     rc = dl_err(DL_ECORRUPT,
                                 "fragment %u version %llu: %s checksum %016llx, stored %016llx (%s[%u,%u])", p,
                                 (unsigned long long)h[p].version, mom ? "momentum" : "params",

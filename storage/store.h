@@ -41,8 +41,8 @@
  * next one and the file settles at about the live state plus the largest
  * commit's new copy plus what the last commit freed (see dl_store_stats).
  *
- * Checksums are dl_hash64(bytes, len, 0) over each block's raw little-endian
- * fp32 floats. The host must be little-endian (checked at compile time):
+ * Checksums are dl_checksum64(bytes, len) (XXH3_64bits; XXH64 before schema
+ * 4) over each block's raw little-endian fp32 floats. The host must be little-endian (checked at compile time):
  * fp32 arrays are served zero-copy from the map.
  *
  * Threads: one dl_store may be used from several threads at once (LMDB
@@ -68,8 +68,10 @@
 
 /* 2: the run record holds the model shape and the init seed as typed fields.
  * 3: fragment arrays are stored as fixed-size blocks (params, outer).
- * A store of another schema version is refused at open (DL_EFORMAT). */
-#define DL_STORE_SCHEMA_VERSION 3u
+ * 4: block checksums are XXH3_64bits (dl_checksum64), were XXH64.
+ * A store of another schema version is refused at open (DL_EFORMAT), the
+ * message naming both versions. */
+#define DL_STORE_SCHEMA_VERSION 4u
 /* fp32 elements per stored block (1 MiB). A snapshot range that starts at a
  * multiple of it and is at most this long is served zero-copy. */
 #define DL_STORE_BLOCK_FLOATS 262144u

@@ -44,7 +44,7 @@ static const dl_cfg_entry table[] = {
     {"store", DL_CFG_STR, F(store), 0, 0, "runs/sync.lmdb", NULL, 0, "LMDB store directory (created if missing)"},
     {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id; learners must use the same"},
     DL_MODEL_CFG_ROWS(sync_cfg, model, "256", "model: vocabulary (V)"),
-    {"H", DL_CFG_INT, F(H), 1, 1000000, "24", NULL, 0, "inner steps between two pushes of one fragment"},
+    {"H", DL_CFG_INT, F(H), 1, 1000000, "24", NULL, 0, "inner steps between two pushes of one fragment", "steps"},
     {"shards", DL_CFG_INT, F(shards), 1, 4096, "1", NULL, 0,
      "synchronizer processes the fragments are split over (<= fragments): fragment p belongs to shard p % shards, "
      "each shard with its own bind and store; learners --connect to all of them, in shard order"},
@@ -55,13 +55,16 @@ static const dl_cfg_entry table[] = {
      "model.safetensors / its directory) or an llm.c checkpoint; its model must be this run's; refused on a store "
      "that already holds a run (docs/OPERATING.md)"},
     {"policy", DL_CFG_ENUM, F(policy), 0, 0, "decoupled", "decoupled|sync|sync-elastic", 0, "merge policy"},
-    {"quorum", DL_CFG_INT, F(quorum), 1, 65536, "1", NULL, 1, "K: learners before a round may close"},
+    {"quorum", DL_CFG_INT, F(quorum), 1, 65536, "1", NULL, 1, "K: learners before a round may close", "learners"},
     {"grace_cap_ms", DL_CFG_INT, F(grace_cap_ms), 1, 86400000, "5000", NULL, 1, "grace window cap, ms"},
-    {"gamma", DL_CFG_FLOAT, F(gamma), 1e-6, 10, "0.5", NULL, 1, "grace cap as a fraction of the push period"},
+    {"gamma", DL_CFG_FLOAT, F(gamma), 1e-6, 10, "0.5", NULL, 1, "grace cap as a fraction of the push period",
+     "x push period"},
     {"mad_k", DL_CFG_FLOAT, F(mad_k), 0, 100, "3", NULL, 1, "arrival prediction margin, in MADs"},
     {"max_learners", DL_CFG_INT, F(max_learners), 1, 65536, "1024", NULL, 0,
-     "learner slots: the registry's bound (a full table answers FULL; slots of learners gone reclaim_ms are reused)"},
-    {"max_staleness", DL_CFG_INT, F(max_staleness), 0, 1000000000, "8", NULL, 1, "drop pushes staler than this"},
+     "learner slots: the registry's bound (a full table answers FULL; slots of learners gone reclaim_ms are reused)",
+     "learners"},
+    {"max_staleness", DL_CFG_INT, F(max_staleness), 0, 1000000000, "8", NULL, 1, "drop pushes staler than this",
+     "versions"},
     {"staleness", DL_CFG_ENUM, F(staleness), 0, 0, "poly", "const|poly|hinge", 1, "staleness factor s()"},
     {"staleness_a", DL_CFG_FLOAT, F(staleness_a), 0, 1e6, "0.5", NULL, 1, "s() parameter a"},
     {"staleness_b", DL_CFG_FLOAT, F(staleness_b), 0, 1e9, "0", NULL, 1, "s() parameter b (hinge)"},
@@ -100,9 +103,9 @@ static const dl_cfg_entry table[] = {
     {"norm_k", DL_CFG_FLOAT, F(norm_k), 0, 1e6, "10", NULL, 1,
      "value guard: a push whose norm exceeds norm_k x the fragment's median recent norm is refused (0 = off)"},
     {"norm_window", DL_CFG_INT, F(norm_window), 1, 1024, "32", NULL, 1,
-     "value guard: most recent pushers whose latest norm is kept per fragment"},
+     "value guard: most recent pushers whose latest norm is kept per fragment", "learners"},
     {"norm_min_history", DL_CFG_INT, F(norm_min_history), 1, 1024, "1", NULL, 1,
-     "value guard: learners whose latest norm is known before the median rule applies"},
+     "value guard: learners whose latest norm is known before the median rule applies", "learners"},
     {"norm_param_ratio", DL_CFG_FLOAT, F(norm_param_ratio), 0, 1e9, "10", NULL, 1,
      "value guard: a push whose norm exceeds this x the fragment's parameter norm is refused (0 = off)"},
     {"norm_action", DL_CFG_ENUM, F(norm_action), 0, 0, "reject", "reject|clip", 1,
@@ -110,12 +113,14 @@ static const dl_cfg_entry table[] = {
     {"param_abs_max", DL_CFG_FLOAT, F(param_abs_max), 0, 1e30, "1000", NULL, 1,
      "a merge whose result has a parameter beyond this (or not finite) is not committed (0 = finite only)"},
     {"max_step_rate", DL_CFG_FLOAT, F(max_step_rate), 1e-3, 1e9, "10000", NULL, 1,
-     "inner steps per second a learner can plausibly make: bounds a push's steps"},
-    {"step_slack", DL_CFG_INT, F(step_slack), 0, 1000000000, "64", NULL, 1, "steps allowed on top of that bound"},
+     "inner steps per second a learner can plausibly make: bounds a push's steps", "steps/s"},
+    {"step_slack", DL_CFG_INT, F(step_slack), 0, 1000000000, "64", NULL, 1, "steps allowed on top of that bound",
+     "steps"},
     {"max_batch", DL_CFG_INT, F(max_batch), 1, 4294967295.0, "65536", NULL, 1,
-     "largest batch (sequences per step) a learner may declare: bounds a push's tokens"},
+     "largest batch (sequences per step) a learner may declare: bounds a push's tokens", "sequences"},
     {"heartbeat_ms", DL_CFG_INT, F(heartbeat_ms), 10, 60000, "500", NULL, 0, "heartbeat period, ms"},
-    {"liveness", DL_CFG_INT, F(liveness), 2, 100, "6", NULL, 0, "missed heartbeats before a learner is dead"},
+    {"liveness", DL_CFG_INT, F(liveness), 2, 100, "6", NULL, 0, "missed heartbeats before a learner is dead",
+     "heartbeats"},
     {"rebase_ms", DL_CFG_INT, F(rebase_ms), 1, 864000000, "60000", NULL, 0,
      "a learner silent longer than this must fetch (rebase) before pushing again"},
     {"durability", DL_CFG_ENUM, F(durability), 0, 0, "sync", "sync|periodic", 0,
@@ -190,59 +195,82 @@ static int check_timeouts(const sync_cfg *c)
     return 0;
 }
 
+/* SIGHUP. The candidate is the running config with every reloadable option
+ * taken from a fresh parse of the start's command line (defaults, then the
+ * --config file as it is now, then the start's flags, which still win);
+ * restart-only options keep their running values, and a file that changes
+ * one is reported as ignored, once per value (again only if the file's value
+ * changes, or after it went back and came again). The candidate is validated whole (bounds,
+ * timeout order, policy, merge and guard rules) before anything applies, and
+ * `running` becomes the candidate only once dl_sync applied it. */
 static int saved_argc;
 static char **saved_argv;
-static sync_cfg running;
+static sync_cfg running, candidate, fresh;
+static unsigned char what[NCFG];
+static char reported[NCFG][DL_CFG_STRLEN + 32]; /* the ignored value last reported, if said[i] */
+static unsigned char said[NCFG];
 
-static int reload(void *ctx, const dl_sync_tunables *cur, dl_sync_tunables *out)
+static int reload(void *ctx, const dl_sync_tunables *cur, dl_sync_tunables *out, int *ignored)
 {
     (void)ctx;
-    sync_cfg c;
-    int rc = dl_cfg_parse_args(table, NCFG, &c, saved_argc, saved_argv);
-    if (rc == 1) rc = dl_err(DL_EINVAL, "unexpected --help");
+    (void)cur; /* the same values as running's reloadable options */
+    int rc = dl_cfg_parse_args(table, NCFG, &fresh, saved_argc, saved_argv);
+    if (rc > 0) rc = dl_err(DL_EINVAL, "unexpected --help or --print-config");
     if (rc) return rc;
-    /* the grace cap may change, so the timeout order is checked again */
-    sync_cfg order = running;
-    order.grace_cap_ms = c.grace_cap_ms;
-    DL_TRY(check_timeouts(&order));
-    DL_TRY(tunables_of(&c, out));
-    /* not reloadable: reported below, kept as they run */
-    out->merge.rule = cur->merge.rule;
-    out->policy.kind = cur->policy.kind;
-    out->policy.max_learners = cur->policy.max_learners;
-    for (size_t i = 0; i < NCFG; i++) {
-        if (table[i].reloadable) continue;
-        char a[DL_CFG_STRLEN + 32], b[DL_CFG_STRLEN + 32];
-        dl_cfg_format(&table[i], &running, a, sizeof a);
-        dl_cfg_format(&table[i], &c, b, sizeof b);
-        if (strcmp(a, b)) {
-            DL_WARN("reload: %s changed (%s -> %s) but needs a restart; ignored", table[i].name, a, b);
-            char ea[DL_CFG_STRLEN + 40], eb[DL_CFG_STRLEN + 40];
-            dl_event("reload_ignored", "key=%s from=%s to=%s", table[i].name, dl_event_str(a, ea, sizeof ea),
-                     dl_event_str(b, eb, sizeof eb));
-        }
-    }
-    running = c;
+    candidate = running;
+    dl_cfg_reload_plan(table, NCFG, &running, &fresh, &candidate, what);
+    DL_TRY(check_timeouts(&candidate));
+    DL_TRY(tunables_of(&candidate, out));
+    *ignored = 0;
+    for (size_t i = 0; i < NCFG; i++) *ignored += what[i] == DL_CFG_IGNORE;
     return 0;
+}
+
+static void reload_done(void *ctx, int applied)
+{
+    (void)ctx;
+    if (!applied) return;
+    for (size_t i = 0; i < NCFG; i++) {
+        if (what[i] != DL_CFG_IGNORE) {
+            said[i] = 0;
+            continue;
+        }
+        char a[DL_CFG_STRLEN + 32], b[DL_CFG_STRLEN + 32], ea[DL_CFG_STRLEN + 40], eb[DL_CFG_STRLEN + 40];
+        dl_cfg_format(&table[i], &running, a, sizeof a);
+        dl_cfg_format(&table[i], &fresh, b, sizeof b);
+        if (said[i] && !strcmp(reported[i], b)) continue; /* said at an earlier reload */
+        snprintf(reported[i], sizeof reported[i], "%s", b);
+        said[i] = 1;
+        DL_WARN("reload: %s = %s in the file, but it needs a restart: the run keeps %s", table[i].name, b, a);
+        dl_event("reload_ignored", "key=%s from=%s to=%s", table[i].name, dl_event_str(a, ea, sizeof ea),
+                 dl_event_str(b, eb, sizeof eb));
+    }
+    running = candidate;
 }
 
 int main(int argc, char **argv)
 {
     sync_cfg c;
     int rc = dl_cfg_parse_args(table, NCFG, &c, argc, argv);
-    if (rc == 1) {
+    if (rc == DL_CFG_HELP) {
         printf("usage: dloco-sync [--config FILE] [--name value ...]\n"
-               "SIGHUP re-reads --config FILE and applies the [reloadable] options; SIGINT/SIGTERM stop.\n");
+               "SIGHUP re-reads --config FILE and applies the options marked reloadable (docs/OPERATING.md);\n"
+               "SIGINT/SIGTERM stop.\n");
         dl_cfg_usage(table, NCFG, stdout);
         return 0;
     }
-    if (rc) return fail("bad configuration", rc);
+    int print = rc == DL_CFG_PRINT;
+    if (rc && !print) return fail("bad configuration", rc);
+    if (strlen(c.run_id) < 1 || strlen(c.run_id) > 64)
+        return fail("bad configuration", dl_err(DL_EINVAL, "option run_id: must be 1..64 characters"));
+    if ((rc = check_timeouts(&c))) return fail("bad configuration", rc);
+    if (print) {
+        dl_cfg_print(table, NCFG, &c, stdout);
+        return 0;
+    }
     dl_log_set_level(dl_log_level_parse(c.log_level));
     dl_log_set_name("sync");
     if ((rc = dl_event_open(c.events, "sync"))) return fail("opening the events file (option events)", rc);
-    if (strlen(c.run_id) < 1 || strlen(c.run_id) > 64)
-        return fail("bad configuration", dl_err(DL_EINVAL, "run_id must be 1..64 characters"));
-    if ((rc = check_timeouts(&c))) return fail("bad configuration", rc);
 
     dl_sync_cfg sc;
     memset(&sc, 0, sizeof sc);
@@ -299,7 +327,7 @@ int main(int argc, char **argv)
     saved_argc = argc;
     saved_argv = argv;
     running = c;
-    dl_sync_set_reload(s, reload, NULL);
+    dl_sync_set_reload(s, reload, reload_done, NULL);
     printf("dloco-sync: listening on %s\n", dl_sync_endpoint(s));
     fflush(stdout);
     dl_sync_run(s);

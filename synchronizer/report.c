@@ -154,7 +154,9 @@ int dl_report_tunables_diff(const dl_sync_tunables *a, const dl_sync_tunables *b
     CHANGED("norm_window", "%d", g->norm_window, h->norm_window);
     CHANGED("norm_min_history", "%d", g->norm_min_history, h->norm_min_history);
     CHANGED("norm_param_ratio", "%g", g->norm_param_ratio, h->norm_param_ratio);
-    CHANGED("norm_action", "%d", (int)g->norm_action, (int)h->norm_action);
+    if (g->norm_action != h->norm_action)
+        add(&d, "%snorm_action %s -> %s", d.n ? ", " : " ", dl_guard_action_name(g->norm_action),
+            dl_guard_action_name(h->norm_action));
     CHANGED("param_abs_max", "%g", g->param_abs_max, h->param_abs_max);
     CHANGED("max_step_rate", "%g", g->max_step_rate, h->max_step_rate);
     CHANGED("step_slack", "%llu", (unsigned long long)g->step_slack, (unsigned long long)h->step_slack);

@@ -88,6 +88,7 @@ struct dl_sync {
     ev_async wake;
     ev_signal sigint, sigterm, sighup;
     dl_sync_reload_fn reload;
+    dl_sync_reload_done_fn reload_done;
     void *reload_ctx;
     int stopping;     /* SIGINT/SIGTERM seen: finish the jobs in flight */
     int final_ledger; /* the shutdown ledger write was submitted */
@@ -1626,11 +1627,18 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
         dl_event("reload", "refused=1 reason=no_config_file");
         return;
     }
+    /* the candidate is validated whole (the callback checks the full config,
+     * the guard and policy checks here) before anything applies */
     dl_sync_tunables cur = {.policy = *dl_policy_get_cfg(s->policy), .merge = s->cfg.merge, .guard = s->cfg.guard},
                      nt = cur;
+    int ignored = 0, rc;
     dl_err_clear();
-    if (s->reload(s->reload_ctx, &cur, &nt) || dl_guard_cfg_check(&nt.guard) ||
-        dl_policy_reconfigure(s->policy, &nt.policy)) {
+    if ((rc = s->reload(s->reload_ctx, &cur, &nt, &ignored)) == 0) {
+        rc = dl_guard_cfg_check(&nt.guard);
+        if (!rc) rc = dl_policy_reconfigure(s->policy, &nt.policy);
+        if (s->reload_done) s->reload_done(s->reload_ctx, rc == 0);
+    }
+    if (rc) {
         DL_ERROR("reload refused, running values unchanged: %s", dl_errmsg());
         char rb[600];
         dl_event("reload", "refused=1 reason=%s", dl_event_str(dl_errmsg(), rb, sizeof rb));
@@ -1642,15 +1650,18 @@ static void on_hup(struct ev_loop *loop, ev_signal *w, int revents)
     s->cfg.policy = nt.policy;
     s->cfg.guard = nt.guard;
     dl_guard_reconfigure(s->guard, &nt.guard);
-    DL_INFO("reload:%s", n ? diff : " no reloadable value changed");
-    dl_event("reload", "refused=0 changes=%d changed=%s", n, dl_event_str(n ? diff + 1 : "", db, sizeof db));
+    DL_INFO("reload applied:%s; %d restart-only option(s) of the file ignored, kept as they run",
+            n ? diff : " no reloadable value changed", ignored);
+    dl_event("reload", "refused=0 changes=%d changed=%s ignored=%d", n, dl_event_str(n ? diff + 1 : "", db, sizeof db),
+             ignored);
     schedule(s);
     drain(s);
 }
 
-void dl_sync_set_reload(dl_sync *s, dl_sync_reload_fn fn, void *ctx)
+void dl_sync_set_reload(dl_sync *s, dl_sync_reload_fn fn, dl_sync_reload_done_fn done, void *ctx)
 {
     s->reload = fn;
+    s->reload_done = done;
     s->reload_ctx = ctx;
 }
 

@@ -68,11 +68,16 @@ typedef struct {
     dl_guard_cfg guard;
 } dl_sync_tunables;
 
-/* Called on SIGHUP with the running values; fills *out from the config file
- * and returns 0, or returns an error (dl_errmsg says why) to keep the running
- * values. */
-typedef int (*dl_sync_reload_fn)(void *ctx, const dl_sync_tunables *cur, dl_sync_tunables *out);
-void dl_sync_set_reload(dl_sync *s, dl_sync_reload_fn fn, void *ctx);
+/* Called on SIGHUP with the running values; fills *out with the candidate's
+ * reloadable values (the whole candidate config already validated) and
+ * *ignored with the number of restart-only options the file changes (kept
+ * at their running values), and returns 0; or returns an error (dl_errmsg
+ * says why) to keep the running values. `done` (may be NULL) then says
+ * whether the candidate was applied (1) or refused by the synchronizer's own
+ * checks (0), so the caller's running config follows what runs. */
+typedef int (*dl_sync_reload_fn)(void *ctx, const dl_sync_tunables *cur, dl_sync_tunables *out, int *ignored);
+typedef void (*dl_sync_reload_done_fn)(void *ctx, int applied);
+void dl_sync_set_reload(dl_sync *s, dl_sync_reload_fn fn, dl_sync_reload_done_fn done, void *ctx);
 
 /* Open the store (creating or resuming the run), bump the epoch and bind.
  * Errors carry a message: DL_EMISMATCH for a store of another run, DL_ENET

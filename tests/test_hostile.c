@@ -1478,6 +1478,15 @@ static void row_logs(void)
     dl_wire_set_hello(&env, &h);
     send_raw_env(&E, &env);
     int ok3 = expect_error(&E, DLOCO__V1__ERROR_KIND__ERROR_KIND_PROTOCOL, 0, "", got3, sizeof got3);
+    /* a peer of protocol version 1 (XXH64 checksums): refused, both versions named */
+    h.device = "cpu";
+    dl_wire_env_init(&env, RUN, 0, "old-1");
+    env.protocol_version = 1;
+    dl_wire_set_hello(&env, &h);
+    send_raw_env(&E, &env);
+    char got5[600];
+    int ok5 = expect_error(&E, DLOCO__V1__ERROR_KIND__ERROR_KIND_PROTOCOL, 0,
+                           "protocol_version 1 not supported (this build speaks 2)", got5, sizeof got5);
     /* and a valid Hello from that connection, so its join is logged too */
     send_hello(&E, NULL, 0);
     char got4[600];
@@ -1496,6 +1505,8 @@ static void row_logs(void)
     CHECK(ok2, "bad learner id: %s", got2);
     CHECK(ok3, "control byte in device: %s", got3);
     CHECK(ok4, "valid hello from the evil routing id: %s", got4);
+    row("7b version", "a Hello of protocol version 1 (the XXH64 checksums) -> %s", got5);
+    CHECK(ok5, "an old peer is refused naming both versions: %s", got5);
     CHECK(fake_log == 0 && fake_ev == 0, "forged lines: log %d events %d", fake_log, fake_ev);
 out:
     verdict(7, "logs", f0);

@@ -223,8 +223,8 @@ static void test_sizes(void)
     dl_rng r;
     dl_rng_seed(&r, 5);
     fill_random(&r, buf, sizeof buf);
-    uint64_t h = dl_hash64(buf, sizeof buf, 0);
-    CHECK(dl_wire_checksum(buf, sizeof buf) == h, "checksum is dl_hash64 seed 0");
+    uint64_t h = dl_checksum64(buf, sizeof buf);
+    CHECK(dl_wire_checksum(buf, sizeof buf) == h, "checksum is dl_checksum64 (XXH3, protocol version 2)");
     CHECK(dl_wire_checksum_ok(buf, sizeof buf, h), "checksum_ok accepts the right hash");
     buf[400] ^= 1;
     CHECK(!dl_wire_checksum_ok(buf, sizeof buf, h), "checksum_ok rejects a flipped bit");
@@ -281,8 +281,10 @@ static void test_bad_inputs(void)
     f.env.body_case = DLOCO__V1__ENVELOPE__BODY__NOT_SET;
     EXPECT_BAD(&f.env, NULL, 0, &lim, "envelope: no body set");
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HEARTBEAT, 0);
-    f.env.protocol_version = 2;
-    EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: protocol_version 2 not supported (this build speaks 1)");
+    f.env.protocol_version = 1; /* a peer of the XXH64 checksums */
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: protocol_version 1 not supported (this build speaks 2)");
+    f.env.protocol_version = 3;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: protocol_version 3 not supported (this build speaks 2)");
     f.env.protocol_version = 0;
     EXPECT_BAD(&f.env, NULL, 0, &lim, "protocol_version 0 not supported");
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HEARTBEAT, 0);
@@ -1107,7 +1109,7 @@ static void test_golden(void)
         CHECK(rc == 0, "golden %s decodes and validates: %s", g->name, dl_errmsg());
         if (rc) continue;
         CHECK(e->body_case == g->body, "golden %s body %s", g->name, dl_wire_body_name(e->body_case));
-        CHECK(e->protocol_version == 1 && strcmp(e->run_id, "run-golden") == 0 && e->epoch == 3,
+        CHECK(e->protocol_version == DL_WIRE_PROTOCOL_VERSION && strcmp(e->run_id, "run-golden") == 0 && e->epoch == 3,
               "golden %s envelope", g->name);
         switch (e->body_case) {
         case DLOCO__V1__ENVELOPE__BODY_HELLO:
@@ -1159,7 +1161,7 @@ static void test_golden(void)
         free(re);
         dl_wire_env_free(&e);
     }
-    printf("golden corpus: %d v1 headers from tests/data/proto_corpus, %d checks\n", NGOLDEN, checks - before);
+    printf("golden corpus: %d v2 headers from tests/data/proto_corpus, %d checks\n", NGOLDEN, checks - before);
 }
 
 // ---------------------------------------------------------------------------
@@ -1285,7 +1287,7 @@ static void test_fuzz(void)
         /* invariants of anything accepted, recomputed here independently */
         const char *why = NULL;
         uint32_t nf = lim->num_fragments ? lim->num_fragments : DL_WIRE_MAX_FRAGMENTS;
-        if (e->protocol_version != 1) why = "protocol version";
+        if (e->protocol_version != DL_WIRE_PROTOCOL_VERSION) why = "protocol version";
         if (e->body_case == DLOCO__V1__ENVELOPE__BODY_PUSH || e->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE) {
             int push = e->body_case == DLOCO__V1__ENVELOPE__BODY_PUSH;
             uint32_t frag = push ? e->push->fragment : e->update->fragment;

@@ -40,6 +40,33 @@ check "broken timeout order refused" hup_and_wait refused "timeouts must be orde
 printf 'quorum = 3\nouter_lr = 0.6\nstaleness = hinge\ngrace_cap_ms = 4000\nmerge = mean\n' > "$W/sync.ini"
 check "after refused reloads the running values were still the last valid ones" hup_and_wait applied "quorum 2 -> 3, outer_lr 0.5 -> 0.6"
 check "restart-only change reported and ignored" ev_has "$EV" reload_ignored key=merge from=rda to=mean
+# A restart-only value that was ignored is not kept: the candidate of every
+# reload is the running config with only the reloadable keys from the file.
+# Here liveness 30 (ignored) would make the eviction 30 x 200 = 6000 ms; once
+# it is gone from the file, grace_cap_ms 3500 is valid against the running
+# liveness 6 (eviction 1200) and must be applied.
+BASE='quorum = 3\nouter_lr = 0.6\nstaleness = hinge\nmerge = mean\n'
+printf "${BASE}grace_cap_ms = 4000\nliveness = 30\n" > "$W/sync.ini"
+check "ignored liveness change: the reload is applied" hup_and_wait applied ""
+check "ignored liveness reported with the running value" ev_has "$EV" reload_ignored key=liveness from=6 to=30
+printf "${BASE}grace_cap_ms = 3500\n" > "$W/sync.ini"
+check "after an ignored liveness is removed, grace_cap_ms is checked against the running one" \
+  hup_and_wait applied "grace_cap_ms 4000 -> 3500"
+# An ignored change never becomes a phantom one: max_learners 512 is reported
+# once; removing it reports nothing (the run never left 1024). H = 4 in the
+# file changes nothing either: the start's --H 8 still wins over the file.
+printf "${BASE}grace_cap_ms = 3500\nmax_learners = 512\nH = 4\n" > "$W/sync.ini"
+check "ignored max_learners change: the reload is applied" hup_and_wait applied ""
+check "the reload event counts the ignored keys (merge, max_learners)" [ "$(ev_last "$EV" reload ignored)" = 2 ]
+check "a start flag still overrides the file: no H change to report" [ "$(ev_count "$EV" reload_ignored key=H)" = 0 ]
+printf "${BASE}grace_cap_ms = 3500\nquorum = 2\n" > "$W/sync.ini"
+check "removing the ignored max_learners applies the real change only" hup_and_wait applied "quorum 3 -> 2"
+check "no phantom 'max_learners 512 -> 1024' was reported" [ "$(ev_count "$EV" reload_ignored key=max_learners)" = 1 ]
+check "an ignored value is reported once, not at every reload (merge = mean stood in 6 files)" \
+  [ "$(ev_count "$EV" reload_ignored key=merge)" = 1 ]
+check "the last reload lists only its real change" [ "$(ev_last "$EV" reload changes)" = 1 ]
+printf "${BASE}grace_cap_ms = 3500\nquorum = 2\nnorm_action = clip\n" > "$W/sync.ini"
+check "a choice is reported by name" hup_and_wait applied "norm_action reject -> clip"
 echo "  reload events: $(ev_count "$EV" reload refused=0) applied, $(ev_count "$EV" reload refused=1) refused"
 m=$(merges)
 wait_until 30 "[ \$(merges) -gt $((m + 5)) ]" && echo "ok: merges continue after the reloads" || { echo "FAIL: merges stopped"; fail=1; }

@@ -1039,7 +1039,7 @@ static void test_run_model(void)
     old_run[4] = 1;
     memcpy(old_run + 96, orig + 128, 8 * 2);
     raw_put(dir, "meta", (MDB_val){3, "run"}, old_run, sizeof old_run);
-    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 1, this build reads schema version 3");
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 1, this build reads schema version 4");
     REQUIRE(s == NULL, "failed open leaves NULL");
     o.read_only = 1;
     EXPECT_ERR(dl_store_open(dir, &o, &s), DL_EFORMAT, "schema version 1");

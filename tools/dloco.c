@@ -217,8 +217,12 @@ static int cmd_eval(const char *dir, int argc, char **argv)
 {
     eval_cfg ec;
     int rc = dl_cfg_parse_args(eval_table, sizeof eval_table / sizeof eval_table[0], &ec, argc, argv);
-    if (rc == 1) {
+    if (rc == DL_CFG_HELP) {
         dl_cfg_usage(eval_table, sizeof eval_table / sizeof eval_table[0], stdout);
+        return 0;
+    }
+    if (rc == DL_CFG_PRINT) {
+        dl_cfg_print(eval_table, sizeof eval_table / sizeof eval_table[0], &ec, stdout);
         return 0;
     }
     if (rc) return fail("bad option", rc);
@@ -314,8 +318,12 @@ static int cmd_plan(int argc, char **argv)
     dl_model_config m;
     dl_plan *plan = NULL;
     int rc = dl_cfg_parse_args(plan_table, nrows, &pc, argc, argv);
-    if (rc == 1) {
+    if (rc == DL_CFG_HELP) {
         dl_cfg_usage(plan_table, nrows, stdout);
+        return 0;
+    }
+    if (rc == DL_CFG_PRINT) {
+        dl_cfg_print(plan_table, nrows, &pc, stdout);
         return 0;
     }
     if (rc) return fail("bad option", rc);

@@ -331,7 +331,7 @@ static void wire_seeds(void)
     mk_update(&m, 2, FP32, 0), put_both("update_count_only", &m, FUZZ_LIM_COUNT_ONLY);
 
     // ---- invalid: one broken rule each
-    mk_hello(&m, 0), m.env.protocol_version = 2, put_both("bad_version", &m, FUZZ_LIM_PLAN);
+    mk_hello(&m, 0), m.env.protocol_version = 1, put_both("bad_version", &m, FUZZ_LIM_PLAN);
     mk_heartbeat(&m), m.env.learner_id = "bad id!", put_both("bad_learner_id", &m, FUZZ_LIM_PLAN);
     mk_heartbeat(&m), m.heartbeat.steps_per_s = NAN, put_both("bad_heartbeat_nan", &m, FUZZ_LIM_PLAN);
     mk_hello(&m, 0), m.hello.num_fragments = 5, put_both("bad_hello_held_count", &m, FUZZ_LIM_PLAN);

@@ -1,0 +1,268 @@
+/* Tests of the config table (core/config.c): --help's layout and bounds,
+ * units, dash/underscore names, --print-config's INI round trip (quoting,
+ * sections), refusals that name the option, the shared INI line reader. */
+#include "core/config.h"
+
+#include "core/err.h"
+#include "tests/check.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    int64_t vocab, grace_cap_ms, big, chunk_kb, steps;
+    double gamma, rate_per_s;
+    char path[DL_CFG_STRLEN], note[DL_CFG_STRLEN], level[DL_CFG_STRLEN];
+    int flag;
+    int64_t net_port;
+    char net_host[DL_CFG_STRLEN];
+} cfg;
+
+#define F(x) offsetof(cfg, x)
+static const dl_cfg_entry table[] = {
+    {"vocab", DL_CFG_INT, F(vocab), 2, 16777216, "256", NULL, 0, "vocabulary"},
+    {"grace_cap_ms", DL_CFG_INT, F(grace_cap_ms), 1, 86400000, "5000", NULL, 1, "grace window cap"},
+    {"big", DL_CFG_INT, F(big), 0, 9.2e18, "1", NULL, 0, "a seed"},
+    {"chunk_kb", DL_CFG_INT, F(chunk_kb), 4, 65536, "1024", NULL, 0, "chunk"},
+    {"steps", DL_CFG_INT, F(steps), 1, 1000, "10", NULL, 0, "inner steps", "steps"},
+    {"gamma", DL_CFG_FLOAT, F(gamma), 1e-6, 10, "0.5", NULL, 1, "fraction"},
+    {"rate_per_s", DL_CFG_FLOAT, F(rate_per_s), 0, 1e9, "20", NULL, 0, "rate"},
+    {"path", DL_CFG_STR, F(path), 0, 0, "runs/x.lmdb", NULL, 0, "a path"},
+    {"note", DL_CFG_STR, F(note), 0, 0, "", NULL, 0, "free text"},
+    {"log_level", DL_CFG_ENUM, F(level), 0, 0, "info", "debug|info|warn|error", 0, "verbosity"},
+    {"flag", DL_CFG_BOOL, F(flag), 0, 0, "false", NULL, 1, "a switch"},
+    {"net.port", DL_CFG_INT, F(net_port), 1, 65535, "5555", NULL, 0, "port"},
+    {"net.host", DL_CFG_STR, F(net_host), 0, 0, "127.0.0.1", NULL, 0, "host"},
+};
+#undef F
+#define N (sizeof table / sizeof table[0])
+
+static char dir[] = "/tmp/test_config.XXXXXX";
+
+static char *print_of(const cfg *c)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    dl_cfg_print(table, N, c, m);
+    fclose(m);
+    return text;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    REQUIRE(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+static int parse(cfg *c, int argc, const char **argv) { return dl_cfg_parse_args(table, N, c, argc, (char **)argv); }
+
+static void test_usage(void)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    dl_cfg_usage(table, N, m);
+    fclose(m);
+    CHECK(strstr(text, "range 2 .. 16777216") != NULL, "integer bounds in full:\n%s", text);
+    CHECK(strstr(text, "range 0 .. 9200000000000000000") != NULL, "a large integer bound in full");
+    CHECK(strstr(text, "e+") == NULL, "no exponent in integer bounds");
+    CHECK(strstr(text, "range 1e-6 .. 10") != NULL, "float bounds short");
+    CHECK(strstr(text, "range 0 .. 1e9") != NULL, "float bounds short");
+    CHECK(strstr(text, "--grace_cap_ms <int, ms>") != NULL, "unit from _ms");
+    CHECK(strstr(text, "--chunk_kb <int, KiB>") != NULL, "unit from _kb");
+    CHECK(strstr(text, "--rate_per_s <float, 1/s>") != NULL, "unit from _per_s");
+    CHECK(strstr(text, "--steps <int, steps>") != NULL, "explicit unit");
+    CHECK(strstr(text, "one of debug|info|warn|error") != NULL, "choices");
+    /* every option with its default and whether it reloads */
+    for (size_t i = 0; i < N; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "--%s <", table[i].name);
+        const char *at = strstr(text, want);
+        CHECK(at != NULL, "usage lists %s", table[i].name);
+        if (!at) continue;
+        const char *nl = strchr(at, '\n');
+        const char *nl2 = nl ? strchr(nl + 1, '\n') : NULL;
+        CHECK(nl && nl2 && strstr(nl, "default ") && strstr(nl, "default ") < nl2, "%s: default on its line",
+              table[i].name);
+        const char *r = strstr(nl, table[i].reloadable ? "reloadable (SIGHUP)" : "restart to change");
+        CHECK(r && r < nl2, "%s: reloadable %d shown", table[i].name, table[i].reloadable);
+    }
+    free(text);
+}
+
+static void test_names(void)
+{
+    cfg c;
+    const char *a1[] = {"p", "--log-level", "debug", "--grace-cap-ms=7", "--log_level=warn"};
+    CHECK_EQ(parse(&c, 5, a1), 0);
+    CHECK(!strcmp(c.level, "warn") && c.grace_cap_ms == 7, "dash and underscore are one: %s %lld", c.level,
+          (long long)c.grace_cap_ms);
+    const char *a2[] = {"p", "--print-config", "--flag"};
+    CHECK_EQ(parse(&c, 3, a2), DL_CFG_PRINT);
+    CHECK_EQ(c.flag, 1);
+    const char *a3[] = {"p", "--print_config"};
+    CHECK_EQ(parse(&c, 2, a3), DL_CFG_PRINT);
+    const char *a4[] = {"p", "--print-config", "--vocab", "1"};
+    CHECK(parse(&c, 4, a4) == DL_ERANGE, "an invalid config is refused even with --print-config");
+    const char *a5[] = {"p", "--help"};
+    CHECK_EQ(parse(&c, 2, a5), DL_CFG_HELP);
+}
+
+/* A refusal names the option (and the bounds); file errors name path:line. */
+static void refused(const char *flag, const char *value, int want_rc, const char *want_msg)
+{
+    cfg c;
+    const char *argv[] = {"p", flag, value};
+    int rc = parse(&c, 3, argv);
+    CHECK(rc == want_rc && strstr(dl_errmsg(), want_msg), "%s %s: rc %d, '%s' (want %d, '%s')", flag, value, rc,
+          dl_errmsg(), want_rc, want_msg);
+}
+
+static void test_refusals(void)
+{
+    refused("--vocab", "1", DL_ERANGE, "option vocab: 1 out of range [2, 16777216]");
+    refused("--vocab", "12x", DL_EINVAL, "option vocab: '12x' is not an integer");
+    refused("--gamma", "nan", DL_EINVAL, "option gamma: 'nan' is not a finite number");
+    refused("--gamma", "11", DL_ERANGE, "option gamma: 11 out of range [1e-6, 10]");
+    refused("--log-level", "loud", DL_EINVAL, "option log_level: 'loud' is not one of debug|info|warn|error");
+    refused("--flag", "maybe", DL_EINVAL, "unexpected argument 'maybe'");
+    refused("--flag=maybe", "--flag", DL_EINVAL, "option flag: 'maybe' is not a boolean");
+    refused("--nosuch", "1", DL_EINVAL, "unknown option '--nosuch'");
+    char path[300], arg[320];
+    snprintf(path, sizeof path, "%s/bad.ini", dir);
+    write_file(path, "vocab = 300\n\n[net]\nport = 70000\n");
+    snprintf(arg, sizeof arg, "--config=%s", path);
+    cfg c;
+    const char *argv[] = {"p", arg};
+    int rc = parse(&c, 2, argv);
+    char want[400];
+    snprintf(want, sizeof want, "%s:4: option net.port: 70000 out of range [1, 65535]", path);
+    CHECK(rc == DL_ERANGE && strstr(dl_errmsg(), want), "file error names path:line and option: %s", dl_errmsg());
+    write_file(path, "note = \"unclosed\n");
+    CHECK(parse(&c, 2, argv) == DL_EINVAL && strstr(dl_errmsg(), ":1: note: unbalanced quotes"), "%s", dl_errmsg());
+}
+
+/* print -> load -> print is the same text, whatever the strings hold. */
+static void test_round_trip(void)
+{
+    static const char *notes[] = {"",           "plain",        " leading space", "trailing space ",
+                                  "has # hash", "semi; colon",  "a \"quote\"",    "back\\slash",
+                                  "\"",         "tab\there",    "new\nline",      "= equals = sign"};
+    char path[300], arg[320];
+    snprintf(path, sizeof path, "%s/rt.ini", dir);
+    snprintf(arg, sizeof arg, "--config=%s", path);
+    for (size_t k = 0; k < sizeof notes / sizeof notes[0]; k++) {
+        cfg a, b;
+        const char *argv[] = {"p", "--note", notes[k], "--net.host", "h o#st", "--gamma", "0.1", "--flag"};
+        REQUIRE(parse(&a, 8, argv) == 0, "%s", dl_errmsg());
+        char *t1 = print_of(&a);
+        write_file(path, t1);
+        const char *argv2[] = {"p", arg};
+        int rc = parse(&b, 2, argv2);
+        CHECK(rc == 0, "printed config loads: %s\n%s", dl_errmsg(), t1);
+        char *t2 = print_of(&b);
+        CHECK(!strcmp(t1, t2), "round trip of note '%s':\n%s---\n%s", notes[k], t1, t2);
+        CHECK(!strcmp(b.note, notes[k]), "note read back: '%s' vs '%s'", b.note, notes[k]);
+        free(t1);
+        free(t2);
+    }
+    cfg a;
+    const char *argv[] = {"p"};
+    REQUIRE(parse(&a, 1, argv) == 0, "%s", dl_errmsg());
+    char *t = print_of(&a);
+    CHECK(strstr(t, "vocab = 256\n") == t, "flat keys first:\n%s", t);
+    CHECK(strstr(t, "\n[net]\nport = 5555\nhost = 127.0.0.1\n") != NULL, "a section for dotted names:\n%s", t);
+    CHECK(strstr(t, "note = \"\"\n") != NULL, "empty string quoted");
+    CHECK(strstr(t, "gamma = 0.5\n") != NULL, "float");
+    free(t);
+    /* floats print exactly and short */
+    const char *fa[] = {"p", "--gamma", "0.1234567891234567", "--rate_per_s", "0.7"};
+    REQUIRE(parse(&a, 5, fa) == 0, "%s", dl_errmsg());
+    t = print_of(&a);
+    CHECK(strstr(t, "gamma = 0.1234567891234567\n") != NULL && strstr(t, "rate_per_s = 0.7\n") != NULL,
+          "floats exact and short:\n%s", t);
+    free(t);
+}
+
+static void test_ini_reader(void)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/r.ini", dir);
+    write_file(path, "# comment\n  ; another\n[ s x ] # c\nk = v ; c\nq = \"a # b ; c\" # c\n\n");
+    dl_ini r;
+    REQUIRE(dl_ini_open(&r, path) == 0, "%s", dl_errmsg());
+    char *a = NULL, *b = NULL;
+    CHECK(dl_ini_next(&r, &a, &b) == DL_INI_SECTION && !strcmp(a, "s x") && r.line == 3, "section '%s'", a);
+    CHECK(dl_ini_next(&r, &a, &b) == DL_INI_KEY && !strcmp(a, "k") && !strcmp(b, "v"), "k = '%s'", b);
+    CHECK(dl_ini_next(&r, &a, &b) == DL_INI_KEY && !strcmp(a, "q") && !strcmp(b, "a # b ; c"), "q = '%s'", b);
+    CHECK(dl_ini_next(&r, &a, &b) == DL_INI_END, "end");
+    dl_ini_close(&r);
+    dl_ini_close(&r); /* safe twice */
+    CHECK(dl_ini_open(&r, "/nonexistent/x.ini") == DL_EIO && strstr(dl_errmsg(), "/nonexistent/x.ini"), "%s",
+          dl_errmsg());
+}
+
+/* The reload plan: reloadable values come from the fresh parse, restart-only
+ * ones stay at the running values (reported as ignored), and a later reload
+ * compares against what runs, never against an ignored value. */
+static void test_reload_plan(void)
+{
+    cfg run, fresh, cand;
+    unsigned char what[N];
+    char diff[256];
+    const char *start[] = {"p", "--vocab", "300"};
+    REQUIRE(parse(&run, 3, start) == 0, "%s", dl_errmsg());
+    /* file 1: grace_cap_ms (reloadable) and chunk_kb (restart-only) change */
+    const char *f1[] = {"p", "--vocab", "300", "--grace_cap_ms", "4000", "--chunk_kb", "64"};
+    REQUIRE(parse(&fresh, 7, f1) == 0, "%s", dl_errmsg());
+    cand = run;
+    CHECK_EQ(dl_cfg_reload_plan(table, N, &run, &fresh, &cand, what), 1);
+    CHECK_EQ(cand.grace_cap_ms, 4000);
+    CHECK(cand.chunk_kb == 1024, "restart-only value kept at the running one: %lld", (long long)cand.chunk_kb);
+    CHECK_EQ(dl_cfg_diff(table, N, what, DL_CFG_APPLY, &run, &cand, diff, sizeof diff), 1);
+    CHECK(!strcmp(diff, "grace_cap_ms 5000 -> 4000"), "applied diff '%s'", diff);
+    CHECK_EQ(dl_cfg_diff(table, N, what, DL_CFG_IGNORE, &run, &fresh, diff, sizeof diff), 1);
+    CHECK(!strcmp(diff, "chunk_kb 1024 -> 64"), "ignored diff '%s'", diff);
+    run = cand; /* applied */
+    /* file 2: chunk_kb gone again, gamma changes: nothing phantom about chunk_kb */
+    const char *f2[] = {"p", "--vocab", "300", "--grace_cap_ms", "4000", "--gamma", "0.25"};
+    REQUIRE(parse(&fresh, 7, f2) == 0, "%s", dl_errmsg());
+    cand = run;
+    CHECK_EQ(dl_cfg_reload_plan(table, N, &run, &fresh, &cand, what), 1);
+    CHECK_EQ(dl_cfg_diff(table, N, what, DL_CFG_IGNORE, &run, &fresh, diff, sizeof diff), 0);
+    CHECK_EQ(dl_cfg_diff(table, N, what, DL_CFG_APPLY, &run, &cand, diff, sizeof diff), 1);
+    CHECK(!strcmp(diff, "gamma 0.5 -> 0.25"), "only the real change: '%s'", diff);
+    /* nothing changes: nothing applied, nothing ignored */
+    run = cand;
+    CHECK_EQ(dl_cfg_reload_plan(table, N, &run, &fresh, &cand, what), 0);
+    for (size_t i = 0; i < N; i++) CHECK(what[i] == DL_CFG_KEEP, "%s kept", table[i].name);
+    /* strings and booleans are copied whole */
+    const char *f3[] = {"p", "--vocab", "300", "--flag", "--note", "x y"};
+    REQUIRE(parse(&fresh, 6, f3) == 0, "%s", dl_errmsg());
+    cand = run;
+    CHECK_EQ(dl_cfg_reload_plan(table, N, &run, &fresh, &cand, what), 3);
+    CHECK(cand.flag == 1 && !strcmp(cand.note, ""), "flag applied (%d), note restart-only kept ('%s')", cand.flag,
+          cand.note);
+}
+
+int main(void)
+{
+    REQUIRE(mkdtemp(dir), "mkdtemp");
+    test_usage();
+    test_names();
+    test_refusals();
+    test_round_trip();
+    test_ini_reader();
+    test_reload_plan();
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) printf("note: could not remove %s\n", dir);
+    printf("test_config: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}
