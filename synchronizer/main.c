@@ -35,6 +35,7 @@ typedef struct {
     double norm_k, norm_param_ratio, param_abs_max, max_step_rate;
     int64_t norm_window, norm_min_history, step_slack, max_batch;
     char norm_action[DL_CFG_STRLEN];
+    char metrics[DL_CFG_STRLEN];
 } sync_cfg;
 
 #define F(x) offsetof(sync_cfg, x)
@@ -122,6 +123,9 @@ static const dl_cfg_entry table[] = {
     {"log_level", DL_CFG_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error", 0, "log verbosity"},
     {"events", DL_CFG_STR, F(events), 0, 0, "", NULL, 0,
      "append machine-readable events (logfmt, docs/EVENTS.md) to this file; empty = off"},
+    {"metrics", DL_CFG_STR, F(metrics), 0, 0, "auto", NULL, 0,
+     "HTTP /metrics (Prometheus) and /status.json on HOST:PORT; auto = " DL_SYNC_METRICS_DEFAULT
+     ", or an ephemeral loopback port when that is busy; off = none (docs/OPERATING.md)"},
 };
 #undef F
 #define NCFG (sizeof table / sizeof table[0])
@@ -274,6 +278,7 @@ int main(int argc, char **argv)
     sc.chunk_bytes = (uint64_t)c.chunk_kb << 10;
     sc.pool_bytes = (uint64_t)c.pool_mb << 20;
     sc.slow_reader_ms = (int)c.slow_reader_ms;
+    snprintf(sc.metrics, sizeof sc.metrics, "%s", c.metrics);
     /* the whole effective config, however long, as the store's audit record */
     char *config_text = NULL;
     size_t config_len = 0;

@@ -153,7 +153,9 @@ static void *worker_main(void *arg)
         w->todo_head = j->next;
         if (!w->todo_head) w->todo_tail = NULL;
         pthread_mutex_unlock(&w->mu);
+        int64_t t0 = dl_clock_ns();
         run(w, j);
+        j->work_s = (double)(dl_clock_ns() - t0) * 1e-9;
         pthread_mutex_lock(&w->mu);
         j->next = NULL;
         if (w->done_tail) w->done_tail->next = j;

@@ -1,6 +1,7 @@
 /* dloco: the operator command. check (offline store verification), status
  * (versions, merges, ledger, learners), eval (validation loss of the global
  * model in a store), plan (a model's fragments). Read-only: safe while a synchronizer runs. */
+#include "core/clock.h"
 #include "core/config.h"
 #include "core/err.h"
 #include "core/log.h"
@@ -11,6 +12,7 @@
 #include "learner/gpt.h"
 #include "proto/auth.h"
 #include "storage/store.h"
+#include "tools/status.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -28,8 +30,11 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: dloco COMMAND STORE [options]\n"
                "  check  STORE                 verify a store offline (exit 1 on the first violation)\n"
-               "  status STORE                 run, epoch, store sizes, fragment versions, merges, token ledger,\n"
-               "                               learners\n"
+               "  status ADDR|STORE [--json] [--watch [SECONDS]]\n"
+               "                               learners, fragments, token ledger, global validation loss: of a\n"
+               "                               running synchronizer (ADDR = HOST:PORT of its --metrics) or of a\n"
+               "                               store (run, epoch, store sizes, versions, merges too);\n"
+               "                               --json one document (docs/OPERATING.md), --watch refreshes\n"
                "  records STORE                one line per merge contribution: fragment version learner decision\n"
                "                               staleness tokens weight\n"
                "  eval   STORE [--data PATH] [--batch B] [--val_batches N] [--val_frac F]\n"
@@ -98,13 +103,17 @@ static int count_merge(const dl_merge_record *r, void *ctx)
 static int print_learner(const dl_store_learner *l, void *ctx)
 {
     (void)ctx;
-    printf("learner %s: pushes %llu merged %llu dropped %llu tokens_applied %llu bytes_in %llu bytes_out %llu\n", l->id,
-           (unsigned long long)l->pushes, (unsigned long long)l->merged, (unsigned long long)l->dropped,
-           (unsigned long long)l->tokens_applied, (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out);
+    printf("learner %s: pushes %llu merged %llu dropped %llu rejected %llu tokens_applied %llu bytes_in %llu bytes_out "
+           "%llu step %llu tokens %llu\n",
+           l->id, (unsigned long long)l->pushes, (unsigned long long)l->merged, (unsigned long long)l->dropped,
+           (unsigned long long)l->rejected, (unsigned long long)l->tokens_applied, (unsigned long long)l->bytes_in,
+           (unsigned long long)l->bytes_out, (unsigned long long)l->step, (unsigned long long)l->tokens);
     return 0;
 }
 
-static int cmd_status(const char *dir)
+/* `dloco status STORE` as text (tools/status.c has the rest of status). */
+int dl_status_store_text(const char *dir);
+int dl_status_store_text(const char *dir)
 {
     dl_store_opts o = dl_store_opts_default();
     o.read_only = 1;
@@ -148,17 +157,20 @@ static int cmd_status(const char *dir)
     dl_store_ledger led;
     /* Each push reports the tokens behind one fragment's delta, so the ledger
      * counts fragment-tokens: a token a learner trained on appears once per
-     * fragment. Divided by P it reads in tokens. */
-    if (!dl_store_ledger_get(s, &led)) {
-        double P = run.n_fragments ? (double)run.n_fragments : 1.0;
-        printf("token ledger (tokens; fragment-tokens / %u): applied %.0f, dropped_stale %.0f, rejected %.0f, lost %.0f, "
-               "discarded %.0f, outstanding %.0f\n",
-               run.n_fragments, (double)led.tokens[DL_LEDGER_APPLIED] / P,
-               (double)led.tokens[DL_LEDGER_DROPPED_STALE] / P, (double)led.tokens[DL_LEDGER_REJECTED] / P,
-               (double)led.tokens[DL_LEDGER_LOST] / P, (double)led.tokens[DL_LEDGER_DISCARDED] / P,
-               (double)led.tokens[DL_LEDGER_OUTSTANDING] / P);
-    }
+     * fragment. The one unit everywhere (check, status, metrics, events),
+     * printed exact and named. */
+    if (!dl_store_ledger_get(s, &led))
+        printf("token ledger (fragment-tokens): applied %llu, dropped_stale %llu, rejected %llu, lost %llu, "
+               "discarded %llu, outstanding %llu\n",
+               (unsigned long long)led.tokens[DL_LEDGER_APPLIED], (unsigned long long)led.tokens[DL_LEDGER_DROPPED_STALE],
+               (unsigned long long)led.tokens[DL_LEDGER_REJECTED], (unsigned long long)led.tokens[DL_LEDGER_LOST],
+               (unsigned long long)led.tokens[DL_LEDGER_DISCARDED],
+               (unsigned long long)led.tokens[DL_LEDGER_OUTSTANDING]);
     dl_store_foreach_learner(s, print_learner, NULL);
+    dl_store_eval ev;
+    if (dl_store_get_eval(s, &ev) == 0)
+        printf("global validation loss %.4f at total version %llu (%u sequences, %.0f s ago)\n", ev.loss,
+               (unsigned long long)ev.version, ev.seqs, (double)(dl_wallclock_ns() - ev.wallclock_ns) * 1e-9);
     dl_store_close(&s);
     return 0;
 }
@@ -380,7 +392,7 @@ int main(int argc, char **argv)
         }
         return 0;
     }
-    if (!strcmp(cmd, "status")) return cmd_status(dir);
+    if (!strcmp(cmd, "status")) return dl_status_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "records")) return cmd_records(dir);
     if (!strcmp(cmd, "eval")) return cmd_eval(dir, argc - 2, argv + 2);
     if (!strcmp(cmd, "keygen")) return cmd_keygen(dir);
