@@ -13,6 +13,7 @@
 #include "proto/auth.h"
 #include "proto/wire.h"
 #include "storage/store.h"
+#include "synchronizer/evalthread.h"
 #include "synchronizer/metrics.h"
 #include "synchronizer/registry.h"
 #include "synchronizer/report.h"
@@ -147,6 +148,8 @@ struct dl_sync {
     dl_httpd *httpd;         /* NULL: metrics = off */
     dl_httpd_pages *pages;
     ev_timer publish;
+    dl_evalthread *evalt;    /* NULL: periodic evaluation off */
+    ev_timer eval_timer;
     uint64_t known_learners; /* learner records in the store, counted at start and as new ids are put */
 };
 
@@ -1488,6 +1491,76 @@ static void maybe_finish(dl_sync *s)
     if (dl_worker_inflight(s->worker) == 0) ev_break(s->loop, EVBREAK_ALL);
 }
 
+static void wake_loop(void *ctx);
+
+/* A finished periodic evaluation: event, metric, and the store's record. */
+static void eval_poll(dl_sync *s)
+{
+    dl_store_eval r;
+    int ok = 0;
+    char err[320];
+    if (!s->evalt || !dl_evalthread_take(s->evalt, &r, &ok, err, sizeof err)) return;
+    if (!ok) {
+        char eb[400];
+        DL_WARN("periodic evaluation failed: %s", err);
+        dl_event("eval_failed", "reason=%s", dl_event_str(err, eb, sizeof eb));
+        return;
+    }
+    s->met.has_eval = 1;
+    s->met.evals++;
+    s->met.eval_version = r.version;
+    s->met.eval_loss = r.loss;
+    s->met.eval_seqs = (int)r.seqs;
+    s->met.eval_wall = r.wallclock_ns;
+    DL_INFO("global model at total version %llu: val loss %.4f (%u sequences)", (unsigned long long)r.version, r.loss,
+            r.seqs);
+    dl_event("eval", "version=%llu loss=%.6f seqs=%u", (unsigned long long)r.version, r.loss, r.seqs);
+    if (s->stopping) return;
+    dl_job *j = dl_job_new(DL_JOB_EVAL);
+    j->erec = r;
+    submit(s, j);
+}
+
+static void on_eval_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    dl_sync *s = w->data;
+    if (!s->stopping && dl_evalthread_request(s->evalt)) DL_DEBUG("periodic evaluation still running: this one skipped");
+}
+
+/* eval_every_s > 0: the evaluation thread over this store; a data file that
+ * cannot be read is a warning (the default is on), not a start-up error. */
+static void open_eval(dl_sync *s)
+{
+    dl_store_eval last;
+    if (dl_store_get_eval(s->store, &last) == 0) {
+        s->met.has_eval = 1;
+        s->met.eval_version = last.version;
+        s->met.eval_loss = last.loss;
+        s->met.eval_seqs = (int)last.seqs;
+        s->met.eval_wall = last.wallclock_ns;
+    }
+    if (s->cfg.eval_every_s <= 0) return;
+    if (s->cfg.shards > 1) {
+        DL_INFO("periodic evaluation off: shard %d of %d holds only its own fragments", s->cfg.shard, s->cfg.shards);
+        return;
+    }
+    dl_evaluate_opts o = {.data = s->cfg.eval_data,
+                          .val_frac = s->cfg.eval_val_frac,
+                          .batch = s->cfg.eval_batch > 0 ? s->cfg.eval_batch : 8,
+                          .seqs = s->cfg.eval_seqs > 0 ? s->cfg.eval_seqs : 256};
+    if (dl_evalthread_open(&s->cfg.model, s->plan, s->store, &o, s->cfg.eval_threads, wake_loop, s, &s->evalt)) {
+        char eb[400];
+        DL_WARN("periodic evaluation off: %s (option eval_data)", dl_errmsg());
+        dl_event("eval_failed", "reason=%s", dl_event_str(dl_errmsg(), eb, sizeof eb));
+        return;
+    }
+    ev_timer_init(&s->eval_timer, on_eval_timer, s->cfg.eval_every_s, s->cfg.eval_every_s);
+    s->eval_timer.data = s;
+    ev_timer_start(s->loop, &s->eval_timer);
+}
+
 static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
 {
     (void)loop;
@@ -1503,6 +1576,7 @@ static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
         }
         dl_job_free(j);
     }
+    eval_poll(s);
     schedule(s);
     serve_all_owed(s); /* what merges made owed, and what drained queues have room for now */
     drain(s);
@@ -2090,6 +2164,7 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
 
     s->started_ns = s->last_sync_ns = dl_clock_ns();
     dl_store_foreach_learner(s->store, count_learner, &s->known_learners);
+    open_eval(s);
     if ((rc = open_metrics(s))) goto fail;
     DL_INFO("run '%s' epoch %llu: %s (%d fragments, %zu params, fingerprint %016llx), listening on %s",
             s->cfg.run_id, (unsigned long long)s->epoch, total_v ? "resumed" : "new run", P,
@@ -2142,6 +2217,7 @@ void dl_sync_close(dl_sync **sp)
 {
     if (!sp || !*sp) return;
     dl_sync *s = *sp;
+    dl_evalthread_close(&s->evalt); /* before the store and the loop it reads and wakes */
     dl_httpd_close(&s->httpd); /* its thread reads only the pages */
     dl_httpd_pages_free(&s->pages);
     dl_syncmet_free(&s->met);

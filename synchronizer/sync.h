@@ -50,6 +50,14 @@ typedef struct {
                                      gets one whole fragment at a time when its queue is empty) */
     int slow_reader_ms;      /* a learner whose queue makes no progress this long is dropped */
     dl_guard_cfg guard;      /* counters, replays, value guards */
+    /* periodic evaluation of the global model (synchronizer/evalthread.h); off with shards > 1 (a shard
+       holds only its fragments) */
+    int eval_every_s;        /* 0 = off */
+    int eval_seqs;           /* validation sequences per evaluation */
+    int eval_batch;          /* sequences per forward pass */
+    int eval_threads;        /* OpenMP threads of the evaluation thread */
+    double eval_val_frac;    /* the learners' validation fraction */
+    char eval_data[256];     /* the run's data; one that cannot be read turns evaluation off with a warning */
     char metrics[256];       /* HTTP /metrics + /status.json: "HOST:PORT", "auto" (DL_SYNC_METRICS_DEFAULT, or an
                                 ephemeral loopback port when that one is busy), "" or "off" = none */
     const char *config_text; /* the effective config text, recorded in the store as an audit record (nothing

@@ -62,6 +62,7 @@ static const char *job_name(dl_job_kind k)
     case DL_JOB_LEARNER_PUT: return "registry write";
     case DL_JOB_LEDGER: return "ledger write";
     case DL_JOB_SYNC: return "sync";
+    case DL_JOB_EVAL: return "evaluation record";
     }
     return "?";
 }
@@ -86,6 +87,7 @@ static int store_write(dl_worker *w, dl_job *j)
         case DL_JOB_LEARNER_PUT: rc = dl_store_learner_put(w->store, &j->lrec); break;
         case DL_JOB_LEDGER: rc = dl_store_ledger_add(w->store, &j->ledger); break;
         case DL_JOB_SYNC: rc = dl_store_sync(w->store); break;
+        case DL_JOB_EVAL: rc = dl_store_put_eval(w->store, &j->erec); break;
         }
         if (rc != DL_EAGAIN || j->retries >= WRITE_RETRIES) return rc;
         j->retries++;

@@ -26,7 +26,8 @@ command -v curl > /dev/null || { echo "SKIP: curl not installed"; exit 0; }
 EV="$W/events-sync.log"
 # the outer step of $OUTER, from the file (a flag would override the file on reload too)
 printf 'outer_lr = 1\nouter_momentum = 0\nquorum = 1\n' > "$W/sync.ini"
-start_sync sync --config "$W/sync.ini"
+EVAL="--eval_every_s 1 --eval_data $W/corpus.txt --eval_seqs 64 --eval_batch 8"
+start_sync sync --config "$W/sync.ini" $EVAL
 MA=$(ev_last "$EV" metrics_listen addr)
 check "synchronizer wrote metrics_listen with HOST:PORT" [ -n "$MA" ]
 start_learner a --steps 100000000 --throttle 0.3; LA=$LPID
@@ -99,7 +100,20 @@ check "merges_total equals the merge events once quiesced" \
 check "merged contributions equal the merge_contrib events" \
   [ "$(metric "$W/q.prom" dloco_sync_merged_contributions_total)" = "$(ev_count "$EV" merge_contrib)" ]
 failed_contribs=$(metric "$W/q.prom" 'dloco_sync_pushes_rejected_total{reason="merge_failed"}')
+# periodic evaluation: once quiesced it reports the final model, with the loss `dloco eval` computes
+vsum=$(awk '$1 ~ /^dloco_sync_fragment_version[{]/ { s += $2 } END { print s }' "$W/q.prom")
+wait_until 20 "ev_has '$EV' eval version=$vsum" || die "no evaluation of the final version $vsum"
+check "eval events carry loss and seqs=64" [ "$(ev_last "$EV" eval seqs version=$vsum)" = 64 ]
+el=$(ev_last "$EV" eval loss version=$vsum)
+dl=$("$DLOCO" eval "$W/store" --data "$W/corpus.txt" --batch 8 --val_batches 8 | sed -E 's/.*val loss ([0-9.]+).*/\1/')
+check "the synchronizer's eval loss $el is dloco eval's $dl" awk -v a="$el" -v b="$dl" 'BEGIN { d = a - b; exit !(d < 1e-3 && d > -1e-3) }'
+sleep 1.2; scrape "$MA" "$W/e.prom"
+check "eval loss in /metrics" [ "$(metric "$W/e.prom" dloco_sync_eval_loss)" != absent ]
+"$DLOCO" status "$MA" --json > "$W/e.json"
+check "eval in /status.json" pyj 'd["eval"] is not None and d["eval"]["seqs"] == 64 and d["eval"]["loss"] > 0' "$W/e.json"
 stop_sync
+"$DLOCO" status "$W/store" --json > "$W/e2.json"
+check "the last evaluation is in the store: offline status shows it" pyj 'd["eval"] is not None and d["eval"]["seqs"] == 64' "$W/e2.json"
 for id in a b; do
   lr=$(ev_last "$W/events-$id.log" learner_summary rejected)
   sr=$(ev_last "$EV" sync_learner rejected id=$id)

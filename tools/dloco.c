@@ -9,6 +9,7 @@
 #include "core/plan.h"
 #include "core/shard.h"
 #include "learner/data.h"
+#include "learner/evaluate.h"
 #include "learner/gpt.h"
 #include "proto/auth.h"
 #include "storage/store.h"
@@ -231,8 +232,7 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     if ((rc = dl_store_open(dir, &o, &s))) return fail("opening the store", rc);
     dl_store_run run;
     dl_plan *plan = NULL;
-    dl_gpt *g = NULL;
-    dl_data *d = NULL;
+    dl_evaluate *ev = NULL;
     if ((rc = dl_store_get_run(s, &run)) || (rc = dl_model_plan_open(&run.model, (int)run.n_fragments, &plan))) {
         dl_store_close(&s);
         return fail("reading the run", rc);
@@ -244,35 +244,18 @@ static int cmd_eval(const char *dir, int argc, char **argv)
         dl_store_close(&s);
         return fail("reading the run", dl_err(DL_EMISMATCH, "model config in the store does not match its fingerprint"));
     }
-    if ((rc = dl_gpt_open(&m, (int)ec.batch, &g))) goto out;
-    float *params = dl_gpt_params(g);
-    float *buf = dl_xmalloc(dl_plan_max_fragment_numel(plan) * sizeof(float));
+    /* the synchronizer's periodic evaluation runs the same code (learner/evaluate.h) */
+    dl_evaluate_opts eo = {.data = ec.data, .val_frac = ec.val_frac, .batch = (int)ec.batch,
+                           .seqs = (int)(ec.batch * ec.val_batches)};
     uint64_t vsum = 0;
-    for (int p = 0; p < P && !rc; p++) {
-        uint64_t v;
-        rc = dl_store_read_fragment(s, (uint32_t)p, &v, buf, NULL);
-        if (!rc) dl_plan_scatter(plan, p, buf, params);
-        vsum += v;
-    }
-    free(buf);
-    if (rc) goto out;
-    dl_data_opts dop = {.path = ec.data, .format = "auto", .seq_len = m.seq_len, .vocab = m.vocab,
-                        .val_frac = ec.val_frac, .seed = 0};
-    if ((rc = dl_data_open(&dop, &d))) goto out;
-    int B = (int)ec.batch, T = m.seq_len;
-    int32_t *inp = dl_xmalloc(sizeof(int32_t) * B * T), *tgt = dl_xmalloc(sizeof(int32_t) * B * T);
-    double sum = 0;
-    for (int i = 0; i < ec.val_batches; i++) {
-        dl_data_val_batch(d, (uint64_t)i, B, inp, tgt);
-        sum += dl_gpt_forward(g, inp, tgt, B, T);
-    }
-    free(inp);
-    free(tgt);
+    double loss = 0;
+    if ((rc = dl_evaluate_open(&m, &eo, &ev)) || (rc = dl_evaluate_load(ev, s, plan, &vsum)) ||
+        (rc = dl_evaluate_run(ev, &loss)))
+        goto out;
     printf("global model: run %s, %d fragments at total version %llu, val loss %.4f (%lld batches of %d x %d)\n",
-           run.run_id, P, (unsigned long long)vsum, sum / ec.val_batches, (long long)ec.val_batches, B, T);
+           run.run_id, P, (unsigned long long)vsum, loss, (long long)ec.val_batches, (int)ec.batch, m.seq_len);
 out:
-    dl_data_close(&d);
-    dl_gpt_close(&g);
+    dl_evaluate_close(&ev);
     dl_plan_close(&plan);
     dl_store_close(&s);
     return rc ? fail("eval", rc) : 0;
