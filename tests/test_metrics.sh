@@ -117,7 +117,7 @@ check "the last evaluation is in the store: offline status shows it" pyj 'd["eva
 for id in a b; do
   lr=$(ev_last "$W/events-$id.log" learner_summary rejected)
   sr=$(ev_last "$EV" sync_learner rejected id=$id)
-  check "learner $id: rejected pushes $lr (learner) = $sr (synchronizer)" [ -n "$lr" ] && [ "$lr" = "$sr" ]
+  check "learner $id: rejected pushes $lr (learner) = $sr (synchronizer)" [ -n "$lr" -a "$lr" = "$sr" ]
 done
 check "the synchronizer's summary counts the failed merges' pushes ($failed_contribs)" \
   [ "$(ev_last "$EV" sync_summary rejected)" -ge "$failed_contribs" ]
@@ -142,7 +142,8 @@ check "learner a's pushes continue from the store's $pa after the restart" \
 BP=$!; PIDS+=("$BP")
 wait_pid 30 "$BP"; brc=$?
 check "explicit busy --metrics address: start-up error naming the option (exit $brc)" \
-  [ "$brc" != 0 ] && grep -q "option metrics" "$W/busy.log"
+  grep -q "option metrics" "$W/busy.log"
+check "... and it exits non-zero" [ "$brc" != 0 ]
 wait_pid 120 "$LA"
 stop_sync
 [ $fail = 0 ] && echo "test_metrics: all checks passed" || echo "test_metrics: FAILED"
