@@ -1711,11 +1711,12 @@ static void on_status(struct ev_loop *loop, ev_timer *w, int revents)
     DL_INFO("status: %s", line);
     dl_event("sync_status",
              "live=%d dead=%d left=%d merges=%llu pool_bytes=%llu pool_max_bytes=%llu busy_refused=%llu "
-             "outbound_bytes=%llu jobs=%d drain_yields=%llu store_file_bytes=%llu store_live_bytes=%llu",
+             "outbound_bytes=%llu jobs=%d drain_yields=%llu store_file_bytes=%llu store_live_bytes=%llu known=%llu",
              st.live, st.dead, st.left, (unsigned long long)st.merges, (unsigned long long)st.pool_bytes,
              (unsigned long long)st.pool_max, (unsigned long long)st.busy_refused,
              (unsigned long long)st.outbound_attached, st.jobs_inflight, (unsigned long long)st.drain_yields,
-             (unsigned long long)st.store_file_bytes, (unsigned long long)st.store_live_bytes);
+             (unsigned long long)st.store_file_bytes, (unsigned long long)st.store_live_bytes,
+             (unsigned long long)st.known_learners);
 }
 
 static void on_stop(struct ev_loop *loop, ev_signal *w, int revents)

@@ -76,6 +76,9 @@ check "dloco status ADDR --json parses, two live learners with counters" \
   pyj 'd["source"] == "live" and d["learners_live"] == 2 and all(l["pushes"] > 0 and l["tokens_applied"] > 0 and l["alive"] for l in d["learners"])' "$W/live.json"
 "$DLOCO" status "http://$MA" > "$W/live.txt"
 check "dloco status http://ADDR prints both learners" grep -q '^b ' "$W/live.txt"
+# --watch on a non-terminal: one block per refresh, until SIGINT
+timeout -s INT 3 "$DLOCO" status "$MA" --watch 0.5 > "$W/watch.txt"
+check "--watch printed several blocks ($(grep -c '^run ' "$W/watch.txt"))" [ "$(grep -c '^run ' "$W/watch.txt")" -ge 3 ]
 wait_until 20 '"$DLOCO" status "$W/store" --json > "$W/store.json" && pyj "len(d[\"learners\"]) == 2 and all(l[\"pushes\"] > 0 and l[\"step\"] > 0 for l in d[\"learners\"])" "$W/store.json"'
 check "dloco status STORE --json parses, counters non-zero while the run is live" \
   pyj 'd["source"] == "store" and len(d["learners"]) == 2 and all(l["pushes"] > 0 and l["step"] > 0 for l in d["learners"])' "$W/store.json"
@@ -125,9 +128,11 @@ check "the synchronizer's summary counts the failed merges' pushes ($failed_cont
 # restart: the store keeps every counter; the new process starts from them
 "$DLOCO" status "$W/store" --json > "$W/before.json"
 pa=$(python3 -c "import json, sys; print([l['pushes'] for l in json.load(open(sys.argv[1]))['learners'] if l['id'] == 'a'][0])" "$W/before.json")
-start_sync sync2
+start_sync sync2 --status_every_ms 300
 MA2=$(ev_last "$W/events-sync2.log" metrics_listen addr)
-sleep 1.2
+wait_until 10 "ev_has '$W/events-sync2.log' sync_status" || die "no sync_status"
+check "restarted synchronizer's status: 0 live, 2 known from the store" \
+  [ "$(ev_last "$W/events-sync2.log" sync_status live)/$(ev_last "$W/events-sync2.log" sync_status known)" = 0/2 ]
 "$DLOCO" status "$MA2" --json > "$W/r0.json"
 check "restarted synchronizer knows the 2 learners of the store before any Hello" pyj 'd["learners_known"] == 2' "$W/r0.json"
 start_learner a --steps 40; LA=$LPID
