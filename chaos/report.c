@@ -369,6 +369,19 @@ static void json_run(jw *w, const rep *R, int i)
     }
     jw_close(w, ']');
 
+    /* the synchronizer's own periodic evaluation (dloco-sync --eval_every_s) */
+    jw_num(w, "final_sync_val_loss", a->final_sync_val_loss);
+    jw_open(w, "sync_eval", '[', 0);
+    for (int k = 0; k < a->n_sync_evals; k++) {
+        jw_open(w, NULL, '[', 1);
+        jw_num(w, NULL, a->sync_evals[k].t_s);
+        jw_int(w, NULL, (long long)a->sync_evals[k].version);
+        jw_num(w, NULL, a->sync_evals[k].val_loss);
+        jw_int(w, NULL, (long long)a->sync_evals[k].seqs);
+        jw_close(w, ']');
+    }
+    jw_close(w, ']');
+
     jw_open(w, "merge_series", '[', 0);
     for (int k = 0; k < a->merges; k++) {
         const dl_account_merge *m = &a->merge[k];
