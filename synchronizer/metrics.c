@@ -31,6 +31,7 @@ void dl_syncmet_init(dl_syncmet *m, int P)
     dl_prom_hist_init(&m->quorum_wait_s, wait_le, NB(wait_le));
     dl_prom_hist_init(&m->grace_s, wait_le, NB(wait_le));
     dl_prom_hist_init(&m->commit_s, commit_le, NB(commit_le));
+    dl_prom_hist_init(&m->merge_job_s, commit_le, NB(commit_le));
     m->frag_merges = dl_xcalloc((size_t)P, sizeof *m->frag_merges);
     m->frag_merge_wall = dl_xcalloc((size_t)P, sizeof *m->frag_merge_wall);
     m->frag_contributors = dl_xcalloc((size_t)P, sizeof *m->frag_contributors);
@@ -56,8 +57,9 @@ void dl_syncmet_round(dl_syncmet *m, const dl_policy_round *r)
     dl_prom_hist_observe(&m->grace_s, r->closed_ns > from ? (double)(r->closed_ns - from) * 1e-9 : 0);
 }
 
-void dl_syncmet_merged(dl_syncmet *m, int p, uint32_t n, double commit_s)
+void dl_syncmet_merged(dl_syncmet *m, int p, uint32_t n, double job_s, double commit_s)
 {
+    dl_prom_hist_observe(&m->merge_job_s, job_s);
     m->frag_merges[p]++;
     m->frag_merge_wall[p] = dl_wallclock_ns();
     m->frag_contributors[p] = n;
@@ -226,8 +228,10 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     VAL("outbound_limit_bytes", st->outbound_max);
     FAM("jobs_in_flight", "gauge", "worker jobs submitted and not yet back (merges, records, ledger, fsync)");
     VAL("jobs_in_flight", st->jobs_inflight);
-    FAM("commit_seconds", "histogram", "a merge job on the worker: merge, outer step and the LMDB commit (retries incl.)");
+    FAM("commit_seconds", "histogram", "the LMDB commit of one merge on the worker (retries and their waits incl.)");
     dl_prom_histogram(out, "dloco_sync_commit_seconds", NULL, &m->commit_s);
+    FAM("merge_job_seconds", "histogram", "one merge job on the worker: merge, outer step and the commit");
+    dl_prom_histogram(out, "dloco_sync_merge_job_seconds", NULL, &m->merge_job_s);
     FAM("store_file_bytes", "gauge", "size of the LMDB data file (never shrinks)");
     VAL("store_file_bytes", st->store_file_bytes);
     FAM("store_live_bytes", "gauge", "bytes the current state occupies in it (used - freelist)");

@@ -49,7 +49,8 @@ typedef struct {
     dl_prom_hist staleness;     /* versions, per merged contribution */
     dl_prom_hist quorum_wait_s; /* a round's first push -> quorum reached */
     dl_prom_hist grace_s;       /* quorum reached -> round closed (the grace window it got) */
-    dl_prom_hist commit_s;      /* merge + outer step + LMDB commit of one round, on the worker */
+    dl_prom_hist commit_s;      /* the LMDB commit of one merge (retries incl.), on the worker */
+    dl_prom_hist merge_job_s;   /* the whole merge job: merge + outer step + commit */
     uint64_t push_rejected[DL_SM_REJ_N];
     uint64_t msg_refused[DL_SM_MSG_N];
     uint64_t bytes_in[DL_SM_KINDS], bytes_out[DL_SM_KINDS]; /* frames incl. headers */
@@ -75,8 +76,9 @@ void dl_syncmet_free(dl_syncmet *m);
 int dl_syncmet_kind(int body_case);
 /* A round closed: quorum wait and grace window. */
 void dl_syncmet_round(dl_syncmet *m, const dl_policy_round *r);
-/* Fragment p committed with n contributions; commit_s the worker's time. */
-void dl_syncmet_merged(dl_syncmet *m, int p, uint32_t n, double commit_s);
+/* Fragment p committed with n contributions; the worker's times: the whole
+ * job and its LMDB commit. */
+void dl_syncmet_merged(dl_syncmet *m, int p, uint32_t n, double job_s, double commit_s);
 
 /* What the renderers read besides the snapshot. */
 typedef struct {

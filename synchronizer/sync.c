@@ -673,7 +673,7 @@ static void merge_done(dl_sync *s, dl_job *j)
     s->merges++;
     s->merged_contribs += (uint64_t)j->m;
     s->met.tokens_merged += j->ledger.tokens[DL_LEDGER_APPLIED];
-    dl_syncmet_merged(&s->met, p, (uint32_t)j->m, j->work_s);
+    dl_syncmet_merged(&s->met, p, (uint32_t)j->m, j->work_s, j->store_s);
     dl_policy_committed(s->policy, p, nv, now);
     double share = j->mopts.share_scaling ? j->share : 1.0;
     DL_INFO("merge frag %d v%llu: %d learner(s), mean staleness %.2f, share %.2f, |delta| %.4g", p,

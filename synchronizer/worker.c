@@ -74,7 +74,7 @@ static void nap_ms(int ms)
 }
 
 /* One store write of job j, retried while it fails for a transient cause. */
-static int store_write(dl_worker *w, dl_job *j)
+static int store_write_retried(dl_worker *w, dl_job *j)
 {
     for (int ms = RETRY_MS0;; ms = ms * 2 < RETRY_MS_MAX ? ms * 2 : RETRY_MS_MAX) {
         dl_err_clear();
@@ -98,6 +98,15 @@ static int store_write(dl_worker *w, dl_job *j)
             DL_WARN("%s: %s; retry %d of %d in %d ms", job_name(j->kind), dl_errmsg(), j->retries, WRITE_RETRIES, ms);
         nap_ms(ms);
     }
+}
+
+/* ... and its time, retries included: the LMDB commit latency of a merge */
+static int store_write(dl_worker *w, dl_job *j)
+{
+    int64_t t0 = dl_clock_ns();
+    int rc = store_write_retried(w, j);
+    j->store_s = (double)(dl_clock_ns() - t0) * 1e-9;
+    return rc;
 }
 
 static void run_merge(dl_worker *w, dl_job *j)

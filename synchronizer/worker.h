@@ -43,6 +43,7 @@ typedef struct dl_job {
     int rc;              /* 0 or the failing call's DL_E* code */
     int retries;         /* store writes retried after a transient failure (DL_EAGAIN) before rc */
     double work_s;       /* seconds the worker spent on the job (merge: merge + outer step + commit, retries incl.) */
+    double store_s;      /* of them in the store write (merge: the LMDB commit, retries and their waits incl.) */
     double norm;         /* merge: L2 norm of the merged delta */
     double param_abs_max; /* merge: the new global must be finite with |x| <= this (0 = finite only), else the
                            * commit is aborted (dl_guard_cfg.param_abs_max at submission) */

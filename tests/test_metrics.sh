@@ -84,6 +84,7 @@ check "dloco status STORE --json parses, counters non-zero while the run is live
   pyj 'd["source"] == "store" and len(d["learners"]) == 2 and all(l["pushes"] > 0 and l["step"] > 0 for l in d["learners"])' "$W/store.json"
 "$DLOCO" status "$W/store" > "$W/store.txt"
 check "dloco status STORE names the ledger's unit" grep -q '^token ledger (fragment-tokens): ' "$W/store.txt"
+check "dloco status STORE: last merge of each fragment" [ "$(grep -c '^fragment [0-9]*: version' "$W/store.txt")" = 4 ]
 
 # rejected pushes on both sides: merges fail (param_abs_max far below the
 # parameters), every push of such a round is answered REJECTED
@@ -115,6 +116,10 @@ check "eval loss in /metrics" [ "$(metric "$W/e.prom" dloco_sync_eval_loss)" != 
 "$DLOCO" status "$MA" --json > "$W/e.json"
 check "eval in /status.json" pyj 'd["eval"] is not None and d["eval"]["seqs"] == 64 and d["eval"]["loss"] > 0' "$W/e.json"
 stop_sync
+# one unit for the ledger: status and check print the same numbers, both named fragment-tokens
+st_led=$("$DLOCO" status "$W/store" | sed -n 's/^token ledger (fragment-tokens): //p')
+ck_led=$("$DLOCO" check "$W/store" | sed -n 's/^ *ledger fragment-tokens: //p')
+check "ledger: status ($st_led) and check ($ck_led) agree" [ -n "$st_led" -a "$st_led" = "$ck_led" ]
 "$DLOCO" status "$W/store" --json > "$W/e2.json"
 check "the last evaluation is in the store: offline status shows it" pyj 'd["eval"] is not None and d["eval"]["seqs"] == 64' "$W/e2.json"
 for id in a b; do

@@ -168,6 +168,17 @@ int dl_status_store_text(const char *dir)
                (unsigned long long)led.tokens[DL_LEDGER_DISCARDED],
                (unsigned long long)led.tokens[DL_LEDGER_OUTSTANDING]);
     dl_store_foreach_learner(s, print_learner, NULL);
+    for (uint32_t p = 0; p < run.n_fragments; p++) {
+        uint64_t v = 0;
+        dl_merge_record r;
+        if (dl_store_read_fragment(s, p, &v, NULL, NULL) || !v || dl_store_get_merge(s, p, v, &r)) continue;
+        uint32_t merged = 0;
+        for (uint32_t i = 0; i < r.n_contrib; i++) merged += r.contrib[i].decision == DL_MERGE_MERGED;
+        printf("fragment %u: version %llu, last merge %.1f s ago (epoch %llu), %u contributor(s)\n", p,
+               (unsigned long long)v, (double)(dl_wallclock_ns() - r.wallclock_ns) * 1e-9,
+               (unsigned long long)r.epoch, merged);
+        dl_merge_record_free(&r);
+    }
     dl_store_eval ev;
     if (dl_store_get_eval(s, &ev) == 0)
         printf("global validation loss %.4f at total version %llu (%u sequences, %.0f s ago)\n", ev.loss,
