@@ -719,12 +719,17 @@ static void learner_put_now(dl_sync *s, dl_registry_learner *l)
 
 /* A learner this process meets for the first time: its counters go on from
  * the store's record (a restarted synchronizer keeps them), or it is a new
- * id of the run. A short read snapshot on the loop, like a Fetch. */
+ * id of the run. A short read snapshot on the loop, like a Fetch. (A slot
+ * reclaimed in this process and taken again before the worker wrote its
+ * last record reads the record before that one: counters of at most a few
+ * seconds are lost, never doubled.) */
 static void restore_counters(dl_sync *s, dl_registry_learner *l)
 {
     dl_store_learner r;
-    if (dl_store_learner_get(s->store, l->id, &r)) {
-        s->known_learners++;
+    int rc = dl_store_learner_get(s->store, l->id, &r);
+    if (rc == DL_ENOTFOUND) s->known_learners++;
+    if (rc) {
+        if (rc != DL_ENOTFOUND) DL_WARN("learner %s: its stored counters cannot be read: %s", l->id, dl_errmsg());
         return;
     }
     l->first_seen_wall = r.first_seen_ns;
@@ -1942,6 +1947,12 @@ static int open_metrics(dl_sync *s)
     if (rc && fallback) {
         DL_WARN("metrics: %s; serving on an ephemeral loopback port instead", dl_errmsg());
         rc = dl_httpd_open("127.0.0.1:0", dl_httpd_pages_handler, s->pages, &s->httpd);
+        if (rc) {
+            /* the default must never keep a synchronizer from starting */
+            DL_WARN("metrics off: %s", dl_errmsg());
+            dl_httpd_pages_free(&s->pages);
+            return 0;
+        }
     }
     if (rc) return dl_err(rc, "option metrics: %s", dl_errmsg());
     DL_INFO("metrics: http://%s/metrics and /status.json", dl_httpd_addr(s->httpd));
