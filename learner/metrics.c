@@ -101,6 +101,9 @@ void dl_lmet_publish(dl_lmet *m, const dl_comms_stats *cs, const dl_node_stats *
         "mean over accepted pushes of the versions the global fragment had moved on from the push's base when it "
         "was merged (the adopt lag, in versions)",
         cs->staleness_n ? (double)cs->staleness_sum / (double)cs->staleness_n : 0.0);
+    ONE("steps_behind_max", "gauge",
+        "the most inner steps any fragment has trained since its adopted base (the adopt lag in steps)",
+        ns->steps_behind_max);
     ONE("updates_adopted_total", "counter", "global updates adopted (rebases included)", ns->adopted);
     ONE("updates_rebased_total", "counter", "of those, forced rebases (theta overwritten)", ns->rebased);
     ONE("updates_refused_total", "counter", "updates refused (non-finite, version jump, beyond update_max_ratio)",

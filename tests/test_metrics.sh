@@ -47,6 +47,7 @@ check "merges_total no more than the merge events so far" \
   [ "$(metric "$W/sync.prom" dloco_sync_merges_total)" -le "$(ev_count "$EV" merge)" ]
 check "learner reports its steps and pushes" awk -v s="$(metric "$W/a.prom" 'dloco_learner_steps_total{learner="a"}')" \
   -v p="$(metric "$W/a.prom" 'dloco_learner_pushes_total{learner="a",outcome="sent"}')" 'BEGIN { exit !(s > 0 && p > 0) }'
+check "learner's adopt lag in steps is present" [ "$(metric "$W/a.prom" 'dloco_learner_steps_behind_max{learner="a"}')" != absent ]
 check "config gauge shows outer_lr 1" [ "$(metric "$W/sync.prom" 'dloco_sync_config{option="outer_lr"}')" = 1 ]
 
 # hostile HTTP: refused, and the server goes on serving
