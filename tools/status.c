@@ -251,11 +251,11 @@ static void num_or_dash(char *b, size_t cap, const dl_json *j, const char *key, 
 static void print_text(const dl_json *d, FILE *f)
 {
     const char *src = dl_json_str(d, "source", "?");
-    fprintf(f, "run %s (%s%s%s), epoch %.0f, fingerprint %s\n", dl_json_str(d, "run_id", "?"), src,
-            !strcmp(src, "live") ? " " : " ", !strcmp(src, "live") ? dl_json_str(d, "endpoint", "") :
-                                                                      dl_json_str(d, "store", ""),
-            dl_json_num(d, "epoch", 0), dl_json_str(d, "fingerprint", "?"));
-    if (!strcmp(src, "live"))
+    int live = !strcmp(src, "live");
+    fprintf(f, "run %s (%s %s), epoch %.0f, fingerprint %s\n", dl_json_str(d, "run_id", "?"), src,
+            dl_json_str(d, live ? "endpoint" : "store", ""), dl_json_num(d, "epoch", 0),
+            dl_json_str(d, "fingerprint", "?"));
+    if (live)
         fprintf(f, "learners: %.0f live / %.0f dead / %.0f left (%.0f known); merges %.0f, rejected %.0f, dropped "
                    "stale %.0f, busy %.0f\n",
                 dl_json_num(d, "learners_live", 0), dl_json_num(d, "learners_dead", 0),
