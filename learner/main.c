@@ -151,9 +151,9 @@ static const dl_cfg_entry learner_table[] = {
      "a due push waits for the previous push's decision at most this long (> ack_expiry_min_ms)"},
     {"events", DL_CFG_STR, F(events), 0, 0, "", NULL, 0,
      "append machine-readable events (logfmt, docs/EVENTS.md) to this file; empty = off"},
-    {"metrics", DL_CFG_STR, F(metrics), 0, 0, "127.0.0.1:0", NULL, 0,
+    {"metrics", DL_CFG_STR, F(metrics), 0, 0, "auto", NULL, 0,
      "networked mode: HTTP /metrics (Prometheus) on HOST:PORT (port 0 = ephemeral; the metrics_listen event "
-     "says which); off = none"},
+     "says which); auto = 127.0.0.1:0, or none with a warning where loopback cannot be bound; off = none"},
     {"final_flush", DL_CFG_BOOL, F(final_flush), 0, 0, "true", NULL, 0,
      "on exit (end of steps or SIGTERM) push every fragment with progress before saying Bye"},
     {"throttle", DL_CFG_FLOAT, F(throttle), 0.001, 1.0, "1", NULL, 0,
@@ -652,7 +652,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     if (!rc) rc = dl_node_open(&no, mb, &node);
     for (int k = 0; k < S && !rc; k++) rc = dl_comms_start(comms[k]);
     if (rc) {
-        int met_failed = !lmet && cfg->metrics[0] && strcmp(cfg->metrics, "off");
+        int met_failed = !lmet && cfg->metrics[0] && strcmp(cfg->metrics, "off") && strcmp(cfg->metrics, "auto");
         int r = fail(met_failed ? "starting" : "connecting", rc);
         dl_lmet_close(&lmet);
         dl_node_close(&node);

@@ -29,6 +29,8 @@ int dl_lmet_open(const char *addr, const char *id, dl_lmet **out)
 {
     *out = NULL;
     if (!addr[0] || !strcmp(addr, "off")) return 0;
+    int fallback = !strcmp(addr, "auto");
+    if (fallback) addr = "127.0.0.1:0";
     dl_lmet *m = dl_xcalloc(1, sizeof *m);
     snprintf(m->id, sizeof m->id, "%s", id);
     dl_prom_hist_init(&m->step_s, step_le, (int)(sizeof step_le / sizeof step_le[0]));
@@ -38,6 +40,11 @@ int dl_lmet_open(const char *addr, const char *id, dl_lmet **out)
     if (rc) {
         dl_httpd_pages_free(&m->pages);
         free(m);
+        if (fallback) {
+            /* the default must never keep a learner from training */
+            DL_WARN("metrics off: %s", dl_errmsg());
+            return 0;
+        }
         return dl_err(rc, "option metrics: %s", dl_errmsg());
     }
     DL_INFO("metrics: http://%s/metrics", dl_httpd_addr(m->httpd));

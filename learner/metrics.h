@@ -12,9 +12,11 @@
 
 typedef struct dl_lmet dl_lmet;
 
-/* Listen on addr ("HOST:PORT", port 0 = ephemeral; "" or "off" = *out NULL,
- * nothing served) for learner `id`; logs the address and writes the event
- * metrics_listen. DL_EINVAL / DL_ENET (message names the option) otherwise. */
+/* Listen on addr ("HOST:PORT", port 0 = ephemeral; "auto" = 127.0.0.1:0, or
+ * *out NULL with a warning when that cannot be bound; "" or "off" = *out
+ * NULL, nothing served) for learner `id`; logs the address and writes the
+ * event metrics_listen. DL_EINVAL / DL_ENET (message names the option) for
+ * an explicit address that cannot be bound. */
 int dl_lmet_open(const char *addr, const char *id, dl_lmet **out);
 /* One training step: its wall seconds and loss, the step counter and the
  * tokens processed since start. NULL m: nothing. */
