@@ -147,7 +147,7 @@ sleep 1.5
 "$DLOCO" status "$MA2" --json > "$W/r1.json"
 check "learner a's pushes continue from the store's $pa after the restart" \
   pyj "[l for l in d['learners'] if l['id'] == 'a'][0]['pushes'] >= $pa > 0" "$W/r1.json"
-# a second synchronizer on the default port falls back; an explicit busy address is an error naming the option
+# an explicit busy address is an error naming the option, for both programs
 "$SYNC" --store "$W/store_b" --bind tcp://127.0.0.1:0 $MODEL --vocab 256 --fragments 4 --H 8 --heartbeat_ms 200 \
   --metrics "$MA2" > "$W/busy.log" 2>&1 &
 BP=$!; PIDS+=("$BP")
@@ -155,6 +155,20 @@ wait_pid 30 "$BP"; brc=$?
 check "explicit busy --metrics address: start-up error naming the option (exit $brc)" \
   grep -q "option metrics" "$W/busy.log"
 check "... and it exits non-zero" [ "$brc" != 0 ]
+start_learner mbusy --steps 5 --metrics "$MA2"; BL=$LPID
+wait_pid 30 "$BL"; blrc=$?
+check "learner with a busy explicit --metrics: start-up error naming the option" grep -q "option metrics" "$W/mbusy.log"
+check "... exits non-zero ($blrc), never joined" [ "$blrc" != 0 -a "$(ev_count "$W/events-sync2.log" learner_join id=mbusy)" = 0 ]
+# the default address while another synchronizer holds it (or 9470 is taken): an ephemeral port, not a failure
+: > "$W/events-sync3.log"
+"$SYNC" --store "$W/store_c" --bind tcp://127.0.0.1:0 $MODEL --vocab 256 --fragments 4 --H 8 --heartbeat_ms 200 \
+  --events "$W/events-sync3.log" > "$W/sync3.log" 2>&1 &
+S3=$!; PIDS+=("$S3")
+wait_until 20 "ev_has '$W/events-sync3.log' sync_start" || die "a third synchronizer with the default --metrics did not start"
+MA3=$(ev_last "$W/events-sync3.log" metrics_listen addr)
+check "default --metrics busy: served on another loopback port ($MA3, not $MA2)" [ -n "$MA3" -a "$MA3" != "$MA2" ]
+check "... which serves" [ "$(http_code "http://$MA3/metrics")" = 200 ]
+kill -TERM "$S3"; wait_pid 30 "$S3"
 wait_pid 120 "$LA"
 stop_sync
 [ $fail = 0 ] && echo "test_metrics: all checks passed" || echo "test_metrics: FAILED"
