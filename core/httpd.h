@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 /* Limits of one server. */
-#define DL_HTTPD_MAX_CONNS 8       /* concurrent connections; more are refused at accept */
+#define DL_HTTPD_MAX_CONNS 8       /* concurrent connections; more wait in the listen backlog until one closes */
 #define DL_HTTPD_TIMEOUT_S 5       /* an idle connection is closed after this */
 #define DL_HTTPD_CONN_MEMORY 16384 /* bytes per connection for the request head: a longer URL or head gets 414/431 */
 

@@ -15,14 +15,14 @@
 
 /* Send req to addr and return the status code of the answer (0 on no answer);
  * the whole answer into buf. */
-static int ask(const char *addr, const char *req, size_t reqlen, char *buf, size_t cap)
+static int ask_for(const char *addr, const char *req, size_t reqlen, char *buf, size_t cap, int wait_s)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET};
     const char *colon = strrchr(addr, ':');
     sa.sin_port = htons((uint16_t)atoi(colon + 1));
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct timeval tv = {.tv_sec = 10};
+    struct timeval tv = {.tv_sec = wait_s};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     buf[0] = 0;
@@ -43,6 +43,11 @@ static int ask(const char *addr, const char *req, size_t reqlen, char *buf, size
     int code = 0;
     sscanf(buf, "HTTP/1.%*d %d", &code);
     return code;
+}
+
+static int ask(const char *addr, const char *req, size_t reqlen, char *buf, size_t cap)
+{
+    return ask_for(addr, req, reqlen, buf, cap, 10);
 }
 
 int main(void)
@@ -82,6 +87,24 @@ int main(void)
     free(huge);
     /* still serving after all that */
     CHECK_EQ(ask(addr, get, strlen(get), buf, sizeof buf), 200);
+    /* DL_HTTPD_MAX_CONNS idle connections hold every slot: one more waits unanswered (in the backlog, until
+     * a slot frees: at the latest after DL_HTTPD_TIMEOUT_S); once they close, it is served */
+    int idle[DL_HTTPD_MAX_CONNS];
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(strrchr(addr, ':') + 1))};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    for (int i = 0; i < DL_HTTPD_MAX_CONNS; i++) {
+        idle[i] = socket(AF_INET, SOCK_STREAM, 0);
+        CHECK(connect(idle[i], (struct sockaddr *)&sa, sizeof sa) == 0, "idle connection %d", i);
+    }
+    usleep(200000); /* let the server accept them all */
+    CHECK_EQ(ask_for(addr, get, strlen(get), buf, sizeof buf, 1), 0); /* 1 s < the 5 s idle timeout */
+    for (int i = 0; i < DL_HTTPD_MAX_CONNS; i++) close(idle[i]);
+    int code2 = 0;
+    for (int tries = 0; tries < 50 && code2 != 200; tries++) {
+        code2 = ask(addr, get, strlen(get), buf, sizeof buf);
+        if (code2 != 200) usleep(20000);
+    }
+    CHECK_EQ(code2, 200);
     dl_httpd *h2 = NULL;
     CHECK(dl_httpd_open(addr, dl_httpd_pages_handler, pg, &h2) == DL_ENET, "same port twice");
     CHECK(h2 == NULL, "no handle on failure");
