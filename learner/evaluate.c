@@ -20,7 +20,8 @@ struct dl_evaluate {
 int dl_evaluate_open(const dl_model_config *m, const dl_evaluate_opts *o, dl_evaluate **out)
 {
     *out = NULL;
-    if (o->batch < 1 || o->seqs < 1) return dl_err(DL_EINVAL, "evaluation batch %d and sequences %d must be >= 1", o->batch, o->seqs);
+    if (o->batch < 1 || o->seqs < 1)
+        return dl_err(DL_EINVAL, "evaluation batch %d and sequences %d must be >= 1", o->batch, o->seqs);
     dl_evaluate *e = dl_xcalloc(1, sizeof *e);
     e->m = *m;
     e->B = o->batch;

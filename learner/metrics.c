@@ -79,7 +79,8 @@ void dl_lmet_publish(dl_lmet *m, const dl_comms_stats *cs, const dl_node_stats *
         dl_prom_sample(&o, "dloco_learner_" name, lb, (double)(v));   \
     } while (0)
     ONE("info", "gauge", "constant 1, label learner: this learner's id", 1);
-    dl_prom_family(&o, "dloco_learner_step_seconds", "histogram", "wall seconds of one training step (throttle included)");
+    dl_prom_family(&o, "dloco_learner_step_seconds", "histogram",
+                   "wall seconds of one training step (throttle included)");
     dl_prom_histogram(&o, "dloco_learner_step_seconds", lb, &m->step_s);
     ONE("steps_total", "counter", "training steps done (the step counter)", m->step);
     ONE("tokens_total", "counter", "tokens processed since start", m->tokens);

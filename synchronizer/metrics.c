@@ -51,8 +51,8 @@ int dl_syncmet_kind(int body_case) { return body_case >= 10 && body_case <= 18 ?
 
 void dl_syncmet_round(dl_syncmet *m, const dl_policy_round *r)
 {
-    if (r->quorum_ns > r->opened_ns) dl_prom_hist_observe(&m->quorum_wait_s, (double)(r->quorum_ns - r->opened_ns) * 1e-9);
-    else dl_prom_hist_observe(&m->quorum_wait_s, 0);
+    double wait = r->quorum_ns > r->opened_ns ? (double)(r->quorum_ns - r->opened_ns) * 1e-9 : 0.0;
+    dl_prom_hist_observe(&m->quorum_wait_s, wait);
     int64_t from = r->quorum_ns > r->opened_ns ? r->quorum_ns : r->opened_ns;
     dl_prom_hist_observe(&m->grace_s, r->closed_ns > from ? (double)(r->closed_ns - from) * 1e-9 : 0);
 }
@@ -101,7 +101,8 @@ static void per_learner(dl_prom *out, const dl_sync_stats *st, const char *name,
         dl_prom_sample(out, full, lb, is_double ? *(const double *)f : (double)*(const uint64_t *)f);
     }
 }
-#define PL(name, type, help, field, dbl) per_learner(out, st, name, type, help, offsetof(dl_sync_learner_stats, field), dbl)
+#define PL(name, type, help, field, dbl) \
+    per_learner(out, st, name, type, help, offsetof(dl_sync_learner_stats, field), dbl)
 
 void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, const dl_syncmet_ctx *c, dl_prom *out)
 {
@@ -191,7 +192,8 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
         lab1(lb, sizeof lb, "reason", reject_name[r]);
         dl_prom_sample(out, "dloco_sync_pushes_rejected_total", lb, (double)m->push_rejected[r]);
     }
-    FAM("pushes_dropped_stale_total", "counter", "pushes dropped as staler than max_staleness (learner told to rebase)");
+    FAM("pushes_dropped_stale_total", "counter",
+        "pushes dropped as staler than max_staleness (learner told to rebase)");
     VAL("pushes_dropped_stale_total", st->dropped_stale);
     FAM("messages_refused_total", "counter", "messages refused before any handler, by reason");
     for (int r = 0; r < DL_SM_MSG_N; r++) {
@@ -220,7 +222,8 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     }
     FAM("pool_bytes", "gauge", "bytes of pushes pooled or arriving");
     VAL("pool_bytes", st->pool_bytes);
-    FAM("pool_limit_bytes", "gauge", "the pool's bound (pool_mb); under sync/sync-elastic a waited-for push may use 2x");
+    FAM("pool_limit_bytes", "gauge",
+        "the pool's bound (pool_mb); under sync/sync-elastic a waited-for push may use 2x");
     VAL("pool_limit_bytes", st->pool_max);
     FAM("outbound_bytes", "gauge", "payload bytes queued in libzmq for attached learners");
     VAL("outbound_bytes", st->outbound_attached);
@@ -315,7 +318,8 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
         snprintf(t, sizeof t, "%.7g", cfg[i].v);
         dl_prom_sample(out, "dloco_sync_config", lb, strtod(t, NULL));
     }
-    FAM("config_choice", "gauge", "the reloadable options that are words: 1 for the value in use (labels option, value)");
+    FAM("config_choice", "gauge",
+        "the reloadable options that are words: 1 for the value in use (labels option, value)");
     const struct {
         const char *n, *v;
     } ch[] = {{"staleness", dl_policy_sfn_name(pc->sfn)},

@@ -1531,7 +1531,8 @@ static void on_eval_timer(struct ev_loop *loop, ev_timer *w, int revents)
     (void)loop;
     (void)revents;
     dl_sync *s = w->data;
-    if (!s->stopping && dl_evalthread_request(s->evalt)) DL_DEBUG("periodic evaluation still running: this one skipped");
+    if (!s->stopping && dl_evalthread_request(s->evalt))
+        DL_DEBUG("periodic evaluation still running: this one skipped");
 }
 
 /* eval_every_s > 0: the evaluation thread over this store; a data file that

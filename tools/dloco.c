@@ -163,7 +163,8 @@ int dl_status_store_text(const char *dir)
     if (!dl_store_ledger_get(s, &led))
         printf("token ledger (fragment-tokens): applied %llu, dropped_stale %llu, rejected %llu, lost %llu, "
                "discarded %llu, outstanding %llu\n",
-               (unsigned long long)led.tokens[DL_LEDGER_APPLIED], (unsigned long long)led.tokens[DL_LEDGER_DROPPED_STALE],
+               (unsigned long long)led.tokens[DL_LEDGER_APPLIED],
+               (unsigned long long)led.tokens[DL_LEDGER_DROPPED_STALE],
                (unsigned long long)led.tokens[DL_LEDGER_REJECTED], (unsigned long long)led.tokens[DL_LEDGER_LOST],
                (unsigned long long)led.tokens[DL_LEDGER_DISCARDED],
                (unsigned long long)led.tokens[DL_LEDGER_OUTSTANDING]);

@@ -24,8 +24,7 @@ static int parse_str(rd *r, char **out)
 {
     if (r->i >= r->n || r->s[r->i] != '"') return bad(r, "expected a string");
     r->i++;
-    size_t start = r->i, cap = 16, o = 0;
-    (void)start;
+    size_t cap = 16, o = 0;
     char *b = dl_xmalloc(cap);
     while (r->i < r->n && r->s[r->i] != '"') {
         char c = r->s[r->i++];

@@ -142,7 +142,8 @@ static int learner_json(const dl_store_learner *l, void *ctx)
     dl_prom_raw(c->o, "%s{\"id\":", c->n++ ? "," : "");
     jstr(c->o, l->id);
     dl_prom_raw(c->o,
-                ",\"site\":null,\"state\":null,\"alive\":null,\"steps_per_s\":null,\"step\":%llu,\"tokens_processed\":%llu,"
+                ",\"site\":null,\"state\":null,\"alive\":null,\"steps_per_s\":null,\"step\":%llu,"
+                "\"tokens_processed\":%llu,"
                 "\"tokens_applied\":%llu,\"pushes\":%llu,\"merged\":%llu,\"dropped_stale\":%llu,\"rejected\":%llu,"
                 "\"last_staleness\":null,\"bytes_in\":%llu,\"bytes_out\":%llu,\"last_seen_unix\":%.3f}",
                 (unsigned long long)l->step, (unsigned long long)l->tokens, (unsigned long long)l->tokens_applied,
@@ -225,9 +226,11 @@ static int store_json(const char *dir, dl_prom *o)
                 ",\"ledger\":{\"unit\":\"fragment_tokens\",\"applied\":%llu,\"dropped_stale\":%llu,\"rejected\":%llu,"
                 "\"lost\":%llu,\"discarded\":%llu,\"outstanding\":%llu,\"pooled\":null,\"carried\":null,"
                 "\"processed\":null},\"eval\":",
-                (unsigned long long)led.tokens[DL_LEDGER_APPLIED], (unsigned long long)led.tokens[DL_LEDGER_DROPPED_STALE],
+                (unsigned long long)led.tokens[DL_LEDGER_APPLIED],
+                (unsigned long long)led.tokens[DL_LEDGER_DROPPED_STALE],
                 (unsigned long long)led.tokens[DL_LEDGER_REJECTED], (unsigned long long)led.tokens[DL_LEDGER_LOST],
-                (unsigned long long)led.tokens[DL_LEDGER_DISCARDED], (unsigned long long)led.tokens[DL_LEDGER_OUTSTANDING]);
+                (unsigned long long)led.tokens[DL_LEDGER_DISCARDED],
+                (unsigned long long)led.tokens[DL_LEDGER_OUTSTANDING]);
     dl_store_eval ev;
     if (dl_store_get_eval(s, &ev) == 0)
         dl_prom_raw(o, "{\"version\":%llu,\"loss\":%.6g,\"seqs\":%u,\"age_s\":%.3f}", (unsigned long long)ev.version,
