@@ -80,6 +80,11 @@ check "dloco status http://ADDR prints both learners" grep -q '^b ' "$W/live.txt
 # --watch on a non-terminal: one block per refresh, until SIGINT
 timeout -s INT 3 "$DLOCO" status "$MA" --watch 0.5 > "$W/watch.txt"
 check "--watch printed several blocks ($(grep -c '^run ' "$W/watch.txt"))" [ "$(grep -c '^run ' "$W/watch.txt")" -ge 3 ]
+if command -v script > /dev/null; then # on a terminal: clear + home before each refresh
+  timeout -s INT 3 script -qec "$DLOCO status $MA --watch 0.5" /dev/null > "$W/watch_tty.txt" 2>&1
+  check "--watch on a terminal redraws in place ($(grep -c $'\e\[H\e\[2J' "$W/watch_tty.txt") clears)" \
+    [ "$(grep -c $'\e\[H\e\[2J' "$W/watch_tty.txt")" -ge 2 ]
+fi
 wait_until 20 '"$DLOCO" status "$W/store" --json > "$W/store.json" && pyj "len(d[\"learners\"]) == 2 and all(l[\"pushes\"] > 0 and l[\"step\"] > 0 for l in d[\"learners\"])" "$W/store.json"'
 check "dloco status STORE --json parses, counters non-zero while the run is live" \
   pyj 'd["source"] == "store" and len(d["learners"]) == 2 and all(l["pushes"] > 0 and l["step"] > 0 for l in d["learners"])' "$W/store.json"
