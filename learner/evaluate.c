@@ -61,10 +61,12 @@ int dl_evaluate_load(dl_evaluate *e, dl_store *s, const dl_plan *plan, uint64_t 
     return 0;
 }
 
-int dl_evaluate_run(dl_evaluate *e, double *loss)
+int dl_evaluate_run(dl_evaluate *e, const atomic_int *stop, double *loss)
 {
     double sum = 0;
     for (int i = 0; i < e->batches; i++) {
+        if (stop && atomic_load(stop))
+            return dl_err(DL_EAGAIN, "evaluation stopped after %d of %d batches", i, e->batches);
         dl_data_val_batch(e->d, (uint64_t)i, e->B, e->inp, e->tgt);
         sum += dl_gpt_forward(e->g, e->inp, e->tgt, e->B, e->m.seq_len);
     }

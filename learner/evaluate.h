@@ -7,6 +7,7 @@
 #ifndef DL_LEARNER_EVALUATE_H
 #define DL_LEARNER_EVALUATE_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "core/model.h"
@@ -29,8 +30,9 @@ int dl_evaluate_open(const dl_model_config *m, const dl_evaluate_opts *o, dl_eva
  * fragment in its own short read transaction, checksums verified); *version_sum
  * = the sum of the versions read. Safe on any thread (storage/store.h). */
 int dl_evaluate_load(dl_evaluate *e, dl_store *s, const dl_plan *plan, uint64_t *version_sum);
-/* Mean loss over the sequences into *loss. */
-int dl_evaluate_run(dl_evaluate *e, double *loss);
+/* Mean loss over the sequences into *loss. stop (may be NULL) is polled
+ * between forward passes: nonzero ends the run early with DL_EAGAIN. */
+int dl_evaluate_run(dl_evaluate *e, const atomic_int *stop, double *loss);
 int dl_evaluate_seqs(const dl_evaluate *e);   /* sequences evaluated */
 int dl_evaluate_batches(const dl_evaluate *e); /* forward passes */
 void dl_evaluate_close(dl_evaluate **e);      /* safe on NULL and twice */

@@ -20,6 +20,7 @@ struct dl_evalthread {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int requested, running, quit; /* under mu */
+    atomic_int stop;              /* close: an evaluation in progress ends at its next batch */
     int have, ok;                 /* a result waits for dl_evalthread_take */
     dl_store_eval res;
     char err[320];
@@ -40,7 +41,7 @@ static void *eval_main(void *arg)
         double loss = 0;
         dl_err_clear();
         int rc = dl_evaluate_load(t->ev, t->store, t->plan, &r.version);
-        if (!rc) rc = dl_evaluate_run(t->ev, &loss);
+        if (!rc) rc = dl_evaluate_run(t->ev, &t->stop, &loss);
         r.loss = loss;
         r.seqs = (uint32_t)dl_evaluate_seqs(t->ev);
         r.wallclock_ns = dl_wallclock_ns();
@@ -73,6 +74,7 @@ int dl_evalthread_open(const dl_model_config *m, const dl_plan *plan, dl_store *
     t->threads = threads > 0 ? threads : 1;
     t->wake = wake;
     t->ctx = ctx;
+    atomic_init(&t->stop, 0);
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     if (pthread_create(&t->th, NULL, eval_main, t)) DL_PANIC("pthread_create (evaluation thread) failed");
@@ -110,6 +112,7 @@ void dl_evalthread_close(dl_evalthread **tp)
 {
     if (!tp || !*tp) return;
     dl_evalthread *t = *tp;
+    atomic_store(&t->stop, 1);
     pthread_mutex_lock(&t->mu);
     t->quit = 1;
     pthread_cond_signal(&t->cv);

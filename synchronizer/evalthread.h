@@ -24,7 +24,8 @@ int dl_evalthread_request(dl_evalthread *t);
 /* 1 when a result came since the last call: *out (ok = 1), or the failure's
  * message in err (ok = 0); 0 when none. */
 int dl_evalthread_take(dl_evalthread *t, dl_store_eval *out, int *ok, char *err, size_t cap);
-/* Stop (waits for an evaluation in progress to end) and free; safe twice. */
+/* Stop (an evaluation in progress ends at its next forward pass) and free;
+ * safe twice. */
 void dl_evalthread_close(dl_evalthread **t);
 
 #endif

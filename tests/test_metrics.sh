@@ -164,16 +164,20 @@ start_learner mbusy --steps 5 --metrics "$MA2"; BL=$LPID
 wait_pid 30 "$BL"; blrc=$?
 check "learner with a busy explicit --metrics: start-up error naming the option" grep -q "option metrics" "$W/mbusy.log"
 check "... exits non-zero ($blrc), never joined" [ "$blrc" != 0 -a "$(ev_count "$W/events-sync2.log" learner_join id=mbusy)" = 0 ]
-# the default address while another synchronizer holds it (or 9470 is taken): an ephemeral port, not a failure
+# the default address while another synchronizer holds it (or 9470 is taken): an ephemeral port, not a
+# failure; and an evaluation far longer than the test (a million sequences) does not hold up SIGTERM
 : > "$W/events-sync3.log"
 "$SYNC" --store "$W/store_c" --bind tcp://127.0.0.1:0 $MODEL --vocab 256 --fragments 4 --H 8 --heartbeat_ms 200 \
-  --events "$W/events-sync3.log" > "$W/sync3.log" 2>&1 &
+  --eval_every_s 1 --eval_data "$W/corpus.txt" --eval_seqs 1000000 --events "$W/events-sync3.log" > "$W/sync3.log" 2>&1 &
 S3=$!; PIDS+=("$S3")
 wait_until 20 "ev_has '$W/events-sync3.log' sync_start" || die "a third synchronizer with the default --metrics did not start"
 MA3=$(ev_last "$W/events-sync3.log" metrics_listen addr)
 check "default --metrics busy: served on another loopback port ($MA3, not $MA2)" [ -n "$MA3" -a "$MA3" != "$MA2" ]
 check "... which serves" [ "$(http_code "http://$MA3/metrics")" = 200 ]
-kill -TERM "$S3"; wait_pid 30 "$S3"
+sleep 1.5 # its first evaluation is running
+kill -TERM "$S3"; wait_pid 20 "$S3"
+check "SIGTERM during a long evaluation: a clean stop, no eval result" \
+  [ "$(ev_count "$W/events-sync3.log" sync_summary)" = 1 -a "$(ev_count "$W/events-sync3.log" eval)" = 0 ]
 wait_pid 120 "$LA"
 stop_sync
 [ $fail = 0 ] && echo "test_metrics: all checks passed" || echo "test_metrics: FAILED"

@@ -262,7 +262,7 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     uint64_t vsum = 0;
     double loss = 0;
     if ((rc = dl_evaluate_open(&m, &eo, &ev)) || (rc = dl_evaluate_load(ev, s, plan, &vsum)) ||
-        (rc = dl_evaluate_run(ev, &loss)))
+        (rc = dl_evaluate_run(ev, NULL, &loss)))
         goto out;
     printf("global model: run %s, %d fragments at total version %llu, val loss %.4f (%lld batches of %d x %d)\n",
            run.run_id, P, (unsigned long long)vsum, loss, (long long)ec.val_batches, (int)ec.batch, m.seq_len);
