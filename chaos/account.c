@@ -87,6 +87,7 @@ typedef struct {
     sync_inc *sinc;
     int n_sinc, cap_sinc;
     double *goodput_raw, *dropped_raw; /* per slot, learner-s (already / P) */
+    int cap_sync_evals;
     int cap_slots, cap_ledgers, cap_merges, cap_evals, cap_links, cap_faults, cap_fev, cap_notes;
     int *cap_states;  /* per slot */
     int *cap_samples; /* per link */
@@ -485,7 +486,14 @@ static int read_sync(ctx *c)
     while ((rc = dl_logfmt_next(f, l)) == 1) {
         double t = rel(c, l->ts);
         const char *ev = l->event;
-        if (!strcmp(ev, "merge")) {
+        if (!strcmp(ev, "eval")) {
+            dl_account *a = c->a;
+            GROW(a->sync_evals, a->n_sync_evals, c->cap_sync_evals);
+            a->sync_evals[a->n_sync_evals++] = (dl_account_sync_eval){.t_s = t,
+                                                                      .version = dl_logfmt_i64_or(l, "version", 0),
+                                                                      .val_loss = dl_logfmt_f64_or(l, "loss", NAN),
+                                                                      .seqs = dl_logfmt_i64_or(l, "seqs", 0)};
+        } else if (!strcmp(ev, "merge")) {
             double mc = dl_logfmt_f64_or(l, "compute_s", 0.0);
             if (!isfinite(mc) || mc < 0 || mc > 1e12) {
                 note(c, "events-sync.log:%lld: merge with compute_s %g: ignored", (long long)dl_logfmt_lineno(f), mc);
@@ -999,6 +1007,7 @@ static void compute(ctx *c)
     account_faults(c);
     account_tokens(c);
     a->final_val_loss = a->n_evals ? a->evals[a->n_evals - 1].val_loss : NAN;
+    a->final_sync_val_loss = a->n_sync_evals ? a->sync_evals[a->n_sync_evals - 1].val_loss : NAN;
 }
 
 int dl_account_run(const char *run_dir, dl_account **out)
@@ -1043,6 +1052,7 @@ void dl_account_close(dl_account **ap)
     free(a->ledgers);
     free(a->merge);
     free(a->evals);
+    free(a->sync_evals);
     for (int i = 0; i < a->n_links; i++) free(a->links[i].samples);
     free(a->links);
     free(a->faults);

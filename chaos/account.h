@@ -140,6 +140,14 @@ typedef struct {
     double val_loss;  /* may be NaN */
 } dl_account_eval;
 
+/* The synchronizer's own periodic evaluation (its `eval` events). */
+typedef struct {
+    double t_s;       /* since the run start */
+    int64_t version;  /* sum of the fragment versions it read */
+    double val_loss;
+    int64_t seqs;
+} dl_account_sync_eval;
+
 /* A committed merge (synchronizer `merge`). */
 typedef struct {
     double t_s;
@@ -217,6 +225,9 @@ typedef struct dl_account {
     int n_evals;
     dl_account_eval *evals;  /* [n_evals], in file order */
     double final_val_loss;   /* the last eval's; NaN without one */
+    int n_sync_evals;
+    dl_account_sync_eval *sync_evals; /* [n_sync_evals]: events-sync.log eval events, in file order */
+    double final_sync_val_loss; /* the last one's; NaN without one */
 
     /* links */
     int n_links;

@@ -369,6 +369,19 @@ static void json_run(jw *w, const rep *R, int i)
     }
     jw_close(w, ']');
 
+    /* the synchronizer's own periodic evaluation (dloco-sync --eval_every_s) */
+    jw_num(w, "final_sync_val_loss", a->final_sync_val_loss);
+    jw_open(w, "sync_eval", '[', 0);
+    for (int k = 0; k < a->n_sync_evals; k++) {
+        jw_open(w, NULL, '[', 1);
+        jw_num(w, NULL, a->sync_evals[k].t_s);
+        jw_int(w, NULL, (long long)a->sync_evals[k].version);
+        jw_num(w, NULL, a->sync_evals[k].val_loss);
+        jw_int(w, NULL, (long long)a->sync_evals[k].seqs);
+        jw_close(w, ']');
+    }
+    jw_close(w, ']');
+
     jw_open(w, "merge_series", '[', 0);
     for (int k = 0; k < a->merges; k++) {
         const dl_account_merge *m = &a->merge[k];
@@ -931,6 +944,22 @@ static void plot_loss(rep *R)
         close_out(R, f, path);
         any++;
     }
+    /* the synchronizer's own evaluations (dloco-sync --eval_every_s), same sequences */
+    for (int i = 0; i < R->n; i++) {
+        const dl_account *a = R->r[i].a;
+        int pts = 0;
+        for (int k = 0; k < a->n_sync_evals; k++) pts += isfinite(a->sync_evals[k].val_loss);
+        if (!pts) continue;
+        snprintf(name, sizeof name, "loss-sync-%s.dat", R->r[i].file);
+        FILE *f = open_out(R, "plots", name, path, sizeof path);
+        if (!f) return;
+        fputs("# t_s val_loss (the synchronizer's eval events)\n", f);
+        for (int k = 0; k < a->n_sync_evals; k++)
+            if (isfinite(a->sync_evals[k].val_loss))
+                fprintf(f, "%.3f %.9g\n", a->sync_evals[k].t_s, a->sync_evals[k].val_loss);
+        close_out(R, f, path);
+        any++;
+    }
     FILE *f = open_out(R, "plots", "loss.gp", path, sizeof path);
     if (!f) return;
     gp_head(f, "loss.svg", "validation loss of the global model");
@@ -948,6 +977,19 @@ static void plot_loss(rep *R)
             gp_str(f, name);
             fputs(" using 1:2 with linespoints title ", f);
             gp_str(f, R->r[i].label);
+        }
+        for (int i = 0; i < R->n; i++) {
+            const dl_account *a = R->r[i].a;
+            int pts = 0;
+            for (int k = 0; k < a->n_sync_evals; k++) pts += isfinite(a->sync_evals[k].val_loss);
+            if (!pts) continue;
+            gp_plot_sep(f, &first);
+            snprintf(name, sizeof name, "loss-sync-%s.dat", R->r[i].file);
+            gp_str(f, name);
+            fputs(" using 1:2 with points title ", f);
+            char title[200];
+            snprintf(title, sizeof title, "%s (synchronizer)", R->r[i].label);
+            gp_str(f, title);
         }
         fputc('\n', f);
     }

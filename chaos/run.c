@@ -238,6 +238,12 @@ static void start_sync(run_t *r)
     arg(&a, "--outer_momentum"), arg(&a, "%g", sc->sync.outer_momentum);
     arg(&a, "--status_every_ms"), arg(&a, "5000");
     arg(&a, "--events"), arg(&a, "%s/events-sync.log", r->c->dir);
+    /* the synchronizer's own evaluation, on the sequences the harness's dloco eval uses (report: sync_eval) */
+    arg(&a, "--eval_every_s"), arg(&a, "%lld", sc->run.eval_every_s > 0 ? (long long)ceil(sc->run.eval_every_s) : 0LL);
+    arg(&a, "--eval_data"), arg(&a, "%s", sc->run.corpus);
+    arg(&a, "--eval_batch"), arg(&a, "8");
+    arg(&a, "--eval_seqs"), arg(&a, "%lld", 8 * (long long)sc->run.eval_batches);
+    arg(&a, "--metrics"), arg(&a, "127.0.0.1:0");
     args_split(&a, sc->sync.args);
     r->spid = spawn(&a, runpath(r, "sync.log"), 0);
     r->sexpected = 0;

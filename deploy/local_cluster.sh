@@ -39,7 +39,7 @@ cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done;
 trap cleanup EXIT INT TERM
 
 "$BUILD_DIR"/synchronizer/dloco-sync --config deploy/cluster.ini --store "$STORE" --bind "tcp://127.0.0.1:$PORT" \
-  --events "$LOGS/events-sync.log" > "$LOGS/sync.log" 2>&1 &
+  --eval_data "$DATA" --events "$LOGS/events-sync.log" > "$LOGS/sync.log" 2>&1 &
 SPID=$!; PIDS+=("$SPID")
 EP=""
 for _ in $(seq 1 100); do

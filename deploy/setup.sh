@@ -21,6 +21,8 @@ PKGS=(
   clang libclang-rt-14-dev                # libFuzzer + ASan/UBSan runtimes for tests/fuzz (without them those tests SKIP)
   fiu-utils libfiu0                       # dloco-chaos disk faults: fiu-run / fiu-ctrl and libfiu's POSIX preload
   gnuplot-nox                             # dloco-chaos report plots (SVG)
+  libmicrohttpd-dev                       # /metrics and /status.json endpoints (core/httpd.c)
+  prometheus                              # promtool: tests/test_metrics.sh checks the exposition (SKIPs without it)
 )
 WITH_TORCH=0
 FORCE=0

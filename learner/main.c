@@ -9,6 +9,7 @@
 #include "core/plan.h"
 #include "core/shard.h"
 #include "learner/comms.h"
+#include "learner/metrics.h"
 #include "learner/node.h"
 #include "learner/train.h"
 #include "proto/auth.h"
@@ -61,6 +62,7 @@ typedef struct {
     int64_t hello_retry_ms, hello_retry_max_ms, hello_unsent_ms, poll_max_ms, silence_min_ms, ack_expiry_min_ms,
         bye_linger_ms, push_decision_timeout_ms, reconnect_ms, reconnect_max_ms;
     char events[DL_CFG_STRLEN];
+    char metrics[DL_CFG_STRLEN];
     int local_eval;
     double throttle;
     int final_flush;
@@ -158,6 +160,9 @@ static const dl_cfg_entry learner_table[] = {
      "a due push waits for the previous push's decision at most this long (> ack_expiry_min_ms)"},
     {"events", DL_CFG_STR, F(events), 0, 0, "", NULL, 0,
      "append machine-readable events (logfmt, docs/EVENTS.md) to this file; empty = off"},
+    {"metrics", DL_CFG_STR, F(metrics), 0, 0, "auto", NULL, 0,
+     "networked mode: HTTP /metrics (Prometheus) on HOST:PORT (port 0 = ephemeral; the metrics_listen event "
+     "says which); auto = 127.0.0.1:0, or none with a warning where loopback cannot be bound; off = none"},
     {"final_flush", DL_CFG_BOOL, F(final_flush), 0, 0, "true", NULL, 0,
      "on exit (end of steps or SIGTERM) push every fragment with progress before saying Bye"},
     {"throttle", DL_CFG_FLOAT, F(throttle), 0.001, 1.0, "1", NULL, 0,
@@ -708,10 +713,14 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         .push_decision_timeout_ms = (int)cfg->push_decision_timeout_ms,
         .update_max_ratio = cfg->update_max_ratio,
     };
-    rc = dl_node_open(&no, mb, &node);
+    dl_lmet *lmet = NULL; /* --metrics: opened first, so a bad address stops before joining */
+    rc = dl_lmet_open(cfg->metrics, cfg->id, &lmet);
+    if (!rc) rc = dl_node_open(&no, mb, &node);
     for (int k = 0; k < S && !rc; k++) rc = dl_comms_start(comms[k]);
     if (rc) {
-        int r = fail("connecting", rc);
+        int met_failed = !lmet && cfg->metrics[0] && strcmp(cfg->metrics, "off") && strcmp(cfg->metrics, "auto");
+        int r = fail(met_failed ? "starting" : "connecting", rc);
+        dl_lmet_close(&lmet);
         dl_node_close(&node);
         close_sessions(comms, S);
         dl_mailbox_close(&mb);
@@ -797,6 +806,14 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                 break;
             }
             if (losslog) fprintf(losslog, "%lld %a\n", (long long)step, loss);
+            dl_lmet_step(lmet, dl_clock_s() - t_step, loss, (uint64_t)step, (uint64_t)(step * tok_per_step));
+            if (dl_lmet_due(lmet)) {
+                dl_comms_stats mcs;
+                dl_node_stats mns;
+                sessions_stats(comms, S, &mcs);
+                dl_node_get_stats(node, &mns);
+                dl_lmet_publish(lmet, &mcs, &mns, sps * (double)tok_per_step);
+            }
             last_train = loss;
             train_sum += loss;
             win_steps++;
@@ -891,6 +908,11 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     dl_comms_stats cs;
     dl_node_stats ns;
     sessions_stats(comms, S, &cs);
+    if (lmet) {
+        dl_node_get_stats(node, &ns);
+        dl_lmet_publish(lmet, &cs, &ns, 0);
+        dl_lmet_close(&lmet);
+    }
     char epochs[DL_MAILBOX_MAX_SESSIONS * 21 + 1] = "";
     for (int k = 0, o = 0; k < S; k++) {
         dl_comms_stats ks;

@@ -736,4 +736,10 @@ const float *dl_node_base(const dl_node *n, int p)
     return n->f[p].base;
 }
 
-void dl_node_get_stats(const dl_node *n, dl_node_stats *out) { *out = n->st; }
+void dl_node_get_stats(const dl_node *n, dl_node_stats *out)
+{
+    *out = n->st;
+    out->steps_behind_max = 0;
+    for (int p = 0; p < n->P; p++)
+        if (n->f[p].held && n->f[p].steps > out->steps_behind_max) out->steps_behind_max = n->f[p].steps;
+}

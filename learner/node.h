@@ -151,6 +151,8 @@ typedef struct {
     uint64_t refused;   /* updates refused: non-finite, or beyond update_max_ratio (never adopted) */
     uint64_t barrier_waits; /* waits of dl_node_barrier_wait (barrier policies only) */
     double barrier_wait_s;  /* wall seconds spent in them */
+    uint64_t steps_behind_max; /* now (not a counter): the most inner steps any held fragment has trained since
+                                * the reference point of its next delta (its adopted base): the adopt lag in steps */
 } dl_node_stats;
 
 /* One wait at the barrier (dl_node_barrier_wait). */

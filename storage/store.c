@@ -41,6 +41,8 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 #define MAGIC_LEARNER MAGIC4('D', 'L', 'L', 'N')
 #define MAGIC_MERGE MAGIC4('D', 'L', 'M', 'G')
 #define MAGIC_LEDGER MAGIC4('D', 'L', 'L', 'G')
+#define MAGIC_EVAL MAGIC4('D', 'L', 'E', 'V')
+#define EVAL_LEN 40
 #define FMT_VERSION 1u /* format version of every value kind above but the run (RUN_FMT) and fragment (FRAG_FMT) */
 
 /* fragments value (format FRAG_FMT): the fragment's header; its params and
@@ -79,7 +81,8 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 #define MREC_MAX_CONTRIB (1u << 20)
 /* learner value: 0 magic | 4 fmt | 8 first ns | 16 last ns | 24 pubkey[32]
  *  56 pushes | 64 merged | 72 dropped | 80 tokens applied | 88 bytes in | 96 bytes out */
-#define LEARNER_LEN 104
+#define LEARNER_LEN 128
+#define LEARNER_LEN_104 104 /* records written before rejected, step and tokens */
 #define LEDGER_LEN (8 + 8 * DL_LEDGER_NSTATES) /* magic | fmt | u64[4] */
 #define EPOCH_LEN 16                           /* magic | fmt | epoch u64 */
 #define SCHEMA_LEN 8                           /* magic | schema version u32 */
@@ -527,8 +530,9 @@ static void learner_encode(uint8_t b[LEARNER_LEN], const dl_store_learner *r)
     put64(b + 8, (uint64_t)r->first_seen_ns);
     put64(b + 16, (uint64_t)r->last_seen_ns);
     memcpy(b + 24, r->pubkey, DL_STORE_PUBKEY_BYTES);
-    const uint64_t c[6] = {r->pushes, r->merged, r->dropped, r->tokens_applied, r->bytes_in, r->bytes_out};
-    for (int i = 0; i < 6; i++) put64(b + 56 + 8 * i, c[i]);
+    const uint64_t c[9] = {r->pushes,   r->merged,   r->dropped, r->tokens_applied, r->bytes_in,
+                           r->bytes_out, r->rejected, r->step,   r->tokens};
+    for (int i = 0; i < 9; i++) put64(b + 56 + 8 * i, c[i]);
 }
 
 static int learner_decode(const MDB_val *k, const MDB_val *v, dl_store_learner *r)
@@ -537,7 +541,8 @@ static int learner_decode(const MDB_val *k, const MDB_val *v, dl_store_learner *
     int klen = (int)(k->mv_size < 80 ? k->mv_size : 80);
     if (k->mv_size == 0 || k->mv_size > DL_STORE_ID_MAX)
         return dl_err(DL_ECORRUPT, "learners: key of %zu bytes is not an id", k->mv_size);
-    if (v->mv_size != LEARNER_LEN || get32(b) != MAGIC_LEARNER || get32(b + 4) != FMT_VERSION)
+    if ((v->mv_size != LEARNER_LEN && v->mv_size != LEARNER_LEN_104) || get32(b) != MAGIC_LEARNER ||
+        get32(b + 4) != FMT_VERSION)
         return dl_err(DL_ECORRUPT, "learners[%.*s]: bad size/magic/format (%zu bytes)", klen,
                       (const char *)k->mv_data, v->mv_size);
     memcpy(r->id, k->mv_data, k->mv_size);
@@ -545,8 +550,10 @@ static int learner_decode(const MDB_val *k, const MDB_val *v, dl_store_learner *
     r->first_seen_ns = (int64_t)get64(b + 8);
     r->last_seen_ns = (int64_t)get64(b + 16);
     memcpy(r->pubkey, b + 24, DL_STORE_PUBKEY_BYTES);
-    uint64_t *c[6] = {&r->pushes, &r->merged, &r->dropped, &r->tokens_applied, &r->bytes_in, &r->bytes_out};
-    for (int i = 0; i < 6; i++) *c[i] = get64(b + 56 + 8 * i);
+    uint64_t *c[9] = {&r->pushes,   &r->merged,   &r->dropped, &r->tokens_applied, &r->bytes_in,
+                      &r->bytes_out, &r->rejected, &r->step,   &r->tokens};
+    int nc = v->mv_size == LEARNER_LEN ? 9 : 6;
+    for (int i = 0; i < 9; i++) *c[i] = i < nc ? get64(b + 56 + 8 * i) : 0;
     return 0;
 }
 
@@ -1225,6 +1232,53 @@ int dl_store_get_epoch(dl_store *s, uint64_t *epoch_out)
     else
         rc = rc == MDB_NOTFOUND ? dl_err(DL_ECORRUPT, "store %s: meta has no epoch", s->dir)
                                 : mdb_fail(rc, "mdb_get(meta, epoch)", __FILE__, __LINE__);
+    txn_abort(s, t);
+    return rc;
+}
+
+static int eval_put_fn(dl_store *s, MDB_txn *t, void *ctx)
+{
+    const dl_store_eval *e = ctx;
+    uint8_t b[EVAL_LEN] = {0};
+    put32(b, MAGIC_EVAL);
+    put32(b + 4, FMT_VERSION);
+    put64(b + 8, e->version);
+    putf64(b + 16, e->loss);
+    put32(b + 24, e->seqs);
+    put64(b + 32, (uint64_t)e->wallclock_ns);
+    MDB_val k = key_str("eval"), v = {EVAL_LEN, b};
+    MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, 0));
+    return 0;
+}
+
+int dl_store_put_eval(dl_store *s, const dl_store_eval *e)
+{
+    assert(s && e);
+    return store_write(s, 0, eval_put_fn, (void *)e);
+}
+
+int dl_store_get_eval(dl_store *s, dl_store_eval *out)
+{
+    assert(s && out);
+    MDB_txn *t;
+    DL_TRY(txn_begin(s, 0, &t));
+    MDB_val k = key_str("eval"), v;
+    int rc = mdb_get(t, s->dbi_meta, &k, &v);
+    if (rc == MDB_SUCCESS) {
+        const uint8_t *b = v.mv_data;
+        if (v.mv_size != EVAL_LEN || get32(b) != MAGIC_EVAL || get32(b + 4) != FMT_VERSION) {
+            rc = dl_err(DL_ECORRUPT, "store %s: meta eval: bad size/magic/format (%zu bytes)", s->dir, v.mv_size);
+        } else {
+            out->version = get64(b + 8);
+            out->loss = getf64(b + 16);
+            out->seqs = get32(b + 24);
+            out->wallclock_ns = (int64_t)get64(b + 32);
+            rc = 0;
+        }
+    } else {
+        rc = rc == MDB_NOTFOUND ? dl_err(DL_ENOTFOUND, "store %s: no evaluation recorded", s->dir)
+                                : mdb_fail(rc, "mdb_get(meta, eval)", __FILE__, __LINE__);
+    }
     txn_abort(s, t);
     return rc;
 }

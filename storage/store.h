@@ -18,14 +18,21 @@
  *   meta      "schema" -> schema version; "run" -> run id, fingerprint, P,
  *             model shape (L, NH, C, T, V), init seed, shard layout, numel
  *             of each fragment; "config" -> run config text (an audit
- *             record: nothing reads the model from it); "epoch".
+ *             record: nothing reads the model from it); "epoch";
+ *             "eval" -> 40 bytes {magic, version, fragment version sum
+ *             u64, loss f64, sequences u32, pad u32, wallclock i64}: the
+ *             synchronizer's last periodic evaluation (absent until one).
  *   fragments p (u32 big-endian) -> 48-byte header {version, numel, number
  *             of blocks, block size, commit wallclock}.
  *   params    (p u32 BE, block u32 BE) -> 48-byte header {p, block, version,
  *             n, XXH64 of the block's floats} + n fp32: elements
  *             [block * DL_STORE_BLOCK_FLOATS, + n) of fragment p's params.
  *   outer     (p, block) -> the same for the outer momentum.
- *   learners  id -> registry record (seen times, public key, counters).
+ *   learners  id -> registry record (seen times, public key, counters):
+ *             128 bytes {magic, version, first/last seen, key, pushes,
+ *             merged, dropped, tokens_applied, bytes_in, bytes_out,
+ *             rejected, step, tokens}; a 104-byte record (before rejected,
+ *             step and tokens were kept) reads with those 0.
  *   merges    (p u32 BE, version u64 BE) -> merge record; append-only, so a
  *             fragment at version v has exactly the records 1..v.
  *   ledger    "totals" -> tokens per final state.
@@ -182,6 +189,19 @@ uint64_t dl_store_fragment_numel(const dl_store *s, uint32_t p); /* 0 if p >= P 
 int dl_store_bump_epoch(dl_store *s, uint64_t *epoch_out);
 int dl_store_get_epoch(dl_store *s, uint64_t *epoch_out);
 
+/* The last periodic evaluation of the global model (dloco-sync
+ * --eval_every_s), kept so an offline `dloco status STORE` shows it. */
+typedef struct {
+    uint64_t version;     /* sum of the fragment versions evaluated */
+    double loss;          /* mean validation loss */
+    uint32_t seqs;        /* sequences it averaged over */
+    int64_t wallclock_ns; /* when it finished */
+} dl_store_eval;
+/* Replace the record (one small write transaction, no fsync of its own). */
+int dl_store_put_eval(dl_store *s, const dl_store_eval *e);
+/* DL_ENOTFOUND when no evaluation was recorded. */
+int dl_store_get_eval(dl_store *s, dl_store_eval *out);
+
 /* ---- fragments */
 
 /* Copy out fragment p: its version, params (numel floats, may be NULL) and
@@ -307,7 +327,9 @@ typedef struct {
     char id[DL_STORE_ID_MAX + 1];
     int64_t first_seen_ns, last_seen_ns; /* wallclock ns */
     uint8_t pubkey[DL_STORE_PUBKEY_BYTES]; /* CURVE public key, zeros if none */
-    uint64_t pushes, merged, dropped, tokens_applied, bytes_in, bytes_out;
+    uint64_t pushes, merged, dropped, tokens_applied, bytes_in, bytes_out; /* tokens_applied: fragment-tokens */
+    uint64_t rejected;      /* pushes answered REJECTED (busy and failed merges included) */
+    uint64_t step, tokens;  /* its latest Heartbeat: inner step, tokens processed since its start */
 } dl_store_learner;
 
 /* Insert or replace the record of rec->id. */

@@ -36,6 +36,10 @@ typedef struct {
     double norm_k, norm_param_ratio, param_abs_max, max_step_rate;
     int64_t norm_window, norm_min_history, step_slack, max_batch;
     char norm_action[DL_CFG_STRLEN];
+    char metrics[DL_CFG_STRLEN];
+    int64_t eval_every_s, eval_seqs, eval_batch, eval_threads;
+    double eval_val_frac;
+    char eval_data[DL_CFG_STRLEN];
 } sync_cfg;
 
 #define F(x) offsetof(sync_cfg, x)
@@ -132,6 +136,21 @@ static const dl_cfg_entry table[] = {
     {"log_level", DL_CFG_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error", 0, "log verbosity"},
     {"events", DL_CFG_STR, F(events), 0, 0, "", NULL, 0,
      "append machine-readable events (logfmt, docs/EVENTS.md) to this file; empty = off"},
+    {"metrics", DL_CFG_STR, F(metrics), 0, 0, "auto", NULL, 0,
+     "HTTP /metrics (Prometheus) and /status.json on HOST:PORT; auto = " DL_SYNC_METRICS_DEFAULT
+     ", or an ephemeral loopback port when that is busy; off = none (docs/OPERATING.md)"},
+    {"eval_every_s", DL_CFG_INT, F(eval_every_s), 0, 86400, "60", NULL, 0,
+     "evaluate the global model's validation loss every this many seconds in a background thread (event eval, "
+     "metric, status); 0 = off; off with shards > 1"},
+    {"eval_seqs", DL_CFG_INT, F(eval_seqs), 1, 1000000, "256", NULL, 0,
+     "validation sequences per evaluation (rounded up to eval_batch; 256 = dloco eval's default 16 x 16)"},
+    {"eval_batch", DL_CFG_INT, F(eval_batch), 1, 4096, "8", NULL, 0,
+     "sequences per forward pass of the evaluation (memory: activations of eval_batch x seq_len)"},
+    {"eval_threads", DL_CFG_INT, F(eval_threads), 1, 1024, "1", NULL, 0, "OpenMP threads of the evaluation thread"},
+    {"eval_data", DL_CFG_STR, F(eval_data), 0, 0, "/usr/share/games/fortunes", NULL, 0,
+     "the data the learners train on (as dloco eval --data); unreadable = evaluation off, with a warning"},
+    {"eval_val_frac", DL_CFG_FLOAT, F(eval_val_frac), 0.0, 0.5, "0.05", NULL, 0,
+     "the validation fraction the learners use (as dloco eval --val_frac)"},
 };
 #undef F
 #define NCFG (sizeof table / sizeof table[0])
@@ -310,6 +329,13 @@ int main(int argc, char **argv)
     sc.chunk_bytes = (uint64_t)c.chunk_kb << 10;
     sc.pool_bytes = (uint64_t)c.pool_mb << 20;
     sc.slow_reader_ms = (int)c.slow_reader_ms;
+    snprintf(sc.metrics, sizeof sc.metrics, "%s", c.metrics);
+    sc.eval_every_s = (int)c.eval_every_s;
+    sc.eval_seqs = (int)c.eval_seqs;
+    sc.eval_batch = (int)c.eval_batch;
+    sc.eval_threads = (int)c.eval_threads;
+    sc.eval_val_frac = c.eval_val_frac;
+    snprintf(sc.eval_data, sizeof sc.eval_data, "%s", c.eval_data);
     /* the whole effective config, however long, as the store's audit record */
     char *config_text = NULL;
     size_t config_len = 0;

@@ -42,6 +42,7 @@ typedef struct {
     uint64_t hellos, pushes, merged, dropped, rejected, tokens_applied; /* counters, fragment-tokens */
     uint64_t bytes_in, bytes_out;      /* frames, bytes (headers approximated) */
     uint64_t last_push_tokens;         /* tokens of its latest accepted push: its expected share of a round */
+    uint64_t last_staleness;           /* staleness of its latest merged push, versions */
     /* [P * DL_REGISTRY_BASES]: per fragment a ring of the versions this
      * learner was given (Update sent, or held at Hello) and when: a push from
      * base v can have accumulated steps only since v reached the learner. */
@@ -52,6 +53,7 @@ typedef struct {
     int64_t owed_since_ns;   /* monotonic ns the oldest owed update became owed */
     int64_t put_ns;          /* monotonic ns of its last store record (learner_put), 0 = none */
     int put_dirty;           /* a record was skipped by the one-a-second limit */
+    uint64_t put_sig;        /* the counters' sum at that record: the tick writes again when they moved */
     int64_t probe_ns;        /* monotonic ns its connection was last probed (route_connected) */
     int probe_ok;            /* that probe's answer */
 } dl_registry_learner;

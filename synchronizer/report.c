@@ -21,10 +21,11 @@ void dl_report_status(const dl_sync_stats *st, char *buf, size_t cap)
     for (int p = 0; p < st->P && o < sizeof vers - 24; p++)
         o += (size_t)snprintf(vers + o, sizeof vers - o, "%s%llu", p ? "," : "", (unsigned long long)st->versions[p]);
     snprintf(buf, cap,
-             "epoch %llu | learners %d live / %d dead / %d left | merges %llu | mean staleness %.2f | versions [%s] | "
+             "epoch %llu | learners %d live / %d dead / %d left (%llu known) | merges %llu | mean staleness %.2f | versions [%s] | "
              "dropped %llu rejected %llu (busy %llu) | pool %.1f / %.1f MiB | outbound %.1f MiB | store file %.1f MiB "
              "live %.1f MiB | jobs in flight %d",
-             (unsigned long long)st->epoch, st->live, st->dead, st->left, (unsigned long long)st->merges,
+             (unsigned long long)st->epoch, st->live, st->dead, st->left, (unsigned long long)st->known_learners,
+             (unsigned long long)st->merges,
              mean_staleness(st), vers, (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
              (unsigned long long)st->busy_refused, (double)st->pool_bytes / 1048576.0,
              (double)st->pool_max / 1048576.0, (double)st->outbound_attached / 1048576.0,

@@ -6,6 +6,7 @@
 #include "core/err.h"
 #include "core/event.h"
 #include "core/hash.h"
+#include "core/httpd.h"
 #include "core/log.h"
 #include "core/plan.h"
 #include "core/shard.h"
@@ -13,6 +14,8 @@
 #include "proto/wire.h"
 #include "storage/modelfile.h"
 #include "storage/store.h"
+#include "synchronizer/evalthread.h"
+#include "synchronizer/metrics.h"
 #include "synchronizer/registry.h"
 #include "synchronizer/report.h"
 #include "synchronizer/round.h"
@@ -43,6 +46,10 @@
 #define DL_SYNC_DRAIN_BYTES (32u << 20)
 /* The derived pool bound is at least this (small models never wait for room). */
 #define DL_SYNC_POOL_MIN (64ull << 20)
+/* /metrics and /status.json are re-rendered this often, seconds. */
+#define DL_SYNC_PUBLISH_S 1.0
+/* A learner whose counters moved gets a new store record at most this often. */
+#define DL_SYNC_PUT_EVERY_NS (5 * 1000000000LL)
 /* Default chunk_bytes. */
 #define DL_SYNC_CHUNK_BYTES (1u << 20)
 
@@ -136,6 +143,16 @@ struct dl_sync {
     uint64_t *versions;               /* [P] snapshot buffer */
     dl_sync_learner_stats *lstats;    /* [max learners] snapshot buffer */
     struct owed_key *owed_order; /* [max learners] scratch of serve_all_owed */
+
+    /* the operator view (docs/OPERATING.md): counters the loop feeds, and the
+     * documents the HTTP thread serves, re-rendered by `publish` */
+    dl_syncmet met;
+    dl_httpd *httpd;         /* NULL: metrics = off */
+    dl_httpd_pages *pages;
+    ev_timer publish;
+    dl_evalthread *evalt;    /* NULL: periodic evaluation off */
+    ev_timer eval_timer;
+    uint64_t known_learners; /* learner records in the store, counted at start and as new ids are put */
 };
 
 static int member(const dl_sync *s, int slot) { return (int)dl_policy_learner_state(s->policy, (uint32_t)slot); }
@@ -190,6 +207,8 @@ static int send_msg(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *env
                             payload ? 1 : 0, ZMQ_DONTWAIT, q);
     if (rc == 0) {
         l->bytes_out += len + 64;
+        s->met.bytes_out[dl_syncmet_kind(env->body_case)] += len + 64;
+        s->met.msgs_out[dl_syncmet_kind(env->body_case)]++;
         if (len) {
             uint64_t q = attached_bytes(s);
             if (q > s->outbound_peak) s->outbound_peak = q;
@@ -572,6 +591,7 @@ static void submit_round(dl_sync *s, const dl_policy_round *r)
     j->ledger.tokens[DL_LEDGER_APPLIED] = out.applied_tokens;
     char line[512];
     dl_policy_round_format(r, line, sizeof line);
+    dl_syncmet_round(&s->met, r);
     DL_DEBUG("round closed: %s", line);
     submit(s, j);
 }
@@ -610,6 +630,10 @@ static void merge_done(dl_sync *s, dl_job *j)
             pending_push *pp = &s->pend[j->handles[i]];
             dl_registry_learner *l = dl_registry_get(s->reg, (int)pp->learner);
             dl_ledger_failed(s->ledger, (int)pp->learner, p, pp->base_version, pp->tokens);
+            /* answered REJECTED below: counted as the learner counts it */
+            l->rejected++;
+            s->rejected++;
+            s->met.push_rejected[DL_SM_REJ_MERGE_FAILED]++;
             /* no rebase: the pushed progress is still in the learner's
              * parameters (theta - base) and goes into its next push */
             send_ack(s, l, p, j->rec.contrib[i].base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0,
@@ -627,6 +651,8 @@ static void merge_done(dl_sync *s, dl_job *j)
         const dl_merge_contrib *mc = &j->rec.contrib[i];
         l->merged++;
         l->tokens_applied += mc->tokens;
+        l->last_staleness = mc->staleness;
+        dl_prom_hist_observe(&s->met.staleness, (double)mc->staleness);
         stale += (double)mc->staleness;
         s->stale_sum += mc->staleness;
         dl_ledger_merged(s->ledger, (int)pp->learner, p, pp->tokens);
@@ -648,6 +674,8 @@ static void merge_done(dl_sync *s, dl_job *j)
     s->param_norm[p] = j->param_norm;
     s->merges++;
     s->merged_contribs += (uint64_t)j->m;
+    s->met.tokens_merged += j->ledger.tokens[DL_LEDGER_APPLIED];
+    dl_syncmet_merged(&s->met, p, (uint32_t)j->m, j->work_s, j->store_s);
     dl_policy_committed(s->policy, p, nv, now);
     double share = j->mopts.share_scaling ? j->share : 1.0;
     DL_INFO("merge frag %d v%llu: %d learner(s), mean staleness %.2f, share %.2f, |delta| %.4g", p,
@@ -661,6 +689,14 @@ static void merge_done(dl_sync *s, dl_job *j)
 
 /* ------------------------------------------------------------------------ */
 /* inbound messages */
+
+/* Counters written to the store move this sum: the tick writes a record
+ * again when it changed (DL_SYNC_PUT_EVERY_NS), so `dloco status STORE`
+ * shows a live run's counters, not only the ones of learners that left. */
+static uint64_t put_sig(const dl_registry_learner *l)
+{
+    return l->pushes + l->merged + l->dropped + l->rejected + l->tokens_applied + l->step + l->tokens;
+}
 
 static void learner_put_now(dl_sync *s, dl_registry_learner *l)
 {
@@ -676,7 +712,36 @@ static void learner_put_now(dl_sync *s, dl_registry_learner *l)
     r->tokens_applied = l->tokens_applied;
     r->bytes_in = l->bytes_in;
     r->bytes_out = l->bytes_out;
+    r->rejected = l->rejected;
+    r->step = l->step;
+    r->tokens = l->tokens;
+    l->put_sig = put_sig(l);
     submit(s, j);
+}
+
+/* A learner this process meets for the first time: its counters go on from
+ * the store's record (a restarted synchronizer keeps them), or it is a new
+ * id of the run. A short read snapshot on the loop, like a Fetch. (A slot
+ * reclaimed in this process and taken again before the worker wrote its
+ * last record reads the record before that one: counters of at most a few
+ * seconds are lost, never doubled.) */
+static void restore_counters(dl_sync *s, dl_registry_learner *l)
+{
+    dl_store_learner r;
+    int rc = dl_store_learner_get(s->store, l->id, &r);
+    if (rc == DL_ENOTFOUND) s->known_learners++;
+    if (rc) {
+        if (rc != DL_ENOTFOUND) DL_WARN("learner %s: its stored counters cannot be read: %s", l->id, dl_errmsg());
+        return;
+    }
+    l->first_seen_wall = r.first_seen_ns;
+    l->pushes = r.pushes;
+    l->merged = r.merged;
+    l->dropped = r.dropped;
+    l->rejected = r.rejected;
+    l->tokens_applied = r.tokens_applied;
+    l->bytes_in = r.bytes_in;
+    l->bytes_out = r.bytes_out;
 }
 
 /* At most one registry record a second per learner: a peer repeating
@@ -807,6 +872,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
                    (unsigned long long)dl_wire_queue_bytes(dl_registry_get(s->reg, slot)->outq));
         dl_event("learner_duplicate", "id=%s action=busy_previous", id);
         s->refused_msgs++;
+        s->met.msg_refused[DL_SM_MSG_DUPLICATE]++;
         return;
     }
     if (slot >= 0 && registered(s, slot) && !dl_registry_route_is(s->reg, slot, route, rlen)) {
@@ -818,6 +884,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
                            "learner id '%s' is live on another connection: refused (retry when it is gone)", id);
                 dl_event("learner_duplicate", "id=%s action=refused", id);
                 s->refused_msgs++;
+                s->met.msg_refused[DL_SM_MSG_DUPLICATE]++;
                 return;
             }
             /* with CURVE the key proves the identity: the newer connection
@@ -835,6 +902,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
             send_error(s, route, rlen, id, DL_EAGAIN, 0, "too many new learners joining: retry in a second");
             dl_event("hello_limited", "id=%s", id);
             s->refused_msgs++;
+            s->met.msg_refused[DL_SM_MSG_LIMITS]++;
             return;
         }
         slot = dl_registry_add(s->reg, id, dl_wallclock_ns());
@@ -847,6 +915,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
             send_error(s, route, rlen, id, DL_ERANGE, 0, "%s; retry later", dl_errmsg());
             dl_event("hello_full", "id=%s max=%d", id, dl_registry_max(s->reg));
             s->refused_msgs++;
+            s->met.msg_refused[DL_SM_MSG_LIMITS]++;
             return;
         }
     }
@@ -868,6 +937,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
      * back after its slot was reclaimed: what was merged from it is forgotten */
     int away_long = l->hellos > 0 && now - l->last_seen_ns > (int64_t)s->cfg.rebase_ms * 1000000LL;
     if (l->hellos == 0) {
+        restore_counters(s, l);
         uint64_t hid = dl_hash64(id, strlen(id), 0);
         int n = s->n_reclaimed_ids < DL_SYNC_RECLAIMED_IDS ? s->n_reclaimed_ids : DL_SYNC_RECLAIMED_IDS;
         for (int i = 0; i < n && !away_long; i++) away_long = s->reclaimed_ids[i] == hid;
@@ -936,11 +1006,13 @@ static void push_event(const dl_registry_learner *l, const Dloco__V1__Push *ph, 
  * `tokens` is what the ledger may believe of the push (at most what the
  * counter check found plausible). */
 static void refuse_push(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, uint64_t tokens,
-                        int rebase, const char *why)
+                        int rebase, dl_sm_reject kind, const char *why)
 {
     int p = (int)ph->fragment;
     l->rejected++;
     s->rejected++;
+    s->met.push_rejected[kind]++;
+    s->met.tokens_received += tokens;
     dl_ledger_arrived(s->ledger, slot, p, ph->base_version, tokens);
     dl_ledger_refused(s->ledger, slot, p, ph->base_version, tokens);
     send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, rebase);
@@ -956,7 +1028,8 @@ static void refuse_busy(dl_sync *s, int slot, dl_registry_learner *l, const Dloc
 {
     int p = (int)ph->fragment;
     s->busy_refused++;
-    l->rejected++;
+    s->met.push_rejected[DL_SM_REJ_BUSY]++;
+    l->rejected++; /* the learner counts the REJECTED ack (and busy) */
     dl_ledger_arrived(s->ledger, slot, p, ph->base_version, ph->tokens);
     dl_ledger_refused(s->ledger, slot, p, ph->base_version, ph->tokens);
     push_event(l, ph, "busy", why);
@@ -1002,18 +1075,18 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
         unsigned __int128 cap = (unsigned __int128)(ph->steps < steps_max ? ph->steps : steps_max) * batch *
                                 (uint64_t)s->cfg.model.seq_len;
         if (cap < plausible) plausible = (uint64_t)cap;
-        refuse_push(s, slot, l, ph, plausible, 1, why);
+        refuse_push(s, slot, l, ph, plausible, 1, DL_SM_REJ_COUNTERS, why);
         return -1;
     }
     /* 2. replays (a push too stale to pool is dropped below either way) */
     uint64_t cur = dl_policy_version(s->policy, p);
     int poolable = ph->base_version <= cur && cur - ph->base_version <= (uint64_t)s->cfg.policy.max_staleness;
     if (poolable && dl_guard_replay(s->guard, slot, p, ph->base_version, why, sizeof why)) {
-        refuse_push(s, slot, l, ph, 0, 1, why);
+        refuse_push(s, slot, l, ph, 0, 1, DL_SM_REJ_REPLAY, why);
         return -1;
     }
     if (ph->codec != DLOCO__V1__CODEC__CODEC_FP32) {
-        refuse_push(s, slot, l, ph, ph->tokens, 0, "only fp32 pushes are supported by this synchronizer");
+        refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_CODEC, "only fp32 pushes are supported by this synchronizer");
         return -1;
     }
     uint64_t need = s->numel[p] * sizeof(float);
@@ -1039,7 +1112,7 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
     int poolable = ph->base_version <= cur && cur - ph->base_version <= (uint64_t)s->cfg.policy.max_staleness;
     if (poolable && dl_guard_replay(s->guard, slot, p, ph->base_version, why, sizeof why)) {
         pool_free(s, p, delta);
-        refuse_push(s, slot, l, ph, 0, 1, why);
+        refuse_push(s, slot, l, ph, 0, 1, DL_SM_REJ_REPLAY, why);
         return;
     }
     /* 3. values */
@@ -1048,7 +1121,7 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
     double norm = dl_guard_norm(delta, n, &finite);
     if (!finite) {
         pool_free(s, p, delta);
-        refuse_push(s, slot, l, ph, ph->tokens, 0, "non-finite values in push");
+        refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_NONFINITE, "non-finite values in push");
         return;
     }
     double scale = 1.0;
@@ -1056,7 +1129,7 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
     dl_guard_observe(s->guard, p, slot, norm); /* what the fleet pushes now, whatever this push's fate */
     if (g == DL_GUARD_REJECTED) {
         pool_free(s, p, delta);
-        refuse_push(s, slot, l, ph, ph->tokens, 1, why);
+        refuse_push(s, slot, l, ph, ph->tokens, 1, DL_SM_REJ_NORM, why);
         return;
     }
     if (g == DL_GUARD_CLIPPED) {
@@ -1088,6 +1161,7 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
             free_pending(s, v.replaced_handle);
         }
         dl_ledger_pooled(s->ledger, slot, p, ph->tokens, replaced_tokens);
+        s->met.tokens_received += ph->tokens;
         send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0, "", 0);
         push_event(l, ph, v.replaced ? "pooled_replacing" : "pooled", g == DL_GUARD_CLIPPED ? why : "");
         schedule(s);
@@ -1097,6 +1171,7 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
     if (v.decision == DL_POLICY_DROPPED_STALE) {
         l->dropped++;
         s->dropped_stale++;
+        s->met.tokens_received += ph->tokens;
         dl_ledger_dropped_stale(s->ledger, slot, p, ph->tokens);
         char reason[96];
         snprintf(reason, sizeof reason, "staleness %lld > max %lld", (long long)v.staleness,
@@ -1120,6 +1195,8 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
          * arrival's settlement by refusing through the ledger as well */
         l->rejected++;
         s->rejected++;
+        s->met.push_rejected[DL_SM_REJ_POLICY]++;
+        s->met.tokens_received += ph->tokens;
         dl_ledger_refused(s->ledger, slot, p, ph->base_version, ph->tokens);
         const char *r = dl_policy_reason_name(v.reason);
         send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, r, 0);
@@ -1198,6 +1275,9 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         send_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0);
         push_event(l, ph, "rejected", why);
         s->refused_msgs++;
+        l->rejected++; /* answered REJECTED: the learner counts it */
+        s->rejected++;
+        s->met.push_rejected[DL_SM_REJ_CHUNK_ORDER]++;
         inbound_header(in, ph, now);
         in->refused = 1; /* the rest of this transfer is dropped unread */
         return;
@@ -1291,10 +1371,13 @@ static void on_message(dl_sync *s, dl_wire_msg *msg)
         dl_event("auth_refused", "id=%s key_owner=%s body=%s", id, owner[0] ? owner : "-",
                  dl_wire_body_name(env->body_case));
         s->refused_msgs++;
+        s->met.msg_refused[DL_SM_MSG_UNAUTHORIZED]++;
         return;
     }
     size_t bytes = 64;
     for (int i = 0; i < msg->npayload; i++) bytes += dl_wire_msg_payload_len(msg, i);
+    s->met.bytes_in[dl_syncmet_kind(env->body_case)] += bytes;
+    s->met.msgs_in[dl_syncmet_kind(env->body_case)]++;
     if (env->body_case == DLOCO__V1__ENVELOPE__BODY_HELLO) {
         on_hello(s, msg, env, env->hello);
         int slot = dl_registry_find(s->reg, id);
@@ -1310,6 +1393,7 @@ static void on_message(dl_sync *s, dl_wire_msg *msg)
                    "learner '%s' is not registered on this connection in epoch %llu: send hello", id,
                    (unsigned long long)s->epoch);
         s->refused_msgs++;
+        s->met.msg_refused[DL_SM_MSG_NOT_REGISTERED]++;
         return;
     }
     dl_registry_learner *l = dl_registry_get(s->reg, slot);
@@ -1366,6 +1450,8 @@ static void drain(dl_sync *s)
             char why[400];
             snprintf(why, sizeof why, "%s", dl_errmsg());
             s->refused_msgs++;
+            s->met.msg_refused[DL_SM_MSG_INVALID]++;
+            s->met.msgs_in[0]++;
             if (msg.id_len) send_error(s, msg.id, msg.id_len, NULL, DL_EPROTO, 0, "rejected message: %s", why);
             else DL_WARN("rejected message: %s", why);
         } else if (rc != DL_EAGAIN) {
@@ -1412,6 +1498,77 @@ static void maybe_finish(dl_sync *s)
     if (dl_worker_inflight(s->worker) == 0) ev_break(s->loop, EVBREAK_ALL);
 }
 
+static void wake_loop(void *ctx);
+
+/* A finished periodic evaluation: event, metric, and the store's record. */
+static void eval_poll(dl_sync *s)
+{
+    dl_store_eval r;
+    int ok = 0;
+    char err[320];
+    if (!s->evalt || !dl_evalthread_take(s->evalt, &r, &ok, err, sizeof err)) return;
+    if (!ok) {
+        char eb[400];
+        DL_WARN("periodic evaluation failed: %s", err);
+        dl_event("eval_failed", "reason=%s", dl_event_str(err, eb, sizeof eb));
+        return;
+    }
+    s->met.has_eval = 1;
+    s->met.evals++;
+    s->met.eval_version = r.version;
+    s->met.eval_loss = r.loss;
+    s->met.eval_seqs = (int)r.seqs;
+    s->met.eval_wall = r.wallclock_ns;
+    DL_INFO("global model at total version %llu: val loss %.4f (%u sequences)", (unsigned long long)r.version, r.loss,
+            r.seqs);
+    dl_event("eval", "version=%llu loss=%.6f seqs=%u", (unsigned long long)r.version, r.loss, r.seqs);
+    if (s->stopping) return;
+    dl_job *j = dl_job_new(DL_JOB_EVAL);
+    j->erec = r;
+    submit(s, j);
+}
+
+static void on_eval_timer(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    dl_sync *s = w->data;
+    if (!s->stopping && dl_evalthread_request(s->evalt))
+        DL_DEBUG("periodic evaluation still running: this one skipped");
+}
+
+/* eval_every_s > 0: the evaluation thread over this store; a data file that
+ * cannot be read is a warning (the default is on), not a start-up error. */
+static void open_eval(dl_sync *s)
+{
+    dl_store_eval last;
+    if (dl_store_get_eval(s->store, &last) == 0) {
+        s->met.has_eval = 1;
+        s->met.eval_version = last.version;
+        s->met.eval_loss = last.loss;
+        s->met.eval_seqs = (int)last.seqs;
+        s->met.eval_wall = last.wallclock_ns;
+    }
+    if (s->cfg.eval_every_s <= 0) return;
+    if (s->cfg.shards > 1) {
+        DL_INFO("periodic evaluation off: shard %d of %d holds only its own fragments", s->cfg.shard, s->cfg.shards);
+        return;
+    }
+    dl_evaluate_opts o = {.data = s->cfg.eval_data,
+                          .val_frac = s->cfg.eval_val_frac,
+                          .batch = s->cfg.eval_batch > 0 ? s->cfg.eval_batch : 8,
+                          .seqs = s->cfg.eval_seqs > 0 ? s->cfg.eval_seqs : 256};
+    if (dl_evalthread_open(&s->cfg.model, s->plan, s->store, &o, s->cfg.eval_threads, wake_loop, s, &s->evalt)) {
+        char eb[400];
+        DL_WARN("periodic evaluation off: %s (option eval_data)", dl_errmsg());
+        dl_event("eval_failed", "reason=%s", dl_event_str(dl_errmsg(), eb, sizeof eb));
+        return;
+    }
+    ev_timer_init(&s->eval_timer, on_eval_timer, s->cfg.eval_every_s, s->cfg.eval_every_s);
+    s->eval_timer.data = s;
+    ev_timer_start(s->loop, &s->eval_timer);
+}
+
 static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
 {
     (void)loop;
@@ -1427,6 +1584,7 @@ static void on_wake(struct ev_loop *loop, ev_async *w, int revents)
         }
         dl_job_free(j);
     }
+    eval_poll(s);
     schedule(s);
     serve_all_owed(s); /* what merges made owed, and what drained queues have room for now */
     drain(s);
@@ -1515,7 +1673,7 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
     for (int i = 0; i < dl_registry_count(s->reg); i++) {
         dl_registry_learner *l = dl_registry_get(s->reg, i);
         if (!l->used) continue;
-        if (l->put_dirty) learner_put(s, l);
+        if (l->put_dirty || (l->put_sig != put_sig(l) && now - l->put_ns >= DL_SYNC_PUT_EVERY_NS)) learner_put(s, l);
         /* a chunked push whose chunks stopped holds pool room: not for ever */
         if (s->inb[i].active && now - s->inb[i].progress_ns > (int64_t)s->cfg.slow_reader_ms * 1000000LL)
             inbound_drop(s, i, "stalled");
@@ -1561,11 +1719,12 @@ static void on_status(struct ev_loop *loop, ev_timer *w, int revents)
     DL_INFO("status: %s", line);
     dl_event("sync_status",
              "live=%d dead=%d left=%d merges=%llu pool_bytes=%llu pool_max_bytes=%llu busy_refused=%llu "
-             "outbound_bytes=%llu jobs=%d drain_yields=%llu store_file_bytes=%llu store_live_bytes=%llu",
+             "outbound_bytes=%llu jobs=%d drain_yields=%llu store_file_bytes=%llu store_live_bytes=%llu known=%llu",
              st.live, st.dead, st.left, (unsigned long long)st.merges, (unsigned long long)st.pool_bytes,
              (unsigned long long)st.pool_max, (unsigned long long)st.busy_refused,
              (unsigned long long)st.outbound_attached, st.jobs_inflight, (unsigned long long)st.drain_yields,
-             (unsigned long long)st.store_file_bytes, (unsigned long long)st.store_live_bytes);
+             (unsigned long long)st.store_file_bytes, (unsigned long long)st.store_live_bytes,
+             (unsigned long long)st.known_learners);
 }
 
 static void on_stop(struct ev_loop *loop, ev_signal *w, int revents)
@@ -1694,6 +1853,7 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
         o->step = l->step;
         o->tokens = l->tokens;
         o->steps_per_s = l->steps_per_s;
+        o->last_staleness = l->last_staleness;
         out->live += o->state == DL_POLICY_MEMBER_LIVE;
         out->dead += o->state == DL_POLICY_MEMBER_DEAD;
         out->left += o->state == DL_POLICY_MEMBER_LEFT;
@@ -1725,6 +1885,7 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->rejected = s->rejected;
     out->fetches = s->fetches;
     out->jobs_inflight = dl_worker_inflight(s->worker);
+    out->known_learners = s->known_learners;
     dl_ledger_get_totals(s->ledger, &out->ledger);
     dl_store_stats ss;
     if (dl_store_get_stats(s->store, &ss) == 0) {
@@ -1740,6 +1901,80 @@ void dl_sync_summary(dl_sync *s, FILE *f)
     dl_sync_get_stats(s, &st);
     dl_report_summary(&st, f);
     dl_report_summary_events(&st);
+}
+
+/* ------------------------------------------------------------------------ */
+/* the operator view: /metrics and /status.json, rendered on the loop from one
+ * statistics snapshot and swapped in for the HTTP thread, which never reads
+ * the loop's state */
+
+static void publish_now(dl_sync *s)
+{
+    if (!s->pages) return;
+    dl_sync_stats st;
+    dl_sync_get_stats(s, &st);
+    dl_policy_stats ps;
+    dl_policy_get_stats(s->policy, &ps);
+    dl_sync_tunables t = {.policy = *dl_policy_get_cfg(s->policy), .merge = s->cfg.merge, .guard = s->cfg.guard};
+    dl_syncmet_ctx c = {.run_id = s->cfg.run_id,
+                        .endpoint = s->endpoint,
+                        .fingerprint = s->fingerprint,
+                        .tun = &t,
+                        .policy = &ps,
+                        .shard = s->cfg.shard,
+                        .shards = s->cfg.shards};
+    dl_prom doc;
+    dl_prom_init(&doc);
+    dl_syncmet_render_metrics(&s->met, &st, &c, &doc);
+    dl_httpd_pages_set(s->pages, "/metrics", "text/plain; version=0.0.4; charset=utf-8", doc.buf, doc.len);
+    doc.len = 0;
+    dl_syncmet_render_status(&s->met, &st, &c, &doc);
+    dl_httpd_pages_set(s->pages, "/status.json", "application/json", doc.buf, doc.len);
+    dl_prom_free(&doc);
+}
+
+static void on_publish(struct ev_loop *loop, ev_timer *w, int revents)
+{
+    (void)loop;
+    (void)revents;
+    publish_now(w->data);
+}
+
+static int count_learner(const dl_store_learner *r, void *ctx)
+{
+    (void)r;
+    ++*(uint64_t *)ctx;
+    return 0;
+}
+
+/* cfg.metrics: an explicit address that cannot be bound is an error naming
+ * the option; the default one ("auto") falls back to an ephemeral loopback
+ * port, so several synchronizers on one host all start. */
+static int open_metrics(dl_sync *s)
+{
+    if (!s->cfg.metrics[0] || !strcmp(s->cfg.metrics, "off")) return 0;
+    int fallback = !strcmp(s->cfg.metrics, "auto");
+    const char *addr = fallback ? DL_SYNC_METRICS_DEFAULT : s->cfg.metrics;
+    s->pages = dl_httpd_pages_new();
+    int rc = dl_httpd_open(addr, dl_httpd_pages_handler, s->pages, &s->httpd);
+    if (rc && fallback) {
+        DL_WARN("metrics: %s; serving on an ephemeral loopback port instead", dl_errmsg());
+        rc = dl_httpd_open("127.0.0.1:0", dl_httpd_pages_handler, s->pages, &s->httpd);
+        if (rc) {
+            /* the default must never keep a synchronizer from starting */
+            DL_WARN("metrics off: %s", dl_errmsg());
+            dl_httpd_pages_free(&s->pages);
+            return 0;
+        }
+    }
+    if (rc) return dl_err(rc, "option metrics: %s", dl_errmsg());
+    DL_INFO("metrics: http://%s/metrics and /status.json", dl_httpd_addr(s->httpd));
+    dl_event("metrics_listen", "addr=%s", dl_httpd_addr(s->httpd));
+    ev_timer_init(&s->publish, on_publish, DL_SYNC_PUBLISH_S, DL_SYNC_PUBLISH_S);
+    s->publish.data = s;
+    ev_timer_start(s->loop, &s->publish);
+    publish_now(s);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1807,6 +2042,7 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     if (dl_policy_cfg_check(&cfg->policy, why, sizeof why)) return DL_EINVAL;
     dl_sync *s = dl_xcalloc(1, sizeof *s);
     s->cfg = *cfg;
+    dl_syncmet_init(&s->met, cfg->P > 0 ? cfg->P : 1);
     int rc = 0;
     float *full = NULL;
     if ((rc = dl_model_config_check(&s->cfg.model))) goto fail;
@@ -1976,6 +2212,9 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     ev_signal_start(s->loop, &s->sighup);
 
     s->started_ns = s->last_sync_ns = dl_clock_ns();
+    dl_store_foreach_learner(s->store, count_learner, &s->known_learners);
+    open_eval(s);
+    if ((rc = open_metrics(s))) goto fail;
     DL_INFO("run '%s' epoch %llu: %s (%d fragments, %zu params, fingerprint %016llx), listening on %s",
             s->cfg.run_id, (unsigned long long)s->epoch, total_v ? "resumed" : "new run", P,
             dl_plan_total_numel(s->plan), (unsigned long long)s->fingerprint, s->endpoint);
@@ -2027,6 +2266,10 @@ void dl_sync_close(dl_sync **sp)
 {
     if (!sp || !*sp) return;
     dl_sync *s = *sp;
+    dl_evalthread_close(&s->evalt); /* before the store and the loop it reads and wakes */
+    dl_httpd_close(&s->httpd); /* its thread reads only the pages */
+    dl_httpd_pages_free(&s->pages);
+    dl_syncmet_free(&s->met);
     if (s->outq) dl_wire_queue_set_wake(s->outq, NULL, NULL); /* libzmq frees what it holds below */
     dl_worker_close(&s->worker); /* before the loop it wakes */
     if (s->router) DL_ZMQ_LOG(zmq_close(s->router));

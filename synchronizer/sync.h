@@ -52,9 +52,21 @@ typedef struct {
                                      gets one whole fragment at a time when its queue is empty) */
     int slow_reader_ms;      /* a learner whose queue makes no progress this long is dropped */
     dl_guard_cfg guard;      /* counters, replays, value guards */
+    /* periodic evaluation of the global model (synchronizer/evalthread.h); off with shards > 1 (a shard
+       holds only its fragments) */
+    int eval_every_s;        /* 0 = off */
+    int eval_seqs;           /* validation sequences per evaluation */
+    int eval_batch;          /* sequences per forward pass */
+    int eval_threads;        /* OpenMP threads of the evaluation thread */
+    double eval_val_frac;    /* the learners' validation fraction */
+    char eval_data[256];     /* the run's data; one that cannot be read turns evaluation off with a warning */
+    char metrics[256];       /* HTTP /metrics + /status.json: "HOST:PORT", "auto" (DL_SYNC_METRICS_DEFAULT, or an
+                                ephemeral loopback port when that one is busy), "" or "off" = none */
     const char *config_text; /* the effective config text, recorded in the store as an audit record (nothing
                                 parses it); NULL = none; the caller's, kept until dl_sync_close */
 } dl_sync_cfg;
+
+#define DL_SYNC_METRICS_DEFAULT "127.0.0.1:9470"
 
 enum { DL_SYNC_AUTH_AUTO = 0, DL_SYNC_AUTH_CURVE = 1, DL_SYNC_AUTH_OFF = 2 };
 
@@ -94,6 +106,7 @@ typedef struct {
     uint64_t pushes, merged, dropped, rejected, tokens_applied, bytes_in, bytes_out;
     uint64_t step, tokens; /* from its latest Heartbeat */
     double steps_per_s;
+    uint64_t last_staleness; /* of its latest merged push, versions */
 } dl_sync_learner_stats;
 
 typedef struct {
@@ -121,6 +134,7 @@ typedef struct {
     uint64_t abandoned_pushes; /* chunked pushes dropped unfinished (learner gone, new connection, order) */
     uint64_t store_file_bytes, store_live_bytes, store_free_bytes; /* LMDB: data.mdb, used - free, freelist */
     int jobs_inflight;
+    uint64_t known_learners;   /* learner records in the store: every id this run has seen, in any process */
     dl_ledger_totals ledger;
 } dl_sync_stats;
 

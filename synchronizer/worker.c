@@ -62,6 +62,7 @@ static const char *job_name(dl_job_kind k)
     case DL_JOB_LEARNER_PUT: return "registry write";
     case DL_JOB_LEDGER: return "ledger write";
     case DL_JOB_SYNC: return "sync";
+    case DL_JOB_EVAL: return "evaluation record";
     }
     return "?";
 }
@@ -73,7 +74,7 @@ static void nap_ms(int ms)
 }
 
 /* One store write of job j, retried while it fails for a transient cause. */
-static int store_write(dl_worker *w, dl_job *j)
+static int store_write_retried(dl_worker *w, dl_job *j)
 {
     for (int ms = RETRY_MS0;; ms = ms * 2 < RETRY_MS_MAX ? ms * 2 : RETRY_MS_MAX) {
         dl_err_clear();
@@ -86,6 +87,7 @@ static int store_write(dl_worker *w, dl_job *j)
         case DL_JOB_LEARNER_PUT: rc = dl_store_learner_put(w->store, &j->lrec); break;
         case DL_JOB_LEDGER: rc = dl_store_ledger_add(w->store, &j->ledger); break;
         case DL_JOB_SYNC: rc = dl_store_sync(w->store); break;
+        case DL_JOB_EVAL: rc = dl_store_put_eval(w->store, &j->erec); break;
         }
         if (rc != DL_EAGAIN || j->retries >= WRITE_RETRIES) return rc;
         j->retries++;
@@ -96,6 +98,15 @@ static int store_write(dl_worker *w, dl_job *j)
             DL_WARN("%s: %s; retry %d of %d in %d ms", job_name(j->kind), dl_errmsg(), j->retries, WRITE_RETRIES, ms);
         nap_ms(ms);
     }
+}
+
+/* ... and its time, retries included: the LMDB commit latency of a merge */
+static int store_write(dl_worker *w, dl_job *j)
+{
+    int64_t t0 = dl_clock_ns();
+    int rc = store_write_retried(w, j);
+    j->store_s = (double)(dl_clock_ns() - t0) * 1e-9;
+    return rc;
 }
 
 static void run_merge(dl_worker *w, dl_job *j)
@@ -153,7 +164,9 @@ static void *worker_main(void *arg)
         w->todo_head = j->next;
         if (!w->todo_head) w->todo_tail = NULL;
         pthread_mutex_unlock(&w->mu);
+        int64_t t0 = dl_clock_ns();
         run(w, j);
+        j->work_s = (double)(dl_clock_ns() - t0) * 1e-9;
         pthread_mutex_lock(&w->mu);
         j->next = NULL;
         if (w->done_tail) w->done_tail->next = j;

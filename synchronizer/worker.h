@@ -16,7 +16,7 @@
 #include "storage/store.h"
 #include "synchronizer/merge.h"
 
-typedef enum { DL_JOB_MERGE, DL_JOB_LEARNER_PUT, DL_JOB_LEDGER, DL_JOB_SYNC } dl_job_kind;
+typedef enum { DL_JOB_MERGE, DL_JOB_LEARNER_PUT, DL_JOB_LEDGER, DL_JOB_SYNC, DL_JOB_EVAL } dl_job_kind;
 
 /* One job. The loop fills the inputs, submits, and reads the results when
  * the job comes back from dl_worker_done; between the two the worker owns it. */
@@ -37,9 +37,13 @@ typedef struct dl_job {
     dl_store_ledger ledger;
     /* DL_JOB_LEARNER_PUT */
     dl_store_learner lrec;
+    /* DL_JOB_EVAL: the last periodic evaluation, for the store's meta */
+    dl_store_eval erec;
     /* results */
     int rc;              /* 0 or the failing call's DL_E* code */
     int retries;         /* store writes retried after a transient failure (DL_EAGAIN) before rc */
+    double work_s;       /* seconds the worker spent on the job (merge: merge + outer step + commit, retries incl.) */
+    double store_s;      /* of them in the store write (merge: the LMDB commit, retries and their waits incl.) */
     double norm;         /* merge: L2 norm of the merged delta */
     double param_abs_max; /* merge: the new global must be finite with |x| <= this (0 = finite only), else the
                            * commit is aborted (dl_guard_cfg.param_abs_max at submission) */

@@ -68,5 +68,9 @@ echo "goodput $gp, availability bound $bound, buckets sum to $sum"
 check "goodput and badput buckets sum to 1 ($sum)" python3 -c "import sys; sys.exit(abs($sum - 1) > 1e-6)"
 check "goodput is positive and under the availability bound ($gp <= $bound)" \
   python3 -c "import sys; sys.exit(not (0 < $gp <= $bound <= 1))"
+check "the synchronizer's own evaluations are in the report (sync_eval)" python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))["runs"][0]
+sys.exit(not (len(r["sync_eval"]) >= 1 and r["final_sync_val_loss"] > 0))' "$OUT/report.json"
 [ $fail = 0 ] && echo "test_chaos: all checks passed" || { echo "test_chaos: FAILED"; tail -30 "$W/chaos.log"; }
 exit $fail

@@ -338,6 +338,9 @@ static void gen_faulty(const char *run, int ledger)
     ev(&s, 75, 502, "merge_contrib", "id=b1 frag=3 version=1 base=0 staleness=3 tokens=10 compute_s=140.000000 weight=0.3");
     ev(&s, 80, 502, "push", "id=b1 frag=0 base=0 steps=5 tokens=10 compute_s=20.000000 decision=dropped_stale reason=\"\"");
     ev(&s, 81, 502, "push", "id=zz frag=0 base=0 steps=5 tokens=10 compute_s=8.000000 decision=dropped_stale reason=\"\"");
+    /* the synchronizer's own periodic evaluation */
+    ev(&s, 90, 502, "eval", "version=7 loss=3.400000 seqs=64");
+    ev(&s, 99, 502, "eval", "version=9 loss=3.250000 seqs=64");
     /* the final flush: merged after the run's end, still counted */
     ev(&s, 101, 502, "merge", "frag=0 version=2 n=1 staleness_mean=0.000 share=1 norm=1 tokens=10 compute_s=80.000000 retries=0");
     ev(&s, 101, 502, "merge_contrib", "id=a2 frag=0 version=2 base=1 staleness=0 tokens=10 compute_s=80.000000 weight=1");
@@ -570,6 +573,11 @@ static void check_faulty(const dl_account *a)
     CHECK_NEAR(a->evals[0].elapsed_s, 50, tol);
     CHECK_EQ(a->evals[1].merges, 4);
     CHECK_NEAR(a->final_val_loss, 3.2, tol);
+    REQUIRE(a->n_sync_evals == 2, "sync evals %d", a->n_sync_evals);
+    CHECK_NEAR(a->sync_evals[0].t_s, 90, tol);
+    CHECK_EQ(a->sync_evals[1].version, 9);
+    CHECK_EQ(a->sync_evals[1].seqs, 64);
+    CHECK_NEAR(a->final_sync_val_loss, 3.25, tol);
     CHECK_EQ(a->check_ok, 1);
     CHECK_STR(a->check_detail, "store ok: 5 versions");
     CHECK_EQ(a->unplanned_exits, 1);

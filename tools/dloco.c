@@ -2,6 +2,7 @@
  * (versions, merges, ledger, learners), eval (validation loss of the global
  * model in a store), plan (a model's fragments), export (tools/export.c: the global model as a model file).
  * Read-only on the store: safe while a synchronizer runs. */
+#include "core/clock.h"
 #include "core/config.h"
 #include "core/err.h"
 #include "core/log.h"
@@ -9,10 +10,12 @@
 #include "core/plan.h"
 #include "core/shard.h"
 #include "learner/data.h"
+#include "learner/evaluate.h"
 #include "learner/gpt.h"
 #include "proto/auth.h"
 #include "storage/store.h"
 #include "tools/export.h"
+#include "tools/status.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -30,8 +33,11 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: dloco COMMAND STORE [options]\n"
                "  check  STORE                 verify a store offline (exit 1 on the first violation)\n"
-               "  status STORE                 run, epoch, store sizes, fragment versions, merges, token ledger,\n"
-               "                               learners\n"
+               "  status ADDR|STORE [--json] [--watch [SECONDS]]\n"
+               "                               learners, fragments, token ledger, global validation loss: of a\n"
+               "                               running synchronizer (ADDR = HOST:PORT of its --metrics) or of a\n"
+               "                               store (run, epoch, store sizes, versions, merges too);\n"
+               "                               --json one document (docs/OPERATING.md), --watch refreshes\n"
                "  records STORE                one line per merge contribution: fragment version learner decision\n"
                "                               staleness tokens weight\n"
                "  eval   STORE [--data PATH] [--batch B] [--val_batches N] [--val_frac F]\n"
@@ -103,13 +109,17 @@ static int count_merge(const dl_merge_record *r, void *ctx)
 static int print_learner(const dl_store_learner *l, void *ctx)
 {
     (void)ctx;
-    printf("learner %s: pushes %llu merged %llu dropped %llu tokens_applied %llu bytes_in %llu bytes_out %llu\n", l->id,
-           (unsigned long long)l->pushes, (unsigned long long)l->merged, (unsigned long long)l->dropped,
-           (unsigned long long)l->tokens_applied, (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out);
+    printf("learner %s: pushes %llu merged %llu dropped %llu rejected %llu tokens_applied %llu bytes_in %llu bytes_out "
+           "%llu step %llu tokens %llu\n",
+           l->id, (unsigned long long)l->pushes, (unsigned long long)l->merged, (unsigned long long)l->dropped,
+           (unsigned long long)l->rejected, (unsigned long long)l->tokens_applied, (unsigned long long)l->bytes_in,
+           (unsigned long long)l->bytes_out, (unsigned long long)l->step, (unsigned long long)l->tokens);
     return 0;
 }
 
-static int cmd_status(const char *dir)
+/* `dloco status STORE` as text (tools/status.c has the rest of status). */
+int dl_status_store_text(const char *dir);
+int dl_status_store_text(const char *dir)
 {
     dl_store_opts o = dl_store_opts_default();
     o.read_only = 1;
@@ -153,17 +163,32 @@ static int cmd_status(const char *dir)
     dl_store_ledger led;
     /* Each push reports the tokens behind one fragment's delta, so the ledger
      * counts fragment-tokens: a token a learner trained on appears once per
-     * fragment. Divided by P it reads in tokens. */
-    if (!dl_store_ledger_get(s, &led)) {
-        double P = run.n_fragments ? (double)run.n_fragments : 1.0;
-        printf("token ledger (tokens; fragment-tokens / %u): applied %.0f, dropped_stale %.0f, rejected %.0f, lost %.0f, "
-               "discarded %.0f, outstanding %.0f\n",
-               run.n_fragments, (double)led.tokens[DL_LEDGER_APPLIED] / P,
-               (double)led.tokens[DL_LEDGER_DROPPED_STALE] / P, (double)led.tokens[DL_LEDGER_REJECTED] / P,
-               (double)led.tokens[DL_LEDGER_LOST] / P, (double)led.tokens[DL_LEDGER_DISCARDED] / P,
-               (double)led.tokens[DL_LEDGER_OUTSTANDING] / P);
-    }
+     * fragment. The one unit everywhere (check, status, metrics, events),
+     * printed exact and named. */
+    if (!dl_store_ledger_get(s, &led))
+        printf("token ledger (fragment-tokens): applied %llu, dropped_stale %llu, rejected %llu, lost %llu, "
+               "discarded %llu, outstanding %llu\n",
+               (unsigned long long)led.tokens[DL_LEDGER_APPLIED],
+               (unsigned long long)led.tokens[DL_LEDGER_DROPPED_STALE],
+               (unsigned long long)led.tokens[DL_LEDGER_REJECTED], (unsigned long long)led.tokens[DL_LEDGER_LOST],
+               (unsigned long long)led.tokens[DL_LEDGER_DISCARDED],
+               (unsigned long long)led.tokens[DL_LEDGER_OUTSTANDING]);
     dl_store_foreach_learner(s, print_learner, NULL);
+    for (uint32_t p = 0; p < run.n_fragments; p++) {
+        uint64_t v = 0;
+        dl_merge_record r;
+        if (dl_store_read_fragment(s, p, &v, NULL, NULL) || !v || dl_store_get_merge(s, p, v, &r)) continue;
+        uint32_t merged = 0;
+        for (uint32_t i = 0; i < r.n_contrib; i++) merged += r.contrib[i].decision == DL_MERGE_MERGED;
+        printf("fragment %u: version %llu, last merge %.1f s ago (epoch %llu), %u contributor(s)\n", p,
+               (unsigned long long)v, (double)(dl_wallclock_ns() - r.wallclock_ns) * 1e-9,
+               (unsigned long long)r.epoch, merged);
+        dl_merge_record_free(&r);
+    }
+    dl_store_eval ev;
+    if (dl_store_get_eval(s, &ev) == 0)
+        printf("global validation loss %.4f at total version %llu (%u sequences, %.0f s ago)\n", ev.loss,
+               (unsigned long long)ev.version, ev.seqs, (double)(dl_wallclock_ns() - ev.wallclock_ns) * 1e-9);
     dl_store_close(&s);
     return 0;
 }
@@ -232,8 +257,7 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     if ((rc = dl_store_open(dir, &o, &s))) return fail("opening the store", rc);
     dl_store_run run;
     dl_plan *plan = NULL;
-    dl_gpt *g = NULL;
-    dl_data *d = NULL;
+    dl_evaluate *ev = NULL;
     if ((rc = dl_store_get_run(s, &run)) || (rc = dl_model_plan_open(&run.model, (int)run.n_fragments, &plan))) {
         dl_store_close(&s);
         return fail("reading the run", rc);
@@ -245,54 +269,22 @@ static int cmd_eval(const char *dir, int argc, char **argv)
         dl_store_close(&s);
         return fail("reading the run", dl_err(DL_EMISMATCH, "model config in the store does not match its fingerprint"));
     }
-    if ((rc = dl_gpt_open(&m, (int)ec.batch, &g))) goto out;
-    float *params = dl_gpt_params(g);
-    float *buf = dl_xmalloc(dl_plan_max_fragment_numel(plan) * sizeof(float));
+    /* the synchronizer's periodic evaluation runs the same code (learner/evaluate.h) */
+    dl_evaluate_opts eo = {.data = ec.data, .val_frac = ec.val_frac, .batch = (int)ec.batch,
+                           .seqs = (int)(ec.batch * ec.val_batches)};
     uint64_t vsum = 0;
-    for (int p = 0; p < P && !rc; p++) {
-        uint64_t v;
-        rc = dl_store_read_fragment(s, (uint32_t)p, &v, buf, NULL);
-        if (!rc) dl_plan_scatter(plan, p, buf, params);
-        vsum += v;
-    }
-    free(buf);
-    if (rc) goto out;
-    dl_data_opts dop = {.path = ec.data, .format = "auto", .seq_len = m.seq_len, .vocab = m.vocab,
-                        .val_frac = ec.val_frac, .seed = 0};
-    if ((rc = dl_data_open(&dop, &d))) goto out;
-    int B = (int)ec.batch, T = m.seq_len;
-    int32_t *inp = dl_xmalloc(sizeof(int32_t) * B * T), *tgt = dl_xmalloc(sizeof(int32_t) * B * T);
-    double sum = 0;
-    FILE *dump = NULL;
-    if (ec.dump_seqs[0]) {
-        int32_t hdr[8] = {0x51534c44, 1, (int32_t)ec.val_batches, B, T, m.vocab, 0, 0}; /* "DLSQ" */
-        if (!(dump = fopen(ec.dump_seqs, "wb")) || fwrite(hdr, sizeof hdr, 1, dump) != 1)
-            rc = dl_err(DL_EIO, "cannot write %s", ec.dump_seqs);
-    }
-    for (int i = 0; i < ec.val_batches && !rc; i++) {
-        dl_data_val_batch(d, (uint64_t)i, B, inp, tgt);
-        for (int b = 0; dump && !rc && b < B; b++)
-            if (fwrite(inp + (size_t)b * T, sizeof(int32_t), (size_t)T, dump) != (size_t)T ||
-                fwrite(tgt + (size_t)b * T, sizeof(int32_t), (size_t)T, dump) != (size_t)T)
-                rc = dl_err(DL_EIO, "write %s", ec.dump_seqs);
-        sum += dl_gpt_forward(g, inp, tgt, B, T);
-    }
-    if (dump && fclose(dump) != 0 && !rc) rc = dl_err(DL_EIO, "write %s", ec.dump_seqs);
-    if (rc) {
-        free(inp);
-        free(tgt);
+    double loss = 0;
+    if ((rc = dl_evaluate_open(&m, &eo, &ev)) || (rc = dl_evaluate_load(ev, s, plan, &vsum)) ||
+        (rc = dl_evaluate_run(ev, NULL, &loss)))
         goto out;
-    }
-    free(inp);
-    free(tgt);
     printf("global model: run %s, %d fragments at total version %llu, val loss %.4f (%lld batches of %d x %d)\n",
-           run.run_id, P, (unsigned long long)vsum, sum / ec.val_batches, (long long)ec.val_batches, B, T);
+           run.run_id, P, (unsigned long long)vsum, loss, (long long)ec.val_batches, (int)ec.batch, m.seq_len);
+    if (ec.dump_seqs[0] && (rc = dl_evaluate_dump(ev, ec.dump_seqs))) goto out;
     if (ec.dump_seqs[0])
-        printf("eval: %lld sequences of %d tokens written to %s; val_loss=%.9f\n", (long long)ec.val_batches * B, T,
-               ec.dump_seqs, sum / ec.val_batches);
+        printf("eval: %d sequences of %d tokens written to %s; val_loss=%.9f\n", dl_evaluate_seqs(ev), m.seq_len,
+               ec.dump_seqs, loss);
 out:
-    dl_data_close(&d);
-    dl_gpt_close(&g);
+    dl_evaluate_close(&ev);
     dl_plan_close(&plan);
     dl_store_close(&s);
     return rc ? fail("eval", rc) : 0;
@@ -416,7 +408,7 @@ int main(int argc, char **argv)
         }
         return 0;
     }
-    if (!strcmp(cmd, "status")) return cmd_status(dir);
+    if (!strcmp(cmd, "status")) return dl_status_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "records")) return cmd_records(dir);
     if (!strcmp(cmd, "eval")) return cmd_eval(dir, argc - 2, argv + 2);
     if (!strcmp(cmd, "export")) return dl_export_cmd(dir, argc - 2, argv + 2);
