@@ -115,6 +115,7 @@ struct dl_comms {
     int rebuilds_row;       /* rebuilds since the last Welcome (their backoff) */
     int bad_row;            /* inbound messages rejected by proto/wire.c in a row */
     char conn_err[400];     /* the last connection problem, for the connect-timeout message */
+    int auth_denied;        /* the synchronizer's ZAP refused this learner's key for good (status 400) */
     int hello_unsent; /* the last Hello found no connection */
     int rr; /* round-robin start for fairness among fragments */
     dl_wire_queue *outq;    /* payload bytes of ours libzmq still holds (the push window) */
@@ -403,6 +404,20 @@ static void set_state(dl_comms *c, int state, const char *fmt, ...)
         c->st.field++;                                                                                   \
         pthread_mutex_unlock(&c->mu);                                                                    \
     } while (0)
+
+/* A refusal that cannot heal by retrying (run id, model shape, fragment
+ * count, key, duplicate id): the session stops, the learner exits 3 with the
+ * reason (docs/PROTOCOL.md "Errors"). kind: the wire ErrorKind's name, or
+ * "unauthorized" for a key its ZAP handler denied; text: the reason as logs
+ * show it (quoted, escaped), raw: as received (dl_event_str escapes it). */
+static void refuse(dl_comms *c, const char *kind, const char *text, const char *raw)
+{
+    set_state(c, DL_COMMS_REFUSED, "synchronizer at %s refused learner %s (%s): %s", c->endpoint, c->id, kind, text);
+    DL_ERROR("comms: refused by the synchronizer (%s): %s", kind, text);
+    char ev[1200];
+    dl_event("refused", " learner=%s epoch=%llu kind=%s reason=%s", c->id, (unsigned long long)c->epoch, kind,
+             dl_event_str(raw, ev, sizeof ev));
+}
 
 /* Text from the network (Error.message, Ack.reason, Welcome.policy, a run
  * id) for a log line: always quoted, '"' and '\' escaped, every byte outside
@@ -790,6 +805,7 @@ static int monitor_lost(dl_comms *c)
         } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                          ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
             int auth = ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+            if (auth && val == 400) c->auth_denied = 1; /* ZAP's permanent "no": 300/500 are temporary */
             snprintf(c->conn_err, sizeof c->conn_err, "handshake with %s failed (%s, code %u%s)", c->endpoint,
                      auth ? "authentication" : ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail", val,
                      !c->curve_server[0] ? ""
@@ -1104,8 +1120,7 @@ static int on_error(dl_comms *c, const Dloco__V1__Error *e)
     Dloco__V1__ErrorKind k = dl_wire_error_kind(e);
     const char *kind = dl_wire_error_kind_name(k);
     if (e->fatal) {
-        set_state(c, DL_COMMS_REFUSED, "synchronizer at %s refused learner %s (%s): %s", c->endpoint, c->id, kind, text);
-        DL_ERROR("comms: fatal error from synchronizer (%s): %s", kind, text);
+        refuse(c, kind, text, e->message ? e->message : "");
         return 1;
     }
     if (k == DLOCO__V1__ERROR_KIND__ERROR_KIND_UNKNOWN_LEARNER) {
@@ -1132,9 +1147,15 @@ static int handle(dl_comms *c, dl_wire_msg *m)
     if (strcmp(env->run_id ? env->run_id : "", c->run_id) != 0 ||
         strcmp(env->learner_id ? env->learner_id : "", c->id) != 0) {
         /* Error may carry an empty learner_id (proto/wire.h). */
-        int anon_error = body == DLOCO__V1__ENVELOPE__BODY_ERROR && !(env->learner_id && env->learner_id[0]) &&
+        int is_err = body == DLOCO__V1__ENVELOPE__BODY_ERROR;
+        int for_us = !(env->learner_id && env->learner_id[0]) || !strcmp(env->learner_id, c->id);
+        int anon_error = is_err && !(env->learner_id && env->learner_id[0]) &&
                          !strcmp(env->run_id ? env->run_id : "", c->run_id);
-        if (!anon_error) {
+        /* the answer to our Hello from a synchronizer of another run carries
+         * that run's id: its fatal MISMATCH is the reason we will never get in */
+        int run_refusal = is_err && for_us && c->state == DL_COMMS_HELLO && env->error->fatal &&
+                          dl_wire_error_kind(env->error) == DLOCO__V1__ERROR_KIND__ERROR_KIND_MISMATCH;
+        if (!anon_error && !run_refusal) {
             char r[NET_STR_CAP];
             DL_WARN("comms: %s for run %s learner '%s' ignored (this is run '%s' learner '%s')",
                     dl_wire_body_name(body), net_str(env->run_id, r, sizeof r), env->learner_id, c->run_id, c->id);
@@ -1450,6 +1471,10 @@ static void *comms_main(void *arg)
         if (c->mon && monitor_lost(c)) {
             char why[sizeof c->conn_err];
             snprintf(why, sizeof why, "%s", c->conn_err);
+            if (c->auth_denied) {
+                refuse(c, "unauthorized", why, why);
+                break;
+            }
             rebuild(c, strstr(why, "handshake") ? "handshake_failed" : "disconnected", why);
         }
 
