@@ -12,11 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "core/clock.h"
 #include "core/err.h"
 #include "core/event.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "core/plan.h"
 #include "core/shard.h"
@@ -70,6 +72,7 @@ struct dl_comms {
     size_t maxn;     /* floats per swapped buffer */
     uint64_t fingerprint;
     uint32_t n_layer, n_head, n_embd, seq_len, vocab, batch;
+    uint64_t instance;      /* Hello.instance */
     char curve_server[41], curve_public[41], curve_secret[41]; /* Z85; "" = plain */
     uint64_t max_jump;  /* max_version_jump */
     int byzantine;
@@ -139,6 +142,21 @@ static void queue_wake(void *ctx) { wake(ctx); }
 /* mailbox */
 
 int dl_comms_id_ok(const char *s) { return dl_wire_id_ok(s); }
+
+uint64_t dl_comms_instance(void)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t inst;
+    pthread_mutex_lock(&mu);
+    while (!inst) {
+        /* the kernel's randomness; the clock and pid only if it fails (never 0) */
+        if (getrandom(&inst, sizeof inst, 0) != (ssize_t)sizeof inst)
+            inst = dl_hash64(&(uint64_t[2]){(uint64_t)dl_clock_ns(), (uint64_t)getpid()}, 16, 0) | 1;
+    }
+    uint64_t v = inst;
+    pthread_mutex_unlock(&mu);
+    return v;
+}
 
 static int copy_str(char *dst, size_t cap, const char *src, const char *what)
 {
@@ -279,6 +297,7 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->seq_len = o->seq_len;
     c->vocab = o->vocab;
     c->batch = o->batch;
+    c->instance = o->instance ? o->instance : dl_comms_instance();
     memcpy(c->curve_server, o->curve_server, sizeof c->curve_server);
     memcpy(c->curve_public, o->curve_public, sizeof c->curve_public);
     memcpy(c->curve_secret, o->curve_secret, sizeof c->curve_secret);
@@ -480,6 +499,7 @@ static void send_hello(dl_comms *c)
     h.seq_len = c->seq_len;
     h.vocab = c->vocab;
     h.batch = c->batch;
+    h.instance = c->instance;
     h.num_fragments = (uint32_t)c->P;
     h.device = c->device;
     /* any chunk up to our largest fragment (libzmq takes nothing bigger) */

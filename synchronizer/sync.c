@@ -796,6 +796,23 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     }
     int64_t now = dl_clock_ns();
     int slot = dl_registry_find(s->reg, id);
+    if (slot >= 0 && registered(s, slot) && !dl_registry_route_is(s->reg, slot, route, rlen) && h->instance) {
+        /* a second live process with a registered id: refused for good
+         * (below: the same process on a new connection, or a holder gone) */
+        dl_registry_learner *l = dl_registry_get(s->reg, slot);
+        int64_t live_ns = (int64_t)s->cfg.heartbeat_ms * s->cfg.liveness * 1000000LL;
+        int other = l->instance && h->instance != l->instance;
+        int64_t quiet_ms = (now - l->last_seen_ns) / 1000000;
+        if (other && l->route_len && now - l->last_seen_ns <= live_ns && route_connected(s, l)) {
+            send_error(s, route, rlen, id, DL_EPROTO, 1,
+                       "duplicate_id: learner id '%s' is held by another live learner process (heard from %lld ms "
+                       "ago on another connection): give this one another --id", id, (long long)quiet_ms);
+            dl_event("learner_duplicate", "id=%s action=duplicate_id", id);
+            DL_WARN("learner %s: a Hello from a second process with this id refused (duplicate_id)", id);
+            s->refused_msgs++;
+            return;
+        }
+    }
     if (slot >= 0 && !dl_registry_route_is(s->reg, slot, route, rlen) &&
         dl_wire_queue_bytes(dl_registry_get(s->reg, slot)->outq) > 0) {
         /* what libzmq holds for the id's previous connection is bounded per
@@ -808,9 +825,29 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
         return;
     }
     if (slot >= 0 && registered(s, slot) && !dl_registry_route_is(s->reg, slot, route, rlen)) {
-        /* the id is registered on another connection */
+        /* the id is registered on another connection. Hello.instance tells
+         * the same process on a new connection (it takes over at once) from
+         * another process: refused for good while the holder is attached and
+         * heard from within liveness, else it takes over (docs/PROTOCOL.md
+         * "Duplicate ids") */
         dl_registry_learner *l = dl_registry_get(s->reg, slot);
-        if (l->route_len && route_connected(s, l)) {
+        int same = h->instance && h->instance == l->instance;
+        int other = h->instance && l->instance && h->instance != l->instance;
+        int64_t quiet_ms = (now - l->last_seen_ns) / 1000000;
+        if (same) {
+            dl_event("learner_duplicate", "id=%s action=reconnected", id);
+        } else if (other && l->route_len && route_connected(s, l)) {
+            /* attached but silent past liveness (above): the new process
+             * takes the id; the old one, should it wake up, is told */
+            send_error(s, l->route, l->route_len, id, DL_EPROTO, 1,
+                       "duplicate_id: learner id '%s' was taken over by another learner process after %lld ms of "
+                       "silence: this one is closed", id, (long long)quiet_ms);
+            dl_event("learner_duplicate", "id=%s action=took_over_silent silent_ms=%lld", id, (long long)quiet_ms);
+            DL_WARN("learner %s: another process took the id over after %.1f s of silence", id, (double)quiet_ms * 1e-3);
+        } else if (other) {
+            dl_event("learner_duplicate", "id=%s action=took_over_gone", id);
+        } else if (l->route_len && route_connected(s, l)) {
+            /* an older learner (no instance): the id alone decides */
             if (!s->auth) {
                 send_error(s, route, rlen, id, DL_EPROTO, 0,
                            "learner id '%s' is live on another connection: refused (retry when it is gone)", id);
@@ -875,6 +912,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     l->left_ns = 0;
     l->hellos++;
     l->batch = h->batch;
+    l->instance = h->instance;
     l->max_chunk = h->max_chunk_bytes & ~3u;
     dl_ledger_hello(s->ledger, slot, h->step);
     int must_fetch = h->n_held_versions == 0 || away_long;
