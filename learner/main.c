@@ -249,6 +249,22 @@ static dl_comms_opts comms_timing(const learner_cfg *cfg)
     };
 }
 
+/* The `data:` line and event, in both modes: which data, read how, and the
+ * vocab the model takes from it (what a networked learner's Hello declares). */
+static void print_data(const learner_cfg *cfg, const dl_data *data, int vocab)
+{
+    printf("data: %s (%s, %llu tokens, %llu train / %llu val sequences)", cfg->data, dl_data_kind(data),
+           (unsigned long long)dl_data_num_tokens(data), (unsigned long long)dl_data_train_seqs(data),
+           (unsigned long long)dl_data_val_seqs(data));
+    printf(", vocab %d\n", vocab);
+    fflush(stdout);
+    char ev_path[DL_CFG_STRLEN + 8];
+    dl_event("data", "path=%s kind=%s vocab=%d tokens=%llu train_seqs=%llu val_seqs=%llu",
+             dl_event_str(cfg->data, ev_path, sizeof ev_path), dl_data_kind(data), vocab,
+             (unsigned long long)dl_data_num_tokens(data), (unsigned long long)dl_data_train_seqs(data),
+             (unsigned long long)dl_data_val_seqs(data));
+}
+
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
                          FILE *losslog);
 
@@ -416,6 +432,7 @@ int main(int argc, char **argv)
     dl_trainer *tr = NULL;
     if ((rc = dl_trainer_open(&tc, data, &tr))) return fail("building the model", rc);
     if (!cfg.standalone) {
+        print_data(&cfg, data, vocab);
         FILE *ll = NULL;
         if (cfg.loss_log[0] && !(ll = fopen(cfg.loss_log, "a"))) {
             dl_trainer_close(&tr);
@@ -450,9 +467,7 @@ int main(int argc, char **argv)
     char ev_dev[200];
     dl_event("learner_start", "mode=standalone device=%s params=%zu steps=%lld",
              dl_event_str(hello_device, ev_dev, sizeof ev_dev), nparams, (long long)cfg.steps);
-    printf("data: %s (%s, %llu tokens, %llu train / %llu val sequences)\n", cfg.data, dl_data_kind(data),
-           (unsigned long long)dl_data_num_tokens(data), (unsigned long long)dl_data_train_seqs(data),
-           (unsigned long long)dl_data_val_seqs(data));
+    print_data(&cfg, data, vocab);
     int64_t start = dl_trainer_steps_done(tr);
     if (start) {
         char ev_path[DL_CFG_STRLEN + 8];

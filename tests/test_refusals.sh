@@ -33,6 +33,8 @@ start_learner dup --steps 100000000 --throttle 0.5
 P1=$LPID
 ev_wait 60 "$EV" learner_join id=dup || die "dup did not join"
 ev_wait 60 "$W/events-dup.log" push || die "dup never pushed"
+check "a networked learner writes its data event (the data: line)" ev_has "$W/events-dup.log" data kind=text vocab=256
+check "... and prints its data: line" grep -q "^data: $W/corpus.txt (text, " "$W/dup.log"
 start_learner dup2 --id dup --steps 5 --connect_timeout_ms 120000
 wait_pid 60 "$LPID"; rc=$?
 check "a second live process with id dup exits 3 (got $rc)" [ "$rc" = 3 ]
