@@ -1078,17 +1078,28 @@ static int init_fn(dl_store *s, MDB_txn *t, void *vctx)
     return 0;
 }
 
+/* "L=.. NH=.. C=.. T=.. V=.. P=..": a model's shape and fragment count as
+ * refusals name them, for both sides. */
+static const char *shape_str(const dl_model_config *m, uint32_t P, char buf[128])
+{
+    snprintf(buf, 128, "L=%d NH=%d C=%d T=%d V=%d P=%u", m->n_layer, m->n_head, m->n_embd, m->seq_len, m->vocab, P);
+    return buf;
+}
+
 /* A resumed run must describe the stored model and seed: DL_EMISMATCH naming
- * the first field that differs, with both values. */
+ * the first field that differs, with both values, and both shapes. */
 static int same_model(const dl_store *s, const dl_store_run *r)
 {
+    char a[128], b[128];
     const char *names[] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab"};
     int have[] = {s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.seq_len, s->model.vocab};
     int want[] = {r->model.n_layer, r->model.n_head, r->model.n_embd, r->model.seq_len, r->model.vocab};
     for (int i = 0; i < 5; i++)
         if (have[i] != want[i])
-            return dl_err(DL_EMISMATCH, "store %s holds run '%s' with %s %d; refusing %s %d", s->dir, s->run_id,
-                          names[i], have[i], names[i], want[i]);
+            return dl_err(DL_EMISMATCH,
+                          "store %s holds run '%s' with %s %d; refusing %s %d (the store's model: %s; this one: %s)",
+                          s->dir, s->run_id, names[i], have[i], names[i], want[i], shape_str(&s->model, s->n_frag, a),
+                          shape_str(&r->model, r->n_fragments, b));
     if (s->seed != r->seed)
         return dl_err(DL_EMISMATCH, "store %s holds run '%s' with seed %llu; refusing seed %llu", s->dir, s->run_id,
                       (unsigned long long)s->seed, (unsigned long long)r->seed);
@@ -1117,12 +1128,15 @@ int dl_store_init_run_shard(dl_store *s, const dl_store_run *run, const dl_store
         int same = strcmp(s->run_id, run->run_id) == 0 && s->fingerprint == run->fingerprint &&
                    s->n_frag == run->n_fragments;
         for (uint32_t p = 0; same && p < s->n_frag; p++) same = s->numel[p] == run->numel[p];
-        if (!same)
+        if (!same) {
+            char a[128], b[128];
             return dl_err(DL_EMISMATCH,
                           "store %s holds run '%s' (fingerprint %016llx, P=%u); refusing run '%s' "
-                          "(fingerprint %016llx, P=%u)",
+                          "(fingerprint %016llx, P=%u) (the store's model: %s; this one: %s)",
                           s->dir, s->run_id, (unsigned long long)s->fingerprint, s->n_frag, run->run_id,
-                          (unsigned long long)run->fingerprint, run->n_fragments);
+                          (unsigned long long)run->fingerprint, run->n_fragments, shape_str(&s->model, s->n_frag, a),
+                          shape_str(&run->model, run->n_fragments, b));
+        }
         if (s->shards != lay.shards || s->shard != lay.shard) {
             char a[48], b[48];
             return dl_err(DL_EMISMATCH, "store %s holds %s of run '%s'; refusing %s", s->dir,
