@@ -12,6 +12,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -379,6 +380,18 @@ static int txn_commit(dl_store *s, MDB_txn *t)
 {
     int rc = mdb_txn_commit(t);
     gate_leave(s);
+    if (rc && (rc == EIO || rc == ENOSPC || rc == EDQUOT)) {
+        /* LMDB reports a short pwrite on a full disk as EIO: say how full */
+        struct statvfs fs;
+        if (statvfs(s->dir, &fs) == 0) {
+            int r = mdb_fail(rc, "mdb_txn_commit", __FILE__, __LINE__);
+            char msg[600];
+            snprintf(msg, sizeof msg, "%s", dl_errmsg());
+            return dl_err(r, "%s (the store's filesystem has %llu bytes free%s)", msg,
+                          (unsigned long long)fs.f_bavail * fs.f_frsize,
+                          (unsigned long long)fs.f_bavail * fs.f_frsize < (1u << 20) ? ": full?" : "");
+        }
+    }
     if (rc) return mdb_fail(rc, "mdb_txn_commit", __FILE__, __LINE__);
     return 0;
 }
@@ -789,6 +802,34 @@ static int open_dbs(dl_store *s, MDB_txn *t)
     return 0;
 }
 
+/* LMDB sizes its lock file lock.mdb with ftruncate (a sparse file) and
+ * writes its reader table through a shared mmap of it: on a filesystem with
+ * no free block the first store into that page raises SIGBUS inside
+ * mdb_env_open, and the process dies with nothing logged. So the file's
+ * blocks are allocated here first, where a full disk is an error: a new lock
+ * file at a size no smaller than LMDB's (maxreaders 256 x 64-byte slots +
+ * its 192-byte header; every opener derives the reader count from the
+ * file's size, so it is set only while the file is new and empty), an
+ * existing one at its own size (its holes, e.g. left by a run that died
+ * here). data.mdb needs no such care: LMDB maps it read-only and writes it
+ * with pwrite, whose ENOSPC fails the transaction. */
+#define STORE_LOCK_BYTES 20480
+static int alloc_lock_file(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/lock.mdb", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return 0; /* read-only media and the like: LMDB's own open reports it */
+    struct stat st;
+    int rc = fstat(fd, &st) ? errno : posix_fallocate(fd, 0, st.st_size ? st.st_size : STORE_LOCK_BYTES);
+    close(fd);
+    if (rc == ENOSPC || rc == EDQUOT)
+        return dl_err(DL_EIO, "store %s: no space left on its filesystem (%s allocating %s, %lld bytes): free some "
+                              "space or put the store elsewhere", dir, strerror(rc), path,
+                      (long long)(st.st_size ? st.st_size : STORE_LOCK_BYTES));
+    return 0; /* EOPNOTSUPP, EROFS, ...: nothing better to do than let LMDB try */
+}
+
 int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
 {
     assert(dir && out);
@@ -845,6 +886,8 @@ int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
             goto fail;
         }
     }
+
+    if ((rc = alloc_lock_file(dir))) goto fail;
 
     int lrc = mdb_env_create(&s->env);
     if (lrc) {
