@@ -30,9 +30,9 @@ static void usage(FILE *f)
                "  check  STORE                 verify a store offline (exit 1 on the first violation)\n"
                "  status STORE                 run, epoch, store sizes, fragment versions, merges, token ledger,\n"
                "                               learners\n"
-               "  records STORE                one line per merge contribution: fragment version learner decision\n"
-               "                               staleness tokens weight\n"
-               "  eval   STORE [--data PATH] [--batch B] [--val_batches N] [--val_frac F]\n"
+               "  records STORE                a header line, then one line per merge contribution: fragment version\n"
+               "                               learner decision staleness tokens weight epoch=E\n"
+               "  eval   STORE [--data PATH] [--data_format auto|text|shards] [--batch B] [--val_batches N] [--val_frac F]\n"
                "                               validation loss of the store's global model\n"
                "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
                "                               PREFIX.pub (0644); prints the public key and an allowlist line\n"
@@ -184,6 +184,8 @@ static int cmd_records(const char *dir)
     int rc = dl_store_open(dir, &o, &s);
     if (rc) return fail("opening the store", rc);
     uint32_t P = dl_store_n_fragments(s);
+    /* one header line naming the columns print_record writes, then one line per contribution */
+    printf("fragment version learner decision staleness tokens weight epoch\n");
     for (uint32_t p = 0; p < P && !rc; p++) rc = dl_store_foreach_merge(s, p, 1, print_record, &p);
     dl_store_close(&s);
     return rc < 0 ? fail("reading merge records", rc) : 0;
@@ -191,6 +193,7 @@ static int cmd_records(const char *dir)
 
 typedef struct {
     char data[DL_CFG_STRLEN];
+    char data_format[DL_CFG_STRLEN];
     int64_t batch, val_batches;
     double val_frac;
 } eval_cfg;
@@ -198,6 +201,9 @@ typedef struct {
 #define F(x) offsetof(eval_cfg, x)
 static const dl_cfg_entry eval_table[] = {
     {"data", DL_CFG_STR, F(data), 0, 0, "/usr/share/games/fortunes", NULL, 0, "data the run trained on"},
+    {"data_format", DL_CFG_ENUM, F(data_format), 0, 0, "auto", "auto|text|shards", 0,
+     "auto: .bin = llm.c token shards, else text, which then needs the store's vocab to be 256; text: bytes "
+     "whatever the vocab (>= 256)"},
     {"batch", DL_CFG_INT, F(batch), 1, 4096, "16", NULL, 0, "sequences per evaluation batch"},
     {"val_batches", DL_CFG_INT, F(val_batches), 1, 100000, "16", NULL, 0, "evaluation batches"},
     {"val_frac", DL_CFG_FLOAT, F(val_frac), 0.0, 0.5, "0.05", NULL, 0, "validation fraction the learners used"},
@@ -244,9 +250,23 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     }
     free(buf);
     if (rc) goto out;
-    dl_data_opts dop = {.path = ec.data, .format = "auto", .seq_len = m.seq_len, .vocab = m.vocab,
+    dl_data_opts dop = {.path = ec.data, .format = ec.data_format, .seq_len = m.seq_len, .vocab = m.vocab,
                         .val_frac = ec.val_frac, .seed = 0};
-    if ((rc = dl_data_open(&dop, &d))) goto out;
+    /* the data must be of the store's vocab: text is one token per byte
+     * (vocab 256); token shards must stay below the store's vocab */
+    if ((rc = dl_data_open(&dop, &d))) {
+        if (rc == DL_ERANGE && strstr(dl_errmsg(), ">= vocab"))
+            rc = dl_err(DL_EMISMATCH, "the store's model has vocab %d, but --data %s holds larger tokens (%s): give "
+                                      "--data the data the run trained on", m.vocab, ec.data, dl_errmsg());
+        goto out;
+    }
+    if (!strcmp(dl_data_kind(d), "text") && m.vocab != 256 && !strcmp(ec.data_format, "auto")) {
+        rc = dl_err(DL_EMISMATCH, "the store's model has vocab %d, but --data %s is text (one token per byte: vocab "
+                                  "256): give --data the data the run trained on (e.g. its llm.c .bin token shards; "
+                                  "--data_format text if it was text)",
+                    m.vocab, ec.data);
+        goto out;
+    }
     int B = (int)ec.batch, T = m.seq_len;
     int32_t *inp = dl_xmalloc(sizeof(int32_t) * B * T), *tgt = dl_xmalloc(sizeof(int32_t) * B * T);
     double sum = 0;
