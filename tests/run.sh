@@ -9,6 +9,8 @@
 #   DLOCO_SANITIZE=ON  build the Release pass itself with the sanitizers
 # Exits non-zero when either run fails.
 set -uo pipefail
+. "$(dirname "$0")/lib_args.sh"
+case "${1:-}" in -h | --help) dl_usage; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 deploy/setup.sh || exit 1
 BUILD_DIR=${BUILD_DIR:-build}
