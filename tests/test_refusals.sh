@@ -45,6 +45,16 @@ n=$(ev_count "$EV" push id=dup)
 wait_until 60 "[ \$(ev_count '$EV' push id=dup) -gt $((n + 2)) ]"
 check "the first dup goes on pushing" [ "$(ev_count "$EV" push id=dup)" -gt $((n + 2)) ]
 
+# --threads 0 (the default) next to another learner on this host, without
+# OMP_NUM_THREADS: warned (threads_shared); --threads 1 is not
+for t in 0 1; do
+  : > "$W/events-thr$t.log"
+  env -u OMP_NUM_THREADS "$LEARNER" --connect "$EP" --id "thr$t" --device cpu $MODEL --data "$W/corpus.txt" \
+    --batch 8 --steps 2 --fragments 4 --threads $t --events "$W/events-thr$t.log" > "$W/thr$t.log" 2>&1
+done
+check "--threads 0 beside another learner: threads_shared" ev_has "$W/events-thr0.log" threads_shared id=thr0 "others~^[1-9]"
+check "--threads 1: no warning" [ "$(ev_count "$W/events-thr1.log" threads_shared)" = 0 ]
+
 # the holder hangs past liveness (5 x 200 ms): a new process takes the id;
 # the old one, resumed, is told and exits 3
 kill -STOP "$P1"
