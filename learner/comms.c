@@ -26,6 +26,7 @@
 #include "proto/wire.h"
 
 #define MS ((int64_t)1000000) /* ns per ms */
+#define DL_COMMS_HANDSHAKE_TRIES 3 /* failed CURVE handshakes before a first Welcome that end the session */
 #define NEVER INT64_MAX
 
 /* Session-side state of one fragment; comms thread only. */
@@ -119,6 +120,7 @@ struct dl_comms {
     int bad_row;            /* inbound messages rejected by proto/wire.c in a row */
     char conn_err[400];     /* the last connection problem, for the connect-timeout message */
     int auth_denied;        /* the synchronizer's ZAP refused this learner's key for good (status 400) */
+    int hs_failed;          /* CURVE handshakes failed in a row without a status (e.g. a wrong server_key) */
     int hello_unsent; /* the last Hello found no connection */
     int rr; /* round-robin start for fairness among fragments */
     dl_wire_queue *outq;    /* payload bytes of ours libzmq still holds (the push window) */
@@ -826,6 +828,7 @@ static int monitor_lost(dl_comms *c)
                          ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
             int auth = ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
             if (auth && val == 400) c->auth_denied = 1; /* ZAP's permanent "no": 300/500 are temporary */
+            if (!auth) c->hs_failed++;
             snprintf(c->conn_err, sizeof c->conn_err, "handshake with %s failed (%s, code %u%s)", c->endpoint,
                      auth ? "authentication" : ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail", val,
                      !c->curve_server[0] ? ""
@@ -935,6 +938,7 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
     c->t_hb = now;
     c->t_recv = now;
     c->ever_welcomed = 1;
+    c->hs_failed = 0;
     char pol[NET_STR_CAP];
     DL_INFO("comms: welcome from %s: epoch %llu, H %u, heartbeat %u ms x %u, policy %s, must_fetch %d (fetching %d)",
             c->endpoint, (unsigned long long)c->epoch, w->h, w->heartbeat_ms, w->liveness,
@@ -1493,6 +1497,15 @@ static void *comms_main(void *arg)
             snprintf(why, sizeof why, "%s", c->conn_err);
             if (c->auth_denied) {
                 refuse(c, "unauthorized", why, why);
+                break;
+            }
+            /* a CURVE client whose server_key is not the synchronizer's
+             * fails every handshake without a status; before any Welcome,
+             * DL_COMMS_HANDSHAKE_TRIES in a row are taken as that */
+            if (c->curve_server[0] && !c->ever_welcomed && c->hs_failed >= DL_COMMS_HANDSHAKE_TRIES) {
+                char r[sizeof why + 64];
+                snprintf(r, sizeof r, "%s (%d handshakes in a row, none ever welcomed)", why, c->hs_failed);
+                refuse(c, "handshake", r, r);
                 break;
             }
             rebuild(c, strstr(why, "handshake") ? "handshake_failed" : "disconnected", why);

@@ -39,6 +39,13 @@ check "it never joined" [ "$(ev_count "$EV" learner_join id=k2)" = 0 ]
 check "its handshake failed (authentication): refused kind=unauthorized" \
   ev_has "$W/events-k2.log" refused kind=unauthorized "reason~authentication.*allowlist"
 
+# the wrong server key: every handshake fails without a status; 3 in a row
+# before any Welcome end the learner (exit 3), long before its timeout
+start_learner k0w --id k0 --server_key "$K/k2.pub" --key_file "$K/k0.key" --steps 10 --connect_timeout_ms 120000
+wait_pid 60 "$LPID"; rc=$?
+check "a learner with the wrong server key exits 3 (status $rc)" [ "$rc" = 3 ]
+check "... refused kind=handshake naming server_key" ev_has "$W/events-k0w.log" refused kind=handshake "reason~server_key"
+
 # a listed key used for another id: refused, never registered
 start_learner k3 "${CURVE[@]}" --key_file "$K/k0.key" --steps 10 --connect_timeout_ms 120000
 wait_pid 60 "$LPID"; rc=$?
