@@ -27,6 +27,14 @@ refused run-id mismatch "run id 'other' is not this synchronizer's run 'dloco'" 
 refused shape mismatch "C=64 .*does not match.*C=32" --n_embd 64
 refused frags mismatch "P=8\\).*does not match.*P=4\\)" --fragments 8
 refused vocab mismatch "V=300 .*does not match.*V=256" --vocab 300
+# llm.c token shards make the learner's vocab 50257 (the synchronizer's default is 256)
+python3 -c "
+import struct, sys
+n = 20000
+open(sys.argv[1], 'wb').write(struct.pack('<256i', 20240520, 1, n, *([0] * 253)) + struct.pack('<%dH' % n, *[(i * 31) % 256 for i in range(n)]))
+" "$W/tokens.bin"
+refused shards mismatch "V=50257 P=4\) does not match the run's .*V=256 P=4\)" --data "$W/tokens.bin"
+check "shards: its data event says shards, vocab 50257" ev_has "$W/events-shards.log" data kind=shards vocab=50257
 
 # duplicate id: a second live process is refused, the first trains on
 start_learner dup --steps 100000000 --throttle 0.5
