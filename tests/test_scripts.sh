@@ -28,6 +28,9 @@ expect 2 "crashloop.sh: at most 2 arguments" bash bench/crashloop.sh 1 2 3
 expect 2 "learner.sh: steps must be a number" bash bench/learner.sh many
 expect 2 "fuzz.sh: seconds must be a number" bash bench/fuzz.sh soon
 expect 2 "local_cluster.sh --learners without a value" bash deploy/local_cluster.sh --learners
+for s in tests/test_cluster.sh tests/test_refusals.sh tests/test_chaos.sh; do
+  expect 0 "$s --help (starts nothing)" bash "$s" --help
+done
 expect 0 "local_cluster.sh --check-args" bash -c 'deploy/local_cluster.sh --check-args --learners 2 && echo fine'
 [ $fail = 0 ] && echo "test_scripts: all checks passed" || echo "test_scripts: FAILED"
 exit $fail
