@@ -21,6 +21,8 @@
 # Usage: bench/byzantine.sh   (env: M=4 STEPS=150 K=3 ATTACKS="scale:100 flip" DEFAULT_CASES=1
 #        L=4 C=128 NH=4 T=128 B=16 H=4 P=4 LR=3e-3 DATA=... BUILD_DIR=build)
 set -euo pipefail
+. "$(dirname "$0")/../tests/lib_args.sh"
+dl_args 0 "$@"
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 M=${M:-4} STEPS=${STEPS:-150} K=${K:-3} L=${L:-4} C=${C:-128} NH=${NH:-4} T=${T:-128} B=${B:-16} H=${H:-4} P=${P:-4}

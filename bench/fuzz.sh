@@ -12,6 +12,8 @@
 # then, last, "fuzz_total_crashes: K". Exits 0 even with crashes (read the
 # total); 77 when clang cannot build fuzzers here, 1 when the build fails.
 set -uo pipefail
+. "$(dirname "$0")/../tests/lib_args.sh"
+dl_args 1 "$@"
 cd "$(dirname "$0")/.."
 SECS=${1:-300}
 case "$SECS" in '' | *[!0-9]* | 0) echo "bench/fuzz.sh: SECONDS must be a positive whole number" >&2; exit 2 ;; esac

@@ -12,6 +12,8 @@
 # Usage: bench/goodput.sh [OUT_DIR]   (env: GOODPUT_DURATION_S to shorten a try,
 #        GOODPUT_POLICIES=decoupled,sync-elastic,sync)
 set -euo pipefail
+. "$(dirname "$0")/../tests/lib_args.sh"
+dl_args 1 "$@"
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 OUT=${1:-runs/goodput-$(date +%Y%m%d-%H%M%S)}

@@ -14,6 +14,8 @@
 # the best of them (the precision is named on the line before). Without a GPU:
 # says so and exits 0.
 set -u -o pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../tests/lib_args.sh"
+dl_args 1 "$@"
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:-${BUILD_DIR:-$SRC/build-gpu}}
 STEPS_124M=${STEPS_124M:-10}

@@ -3,6 +3,9 @@
 # same run. Last line: learner_vs_torch_cpu: X.XX (dloco tok/s / torch tok/s).
 # Usage: bench/learner.sh [steps]   (BUILD_DIR=build; THREADS=2)
 set -euo pipefail
+. "$(dirname "$0")/../tests/lib_args.sh"
+dl_args 1 "$@"
+if [ $# -ge 1 ]; then dl_args_number steps "$1"; fi
 cd "$(dirname "$0")/.."
 deploy/setup.sh --with-torch >/dev/null
 BUILD_DIR=${BUILD_DIR:-build}

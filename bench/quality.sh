@@ -12,6 +12,8 @@
 # suits short periods like H=4; DiLoCo's Nesterov 0.7/0.9 is for H in the
 # hundreds (measured here at H=8 with plain AdamW: 1.11 with K=4, 1.27 with K=1).
 set -euo pipefail
+. "$(dirname "$0")/../tests/lib_args.sh"
+dl_args 0 "$@"
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 M=${M:-4} STEPS=${STEPS:-250} L=${L:-4} C=${C:-128} NH=${NH:-4} T=${T:-128} B=${B:-16} H=${H:-4} P=${P:-4}

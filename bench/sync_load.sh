@@ -32,6 +32,8 @@
 #        SYNC_RSS_LIMIT_MB=14000 SWARM_RSS_LIMIT_MB=6000 MIN_AVAIL_MB=1500 (a process is killed past these)
 #        BUILD_DIR=build KEEP_W=1 keeps the work dir)
 set -uo pipefail
+. "$(dirname "$0")/../tests/lib_args.sh"
+dl_args 0 "$@"
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 QUICK=${SYNC_LOAD_QUICK:-0}

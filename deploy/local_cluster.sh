@@ -3,16 +3,19 @@
 # on loopback, training one GPT on a corpus; ends with a summary (final global
 # validation loss, merges, mean staleness, the token ledger, bytes per learner).
 # Usage: deploy/local_cluster.sh [--learners N] [--steps S] [--store DIR] [--keep]
-#        [--data PATH] [--port P] [-- extra learner flags]
+#        [--data PATH] [--port P] [--check-args] [-- extra learner flags]
+#        (--check-args: only check the other arguments, exit 0 or 2; quickstart.sh does before it builds)
 # Model and merge settings come from deploy/cluster.ini (synchronizer) and
 # deploy/learner.ini (learners). Built binaries are expected in $BUILD_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-N=4 STEPS=250 STORE=runs/cluster.lmdb KEEP=0 DATA=/usr/share/games/fortunes PORT=5555
+N=4 STEPS=250 STORE=runs/cluster.lmdb KEEP=0 CHECK=0 DATA=/usr/share/games/fortunes PORT=5555
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --learners | --steps | --store | --data | --port)
+      [ $# -ge 2 ] || { echo "local_cluster.sh: $1 needs a value (try --help)" >&2; exit 2; } ;;&
     --learners) N=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --store) STORE=$2; shift 2 ;;
@@ -20,12 +23,14 @@ while [ $# -gt 0 ]; do
     --port) PORT=$2; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --) shift; EXTRA=("$@"); break ;;
-    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
+    --check-args) CHECK=1; shift ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "local_cluster.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
 case "$N$STEPS" in *[!0-9]*) echo "local_cluster.sh: --learners and --steps take numbers" >&2; exit 2 ;; esac
 [ "$N" -ge 1 ] && [ "$N" -le 64 ] || { echo "local_cluster.sh: --learners must be 1..64" >&2; exit 2; }
+[ "$CHECK" = 0 ] || exit 0
 for b in synchronizer/dloco-sync learner/dloco-learner tools/dloco; do
   [ -x "$BUILD_DIR/$b" ] || { echo "local_cluster.sh: $BUILD_DIR/$b is not built (run cmake --build $BUILD_DIR)" >&2; exit 2; }
 done

@@ -6,6 +6,10 @@
 # Usage: deploy/quickstart.sh [local_cluster.sh options, e.g. --steps 100 --learners 2]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  -h | --help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; echo; deploy/local_cluster.sh --help; exit 0 ;;
+esac
+deploy/local_cluster.sh --check-args "$@" || exit 2 # before anything is installed or built
 deploy/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null

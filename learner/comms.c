@@ -12,11 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "core/clock.h"
 #include "core/err.h"
 #include "core/event.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "core/plan.h"
 #include "core/shard.h"
@@ -24,6 +26,7 @@
 #include "proto/wire.h"
 
 #define MS ((int64_t)1000000) /* ns per ms */
+#define DL_COMMS_HANDSHAKE_TRIES 3 /* failed CURVE handshakes before a first Welcome that end the session */
 #define NEVER INT64_MAX
 
 /* Session-side state of one fragment; comms thread only. */
@@ -70,6 +73,7 @@ struct dl_comms {
     size_t maxn;     /* floats per swapped buffer */
     uint64_t fingerprint;
     uint32_t n_layer, n_head, n_embd, seq_len, vocab, batch;
+    uint64_t instance;      /* Hello.instance */
     char curve_server[41], curve_public[41], curve_secret[41]; /* Z85; "" = plain */
     uint64_t max_jump;  /* max_version_jump */
     int byzantine;
@@ -115,6 +119,8 @@ struct dl_comms {
     int rebuilds_row;       /* rebuilds since the last Welcome (their backoff) */
     int bad_row;            /* inbound messages rejected by proto/wire.c in a row */
     char conn_err[400];     /* the last connection problem, for the connect-timeout message */
+    int auth_denied;        /* the synchronizer's ZAP refused this learner's key for good (status 400) */
+    int hs_failed;          /* CURVE handshakes failed in a row without a status (e.g. a wrong server_key) */
     int hello_unsent; /* the last Hello found no connection */
     int rr; /* round-robin start for fairness among fragments */
     dl_wire_queue *outq;    /* payload bytes of ours libzmq still holds (the push window) */
@@ -138,6 +144,21 @@ static void queue_wake(void *ctx) { wake(ctx); }
 /* mailbox */
 
 int dl_comms_id_ok(const char *s) { return dl_wire_id_ok(s); }
+
+uint64_t dl_comms_instance(void)
+{
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static uint64_t inst;
+    pthread_mutex_lock(&mu);
+    while (!inst) {
+        /* the kernel's randomness; the clock and pid only if it fails (never 0) */
+        if (getrandom(&inst, sizeof inst, 0) != (ssize_t)sizeof inst)
+            inst = dl_hash64(&(uint64_t[2]){(uint64_t)dl_clock_ns(), (uint64_t)getpid()}, 16, 0) | 1;
+    }
+    uint64_t v = inst;
+    pthread_mutex_unlock(&mu);
+    return v;
+}
 
 static int copy_str(char *dst, size_t cap, const char *src, const char *what)
 {
@@ -278,6 +299,7 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->seq_len = o->seq_len;
     c->vocab = o->vocab;
     c->batch = o->batch;
+    c->instance = o->instance ? o->instance : dl_comms_instance();
     memcpy(c->curve_server, o->curve_server, sizeof c->curve_server);
     memcpy(c->curve_public, o->curve_public, sizeof c->curve_public);
     memcpy(c->curve_secret, o->curve_secret, sizeof c->curve_secret);
@@ -404,6 +426,20 @@ static void set_state(dl_comms *c, int state, const char *fmt, ...)
         pthread_mutex_unlock(&c->mu);                                                                    \
     } while (0)
 
+/* A refusal that cannot heal by retrying (run id, model shape, fragment
+ * count, key, duplicate id): the session stops, the learner exits 3 with the
+ * reason (docs/PROTOCOL.md "Errors"). kind: the wire ErrorKind's name, or
+ * "unauthorized" for a key its ZAP handler denied; text: the reason as logs
+ * show it (quoted, escaped), raw: as received (dl_event_str escapes it). */
+static void refuse(dl_comms *c, const char *kind, const char *text, const char *raw)
+{
+    set_state(c, DL_COMMS_REFUSED, "synchronizer at %s refused learner %s (%s): %s", c->endpoint, c->id, kind, text);
+    DL_ERROR("comms: refused by the synchronizer (%s): %s", kind, text);
+    char ev[1200];
+    dl_event("refused", " learner=%s epoch=%llu kind=%s reason=%s", c->id, (unsigned long long)c->epoch, kind,
+             dl_event_str(raw, ev, sizeof ev));
+}
+
 /* Text from the network (Error.message, Ack.reason, Welcome.policy, a run
  * id) for a log line: always quoted, '"' and '\' escaped, every byte outside
  * printable ASCII as \xHH, so no peer can break or forge a line (proto/wire.c
@@ -465,6 +501,7 @@ static void send_hello(dl_comms *c)
     h.seq_len = c->seq_len;
     h.vocab = c->vocab;
     h.batch = c->batch;
+    h.instance = c->instance;
     h.num_fragments = (uint32_t)c->P;
     h.device = c->device;
     /* any chunk up to our largest fragment (libzmq takes nothing bigger) */
@@ -790,6 +827,8 @@ static int monitor_lost(dl_comms *c)
         } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                          ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
             int auth = ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+            if (auth && val == 400) c->auth_denied = 1; /* ZAP's permanent "no": 300/500 are temporary */
+            if (!auth) c->hs_failed++;
             snprintf(c->conn_err, sizeof c->conn_err, "handshake with %s failed (%s, code %u%s)", c->endpoint,
                      auth ? "authentication" : ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail", val,
                      !c->curve_server[0] ? ""
@@ -899,6 +938,7 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
     c->t_hb = now;
     c->t_recv = now;
     c->ever_welcomed = 1;
+    c->hs_failed = 0;
     char pol[NET_STR_CAP];
     DL_INFO("comms: welcome from %s: epoch %llu, H %u, heartbeat %u ms x %u, policy %s, must_fetch %d (fetching %d)",
             c->endpoint, (unsigned long long)c->epoch, w->h, w->heartbeat_ms, w->liveness,
@@ -1104,8 +1144,7 @@ static int on_error(dl_comms *c, const Dloco__V1__Error *e)
     Dloco__V1__ErrorKind k = dl_wire_error_kind(e);
     const char *kind = dl_wire_error_kind_name(k);
     if (e->fatal) {
-        set_state(c, DL_COMMS_REFUSED, "synchronizer at %s refused learner %s (%s): %s", c->endpoint, c->id, kind, text);
-        DL_ERROR("comms: fatal error from synchronizer (%s): %s", kind, text);
+        refuse(c, kind, text, e->message ? e->message : "");
         return 1;
     }
     if (k == DLOCO__V1__ERROR_KIND__ERROR_KIND_UNKNOWN_LEARNER) {
@@ -1132,9 +1171,15 @@ static int handle(dl_comms *c, dl_wire_msg *m)
     if (strcmp(env->run_id ? env->run_id : "", c->run_id) != 0 ||
         strcmp(env->learner_id ? env->learner_id : "", c->id) != 0) {
         /* Error may carry an empty learner_id (proto/wire.h). */
-        int anon_error = body == DLOCO__V1__ENVELOPE__BODY_ERROR && !(env->learner_id && env->learner_id[0]) &&
+        int is_err = body == DLOCO__V1__ENVELOPE__BODY_ERROR;
+        int for_us = !(env->learner_id && env->learner_id[0]) || !strcmp(env->learner_id, c->id);
+        int anon_error = is_err && !(env->learner_id && env->learner_id[0]) &&
                          !strcmp(env->run_id ? env->run_id : "", c->run_id);
-        if (!anon_error) {
+        /* the answer to our Hello from a synchronizer of another run carries
+         * that run's id: its fatal MISMATCH is the reason we will never get in */
+        int run_refusal = is_err && for_us && c->state == DL_COMMS_HELLO && env->error->fatal &&
+                          dl_wire_error_kind(env->error) == DLOCO__V1__ERROR_KIND__ERROR_KIND_MISMATCH;
+        if (!anon_error && !run_refusal) {
             char r[NET_STR_CAP];
             DL_WARN("comms: %s for run %s learner '%s' ignored (this is run '%s' learner '%s')",
                     dl_wire_body_name(body), net_str(env->run_id, r, sizeof r), env->learner_id, c->run_id, c->id);
@@ -1450,6 +1495,19 @@ static void *comms_main(void *arg)
         if (c->mon && monitor_lost(c)) {
             char why[sizeof c->conn_err];
             snprintf(why, sizeof why, "%s", c->conn_err);
+            if (c->auth_denied) {
+                refuse(c, "unauthorized", why, why);
+                break;
+            }
+            /* a CURVE client whose server_key is not the synchronizer's
+             * fails every handshake without a status; before any Welcome,
+             * DL_COMMS_HANDSHAKE_TRIES in a row are taken as that */
+            if (c->curve_server[0] && !c->ever_welcomed && c->hs_failed >= DL_COMMS_HANDSHAKE_TRIES) {
+                char r[sizeof why + 64];
+                snprintf(r, sizeof r, "%s (%d handshakes in a row, none ever welcomed)", why, c->hs_failed);
+                refuse(c, "handshake", r, r);
+                break;
+            }
             rebuild(c, strstr(why, "handshake") ? "handshake_failed" : "disconnected", why);
         }
 

@@ -105,6 +105,8 @@ typedef struct {
     uint32_t n_layer, n_head, n_embd, seq_len, vocab; /* Hello's model summary */
     const char *device;     /* Hello.device, e.g. "cpu" */
     uint32_t batch;         /* Hello.batch: sequences per inner step (0 = not told) */
+    uint64_t instance;      /* Hello.instance: this process's random nonce, the same for all its
+                             * sessions and connections; 0 = dl_comms_open draws one */
     /* CURVE (Z85, 40 characters each): the synchronizer's public key and this
      * learner's key pair; all three empty = a plain connection */
     char curve_server[41], curve_public[41], curve_secret[41];
@@ -208,5 +210,10 @@ void dl_comms_stats_add(dl_comms_stats *acc, const dl_comms_stats *s);
 
 /* 1 when s is a valid learner id: [A-Za-z0-9._-]{1,64}. */
 int dl_comms_id_ok(const char *s);
+
+/* This process's learner instance (Hello.instance): random, never 0, drawn
+ * once; every session of the process that leaves dl_comms_opts.instance 0
+ * uses it. */
+uint64_t dl_comms_instance(void);
 
 #endif

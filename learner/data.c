@@ -69,6 +69,12 @@ static int is_shard_bytes(const unsigned char *b, size_t len)
     return magic == DL_SHARD_MAGIC;
 }
 
+static int has_bin_suffix(const char *path)
+{
+    size_t l = strlen(path);
+    return l > 4 && !strcmp(path + l - 4, ".bin");
+}
+
 /* Room for n more tokens at d->tok + d->ntok (the caller fills them and
  * adds n to ntok); the array grows to twice what is needed. */
 static int reserve_tokens(dl_data *d, uint64_t n, uint64_t *cap, const char *path)
@@ -245,22 +251,29 @@ int dl_data_open(const dl_data_opts *o, dl_data **out)
         free(files);
         goto fail;
     }
-    /* auto: decided by the first file's magic */
+    /* auto: a path with a .bin file is llm.c token shards (whose magic
+     * load_shard checks, so a .bin with another magic is refused, never read
+     * as text); otherwise the first file's magic decides */
     int shards = want_shards;
     if (!want_text && !want_shards) {
-        unsigned char head[4] = {0};
-        FILE *f = fopen(files[0], "rb");
-        size_t got = f ? fread(head, 1, 4, f) : 0;
-        if (f) fclose(f);
-        shards = is_shard_bytes(head, got);
+        for (int i = 0; i < nfiles && !shards; i++) shards = has_bin_suffix(files[i]);
+        if (!shards) {
+            unsigned char head[4] = {0};
+            FILE *f = fopen(files[0], "rb");
+            size_t got = f ? fread(head, 1, 4, f) : 0;
+            if (f) fclose(f);
+            shards = is_shard_bytes(head, got);
+        }
     }
     if (!shards && o->vocab < 256)
         rc = dl_err(DL_ERANGE, "text data needs vocab >= 256 (bytes), got %d", o->vocab);
     for (int i = 0; i < nfiles && !rc; i++) {
         if (shards) {
-            size_t l = strlen(files[i]);
-            if (nfiles > 1 && (l < 4 || strcmp(files[i] + l - 4, ".bin"))) continue;
+            if (nfiles > 1 && !has_bin_suffix(files[i])) continue;
             rc = load_shard(d, files[i], o->vocab, &cap);
+            if (rc == DL_EFORMAT && !want_shards && has_bin_suffix(files[i]))
+                rc = dl_err(DL_EFORMAT, "%s (--data_format auto reads .bin files as llm.c token shards only: "
+                                        "give --data_format text to train on its bytes)", dl_errmsg());
         } else {
             rc = load_text(d, files[i], &cap);
         }

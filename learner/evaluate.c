@@ -30,9 +30,16 @@ int dl_evaluate_open(const dl_model_config *m, const dl_evaluate_opts *o, dl_eva
     e->B = o->batch;
     e->batches = (o->seqs + o->batch - 1) / o->batch;
     int rc = dl_gpt_open(m, e->B, &e->g);
-    dl_data_opts dop = {.path = o->data, .format = "auto", .seq_len = m->seq_len, .vocab = m->vocab,
+    const char *fmt = o->data_format ? o->data_format : "auto";
+    dl_data_opts dop = {.path = o->data, .format = fmt, .seq_len = m->seq_len, .vocab = m->vocab,
                         .val_frac = o->val_frac, .seed = 0};
-    if (!rc) rc = dl_data_open(&dop, &e->d);
+    if (!rc && (rc = dl_data_open(&dop, &e->d)) == DL_ERANGE && strstr(dl_errmsg(), ">= vocab"))
+        rc = dl_err(DL_EMISMATCH, "the store's model has vocab %d, but the data %s holds larger tokens (%s): give "
+                                  "the data the run trained on", m->vocab, o->data, dl_errmsg());
+    if (!rc && !strcmp(dl_data_kind(e->d), "text") && m->vocab != 256 && !strcmp(fmt, "auto"))
+        rc = dl_err(DL_EMISMATCH, "the store's model has vocab %d, but the data %s is text (one token per byte: "
+                                  "vocab 256): give the data the run trained on (e.g. its llm.c .bin token shards; "
+                                  "data_format text if it was text)", m->vocab, o->data);
     if (rc) {
         dl_evaluate_close(&e);
         return rc;

@@ -16,6 +16,7 @@
 
 typedef struct {
     const char *data;  /* the run's data (a text file or llm.c shards) */
+    const char *data_format; /* "auto" (NULL too), "text" or "shards" (learner/data.h) */
     double val_frac;   /* validation fraction the learners used */
     int batch;         /* sequences per forward pass (memory: activations of batch x seq_len) */
     int seqs;          /* validation sequences; rounded up to a multiple of batch */
@@ -23,8 +24,11 @@ typedef struct {
 
 typedef struct dl_evaluate dl_evaluate;
 
-/* Model state for m at o->batch, the data, the token buffers. Errors: those
- * of dl_gpt_open and dl_data_open, DL_EINVAL (batch or seqs < 1). */
+/* Model state for m at o->batch, the data, the token buffers. The data must
+ * be of m's vocab: text is one token per byte (vocab 256; any other vocab
+ * needs data_format "text"), token shards hold no token >= vocab. Errors:
+ * those of dl_gpt_open and dl_data_open, DL_EINVAL (batch or seqs < 1),
+ * DL_EMISMATCH (data of another vocab, both named). */
 int dl_evaluate_open(const dl_model_config *m, const dl_evaluate_opts *o, dl_evaluate **out);
 /* Read every fragment of the store's global model into the model (each
  * fragment in its own short read transaction, checksums verified); *version_sum

@@ -20,6 +20,8 @@
 #include "learner/xfer_cuda.h"
 #endif
 
+#include <ctype.h>
+#include <dirent.h>
 #include <math.h>
 #include <omp.h>
 #include <signal.h>
@@ -114,7 +116,9 @@ static const dl_cfg_entry learner_table[] = {
      "--standalone: start from this model file (dloco export: safetensors, an HF directory, llm.c) instead of the "
      "seeded init, at step 0 with fresh AdamW state; its model must be this one (docs/OPERATING.md)"},
     {"loss_log", DL_CFG_STR, F(loss_log), 0, 0, "", NULL, 0, "append 'step train_loss' with exact hex floats to this file"},
-    {"threads", DL_CFG_INT, F(threads), 0, 1024, "0", NULL, 0, "CPU threads (0 = OMP_NUM_THREADS or all cores)",
+    {"threads", DL_CFG_INT, F(threads), 0, 1024, "0", NULL, 0,
+     "CPU threads (0 = OMP_NUM_THREADS or all cores; networked, 0 with other dloco-learners on this host and no "
+     "OMP_NUM_THREADS warns: give each cores / learners)",
      "threads"},
     {"device", DL_CFG_ENUM, F(device), 0, 0, "auto", "auto|cpu|cuda", 0,
      "where the model trains: cuda (a GPU), cpu, or auto (cuda when this build has CUDA and a usable device)"},
@@ -263,6 +267,61 @@ static dl_comms_opts comms_timing(const learner_cfg *cfg)
         .reconnect_ms = (int)cfg->reconnect_ms,
         .reconnect_max_ms = (int)cfg->reconnect_max_ms,
     };
+}
+
+/* Other dloco-learner processes on this host (their /proc/PID/comm): each
+ * with --threads 0 takes every core, and two of them on one host thrash
+ * (measured: 9.2 s against 1.0 s per step on 2 cores). */
+static int other_learners(void)
+{
+    DIR *d = opendir("/proc");
+    if (!d) return 0;
+    int n = 0;
+    pid_t self = getpid();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!isdigit((unsigned char)e->d_name[0]) || atol(e->d_name) == (long)self) continue;
+        char path[300], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        if (fgets(comm, sizeof comm, f) && !strcmp(comm, "dloco-learner\n")) n++;
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+/* Networked with --threads 0 and no OMP_NUM_THREADS: all cores, which is
+ * right for a learner alone on its host and wrong for several; say so. */
+static void warn_shared_cores(const learner_cfg *cfg)
+{
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (cfg->standalone || cfg->threads > 0 || (omp && omp[0])) return;
+    int others = other_learners();
+    if (!others) return;
+    int cores = omp_get_num_procs(), each = cores / (others + 1) > 0 ? cores / (others + 1) : 1;
+    DL_WARN("%d other dloco-learner process%s on this host, and this one takes all %d cores (--threads 0): learners "
+            "sharing cores slow each other down many times over; give each --threads %d (cores / learners)",
+            others, others > 1 ? "es run" : " runs", cores, each);
+    dl_event("threads_shared", "id=%s threads=%d cores=%d others=%d suggested=%d", cfg->id, omp_get_max_threads(),
+             cores, others, each);
+}
+
+/* The `data:` line and event, in both modes: which data, read how, and the
+ * vocab the model takes from it (what a networked learner's Hello declares). */
+static void print_data(const learner_cfg *cfg, const dl_data *data, int vocab)
+{
+    printf("data: %s (%s, %llu tokens, %llu train / %llu val sequences)", cfg->data, dl_data_kind(data),
+           (unsigned long long)dl_data_num_tokens(data), (unsigned long long)dl_data_train_seqs(data),
+           (unsigned long long)dl_data_val_seqs(data));
+    printf(", vocab %d\n", vocab);
+    fflush(stdout);
+    char ev_path[DL_CFG_STRLEN + 8];
+    dl_event("data", "path=%s kind=%s vocab=%d tokens=%llu train_seqs=%llu val_seqs=%llu",
+             dl_event_str(cfg->data, ev_path, sizeof ev_path), dl_data_kind(data), vocab,
+             (unsigned long long)dl_data_num_tokens(data), (unsigned long long)dl_data_train_seqs(data),
+             (unsigned long long)dl_data_val_seqs(data));
 }
 
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
@@ -417,6 +476,7 @@ int main(int argc, char **argv)
         if ((rc = check_networked(&cfg))) return fail("bad configuration", rc);
     }
     if (cfg.threads > 0) omp_set_num_threads((int)cfg.threads);
+    warn_shared_cores(&cfg);
     if (cfg.warmup >= cfg.steps) cfg.warmup = cfg.steps / 10;
 
     int device;
@@ -478,6 +538,7 @@ int main(int argc, char **argv)
     dl_trainer *tr = NULL;
     if ((rc = dl_trainer_open(&tc, data, &tr))) return fail("building the model", rc);
     if (!cfg.standalone) {
+        print_data(&cfg, data, vocab);
         FILE *ll = NULL;
         if (cfg.loss_log[0] && !(ll = fopen(cfg.loss_log, "a"))) {
             dl_trainer_close(&tr);
@@ -521,9 +582,7 @@ int main(int argc, char **argv)
     char ev_dev[200];
     dl_event("learner_start", "mode=standalone device=%s params=%zu steps=%lld",
              dl_event_str(hello_device, ev_dev, sizeof ev_dev), nparams, (long long)cfg.steps);
-    printf("data: %s (%s, %llu tokens, %llu train / %llu val sequences)\n", cfg.data, dl_data_kind(data),
-           (unsigned long long)dl_data_num_tokens(data), (unsigned long long)dl_data_train_seqs(data),
-           (unsigned long long)dl_data_val_seqs(data));
+    print_data(&cfg, data, vocab);
     int64_t start = dl_trainer_steps_done(tr);
     if (start) {
         char ev_path[DL_CFG_STRLEN + 8];

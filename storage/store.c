@@ -12,6 +12,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -382,6 +383,18 @@ static int txn_commit(dl_store *s, MDB_txn *t)
 {
     int rc = mdb_txn_commit(t);
     gate_leave(s);
+    if (rc && (rc == EIO || rc == ENOSPC || rc == EDQUOT)) {
+        /* LMDB reports a short pwrite on a full disk as EIO: say how full */
+        struct statvfs fs;
+        if (statvfs(s->dir, &fs) == 0) {
+            int r = mdb_fail(rc, "mdb_txn_commit", __FILE__, __LINE__);
+            char msg[600];
+            snprintf(msg, sizeof msg, "%s", dl_errmsg());
+            return dl_err(r, "%s (the store's filesystem has %llu bytes free%s)", msg,
+                          (unsigned long long)fs.f_bavail * fs.f_frsize,
+                          (unsigned long long)fs.f_bavail * fs.f_frsize < (1u << 20) ? ": full?" : "");
+        }
+    }
     if (rc) return mdb_fail(rc, "mdb_txn_commit", __FILE__, __LINE__);
     return 0;
 }
@@ -796,6 +809,34 @@ static int open_dbs(dl_store *s, MDB_txn *t)
     return 0;
 }
 
+/* LMDB sizes its lock file lock.mdb with ftruncate (a sparse file) and
+ * writes its reader table through a shared mmap of it: on a filesystem with
+ * no free block the first store into that page raises SIGBUS inside
+ * mdb_env_open, and the process dies with nothing logged. So the file's
+ * blocks are allocated here first, where a full disk is an error: a new lock
+ * file at a size no smaller than LMDB's (maxreaders 256 x 64-byte slots +
+ * its 192-byte header; every opener derives the reader count from the
+ * file's size, so it is set only while the file is new and empty), an
+ * existing one at its own size (its holes, e.g. left by a run that died
+ * here). data.mdb needs no such care: LMDB maps it read-only and writes it
+ * with pwrite, whose ENOSPC fails the transaction. */
+#define STORE_LOCK_BYTES 20480
+static int alloc_lock_file(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/lock.mdb", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return 0; /* read-only media and the like: LMDB's own open reports it */
+    struct stat st;
+    int rc = fstat(fd, &st) ? errno : posix_fallocate(fd, 0, st.st_size ? st.st_size : STORE_LOCK_BYTES);
+    close(fd);
+    if (rc == ENOSPC || rc == EDQUOT)
+        return dl_err(DL_EIO, "store %s: no space left on its filesystem (%s allocating %s, %lld bytes): free some "
+                              "space or put the store elsewhere", dir, strerror(rc), path,
+                      (long long)(st.st_size ? st.st_size : STORE_LOCK_BYTES));
+    return 0; /* EOPNOTSUPP, EROFS, ...: nothing better to do than let LMDB try */
+}
+
 int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
 {
     assert(dir && out);
@@ -852,6 +893,8 @@ int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
             goto fail;
         }
     }
+
+    if ((rc = alloc_lock_file(dir))) goto fail;
 
     int lrc = mdb_env_create(&s->env);
     if (lrc) {
@@ -1085,17 +1128,28 @@ static int init_fn(dl_store *s, MDB_txn *t, void *vctx)
     return 0;
 }
 
+/* "L=.. NH=.. C=.. T=.. V=.. P=..": a model's shape and fragment count as
+ * refusals name them, for both sides. */
+static const char *shape_str(const dl_model_config *m, uint32_t P, char buf[128])
+{
+    snprintf(buf, 128, "L=%d NH=%d C=%d T=%d V=%d P=%u", m->n_layer, m->n_head, m->n_embd, m->seq_len, m->vocab, P);
+    return buf;
+}
+
 /* A resumed run must describe the stored model and seed: DL_EMISMATCH naming
- * the first field that differs, with both values. */
+ * the first field that differs, with both values, and both shapes. */
 static int same_model(const dl_store *s, const dl_store_run *r)
 {
+    char a[128], b[128];
     const char *names[] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab"};
     int have[] = {s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.seq_len, s->model.vocab};
     int want[] = {r->model.n_layer, r->model.n_head, r->model.n_embd, r->model.seq_len, r->model.vocab};
     for (int i = 0; i < 5; i++)
         if (have[i] != want[i])
-            return dl_err(DL_EMISMATCH, "store %s holds run '%s' with %s %d; refusing %s %d", s->dir, s->run_id,
-                          names[i], have[i], names[i], want[i]);
+            return dl_err(DL_EMISMATCH,
+                          "store %s holds run '%s' with %s %d; refusing %s %d (the store's model: %s; this one: %s)",
+                          s->dir, s->run_id, names[i], have[i], names[i], want[i], shape_str(&s->model, s->n_frag, a),
+                          shape_str(&r->model, r->n_fragments, b));
     if (s->seed != r->seed)
         return dl_err(DL_EMISMATCH, "store %s holds run '%s' with seed %llu; refusing seed %llu", s->dir, s->run_id,
                       (unsigned long long)s->seed, (unsigned long long)r->seed);
@@ -1124,12 +1178,15 @@ int dl_store_init_run_shard(dl_store *s, const dl_store_run *run, const dl_store
         int same = strcmp(s->run_id, run->run_id) == 0 && s->fingerprint == run->fingerprint &&
                    s->n_frag == run->n_fragments;
         for (uint32_t p = 0; same && p < s->n_frag; p++) same = s->numel[p] == run->numel[p];
-        if (!same)
+        if (!same) {
+            char a[128], b[128];
             return dl_err(DL_EMISMATCH,
                           "store %s holds run '%s' (fingerprint %016llx, P=%u); refusing run '%s' "
-                          "(fingerprint %016llx, P=%u)",
+                          "(fingerprint %016llx, P=%u) (the store's model: %s; this one: %s)",
                           s->dir, s->run_id, (unsigned long long)s->fingerprint, s->n_frag, run->run_id,
-                          (unsigned long long)run->fingerprint, run->n_fragments);
+                          (unsigned long long)run->fingerprint, run->n_fragments, shape_str(&s->model, s->n_frag, a),
+                          shape_str(&run->model, run->n_fragments, b));
+        }
         if (s->shards != lay.shards || s->shard != lay.shard) {
             char a[48], b[48];
             return dl_err(DL_EMISMATCH, "store %s holds %s of run '%s'; refusing %s", s->dir,

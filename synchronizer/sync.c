@@ -22,6 +22,7 @@
 #include "synchronizer/worker.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <ev.h>
 #include <math.h>
 #include <stdarg.h>
@@ -863,6 +864,23 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     }
     int64_t now = dl_clock_ns();
     int slot = dl_registry_find(s->reg, id);
+    if (slot >= 0 && registered(s, slot) && !dl_registry_route_is(s->reg, slot, route, rlen) && h->instance) {
+        /* a second live process with a registered id: refused for good
+         * (below: the same process on a new connection, or a holder gone) */
+        dl_registry_learner *l = dl_registry_get(s->reg, slot);
+        int64_t live_ns = (int64_t)s->cfg.heartbeat_ms * s->cfg.liveness * 1000000LL;
+        int other = l->instance && h->instance != l->instance;
+        int64_t quiet_ms = (now - l->last_seen_ns) / 1000000;
+        if (other && l->route_len && now - l->last_seen_ns <= live_ns && route_connected(s, l)) {
+            send_error(s, route, rlen, id, DL_EPROTO, 1,
+                       "duplicate_id: learner id '%s' is held by another live learner process (heard from %lld ms "
+                       "ago on another connection): give this one another --id", id, (long long)quiet_ms);
+            dl_event("learner_duplicate", "id=%s action=duplicate_id", id);
+            DL_WARN("learner %s: a Hello from a second process with this id refused (duplicate_id)", id);
+            s->refused_msgs++;
+            return;
+        }
+    }
     if (slot >= 0 && !dl_registry_route_is(s->reg, slot, route, rlen) &&
         dl_wire_queue_bytes(dl_registry_get(s->reg, slot)->outq) > 0) {
         /* what libzmq holds for the id's previous connection is bounded per
@@ -876,9 +894,29 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
         return;
     }
     if (slot >= 0 && registered(s, slot) && !dl_registry_route_is(s->reg, slot, route, rlen)) {
-        /* the id is registered on another connection */
+        /* the id is registered on another connection. Hello.instance tells
+         * the same process on a new connection (it takes over at once) from
+         * another process: refused for good while the holder is attached and
+         * heard from within liveness, else it takes over (docs/PROTOCOL.md
+         * "Duplicate ids") */
         dl_registry_learner *l = dl_registry_get(s->reg, slot);
-        if (l->route_len && route_connected(s, l)) {
+        int same = h->instance && h->instance == l->instance;
+        int other = h->instance && l->instance && h->instance != l->instance;
+        int64_t quiet_ms = (now - l->last_seen_ns) / 1000000;
+        if (same) {
+            dl_event("learner_duplicate", "id=%s action=reconnected", id);
+        } else if (other && l->route_len && route_connected(s, l)) {
+            /* attached but silent past liveness (above): the new process
+             * takes the id; the old one, should it wake up, is told */
+            send_error(s, l->route, l->route_len, id, DL_EPROTO, 1,
+                       "duplicate_id: learner id '%s' was taken over by another learner process after %lld ms of "
+                       "silence: this one is closed", id, (long long)quiet_ms);
+            dl_event("learner_duplicate", "id=%s action=took_over_silent silent_ms=%lld", id, (long long)quiet_ms);
+            DL_WARN("learner %s: another process took the id over after %.1f s of silence", id, (double)quiet_ms * 1e-3);
+        } else if (other) {
+            dl_event("learner_duplicate", "id=%s action=took_over_gone", id);
+        } else if (l->route_len && route_connected(s, l)) {
+            /* an older learner (no instance): the id alone decides */
             if (!s->auth) {
                 send_error(s, route, rlen, id, DL_EPROTO, 0,
                            "learner id '%s' is live on another connection: refused (retry when it is gone)", id);
@@ -947,6 +985,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     l->left_ns = 0;
     l->hellos++;
     l->batch = h->batch;
+    l->instance = h->instance;
     l->max_chunk = h->max_chunk_bytes & ~3u;
     dl_ledger_hello(s->ledger, slot, h->step);
     int must_fetch = h->n_held_versions == 0 || away_long;
@@ -1993,8 +2032,25 @@ static int loopback_endpoint(const char *ep)
            !strncmp(ep, "ipc://", 6) || !strncmp(ep, "inproc://", 9);
 }
 
+/* A tcp:// bind's port must be `*` or 0..65535: libzmq takes 99999 and
+ * binds it modulo 65536 (34463), a typo that would otherwise run. */
+static int check_bind_port(const char *ep)
+{
+    if (strncmp(ep, "tcp://", 6)) return 0;
+    const char *colon = strrchr(ep + 6, ':');
+    if (!colon || !colon[1]) return dl_err(DL_EINVAL, "bind %s: no port (tcp://HOST:PORT)", ep);
+    if (!strcmp(colon + 1, "*")) return 0;
+    char *end;
+    errno = 0;
+    long port = strtol(colon + 1, &end, 10);
+    if (*end || errno || port < 0 || port > 65535)
+        return dl_err(DL_EINVAL, "bind %s: port '%s' is not * or 0..65535", ep, colon + 1);
+    return 0;
+}
+
 static int open_router(dl_sync *s)
 {
+    DL_TRY(check_bind_port(s->cfg.bind));
     DL_ZMQ_PTR(s->zctx, zmq_ctx_new());
     if (s->cfg.auth == DL_SYNC_AUTH_CURVE) {
         /* the ZAP handler must be bound before the CURVE socket is */
@@ -2068,56 +2124,9 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
         if (owns(s, p)) s->momentum[p] = dl_xaligned(64, s->numel[p] * sizeof(float));
     }
 
-    /* the store: a fresh run starts from the seeded init, a resumed one from LMDB */
-    dl_store_opts so = dl_store_opts_default();
-    so.durability = s->cfg.durability;
-    if ((rc = dl_store_open(s->cfg.store, &so, &s->store))) goto fail;
-    full = dl_xmalloc(dl_plan_total_numel(s->plan) * sizeof(float));
-    if (s->cfg.init_from[0]) {
-        if ((rc = init_from_file(s, full))) goto fail;
-    } else if ((rc = dl_model_init_params(&s->cfg.model, s->cfg.seed, full))) {
-        goto fail;
-    }
-    for (int p = 0; p < P; p++) dl_plan_gather(s->plan, p, full, s->params[p]);
-    dl_store_run run = {.run_id = s->cfg.run_id,
-                        .fingerprint = s->fingerprint,
-                        .config_text = s->cfg.config_text,
-                        .model = s->cfg.model,
-                        .seed = s->cfg.seed,
-                        .n_fragments = (uint32_t)P,
-                        .numel = s->numel};
-    dl_store_shard layout = {(uint32_t)s->cfg.shard, (uint32_t)s->cfg.shards};
-    if ((rc = dl_store_init_run_shard(s->store, &run, &layout, (const float *const *)s->params))) goto fail;
-    for (int p = 0; p < P; p++)
-        if (!owns(s, p)) {
-            free(s->params[p]); /* a new store's version 0 of it is written; nothing else here needs it */
-            s->params[p] = NULL;
-        }
-    if ((rc = dl_store_bump_epoch(s->store, &s->epoch))) goto fail;
-    if ((rc = dl_policy_open(&s->cfg.policy, P, &s->policy))) goto fail;
+    /* every check that needs no store, and the bind, come first: a typo'd
+     * bind or a bad option leaves no new store directory behind */
     if ((rc = dl_guard_cfg_check(&s->cfg.guard))) goto fail;
-    if ((rc = dl_guard_open(&s->cfg.guard, P, s->cfg.policy.max_learners, &s->guard))) goto fail;
-    uint64_t total_v = 0;
-    for (int p = 0; p < P; p++) {
-        uint64_t v;
-        if (!owns(s, p)) continue; /* stays at version 0 in the policy: no round of it ever opens */
-        if ((rc = dl_store_read_fragment(s->store, (uint32_t)p, &v, s->params[p], s->momentum[p]))) goto fail;
-        dl_policy_set_version(s->policy, p, v);
-        total_v += v;
-        int fin = 0;
-        s->param_norm[p] = dl_guard_norm(s->params[p], s->numel[p], &fin);
-    }
-    dl_registry_open(s->cfg.policy.max_learners, P, &s->reg);
-    dl_ledger_open(s->cfg.policy.max_learners, P, &s->ledger);
-    dl_ledger_set_fragments(s->ledger, owned);
-    s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
-    s->inb = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->inb);
-    s->outx = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->outx);
-    for (int i = 0; i < s->cfg.policy.max_learners; i++) s->outx[i].p = -1;
-    s->resume_v = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
-    s->resume_o = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
-    s->owed_order = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->owed_order);
-
     /* bounds that follow from the model (a shard: its own fragments) unless set */
     uint64_t model_bytes = 0, frag_bytes = 0;
     for (int p = 0; p < P; p++) {
@@ -2172,6 +2181,56 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->lim.shard = (uint32_t)s->cfg.shard; /* pushes and fetches of another shard's fragments are refused */
     s->lim.shards = (uint32_t)s->cfg.shards;
     if ((rc = open_router(s))) goto fail;
+
+    /* the store: a fresh run starts from the seeded init, a resumed one from LMDB */
+    dl_store_opts so = dl_store_opts_default();
+    so.durability = s->cfg.durability;
+    if ((rc = dl_store_open(s->cfg.store, &so, &s->store))) goto fail;
+    full = dl_xmalloc(dl_plan_total_numel(s->plan) * sizeof(float));
+    if (s->cfg.init_from[0]) {
+        if ((rc = init_from_file(s, full))) goto fail;
+    } else if ((rc = dl_model_init_params(&s->cfg.model, s->cfg.seed, full))) {
+        goto fail;
+    }
+    for (int p = 0; p < P; p++) dl_plan_gather(s->plan, p, full, s->params[p]);
+    dl_store_run run = {.run_id = s->cfg.run_id,
+                        .fingerprint = s->fingerprint,
+                        .config_text = s->cfg.config_text,
+                        .model = s->cfg.model,
+                        .seed = s->cfg.seed,
+                        .n_fragments = (uint32_t)P,
+                        .numel = s->numel};
+    dl_store_shard layout = {(uint32_t)s->cfg.shard, (uint32_t)s->cfg.shards};
+    if ((rc = dl_store_init_run_shard(s->store, &run, &layout, (const float *const *)s->params))) goto fail;
+    for (int p = 0; p < P; p++)
+        if (!owns(s, p)) {
+            free(s->params[p]); /* a new store's version 0 of it is written; nothing else here needs it */
+            s->params[p] = NULL;
+        }
+    if ((rc = dl_store_bump_epoch(s->store, &s->epoch))) goto fail;
+    if ((rc = dl_policy_open(&s->cfg.policy, P, &s->policy))) goto fail;
+    if ((rc = dl_guard_open(&s->cfg.guard, P, s->cfg.policy.max_learners, &s->guard))) goto fail;
+    uint64_t total_v = 0;
+    for (int p = 0; p < P; p++) {
+        uint64_t v;
+        if (!owns(s, p)) continue; /* stays at version 0 in the policy: no round of it ever opens */
+        if ((rc = dl_store_read_fragment(s->store, (uint32_t)p, &v, s->params[p], s->momentum[p]))) goto fail;
+        dl_policy_set_version(s->policy, p, v);
+        total_v += v;
+        int fin = 0;
+        s->param_norm[p] = dl_guard_norm(s->params[p], s->numel[p], &fin);
+    }
+    dl_registry_open(s->cfg.policy.max_learners, P, &s->reg);
+    dl_ledger_open(s->cfg.policy.max_learners, P, &s->ledger);
+    dl_ledger_set_fragments(s->ledger, owned);
+    s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
+    s->inb = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->inb);
+    s->outx = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->outx);
+    for (int i = 0; i < s->cfg.policy.max_learners; i++) s->outx[i].p = -1;
+    s->resume_v = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
+    s->resume_o = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
+    s->owed_order = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->owed_order);
+
 
     s->loop = ev_loop_new(EVFLAG_AUTO);
     dl_worker_open(s->store, s->plan, s->params, s->momentum, wake_loop, s, &s->worker);

@@ -17,6 +17,8 @@
 #        or configure failed; 2 GPU tests passed but another step failed
 #        (rest of the build, nvidia-smi, bench).
 set -u -o pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/lib_args.sh"
+dl_args 1 "$@"
 
 SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:-$SRC/build-gpu}

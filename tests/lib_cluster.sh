@@ -3,6 +3,9 @@
 # test starts is recorded in PIDS and killed by PID on exit; nothing else is
 # touched. Assertions read the event logs (docs/EVENTS.md), never the human
 # log lines, which may change freely.
+# `tests/test_X.sh --help` prints the test's header comment and starts nothing
+. "$(dirname "${BASH_SOURCE[0]}")/lib_args.sh"
+case "${1:-}" in -h | --help) dl_usage; exit 0 ;; esac
 B=${DLOCO_BIN:-build}
 SYNC=$B/synchronizer/dloco-sync LEARNER=$B/learner/dloco-learner DLOCO=$B/tools/dloco
 W=$(mktemp -d /tmp/dloco_${TEST_NAME:-cluster}.XXXXXX)

@@ -28,19 +28,29 @@ wait_until 90 '[ "$(merges)" -ge 8 ]' || die "no merges with CURVE"
 check "k0 pushed" [ "$(ev_count "$EV" push id=k0)" -gt 0 ]
 check "k1 pushed" [ "$(ev_count "$EV" push id=k1)" -gt 0 ]
 
-# a key that is not in the allowlist: no Hello ever arrives, the learner gives up with the reason
-start_learner k2 "${CURVE[@]}" --key_file "$K/k2.key" --steps 10 --connect_timeout_ms 3000
+# a key that is not in the allowlist: no Hello ever arrives; ZAP's denial
+# (status 400) is final, so the learner stops at once with the reason, exit 3
+# (its connect timeout is far beyond the wait: exit 3 is not a timeout)
+start_learner k2 "${CURVE[@]}" --key_file "$K/k2.key" --steps 10 --connect_timeout_ms 120000
 wait_pid 60 "$LPID"; rc=$?
-check "an unlisted key's learner exits with an error (status $rc)" [ "$rc" -ne 0 ]
+check "an unlisted key's learner exits 3 (status $rc)" [ "$rc" = 3 ]
 check "ZAP denied it" ev_has "$EV" auth_denied reason=unknown_key
 check "it never joined" [ "$(ev_count "$EV" learner_join id=k2)" = 0 ]
-check "its connection failed the handshake (authentication), and it rebuilt it" \
-  ev_has "$W/events-k2.log" socket_rebuild reason=handshake_failed
+check "its handshake failed (authentication): refused kind=unauthorized" \
+  ev_has "$W/events-k2.log" refused kind=unauthorized "reason~authentication.*allowlist"
+
+# the wrong server key: every handshake fails without a status; 3 in a row
+# before any Welcome end the learner (exit 3), long before its timeout
+start_learner k0w --id k0 --server_key "$K/k2.pub" --key_file "$K/k0.key" --steps 10 --connect_timeout_ms 120000
+wait_pid 60 "$LPID"; rc=$?
+check "a learner with the wrong server key exits 3 (status $rc)" [ "$rc" = 3 ]
+check "... refused kind=handshake naming server_key" ev_has "$W/events-k0w.log" refused kind=handshake "reason~server_key"
 
 # a listed key used for another id: refused, never registered
-start_learner k3 "${CURVE[@]}" --key_file "$K/k0.key" --steps 10 --connect_timeout_ms 3000
+start_learner k3 "${CURVE[@]}" --key_file "$K/k0.key" --steps 10 --connect_timeout_ms 120000
 wait_pid 60 "$LPID"; rc=$?
-check "k0's key under id k3 is refused (status $rc)" [ "$rc" -ne 0 ]
+check "k0's key under id k3 is refused, exit 3 (status $rc)" [ "$rc" = 3 ]
+check "k3: refused kind=unauthorized" ev_has "$W/events-k3.log" refused kind=unauthorized
 check "auth_refused names the key's owner" ev_has "$EV" auth_refused id=k3 key_owner=k0
 check "k3 never joined" [ "$(ev_count "$EV" learner_join id=k3)" = 0 ]
 

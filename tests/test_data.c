@@ -154,6 +154,15 @@ static void test_shards(void)
     memset(foreign, 'A', sizeof foreign);
     write_bytes("foreign.bin", foreign, sizeof foreign);
     expect_error("foreign.bin", "shards", 50257, DL_EFORMAT, "not an llm.c token shard");
+    /* auto: a .bin with another magic is refused with the way out, never read as text */
+    expect_error("foreign.bin", "auto", 50257, DL_EFORMAT, "not an llm.c token shard (magic 1094795585, expected 20240520)");
+    expect_error("foreign.bin", "auto", 50257, DL_EFORMAT, "give --data_format text");
+    {
+        dl_data *t = NULL;
+        CHECK(open_path("foreign.bin", "text", 16, 256, &t) == 0, "foreign.bin as --data_format text: %s", dl_errmsg());
+        CHECK(t && !strcmp(dl_data_kind(t), "text"), "foreign.bin read as text when asked");
+        dl_data_close(&t);
+    }
     memcpy(foreign, buf, 1024);
     int32_t v2 = 2;
     memcpy(foreign + 4, &v2, 4);

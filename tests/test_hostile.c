@@ -54,6 +54,7 @@ static char root[256];
 static void *ctx;
 /* Hello.max_chunk_bytes the peers announce (0: a peer from before chunking, served whole fragments) */
 static uint32_t hello_max_chunk;
+static uint64_t hello_instance; /* Hello.instance of send_hello (0: an older learner) */
 
 static void row(const char *tag, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void row(const char *tag, const char *fmt, ...)
@@ -454,6 +455,7 @@ static void send_hello_fp(peer *p, const char *as, uint32_t batch, uint64_t fp)
     h.device = "test";
     h.batch = batch;
     h.max_chunk_bytes = hello_max_chunk;
+    h.instance = hello_instance;
     dl_wire_env_init(&env, RUN, 0, as ? as : p->id);
     dl_wire_set_hello(&env, &h);
     CHECK(send_env(p, &env, NULL, 0, 0) == 0, "send hello: %s", dl_errmsg());
@@ -836,7 +838,7 @@ static void row_identity(void)
     size_t n0 = dl_plan_fragment_numel(S.plan, 0);
     float *delta = normal_delta(n0, 1);
     char got[600];
-    peer R = {0}, H = {0}, S2 = {0};
+    peer R = {0}, H = {0}, S2 = {0}, I1 = {0}, I2 = {0}, I3 = {0};
     if (!join(&R, &S, "real-1", 0, NULL)) goto out_sync;
 
     /* a connection presenting the learner's id as its routing id, idle */
@@ -912,7 +914,35 @@ static void row_identity(void)
         "event learner_duplicate id=real-1 action=took_over_gone x%d", got, refusals, took);
     CHECK(welcomed, "hello after the real learner left: %s", got);
     CHECK(took == 1, "took_over_gone events: %d", took);
+
+    /* Hello.instance (docs/PROTOCOL.md "Duplicate ids"): another live
+     * process is refused for good; the same process on a new connection
+     * takes over at once, its old connection still attached */
+    hello_instance = 0xA11CE;
+    if (!join(&I1, &S, "inst-1", 0, NULL)) goto out_sync;
+    peer_open(&I2, &S, "inst-1", NULL);
+    hello_instance = 0xB0B;
+    send_hello(&I2, NULL, 0);
+    ok = expect_error(&I2, DLOCO__V1__ERROR_KIND__ERROR_KIND_PROTOCOL, 1, "duplicate_id: learner id 'inst-1' is held",
+                      got, sizeof got);
+    dup = ev_wait(S.events, 1, 2000, "learner_duplicate", "id=inst-1", "action=duplicate_id", NULL);
+    row("1h identity", "a Hello as live inst-1 from another instance -> %s; learner_duplicate action=duplicate_id x%d",
+        got, dup);
+    CHECK(ok && dup == 1, "second live process: %s (events %d)", got, dup);
+    peer_open(&I3, &S, "inst-1", NULL);
+    hello_instance = 0xA11CE;
+    send_hello(&I3, NULL, 0);
+    ok = expect_welcome(&I3, got, sizeof got);
+    int rec = ev_wait(S.events, 1, 2000, "learner_duplicate", "id=inst-1", "action=reconnected", NULL);
+    row("1i identity", "a Hello as inst-1 from its own instance on a new connection (old one attached) -> %s; "
+        "learner_duplicate action=reconnected x%d", got, rec);
+    CHECK(ok && rec == 1, "same instance, new connection: %s (events %d)", got, rec);
+    hello_instance = 0;
 out_sync:
+    hello_instance = 0;
+    peer_close(&I1);
+    peer_close(&I2);
+    peer_close(&I3);
     peer_close(&H);
     peer_close(&S2);
     peer_close(&R);

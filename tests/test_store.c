@@ -379,6 +379,8 @@ static void test_roundtrip(void)
     other.fingerprint = 0x77;
     EXPECT_ERR(dl_store_init_run(s, &other, (const float *const *)init.a), DL_EMISMATCH, "0000000000000077");
     REQUIRE(strstr(dl_errmsg(), "1234abcd5678ef01") != NULL, "message names both fingerprints: %s", dl_errmsg());
+    REQUIRE(strstr(dl_errmsg(), "(the store's model: L=") && strstr(dl_errmsg(), "; this one: L="),
+            "message names both shapes: %s", dl_errmsg());
     other = run;
     const uint64_t numel2[3] = {5, 1000, 70001};
     other.numel = numel2;
@@ -1000,6 +1002,12 @@ static void test_run_model(void)
         char needle[96];
         snprintf(needle, sizeof needle, "with %s %d; refusing %s %d", field[i], have, field[i], want);
         EXPECT_ERR(dl_store_init_run(s, &other, NULL), DL_EMISMATCH, needle);
+        char shapes[256];
+        dl_model_config *m = &run.model, *o = &other.model;
+        snprintf(shapes, sizeof shapes, "(the store's model: L=%d NH=%d C=%d T=%d V=%d P=%u; this one: L=%d NH=%d C=%d "
+                 "T=%d V=%d P=%u)", m->n_layer, m->n_head, m->n_embd, m->seq_len, m->vocab, run.n_fragments,
+                 o->n_layer, o->n_head, o->n_embd, o->seq_len, o->vocab, other.n_fragments);
+        REQUIRE(strstr(dl_errmsg(), shapes) != NULL, "the refusal names both shapes '%s': %s", shapes, dl_errmsg());
     }
     dl_store_run other = run;
     other.seed = 1;

@@ -38,9 +38,10 @@ static void usage(FILE *f)
                "                               running synchronizer (ADDR = HOST:PORT of its --metrics) or of a\n"
                "                               store (run, epoch, store sizes, versions, merges too);\n"
                "                               --json one document (docs/OPERATING.md), --watch refreshes\n"
-               "  records STORE                one line per merge contribution: fragment version learner decision\n"
-               "                               staleness tokens weight\n"
-               "  eval   STORE [--data PATH] [--batch B] [--val_batches N] [--val_frac F]\n"
+               "  records STORE                a header line, then one line per merge contribution: fragment version\n"
+               "                               learner decision staleness tokens weight epoch=E\n"
+               "  eval   STORE [--data PATH] [--data_format auto|text|shards] [--batch B] [--val_batches N]\n"
+               "         [--val_frac F]"
                "                               validation loss of the store's global model; --dump_seqs FILE\n"
                "                               also writes the token sequences it evaluated (int32, docs/OPERATING.md)\n"
                "  export STORE [--format safetensors|llmc|hf] [--force] OUT\n"
@@ -214,6 +215,8 @@ static int cmd_records(const char *dir)
     int rc = dl_store_open(dir, &o, &s);
     if (rc) return fail("opening the store", rc);
     uint32_t P = dl_store_n_fragments(s);
+    /* one header line naming the columns print_record writes, then one line per contribution */
+    printf("fragment version learner decision staleness tokens weight epoch\n");
     for (uint32_t p = 0; p < P && !rc; p++) rc = dl_store_foreach_merge(s, p, 1, print_record, &p);
     dl_store_close(&s);
     return rc < 0 ? fail("reading merge records", rc) : 0;
@@ -221,6 +224,7 @@ static int cmd_records(const char *dir)
 
 typedef struct {
     char data[DL_CFG_STRLEN];
+    char data_format[DL_CFG_STRLEN];
     int64_t batch, val_batches;
     double val_frac;
     char dump_seqs[DL_CFG_STRLEN];
@@ -229,6 +233,9 @@ typedef struct {
 #define F(x) offsetof(eval_cfg, x)
 static const dl_cfg_entry eval_table[] = {
     {"data", DL_CFG_STR, F(data), 0, 0, "/usr/share/games/fortunes", NULL, 0, "data the run trained on"},
+    {"data_format", DL_CFG_ENUM, F(data_format), 0, 0, "auto", "auto|text|shards", 0,
+     "auto: .bin = llm.c token shards, else text, which then needs the store's vocab to be 256; text: bytes "
+     "whatever the vocab (>= 256)"},
     {"batch", DL_CFG_INT, F(batch), 1, 4096, "16", NULL, 0, "sequences per evaluation batch"},
     {"val_batches", DL_CFG_INT, F(val_batches), 1, 100000, "16", NULL, 0, "evaluation batches"},
     {"val_frac", DL_CFG_FLOAT, F(val_frac), 0.0, 0.5, "0.05", NULL, 0, "validation fraction the learners used"},
@@ -270,7 +277,7 @@ static int cmd_eval(const char *dir, int argc, char **argv)
         return fail("reading the run", dl_err(DL_EMISMATCH, "model config in the store does not match its fingerprint"));
     }
     /* the synchronizer's periodic evaluation runs the same code (learner/evaluate.h) */
-    dl_evaluate_opts eo = {.data = ec.data, .val_frac = ec.val_frac, .batch = (int)ec.batch,
+    dl_evaluate_opts eo = {.data = ec.data, .data_format = ec.data_format, .val_frac = ec.val_frac, .batch = (int)ec.batch,
                            .seqs = (int)(ec.batch * ec.val_batches)};
     uint64_t vsum = 0;
     double loss = 0;
