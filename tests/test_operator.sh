@@ -30,7 +30,7 @@ stop_sync
 "$DLOCO" eval "$W/store" --data "$W/corpus.txt" --batch 4 --val_batches 2 > "$W/eval-text.log" 2>&1; rc=$?
 check "eval of text on a vocab-300 store: exit 2 (got $rc)" [ "$rc" = 2 ]
 check "... naming the store's vocab and the data's" \
-  grep -q "the store's model has vocab 300, but --data $W/corpus.txt is text (one token per byte: vocab 256)" "$W/eval-text.log"
+  grep -q "the store's model has vocab 300, but the data $W/corpus.txt is text (one token per byte: vocab 256)" "$W/eval-text.log"
 "$DLOCO" eval "$W/store" --data "$W/corpus.txt" --data_format text --batch 4 --val_batches 2 > "$W/eval-asked.log" 2>&1; rc=$?
 check "eval with --data_format text: exit 0 (got $rc)" [ "$rc" = 0 ]
 check "... and a loss" grep -q "val loss [0-9]" "$W/eval-asked.log"
@@ -43,7 +43,7 @@ open(sys.argv[1], 'wb').write(struct.pack('<256i', *hdr) + struct.pack('<%dH' % 
 " "$W/tokens.bin"
 "$DLOCO" eval "$W/store" --data "$W/tokens.bin" --batch 4 --val_batches 2 > "$W/eval-bin.log" 2>&1; rc=$?
 check "eval of shards beyond the store's vocab: exit 2 (got $rc)" [ "$rc" = 2 ]
-check "... naming the store's vocab" grep -q "the store's model has vocab 300, but --data $W/tokens.bin holds larger tokens" "$W/eval-bin.log"
+check "... naming the store's vocab" grep -q "the store's model has vocab 300, but the data $W/tokens.bin holds larger tokens" "$W/eval-bin.log"
 # a .bin that is not a shard is refused, never read as text
 head -c 5000 "$W/corpus.txt" > "$W/notashard.bin"
 "$DLOCO" eval "$W/store" --data "$W/notashard.bin" --batch 4 --val_batches 2 > "$W/eval-bad.log" 2>&1; rc=$?
