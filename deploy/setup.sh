@@ -22,7 +22,8 @@ PKGS=(
   fiu-utils libfiu0                       # dloco-chaos disk faults: fiu-run / fiu-ctrl and libfiu's POSIX preload
   gnuplot-nox                             # dloco-chaos report plots (SVG)
   libmicrohttpd-dev                       # /metrics and /status.json endpoints (core/httpd.c)
-  prometheus                              # promtool: tests/test_metrics.sh checks the exposition (SKIPs without it)
+  prometheus                              # promtool and the server: tests/test_metrics.sh, tests/test_prometheus.sh
+  curl                                    # tests/test_metrics.sh: scrapes and hostile HTTP requests
 )
 WITH_TORCH=0
 FORCE=0

@@ -120,7 +120,8 @@ struct dl_comms {
     int bad_row;            /* inbound messages rejected by proto/wire.c in a row */
     char conn_err[400];     /* the last connection problem, for the connect-timeout message */
     int auth_denied;        /* the synchronizer's ZAP refused this learner's key for good (status 400) */
-    int hs_failed;          /* CURVE handshakes failed in a row without a status (e.g. a wrong server_key) */
+    int hs_failed;          /* CURVE handshakes failed in a row without a status (e.g. a wrong server_key);
+                             * a handshake that succeeds resets it */
     int hello_unsent; /* the last Hello found no connection */
     int rr; /* round-robin start for fairness among fragments */
     dl_wire_queue *outq;    /* payload bytes of ours libzmq still holds (the push window) */
@@ -733,8 +734,9 @@ static int open_socket_(dl_comms *c)
     char ep[96];
     snprintf(ep, sizeof ep, "inproc://dloco-comms-monitor-%p-%u", (void *)c, ++c->mon_seq);
     DL_ZMQ_CALL(zmq_socket_monitor(c->sock, ep,
-                                   ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH));
+                                   ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                       ZMQ_EVENT_HANDSHAKE_FAILED_AUTH));
     DL_ZMQ_PTR(c->mon, zmq_socket(c->ctx, ZMQ_PAIR));
     int zero = 0;
     DL_ZMQ_CALL(zmq_setsockopt(c->mon, ZMQ_LINGER, &zero, sizeof zero));
@@ -821,7 +823,9 @@ static int monitor_lost(dl_comms *c)
             more = zmq_msg_recv(&b, c->mon, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&b);
             zmq_msg_close(&b);
         }
-        if (ev == ZMQ_EVENT_DISCONNECTED) {
+        if (ev == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            c->hs_failed = 0; /* the server key is right: later failures are the network's */
+        } else if (ev == ZMQ_EVENT_DISCONNECTED) {
             if (!handshake) snprintf(c->conn_err, sizeof c->conn_err, "connection to %s lost", c->endpoint);
             lost = 1;
         } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
@@ -1501,7 +1505,9 @@ static void *comms_main(void *arg)
             }
             /* a CURVE client whose server_key is not the synchronizer's
              * fails every handshake without a status; before any Welcome,
-             * DL_COMMS_HANDSHAKE_TRIES in a row are taken as that */
+             * DL_COMMS_HANDSHAKE_TRIES in a row with none succeeding between
+             * (a synchronizer that restarts or resets connections completes
+             * handshakes too) are taken as that */
             if (c->curve_server[0] && !c->ever_welcomed && c->hs_failed >= DL_COMMS_HANDSHAKE_TRIES) {
                 char r[sizeof why + 64];
                 snprintf(r, sizeof r, "%s (%d handshakes in a row, none ever welcomed)", why, c->hs_failed);

@@ -40,6 +40,23 @@ static float *carve(float **cursor, size_t n)
     return p;
 }
 
+size_t dl_gpt_open_bytes(const dl_model_config *cfg_in, int B)
+{
+    dl_model_config cfg = *cfg_in;
+    if (dl_model_config_check(&cfg) || B < 1) return 0;
+    size_t nparams = 0;
+    dl_model_tensor_table(&cfg, NULL, 0, &nparams);
+    size_t np = (nparams + 15) & ~(size_t)15;
+    size_t L = (size_t)cfg.n_layer, C = (size_t)cfg.n_embd, T = (size_t)cfg.seq_len, NH = (size_t)cfg.n_head;
+    size_t Vp = (size_t)cfg.padded_vocab, BT = (size_t)B * T, TT = (size_t)B * NH * T * T;
+    size_t total = 0;
+#define DL_ACT_SIZE(name, n) total += ((n) + 15) & ~(size_t)15;
+    DL_GPT_ACTIVATIONS(DL_ACT_SIZE)
+#undef DL_ACT_SIZE
+    (void)L, (void)C, (void)Vp, (void)BT, (void)TT;
+    return (4 * np + total) * sizeof(float) + 2 * BT * sizeof(int32_t);
+}
+
 int dl_gpt_open(const dl_model_config *cfg_in, int B, dl_gpt **out)
 {
     *out = NULL;

@@ -39,6 +39,9 @@ typedef struct dl_gpt dl_gpt;
  * activations too large; the message says which and how many bytes); *out
  * is NULL on error. */
 int dl_gpt_open(const dl_model_config *cfg, int B, dl_gpt **out);
+/* The bytes dl_gpt_open(cfg, B) allocates (model state and activations), for
+ * a memory check before it; 0 for a config dl_model_config_check refuses. */
+size_t dl_gpt_open_bytes(const dl_model_config *cfg, int B);
 void dl_gpt_close(dl_gpt **g); /* safe on NULL and twice */
 
 /* dl_model_init_params (core/model.h) into the model's params. */

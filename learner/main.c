@@ -128,7 +128,8 @@ static const dl_cfg_entry learner_table[] = {
     {"connect", DL_CFG_STR, F(connect), 0, 0, "tcp://127.0.0.1:5555", NULL, 0,
      "synchronizer endpoint (networked mode); a sharded synchronizer: its shards' endpoints, comma-separated in shard "
      "order (one session each; a shard that is down pauses only its fragments)"},
-    {"id", DL_CFG_STR, F(id), 0, 0, "", NULL, 0, "learner id [A-Za-z0-9._-]{1,64}; empty = learner-<pid>"},
+    {"id", DL_CFG_STR, F(id), 0, 0, "", NULL, 0, "learner id [A-Za-z0-9._-]{1,64}; empty = <hostname>-<pid> (hostname cut to 40 characters, others "
+     "than [A-Za-z0-9._-] as '-'): unique per host, and across containers whose learners share a pid"},
     {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id, must match the synchronizer's"},
     {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, "overwrite", "overwrite|mix|keep", 0,
      "how a new global fragment is adopted: overwrite, mix alpha*local+(1-alpha)*global, keep progress since the push"},
@@ -431,6 +432,19 @@ static int init_from_file(dl_trainer *tr, const char *path)
     return 0;
 }
 
+/* The default learner id, <hostname>-<pid>: a second live process with one
+ * id is refused (duplicate_id), and containers often give every learner the
+ * same pid, so the pid alone is not enough. */
+static void default_id(char *id, size_t cap)
+{
+    char host[41] = "learner";
+    if (gethostname(host, sizeof host) != 0 || !host[0]) snprintf(host, sizeof host, "learner");
+    host[sizeof host - 1] = 0;
+    for (char *c = host; *c; c++)
+        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '_' && *c != '-') *c = '-';
+    snprintf(id, cap, "%s-%ld", host, (long)getpid());
+}
+
 /* The rules of a networked config across options (an empty id is the
  * default learner-<pid>, checked once it is set); resolves the CURVE keys. */
 static int check_networked(learner_cfg *cfg)
@@ -472,7 +486,7 @@ int main(int argc, char **argv)
     dl_log_set_name("learner");
     if ((rc = dl_event_open(cfg.events, "learner"))) return fail("opening the events file (option events)", rc);
     if (!cfg.standalone) {
-        if (!cfg.id[0]) snprintf(cfg.id, sizeof cfg.id, "learner-%ld", (long)getpid());
+        if (!cfg.id[0]) default_id(cfg.id, sizeof cfg.id);
         if ((rc = check_networked(&cfg))) return fail("bad configuration", rc);
     }
     if (cfg.threads > 0) omp_set_num_threads((int)cfg.threads);
@@ -930,6 +944,11 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                        (unsigned long long)(ns.adopted - ns.rebased));
                 if (cs.staleness_n) printf("staleness %.2f | ", (double)cs.staleness_sum / (double)cs.staleness_n);
                 else printf("staleness  -   | ");
+                /* sync lag: the most steps a fragment has trained past its adopted base;
+                 * pending: pushes sent without a final decision yet (as /metrics) */
+                uint64_t decided = cs.accepted + cs.dropped_stale + cs.rejected;
+                printf("lag %llu steps | pending %llu | ", (unsigned long long)ns.steps_behind_max,
+                       (unsigned long long)(cs.pushes > decided ? cs.pushes - decided : 0));
                 printf("sent %.2f MB | recv %.2f MB\n", (double)cs.bytes_sent * 1e-6, (double)cs.bytes_recv * 1e-6);
                 fflush(stdout);
                 dl_event("step", "id=%s step=%lld loss=%.17g tokens=%lld pushes=%llu coalesced=%llu", cfg->id,

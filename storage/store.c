@@ -1686,6 +1686,27 @@ int dl_store_learner_put(dl_store *s, const dl_store_learner *rec)
     return store_write(s, 0, learner_put_fn, (void *)rec);
 }
 
+typedef struct {
+    const dl_store_learner *recs;
+    int n;
+} learner_many;
+
+static int learner_put_many_fn(dl_store *s, MDB_txn *t, void *ctx)
+{
+    const learner_many *m = ctx;
+    for (int i = 0; i < m->n; i++) DL_TRY(learner_put_fn(s, t, (void *)&m->recs[i]));
+    return 0;
+}
+
+int dl_store_learner_put_many(dl_store *s, const dl_store_learner *recs, int n)
+{
+    assert(s && (recs || n == 0));
+    for (int i = 0; i < n; i++) DL_TRY(check_id("learner id", recs[i].id));
+    if (n == 0) return 0;
+    learner_many m = {recs, n};
+    return store_write(s, 0, learner_put_many_fn, &m);
+}
+
 int dl_store_learner_get(dl_store *s, const char *id, dl_store_learner *out)
 {
     assert(s && out);

@@ -334,6 +334,10 @@ typedef struct {
 
 /* Insert or replace the record of rec->id. */
 int dl_store_learner_put(dl_store *s, const dl_store_learner *rec);
+/* Insert or replace n records in one transaction (one commit, one fsync under
+ * durability sync): the synchronizer's periodic write of every live
+ * learner's counters. All or none. */
+int dl_store_learner_put_many(dl_store *s, const dl_store_learner *recs, int n);
 /* DL_ENOTFOUND if the id is unknown. */
 int dl_store_learner_get(dl_store *s, const char *id, dl_store_learner *out);
 /* Visit every learner in id order; same callback rules as dl_store_foreach_merge. */

@@ -37,7 +37,7 @@ typedef struct {
     int64_t norm_window, norm_min_history, step_slack, max_batch;
     char norm_action[DL_CFG_STRLEN];
     char metrics[DL_CFG_STRLEN];
-    int64_t eval_every_s, eval_seqs, eval_batch, eval_threads;
+    int64_t eval_every_s, eval_seqs, eval_batch, eval_threads, eval_max_mb;
     double eval_val_frac;
     char eval_data[DL_CFG_STRLEN];
 } sync_cfg;
@@ -147,6 +147,9 @@ static const dl_cfg_entry table[] = {
     {"eval_batch", DL_CFG_INT, F(eval_batch), 1, 4096, "8", NULL, 0,
      "sequences per forward pass of the evaluation (memory: activations of eval_batch x seq_len)"},
     {"eval_threads", DL_CFG_INT, F(eval_threads), 1, 1024, "1", NULL, 0, "OpenMP threads of the evaluation thread"},
+    {"eval_max_mb", DL_CFG_INT, F(eval_max_mb), 1, 16777216, "4096", NULL, 0,
+     "memory the evaluation may hold (a model copy with its training buffers + activations of eval_batch x "
+     "seq_len); more and the evaluation is off, with a warning naming both figures (lower eval_batch)"},
     {"eval_data", DL_CFG_STR, F(eval_data), 0, 0, "/usr/share/games/fortunes", NULL, 0,
      "the data the learners train on (as dloco eval --data); unreadable = evaluation off, with a warning"},
     {"eval_val_frac", DL_CFG_FLOAT, F(eval_val_frac), 0.0, 0.5, "0.05", NULL, 0,
@@ -334,6 +337,7 @@ int main(int argc, char **argv)
     sc.eval_seqs = (int)c.eval_seqs;
     sc.eval_batch = (int)c.eval_batch;
     sc.eval_threads = (int)c.eval_threads;
+    sc.eval_max_bytes = c.eval_max_mb << 20;
     sc.eval_val_frac = c.eval_val_frac;
     snprintf(sc.eval_data, sizeof sc.eval_data, "%s", c.eval_data);
     /* the whole effective config, however long, as the store's audit record */

@@ -313,10 +313,12 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
                {"max_batch", g->max_batch}};
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         lab1(lb, sizeof lb, "option", cfg[i].n);
-        /* floats as the file spells them: outer_lr 0.7 shows 0.7, not 0.69999998807907104 */
+        /* options held as float as the file spells them (outer_lr 0.7 shows 0.7,
+         * not 0.69999998807907104); those held as double exactly */
+        double v = cfg[i].v;
         char t[32];
-        snprintf(t, sizeof t, "%.7g", cfg[i].v);
-        dl_prom_sample(out, "dloco_sync_config", lb, strtod(t, NULL));
+        snprintf(t, sizeof t, "%.7g", v);
+        dl_prom_sample(out, "dloco_sync_config", lb, (double)(float)v == v ? strtod(t, NULL) : v);
     }
     FAM("config_choice", "gauge",
         "the reloadable options that are words: 1 for the value in use (labels option, value)");

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "core/plan.h"
 #include "core/shard.h"
+#include "learner/gpt.h"
 #include "proto/auth.h"
 #include "proto/wire.h"
 #include "storage/modelfile.h"
@@ -699,11 +700,10 @@ static uint64_t put_sig(const dl_registry_learner *l)
     return l->pushes + l->merged + l->dropped + l->rejected + l->tokens_applied + l->step + l->tokens;
 }
 
-static void learner_put_now(dl_sync *s, dl_registry_learner *l)
+/* The store record of l's counters now; l->put_* say it was written. */
+static void learner_record(dl_registry_learner *l, dl_store_learner *r)
 {
     l->put_ns = dl_clock_ns();
-    dl_job *j = dl_job_new(DL_JOB_LEARNER_PUT);
-    dl_store_learner *r = &j->lrec;
     snprintf(r->id, sizeof r->id, "%s", l->id);
     r->first_seen_ns = l->first_seen_wall;
     r->last_seen_ns = dl_wallclock_ns();
@@ -717,6 +717,13 @@ static void learner_put_now(dl_sync *s, dl_registry_learner *l)
     r->step = l->step;
     r->tokens = l->tokens;
     l->put_sig = put_sig(l);
+    l->put_dirty = 0;
+}
+
+static void learner_put_now(dl_sync *s, dl_registry_learner *l)
+{
+    dl_job *j = dl_job_new(DL_JOB_LEARNER_PUT);
+    learner_record(l, &j->lrec);
     submit(s, j);
 }
 
@@ -878,6 +885,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
             dl_event("learner_duplicate", "id=%s action=duplicate_id", id);
             DL_WARN("learner %s: a Hello from a second process with this id refused (duplicate_id)", id);
             s->refused_msgs++;
+            s->met.msg_refused[DL_SM_MSG_DUPLICATE]++;
             return;
         }
     }
@@ -1597,6 +1605,16 @@ static void open_eval(dl_sync *s)
                           .val_frac = s->cfg.eval_val_frac,
                           .batch = s->cfg.eval_batch > 0 ? s->cfg.eval_batch : 8,
                           .seqs = s->cfg.eval_seqs > 0 ? s->cfg.eval_seqs : 256};
+    size_t need = dl_gpt_open_bytes(&s->cfg.model, o.batch);
+    if (s->cfg.eval_max_bytes > 0 && need > (uint64_t)s->cfg.eval_max_bytes) {
+        char eb[400], msg[300];
+        snprintf(msg, sizeof msg, "it would hold %.0f MiB (model state + activations of eval_batch %d), more than "
+                 "eval_max_mb %lld: lower eval_batch or raise eval_max_mb", (double)need / 1048576.0, o.batch,
+                 (long long)(s->cfg.eval_max_bytes >> 20));
+        DL_WARN("periodic evaluation off: %s", msg);
+        dl_event("eval_failed", "reason=%s", dl_event_str(msg, eb, sizeof eb));
+        return;
+    }
     if (dl_evalthread_open(&s->cfg.model, s->plan, s->store, &o, s->cfg.eval_threads, wake_loop, s, &s->evalt)) {
         char eb[400];
         DL_WARN("periodic evaluation off: %s (option eval_data)", dl_errmsg());
@@ -1709,10 +1727,20 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
     dl_sync *s = w->data;
     int64_t now = dl_clock_ns();
     int64_t dead_after = (int64_t)s->cfg.liveness * s->cfg.heartbeat_ms * 1000000LL;
+    /* the records due go in one job, one transaction: at any fleet size the
+     * tick costs the worker one commit, not one per learner */
+    dl_job *puts = NULL;
     for (int i = 0; i < dl_registry_count(s->reg); i++) {
         dl_registry_learner *l = dl_registry_get(s->reg, i);
         if (!l->used) continue;
-        if (l->put_dirty || (l->put_sig != put_sig(l) && now - l->put_ns >= DL_SYNC_PUT_EVERY_NS)) learner_put(s, l);
+        if ((l->put_dirty && now - l->put_ns >= 1000000000LL) ||
+            (l->put_sig != put_sig(l) && now - l->put_ns >= DL_SYNC_PUT_EVERY_NS)) {
+            if (!puts) {
+                puts = dl_job_new(DL_JOB_LEARNER_PUT);
+                puts->lrecs = dl_xcalloc((size_t)dl_registry_count(s->reg), sizeof *puts->lrecs);
+            }
+            learner_record(l, &puts->lrecs[puts->nlrecs++]);
+        }
         /* a chunked push whose chunks stopped holds pool room: not for ever */
         if (s->inb[i].active && now - s->inb[i].progress_ns > (int64_t)s->cfg.slow_reader_ms * 1000000LL)
             inbound_drop(s, i, "stalled");
@@ -1737,6 +1765,7 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
         dl_wire_set_heartbeat(&env, &hb);
         send_msg(s, l, &env, NULL, 0);
     }
+    if (puts) submit(s, puts);
     serve_all_owed(s);
     if (s->cfg.durability == DL_STORE_PERIODIC && now - s->last_sync_ns >= (int64_t)s->cfg.sync_every_ms * 1000000LL) {
         s->last_sync_ns = now;
@@ -1989,7 +2018,19 @@ static int count_learner(const dl_store_learner *r, void *ctx)
 /* cfg.metrics: an explicit address that cannot be bound is an error naming
  * the option; the default one ("auto") falls back to an ephemeral loopback
  * port, so several synchronizers on one host all start. */
-static int open_metrics(dl_sync *s)
+static int init_from_refuse_run(dl_sync *s)
+{
+    dl_store_run have;
+    if (dl_store_get_run(s->store, &have) == 0)
+        return dl_err(DL_EINVAL, "--init_from %s: the store %s already holds run %s; init_from applies only to a new "
+                      "(empty) store: drop --init_from to resume it, or start with another store", s->cfg.init_from,
+                      s->cfg.store, have.run_id);
+    return 0;
+}
+
+/* The metrics server's port, bound with the ZeroMQ endpoint before the store
+ * is opened: a busy or malformed --metrics leaves no store behind. */
+static int bind_metrics(dl_sync *s)
 {
     if (!s->cfg.metrics[0] || !strcmp(s->cfg.metrics, "off")) return 0;
     int fallback = !strcmp(s->cfg.metrics, "auto");
@@ -2007,13 +2048,19 @@ static int open_metrics(dl_sync *s)
         }
     }
     if (rc) return dl_err(rc, "option metrics: %s", dl_errmsg());
+    return 0;
+}
+
+/* Once the loop and the store are up: the documents it serves, every second. */
+static void start_metrics(dl_sync *s)
+{
+    if (!s->httpd) return;
     DL_INFO("metrics: http://%s/metrics and /status.json", dl_httpd_addr(s->httpd));
     dl_event("metrics_listen", "addr=%s", dl_httpd_addr(s->httpd));
     ev_timer_init(&s->publish, on_publish, DL_SYNC_PUBLISH_S, DL_SYNC_PUBLISH_S);
     s->publish.data = s;
     ev_timer_start(s->loop, &s->publish);
     publish_now(s);
-    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2071,15 +2118,12 @@ static int open_router(dl_sync *s)
     return 0;
 }
 
-/* A new run's global model from a model file instead of the seed. Only a
- * store without a run: a resumed run's model is the store's. */
+/* A new run's global model from a model file instead of the seed, read
+ * before the store is opened (a bad file leaves no store behind); the store
+ * must then hold no run (init_from_refuse_run): a resumed run's model is the
+ * store's. */
 static int init_from_file(dl_sync *s, float *full)
 {
-    dl_store_run have;
-    if (dl_store_get_run(s->store, &have) == 0)
-        return dl_err(DL_EINVAL, "--init_from %s: the store %s already holds run %s; init_from applies only to a new "
-                      "(empty) store: drop --init_from to resume it, or start with another store", s->cfg.init_from,
-                      s->cfg.store, have.run_id);
     dl_modelfile_info info;
     int rc = dl_modelfile_read(s->cfg.init_from, &s->cfg.model, full, &info);
     if (rc) {
@@ -2180,18 +2224,19 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->lim.max_frames = 2;
     s->lim.shard = (uint32_t)s->cfg.shard; /* pushes and fetches of another shard's fragments are refused */
     s->lim.shards = (uint32_t)s->cfg.shards;
-    if ((rc = open_router(s))) goto fail;
+    if ((rc = open_router(s)) || (rc = bind_metrics(s))) goto fail;
 
     /* the store: a fresh run starts from the seeded init, a resumed one from LMDB */
     dl_store_opts so = dl_store_opts_default();
     so.durability = s->cfg.durability;
-    if ((rc = dl_store_open(s->cfg.store, &so, &s->store))) goto fail;
     full = dl_xmalloc(dl_plan_total_numel(s->plan) * sizeof(float));
     if (s->cfg.init_from[0]) {
         if ((rc = init_from_file(s, full))) goto fail;
     } else if ((rc = dl_model_init_params(&s->cfg.model, s->cfg.seed, full))) {
         goto fail;
     }
+    if ((rc = dl_store_open(s->cfg.store, &so, &s->store))) goto fail;
+    if (s->cfg.init_from[0] && (rc = init_from_refuse_run(s))) goto fail;
     for (int p = 0; p < P; p++) dl_plan_gather(s->plan, p, full, s->params[p]);
     dl_store_run run = {.run_id = s->cfg.run_id,
                         .fingerprint = s->fingerprint,
@@ -2273,7 +2318,7 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->started_ns = s->last_sync_ns = dl_clock_ns();
     dl_store_foreach_learner(s->store, count_learner, &s->known_learners);
     open_eval(s);
-    if ((rc = open_metrics(s))) goto fail;
+    start_metrics(s);
     DL_INFO("run '%s' epoch %llu: %s (%d fragments, %zu params, fingerprint %016llx), listening on %s",
             s->cfg.run_id, (unsigned long long)s->epoch, total_v ? "resumed" : "new run", P,
             dl_plan_total_numel(s->plan), (unsigned long long)s->fingerprint, s->endpoint);

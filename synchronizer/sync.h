@@ -58,6 +58,7 @@ typedef struct {
     int eval_seqs;           /* validation sequences per evaluation */
     int eval_batch;          /* sequences per forward pass */
     int eval_threads;        /* OpenMP threads of the evaluation thread */
+    int64_t eval_max_bytes;  /* the evaluation's model state + activations may not exceed this (else it is off) */
     double eval_val_frac;    /* the learners' validation fraction */
     char eval_data[256];     /* the run's data; one that cannot be read turns evaluation off with a warning */
     char metrics[256];       /* HTTP /metrics + /status.json: "HOST:PORT", "auto" (DL_SYNC_METRICS_DEFAULT, or an

@@ -52,6 +52,7 @@ void dl_job_free(dl_job *j)
     free(j->w);
     free(j->handles);
     free(j->rec.contrib);
+    free(j->lrecs);
     free(j);
 }
 
@@ -84,7 +85,10 @@ static int store_write_retried(dl_worker *w, dl_job *j)
             rc = dl_store_commit_merge(w->store, (uint32_t)j->fragment, j->version + 1, w->scratch_params,
                                        w->scratch_mom, &j->rec, &j->ledger);
             break;
-        case DL_JOB_LEARNER_PUT: rc = dl_store_learner_put(w->store, &j->lrec); break;
+        case DL_JOB_LEARNER_PUT:
+            rc = j->nlrecs ? dl_store_learner_put_many(w->store, j->lrecs, j->nlrecs)
+                           : dl_store_learner_put(w->store, &j->lrec);
+            break;
         case DL_JOB_LEDGER: rc = dl_store_ledger_add(w->store, &j->ledger); break;
         case DL_JOB_SYNC: rc = dl_store_sync(w->store); break;
         case DL_JOB_EVAL: rc = dl_store_put_eval(w->store, &j->erec); break;

@@ -35,8 +35,10 @@ typedef struct dl_job {
     dl_merge_record rec; /* contrib owned by the job */
     /* DL_JOB_MERGE: persisted with the commit; DL_JOB_LEDGER: the delta to add */
     dl_store_ledger ledger;
-    /* DL_JOB_LEARNER_PUT */
+    /* DL_JOB_LEARNER_PUT: one record, or (nlrecs > 0) the nlrecs of lrecs in one transaction */
     dl_store_learner lrec;
+    dl_store_learner *lrecs; /* owned by the job */
+    int nlrecs;
     /* DL_JOB_EVAL: the last periodic evaluation, for the store's meta */
     dl_store_eval erec;
     /* results */

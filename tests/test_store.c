@@ -335,6 +335,24 @@ static void test_roundtrip(void)
     snprintf(lb.id, sizeof lb.id, "has space");
     EXPECT_ERR(dl_store_learner_put(s, &lb), DL_EINVAL, "learner id");
     printf("ok: learner registry put/replace/get/iterate (id order), unknown id DL_ENOTFOUND, bad id DL_EINVAL\n");
+    {
+        /* many records in one transaction: all or none */
+        dl_store_learner many[3] = {{.id = "learner-b", .pushes = 7}, {.id = "learner-d", .pushes = 8, .step = 80},
+                                    {.id = "learner-e", .pushes = 9, .tokens = 90}};
+        OK(dl_store_learner_put_many(s, many, 3));
+        OK(dl_store_learner_get(s, "learner-b", &lg));
+        REQUIRE(lg.pushes == 7, "put_many replaces learner-b");
+        OK(dl_store_learner_get(s, "learner-d", &lg));
+        REQUIRE(lg.pushes == 8 && lg.step == 80, "put_many inserts learner-d");
+        OK(dl_store_learner_get(s, "learner-e", &lg));
+        REQUIRE(lg.pushes == 9 && lg.tokens == 90, "put_many inserts learner-e");
+        snprintf(many[0].id, sizeof many[0].id, "learner-f");
+        snprintf(many[1].id, sizeof many[1].id, "bad id");
+        EXPECT_ERR(dl_store_learner_put_many(s, many, 2), DL_EINVAL, "learner id");
+        EXPECT_ERR(dl_store_learner_get(s, "learner-f", &lg), DL_ENOTFOUND, "not in the registry"); /* nothing of a refused put_many */
+        OK(dl_store_learner_put_many(s, NULL, 0));
+        printf("ok: learner registry put_many: one transaction, all or none\n");
+    }
 
     dl_merge_contrib bad = contrib("", 0, 1, 1.0, DL_MERGE_MERGED, "");
     dl_merge_record brec = {.staleness_fn = "x", .n_contrib = 1, .contrib = &bad};

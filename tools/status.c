@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -24,7 +25,7 @@
 #include "tools/json.h"
 
 #define STATUS_TIMEOUT_S 5
-#define STATUS_MAX_BYTES (16u << 20)
+#define STATUS_MAX_BYTES (64u << 20) /* ~330 B a learner: 65536 learners are ~21 MB */
 
 static int fail(const char *what, int rc)
 {
@@ -84,7 +85,12 @@ static int http_get(const char *addr, const char *path, char **body, size_t *ble
     char *b = dl_xmalloc(cap);
     for (;;) {
         if (n + 1 >= cap) {
-            if (cap >= STATUS_MAX_BYTES) break;
+            if (cap >= STATUS_MAX_BYTES) {
+                close(fd);
+                free(b);
+                return dl_err(DL_ERANGE, "%s: the answer is larger than %d bytes: refused, not cut", addr,
+                              (int)STATUS_MAX_BYTES);
+            }
             b = dl_xrealloc(b, cap *= 2);
         }
         ssize_t k = recv(fd, b + n, cap - 1 - n, 0);
@@ -111,6 +117,14 @@ static int http_get(const char *addr, const char *path, char **body, size_t *ble
         return dl_err(DL_EPROTO, "%s%s: HTTP %d", addr, path, code);
     }
     size_t off = (size_t)(hdr_end + 4 - b);
+    /* a body cut by a dropped connection is refused, not parsed as a whole one */
+    for (const char *h = strstr(b, "\r\n"); h && h < hdr_end; h = strstr(h + 2, "\r\n")) {
+        unsigned long long want;
+        if (!strncasecmp(h + 2, "Content-Length:", 15) && sscanf(h + 17, " %llu", &want) == 1 && want != n - off) {
+            free(b);
+            return dl_err(DL_ETRUNC, "%s%s: the answer was cut: %zu of %llu bytes", addr, path, n - off, want);
+        }
+    }
     memmove(b, b + off, n - off + 1);
     *body = b;
     *blen = n - off;
@@ -232,9 +246,12 @@ static int store_json(const char *dir, dl_prom *o)
                 (unsigned long long)led.tokens[DL_LEDGER_DISCARDED],
                 (unsigned long long)led.tokens[DL_LEDGER_OUTSTANDING]);
     dl_store_eval ev;
-    if (dl_store_get_eval(s, &ev) == 0)
+    if (dl_store_get_eval(s, &ev) == 0 && isfinite(ev.loss))
         dl_prom_raw(o, "{\"version\":%llu,\"loss\":%.6g,\"seqs\":%u,\"age_s\":%.3f}", (unsigned long long)ev.version,
                     ev.loss, ev.seqs, (double)(now - ev.wallclock_ns) * 1e-9);
+    else if (dl_store_get_eval(s, &ev) == 0) /* a diverged model's loss: JSON has no NaN or Inf */
+        dl_prom_raw(o, "{\"version\":%llu,\"loss\":null,\"seqs\":%u,\"age_s\":%.3f}", (unsigned long long)ev.version,
+                    ev.seqs, (double)(now - ev.wallclock_ns) * 1e-9);
     else dl_prom_raw(o, "null");
     dl_prom_raw(o, "}\n");
     dl_store_close(&s);
