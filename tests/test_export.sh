@@ -91,7 +91,16 @@ check "a shape mismatch names both shapes (rc $rc)" \
   sh -c "[ $rc = 2 ] && echo \"\$1\" | grep -q 'checkpoint is L=2 NH=2 C=32 V=256 T=32, this run is L=3 NH=2 C=32 V=256 T=32'" _ "$out"
 out=$("$SYNC" --store "$W/s-bad" --bind tcp://127.0.0.1:0 $SYNC_MODEL --n_head 4 --init_from "$W/m.hf" 2>&1); rc=$?
 check "an n_head mismatch (hf) is refused (rc $rc)" sh -c "[ $rc = 2 ] && echo \"\$1\" | grep -q 'this run is L=2 NH=4'" _ "$out"
-out=$("$DLOCO" export "$W/s-bad" --format llmc "$W/x.bin" 2>&1); rc=$?
+check "a refused --init_from leaves no store behind" [ ! -e "$W/s-bad" ]
+# a store without a run (what a synchronizer killed between creating its
+# store and writing the run leaves): its databases and schema, nothing else
+mkdir "$W/s-empty"
+{ for db in fragments learners ledger merges outer params; do
+    printf 'VERSION=3\nformat=print\ndatabase=%s\ntype=btree\nHEADER=END\nDATA=END\n' $db
+  done
+  printf 'VERSION=3\nformat=print\ndatabase=meta\ntype=btree\nHEADER=END\n schema\n DLSC\\04\\00\\00\\00\nDATA=END\n'
+} | mdb_load "$W/s-empty" || die "mdb_load of an empty store failed"
+out=$("$DLOCO" export "$W/s-empty" --format llmc "$W/x.bin" 2>&1); rc=$?
 check "export of a store without a run is refused (rc $rc)" \
   sh -c "[ $rc = 2 ] && echo \"\$1\" | grep -q 'holds no run'" _ "$out"
 # a damaged store is not exported: flip a byte of every copy of some of wpe's floats in data.mdb
