@@ -81,9 +81,9 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 #define MREC_ENTRY 160
 #define MREC_MAX_CONTRIB (1u << 20)
 /* learner value: 0 magic | 4 fmt | 8 first ns | 16 last ns | 24 pubkey[32]
- *  56 pushes | 64 merged | 72 dropped | 80 tokens applied | 88 bytes in | 96 bytes out */
+ *  56 pushes | 64 merged | 72 dropped | 80 tokens applied | 88 bytes in | 96 bytes out
+ * 104 rejected | 112 step | 120 tokens (schema 4) */
 #define LEARNER_LEN 128
-#define LEARNER_LEN_104 104 /* records written before rejected, step and tokens */
 #define LEDGER_LEN (8 + 8 * DL_LEDGER_NSTATES) /* magic | fmt | u64[4] */
 #define EPOCH_LEN 16                           /* magic | fmt | epoch u64 */
 #define SCHEMA_LEN 8                           /* magic | schema version u32 */
@@ -554,7 +554,7 @@ static int learner_decode(const MDB_val *k, const MDB_val *v, dl_store_learner *
     int klen = (int)(k->mv_size < 80 ? k->mv_size : 80);
     if (k->mv_size == 0 || k->mv_size > DL_STORE_ID_MAX)
         return dl_err(DL_ECORRUPT, "learners: key of %zu bytes is not an id", k->mv_size);
-    if ((v->mv_size != LEARNER_LEN && v->mv_size != LEARNER_LEN_104) || get32(b) != MAGIC_LEARNER ||
+    if (v->mv_size != LEARNER_LEN || get32(b) != MAGIC_LEARNER ||
         get32(b + 4) != FMT_VERSION)
         return dl_err(DL_ECORRUPT, "learners[%.*s]: bad size/magic/format (%zu bytes)", klen,
                       (const char *)k->mv_data, v->mv_size);
@@ -565,8 +565,7 @@ static int learner_decode(const MDB_val *k, const MDB_val *v, dl_store_learner *
     memcpy(r->pubkey, b + 24, DL_STORE_PUBKEY_BYTES);
     uint64_t *c[9] = {&r->pushes,   &r->merged,   &r->dropped, &r->tokens_applied, &r->bytes_in,
                       &r->bytes_out, &r->rejected, &r->step,   &r->tokens};
-    int nc = v->mv_size == LEARNER_LEN ? 9 : 6;
-    for (int i = 0; i < 9; i++) *c[i] = i < nc ? get64(b + 56 + 8 * i) : 0;
+    for (int i = 0; i < 9; i++) *c[i] = get64(b + 56 + 8 * i);
     return 0;
 }
 
