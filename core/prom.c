@@ -153,3 +153,14 @@ void dl_prom_histogram(dl_prom *p, const char *name, const char *labels, const d
     snprintf(nb, sizeof nb, "%s_count", name);
     dl_prom_sample(p, nb, labels, (double)h->count);
 }
+
+void dl_prom_json_str(dl_prom *p, const char *s)
+{
+    dl_prom_raw(p, "\"");
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') dl_prom_raw(p, "\\%c", *c);
+        else if (*c < 0x20) dl_prom_raw(p, "\\u%04x", *c);
+        else dl_prom_raw(p, "%c", *c);
+    }
+    dl_prom_raw(p, "\"");
+}

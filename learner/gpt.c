@@ -40,6 +40,20 @@ static float *carve(float **cursor, size_t n)
     return p;
 }
 
+/* Floats of the activations for batches up to B of a checked cfg (each
+ * buffer rounded up to 16 floats, as carved). */
+static size_t acts_numel(const dl_model_config *cfg, int B)
+{
+    size_t L = (size_t)cfg->n_layer, C = (size_t)cfg->n_embd, T = (size_t)cfg->seq_len, NH = (size_t)cfg->n_head;
+    size_t Vp = (size_t)cfg->padded_vocab, BT = (size_t)B * T, TT = (size_t)B * NH * T * T;
+    size_t total = 0;
+#define DL_ACT_SIZE(name, n) total += ((n) + 15) & ~(size_t)15;
+    DL_GPT_ACTIVATIONS(DL_ACT_SIZE)
+#undef DL_ACT_SIZE
+    (void)L, (void)C, (void)Vp, (void)BT, (void)TT;
+    return total;
+}
+
 size_t dl_gpt_open_bytes(const dl_model_config *cfg_in, int B)
 {
     dl_model_config cfg = *cfg_in;
@@ -47,14 +61,7 @@ size_t dl_gpt_open_bytes(const dl_model_config *cfg_in, int B)
     size_t nparams = 0;
     dl_model_tensor_table(&cfg, NULL, 0, &nparams);
     size_t np = (nparams + 15) & ~(size_t)15;
-    size_t L = (size_t)cfg.n_layer, C = (size_t)cfg.n_embd, T = (size_t)cfg.seq_len, NH = (size_t)cfg.n_head;
-    size_t Vp = (size_t)cfg.padded_vocab, BT = (size_t)B * T, TT = (size_t)B * NH * T * T;
-    size_t total = 0;
-#define DL_ACT_SIZE(name, n) total += ((n) + 15) & ~(size_t)15;
-    DL_GPT_ACTIVATIONS(DL_ACT_SIZE)
-#undef DL_ACT_SIZE
-    (void)L, (void)C, (void)Vp, (void)BT, (void)TT;
-    return (4 * np + total) * sizeof(float) + 2 * BT * sizeof(int32_t);
+    return (4 * np + acts_numel(&cfg, B)) * sizeof(float) + 2 * (size_t)B * (size_t)cfg.seq_len * sizeof(int32_t);
 }
 
 int dl_gpt_open(const dl_model_config *cfg_in, int B, dl_gpt **out)
@@ -87,10 +94,7 @@ int dl_gpt_open(const dl_model_config *cfg_in, int B, dl_gpt **out)
 
     size_t L = (size_t)cfg.n_layer, C = (size_t)cfg.n_embd, T = (size_t)cfg.seq_len, NH = (size_t)cfg.n_head;
     size_t Vp = (size_t)cfg.padded_vocab, BT = (size_t)B * T, TT = (size_t)B * NH * T * T;
-    size_t total = 0;
-#define DL_ACT_SIZE(name, n) total += ((n) + 15) & ~(size_t)15;
-    DL_GPT_ACTIVATIONS(DL_ACT_SIZE)
-#undef DL_ACT_SIZE
+    size_t total = acts_numel(&cfg, B);
     g->acts = dl_try_aligned(64, total * sizeof(float));
     if (!g->acts) {
         free(blob);

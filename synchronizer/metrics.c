@@ -338,16 +338,6 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
 /* ------------------------------------------------------------------------ */
 /* /status.json */
 
-void dl_syncmet_json_str(dl_prom *out, const char *s)
-{
-    dl_prom_raw(out, "\"");
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') dl_prom_raw(out, "\\%c", *c);
-        else if (*c < 0x20) dl_prom_raw(out, "\\u%04x", *c);
-        else dl_prom_raw(out, "%c", *c);
-    }
-    dl_prom_raw(out, "\"");
-}
 
 static void json_num(dl_prom *out, double v)
 {
@@ -359,9 +349,9 @@ void dl_syncmet_render_status(const dl_syncmet *m, const dl_sync_stats *st, cons
 {
     int64_t now = dl_wallclock_ns();
     dl_prom_raw(out, "{\"schema\":1,\"source\":\"live\",\"run_id\":");
-    dl_syncmet_json_str(out, c->run_id);
+    dl_prom_json_str(out, c->run_id);
     dl_prom_raw(out, ",\"endpoint\":");
-    dl_syncmet_json_str(out, c->endpoint);
+    dl_prom_json_str(out, c->endpoint);
     dl_prom_raw(out, ",\"fingerprint\":\"%016llx\",\"epoch\":%llu,\"shard\":%d,\"shards\":%d,\"uptime_s\":",
                 (unsigned long long)c->fingerprint, (unsigned long long)st->epoch, c->shard,
                 c->shards > 1 ? c->shards : 1);
@@ -375,7 +365,7 @@ void dl_syncmet_render_status(const dl_syncmet *m, const dl_sync_stats *st, cons
     for (int i = 0; i < st->n_learners; i++) {
         const dl_sync_learner_stats *l = &st->learners[i];
         dl_prom_raw(out, "%s{\"id\":", i ? "," : "");
-        dl_syncmet_json_str(out, l->id);
+        dl_prom_json_str(out, l->id);
         dl_prom_raw(out, ",\"site\":null"); /* the protocol carries no site yet */
         dl_prom_raw(out, ",\"state\":\"%s\",\"alive\":%s,\"steps_per_s\":", state_name(l->state),
                     l->state == DL_POLICY_MEMBER_LIVE ? "true" : "false");

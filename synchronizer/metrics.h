@@ -94,7 +94,5 @@ typedef struct {
 void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, const dl_syncmet_ctx *c, dl_prom *out);
 /* /status.json: the schema of docs/OPERATING.md "Status" (source "live"). */
 void dl_syncmet_render_status(const dl_syncmet *m, const dl_sync_stats *st, const dl_syncmet_ctx *c, dl_prom *out);
-/* A JSON string literal of s (quotes, escapes) appended to out. */
-void dl_syncmet_json_str(dl_prom *out, const char *s);
 
 #endif

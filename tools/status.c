@@ -134,16 +134,6 @@ static int http_get(const char *addr, const char *path, char **body, size_t *ble
 /* ------------------------------------------------------------------------ */
 /* offline: the store as the same JSON document (source "store") */
 
-static void jstr(dl_prom *o, const char *s)
-{
-    dl_prom_raw(o, "\"");
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') dl_prom_raw(o, "\\%c", *c);
-        else if (*c < 0x20) dl_prom_raw(o, "\\u%04x", *c);
-        else dl_prom_raw(o, "%c", *c);
-    }
-    dl_prom_raw(o, "\"");
-}
 
 typedef struct {
     dl_prom *o;
@@ -154,7 +144,7 @@ static int learner_json(const dl_store_learner *l, void *ctx)
 {
     learners_ctx *c = ctx;
     dl_prom_raw(c->o, "%s{\"id\":", c->n++ ? "," : "");
-    jstr(c->o, l->id);
+    dl_prom_json_str(c->o, l->id);
     dl_prom_raw(c->o,
                 ",\"site\":null,\"state\":null,\"alive\":null,\"steps_per_s\":null,\"step\":%llu,"
                 "\"tokens_processed\":%llu,"
@@ -206,9 +196,9 @@ static int store_json(const char *dir, dl_prom *o)
     dl_store_shard lay = {0};
     dl_store_get_shard(s, &lay);
     dl_prom_raw(o, "{\"schema\":1,\"source\":\"store\",\"run_id\":");
-    jstr(o, run.run_id);
+    dl_prom_json_str(o, run.run_id);
     dl_prom_raw(o, ",\"store\":");
-    jstr(o, dir);
+    dl_prom_json_str(o, dir);
     dl_prom_raw(o,
                 ",\"fingerprint\":\"%016llx\",\"epoch\":%llu,\"shard\":%u,\"shards\":%u,\"uptime_s\":null,"
                 "\"learners_live\":null,\"learners_dead\":null,\"learners_left\":null,\"learners_known\":%llu,",
