@@ -2015,9 +2015,7 @@ static int count_learner(const dl_store_learner *r, void *ctx)
     return 0;
 }
 
-/* cfg.metrics: an explicit address that cannot be bound is an error naming
- * the option; the default one ("auto") falls back to an ephemeral loopback
- * port, so several synchronizers on one host all start. */
+/* --init_from onto a store: only one without a run. */
 static int init_from_refuse_run(dl_sync *s)
 {
     dl_store_run have;
@@ -2029,7 +2027,10 @@ static int init_from_refuse_run(dl_sync *s)
 }
 
 /* The metrics server's port, bound with the ZeroMQ endpoint before the store
- * is opened: a busy or malformed --metrics leaves no store behind. */
+ * is opened: a busy or malformed --metrics leaves no store behind. An
+ * explicit address that cannot be bound is an error naming the option; the
+ * default one ("auto") falls back to an ephemeral loopback port, so several
+ * synchronizers on one host all start. */
 static int bind_metrics(dl_sync *s)
 {
     if (!s->cfg.metrics[0] || !strcmp(s->cfg.metrics, "off")) return 0;
