@@ -88,6 +88,20 @@ static void lab1(char *b, size_t cap, const char *k, const char *v)
     dl_prom_label(b, cap, k, v);
 }
 
+/* One counter family over a fixed label set: dloco_sync_<name>{label=names[i]}
+ * = v[i] for i in [from, n). */
+static void labelled(dl_prom *out, const char *name, const char *help, const char *label,
+                     const char *const *names, const uint64_t *v, int from, int n)
+{
+    char full[128], lb[128];
+    snprintf(full, sizeof full, "dloco_sync_%s", name);
+    dl_prom_family(out, full, "counter", help);
+    for (int i = from; i < n; i++) {
+        lab1(lb, sizeof lb, label, names[i]);
+        dl_prom_sample(out, full, lb, (double)v[i]);
+    }
+}
+
 static void per_learner(dl_prom *out, const dl_sync_stats *st, const char *name, const char *type, const char *help,
                         size_t off, int is_double)
 {
@@ -179,47 +193,26 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     dl_prom_histogram(out, "dloco_sync_quorum_wait_seconds", NULL, &m->quorum_wait_s);
     FAM("grace_window_seconds", "histogram", "quorum reached until the round closed: the grace window it had");
     dl_prom_histogram(out, "dloco_sync_grace_window_seconds", NULL, &m->grace_s);
-    FAM("rounds_closed_total", "counter",
-        "rounds closed, by reason: all_in (every expected learner: early close or barrier), predicted_none "
-        "(quorum and nobody predicted before the cap), grace_expired, cap");
     static const char *const close_label[5] = {"none", "all_in", "predicted_none", "grace_expired", "cap"};
-    for (int r = 1; r < 5; r++) {
-        lab1(lb, sizeof lb, "reason", close_label[r]);
-        dl_prom_sample(out, "dloco_sync_rounds_closed_total", lb, (double)c->policy->close[r]);
-    }
-    FAM("pushes_rejected_total", "counter", "pushes refused, by reason (the push event has the detail)");
-    for (int r = 0; r < DL_SM_REJ_N; r++) {
-        lab1(lb, sizeof lb, "reason", reject_name[r]);
-        dl_prom_sample(out, "dloco_sync_pushes_rejected_total", lb, (double)m->push_rejected[r]);
-    }
+    labelled(out, "rounds_closed_total",
+             "rounds closed, by reason: all_in (every expected learner: early close or barrier), predicted_none "
+             "(quorum and nobody predicted before the cap), grace_expired, cap",
+             "reason", close_label, c->policy->close, 1, 5);
+    labelled(out, "pushes_rejected_total", "pushes refused, by reason (the push event has the detail)", "reason",
+             reject_name, m->push_rejected, 0, DL_SM_REJ_N);
     FAM("pushes_dropped_stale_total", "counter",
         "pushes dropped as staler than max_staleness (learner told to rebase)");
     VAL("pushes_dropped_stale_total", st->dropped_stale);
-    FAM("messages_refused_total", "counter", "messages refused before any handler, by reason");
-    for (int r = 0; r < DL_SM_MSG_N; r++) {
-        lab1(lb, sizeof lb, "reason", msg_name[r]);
-        dl_prom_sample(out, "dloco_sync_messages_refused_total", lb, (double)m->msg_refused[r]);
-    }
-    FAM("received_bytes_total", "counter", "bytes received, by message kind (frames, headers approximated)");
-    for (int k = 0; k < DL_SM_KINDS; k++) {
-        lab1(lb, sizeof lb, "kind", kind_name[k]);
-        dl_prom_sample(out, "dloco_sync_received_bytes_total", lb, (double)m->bytes_in[k]);
-    }
-    FAM("sent_bytes_total", "counter", "bytes sent, by message kind (frames, headers approximated)");
-    for (int k = 1; k < DL_SM_KINDS; k++) {
-        lab1(lb, sizeof lb, "kind", kind_name[k]);
-        dl_prom_sample(out, "dloco_sync_sent_bytes_total", lb, (double)m->bytes_out[k]);
-    }
-    FAM("received_messages_total", "counter", "messages received, by kind");
-    for (int k = 0; k < DL_SM_KINDS; k++) {
-        lab1(lb, sizeof lb, "kind", kind_name[k]);
-        dl_prom_sample(out, "dloco_sync_received_messages_total", lb, (double)m->msgs_in[k]);
-    }
-    FAM("sent_messages_total", "counter", "messages sent, by kind");
-    for (int k = 1; k < DL_SM_KINDS; k++) {
-        lab1(lb, sizeof lb, "kind", kind_name[k]);
-        dl_prom_sample(out, "dloco_sync_sent_messages_total", lb, (double)m->msgs_out[k]);
-    }
+    labelled(out, "messages_refused_total", "messages refused before any handler, by reason", "reason", msg_name,
+             m->msg_refused, 0, DL_SM_MSG_N);
+    /* kind 0 ("unparsed") is only ever received */
+    labelled(out, "received_bytes_total", "bytes received, by message kind (frames, headers approximated)", "kind",
+             kind_name, m->bytes_in, 0, DL_SM_KINDS);
+    labelled(out, "sent_bytes_total", "bytes sent, by message kind (frames, headers approximated)", "kind", kind_name,
+             m->bytes_out, 1, DL_SM_KINDS);
+    labelled(out, "received_messages_total", "messages received, by kind", "kind", kind_name, m->msgs_in, 0,
+             DL_SM_KINDS);
+    labelled(out, "sent_messages_total", "messages sent, by kind", "kind", kind_name, m->msgs_out, 1, DL_SM_KINDS);
     FAM("pool_bytes", "gauge", "bytes of pushes pooled or arriving");
     VAL("pool_bytes", st->pool_bytes);
     FAM("pool_limit_bytes", "gauge",
