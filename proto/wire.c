@@ -2,6 +2,8 @@
  * [routing id][Envelope][payload...], receives and checks every inbound header. */
 #include "proto/wire.h"
 
+#include "core/codec.h"
+
 #include <assert.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -209,43 +211,20 @@ Dloco__V1__ErrorKind dl_wire_error_kind(const Dloco__V1__Error *e)
 
 const char *dl_wire_codec_name(Dloco__V1__Codec codec)
 {
-    switch (codec) {
-    case DLOCO__V1__CODEC__CODEC_FP32: return "fp32";
-    case DLOCO__V1__CODEC__CODEC_BF16: return "bf16";
-    case DLOCO__V1__CODEC__CODEC_INT8: return "int8";
-    case DLOCO__V1__CODEC__CODEC_INT4: return "int4";
-    default: return "unknown";
-    }
+    return dl_codec_name((int)codec);
 }
 
 /* ---- payload sizes and checksums */
 
-static bool is_int_codec(Dloco__V1__Codec c)
-{
-    return c == DLOCO__V1__CODEC__CODEC_INT8 || c == DLOCO__V1__CODEC__CODEC_INT4;
-}
-
 static bool codec_known(Dloco__V1__Codec c)
 {
-    return c == DLOCO__V1__CODEC__CODEC_FP32 || c == DLOCO__V1__CODEC__CODEC_BF16 || is_int_codec(c);
+    return (int)c >= 1 && (int)c < DL_CODEC_N;
 }
 
-size_t dl_wire_payload_bytes(Dloco__V1__Codec codec, uint64_t numel, uint32_t block_size)
+size_t dl_wire_payload_bytes(Dloco__V1__Codec codec, uint64_t numel, uint32_t block_size, uint32_t topk)
 {
-    if (numel == 0 || !codec_known(codec)) return 0;
-    /* numel <= 2^62 keeps every product below inside uint64 (no wrap). */
-    if (numel > ((uint64_t)1 << 62)) return 0;
-    uint64_t bytes;
-    switch (codec) {
-    case DLOCO__V1__CODEC__CODEC_FP32: bytes = 4 * numel; break;
-    case DLOCO__V1__CODEC__CODEC_BF16: bytes = 2 * numel; break;
-    default: {
-        if (block_size < DL_WIRE_BLOCK_MIN || block_size > DL_WIRE_BLOCK_MAX) return 0;
-        uint64_t blocks = numel / block_size + (numel % block_size != 0);
-        uint64_t values = codec == DLOCO__V1__CODEC__CODEC_INT8 ? numel : numel / 2 + (numel & 1);
-        bytes = values + 4 * blocks;
-    }
-    }
+    dl_codec c = {.id = (dl_codec_id)codec, .block = block_size, .topk = topk};
+    uint64_t bytes = codec_known(codec) ? dl_codec_bytes(&c, numel) : 0;
     if (bytes > SIZE_MAX) return 0;
     return (size_t)bytes;
 }
@@ -352,8 +331,8 @@ static int check_num_fragments(const char *body, uint32_t n, const dl_wire_limit
 
 /* The tensor description shared by Push and Update, and its payload frame. */
 static int check_tensor(const char *body, uint32_t fragment, Dloco__V1__Codec codec, uint64_t numel,
-                        uint32_t block_size, uint64_t chunk_offset, uint64_t chunk_numel, const size_t *lens,
-                        int npayload, const dl_wire_limits *lim)
+                        uint32_t block_size, uint32_t topk, uint64_t chunk_offset, uint64_t chunk_numel,
+                        const size_t *lens, int npayload, const dl_wire_limits *lim)
 {
     DL_TRY(check_fragment(body, fragment, lim));
     if (!codec_known(codec)) return bad(body, "unknown codec %d", (int)codec);
@@ -366,35 +345,37 @@ static int check_tensor(const char *body, uint32_t fragment, Dloco__V1__Codec co
         return bad(body, "numel %llu exceeds max %llu", (unsigned long long)numel,
                    (unsigned long long)lim->max_numel);
     }
-    if (is_int_codec(codec)) {
-        if (block_size < DL_WIRE_BLOCK_MIN || block_size > DL_WIRE_BLOCK_MAX)
-            return bad(body, "block_size %u outside [%u, %u] for %s", block_size, DL_WIRE_BLOCK_MIN,
-                       DL_WIRE_BLOCK_MAX, dl_wire_codec_name(codec));
-    } else if (block_size != 0) {
-        return bad(body, "block_size %u must be 0 for %s", block_size, dl_wire_codec_name(codec));
-    }
+    dl_codec c = {.id = (dl_codec_id)codec, .block = block_size, .topk = topk};
+    char why[160];
+    if (dl_codec_check(&c, why, sizeof why)) return bad(body, "%s", why);
     if (npayload != 1) return bad(body, "needs 1 payload frame, got %d", npayload);
     /* a chunk: elements [chunk_offset, chunk_offset + chunk_numel) of the fragment */
     if (chunk_numel == 0) {
         if (chunk_offset != 0) return bad(body, "chunk_offset %llu without chunk_numel", (unsigned long long)chunk_offset);
     } else {
-        if (is_int_codec(codec)) return bad(body, "%s cannot be chunked", dl_wire_codec_name(codec));
         if (chunk_offset >= numel)
             return bad(body, "chunk_offset %llu outside numel %llu", (unsigned long long)chunk_offset,
                        (unsigned long long)numel);
         if (chunk_numel > numel - chunk_offset)
             return bad(body, "chunk [%llu, +%llu) runs past numel %llu", (unsigned long long)chunk_offset,
                        (unsigned long long)chunk_numel, (unsigned long long)numel);
+        /* block codecs: a chunk starts on a block and holds whole blocks, except the fragment's last */
+        if (dl_codec_is_block(c.id) &&
+            (chunk_offset % block_size || (chunk_offset + chunk_numel < numel && chunk_numel % block_size)))
+            return bad(body, "chunk [%llu, +%llu) of %s is not aligned to block_size %u",
+                       (unsigned long long)chunk_offset, (unsigned long long)chunk_numel, dl_codec_name(c.id),
+                       block_size);
         numel = chunk_numel; /* what this frame holds */
     }
-    size_t need = dl_wire_payload_bytes(codec, numel, block_size);
+    size_t need = dl_wire_payload_bytes(codec, numel, block_size, topk);
     if (need == 0)
         return bad(body, "%s x %llu has no representable size", dl_wire_codec_name(codec),
                    (unsigned long long)numel);
     if (lens[0] != need) {
-        if (is_int_codec(codec))
-            return bad(body, "payload is %zu bytes, %s x %llu (block %u) needs %zu", lens[0],
-                       dl_wire_codec_name(codec), (unsigned long long)numel, block_size, need);
+        if (dl_codec_is_block(c.id))
+            return bad(body, "payload is %zu bytes, %s x %llu (block %u%s) needs %zu", lens[0],
+                       dl_wire_codec_name(codec), (unsigned long long)numel, block_size,
+                       c.id == DL_CODEC_TOPK ? ", topk" : "", need);
         return bad(body, "payload is %zu bytes, %s x %llu needs %zu", lens[0], dl_wire_codec_name(codec),
                    (unsigned long long)numel, need);
     }
@@ -496,9 +477,21 @@ static int check_push(const Dloco__V1__Push *m, const size_t *lens, int npayload
     if (m->compute_s < 0 || m->compute_s > (double)m->steps * 86400.0)
         return bad(b, "compute_s is %g, must be in [0, steps * 86400 = %g]", m->compute_s, (double)m->steps * 86400.0);
     if (m->chunk_numel && m->transfer == 0) return bad(b, "chunked push without a transfer id");
-    DL_TRY(check_tensor(b, m->fragment, m->codec, m->numel, m->block_size, m->chunk_offset, m->chunk_numel, lens,
-                        npayload, lim));
+    DL_TRY(check_tensor(b, m->fragment, m->codec, m->numel, m->block_size, m->topk, m->chunk_offset,
+                        m->chunk_numel, lens, npayload, lim));
     return check_owned(b, m->fragment, lim);
+}
+
+/* A full Update carries a base, which must be exact: fp32 only. A delta applies to version - 1. */
+static int check_update(const Dloco__V1__Update *m, const size_t *lens, int npayload, const dl_wire_limits *lim)
+{
+    const char *b = "update";
+    if (!m->delta && m->codec != DLOCO__V1__CODEC__CODEC_FP32 && codec_known(m->codec))
+        return bad(b, "a full update must be fp32, got %s (only a delta may use another codec)",
+                   dl_wire_codec_name(m->codec));
+    if (m->delta && m->version == 0) return bad(b, "delta update of version 0");
+    return check_tensor(b, m->fragment, m->codec, m->numel, m->block_size, m->topk, m->chunk_offset,
+                        m->chunk_numel, lens, npayload, lim);
 }
 
 static int check_ack(const Dloco__V1__Ack *m, int npayload, const dl_wire_limits *lim)
@@ -586,9 +579,7 @@ int dl_wire_validate(const Dloco__V1__Envelope *env, const size_t *payload_lens,
         return check_ack(env->ack, npayload, lim);
     case DLOCO__V1__ENVELOPE__BODY_UPDATE:
         if (!env->update) break;
-        return check_tensor(b, env->update->fragment, env->update->codec, env->update->numel,
-                            env->update->block_size, env->update->chunk_offset, env->update->chunk_numel,
-                            payload_lens, npayload, lim);
+        return check_update(env->update, payload_lens, npayload, lim);
     case DLOCO__V1__ENVELOPE__BODY_FETCH:
         if (!env->fetch) break;
         return check_fetch(env->fetch, npayload, lim);

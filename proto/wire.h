@@ -21,12 +21,15 @@
 
 #include <zmq.h>
 
+#include "core/codec.h"
 #include "proto/dloco.pb-c.h"
 
 /* Envelope.protocol_version this build speaks (and the only one it accepts:
  * a peer of another version is refused with a message naming both).
- * 1: Push/Update checksums were XXH64. 2: they are XXH3_64bits. */
-#define DL_WIRE_PROTOCOL_VERSION 2u
+ * 1: Push/Update checksums were XXH64. 2: they are XXH3_64bits. 3: codecs
+ * e3m0 and topk, per-block payload layouts (core/codec.h), chunked block
+ * codecs, delta Updates. */
+#define DL_WIRE_PROTOCOL_VERSION 3u
 /* Protocol-wide caps, independent of the run's limits. */
 #define DL_WIRE_MAX_FRAGMENTS 4096u   /* fragments per plan */
 #define DL_WIRE_MAX_PAYLOADS 4        /* payload frames dl_wire_recv keeps */
@@ -34,8 +37,8 @@
 #define DL_WIRE_LEARNER_ID_MAX 64     /* learner_id: [A-Za-z0-9._-]{1,64} */
 #define DL_WIRE_ROUTING_ID_MAX 255    /* libzmq's own limit */
 #define DL_WIRE_USER_ID_MAX 127       /* ZAP User-Id kept per message ("<learner id> <z85 key>" is 105) */
-#define DL_WIRE_BLOCK_MIN 16u         /* int8/int4 scale block size, elements */
-#define DL_WIRE_BLOCK_MAX 65536u
+#define DL_WIRE_BLOCK_MIN DL_CODEC_BLOCK_MIN /* block codecs: elements per block (core/codec.h) */
+#define DL_WIRE_BLOCK_MAX DL_CODEC_BLOCK_MAX
 /* Chunked transfers (docs/PROTOCOL.md): a chunk's payload is at least
  * DL_WIRE_CHUNK_MIN bytes (but the last one of a fragment) and Welcome.chunk_bytes at most
  * DL_WIRE_CHUNK_MAX. */
@@ -209,12 +212,12 @@ const char *dl_wire_codec_name(Dloco__V1__Codec codec);
 
 /* ---- payload sizes and checksums */
 
-/* Bytes of a payload frame holding `numel` elements in `codec`:
- * fp32 4n, bf16 2n, int8 n + 4*ceil(n/b), int4 ceil(n/2) + 4*ceil(n/b)
- * (b = block_size, ignored for fp32/bf16). Returns 0 when there is no valid
- * size: numel 0, unknown codec, b outside [DL_WIRE_BLOCK_MIN,
- * DL_WIRE_BLOCK_MAX] for int codecs, or a size that overflows size_t. */
-size_t dl_wire_payload_bytes(Dloco__V1__Codec codec, uint64_t numel, uint32_t block_size);
+/* Bytes of a payload frame holding `numel` elements in `codec` with
+ * block_size and topk (core/codec.h dl_codec_bytes: the layouts). Returns 0
+ * when there is no valid size: numel 0, unknown codec, a block size or topk
+ * invalid for the codec (core/codec.h dl_codec_check), or a size that
+ * overflows size_t. */
+size_t dl_wire_payload_bytes(Dloco__V1__Codec codec, uint64_t numel, uint32_t block_size, uint32_t topk);
 
 /* dl_checksum64(payload, len), XXH3_64bits: the Push/Update checksum field
  * (protocol version 2; version 1 carried XXH64). */

@@ -41,13 +41,19 @@ static dl_wire_limits plan_limits(void)
 
 /* Payload bytes written out independently of dl_wire_payload_bytes, so the
  * fuzz invariant and the size table are not checked against themselves. */
-static size_t ref_bytes(int codec, uint64_t n, uint32_t b)
+static size_t ref_bytes(int codec, uint64_t n, uint32_t b, uint32_t k)
 {
     switch (codec) {
     case DLOCO__V1__CODEC__CODEC_FP32: return (size_t)(n * 4);
     case DLOCO__V1__CODEC__CODEC_BF16: return (size_t)(n * 2);
     case DLOCO__V1__CODEC__CODEC_INT8: return (size_t)(n + 4 * ((n + b - 1) / b));
-    case DLOCO__V1__CODEC__CODEC_INT4: return (size_t)((n + 1) / 2 + 4 * ((n + b - 1) / b));
+    case DLOCO__V1__CODEC__CODEC_INT4: /* b is even, so only the last block can hold an odd count */
+    case DLOCO__V1__CODEC__CODEC_E3M0: return (size_t)((n + 1) / 2 + 4 * ((n + b - 1) / b));
+    case DLOCO__V1__CODEC__CODEC_TOPK: {
+        size_t e = 0;
+        for (uint64_t o = 0; o < n; o += b) e += (n - o < b ? n - o : b) < k ? (n - o < b ? n - o : b) : k;
+        return 6 * e;
+    }
     default: return 0;
     }
 }
@@ -127,6 +133,7 @@ static void fx_make(fixture *f, Dloco__V1__Envelope__BodyCase body, Dloco__V1__C
         dloco__v1__update__init(&f->update);
         f->update.fragment = 2, f->update.version = 9, f->update.codec = codec;
         f->update.numel = PLAN_NUMEL[2], f->update.block_size = block, f->update.checksum = 0;
+        f->update.delta = codec != DLOCO__V1__CODEC__CODEC_FP32; /* a full update is fp32 only */
         dl_wire_set_update(&f->env, &f->update);
         break;
     case DLOCO__V1__ENVELOPE__BODY_FETCH:
@@ -153,9 +160,9 @@ static void fx_make(fixture *f, Dloco__V1__Envelope__BodyCase body, Dloco__V1__C
 static size_t fx_len(const fixture *f)
 {
     if (f->env.body_case == DLOCO__V1__ENVELOPE__BODY_PUSH)
-        return ref_bytes(f->push.codec, f->push.numel, f->push.block_size);
+        return ref_bytes(f->push.codec, f->push.numel, f->push.block_size, f->push.topk);
     if (f->env.body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE)
-        return ref_bytes(f->update.codec, f->update.numel, f->update.block_size);
+        return ref_bytes(f->update.codec, f->update.numel, f->update.block_size, f->update.topk);
     return 0;
 }
 
@@ -197,7 +204,10 @@ static void test_sizes(void)
 {
     struct { Dloco__V1__Codec c; uint64_t n; uint32_t b; size_t want; } t[] = {
         {DLOCO__V1__CODEC__CODEC_FP32, 1000, 0, 4000},
-        {DLOCO__V1__CODEC__CODEC_FP32, 1000, 64, 4000},   /* block ignored for floats */
+        {DLOCO__V1__CODEC__CODEC_FP32, 1000, 64, 0},      /* a block size on a float codec is refused */
+        {DLOCO__V1__CODEC__CODEC_FP32, 1000, 0, 4000},
+        {DLOCO__V1__CODEC__CODEC_E3M0, 1001, 64, 501 + 4 * 16},
+        {DLOCO__V1__CODEC__CODEC_INT8, 1000, 17, 0},      /* odd block */
         {DLOCO__V1__CODEC__CODEC_BF16, 1001, 0, 2002},
         {DLOCO__V1__CODEC__CODEC_INT8, 1000, 64, 1000 + 4 * 16},
         {DLOCO__V1__CODEC__CODEC_INT8, 1024, 64, 1024 + 4 * 16},
@@ -215,7 +225,7 @@ static void test_sizes(void)
         {DLOCO__V1__CODEC__CODEC_FP32, UINT64_MAX, 0, 0},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
-        size_t got = dl_wire_payload_bytes(t[i].c, t[i].n, t[i].b);
+        size_t got = dl_wire_payload_bytes(t[i].c, t[i].n, t[i].b, 0);
         CHECK(got == t[i].want, "payload_bytes(%d, %llu, %u) = %zu, want %zu", (int)t[i].c,
               (unsigned long long)t[i].n, t[i].b, got, t[i].want);
     }
@@ -282,9 +292,11 @@ static void test_bad_inputs(void)
     EXPECT_BAD(&f.env, NULL, 0, &lim, "envelope: no body set");
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HEARTBEAT, 0);
     f.env.protocol_version = 1; /* a peer of the XXH64 checksums */
-    EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: protocol_version 1 not supported (this build speaks 2)");
-    f.env.protocol_version = 3;
-    EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: protocol_version 3 not supported (this build speaks 2)");
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: protocol_version 1 not supported (this build speaks 3)");
+    f.env.protocol_version = 2; /* a peer from before the per-block layouts and delta updates */
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: protocol_version 2 not supported (this build speaks 3)");
+    f.env.protocol_version = 4;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "heartbeat: protocol_version 4 not supported (this build speaks 3)");
     f.env.protocol_version = 0;
     EXPECT_BAD(&f.env, NULL, 0, &lim, "protocol_version 0 not supported");
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HEARTBEAT, 0);
@@ -409,17 +421,34 @@ static void test_bad_inputs(void)
     EXPECT_BAD(&f.env, &len, 1, &lim, "push: unknown codec -1");
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_PUSH, DLOCO__V1__CODEC__CODEC_FP32);
     f.push.block_size = 64;
-    EXPECT_BAD(&f.env, &len, 1, &lim, "push: block_size 64 must be 0 for fp32");
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: block_size 64 and topk 0 must be 0 for fp32");
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_PUSH, DLOCO__V1__CODEC__CODEC_INT8);
     f.push.block_size = 15;
     len = 1001 + 4 * 67;
-    EXPECT_BAD(&f.env, &len, 1, &lim, "push: block_size 15 outside [16, 65536] for int8");
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: block_size 15 of int8 must be even and in [16, 65536]");
     f.push.block_size = 65537;
-    EXPECT_BAD(&f.env, &len, 1, &lim, "push: block_size 65537 outside");
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: block_size 65537 of int8 must be even and in [16, 65536]");
+    f.push.block_size = 66;
+    f.push.topk = 3;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: topk 3 must be 0 for int8");
+    fx_make(&f, DLOCO__V1__ENVELOPE__BODY_PUSH, DLOCO__V1__CODEC__CODEC_TOPK);
+    f.push.block_size = 64, f.push.topk = 65;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: topk 65 must be in [1, block_size 64]");
+    f.push.topk = 0;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: topk 0 must be in [1, block_size 64]");
+    f.push.topk = 4; /* 1001 elements in blocks of 64: 15 full blocks of 4 entries, the last (41) of 4 */
+    len = 6 * 4 * 16;
+    CHECK(dl_wire_validate(&f.env, &len, 1, &lim) == 0, "topk push of 16 blocks x 4 entries: %s", dl_errmsg());
+    len -= 6;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "push: payload is 378 bytes, topk x 1001 (block 64, topk) needs 384");
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_UPDATE, DLOCO__V1__CODEC__CODEC_INT4);
     len = fx_len(&f);
-    f.update.codec = (Dloco__V1__Codec)5;
-    EXPECT_BAD(&f.env, &len, 1, &lim, "update: unknown codec 5");
+    f.update.codec = (Dloco__V1__Codec)7;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "update: unknown codec 7");
+    f.update.codec = DLOCO__V1__CODEC__CODEC_INT4, f.update.delta = 0;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "update: a full update must be fp32, got int4");
+    f.update.delta = 1, f.update.version = 0;
+    EXPECT_BAD(&f.env, &len, 1, &lim, "update: delta update of version 0");
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_UPDATE, DLOCO__V1__CODEC__CODEC_FP32);
     len = fx_len(&f);
     f.update.fragment = 3;
@@ -541,10 +570,19 @@ static void test_bad_inputs(void)
         f.push.chunk_offset = 100, f.push.chunk_numel = 100;
         size_t wrong = 396;
         EXPECT_BAD(&f.env, &wrong, 1, &lim, "payload is 396 bytes, fp32 x 100 needs 400");
+        /* block codecs chunk on block boundaries (1001 elements, block 64) */
         fx_make(&f, DLOCO__V1__ENVELOPE__BODY_PUSH, DLOCO__V1__CODEC__CODEC_INT8);
         f.push.chunk_numel = 64, f.push.transfer = 1;
         len = 64 + 4;
-        EXPECT_BAD(&f.env, &len, 1, &lim, "int8 cannot be chunked");
+        CHECK(dl_wire_validate(&f.env, &len, 1, &lim) == 0, "int8 chunk of one block: %s", dl_errmsg());
+        f.push.chunk_offset = 32;
+        EXPECT_BAD(&f.env, &len, 1, &lim, "push: chunk [32, +64) of int8 is not aligned to block_size 64");
+        f.push.chunk_offset = 64, f.push.chunk_numel = 100;
+        len = 100 + 8;
+        EXPECT_BAD(&f.env, &len, 1, &lim, "push: chunk [64, +100) of int8 is not aligned to block_size 64");
+        f.push.chunk_offset = 960, f.push.chunk_numel = 41; /* the fragment's last, partial block */
+        len = 41 + 4;
+        CHECK(dl_wire_validate(&f.env, &len, 1, &lim) == 0, "int8 last partial chunk: %s", dl_errmsg());
         fx_make(&f, DLOCO__V1__ENVELOPE__BODY_UPDATE, DLOCO__V1__CODEC__CODEC_FP32);
         f.update.chunk_offset = 8, f.update.chunk_numel = f.update.numel;
         cl = (size_t)f.update.numel * 4;
@@ -1161,7 +1199,7 @@ static void test_golden(void)
         free(re);
         dl_wire_env_free(&e);
     }
-    printf("golden corpus: %d v2 headers from tests/data/proto_corpus, %d checks\n", NGOLDEN, checks - before);
+    printf("golden corpus: %d v3 headers from tests/data/proto_corpus, %d checks\n", NGOLDEN, checks - before);
 }
 
 // ---------------------------------------------------------------------------
@@ -1294,7 +1332,9 @@ static void test_fuzz(void)
             uint64_t numel = push ? e->push->numel : e->update->numel;
             int codec = push ? (int)e->push->codec : (int)e->update->codec;
             uint32_t block = push ? e->push->block_size : e->update->block_size;
-            size_t want = ref_bytes(codec, numel, block);
+            uint32_t topk = push ? e->push->topk : e->update->topk;
+            uint64_t cn = push ? e->push->chunk_numel : e->update->chunk_numel;
+            size_t want = ref_bytes(codec, cn ? cn : numel, block, topk);
             acc_tensor++;
             if (np != 1) why = "tensor with payload frame count != 1";
             else if (want == 0 || lens[0] != want) why = "payload length disagrees with header";

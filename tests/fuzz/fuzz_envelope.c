@@ -56,7 +56,7 @@ static void check_valid(const Dloco__V1__Envelope *env, const size_t *lens, int 
             FUZZ_CHECK(!push || env->push->transfer != 0, "chunked push without a transfer id");
             numel = cnum;
         }
-        size_t need = dl_wire_payload_bytes(codec, numel, block);
+        size_t need = dl_wire_payload_bytes(codec, numel, block, 0);
         FUZZ_CHECK(need != 0 && need == lens[0], "%s payload %zu bytes, codec needs %zu", name, lens[0], need);
         break;
     }

@@ -39,7 +39,7 @@ static void on_tensor(const char *body, uint32_t frag, Dloco__V1__Codec codec, u
     FUZZ_CHECK(cnum ? coff < numel && cnum <= numel - coff : coff == 0, "%s chunk [%llu, +%llu) of %llu", body,
                (unsigned long long)coff, (unsigned long long)cnum, (unsigned long long)numel);
     if (cnum) numel = cnum;
-    size_t need = dl_wire_payload_bytes(codec, numel, block);
+    size_t need = dl_wire_payload_bytes(codec, numel, block, 0);
     FUZZ_CHECK(need != 0 && need == plen, "%s %s x %llu: payload %zu bytes, needs %zu", body,
                dl_wire_codec_name(codec), (unsigned long long)numel, plen, need);
     /* fp32 is the only payload codec with a decoder today; bf16/int8/int4

@@ -60,7 +60,7 @@ typedef struct {
 /* Deterministic payload bytes (a fixed LCG), fp32 values in [-1, 1). */
 static void fill_payload(msg *m, Dloco__V1__Codec codec, uint64_t numel, uint32_t block)
 {
-    size_t n = dl_wire_payload_bytes(codec, numel, block);
+    size_t n = dl_wire_payload_bytes(codec, numel, block, 0);
     if (n == 0 || n > sizeof m->payload) {
         fprintf(stderr, "seedgen: payload of %zu bytes\n", n);
         exit(1);
