@@ -429,6 +429,8 @@ static int check_welcome(const Dloco__V1__Welcome *m, int npayload, const dl_wir
     if (m->shards > 1 && m->shards > m->num_fragments)
         return bad(b, "shards %u > num_fragments %u", m->shards, m->num_fragments);
     if (m->shards > 1 && m->shard >= m->shards) return bad(b, "shard %u is not below shards %u", m->shard, m->shards);
+    if (m->update_codec && !codec_known((Dloco__V1__Codec)m->update_codec))
+        return bad(b, "update_codec %u is not a known codec", m->update_codec);
     return check_str(b, "policy", m->policy, lim->max_name);
 }
 

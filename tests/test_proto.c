@@ -671,6 +671,8 @@ static void test_bad_inputs(void)
         EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: shard 1 of 1 shards (unsharded is shard 0)");
         f.welcome.shards = 0;
         EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: shard 1 of 0 shards");
+        f.welcome.shard = 0, f.welcome.update_codec = 7;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: update_codec 7 is not a known codec");
     }
 
     /* every valid fixture does pass (so the rejections above are specific) */
