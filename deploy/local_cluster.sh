@@ -92,4 +92,14 @@ echo "final global val loss: $v1 (start $v0)"
 grep -h '^learner-summary:' "$LOGS"/learner-*.log | sed -E 's/^learner-summary: /  /' \
   | awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
            printf "  %-10s steps %-6s pushes %-5s adopted %-5s sent %8.2f MB  received %8.2f MB\n", v["id"], v["steps"], v["pushes"], v["updates_adopted"], v["bytes_sent"] / 1e6, v["bytes_received"] / 1e6 }'
+# bytes per learner per step against a data-parallel run of the same fleet: a
+# ring all-reduce of the fp32 gradients sends and receives 2 (M-1)/M x 4 x params
+# bytes per learner per step (docs/ARCHITECTURE.md "Bandwidth")
+np=$(grep -m1 -o '[0-9]* parameters' "$LOGS/learner-0.log" | cut -d' ' -f1)
+grep -h '^learner-summary:' "$LOGS"/learner-*.log | sed -E 's/^learner-summary: //' \
+  | awk -v n="${np:-0}" -v m="$N" '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        if (v["steps"] > 0) { s += v["bytes_sent"] / v["steps"]; r += v["bytes_received"] / v["steps"]; k++ } }
+      END { if (!k || !n || m < 2) exit
+            ar = 2 * (m - 1) / m * 4 * n
+            printf "bytes per learner per step: sent %.1f KB, received %.1f KB; a per-step fp32 ring all-reduce would move %.1f KB each way (%.0fx the bytes)\n", s / k / 1e3, r / k / 1e3, ar / 1e3, 2 * ar / ((s + r) / k) }'
 exit $rc
