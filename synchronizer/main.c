@@ -21,7 +21,7 @@ typedef struct {
     char init_from[DL_CFG_STRLEN];
     char policy[DL_CFG_STRLEN];
     int64_t quorum, grace_cap_ms, max_staleness, max_learners;
-    double gamma, mad_k;
+    double gamma, mad_k, grace_steps;
     char staleness[DL_CFG_STRLEN];
     double staleness_a, staleness_b;
     char merge[DL_CFG_STRLEN], aggregate[DL_CFG_STRLEN];
@@ -61,9 +61,13 @@ static const dl_cfg_entry table[] = {
     {"policy", DL_CFG_ENUM, F(policy), 0, 0, "decoupled", "decoupled|sync|sync-elastic", 0, "merge policy"},
     {"quorum", DL_CFG_INT, F(quorum), 1, 65536, "1", NULL, 1, "K: learners before a round may close", "learners"},
     {"grace_cap_ms", DL_CFG_INT, F(grace_cap_ms), 1, 86400000, "5000", NULL, 1, "grace window cap, ms"},
-    {"gamma", DL_CFG_FLOAT, F(gamma), 1e-6, 10, "0.5", NULL, 1, "grace cap as a fraction of the push period",
+    {"gamma", DL_CFG_FLOAT, F(gamma), 1e-6, 10, "0.5", NULL, 1, "grace cap as a fraction of the push period (while no learner reports a step rate)",
      "x push period"},
     {"mad_k", DL_CFG_FLOAT, F(mad_k), 0, 100, "3", NULL, 1, "arrival prediction margin, in MADs"},
+    {"grace_steps", DL_CFG_FLOAT, F(grace_steps), 1e-6, 1e6, "4", NULL, 1,
+     "grace cap in inner steps: a round waits at most min(grace_cap_ms, grace_steps x the fleet's step time) after "
+     "quorum for learners the push schedule predicts (gamma applies only while no learner reports a step rate)",
+     "steps"},
     {"max_learners", DL_CFG_INT, F(max_learners), 1, 65536, "1024", NULL, 0,
      "learner slots: the registry's bound (a full table answers FULL; slots of learners gone reclaim_ms are reused)",
      "learners"},
@@ -175,6 +179,8 @@ static int tunables_of(const sync_cfg *c, dl_sync_tunables *t)
     t->policy.grace_cap_ns = c->grace_cap_ms * 1000000LL;
     t->policy.gamma = c->gamma;
     t->policy.mad_k = c->mad_k;
+    t->policy.tau_steps = c->grace_steps;
+    t->policy.H = (int)c->H; /* restart-only: a reload's candidate keeps the running H */
     t->policy.max_staleness = c->max_staleness;
     t->policy.sfn_a = c->staleness_a;
     t->policy.sfn_b = c->staleness_b;
