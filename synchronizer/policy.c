@@ -699,8 +699,11 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
     if (i < 0 || p->slots[i].state == SLOT_LEFT)
         return dl_err(DL_ENOTFOUND, "merge policy: learner %u is not registered", id);
     slot *s = &p->slots[i];
+    int64_t st = step > (uint64_t)INT64_MAX / 2 ? INT64_MAX / 2 : (int64_t)step;
+    if (s->rep_ns != NONE_NS && st < s->rep_step) /* counting again from a lower step: a restarted learner */
+        for (int f = 0; f < p->P; f++) s->pstep[f] = -1;
     s->rep_ns = now;
-    s->rep_step = step > (uint64_t)INT64_MAX / 2 ? INT64_MAX / 2 : (int64_t)step;
+    s->rep_step = st;
     s->rep_tokens = tokens > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)tokens;
     s->rate = steps_per_s > 0 && steps_per_s < 1e12 ? steps_per_s : 0; /* NaN, inf, <= 0: unknown */
     refresh(p, now);

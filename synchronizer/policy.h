@@ -301,8 +301,10 @@ int dl_policy_learner_forget(dl_policy *p, uint32_t id);
  * learner sends one right before every Push): its latest completed inner
  * step, cumulative tokens, and step rate in steps/s (<= 0, NaN or >= 1e12 =
  * unknown). Feeds the schedule prediction and the share's tokens per step;
- * re-evaluates every open round. DL_ENOTFOUND for an id not registered.
- * Does not change liveness. */
+ * re-evaluates every open round. A step lower than the previous report's (a
+ * learner that restarted its count) forgets the steps of its last pushes
+ * (a_f above). DL_ENOTFOUND for an id not registered. Does not change
+ * liveness. */
 int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_t tokens, double steps_per_s,
                                int64_t now);
 int dl_policy_live_count(const dl_policy *p);

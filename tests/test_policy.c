@@ -868,6 +868,12 @@ static void test_schedule_predict(void)
     CHECK_REL(r.share, 0.25); /* 2 x 16 x 256 of 2 x 64 x 256 */
     CHECK_REL(r.expected_tokens, 2.0 * 64 * 256);
     dl_policy_committed(p, 1, 1, 1660 * MS);
+    /* a learner counting again from step 3 (restarted) is due at step 16 again */
+    CHECK_EQ(dl_policy_prediction(p, 1, 1, &pt, &mg), 0);
+    CHECK_EQ(pt, 1650 * MS + 64 * 100 * MS); /* step 80 */
+    progress(p, 1, 3, 3 * 256, 10.0, 1700 * MS);
+    CHECK_EQ(dl_policy_prediction(p, 1, 1, &pt, &mg), 0);
+    CHECK_EQ(pt, 1700 * MS + 13 * 100 * MS);
     dl_policy_close(&p);
 
     /* (c) learner 0 at 12.8 steps/s reaches step 16 at 1250 ms; learner 1 at
