@@ -708,34 +708,37 @@ static int sch_cmp(const void *a, const void *b)
 }
 
 typedef struct {
-    int n_rounds, n_in_phase, n_alone, bad;
+    int n_rounds, n_in_phase, n_alone, n_joined, bad; /* n_joined: learner 4 inside an in-phase round */
     double share_in[SCH_P][SCH_PERIODS + 1], share_alone[SCH_P][SCH_PERIODS + 1];
 } sch_res;
 
 /* Learners 0..3 in phase (+2 ms each) at 10 steps/s, tokens per step 256;
- * with `out_of_phase`, learner 4 (512 tokens per step) runs 32 steps + 1 ms
- * behind. Each learner reports progress (a Heartbeat) at its start and right
+ * mode 1: learner 4 (512 tokens per step) runs 32 steps + 1 ms behind; mode
+ * 2: learner 4 is a straggler at 1/4 speed (2.5 steps/s), for a quarter of
+ * the steps. Each learner reports progress (a Heartbeat) at its start and right
  * before every push; a push of f carries the steps since its previous push
  * of f (or since the start) and is relative to the version it adopted last
  * (contributors adopt the merge of their push). Every round is committed as
  * soon as it closes. */
-static void sch_sim(int out_of_phase, sch_res *o)
+static void sch_sim(int mode, sch_res *o)
 {
     dl_policy_cfg c;
     dl_policy_cfg_default(&c);
     c.quorum = 1, c.H = SCH_H, c.tau_steps = 4, c.grace_cap_ns = 5000 * MS, c.sfn = DL_POLICY_SFN_CONST;
     dl_policy *p = mk(&c, SCH_P);
     memset(o, 0, sizeof *o);
-    const int nl = out_of_phase ? 5 : 4;
-    int64_t phase[5] = {0, 2 * MS, 4 * MS, 6 * MS, 32 * SCH_STEP + MS};
+    const int nl = mode ? 5 : 4;
+    int64_t phase[5] = {0, 2 * MS, 4 * MS, 6 * MS, mode == 1 ? 32 * SCH_STEP + MS : MS};
     int64_t tps[5] = {256, 256, 256, 256, 512};
+    int64_t step_ns[5] = {SCH_STEP, SCH_STEP, SCH_STEP, SCH_STEP, mode == 2 ? 4 * SCH_STEP : SCH_STEP};
+    double rate[5] = {10, 10, 10, 10, mode == 2 ? 2.5 : 10};
     static sch_ev ev[5 * SCH_H * SCH_PERIODS];
     int ne = 0;
     for (uint32_t i = 0; i < (uint32_t)nl; i++)
-        for (int64_t s = 0; s <= SCH_H * SCH_PERIODS; s++) {
+        for (int64_t s = 0; s <= SCH_H * SCH_PERIODS / (step_ns[i] / SCH_STEP); s++) {
             int due = s == 0;
             for (int f = 0; f < SCH_P; f++) due |= dl_plan_due(s, f, SCH_H, SCH_P);
-            if (due) ev[ne++] = (sch_ev){phase[i] + s * SCH_STEP, i, s};
+            if (due) ev[ne++] = (sch_ev){phase[i] + s * step_ns[i], i, s};
         }
     qsort(ev, (size_t)ne, sizeof *ev, sch_cmp);
     uint64_t adopted[5][SCH_P] = {{0}};
@@ -754,16 +757,17 @@ static void sch_sim(int out_of_phase, sch_res *o)
                 adopted[ct->learner][r.fragment] = r.version + 1;
                 in += ct->learner < 4, alone += ct->learner == 4;
                 if (ct->arrival_ns > last_arrival) last_arrival = ct->arrival_ns;
-                step = last_step[ct->learner][r.fragment];
+                if (ct->learner < 4 || !step) step = last_step[ct->learner][r.fragment];
             }
             int period = (int)((step - 1) / SCH_H); /* 0-based period of the pushes' step */
             o->n_rounds++;
-            if (in == 4 && !alone) {
+            if (in == 4) {
                 o->n_in_phase++;
-                o->share_in[r.fragment][period] += r.share;
+                o->n_joined += alone;
+                if (!alone) o->share_in[r.fragment][period] += r.share;
                 /* nobody waited in vain: closed at the 4th in-phase arrival */
                 if (r.closed_ns != last_arrival ||
-                    r.reason != (out_of_phase && r.n_missing ? DL_POLICY_CLOSE_PREDICTED_NONE : DL_POLICY_CLOSE_ALL_IN))
+                    r.reason != (mode && r.n_missing ? DL_POLICY_CLOSE_PREDICTED_NONE : DL_POLICY_CLOSE_ALL_IN))
                     o->bad++;
             } else if (alone == 1 && !in) {
                 o->n_alone++;
@@ -781,7 +785,7 @@ static void sch_sim(int out_of_phase, sch_res *o)
         uint32_t id = ev[e].id;
         int64_t s = ev[e].step;
         if (s == 0) join(p, id, t);
-        progress(p, id, s, s * tps[id], 10.0, t);
+        progress(p, id, s, s * tps[id], rate[id], t);
         for (int f = 0; f < SCH_P; f++) {
             if (!dl_plan_due(s, f, SCH_H, SCH_P)) continue;
             int64_t steps = s - last_step[id][f];
@@ -793,7 +797,7 @@ static void sch_sim(int out_of_phase, sch_res *o)
         }
     }
     CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
-    print_stats(out_of_phase ? "schedule +oop" : "schedule", p);
+    print_stats(mode == 2 ? "schedule +slow" : mode ? "schedule +oop" : "schedule", p);
     dl_policy_close(&p);
 }
 
@@ -822,6 +826,7 @@ static void test_schedule_gather(void)
     CHECK_EQ(o.n_in_phase, SCH_P * SCH_PERIODS);
     CHECK_EQ(o.n_alone, o.n_rounds - o.n_in_phase);
     CHECK(o.n_alone >= SCH_P * (SCH_PERIODS - 1), "alone %d", o.n_alone);
+    CHECK_EQ(o.n_joined, 0);
     CHECK_EQ(o.bad, 0);
     for (int f = 0; f < SCH_P; f++)
         for (int k = 2; k < SCH_PERIODS; k++) { /* periods in which both sides push H steps' worth */
@@ -829,6 +834,15 @@ static void test_schedule_gather(void)
             CHECK_REL(o.share_alone[f][k], 1.0 / 3.0);
             CHECK_REL(o.share_in[f][k] + o.share_alone[f][k], 1.0);
         }
+    /* a straggler at 1/4 speed is never waited for (predicted a long period
+     * ahead); the in-phase rounds close at the 4th arrival as without it */
+    sch_sim(2, &o);
+    printf("  + straggler at 1/4 speed: %d rounds, %d in-phase (%d with the straggler), %d alone, bad %d\n",
+           o.n_rounds, o.n_in_phase, o.n_joined, o.n_alone, o.bad);
+    CHECK_EQ(o.n_in_phase, SCH_P * SCH_PERIODS);
+    CHECK_EQ(o.n_alone + o.n_in_phase, o.n_rounds);
+    CHECK_EQ(o.n_alone + o.n_joined, SCH_P); /* its pushes: one period's worth */
+    CHECK_EQ(o.bad, 0);
 }
 
 /* (b) a learner with no push history is waited for; (c) cap = q + tau steps. */
