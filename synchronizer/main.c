@@ -80,7 +80,8 @@ static const dl_cfg_entry table[] = {
     {"outer_lr", DL_CFG_FLOAT, F(outer_lr), 0, 10, "0.7", NULL, 1, "outer Nesterov learning rate"},
     {"outer_momentum", DL_CFG_FLOAT, F(outer_momentum), 0, 0.999, "0.9", NULL, 1, "outer Nesterov momentum"},
     {"share_scaling", DL_CFG_BOOL, F(share_scaling), 0, 0, "true", NULL, 1,
-     "scale a round's step by its share of the live fleet's tokens"},
+     "scale a round's step by its share of a full period of its fragment: its tokens x s(staleness) over the live "
+     "learners' expected tokens per period (H x tokens per step)"},
     {"clip_norm", DL_CFG_FLOAT, F(clip_norm), 0, 1e9, "0", NULL, 1, "clip each pseudo-gradient's norm (0 = off)"},
     {"aggregate", DL_CFG_ENUM, F(aggregate), 0, 0, "weighted", "weighted|trimmed_mean|median", 1,
      "how a round's deltas combine: token-weighted (rda/mean), or coordinate-wise trimmed mean / median (unweighted, "
