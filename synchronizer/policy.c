@@ -706,7 +706,10 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
     s->rep_step = st;
     s->rep_tokens = tokens > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)tokens;
     s->rate = steps_per_s > 0 && steps_per_s < 1e12 ? steps_per_s : 0; /* NaN, inf, <= 0: unknown */
-    refresh(p, now);
+    /* refresh() less the slack, which a report cannot change: this runs on
+     * every Heartbeat of every learner */
+    p->fleet_step = fleet_step(p);
+    for (int f = 0; f < p->P; f++) eval(p, f, now);
     return 0;
 }
 
