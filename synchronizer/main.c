@@ -21,7 +21,7 @@ typedef struct {
     char init_from[DL_CFG_STRLEN];
     char policy[DL_CFG_STRLEN];
     int64_t quorum, grace_cap_ms, max_staleness, max_learners;
-    double gamma, mad_k;
+    double gamma, mad_k, grace_steps;
     char staleness[DL_CFG_STRLEN];
     double staleness_a, staleness_b;
     char merge[DL_CFG_STRLEN], aggregate[DL_CFG_STRLEN];
@@ -61,9 +61,13 @@ static const dl_cfg_entry table[] = {
     {"policy", DL_CFG_ENUM, F(policy), 0, 0, "decoupled", "decoupled|sync|sync-elastic", 0, "merge policy"},
     {"quorum", DL_CFG_INT, F(quorum), 1, 65536, "1", NULL, 1, "K: learners before a round may close", "learners"},
     {"grace_cap_ms", DL_CFG_INT, F(grace_cap_ms), 1, 86400000, "5000", NULL, 1, "grace window cap, ms"},
-    {"gamma", DL_CFG_FLOAT, F(gamma), 1e-6, 10, "0.5", NULL, 1, "grace cap as a fraction of the push period",
+    {"gamma", DL_CFG_FLOAT, F(gamma), 1e-6, 10, "0.5", NULL, 1, "grace cap as a fraction of the push period (while no learner reports a step rate)",
      "x push period"},
     {"mad_k", DL_CFG_FLOAT, F(mad_k), 0, 100, "3", NULL, 1, "arrival prediction margin, in MADs"},
+    {"grace_steps", DL_CFG_FLOAT, F(grace_steps), 1e-6, 1e6, "4", NULL, 1,
+     "grace cap in inner steps: a round waits at most min(grace_cap_ms, grace_steps x the fleet's step time) after "
+     "quorum for learners the push schedule predicts (gamma applies only while no learner reports a step rate)",
+     "steps"},
     {"max_learners", DL_CFG_INT, F(max_learners), 1, 65536, "1024", NULL, 0,
      "learner slots: the registry's bound (a full table answers FULL; slots of learners gone reclaim_ms are reused)",
      "learners"},
@@ -76,7 +80,8 @@ static const dl_cfg_entry table[] = {
     {"outer_lr", DL_CFG_FLOAT, F(outer_lr), 0, 10, "0.7", NULL, 1, "outer Nesterov learning rate"},
     {"outer_momentum", DL_CFG_FLOAT, F(outer_momentum), 0, 0.999, "0.9", NULL, 1, "outer Nesterov momentum"},
     {"share_scaling", DL_CFG_BOOL, F(share_scaling), 0, 0, "true", NULL, 1,
-     "scale a round's step by its share of the live fleet's tokens"},
+     "scale a round's step by its share of a full period of its fragment: its tokens x s(staleness) over the live "
+     "learners' expected tokens per period (H x tokens per step)"},
     {"clip_norm", DL_CFG_FLOAT, F(clip_norm), 0, 1e9, "0", NULL, 1, "clip each pseudo-gradient's norm (0 = off)"},
     {"aggregate", DL_CFG_ENUM, F(aggregate), 0, 0, "weighted", "weighted|trimmed_mean|median", 1,
      "how a round's deltas combine: token-weighted (rda/mean), or coordinate-wise trimmed mean / median (unweighted, "
@@ -175,6 +180,8 @@ static int tunables_of(const sync_cfg *c, dl_sync_tunables *t)
     t->policy.grace_cap_ns = c->grace_cap_ms * 1000000LL;
     t->policy.gamma = c->gamma;
     t->policy.mad_k = c->mad_k;
+    t->policy.tau_steps = c->grace_steps;
+    t->policy.H = (int)c->H; /* restart-only: a reload's candidate keeps the running H */
     t->policy.max_staleness = c->max_staleness;
     t->policy.sfn_a = c->staleness_a;
     t->policy.sfn_b = c->staleness_b;

@@ -288,6 +288,7 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
                {"grace_cap_ms", (double)(pc->grace_cap_ns / 1000000)},
                {"gamma", pc->gamma},
                {"mad_k", pc->mad_k},
+               {"grace_steps", pc->tau_steps},
                {"max_staleness", (double)pc->max_staleness},
                {"staleness_a", pc->sfn_a},
                {"staleness_b", pc->sfn_b},

@@ -3,6 +3,7 @@
 #include "synchronizer/policy.h"
 
 #include "core/err.h"
+#include "core/plan.h"
 
 #include <assert.h>
 #include <math.h>
@@ -24,6 +25,14 @@ typedef struct {
     int64_t gaps[DL_POLICY_HIST]; /* ring of push intervals (same fragment), ns */
     int n_gaps, gap_pos;
     int64_t med, mad;             /* median / MAD of gaps, ns; valid when n_gaps > 0 */
+    /* progress report (dl_policy_learner_progress): latest step, cumulative
+     * tokens, step rate (steps/s, 0 = unknown) and when it came */
+    int64_t rep_ns;               /* NONE_NS until a report */
+    int64_t rep_step, rep_tokens;
+    double rate;
+    int64_t *pstep;               /* [P] step of its last push of f (see push_step()), or -1 */
+    int64_t *ptok;                /* [P] tokens of its latest POOLED push of f, 0 if none */
+    double tps;                   /* tokens / steps of its latest POOLED push (any fragment), 0 if none */
 } slot;
 
 /* One fragment: its committed version, open round and in-flight round. */
@@ -51,6 +60,7 @@ struct dl_policy {
     int n_live;
     int64_t *scratch;             /* [cfg.max_learners] for the fleet median */
     int64_t fleet_med;            /* fleet's typical push period, ns, 0 if unknown */
+    int64_t fleet_step;           /* fleet's typical step time, ns, 0 if unknown (or H unknown) */
     uint64_t seq;                 /* event counter ordering joins against round openings */
     int64_t now;                  /* latest time seen */
     dl_policy_stats st;
@@ -142,6 +152,8 @@ void dl_policy_cfg_default(dl_policy_cfg *out)
     out->sfn_a = 0.5;
     out->sfn_b = 0.0;
     out->max_learners = 1024;
+    out->H = 0;
+    out->tau_steps = 4.0;
 }
 
 static int bad(char *why, size_t cap, const char *msg)
@@ -173,6 +185,14 @@ int dl_policy_cfg_check(const dl_policy_cfg *c, char *why, size_t cap)
     }
     if (!(c->mad_k >= 0.0 && c->mad_k <= 100.0)) {
         snprintf(m, sizeof m, "mad_k %g outside [0, 100]", c->mad_k);
+        return bad(why, cap, m);
+    }
+    if (c->H < 0 || c->H > 1000000) {
+        snprintf(m, sizeof m, "H %d outside [0, 1e6] (0 = unknown)", c->H);
+        return bad(why, cap, m);
+    }
+    if (!(c->tau_steps > 0.0 && c->tau_steps <= 1e6)) {
+        snprintf(m, sizeof m, "tau_steps (grace_steps) %g outside (0, 1e6]", c->tau_steps);
         return bad(why, cap, m);
     }
     if (c->max_staleness < 0 || c->max_staleness > 1000000000LL) {
@@ -265,7 +285,39 @@ static int64_t slot_margin(const dl_policy *p, const slot *s)
 
 static void slot_forget_arrivals(dl_policy *p, slot *s)
 {
-    for (int f = 0; f < p->P; f++) s->last[f] = NONE_NS;
+    for (int f = 0; f < p->P; f++) s->last[f] = NONE_NS, s->pstep[f] = -1;
+}
+
+/* ns per inner step of a learner that reported rate > 0. */
+static int64_t step_ns(double rate)
+{
+    double d = 1e9 / rate;
+    return d >= 9.0e18 ? INT64_MAX : (int64_t)d;
+}
+
+/* First step of fragment f's schedule (core/plan.h): offset_f, or H when
+ * offset_f is 0. */
+static int64_t first_due(const dl_policy *p, int f)
+{
+    int64_t off = (int64_t)f * p->cfg.H / p->P;
+    return off ? off : p->cfg.H;
+}
+
+/* Smallest step s >= lo (lo >= 1) with dl_plan_due(s, f, H, P). */
+static int64_t due_at_or_after(const dl_policy *p, int f, int64_t lo)
+{
+    int64_t H = p->cfg.H, first = first_due(p, f), off = (int64_t)f * H / p->P;
+    int64_t s = lo <= first ? first : off + (lo - off + H - 1) / H * H;
+    assert(dl_plan_due(s, f, p->cfg.H, p->P));
+    return s;
+}
+
+/* Largest step s <= hi with dl_plan_due(s, f, H, P), or hi when none is. */
+static int64_t due_at_or_before(const dl_policy *p, int f, int64_t hi)
+{
+    int64_t H = p->cfg.H, off = (int64_t)f * H / p->P;
+    if (hi < first_due(p, f)) return hi;
+    return off + (hi - off) / H * H;
 }
 
 static int64_t tick(dl_policy *p, int64_t now)
@@ -332,6 +384,49 @@ static int64_t fleet_median(dl_policy *p)
 
 int64_t dl_policy_slack_ns(const dl_policy *p) { return p->fleet_med; }
 
+/* Prediction of learner s's next push of fragment f (policy.h): 1 with the
+ * point and margin in ns, 0 when there is nothing to predict from. */
+static int predict(const dl_policy *p, const slot *s, int f, int64_t *point, int64_t *margin)
+{
+    if (p->cfg.H > 0 && s->rate > 0 && s->rep_ns != NONE_NS) {
+        int64_t lo = s->rep_step > 1 ? s->rep_step : 1;
+        if (s->pstep[f] >= 0 && s->pstep[f] + 1 > lo) lo = s->pstep[f] + 1;
+        int64_t next = due_at_or_after(p, f, lo);
+        double at = (double)s->rep_ns + (double)(next - s->rep_step) * 1e9 / s->rate;
+        *point = at >= 9.0e18 ? INT64_MAX : (int64_t)at;
+        int64_t m = step_ns(s->rate);
+        if (s->n_gaps > 0) {
+            double j = p->cfg.mad_k * (double)s->mad;
+            int64_t ji = j >= 9.0e18 ? INT64_MAX : (int64_t)j;
+            if (ji > m) m = ji;
+        }
+        *margin = m;
+        return 1;
+    }
+    if (s->n_gaps == 0 || s->last[f] == NONE_NS) return 0;
+    *point = sat_add(s->last[f], s->med);
+    *margin = slot_margin(p, s);
+    return 1;
+}
+
+/* Fleet step time: median over live learners with a rate of their ns per
+ * step (even convention of median()), 0 with none or while H is unknown. */
+static int64_t fleet_step(dl_policy *p)
+{
+    if (p->cfg.H <= 0) return 0;
+    int n = 0;
+    for (int i = 0; i < p->n_slots; i++)
+        if (p->slots[i].state == SLOT_LIVE && p->slots[i].rate > 0 && p->slots[i].rep_ns != NONE_NS)
+            p->scratch[n++] = step_ns(p->slots[i].rate);
+    if (!n) return 0;
+    qsort(p->scratch, (size_t)n, sizeof *p->scratch, cmp_i64);
+    if (n & 1) return p->scratch[n / 2];
+    int64_t lo = p->scratch[n / 2 - 1], hi = p->scratch[n / 2];
+    return lo + (hi - lo) / 2;
+}
+
+int64_t dl_policy_step_ns(const dl_policy *p) { return p->fleet_step; }
+
 /* Recompute when fragment f's open round is due and why. Depends only on the
  * state and on `now` (the time of the event that changed the state). */
 static void eval(dl_policy *p, int f, int64_t now)
@@ -365,7 +460,11 @@ static void eval(dl_policy *p, int f, int64_t now)
 
     int64_t capdur = c->grace_cap_ns;
     int64_t slack = p->fleet_med;
-    if (slack > 0) {
+    if (p->fleet_step > 0) {
+        double g = c->tau_steps * (double)p->fleet_step;
+        int64_t gi = g >= 9.0e18 ? INT64_MAX : (int64_t)g;
+        if (gi < capdur) capdur = gi;
+    } else if (slack > 0) {
         double g = c->gamma * (double)slack;
         int64_t gi = g >= 9.0e18 ? INT64_MAX : (int64_t)g;
         if (gi < capdur) capdur = gi;
@@ -384,10 +483,10 @@ static void eval(dl_policy *p, int f, int64_t now)
         const slot *s = &p->slots[i];
         if (!expected(p, s, fr)) continue;
         if (s->cur_idx[f] < 0) missing++;
-        if (s->n_gaps == 0 || s->last[f] == NONE_NS) continue; /* nothing to predict from */
-        int64_t point = sat_add(s->last[f], s->med);
-        if (point > cap) continue; /* predicted after the cap: slow learner, not waited for */
-        int64_t until = sat_add(point, slot_margin(p, s));
+        int64_t point, margin;
+        if (!predict(p, s, f, &point, &margin)) continue; /* nothing to predict from */
+        if (point > cap) continue; /* predicted after the cap: slow or out of phase, not waited for */
+        int64_t until = sat_add(point, margin);
         if (until > cap) until = cap;
         if (until < now) continue; /* overdue already */
         waited++;
@@ -404,6 +503,7 @@ static void eval(dl_policy *p, int f, int64_t now)
 static void refresh(dl_policy *p, int64_t now)
 {
     p->fleet_med = fleet_median(p);
+    p->fleet_step = fleet_step(p);
     for (int f = 0; f < p->P; f++) eval(p, f, now);
 }
 
@@ -416,6 +516,8 @@ int dl_policy_reconfigure(dl_policy *p, const dl_policy_cfg *cfg)
     if (cfg->kind != p->cfg.kind)
         return dl_err(DL_EINVAL, "merge policy kind cannot change at runtime (%s -> %s)", dl_policy_kind_name(p->cfg.kind),
                       dl_policy_kind_name(cfg->kind));
+    if (cfg->H != p->cfg.H)
+        return dl_err(DL_EINVAL, "H cannot change at runtime (%d -> %d)", p->cfg.H, cfg->H);
     if (cfg->max_learners != p->cfg.max_learners)
         return dl_err(DL_EINVAL, "max_learners cannot change at runtime (%d -> %d)", p->cfg.max_learners,
                       cfg->max_learners);
@@ -462,7 +564,8 @@ void dl_policy_close(dl_policy **pp)
     if (p->frags)
         for (int f = 0; f < p->P; f++) free(p->frags[f].cur), free(p->frags[f].flight);
     if (p->slots)
-        for (int i = 0; i < p->n_slots; i++) free(p->slots[i].last), free(p->slots[i].cur_idx);
+        for (int i = 0; i < p->n_slots; i++)
+            free(p->slots[i].last), free(p->slots[i].cur_idx), free(p->slots[i].pstep), free(p->slots[i].ptok);
     free(p->frags);
     free(p->slots);
     free(p->hash);
@@ -512,6 +615,8 @@ int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now)
         slot *s = &p->slots[i];
         s->last = dl_xmalloc((size_t)p->P * sizeof *s->last);
         s->cur_idx = dl_xmalloc((size_t)p->P * sizeof *s->cur_idx);
+        s->pstep = dl_xmalloc((size_t)p->P * sizeof *s->pstep);
+        s->ptok = dl_xmalloc((size_t)p->P * sizeof *s->ptok);
         p->n_slots++;
         s->id = id;
         hash_insert(p, id, i);
@@ -532,8 +637,12 @@ int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now)
     s->join_seq = ++p->seq;
     s->n_gaps = s->gap_pos = 0;
     s->med = s->mad = 0;
+    s->rep_ns = NONE_NS;
+    s->rep_step = s->rep_tokens = 0;
+    s->rate = 0;
+    s->tps = 0;
     slot_forget_arrivals(p, s);
-    for (int f = 0; f < p->P; f++) s->cur_idx[f] = -1;
+    for (int f = 0; f < p->P; f++) s->cur_idx[f] = -1, s->ptok[f] = 0;
     p->n_live++;
     refresh(p, now);
     return 0;
@@ -582,6 +691,28 @@ int dl_policy_learner_forget(dl_policy *p, uint32_t id)
     return 0;
 }
 
+int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_t tokens, double steps_per_s,
+                               int64_t now)
+{
+    now = tick(p, now);
+    int i = find_slot(p, id);
+    if (i < 0 || p->slots[i].state == SLOT_LEFT)
+        return dl_err(DL_ENOTFOUND, "merge policy: learner %u is not registered", id);
+    slot *s = &p->slots[i];
+    int64_t st = step > (uint64_t)INT64_MAX / 2 ? INT64_MAX / 2 : (int64_t)step;
+    if (s->rep_ns != NONE_NS && st < s->rep_step) /* counting again from a lower step: a restarted learner */
+        for (int f = 0; f < p->P; f++) s->pstep[f] = -1;
+    s->rep_ns = now;
+    s->rep_step = st;
+    s->rep_tokens = tokens > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)tokens;
+    s->rate = steps_per_s > 0 && steps_per_s < 1e12 ? steps_per_s : 0; /* NaN, inf, <= 0: unknown */
+    /* refresh() less the slack, which a report cannot change: this runs on
+     * every Heartbeat of every learner */
+    p->fleet_step = fleet_step(p);
+    for (int f = 0; f < p->P; f++) eval(p, f, now);
+    return 0;
+}
+
 int dl_policy_live_count(const dl_policy *p) { return p->n_live; }
 
 dl_policy_member dl_policy_learner_state(const dl_policy *p, uint32_t id)
@@ -597,6 +728,20 @@ dl_policy_member dl_policy_learner_state(const dl_policy *p, uint32_t id)
 }
 
 /* ---------------------------------------------------------------- pushes */
+
+/* The step of a push of f arriving at `now`: the learner's step extrapolated
+ * from its latest report to now (just the report when its rate is unknown;
+ * dloco's learners send a Heartbeat right before every Push, so the report is
+ * the push's step or a little later), snapped down to the latest step at
+ * which f was due (the push belongs to that step even when the mailbox sent it
+ * a few steps late, or it was held and sent owed). */
+static int64_t push_step(const dl_policy *p, const slot *s, int f, int64_t now)
+{
+    double x = (double)s->rep_step;
+    if (s->rate > 0 && now > s->rep_ns) x += floor((double)(now - s->rep_ns) * 1e-9 * s->rate);
+    int64_t xi = x >= 4.0e18 ? INT64_MAX / 2 : (int64_t)x;
+    return due_at_or_before(p, f, xi);
+}
 
 static int reject(dl_policy *p, dl_policy_verdict *out, dl_policy_reason r)
 {
@@ -641,6 +786,7 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
     /* The arrival is a timing sample whether or not the push is merged. */
     if (s->last[f] != NONE_NS) slot_add_gap(s, now - s->last[f]);
     s->last[f] = now;
+    if (p->cfg.H > 0 && s->rep_ns != NONE_NS) s->pstep[f] = push_step(p, s, f, now);
 
     uint64_t target = fr->version + (fr->in_flight ? 1 : 0); /* version this push would merge onto */
     out->staleness = (int64_t)(target - base_version);
@@ -679,6 +825,8 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
     c->steps = steps;
     c->tokens = tokens;
     c->n_replaced = n_replaced;
+    s->ptok[f] = tokens;
+    s->tps = (double)tokens / (double)steps;
     out->decision = DL_POLICY_POOLED;
     out->reason = DL_POLICY_OK;
     p->st.pooled++;
@@ -687,6 +835,31 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
 }
 
 /* ---------------------------------------------------------------- rounds */
+
+/* Expected tokens of a full period of fragment f (policy.h "Share"). */
+static double expected_tokens(const dl_policy *p, int f)
+{
+    double sum = 0, known = 0;
+    int n_known = 0, n_unknown = 0;
+    for (int i = 0; i < p->n_slots; i++) {
+        const slot *s = &p->slots[i];
+        if (s->state != SLOT_LIVE) continue;
+        if (p->cfg.H <= 0) {
+            sum += (double)s->ptok[f];
+            continue;
+        }
+        double tps = s->tps;
+        if (tps <= 0 && s->rep_ns != NONE_NS && s->rep_step > 0 && s->rep_tokens > 0)
+            tps = (double)s->rep_tokens / (double)s->rep_step;
+        if (tps > 0)
+            known += tps, n_known++;
+        else
+            n_unknown++;
+    }
+    if (p->cfg.H <= 0) return sum;
+    if (n_known) known += known / n_known * n_unknown;
+    return known * (double)p->cfg.H;
+}
 
 int64_t dl_policy_next_deadline(const dl_policy *p)
 {
@@ -708,7 +881,7 @@ int dl_policy_poll(dl_policy *p, int64_t now, dl_policy_round *out)
     if (best < 0) return 0;
 
     frag *fr = &p->frags[best];
-    double wsum = 0;
+    double wsum = 0, scaled = 0;
     for (int k = 0; k < fr->n_cur; k++) {
         dl_policy_contrib *c = &fr->cur[k];
         assert(c->base_version <= fr->version);
@@ -722,7 +895,9 @@ int dl_policy_poll(dl_policy *p, int64_t now, dl_policy_round *out)
         c->learner_dead = p->slots[i].state != SLOT_LIVE;
         p->slots[i].cur_idx[best] = -1;
         wsum += c->weight;
+        scaled += (double)c->tokens * c->sfactor;
     }
+    double expect = expected_tokens(p, best);
     /* Hand the open round out; its buffer becomes the flight buffer. */
     dl_policy_contrib *tb = fr->flight;
     int tc = fr->cap_flight;
@@ -744,6 +919,9 @@ int dl_policy_poll(dl_policy *p, int64_t now, dl_policy_round *out)
     out->cap_ns = dec ? fr->cap_ns : DL_POLICY_NEVER;
     out->closed_ns = now;
     out->n_missing = fr->n_missing;
+    out->scaled_tokens = scaled;
+    out->expected_tokens = expect;
+    out->share = expect > 0 && scaled < expect ? scaled / expect : 1.0;
 
     p->st.rounds++;
     p->st.merged += (uint64_t)fr->n_flight;
@@ -786,11 +964,7 @@ int dl_policy_prediction(const dl_policy *p, uint32_t id, int f, int64_t *point_
     assert(f >= 0 && f < p->P);
     int i = find_slot(p, id);
     if (i < 0 || p->slots[i].state == SLOT_LEFT) return DL_ENOTFOUND;
-    const slot *s = &p->slots[i];
-    if (s->n_gaps == 0 || s->last[f] == NONE_NS) return DL_ENOTFOUND;
-    *point_ns = sat_add(s->last[f], s->med);
-    *margin_ns = slot_margin(p, s);
-    return 0;
+    return predict(p, &p->slots[i], f, point_ns, margin_ns) ? 0 : DL_ENOTFOUND;
 }
 
 void dl_policy_get_stats(const dl_policy *p, dl_policy_stats *out) { *out = p->st; }
@@ -799,9 +973,9 @@ void dl_policy_round_format(const dl_policy_round *r, char *buf, size_t cap)
 {
     if (!cap) return;
     size_t o = 0;
-    int n = snprintf(buf, cap, "frag %d v%llu->%llu close=%s n=%d missing=%d wsum=%.6g [", r->fragment,
+    int n = snprintf(buf, cap, "frag %d v%llu->%llu close=%s n=%d missing=%d wsum=%.6g share=%.4g [", r->fragment,
                      (unsigned long long)r->version, (unsigned long long)r->version + 1, dl_policy_close_name(r->reason),
-                     r->n, r->n_missing, r->weight_sum);
+                     r->n, r->n_missing, r->weight_sum, r->share);
     o = n < 0 ? 0 : (size_t)n;
     for (int k = 0; k < r->n && o < cap; k++) {
         const dl_policy_contrib *c = &r->contribs[k];

@@ -29,42 +29,69 @@
  *   - once quorum is reached at time q (the K-th distinct push, even while
  *     the previous round of f is in flight), a grace window waits for every
  *     EXPECTED learner whose next push of f is PREDICTED before the cap
- *     deadline  cap = q + min(grace_cap_ns, gamma * slack). Expected = live
- *     learners that joined before the round opened; a dead learner leaves the
- *     set at once, but what it already pushed still counts. That covers a
- *     missing learner and also a contributor whose pooled push has waited about
- *     a period (e.g. for quorum), so its next, fresher push is due: it replaces
- *     the pooled one, which keeps rounds aligned instead of carrying one
- *     learner's push over into every next round.
- *       prediction of L for f:  point = last arrival of L's push of f + med_L,
- *                               until = min(point + margin_L, cap)
+ *     deadline  cap = q + capdur. Expected = live learners that joined before
+ *     the round opened; a dead learner leaves the set at once, but what it
+ *     already pushed still counts. That covers a missing learner and also a
+ *     contributor whose pooled push has waited about a period (e.g. for
+ *     quorum), so its next, fresher push is due: it replaces the pooled one,
+ *     which keeps rounds aligned instead of carrying one learner's push over
+ *     into every next round.
+ *     capdur = min(grace_cap_ns, tau_steps * step) when H > 0 and the fleet
+ *       step time `step` is known; else min(grace_cap_ns, gamma * slack) when
+ *       slack is known; else grace_cap_ns. Products are truncated to ns.
+ *       step = median over live learners with a rate of 1e9 / rate_L (ns per
+ *       inner step, truncated); slack = median over live learners of med_L
+ *       (below): the fleet's typical push period. (Not the measured interval
+ *       between closes: that feeds back on itself -- a policy that closes
+ *       rounds early measures a small slack and keeps closing early.)
+ *     Prediction of L for f, by the SCHEDULE when H > 0 and L reported a
+ *     rate > 0 (dl_policy_learner_progress), else by INTERVALS:
+ *       schedule: learners push f after inner step s when dl_plan_due(s, f, H,
+ *         P) (core/plan.h). r = L's reported step, t_r its time, rate_L its
+ *         rate; a_f = the step of L's last push of f since it (re)joined: its
+ *         step extrapolated to that push's arrival, r + floor((arrival - t_r)
+ *         * rate_L), snapped down to the latest step <= it at which f was due
+ *         (dloco's learners send a Heartbeat right before every Push, so that
+ *         is the push's step even when it left a few steps late or was owed).
+ *         next = the smallest s >= max(r, a_f + 1, 1) with dl_plan_due (no
+ *         a_f: max(r, 1)); s >= r, not > r, so a push still on the wire after
+ *         its Heartbeat is waited for.
+ *         point = t_r + (next - r) * 1e9 / rate_L (truncated; it may lie
+ *         before the evaluation time: overdue),
+ *         margin_L = max(one step of L (1e9 / rate_L, truncated),
+ *         mad_k * mad_L when L has an interval): a push leaves after its
+ *         step completes, and the heartbeat's rate is a recent average.
+ *         A learner with no push history IS predicted: its first push of f is
+ *         at step offset_f (or H). With in-phase learners every push of f of
+ *         a period is predicted inside the cap of that period's round, so each
+ *         period's pushes of f make one round; a learner out of phase by more
+ *         than tau_steps (predicted beyond the cap) is not waited for: its push
+ *         opens or joins the next round of f and is merged with its staleness
+ *         (and its share, below).
+ *       intervals: point = last arrival of L's push of f + med_L,
+ *         margin_L = max(mad_k * mad_L, med_L / 32) (the floor keeps perfectly
+ *         periodic learners, MAD 0, from missing by a nanosecond of jitter);
+ *         no interval or no earlier push of f: no prediction.
  *       med_L, mad_L: median and median absolute deviation (ns) of L's last
  *         DL_POLICY_HIST push intervals. An interval is the gap between two
  *         consecutive pushes of the SAME fragment by L; intervals of all
  *         fragments are pooled per learner, since every fragment has the same
  *         period (H inner steps). Medians of an even count are the floor of the
  *         mean of the two middle values.
- *       margin_L = max(mad_k * mad_L, med_L / 32)  (the floor keeps perfectly
- *         periodic learners, MAD 0, from missing by a nanosecond of jitter)
- *       slack = the fleet's typical push period: median over live learners
- *         of med_L, i.e. the typical interval between merges of a fragment
- *         when each round collects every learner once. (Not the measured
- *         interval between closes: that feeds back on itself -- a policy that
- *         closes rounds early measures a small slack and keeps closing early;
- *         in the straggler simulation every push became its own round.)
- *         Until some learner has an interval, the cap is grace_cap_ns alone.
- *         gamma * slack is truncated to ns.
- *     A learner is waited for iff point <= cap and until >= the evaluation
- *     time (not already overdue). A learner with no interval yet, no earlier
- *     push of f, or one that is slow (a 1/4-speed learner's point lies a whole
- *     long period ahead) is therefore NOT waited for; its push joins a later
+ *       until = min(point + margin_L, cap).
+ *     A learner is waited for iff it has a prediction, point <= cap and until
+ *     >= the evaluation time (not already overdue). A learner without a
+ *     prediction, or one that is slow (a 1/4-speed learner's point lies a whole
+ *     long period ahead), is therefore NOT waited for; its push joins a later
  *     round of f with its staleness and token weight.
  *   - the round closes at max(until) over the waited-for learners
  *     (GRACE_EXPIRED, or CAP when that maximum is the cap); at once when
  *     nobody is waited for: ALL_IN if every expected learner has contributed
- *     (early close), else PREDICTED_NONE. Each push, death or join
- *     re-evaluates, so the round closes ALL_IN the moment the last awaited
- *     learner arrives or the awaited one dies.
+ *     (early close), else PREDICTED_NONE. Each push, progress report, death
+ *     or join re-evaluates, so the round closes ALL_IN the moment the last
+ *     awaited learner arrives or the awaited one dies.
+ *   With H = 0 (unknown) progress reports change nothing: every rule above
+ *   is the interval one, as before H existed.
  * SYNC: barrier over every REGISTERED learner, dead or alive (no elasticity:
  *   a dead learner stalls the fragment until it comes back or says bye; this
  *   is the baseline the goodput report compares against). SYNC_ELASTIC:
@@ -73,6 +100,26 @@
  *
  * Weights (computed at close): w = tokens^2 / steps * s(staleness),
  * staleness = version the round merges onto - base version of the push.
+ * Weights are normalised within a round, so s() alone cannot scale a round
+ * of one contribution: that is the share's job.
+ *
+ * Share (computed at close, any kind; docs/ARCHITECTURE.md "Outer step:
+ * share scaling"): the fraction of a full outer step the round applies.
+ *   expected = sum over live learners L of H * tps_L when H > 0, where tps_L =
+ *     tokens / steps of L's latest POOLED push (any fragment; the caller
+ *     calls dl_policy_push only for pushes its guards passed, and rejected or
+ *     dropped pushes do not count), else L's reported tokens / step (a report
+ *     with step > 0 and tokens > 0), else the mean tps of the live learners
+ *     that have one (0 when none has);
+ *     when H = 0: sum over live learners of the tokens of their latest POOLED
+ *     push of f.
+ *   share = min(1, sum over contributions of tokens * s(staleness) / expected),
+ *     1 when expected is 0.
+ *   So over a period in which every live learner contributes once with H
+ *   steps' tokens at staleness 0 (const s), the shares of f's rounds sum to 1
+ *   however the pushes split into rounds; a single contribution is scaled by
+ *   s(its staleness) times its fraction of the fleet's tokens.
+ *
  * A push is dropped (learner told to rebase) when its staleness against the
  * version it would be merged onto (current version, +1 while a round of f is
  * in flight) exceeds max_staleness. Versions advance by exactly 1 per merge.
@@ -112,6 +159,9 @@ typedef struct {
     dl_policy_sfn sfn;     /* staleness factor */
     double sfn_a, sfn_b;   /* its parameters: poly a in [0, 64]; hinge a in [0, 1e6], b in [0, 1e9] */
     int max_learners;      /* learner slots (memory bound), [1, DL_POLICY_MAX_LEARNERS] */
+    int H;                 /* inner steps per period (push schedule, core/plan.h), [0, 1e6]; 0 = unknown: the
+                              interval rules only. Cannot change at runtime */
+    double tau_steps;      /* grace slack in inner steps (config row grace_steps), (0, 1e6] */
 } dl_policy_cfg;
 
 /* Immediate fate of one push. */
@@ -183,6 +233,10 @@ typedef struct {
     int64_t deadline_ns;    /* when the round was due */
     int64_t closed_ns;      /* the poll time that closed it (>= deadline_ns) */
     int n_missing;          /* expected learners that did not contribute */
+    /* Share of a full outer step (see "Share" above), computed at close. */
+    double scaled_tokens;   /* sum over contributions of tokens * sfactor */
+    double expected_tokens; /* expected tokens of a full period of the fragment, 0 when nothing is known */
+    double share;           /* min(1, scaled_tokens / expected_tokens); 1 when expected_tokens is 0 */
 } dl_policy_round;
 
 typedef struct {
@@ -195,7 +249,7 @@ typedef struct dl_policy dl_policy;
 
 /* ---- configuration */
 /* Defaults: DECOUPLED, K 1, grace cap 5 s, gamma 0.5, mad_k 3, max_staleness 8,
- * poly a 0.5, 1024 learners. */
+ * poly a 0.5, 1024 learners, H 0 (unknown), tau_steps 4. */
 void dl_policy_cfg_default(dl_policy_cfg *out);
 /* 0, or DL_EINVAL with a one-line reason in why (and dl_errmsg()). */
 int dl_policy_cfg_check(const dl_policy_cfg *cfg, char *why, size_t cap);
@@ -218,9 +272,10 @@ double dl_policy_weight(const dl_policy_cfg *cfg, int64_t steps, int64_t tokens,
 int dl_policy_open(const dl_policy_cfg *cfg, int num_fragments, dl_policy **out);
 void dl_policy_close(dl_policy **p);
 /* Runtime reload (SIGHUP): replace the hyper-parameters that can safely
- * change (quorum, grace cap, gamma, mad_k, max_staleness, staleness function
- * and its parameters). DL_EINVAL (running values untouched) if cfg fails
- * dl_policy_cfg_check or changes kind or max_learners. */
+ * change (quorum, grace cap, gamma, mad_k, tau_steps, max_staleness,
+ * staleness function and its parameters). DL_EINVAL (running values
+ * untouched) if cfg fails dl_policy_cfg_check or changes kind, max_learners
+ * or H. */
 int dl_policy_reconfigure(dl_policy *p, const dl_policy_cfg *cfg);
 const dl_policy_cfg *dl_policy_get_cfg(const dl_policy *p);
 
@@ -242,6 +297,16 @@ int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_le
  * new learner: 0 (also for an unknown id); DL_EINVAL while it is live;
  * DL_EAGAIN while it has pooled pushes (try again after they merged). */
 int dl_policy_learner_forget(dl_policy *p, uint32_t id);
+/* Progress report of learner id (dloco-sync: every plausible Heartbeat; a
+ * learner sends one right before every Push): its latest completed inner
+ * step, cumulative tokens, and step rate in steps/s (<= 0, NaN or >= 1e12 =
+ * unknown). Feeds the schedule prediction and the share's tokens per step;
+ * re-evaluates every open round. A step lower than the previous report's (a
+ * learner that restarted its count) forgets the steps of its last pushes
+ * (a_f above). DL_ENOTFOUND for an id not registered. Does not change
+ * liveness. */
+int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_t tokens, double steps_per_s,
+                               int64_t now);
 int dl_policy_live_count(const dl_policy *p);
 /* Membership of learner id: the one record of who is live, dead or gone
  * (the synchronizer's registry keeps counters and times, never a copy). */
@@ -271,13 +336,17 @@ void dl_policy_committed(dl_policy *p, int fragment, uint64_t new_version, int64
 void dl_policy_abandon(dl_policy *p, int fragment, int64_t now);
 
 /* ---- introspection (status page, tests) */
-/* Prediction of learner id's next push of fragment: 0 with point/margin in ns,
- * DL_ENOTFOUND when there is none (unknown learner, no interval, no earlier push). */
+/* Prediction of learner id's next push of fragment: 0 with point/margin in ns
+ * (either rule above; point may lie before the latest time seen: overdue),
+ * DL_ENOTFOUND when there is none (unknown learner; under the interval rule
+ * no interval or no earlier push). */
 int dl_policy_prediction(const dl_policy *p, uint32_t id, int fragment, int64_t *point_ns, int64_t *margin_ns);
 /* Slack in ns (definition above; the same for every fragment), 0 when unknown. */
 int64_t dl_policy_slack_ns(const dl_policy *p);
+/* Fleet step time in ns (definition above), 0 when unknown or H is 0. */
+int64_t dl_policy_step_ns(const dl_policy *p);
 void dl_policy_get_stats(const dl_policy *p, dl_policy_stats *out);
-/* One line: "frag 3 v12->13 close=all-in n=4 missing=0 wsum=... [id:stale:w ...]". */
+/* One line: "frag 3 v12->13 close=all-in n=4 missing=0 wsum=... share=... [id:stale:w ...]". */
 void dl_policy_round_format(const dl_policy_round *r, char *buf, size_t cap);
 
 #endif

@@ -137,6 +137,7 @@ int dl_report_tunables_diff(const dl_sync_tunables *a, const dl_sync_tunables *b
     CHANGED("grace_cap_ms", "%lld", (long long)(x->grace_cap_ns / 1000000), (long long)(y->grace_cap_ns / 1000000));
     CHANGED("gamma", "%g", x->gamma, y->gamma);
     CHANGED("mad_k", "%g", x->mad_k, y->mad_k);
+    CHANGED("grace_steps", "%g", x->tau_steps, y->tau_steps);
     CHANGED("max_staleness", "%lld", (long long)x->max_staleness, (long long)y->max_staleness);
     if (x->sfn != y->sfn)
         add(&d, "%sstaleness %s -> %s", d.n ? ", " : " ", dl_policy_sfn_name(x->sfn), dl_policy_sfn_name(y->sfn));

@@ -16,7 +16,6 @@ void dl_round_assemble(const dl_policy_round *r, const dl_round_in *in, dl_round
     snprintf(rec->staleness_fn, sizeof rec->staleness_fn, "%s", in->staleness_fn);
     rec->n_contrib = (uint32_t)(r->n + in->n_asides);
     rec->contrib = dl_xcalloc(rec->n_contrib ? rec->n_contrib : 1, sizeof(dl_merge_contrib));
-    double round_tokens = 0;
     for (int i = 0; i < r->n; i++) {
         const dl_policy_contrib *c = &r->contribs[i];
         dl_merge_contrib *mc = &rec->contrib[i];
@@ -28,11 +27,10 @@ void dl_round_assemble(const dl_policy_round *r, const dl_round_in *in, dl_round
         mc->weight = r->weight_sum > 0 ? c->weight / r->weight_sum : 0;
         mc->decision = DL_MERGE_MERGED;
         snprintf(mc->reason, sizeof mc->reason, "%s", c->learner_dead ? "merged (learner dead)" : "");
-        round_tokens += (double)c->tokens;
         out->applied_tokens += (uint64_t)c->tokens;
     }
     for (int i = 0; i < in->n_asides; i++) rec->contrib[r->n + i] = in->asides[i];
-    out->share = in->fleet_tokens > round_tokens ? round_tokens / in->fleet_tokens : 1.0;
+    out->share = r->share;
 }
 
 void dl_round_out_free(dl_round_out *o)

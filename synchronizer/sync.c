@@ -556,13 +556,10 @@ static const char *id_of_slot(void *ctx, uint32_t slot)
 static void submit_round(dl_sync *s, const dl_policy_round *r)
 {
     int p = r->fragment;
-    double fleet = 0;
-    for (int i = 0; i < dl_registry_count(s->reg); i++)
-        if (dl_registry_get(s->reg, i)->used && member(s, i) == DL_POLICY_MEMBER_LIVE)
-            fleet += (double)dl_registry_get(s->reg, i)->last_push_tokens;
+    /* the share is the policy's (policy.h "Share"): per fragment, from pushes
+     * that passed the guards */
     dl_round_in in = {.epoch = s->epoch,
                       .staleness_fn = dl_policy_sfn_name(s->cfg.policy.sfn),
-                      .fleet_tokens = fleet,
                       .learner_id = id_of_slot,
                       .ctx = s,
                       .asides = s->aside[p],
@@ -1398,6 +1395,9 @@ static void on_heartbeat(dl_sync *s, int slot, dl_registry_learner *l, const Dlo
     l->tokens = hb->tokens;
     l->steps_per_s = hb->steps_per_s;
     dl_ledger_progress(s->ledger, slot, l->step, l->tokens, hb->discarded_tokens);
+    /* the schedule prediction and the share's tokens per step (policy.h) */
+    dl_policy_learner_progress(s->policy, (uint32_t)slot, l->step, l->tokens, l->steps_per_s, now);
+    schedule(s);
 }
 
 static void on_message(dl_sync *s, dl_wire_msg *msg)

@@ -170,10 +170,10 @@ static void test_round(void)
         {.learner = 2, .handle = 9, .base_version = 3, .steps = 4, .tokens = 32, .staleness = 1, .weight = 1,
          .learner_dead = 1},
     };
-    dl_policy_round r = {.fragment = 1, .version = 4, .n = 2, .contribs = cs, .weight_sum = 4};
+    dl_policy_round r = {.fragment = 1, .version = 4, .n = 2, .contribs = cs, .weight_sum = 4, .share = 0.5};
     dl_merge_contrib aside = {.learner_id = "beta", .base_version = 0, .tokens = 16,
                               .decision = DL_MERGE_DROPPED_STALE};
-    dl_round_in in = {.epoch = 5, .staleness_fn = "poly", .fleet_tokens = 192, .learner_id = id_of,
+    dl_round_in in = {.epoch = 5, .staleness_fn = "poly", .learner_id = id_of,
                       .asides = &aside, .n_asides = 1};
     dl_round_out o;
     dl_round_assemble(&r, &in, &o);
@@ -189,12 +189,12 @@ static void test_round(void)
     CHECK_NEAR(o.share, 0.5, 1e-15);
     CHECK_EQ(o.applied_tokens, 96);
     dl_round_out_free(&o);
-    in.fleet_tokens = 50; /* the round has more than the fleet's latest pushes: a full step */
+    r.share = 1.0; /* the policy's share, as it is */
     dl_round_assemble(&r, &in, &o);
     CHECK_NEAR(o.share, 1.0, 0);
     dl_round_out_free(&o);
     dl_round_out_free(&o);
-    printf("ok: round: record with normalised weights, dead-learner reason, asides after the merged; share 0.5 / capped 1\n");
+    printf("ok: round: record with normalised weights, dead-learner reason, asides after the merged; the policy's share\n");
 }
 
 /* A shard owning 2 of 5 fragments settles only their pushes: a learner's

@@ -3,6 +3,7 @@
 #include "synchronizer/policy.h"
 
 #include "core/err.h"
+#include "core/plan.h"
 #include "core/rng.h"
 #include "tests/check.h"
 
@@ -682,6 +683,350 @@ static void test_capacity(void)
     dl_policy_close(&p);
 }
 
+/* ------------------------------------------------------------------ schedule-driven rounds (H > 0) */
+
+#define SCH_H 64
+#define SCH_P 4
+#define SCH_STEP (100 * MS) /* 10 steps/s */
+#define SCH_PERIODS 4
+
+static void progress(dl_policy *p, uint32_t id, int64_t step, int64_t tokens, double rate, int64_t t)
+{
+    CHECK_EQ(dl_policy_learner_progress(p, id, (uint64_t)step, (uint64_t)tokens, rate, t), 0);
+}
+
+typedef struct {
+    int64_t t;
+    uint32_t id;
+    int64_t step;
+} sch_ev;
+
+static int sch_cmp(const void *a, const void *b)
+{
+    const sch_ev *x = a, *y = b;
+    return (x->t > y->t) - (x->t < y->t);
+}
+
+typedef struct {
+    int n_rounds, n_in_phase, n_alone, n_joined, bad; /* n_joined: learner 4 inside an in-phase round */
+    double share_in[SCH_P][SCH_PERIODS + 1], share_alone[SCH_P][SCH_PERIODS + 1];
+} sch_res;
+
+/* Learners 0..3 in phase (+2 ms each) at 10 steps/s, tokens per step 256;
+ * mode 1: learner 4 (512 tokens per step) runs 32 steps + 1 ms behind; mode
+ * 2: learner 4 is a straggler at 1/4 speed (2.5 steps/s), for a quarter of
+ * the steps. Each learner reports progress (a Heartbeat) at its start and right
+ * before every push; a push of f carries the steps since its previous push
+ * of f (or since the start) and is relative to the version it adopted last
+ * (contributors adopt the merge of their push). Every round is committed as
+ * soon as it closes. */
+static void sch_sim(int mode, sch_res *o)
+{
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 1, c.H = SCH_H, c.tau_steps = 4, c.grace_cap_ns = 5000 * MS, c.sfn = DL_POLICY_SFN_CONST;
+    dl_policy *p = mk(&c, SCH_P);
+    memset(o, 0, sizeof *o);
+    const int nl = mode ? 5 : 4;
+    int64_t phase[5] = {0, 2 * MS, 4 * MS, 6 * MS, mode == 1 ? 32 * SCH_STEP + MS : MS};
+    int64_t tps[5] = {256, 256, 256, 256, 512};
+    int64_t step_ns[5] = {SCH_STEP, SCH_STEP, SCH_STEP, SCH_STEP, mode == 2 ? 4 * SCH_STEP : SCH_STEP};
+    double rate[5] = {10, 10, 10, 10, mode == 2 ? 2.5 : 10};
+    static sch_ev ev[5 * SCH_H * SCH_PERIODS];
+    int ne = 0;
+    for (uint32_t i = 0; i < (uint32_t)nl; i++)
+        for (int64_t s = 0; s <= SCH_H * SCH_PERIODS / (step_ns[i] / SCH_STEP); s++) {
+            int due = s == 0;
+            for (int f = 0; f < SCH_P; f++) due |= dl_plan_due(s, f, SCH_H, SCH_P);
+            if (due) ev[ne++] = (sch_ev){phase[i] + s * step_ns[i], i, s};
+        }
+    qsort(ev, (size_t)ne, sizeof *ev, sch_cmp);
+    uint64_t adopted[5][SCH_P] = {{0}};
+    int64_t last_step[5][SCH_P] = {{0}};
+    dl_policy_round r;
+    for (int e = 0; e <= ne; e++) {
+        int64_t t = e < ne ? ev[e].t : INT64_MAX;
+        for (;;) {
+            int64_t d = dl_policy_next_deadline(p);
+            if (d > t || d == DL_POLICY_NEVER) break;
+            if (!dl_policy_poll(p, d, &r)) break;
+            int in = 0, alone = 0;
+            int64_t last_arrival = 0, step = 0;
+            for (int k = 0; k < r.n; k++) {
+                const dl_policy_contrib *ct = &r.contribs[k];
+                adopted[ct->learner][r.fragment] = r.version + 1;
+                in += ct->learner < 4, alone += ct->learner == 4;
+                if (ct->arrival_ns > last_arrival) last_arrival = ct->arrival_ns;
+                if (ct->learner < 4 || !step) step = last_step[ct->learner][r.fragment];
+            }
+            int period = (int)((step - 1) / SCH_H); /* 0-based period of the pushes' step */
+            o->n_rounds++;
+            if (in == 4) {
+                o->n_in_phase++;
+                o->n_joined += alone;
+                if (!alone) o->share_in[r.fragment][period] += r.share;
+                /* nobody waited in vain: closed at the 4th in-phase arrival */
+                if (r.closed_ns != last_arrival ||
+                    r.reason != (mode && r.n_missing ? DL_POLICY_CLOSE_PREDICTED_NONE : DL_POLICY_CLOSE_ALL_IN))
+                    o->bad++;
+            } else if (alone == 1 && !in) {
+                o->n_alone++;
+                o->share_alone[r.fragment][period] += r.share;
+                if (r.closed_ns != last_arrival) o->bad++;
+            } else {
+                o->bad++;
+                char line[512];
+                dl_policy_round_format(&r, line, sizeof line);
+                printf("    unexpected round t=%.3fms %s\n", (double)r.closed_ns / MS, line);
+            }
+            dl_policy_committed(p, r.fragment, r.version + 1, d);
+        }
+        if (e == ne) break;
+        uint32_t id = ev[e].id;
+        int64_t s = ev[e].step;
+        if (s == 0) join(p, id, t);
+        progress(p, id, s, s * tps[id], rate[id], t);
+        for (int f = 0; f < SCH_P; f++) {
+            if (!dl_plan_due(s, f, SCH_H, SCH_P)) continue;
+            int64_t steps = s - last_step[id][f];
+            last_step[id][f] = s;
+            dl_policy_verdict v;
+            CHECK_EQ(dl_policy_push(p, f, id, adopted[id][f], steps, steps * tps[id], t, (uint64_t)e, &v), 0);
+            CHECK_EQ(v.decision, DL_POLICY_POOLED);
+            CHECK_EQ(v.replaced, 0);
+        }
+    }
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    print_stats(mode == 2 ? "schedule +slow" : mode ? "schedule +oop" : "schedule", p);
+    dl_policy_close(&p);
+}
+
+static void test_schedule_gather(void)
+{
+    printf("schedule-driven rounds: 4 in-phase learners, K=1, H=%d, P=%d, %d periods\n", SCH_H, SCH_P, SCH_PERIODS);
+    static sch_res o;
+    /* (a) every round of every fragment gathers all 4, closing ALL_IN at the 4th arrival */
+    sch_sim(0, &o);
+    printf("  in phase: %d rounds, %d with all 4, bad %d\n", o.n_rounds, o.n_in_phase, o.bad);
+    CHECK_EQ(o.n_rounds, SCH_P * SCH_PERIODS);
+    CHECK_EQ(o.n_in_phase, SCH_P * SCH_PERIODS);
+    CHECK_EQ(o.bad, 0);
+    /* shares: a first push carries offset_f steps (a partial period), later ones H */
+    for (int f = 0; f < SCH_P; f++) {
+        int64_t off = (int64_t)f * SCH_H / SCH_P;
+        CHECK_REL(o.share_in[f][0], off ? (double)off / SCH_H : 1.0);
+        for (int k = 1; k < SCH_PERIODS; k++) CHECK_REL(o.share_in[f][k], 1.0);
+    }
+    /* a learner 32 steps out of phase is predicted beyond the cap (q + 4 steps):
+     * the in-phase rounds do not wait for it, and its pushes close their own
+     * rounds at once; each fragment's shares of a full period still sum to 1 */
+    sch_sim(1, &o);
+    printf("  + out of phase: %d rounds, %d in-phase, %d alone, bad %d; shares of a period %.4f + %.4f\n", o.n_rounds,
+           o.n_in_phase, o.n_alone, o.bad, o.share_in[0][2], o.share_alone[0][2]);
+    CHECK_EQ(o.n_in_phase, SCH_P * SCH_PERIODS);
+    CHECK_EQ(o.n_alone, o.n_rounds - o.n_in_phase);
+    CHECK(o.n_alone >= SCH_P * (SCH_PERIODS - 1), "alone %d", o.n_alone);
+    CHECK_EQ(o.n_joined, 0);
+    CHECK_EQ(o.bad, 0);
+    for (int f = 0; f < SCH_P; f++)
+        for (int k = 2; k < SCH_PERIODS; k++) { /* periods in which both sides push H steps' worth */
+            CHECK_REL(o.share_in[f][k], 2.0 / 3.0); /* 4 x 256 of 4 x 256 + 512 tokens per step */
+            CHECK_REL(o.share_alone[f][k], 1.0 / 3.0);
+            CHECK_REL(o.share_in[f][k] + o.share_alone[f][k], 1.0);
+        }
+    /* a straggler at 1/4 speed is never waited for (predicted a long period
+     * ahead); the in-phase rounds close at the 4th arrival as without it */
+    sch_sim(2, &o);
+    printf("  + straggler at 1/4 speed: %d rounds, %d in-phase (%d with the straggler), %d alone, bad %d\n",
+           o.n_rounds, o.n_in_phase, o.n_joined, o.n_alone, o.bad);
+    CHECK_EQ(o.n_in_phase, SCH_P * SCH_PERIODS);
+    CHECK_EQ(o.n_alone + o.n_in_phase, o.n_rounds);
+    CHECK_EQ(o.n_alone + o.n_joined, SCH_P); /* its pushes: one period's worth */
+    CHECK_EQ(o.bad, 0);
+}
+
+/* (b) a learner with no push history is waited for; (c) cap = q + tau steps. */
+static void test_schedule_predict(void)
+{
+    printf("schedule prediction: no push history, cap = q + tau steps\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 1, c.H = 64, c.tau_steps = 4, c.grace_cap_ns = 5000 * MS;
+    dl_policy *p = mk(&c, 4);
+    join(p, 0, 0), join(p, 1, 0);
+    int64_t pt, mg;
+    CHECK_EQ(dl_policy_prediction(p, 1, 1, &pt, &mg), DL_ENOTFOUND); /* no report yet */
+    CHECK_EQ(dl_policy_learner_progress(p, 7, 0, 0, 10, 0), DL_ENOTFOUND);
+    progress(p, 0, 0, 0, 10.0, 0);
+    progress(p, 1, 0, 0, 10.0, 0);
+    CHECK_EQ(dl_policy_step_ns(p), 100 * MS);
+    /* learner 1 has never pushed: its first push of fragment 1 is due at step 16 */
+    CHECK_EQ(dl_policy_prediction(p, 1, 1, &pt, &mg), 0);
+    CHECK_EQ(pt, 1600 * MS);
+    CHECK_EQ(mg, 100 * MS); /* one step */
+    CHECK_EQ(dl_policy_prediction(p, 1, 0, &pt, &mg), 0);
+    CHECK_EQ(pt, 6400 * MS); /* offset 0: first due at step H */
+    progress(p, 0, 16, 16 * 256, 10.0, 1600 * MS);
+    push(p, 1, 0, 0, 16, 16 * 256, 1600 * MS, 1);
+    /* cap = 1600 + min(5000, 4 x 100) = 2000 ms; learner 1 until 1700 ms */
+    CHECK_EQ(dl_policy_next_deadline(p), 1700 * MS);
+    CHECK_EQ(dl_policy_prediction(p, 0, 1, &pt, &mg), 0);
+    CHECK_EQ(pt, 8000 * MS); /* learner 0's next push of fragment 1: step 80 */
+    progress(p, 1, 16, 16 * 256, 10.0, 1650 * MS); /* its Heartbeat, the push still on the wire */
+    CHECK_EQ(dl_policy_next_deadline(p), 1750 * MS);
+    push(p, 1, 1, 0, 16, 16 * 256, 1660 * MS, 2);
+    dl_policy_round r = close_one(p, 1660 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.n, 2);
+    CHECK_EQ(r.cap_ns, 2000 * MS);
+    CHECK_REL(r.share, 0.25); /* 2 x 16 x 256 of 2 x 64 x 256 */
+    CHECK_REL(r.expected_tokens, 2.0 * 64 * 256);
+    dl_policy_committed(p, 1, 1, 1660 * MS);
+    /* a learner counting again from step 3 (restarted) is due at step 16 again */
+    CHECK_EQ(dl_policy_prediction(p, 1, 1, &pt, &mg), 0);
+    CHECK_EQ(pt, 1650 * MS + 64 * 100 * MS); /* step 80 */
+    progress(p, 1, 3, 3 * 256, 10.0, 1700 * MS);
+    CHECK_EQ(dl_policy_prediction(p, 1, 1, &pt, &mg), 0);
+    CHECK_EQ(pt, 1700 * MS + 13 * 100 * MS);
+    dl_policy_close(&p);
+
+    /* (c) learner 0 at 12.8 steps/s reaches step 16 at 1250 ms; learner 1 at
+     * 10/s is predicted at 1600 ms. Fleet step = median(78.125, 100) ms =
+     * 89.0625 ms, cap = 1250 + 4 x 89.0625 = 1606.25 ms: point 1600 <= cap,
+     * until 1700 > cap, so the round closes at the cap. */
+    p = mk(&c, 4);
+    join(p, 0, 0), join(p, 1, 0);
+    progress(p, 0, 0, 0, 12.8, 0);
+    progress(p, 1, 0, 0, 10.0, 0);
+    CHECK_EQ(dl_policy_step_ns(p), 89062500);
+    progress(p, 0, 16, 16 * 256, 12.8, 1250 * MS);
+    push(p, 1, 0, 0, 16, 16 * 256, 1250 * MS, 1);
+    CHECK_EQ(dl_policy_next_deadline(p), 1606250 * US);
+    r = close_one(p, 1606250 * US);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_CAP);
+    CHECK_EQ(r.cap_ns, 1606250 * US);
+    CHECK_EQ(r.n, 1);
+    dl_policy_committed(p, 1, 1, 1606250 * US);
+    /* tau 2 (a reload): cap = q + 178.125 ms, learner 1 (1 step behind at
+     * its next push, 1 s after learner 0's) is beyond it: not waited for */
+    dl_policy_cfg c2 = c;
+    c2.tau_steps = 2;
+    CHECK_EQ(dl_policy_reconfigure(p, &c2), 0);
+    c2.H = 32;
+    CHECK_EQ(dl_policy_reconfigure(p, &c2), DL_EINVAL);
+    c2 = c, c2.tau_steps = 0;
+    CHECK_EQ(dl_policy_cfg_check(&c2, NULL, 0), DL_EINVAL);
+    c2 = c, c2.H = -1;
+    CHECK_EQ(dl_policy_cfg_check(&c2, NULL, 0), DL_EINVAL);
+    push(p, 1, 1, 0, 16, 16 * 256, 1700 * MS, 2); /* learner 1 late for round 1 (no report): alone */
+    r = close_one(p, 1700 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_PREDICTED_NONE);
+    CHECK_EQ(r.n, 1);
+    dl_policy_committed(p, 1, 2, 1700 * MS);
+    /* next period: learner 0 at step 80 at 6250 ms, learner 1 predicted at
+     * 1700 ms + (80 - 16) x 100 ms = 8100 ms > cap 6428.125 ms */
+    progress(p, 0, 80, 80 * 256, 12.8, 6250 * MS);
+    progress(p, 1, 17, 17 * 256, 10.0, 1700 * MS); /* an old report (times never go back: treated as now) */
+    push(p, 1, 0, 1, 64, 64 * 256, 6250 * MS, 3);
+    r = close_one(p, 6250 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_PREDICTED_NONE);
+    CHECK_EQ(r.cap_ns, 6250 * MS + 178125 * US);
+    dl_policy_committed(p, 1, 3, 6250 * MS);
+    dl_policy_close(&p);
+}
+
+/* (d) share per fragment from pooled pushes only. */
+static void test_share(void)
+{
+    printf("share: expected tokens of a full period from pooled pushes, staleness in single rounds\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 1, c.H = 64, c.tau_steps = 4, c.grace_cap_ns = 5000 * MS, c.sfn = DL_POLICY_SFN_CONST;
+    c.max_staleness = 1;
+    dl_policy *p = mk(&c, 1);
+    const int64_t tps[4] = {100, 200, 300, 400};
+    for (uint32_t i = 0; i < 4; i++) join(p, i, 0);
+    /* learners 0, 1 at step 64; 2, 3 at step 40 (their push of the period
+     * is 2.4 s away, beyond the cap): the period lands in two rounds */
+    for (uint32_t i = 0; i < 4; i++) progress(p, i, i < 2 ? 64 : 40, (i < 2 ? 64 : 40) * tps[i], 10.0, 0);
+    push(p, 0, 0, 0, 64, 64 * tps[0], 0, 1);
+    push(p, 0, 1, 0, 64, 64 * tps[1], 1 * MS, 2);
+    dl_policy_round r = close_one(p, 1 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_PREDICTED_NONE);
+    CHECK_EQ(r.n, 2);
+    CHECK_REL(r.expected_tokens, 64.0 * 1000); /* 2, 3 by their heartbeat tokens per step */
+    double sum = r.share;
+    CHECK_REL(r.share, 0.3);
+    dl_policy_committed(p, 0, 1, 1 * MS);
+    for (uint32_t i = 2; i < 4; i++) progress(p, i, 64, 64 * tps[i], 10.0, 2400 * MS);
+    push(p, 0, 2, 0, 64, 64 * tps[2], 2400 * MS, 3); /* staleness 1 onto version 1: s = 1 (const) */
+    push(p, 0, 3, 0, 64, 64 * tps[3], 2401 * MS, 4);
+    r = close_one(p, 2401 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_PREDICTED_NONE); /* 0, 1: next push a period away */
+    CHECK_EQ(r.n, 2);
+    CHECK_REL(r.share, 0.7);
+    sum += r.share;
+    CHECK_REL(sum, 1.0);
+    dl_policy_committed(p, 0, 2, 2401 * MS);
+    /* a rejected and a dropped push with other tokens per step do not move
+     * the expected tokens (only POOLED pushes set a learner's rate) */
+    CHECK_EQ(push(p, 0, 0, 5, 64, 64 * 99999, 2500 * MS, 5).decision, DL_POLICY_REJECTED); /* future base */
+    CHECK_EQ(push(p, 0, 1, 0, 1, 99999, 2501 * MS, 6).decision, DL_POLICY_DROPPED_STALE);  /* staleness 2 > 1 */
+    push(p, 0, 0, 2, 64, 64 * tps[0], 6400 * MS, 7);
+    /* learner 1 (reported step 64 at 0 ms) is predicted at step 128 = 6400 ms */
+    CHECK_EQ(dl_policy_next_deadline(p), 6500 * MS);
+    r = close_one(p, 6500 * MS);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_GRACE_EXPIRED);
+    CHECK_REL(r.expected_tokens, 64.0 * 1000);
+    CHECK_REL(r.share, 0.1);
+    dl_policy_committed(p, 0, 3, 6500 * MS);
+    /* a learner without a pooled push or a report counts at the others' mean */
+    join(p, 9, 6500 * MS);
+    push(p, 0, 1, 3, 64, 64 * tps[1], 6600 * MS, 8);
+    r = close_one(p, 6600 * MS);
+    CHECK_REL(r.expected_tokens, 64.0 * 1250);
+    CHECK_REL(r.share, 200.0 / 1250);
+    dl_policy_committed(p, 0, 4, 6600 * MS);
+    dl_policy_close(&p);
+
+    /* a single stale contribution moves the model by s(staleness) x its fraction */
+    c.sfn = DL_POLICY_SFN_POLY, c.sfn_a = 0.5, c.max_staleness = 8;
+    p = mk(&c, 1);
+    for (uint32_t i = 0; i < 4; i++) join(p, i, 0), progress(p, i, 10, 10 * 100, 10.0, 0);
+    dl_policy_set_version(p, 0, 3);
+    push(p, 0, 0, 0, 64, 64 * 100, 0, 1);
+    r = close_one(p, 0);
+    CHECK_EQ(r.n, 1);
+    CHECK_EQ(r.contribs[0].staleness, 3);
+    CHECK_REL(r.contribs[0].weight / r.weight_sum, 1.0); /* weights stay normalised in a round */
+    CHECK_REL(r.share, 0.25 * 0.5);                      /* (1 + 3)^-0.5 of a quarter */
+    dl_policy_committed(p, 0, 4, 0);
+    dl_policy_close(&p);
+
+    /* H unknown: expected = the live learners' latest pooled tokens of the fragment */
+    dl_policy_cfg_default(&c);
+    c.sfn = DL_POLICY_SFN_CONST;
+    p = mk(&c, 2);
+    join(p, 0, 0), join(p, 1, 0);
+    progress(p, 0, 8, 800, 10.0, 0); /* no effect while H is unknown */
+    progress(p, 1, 8, 9999, 10.0, 0);
+    CHECK_EQ(dl_policy_step_ns(p), 0);
+    push(p, 0, 0, 0, 8, 800, 0, 1);
+    r = close_one(p, 0);
+    CHECK_REL(r.share, 1.0);
+    dl_policy_committed(p, 0, 1, 0);
+    push(p, 0, 1, 1, 8, 2400, 1 * MS, 2);
+    r = close_one(p, 1 * MS);
+    CHECK_REL(r.expected_tokens, 3200);
+    CHECK_REL(r.share, 0.75);
+    dl_policy_committed(p, 0, 2, 1 * MS);
+    push(p, 1, 0, 0, 8, 800, 2 * MS, 3); /* fragment 1 knows only learner 0's push */
+    r = close_one(p, 2 * MS);
+    CHECK_REL(r.share, 1.0);
+    dl_policy_committed(p, 1, 1, 2 * MS);
+    dl_policy_close(&p);
+}
+
 /* ------------------------------------------------------------------ straggler simulation */
 
 #define SIM_T (100 * MS)   /* fast learners push each fragment every 100 ms */
@@ -879,6 +1224,9 @@ int main(void)
     test_replace();
     test_sync();
     test_capacity();
+    test_schedule_gather();
+    test_schedule_predict();
+    test_share();
     test_straggler();
     return CHECK_DONE("test_policy");
 }
