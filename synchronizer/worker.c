@@ -157,6 +157,14 @@ static int encode_update(dl_worker *w, dl_job *j, int p, size_t n)
     return 0;
 }
 
+/* A merge that is not committed sends nothing: its payload goes. */
+static void drop_update(dl_job *j)
+{
+    free(j->update);
+    j->update = NULL;
+    j->update_bytes = 0;
+}
+
 static void run_merge(dl_worker *w, dl_job *j)
 {
     int p = j->fragment;
@@ -173,6 +181,7 @@ static void run_merge(dl_worker *w, dl_job *j)
     if (dl_guard_params_max(j->param_abs_max, p, w->scratch_params, n, why, sizeof why)) {
         j->rc = DL_ECORRUPT;
         snprintf(j->err, sizeof j->err, "merged %s; not committed", why);
+        drop_update(j);
         return;
     }
     int finite = 0;
@@ -180,9 +189,7 @@ static void run_merge(dl_worker *w, dl_job *j)
     j->rc = store_write(w, j);
     if (j->rc) {
         snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
-        free(j->update);
-        j->update = NULL;
-        j->update_bytes = 0;
+        drop_update(j);
         return;
     }
     /* committed: the in-memory global follows (the loop reads it only after
