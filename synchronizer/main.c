@@ -318,6 +318,8 @@ int main(int argc, char **argv)
     if (strlen(c.run_id) < 1 || strlen(c.run_id) > 64)
         return fail("bad configuration", dl_err(DL_EINVAL, "option run_id: must be 1..64 characters"));
     if ((rc = check_timeouts(&c))) return fail("bad configuration", rc);
+    dl_codec_enc update;
+    if ((rc = update_codec_of(&c, &update))) return fail("bad configuration", rc);
     if (print) {
         dl_cfg_print(table, NCFG, &c, stdout);
         return 0;
@@ -363,7 +365,7 @@ int main(int argc, char **argv)
     sc.peer_outbound_bytes = (uint64_t)c.peer_outbound_mb << 20;
     sc.chunk_bytes = (uint64_t)c.chunk_kb << 10;
     sc.pool_bytes = (uint64_t)c.pool_mb << 20;
-    if ((rc = update_codec_of(&c, &sc.update))) return fail("bad configuration", rc);
+    sc.update = update;
     sc.update.seed = (uint64_t)c.seed;
     sc.slow_reader_ms = (int)c.slow_reader_ms;
     snprintf(sc.metrics, sizeof sc.metrics, "%s", c.metrics);
