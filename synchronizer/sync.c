@@ -762,13 +762,15 @@ static void merge_done(dl_sync *s, dl_job *j)
                  (unsigned long long)mc->tokens, pp->compute_s, mc->weight);
         free_pending(s, j->handles[i]);
     }
-    /* every live learner holds fragment p (a shard's learners hold all of
-     * its fragments), contributor or not: it is owed nv, so nobody stays
-     * behind (an Update it is owed and not yet sent ends at the newest
-     * version anyway) */
+    /* every registered learner holds fragment p (a shard's learners hold
+     * all of its fragments), contributor or not: it is owed nv, so nobody
+     * stays behind. An Update it is owed and not yet sent ends at the newest
+     * version anyway; a dead one is served when it is heard from again
+     * (serve_all_owed serves live learners only), with whatever is newest
+     * then. */
     for (int i = 0; i < dl_registry_count(s->reg); i++) {
         dl_registry_learner *l = dl_registry_get(s->reg, i);
-        if (l->used && member(s, i) == DL_POLICY_MEMBER_LIVE) owe(s, l, p);
+        if (l->used && registered(s, i)) owe(s, l, p);
     }
     s->param_norm[p] = j->param_norm;
     s->merges++;

@@ -570,7 +570,8 @@ static uint64_t merge_hash(const char *path, int p, uint64_t v)
 /* (d) update_codec int4 (block 16): da pushes fragment 1; db, which always
  * holds v - 1, gets each version as an int4 delta (in chunks: it takes 4 KiB)
  * and its copy stays the stored fragment bit for bit (the merge event's hash);
- * dc, dead while v2 merged, gets v3 full. */
+ * dc gets v1 as a delta, then is dead while v2 and v3 merge: heard from
+ * again, it is served v3, full (it missed v2). */
 static void test_delta_downlink(void)
 {
     char evp[300];
@@ -616,7 +617,6 @@ static void test_delta_downlink(void)
                 usleep(150000);
             }
         }
-        if (v == 2) send_heartbeat(d[2], "dc"); /* alive again before v3 */
         send_heartbeat(d[1], "db");
         make_delta(x, n, (int)v);
         push_codec(d[0], "da", p, v, &fp32, x, n * 4, 0, 0, 0);
@@ -639,9 +639,10 @@ static void test_delta_downlink(void)
             CHECK(rc == 0 && ver == 1 && isd, "dc, given v0, gets v1 as a delta too");
         }
         if (v == 2) {
+            send_heartbeat(d[2], "dc"); /* alive again: what it is owed comes now */
             int rc = take_update(d[2], p, g[2], &ver, &isd, &uc);
             CHECK(rc == 0 && ver == 3 && !isd && uc.id == DL_CODEC_FP32 && memcmp(g[2], g[1], n * 4) == 0,
-                  "dc, which missed v2, gets v3 full fp32 (rc %d, version %llu, delta %d) and holds what db rebuilt",
+                  "dc, dead through v2 and v3, gets v3 full fp32 (rc %d, version %llu, delta %d), as db rebuilt it",
                   rc, (unsigned long long)ver, isd);
         }
     }
