@@ -648,6 +648,14 @@ static void test_delta_downlink(void)
     }
     printf("ok: with update_codec int4 a learner given v-1 gets chunked int4 deltas and holds the stored fragment "
            "bit for bit (merge hash); one that missed a version gets it full\n");
+    /* 3 fetch replies and dc's v3 went full; da's and db's three and dc's v1 went as deltas */
+    char *met = malloc(1 << 20);
+    usleep(1200000); /* /metrics is re-rendered every second */
+    int got = get_metrics("delta", met, 1 << 20) == 0;
+    CHECK(got && strstr(met, "dloco_sync_updates_sent_total{kind=\"full\"} 4") &&
+              strstr(met, "dloco_sync_updates_sent_total{kind=\"delta\"} 7"),
+          "metrics: 4 full and 7 delta Updates sent%s", got ? "" : " (no /metrics)");
+    free(met);
     for (int i = 0; i < 3; i++) {
         zmq_close(d[i]);
         free(g[i]);
