@@ -24,8 +24,7 @@
 
 /* Below this many elements one thread does the whole payload. */
 #define PAR_MIN ((uint64_t)1 << 16)
-/* Elements per work item of fp32/bf16 (no blocks of their own). */
-#define FLAT_CHUNK 4096u
+#define FLAT_CHUNK DL_CX_FLAT_CHUNK
 #define NONE UINT64_MAX
 
 static const char *const rounding_names[] = {"nearest", "stochastic"};
@@ -55,15 +54,7 @@ typedef struct {
 
 static uint64_t item_bytes(const dl_codec *c, uint64_t bj)
 {
-    switch (c->id) {
-    case DL_CODEC_FP32: return 4 * bj;
-    case DL_CODEC_BF16: return 2 * bj;
-    case DL_CODEC_INT8: return 4 + bj;
-    case DL_CODEC_INT4:
-    case DL_CODEC_E3M0: return 4 + (bj + 1) / 2;
-    case DL_CODEC_TOPK: return 6 * (bj < c->topk ? bj : c->topk);
-    }
-    return 0;
+    return dl_cx_item_bytes(c->id, c->topk, bj);
 }
 
 static geom geom_of(const dl_codec *c, uint64_t n)
@@ -136,7 +127,12 @@ static uint64_t enc_fp32(const float *x, float *r, uint64_t bj, uint8_t *o)
 
 static uint64_t enc_bf16(const float *x, float *r, uint64_t bj, uint8_t *o)
 {
-    if (absmax_bits(x, r, bj) > DL_CX_FINITE_MAX) return 2 * first_nonfinite(x, r, bj);
+    if (absmax_bits(x, r, bj) > DL_CX_FINITE_MAX) /* the first fault of either kind, nothing written */
+        for (uint64_t i = 0; i < bj; i++) {
+            float y = y_of(x, r, i);
+            if (!isfinite(y)) return 2 * i;
+            if ((dl_cx_bf16(y) & 0x7f80u) == 0x7f80u) return 2 * i + 1;
+        }
     int over = 0;
 #pragma omp simd reduction(| : over)
     for (uint64_t i = 0; i < bj; i++) {
@@ -253,21 +249,39 @@ static uint64_t enc_topk(const dl_codec *c, const float *x, float *r, uint64_t b
     return NONE;
 }
 
-int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n, uint64_t first, uint8_t *out)
+int dl_codec_enc_args_(const dl_codec_enc *e, uint64_t n, uint64_t first)
 {
     assert(e);
     char why[160];
-    if (dl_codec_check(&e->c, why, sizeof why)) return DL_EINVAL;
     const dl_codec *c = &e->c;
+    if (dl_codec_check(c, why, sizeof why)) return DL_EINVAL;
     if (e->rounding != DL_ROUND_NEAREST && e->rounding != DL_ROUND_STOCHASTIC)
         return dl_err(DL_EINVAL, "%s encode: unknown rounding %d", dl_codec_name(c->id), (int)e->rounding);
     if (dl_codec_is_block(c->id) && first % c->block)
         return dl_err(DL_EINVAL, "%s encode: first element %llu is not on a block of %u", dl_codec_name(c->id),
                       (unsigned long long)first, c->block);
-    if (n == 0) return 0;
+    if (n == 0) return 1;
     if (!dl_codec_bytes(c, n))
         return dl_err(DL_EINVAL, "%s encode: %llu elements have no payload size", dl_codec_name(c->id),
                       (unsigned long long)n);
+    return 0;
+}
+
+int dl_codec_enc_fail_(const dl_codec *c, uint64_t bad, uint64_t first, float x, float y)
+{
+    uint64_t i = bad / 2;
+    if (bad & 1)
+        return dl_err(DL_EINVAL, "bf16 encode: element %llu (fragment element %llu): x = %g, y = x + r is beyond bf16's range",
+                      (unsigned long long)i, (unsigned long long)(first + i), (double)x);
+    return dl_err(DL_EINVAL, "%s encode: element %llu (fragment element %llu): y = x + r = %g is not finite",
+                  dl_codec_name(c->id), (unsigned long long)i, (unsigned long long)(first + i), (double)y);
+}
+
+int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n, uint64_t first, uint8_t *out)
+{
+    int rc = dl_codec_enc_args_(e, n, first);
+    if (rc) return rc < 0 ? rc : 0;
+    const dl_codec *c = &e->c;
     assert(x && out);
     geom g = geom_of(c, n);
     uint64_t bad = NONE;
@@ -285,15 +299,7 @@ int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n,
         }
         if (b != NONE && 2 * i0 + b < bad) bad = 2 * i0 + b;
     }
-    if (bad != NONE) {
-        uint64_t i = bad / 2;
-        if (bad & 1)
-            return dl_err(DL_EINVAL, "bf16 encode: element %llu (fragment element %llu): x = %g, y = x + r is beyond bf16's range",
-                          (unsigned long long)i, (unsigned long long)(first + i), (double)x[i]);
-        return dl_err(DL_EINVAL, "%s encode: element %llu (fragment element %llu): y = x + r = %g is not finite",
-                      dl_codec_name(c->id), (unsigned long long)i, (unsigned long long)(first + i),
-                      (double)y_of(x, r, i));
-    }
+    if (bad != NONE) return dl_codec_enc_fail_(c, bad, first, x[bad / 2], y_of(x, r, bad / 2));
     return 0;
 }
 
@@ -472,19 +478,34 @@ static void dec_item(const dl_codec *c, const uint8_t *p, uint64_t bj, const flo
     }
 }
 
-static int decode(const dl_codec *c, const uint8_t *in, size_t len, uint64_t n, const float *base, float *out)
+int dl_codec_dec_args_(const dl_codec *c, size_t len, uint64_t n)
 {
     assert(c);
     char why[200];
     if (dl_codec_check(c, why, sizeof why)) return DL_EINVAL;
+    if (n == 0 && len == 0) return 1;
     uint64_t want = dl_codec_bytes(c, n);
-    if (n == 0 && len == 0) return 0;
     if (want == 0)
         return dl_err(DL_EINVAL, "%s decode: %llu elements have no payload size", dl_codec_name(c->id),
                       (unsigned long long)n);
     if ((uint64_t)len != want)
         return dl_err(DL_EINVAL, "%s payload of %llu elements must be %llu bytes, got %zu", dl_codec_name(c->id),
                       (unsigned long long)n, (unsigned long long)want, len);
+    return 0;
+}
+
+int dl_codec_item_check_(const dl_codec *c, uint64_t j, uint64_t bj, const uint8_t *item)
+{
+    char why[200];
+    uint64_t b = dl_codec_is_block(c->id) ? c->block : FLAT_CHUNK;
+    if (check_item(c, j, j * b, item, bj, why, sizeof why)) return dl_err(DL_EINVAL, "%s", why);
+    return 0;
+}
+
+static int decode(const dl_codec *c, const uint8_t *in, size_t len, uint64_t n, const float *base, float *out)
+{
+    int rc = dl_codec_dec_args_(c, len, n);
+    if (rc) return rc < 0 ? rc : 0;
     assert(in && out);
     geom g = geom_of(c, n);
     uint64_t bad = NONE;
@@ -497,8 +518,7 @@ static int decode(const dl_codec *c, const uint8_t *in, size_t len, uint64_t n, 
     }
     if (bad != NONE) {
         uint64_t i0 = bad * g.b, bj = n - i0 < g.b ? n - i0 : g.b;
-        check_item(c, bad, i0, in + bad * g.stride, bj, why, sizeof why);
-        return dl_err(DL_EINVAL, "%s", why);
+        return dl_codec_item_check_(c, bad, bj, in + bad * g.stride);
     }
 #pragma omp parallel for schedule(static) if (par)
     for (uint64_t j = 0; j < g.nb; j++) {

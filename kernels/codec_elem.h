@@ -10,8 +10,11 @@
 
 #include <stdint.h>
 
+#include <stddef.h>
+
 #ifdef __CUDACC__
 #define DL_CX_FN static __device__ __forceinline__
+#define DL_CX_HD static __host__ __device__ __forceinline__
 #define DL_CX_MUL(a, b) __fmul_rn((a), (b))
 #define DL_CX_ADD(a, b) __fadd_rn((a), (b))
 #define DL_CX_SUB(a, b) __fsub_rn((a), (b))
@@ -22,6 +25,7 @@ DL_CX_FN float dl_cx_float(uint32_t b) { return __uint_as_float(b); }
 #else
 #include <string.h>
 #define DL_CX_FN static inline
+#define DL_CX_HD static inline
 #define DL_CX_MUL(a, b) ((a) * (b))
 #define DL_CX_ADD(a, b) ((a) + (b))
 #define DL_CX_SUB(a, b) ((a) - (b))
@@ -40,6 +44,10 @@ DL_CX_FN float dl_cx_float(uint32_t b)
     return f;
 }
 #endif
+
+/* Elements per work item of fp32/bf16 (they have no blocks): the unit of
+ * parallel work and of "the first bad item" in decode. */
+#define DL_CX_FLAT_CHUNK 4096u
 
 /* Top level of each scaled codec: the scale is absmax / top. */
 #define DL_CX_INT8_TOP 127
@@ -124,5 +132,43 @@ DL_CX_FN float dl_cx_bf16_value(uint16_t h)
 {
     return dl_cx_float((uint32_t)h << 16);
 }
+
+/* ---- work items: blocks of b elements (fp32/bf16: DL_CX_FLAT_CHUNK), the
+ * last one b_j = n - j*b may be shorter; item j starts at byte j * stride.
+ * ids are core/codec.h's (1 fp32, 2 bf16, 3 int8, 4 int4, 5 e3m0, 6 topk). */
+DL_CX_HD uint64_t dl_cx_item_bytes(int id, uint64_t topk, uint64_t bj)
+{
+    switch (id) {
+    case 1: return 4 * bj;
+    case 2: return 2 * bj;
+    case 3: return 4 + bj;
+    case 4:
+    case 5: return 4 + (bj + 1) / 2;
+    case 6: return 6 * (bj < topk ? bj : topk);
+    }
+    return 0;
+}
+
+/* Host-side helpers of kernels/codec.c that the CUDA twins share, so both
+ * backends refuse the same things with the same messages. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "kernels/codec.h"
+/* Argument checks of dl_codec_encode (codec, rounding, first on a block,
+ * size): 0 to go on, 1 when n == 0 (nothing to do), or DL_EINVAL. */
+int dl_codec_enc_args_(const dl_codec_enc *e, uint64_t n, uint64_t first);
+/* The DL_EINVAL of an element encode refuses: bad = 2 * element + why (0 y
+ * not finite, 1 beyond bf16's range); x, y its x and y = x + r. */
+int dl_codec_enc_fail_(const dl_codec *c, uint64_t bad, uint64_t first, float x, float y);
+/* Argument checks of decode (codec, len == dl_codec_bytes): 0 to go on, 1
+ * when n == 0 and len == 0, or DL_EINVAL. */
+int dl_codec_dec_args_(const dl_codec *c, size_t len, uint64_t n);
+/* 0 when work item j (its bytes at `item`, bj elements) is valid, else the
+ * DL_EINVAL naming its first fault. */
+int dl_codec_item_check_(const dl_codec *c, uint64_t j, uint64_t bj, const uint8_t *item);
+#ifdef __cplusplus
+}
+#endif
 
 #endif
