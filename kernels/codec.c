@@ -151,6 +151,61 @@ static uint64_t enc_bf16(const float *x, float *r, uint64_t bj, uint8_t *o)
     return NONE;
 }
 
+/* Elements per inner run of int4/e3m0: codes go to a small buffer, then are
+ * packed two to a byte (both loops vectorise). */
+#define RUN 256
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Codes (one per byte: int8 q, int4 q & 15, e3m0 sign|e) and residuals of m
+ * elements with scale s > 0. id, has_r and st are constants at every call
+ * site, so each combination compiles to its own branch-free vector loop. */
+INLINE void quant_run(dl_codec_id id, int has_r, int st, const float *x, float *r, uint64_t m, float s,
+                      uint64_t seed, uint64_t idx0, uint8_t *c)
+{
+#pragma omp simd
+    for (uint64_t i = 0; i < m; i++) {
+        float y = has_r ? x[i] + r[i] : x[i];
+        float ay = fabsf(y);
+        float u = st ? dl_cx_uniform(seed, idx0 + i) : 0.0f;
+        float v;
+        if (id == DL_CODEC_E3M0) {
+            int l = dl_cx_e3m0_level(ay, s, st, u);
+            unsigned nib = (unsigned)l | (l && y < 0.0f ? 8u : 0u);
+            c[i] = (uint8_t)nib;
+            v = dl_cx_e3m0_value(nib, s);
+        } else {
+            int l = dl_cx_int_level(ay, s, id == DL_CODEC_INT8 ? DL_CX_INT8_TOP : DL_CX_INT4_TOP, st, u);
+            int q = y < 0.0f ? -l : l;
+            c[i] = id == DL_CODEC_INT8 ? (uint8_t)(int8_t)q : (uint8_t)((unsigned)q & 0xfu);
+            v = (float)q * s;
+        }
+        if (has_r) r[i] = y - v;
+    }
+}
+
+INLINE void quant_block(dl_codec_id id, int has_r, int st, const float *x, float *r, uint64_t bj, float s,
+                        uint64_t seed, uint64_t idx0, uint8_t *q)
+{
+    if (id == DL_CODEC_INT8) {
+        quant_run(id, has_r, st, x, r, bj, s, seed, idx0, q);
+        return;
+    }
+    uint8_t c[RUN];
+    for (uint64_t i0 = 0; i0 < bj; i0 += RUN) {
+        uint64_t m = bj - i0 < RUN ? bj - i0 : RUN;
+        quant_run(id, has_r, st, x + i0, has_r ? r + i0 : NULL, m, s, seed, idx0 + i0, c);
+        if (m & 1) c[m] = 0; /* the padding nibble of an odd last block */
+        uint8_t *o = q + i0 / 2;
+#pragma omp simd
+        for (uint64_t p = 0; p < (m + 1) / 2; p++) o[p] = (uint8_t)(c[2 * p] | c[2 * p + 1] << 4);
+    }
+}
+
+#define QUANT_ID(ID) \
+    (r ? (st ? quant_block(ID, 1, 1, x, r, bj, s, seed, idx0, q) : quant_block(ID, 1, 0, x, r, bj, s, seed, idx0, q)) \
+       : (st ? quant_block(ID, 0, 1, x, r, bj, s, seed, idx0, q) : quant_block(ID, 0, 0, x, r, bj, s, seed, idx0, q)))
+
 /* int8 / int4 / e3m0: the scale, then the codes */
 static uint64_t enc_scaled(const dl_codec_enc *e, const float *x, float *r, uint64_t bj, uint64_t idx0,
                            uint8_t *o)
@@ -162,45 +217,18 @@ static uint64_t enc_scaled(const dl_codec_enc *e, const float *x, float *r, uint
     float s = id == DL_CODEC_INT8 ? a / (float)DL_CX_INT8_TOP : id == DL_CODEC_INT4 ? a / (float)DL_CX_INT4_TOP : a;
     memcpy(o, &s, 4);
     uint8_t *q = o + 4;
-    uint64_t codes = id == DL_CODEC_INT8 ? bj : (bj + 1) / 2;
     if (s == 0.0f) { /* absmax 0 (or an absmax so small that absmax / top underflows) */
-        memset(q, 0, codes);
+        memset(q, 0, id == DL_CODEC_INT8 ? bj : (bj + 1) / 2);
         if (r)
             for (uint64_t i = 0; i < bj; i++) r[i] = (x[i] + r[i]) - 0.0f;
         return NONE;
     }
     int st = e->rounding == DL_ROUND_STOCHASTIC;
     uint64_t seed = e->seed;
-    if (id == DL_CODEC_INT8) {
-#pragma omp simd
-        for (uint64_t i = 0; i < bj; i++) {
-            float y = y_of(x, r, i);
-            float u = st ? dl_cx_uniform(seed, idx0 + i) : 0.0f;
-            int l = dl_cx_int_level(fabsf(y), s, DL_CX_INT8_TOP, st, u);
-            int qi = y < 0.0f ? -l : l;
-            q[i] = (uint8_t)(int8_t)qi;
-            if (r) r[i] = y - (float)qi * s;
-        }
-        return NONE;
-    }
-    memset(q, 0, codes);
-    for (uint64_t i = 0; i < bj; i++) {
-        float y = y_of(x, r, i);
-        float u = st ? dl_cx_uniform(seed, idx0 + i) : 0.0f;
-        unsigned nib;
-        float v;
-        if (id == DL_CODEC_INT4) {
-            int l = dl_cx_int_level(fabsf(y), s, DL_CX_INT4_TOP, st, u);
-            int qi = y < 0.0f ? -l : l;
-            nib = (unsigned)qi & 0xfu;
-            v = (float)qi * s;
-        } else {
-            int l = dl_cx_e3m0_level(fabsf(y), s, st, u);
-            nib = l ? (unsigned)l | (y < 0.0f ? 8u : 0u) : 0u;
-            v = dl_cx_e3m0_value(nib, s);
-        }
-        q[i / 2] |= (uint8_t)(nib << (4 * (i & 1)));
-        if (r) r[i] = y - v;
+    switch (id) {
+    case DL_CODEC_INT8: QUANT_ID(DL_CODEC_INT8); break;
+    case DL_CODEC_INT4: QUANT_ID(DL_CODEC_INT4); break;
+    default: QUANT_ID(DL_CODEC_E3M0); break;
     }
     return NONE;
 }

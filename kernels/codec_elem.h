@@ -19,7 +19,6 @@
 #define DL_CX_ADD(a, b) __fadd_rn((a), (b))
 #define DL_CX_SUB(a, b) __fsub_rn((a), (b))
 #define DL_CX_DIV(a, b) __fdiv_rn((a), (b))
-#define DL_CX_FLOOR(a) floorf(a)
 DL_CX_FN uint32_t dl_cx_bits(float f) { return __float_as_uint(f); }
 DL_CX_FN float dl_cx_float(uint32_t b) { return __uint_as_float(b); }
 #else
@@ -30,7 +29,6 @@ DL_CX_FN float dl_cx_float(uint32_t b) { return __uint_as_float(b); }
 #define DL_CX_ADD(a, b) ((a) + (b))
 #define DL_CX_SUB(a, b) ((a) - (b))
 #define DL_CX_DIV(a, b) ((a) / (b))
-#define DL_CX_FLOOR(a) __builtin_floorf(a)
 DL_CX_FN uint32_t dl_cx_bits(float f)
 {
     uint32_t b;
@@ -71,15 +69,16 @@ DL_CX_FN float dl_cx_uniform(uint64_t seed, uint64_t idx)
     return (float)(uint32_t)(z >> 40) * 0x1p-24f;
 }
 
-/* int8/int4 magnitude: t = ay / s (ay = |y| <= absmax, s > 0); floor(t), one
- * up when the fraction is >= 1/2 (nearest: ties away from zero) or when u <
- * fraction (stochastic: E = t); at most top. */
+/* int8/int4 magnitude: t = ay / s (ay = |y| <= absmax, s > 0); floor(t)
+ * (truncation: t >= 0 and small), one up when the fraction is >= 1/2
+ * (nearest: ties away from zero) or when u < fraction (stochastic: E = t);
+ * at most top. */
 DL_CX_FN int dl_cx_int_level(float ay, float s, int top, int stochastic, float u)
 {
     float t = DL_CX_DIV(ay, s);
-    float f = DL_CX_FLOOR(t);
-    float frac = DL_CX_SUB(t, f); /* exact: f <= t < 2^23 */
-    int q = (int)f + (stochastic ? (u < frac) : (frac >= 0.5f));
+    int f = (int)t;
+    float frac = DL_CX_SUB(t, (float)f); /* exact: f <= t < 2^23 */
+    int q = f + (stochastic ? (u < frac) : (frac >= 0.5f));
     return q > top ? top : q;
 }
 
@@ -90,15 +89,9 @@ DL_CX_FN int dl_cx_e3m0_level(float ay, float s, int stochastic, float u)
 {
     float t = DL_CX_DIV(ay, s);
     uint32_t b = dl_cx_bits(t);
-    int E = (int)(b >> 23), lo;
-    float frac;
-    if (E < 121) { /* t < 2^-6 */
-        lo = 0;
-        frac = DL_CX_MUL(t, 64.0f);
-    } else {
-        lo = E - 120;
-        frac = DL_CX_SUB(dl_cx_float((b & 0x7fffffu) | 0x3f800000u), 1.0f);
-    }
+    int E = (int)(b >> 23), low = E < 121; /* t < 2^-6 */
+    int lo = low ? 0 : E - 120;
+    float frac = low ? DL_CX_MUL(t, 64.0f) : DL_CX_SUB(dl_cx_float((b & 0x7fffffu) | 0x3f800000u), 1.0f);
     int e = lo + (stochastic ? (u < frac) : (frac >= 0.5f));
     return e > 7 ? 7 : e;
 }
