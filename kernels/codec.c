@@ -171,7 +171,7 @@ INLINE void quant_run(dl_codec_id id, int has_r, int st, const float *x, float *
         float v;
         if (id == DL_CODEC_E3M0) {
             int l = dl_cx_e3m0_level(ay, s, st, u);
-            unsigned nib = (unsigned)l | (l && y < 0.0f ? 8u : 0u);
+            unsigned nib = dl_cx_e3m0_nib(l, y);
             c[i] = (uint8_t)nib;
             v = dl_cx_e3m0_value(nib, s);
         } else {
@@ -233,47 +233,56 @@ static uint64_t enc_scaled(const dl_codec_enc *e, const float *x, float *r, uint
     return NONE;
 }
 
-/* number of |y| keys >= t */
-static uint64_t count_ge(const float *x, const float *r, uint64_t bj, uint32_t t)
+/* number of keys >= t */
+static uint64_t count_ge(const uint32_t *key, uint64_t bj, uint32_t t)
 {
-    uint64_t c = 0;
+    uint32_t c = 0;
 #pragma omp simd reduction(+ : c)
-    for (uint64_t i = 0; i < bj; i++) c += DL_CX_ABS_BITS(dl_cx_bits(y_of(x, r, i))) >= t;
+    for (uint64_t i = 0; i < bj; i++) c += key[i] >= t;
     return c;
 }
 
+/* Elements of the key buffer on the stack; larger topk blocks use the heap. */
+#define TOPK_STACK 4096
+
 /* topk: the k_j largest |y| (ties: the lower index), in index order. The
- * threshold T is the k_j-th largest key, found by bisection on the key bits
- * (32 vector counts, no scratch); then every key > T is kept and the first
- * (k_j - #(> T)) keys == T. */
+ * keys (|y| as ordered bits) go to a buffer; the threshold T, the k_j-th
+ * largest key, is found by bisection on the key bits (vector counts),
+ * stopping early at a t with exactly k_j keys >= t (that set is the answer
+ * too); then every key > T is kept and the first (k_j - #(> T)) keys == T. */
 static uint64_t enc_topk(const dl_codec *c, const float *x, float *r, uint64_t bj, uint8_t *o)
 {
     uint32_t m = absmax_bits(x, r, bj);
     if (m > DL_CX_FINITE_MAX) return 2 * first_nonfinite(x, r, bj);
+    uint32_t stack[TOPK_STACK], *key = bj <= TOPK_STACK ? stack : dl_xmalloc(bj * sizeof *key);
+#pragma omp simd
+    for (uint64_t i = 0; i < bj; i++) key[i] = DL_CX_ABS_BITS(dl_cx_bits(y_of(x, r, i)));
     uint64_t k = bj < c->topk ? bj : c->topk;
     uint32_t lo = 0, hi = m; /* count_ge(lo) >= k always */
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo + 1) / 2;
-        if (count_ge(x, r, bj, mid) >= k)
-            lo = mid;
-        else
-            hi = mid - 1;
+        uint64_t cnt = count_ge(key, bj, mid);
+        if (cnt >= k) lo = mid;
+        if (cnt == k) break;
+        if (cnt < k) hi = mid - 1;
     }
-    uint64_t ties = k - count_ge(x, r, bj, lo + 1), w = 0;
+    uint64_t ties = k - count_ge(key, bj, lo + 1), w = 0;
     for (uint64_t i = 0; i < bj; i++) {
-        float y = y_of(x, r, i);
-        uint32_t key = DL_CX_ABS_BITS(dl_cx_bits(y));
-        int keep = key > lo || (key == lo && ties > 0);
-        if (key == lo && keep) ties--;
+        int keep = key[i] > lo || (key[i] == lo && ties > 0);
+        if (key[i] == lo && keep) ties--;
         if (keep) {
+            float y = y_of(x, r, i);
             uint16_t ix = (uint16_t)i;
             memcpy(o + 6 * w, &ix, 2);
             memcpy(o + 6 * w + 2, &y, 4);
             w++;
+            if (r) r[i] = 0.0f;
+        } else if (r) {
+            r[i] = x[i] + r[i];
         }
-        if (r) r[i] = keep ? 0.0f : y;
     }
     assert(w == k);
+    if (key != stack) free(key);
     return NONE;
 }
 
@@ -445,6 +454,59 @@ static int check_item(const dl_codec *c, uint64_t j, uint64_t i0, const uint8_t 
     return 0;
 }
 
+/* int4 / e3m0 decode, two elements per byte; e3 and has_base are constants
+ * at the call sites. */
+INLINE void dec_nibbles(int e3, int has_base, const uint8_t *p, uint64_t bj, const float *base, float *out)
+{
+    float s = ld_f32(p);
+    const uint8_t *q = p + 4;
+    uint64_t full = bj / 2;
+#pragma omp simd
+    for (uint64_t i = 0; i < full; i++) {
+        unsigned lo = q[i] & 0xfu, hi = q[i] >> 4;
+        float v0 = e3 ? dl_cx_e3m0_value(lo, s) : (float)dl_cx_nib_int(lo) * s;
+        float v1 = e3 ? dl_cx_e3m0_value(hi, s) : (float)dl_cx_nib_int(hi) * s;
+        out[2 * i] = has_base ? base[2 * i] + v0 : v0;
+        out[2 * i + 1] = has_base ? base[2 * i + 1] + v1 : v1;
+    }
+    if (bj & 1) {
+        unsigned lo = q[full] & 0xfu;
+        float v = e3 ? dl_cx_e3m0_value(lo, s) : (float)dl_cx_nib_int(lo) * s;
+        out[bj - 1] = has_base ? base[bj - 1] + v : v;
+    }
+}
+
+/* Elements per run of the topk decode: the run's sums are taken from base
+ * before the run is written (out may be base). */
+#define TOPK_RUN 1024
+
+/* topk decode: per run, out = base + 0 (or 0) for every element, then the
+ * run's entries: base + v computed before the run was overwritten. */
+static void dec_topk(const dl_codec *c, const uint8_t *p, uint64_t bj, const float *base, float *out)
+{
+    uint64_t k = bj < c->topk ? bj : c->topk, e = 0;
+    float sum[TOPK_RUN];
+    uint16_t at[TOPK_RUN];
+    for (uint64_t c0 = 0; c0 < bj; c0 += TOPK_RUN) {
+        uint64_t m = bj - c0 < TOPK_RUN ? bj - c0 : TOPK_RUN, ne = 0;
+        for (; e < k; e++, ne++) {
+            uint16_t ix;
+            memcpy(&ix, p + 6 * e, 2);
+            if (ix >= c0 + m) break;
+            float v = ld_f32(p + 6 * e + 2);
+            sum[ne] = base ? base[ix] + v : v;
+            at[ne] = ix;
+        }
+        if (base) {
+#pragma omp simd
+            for (uint64_t i = c0; i < c0 + m; i++) out[i] = base[i] + 0.0f;
+        } else {
+            memset(out + c0, 0, m * sizeof *out);
+        }
+        for (uint64_t i = 0; i < ne; i++) out[at[i]] = sum[i];
+    }
+}
+
 /* out[i] = v (base NULL) or base[i] + v, for each decoded value v of the item */
 static void dec_item(const dl_codec *c, const uint8_t *p, uint64_t bj, const float *base, float *out)
 {
@@ -477,32 +539,18 @@ static void dec_item(const dl_codec *c, const uint8_t *p, uint64_t bj, const flo
         return;
     }
     case DL_CODEC_INT4:
-    case DL_CODEC_E3M0: {
-        float s = ld_f32(p);
-        const uint8_t *q = p + 4;
-        int e3 = c->id == DL_CODEC_E3M0;
-#pragma omp simd
-        for (uint64_t i = 0; i < bj; i++) {
-            unsigned nib = (q[i / 2] >> (4 * (i & 1))) & 0xfu;
-            float v = e3 ? dl_cx_e3m0_value(nib, s) : (float)dl_cx_nib_int(nib) * s;
-            out[i] = base ? base[i] + v : v;
-        }
+        if (base)
+            dec_nibbles(0, 1, p, bj, base, out);
+        else
+            dec_nibbles(0, 0, p, bj, base, out);
         return;
-    }
-    case DL_CODEC_TOPK: {
-        uint64_t k = bj < c->topk ? bj : c->topk, e = 0;
-        uint16_t next;
-        memcpy(&next, p, 2);
-        for (uint64_t i = 0; i < bj; i++) {
-            float v = 0.0f;
-            if (e < k && next == i) {
-                v = ld_f32(p + 6 * e + 2);
-                if (++e < k) memcpy(&next, p + 6 * e, 2);
-            }
-            out[i] = base ? base[i] + v : v;
-        }
+    case DL_CODEC_E3M0:
+        if (base)
+            dec_nibbles(1, 1, p, bj, base, out);
+        else
+            dec_nibbles(1, 0, p, bj, base, out);
         return;
-    }
+    case DL_CODEC_TOPK: dec_topk(c, p, bj, base, out); return;
     }
 }
 

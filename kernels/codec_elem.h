@@ -99,14 +99,21 @@ DL_CX_FN int dl_cx_e3m0_level(float ay, float s, int stochastic, float u)
 /* The e3m0 level of exponent code e (0..7): 0 or 2^(e-7), exact. */
 DL_CX_FN float dl_cx_e3m0_unit(int e)
 {
-    return e ? dl_cx_float((uint32_t)(e + 120) << 23) : 0.0f;
+    return dl_cx_float(((uint32_t)(e + 120) << 23) & (0u - (uint32_t)(e != 0)));
 }
 
-/* Decoded value of an e3m0 nibble under scale s: +-s * 2^(e-7), or +0. */
+/* Decoded value of an e3m0 nibble under scale s: +-s * 2^(e-7), or +0
+ * (bit operations only, so the loops using it vectorise). */
 DL_CX_FN float dl_cx_e3m0_value(unsigned nib, float s)
 {
     float v = DL_CX_MUL(s, dl_cx_e3m0_unit((int)(nib & 7u)));
-    return (nib & 8u) ? -v : v;
+    return dl_cx_float(dl_cx_bits(v) ^ ((uint32_t)(nib & 8u) << 28));
+}
+
+/* The e3m0 nibble of y at exponent code e: sign bit only for e > 0. */
+DL_CX_FN unsigned dl_cx_e3m0_nib(int e, float y)
+{
+    return (unsigned)e | (((unsigned)(e != 0) & (unsigned)(y < 0.0f)) << 3);
 }
 
 /* Two's-complement nibble -> -8..7. */

@@ -155,7 +155,7 @@ static __global__ void enc_scaled_kernel(int id, const float *x, float *r, uint6
                     v = __fmul_rn((float)qi, s);
                 } else {
                     int l = s == 0.0f ? 0 : dl_cx_e3m0_level(fabsf(y), s, st, u);
-                    nib = l ? (unsigned)l | (y < 0.0f ? 8u : 0u) : 0u;
+                    nib = dl_cx_e3m0_nib(l, y);
                     v = dl_cx_e3m0_value(nib, s);
                 }
                 byte |= nib << (4 * h);
