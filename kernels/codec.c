@@ -252,13 +252,31 @@ static uint64_t count_ge(const uint32_t *key, uint64_t bj, uint32_t t)
  * too); then every key > T is kept and the first (k_j - #(> T)) keys == T. */
 static uint64_t enc_topk(const dl_codec *c, const float *x, float *r, uint64_t bj, uint8_t *o)
 {
-    uint32_t m = absmax_bits(x, r, bj);
-    if (m > DL_CX_FINITE_MAX) return 2 * first_nonfinite(x, r, bj);
-    uint32_t stack[TOPK_STACK], *key = bj <= TOPK_STACK ? stack : dl_xmalloc(bj * sizeof *key);
-#pragma omp simd
-    for (uint64_t i = 0; i < bj; i++) key[i] = DL_CX_ABS_BITS(dl_cx_bits(y_of(x, r, i)));
+    uint32_t stack[TOPK_STACK], *key = bj <= TOPK_STACK ? stack : dl_xmalloc(bj * sizeof *key), m = 0;
+#pragma omp simd reduction(max : m)
+    for (uint64_t i = 0; i < bj; i++) {
+        uint32_t kk = DL_CX_ABS_BITS(dl_cx_bits(y_of(x, r, i)));
+        key[i] = kk;
+        m = kk > m ? kk : m;
+    }
+    if (m > DL_CX_FINITE_MAX) {
+        if (key != stack) free(key);
+        return 2 * first_nonfinite(x, r, bj);
+    }
     uint64_t k = bj < c->topk ? bj : c->topk;
-    uint32_t lo = 0, hi = m; /* count_ge(lo) >= k always */
+    uint32_t lo = 0, hi = m; /* count_ge(lo) >= k always, the answer is in [lo, hi] */
+    /* first down from absmax by powers of two (the k-th largest is usually
+     * within a few octaves of it), then bisection inside the bracket */
+    for (uint32_t d = 1u << 23; lo < hi && d <= (8u << 23); d += 1u << 23) {
+        uint32_t t = hi > d ? m - d : 0; /* hi == m until the bracket is found */
+        uint64_t cnt = count_ge(key, bj, t);
+        if (cnt >= k) {
+            lo = t;
+            if (cnt == k) hi = t;
+            break;
+        }
+        hi = t - 1;
+    }
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo + 1) / 2;
         uint64_t cnt = count_ge(key, bj, mid);
@@ -266,19 +284,39 @@ static uint64_t enc_topk(const dl_codec *c, const float *x, float *r, uint64_t b
         if (cnt == k) break;
         if (cnt < k) hi = mid - 1;
     }
-    uint64_t ties = k - count_ge(key, bj, lo + 1), w = 0;
-    for (uint64_t i = 0; i < bj; i++) {
-        int keep = key[i] > lo || (key[i] == lo && ties > 0);
-        if (key[i] == lo && keep) ties--;
-        if (keep) {
-            float y = y_of(x, r, i);
-            uint16_t ix = (uint16_t)i;
-            memcpy(o + 6 * w, &ix, 2);
-            memcpy(o + 6 * w + 2, &y, 4);
-            w++;
-            if (r) r[i] = 0.0f;
-        } else if (r) {
-            r[i] = x[i] + r[i];
+    uint64_t gt = count_ge(key, bj, lo + 1), ties = k - gt, w = 0;
+    if (count_ge(key, bj, lo) == k) { /* every tie kept (distinct keys, early exit): keep = key >= T */
+        for (uint64_t c0 = 0; c0 < bj; c0 += 64) { /* 64 keys to a bit mask, then its set bits */
+            uint64_t mk = 0, m64 = bj - c0 < 64 ? bj - c0 : 64;
+#pragma omp simd reduction(| : mk)
+            for (uint64_t i = 0; i < m64; i++) mk |= (uint64_t)(key[c0 + i] >= lo) << i;
+            for (; mk; mk &= mk - 1) {
+                uint64_t i = c0 + (uint64_t)__builtin_ctzll(mk);
+                float y = y_of(x, r, i);
+                uint16_t ix = (uint16_t)i;
+                memcpy(o + 6 * w, &ix, 2);
+                memcpy(o + 6 * w + 2, &y, 4);
+                w++;
+            }
+        }
+        if (r) {
+#pragma omp simd
+            for (uint64_t i = 0; i < bj; i++) r[i] = key[i] >= lo ? 0.0f : x[i] + r[i];
+        }
+    } else {
+        for (uint64_t i = 0; i < bj; i++) {
+            int keep = key[i] > lo || (key[i] == lo && ties > 0);
+            if (key[i] == lo && keep) ties--;
+            if (keep) {
+                float y = y_of(x, r, i);
+                uint16_t ix = (uint16_t)i;
+                memcpy(o + 6 * w, &ix, 2);
+                memcpy(o + 6 * w + 2, &y, 4);
+                w++;
+                if (r) r[i] = 0.0f;
+            } else if (r) {
+                r[i] = x[i] + r[i];
+            }
         }
     }
     assert(w == k);

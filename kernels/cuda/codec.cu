@@ -204,10 +204,10 @@ static __global__ void enc_topk_kernel(const float *x, float *r, uint64_t n, uin
         uint32_t lo = 0, hi = m;
         while (lo < hi) {
             uint32_t mid = lo + (hi - lo + 1) / 2;
-            if (warp_count_ge(xj, rj, bj, mid, lane) >= k)
-                lo = mid;
-            else
-                hi = mid - 1;
+            uint32_t cnt = warp_count_ge(xj, rj, bj, mid, lane);
+            if (cnt >= k) lo = mid;
+            if (cnt == k) break; /* exactly k keys >= mid: the same set as the k-th largest key gives */
+            if (cnt < k) hi = mid - 1;
         }
         uint32_t ties = k - warp_count_ge(xj, rj, bj, lo + 1, lane), wpos = 0, seen = 0;
         for (uint64_t c0 = 0; c0 < bj; c0 += 32) {
