@@ -216,10 +216,17 @@ static int tunables_of(const sync_cfg *c, dl_sync_tunables *t)
 }
 
 /* The downlink codec rows: off, or a codec whose block and topk are valid
- * (they count only where the codec has them). */
+ * (they count only where the codec has them, but are checked whatever the
+ * codec, so a config is refused or taken the same way for every codec). */
 static int update_codec_of(const sync_cfg *c, dl_codec_enc *out)
 {
     memset(out, 0, sizeof *out);
+    if (c->update_block % 2)
+        return dl_err(DL_EINVAL, "option update_block: %lld is odd (a block holds pairs of 4-bit values)",
+                      (long long)c->update_block);
+    if (c->update_topk > c->update_block)
+        return dl_err(DL_EINVAL, "option update_topk: %lld is more than update_block %lld",
+                      (long long)c->update_topk, (long long)c->update_block);
     if (!strcmp(c->update_codec, "off")) return 0;
     dl_codec_id id;
     DL_TRY(dl_codec_parse(c->update_codec, &id));
