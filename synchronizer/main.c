@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/model.h"
 #include "core/shard.h"
+#include "kernels/codec.h"
 #include "storage/store.h"
 #include "synchronizer/sync.h"
 
@@ -33,6 +34,8 @@ typedef struct {
     char auth[DL_CFG_STRLEN], key_file[DL_CFG_STRLEN], allowlist[DL_CFG_STRLEN];
     int64_t max_new_hellos_per_s, new_hello_burst, reclaim_ms, max_outbound_mb, peer_outbound_mb, slow_reader_ms;
     int64_t chunk_kb, pool_mb;
+    char update_codec[DL_CFG_STRLEN], update_rounding[DL_CFG_STRLEN];
+    int64_t update_block, update_topk;
     double norm_k, norm_param_ratio, param_abs_max, max_step_rate;
     int64_t norm_window, norm_min_history, step_slack, max_batch;
     char norm_action[DL_CFG_STRLEN];
@@ -104,6 +107,16 @@ static const dl_cfg_entry table[] = {
      "payload MiB queued for one learner; more waits (0 = 2 x chunk: a heartbeat waits behind at most that)"},
     {"chunk_kb", DL_CFG_INT, F(chunk_kb), 0, 65536, "1024", NULL, 0,
      "KiB per chunk of an Update, and of the pushes learners send (Welcome.chunk_bytes); >= 4"},
+    {"update_codec", DL_CFG_ENUM, F(update_codec), 0, 0, "off", "off|fp32|bf16|int8|int4|e3m0|topk", 0,
+     "downlink: after a merge, a learner that holds the previous version gets the version-to-version delta in this "
+     "codec instead of the full fp32 fragment (with error feedback; the stored global is exactly what it then "
+     "holds: docs/PROTOCOL.md \"Updates\"); off = full fp32 Updates only"},
+    {"update_block", DL_CFG_INT, F(update_block), 16, 65536, "128", NULL, 0,
+     "downlink int8/int4/e3m0/topk: elements per block (one scale, or topk entries, each); even", "elements"},
+    {"update_topk", DL_CFG_INT, F(update_topk), 1, 65536, "8", NULL, 0,
+     "downlink topk: entries kept per block, in [1, update_block]", "elements"},
+    {"update_rounding", DL_CFG_ENUM, F(update_rounding), 0, 0, "nearest", "nearest|stochastic", 0,
+     "downlink int8/int4/e3m0: round to the nearest level, or stochastically (unbiased)"},
     {"pool_mb", DL_CFG_INT, F(pool_mb), 0, 1048576, "0", NULL, 0,
      "MiB of pushes pooled or arriving; a push finding no room is refused busy, but under sync/sync-elastic one "
      "that an open round waits for may use as much again (0 = max(2 x model, 4 x largest fragment, 64 MiB))"},
@@ -209,6 +222,32 @@ static int tunables_of(const sync_cfg *c, dl_sync_tunables *t)
     return 0;
 }
 
+/* The downlink codec rows: off, or a codec whose block and topk are valid
+ * (they count only where the codec has them, but are checked whatever the
+ * codec, so a config is refused or taken the same way for every codec). */
+static int update_codec_of(const sync_cfg *c, dl_codec_enc *out)
+{
+    memset(out, 0, sizeof *out);
+    if (c->update_block % 2)
+        return dl_err(DL_EINVAL, "option update_block: %lld is odd (a block holds pairs of 4-bit values)",
+                      (long long)c->update_block);
+    if (c->update_topk > c->update_block)
+        return dl_err(DL_EINVAL, "option update_topk: %lld is more than update_block %lld",
+                      (long long)c->update_topk, (long long)c->update_block);
+    if (!strcmp(c->update_codec, "off")) return 0;
+    dl_codec_id id;
+    DL_TRY(dl_codec_parse(c->update_codec, &id));
+    DL_TRY(dl_codec_rounding_parse(c->update_rounding, &out->rounding));
+    out->c.id = id;
+    out->c.block = dl_codec_is_block(id) ? (uint32_t)c->update_block : 0;
+    out->c.topk = id == DL_CODEC_TOPK ? (uint32_t)c->update_topk : 0;
+    char why[160];
+    if (dl_codec_check(&out->c, why, sizeof why))
+        return dl_err(DL_EINVAL, "options update_codec %s, update_block %lld, update_topk %lld: %s", c->update_codec,
+                      (long long)c->update_block, (long long)c->update_topk, why);
+    return 0;
+}
+
 /* Failure detection must be ordered: a heartbeat period is shorter than the
  * eviction timeout (liveness periods), which is shorter than the grace
  * window's cap (so a dead learner is evicted before a round gives up waiting
@@ -293,6 +332,8 @@ int main(int argc, char **argv)
     if (strlen(c.run_id) < 1 || strlen(c.run_id) > 64)
         return fail("bad configuration", dl_err(DL_EINVAL, "option run_id: must be 1..64 characters"));
     if ((rc = check_timeouts(&c))) return fail("bad configuration", rc);
+    dl_codec_enc update;
+    if ((rc = update_codec_of(&c, &update))) return fail("bad configuration", rc);
     if (print) {
         dl_cfg_print(table, NCFG, &c, stdout);
         return 0;
@@ -338,6 +379,8 @@ int main(int argc, char **argv)
     sc.peer_outbound_bytes = (uint64_t)c.peer_outbound_mb << 20;
     sc.chunk_bytes = (uint64_t)c.chunk_kb << 10;
     sc.pool_bytes = (uint64_t)c.pool_mb << 20;
+    sc.update = update;
+    sc.update.seed = (uint64_t)c.seed;
     sc.slow_reader_ms = (int)c.slow_reader_ms;
     snprintf(sc.metrics, sizeof sc.metrics, "%s", c.metrics);
     sc.eval_every_s = (int)c.eval_every_s;

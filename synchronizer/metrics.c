@@ -222,6 +222,12 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     VAL("outbound_bytes", st->outbound_attached);
     FAM("outbound_limit_bytes", "gauge", "their bound (max_outbound_mb)");
     VAL("outbound_limit_bytes", st->outbound_max);
+    static const char *const update_kind[2] = {"full", "delta"};
+    const uint64_t updates[2] = {st->updates_full, st->updates_delta};
+    labelled(out, "updates_sent_total",
+             "Updates sent whole (every chunk queued): full = the fp32 values, delta = the version-to-version delta "
+             "(update_codec)",
+             "kind", update_kind, updates, 0, 2);
     FAM("jobs_in_flight", "gauge", "worker jobs submitted and not yet back (merges, records, ledger, fsync)");
     VAL("jobs_in_flight", st->jobs_inflight);
     FAM("commit_seconds", "histogram", "the LMDB commit of one merge on the worker (retries and their waits incl.)");

@@ -44,6 +44,7 @@ void dl_registry_close(dl_registry **rp)
         free(r->slots[i].bases);
         free(r->slots[i].nbases);
         free(r->slots[i].owed);
+        free(r->slots[i].given);
     }
     free(r->slots);
     free(r->free_list);
@@ -83,12 +84,15 @@ int dl_registry_add(dl_registry *r, const char *id, int64_t now_wall)
     dl_registry_base *bases = l->bases;
     uint32_t *nbases = l->nbases;
     uint8_t *owed = l->owed;
+    uint64_t *given = l->given;
     memset(l, 0, sizeof *l);
     l->bases = bases ? bases : dl_xcalloc((size_t)r->P * DL_REGISTRY_BASES, sizeof *l->bases);
     l->nbases = nbases ? nbases : dl_xcalloc((size_t)r->P, sizeof *l->nbases);
     l->owed = owed ? owed : dl_xcalloc((size_t)r->P, 1);
     memset(l->nbases, 0, (size_t)r->P * sizeof *l->nbases);
     memset(l->owed, 0, (size_t)r->P);
+    l->given = given ? given : dl_xcalloc((size_t)r->P, sizeof *l->given);
+    memset(l->given, 0, (size_t)r->P * sizeof *l->given);
     l->used = 1;
     memcpy(l->id, id, strlen(id) + 1);
     l->first_seen_wall = now_wall;
@@ -173,6 +177,28 @@ void dl_registry_base_add(dl_registry *r, int slot, int p, uint64_t version, int
     dl_registry_learner *l = dl_registry_get(r, slot);
     l->bases[(size_t)p * DL_REGISTRY_BASES + l->nbases[p] % DL_REGISTRY_BASES] = (dl_registry_base){version, ns};
     l->nbases[p]++;
+}
+
+int dl_registry_given(const dl_registry *r, int slot, int p, uint64_t *version)
+{
+    assert(p >= 0 && p < r->P);
+    uint64_t g = dl_registry_cget(r, slot)->given[p];
+    if (g) *version = g - 1;
+    return g != 0;
+}
+
+void dl_registry_given_set(dl_registry *r, int slot, int p, uint64_t version)
+{
+    assert(p >= 0 && p < r->P && version < UINT64_MAX);
+    dl_registry_get(r, slot)->given[p] = version + 1;
+}
+
+void dl_registry_given_clear(dl_registry *r, int slot, int p)
+{
+    assert(p >= -1 && p < r->P);
+    dl_registry_learner *l = dl_registry_get(r, slot);
+    if (p >= 0) l->given[p] = 0;
+    else memset(l->given, 0, (size_t)r->P * sizeof *l->given);
 }
 
 int64_t dl_registry_base_ns(const dl_registry *r, int slot, int p, uint64_t version, int *found)

@@ -50,6 +50,9 @@ typedef struct {
     dl_registry_base *bases;
     uint32_t *nbases;        /* [P] records written to each ring */
     uint8_t *owed;           /* [P] 1 = an Update of this fragment is owed (deferred by the outbound bounds) */
+    uint64_t *given;         /* [P] version + 1 of the last Update of p sent whole on this connection since its
+                                latest Hello (0 = none, or a Fetch / rebase of p asked for it again): the version
+                                it holds exactly, onto which a delta Update applies (dl_registry_given) */
     int n_owed;
     int64_t owed_since_ns;   /* monotonic ns the oldest owed update became owed */
     int64_t put_ns;          /* monotonic ns of its last store record (learner_put), 0 = none */
@@ -85,6 +88,13 @@ void dl_registry_base_add(dl_registry *r, int slot, int p, uint64_t version, int
  * oldest record of p (a base older than the ring); 0 with *found = 0 when p
  * has no record. */
 int64_t dl_registry_base_ns(const dl_registry *r, int slot, int p, uint64_t version, int *found);
+
+/* The version of p last sent whole to the learner (an Update, full or
+ * delta) since its latest Hello: 1 with *version set, 0 when there is none. */
+int dl_registry_given(const dl_registry *r, int slot, int p, uint64_t *version);
+void dl_registry_given_set(dl_registry *r, int slot, int p, uint64_t version);
+/* Forget it for p, or for every fragment when p is -1. */
+void dl_registry_given_clear(dl_registry *r, int slot, int p);
 
 /* Attach the connection `route` (with ZAP user id `user`, "" for none) to a
  * slot: a fresh outbound queue counter replaces the old one, unless it is the

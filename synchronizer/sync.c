@@ -9,7 +9,9 @@
 #include "core/httpd.h"
 #include "core/log.h"
 #include "core/plan.h"
+#include "core/codec.h"
 #include "core/shard.h"
+#include "kernels/codec.h"
 #include "learner/gpt.h"
 #include "proto/auth.h"
 #include "proto/wire.h"
@@ -72,7 +74,8 @@ typedef struct {
     int refused;         /* its first chunk was refused (and answered): the rest are dropped unread */
     uint32_t fragment;
     uint64_t transfer, base_version, steps, tokens, numel;
-    int codec;           /* the first chunk's (fp32: push_head refuses others); every chunk must match */
+    int codec;           /* the first chunk's codec, block size and topk: every chunk must match */
+    uint32_t block, topk;
     uint64_t received;   /* elements so far, in order */
     int64_t progress_ns; /* monotonic ns of its latest chunk: one that stops for slow_reader_ms is dropped */
     double compute_s;
@@ -84,8 +87,19 @@ typedef struct {
 typedef struct {
     int p;               /* -1: none */
     int started;         /* version is set: [0, offset) of it has left */
+    int delta;           /* started: the transfer is p's kept delta to `version` (else its fp32 values) */
     uint64_t version, offset;
 } outbound;
+
+/* Downlink codec on: the latest merge's delta of a fragment, encoded (the
+ * payload that takes version - 1 to version, core/codec.h layout), sent to
+ * the learners that hold version - 1 (serve_owed). */
+typedef struct {
+    uint8_t *buf;        /* NULL: none yet (none since the start: a restart forgets it) */
+    size_t bytes;        /* dl_codec_bytes(&c, numel) */
+    uint64_t version;
+    dl_codec c;
+} kept_delta;
 
 struct dl_sync {
     dl_sync_cfg cfg;
@@ -132,6 +146,7 @@ struct dl_sync {
     inbound *inb;        /* [max learners] chunked push arriving per slot */
     outbound *outx;      /* [max learners] Update being sent per slot */
     uint64_t *resume_v, *resume_o; /* [max learners * P] a Fetch's resume point per slot and fragment */
+    kept_delta *kept;    /* [P] the latest delta per fragment (downlink codec on; memory only) */
     uint64_t pool_used;  /* bytes of pooled deltas + arriving chunked pushes (<= cfg.pool_bytes) */
     uint64_t pool_peak;
     ev_idle more;        /* the drain stopped at its budget with messages waiting */
@@ -140,6 +155,7 @@ struct dl_sync {
     uint64_t merges, merged_contribs, stale_sum, dropped_stale, rejected, fetches;
     uint64_t refused_msgs, clipped, reclaimed, dropped_readers, deferred_updates, outbound_peak;
     uint64_t busy_refused, update_restarts, chunks_in, chunks_out, drain_yields, abandoned_in;
+    uint64_t updates_full, updates_delta; /* Updates sent whole (all their chunks), by kind */
     uint64_t seq;
     int64_t started_ns, last_sync_ns;
     uint64_t *versions;               /* [P] snapshot buffer */
@@ -278,17 +294,21 @@ static uint64_t chunk_elems(const dl_sync *s, const dl_registry_learner *l)
 }
 
 /* One Update message: elements [off, off + n) of version `version` of
- * fragment p (chunked when `chunked`, else the whole fragment). */
-static int send_update_chunk(dl_sync *s, dl_registry_learner *l, int p, uint64_t version, const float *data,
-                             uint64_t off, uint64_t n, int chunked)
+ * fragment p (chunked when `chunked`, else the whole fragment), `bytes` of
+ * payload in codec c: the values (fp32), or with `delta` the delta from
+ * version - 1. */
+static int send_update_chunk(dl_sync *s, dl_registry_learner *l, int p, uint64_t version, const dl_codec *c,
+                             int delta, const void *data, size_t bytes, uint64_t off, uint64_t n, int chunked)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Update u;
     dloco__v1__update__init(&u);
-    size_t bytes = (size_t)n * sizeof(float);
     u.fragment = (uint32_t)p;
     u.version = version;
-    u.codec = DLOCO__V1__CODEC__CODEC_FP32;
+    u.codec = (Dloco__V1__Codec)c->id;
+    u.block_size = c->block;
+    u.topk = c->topk;
+    u.delta = delta;
     u.numel = s->numel[p];
     u.chunk_offset = chunked ? off : 0;
     u.chunk_numel = chunked ? n : 0;
@@ -374,6 +394,7 @@ static void outbound_reset(dl_sync *s, int slot)
 {
     s->outx[slot].p = -1;
     s->outx[slot].started = 0;
+    s->outx[slot].delta = 0;
 }
 
 /* Forget a slot's resume points (a new connection, a new learner in the slot). */
@@ -384,14 +405,42 @@ static void resume_clear(dl_sync *s, int slot)
     memset(s->resume_o + (size_t)slot * P, 0, P * sizeof *s->resume_o);
 }
 
+/* Elements per chunk of a delta Update of codec c: the fp32 chunk's
+ * elements (ce, 0 = whole fragments), down to whole blocks for a block
+ * codec (a chunk starts on a block: proto/wire.c); 0 when not one block
+ * fits. */
+static uint64_t delta_chunk_elems(uint64_t ce, const dl_codec *c)
+{
+    return dl_codec_is_block(c->id) ? ce - ce % c->block : ce;
+}
+
+/* Version v of fragment p goes to learner `slot` as a delta iff the kept
+ * delta is v's and the version it was last given whole (since its Hello,
+ * and since a Fetch or rebase of p) is v - 1; else (missed versions, a
+ * Fetch, a rebase, its first Update after a Hello, no delta kept) it gets
+ * the full fp32 values. A chunked learner also needs a chunk to hold a
+ * block. */
+static int delta_for(const dl_sync *s, int slot, int p, uint64_t v, uint64_t ce)
+{
+    const kept_delta *kd = &s->kept[p];
+    uint64_t given;
+    if (!kd->buf || kd->version != v || v == 0) return 0;
+    if (!dl_registry_given(s->reg, slot, p, &given) || given + 1 != v) return 0;
+    return !ce || delta_chunk_elems(ce, &kd->c) > 0;
+}
+
 /* Send what a learner is owed, chunk by chunk, as far as the outbound
- * bounds allow, from an LMDB read snapshot the caller holds briefly (*snap,
- * begun on first use): never from memory a merge may be writing, and never
- * a version the loop has not seen committed yet (merge_done serves it then),
- * so a learner never pushes from a base the policy does not know. One
- * fragment at a time per learner; a fragment whose global version moved on
- * mid-transfer starts again at the new version (from its first element).
- * The rest stays owed; the queue's drain wakes the loop to go on. */
+ * bounds allow (payload bytes, as they go on the wire), from an LMDB read
+ * snapshot the caller holds briefly (*snap, begun on first use): never from
+ * memory a merge may be writing, and never a version the loop has not seen
+ * committed yet (merge_done serves it then), so a learner never pushes from
+ * a base the policy does not know. A delta (delta_for) comes from the kept
+ * payload in memory instead, which only merge_done replaces. One fragment
+ * at a time per learner; a fragment whose global version moved on
+ * mid-transfer starts again at the new version (from its first element),
+ * decided afresh: an interrupted delta leaves the learner at v - 1, so the
+ * newer version goes full. The rest stays owed; the queue's drain wakes the
+ * loop to go on. */
 static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
 {
     int slot = slot_of(s, l);
@@ -403,7 +452,7 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             for (int p = 0; p < s->cfg.P && x->p < 0; p++)
                 if (l->owed[p]) x->p = p;
             x->version = x->offset = 0;
-            x->started = 0;
+            x->started = x->delta = 0;
         }
         int p = x->p;
         if (!*snap && dl_store_snapshot_begin(s->store, snap)) {
@@ -419,41 +468,60 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
         }
         if (v > dl_policy_version(s->policy, p)) return; /* committed, not yet seen by the loop: merge_done serves it */
         if (!ce && x->offset) x->started = 0; /* it said Hello again without chunks: whole fragments from now */
-        if (!x->started || x->version != v) {
+        const kept_delta *kd = &s->kept[p];
+        if (!x->started || x->version != v || (x->delta && kd->version != v)) {
             if (x->started && x->offset) {
                 s->update_restarts++;
-                dl_event("update_restarted", "id=%s frag=%d from=%llu to=%llu sent=%llu", l->id, p,
-                         (unsigned long long)x->version, (unsigned long long)v, (unsigned long long)x->offset);
+                dl_event("update_restarted", "id=%s frag=%d from=%llu to=%llu sent=%llu delta=%d", l->id, p,
+                         (unsigned long long)x->version, (unsigned long long)v, (unsigned long long)x->offset,
+                         x->delta);
             }
             size_t r = (size_t)slot * (size_t)s->cfg.P + (size_t)p;
             x->started = 1;
             x->version = v;
-            x->offset = ce && s->resume_v[r] == v && s->resume_o[r] < n ? s->resume_o[r] : 0;
+            x->delta = delta_for(s, slot, p, v, ce);
+            x->offset = !x->delta && ce && s->resume_v[r] == v && s->resume_o[r] < n ? s->resume_o[r] : 0;
             if (x->offset) dl_event("update_resumed", "id=%s frag=%d version=%llu offset=%llu", l->id, p,
                                     (unsigned long long)v, (unsigned long long)x->offset);
             s->resume_v[r] = s->resume_o[r] = 0;
         }
-        uint64_t left = n - x->offset, cn = ce && ce < left ? ce : left;
-        if (!outbound_room(s, l, (size_t)cn * sizeof(float))) return;
-        /* zero-copy from the map when the chunk lies in one stored block
-         * (chunk_bytes divides the store's 1 MiB blocks); a whole fragment
-         * for a learner from before chunking is copied once per snapshot */
-        const float *pp;
-        size_t got;
-        uint64_t v2;
-        int src = ce ? dl_store_snapshot_range(*snap, (uint32_t)p, x->offset, (size_t)cn, &v2, &pp, &got)
-                     : dl_store_snapshot_fragment(*snap, (uint32_t)p, &v2, &pp, &got);
-        if (src || got != cn) {
-            DL_ERROR("snapshot fragment %d [%llu, +%llu): %s", p, (unsigned long long)x->offset,
-                     (unsigned long long)cn, dl_errmsg());
-            return;
+        uint64_t left = n - x->offset;
+        if (x->delta) {
+            uint64_t de = delta_chunk_elems(ce, &kd->c), cn = de && de < left ? de : left;
+            size_t at = x->offset ? (size_t)dl_codec_bytes(&kd->c, x->offset) : 0;
+            size_t bytes = (size_t)dl_codec_bytes(&kd->c, cn);
+            assert(at + bytes <= kd->bytes);
+            if (!outbound_room(s, l, bytes)) return;
+            if (send_update_chunk(s, l, p, v, &kd->c, 1, kd->buf + at, bytes, x->offset, cn, ce != 0)) return;
+            x->offset += cn;
+        } else {
+            uint64_t cn = ce && ce < left ? ce : left;
+            if (!outbound_room(s, l, (size_t)cn * sizeof(float))) return;
+            /* zero-copy from the map when the chunk lies in one stored block
+             * (chunk_bytes divides the store's 1 MiB blocks); a whole fragment
+             * for a learner from before chunking is copied once per snapshot */
+            const float *pp;
+            size_t got;
+            uint64_t v2;
+            int src = ce ? dl_store_snapshot_range(*snap, (uint32_t)p, x->offset, (size_t)cn, &v2, &pp, &got)
+                         : dl_store_snapshot_fragment(*snap, (uint32_t)p, &v2, &pp, &got);
+            if (src || got != cn) {
+                DL_ERROR("snapshot fragment %d [%llu, +%llu): %s", p, (unsigned long long)x->offset,
+                         (unsigned long long)cn, dl_errmsg());
+                return;
+            }
+            static const dl_codec fp32 = {.id = DL_CODEC_FP32};
+            int rc = send_update_chunk(s, l, p, v, &fp32, 0, pp, (size_t)cn * sizeof(float), x->offset, cn, ce != 0);
+            if (rc) return; /* its queue is full (in messages), or it is gone: still owed */
+            x->offset += cn;
         }
-        int rc = send_update_chunk(s, l, p, v, pp, x->offset, cn, ce != 0);
-        if (rc) return; /* its queue is full (in messages), or it is gone: still owed */
-        x->offset += cn;
         if (x->offset < n) continue;
-        /* all of version v is on its way: progress on it counts from now */
+        /* all of version v is on its way: progress on it counts from now,
+         * and a delta to v + 1 may follow */
         dl_registry_base_add(s->reg, slot, p, v, dl_clock_ns());
+        dl_registry_given_set(s->reg, slot, p, v);
+        if (x->delta) s->updates_delta++;
+        else s->updates_full++;
         l->owed[p] = 0;
         l->n_owed--;
         x->p = -1;
@@ -467,11 +535,21 @@ static void serve_one(dl_sync *s, dl_registry_learner *l)
     dl_store_snapshot_end(&snap);
 }
 
+/* A Fetch or a rebase: the fragments (nf 0: all of this shard's) are owed
+ * as full fp32 values, whatever the learner was given before (its copy of
+ * them is not to be trusted for a delta any more). */
 static void serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *frags, size_t nf)
 {
+    int slot = slot_of(s, l);
+    outbound *x = &s->outx[slot];
     size_t count = nf ? nf : (size_t)s->cfg.P;
-    for (size_t i = 0; i < count; i++)
-        if (nf || owns(s, (int)i)) owe(s, l, nf ? (int)frags[i] : (int)i); /* listed ones: checked by proto/wire.c */
+    for (size_t i = 0; i < count; i++) {
+        int p = nf ? (int)frags[i] : (int)i; /* listed ones: checked by proto/wire.c */
+        if (!nf && !owns(s, p)) continue;
+        dl_registry_given_clear(s->reg, slot, p);
+        if (x->p == p && x->delta) outbound_reset(s, slot);
+        owe(s, l, p);
+    }
     serve_one(s, l);
 }
 
@@ -642,6 +720,17 @@ static void merge_done(dl_sync *s, dl_job *j)
         return;
     }
     uint64_t nv = j->version + 1;
+    if (j->update) {
+        /* the delta to nv replaces the one to nv - 1: who still needs that
+         * one has missed nv and gets nv full (delta_for) */
+        kept_delta *kd = &s->kept[p];
+        free(kd->buf);
+        kd->buf = j->update;
+        kd->bytes = j->update_bytes;
+        kd->version = nv;
+        kd->c = j->update_codec;
+        j->update = NULL;
+    }
     double stale = 0, compute_s = 0;
     for (int i = 0; i < j->m; i++) {
         pending_push *pp = &s->pend[j->handles[i]];
@@ -670,6 +759,16 @@ static void merge_done(dl_sync *s, dl_job *j)
                  (unsigned long long)mc->tokens, pp->compute_s, mc->weight);
         free_pending(s, j->handles[i]);
     }
+    /* every registered learner holds fragment p (a shard's learners hold
+     * all of its fragments), contributor or not: it is owed nv, so nobody
+     * stays behind. An Update it is owed and not yet sent ends at the newest
+     * version anyway; a dead one is served when it is heard from again
+     * (serve_all_owed serves live learners only), with whatever is newest
+     * then. */
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        dl_registry_learner *l = dl_registry_get(s->reg, i);
+        if (l->used && registered(s, i)) owe(s, l, p);
+    }
     s->param_norm[p] = j->param_norm;
     s->merges++;
     s->merged_contribs += (uint64_t)j->m;
@@ -681,9 +780,10 @@ static void merge_done(dl_sync *s, dl_job *j)
             (unsigned long long)nv, j->m, j->m ? stale / j->m : 0.0, share, j->norm);
     dl_event("merge",
              "frag=%d version=%llu n=%d staleness_mean=%.3f share=%.4f norm=%.6g tokens=%llu compute_s=%.6f "
-             "retries=%d",
+             "retries=%d hash=%016llx",
              p, (unsigned long long)nv, j->m, j->m ? stale / j->m : 0.0, share, j->norm,
-             (unsigned long long)j->ledger.tokens[DL_LEDGER_APPLIED], compute_s, j->retries);
+             (unsigned long long)j->ledger.tokens[DL_LEDGER_APPLIED], compute_s, j->retries,
+             (unsigned long long)j->hash);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -992,6 +1092,9 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     l->batch = h->batch;
     l->instance = h->instance;
     l->max_chunk = h->max_chunk_bytes & ~3u;
+    /* whatever it holds, its first Update of each fragment from now is full */
+    dl_registry_given_clear(s->reg, slot, -1);
+    if (s->outx[slot].delta) outbound_reset(s, slot);
     dl_ledger_hello(s->ledger, slot, h->step);
     int must_fetch = h->n_held_versions == 0 || away_long;
     uint64_t *vers = dl_xcalloc((size_t)s->cfg.P, sizeof(uint64_t));
@@ -1021,6 +1124,7 @@ static void on_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *en
     w.chunk_bytes = (uint32_t)s->cfg.chunk_bytes;
     w.shard = s->cfg.shards > 1 ? (uint32_t)s->cfg.shard : 0;
     w.shards = s->cfg.shards > 1 ? (uint32_t)s->cfg.shards : 0;
+    w.update_codec = (uint32_t)s->cfg.update.c.id; /* 0: full Updates only */
     env_to(s, &out, l->id);
     dl_wire_set_welcome(&out, &w);
     send_msg(s, l, &out, NULL, 0);
@@ -1098,7 +1202,8 @@ static int round_waits_for(const dl_sync *s, int slot, int p)
 }
 
 /* What a push's header must pass before any of its payload is kept:
- * counters, replays, codec, room in the pool. 0 = go on; -1 = refused (and
+ * counters, replays, room in the pool (any codec: its payload is decoded
+ * into fp32 as it arrives, and the pool holds fp32). 0 = go on; -1 = refused (and
  * answered). */
 static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, int64_t now)
 {
@@ -1127,10 +1232,6 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
     int poolable = ph->base_version <= cur && cur - ph->base_version <= (uint64_t)s->cfg.policy.max_staleness;
     if (poolable && dl_guard_replay(s->guard, slot, p, ph->base_version, why, sizeof why)) {
         refuse_push(s, slot, l, ph, 0, 1, DL_SM_REJ_REPLAY, why);
-        return -1;
-    }
-    if (ph->codec != DLOCO__V1__CODEC__CODEC_FP32) {
-        refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_CODEC, "only fp32 pushes are supported by this synchronizer");
         return -1;
     }
     uint64_t need = s->numel[p] * sizeof(float);
@@ -1254,7 +1355,28 @@ static int same_push(const inbound *in, const Dloco__V1__Push *ph)
 {
     return in->transfer == ph->transfer && in->fragment == ph->fragment && in->base_version == ph->base_version &&
            in->steps == ph->steps && in->tokens == ph->tokens && in->compute_s == ph->compute_s &&
-           in->codec == (int)ph->codec && in->numel == ph->numel;
+           in->codec == (int)ph->codec && in->block == ph->block_size && in->topk == ph->topk &&
+           in->numel == ph->numel;
+}
+
+/* A frame's payload, len bytes of elements [first, first + n) of the push in
+ * its codec (proto/wire.c checked len, and that a block codec's frame starts
+ * on a block), into out[0, n): fp32 is copied as it is (the value guard
+ * refuses non-finite values), the others are decoded, which refuses what no
+ * encoder makes (a scale not finite or negative, a non-finite value, a topk
+ * index out of its block or out of order). 0, or -1 with the reason in why. */
+static int push_decode(const Dloco__V1__Push *ph, const void *data, size_t len, uint64_t first, uint64_t n, float *out,
+                       char *why, size_t cap)
+{
+    if (ph->codec == DLOCO__V1__CODEC__CODEC_FP32) {
+        memcpy(out, data, (size_t)n * sizeof(float));
+        return 0;
+    }
+    dl_codec c = {.id = (dl_codec_id)ph->codec, .block = ph->block_size, .topk = ph->topk};
+    if (dl_codec_decode(&c, data, len, n, out) == 0) return 0;
+    snprintf(why, cap, "%s payload refused (elements from %llu): %s", dl_codec_name(c.id), (unsigned long long)first,
+             dl_errmsg());
+    return -1;
 }
 
 /* Start the slot's record of a chunked push from its header (nothing kept yet). */
@@ -1268,6 +1390,8 @@ static void inbound_header(inbound *in, const Dloco__V1__Push *ph, int64_t now)
     in->tokens = ph->tokens;
     in->compute_s = ph->compute_s;
     in->codec = (int)ph->codec;
+    in->block = ph->block_size;
+    in->topk = ph->topk;
     in->numel = ph->numel;
     in->progress_ns = now;
 }
@@ -1281,12 +1405,18 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     int64_t now = dl_clock_ns();
     inbound *in = &s->inb[slot];
     const void *data = dl_wire_msg_payload(msg, 0); /* may be unaligned */
+    size_t len = dl_wire_msg_payload_len(msg, 0);
+    char why[400];
     if (!ph->chunk_numel) {
         if (in->active) inbound_drop(s, slot, "whole_push_before_end");
         l->pushes++;
         if (push_head(s, slot, l, ph, now)) return;
         float *delta = pool_alloc(s, p);
-        memcpy(delta, data, s->numel[p] * sizeof(float));
+        if (push_decode(ph, data, len, 0, s->numel[p], delta, why, sizeof why)) {
+            pool_free(s, p, delta);
+            refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_CODEC, why);
+            return;
+        }
         push_body(s, slot, l, ph, delta, now);
         return;
     }
@@ -1304,7 +1434,6 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     } else if (!in->active && in->refused && same_push(in, ph)) {
         return; /* the rest of a refused push: answered at its first chunk */
     } else if (!in->active || !same_push(in, ph) || ph->chunk_offset != in->received) {
-        char why[200];
         if (!in->active)
             snprintf(why, sizeof why, "chunk at %llu of fragment %d without its first chunk",
                      (unsigned long long)ph->chunk_offset, p);
@@ -1326,10 +1455,16 @@ static void on_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         in->refused = 1; /* the rest of this transfer is dropped unread */
         return;
     }
-    /* same_push: fp32 like its first chunk, so the frame is 4 x chunk_numel bytes (proto/wire.c checked that) */
-    assert(dl_wire_msg_payload_len(msg, 0) == (size_t)ph->chunk_numel * sizeof(float));
+    /* same_push: the codec of its first chunk; proto/wire.c checked the frame's size and alignment */
     in->progress_ns = now;
-    memcpy(in->buf + ph->chunk_offset, data, (size_t)ph->chunk_numel * sizeof(float));
+    if (push_decode(ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset, why, sizeof why)) {
+        /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
+        pool_free(s, p, in->buf);
+        inbound_header(in, ph, now);
+        in->refused = 1;
+        refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_CODEC, why);
+        return;
+    }
     in->received += ph->chunk_numel;
     if (in->received < in->numel) return;
     float *delta = in->buf;
@@ -1349,13 +1484,13 @@ static void on_fetch(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
         s->resume_o[r] = i < f->n_resume_offsets ? f->resume_offsets[i] : 0;
         outbound *x = &s->outx[slot];
         if (x->p != (int)p) continue;
-        if (x->started && i < f->n_resume_versions && x->version == s->resume_v[r]) {
+        if (x->started && !x->delta && i < f->n_resume_versions && x->version == s->resume_v[r]) {
             /* the version on its way: nothing on this connection is lost, so
              * what is past the learner's point is in flight; skip ahead only */
             if (x->offset < s->resume_o[r]) x->offset = s->resume_o[r];
             s->resume_v[r] = s->resume_o[r] = 0;
         } else {
-            outbound_reset(s, slot); /* asked again: start from the resume point, or at 0 */
+            outbound_reset(s, slot); /* asked again (a delta in flight too): from the resume point, or at 0 */
         }
     }
     if (!f->n_fragments) outbound_reset(s, slot);
@@ -1944,6 +2079,8 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->update_restarts = s->update_restarts;
     out->chunks_in = s->chunks_in;
     out->chunks_out = s->chunks_out;
+    out->updates_full = s->updates_full;
+    out->updates_delta = s->updates_delta;
     out->drain_yields = s->drain_yields;
     out->abandoned_pushes = s->abandoned_in;
     out->merges = s->merges;
@@ -2172,6 +2309,10 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     /* every check that needs no store, and the bind, come first: a typo'd
      * bind or a bad option leaves no new store directory behind */
     if ((rc = dl_guard_cfg_check(&s->cfg.guard))) goto fail;
+    if (s->cfg.update.c.id && dl_codec_check(&s->cfg.update.c, why, sizeof why)) {
+        rc = dl_err(DL_EINVAL, "update_codec %s: %s", dl_codec_name(s->cfg.update.c.id), why);
+        goto fail;
+    }
     /* bounds that follow from the model (a shard: its own fragments) unless set */
     uint64_t model_bytes = 0, frag_bytes = 0;
     for (int p = 0; p < P; p++) {
@@ -2280,6 +2421,8 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
 
     s->loop = ev_loop_new(EVFLAG_AUTO);
     dl_worker_open(s->store, s->plan, s->params, s->momentum, wake_loop, s, &s->worker);
+    dl_worker_set_update_codec(s->worker, &s->cfg.update);
+    s->kept = dl_xcalloc((size_t)P, sizeof *s->kept);
     int fd;
     size_t fl = sizeof fd;
     if (zmq_getsockopt(s->router, ZMQ_FD, &fd, &fl) != 0) {
@@ -2337,12 +2480,14 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     dl_event("sync_start",
              "epoch=%llu resumed=%d fragments=%d params=%zu fingerprint=%016llx endpoint=%s auth=%s max_msg_bytes=%llu "
              "max_outbound_bytes=%llu chunk_bytes=%llu pool_bytes=%llu peer_outbound_bytes=%llu shard=%d shards=%d "
-             "owned=%d",
+             "owned=%d update_codec=%s update_block=%u update_topk=%u",
              (unsigned long long)s->epoch, total_v ? 1 : 0, P, dl_plan_total_numel(s->plan),
              (unsigned long long)s->fingerprint, s->endpoint, s->auth ? "curve" : "off",
              (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.max_outbound_bytes,
              (unsigned long long)s->cfg.chunk_bytes, (unsigned long long)s->cfg.pool_bytes,
-             (unsigned long long)s->cfg.peer_outbound_bytes, s->cfg.shard, s->cfg.shards, owned);
+             (unsigned long long)s->cfg.peer_outbound_bytes, s->cfg.shard, s->cfg.shards, owned,
+             s->cfg.update.c.id ? dl_codec_name(s->cfg.update.c.id) : "off", s->cfg.update.c.block,
+             s->cfg.update.c.topk);
     free(full);
     *out = s;
     return 0;
@@ -2401,6 +2546,8 @@ void dl_sync_close(dl_sync **sp)
     for (int i = 0; s->inb && i < s->cfg.policy.max_learners; i++) free(s->inb[i].buf);
     free(s->inb);
     free(s->outx);
+    for (int p = 0; s->kept && p < s->cfg.P; p++) free(s->kept[p].buf);
+    free(s->kept);
     free(s->resume_v);
     free(s->resume_o);
     free(s->params);

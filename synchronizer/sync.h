@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "core/model.h"
+#include "kernels/codec.h"
 #include "synchronizer/guard.h"
 #include "synchronizer/ledger.h"
 #include "synchronizer/merge.h"
@@ -37,6 +38,10 @@ typedef struct {
     int status_every_ms;   /* progress line interval (0 = off) */
     uint64_t max_msg_bytes;  /* inbound message cap; 0 = min(largest fragment, chunk_bytes) + header cap */
     uint64_t chunk_bytes;    /* payload bytes of one chunk of an Update (and the pushes learners send); 0 = 1 MiB */
+    dl_codec_enc update;     /* the downlink: codec of the delta Updates sent to learners that hold the previous
+                                version (docs/PROTOCOL.md "Updates"); update.c.id 0 = off, full fp32 Updates only.
+                                On, a merge commits G + decode(its encoded delta), with error feedback
+                                (synchronizer/worker.h) */
     uint64_t pool_bytes;     /* pushes pooled or arriving, bytes; a push finding no room is refused busy (under sync /
                                 sync-elastic one an open round waits for may use as much again);
                                 0 = max(2 x model, 4 x largest fragment, 64 MiB) */
@@ -131,6 +136,7 @@ typedef struct {
     uint64_t busy_refused;     /* pushes refused busy (pool full) */
     uint64_t update_restarts;  /* Updates restarted because the fragment's version moved on mid-transfer */
     uint64_t chunks_in, chunks_out; /* Push chunks received, Update messages sent */
+    uint64_t updates_full, updates_delta; /* Updates sent whole (every chunk): fp32 values, and deltas */
     uint64_t drain_yields;     /* drains that stopped at their budget with messages waiting */
     uint64_t abandoned_pushes; /* chunked pushes dropped unfinished (learner gone, new connection, order) */
     uint64_t store_file_bytes, store_live_bytes, store_free_bytes; /* LMDB: data.mdb, used - free, freelist */

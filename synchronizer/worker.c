@@ -1,8 +1,10 @@
 /* Worker thread: a FIFO of jobs under one mutex; merges work on scratch
- * copies and replace the in-memory global only after their commit; store
- * writes that fail for a transient cause are retried. */
+ * copies and replace the in-memory global (and the downlink residual) only
+ * after their commit; store writes that fail for a transient cause are
+ * retried. */
 #include "synchronizer/worker.h"
 
+#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "synchronizer/guard.h"
 
@@ -30,6 +33,9 @@ struct dl_worker {
     void (*wake)(void *);
     void *wake_ctx;
     float *scratch_merged, *scratch_params, *scratch_mom; /* [max fragment numel], worker thread only */
+    dl_codec_enc enc;     /* downlink codec; enc.c.id 0 = off */
+    float **resid;        /* [P] downlink residual e_p, [numel of p] each, allocated at p's first encoded merge */
+    float *scratch_resid; /* [max fragment numel]: e_p while its merge is not committed */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -53,6 +59,7 @@ void dl_job_free(dl_job *j)
     free(j->handles);
     free(j->rec.contrib);
     free(j->lrecs);
+    free(j->update);
     free(j);
 }
 
@@ -73,6 +80,8 @@ static void nap_ms(int ms)
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0) {}
 }
+
+static float *aligned_floats(size_t n) { return dl_xaligned(64, n * sizeof(float)); }
 
 /* One store write of job j, retried while it fails for a transient cause. */
 static int store_write_retried(dl_worker *w, dl_job *j)
@@ -113,6 +122,49 @@ static int store_write(dl_worker *w, dl_job *j)
     return rc;
 }
 
+/* The downlink: scratch_params holds the outer step's G' of fragment p; the
+ * delta x = G' - G (G = params[p], the committed global) is encoded with
+ * fragment p's residual (into scratch_resid, a copy: e_p changes only with
+ * the commit), and scratch_params becomes G_new = G + decode(payload), one
+ * fp32 add per element, exactly what a learner applying the payload onto G
+ * computes. 0, or -1 with j->rc / j->err set (nothing to commit). */
+static int encode_update(dl_worker *w, dl_job *j, int p, size_t n)
+{
+    const float *g = w->params[p];
+    float *x = w->scratch_merged; /* the merged delta is spent once the outer step ran */
+    for (size_t i = 0; i < n; i++) x[i] = w->scratch_params[i] - g[i];
+    if (w->resid[p]) memcpy(w->scratch_resid, w->resid[p], n * sizeof(float));
+    else memset(w->scratch_resid, 0, n * sizeof(float));
+    uint64_t bytes = dl_codec_bytes(&w->enc.c, n);
+    if (!bytes) DL_PANIC("downlink codec %s: no payload size for %zu elements", dl_codec_name(w->enc.c.id), n);
+    uint8_t *out = dl_xmalloc((size_t)bytes);
+    /* stochastic rounding: a fresh stream per fragment and version */
+    dl_codec_enc e = w->enc;
+    uint64_t key[2] = {(uint64_t)p, j->version + 1};
+    e.seed = dl_hash64(key, sizeof key, w->enc.seed);
+    int rc = dl_codec_encode(&e, x, w->scratch_resid, n, 0, out);
+    if (!rc) rc = dl_codec_decode_add(&w->enc.c, out, (size_t)bytes, n, g, w->scratch_params);
+    if (rc) {
+        free(out);
+        j->rc = DL_ECORRUPT;
+        snprintf(j->err, sizeof j->err, "merged delta not encodable as %s (%s); not committed",
+                 dl_codec_name(w->enc.c.id), dl_errmsg());
+        return -1;
+    }
+    j->update = out;
+    j->update_bytes = (size_t)bytes;
+    j->update_codec = w->enc.c;
+    return 0;
+}
+
+/* A merge that is not committed sends nothing: its payload goes. */
+static void drop_update(dl_job *j)
+{
+    free(j->update);
+    j->update = NULL;
+    j->update_bytes = 0;
+}
+
 static void run_merge(dl_worker *w, dl_job *j)
 {
     int p = j->fragment;
@@ -123,11 +175,13 @@ static void run_merge(dl_worker *w, dl_job *j)
                              w->scratch_merged, w->scratch_params, w->scratch_mom);
     j->rec.delta_norm = j->norm;
     j->rec.wallclock_ns = dl_wallclock_ns();
+    if (w->enc.c.id && encode_update(w, j, p, n)) return;
     /* the last guard: a poisoned global is never persisted */
     char why[200];
     if (dl_guard_params_max(j->param_abs_max, p, w->scratch_params, n, why, sizeof why)) {
         j->rc = DL_ECORRUPT;
         snprintf(j->err, sizeof j->err, "merged %s; not committed", why);
+        drop_update(j);
         return;
     }
     int finite = 0;
@@ -135,12 +189,19 @@ static void run_merge(dl_worker *w, dl_job *j)
     j->rc = store_write(w, j);
     if (j->rc) {
         snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
+        drop_update(j);
         return;
     }
     /* committed: the in-memory global follows (the loop reads it only after
-     * this job is back, and no other job of fragment p is in flight) */
+     * this job is back, and no other job of fragment p is in flight), and so
+     * does the residual */
     memcpy(w->params[p], w->scratch_params, n * sizeof(float));
     memcpy(w->momentum[p], w->scratch_mom, n * sizeof(float));
+    j->hash = dl_checksum64(w->params[p], n * sizeof(float));
+    if (j->update) {
+        if (!w->resid[p]) w->resid[p] = aligned_floats(n);
+        memcpy(w->resid[p], w->scratch_resid, n * sizeof(float));
+    }
 }
 
 static void run(dl_worker *w, dl_job *j)
@@ -181,8 +242,6 @@ static void *worker_main(void *arg)
     }
 }
 
-static float *aligned_floats(size_t n) { return dl_xaligned(64, n * sizeof(float)); }
-
 int dl_worker_open(dl_store *store, const dl_plan *plan, float **params, float **momentum,
                    void (*wake)(void *ctx), void *wake_ctx, dl_worker **out)
 {
@@ -197,6 +256,7 @@ int dl_worker_open(dl_store *store, const dl_plan *plan, float **params, float *
     w->scratch_merged = aligned_floats(maxn);
     w->scratch_params = aligned_floats(maxn);
     w->scratch_mom = aligned_floats(maxn);
+    w->resid = dl_xcalloc((size_t)dl_plan_P(plan), sizeof *w->resid);
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (pthread_create(&w->thread, NULL, worker_main, w) != 0) DL_PANIC("cannot start the merge worker");
@@ -223,8 +283,24 @@ void dl_worker_close(dl_worker **wp)
     free(w->scratch_merged);
     free(w->scratch_params);
     free(w->scratch_mom);
+    free(w->scratch_resid);
+    for (int p = 0; p < dl_plan_P(w->plan); p++) free(w->resid[p]);
+    free(w->resid);
     free(w);
     *wp = NULL;
+}
+
+void dl_worker_set_update_codec(dl_worker *w, const dl_codec_enc *e)
+{
+    assert(!w->inflight && (!e->c.id || dl_codec_check(&e->c, NULL, 0) == 0));
+    w->enc = *e;
+    if (e->c.id && !w->scratch_resid) w->scratch_resid = aligned_floats(dl_plan_max_fragment_numel(w->plan));
+}
+
+const float *dl_worker_residual(const dl_worker *w, int p)
+{
+    assert(p >= 0 && p < dl_plan_P(w->plan));
+    return w->resid[p];
 }
 
 void dl_worker_submit(dl_worker *w, dl_job *j)

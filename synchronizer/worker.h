@@ -6,13 +6,20 @@
  * (DL_EAGAIN: the map could not grow while snapshots stayed open; nothing
  * was written) is retried with backoff, up to 10 times over about 4 s plus
  * the store's grow waits, before the job fails; a merge is computed once
- * and only its commit is retried. */
+ * and only its commit is retried.
+ *
+ * Downlink codec (dl_worker_set_update_codec): a merge then commits not the
+ * outer step's G' but G_new = G + decode(encode(G' - G + e_p)), the value
+ * every learner that applies the delta Update holds bit for bit, and keeps
+ * e_p (fragment p's error-feedback residual, memory only) for the next merge
+ * of p; the payload comes back with the job. */
 #ifndef DL_SYNCHRONIZER_WORKER_H
 #define DL_SYNCHRONIZER_WORKER_H
 
 #include <stdint.h>
 
 #include "core/plan.h"
+#include "kernels/codec.h"
 #include "storage/store.h"
 #include "synchronizer/merge.h"
 
@@ -50,6 +57,12 @@ typedef struct dl_job {
     double param_abs_max; /* merge: the new global must be finite with |x| <= this (0 = finite only), else the
                            * commit is aborted (dl_guard_cfg.param_abs_max at submission) */
     double param_norm;   /* merge: L2 norm of the committed global fragment */
+    uint64_t hash;       /* merge: dl_checksum64 of the committed global fragment's fp32 bytes */
+    /* merge with a downlink codec: the delta from `version` to version + 1, encoded; owned by the job (a taker
+     * sets it NULL); NULL without a downlink codec or when the merge failed */
+    uint8_t *update;
+    size_t update_bytes; /* dl_codec_bytes(&update_codec, numel) */
+    dl_codec update_codec;
     char err[320];       /* detail of a failure */
 } dl_job;
 
@@ -66,6 +79,14 @@ typedef struct dl_worker dl_worker;
  * is called from the worker thread after each finished job (ev_async_send). */
 int dl_worker_open(dl_store *store, const dl_plan *plan, float **params, float **momentum,
                    void (*wake)(void *ctx), void *wake_ctx, dl_worker **out);
+/* Encode every merge's version-to-version delta with e (copied; e->c.id 0 =
+ * off, the default: the outer step's result is committed as it is). Call
+ * before the first job; e->c must pass dl_codec_check. Stochastic rounding
+ * draws from e->seed mixed with the fragment and the version. */
+void dl_worker_set_update_codec(dl_worker *w, const dl_codec_enc *e);
+/* Fragment p's downlink residual ([numel] floats), or NULL before its first
+ * encoded merge; the caller reads it only while no merge of p is in flight. */
+const float *dl_worker_residual(const dl_worker *w, int p);
 /* Finish the queued jobs, stop the thread, free jobs never taken back. */
 void dl_worker_close(dl_worker **w);
 

@@ -1516,7 +1516,7 @@ static void row_logs(void)
     send_raw_env(&E, &env);
     char got5[600];
     int ok5 = expect_error(&E, DLOCO__V1__ERROR_KIND__ERROR_KIND_PROTOCOL, 0,
-                           "protocol_version 1 not supported (this build speaks 2)", got5, sizeof got5);
+                           "protocol_version 1 not supported (this build speaks 3)", got5, sizeof got5);
     /* and a valid Hello from that connection, so its join is logged too */
     send_hello(&E, NULL, 0);
     char got4[600];

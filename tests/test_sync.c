@@ -2,11 +2,18 @@
  * speaking the wire protocol. Checks every answer the protocol promises,
  * including the error each bad message gets, the numbers of one merge
  * (outer Nesterov on the pushed delta), drop-stale + rebase, and the LMDB
- * record the merge leaves behind. */
+ * record the merge leaves behind; pushes in every codec (encoded here with
+ * kernels/codec.h) are decoded and merged, every live learner gets each new
+ * version, and with a downlink codec a learner that holds v - 1 gets the
+ * delta (and rebuilds the stored fragment bit for bit) while one that missed
+ * a version gets the full fp32 values. */
 #include "core/clock.h"
 #include "core/err.h"
 #include "core/model.h"
 #include "core/plan.h"
+#include "core/hash.h"
+#include "kernels/codec.h"
+#include "kernels/outer.h"
 #include "proto/wire.h"
 #include "storage/store.h"
 
@@ -18,6 +25,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "tests/check.h"
 
@@ -32,10 +42,12 @@ static uint64_t fingerprint, epoch;
 /* Start dloco-sync on store dir/<name> (log dir/<name>.log) with P = 2,
  * as shard `shard` of `shards` when shards is not NULL; the bound endpoint
  * into ep (empty when it did not start within 10 s). */
-static pid_t spawn_sync(const char *name, const char *shard, const char *shards, char *ep, size_t cap)
+static pid_t spawn_sync_x(const char *name, const char *shard, const char *shards, const char *const *extra, char *ep,
+                          size_t cap)
 {
     char logp[300];
     snprintf(logp, sizeof logp, "%s/%s.log", dir, name);
+    fflush(stdout); /* the child's freopen would print what is buffered a second time */
     pid_t pid = fork();
     if (pid == 0) {
         FILE *f = freopen(logp, "w", stdout);
@@ -55,6 +67,7 @@ static pid_t spawn_sync(const char *name, const char *shard, const char *shards,
             argv[n++] = "--shard", argv[n++] = (char *)shard;
             argv[n++] = "--shards", argv[n++] = (char *)shards;
         }
+        for (int i = 0; extra && extra[i] && n < 62; i++) argv[n++] = (char *)extra[i];
         execv(exe, argv);
         _exit(127);
     }
@@ -73,6 +86,11 @@ static pid_t spawn_sync(const char *name, const char *shard, const char *shards,
         if (!ep[0] && waitpid(pid, &st, WNOHANG) == pid) return -1; /* it exited */
     }
     return pid;
+}
+
+static pid_t spawn_sync(const char *name, const char *shard, const char *shards, char *ep, size_t cap)
+{
+    return spawn_sync_x(name, shard, shards, NULL, ep, cap);
 }
 
 static void start_sync(void) { sync_pid = spawn_sync("store", NULL, NULL, endpoint, sizeof endpoint); }
@@ -103,7 +121,7 @@ static int recv_msg(void *d, dl_wire_msg *m)
     return DL_ETIMEDOUT;
 }
 
-static void send_hello(void *d, const char *id, const char *run, uint64_t fp)
+static void send_hello_c(void *d, const char *id, const char *run, uint64_t fp, uint32_t max_chunk)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Hello h;
@@ -112,10 +130,13 @@ static void send_hello(void *d, const char *id, const char *run, uint64_t fp)
     h.n_layer = 1; h.n_head = 2; h.n_embd = 16; h.seq_len = 8; h.vocab = 256;
     h.num_fragments = P;
     h.device = "test";
+    h.max_chunk_bytes = max_chunk;
     dl_wire_env_init(&env, run, 0, id);
     dl_wire_set_hello(&env, &h);
     CHECK(dl_wire_send(d, NULL, 0, &env, NULL, NULL, 0, 0) == 0, "send hello");
 }
+
+static void send_hello(void *d, const char *id, const char *run, uint64_t fp) { send_hello_c(d, id, run, fp, 0); }
 
 static void send_push(void *d, const char *id, int p, uint64_t base, const float *delta, size_t n)
 {
@@ -246,6 +267,401 @@ static void test_shard(void)
     }
     printf("ok: shard 1 of 2 welcomes with its layout, serves and merges only its fragment, refuses the other's push "
            "and fetch, and its store refuses another layout\n");
+}
+
+/* ---- codecs: pushes in every codec, the broadcast, the delta downlink */
+
+static void send_heartbeat(void *d, const char *id)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Heartbeat hb;
+    dloco__v1__heartbeat__init(&hb);
+    dl_wire_env_init(&env, "dloco", epoch, id);
+    dl_wire_set_heartbeat(&env, &hb);
+    CHECK(dl_wire_send(d, NULL, 0, &env, NULL, NULL, 0, 0) == 0, "send heartbeat");
+}
+
+/* A push of fragment p on `base` in codec c: `bytes` of payload holding elements [off, off + cn) (cn 0: the
+ * whole fragment; transfer names a chunked push). */
+static void push_codec(void *d, const char *id, int p, uint64_t base, const dl_codec *c, const void *pl, size_t bytes,
+                       uint64_t off, uint64_t cn, uint64_t transfer)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Push ph;
+    dloco__v1__push__init(&ph);
+    ph.fragment = (uint32_t)p;
+    ph.base_version = base;
+    ph.steps = 4;
+    ph.tokens = 64;
+    ph.codec = (Dloco__V1__Codec)c->id;
+    ph.block_size = c->block;
+    ph.topk = c->topk;
+    ph.numel = dl_plan_fragment_numel(plan, p);
+    ph.chunk_offset = off;
+    ph.chunk_numel = cn;
+    ph.transfer = transfer;
+    ph.checksum = dl_wire_checksum(pl, bytes);
+    ph.loss = 3.0;
+    dl_wire_env_init(&env, "dloco", epoch, id);
+    dl_wire_set_push(&env, &ph);
+    const void *pls[1] = {pl};
+    size_t lens[1] = {bytes};
+    CHECK(dl_wire_send(d, NULL, 0, &env, pls, lens, 1, 0) == 0, "send %s push", dl_codec_name(c->id));
+}
+
+/* The same, packed by hand: what dl_wire_send refuses to send (a payload of the wrong length). */
+static void push_raw(void *d, const char *id, int p, uint64_t base, const dl_codec *c, const void *pl, size_t bytes)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Push ph;
+    dloco__v1__push__init(&ph);
+    ph.fragment = (uint32_t)p;
+    ph.base_version = base;
+    ph.steps = 4;
+    ph.tokens = 64;
+    ph.codec = (Dloco__V1__Codec)c->id;
+    ph.block_size = c->block;
+    ph.topk = c->topk;
+    ph.numel = dl_plan_fragment_numel(plan, p);
+    ph.checksum = dl_wire_checksum(pl, bytes);
+    ph.loss = 3.0;
+    dl_wire_env_init(&env, "dloco", epoch, id);
+    dl_wire_set_push(&env, &ph);
+    size_t n = dloco__v1__envelope__get_packed_size(&env);
+    uint8_t *b = malloc(n);
+    dloco__v1__envelope__pack(&env, b);
+    CHECK(zmq_send(d, b, n, ZMQ_SNDMORE) == (int)n && zmq_send(d, pl, bytes, 0) == (int)bytes, "raw push");
+    free(b);
+}
+
+static int acks[5]; /* Acks take_update passed over, by decision */
+static char last_reason[512];
+
+/* Messages until one whole Update of fragment p has come, its chunks in
+ * order; it is applied to held ([numel]): full values replace it, a delta is
+ * added (dl_codec_decode_add, as a learner applies it). Acks on the way are
+ * counted in acks[]. 0 with the Update's version, kind and codec, or -1. */
+static int take_update(void *d, int p, float *held, uint64_t *version, int *delta, dl_codec *codec)
+{
+    size_t n = dl_plan_fragment_numel(plan, p);
+    uint64_t next = 0;
+    for (int k = 0; k < 64; k++) {
+        dl_wire_msg m;
+        if (recv_msg(d, &m)) return -1;
+        if (m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK) {
+            if ((unsigned)m.env->ack->decision < 5) acks[m.env->ack->decision]++;
+            snprintf(last_reason, sizeof last_reason, "%s", m.env->ack->reason);
+        }
+        if (m.env->body_case != DLOCO__V1__ENVELOPE__BODY_UPDATE || m.env->update->fragment != (uint32_t)p) {
+            dl_wire_msg_close(&m);
+            continue;
+        }
+        const Dloco__V1__Update *u = m.env->update;
+        uint64_t off = u->chunk_offset, cn = u->chunk_numel ? u->chunk_numel : n;
+        dl_codec c = {.id = (dl_codec_id)u->codec, .block = u->block_size, .topk = u->topk};
+        const uint8_t *pl = dl_wire_msg_payload(&m, 0);
+        size_t len = dl_wire_msg_payload_len(&m, 0);
+        int rc = off != next ? DL_EPROTO
+                 : u->delta  ? dl_codec_decode_add(&c, pl, len, cn, held + off, held + off)
+                             : dl_codec_decode(&c, pl, len, cn, held + off);
+        *version = u->version;
+        *delta = u->delta;
+        *codec = c;
+        dl_wire_msg_close(&m);
+        if (rc) {
+            printf("update of fragment %d at %llu (expected %llu): %s\n", p, (unsigned long long)off,
+                   (unsigned long long)next, dl_errmsg());
+            return -1;
+        }
+        next = off + cn;
+        if (next == n) return 0;
+    }
+    return -1;
+}
+
+/* GET /metrics of the synchronizer whose log is dir/<name>.log into buf. */
+static int get_metrics(const char *name, char *buf, size_t cap)
+{
+    char logp[300], line[512], addr[128] = "";
+    snprintf(logp, sizeof logp, "%s/%s.log", dir, name);
+    FILE *f = fopen(logp, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        char *at = strstr(line, "metrics: http://");
+        if (at) sscanf(at + 16, "%127[^/]", addr);
+    }
+    if (f) fclose(f);
+    char *colon = strrchr(addr, ':');
+    if (!colon) return -1;
+    *colon = 0;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    inet_pton(AF_INET, addr, &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    const char *req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+    if (write(fd, req, strlen(req)) < 0) {
+        close(fd);
+        return -1;
+    }
+    size_t got = 0;
+    ssize_t r;
+    while (got + 1 < cap && (r = read(fd, buf + got, cap - 1 - got)) > 0) got += (size_t)r;
+    buf[got] = 0;
+    close(fd);
+    return 0;
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double w = 0;
+    for (size_t i = 0; i < n; i++) w = fmax(w, fabs((double)a[i] - (double)b[i]));
+    return w;
+}
+
+static void stop_sync(pid_t pid, const char *what)
+{
+    kill(pid, SIGTERM);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s exits 0 on SIGTERM", what);
+}
+
+/* A delta in fragment 1's shape, different for each k. */
+static void make_delta(float *x, size_t n, int k)
+{
+    for (size_t i = 0; i < n; i++) x[i] = 0.01f * sinf(0.173f * (float)i + (float)k) + 0.002f * (float)((i + k) % 3);
+}
+
+/* (a) + (c): learner ca pushes fragment 1 in each codec (a whole push, then
+ * a chunked int4 one); each is decoded, merged (weighted mean of one, no
+ * share scaling: G -= outer Nesterov(decode(payload))), and ca and cb, which
+ * never pushes, both get every new version. A push whose payload does not
+ * match its codec and fragment size gets an Error naming both numbers; an
+ * int4 push with a NaN scale is REJECTED, counted under reason codec. */
+static void test_codec_pushes(void)
+{
+    static const char *const args[] = {"--merge", "mean", "--share_scaling", "false", NULL};
+    char ep[256];
+    pid_t pid = spawn_sync_x("codecs", NULL, NULL, args, ep, sizeof ep);
+    REQUIRE(pid > 0 && ep[0], "the codecs synchronizer starts");
+    snprintf(endpoint, sizeof endpoint, "%s", ep);
+    const int p = 1;
+    size_t n = dl_plan_fragment_numel(plan, p);
+    void *a = dealer("ca"), *b = dealer("cb");
+    float *ga = malloc(n * 4), *gb = malloc(n * 4), *gref = malloc(n * 4), *mom = calloc(n, 4);
+    float *x = malloc(n * 4), *dec = malloc(n * 4);
+    uint8_t *pl = malloc(n * 4 + 64);
+    const uint32_t one = 1;
+    uint64_t ver = 0;
+    int isd = 0;
+    dl_codec uc;
+    for (int i = 0; i < 2; i++) {
+        void *d = i ? b : a;
+        const char *id = i ? "cb" : "ca";
+        send_hello(d, id, "dloco", fingerprint);
+        dl_wire_msg w;
+        REQUIRE(recv_msg(d, &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "welcome %s", id);
+        epoch = w.env->epoch;
+        CHECK(w.env->welcome->update_codec == 0, "update_codec off: Welcome.update_codec 0, got %u",
+              w.env->welcome->update_codec);
+        dl_wire_msg_close(&w);
+        send_fetch(d, id, &one, 1);
+        REQUIRE(take_update(d, p, i ? gb : ga, &ver, &isd, &uc) == 0 && ver == 0 && !isd, "%s fetched v0", id);
+    }
+    memcpy(gref, ga, n * 4);
+    static const dl_codec codecs[] = {{DL_CODEC_FP32, 0, 0},  {DL_CODEC_BF16, 0, 0},  {DL_CODEC_INT8, 16, 0},
+                                      {DL_CODEC_INT4, 16, 0}, {DL_CODEC_E3M0, 16, 0}, {DL_CODEC_TOPK, 16, 4},
+                                      {DL_CODEC_INT4, 16, 0}};
+    int nc = (int)(sizeof codecs / sizeof codecs[0]);
+    uint64_t v = 0;
+    for (int k = 0; k < nc; k++, v++) {
+        const dl_codec *c = &codecs[k];
+        int chunked = k == nc - 1; /* the last one: int4 in chunks of 1024 elements (64 blocks) */
+        make_delta(x, n, k);
+        dl_codec_enc enc = {.c = *c, .rounding = DL_ROUND_NEAREST};
+        size_t bytes = (size_t)dl_codec_bytes(c, n);
+        REQUIRE(dl_codec_encode(&enc, x, NULL, n, 0, pl) == 0, "encode %s: %s", dl_codec_name(c->id), dl_errmsg());
+        REQUIRE(dl_codec_decode(c, pl, bytes, n, dec) == 0, "decode %s", dl_codec_name(c->id));
+        dl_cpu_nesterov(gref, mom, dec, n, 0.7f, 0.9f);
+        send_heartbeat(b, "cb");
+        if (!chunked) {
+            push_codec(a, "ca", p, v, c, pl, bytes, 0, 0, 0);
+        } else {
+            for (uint64_t off = 0; off < n; off += 1024) {
+                uint64_t cn = n - off < 1024 ? n - off : 1024;
+                size_t at = off ? (size_t)dl_codec_bytes(c, off) : 0;
+                push_codec(a, "ca", p, v, c, pl + at, (size_t)dl_codec_bytes(c, cn), off, cn, 77);
+            }
+        }
+        memset(acks, 0, sizeof acks);
+        int ra = take_update(a, p, ga, &ver, &isd, &uc);
+        CHECK(ra == 0 && ver == v + 1 && !isd && uc.id == DL_CODEC_FP32, "%s%s push: the pusher gets v%llu full",
+              chunked ? "chunked " : "", dl_codec_name(c->id), (unsigned long long)v + 1);
+        CHECK(acks[DLOCO__V1__DECISION__DECISION_ACCEPTED] == 1, "%s push accepted (acks: pending %d accepted %d "
+              "rejected %d: %s)", dl_codec_name(c->id), acks[1], acks[2], acks[4], last_reason);
+        double worst = max_diff(ga, gref, n);
+        printf("%s%s push (%zu bytes, %.2f bits/element): max |global - (G - outer(decode(payload)))| = %.2e\n",
+               chunked ? "chunked " : "", dl_codec_name(c->id), bytes, 8.0 * (double)bytes / (double)n, worst);
+        CHECK(worst < 1e-6, "%s push: merged global off by %.3e", dl_codec_name(c->id), worst);
+        int rb = take_update(b, p, gb, &ver, &isd, &uc);
+        CHECK(rb == 0 && ver == v + 1 && memcmp(ga, gb, n * 4) == 0,
+              "the non-contributor cb also gets v%llu (rc %d, version %llu)", (unsigned long long)v + 1, rb,
+              (unsigned long long)ver);
+        memcpy(gref, ga, n * 4); /* the next step starts from what was committed */
+    }
+    printf("ok: pushes in fp32, bf16, int8, int4, e3m0, topk and a chunked int4 push were decoded and merged; the "
+           "learner that never pushed got every version\n");
+
+    /* a payload one byte short of what int4 x n (block 16) needs */
+    dl_codec c4 = {DL_CODEC_INT4, 16, 0};
+    size_t need = (size_t)dl_codec_bytes(&c4, n);
+    char needle[160];
+    snprintf(needle, sizeof needle, "payload is %zu bytes, int4 x %zu (block 16) needs %zu", need - 1, n, need);
+    push_raw(a, "ca", p, v, &c4, pl, need - 1);
+    expect_error(a, "int4 push one byte short", DL_EPROTO, 0, needle);
+
+    /* a hostile int4 push: its first block's scale is NaN */
+    make_delta(x, n, 99);
+    dl_codec_enc e4 = {.c = c4, .rounding = DL_ROUND_NEAREST};
+    REQUIRE(dl_codec_encode(&e4, x, NULL, n, 0, pl) == 0, "encode int4");
+    float nan = NAN;
+    memcpy(pl, &nan, 4);
+    push_codec(a, "ca", p, v, &c4, pl, need, 0, 0, 0);
+    {
+        dl_wire_msg r;
+        int rc = recv_msg(a, &r);
+        CHECK(rc == 0 && r.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK &&
+                  r.env->ack->decision == DLOCO__V1__DECISION__DECISION_REJECTED &&
+                  strstr(r.env->ack->reason, "int4 payload refused"),
+              "an int4 push with a NaN scale is rejected by the decoder");
+        if (rc == 0 && r.env->ack) printf("int4 push with a NaN scale -> rejected: %s\n", r.env->ack->reason);
+        if (rc == 0) dl_wire_msg_close(&r);
+    }
+    char *met = malloc(1 << 20);
+    usleep(1200000); /* /metrics is re-rendered every second */
+    CHECK(get_metrics("codecs", met, 1 << 20) == 0 &&
+              strstr(met, "dloco_sync_pushes_rejected_total{reason=\"codec\"} 1"),
+          "the NaN-scale push counts under reason codec");
+    free(met);
+    zmq_close(a);
+    zmq_close(b);
+    stop_sync(pid, "the codecs synchronizer");
+    free(ga), free(gb), free(gref), free(mom), free(x), free(dec), free(pl);
+}
+
+/* The merge event's hash= of fragment p at version v in events file path (0 = none). */
+static uint64_t merge_hash(const char *path, int p, uint64_t v)
+{
+    FILE *f = fopen(path, "r");
+    char line[2048], want[64];
+    snprintf(want, sizeof want, " frag=%d version=%llu ", p, (unsigned long long)v);
+    uint64_t h = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        char *at = strstr(line, "event=merge ");
+        char *hs = strstr(line, " hash=");
+        if (at && strstr(at, want) && hs) h = strtoull(hs + 6, NULL, 16);
+    }
+    if (f) fclose(f);
+    return h;
+}
+
+/* (d) update_codec int4 (block 16): da pushes fragment 1; db, which always
+ * holds v - 1, gets each version as an int4 delta (in chunks: it takes 4 KiB)
+ * and its copy stays the stored fragment bit for bit (the merge event's hash);
+ * dc gets v1 as a delta, then is dead while v2 and v3 merge: heard from
+ * again, it is served v3, full (it missed v2). */
+static void test_delta_downlink(void)
+{
+    char evp[300];
+    snprintf(evp, sizeof evp, "%s/delta.events", dir);
+    const char *args[] = {"--merge", "mean", "--share_scaling", "false", "--update_codec", "int4", "--update_block",
+                          "16", "--events", evp, NULL};
+    char ep[256];
+    pid_t pid = spawn_sync_x("delta", NULL, NULL, args, ep, sizeof ep);
+    REQUIRE(pid > 0 && ep[0], "the delta synchronizer starts");
+    snprintf(endpoint, sizeof endpoint, "%s", ep);
+    const int p = 1;
+    const uint32_t one = 1;
+    size_t n = dl_plan_fragment_numel(plan, p);
+    const char *ids[3] = {"da", "db", "dc"};
+    void *d[3];
+    float *g[3], *x = malloc(n * 4);
+    uint8_t *pl = malloc(n * 4);
+    uint64_t ver = 0;
+    int isd = 0;
+    dl_codec uc;
+    for (int i = 0; i < 3; i++) {
+        d[i] = dealer(ids[i]);
+        g[i] = malloc(n * 4);
+        send_hello_c(d[i], ids[i], "dloco", fingerprint, i == 1 ? 4096 : 0);
+        dl_wire_msg w;
+        REQUIRE(recv_msg(d[i], &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "welcome %s",
+                ids[i]);
+        epoch = w.env->epoch;
+        CHECK(w.env->welcome->update_codec == DLOCO__V1__CODEC__CODEC_INT4, "Welcome.update_codec %u (int4 is 4)",
+              w.env->welcome->update_codec);
+        dl_wire_msg_close(&w);
+        send_fetch(d[i], ids[i], &one, 1);
+        REQUIRE(take_update(d[i], p, g[i], &ver, &isd, &uc) == 0 && ver == 0 && !isd, "%s: a Fetch is answered full",
+                ids[i]);
+    }
+    dl_codec fp32 = {DL_CODEC_FP32, 0, 0};
+    for (uint64_t v = 0; v < 3; v++) {
+        if (v == 1) {
+            /* dc falls silent past liveness (heartbeat_ms 100 x 6): dead when v2 merges */
+            for (int k = 0; k < 10; k++) {
+                send_heartbeat(d[0], "da");
+                send_heartbeat(d[1], "db");
+                usleep(150000);
+            }
+        }
+        send_heartbeat(d[1], "db");
+        make_delta(x, n, (int)v);
+        push_codec(d[0], "da", p, v, &fp32, x, n * 4, 0, 0, 0);
+        memset(acks, 0, sizeof acks);
+        int ra = take_update(d[0], p, g[0], &ver, &isd, &uc);
+        CHECK(ra == 0 && ver == v + 1 && acks[DLOCO__V1__DECISION__DECISION_ACCEPTED] == 1,
+              "da's push merged into v%llu", (unsigned long long)v + 1);
+        int rb = take_update(d[1], p, g[1], &ver, &isd, &uc);
+        CHECK(rb == 0 && ver == v + 1 && isd && uc.id == DL_CODEC_INT4 && uc.block == 16,
+              "db, given v%llu, gets v%llu as an int4 delta (rc %d, delta %d, codec %s)", (unsigned long long)v,
+              (unsigned long long)v + 1, rb, isd, dl_codec_name(uc.id));
+        CHECK(memcmp(g[1], g[0], n * 4) == 0, "db's v%llu (v%llu + decode(delta)) is bit for bit da's",
+              (unsigned long long)v + 1, (unsigned long long)v);
+        usleep(100000); /* the event file is written by now */
+        uint64_t want = merge_hash(evp, p, v + 1), have = dl_checksum64(g[1], n * 4);
+        CHECK(want && want == have, "v%llu: merge event hash=%016llx, db's copy hashes %016llx",
+              (unsigned long long)v + 1, (unsigned long long)want, (unsigned long long)have);
+        if (v == 0) {
+            int rc = take_update(d[2], p, g[2], &ver, &isd, &uc);
+            CHECK(rc == 0 && ver == 1 && isd, "dc, given v0, gets v1 as a delta too");
+        }
+        if (v == 2) {
+            send_heartbeat(d[2], "dc"); /* alive again: what it is owed comes now */
+            int rc = take_update(d[2], p, g[2], &ver, &isd, &uc);
+            CHECK(rc == 0 && ver == 3 && !isd && uc.id == DL_CODEC_FP32 && memcmp(g[2], g[1], n * 4) == 0,
+                  "dc, dead through v2 and v3, gets v3 full fp32 (rc %d, version %llu, delta %d), as db rebuilt it",
+                  rc, (unsigned long long)ver, isd);
+        }
+    }
+    printf("ok: with update_codec int4 a learner given v-1 gets chunked int4 deltas and holds the stored fragment "
+           "bit for bit (merge hash); one that missed a version gets it full\n");
+    /* 3 fetch replies and dc's v3 went full; da's and db's three and dc's v1 went as deltas */
+    char *met = malloc(1 << 20);
+    usleep(1200000); /* /metrics is re-rendered every second */
+    int got = get_metrics("delta", met, 1 << 20) == 0;
+    CHECK(got && strstr(met, "dloco_sync_updates_sent_total{kind=\"full\"} 4") &&
+              strstr(met, "dloco_sync_updates_sent_total{kind=\"delta\"} 7"),
+          "metrics: 4 full and 7 delta Updates sent%s", got ? "" : " (no /metrics)");
+    free(met);
+    for (int i = 0; i < 3; i++) {
+        zmq_close(d[i]);
+        free(g[i]);
+    }
+    stop_sync(pid, "the delta synchronizer");
+    free(x), free(pl);
 }
 
 int main(void)
@@ -465,6 +881,8 @@ int main(void)
     free(frag);
     free(delta);
     test_shard();
+    test_codec_pushes();
+    test_delta_downlink();
     dl_plan_close(&plan);
     zmq_ctx_term(ctx);
     char cmd[300];

@@ -1,16 +1,22 @@
 /* Tests of the synchronizer's worker thread against a real store: a merge
  * whose commit needs the map to grow while a snapshot is open is retried, not
  * abandoned, and a commit that keeps failing gives up after a bounded number
- * of retries leaving the store and the in-memory global untouched. */
+ * of retries leaving the store and the in-memory global untouched; with a
+ * downlink codec the committed fragment is the old one plus the decoded
+ * payload, bit for bit, and the residual carries what the payload did not. */
 #define _GNU_SOURCE /* nftw */
 #include "synchronizer/worker.h"
 
 #include "core/err.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "core/tensor.h"
+#include "kernels/codec.h"
+#include "kernels/outer.h"
 #include "tests/check.h"
 
 #include <errno.h>
+#include <math.h>
 #include <ftw.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -78,6 +84,111 @@ static dl_job *wait_done(dl_worker *w)
     }
     REQUIRE(0, "the worker did not finish the job within 30 s");
     return NULL;
+}
+
+/* 4. Downlink codec int4 (block 128; NUMEL is not a multiple of it, so the
+ * last block is short): two merges of fragment 0. Each commits exactly
+ * G_old + decode(payload) (one fp32 add, kernels/codec.h), the payload comes
+ * back with the job, the residual is what encode leaves (y - decode, y = G' -
+ * G_old + e_old), so G' + e_old - G_new and e_p agree to one rounding of the
+ * add (2 ulp of the largest operand); the merge's hash is that of the committed bytes; a merge refused by
+ * param_abs_max changes neither the global nor the residual. */
+static void test_downlink(const dl_plan *plan)
+{
+    char dir[4096];
+    const char *bin = getenv("DLOCO_BIN");
+    snprintf(dir, sizeof dir, "%s/test_worker_dl.XXXXXX", bin && *bin ? bin : "/tmp");
+    REQUIRE(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
+    size_t n = NUMEL;
+    float *params = dl_xaligned(64, n * 4), *mom = dl_xaligned(64, n * 4), *delta = malloc(n * 4);
+    float *g_old = malloc(n * 4), *g_ref = malloc(n * 4), *m_ref = malloc(n * 4), *dec = malloc(n * 4);
+    float *e_old = calloc(n, 4), *got = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) params[i] = (float)((int)(i % 200) - 100) * 0.013f, mom[i] = 0;
+    memcpy(m_ref, mom, n * 4);
+    dl_store_opts o = dl_store_opts_default();
+    o.durability = DL_STORE_PERIODIC;
+    dl_store *s = NULL;
+    OK(dl_store_open(dir, &o, &s));
+    const uint64_t numel[1] = {NUMEL};
+    const dl_model_config model = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
+    dl_store_run run = {"worker", 1, NULL, 1, numel, model, 7};
+    const float *init[1] = {params};
+    OK(dl_store_init_run(s, &run, init));
+    atomic_int wakes = 0;
+    dl_worker *w = NULL;
+    OK(dl_worker_open(s, plan, &params, &mom, wake, &wakes, &w));
+    dl_codec_enc enc = {.c = {.id = DL_CODEC_INT4, .block = 128}, .rounding = DL_ROUND_NEAREST, .seed = 1};
+    dl_worker_set_update_codec(w, &enc);
+    CHECK(dl_worker_residual(w, 0) == NULL, "no residual before the first merge");
+    uint64_t want_bytes = dl_codec_bytes(&enc.c, n);
+    for (uint64_t v = 0; v < 2; v++) {
+        for (size_t i = 0; i < n; i++) delta[i] = 0.02f * sinf((float)i * 0.37f + (float)v) + 0.001f * (float)(i % 5);
+        /* the outer step the worker runs, on copies: G' into g_ref */
+        memcpy(g_old, params, n * 4);
+        memcpy(g_ref, params, n * 4);
+        dl_cpu_nesterov(g_ref, m_ref, delta, n, 0.7f, 0.9f);
+        dl_worker_submit(w, merge_job(v, delta));
+        dl_job *j = wait_done(w);
+        REQUIRE(j->rc == 0, "merge onto v%llu with int4 downlink: rc %d: %s", (unsigned long long)v, j->rc, j->err);
+        REQUIRE(j->update && j->update_bytes == want_bytes && j->update_codec.id == DL_CODEC_INT4 &&
+                    j->update_codec.block == 128,
+                "the job carries the int4 payload: %zu bytes (want %llu)", j->update_bytes,
+                (unsigned long long)want_bytes);
+        /* the committed global, in memory and in the store, is G_old + decode(payload) bit for bit */
+        OK(dl_codec_decode_add(&j->update_codec, j->update, j->update_bytes, n, g_old, got));
+        CHECK(memcmp(got, params, n * 4) == 0, "v%llu: the in-memory global is G_old + decode(payload) bit for bit",
+              (unsigned long long)v + 1);
+        uint64_t sv = 0;
+        float *stored = malloc(n * 4);
+        OK(dl_store_read_fragment(s, 0, &sv, stored, NULL));
+        CHECK(sv == v + 1 && memcmp(stored, got, n * 4) == 0, "v%llu: the store holds G_old + decode(payload)",
+              (unsigned long long)v + 1);
+        CHECK(j->hash == dl_checksum64(got, n * 4), "v%llu: the merge's hash is the committed fragment's",
+              (unsigned long long)v + 1);
+        /* the residual: exactly encode's y - decode(payload), y = (G' - G_old) + e_old; and, to the one
+         * rounding of G_old + decode, what G_new lacks of G' + e_old */
+        OK(dl_codec_decode(&j->update_codec, j->update, j->update_bytes, n, dec));
+        const float *e = dl_worker_residual(w, 0);
+        REQUIRE(e, "a residual after the merge");
+        size_t exact = 0, close = 0;
+        double worst = 0, enorm = 0;
+        for (size_t i = 0; i < n; i++) {
+            float y = (g_ref[i] - g_old[i]) + e_old[i];
+            exact += e[i] == y - dec[i];
+            double gap = ((double)g_ref[i] + (double)e_old[i] - (double)got[i]) - (double)e[i];
+            float big = fmaxf(fmaxf(fabsf(got[i]), fabsf(g_old[i])), fmaxf(fabsf(g_ref[i]), fabsf(y)));
+            double ulp = (double)nextafterf(big, INFINITY) - (double)big; /* of the largest operand */
+            close += fabs(gap) <= 2 * ulp;
+            worst = fmax(worst, fabs(gap));
+            enorm = fmax(enorm, fabs(e[i]));
+        }
+        CHECK(exact == n, "v%llu: e_p == y - decode(payload) at %zu of %zu elements", (unsigned long long)v + 1,
+              exact, n);
+        CHECK(close == n && enorm > 0, "v%llu: |G' + e_old - G_new - e_p| <= 2 ulp at %zu of %zu (worst %.3g, max |e_p| %.3g)",
+              (unsigned long long)v + 1, close, n, worst, enorm);
+        printf("ok: int4 downlink merge to v%llu: %zu payload bytes (%.2f bits/element), committed = G_old + "
+               "decode bit for bit, max |e_p| %.3g, |G' + e_old - G_new - e_p| <= %.3g\n",
+               (unsigned long long)v + 1, j->update_bytes, 8.0 * (double)j->update_bytes / (double)n, enorm, worst);
+        memcpy(e_old, e, n * 4);
+        /* the momentum follows the outer step (the residual does not touch it) */
+        CHECK(memcmp(mom, m_ref, n * 4) == 0, "v%llu: momentum as the outer step left it", (unsigned long long)v + 1);
+        free(stored);
+        dl_job_free(j);
+    }
+    /* a merge the parameter guard refuses: nothing committed, residual and global unchanged */
+    memcpy(g_old, params, n * 4);
+    dl_job *j = merge_job(2, delta);
+    j->param_abs_max = 1e-6;
+    dl_worker_submit(w, j);
+    j = wait_done(w);
+    CHECK(j->rc == DL_ECORRUPT && !j->update, "a guarded merge fails without a payload: rc %d", j->rc);
+    CHECK(memcmp(params, g_old, n * 4) == 0 && memcmp(dl_worker_residual(w, 0), e_old, n * 4) == 0,
+          "the refused merge left the global and the residual as they were");
+    dl_job_free(j);
+    dl_worker_close(&w);
+    dl_store_close(&s);
+    nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    free(params), free(mom), free(delta), free(g_old), free(g_ref), free(m_ref), free(dec), free(e_old), free(got);
 }
 
 int main(void)
@@ -195,8 +306,9 @@ int main(void)
     dl_worker_close(&w);
     dl_store_close(&s);
     CHECK(dl_store_check(dir, NULL) == 0, "check: %s", dl_errmsg());
+    nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    test_downlink(plan);
     dl_plan_close(&plan);
     free(params), free(mom), free(delta), free(x), free(m);
-    nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     return CHECK_DONE("test_worker");
 }
