@@ -1148,7 +1148,11 @@ static void row_counters(void)
     row("3d counters", "then honest-1 (batch 4) pushes tokens 128 x3 while liar-1 stays live -> %d merges, share [%s]",
         nm, shares);
     CHECK(merges_ok && nm == 3, "honest merges: %d", nm);
-    CHECK(minshare > 0.5 && minshare <= 1.0, "merge shares > 0.5: %s", shares);
+    /* the live liar is expected at the fleet's rate (it has no pooled push: the
+     * others' mean tokens per step), so a full period is 2 learners and each
+     * honest round is half of it; its refused 2^62 tokens count for nothing
+     * (they would push the share to ~0) */
+    CHECK(minshare > 0.49 && minshare <= 1.0, "merge shares about 0.5 or more: %s", shares);
     CHECK(live_liar, "liar-1 stayed live through the merges");
 
     send_heartbeat(&L, 1ull << 50, 1ull << 52);
