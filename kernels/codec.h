@@ -18,9 +18,14 @@
  * with u = a uniform in [0, 1) that is a pure function of (seed, first + i),
  * so the CPU and the GPU draw the same u, and E[decode] = y within a block
  * (except where |y| is clipped to the top level, which absmax scaling never
- * needs). e3m0 rounds between neighbouring powers of two (and zero) in
- * linear value. bf16 is round-to-nearest-even. topk keeps the k largest |y|
- * of each block (ties: the lower index). */
+ * needs). u is the top 24 bits of splitmix64(seed ^ (first + i) * 0x9e3779b97f4a7c15)
+ * times 2^-24 (kernels/codec_elem.h); a value t = |y|/s between two levels
+ * goes up with probability (t - lower) / (upper - lower), i.e. when u < that
+ * fraction. e3m0 rounds between neighbouring levels 0, 2^-6, ..., 1 (times s)
+ * in linear value (below 2^-6: between 0 and 2^-6). bf16 is round-to-nearest-
+ * even. topk keeps the k largest |y| of each block (ties: the lower index)
+ * as exact fp32 values. A block whose absmax is 0 (or so small that absmax /
+ * top underflows to 0) has scale 0 and all-zero codes; its r is then y. */
 #ifndef DL_KERNELS_CODEC_H
 #define DL_KERNELS_CODEC_H
 
@@ -39,20 +44,27 @@ typedef struct {
 
 /* "nearest" | "stochastic" -> rounding; DL_EINVAL otherwise. */
 int dl_codec_rounding_parse(const char *name, dl_codec_rounding *out);
+/* "nearest", "stochastic"; "unknown" otherwise. */
+const char *dl_codec_rounding_name(int rounding);
 
 /* Encode x[0, n) -- elements [first, first + n) of a fragment; for block
  * codecs `first` is a multiple of the block size -- into out,
  * dl_codec_bytes(&e->c, n) bytes. r: NULL, or n floats of error-feedback
  * residual, read and then overwritten as above. out must not overlap x or r.
- * Returns 0, or DL_EINVAL (a non-finite y, an invalid codec; out and r are
- * then unspecified). */
+ * n == 0 writes nothing and returns 0. Returns 0, or DL_EINVAL naming the
+ * element: a non-finite y, a bf16 y that rounds beyond bf16's largest
+ * finite value; or an invalid codec, rounding, or `first` off a block (out
+ * and r are then unspecified). */
 int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n, uint64_t first, uint8_t *out);
 
 /* Decode len bytes holding n elements into out[0, n). Everything is
  * checked: len == dl_codec_bytes(c, n), every scale finite and >= 0, every
  * fp32/bf16/topk value finite, topk indices strictly increasing and inside
- * their block. Returns 0 or DL_EINVAL with the reason (naming the block or
- * element) in dl_errmsg(); out is unspecified on error. */
+ * their block, and no code an encoder never writes: int8 -128, the nibble 8
+ * (int4 -8, e3m0 negative zero), a non-zero padding nibble after an odd
+ * block. Returns 0 or DL_EINVAL with the reason (naming the first bad block
+ * or element, e.g. "int4 block 3: scale -1 is negative") in dl_errmsg(); out
+ * is unspecified on error. n == 0 with len == 0 is valid and a no-op. */
 int dl_codec_decode(const dl_codec *c, const uint8_t *in, size_t len, uint64_t n, float *out);
 
 /* out[i] = base[i] + decode(in)[i], one fp32 add per element (out may be

@@ -1,0 +1,520 @@
+/* The wire codecs on the CPU (kernels/codec.h; layouts in core/codec.h):
+ * encode with error feedback and nearest or stochastic rounding, checked decode.
+ *
+ * Work is per block (fp32/bf16: per chunk of elements), blocks in parallel
+ * with OpenMP for large payloads: every block is computed on its own, so the
+ * bytes and floats do not depend on the number of threads. Element loops are
+ * written for the vectoriser (no early exits; a vector flag finds a bad
+ * element, a scalar rescan names it). This file is compiled with
+ * -ffp-contract=off (kernels/CMakeLists.txt): decode is q * s, then + base. */
+#include "kernels/codec.h"
+
+#include <assert.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/err.h"
+#include "kernels/codec_elem.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kernels/codec.c copies little-endian payload fields with memcpy: little-endian hosts only"
+#endif
+
+/* Below this many elements one thread does the whole payload. */
+#define PAR_MIN ((uint64_t)1 << 16)
+/* Elements per work item of fp32/bf16 (no blocks of their own). */
+#define FLAT_CHUNK 4096u
+#define NONE UINT64_MAX
+
+static const char *const rounding_names[] = {"nearest", "stochastic"};
+
+int dl_codec_rounding_parse(const char *name, dl_codec_rounding *out)
+{
+    for (int i = 0; i < 2; i++)
+        if (name && !strcmp(name, rounding_names[i])) {
+            *out = (dl_codec_rounding)i;
+            return 0;
+        }
+    return dl_err(DL_EINVAL, "unknown rounding '%s' (nearest|stochastic)", name ? name : "");
+}
+
+const char *dl_codec_rounding_name(int rounding)
+{
+    return rounding == 0 || rounding == 1 ? rounding_names[rounding] : "unknown";
+}
+
+/* ---- geometry: blocks of b elements, the last b_j = n - j*b may be shorter */
+
+typedef struct {
+    uint64_t b;      /* elements per work item (block, or FLAT_CHUNK) */
+    uint64_t nb;     /* work items */
+    uint64_t stride; /* payload bytes of a full item */
+} geom;
+
+static uint64_t item_bytes(const dl_codec *c, uint64_t bj)
+{
+    switch (c->id) {
+    case DL_CODEC_FP32: return 4 * bj;
+    case DL_CODEC_BF16: return 2 * bj;
+    case DL_CODEC_INT8: return 4 + bj;
+    case DL_CODEC_INT4:
+    case DL_CODEC_E3M0: return 4 + (bj + 1) / 2;
+    case DL_CODEC_TOPK: return 6 * (bj < c->topk ? bj : c->topk);
+    }
+    return 0;
+}
+
+static geom geom_of(const dl_codec *c, uint64_t n)
+{
+    geom g;
+    g.b = dl_codec_is_block(c->id) ? c->block : FLAT_CHUNK;
+    g.nb = (n + g.b - 1) / g.b;
+    g.stride = item_bytes(c, g.b);
+    return g;
+}
+
+static inline float ld_f32(const uint8_t *p)
+{
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+/* y = x + r of element i (r NULL: x) */
+static inline float y_of(const float *x, const float *r, uint64_t i)
+{
+    return r ? x[i] + r[i] : x[i];
+}
+
+/* max of |y| as ordered bits over [0, bj); > DL_CX_FINITE_MAX when some y is not finite */
+static uint32_t absmax_bits(const float *x, const float *r, uint64_t bj)
+{
+    uint32_t m = 0;
+    if (r) {
+#pragma omp simd reduction(max : m)
+        for (uint64_t i = 0; i < bj; i++) {
+            uint32_t k = DL_CX_ABS_BITS(dl_cx_bits(x[i] + r[i]));
+            m = k > m ? k : m;
+        }
+    } else {
+#pragma omp simd reduction(max : m)
+        for (uint64_t i = 0; i < bj; i++) {
+            uint32_t k = DL_CX_ABS_BITS(dl_cx_bits(x[i]));
+            m = k > m ? k : m;
+        }
+    }
+    return m;
+}
+
+static uint64_t first_nonfinite(const float *x, const float *r, uint64_t bj)
+{
+    for (uint64_t i = 0; i < bj; i++)
+        if (!isfinite(y_of(x, r, i))) return i;
+    return NONE;
+}
+
+/* ---- encode, one work item. Returns NONE, or 2 * (the index in the item of
+ * the first element that cannot be encoded) + why: 0 y not finite, 1 y
+ * beyond bf16's range (then r of the item is already overwritten). */
+
+static uint64_t enc_fp32(const float *x, float *r, uint64_t bj, uint8_t *o)
+{
+    if (absmax_bits(x, r, bj) > DL_CX_FINITE_MAX) return 2 * first_nonfinite(x, r, bj);
+    if (r) {
+        for (uint64_t i = 0; i < bj; i++) {
+            float y = x[i] + r[i];
+            memcpy(o + 4 * i, &y, 4);
+            r[i] = 0.0f; /* y - y */
+        }
+    } else {
+        memcpy(o, x, 4 * bj);
+    }
+    return NONE;
+}
+
+static uint64_t enc_bf16(const float *x, float *r, uint64_t bj, uint8_t *o)
+{
+    if (absmax_bits(x, r, bj) > DL_CX_FINITE_MAX) return 2 * first_nonfinite(x, r, bj);
+    int over = 0;
+#pragma omp simd reduction(| : over)
+    for (uint64_t i = 0; i < bj; i++) {
+        float y = y_of(x, r, i);
+        uint16_t h = dl_cx_bf16(y);
+        over |= (h & 0x7f80u) == 0x7f80u;
+        memcpy(o + 2 * i, &h, 2);
+        if (r) r[i] = y - dl_cx_bf16_value(h);
+    }
+    if (over)
+        for (uint64_t i = 0; i < bj; i++) {
+            uint16_t h;
+            memcpy(&h, o + 2 * i, 2);
+            if ((h & 0x7f80u) == 0x7f80u) return 2 * i + 1;
+        }
+    return NONE;
+}
+
+/* int8 / int4 / e3m0: the scale, then the codes */
+static uint64_t enc_scaled(const dl_codec_enc *e, const float *x, float *r, uint64_t bj, uint64_t idx0,
+                           uint8_t *o)
+{
+    uint32_t m = absmax_bits(x, r, bj);
+    if (m > DL_CX_FINITE_MAX) return 2 * first_nonfinite(x, r, bj);
+    dl_codec_id id = e->c.id;
+    float a = dl_cx_float(m);
+    float s = id == DL_CODEC_INT8 ? a / (float)DL_CX_INT8_TOP : id == DL_CODEC_INT4 ? a / (float)DL_CX_INT4_TOP : a;
+    memcpy(o, &s, 4);
+    uint8_t *q = o + 4;
+    uint64_t codes = id == DL_CODEC_INT8 ? bj : (bj + 1) / 2;
+    if (s == 0.0f) { /* absmax 0 (or an absmax so small that absmax / top underflows) */
+        memset(q, 0, codes);
+        if (r)
+            for (uint64_t i = 0; i < bj; i++) r[i] = (x[i] + r[i]) - 0.0f;
+        return NONE;
+    }
+    int st = e->rounding == DL_ROUND_STOCHASTIC;
+    uint64_t seed = e->seed;
+    if (id == DL_CODEC_INT8) {
+#pragma omp simd
+        for (uint64_t i = 0; i < bj; i++) {
+            float y = y_of(x, r, i);
+            float u = st ? dl_cx_uniform(seed, idx0 + i) : 0.0f;
+            int l = dl_cx_int_level(fabsf(y), s, DL_CX_INT8_TOP, st, u);
+            int qi = y < 0.0f ? -l : l;
+            q[i] = (uint8_t)(int8_t)qi;
+            if (r) r[i] = y - (float)qi * s;
+        }
+        return NONE;
+    }
+    memset(q, 0, codes);
+    for (uint64_t i = 0; i < bj; i++) {
+        float y = y_of(x, r, i);
+        float u = st ? dl_cx_uniform(seed, idx0 + i) : 0.0f;
+        unsigned nib;
+        float v;
+        if (id == DL_CODEC_INT4) {
+            int l = dl_cx_int_level(fabsf(y), s, DL_CX_INT4_TOP, st, u);
+            int qi = y < 0.0f ? -l : l;
+            nib = (unsigned)qi & 0xfu;
+            v = (float)qi * s;
+        } else {
+            int l = dl_cx_e3m0_level(fabsf(y), s, st, u);
+            nib = l ? (unsigned)l | (y < 0.0f ? 8u : 0u) : 0u;
+            v = dl_cx_e3m0_value(nib, s);
+        }
+        q[i / 2] |= (uint8_t)(nib << (4 * (i & 1)));
+        if (r) r[i] = y - v;
+    }
+    return NONE;
+}
+
+/* number of |y| keys >= t */
+static uint64_t count_ge(const float *x, const float *r, uint64_t bj, uint32_t t)
+{
+    uint64_t c = 0;
+#pragma omp simd reduction(+ : c)
+    for (uint64_t i = 0; i < bj; i++) c += DL_CX_ABS_BITS(dl_cx_bits(y_of(x, r, i))) >= t;
+    return c;
+}
+
+/* topk: the k_j largest |y| (ties: the lower index), in index order. The
+ * threshold T is the k_j-th largest key, found by bisection on the key bits
+ * (32 vector counts, no scratch); then every key > T is kept and the first
+ * (k_j - #(> T)) keys == T. */
+static uint64_t enc_topk(const dl_codec *c, const float *x, float *r, uint64_t bj, uint8_t *o)
+{
+    uint32_t m = absmax_bits(x, r, bj);
+    if (m > DL_CX_FINITE_MAX) return 2 * first_nonfinite(x, r, bj);
+    uint64_t k = bj < c->topk ? bj : c->topk;
+    uint32_t lo = 0, hi = m; /* count_ge(lo) >= k always */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo + 1) / 2;
+        if (count_ge(x, r, bj, mid) >= k)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    uint64_t ties = k - count_ge(x, r, bj, lo + 1), w = 0;
+    for (uint64_t i = 0; i < bj; i++) {
+        float y = y_of(x, r, i);
+        uint32_t key = DL_CX_ABS_BITS(dl_cx_bits(y));
+        int keep = key > lo || (key == lo && ties > 0);
+        if (key == lo && keep) ties--;
+        if (keep) {
+            uint16_t ix = (uint16_t)i;
+            memcpy(o + 6 * w, &ix, 2);
+            memcpy(o + 6 * w + 2, &y, 4);
+            w++;
+        }
+        if (r) r[i] = keep ? 0.0f : y;
+    }
+    assert(w == k);
+    return NONE;
+}
+
+int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n, uint64_t first, uint8_t *out)
+{
+    assert(e);
+    char why[160];
+    if (dl_codec_check(&e->c, why, sizeof why)) return DL_EINVAL;
+    const dl_codec *c = &e->c;
+    if (e->rounding != DL_ROUND_NEAREST && e->rounding != DL_ROUND_STOCHASTIC)
+        return dl_err(DL_EINVAL, "%s encode: unknown rounding %d", dl_codec_name(c->id), (int)e->rounding);
+    if (dl_codec_is_block(c->id) && first % c->block)
+        return dl_err(DL_EINVAL, "%s encode: first element %llu is not on a block of %u", dl_codec_name(c->id),
+                      (unsigned long long)first, c->block);
+    if (n == 0) return 0;
+    if (!dl_codec_bytes(c, n))
+        return dl_err(DL_EINVAL, "%s encode: %llu elements have no payload size", dl_codec_name(c->id),
+                      (unsigned long long)n);
+    assert(x && out);
+    geom g = geom_of(c, n);
+    uint64_t bad = NONE;
+#pragma omp parallel for schedule(static) reduction(min : bad) if (g.nb > 1 && n >= PAR_MIN)
+    for (uint64_t j = 0; j < g.nb; j++) {
+        uint64_t i0 = j * g.b, bj = n - i0 < g.b ? n - i0 : g.b, b;
+        const float *xj = x + i0;
+        float *rj = r ? r + i0 : NULL;
+        uint8_t *o = out + j * g.stride;
+        switch (c->id) {
+        case DL_CODEC_FP32: b = enc_fp32(xj, rj, bj, o); break;
+        case DL_CODEC_BF16: b = enc_bf16(xj, rj, bj, o); break;
+        case DL_CODEC_TOPK: b = enc_topk(c, xj, rj, bj, o); break;
+        default: b = enc_scaled(e, xj, rj, bj, first + i0, o); break;
+        }
+        if (b != NONE && 2 * i0 + b < bad) bad = 2 * i0 + b;
+    }
+    if (bad != NONE) {
+        uint64_t i = bad / 2;
+        if (bad & 1)
+            return dl_err(DL_EINVAL, "bf16 encode: element %llu (fragment element %llu): x = %g, y = x + r is beyond bf16's range",
+                          (unsigned long long)i, (unsigned long long)(first + i), (double)x[i]);
+        return dl_err(DL_EINVAL, "%s encode: element %llu (fragment element %llu): y = x + r = %g is not finite",
+                      dl_codec_name(c->id), (unsigned long long)i, (unsigned long long)(first + i),
+                      (double)y_of(x, r, i));
+    }
+    return 0;
+}
+
+/* ---- decode: a checking pass over the whole payload (nothing written),
+ * then the decoding pass. Each item check has a vector test and a scalar
+ * rescan that writes the reason. Returns 0 when the item is valid. */
+
+static int bad_scale(const dl_codec *c, uint64_t j, float s, char *why, size_t cap)
+{
+    if (isfinite(s) && s >= 0.0f) return 0;
+    snprintf(why, cap, "%s block %llu: scale %g is %s", dl_codec_name(c->id), (unsigned long long)j, (double)s,
+             isfinite(s) ? "negative" : "not finite");
+    return 1;
+}
+
+static int check_item(const dl_codec *c, uint64_t j, uint64_t i0, const uint8_t *p, uint64_t bj, char *why,
+                      size_t cap)
+{
+    const char *name = dl_codec_name(c->id);
+    int bad = 0;
+    switch (c->id) {
+    case DL_CODEC_FP32:
+#pragma omp simd reduction(| : bad)
+        for (uint64_t i = 0; i < bj; i++) bad |= DL_CX_ABS_BITS(dl_cx_bits(ld_f32(p + 4 * i))) > DL_CX_FINITE_MAX;
+        if (!bad) return 0;
+        for (uint64_t i = 0; i < bj; i++) {
+            float v = ld_f32(p + 4 * i);
+            if (!isfinite(v)) {
+                snprintf(why, cap, "fp32 element %llu: %g is not finite", (unsigned long long)(i0 + i), (double)v);
+                return 1;
+            }
+        }
+        return 0;
+    case DL_CODEC_BF16:
+#pragma omp simd reduction(| : bad)
+        for (uint64_t i = 0; i < bj; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            bad |= (h & 0x7f80u) == 0x7f80u;
+        }
+        if (!bad) return 0;
+        for (uint64_t i = 0; i < bj; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            if ((h & 0x7f80u) == 0x7f80u) {
+                snprintf(why, cap, "bf16 element %llu: 0x%04x (%g) is not finite", (unsigned long long)(i0 + i), h,
+                         (double)dl_cx_bf16_value(h));
+                return 1;
+            }
+        }
+        return 0;
+    case DL_CODEC_INT8: {
+        if (bad_scale(c, j, ld_f32(p), why, cap)) return 1;
+        const int8_t *q = (const int8_t *)(p + 4);
+#pragma omp simd reduction(| : bad)
+        for (uint64_t i = 0; i < bj; i++) bad |= q[i] == -128;
+        if (!bad) return 0;
+        for (uint64_t i = 0; i < bj; i++)
+            if (q[i] == -128) {
+                snprintf(why, cap, "int8 block %llu: element %llu has code -128, outside [-127, 127]",
+                         (unsigned long long)j, (unsigned long long)i);
+                return 1;
+            }
+        return 0;
+    }
+    case DL_CODEC_INT4:
+    case DL_CODEC_E3M0: {
+        if (bad_scale(c, j, ld_f32(p), why, cap)) return 1;
+        const uint8_t *q = p + 4;
+        uint64_t full = bj / 2;
+        /* int4 -8 and e3m0 "negative zero" are both the nibble 8: never written by an encoder */
+#pragma omp simd reduction(| : bad)
+        for (uint64_t i = 0; i < full; i++) bad |= (q[i] & 0xfu) == 8u || (q[i] >> 4) == 8u;
+        if (bj & 1) bad |= (q[full] & 0xfu) == 8u || (q[full] >> 4) != 0;
+        if (!bad) return 0;
+        for (uint64_t i = 0; i < bj; i++) {
+            unsigned nib = (q[i / 2] >> (4 * (i & 1))) & 0xfu;
+            if (nib == 8u) {
+                snprintf(why, cap, "%s block %llu: element %llu has code 8 (%s)", name, (unsigned long long)j,
+                         (unsigned long long)i, c->id == DL_CODEC_INT4 ? "-8, outside [-7, 7]" : "negative zero");
+                return 1;
+            }
+        }
+        snprintf(why, cap, "%s block %llu: padding nibble after the last element is %u, not 0", name,
+                 (unsigned long long)j, (unsigned)(q[full] >> 4));
+        return 1;
+    }
+    case DL_CODEC_TOPK: {
+        uint64_t k = bj < c->topk ? bj : c->topk;
+        int64_t prev = -1;
+        for (uint64_t e = 0; e < k; e++) {
+            uint16_t ix;
+            memcpy(&ix, p + 6 * e, 2);
+            float v = ld_f32(p + 6 * e + 2);
+            if (ix >= bj) {
+                snprintf(why, cap, "topk block %llu: index %u outside block of %llu", (unsigned long long)j, ix,
+                         (unsigned long long)bj);
+                return 1;
+            }
+            if ((int64_t)ix <= prev) {
+                snprintf(why, cap, "topk block %llu: indices not increasing at entry %llu (%u after %lld)",
+                         (unsigned long long)j, (unsigned long long)e, ix, (long long)prev);
+                return 1;
+            }
+            if (!isfinite(v)) {
+                snprintf(why, cap, "topk block %llu: entry %llu (index %u) value %g is not finite",
+                         (unsigned long long)j, (unsigned long long)e, ix, (double)v);
+                return 1;
+            }
+            prev = ix;
+        }
+        return 0;
+    }
+    }
+    return 0;
+}
+
+/* out[i] = v (base NULL) or base[i] + v, for each decoded value v of the item */
+static void dec_item(const dl_codec *c, const uint8_t *p, uint64_t bj, const float *base, float *out)
+{
+    switch (c->id) {
+    case DL_CODEC_FP32:
+        if (!base) {
+            memcpy(out, p, 4 * bj);
+            return;
+        }
+#pragma omp simd
+        for (uint64_t i = 0; i < bj; i++) out[i] = base[i] + ld_f32(p + 4 * i);
+        return;
+    case DL_CODEC_BF16:
+#pragma omp simd
+        for (uint64_t i = 0; i < bj; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            float v = dl_cx_bf16_value(h);
+            out[i] = base ? base[i] + v : v;
+        }
+        return;
+    case DL_CODEC_INT8: {
+        float s = ld_f32(p);
+        const int8_t *q = (const int8_t *)(p + 4);
+#pragma omp simd
+        for (uint64_t i = 0; i < bj; i++) {
+            float v = (float)q[i] * s;
+            out[i] = base ? base[i] + v : v;
+        }
+        return;
+    }
+    case DL_CODEC_INT4:
+    case DL_CODEC_E3M0: {
+        float s = ld_f32(p);
+        const uint8_t *q = p + 4;
+        int e3 = c->id == DL_CODEC_E3M0;
+#pragma omp simd
+        for (uint64_t i = 0; i < bj; i++) {
+            unsigned nib = (q[i / 2] >> (4 * (i & 1))) & 0xfu;
+            float v = e3 ? dl_cx_e3m0_value(nib, s) : (float)dl_cx_nib_int(nib) * s;
+            out[i] = base ? base[i] + v : v;
+        }
+        return;
+    }
+    case DL_CODEC_TOPK: {
+        uint64_t k = bj < c->topk ? bj : c->topk, e = 0;
+        uint16_t next;
+        memcpy(&next, p, 2);
+        for (uint64_t i = 0; i < bj; i++) {
+            float v = 0.0f;
+            if (e < k && next == i) {
+                v = ld_f32(p + 6 * e + 2);
+                if (++e < k) memcpy(&next, p + 6 * e, 2);
+            }
+            out[i] = base ? base[i] + v : v;
+        }
+        return;
+    }
+    }
+}
+
+static int decode(const dl_codec *c, const uint8_t *in, size_t len, uint64_t n, const float *base, float *out)
+{
+    assert(c);
+    char why[200];
+    if (dl_codec_check(c, why, sizeof why)) return DL_EINVAL;
+    uint64_t want = dl_codec_bytes(c, n);
+    if (n == 0 && len == 0) return 0;
+    if (want == 0)
+        return dl_err(DL_EINVAL, "%s decode: %llu elements have no payload size", dl_codec_name(c->id),
+                      (unsigned long long)n);
+    if ((uint64_t)len != want)
+        return dl_err(DL_EINVAL, "%s payload of %llu elements must be %llu bytes, got %zu", dl_codec_name(c->id),
+                      (unsigned long long)n, (unsigned long long)want, len);
+    assert(in && out);
+    geom g = geom_of(c, n);
+    uint64_t bad = NONE;
+    int par = g.nb > 1 && n >= PAR_MIN;
+#pragma omp parallel for schedule(static) reduction(min : bad) if (par)
+    for (uint64_t j = 0; j < g.nb; j++) {
+        uint64_t i0 = j * g.b, bj = n - i0 < g.b ? n - i0 : g.b;
+        char w[200];
+        if (j < bad && check_item(c, j, i0, in + j * g.stride, bj, w, sizeof w)) bad = j;
+    }
+    if (bad != NONE) {
+        uint64_t i0 = bad * g.b, bj = n - i0 < g.b ? n - i0 : g.b;
+        check_item(c, bad, i0, in + bad * g.stride, bj, why, sizeof why);
+        return dl_err(DL_EINVAL, "%s", why);
+    }
+#pragma omp parallel for schedule(static) if (par)
+    for (uint64_t j = 0; j < g.nb; j++) {
+        uint64_t i0 = j * g.b, bj = n - i0 < g.b ? n - i0 : g.b;
+        dec_item(c, in + j * g.stride, bj, base ? base + i0 : NULL, out + i0);
+    }
+    return 0;
+}
+
+int dl_codec_decode(const dl_codec *c, const uint8_t *in, size_t len, uint64_t n, float *out)
+{
+    return decode(c, in, len, n, NULL, out);
+}
+
+int dl_codec_decode_add(const dl_codec *c, const uint8_t *in, size_t len, uint64_t n, const float *base, float *out)
+{
+    assert(base || n == 0);
+    return decode(c, in, len, n, base, out);
+}
