@@ -67,6 +67,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/codec.h"
 #include "learner/mailbox.h"
 
 struct dl_plan;
@@ -118,6 +119,14 @@ typedef struct {
      * and the learner's own training stay honest. */
     int byzantine;
     double byzantine_scale;
+    /* Push encoding (core/codec.h, kernels/codec.h; dloco-learner's rows push_codec, push_block, push_topk,
+     * push_rounding, error_feedback): id 0 = fp32; block and topk as dl_codec_check wants them for the id
+     * (block codecs: block in [16, 65536], even; topk: topk in [1, block]); push_rounding DL_ROUND_*;
+     * error_feedback: keep the residual of every encoded push per fragment (learner/ef.h has the rules);
+     * ignored for fp32. A byzantine push is corrupted before it is encoded. */
+    dl_codec push_codec;
+    int push_rounding;
+    int error_feedback;
     /* timing, ms; 0 = the default in brackets (dloco-learner's config rows) */
     int hello_retry_ms;     /* first Hello retry without a Welcome, doubling per retry [1000] */
     int hello_retry_max_ms; /* cap of that backoff [16000] */
@@ -136,7 +145,7 @@ typedef struct {
  * coalesced, discarded and superseded are the mailbox's (shared by its sessions). */
 typedef struct {
     uint64_t pushes;         /* Push messages sent */
-    uint64_t push_bytes;     /* payload bytes of those */
+    uint64_t push_bytes;     /* payload bytes of those, as encoded */
     uint64_t coalesced;      /* queued pushes replaced by a newer push of the same fragment */
     uint64_t discarded;      /* queued pushes dropped because the learner had to rebase (must_fetch) */
     uint64_t acks_pending;   /* MERGED_PENDING acks received */
@@ -154,6 +163,9 @@ typedef struct {
     uint64_t newer_epoch;    /* inbound messages (not a Welcome answering our Hello) of a newer epoch: re-hello */
     uint64_t updates_refused; /* Updates refused on receipt: non-finite payload, version jump */
     uint64_t updates_old;    /* normal Updates dropped: version below the held one */
+    uint64_t updates_delta;  /* of `updates`, delta Updates applied onto the session's mirror */
+    uint64_t updates_delta_missed; /* delta Updates dropped because the mirror did not hold version - 1 (missed
+                              * versions, no mirror yet, a gap in its chunks); the fragment is fetched */
     uint64_t welcomes_refused; /* Welcomes with h / heartbeat_ms / liveness out of bounds, or of another shard */
     uint64_t refetches;      /* fetches asked for after refused updates (each sent after its backoff,
                               * unless a good Update of the fragment came first) */
