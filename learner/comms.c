@@ -1431,15 +1431,16 @@ static uint64_t push_window(const dl_comms *c) { return 2 * c->chunk * sizeof(fl
  * (core/codec.h), so the bytes of [off, off + n) start at enc_bytes(off). */
 static uint64_t enc_bytes(const dl_comms *c, uint64_t n) { return n ? dl_codec_bytes(&c->penc.c, n) : 0; }
 
-/* Elements per chunk of a chunked push: as many as fit Welcome.chunk_bytes
- * in the push codec, for block codecs rounded down to whole blocks (at
- * least one), so every chunk but the fragment's last holds whole blocks. */
+/* Elements per chunk of a chunked push: the chunk's fp32 element count
+ * (Welcome.chunk_bytes / 4), for block codecs rounded down to whole blocks
+ * (at least one), so every chunk but the fragment's last holds whole blocks
+ * and an encoded chunk is smaller than the fp32 chunk it stands for (as the
+ * synchronizer chunks delta Updates). */
 static uint64_t push_chunk_numel(const dl_comms *c)
 {
     const dl_codec *pc = &c->penc.c;
-    uint64_t bytes = c->chunk * sizeof(float);
-    if (!dl_codec_is_block(pc->id)) return bytes / (pc->id == DL_CODEC_BF16 ? 2 : 4);
-    uint64_t blocks = bytes / dl_codec_bytes(pc, pc->block);
+    if (!dl_codec_is_block(pc->id)) return c->chunk;
+    uint64_t blocks = c->chunk / pc->block;
     return (blocks ? blocks : 1) * pc->block;
 }
 
