@@ -18,6 +18,28 @@
  * EAGAIN), so pushes wait in their slots and a Hello is retried every
  * hello_unsent_ms until one leaves.
  *
+ * Encoded pushes: the mailbox holds fp32 deltas; the session encodes a push
+ * when it claims it (opts.push_codec, kernels/codec.h), once, into a
+ * per-fragment buffer, and a chunked push sends block-aligned ranges of that
+ * encoding. With error feedback it keeps per fragment the residual the
+ * accepted pushes did not carry (learner/ef.h: ACCEPTED commits the push's
+ * residual, REJECTED keeps the committed one, DROPPED_STALE, a rebase and a
+ * fetch reply zero it; a lost Ack changes nothing).
+ *
+ * Delta Updates (Welcome.update_codec != 0): the session keeps a mirror of
+ * every fragment it serves, the fp32 values of the version it last handed to
+ * the update slot. A delta of version v applies onto a mirror at v - 1
+ * (dl_codec_decode_add, chunk by chunk into a staging copy that becomes the
+ * mirror) and is handed to the slot as a full update, so the node never sees
+ * a delta; one for a version the mirror does not hold is dropped and the
+ * fragment fetched (updates_delta_missed). An `update_base` event carries
+ * dl_checksum64 of every version handed over, full or delta, to compare with
+ * the synchronizer's `merge` hash.
+ *
+ * Rebase: an Ack with rebase (DROPPED_STALE, or REJECTED on an unusable
+ * base) makes the next Update of its fragment DL_UPDATE_REBASE: the node
+ * sets theta = g and resets the counters, whatever its adopt mode.
+ *
  * Trust: the synchronizer is a peer, not an authority over the learner's
  * state. Before anything it sends is used (docs/PROTOCOL.md "What a learner
  * accepts"):
