@@ -363,6 +363,7 @@ static int recv_push(harness *h, const expected *e, int p, uint64_t *base_out, c
 
 static int hold_ms = -1, hold_adopt = DL_ADOPT_OVERWRITE;
 static dl_codec push_codec = {.id = DL_CODEC_FP32}; /* the learner's push encoding (test_codec) */
+static int push_rounding = DL_ROUND_NEAREST;
 
 static dl_comms *start_learner(harness *h, const char *id, float *theta, dl_mailbox **mb, dl_node **node)
 {
@@ -383,6 +384,7 @@ static dl_comms *start_learner(harness *h, const char *id, float *theta, dl_mail
         .connect_timeout_ms = 20000,
         .silence_rebuild_ms = 1500, /* the rebuild after a re-hello that stays unanswered (test_silence) */
         .push_codec = push_codec,
+        .push_rounding = push_rounding,
         .error_feedback = 1,
     };
     dl_comms *c = NULL;
@@ -1611,6 +1613,82 @@ static void test_codec(const char *dir)
     dl_plan_close(&p2);
 }
 
+/* Stochastic rounding: each push draws from dl_hash64({Hello.instance, fragment, n}) where n counts the
+ * fragment's encoded pushes (1, 2, ...), so a push is reproducible from what the synchronizer knows. */
+static void test_stochastic(void)
+{
+    const char *id = "LS";
+    const uint64_t E = 12;
+    const int H = 4, q = 1; /* due at steps 1 and 5 */
+    push_codec = (dl_codec){.id = DL_CODEC_INT4, .block = 16};
+    push_rounding = DL_ROUND_STOCHASTIC;
+    harness h;
+    h_open(&h, plan);
+    float *theta = calloc(total, sizeof(float));
+    dl_node *n = NULL;
+    dl_mailbox *mb = NULL;
+    dl_comms *c = start_learner(&h, id, theta, &mb, &n);
+    dl_wire_msg m;
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    uint64_t instance = m.env->hello->instance;
+    dl_wire_msg_close(&m);
+    h_welcome(&h, id, E, 5, (uint32_t)H, 50, 1);
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
+    dl_wire_msg_close(&m);
+    size_t k = dl_plan_fragment_numel(plan, q), bytes = (size_t)dl_codec_bytes(&push_codec, k);
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float)), *r = calloc(k, sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, 5, g);
+        h_update(&h, id, E, p, 5, g);
+    }
+    REQUIRE(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
+    uint8_t *want = malloc(bytes), *other = malloc(bytes);
+    expected e = {0};
+    int pushes = 0, same_seed = 0, differs = 0;
+    for (int64_t step = 1; step <= 5; step++) {
+        train_step(theta, step);
+        dl_node_after_step(n, step, H, TOK, 2.5, 0.0);
+        for (int p = 0; p < P; p++) {
+            if (!due(step, p, H)) continue;
+            expect_push(&e, n, p);
+            if (!h_expect(&h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "stochastic push")) continue;
+            if (p == q) {
+                /* residual zero: every push of q is REJECTED, the committed residual stays 0 */
+                dl_codec_enc enc = {.c = push_codec, .rounding = DL_ROUND_STOCHASTIC};
+                uint64_t key[3] = {instance, (uint64_t)q, (uint64_t)++pushes};
+                enc.seed = dl_hash64(key, sizeof key, 0);
+                memset(r, 0, k * sizeof(float));
+                REQUIRE(dl_codec_encode(&enc, e.delta[q], r, k, 0, want) == 0, "reference encode");
+                same_seed += dl_wire_msg_payload_len(&m, 0) == bytes &&
+                             memcmp(dl_wire_msg_payload(&m, 0), want, bytes) == 0;
+                enc.seed = dl_hash64((uint64_t[3]){instance, (uint64_t)q, (uint64_t)pushes + 1}, 24, 0);
+                memset(r, 0, k * sizeof(float));
+                REQUIRE(dl_codec_encode(&enc, e.delta[q], r, k, 0, other) == 0, "reference encode");
+                differs += memcmp(other, want, bytes) != 0;
+            }
+            dl_wire_msg_close(&m);
+            h_ack(&h, id, E, p, 5, DLOCO__V1__DECISION__DECISION_REJECTED, 0);
+        }
+    }
+    /* (the push of step 5 is all zeros: train_step's increments over 5 steps cancel; no draw matters there) */
+    CHECK(pushes == 2 && same_seed == 2 && differs >= 1,
+          "stochastic int4 pushes of fragment %d = encode with seed hash(instance, fragment, push n) (%d of %d; "
+          "another n draws differently: %d)", q, same_seed, pushes, differs);
+    printf("ok: stochastic rounding draws from (learner instance, fragment, push counter)\n");
+    dl_comms_close(&c);
+    dl_node_close(&n);
+    dl_mailbox_close(&mb);
+    h_close(&h);
+    for (int p = 0; p < P; p++) free(e.delta[p]);
+    free(g);
+    free(r);
+    free(want);
+    free(other);
+    free(theta);
+    push_codec = (dl_codec){.id = DL_CODEC_FP32};
+    push_rounding = DL_ROUND_NEAREST;
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1631,6 +1709,7 @@ int main(void)
     test_shard_welcome();
     test_chunks();
     test_codec(dir);
+    test_stochastic();
 
     const char *b = getenv("DLOCO_BIN");
     snprintf(bin, sizeof bin, "%s/learner/dloco-learner", b ? b : "build");
