@@ -1215,7 +1215,8 @@ static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, cons
         }
         f->mirror_version = u->version;
         f->mirror_ok = 1;
-        f->stage_active = 0; /* a delta half assembled on the old mirror cannot go on */
+        /* a delta half assembled goes on only when it is the next version of this one */
+        if (f->stage_active && f->stage_version != u->version + 1) f->stage_active = 0;
     }
     COUNT(updates);
     if (u->delta) COUNT(updates_delta);
