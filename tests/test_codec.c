@@ -148,14 +148,15 @@ static void roundtrip(dl_codec c, dl_codec_rounding rd, uint64_t n)
                 minkept = fmin(minkept, fabs(x[j0 + ix]));
             }
             int ok = 1;
+            uint8_t *flag = calloc(bj, 1);
+            for (uint64_t e2 = 0; e2 < k; e2++) {
+                uint16_t ix;
+                memcpy(&ix, p + off + 6 * e2, 2);
+                if (ix < bj) flag[ix] = 1;
+            }
             for (uint64_t i = 0; i < bj; i++) {
                 float y = x[j0 + i], v = d[j0 + i];
-                int is_kept = 0;
-                for (uint64_t e2 = 0; e2 < k; e2++) {
-                    uint16_t ix;
-                    memcpy(&ix, p + off + 6 * e2, 2);
-                    is_kept |= ix == i;
-                }
+                int is_kept = flag[i];
                 kept += is_kept;
                 if (is_kept) {
                     ok &= bits(v) == bits(y);
@@ -166,6 +167,7 @@ static void roundtrip(dl_codec c, dl_codec_rounding rd, uint64_t n)
                     if (fabs(y) == minkept) ok &= last_tie_kept >= 0;
                 }
             }
+            free(flag);
             CHECK(ok && kept == k, "topk b %u block at %llu: kept %llu of %llu, set not the top k (ties low index)",
                   c.block, (unsigned long long)j0, (unsigned long long)kept, (unsigned long long)k);
         } else {
@@ -302,6 +304,25 @@ static void known_answers(void)
     dl_codec_encode(&n1, y, NULL, 16, 16, b);
     CHECK(memcmp(a, b, 20) != 0, "stochastic does not depend on first");
 
+    /* the uniform is the first splitmix64 output of the state seed ^ idx * golden, top 24 bits:
+     * splitmix64(0) = 0xe220a8397b1dcdaf; the others from a Python reference */
+    CHECK(dl_cx_uniform(0, 0) == 14819496 * 0x1p-24f && dl_cx_uniform(42, 1) == 2682851 * 0x1p-24f &&
+              dl_cx_uniform(0xfeed, 123456789) == 13366642 * 0x1p-24f &&
+              dl_cx_uniform(UINT64_MAX, (1ull << 40) + 3) == 849915 * 0x1p-24f,
+          "uniform golden values: %.9g %.9g", dl_cx_uniform(0, 0) * 0x1p24f, dl_cx_uniform(42, 1) * 0x1p24f);
+    /* stochastic int8 known answer: s = 1, every y = k + 1/2 goes up exactly when u(seed, first + i) < 1/2 */
+    {
+        float xs[32];
+        for (int i = 0; i < 32; i++) xs[i] = i == 0 ? 127.0f : (float)(i % 7) + 0.5f;
+        dl_codec c32 = {.id = DL_CODEC_INT8, .block = 32};
+        dl_codec_enc es = {.c = c32, .rounding = DL_ROUND_STOCHASTIC, .seed = 0xabcdef};
+        uint8_t ps[36];
+        CHECK(dl_codec_encode(&es, xs, NULL, 32, 64, ps) == 0, "stochastic known: %s", dl_errmsg());
+        int ok2 = ldf(ps) == 1.0f && ps[4] == 127;
+        for (int i = 1; i < 32; i++)
+            ok2 &= (int8_t)ps[4 + i] == i % 7 + (dl_cx_uniform(0xabcdef, 64 + (uint64_t)i) < 0.5f);
+        CHECK(ok2, "stochastic int8 codes differ from floor + (u < frac)");
+    }
     /* the uniform: on the 2^-24 grid of [0, 1), mean 1/2 */
     double mean = 0;
     int grid = 1;
@@ -585,6 +606,24 @@ int main(void)
             for (int ni = 0; ni < 3; ni++)
                 for (int r = 0; r < 2; r++) roundtrip(c, (dl_codec_rounding)r, ns[ni]);
         }
+    /* the largest block: topk's keys on the heap, index 65535 */
+    for (int k = 0; k < NALL; k++)
+        if (dl_codec_is_block(ALL[k])) roundtrip(mk(ALL[k], DL_CODEC_BLOCK_MAX), DL_ROUND_STOCHASTIC, 2 * DL_CODEC_BLOCK_MAX + 37);
+    {
+        dl_codec ck = {.id = DL_CODEC_TOPK, .block = DL_CODEC_BLOCK_MAX, .topk = 1};
+        float *xm = calloc(DL_CODEC_BLOCK_MAX, 4);
+        xm[DL_CODEC_BLOCK_MAX - 1] = -5;
+        uint8_t pm[6];
+        dl_codec_enc em = {.c = ck};
+        CHECK(dl_codec_encode(&em, xm, NULL, DL_CODEC_BLOCK_MAX, 0, pm) == 0 && pm[0] == 0xff && pm[1] == 0xff &&
+                  ldf(pm + 2) == -5,
+              "topk index 65535: %02x%02x %g", pm[1], pm[0], ldf(pm + 2));
+        float *om = malloc(DL_CODEC_BLOCK_MAX * 4);
+        CHECK(dl_codec_decode(&ck, pm, 6, DL_CODEC_BLOCK_MAX, om) == 0 && om[DL_CODEC_BLOCK_MAX - 1] == -5 &&
+                  om[0] == 0,
+              "topk decode of index 65535: %s", dl_errmsg());
+        free(xm), free(om);
+    }
     for (int k = 0; k < NALL; k++)
         for (int r = 0; r < 2; r++) error_feedback(mk(ALL[k], 128), (dl_codec_rounding)r);
     unbiased(mk(DL_CODEC_INT8, 128));
