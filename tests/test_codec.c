@@ -558,6 +558,109 @@ static void hostile(void)
     free(x), free(p), free(q);
 }
 
+/* ---- a reference decoder written from core/codec.h alone, scalar, in
+ * double where exact: 0 and out, or -1 for a payload it refuses */
+
+static int ref_decode(const dl_codec *c, const uint8_t *p, size_t len, uint64_t n, float *out)
+{
+    if (len != dl_codec_bytes(c, n)) return -1;
+    if (c->id == DL_CODEC_FP32 || c->id == DL_CODEC_BF16) {
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t b = 0;
+            if (c->id == DL_CODEC_FP32)
+                memcpy(&b, p + 4 * i, 4);
+            else
+                b = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
+            float v;
+            memcpy(&v, &b, 4);
+            if (!isfinite(v)) return -1;
+            out[i] = v;
+        }
+        return 0;
+    }
+    for (uint64_t j0 = 0; j0 < n; j0 += c->block) {
+        uint64_t bj = n - j0 < c->block ? n - j0 : c->block;
+        if (c->id == DL_CODEC_TOPK) {
+            uint64_t k = bj < c->topk ? bj : c->topk;
+            for (uint64_t i = 0; i < bj; i++) out[j0 + i] = 0;
+            long prev = -1;
+            for (uint64_t e = 0; e < k; e++, p += 6) {
+                long ix = p[0] | p[1] << 8;
+                float v = ldf(p + 2);
+                if (ix <= prev || ix >= (long)bj || !isfinite(v)) return -1;
+                out[j0 + ix] = v, prev = ix;
+            }
+            continue;
+        }
+        float s = ldf(p);
+        if (!isfinite(s) || s < 0) return -1;
+        p += 4;
+        for (uint64_t i = 0; i < bj; i++) {
+            int code = c->id == DL_CODEC_INT8 ? p[i] : (p[i / 2] >> (i % 2 ? 4 : 0)) & 15;
+            double v;
+            if (c->id == DL_CODEC_INT8) {
+                if (code == 128) return -1;
+                v = (double)(int8_t)code * s;
+            } else if (c->id == DL_CODEC_INT4) {
+                if (code == 8) return -1;
+                v = (double)(code < 8 ? code : code - 16) * s;
+            } else {
+                if (code == 8) return -1;
+                v = (code & 7) ? ldexp((double)s, (code & 7) - 7) : 0.0;
+                if (code & 8) v = -v;
+            }
+            out[j0 + i] = (float)v; /* exact: a product of at most 8 and 24 significant bits */
+        }
+        if (c->id != DL_CODEC_INT8 && (bj & 1) && (p[bj / 2] >> 4)) return -1;
+        p += c->id == DL_CODEC_INT8 ? bj : (bj + 1) / 2;
+    }
+    return 0;
+}
+
+/* random byte changes in valid payloads: the decoder accepts exactly what the
+ * reference accepts, with the same floats; a refusal leaves decode_add's out alone */
+static void mutations(void)
+{
+    const uint64_t n = 16 * 5 + 3;
+    float x[16 * 5 + 3], ref[16 * 5 + 3], got[16 * 5 + 3], base[16 * 5 + 3], keep[16 * 5 + 3];
+    uint8_t p[8 * (16 * 5 + 3)], q[8 * (16 * 5 + 3)];
+    int accepted = 0, refused = 0, bad = 0;
+    for (int k = 0; k < NALL; k++) {
+        dl_codec c = mk(ALL[k], 16);
+        c.topk = c.id == DL_CODEC_TOPK ? 5 : 0;
+        size_t len = dl_codec_bytes(&c, n);
+        for (int it = 0; it < 3000; it++) {
+            for (uint64_t i = 0; i < n; i++) x[i] = dl_rng_normal(&rng), base[i] = (float)i;
+            dl_codec_enc e = {.c = c, .rounding = (dl_codec_rounding)(it & 1), .seed = (uint64_t)it};
+            dl_codec_encode(&e, x, NULL, n, 0, p);
+            memcpy(q, p, len);
+            int flips = 1 + (int)dl_rng_below(&rng, 3);
+            for (int f = 0; f < flips; f++) {
+                size_t at = dl_rng_below(&rng, len);
+                q[at] = dl_rng_below(&rng, 4) ? (uint8_t)dl_rng_below(&rng, 256) : (uint8_t)(q[at] ^ 0x80);
+            }
+            int want = ref_decode(&c, q, len, n, ref);
+            for (uint64_t i = 0; i < n; i++) got[i] = keep[i] = -7.0f;
+            int rc = dl_codec_decode_add(&c, q, len, n, base, got);
+            if (want == 0) {
+                accepted++;
+                int same = rc == 0;
+                for (uint64_t i = 0; i < n && same; i++) same = bits(got[i]) == bits(base[i] + ref[i]);
+                if (!same && bad++ < 5)
+                    CHECK(0, "%s: mutated payload (iteration %d) rc %d '%s' differs from the reference decode",
+                          dl_codec_name(c.id), it, rc, rc ? dl_errmsg() : "");
+            } else {
+                refused++;
+                if ((rc != DL_EINVAL || !same_bits(got, keep, n)) && bad++ < 5)
+                    CHECK(0, "%s: mutated payload (iteration %d) accepted or out written: rc %d",
+                          dl_codec_name(c.id), it, rc);
+            }
+        }
+    }
+    CHECK(bad == 0, "%d mutated payloads decoded unlike the reference", bad);
+    printf("mutated payloads: %d accepted, %d refused, all as the reference decoder\n", accepted, refused);
+}
+
 /* ---- same bytes and floats whatever the thread count */
 
 static void threads(void)
@@ -630,6 +733,7 @@ int main(void)
     unbiased(mk(DL_CODEC_INT4, 16));
     unbiased(mk(DL_CODEC_E3M0, 128));
     hostile();
+    mutations();
     threads();
     return CHECK_DONE("test_codec");
 }
