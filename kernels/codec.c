@@ -24,8 +24,7 @@
 
 /* Below this many elements one thread does the whole payload. */
 #define PAR_MIN ((uint64_t)1 << 16)
-/* Elements per work item of fp32/bf16 (no blocks of their own). */
-#define FLAT_CHUNK 4096u
+#define FLAT_CHUNK DL_CX_FLAT_CHUNK
 #define NONE UINT64_MAX
 
 static const char *const rounding_names[] = {"nearest", "stochastic"};
@@ -55,15 +54,7 @@ typedef struct {
 
 static uint64_t item_bytes(const dl_codec *c, uint64_t bj)
 {
-    switch (c->id) {
-    case DL_CODEC_FP32: return 4 * bj;
-    case DL_CODEC_BF16: return 2 * bj;
-    case DL_CODEC_INT8: return 4 + bj;
-    case DL_CODEC_INT4:
-    case DL_CODEC_E3M0: return 4 + (bj + 1) / 2;
-    case DL_CODEC_TOPK: return 6 * (bj < c->topk ? bj : c->topk);
-    }
-    return 0;
+    return dl_cx_item_bytes(c->id, c->topk, bj);
 }
 
 static geom geom_of(const dl_codec *c, uint64_t n)
@@ -136,7 +127,12 @@ static uint64_t enc_fp32(const float *x, float *r, uint64_t bj, uint8_t *o)
 
 static uint64_t enc_bf16(const float *x, float *r, uint64_t bj, uint8_t *o)
 {
-    if (absmax_bits(x, r, bj) > DL_CX_FINITE_MAX) return 2 * first_nonfinite(x, r, bj);
+    if (absmax_bits(x, r, bj) > DL_CX_FINITE_MAX) /* the first fault of either kind, nothing written */
+        for (uint64_t i = 0; i < bj; i++) {
+            float y = y_of(x, r, i);
+            if (!isfinite(y)) return 2 * i;
+            if ((dl_cx_bf16(y) & 0x7f80u) == 0x7f80u) return 2 * i + 1;
+        }
     int over = 0;
 #pragma omp simd reduction(| : over)
     for (uint64_t i = 0; i < bj; i++) {
@@ -155,6 +151,61 @@ static uint64_t enc_bf16(const float *x, float *r, uint64_t bj, uint8_t *o)
     return NONE;
 }
 
+/* Elements per inner run of int4/e3m0: codes go to a small buffer, then are
+ * packed two to a byte (both loops vectorise). */
+#define RUN 256
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* Codes (one per byte: int8 q, int4 q & 15, e3m0 sign|e) and residuals of m
+ * elements with scale s > 0. id, has_r and st are constants at every call
+ * site, so each combination compiles to its own branch-free vector loop. */
+INLINE void quant_run(dl_codec_id id, int has_r, int st, const float *x, float *r, uint64_t m, float s,
+                      uint64_t seed, uint64_t idx0, uint8_t *c)
+{
+#pragma omp simd
+    for (uint64_t i = 0; i < m; i++) {
+        float y = has_r ? x[i] + r[i] : x[i];
+        float ay = fabsf(y);
+        float u = st ? dl_cx_uniform(seed, idx0 + i) : 0.0f;
+        float v;
+        if (id == DL_CODEC_E3M0) {
+            int l = dl_cx_e3m0_level(ay, s, st, u);
+            unsigned nib = dl_cx_e3m0_nib(l, y);
+            c[i] = (uint8_t)nib;
+            v = dl_cx_e3m0_value(nib, s);
+        } else {
+            int l = dl_cx_int_level(ay, s, id == DL_CODEC_INT8 ? DL_CX_INT8_TOP : DL_CX_INT4_TOP, st, u);
+            int q = y < 0.0f ? -l : l;
+            c[i] = id == DL_CODEC_INT8 ? (uint8_t)(int8_t)q : (uint8_t)((unsigned)q & 0xfu);
+            v = (float)q * s;
+        }
+        if (has_r) r[i] = y - v;
+    }
+}
+
+INLINE void quant_block(dl_codec_id id, int has_r, int st, const float *x, float *r, uint64_t bj, float s,
+                        uint64_t seed, uint64_t idx0, uint8_t *q)
+{
+    if (id == DL_CODEC_INT8) {
+        quant_run(id, has_r, st, x, r, bj, s, seed, idx0, q);
+        return;
+    }
+    uint8_t c[RUN];
+    for (uint64_t i0 = 0; i0 < bj; i0 += RUN) {
+        uint64_t m = bj - i0 < RUN ? bj - i0 : RUN;
+        quant_run(id, has_r, st, x + i0, has_r ? r + i0 : NULL, m, s, seed, idx0 + i0, c);
+        if (m & 1) c[m] = 0; /* the padding nibble of an odd last block */
+        uint8_t *o = q + i0 / 2;
+#pragma omp simd
+        for (uint64_t p = 0; p < (m + 1) / 2; p++) o[p] = (uint8_t)(c[2 * p] | c[2 * p + 1] << 4);
+    }
+}
+
+#define QUANT_ID(ID) \
+    (r ? (st ? quant_block(ID, 1, 1, x, r, bj, s, seed, idx0, q) : quant_block(ID, 1, 0, x, r, bj, s, seed, idx0, q)) \
+       : (st ? quant_block(ID, 0, 1, x, r, bj, s, seed, idx0, q) : quant_block(ID, 0, 0, x, r, bj, s, seed, idx0, q)))
+
 /* int8 / int4 / e3m0: the scale, then the codes */
 static uint64_t enc_scaled(const dl_codec_enc *e, const float *x, float *r, uint64_t bj, uint64_t idx0,
                            uint8_t *o)
@@ -166,108 +217,146 @@ static uint64_t enc_scaled(const dl_codec_enc *e, const float *x, float *r, uint
     float s = id == DL_CODEC_INT8 ? a / (float)DL_CX_INT8_TOP : id == DL_CODEC_INT4 ? a / (float)DL_CX_INT4_TOP : a;
     memcpy(o, &s, 4);
     uint8_t *q = o + 4;
-    uint64_t codes = id == DL_CODEC_INT8 ? bj : (bj + 1) / 2;
     if (s == 0.0f) { /* absmax 0 (or an absmax so small that absmax / top underflows) */
-        memset(q, 0, codes);
+        memset(q, 0, id == DL_CODEC_INT8 ? bj : (bj + 1) / 2);
         if (r)
             for (uint64_t i = 0; i < bj; i++) r[i] = (x[i] + r[i]) - 0.0f;
         return NONE;
     }
     int st = e->rounding == DL_ROUND_STOCHASTIC;
     uint64_t seed = e->seed;
-    if (id == DL_CODEC_INT8) {
-#pragma omp simd
-        for (uint64_t i = 0; i < bj; i++) {
-            float y = y_of(x, r, i);
-            float u = st ? dl_cx_uniform(seed, idx0 + i) : 0.0f;
-            int l = dl_cx_int_level(fabsf(y), s, DL_CX_INT8_TOP, st, u);
-            int qi = y < 0.0f ? -l : l;
-            q[i] = (uint8_t)(int8_t)qi;
-            if (r) r[i] = y - (float)qi * s;
-        }
-        return NONE;
-    }
-    memset(q, 0, codes);
-    for (uint64_t i = 0; i < bj; i++) {
-        float y = y_of(x, r, i);
-        float u = st ? dl_cx_uniform(seed, idx0 + i) : 0.0f;
-        unsigned nib;
-        float v;
-        if (id == DL_CODEC_INT4) {
-            int l = dl_cx_int_level(fabsf(y), s, DL_CX_INT4_TOP, st, u);
-            int qi = y < 0.0f ? -l : l;
-            nib = (unsigned)qi & 0xfu;
-            v = (float)qi * s;
-        } else {
-            int l = dl_cx_e3m0_level(fabsf(y), s, st, u);
-            nib = l ? (unsigned)l | (y < 0.0f ? 8u : 0u) : 0u;
-            v = dl_cx_e3m0_value(nib, s);
-        }
-        q[i / 2] |= (uint8_t)(nib << (4 * (i & 1)));
-        if (r) r[i] = y - v;
+    switch (id) {
+    case DL_CODEC_INT8: QUANT_ID(DL_CODEC_INT8); break;
+    case DL_CODEC_INT4: QUANT_ID(DL_CODEC_INT4); break;
+    default: QUANT_ID(DL_CODEC_E3M0); break;
     }
     return NONE;
 }
 
-/* number of |y| keys >= t */
-static uint64_t count_ge(const float *x, const float *r, uint64_t bj, uint32_t t)
+/* number of keys >= t */
+static uint64_t count_ge(const uint32_t *key, uint64_t bj, uint32_t t)
 {
-    uint64_t c = 0;
+    uint32_t c = 0;
 #pragma omp simd reduction(+ : c)
-    for (uint64_t i = 0; i < bj; i++) c += DL_CX_ABS_BITS(dl_cx_bits(y_of(x, r, i))) >= t;
+    for (uint64_t i = 0; i < bj; i++) c += key[i] >= t;
     return c;
 }
 
+/* Elements of the key buffer on the stack; larger topk blocks use the heap. */
+#define TOPK_STACK 4096
+
 /* topk: the k_j largest |y| (ties: the lower index), in index order. The
- * threshold T is the k_j-th largest key, found by bisection on the key bits
- * (32 vector counts, no scratch); then every key > T is kept and the first
- * (k_j - #(> T)) keys == T. */
+ * keys (|y| as ordered bits) go to a buffer; the threshold T, the k_j-th
+ * largest key, is found by bisection on the key bits (vector counts),
+ * stopping early at a t with exactly k_j keys >= t (that set is the answer
+ * too); then every key > T is kept and the first (k_j - #(> T)) keys == T. */
 static uint64_t enc_topk(const dl_codec *c, const float *x, float *r, uint64_t bj, uint8_t *o)
 {
-    uint32_t m = absmax_bits(x, r, bj);
-    if (m > DL_CX_FINITE_MAX) return 2 * first_nonfinite(x, r, bj);
+    uint32_t stack[TOPK_STACK], *key = bj <= TOPK_STACK ? stack : dl_xmalloc(bj * sizeof *key), m = 0;
+#pragma omp simd reduction(max : m)
+    for (uint64_t i = 0; i < bj; i++) {
+        uint32_t kk = DL_CX_ABS_BITS(dl_cx_bits(y_of(x, r, i)));
+        key[i] = kk;
+        m = kk > m ? kk : m;
+    }
+    if (m > DL_CX_FINITE_MAX) {
+        if (key != stack) free(key);
+        return 2 * first_nonfinite(x, r, bj);
+    }
     uint64_t k = bj < c->topk ? bj : c->topk;
-    uint32_t lo = 0, hi = m; /* count_ge(lo) >= k always */
+    uint32_t lo = 0, hi = m; /* count_ge(lo) >= k always, the answer is in [lo, hi] */
+    /* first down from absmax by powers of two (the k-th largest is usually
+     * within a few octaves of it), then bisection inside the bracket */
+    for (uint32_t d = 1u << 23; lo < hi && d <= (8u << 23); d += 1u << 23) {
+        uint32_t t = hi > d ? m - d : 0; /* hi == m until the bracket is found */
+        uint64_t cnt = count_ge(key, bj, t);
+        if (cnt >= k) {
+            lo = t;
+            if (cnt == k) hi = t;
+            break;
+        }
+        hi = t - 1;
+    }
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo + 1) / 2;
-        if (count_ge(x, r, bj, mid) >= k)
-            lo = mid;
-        else
-            hi = mid - 1;
+        uint64_t cnt = count_ge(key, bj, mid);
+        if (cnt >= k) lo = mid;
+        if (cnt == k) break;
+        if (cnt < k) hi = mid - 1;
     }
-    uint64_t ties = k - count_ge(x, r, bj, lo + 1), w = 0;
-    for (uint64_t i = 0; i < bj; i++) {
-        float y = y_of(x, r, i);
-        uint32_t key = DL_CX_ABS_BITS(dl_cx_bits(y));
-        int keep = key > lo || (key == lo && ties > 0);
-        if (key == lo && keep) ties--;
-        if (keep) {
-            uint16_t ix = (uint16_t)i;
-            memcpy(o + 6 * w, &ix, 2);
-            memcpy(o + 6 * w + 2, &y, 4);
-            w++;
+    uint64_t gt = count_ge(key, bj, lo + 1), ties = k - gt, w = 0;
+    if (count_ge(key, bj, lo) == k) { /* every tie kept (distinct keys, early exit): keep = key >= T */
+        for (uint64_t c0 = 0; c0 < bj; c0 += 64) { /* 64 keys to a bit mask, then its set bits */
+            uint64_t mk = 0, m64 = bj - c0 < 64 ? bj - c0 : 64;
+#pragma omp simd reduction(| : mk)
+            for (uint64_t i = 0; i < m64; i++) mk |= (uint64_t)(key[c0 + i] >= lo) << i;
+            for (; mk; mk &= mk - 1) {
+                uint64_t i = c0 + (uint64_t)__builtin_ctzll(mk);
+                float y = y_of(x, r, i);
+                uint16_t ix = (uint16_t)i;
+                memcpy(o + 6 * w, &ix, 2);
+                memcpy(o + 6 * w + 2, &y, 4);
+                w++;
+            }
         }
-        if (r) r[i] = keep ? 0.0f : y;
+        if (r) {
+#pragma omp simd
+            for (uint64_t i = 0; i < bj; i++) r[i] = key[i] >= lo ? 0.0f : x[i] + r[i];
+        }
+    } else {
+        for (uint64_t i = 0; i < bj; i++) {
+            int keep = key[i] > lo || (key[i] == lo && ties > 0);
+            if (key[i] == lo && keep) ties--;
+            if (keep) {
+                float y = y_of(x, r, i);
+                uint16_t ix = (uint16_t)i;
+                memcpy(o + 6 * w, &ix, 2);
+                memcpy(o + 6 * w + 2, &y, 4);
+                w++;
+                if (r) r[i] = 0.0f;
+            } else if (r) {
+                r[i] = x[i] + r[i];
+            }
+        }
     }
     assert(w == k);
+    if (key != stack) free(key);
     return NONE;
 }
 
-int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n, uint64_t first, uint8_t *out)
+int dl_codec_enc_args_(const dl_codec_enc *e, uint64_t n, uint64_t first)
 {
     assert(e);
     char why[160];
-    if (dl_codec_check(&e->c, why, sizeof why)) return DL_EINVAL;
     const dl_codec *c = &e->c;
+    if (dl_codec_check(c, why, sizeof why)) return DL_EINVAL;
     if (e->rounding != DL_ROUND_NEAREST && e->rounding != DL_ROUND_STOCHASTIC)
         return dl_err(DL_EINVAL, "%s encode: unknown rounding %d", dl_codec_name(c->id), (int)e->rounding);
     if (dl_codec_is_block(c->id) && first % c->block)
         return dl_err(DL_EINVAL, "%s encode: first element %llu is not on a block of %u", dl_codec_name(c->id),
                       (unsigned long long)first, c->block);
-    if (n == 0) return 0;
+    if (n == 0) return 1;
     if (!dl_codec_bytes(c, n))
         return dl_err(DL_EINVAL, "%s encode: %llu elements have no payload size", dl_codec_name(c->id),
                       (unsigned long long)n);
+    return 0;
+}
+
+int dl_codec_enc_fail_(const dl_codec *c, uint64_t bad, uint64_t first, float x, float y)
+{
+    uint64_t i = bad / 2;
+    if (bad & 1)
+        return dl_err(DL_EINVAL, "bf16 encode: element %llu (fragment element %llu): x = %g, y = x + r is beyond bf16's range",
+                      (unsigned long long)i, (unsigned long long)(first + i), (double)x);
+    return dl_err(DL_EINVAL, "%s encode: element %llu (fragment element %llu): y = x + r = %g is not finite",
+                  dl_codec_name(c->id), (unsigned long long)i, (unsigned long long)(first + i), (double)y);
+}
+
+int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n, uint64_t first, uint8_t *out)
+{
+    int rc = dl_codec_enc_args_(e, n, first);
+    if (rc) return rc < 0 ? rc : 0;
+    const dl_codec *c = &e->c;
     assert(x && out);
     geom g = geom_of(c, n);
     uint64_t bad = NONE;
@@ -285,15 +374,7 @@ int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n,
         }
         if (b != NONE && 2 * i0 + b < bad) bad = 2 * i0 + b;
     }
-    if (bad != NONE) {
-        uint64_t i = bad / 2;
-        if (bad & 1)
-            return dl_err(DL_EINVAL, "bf16 encode: element %llu (fragment element %llu): x = %g, y = x + r is beyond bf16's range",
-                          (unsigned long long)i, (unsigned long long)(first + i), (double)x[i]);
-        return dl_err(DL_EINVAL, "%s encode: element %llu (fragment element %llu): y = x + r = %g is not finite",
-                      dl_codec_name(c->id), (unsigned long long)i, (unsigned long long)(first + i),
-                      (double)y_of(x, r, i));
-    }
+    if (bad != NONE) return dl_codec_enc_fail_(c, bad, first, x[bad / 2], y_of(x, r, bad / 2));
     return 0;
 }
 
@@ -411,6 +492,59 @@ static int check_item(const dl_codec *c, uint64_t j, uint64_t i0, const uint8_t 
     return 0;
 }
 
+/* int4 / e3m0 decode, two elements per byte; e3 and has_base are constants
+ * at the call sites. */
+INLINE void dec_nibbles(int e3, int has_base, const uint8_t *p, uint64_t bj, const float *base, float *out)
+{
+    float s = ld_f32(p);
+    const uint8_t *q = p + 4;
+    uint64_t full = bj / 2;
+#pragma omp simd
+    for (uint64_t i = 0; i < full; i++) {
+        unsigned lo = q[i] & 0xfu, hi = q[i] >> 4;
+        float v0 = e3 ? dl_cx_e3m0_value(lo, s) : (float)dl_cx_nib_int(lo) * s;
+        float v1 = e3 ? dl_cx_e3m0_value(hi, s) : (float)dl_cx_nib_int(hi) * s;
+        out[2 * i] = has_base ? base[2 * i] + v0 : v0;
+        out[2 * i + 1] = has_base ? base[2 * i + 1] + v1 : v1;
+    }
+    if (bj & 1) {
+        unsigned lo = q[full] & 0xfu;
+        float v = e3 ? dl_cx_e3m0_value(lo, s) : (float)dl_cx_nib_int(lo) * s;
+        out[bj - 1] = has_base ? base[bj - 1] + v : v;
+    }
+}
+
+/* Elements per run of the topk decode: the run's sums are taken from base
+ * before the run is written (out may be base). */
+#define TOPK_RUN 1024
+
+/* topk decode: per run, out = base + 0 (or 0) for every element, then the
+ * run's entries: base + v computed before the run was overwritten. */
+static void dec_topk(const dl_codec *c, const uint8_t *p, uint64_t bj, const float *base, float *out)
+{
+    uint64_t k = bj < c->topk ? bj : c->topk, e = 0;
+    float sum[TOPK_RUN];
+    uint16_t at[TOPK_RUN];
+    for (uint64_t c0 = 0; c0 < bj; c0 += TOPK_RUN) {
+        uint64_t m = bj - c0 < TOPK_RUN ? bj - c0 : TOPK_RUN, ne = 0;
+        for (; e < k; e++, ne++) {
+            uint16_t ix;
+            memcpy(&ix, p + 6 * e, 2);
+            if (ix >= c0 + m) break;
+            float v = ld_f32(p + 6 * e + 2);
+            sum[ne] = base ? base[ix] + v : v;
+            at[ne] = ix;
+        }
+        if (base) {
+#pragma omp simd
+            for (uint64_t i = c0; i < c0 + m; i++) out[i] = base[i] + 0.0f;
+        } else {
+            memset(out + c0, 0, m * sizeof *out);
+        }
+        for (uint64_t i = 0; i < ne; i++) out[at[i]] = sum[i];
+    }
+}
+
 /* out[i] = v (base NULL) or base[i] + v, for each decoded value v of the item */
 static void dec_item(const dl_codec *c, const uint8_t *p, uint64_t bj, const float *base, float *out)
 {
@@ -443,48 +577,49 @@ static void dec_item(const dl_codec *c, const uint8_t *p, uint64_t bj, const flo
         return;
     }
     case DL_CODEC_INT4:
-    case DL_CODEC_E3M0: {
-        float s = ld_f32(p);
-        const uint8_t *q = p + 4;
-        int e3 = c->id == DL_CODEC_E3M0;
-#pragma omp simd
-        for (uint64_t i = 0; i < bj; i++) {
-            unsigned nib = (q[i / 2] >> (4 * (i & 1))) & 0xfu;
-            float v = e3 ? dl_cx_e3m0_value(nib, s) : (float)dl_cx_nib_int(nib) * s;
-            out[i] = base ? base[i] + v : v;
-        }
+        if (base)
+            dec_nibbles(0, 1, p, bj, base, out);
+        else
+            dec_nibbles(0, 0, p, bj, base, out);
         return;
-    }
-    case DL_CODEC_TOPK: {
-        uint64_t k = bj < c->topk ? bj : c->topk, e = 0;
-        uint16_t next;
-        memcpy(&next, p, 2);
-        for (uint64_t i = 0; i < bj; i++) {
-            float v = 0.0f;
-            if (e < k && next == i) {
-                v = ld_f32(p + 6 * e + 2);
-                if (++e < k) memcpy(&next, p + 6 * e, 2);
-            }
-            out[i] = base ? base[i] + v : v;
-        }
+    case DL_CODEC_E3M0:
+        if (base)
+            dec_nibbles(1, 1, p, bj, base, out);
+        else
+            dec_nibbles(1, 0, p, bj, base, out);
         return;
-    }
+    case DL_CODEC_TOPK: dec_topk(c, p, bj, base, out); return;
     }
 }
 
-static int decode(const dl_codec *c, const uint8_t *in, size_t len, uint64_t n, const float *base, float *out)
+int dl_codec_dec_args_(const dl_codec *c, size_t len, uint64_t n)
 {
     assert(c);
     char why[200];
     if (dl_codec_check(c, why, sizeof why)) return DL_EINVAL;
+    if (n == 0 && len == 0) return 1;
     uint64_t want = dl_codec_bytes(c, n);
-    if (n == 0 && len == 0) return 0;
     if (want == 0)
         return dl_err(DL_EINVAL, "%s decode: %llu elements have no payload size", dl_codec_name(c->id),
                       (unsigned long long)n);
     if ((uint64_t)len != want)
         return dl_err(DL_EINVAL, "%s payload of %llu elements must be %llu bytes, got %zu", dl_codec_name(c->id),
                       (unsigned long long)n, (unsigned long long)want, len);
+    return 0;
+}
+
+int dl_codec_item_check_(const dl_codec *c, uint64_t j, uint64_t bj, const uint8_t *item)
+{
+    char why[200];
+    uint64_t b = dl_codec_is_block(c->id) ? c->block : FLAT_CHUNK;
+    if (check_item(c, j, j * b, item, bj, why, sizeof why)) return dl_err(DL_EINVAL, "%s", why);
+    return 0;
+}
+
+static int decode(const dl_codec *c, const uint8_t *in, size_t len, uint64_t n, const float *base, float *out)
+{
+    int rc = dl_codec_dec_args_(c, len, n);
+    if (rc) return rc < 0 ? rc : 0;
     assert(in && out);
     geom g = geom_of(c, n);
     uint64_t bad = NONE;
@@ -497,8 +632,7 @@ static int decode(const dl_codec *c, const uint8_t *in, size_t len, uint64_t n, 
     }
     if (bad != NONE) {
         uint64_t i0 = bad * g.b, bj = n - i0 < g.b ? n - i0 : g.b;
-        check_item(c, bad, i0, in + bad * g.stride, bj, why, sizeof why);
-        return dl_err(DL_EINVAL, "%s", why);
+        return dl_codec_item_check_(c, bad, bj, in + bad * g.stride);
     }
 #pragma omp parallel for schedule(static) if (par)
     for (uint64_t j = 0; j < g.nb; j++) {

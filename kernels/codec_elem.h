@@ -10,23 +10,25 @@
 
 #include <stdint.h>
 
+#include <stddef.h>
+
 #ifdef __CUDACC__
 #define DL_CX_FN static __device__ __forceinline__
+#define DL_CX_HD static __host__ __device__ __forceinline__
 #define DL_CX_MUL(a, b) __fmul_rn((a), (b))
 #define DL_CX_ADD(a, b) __fadd_rn((a), (b))
 #define DL_CX_SUB(a, b) __fsub_rn((a), (b))
 #define DL_CX_DIV(a, b) __fdiv_rn((a), (b))
-#define DL_CX_FLOOR(a) floorf(a)
 DL_CX_FN uint32_t dl_cx_bits(float f) { return __float_as_uint(f); }
 DL_CX_FN float dl_cx_float(uint32_t b) { return __uint_as_float(b); }
 #else
 #include <string.h>
 #define DL_CX_FN static inline
+#define DL_CX_HD static inline
 #define DL_CX_MUL(a, b) ((a) * (b))
 #define DL_CX_ADD(a, b) ((a) + (b))
 #define DL_CX_SUB(a, b) ((a) - (b))
 #define DL_CX_DIV(a, b) ((a) / (b))
-#define DL_CX_FLOOR(a) __builtin_floorf(a)
 DL_CX_FN uint32_t dl_cx_bits(float f)
 {
     uint32_t b;
@@ -40,6 +42,10 @@ DL_CX_FN float dl_cx_float(uint32_t b)
     return f;
 }
 #endif
+
+/* Elements per work item of fp32/bf16 (they have no blocks): the unit of
+ * parallel work and of "the first bad item" in decode. */
+#define DL_CX_FLAT_CHUNK 4096u
 
 /* Top level of each scaled codec: the scale is absmax / top. */
 #define DL_CX_INT8_TOP 127
@@ -63,15 +69,16 @@ DL_CX_FN float dl_cx_uniform(uint64_t seed, uint64_t idx)
     return (float)(uint32_t)(z >> 40) * 0x1p-24f;
 }
 
-/* int8/int4 magnitude: t = ay / s (ay = |y| <= absmax, s > 0); floor(t), one
- * up when the fraction is >= 1/2 (nearest: ties away from zero) or when u <
- * fraction (stochastic: E = t); at most top. */
+/* int8/int4 magnitude: t = ay / s (ay = |y| <= absmax, s > 0); floor(t)
+ * (truncation: t >= 0 and small), one up when the fraction is >= 1/2
+ * (nearest: ties away from zero) or when u < fraction (stochastic: E = t);
+ * at most top. */
 DL_CX_FN int dl_cx_int_level(float ay, float s, int top, int stochastic, float u)
 {
     float t = DL_CX_DIV(ay, s);
-    float f = DL_CX_FLOOR(t);
-    float frac = DL_CX_SUB(t, f); /* exact: f <= t < 2^23 */
-    int q = (int)f + (stochastic ? (u < frac) : (frac >= 0.5f));
+    int f = (int)t;
+    float frac = DL_CX_SUB(t, (float)f); /* exact: f <= t < 2^23 */
+    int q = f + (stochastic ? (u < frac) : (frac >= 0.5f));
     return q > top ? top : q;
 }
 
@@ -82,15 +89,9 @@ DL_CX_FN int dl_cx_e3m0_level(float ay, float s, int stochastic, float u)
 {
     float t = DL_CX_DIV(ay, s);
     uint32_t b = dl_cx_bits(t);
-    int E = (int)(b >> 23), lo;
-    float frac;
-    if (E < 121) { /* t < 2^-6 */
-        lo = 0;
-        frac = DL_CX_MUL(t, 64.0f);
-    } else {
-        lo = E - 120;
-        frac = DL_CX_SUB(dl_cx_float((b & 0x7fffffu) | 0x3f800000u), 1.0f);
-    }
+    int E = (int)(b >> 23), low = E < 121; /* t < 2^-6 */
+    int lo = low ? 0 : E - 120;
+    float frac = low ? DL_CX_MUL(t, 64.0f) : DL_CX_SUB(dl_cx_float((b & 0x7fffffu) | 0x3f800000u), 1.0f);
     int e = lo + (stochastic ? (u < frac) : (frac >= 0.5f));
     return e > 7 ? 7 : e;
 }
@@ -98,14 +99,21 @@ DL_CX_FN int dl_cx_e3m0_level(float ay, float s, int stochastic, float u)
 /* The e3m0 level of exponent code e (0..7): 0 or 2^(e-7), exact. */
 DL_CX_FN float dl_cx_e3m0_unit(int e)
 {
-    return e ? dl_cx_float((uint32_t)(e + 120) << 23) : 0.0f;
+    return dl_cx_float(((uint32_t)(e + 120) << 23) & (0u - (uint32_t)(e != 0)));
 }
 
-/* Decoded value of an e3m0 nibble under scale s: +-s * 2^(e-7), or +0. */
+/* Decoded value of an e3m0 nibble under scale s: +-s * 2^(e-7), or +0
+ * (bit operations only, so the loops using it vectorise). */
 DL_CX_FN float dl_cx_e3m0_value(unsigned nib, float s)
 {
     float v = DL_CX_MUL(s, dl_cx_e3m0_unit((int)(nib & 7u)));
-    return (nib & 8u) ? -v : v;
+    return dl_cx_float(dl_cx_bits(v) ^ ((uint32_t)(nib & 8u) << 28));
+}
+
+/* The e3m0 nibble of y at exponent code e: sign bit only for e > 0. */
+DL_CX_FN unsigned dl_cx_e3m0_nib(int e, float y)
+{
+    return (unsigned)e | (((unsigned)(e != 0) & (unsigned)(y < 0.0f)) << 3);
 }
 
 /* Two's-complement nibble -> -8..7. */
@@ -124,5 +132,43 @@ DL_CX_FN float dl_cx_bf16_value(uint16_t h)
 {
     return dl_cx_float((uint32_t)h << 16);
 }
+
+/* ---- work items: blocks of b elements (fp32/bf16: DL_CX_FLAT_CHUNK), the
+ * last one b_j = n - j*b may be shorter; item j starts at byte j * stride.
+ * ids are core/codec.h's (1 fp32, 2 bf16, 3 int8, 4 int4, 5 e3m0, 6 topk). */
+DL_CX_HD uint64_t dl_cx_item_bytes(int id, uint64_t topk, uint64_t bj)
+{
+    switch (id) {
+    case 1: return 4 * bj;
+    case 2: return 2 * bj;
+    case 3: return 4 + bj;
+    case 4:
+    case 5: return 4 + (bj + 1) / 2;
+    case 6: return 6 * (bj < topk ? bj : topk);
+    }
+    return 0;
+}
+
+/* Host-side helpers of kernels/codec.c that the CUDA twins share, so both
+ * backends refuse the same things with the same messages. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "kernels/codec.h"
+/* Argument checks of dl_codec_encode (codec, rounding, first on a block,
+ * size): 0 to go on, 1 when n == 0 (nothing to do), or DL_EINVAL. */
+int dl_codec_enc_args_(const dl_codec_enc *e, uint64_t n, uint64_t first);
+/* The DL_EINVAL of an element encode refuses: bad = 2 * element + why (0 y
+ * not finite, 1 beyond bf16's range); x, y its x and y = x + r. */
+int dl_codec_enc_fail_(const dl_codec *c, uint64_t bad, uint64_t first, float x, float y);
+/* Argument checks of decode (codec, len == dl_codec_bytes): 0 to go on, 1
+ * when n == 0 and len == 0, or DL_EINVAL. */
+int dl_codec_dec_args_(const dl_codec *c, size_t len, uint64_t n);
+/* 0 when work item j (its bytes at `item`, bj elements) is valid, else the
+ * DL_EINVAL naming its first fault. */
+int dl_codec_item_check_(const dl_codec *c, uint64_t j, uint64_t bj, const uint8_t *item);
+#ifdef __cplusplus
+}
+#endif
 
 #endif

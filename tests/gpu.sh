@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/gpu.sh: everything to do during one short stay on a GPU machine: fresh
 # CUDA build, device list, every GPU-labelled CTest, bench/gpu.sh if present.
-# The GPU tests: kernel parity (test_cuda_kernels), model parity vs CPU and
+# The GPU tests: kernel parity (test_cuda_kernels), codec parity, bytes and
+# bits (test_cuda_codec), model parity vs CPU and
 # PyTorch (test_cuda_gpt), the learner's fragment copies, deferred node and
 # trainer vs the CPU (test_cuda_learner), and a networked cluster of one
 # --device cuda and one --device cpu learner that must merge

@@ -13,7 +13,7 @@ expect() { # RC DESCRIPTION COMMAND...
   if [ "$rc" = "$want" ] && [ -n "$out" ]; then echo "ok: $d (exit $rc): $(echo "$out" | head -1 | cut -c1-90)"
   else echo "FAIL: $d: exit $rc, wanted $want: $(echo "$out" | tail -2)"; fail=1; fi
 }
-for s in bench/byzantine.sh bench/crashloop.sh bench/fuzz.sh bench/goodput.sh bench/gpu.sh bench/learner.sh \
+for s in bench/byzantine.sh bench/codec.sh bench/crashloop.sh bench/fuzz.sh bench/goodput.sh bench/gpu.sh bench/learner.sh \
          bench/quality.sh bench/sync_load.sh deploy/local_cluster.sh deploy/quickstart.sh deploy/setup.sh \
          tests/gpu.sh tests/run.sh; do
   expect 0 "$s --help" bash "$s" --help
@@ -27,6 +27,7 @@ expect 2 "crashloop.sh: seed must be a number" bash bench/crashloop.sh 10 x
 expect 2 "crashloop.sh: at most 2 arguments" bash bench/crashloop.sh 1 2 3
 expect 2 "learner.sh: steps must be a number" bash bench/learner.sh many
 expect 2 "fuzz.sh: seconds must be a number" bash bench/fuzz.sh soon
+expect 2 "codec.sh: floats must be a number" bash bench/codec.sh lots
 expect 2 "local_cluster.sh --learners without a value" bash deploy/local_cluster.sh --learners
 for s in tests/test_cluster.sh tests/test_refusals.sh tests/test_chaos.sh; do
   expect 0 "$s --help (starts nothing)" bash "$s" --help

@@ -8,7 +8,11 @@ add_library(dl_kernels_cuda STATIC
   ${DL_CUDA_DIR}/matmul.cu
   ${DL_CUDA_DIR}/layer.cu
   ${DL_CUDA_DIR}/attention.cu
-  ${DL_CUDA_DIR}/xent.cu)
+  ${DL_CUDA_DIR}/xent.cu
+  ${DL_CUDA_DIR}/codec.cu)
+# The codecs decode bit-exactly like the CPU (kernels/codec.h): never fuse a
+# multiply and an add, whatever the intrinsics leave to the compiler.
+set_source_files_properties(${DL_CUDA_DIR}/codec.cu PROPERTIES COMPILE_OPTIONS -fmad=false)
 set_target_properties(dl_kernels_cuda PROPERTIES
   CUDA_STANDARD 17
   CUDA_STANDARD_REQUIRED ON
@@ -19,6 +23,8 @@ set_target_properties(dl_kernels_cuda PROPERTIES
 target_compile_options(dl_kernels_cuda PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:--Werror=all-warnings -Xcompiler=-Wall,-Wextra,-Werror -UNDEBUG>)
 target_link_libraries(dl_kernels_cuda PUBLIC dl_core CUDA::cudart CUDA::cublas)
+# codec.cu shares the CPU codec's argument checks and messages (kernels/codec.c).
+target_link_libraries(dl_kernels_cuda PUBLIC dl_kernels)
 
 # The top level adds -fsanitize=... to every language when DLOCO_SANITIZE;
 # nvcc rejects those flags, so keep them off the .cu files (the host wrappers
@@ -35,7 +41,14 @@ dl_add_test(test_cuda_kernels SKIPPABLE
   LIBS dl_kernels_cuda dl_kernels
   TIMEOUT 120
   LABELS gpu)
+# Codec parity: the CPU's bytes and floats for every codec; same skip.
+dl_add_test(test_cuda_codec SKIPPABLE
+  SOURCES ${PROJECT_SOURCE_DIR}/tests/test_cuda_codec.c
+  LIBS dl_kernels_cuda dl_kernels
+  TIMEOUT 120
+  LABELS gpu)
 if(DLOCO_SANITIZE)
   # CUDA maps device-visible memory inside ASan's shadow gap.
   set_property(TEST test_cuda_kernels APPEND PROPERTY ENVIRONMENT "ASAN_OPTIONS=protect_shadow_gap=0")
+  set_property(TEST test_cuda_codec APPEND PROPERTY ENVIRONMENT "ASAN_OPTIONS=protect_shadow_gap=0")
 endif()
