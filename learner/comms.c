@@ -22,6 +22,8 @@
 #include "core/log.h"
 #include "core/plan.h"
 #include "core/shard.h"
+#include "kernels/codec.h"
+#include "learner/ef.h"
 #include "proto/auth.h"
 #include "proto/wire.h"
 
@@ -46,6 +48,19 @@ typedef struct {
     float *rx;
     uint64_t rx_version, rx_off;
     uint64_t gap_at;    /* rx_off + 1 when a resume Fetch was asked for that gap (0: none) */
+    /* push encoding: the encoded push of p (dl_codec_bytes of numel_p; NULL
+     * until its first encoded push) and how many pushes of p were encoded
+     * (the stochastic rounding seed's counter) */
+    uint8_t *enc;
+    uint64_t encodes;
+    /* delta Updates (Welcome.update_codec != 0 only): mirror = the fp32
+     * values of version mirror_version, the last version of p this session
+     * handed to the update slot (a full Update's values, or mirror + delta);
+     * stage = version stage_version being assembled, elements [0, stage_off)
+     * decoded onto the mirror. NULL while there is none. */
+    float *mirror, *stage;
+    uint64_t mirror_version, stage_version, stage_off;
+    int mirror_ok, stage_active;
 } sfrag;
 
 /* The chunked push leaving (one at a time): chunks [0, off) of the claimed
@@ -54,7 +69,7 @@ typedef struct {
     int active, p;
     dl_mailbox_claim cl;
     uint64_t transfer, off;
-    const float *payload;
+    const uint8_t *payload; /* the whole push as encoded (fp32: the delta's bytes) */
 } ptx;
 
 struct dl_comms {
@@ -78,6 +93,7 @@ struct dl_comms {
     uint64_t max_jump;  /* max_version_jump */
     int byzantine;
     float byz_scale;
+    dl_codec_enc penc;  /* push codec, rounding (the seed is set per push) */
     size_t maxmsg;      /* ZMQ_MAXMSGSIZE: largest served fragment's fp32 bytes + header */
     int silence_rebuild_ms;
     int hello_retry_ms, hello_retry_max_ms, hello_unsent_ms, connect_timeout_ms, poll_max_ms, silence_min_ms,
@@ -128,6 +144,8 @@ struct dl_comms {
     uint64_t chunk;         /* push chunk, elements, from the last Welcome (0 = whole pushes) */
     uint64_t transfers;     /* transfer ids given out */
     ptx tx;                 /* the chunked push leaving */
+    dl_ef *ef;              /* error feedback of encoded pushes (learner/ef.h) */
+    uint32_t update_codec;  /* Welcome.update_codec of the last Welcome: delta Updates come (0: none) */
 };
 
 static void wake(dl_comms *c)
@@ -242,6 +260,11 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     DL_TRY(check_curve(o));
     if (o->byzantine && !(isfinite(o->byzantine_scale) && fabs(o->byzantine_scale) <= 1e6))
         return dl_err(DL_EINVAL, "comms: byzantine scale %g is not finite in [-1e6, 1e6]", o->byzantine_scale);
+    dl_codec pc = o->push_codec.id ? o->push_codec : (dl_codec){.id = DL_CODEC_FP32};
+    char cwhy[160];
+    if (dl_codec_check(&pc, cwhy, sizeof cwhy)) return dl_err(DL_EINVAL, "comms: push codec: %s", cwhy);
+    if (o->push_rounding != DL_ROUND_NEAREST && o->push_rounding != DL_ROUND_STOCHASTIC)
+        return dl_err(DL_EINVAL, "comms: push rounding %d is not nearest or stochastic", o->push_rounding);
     int P = dl_plan_P(o->plan);
     if (P != dl_mailbox_P(o->mailbox)) return dl_err(DL_EINVAL, "comms: plan has %d fragments, mailbox %d", P,
                                                      dl_mailbox_P(o->mailbox));
@@ -307,6 +330,7 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->max_jump = o->max_version_jump ? o->max_version_jump : DL_COMMS_MAX_VERSION_JUMP;
     c->byzantine = o->byzantine != 0;
     c->byz_scale = (float)o->byzantine_scale;
+    c->penc = (dl_codec_enc){.c = pc, .rounding = (dl_codec_rounding)o->push_rounding};
     c->hello_retry_ms = DEF(o->hello_retry_ms, 1000);
     c->hello_retry_max_ms = DEF(o->hello_retry_max_ms, 16000);
     c->hello_unsent_ms = DEF(o->hello_unsent_ms, 20);
@@ -325,12 +349,17 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
         c->numel[p] = dl_plan_fragment_numel(o->plan, p);
         if (c->f[p].served && c->numel[p] > maxserved) maxserved = (size_t)c->numel[p];
     }
-    /* No frame we accept is larger: libzmq drops the connection on one that is. */
+    /* No frame we accept is larger: libzmq drops the connection on one that
+     * is. Every delta codec is at most the fp32 size except topk with k >
+     * 2/3 of the block (6 bytes per entry): such a delta must come chunked
+     * (Hello.max_chunk_bytes). */
     c->maxmsg = maxserved * sizeof(float) + DL_WIRE_MAX_HEADER_BYTES;
     pthread_mutex_init(&c->mu, NULL);
     c->send_spare = dl_mailbox_buf_alloc(o->mailbox);
     if (c->byzantine) c->byz_buf = dl_mailbox_buf_alloc(o->mailbox);
     c->refusals = dl_xcalloc((size_t)c->n_served, sizeof *c->refusals);
+    /* residuals only for what an encoded push leaves out (fp32 leaves out nothing) */
+    if (dl_ef_open(P, c->numel, o->error_feedback && pc.id != DL_CODEC_FP32, &c->ef)) abort(); /* P, numel checked */
     c->t_fetch = NEVER;
     c->hv = dl_xcalloc((size_t)P, sizeof *c->hv);
     c->fetch_list = dl_xcalloc((size_t)P, sizeof *c->fetch_list);
@@ -383,14 +412,14 @@ void dl_comms_stats_add(dl_comms_stats *acc, const dl_comms_stats *s)
                      &acc->newer_epoch, &acc->updates_refused, &acc->updates_old, &acc->welcomes_refused,
                      &acc->refetches, &acc->rebuilds, &acc->bytes_sent, &acc->bytes_recv, &acc->chunks_sent,
                      &acc->chunks_recv, &acc->chunks_dropped, &acc->busy, &acc->pushes_stopped, &acc->staleness_sum,
-                     &acc->staleness_n};
+                     &acc->staleness_n, &acc->updates_delta, &acc->updates_delta_missed};
     const uint64_t *b[] = {&s->pushes, &s->push_bytes, &s->acks_pending, &s->accepted, &s->dropped_stale,
                            &s->rejected, &s->updates, &s->hellos, &s->rehellos, &s->fetches,
                            &s->heartbeats_sent, &s->heartbeats_recv, &s->errors_recv, &s->bad_msgs, &s->old_epoch,
                            &s->newer_epoch, &s->updates_refused, &s->updates_old, &s->welcomes_refused,
                            &s->refetches, &s->rebuilds, &s->bytes_sent, &s->bytes_recv, &s->chunks_sent,
                            &s->chunks_recv, &s->chunks_dropped, &s->busy, &s->pushes_stopped, &s->staleness_sum,
-                           &s->staleness_n};
+                           &s->staleness_n, &s->updates_delta, &s->updates_delta_missed};
     _Static_assert(sizeof a == sizeof b, "the same counters");
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) *a[i] += *b[i];
     acc->coalesced = s->coalesced;
@@ -466,15 +495,15 @@ static const char *net_str(const char *s, char *buf, size_t cap)
 }
 #define NET_STR_CAP (4 * 1024 + 3) /* a max_text string, every byte escaped */
 
-/* Send one message (at most one fp32 payload). Never blocks: at the high-water
- * mark, or without a socket (between a rebuild and its reopen), it returns
- * DL_EAGAIN and the caller keeps the data for later. */
-static int send_env(dl_comms *c, Dloco__V1__Envelope *env, const float *payload, size_t numel)
+/* Send one message (at most one payload of len bytes). Never blocks: at the
+ * high-water mark, or without a socket (between a rebuild and its reopen), it
+ * returns DL_EAGAIN and the caller keeps the data for later. */
+static int send_env(dl_comms *c, Dloco__V1__Envelope *env, const void *payload, size_t bytes_len)
 {
     if (!c->sock) return DL_EAGAIN;
     env->seq = ++c->seq;
     const void *pl[1] = {payload};
-    size_t len[1] = {numel * sizeof(float)};
+    size_t len[1] = {bytes_len};
     dl_wire_queue *q[2] = {c->outq, NULL};
     int rc = dl_wire_send_q(c->sock, NULL, 0, env, pl, len, payload ? 1 : 0, ZMQ_DONTWAIT, payload ? q : NULL);
     if (rc == 0) {
@@ -670,7 +699,10 @@ static void tx_abort(dl_comms *c, int requeue, int decided, const char *why)
     dl_event("push_stopped", " learner=%s epoch=%llu fragment=%d sent=%llu numel=%llu requeue=%d reason=%s", c->id,
              (unsigned long long)c->epoch, t->p, (unsigned long long)t->off, (unsigned long long)c->numel[t->p],
              requeue, why);
-    if (!decided) dl_mailbox_unclaim_push(c->mb, t->p, &t->cl, &c->send_spare, requeue);
+    if (!decided) {
+        dl_mailbox_unclaim_push(c->mb, t->p, &t->cl, &c->send_spare, requeue);
+        dl_ef_forget(c->ef, t->p); /* it did not leave: encoded again from the committed residual */
+    }
     c->f[t->p].unacked = 0;
     t->active = 0;
     COUNT(pushes_stopped);
@@ -680,7 +712,10 @@ static void forget_sent(dl_comms *c)
 {
     tx_abort(c, 1, 0, "session_forgotten");
     dl_mailbox_forget_sent(c->mb, c->served, c->n_served);
-    for (int p = 0; p < c->P; p++) c->f[p].unacked = 0;
+    for (int p = 0; p < c->P; p++) {
+        c->f[p].unacked = 0;
+        dl_ef_forget(c->ef, p); /* no decision will come: the committed residual stays */
+    }
 }
 
 /* Start a new session: the synchronizer restarted, forgot us, went silent,
@@ -904,6 +939,16 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
     c->any_epoch = 0;
     c->rebuilds_row = 0;
     c->chunk = w->chunk_bytes / sizeof(float);
+    /* delta Updates: a mirror per fragment from its next full Update on; none without them */
+    c->update_codec = w->update_codec;
+    if (!c->update_codec)
+        for (int p = 0; p < c->P; p++) {
+            sfrag *f = &c->f[p];
+            free(f->mirror);
+            free(f->stage);
+            f->mirror = f->stage = NULL;
+            f->mirror_ok = f->stage_active = 0;
+        }
     if (c->tx.active && (w->must_fetch || c->chunk == 0)) tx_abort(c, !w->must_fetch, 0, "welcome");
     c->conn_err[0] = 0;
     c->hello_sent_once = 0; /* backoff starts over at the next re-hello */
@@ -980,9 +1025,82 @@ static int all_finite(const void *data, size_t n)
 
 static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, const void *payload);
 
+/* A delta Update of p that the mirror cannot take (it does not hold version
+ * - 1: versions missed, no mirror yet, a gap in its chunks): dropped, and
+ * p fetched whole (the synchronizer answers a Fetch with fp32). The push
+ * an ACCEPTED announced keeps waiting: for the fetch reply. */
+static void delta_missed(dl_comms *c, int p, uint64_t version, const char *why)
+{
+    sfrag *f = &c->f[p];
+    COUNT(updates_delta_missed);
+    long long held = f->mirror_ok ? (long long)f->mirror_version : -1;
+    DL_INFO("comms: delta update of fragment %d version %llu dropped (%s, mirror %s %lld); fetching the fragment", p,
+            (unsigned long long)version, why, f->mirror_ok ? "holds" : "empty", held);
+    dl_event("update_delta_missed", " learner=%s epoch=%llu fragment=%d version=%llu held=%lld", c->id,
+             (unsigned long long)c->epoch, p, (unsigned long long)version, held);
+    f->stage_active = 0;
+    if (!f->fetch_pending) want_fetch(c, p, dl_clock_ns());
+}
+
+/* One delta Update (or chunk of one) of p: version v = version v - 1 +
+ * decode(payload), element by element in fp32 (dl_codec_decode_add onto the
+ * mirror, into the stage). Its first chunk (offset 0) needs the mirror at v - 1;
+ * the chunks go in order; the last one hands the stage over as a full
+ * update (on_update_whole), which makes it the mirror. A payload the decoder
+ * refuses is a bad message: the stage is dropped and p fetched again (with
+ * the refusals' backoff). */
+static void on_update_delta(dl_comms *c, const Dloco__V1__Update *u, int p, const void *payload, size_t len)
+{
+    sfrag *f = &c->f[p];
+    uint64_t off = u->chunk_numel ? u->chunk_offset : 0, n = u->chunk_numel ? u->chunk_numel : u->numel;
+    if (off == 0) {
+        f->stage_active = 0;
+        if (!c->update_codec) {
+            delta_missed(c, p, u->version, "no update_codec in the Welcome");
+            return;
+        }
+        if (!f->mirror_ok || f->mirror_version != u->version - 1) {
+            delta_missed(c, p, u->version, "version - 1 not held");
+            return;
+        }
+        if (!f->stage) f->stage = dl_xmalloc((size_t)u->numel * sizeof(float));
+        f->stage_active = 1;
+        f->stage_version = u->version;
+        f->stage_off = 0;
+    } else if (!f->stage_active || f->stage_version != u->version || off + n <= f->stage_off) {
+        COUNT(chunks_dropped); /* the rest of a delta missed, replaced or finished, or a repeat */
+        return;
+    } else if (off != f->stage_off) {
+        COUNT(chunks_dropped);
+        delta_missed(c, p, u->version, "a gap in its chunks");
+        return;
+    }
+    dl_codec dc = {.id = (dl_codec_id)u->codec, .block = u->block_size, .topk = u->topk};
+    if (dl_codec_decode_add(&dc, payload, len, n, f->mirror + off, f->stage + off)) {
+        f->stage_active = 0;
+        COUNT(bad_msgs);
+        int k = dl_mailbox_refuse_update(c->mb, p);
+        DL_WARN("comms: delta update of fragment %d version %llu refused: %s (refusal %d in a row)", p,
+                (unsigned long long)u->version, dl_errmsg(), k);
+        dl_event("update_refused", " learner=%s epoch=%llu fragment=%d version=%llu reason=decode refusals=%d", c->id,
+                 (unsigned long long)c->epoch, p, (unsigned long long)u->version, k);
+        return;
+    }
+    f->stage_off = off + n;
+    if (u->chunk_numel) COUNT(chunks_recv);
+    if (f->stage_off < u->numel) return;
+    f->stage_active = 0;
+    on_update_whole(c, u, p, f->stage);
+}
+
 static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
 {
     int p = (int)u->fragment;
+    if (u->delta) {
+        if (served(c, p, "update"))
+            on_update_delta(c, u, p, dl_wire_msg_payload(m, 0), dl_wire_msg_payload_len(m, 0));
+        return;
+    }
     if (u->codec != DLOCO__V1__CODEC__CODEC_FP32) {
         DL_WARN("comms: update of fragment %d in codec %s ignored: this learner only reads fp32", p,
                 dl_wire_codec_name(u->codec));
@@ -1061,7 +1179,7 @@ static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, cons
         reason = "version_jump";
         snprintf(why, sizeof why, "version %llu is more than %llu above the newest known %llu",
                  (unsigned long long)u->version, (unsigned long long)c->max_jump, (unsigned long long)f->known);
-    } else if (!all_finite(payload, (size_t)u->numel)) {
+    } else if (!all_finite(payload, (size_t)u->numel)) { /* a decoded delta too: a sum may overflow */
         reason = "nonfinite";
         snprintf(why, sizeof why, "it holds non-finite values");
     }
@@ -1081,10 +1199,34 @@ static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, cons
     /* a good one came: a fetch still waiting for its backoff after a refused
      * update is not needed any more (the node asks again if it refuses this one) */
     f->fetch_want = 0;
-    dl_mailbox_put_update(c->mb, p, u->version, forced, payload, (size_t)u->numel);
+    /* a forced adopt overwrites theta_p: the progress the residual was owed to is gone (learner/ef.h) */
+    if (forced != DL_UPDATE_NORMAL) dl_ef_reset(c->ef, p);
+    size_t bytes = (size_t)u->numel * sizeof(float);
+    int stored = dl_mailbox_put_update(c->mb, p, u->version, forced, payload, (size_t)u->numel);
+    if (stored && c->update_codec) {
+        /* what the slot got is the mirror now: the next delta applies to it */
+        if (payload == f->stage) {
+            float *t = f->mirror;
+            f->mirror = f->stage;
+            f->stage = t;
+        } else {
+            if (!f->mirror) f->mirror = dl_xmalloc(bytes);
+            memcpy(f->mirror, payload, bytes);
+        }
+        f->mirror_version = u->version;
+        f->mirror_ok = 1;
+        /* a delta half assembled goes on only when it is the next version of this one */
+        if (f->stage_active && f->stage_version != u->version + 1) f->stage_active = 0;
+    }
     COUNT(updates);
+    if (u->delta) COUNT(updates_delta);
     dl_event("update", " learner=%s epoch=%llu fragment=%d version=%llu forced=%d", c->id,
              (unsigned long long)c->epoch, p, (unsigned long long)u->version, forced);
+    /* the synchronizer's merge event carries the same hash of what it committed */
+    if (stored)
+        dl_event("update_base", " learner=%s epoch=%llu fragment=%d version=%llu delta=%d hash=%016llx", c->id,
+                 (unsigned long long)c->epoch, p, (unsigned long long)u->version, (int)u->delta,
+                 (unsigned long long)dl_checksum64(payload, bytes));
 }
 
 static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
@@ -1103,15 +1245,19 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
     if (c->tx.active && c->tx.p == p && c->tx.cl.h.base_version == a->base_version && d != DL_DECIDE_PENDING &&
         d != DL_DECIDE_ACCEPTED)
         tx_abort(c, 0, 1, a->busy ? "busy" : "refused");
-    int decided = dl_mailbox_decide(c->mb, p, d, a->base_version,
-                                    d == DL_DECIDE_ACCEPTED || (d == DL_DECIDE_DROPPED && a->rebase));
+    /* rebase (docs/PROTOCOL.md section 5, "Errors"): after a DROPPED_STALE, or a REJECTED whose base is
+     * unusable, the synchronizer sends the global fragment, and the learner rebases onto it */
+    int rebase = a->rebase && (d == DL_DECIDE_DROPPED || d == DL_DECIDE_REJECTED);
+    int decided = dl_mailbox_decide(c->mb, p, d, a->base_version, d == DL_DECIDE_ACCEPTED || rebase);
+    /* error feedback follows the decision of the push it encoded (learner/ef.h) */
+    if (decided) dl_ef_decided(c->ef, p, d, rebase, a->base_version);
     if (a->busy) {
         /* the pool was full: nothing counted, the progress stays here; the
          * fragment's next push (coalesced meanwhile) waits at least this */
         c->f[p].busy_until = dl_clock_ns() + (int64_t)a->retry_after_ms * MS;
         COUNT(busy);
     }
-    if (decided && d == DL_DECIDE_DROPPED && a->rebase) c->f[p].rebase_pending = 1;
+    if (decided && rebase) c->f[p].rebase_pending = 1;
     /* any immediate answer frees the fragment for flow control */
     if (d != DL_DECIDE_ACCEPTED) c->f[p].unacked = 0;
     pthread_mutex_lock(&c->mu);
@@ -1280,44 +1426,83 @@ static int recv_all(dl_comms *c)
  * the link busy; a heartbeat waits behind at most that). */
 static uint64_t push_window(const dl_comms *c) { return 2 * c->chunk * sizeof(float); }
 
+/* Payload bytes of elements [0, n) of a push in the push codec (n a
+ * multiple of the block for block codecs, or the whole fragment): a
+ * block-aligned range of a payload is the payload of that range
+ * (core/codec.h), so the bytes of [off, off + n) start at enc_bytes(off). */
+static uint64_t enc_bytes(const dl_comms *c, uint64_t n) { return n ? dl_codec_bytes(&c->penc.c, n) : 0; }
+
+/* Elements per chunk of a chunked push: the chunk's fp32 element count
+ * (Welcome.chunk_bytes / 4), for block codecs rounded down to whole blocks
+ * (at least one), so every chunk but the fragment's last holds whole blocks
+ * and an encoded chunk is smaller than the fp32 chunk it stands for (as the
+ * synchronizer chunks delta Updates). */
+static uint64_t push_chunk_numel(const dl_comms *c)
+{
+    const dl_codec *pc = &c->penc.c;
+    if (!dl_codec_is_block(pc->id)) return c->chunk;
+    uint64_t blocks = c->chunk / pc->block;
+    return (blocks ? blocks : 1) * pc->block;
+}
+
+/* Encode the claimed push of p (x: numel_p floats) into f->enc with the
+ * fragment's error feedback (learner/ef.h). Stochastic rounding draws from a
+ * seed that is a pure function of (learner instance, fragment, push counter). */
+static int encode_push(dl_comms *c, int p, const float *x, uint64_t base_version)
+{
+    sfrag *f = &c->f[p];
+    if (!f->enc) f->enc = dl_xmalloc((size_t)enc_bytes(c, c->numel[p]));
+    dl_codec_enc e = c->penc;
+    uint64_t key[3] = {c->instance, (uint64_t)p, ++f->encodes};
+    e.seed = dl_hash64(key, sizeof key, 0);
+    return dl_ef_encode(c->ef, &e, p, x, base_version, f->enc);
+}
+
 static void push_sent(dl_comms *c, int p, const dl_mailbox_push *h, uint64_t n)
 {
+    uint64_t bytes = enc_bytes(c, n);
     pthread_mutex_lock(&c->mu);
     c->st.pushes++;
-    c->st.push_bytes += n * sizeof(float);
+    c->st.push_bytes += bytes;
     pthread_mutex_unlock(&c->mu);
     DL_DEBUG("comms: push fragment %d base %llu steps %llu tokens %llu%s", p, (unsigned long long)h->base_version,
              (unsigned long long)h->steps, (unsigned long long)h->tokens, h->final ? " (final flush)" : "");
     dl_event("push", " learner=%s epoch=%llu fragment=%d base_version=%llu steps=%llu tokens=%llu compute_s=%.6f "
-             "final=%d held=%d",
+             "final=%d held=%d codec=%s bytes=%llu",
              c->id, (unsigned long long)c->epoch, p, (unsigned long long)h->base_version,
-             (unsigned long long)h->steps, (unsigned long long)h->tokens, h->compute_s, h->final, h->held);
+             (unsigned long long)h->steps, (unsigned long long)h->tokens, h->compute_s, h->final, h->held,
+             dl_codec_name(c->penc.c.id), (unsigned long long)bytes);
 }
 
 /* One Push message: elements [off, off + n) of the claimed push of p
- * (chunked when transfer != 0, else the whole fragment). */
-static int send_push_msg(dl_comms *c, int p, const dl_mailbox_push *h, const float *payload, uint64_t transfer,
+ * (chunked when transfer != 0, else the whole fragment); payload is the
+ * whole push as encoded. */
+static int send_push_msg(dl_comms *c, int p, const dl_mailbox_push *h, const uint8_t *payload, uint64_t transfer,
                          uint64_t off, uint64_t n)
 {
+    const dl_codec *pc = &c->penc.c;
     Dloco__V1__Push m;
     dloco__v1__push__init(&m);
     m.fragment = (uint32_t)p;
     m.base_version = h->base_version;
     m.steps = h->steps;
     m.tokens = h->tokens;
-    m.codec = DLOCO__V1__CODEC__CODEC_FP32;
+    m.codec = (Dloco__V1__Codec)pc->id;
     m.numel = c->numel[p];
-    m.block_size = 0;
+    m.block_size = pc->block;
+    m.topk = pc->topk;
     m.chunk_offset = transfer ? off : 0;
     m.chunk_numel = transfer ? n : 0;
     m.transfer = transfer;
-    m.checksum = dl_wire_checksum(payload + off, (size_t)n * sizeof(float));
+    const uint8_t *from = payload + enc_bytes(c, off);
+    size_t len = (size_t)enc_bytes(c, n);
+    m.checksum = dl_wire_checksum(from, len);
     m.loss = h->loss;
     m.compute_s = h->compute_s;
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_push(&env, &m);
-    return send_env(c, &env, payload + off, (size_t)n);
+    return send_env(c, &env, from, len);
 }
 
 /* Go on with the chunked push leaving, as far as the window allows.
@@ -1325,12 +1510,12 @@ static int send_push_msg(dl_comms *c, int p, const dl_mailbox_push *h, const flo
 static int tx_continue(dl_comms *c)
 {
     ptx *t = &c->tx;
-    uint64_t n = c->numel[t->p];
+    uint64_t n = c->numel[t->p], chunk = push_chunk_numel(c);
     while (t->active && t->off < n) {
-        uint64_t cn = n - t->off < c->chunk ? n - t->off : c->chunk;
+        uint64_t cn = n - t->off < chunk ? n - t->off : chunk;
         /* the first chunk always goes; later ones while the window has room
          * (the queue's drain wakes the thread) */
-        if (t->off && dl_wire_queue_bytes(c->outq) + cn * sizeof(float) > push_window(c)) return 0;
+        if (t->off && dl_wire_queue_bytes(c->outq) + enc_bytes(c, cn) > push_window(c)) return 0;
         int rc = send_push_msg(c, t->p, &t->cl.h, t->payload, t->transfer, t->off, cn);
         if (rc == DL_EAGAIN) {
             if (t->off == 0) { /* nothing left yet: back to its slot, sent again later */
@@ -1388,16 +1573,28 @@ static int send_pushes(dl_comms *c, int64_t now)
         }
 
         size_t n = (size_t)c->numel[p];
-        const float *payload = c->send_spare;
+        const float *x = c->send_spare;
         if (c->byzantine) {
             /* benchmarks only: corrupt what leaves, on a copy (the slot's
              * buffer may go back to the mailbox unsent and be sent again) */
             for (size_t i = 0; i < n; i++) c->byz_buf[i] = c->send_spare[i] * c->byz_scale;
-            payload = c->byz_buf;
+            x = c->byz_buf;
+        }
+        /* encoded here, once per claim: the mailbox keeps fp32 deltas (and
+         * coalesces them); every chunk is a block-aligned slice of this one encoding */
+        const uint8_t *payload = (const uint8_t *)x;
+        if (c->penc.c.id != DL_CODEC_FP32) {
+            if (encode_push(c, p, x, h->base_version)) {
+                DL_ERROR("comms: push of fragment %d not sent: encoding it as %s failed: %s", p,
+                         dl_codec_name(c->penc.c.id), dl_errmsg());
+                dl_mailbox_unclaim_push(c->mb, p, &cl, &c->send_spare, 0);
+                continue; /* dropped like a push refused locally; its progress stays in theta */
+            }
+            payload = c->f[p].enc;
         }
         f->unacked = 1;
         f->unacked_ns = now;
-        if (c->chunk && n > c->chunk) {
+        if (c->chunk && n > push_chunk_numel(c)) {
             c->tx = (ptx){.active = 1, .p = p, .cl = cl, .transfer = ++c->transfers, .off = 0, .payload = payload};
             int blocked = tx_continue(c);
             if (blocked) return 1;
@@ -1408,11 +1605,13 @@ static int send_pushes(dl_comms *c, int64_t now)
             /* put it back unless a newer push of p arrived meanwhile */
             f->unacked = 0;
             dl_mailbox_unclaim_push(c->mb, p, &cl, &c->send_spare, 1);
+            dl_ef_forget(c->ef, p);
             return 1;
         }
         if (rc < 0) {
             f->unacked = 0;
             dl_mailbox_unclaim_push(c->mb, p, &cl, &c->send_spare, 0);
+            dl_ef_forget(c->ef, p);
             if (rc == DL_ENET) return 0;
             continue; /* refused locally (e.g. a NaN loss): dropped, logged by send_env */
         }
@@ -1621,7 +1820,13 @@ void dl_comms_close(dl_comms **cp)
     dl_comms *c = *cp;
     dl_comms_stop(c);
     dl_mailbox_detach(c->mb, c->link);
-    for (int p = 0; p < c->P; p++) free(c->f[p].rx);
+    for (int p = 0; p < c->P; p++) {
+        free(c->f[p].rx);
+        free(c->f[p].enc);
+        free(c->f[p].mirror);
+        free(c->f[p].stage);
+    }
+    dl_ef_close(&c->ef);
     free(c->f);
     free(c->served);
     free(c->send_spare);

@@ -18,6 +18,28 @@
  * EAGAIN), so pushes wait in their slots and a Hello is retried every
  * hello_unsent_ms until one leaves.
  *
+ * Encoded pushes: the mailbox holds fp32 deltas; the session encodes a push
+ * when it claims it (opts.push_codec, kernels/codec.h), once, into a
+ * per-fragment buffer, and a chunked push sends block-aligned ranges of that
+ * encoding. With error feedback it keeps per fragment the residual the
+ * accepted pushes did not carry (learner/ef.h: ACCEPTED commits the push's
+ * residual, REJECTED keeps the committed one, DROPPED_STALE, a rebase and a
+ * fetch reply zero it; a lost Ack changes nothing).
+ *
+ * Delta Updates (Welcome.update_codec != 0): the session keeps a mirror of
+ * every fragment it serves, the fp32 values of the version it last handed to
+ * the update slot. A delta of version v applies onto a mirror at v - 1
+ * (dl_codec_decode_add, chunk by chunk into a staging copy that becomes the
+ * mirror) and is handed to the slot as a full update, so the node never sees
+ * a delta; one for a version the mirror does not hold is dropped and the
+ * fragment fetched (updates_delta_missed). An `update_base` event carries
+ * dl_checksum64 of every version handed over, full or delta, to compare with
+ * the synchronizer's `merge` hash.
+ *
+ * Rebase: an Ack with rebase (DROPPED_STALE, or REJECTED on an unusable
+ * base) makes the next Update of its fragment DL_UPDATE_REBASE: the node
+ * sets theta = g and resets the counters, whatever its adopt mode.
+ *
  * Trust: the synchronizer is a peer, not an authority over the learner's
  * state. Before anything it sends is used (docs/PROTOCOL.md "What a learner
  * accepts"):
@@ -67,6 +89,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/codec.h"
 #include "learner/mailbox.h"
 
 struct dl_plan;
@@ -118,6 +141,14 @@ typedef struct {
      * and the learner's own training stay honest. */
     int byzantine;
     double byzantine_scale;
+    /* Push encoding (core/codec.h, kernels/codec.h; dloco-learner's rows push_codec, push_block, push_topk,
+     * push_rounding, error_feedback): id 0 = fp32; block and topk as dl_codec_check wants them for the id
+     * (block codecs: block in [16, 65536], even; topk: topk in [1, block]); push_rounding DL_ROUND_*;
+     * error_feedback: keep the residual of every encoded push per fragment (learner/ef.h has the rules);
+     * ignored for fp32. A byzantine push is corrupted before it is encoded. */
+    dl_codec push_codec;
+    int push_rounding;
+    int error_feedback;
     /* timing, ms; 0 = the default in brackets (dloco-learner's config rows) */
     int hello_retry_ms;     /* first Hello retry without a Welcome, doubling per retry [1000] */
     int hello_retry_max_ms; /* cap of that backoff [16000] */
@@ -136,7 +167,7 @@ typedef struct {
  * coalesced, discarded and superseded are the mailbox's (shared by its sessions). */
 typedef struct {
     uint64_t pushes;         /* Push messages sent */
-    uint64_t push_bytes;     /* payload bytes of those */
+    uint64_t push_bytes;     /* payload bytes of those, as encoded */
     uint64_t coalesced;      /* queued pushes replaced by a newer push of the same fragment */
     uint64_t discarded;      /* queued pushes dropped because the learner had to rebase (must_fetch) */
     uint64_t acks_pending;   /* MERGED_PENDING acks received */
@@ -154,6 +185,9 @@ typedef struct {
     uint64_t newer_epoch;    /* inbound messages (not a Welcome answering our Hello) of a newer epoch: re-hello */
     uint64_t updates_refused; /* Updates refused on receipt: non-finite payload, version jump */
     uint64_t updates_old;    /* normal Updates dropped: version below the held one */
+    uint64_t updates_delta;  /* of `updates`, delta Updates applied onto the session's mirror */
+    uint64_t updates_delta_missed; /* delta Updates dropped because the mirror did not hold version - 1 (missed
+                              * versions, no mirror yet, a gap in its chunks); the fragment is fetched */
     uint64_t welcomes_refused; /* Welcomes with h / heartbeat_ms / liveness out of bounds, or of another shard */
     uint64_t refetches;      /* fetches asked for after refused updates (each sent after its backoff,
                               * unless a good Update of the fragment came first) */

@@ -270,7 +270,7 @@ int dl_mailbox_take_update(dl_mailbox *m, int p, float **buf, dl_mailbox_update 
         u->fragment = p;
         u->version = f->uversion;
         u->forced = f->uforced;
-        if (f->uforced == DL_UPDATE_FETCHED && f->queued) {
+        if (f->uforced != DL_UPDATE_NORMAL && f->queued) {
             f->queued = 0; /* queued relative to a base the rebase throws away */
             m->st.discarded++;
         }

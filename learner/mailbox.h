@@ -75,8 +75,9 @@ typedef struct {
 enum {
     DL_UPDATE_NORMAL = 0,  /* a merge result: adopt in the learner's mode when newer */
     DL_UPDATE_FETCHED = 1, /* reply to a Fetch: overwrite theta (a rebase), even if not newer */
-    /* the global after a DROPPED_STALE push (Ack.rebase): adopt in the learner's
-     * mode even if not newer, so the dropped push's progress and counters leave
+    /* the global after an Ack with rebase (a DROPPED_STALE push, or a REJECTED one
+     * whose base is unusable): a rebase like FETCHED (theta = g, counters 0),
+     * even if not newer, so the dropped push's progress and counters leave
      * (the version may not have moved yet while a round is in flight) */
     DL_UPDATE_REBASE = 2
 };

@@ -1,6 +1,7 @@
 /* dloco-learner: trains the GPT, either networked (default: pushes fragment
  * pseudo-gradients to dloco-sync, docs/PROTOCOL.md) or --standalone (one learner, no synchronizer). */
 #include "core/clock.h"
+#include "core/codec.h"
 #include "core/config.h"
 #include "core/err.h"
 #include "core/event.h"
@@ -8,6 +9,7 @@
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/shard.h"
+#include "kernels/codec.h"
 #include "learner/comms.h"
 #include "learner/metrics.h"
 #include "learner/node.h"
@@ -58,6 +60,10 @@ typedef struct {
     char run_id[DL_CFG_STRLEN];
     char adopt[DL_CFG_STRLEN];
     double alpha;
+    /* encoded pushes (learner/ef.h, core/codec.h) */
+    char push_codec[DL_CFG_STRLEN], push_rounding[DL_CFG_STRLEN];
+    int64_t push_block, push_topk;
+    int error_feedback;
     int64_t data_shard, data_shards;
     int64_t flush_timeout_ms, connect_timeout_ms;
     int64_t silence_rebuild_ms;
@@ -76,6 +82,8 @@ typedef struct {
     /* not rows: resolved from the rows above at start (resolve_networked) */
     int byz_on;
     double byz_scale;
+    dl_codec pcodec;      /* push_codec, push_block, push_topk */
+    int prounding;        /* DL_ROUND_* of push_rounding */
     char curve_server[41], curve_public[41], curve_secret[41];
 } learner_cfg;
 
@@ -134,6 +142,18 @@ static const dl_cfg_entry learner_table[] = {
     {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, "overwrite", "overwrite|mix|keep", 0,
      "how a new global fragment is adopted: overwrite, mix alpha*local+(1-alpha)*global, keep progress since the push"},
     {"alpha", DL_CFG_FLOAT, F(alpha), 0.0, 1.0, "0.5", NULL, 0, "adopt=mix: weight of the local parameters"},
+    {"push_codec", DL_CFG_ENUM, F(push_codec), 0, 0, "fp32", "fp32|bf16|int8|int4|e3m0|topk", 0,
+     "encoding of pushed pseudo-gradients (core/codec.h): fp32 exact, bf16, int8 / int4 with a per-block absmax "
+     "scale, e3m0 (sign + 3-bit exponent per element, per-block scale), topk (the push_topk largest of each block)"},
+    {"push_block", DL_CFG_INT, F(push_block), 16, 65536, "128", NULL, 0,
+     "int8, int4, e3m0, topk pushes: elements per block (even)", "elements"},
+    {"push_topk", DL_CFG_INT, F(push_topk), 1, 65536, "8", NULL, 0,
+     "push_codec=topk: entries kept per block, at most push_block", "entries"},
+    {"push_rounding", DL_CFG_ENUM, F(push_rounding), 0, 0, "nearest", "nearest|stochastic", 0,
+     "int8, int4, e3m0 pushes: round to nearest, or stochastically (unbiased; the draws are a function of the "
+     "learner instance, fragment and push)"},
+    {"error_feedback", DL_CFG_BOOL, F(error_feedback), 0, 0, "true", NULL, 0,
+     "carry what an encoded push left out into the fragment's next push (ignored for fp32)"},
     {"data_shard", DL_CFG_INT, F(data_shard), 0, 1000000, "0", NULL, 0, "this learner's data shard (0-based)"},
     {"data_shards", DL_CFG_INT, F(data_shards), 0, 1000000, "0", NULL, 0,
      "training sequences are split into this many shards by index (0 or 1 = no split)"},
@@ -231,11 +251,51 @@ static int parse_byzantine(const char *s, int *on, double *scale)
     return dl_err(DL_EINVAL, "option byzantine: '%s' is not none, flip or scale:K with K finite in [-1e6, 1e6]", s);
 }
 
-/* The networked rows that need more than a bounds check: byzantine, and the
+/* push_codec, push_block, push_topk, push_rounding into cfg->pcodec and
+ * cfg->prounding; the block and topk rows count only for the codecs that
+ * have them. Returns 0 or DL_EINVAL naming the row. */
+static int resolve_push_codec(learner_cfg *cfg)
+{
+    dl_codec_id id;
+    DL_TRY(dl_codec_parse(cfg->push_codec, &id));
+    cfg->pcodec = (dl_codec){.id = id};
+    if (cfg->push_block % 2)
+        return dl_err(DL_EINVAL, "option push_block: %lld is odd (a block of the 4-bit codecs holds whole bytes)",
+                      (long long)cfg->push_block);
+    if (dl_codec_is_block(id)) cfg->pcodec.block = (uint32_t)cfg->push_block;
+    if (id == DL_CODEC_TOPK) {
+        if (cfg->push_topk > cfg->push_block)
+            return dl_err(DL_EINVAL, "option push_topk: %lld is more than push_block %lld", (long long)cfg->push_topk,
+                          (long long)cfg->push_block);
+        cfg->pcodec.topk = (uint32_t)cfg->push_topk;
+    }
+    char why[160];
+    if (dl_codec_check(&cfg->pcodec, why, sizeof why)) return dl_err(DL_EINVAL, "option push_codec: %s", why);
+    dl_codec_rounding r;
+    DL_TRY(dl_codec_rounding_parse(cfg->push_rounding, &r));
+    cfg->prounding = (int)r;
+    return 0;
+}
+
+/* A push codec for the banner: "fp32", "int4 block 128 nearest, error feedback". */
+static const char *push_codec_desc(const learner_cfg *cfg, char *buf, size_t cap)
+{
+    const dl_codec *pc = &cfg->pcodec;
+    int n = snprintf(buf, cap, "%s", dl_codec_name(pc->id));
+    if (pc->id == DL_CODEC_TOPK) n += snprintf(buf + n, cap - (size_t)n, " %u of %u", pc->topk, pc->block);
+    else if (dl_codec_is_block(pc->id))
+        n += snprintf(buf + n, cap - (size_t)n, " block %u %s", pc->block, cfg->push_rounding);
+    if (pc->id != DL_CODEC_FP32)
+        snprintf(buf + n, cap - (size_t)n, ", %s", cfg->error_feedback ? "error feedback" : "no error feedback");
+    return buf;
+}
+
+/* The networked rows that need more than a bounds check: byzantine, the push codec, and the
  * CURVE keys (server_key and key_file together or not at all). */
 static int resolve_networked(learner_cfg *cfg)
 {
     DL_TRY(parse_byzantine(cfg->byzantine, &cfg->byz_on, &cfg->byz_scale));
+    DL_TRY(resolve_push_codec(cfg));
     cfg->curve_server[0] = cfg->curve_public[0] = cfg->curve_secret[0] = 0;
     if (!cfg->server_key[0] && !cfg->key_file[0]) return 0;
     if (!cfg->server_key[0] || !cfg->key_file[0])
@@ -742,6 +802,9 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     co.max_version_jump = (uint64_t)cfg->max_version_jump;
     co.byzantine = cfg->byz_on;
     co.byzantine_scale = cfg->byz_scale;
+    co.push_codec = cfg->pcodec;
+    co.push_rounding = cfg->prounding;
+    co.error_feedback = cfg->error_feedback;
     co.shards = S;
     memcpy(co.curve_server, cfg->curve_server, sizeof co.curve_server);
     memcpy(co.curve_public, cfg->curve_public, sizeof co.curve_public);
@@ -810,15 +873,20 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     printf("dloco-learner %s: GPT L=%d NH=%d C=%d T=%d V=%d, %zu parameters, B=%d, %d threads\n", cfg->id,
            mc->n_layer, mc->n_head, mc->n_embd, mc->seq_len, mc->vocab, dl_trainer_num_params(tr), tc->batch,
            omp_get_max_threads());
-    printf("synchronizer %s, run %s, P=%d fragments (imbalance %.3f), fingerprint %016llx, adopt %s, adam_fleet %g\n",
+    char pdesc[128];
+    printf("synchronizer %s, run %s, P=%d fragments (imbalance %.3f), fingerprint %016llx, adopt %s, adam_fleet %g, "
+           "push %s\n",
            cfg->connect, cfg->run_id, dl_plan_P(plan), dl_plan_imbalance(plan), (unsigned long long)fp, cfg->adopt,
-           cfg->adam_fleet);
+           cfg->adam_fleet, push_codec_desc(cfg, pdesc, sizeof pdesc));
     fflush(stdout);
     char ev_dev[200], ev_ep[DL_CFG_STRLEN + 8];
     dl_event("learner_start",
-             "id=%s mode=networked device=%s params=%zu fragments=%d fingerprint=%016llx endpoint=%s shards=%d", cfg->id,
+             "id=%s mode=networked device=%s params=%zu fragments=%d fingerprint=%016llx endpoint=%s shards=%d "
+             "push_codec=%s push_block=%u push_topk=%u push_rounding=%s error_feedback=%d", cfg->id,
              dl_event_str(hello_device, ev_dev, sizeof ev_dev), dl_trainer_num_params(tr), dl_plan_P(plan),
-             (unsigned long long)fp, dl_event_str(cfg->connect, ev_ep, sizeof ev_ep), S);
+             (unsigned long long)fp, dl_event_str(cfg->connect, ev_ep, sizeof ev_ep), S, dl_codec_name(cfg->pcodec.id),
+             cfg->pcodec.block, cfg->pcodec.topk, cfg->push_rounding,
+             cfg->error_feedback && cfg->pcodec.id != DL_CODEC_FP32);
     if (cfg->byz_on) {
         char ev_mode[DL_CFG_STRLEN + 8];
         DL_WARN("BYZANTINE MODE '%s': every delta this learner pushes is corrupted on purpose (multiplied by %g); "
@@ -1024,9 +1092,13 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
            (unsigned long long)cs.chunks_recv, (unsigned long long)cs.chunks_dropped,
            (unsigned long long)cs.pushes_stopped, S, epochs);
     /* fields added after exit_code go after it in the event (docs/EVENTS.md) */
-    char later[128];
-    snprintf(later, sizeof later, "barrier_waits=%llu barrier_wait_s=%.3f", (unsigned long long)ns.barrier_waits,
-             ns.barrier_wait_s);
+    char later[320];
+    snprintf(later, sizeof later,
+             "barrier_waits=%llu barrier_wait_s=%.3f push_codec=%s push_bytes=%llu updates_delta=%llu "
+             "updates_delta_missed=%llu",
+             (unsigned long long)ns.barrier_waits, ns.barrier_wait_s, dl_codec_name(cfg->pcodec.id),
+             (unsigned long long)cs.push_bytes, (unsigned long long)cs.updates_delta,
+             (unsigned long long)cs.updates_delta_missed);
     printf("learner-summary: %s %s\n", summary, later);
     dl_event("learner_summary", "%s exit_code=%d %s", summary, exit_code, later);
     fflush(stdout);

@@ -553,14 +553,16 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
                  (unsigned long long)version, why, dist, bound, k);
         return 0;
     }
-    if (f->pending && forced == DL_UPDATE_FETCHED) {
+    if (f->pending && forced != DL_UPDATE_NORMAL) {
         /* relative to a base the synchronizer told us to abandon */
         f->pending = 0;
         n->st.dropped++;
     }
     DL_TRY(complete(n, p));
     size_t k = f->numel;
-    int mode = forced == DL_UPDATE_FETCHED || !f->held ? -1 : n->adopt;
+    /* a fetch reply and the rebase after a dropped push (Ack.rebase) both
+     * abandon the local base: theta_p = g whatever the adopt mode */
+    int mode = forced != DL_UPDATE_NORMAL || !f->held ? -1 : n->adopt;
     void *ctx = n->model->ctx;
     switch (mode) {
     case DL_ADOPT_MIX: DL_TRY(n->model->apply(ctx, p, n->alpha, 1.0f - n->alpha, g)); break;

@@ -20,8 +20,9 @@
  * Adopt of global g with version v for p (dl_node_adopt), at a step boundary,
  * each mode one call apply(a, b, in): theta_p = a*theta_p + b*in:
  *   ignored    when p is held, the update is not forced and v <= version_p
- *   rebase     forced (fetch reply) or p not held yet: theta_p = g, counters 0
- *              (apply(0, 1, g))
+ *   rebase     forced (a fetch reply, or the Update after an Ack with rebase:
+ *              DL_UPDATE_FETCHED / DL_UPDATE_REBASE) or p not held yet:
+ *              theta_p = g, counters 0 (apply(0, 1, g))
  *   overwrite  theta_p = g, counters 0 (apply(0, 1, g))
  *   mix        theta_p = alpha*theta_p + (1-alpha)*g, counters 0
  *              (apply(alpha, 1-alpha, g))
@@ -67,6 +68,20 @@
  * push_decision_timeout_ms (counted in hold_released, warned). A deferred
  * push is begun only when p is not held. The final flush holds the same way,
  * bounded by the flush timeout (dl_node_finish).
+ *
+ * Encoded pushes (error feedback): the node always posts the fp32 delta; a
+ * session encodes it when it claims the push (dl_comms_opts.push_codec) and
+ * keeps, per fragment, the residual the encodings did not carry
+ * (learner/ef.h has the rules: ACCEPTED commits the push's residual,
+ * REJECTED keeps the committed one, DROPPED_STALE / a rebase / a fetch
+ * reply zero it). Nothing here changes: a push the hold rule releases by
+ * timeout replaces the undecided one and is encoded again from the
+ * committed residual; under mix the adopt keeps alpha of the local progress
+ * since the push, so the residual slightly over-counts there.
+ *
+ * Delta Updates: a session that gets them (Welcome.update_codec) applies
+ * them onto its own mirror of the fragment and hands the node full fp32
+ * values, so base_p is bit for bit the synchronizer's global.
  *
  * Barrier (the Welcome's policy is `sync` or `sync-elastic`,
  * dl_mailbox_barrier): the synchronous baselines must be the synchronous
@@ -206,9 +221,10 @@ int dl_node_flush(dl_node *n);
 int dl_node_flush_owed(dl_node *n);
 
 /* Adopt global fragment p (numel_p floats) at `version` as described above;
- * `forced` is a DL_UPDATE_* kind: FETCHED is the rebase (overwrite, even if
- * not newer), REBASE (after a dropped push) adopts in the node's mode even if
- * not newer, NORMAL only when newer. Returns 1 when adopted, 0 when ignored
+ * `forced` is a DL_UPDATE_* kind: FETCHED (a fetch reply) and REBASE (after
+ * an Ack with rebase: a dropped push, or one rejected on an unusable base)
+ * are the rebase (theta_p = g, counters 0, even if not newer; a deferred
+ * push of p is dropped), NORMAL is adopted in the node's mode only when newer. Returns 1 when adopted, 0 when ignored
  * or refused (see "Trust" above; counted in ignored / refused). */
 int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *global);
 /* delta = base_p - theta_p into out (numel_p floats), without pushing

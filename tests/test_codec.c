@@ -148,14 +148,15 @@ static void roundtrip(dl_codec c, dl_codec_rounding rd, uint64_t n)
                 minkept = fmin(minkept, fabs(x[j0 + ix]));
             }
             int ok = 1;
+            uint8_t *flag = calloc(bj, 1);
+            for (uint64_t e2 = 0; e2 < k; e2++) {
+                uint16_t ix;
+                memcpy(&ix, p + off + 6 * e2, 2);
+                if (ix < bj) flag[ix] = 1;
+            }
             for (uint64_t i = 0; i < bj; i++) {
                 float y = x[j0 + i], v = d[j0 + i];
-                int is_kept = 0;
-                for (uint64_t e2 = 0; e2 < k; e2++) {
-                    uint16_t ix;
-                    memcpy(&ix, p + off + 6 * e2, 2);
-                    is_kept |= ix == i;
-                }
+                int is_kept = flag[i];
                 kept += is_kept;
                 if (is_kept) {
                     ok &= bits(v) == bits(y);
@@ -166,6 +167,7 @@ static void roundtrip(dl_codec c, dl_codec_rounding rd, uint64_t n)
                     if (fabs(y) == minkept) ok &= last_tie_kept >= 0;
                 }
             }
+            free(flag);
             CHECK(ok && kept == k, "topk b %u block at %llu: kept %llu of %llu, set not the top k (ties low index)",
                   c.block, (unsigned long long)j0, (unsigned long long)kept, (unsigned long long)k);
         } else {
@@ -302,6 +304,25 @@ static void known_answers(void)
     dl_codec_encode(&n1, y, NULL, 16, 16, b);
     CHECK(memcmp(a, b, 20) != 0, "stochastic does not depend on first");
 
+    /* the uniform is the first splitmix64 output of the state seed ^ idx * golden, top 24 bits:
+     * splitmix64(0) = 0xe220a8397b1dcdaf; the others from a Python reference */
+    CHECK(dl_cx_uniform(0, 0) == 14819496 * 0x1p-24f && dl_cx_uniform(42, 1) == 2682851 * 0x1p-24f &&
+              dl_cx_uniform(0xfeed, 123456789) == 13366642 * 0x1p-24f &&
+              dl_cx_uniform(UINT64_MAX, (1ull << 40) + 3) == 849915 * 0x1p-24f,
+          "uniform golden values: %.9g %.9g", dl_cx_uniform(0, 0) * 0x1p24f, dl_cx_uniform(42, 1) * 0x1p24f);
+    /* stochastic int8 known answer: s = 1, every y = k + 1/2 goes up exactly when u(seed, first + i) < 1/2 */
+    {
+        float xs[32];
+        for (int i = 0; i < 32; i++) xs[i] = i == 0 ? 127.0f : (float)(i % 7) + 0.5f;
+        dl_codec c32 = {.id = DL_CODEC_INT8, .block = 32};
+        dl_codec_enc es = {.c = c32, .rounding = DL_ROUND_STOCHASTIC, .seed = 0xabcdef};
+        uint8_t ps[36];
+        CHECK(dl_codec_encode(&es, xs, NULL, 32, 64, ps) == 0, "stochastic known: %s", dl_errmsg());
+        int ok2 = ldf(ps) == 1.0f && ps[4] == 127;
+        for (int i = 1; i < 32; i++)
+            ok2 &= (int8_t)ps[4 + i] == i % 7 + (dl_cx_uniform(0xabcdef, 64 + (uint64_t)i) < 0.5f);
+        CHECK(ok2, "stochastic int8 codes differ from floor + (u < frac)");
+    }
     /* the uniform: on the 2^-24 grid of [0, 1), mean 1/2 */
     double mean = 0;
     int grid = 1;
@@ -537,6 +558,109 @@ static void hostile(void)
     free(x), free(p), free(q);
 }
 
+/* ---- a reference decoder written from core/codec.h alone, scalar, in
+ * double where exact: 0 and out, or -1 for a payload it refuses */
+
+static int ref_decode(const dl_codec *c, const uint8_t *p, size_t len, uint64_t n, float *out)
+{
+    if (len != dl_codec_bytes(c, n)) return -1;
+    if (c->id == DL_CODEC_FP32 || c->id == DL_CODEC_BF16) {
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t b = 0;
+            if (c->id == DL_CODEC_FP32)
+                memcpy(&b, p + 4 * i, 4);
+            else
+                b = (uint32_t)(p[2 * i] | p[2 * i + 1] << 8) << 16;
+            float v;
+            memcpy(&v, &b, 4);
+            if (!isfinite(v)) return -1;
+            out[i] = v;
+        }
+        return 0;
+    }
+    for (uint64_t j0 = 0; j0 < n; j0 += c->block) {
+        uint64_t bj = n - j0 < c->block ? n - j0 : c->block;
+        if (c->id == DL_CODEC_TOPK) {
+            uint64_t k = bj < c->topk ? bj : c->topk;
+            for (uint64_t i = 0; i < bj; i++) out[j0 + i] = 0;
+            long prev = -1;
+            for (uint64_t e = 0; e < k; e++, p += 6) {
+                long ix = p[0] | p[1] << 8;
+                float v = ldf(p + 2);
+                if (ix <= prev || ix >= (long)bj || !isfinite(v)) return -1;
+                out[j0 + ix] = v, prev = ix;
+            }
+            continue;
+        }
+        float s = ldf(p);
+        if (!isfinite(s) || s < 0) return -1;
+        p += 4;
+        for (uint64_t i = 0; i < bj; i++) {
+            int code = c->id == DL_CODEC_INT8 ? p[i] : (p[i / 2] >> (i % 2 ? 4 : 0)) & 15;
+            double v;
+            if (c->id == DL_CODEC_INT8) {
+                if (code == 128) return -1;
+                v = (double)(int8_t)code * s;
+            } else if (c->id == DL_CODEC_INT4) {
+                if (code == 8) return -1;
+                v = (double)(code < 8 ? code : code - 16) * s;
+            } else {
+                if (code == 8) return -1;
+                v = (code & 7) ? ldexp((double)s, (code & 7) - 7) : 0.0;
+                if (code & 8) v = -v;
+            }
+            out[j0 + i] = (float)v; /* exact: a product of at most 8 and 24 significant bits */
+        }
+        if (c->id != DL_CODEC_INT8 && (bj & 1) && (p[bj / 2] >> 4)) return -1;
+        p += c->id == DL_CODEC_INT8 ? bj : (bj + 1) / 2;
+    }
+    return 0;
+}
+
+/* random byte changes in valid payloads: the decoder accepts exactly what the
+ * reference accepts, with the same floats; a refusal leaves decode_add's out alone */
+static void mutations(void)
+{
+    const uint64_t n = 16 * 5 + 3;
+    float x[16 * 5 + 3], ref[16 * 5 + 3], got[16 * 5 + 3], base[16 * 5 + 3], keep[16 * 5 + 3];
+    uint8_t p[8 * (16 * 5 + 3)], q[8 * (16 * 5 + 3)];
+    int accepted = 0, refused = 0, bad = 0;
+    for (int k = 0; k < NALL; k++) {
+        dl_codec c = mk(ALL[k], 16);
+        c.topk = c.id == DL_CODEC_TOPK ? 5 : 0;
+        size_t len = dl_codec_bytes(&c, n);
+        for (int it = 0; it < 3000; it++) {
+            for (uint64_t i = 0; i < n; i++) x[i] = dl_rng_normal(&rng), base[i] = (float)i;
+            dl_codec_enc e = {.c = c, .rounding = (dl_codec_rounding)(it & 1), .seed = (uint64_t)it};
+            dl_codec_encode(&e, x, NULL, n, 0, p);
+            memcpy(q, p, len);
+            int flips = 1 + (int)dl_rng_below(&rng, 3);
+            for (int f = 0; f < flips; f++) {
+                size_t at = dl_rng_below(&rng, len);
+                q[at] = dl_rng_below(&rng, 4) ? (uint8_t)dl_rng_below(&rng, 256) : (uint8_t)(q[at] ^ 0x80);
+            }
+            int want = ref_decode(&c, q, len, n, ref);
+            for (uint64_t i = 0; i < n; i++) got[i] = keep[i] = -7.0f;
+            int rc = dl_codec_decode_add(&c, q, len, n, base, got);
+            if (want == 0) {
+                accepted++;
+                int same = rc == 0;
+                for (uint64_t i = 0; i < n && same; i++) same = bits(got[i]) == bits(base[i] + ref[i]);
+                if (!same && bad++ < 5)
+                    CHECK(0, "%s: mutated payload (iteration %d) rc %d '%s' differs from the reference decode",
+                          dl_codec_name(c.id), it, rc, rc ? dl_errmsg() : "");
+            } else {
+                refused++;
+                if ((rc != DL_EINVAL || !same_bits(got, keep, n)) && bad++ < 5)
+                    CHECK(0, "%s: mutated payload (iteration %d) accepted or out written: rc %d",
+                          dl_codec_name(c.id), it, rc);
+            }
+        }
+    }
+    CHECK(bad == 0, "%d mutated payloads decoded unlike the reference", bad);
+    printf("mutated payloads: %d accepted, %d refused, all as the reference decoder\n", accepted, refused);
+}
+
 /* ---- same bytes and floats whatever the thread count */
 
 static void threads(void)
@@ -585,12 +709,31 @@ int main(void)
             for (int ni = 0; ni < 3; ni++)
                 for (int r = 0; r < 2; r++) roundtrip(c, (dl_codec_rounding)r, ns[ni]);
         }
+    /* the largest block: topk's keys on the heap, index 65535 */
+    for (int k = 0; k < NALL; k++)
+        if (dl_codec_is_block(ALL[k])) roundtrip(mk(ALL[k], DL_CODEC_BLOCK_MAX), DL_ROUND_STOCHASTIC, 2 * DL_CODEC_BLOCK_MAX + 37);
+    {
+        dl_codec ck = {.id = DL_CODEC_TOPK, .block = DL_CODEC_BLOCK_MAX, .topk = 1};
+        float *xm = calloc(DL_CODEC_BLOCK_MAX, 4);
+        xm[DL_CODEC_BLOCK_MAX - 1] = -5;
+        uint8_t pm[6];
+        dl_codec_enc em = {.c = ck};
+        CHECK(dl_codec_encode(&em, xm, NULL, DL_CODEC_BLOCK_MAX, 0, pm) == 0 && pm[0] == 0xff && pm[1] == 0xff &&
+                  ldf(pm + 2) == -5,
+              "topk index 65535: %02x%02x %g", pm[1], pm[0], ldf(pm + 2));
+        float *om = malloc(DL_CODEC_BLOCK_MAX * 4);
+        CHECK(dl_codec_decode(&ck, pm, 6, DL_CODEC_BLOCK_MAX, om) == 0 && om[DL_CODEC_BLOCK_MAX - 1] == -5 &&
+                  om[0] == 0,
+              "topk decode of index 65535: %s", dl_errmsg());
+        free(xm), free(om);
+    }
     for (int k = 0; k < NALL; k++)
         for (int r = 0; r < 2; r++) error_feedback(mk(ALL[k], 128), (dl_codec_rounding)r);
     unbiased(mk(DL_CODEC_INT8, 128));
     unbiased(mk(DL_CODEC_INT4, 16));
     unbiased(mk(DL_CODEC_E3M0, 128));
     hostile();
+    mutations();
     threads();
     return CHECK_DONE("test_codec");
 }

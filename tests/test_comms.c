@@ -18,8 +18,10 @@
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/hash.h"
 #include "core/model.h"
 #include "core/plan.h"
+#include "kernels/codec.h"
 #include "learner/node.h"
 #include "proto/wire.h"
 
@@ -158,6 +160,7 @@ static void h_send(harness *h, const char *id, Dloco__V1__Envelope *env, const f
 }
 
 static uint32_t welcome_chunk_bytes = 0; /* Welcome.chunk_bytes (0: whole pushes) */
+static uint32_t welcome_update_codec = 0; /* Welcome.update_codec (0: full Updates only) */
 static uint32_t welcome_shard = 0, welcome_shards = 0; /* Welcome.shard, shards (0: unsharded) */
 static uint32_t welcome_liveness = 100; /* the most a learner accepts: no silence-based re-hello (5 s at 50 ms)
                                          * unless a test lowers it */
@@ -179,6 +182,7 @@ static void h_welcome(harness *h, const char *id, uint64_t epoch, uint64_t versi
     w.policy = "test";
     w.must_fetch = must_fetch;
     w.chunk_bytes = welcome_chunk_bytes;
+    w.update_codec = welcome_update_codec;
     w.shard = welcome_shard;
     w.shards = welcome_shards;
     Dloco__V1__Envelope env;
@@ -219,6 +223,39 @@ static void h_update_chunk(harness *h, const char *id, uint64_t epoch, int p, ui
     dl_wire_env_init(&env, h->run_id, epoch, id);
     dl_wire_set_update(&env, &u);
     h_send(h, id, &env, g + off, n);
+}
+
+/* A delta Update of p at `version` (= version - 1 + decode), elements [off,
+ * off + n) in codec dc: payload holds the encoding of the whole fragment,
+ * the chunk's bytes are its block-aligned slice. n == numel: one frame. */
+static void h_update_delta(harness *h, const char *id, uint64_t epoch, int p, uint64_t version, const dl_codec *dc,
+                           const uint8_t *payload, uint64_t off, uint64_t n)
+{
+    Dloco__V1__Update u;
+    dloco__v1__update__init(&u);
+    u.fragment = (uint32_t)p;
+    u.version = version;
+    u.delta = 1;
+    u.codec = (Dloco__V1__Codec)dc->id;
+    u.block_size = dc->block;
+    u.topk = dc->topk;
+    u.numel = h->numel[p];
+    if (n < h->numel[p]) {
+        u.chunk_offset = off;
+        u.chunk_numel = n;
+    }
+    const uint8_t *from = payload + (off ? dl_codec_bytes(dc, off) : 0);
+    size_t len = (size_t)dl_codec_bytes(dc, n);
+    u.checksum = dl_wire_checksum(from, len);
+    Dloco__V1__Envelope env;
+    dl_wire_env_init(&env, h->run_id, epoch, id);
+    dl_wire_set_update(&env, &u);
+    const void *pl[1] = {from};
+    int i = 0;
+    while (i < h->npeer && strcmp(h->peer[i].id, id)) i++;
+    REQUIRE(i < h->npeer, "harness send to %s: never heard from it", id);
+    REQUIRE(dl_wire_send(h->router, h->peer[i].rid, h->peer[i].rid_len, &env, pl, &len, 1, 0) == 0,
+            "harness send delta: %s", dl_errmsg());
 }
 
 static void h_ack(harness *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged)
@@ -325,6 +362,8 @@ static int recv_push(harness *h, const expected *e, int p, uint64_t *base_out, c
 }
 
 static int hold_ms = -1, hold_adopt = DL_ADOPT_OVERWRITE;
+static dl_codec push_codec = {.id = DL_CODEC_FP32}; /* the learner's push encoding (test_codec) */
+static int push_rounding = DL_ROUND_NEAREST;
 
 static dl_comms *start_learner(harness *h, const char *id, float *theta, dl_mailbox **mb, dl_node **node)
 {
@@ -344,6 +383,9 @@ static dl_comms *start_learner(harness *h, const char *id, float *theta, dl_mail
         .device = "cpu",
         .connect_timeout_ms = 20000,
         .silence_rebuild_ms = 1500, /* the rebuild after a re-hello that stays unanswered (test_silence) */
+        .push_codec = push_codec,
+        .push_rounding = push_rounding,
+        .error_feedback = 1,
     };
     dl_comms *c = NULL;
     REQUIRE(dl_comms_open(&co, &c) == 0, "comms open: %s", dl_errmsg());
@@ -1310,6 +1352,343 @@ static void test_chunks(void)
     dl_plan_close(&p2);
 }
 
+// ---------------------------------------------------------------------------
+// scenario: encoded pushes with error feedback, delta Updates onto the mirror,
+// Ack.rebase honoured (docs/ARCHITECTURE.md "The networked learner")
+
+static dl_model_config CFG_CODEC = {.n_layer = 1, .n_head = 2, .n_embd = 32, .seq_len = 8, .vocab = 1024};
+
+/* The learner's residuals as the rules say they must be (learner/ef.h):
+ * committed per fragment (NULL = zero), and that of the push in flight. */
+typedef struct {
+    float *committed[P], *pending[P];
+    int chunked;     /* pushes seen in more than one chunk */
+    int pushes;
+} ef_model;
+
+/* Receive the push of p (all its chunks) and check it: int4 header (codec,
+ * block, topk 0), chunks of one transfer on block boundaries, whole blocks
+ * but the last, and the bytes = encode(delta + committed_p) exactly; the
+ * residual of that encode becomes pending_p. */
+static void recv_int4_push(harness *h, ef_model *em, const expected *e, int p, const char *ctx)
+{
+    const dl_codec *pc = &push_codec;
+    size_t k = dl_plan_fragment_numel(plan, p);
+    size_t bytes = (size_t)dl_codec_bytes(pc, k);
+    uint8_t *got = calloc(bytes, 1), *want = malloc(bytes);
+    uint64_t next = 0, transfer = 0;
+    int chunks = 0, header_ok = 1, aligned = 1;
+    dl_wire_msg m;
+    while (next < k && h_expect(h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, ctx)) {
+        const Dloco__V1__Push *u = m.env->push;
+        if ((int)u->fragment != p) {
+            CHECK(0, "%s: push of fragment %d, expected %d", ctx, (int)u->fragment, p);
+            dl_wire_msg_close(&m);
+            break;
+        }
+        header_ok &= u->codec == DLOCO__V1__CODEC__CODEC_INT4 && u->block_size == pc->block && u->topk == 0 &&
+                     u->numel == k && u->base_version == e->base[p] && u->steps == e->steps[p] &&
+                     u->tokens == e->tokens[p];
+        uint64_t off = u->chunk_numel ? u->chunk_offset : 0, n = u->chunk_numel ? u->chunk_numel : k;
+        aligned &= off == next && off % pc->block == 0 && (off + n == k || n == 1024) &&
+                   (!u->chunk_numel || (u->transfer && (!transfer || u->transfer == transfer)));
+        transfer = u->transfer;
+        uint64_t b0 = off ? dl_codec_bytes(pc, off) : 0, len = dl_codec_bytes(pc, n);
+        aligned &= dl_wire_msg_payload_len(&m, 0) == len && b0 + len <= bytes;
+        if (aligned) memcpy(got + b0, dl_wire_msg_payload(&m, 0), len);
+        next = off + n;
+        chunks++;
+        dl_wire_msg_close(&m);
+        if (!aligned) break;
+    }
+    CHECK(header_ok, "%s: int4 header (codec, block %u, topk 0, numel, base, steps, tokens)", ctx, pc->block);
+    CHECK(aligned && next == k, "%s: %d chunks on block boundaries cover the %zu elements", ctx, chunks, k);
+    if (!em->pending[p]) em->pending[p] = malloc(k * sizeof(float));
+    if (em->committed[p]) memcpy(em->pending[p], em->committed[p], k * sizeof(float));
+    else memset(em->pending[p], 0, k * sizeof(float));
+    dl_codec_enc enc = {.c = *pc, .rounding = DL_ROUND_NEAREST};
+    REQUIRE(dl_codec_encode(&enc, e->delta[p], em->pending[p], k, 0, want) == 0, "reference encode");
+    CHECK(memcmp(got, want, bytes) == 0, "%s: payload = encode(delta + committed residual of fragment %d)%s", ctx, p,
+          em->committed[p] ? "" : " (zero)");
+    em->chunked += chunks > 1;
+    em->pushes++;
+    free(got);
+    free(want);
+}
+
+static void ef_commit(ef_model *em, int p)
+{
+    float *t = em->committed[p];
+    em->committed[p] = em->pending[p];
+    em->pending[p] = t;
+}
+
+static void ef_zero(ef_model *em, int p)
+{
+    free(em->committed[p]);
+    em->committed[p] = NULL;
+}
+
+static uint64_t node_rebased(dl_node *n)
+{
+    dl_node_stats st;
+    dl_node_get_stats(n, &st);
+    return st.rebased;
+}
+
+/* The update_base event of fragment p at version v: its hash, or 0 when absent. */
+static uint64_t base_hash_logged(const char *evlog, const char *id, int p, uint64_t v, int delta)
+{
+    FILE *f = fopen(evlog, "r");
+    if (!f) return 0;
+    char line[1024], key[160];
+    snprintf(key, sizeof key, " event=update_base learner=%s ", id);
+    char tail[96];
+    snprintf(tail, sizeof tail, " fragment=%d version=%llu delta=%d hash=", p, (unsigned long long)v, delta);
+    unsigned long long hsh = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *a = strstr(line, key), *b = a ? strstr(a, tail) : NULL;
+        if (b) hsh = strtoull(b + strlen(tail), NULL, 16);
+    }
+    fclose(f);
+    return hsh;
+}
+
+static void test_codec(const char *dir)
+{
+    const char *id = "LC";
+    const uint64_t E = 11;
+    const int H = 4, q = 1; /* fragment 1 is due at steps 1, 5, 9, 13 */
+    dl_model_config keep_cfg = CFG;
+    dl_plan *keep_plan = plan;
+    size_t keep_total = total;
+    dl_plan *p2 = NULL;
+    REQUIRE(dl_model_config_check(&CFG_CODEC) == 0 && dl_model_plan_open(&CFG_CODEC, P, &p2) == 0, "plan");
+    CFG = CFG_CODEC, plan = p2, total = dl_plan_total_numel(p2);
+    char evlog[512];
+    snprintf(evlog, sizeof evlog, "%s/events-codec.log", dir);
+    REQUIRE(dl_event_open(evlog, "test") == 0, "event log: %s", dl_errmsg());
+    push_codec = (dl_codec){.id = DL_CODEC_INT4, .block = 16};
+    hold_adopt = DL_ADOPT_MIX; /* a rebase (theta = g) differs from an adopt in the mode */
+    /* 4096-byte chunks: 1024 elements (whole blocks of 16), 768 bytes of int4 each */
+    const uint64_t chunk_el = 1024;
+    size_t nmax = dl_plan_max_fragment_numel(plan), kq = dl_plan_fragment_numel(plan, q);
+    REQUIRE(nmax > 2 * chunk_el && kq > 2 * chunk_el, "fragments: largest %zu (chunk %llu), fragment 1 %zu", nmax,
+            (unsigned long long)chunk_el, kq);
+    harness h;
+    h_open(&h, plan);
+    float *theta = calloc(total, sizeof(float));
+    dl_node *n = NULL;
+    dl_mailbox *mb = NULL;
+    dl_comms *c = start_learner(&h, id, theta, &mb, &n);
+    dl_wire_msg m;
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    dl_wire_msg_close(&m);
+    welcome_chunk_bytes = 4096;
+    welcome_update_codec = DL_CODEC_INT8;
+    h_welcome(&h, id, E, 5, (uint32_t)H, 50, 1);
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
+    dl_wire_msg_close(&m);
+    float *g = calloc(nmax, sizeof(float)), *base6 = calloc(nmax, sizeof(float)), *th = calloc(nmax, sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, 5, g);
+        h_update(&h, id, E, p, 5, g);
+    }
+    REQUIRE(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
+
+    /* A delta in int8 (block 16) for fragment q, version 6 = 5 + decode(d). */
+    dl_codec dc = {.id = DL_CODEC_INT8, .block = 16};
+    size_t dbytes = (size_t)dl_codec_bytes(&dc, kq);
+    uint8_t *dpay = malloc(dbytes);
+    for (size_t i = 0; i < kq; i++) th[i] = (float)((long)(i * 29 % 61) - 30) / 256.0f;
+    REQUIRE(dl_codec_encode(&(dl_codec_enc){.c = dc}, th, NULL, kq, 0, dpay) == 0, "delta encode");
+    global_of(q, 5, g);
+    REQUIRE(dl_codec_decode_add(&dc, dpay, dbytes, kq, g, base6) == 0, "reference decode_add");
+
+    ef_model em = {0};
+    expected e = {0};
+    for (int64_t step = 1; step <= 13; step++) {
+        train_step(theta, step);
+        dl_node_after_step(n, step, H, TOK, 2.5, 0.0);
+        for (int p = 0; p < P; p++) {
+            if (!due(step, p, H)) continue;
+            expect_push(&e, n, p);
+            char ctx[64];
+            snprintf(ctx, sizeof ctx, "push of fragment %d at step %lld", p, (long long)step);
+            recv_int4_push(&h, &em, &e, p, ctx);
+            if (p != q) {
+                /* the others: refused, the residual stays committed (zero) */
+                h_ack(&h, id, E, p, e.base[p], DLOCO__V1__DECISION__DECISION_REJECTED, 0);
+                continue;
+            }
+            if (step == 1) {
+                /* ACCEPTED, then the delta Update of version 6 in chunks of 1024 */
+                h_ack(&h, id, E, q, 5, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+                h_ack(&h, id, E, q, 5, DLOCO__V1__DECISION__DECISION_ACCEPTED, 6);
+                ef_commit(&em, q);
+                for (uint64_t off = 0; off < kq; off += 1024)
+                    h_update_delta(&h, id, E, q, 6, &dc, dpay, off, kq - off < 1024 ? kq - off : 1024);
+                CHECK(WAIT_FOR((dl_node_poll(n), dl_node_version(n, q) == 6)), "delta v6 adopted");
+                CHECK(memcmp(dl_node_base(n, q), base6, kq * sizeof(float)) == 0,
+                      "base of fragment %d v6 = mirror v5 + decode(delta), bit for bit", q);
+                CHECK(stats(c).updates_delta == 1, "one delta update applied (%llu)",
+                      (unsigned long long)stats(c).updates_delta);
+            } else if (step == 5) {
+                h_ack(&h, id, E, q, 6, DLOCO__V1__DECISION__DECISION_REJECTED, 0); /* committed unchanged */
+            } else if (step == 9) {
+                /* DROPPED_STALE with rebase, and the rebase Update: v6 again, not newer; mix mode */
+                uint64_t rb = node_rebased(n);
+                h_ack(&h, id, E, q, 6, DLOCO__V1__DECISION__DECISION_DROPPED_STALE, 0);
+                ef_zero(&em, q);
+                h_update(&h, id, E, q, 6, base6);
+                CHECK(WAIT_FOR((dl_node_poll(n), node_rebased(n) == rb + 1)), "the rebase Update is adopted");
+                dl_plan_gather(plan, q, theta, th);
+                CHECK(memcmp(th, base6, kq * sizeof(float)) == 0 && dl_node_steps(n, q) == 0 &&
+                          dl_node_version(n, q) == 6,
+                      "Ack.rebase honoured: theta = g (not mixed), counters 0, even though v6 is not newer");
+            } else {
+                h_ack(&h, id, E, q, 6, DLOCO__V1__DECISION__DECISION_REJECTED, 0);
+            }
+        }
+    }
+    CHECK(em.pushes == 13 && em.chunked > 0, "13 int4 pushes checked byte for byte, %d of them chunked", em.chunked);
+    printf("ok: int4 pushes (block 16) in block-aligned chunks carry encode(delta + residual); ACCEPTED commits the "
+           "residual, REJECTED keeps it, DROPPED_STALE zeroes it\n");
+    printf("ok: a chunked int8 delta Update gives base = mirror + decode bit for bit; Ack.rebase rebases in mix mode\n");
+
+    /* a delta for a version the mirror does not hold (v8 onto v6): dropped, fragment fetched */
+    h_update_delta(&h, id, E, q, 8, &dc, dpay, 0, kq);
+    if (h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after a missed delta")) {
+        CHECK(m.env->fetch->n_fragments == 1 && m.env->fetch->fragments[0] == (uint32_t)q,
+              "the missed delta fetches fragment %d alone", q);
+        dl_wire_msg_close(&m);
+    }
+    CHECK(WAIT_FOR(stats(c).updates_delta_missed == 1), "missed delta counted (%llu)",
+          (unsigned long long)stats(c).updates_delta_missed);
+    global_of(q, 8, g);
+    h_update(&h, id, E, q, 8, g);
+    CHECK(WAIT_FOR((dl_node_poll(n), dl_node_version(n, q) == 8)), "the fetch reply (full fp32 v8) is adopted");
+
+    /* a delta the decoder refuses (a NaN scale): a bad message, fragment fetched again */
+    uint64_t bad = stats(c).bad_msgs;
+    float nan = NAN;
+    memcpy(dpay, &nan, 4);
+    h_update_delta(&h, id, E, q, 9, &dc, dpay, 0, kq);
+    if (h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after an undecodable delta")) {
+        CHECK(m.env->fetch->n_fragments == 1 && m.env->fetch->fragments[0] == (uint32_t)q, "refetch of %d", q);
+        dl_wire_msg_close(&m);
+    }
+    CHECK(stats(c).bad_msgs == bad + 1 && dl_node_version(n, q) == 8, "undecodable delta: bad message, not adopted");
+    printf("ok: a delta for a version not held, and an undecodable one, fetch the fragment instead\n");
+
+    dl_comms_close(&c);
+    dl_node_close(&n);
+    dl_mailbox_close(&mb);
+    h_close(&h);
+    dl_event_close();
+    global_of(0, 5, g);
+    CHECK(base_hash_logged(evlog, id, 0, 5, 0) == dl_checksum64(g, dl_plan_fragment_numel(plan, 0) * 4),
+          "update_base of a full update: the hash of its values");
+    CHECK(base_hash_logged(evlog, id, q, 6, 1) == dl_checksum64(base6, kq * 4),
+          "update_base of the delta v6: the hash of mirror + decode");
+    global_of(q, 8, g);
+    CHECK(base_hash_logged(evlog, id, q, 8, 0) == dl_checksum64(g, kq * 4), "update_base of the fetch reply v8");
+    printf("ok: update_base events carry dl_checksum64 of the values handed to the update slot\n");
+
+    for (int p = 0; p < P; p++) {
+        free(e.delta[p]);
+        free(em.committed[p]);
+        free(em.pending[p]);
+    }
+    free(g);
+    free(base6);
+    free(th);
+    free(dpay);
+    free(theta);
+    welcome_chunk_bytes = 0;
+    welcome_update_codec = 0;
+    push_codec = (dl_codec){.id = DL_CODEC_FP32};
+    hold_adopt = DL_ADOPT_OVERWRITE;
+    CFG = keep_cfg, plan = keep_plan, total = keep_total;
+    dl_plan_close(&p2);
+}
+
+/* Stochastic rounding: each push draws from dl_hash64({Hello.instance, fragment, n}) where n counts the
+ * fragment's encoded pushes (1, 2, ...), so a push is reproducible from what the synchronizer knows. */
+static void test_stochastic(void)
+{
+    const char *id = "LS";
+    const uint64_t E = 12;
+    const int H = 4, q = 1; /* due at steps 1 and 5 */
+    push_codec = (dl_codec){.id = DL_CODEC_INT4, .block = 16};
+    push_rounding = DL_ROUND_STOCHASTIC;
+    harness h;
+    h_open(&h, plan);
+    float *theta = calloc(total, sizeof(float));
+    dl_node *n = NULL;
+    dl_mailbox *mb = NULL;
+    dl_comms *c = start_learner(&h, id, theta, &mb, &n);
+    dl_wire_msg m;
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    uint64_t instance = m.env->hello->instance;
+    dl_wire_msg_close(&m);
+    h_welcome(&h, id, E, 5, (uint32_t)H, 50, 1);
+    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
+    dl_wire_msg_close(&m);
+    size_t k = dl_plan_fragment_numel(plan, q), bytes = (size_t)dl_codec_bytes(&push_codec, k);
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float)), *r = calloc(k, sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, 5, g);
+        h_update(&h, id, E, p, 5, g);
+    }
+    REQUIRE(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
+    uint8_t *want = malloc(bytes), *other = malloc(bytes);
+    expected e = {0};
+    int pushes = 0, same_seed = 0, differs = 0;
+    for (int64_t step = 1; step <= 5; step++) {
+        train_step(theta, step);
+        dl_node_after_step(n, step, H, TOK, 2.5, 0.0);
+        for (int p = 0; p < P; p++) {
+            if (!due(step, p, H)) continue;
+            expect_push(&e, n, p);
+            if (!h_expect(&h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "stochastic push")) continue;
+            if (p == q) {
+                /* residual zero: every push of q is REJECTED, the committed residual stays 0 */
+                dl_codec_enc enc = {.c = push_codec, .rounding = DL_ROUND_STOCHASTIC};
+                uint64_t key[3] = {instance, (uint64_t)q, (uint64_t)++pushes};
+                enc.seed = dl_hash64(key, sizeof key, 0);
+                memset(r, 0, k * sizeof(float));
+                REQUIRE(dl_codec_encode(&enc, e.delta[q], r, k, 0, want) == 0, "reference encode");
+                same_seed += dl_wire_msg_payload_len(&m, 0) == bytes &&
+                             memcmp(dl_wire_msg_payload(&m, 0), want, bytes) == 0;
+                enc.seed = dl_hash64((uint64_t[3]){instance, (uint64_t)q, (uint64_t)pushes + 1}, 24, 0);
+                memset(r, 0, k * sizeof(float));
+                REQUIRE(dl_codec_encode(&enc, e.delta[q], r, k, 0, other) == 0, "reference encode");
+                differs += memcmp(other, want, bytes) != 0;
+            }
+            dl_wire_msg_close(&m);
+            h_ack(&h, id, E, p, 5, DLOCO__V1__DECISION__DECISION_REJECTED, 0);
+        }
+    }
+    /* (the push of step 5 is all zeros: train_step's increments over 5 steps cancel; no draw matters there) */
+    CHECK(pushes == 2 && same_seed == 2 && differs >= 1,
+          "stochastic int4 pushes of fragment %d = encode with seed hash(instance, fragment, push n) (%d of %d; "
+          "another n draws differently: %d)", q, same_seed, pushes, differs);
+    printf("ok: stochastic rounding draws from (learner instance, fragment, push counter)\n");
+    dl_comms_close(&c);
+    dl_node_close(&n);
+    dl_mailbox_close(&mb);
+    h_close(&h);
+    for (int p = 0; p < P; p++) free(e.delta[p]);
+    free(g);
+    free(r);
+    free(want);
+    free(other);
+    free(theta);
+    push_codec = (dl_codec){.id = DL_CODEC_FP32};
+    push_rounding = DL_ROUND_NEAREST;
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1329,6 +1708,8 @@ int main(void)
     test_two_sessions();
     test_shard_welcome();
     test_chunks();
+    test_codec(dir);
+    test_stochastic();
 
     const char *b = getenv("DLOCO_BIN");
     snprintf(bin, sizeof bin, "%s/learner/dloco-learner", b ? b : "build");

@@ -218,6 +218,50 @@ static void hostile(void)
     }
 }
 
+/* random byte changes in valid payloads: the device accepts and refuses what
+ * the CPU does, with the same message and the same floats */
+static void mutations(void)
+{
+    enum { N = 16 * 5 + 3 };
+    const uint64_t n = N;
+    float x[N], base[N], oc[N], og[N];
+    uint8_t p[8 * N], q[8 * N];
+    static const dl_codec_id ids[] = {DL_CODEC_FP32, DL_CODEC_BF16, DL_CODEC_INT8,
+                                      DL_CODEC_INT4, DL_CODEC_E3M0, DL_CODEC_TOPK};
+    float *dbase = dev(sizeof base), *dout = dev(sizeof og);
+    uint8_t *dq = dev(sizeof q);
+    int bad = 0, refused = 0;
+    for (int k = 0; k < 6; k++) {
+        dl_codec c = mk(ids[k], 16);
+        if (c.id == DL_CODEC_TOPK) c.topk = 5;
+        size_t len = dl_codec_bytes(&c, n);
+        for (int it = 0; it < 300; it++) {
+            for (uint64_t i = 0; i < n; i++) x[i] = dl_rng_normal(&rng), base[i] = (float)i;
+            dl_codec_enc e = {.c = c, .seed = (uint64_t)it};
+            dl_codec_encode(&e, x, NULL, n, 0, p);
+            memcpy(q, p, len);
+            for (int f = 0; f < 2; f++) q[dl_rng_below(&rng, len)] = (uint8_t)dl_rng_below(&rng, 256);
+            for (uint64_t i = 0; i < n; i++) oc[i] = -7.0f;
+            int rc_cpu = dl_codec_decode_add(&c, q, len, n, base, oc);
+            char msg[300];
+            snprintf(msg, sizeof msg, "%s", rc_cpu ? dl_errmsg() : "");
+            CU(dl_cuda_h2d(dq, q, len));
+            CU(dl_cuda_h2d(dbase, base, sizeof base));
+            CU(dl_cuda_h2d(dout, oc, sizeof oc)); /* the CPU's out: unchanged on refusal, else overwritten */
+            int rc_gpu = dl_cuda_codec_decode_add(&c, dq, len, n, dbase, dout);
+            CU(dl_cuda_d2h(og, dout, sizeof og));
+            int same = rc_cpu == rc_gpu && (rc_cpu == 0 || strcmp(msg, dl_errmsg()) == 0) && diff_at(oc, og, sizeof og) < 0;
+            refused += rc_cpu != 0;
+            if (!same && bad++ < 5)
+                CHECK(0, "%s mutation %d: cpu rc %d '%s', gpu rc %d '%s'", dl_codec_name(c.id), it, rc_cpu, msg, rc_gpu,
+                      rc_gpu ? dl_errmsg() : "");
+        }
+    }
+    CHECK(bad == 0, "%d mutated payloads decoded differently on the device", bad);
+    printf("mutated payloads: %d of %d refused, device and CPU alike\n", refused, 6 * 300);
+    dl_cuda_free((void **)&dbase), dl_cuda_free((void **)&dout), dl_cuda_free((void **)&dq);
+}
+
 int main(void)
 {
     if (!dl_cuda_available()) return no_device();
@@ -241,6 +285,7 @@ int main(void)
     /* many blocks: grid-stride loops, the 1M-block grid cap not reached but > 1 wave */
     for (int k = 0; k < 6; k++) parity(mk(ids[k], 128), DL_ROUND_STOCHASTIC, (1u << 22) + 77, 0, 1);
     hostile();
+    mutations();
     dl_cuda_thread_release();
     return CHECK_DONE("test_cuda_codec");
 }

@@ -933,6 +933,49 @@ static void test_bad_input(void)
     printf("ok: bad learner ids, log file, fragment list, timeouts, adopt mode and alpha are refused\n");
 }
 
+// ---------------------------------------------------------------------------
+// the Update after an Ack with rebase (DL_UPDATE_REBASE) is a rebase in every
+// adopt mode: theta = g, counters 0, even when not newer; a queued push of the
+// abandoned base is dropped
+
+static void test_rebase_kind(int mode, const char *name)
+{
+    float *theta = calloc(total, sizeof(float));
+    dl_mailbox *c = NULL;
+    dl_node *n = NULL;
+    setup(mode, 0.5f, theta, &c, &n);
+    size_t k = dl_plan_fragment_numel(plan, 1);
+    float *g = calloc(k, sizeof(float)), *d = dl_mailbox_buf_alloc(c);
+    for (int64_t s = 1; s <= 2; s++) {
+        train_step(theta, s);
+        dl_node_after_step(n, s, H, TOK, 1.0, 0.0); /* fragment 1 is due at step 1: pushed, queued */
+    }
+    uint64_t rebased0 = 0;
+    dl_node_stats ns;
+    dl_node_get_stats(n, &ns);
+    rebased0 = ns.rebased;
+    CHECK(dl_node_steps(n, 1) == 2, "%s: fragment 1 trained 2 steps (%llu)", name,
+          (unsigned long long)dl_node_steps(n, 1));
+    global_of(1, 1, g);
+    for (size_t i = 0; i < k; i++) g[i] += 0.5f; /* the synchronizer's v1 differs from what was trained on */
+    dl_mailbox_put_update(c, 1, 1, DL_UPDATE_REBASE, g, k);
+    CHECK(dl_node_poll(n) == 1, "%s: the rebase of v1 (not newer) is adopted", name);
+    float *th = gather(1, theta);
+    dl_node_get_stats(n, &ns);
+    CHECK(same(th, g, k) && same(dl_node_base(n, 1), g, k) && dl_node_steps(n, 1) == 0 && dl_node_tokens(n, 1) == 0 &&
+              ns.rebased == rebased0 + 1,
+          "%s: rebase: theta = base = g, counters 0, counted a rebase", name);
+    dl_mailbox_push h;
+    CHECK(dl_mailbox_take_push(c, 1, &h, &d) == 0, "%s: the queued push of the abandoned base is dropped", name);
+    printf("ok: %s: the update after an Ack with rebase rebases (theta = g, counters 0), even when not newer\n", name);
+    free(th);
+    free(g);
+    free(d);
+    dl_node_close(&n);
+    dl_mailbox_close(&c);
+    free(theta);
+}
+
 int main(void)
 {
     REQUIRE(dl_model_config_check(&CFG) == 0, "config: %s", dl_errmsg());
@@ -953,6 +996,9 @@ int main(void)
     test_barrier(DL_ADOPT_OVERWRITE, "overwrite");
     test_trust();
     test_bad_input();
+    test_rebase_kind(DL_ADOPT_OVERWRITE, "overwrite");
+    test_rebase_kind(DL_ADOPT_MIX, "mix");
+    test_rebase_kind(DL_ADOPT_KEEP, "keep");
 
     dl_plan_close(&plan);
     printf("test_node: %d checks, %d failures\n", checks, failures);
