@@ -922,6 +922,10 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         dl_mailbox_set_progress(mb, 0, 0, 0.0);
         fflush(stdout);
         double t_win = dl_clock_s(), train_sum = 0.0, sps = 0.0;
+        /* the step rate heartbeats report (the synchronizer predicts each
+         * push from it: synchronizer/policy.h): an EWMA of the step time,
+         * updated every step, so the first pushes are predicted too */
+        double step_ewma = 0.0;
         int64_t win_steps = 0;
         while (step < cfg->steps && !stop_requested) {
             float norm = 0.0f;
@@ -962,9 +966,11 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             int H = (int)dl_mailbox_h(mb);
             /* wall seconds behind this step (throttle included): Push.compute_s */
             double compute_s = dl_clock_s() - t_step;
+            step_ewma = step_ewma > 0 ? 0.8 * step_ewma + 0.2 * compute_s : compute_s;
             /* progress first: a push of this step must never report more than the
              * learner has reported processing (the ledger's overclaim check) */
-            dl_mailbox_set_progress(mb, (uint64_t)step, (uint64_t)(step * tok_per_step), sps);
+            dl_mailbox_set_progress(mb, (uint64_t)step, (uint64_t)(step * tok_per_step),
+                                    step_ewma > 0 ? 1.0 / step_ewma : 0.0);
             if ((rc = dl_node_after_step(node, step, H > 0 ? H : 1, (uint64_t)tok_per_step, loss, compute_s)) < 0 ||
                 (rc = dl_node_poll(node)) < 0) {
                 fail("pushing or adopting fragments", rc);

@@ -114,7 +114,7 @@ static const dl_cfg_entry table[] = {
     {"update_block", DL_CFG_INT, F(update_block), 16, 65536, "128", NULL, 0,
      "downlink int8/int4/e3m0/topk: elements per block (one scale, or topk entries, each); even", "elements"},
     {"update_topk", DL_CFG_INT, F(update_topk), 1, 65536, "8", NULL, 0,
-     "downlink topk: entries kept per block, in [1, update_block]", "elements"},
+     "downlink topk: entries kept per block, in [1, update_block / 2] (6 bytes each)", "elements"},
     {"update_rounding", DL_CFG_ENUM, F(update_rounding), 0, 0, "nearest", "nearest|stochastic", 0,
      "downlink int8/int4/e3m0: round to the nearest level, or stochastically (unbiased)"},
     {"pool_mb", DL_CFG_INT, F(pool_mb), 0, 1048576, "0", NULL, 0,
@@ -231,8 +231,10 @@ static int update_codec_of(const sync_cfg *c, dl_codec_enc *out)
     if (c->update_block % 2)
         return dl_err(DL_EINVAL, "option update_block: %lld is odd (a block holds pairs of 4-bit values)",
                       (long long)c->update_block);
-    if (c->update_topk > c->update_block)
-        return dl_err(DL_EINVAL, "option update_topk: %lld is more than update_block %lld",
+    /* 6 bytes per topk entry: above half a block a delta would be larger than
+     * the fp32 fragment, and a learner takes frames up to that size only */
+    if (2 * c->update_topk > c->update_block)
+        return dl_err(DL_EINVAL, "option update_topk: %lld is more than half of update_block %lld",
                       (long long)c->update_topk, (long long)c->update_block);
     if (!strcmp(c->update_codec, "off")) return 0;
     dl_codec_id id;
