@@ -544,6 +544,13 @@ static void hostile(void)
     CHECK(dl_codec_encode(&eb, big, NULL, 3, 0, p) == DL_EINVAL && strstr(dl_errmsg(), "element 1 ") &&
               strstr(dl_errmsg(), "range of bf16") == NULL && strstr(dl_errmsg(), "bf16's range"),
           "bf16 overflow: '%s'", dl_errmsg());
+    /* n == 0: nothing to do, nothing written; a non-empty payload of 0 elements is refused */
+    dl_codec_enc e8 = {.c = {.id = DL_CODEC_INT8, .block = 16}};
+    p[0] = 0x5a;
+    CHECK(dl_codec_encode(&e8, x, NULL, 0, 0, p) == 0 && p[0] == 0x5a, "encode of 0 elements");
+    CHECK(dl_codec_decode(&e8.c, p, 0, 0, x) == 0, "decode of 0 elements: %s", dl_errmsg());
+    CHECK(dl_codec_decode(&e8.c, p, 5, 0, x) == DL_EINVAL && strstr(dl_errmsg(), "0 elements have no payload size"),
+          "5 bytes of 0 elements: '%s'", dl_errmsg());
     /* invalid codec, rounding, first */
     dl_codec_enc bad = {.c = {.id = DL_CODEC_INT8, .block = 15}};
     CHECK(dl_codec_encode(&bad, x, NULL, 16, 0, p) == DL_EINVAL && strstr(dl_errmsg(), "block_size 15"),
