@@ -174,7 +174,7 @@ __device__ static inline uint32_t warp_count_ge(const float *x, const float *r, 
     return warp_sum_u(c);
 }
 
-/* topk: one warp per block; the threshold by bisection as on the CPU, then
+/* topk: one warp per block; the threshold as on the CPU (octaves, then bisection), then
  * the block in chunks of 32 in index order: ballots give each lane the rank
  * of its tie and its place in the payload. */
 static __global__ void enc_topk_kernel(const float *x, float *r, uint64_t n, uint64_t b, uint64_t nb, uint32_t topk,
@@ -202,6 +202,17 @@ static __global__ void enc_topk_kernel(const float *x, float *r, uint64_t n, uin
         }
         uint32_t k = (uint32_t)(bj < topk ? bj : topk);
         uint32_t lo = 0, hi = m;
+        /* as the CPU: down from absmax by octaves, then bisection (the same set either way) */
+        for (uint32_t d = 1u << 23; lo < hi && d <= (8u << 23); d += 1u << 23) {
+            uint32_t t = hi > d ? m - d : 0;
+            uint32_t cnt = warp_count_ge(xj, rj, bj, t, lane);
+            if (cnt >= k) {
+                lo = t;
+                if (cnt == k) hi = t;
+                break;
+            }
+            hi = t - 1;
+        }
         while (lo < hi) {
             uint32_t mid = lo + (hi - lo + 1) / 2;
             uint32_t cnt = warp_count_ge(xj, rj, bj, mid, lane);
