@@ -27,7 +27,9 @@
  *         fp32 value), indices strictly increasing; the other elements are zero.
  *
  * A scale is finite and >= 0; a decoder refuses anything else, an index out
- * of its block or out of order, and a non-finite value (kernels/codec.h). */
+ * of its block or out of order, a non-finite value, a code no encoder writes
+ * (int8 -128, int4 -8, e3m0 8: a negative zero) and a non-zero padding
+ * nibble after an odd last element (kernels/codec.h). */
 #ifndef DL_CORE_CODEC_H
 #define DL_CORE_CODEC_H
 

@@ -1,6 +1,8 @@
 /* Encode and decode of the wire codecs (layouts: core/codec.h). CPU
- * reference, vectorised; kernels/cuda/codec.cu has the CUDA twins with the
- * same results (tests/test_cuda_codec.c).
+ * reference, vectorised and OpenMP-parallel over blocks (results do not
+ * depend on the thread count); kernels/cuda/codec.h declares the CUDA twins
+ * (kernels/cuda/codec.cu) with the same bytes, floats and refusals
+ * (tests/test_cuda_codec.c).
  *
  * Determinism: decode is bit-exact and the same on every machine: a value is
  * q * s (one fp32 multiply) or the stored fp32/bf16 bits, and decode_add is

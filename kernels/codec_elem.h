@@ -8,9 +8,8 @@
 #ifndef DL_KERNELS_CODEC_ELEM_H
 #define DL_KERNELS_CODEC_ELEM_H
 
-#include <stdint.h>
-
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __CUDACC__
 #define DL_CX_FN static __device__ __forceinline__

@@ -3,6 +3,7 @@
  * stochastic rounding, chunking, bit-exact decode_add, and hostile payloads. */
 #include "core/codec.h"
 #include "core/err.h"
+#include "core/hash.h"
 #include "core/rng.h"
 #include "kernels/codec.h"
 #include "kernels/codec_elem.h"
@@ -544,6 +545,13 @@ static void hostile(void)
     CHECK(dl_codec_encode(&eb, big, NULL, 3, 0, p) == DL_EINVAL && strstr(dl_errmsg(), "element 1 ") &&
               strstr(dl_errmsg(), "range of bf16") == NULL && strstr(dl_errmsg(), "bf16's range"),
           "bf16 overflow: '%s'", dl_errmsg());
+    /* n == 0: nothing to do, nothing written; a non-empty payload of 0 elements is refused */
+    dl_codec_enc e8 = {.c = {.id = DL_CODEC_INT8, .block = 16}};
+    p[0] = 0x5a;
+    CHECK(dl_codec_encode(&e8, x, NULL, 0, 0, p) == 0 && p[0] == 0x5a, "encode of 0 elements");
+    CHECK(dl_codec_decode(&e8.c, p, 0, 0, x) == 0, "decode of 0 elements: %s", dl_errmsg());
+    CHECK(dl_codec_decode(&e8.c, p, 5, 0, x) == DL_EINVAL && strstr(dl_errmsg(), "0 elements have no payload size"),
+          "5 bytes of 0 elements: '%s'", dl_errmsg());
     /* invalid codec, rounding, first */
     dl_codec_enc bad = {.c = {.id = DL_CODEC_INT8, .block = 15}};
     CHECK(dl_codec_encode(&bad, x, NULL, 16, 0, p) == DL_EINVAL && strstr(dl_errmsg(), "block_size 15"),
@@ -661,6 +669,41 @@ static void mutations(void)
     printf("mutated payloads: %d accepted, %d refused, all as the reference decoder\n", accepted, refused);
 }
 
+/* ---- golden bits: the bytes of every codec and the floats of decode_add on
+ * an input made only of exact operations (no libm), pinned by XXH64, so
+ * every build (vector width, -march, compiler) and the GPU (same code)
+ * must produce them. When a deliberate format change moves them, the
+ * printed values are the new ones. */
+
+static void golden(void)
+{
+    enum { N = 1000 };
+    static const uint64_t want[NALL] = {0x9077a9b88048d46dull, 0x630cb67b32c0021dull, 0x151a7a878a6139b2ull,
+                                        0xfe1796a420a0d6c0ull, 0x80ecac29b43554dcull, 0x9943c636ca67a202ull};
+    float x[N], r[N], base[N], out[N];
+    uint8_t p[4 * N];
+    for (int k = 0; k < NALL; k++) {
+        dl_codec c = mk(ALL[k], 128);
+        uint64_t h = 0x1234;
+        for (int rd = 0; rd < 2; rd++) {
+            uint64_t z = 0x9e3779b97f4a7c15ull;
+            for (int i = 0; i < N; i++) { /* values k * 2^-20 * 2^(block octave): exact */
+                z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+                x[i] = ldexpf((float)((int64_t)(z % 2000001) - 1000000), -20 + (i / 128) % 5 - 2);
+                r[i] = ldexpf((float)((int64_t)((z >> 32) % 2001) - 1000), -24);
+                base[i] = (float)(i % 37) - 18.0f;
+            }
+            dl_codec_enc e = {.c = c, .rounding = (dl_codec_rounding)rd, .seed = 77};
+            size_t len = dl_codec_bytes(&c, N);
+            CHECK(dl_codec_encode(&e, x, r, N, 256, p) == 0, "golden encode: %s", dl_errmsg());
+            CHECK(dl_codec_decode_add(&c, p, len, N, base, out) == 0, "golden decode: %s", dl_errmsg());
+            h = dl_hash64(p, len, h), h = dl_hash64(r, sizeof r, h), h = dl_hash64(out, sizeof out, h);
+        }
+        CHECK(h == want[k], "%s: golden bits 0x%016llx, want 0x%016llx", dl_codec_name(c.id), (unsigned long long)h,
+              (unsigned long long)want[k]);
+    }
+}
+
 /* ---- same bytes and floats whatever the thread count */
 
 static void threads(void)
@@ -734,6 +777,7 @@ int main(void)
     unbiased(mk(DL_CODEC_E3M0, 128));
     hostile();
     mutations();
+    golden();
     threads();
     return CHECK_DONE("test_codec");
 }

@@ -174,7 +174,7 @@ __device__ static inline uint32_t warp_count_ge(const float *x, const float *r, 
     return warp_sum_u(c);
 }
 
-/* topk: one warp per block; the threshold by bisection as on the CPU, then
+/* topk: one warp per block; the threshold as on the CPU (octaves, then bisection), then
  * the block in chunks of 32 in index order: ballots give each lane the rank
  * of its tie and its place in the payload. */
 static __global__ void enc_topk_kernel(const float *x, float *r, uint64_t n, uint64_t b, uint64_t nb, uint32_t topk,
@@ -202,6 +202,17 @@ static __global__ void enc_topk_kernel(const float *x, float *r, uint64_t n, uin
         }
         uint32_t k = (uint32_t)(bj < topk ? bj : topk);
         uint32_t lo = 0, hi = m;
+        /* as the CPU: down from absmax by octaves, then bisection (the same set either way) */
+        for (uint32_t d = 1u << 23; lo < hi && d <= (8u << 23); d += 1u << 23) {
+            uint32_t t = hi > d ? m - d : 0;
+            uint32_t cnt = warp_count_ge(xj, rj, bj, t, lane);
+            if (cnt >= k) {
+                lo = t;
+                if (cnt == k) hi = t;
+                break;
+            }
+            hi = t - 1;
+        }
         while (lo < hi) {
             uint32_t mid = lo + (hi - lo + 1) / 2;
             uint32_t cnt = warp_count_ge(xj, rj, bj, mid, lane);
@@ -312,29 +323,46 @@ static __global__ void check_block_kernel(int id, const uint8_t *in, uint64_t n,
     }
 }
 
-/* every codec but topk: one thread per element */
-static __global__ void dec_elem_kernel(int id, const uint8_t *in, uint64_t n, uint64_t b, const float *base,
-                                       float *out)
+/* fp32 / bf16: one thread per element */
+static __global__ void dec_flat_kernel(int id, const uint8_t *in, uint64_t n, const float *base, float *out)
 {
-    uint64_t stride = (uint64_t)gridDim.x * blockDim.x, ib = dl_cx_item_bytes(id, 0, b);
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float v;
-        if (id == DL_CODEC_FP32) {
-            v = ld_f(in + 4 * i);
-        } else if (id == DL_CODEC_BF16) {
-            v = dl_cx_bf16_value(ld_u16(in + 2 * i));
-        } else {
-            uint64_t j = i / b, t = i - j * b;
-            const uint8_t *p = in + j * ib;
-            float s = ld_f(p);
-            if (id == DL_CODEC_INT8) {
-                v = __fmul_rn((float)(int8_t)p[4 + t], s);
-            } else {
-                unsigned nib = (p[4 + t / 2] >> (4 * (t & 1))) & 0xfu;
-                v = id == DL_CODEC_E3M0 ? dl_cx_e3m0_value(nib, s) : __fmul_rn((float)dl_cx_nib_int(nib), s);
+        float v = id == DL_CODEC_FP32 ? ld_f(in + 4 * i) : dl_cx_bf16_value(ld_u16(in + 2 * i));
+        out[i] = base ? __fadd_rn(base[i], v) : v;
+    }
+}
+
+/* int8 / int4 / e3m0: one warp per block (no 64-bit division per element);
+ * int4/e3m0 lanes take a byte, two elements, each */
+static __global__ void dec_scaled_kernel(int id, const uint8_t *in, uint64_t n, uint64_t b, uint64_t nb,
+                                         const float *base, float *out)
+{
+    int lane = threadIdx.x & 31;
+    uint64_t w = (uint64_t)blockIdx.x * DL_CX_WARPS + (threadIdx.x >> 5), nw = (uint64_t)gridDim.x * DL_CX_WARPS;
+    uint64_t stride = dl_cx_item_bytes(id, 0, b);
+    for (uint64_t j = w; j < nb; j += nw) {
+        uint64_t i0 = j * b, bj = n - i0 < b ? n - i0 : b;
+        const uint8_t *p = in + j * stride, *q = p + 4;
+        float s = ld_f(p);
+        const float *bs = base ? base + i0 : NULL;
+        float *o = out + i0;
+        if (id == DL_CODEC_INT8) {
+            for (uint64_t i = lane; i < bj; i += 32) {
+                float v = __fmul_rn((float)(int8_t)q[i], s);
+                o[i] = bs ? __fadd_rn(bs[i], v) : v;
+            }
+            continue;
+        }
+        for (uint64_t t = lane; 2 * t < bj; t += 32) {
+            unsigned byte = q[t];
+            for (int h = 0; h < 2 && 2 * t + h < bj; h++) {
+                unsigned nib = (byte >> (4 * h)) & 0xfu;
+                float v = id == DL_CODEC_E3M0 ? dl_cx_e3m0_value(nib, s) : __fmul_rn((float)dl_cx_nib_int(nib), s);
+                uint64_t i = 2 * t + h;
+                o[i] = bs ? __fadd_rn(bs[i], v) : v;
             }
         }
-        out[i] = base ? __fadd_rn(base[i], v) : v;
     }
 }
 
@@ -407,8 +435,10 @@ static int cuda_decode(const dl_codec *c, const uint8_t *in, size_t len, uint64_
     }
     if (c->id == DL_CODEC_TOPK)
         dec_topk_kernel<<<warp_grid(nb), 32 * DL_CX_WARPS>>>(in, n, b, nb, c->topk, base, out);
+    else if (blockc)
+        dec_scaled_kernel<<<warp_grid(nb), 32 * DL_CX_WARPS>>>(c->id, in, n, b, nb, base, out);
     else
-        dec_elem_kernel<<<dl_cuda_grid(n), DL_CUDA_BLOCK>>>(c->id, in, n, b, base, out);
+        dec_flat_kernel<<<dl_cuda_grid(n), DL_CUDA_BLOCK>>>(c->id, in, n, base, out);
     DL_CUDA_CHECK_LAUNCH();
     return 0;
 }
