@@ -139,8 +139,10 @@ static const dl_cfg_entry learner_table[] = {
     {"id", DL_CFG_STR, F(id), 0, 0, "", NULL, 0, "learner id [A-Za-z0-9._-]{1,64}; empty = <hostname>-<pid> (hostname cut to 40 characters, others "
      "than [A-Za-z0-9._-] as '-'): unique per host, and across containers whose learners share a pid"},
     {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id, must match the synchronizer's"},
-    {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, "overwrite", "overwrite|mix|keep", 0,
-     "how a new global fragment is adopted: overwrite, mix alpha*local+(1-alpha)*global, keep progress since the push"},
+    {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, "keep", "overwrite|mix|keep", 0,
+     "how a new global fragment is adopted: keep the progress since the push (or since the base, for a version this "
+     "learner did not contribute to: the synchronizer broadcasts every merge), overwrite (drops it), or mix "
+     "alpha*local+(1-alpha)*global"},
     {"alpha", DL_CFG_FLOAT, F(alpha), 0.0, 1.0, "0.5", NULL, 0, "adopt=mix: weight of the local parameters"},
     {"push_codec", DL_CFG_ENUM, F(push_codec), 0, 0, "fp32", "fp32|bf16|int8|int4|e3m0|topk", 0,
      "encoding of pushed pseudo-gradients (core/codec.h): fp32 exact, bf16, int8 / int4 with a per-block absmax "
