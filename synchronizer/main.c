@@ -27,7 +27,7 @@ typedef struct {
     double staleness_a, staleness_b;
     char merge[DL_CFG_STRLEN], aggregate[DL_CFG_STRLEN];
     double outer_lr, outer_momentum, clip_norm, trim;
-    int share_scaling;
+    int share_scaling, broadcast, round_schedule;
     int64_t heartbeat_ms, liveness, rebase_ms, sync_every_ms, status_every_ms, max_msg_mb;
     char durability[DL_CFG_STRLEN], log_level[DL_CFG_STRLEN];
     char events[DL_CFG_STRLEN];
@@ -71,6 +71,12 @@ static const dl_cfg_entry table[] = {
      "grace cap in inner steps: a round waits at most min(grace_cap_ms, grace_steps x the fleet's step time) after "
      "quorum for learners the push schedule predicts (gamma applies only while no learner reports a step rate)",
      "steps"},
+    {"round_schedule", DL_CFG_BOOL, F(round_schedule), 0, 0, "true", NULL, 0,
+     "rounds follow the push schedule (H, the learners' reported steps and rates) and shares count every live "
+     "learner at its tokens per step; false: the push-interval prediction and per-fragment push tokens of a policy "
+     "that does not know H (for ablations: docs/ARCHITECTURE.md \"Bandwidth\")"},
+    {"broadcast", DL_CFG_BOOL, F(broadcast), 0, 0, "true", NULL, 0,
+     "send every merged version to every learner; false: only to the round's contributors (for ablations)"},
     {"max_learners", DL_CFG_INT, F(max_learners), 1, 65536, "1024", NULL, 0,
      "learner slots: the registry's bound (a full table answers FULL; slots of learners gone reclaim_ms are reused)",
      "learners"},
@@ -194,7 +200,8 @@ static int tunables_of(const sync_cfg *c, dl_sync_tunables *t)
     t->policy.gamma = c->gamma;
     t->policy.mad_k = c->mad_k;
     t->policy.tau_steps = c->grace_steps;
-    t->policy.H = (int)c->H; /* restart-only: a reload's candidate keeps the running H */
+    /* restart-only: a reload's candidate keeps the running H */
+    t->policy.H = c->round_schedule ? (int)c->H : 0;
     t->policy.max_staleness = c->max_staleness;
     t->policy.sfn_a = c->staleness_a;
     t->policy.sfn_b = c->staleness_b;
@@ -352,6 +359,7 @@ int main(int argc, char **argv)
     if ((rc = dl_model_config_from(&c.model, &sc.model))) return fail("model config", rc);
     sc.P = (int)c.model.fragments;
     sc.H = (int)c.H;
+    sc.unicast = !c.broadcast;
     sc.shard = (int)c.shard;
     sc.shards = (int)c.shards;
     if ((rc = dl_shard_check(sc.P, sc.shard, sc.shards))) return fail("bad configuration (options shard, shards)", rc);

@@ -765,7 +765,7 @@ static void merge_done(dl_sync *s, dl_job *j)
      * version anyway; a dead one is served when it is heard from again
      * (serve_all_owed serves live learners only), with whatever is newest
      * then. */
-    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+    for (int i = 0; i < dl_registry_count(s->reg) && !s->cfg.unicast; i++) {
         dl_registry_learner *l = dl_registry_get(s->reg, i);
         if (l->used && registered(s, i)) owe(s, l, p);
     }

@@ -38,6 +38,8 @@ typedef struct {
     int status_every_ms;   /* progress line interval (0 = off) */
     uint64_t max_msg_bytes;  /* inbound message cap; 0 = min(largest fragment, chunk_bytes) + header cap */
     uint64_t chunk_bytes;    /* payload bytes of one chunk of an Update (and the pushes learners send); 0 = 1 MiB */
+    int unicast;             /* 1: a merge's Update goes only to its contributors (ablation of the broadcast;
+                                default 0: every registered learner is owed every new version) */
     dl_codec_enc update;     /* the downlink: codec of the delta Updates sent to learners that hold the previous
                                 version (docs/PROTOCOL.md "Updates"); update.c.id 0 = off, full fp32 Updates only.
                                 On, a merge commits G + decode(its encoded delta), with error feedback
