@@ -49,6 +49,7 @@ typedef struct {
     int64_t stop_after;
     char resume[DL_CFG_STRLEN];
     char init_from[DL_CFG_STRLEN];
+    char save_model[DL_CFG_STRLEN];
     char loss_log[DL_CFG_STRLEN];
     int64_t threads;
     char device[DL_CFG_STRLEN];
@@ -119,10 +120,15 @@ static const dl_cfg_entry learner_table[] = {
      "steps"},
     {"stop_after", DL_CFG_INT, F(stop_after), 0, 1000000000, "0", NULL, 0,
      "end this invocation after N steps (checkpoint kept; resume later with --resume)", "steps"},
-    {"resume", DL_CFG_STR, F(resume), 0, 0, "", NULL, 0, "checkpoint file to resume from"},
+    {"resume", DL_CFG_STR, F(resume), 0, 0, "", NULL, 0,
+     "checkpoint file to resume from; networked: its step (the lr schedule) and AdamW state only, the parameters "
+     "come from the synchronizer and the data from this learner's shard (continuing a --standalone warm start)"},
     {"init_from", DL_CFG_STR, F(init_from), 0, 0, "", NULL, 0,
      "--standalone: start from this model file (dloco export: safetensors, an HF directory, llm.c) instead of the "
      "seeded init, at step 0 with fresh AdamW state; its model must be this one (docs/OPERATING.md)"},
+    {"save_model", DL_CFG_STR, F(save_model), 0, 0, "", NULL, 0,
+     "--standalone: at the end of this invocation also write the model as safetensors to this file (replaced if it "
+     "exists), for dloco-sync --init_from"},
     {"loss_log", DL_CFG_STR, F(loss_log), 0, 0, "", NULL, 0, "append 'step train_loss' with exact hex floats to this file"},
     {"threads", DL_CFG_INT, F(threads), 0, 1024, "0", NULL, 0,
      "CPU threads (0 = OMP_NUM_THREADS or all cores; networked, 0 with other dloco-learners on this host and no "
@@ -494,6 +500,31 @@ static int init_from_file(dl_trainer *tr, const char *path)
     return 0;
 }
 
+/* --save_model: the trainer's parameters as safetensors (on a GPU through
+ * host buffers). */
+static int save_model_file(dl_trainer *tr, const char *path)
+{
+    const dl_model_config *mc = dl_trainer_model_cfg(tr);
+    int rc;
+    if (dl_trainer_device(tr) == DL_DEVICE_CPU) {
+        rc = dl_modelfile_write(path, DL_MODELFILE_SAFETENSORS, mc, dl_gpt_params(dl_trainer_model(tr)), NULL, 1, NULL);
+    } else {
+#ifdef DLOCO_HAVE_CUDA
+        size_t n = dl_trainer_num_params(tr);
+        float *host = dl_try_malloc(3 * n * sizeof(float));
+        if (!host) return dl_err(DL_ENOMEM, "%s: %zu floats x 3 to stage from the GPU: out of memory", path, n);
+        rc = dl_gptc_get_state(dl_trainer_gptc(tr), host, host + n, host + 2 * n);
+        if (!rc) rc = dl_modelfile_write(path, DL_MODELFILE_SAFETENSORS, mc, host, NULL, 1, NULL);
+        free(host);
+#else
+        rc = dl_err(DL_ENODEV, "no CUDA in this build");
+#endif
+    }
+    if (rc) return rc;
+    printf("model: %s (safetensors, step %lld)\n", path, (long long)dl_trainer_steps_done(tr));
+    return 0;
+}
+
 /* The default learner id, <hostname>-<pid>: a second live process with one
  * id is refused (duplicate_id), and containers often give every learner the
  * same pid, so the pid alone is not enough. */
@@ -517,9 +548,10 @@ static int check_networked(learner_cfg *cfg)
     DL_TRY(dl_comms_check_timeouts(&t, (int)cfg->push_decision_timeout_ms));
     if (!cfg->run_id[0]) return dl_err(DL_EINVAL, "option run_id is empty");
     DL_TRY(resolve_networked(cfg));
-    if (cfg->resume[0] || cfg->stop_after)
-        return dl_err(DL_EINVAL, "--resume and --stop_after are for --standalone runs (a networked learner starts from "
-                                 "the synchronizer's global model)");
+    if (cfg->stop_after)
+        return dl_err(DL_EINVAL, "--stop_after is for --standalone runs");
+    if (cfg->save_model[0])
+        return dl_err(DL_EINVAL, "--save_model is for --standalone runs (dloco export writes the global model)");
     if (cfg->init_from[0])
         return dl_err(DL_EINVAL, "--init_from is for --standalone runs (a networked learner starts from the "
                                  "synchronizer's global model: give the file to dloco-sync --init_from)");
@@ -613,8 +645,14 @@ int main(int argc, char **argv)
     }
     dl_trainer *tr = NULL;
     if ((rc = dl_trainer_open(&tc, data, &tr))) return fail("building the model", rc);
+    if (!cfg.standalone && cfg.resume[0] && (rc = dl_trainer_resume_optimizer(tr, cfg.resume))) {
+        dl_trainer_close(&tr);
+        return fail("resuming", rc);
+    }
     if (!cfg.standalone) {
         print_data(&cfg, data, vocab);
+        if (cfg.resume[0])
+            printf("resumed the step (%lld) and AdamW state of %s\n", (long long)dl_trainer_steps_done(tr), cfg.resume);
         FILE *ll = NULL;
         if (cfg.loss_log[0] && !(ll = fopen(cfg.loss_log, "a"))) {
             dl_trainer_close(&tr);
@@ -749,6 +787,10 @@ int main(int argc, char **argv)
         char ev_path[DL_CFG_STRLEN + 8];
         dl_event("checkpoint", "path=%s step=%lld", dl_event_str(cfg.checkpoint, ev_path, sizeof ev_path),
                  (long long)step);
+    }
+    if (cfg.save_model[0] && (rc = save_model_file(tr, cfg.save_model))) {
+        dl_trainer_close(&tr);
+        return fail("saving the model (option save_model)", rc);
     }
     if (losslog) fclose(losslog);
     int64_t done = step - start;

@@ -252,7 +252,8 @@ int dl_trainer_save(dl_trainer *t, const char *path)
 #endif
 }
 
-int dl_trainer_resume(dl_trainer *t, const char *path)
+/* restore_data 0: the step and AdamW state only (dl_trainer_resume_optimizer) */
+static int resume(dl_trainer *t, const char *path, int restore_data)
 {
     dl_ckpt_state st;
     if (t->ga || t->dga)
@@ -276,7 +277,10 @@ int dl_trainer_resume(dl_trainer *t, const char *path)
         return dl_err(DL_ENODEV, "trainer without a model");
 #endif
     }
-    DL_TRY(dl_data_set_pos(t->data, st.data));
+    if (restore_data) DL_TRY(dl_data_set_pos(t->data, st.data));
     t->step = st.step;
     return 0;
 }
+
+int dl_trainer_resume(dl_trainer *t, const char *path) { return resume(t, path, 1); }
+int dl_trainer_resume_optimizer(dl_trainer *t, const char *path) { return resume(t, path, 0); }

@@ -67,5 +67,9 @@ dl_data *dl_trainer_data(dl_trainer *t);
  * DL_ENOMEM when those (or the CPU fleet's v staging) do not fit. */
 int dl_trainer_save(dl_trainer *t, const char *path);
 int dl_trainer_resume(dl_trainer *t, const char *path);
+/* As dl_trainer_resume but the data position stays where it is: a learner
+ * on one data shard continuing a checkpoint of a run over all the data (a
+ * data-parallel warm start), whose position means nothing on the shard. */
+int dl_trainer_resume_optimizer(dl_trainer *t, const char *path);
 
 #endif
