@@ -13,6 +13,8 @@
 # sequences), the fp32 loss-vs-bytes curve over HS, `compressed_vs_dp_loss:
 # X.XXX` ((c) / (a)) and as its last line `bytes_reduction_vs_ddp: X` for (c):
 # the all-reduce's bytes sent + received per learner per step over (c)'s.
+# ABLATE=1 adds (b) at H with --broadcast false, --round_schedule false and
+# --share_scaling false, one at a time (what each of them buys).
 # Bars: bytes_reduction_vs_ddp >= 100, compressed_vs_dp_loss <= 1.03, (c)
 # within 1% of (b). Without the codecs (c) is "not available" and both lines
 # say n/a (the fp32 figures are printed above them).
@@ -23,6 +25,7 @@
 #        FLEET_SAMPLES=0 (as bench/quality.sh: the second moment's samples on
 #        both sides) CODEC_BLOCK=128 DP_BATCHES="" (e.g. "64 128 256": data-
 #        parallel runs from scratch at equal tokens, a batch sweep of (a))
+#        B_RESULT="LOSS SENT RECV" (with HS="": reuse a known (b) at H)
 #        DATA=... BUILD_DIR=build; KEEP=DIR keeps the warm start and (a) in DIR
 #        and reuses them when DIR already holds them for the same settings,
 #        for sweeps of the decoupled side)
@@ -57,7 +60,7 @@ MODEL="--n_layer $L --n_head $NH --n_embd $C --seq_len $T"
 VB=$((256 / B))  # every evaluation: validation sequences 0..255
 T_ALL=$(date +%s)
 CODECS=0
-if "$LEARNER" --help | grep -q push_codec && "$SYNC" --help | grep -q update_codec; then CODECS=1; fi
+if [ "$("$LEARNER" --help | grep -c push_codec)" -gt 0 ] && [ "$("$SYNC" --help | grep -c update_codec)" -gt 0 ]; then CODECS=1; fi
 echo "model L=$L C=$C NH=$NH T=$T; $M learners x B=$B vs 1 learner x B=$((M * B)), $STEPS steps" \
      "($((M * B * T * STEPS)) tokens each), the first $W0 data-parallel and shared; lr $LR warmup $WARMUP;" \
      "P=$P K=$K outer lr $OUTER_LR momentum $OUTER_MU share_scaling $SHARE adopt $ADOPT merge $MERGE;" \
@@ -152,7 +155,10 @@ for h in $HS; do
   run_decoupled "(b) fp32 pushes" "$h"
   [ "$h" = "$H" ] && HB="$LOSS $SENT $RECV"
 done
-if [ -z "$HB" ]; then
+if [ -z "$HB" ] && [ -n "${B_RESULT:-}" ]; then
+  HB=$B_RESULT
+  echo "(b) at H=$H given by B_RESULT (loss, sent, received: not measured in this run): $HB"
+elif [ -z "$HB" ]; then
   run_decoupled "(b) fp32 pushes" "$H"
   HB="$LOSS $SENT $RECV"
 fi
@@ -165,6 +171,13 @@ else
   echo "(c) not available in this build (no --push_codec / --update_codec)"
 fi
 python3 -c "print('(b) at H=$H: fp32_vs_dp_loss %.3f, fp32 bytes reduction vs the all-reduce %.1f' % ($lb / $dp, 2 * $AR / max($sb + $rb, 1)))"
+# ablations (ABLATE=1): (b) at H with one of the round fixes switched off at a time
+if [ "${ABLATE:-0}" = 1 ]; then
+  echo "ablations of (b) at H=$H (one switch off each; compare with (b) above):"
+  run_decoupled "(b) without broadcast" "$H" -- --broadcast false
+  run_decoupled "(b) without schedule-driven rounds" "$H" -- --round_schedule false
+  run_decoupled "(b) without share scaling" "$H" -- --share_scaling false
+fi
 echo "whole script: $(( $(date +%s) - T_ALL )) s"
 if [ "$CODECS" = 1 ]; then
   python3 -c "print('compressed_vs_dp_loss: %.3f' % ($LOSS / $dp))"
