@@ -19,9 +19,9 @@
 # within 1% of (b). Without the codecs (c) is "not available" and both lines
 # say n/a (the fp32 figures are printed above them).
 # Usage: bench/bandwidth.sh   (env: M=4 L=2 C=128 NH=4 T=128 B=32 STEPS=320
-#        W=80 (warm-start steps; 0 = none) H=64 (the H of (b) and (c))
-#        HS="4 16 32 64 128" (the fp32 curve; empty = only H) P=4 K=1
-#        OUTER_LR=1 OUTER_MU=0 ADOPT=keep MERGE=rda SHARE=true LR=3e-3 WARMUP=20
+#        W=80 (warm-start steps; 0 = none) H=16 (the H of (b) and (c))
+#        HS="4 16 32 64 128" (the fp32 curve; empty = only H) P=4 K=4
+#        OUTER_LR=0.7 OUTER_MU=0.9 ADOPT=keep MERGE=rda SHARE=true LR=3e-3 WARMUP=20
 #        FLEET_SAMPLES=0 (as bench/quality.sh: the second moment's samples on
 #        both sides) CODEC_BLOCK=128 DP_BATCHES="" (e.g. "64 128 256": data-
 #        parallel runs from scratch at equal tokens, a batch sweep of (a))
@@ -34,8 +34,8 @@ set -euo pipefail
 dl_args 0 "$@"
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-M=${M:-4} L=${L:-2} C=${C:-128} NH=${NH:-4} T=${T:-128} B=${B:-32} STEPS=${STEPS:-320} W0=${W:-80} H=${H:-64}
-HS=${HS-4 16 32 64 128} P=${P:-4} K=${K:-1} OUTER_LR=${OUTER_LR:-1} OUTER_MU=${OUTER_MU:-0} ADOPT=${ADOPT:-keep}
+M=${M:-4} L=${L:-2} C=${C:-128} NH=${NH:-4} T=${T:-128} B=${B:-32} STEPS=${STEPS:-320} W0=${W:-80} H=${H:-16}
+HS=${HS-4 16 32 64 128} P=${P:-4} K=${K:-4} OUTER_LR=${OUTER_LR:-0.7} OUTER_MU=${OUTER_MU:-0.9} ADOPT=${ADOPT:-keep}
 MERGE=${MERGE:-rda} SHARE=${SHARE:-true} LR=${LR:-3e-3} WARMUP=${WARMUP:-20} FLEET_SAMPLES=${FLEET_SAMPLES:-0}
 CODEC_BLOCK=${CODEC_BLOCK:-128} DP_BATCHES=${DP_BATCHES:-}
 DATA=${DATA:-/usr/share/games/fortunes}
