@@ -35,6 +35,11 @@
 # need no momentum; past H=32 the 240 steps after the warm start leave too few
 # outer steps (H=64: under 4 per fragment): that limits the ratio here.
 # Without the warm start (W=0) H=16 gave 1.117 instead of 1.007.
+# Caveat, the DP batch sweep at equal tokens (DP_BATCHES, from scratch, lr
+# 3e-3): B=64 x 640 steps reached 1.9777 against 2.2003 for (a)'s B=128 x 320:
+# at this budget training is step-limited and B=128 is not the data-parallel
+# side's best batch (against B=64, fp32 H=16 is 1.121). A fair long-period
+# regime needs more steps per run than 30 minutes on 2 cores allow.
 set -euo pipefail
 . "$(dirname "$0")/../tests/lib_args.sh"
 dl_args 0 "$@"
