@@ -36,7 +36,8 @@
 # outer steps (H=64: under 4 per fragment): that limits the ratio here.
 # Without the warm start (W=0) H=16 gave 1.117 instead of 1.007.
 # Caveat, the DP batch sweep at equal tokens (DP_BATCHES, from scratch, lr
-# 3e-3): B=64 x 640 steps reached 1.9777 against 2.2003 for (a)'s B=128 x 320:
+# 3e-3): B=64 x 640 steps reached 1.9777, B=128 x 320 ((a)) 2.2003, B=256 x
+# 160 2.4775:
 # at this budget training is step-limited and B=128 is not the data-parallel
 # side's best batch (against B=64, fp32 H=16 is 1.121). A fair long-period
 # regime needs more steps per run than 30 minutes on 2 cores allow.
