@@ -29,6 +29,21 @@
 #        DATA=... BUILD_DIR=build; KEEP=DIR keeps the warm start and (a) in DIR
 #        and reuses them when DIR already holds them for the same settings,
 #        for sweeps of the decoupled side)
+# Measured at these defaults (2 shared cores: 766 s for the curve + 260 s
+# for the warm start and (a); (a) 2.2003): fp32 H=4 / 16 / 32 / 64 / 128
+# gave 1.209 / 1.007 / 1.038 / 1.092 / 1.257 at 6 / 22 / 41 / 72 / 111x fewer
+# bytes than the all-reduce. With outer 1/0 and K=1 (the quality bench's
+# local-SGD setting): 1.040 / 1.054 / 1.066 / 1.075 / 1.143. Outer momentum
+# needs full rounds (0.7/0.9 with K=1 gave 1.301 at H=32) and short periods
+# need no momentum; past H=32 the 240 steps after the warm start leave too few
+# outer steps (H=64: under 4 per fragment): that limits the ratio here.
+# Without the warm start (W=0) H=16 gave 1.117 instead of 1.007.
+# Caveat, the DP batch sweep at equal tokens (DP_BATCHES, from scratch, lr
+# 3e-3): B=64 x 640 steps reached 1.9777, B=128 x 320 ((a)) 2.2003, B=256 x
+# 160 2.4775:
+# at this budget training is step-limited and B=128 is not the data-parallel
+# side's best batch (against B=64, fp32 H=16 is 1.121). A fair long-period
+# regime needs more steps per run than 30 minutes on 2 cores allow.
 set -euo pipefail
 . "$(dirname "$0")/../tests/lib_args.sh"
 dl_args 0 "$@"

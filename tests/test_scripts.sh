@@ -13,7 +13,7 @@ expect() { # RC DESCRIPTION COMMAND...
   if [ "$rc" = "$want" ] && [ -n "$out" ]; then echo "ok: $d (exit $rc): $(echo "$out" | head -1 | cut -c1-90)"
   else echo "FAIL: $d: exit $rc, wanted $want: $(echo "$out" | tail -2)"; fail=1; fi
 }
-for s in bench/byzantine.sh bench/codec.sh bench/crashloop.sh bench/fuzz.sh bench/goodput.sh bench/gpu.sh bench/learner.sh \
+for s in bench/bandwidth.sh bench/byzantine.sh bench/codec.sh bench/crashloop.sh bench/fuzz.sh bench/goodput.sh bench/gpu.sh bench/learner.sh \
          bench/quality.sh bench/sync_load.sh deploy/local_cluster.sh deploy/quickstart.sh deploy/setup.sh \
          tests/gpu.sh tests/run.sh; do
   expect 0 "$s --help" bash "$s" --help
@@ -21,7 +21,7 @@ for s in bench/byzantine.sh bench/codec.sh bench/crashloop.sh bench/fuzz.sh benc
   [ "$s" = tests/run.sh ] && continue # its other arguments are ctest's
   expect 2 "$s --no-such-option" bash "$s" --no-such-option
 done
-for s in bench/byzantine.sh bench/quality.sh bench/sync_load.sh; do expect 2 "$s takes no arguments" bash "$s" extra; done
+for s in bench/bandwidth.sh bench/byzantine.sh bench/quality.sh bench/sync_load.sh; do expect 2 "$s takes no arguments" bash "$s" extra; done
 expect 2 "crashloop.sh: crashes must be a number" bash bench/crashloop.sh ten
 expect 2 "crashloop.sh: seed must be a number" bash bench/crashloop.sh 10 x
 expect 2 "crashloop.sh: at most 2 arguments" bash bench/crashloop.sh 1 2 3
