@@ -146,6 +146,7 @@ struct dl_comms {
     ptx tx;                 /* the chunked push leaving */
     dl_ef *ef;              /* error feedback of encoded pushes (learner/ef.h) */
     uint32_t update_codec;  /* Welcome.update_codec of the last Welcome: delta Updates come (0: none) */
+    uint64_t epoch_mirrors; /* the epoch whose versions the mirrors hold */
 };
 
 static void wake(dl_comms *c)
@@ -940,7 +941,13 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
     c->rebuilds_row = 0;
     c->chunk = w->chunk_bytes / sizeof(float);
     /* delta Updates: a mirror per fragment from its next full Update on; none without them */
+    /* a new epoch (a restarted synchronizer, perhaps on another store) gives
+     * version numbers a new meaning: every mirror waits for a full Update */
+    int new_epoch = c->update_codec && epoch != c->epoch_mirrors;
+    c->epoch_mirrors = epoch;
     c->update_codec = w->update_codec;
+    if (new_epoch)
+        for (int p = 0; p < c->P; p++) c->f[p].mirror_ok = c->f[p].stage_active = 0;
     if (!c->update_codec)
         for (int p = 0; p < c->P; p++) {
             sfrag *f = &c->f[p];

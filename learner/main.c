@@ -272,9 +272,11 @@ static int resolve_push_codec(learner_cfg *cfg)
                       (long long)cfg->push_block);
     if (dl_codec_is_block(id)) cfg->pcodec.block = (uint32_t)cfg->push_block;
     if (id == DL_CODEC_TOPK) {
-        if (cfg->push_topk > cfg->push_block)
-            return dl_err(DL_EINVAL, "option push_topk: %lld is more than push_block %lld", (long long)cfg->push_topk,
-                          (long long)cfg->push_block);
+        /* 6 bytes per entry: above half a block a chunk would be larger than
+         * the fp32 chunk, beyond the synchronizer's message size cap */
+        if (2 * cfg->push_topk > cfg->push_block)
+            return dl_err(DL_EINVAL, "option push_topk: %lld is more than half of push_block %lld",
+                          (long long)cfg->push_topk, (long long)cfg->push_block);
         cfg->pcodec.topk = (uint32_t)cfg->push_topk;
     }
     char why[160];

@@ -836,11 +836,20 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
 
 /* ---------------------------------------------------------------- rounds */
 
-/* Expected tokens of a full period of fragment f (policy.h "Share"). */
+/* Expected tokens of a full period of fragment f (policy.h "Share"). A
+ * learner's tokens per step come from its latest pooled (validated) push;
+ * one without a pooled push counts at its reported tokens / step, but never
+ * above the largest pooled rate of the fleet (a Hello may claim any batch up
+ * to max_batch, so an idle learner's claims could otherwise shrink every
+ * share), else at the mean pooled rate. */
 static double expected_tokens(const dl_policy *p, int f)
 {
-    double sum = 0, known = 0;
+    double sum = 0, known = 0, cap = 0;
     int n_known = 0, n_unknown = 0;
+    for (int i = 0; i < p->n_slots; i++) {
+        const slot *s = &p->slots[i];
+        if (s->state == SLOT_LIVE && s->tps > cap) cap = s->tps;
+    }
     for (int i = 0; i < p->n_slots; i++) {
         const slot *s = &p->slots[i];
         if (s->state != SLOT_LIVE) continue;
@@ -849,8 +858,10 @@ static double expected_tokens(const dl_policy *p, int f)
             continue;
         }
         double tps = s->tps;
-        if (tps <= 0 && s->rep_ns != NONE_NS && s->rep_step > 0 && s->rep_tokens > 0)
+        if (tps <= 0 && s->rep_ns != NONE_NS && s->rep_step > 0 && s->rep_tokens > 0) {
             tps = (double)s->rep_tokens / (double)s->rep_step;
+            if (cap > 0 && tps > cap) tps = cap;
+        }
         if (tps > 0)
             known += tps, n_known++;
         else

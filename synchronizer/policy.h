@@ -109,8 +109,10 @@
  *     tokens / steps of L's latest POOLED push (any fragment; the caller
  *     calls dl_policy_push only for pushes its guards passed, and rejected or
  *     dropped pushes do not count), else L's reported tokens / step (a report
- *     with step > 0 and tokens > 0), else the mean tps of the live learners
- *     that have one (0 when none has);
+ *     with step > 0 and tokens > 0) but at most the largest pooled tps of a
+ *     live learner (a Hello may claim any batch up to max_batch, so an idle
+ *     learner's claims could otherwise shrink every share), else the mean tps
+ *     of the live learners that have one (0 when none has);
  *     when H = 0: sum over live learners of the tokens of their latest POOLED
  *     push of f.
  *   share = min(1, sum over contributions of tokens * s(staleness) / expected),
@@ -300,7 +302,8 @@ int dl_policy_learner_forget(dl_policy *p, uint32_t id);
 /* Progress report of learner id (dloco-sync: every plausible Heartbeat; a
  * learner sends one right before every Push): its latest completed inner
  * step, cumulative tokens, and step rate in steps/s (<= 0, NaN or >= 1e12 =
- * unknown). Feeds the schedule prediction and the share's tokens per step;
+ * unknown). Feeds the schedule prediction and, capped, the share's tokens
+ * per step ("Share");
  * re-evaluates every open round. A step lower than the previous report's (a
  * learner that restarted its count) forgets the steps of its last pushes
  * (a_f above). DL_ENOTFOUND for an id not registered. Does not change

@@ -2313,6 +2313,13 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
         rc = dl_err(DL_EINVAL, "update_codec %s: %s", dl_codec_name(s->cfg.update.c.id), why);
         goto fail;
     }
+    /* a delta chunk must fit the frames a learner takes (the fp32 chunk): topk
+     * costs 6 bytes per entry */
+    if (s->cfg.update.c.id == DL_CODEC_TOPK && 2 * s->cfg.update.c.topk > s->cfg.update.c.block) {
+        rc = dl_err(DL_EINVAL, "update_topk %u is more than half of update_block %u", s->cfg.update.c.topk,
+                    s->cfg.update.c.block);
+        goto fail;
+    }
     /* bounds that follow from the model (a shard: its own fragments) unless set */
     uint64_t model_bytes = 0, frag_bytes = 0;
     for (int p = 0; p < P; p++) {

@@ -82,7 +82,7 @@ refused "$L" "poll_max_ms < hello_retry_ms" --hello_retry_ms 100 --print-config
 refused "$L" "option id: 'a b' is not" --id "a b" --print-config
 refused "$L" "option push_codec: 'int3' is not one of" --push_codec int3 --print-config
 refused "$L" "option push_block: 17 is odd" --push_codec int4 --push_block 17 --print-config
-refused "$L" "option push_topk: 200 is more than push_block 128" --push_codec topk --push_topk 200 --print-config
+refused "$L" "option push_topk: 200 is more than half of push_block 128" --push_codec topk --push_topk 200 --print-config
 refused "$B/tools/dloco" "option batch: 0 out of range [1, 4096]" eval "$W/store" --batch 0
 refused "$B/tools/dloco" "option shards: 0 out of range [1, 4096]" plan --shards 0
 [ $fail = 0 ] && echo "test_config.sh: all checks passed" || echo "test_config.sh: FAILED"

@@ -954,9 +954,11 @@ static void test_share(void)
     dl_policy_round r = close_one(p, 1 * MS);
     CHECK_EQ(r.reason, DL_POLICY_CLOSE_PREDICTED_NONE);
     CHECK_EQ(r.n, 2);
-    CHECK_REL(r.expected_tokens, 64.0 * 1000); /* 2, 3 by their heartbeat tokens per step */
-    double sum = r.share;
-    CHECK_REL(r.share, 0.3);
+    /* 2, 3 by their heartbeat tokens per step (300, 400), capped at the
+     * largest pooled rate (200): a heartbeat alone proves no batch */
+    CHECK_REL(r.expected_tokens, 64.0 * (100 + 200 + 200 + 200));
+    CHECK_REL(r.share, 19200.0 / 44800.0);
+    double sum = 19200.0 / 64000.0; /* that round at the rates proven below: the period sums to 1 */
     dl_policy_committed(p, 0, 1, 1 * MS);
     for (uint32_t i = 2; i < 4; i++) progress(p, i, 64, 64 * tps[i], 10.0, 2400 * MS);
     push(p, 0, 2, 0, 64, 64 * tps[2], 2400 * MS, 3); /* staleness 1 onto version 1: s = 1 (const) */
