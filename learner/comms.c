@@ -37,6 +37,8 @@ typedef struct {
     int unacked;        /* a push waits for its immediate ack */
     int64_t unacked_ns; /* when it was sent */
     int fetch_pending;  /* the next Update of p is a fetch reply */
+    int fetch_soft;     /* ... asked for only because the mirror missed a delta: theta is fine, so the
+                         * reply is adopted as a normal update (no rebase, the residual stays) */
     int rebase_pending; /* the next Update of p is the rebase after a DROPPED_STALE */
     int fetch_want;     /* a Fetch of p is to be sent at fetch_at (a Welcome, or a refused update) */
     int64_t fetch_at;
@@ -638,6 +640,7 @@ static void want_fetch(dl_comms *c, int p, int64_t at)
     sfrag *f = &c->f[p];
     if (!f->fetch_want || at < f->fetch_at) f->fetch_at = at;
     f->fetch_want = 1;
+    f->fetch_soft = 0; /* any other reason to fetch makes the reply a rebase */
     if (f->fetch_at < c->t_fetch) c->t_fetch = f->fetch_at;
 }
 
@@ -1046,7 +1049,9 @@ static void delta_missed(dl_comms *c, int p, uint64_t version, const char *why)
     dl_event("update_delta_missed", " learner=%s epoch=%llu fragment=%d version=%llu held=%lld", c->id,
              (unsigned long long)c->epoch, p, (unsigned long long)version, held);
     f->stage_active = 0;
+    int fresh = !f->fetch_want && !f->fetch_pending;
     if (!f->fetch_pending) want_fetch(c, p, dl_clock_ns());
+    if (fresh) f->fetch_soft = 1; /* only the mirror is behind: the reply refreshes it, not theta */
 }
 
 /* One delta Update (or chunk of one) of p: version v = version v - 1 +
@@ -1169,7 +1174,9 @@ static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
 static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, const void *payload)
 {
     sfrag *f = &c->f[p];
-    int forced = f->fetch_pending ? DL_UPDATE_FETCHED : f->rebase_pending ? DL_UPDATE_REBASE : DL_UPDATE_NORMAL;
+    int forced = f->fetch_pending && !f->fetch_soft ? DL_UPDATE_FETCHED
+                 : f->rebase_pending                 ? DL_UPDATE_REBASE
+                                                     : DL_UPDATE_NORMAL;
     uint64_t held;
     int is_held = dl_mailbox_held(c->mb, p, &held);
     if (forced == DL_UPDATE_NORMAL && is_held && u->version < held) {
@@ -1191,7 +1198,7 @@ static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, cons
         snprintf(why, sizeof why, "it holds non-finite values");
     }
     f->rebase_pending = 0;
-    f->fetch_pending = 0;
+    f->fetch_pending = f->fetch_soft = 0;
     if (reason) {
         /* never adopted; a fresh fetch of p is asked for (take_refetches backs off) */
         COUNT(updates_refused);
