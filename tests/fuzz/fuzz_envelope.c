@@ -47,16 +47,25 @@ static void check_valid(const Dloco__V1__Envelope *env, const size_t *lens, int 
         FUZZ_CHECK(frag < nf, "%s fragment %u of %u", name, frag, nf);
         if (lim->fragment_numel) FUZZ_CHECK(numel == lim->fragment_numel[frag], "%s numel", name);
         FUZZ_CHECK(strcmp(dl_wire_codec_name(codec), "unknown") != 0, "%s codec %d", name, (int)codec);
-        /* a chunk: a range inside the fragment, never of an int codec, a push's with its transfer id */
+        uint32_t topk = push ? env->push->topk : env->update->topk;
+        /* a chunk: a range inside the fragment; of a block codec, starting on a
+         * block and holding whole blocks except the fragment's last; a push's
+         * with its transfer id */
         FUZZ_CHECK(cnum ? coff < numel && cnum <= numel - coff : coff == 0, "%s chunk [%llu, +%llu) of %llu", name,
                    (unsigned long long)coff, (unsigned long long)cnum, (unsigned long long)numel);
         if (cnum) {
-            FUZZ_CHECK(codec == DLOCO__V1__CODEC__CODEC_FP32 || codec == DLOCO__V1__CODEC__CODEC_BF16,
-                       "%s chunked %s", name, dl_wire_codec_name(codec));
+            if (dl_codec_is_block((dl_codec_id)codec))
+                FUZZ_CHECK(block && coff % block == 0 && (coff + cnum == numel || cnum % block == 0),
+                           "%s chunk [%llu, +%llu) of %s not on blocks of %u", name, (unsigned long long)coff,
+                           (unsigned long long)cnum, dl_wire_codec_name(codec), block);
             FUZZ_CHECK(!push || env->push->transfer != 0, "chunked push without a transfer id");
             numel = cnum;
         }
-        size_t need = dl_wire_payload_bytes(codec, numel, block, 0);
+        /* a full Update is fp32; a delta is never of version 0 */
+        if (!push) FUZZ_CHECK(env->update->delta ? env->update->version > 0 : codec == DLOCO__V1__CODEC__CODEC_FP32,
+                              "update delta=%d version %llu codec %s", (int)env->update->delta,
+                              (unsigned long long)env->update->version, dl_wire_codec_name(codec));
+        size_t need = dl_wire_payload_bytes(codec, numel, block, topk);
         FUZZ_CHECK(need != 0 && need == lens[0], "%s payload %zu bytes, codec needs %zu", name, lens[0], need);
         break;
     }
