@@ -62,6 +62,24 @@ __device__ static inline float y_at(const float *x, const float *r, uint64_t i)
 
 __device__ static inline bool finite_f(float f) { return DL_CX_ABS_BITS(__float_as_uint(f)) <= DL_CX_FINITE_MAX; }
 
+/* One warp over block [i0, i0 + bj): the bits of max |y| (every lane gets
+ * it). Above DL_CX_FINITE_MAX the block holds a non-finite y, whose lowest
+ * element index is then recorded in *bad (as the CPU reports it). */
+__device__ static inline uint32_t block_absmax_bits(const float *xj, const float *rj, uint64_t bj, int lane,
+                                                    uint64_t i0, unsigned long long *bad)
+{
+    uint32_t m = 0;
+    for (uint64_t i = lane; i < bj; i += 32) {
+        uint32_t k = DL_CX_ABS_BITS(__float_as_uint(y_at(xj, rj, i)));
+        m = k > m ? k : m;
+    }
+    m = warp_max_u(m);
+    if (m > DL_CX_FINITE_MAX)
+        for (uint64_t i = lane; i < bj; i += 32)
+            if (!finite_f(y_at(xj, rj, i))) atomicMin(bad, (unsigned long long)(2 * (i0 + i)));
+    return m;
+}
+
 /* Launch shape of the warp-per-item kernels. */
 static inline unsigned warp_grid(uint64_t items)
 {
@@ -111,17 +129,8 @@ static __global__ void enc_scaled_kernel(int id, const float *x, float *r, uint6
         const float *xj = x + i0;
         float *rj = r ? r + i0 : NULL;
         uint8_t *o = out + j * stride;
-        uint32_t m = 0;
-        for (uint64_t i = lane; i < bj; i += 32) {
-            uint32_t k = DL_CX_ABS_BITS(__float_as_uint(y_at(xj, rj, i)));
-            m = k > m ? k : m;
-        }
-        m = warp_max_u(m);
-        if (m > DL_CX_FINITE_MAX) {
-            for (uint64_t i = lane; i < bj; i += 32)
-                if (!finite_f(y_at(xj, rj, i))) atomicMin(bad, (unsigned long long)(2 * (i0 + i)));
-            continue;
-        }
+        uint32_t m = block_absmax_bits(xj, rj, bj, lane, i0, bad);
+        if (m > DL_CX_FINITE_MAX) continue;
         float a = __uint_as_float(m);
         float s = id == DL_CODEC_INT8   ? __fdiv_rn(a, (float)DL_CX_INT8_TOP)
                   : id == DL_CODEC_INT4 ? __fdiv_rn(a, (float)DL_CX_INT4_TOP)
@@ -189,17 +198,8 @@ static __global__ void enc_topk_kernel(const float *x, float *r, uint64_t n, uin
         const float *xj = x + i0;
         float *rj = r ? r + i0 : NULL;
         uint8_t *o = out + j * stride;
-        uint32_t m = 0;
-        for (uint64_t i = lane; i < bj; i += 32) {
-            uint32_t k = DL_CX_ABS_BITS(__float_as_uint(y_at(xj, rj, i)));
-            m = k > m ? k : m;
-        }
-        m = warp_max_u(m);
-        if (m > DL_CX_FINITE_MAX) {
-            for (uint64_t i = lane; i < bj; i += 32)
-                if (!finite_f(y_at(xj, rj, i))) atomicMin(bad, (unsigned long long)(2 * (i0 + i)));
-            continue;
-        }
+        uint32_t m = block_absmax_bits(xj, rj, bj, lane, i0, bad);
+        if (m > DL_CX_FINITE_MAX) continue;
         uint32_t k = (uint32_t)(bj < topk ? bj : topk);
         uint32_t lo = 0, hi = m;
         /* as the CPU: down from absmax by octaves, then bisection (the same set either way) */
