@@ -91,6 +91,43 @@ static const dl_cfg_entry fault_t[] = {
     {"value", DL_CFG_FLOAT, F(dl_sc_fault, value), -1, 1e9, "-1", NULL, 0, "the kind's parameter"},
     {"max", DL_CFG_INT, F(dl_sc_fault, max), 1, DL_SC_MAX_FAULTS, "1000", NULL, 0, "random: per target"},
 };
+static const dl_cfg_entry sim_t[] = {
+    {"mode", DL_CFG_ENUM, F(dl_sc_sim, mode), 0, 0, "decoupled", "decoupled|dp|elastic", 0,
+     "dloco-sim: learners on the real policy, or the data-parallel / elastic data-parallel baseline"},
+    {"chips", DL_CFG_INT, F(dl_sc_sim, chips), 0, 1e9, "0", NULL, 0, "dloco-sim: chips (0 = one per learner slot)"},
+    {"learners", DL_CFG_INT, F(dl_sc_sim, learners), 0, 4096, "0", NULL, 0,
+     "dloco-sim: M, learners of chips/M chips (0 = the learner slots; given: chips must be too)"},
+    {"horizon_s", DL_CFG_FLOAT, F(dl_sc_sim, horizon_s), 0, 1e9, "0", NULL, 0,
+     "dloco-sim: simulated time (0 = [run] duration_s)"},
+    {"mtbi_s", DL_CFG_FLOAT, F(dl_sc_sim, mtbi_s), 0, 1e12, "0", NULL, 0,
+     "dloco-sim: mean time between interruptions of one chip (0 = none)"},
+    {"recovery_s", DL_CFG_FLOAT, F(dl_sc_sim, recovery_s), 0, 1e6, "60", NULL, 0,
+     "dloco-sim: dp restart; a restarting learner's down time"},
+    {"ckpt_s", DL_CFG_FLOAT, F(dl_sc_sim, ckpt_s), 0, 1e7, "0", NULL, 0,
+     "dloco-sim: dp checkpoint interval (0 = nothing lost)"},
+    {"slice_chips", DL_CFG_INT, F(dl_sc_sim, slice_chips), 1, 1e9, "1", NULL, 0,
+     "dloco-sim: chips dropped / re-added together by a resize"},
+    {"resize_s", DL_CFG_FLOAT, F(dl_sc_sim, resize_s), 0, 1e6, "10", NULL, 0,
+     "dloco-sim: pause of a job per slice drop and per return"},
+    {"repair_s", DL_CFG_FLOAT, F(dl_sc_sim, repair_s), 0, 1e8, "3600", NULL, 0, "dloco-sim: a dropped slice's repair"},
+    {"learner_fail", DL_CFG_ENUM, F(dl_sc_sim, learner_fail), 0, 0, "resize", "resize|restart", 0,
+     "dloco-sim: what an interruption does to a learner"},
+    {"startup_s", DL_CFG_FLOAT, F(dl_sc_sim, startup_s), 0, 1e6, "0", NULL, 0, "dloco-sim: a learner's first start"},
+    {"restart_s", DL_CFG_FLOAT, F(dl_sc_sim, restart_s), 0, 1e6, "0", NULL, 0,
+     "dloco-sim: a restarted learner's start after its down time"},
+    {"step_s", DL_CFG_FLOAT, F(dl_sc_sim, step_s), 1e-4, 1e4, "1", NULL, 0, "dloco-sim: inner step time at speed 1"},
+    {"step_cv", DL_CFG_FLOAT, F(dl_sc_sim, step_cv), 0, 2, "0", NULL, 0,
+     "dloco-sim: between-learner spread of the step time (log-normal sigma)"},
+    {"params", DL_CFG_FLOAT, F(dl_sc_sim, params), 0, 1e14, "0", NULL, 0,
+     "dloco-sim: model parameters (0 = the [run] model's, roughly)"},
+    {"bytes_per_param", DL_CFG_FLOAT, F(dl_sc_sim, bytes_per_param), 0.01, 16, "4", NULL, 0,
+     "dloco-sim: bytes per parameter on the wire"},
+    {"grace_steps", DL_CFG_FLOAT, F(dl_sc_sim, grace_steps), 1e-6, 1e6, "4", NULL, 0,
+     "dloco-sim: dloco-sync's --grace_steps (dloco-chaos: put it in [sync] args)"},
+    {"grace_cap_s", DL_CFG_FLOAT, F(dl_sc_sim, grace_cap_s), 0.001, 86400, "5", NULL, 0,
+     "dloco-sim: dloco-sync's --grace_cap_ms, in s"},
+    {"merge_s", DL_CFG_FLOAT, F(dl_sc_sim, merge_s), 0, 1e4, "0", NULL, 0, "dloco-sim: a round's close to its commit"},
+};
 #define NT(t) (sizeof t / sizeof t[0])
 
 /* A section or learner/datacenter name: what ids, files and events can carry bare. */
@@ -134,6 +171,15 @@ static int validate(dl_scenario *sc)
 {
     const char *p = sc->path;
     if (!sc->n_learner) return dl_err(DL_EINVAL, "%s: no [learner NAME] section", p);
+    if (sc->sim.learners > 0 && sc->sim.chips == 0)
+        return dl_err(DL_EINVAL, "%s: [sim] learners %lld needs chips (the fleet they split)", p,
+                      (long long)sc->sim.learners);
+    if (sc->sim.chips > 0 && sc->sim.learners > sc->sim.chips)
+        return dl_err(DL_EINVAL, "%s: [sim] learners %lld > chips %lld", p, (long long)sc->sim.learners,
+                      (long long)sc->sim.chips);
+    if (sc->sim.chips > 0 && sc->sim.slice_chips > sc->sim.chips)
+        return dl_err(DL_EINVAL, "%s: [sim] slice_chips %lld > chips %lld", p, (long long)sc->sim.slice_chips,
+                      (long long)sc->sim.chips);
     if (!sc->n_dc) return dl_err(DL_EINVAL, "%s: no [dc NAME] section (every learner sits in a datacenter)", p);
     for (int d = 0; d < sc->n_dc; d++)
         if (sc->dc[d].bandwidth_mbit > 0 && sc->dc[d].bandwidth_mbit < 0.01)
@@ -253,7 +299,8 @@ void dl_scenario_usage(FILE *f)
                 {"[learners]", "defaults of every [learner NAME] below it", learner_t, NT(learner_t)},
                 {"[learner NAME]", "a group of learners", learner_t, NT(learner_t)},
                 {"[dc NAME]", "a datacenter: its link to the synchronizer", dc_t, NT(dc_t)},
-                {"[fault NAME]", "a scheduled or random fault (docs/CHAOS.md lists the kinds)", fault_t, NT(fault_t)}};
+                {"[fault NAME]", "a scheduled or random fault (docs/CHAOS.md lists the kinds)", fault_t, NT(fault_t)},
+                {"[sim]", "dloco-sim only (docs/SIM.md); dloco-chaos ignores it", sim_t, NT(sim_t)}};
     fprintf(f, "scenario file keys ('key = value' under each section; '#' or ';' starts a comment):\n");
     for (size_t i = 0; i < sizeof secs / sizeof secs[0]; i++) {
         if (i == 3) { /* [learner NAME] takes [learners]' keys */
@@ -272,6 +319,7 @@ int dl_scenario_load(const char *path, const dl_sc_overrides *ov, dl_scenario *s
     DL_TRY(dl_cfg_defaults(run_t, NT(run_t), &sc->run));
     DL_TRY(dl_cfg_defaults(sync_t, NT(sync_t), &sc->sync));
     DL_TRY(dl_cfg_defaults(learner_t, NT(learner_t), &sc->learner_defaults));
+    DL_TRY(dl_cfg_defaults(sim_t, NT(sim_t), &sc->sim));
     dl_ini r;
     if (dl_ini_open(&r, path)) return dl_err(DL_EIO, "scenario %s: cannot open", path);
     char sec[DL_CFG_STRLEN] = "", *ka, *kb;
@@ -305,6 +353,7 @@ int dl_scenario_load(const char *path, const dl_sc_overrides *ov, dl_scenario *s
             if (!strcmp(type, "run")) obj = &sc->run, t = run_t, tn = NT(run_t);
             else if (!strcmp(type, "sync")) obj = &sc->sync, t = sync_t, tn = NT(sync_t);
             else if (!strcmp(type, "learners")) obj = &sc->learner_defaults, t = learner_t, tn = NT(learner_t);
+            else if (!strcmp(type, "sim")) obj = &sc->sim, t = sim_t, tn = NT(sim_t);
             else if (!strcmp(type, "dc") || !strcmp(type, "learner") || !strcmp(type, "fault")) {
                 /* a name is unique within its kind of section */
                 int dup = 0;
@@ -342,7 +391,7 @@ int dl_scenario_load(const char *path, const dl_sc_overrides *ov, dl_scenario *s
                 }
                 if (dup) rc = dl_err(DL_EINVAL, "%s:%d: a second [%s %s]", path, lineno, type, name);
             } else {
-                rc = dl_err(DL_EINVAL, "%s:%d: unknown section [%s] (run, sync, learners, dc NAME, learner NAME, fault NAME)",
+                rc = dl_err(DL_EINVAL, "%s:%d: unknown section [%s] (run, sync, learners, dc NAME, learner NAME, fault NAME, sim)",
                             path, lineno, type);
             }
             if (!rc && !strcmp(type, "learners") && sc->n_learner)

@@ -99,8 +99,25 @@ typedef struct {
     dl_fault_kind k;            /* parsed kind */
 } dl_sc_fault;
 
+/* [sim]: dloco-sim's keys (docs/SIM.md); dloco-chaos ignores them. */
+typedef struct {
+    char mode[DL_CFG_STRLEN];         /* decoupled|dp|elastic */
+    int64_t chips;                    /* 0: one chip per learner slot */
+    int64_t learners;                 /* 0: the learner slots */
+    double horizon_s;                 /* 0: [run] duration_s */
+    double mtbi_s;                    /* per chip; 0: no random interruptions */
+    double recovery_s, ckpt_s;        /* dp; restart learners */
+    int64_t slice_chips;              /* elastic; resize learners */
+    double resize_s, repair_s;
+    char learner_fail[DL_CFG_STRLEN]; /* resize|restart */
+    double startup_s, restart_s, step_s, step_cv;
+    double params, bytes_per_param;
+    double grace_steps, grace_cap_s, merge_s;
+} dl_sc_sim;
+
 typedef struct {
     char path[DL_CFG_STRLEN];
+    dl_sc_sim sim;
     dl_sc_run run;
     dl_sc_sync sync;
     dl_sc_learner learner_defaults;

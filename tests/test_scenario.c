@@ -41,6 +41,12 @@ static void test_refusals(void)
     refused("[run]\npolicy = ddp\n", "policy");
     refused("[run]\nbogus = 1\n", "unknown key 'bogus'");
     refused("[weird]\n", "unknown section [weird]");
+    refused("[sim]\nmode = spmd\n", "mode");                           /* dloco-sim's section: typed too */
+    refused("[sim]\nstep_cv = 3\n", "step_cv");
+    refused("[sim]\nlearners = 4\n", "[sim] learners 4 needs chips");
+    refused("[sim]\nchips = 4\nlearners = 8\n", "[sim] learners 8 > chips 4");
+    refused("[sim]\nchips = 4\nslice_chips = 8\n", "[sim] slice_chips 8 > chips 4");
+    refused("[sim]\nbogus = 1\n", "unknown key 'bogus'");
     refused("[dc]\n", "NAME");                                         /* a named section without a name */
     refused("[dc bad/name]\n", "must be 1-");                           /* names go into ids and paths */
     refused("[run extra]\n", "takes no name");
