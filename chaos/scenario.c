@@ -127,6 +127,10 @@ static const dl_cfg_entry sim_t[] = {
     {"grace_cap_s", DL_CFG_FLOAT, F(dl_sc_sim, grace_cap_s), 0.001, 86400, "5", NULL, 0,
      "dloco-sim: dloco-sync's --grace_cap_ms, in s"},
     {"merge_s", DL_CFG_FLOAT, F(dl_sc_sim, merge_s), 0, 1e4, "0", NULL, 0, "dloco-sim: a round's close to its commit"},
+    {"update_s", DL_CFG_FLOAT, F(dl_sc_sim, update_s), 0, 1e4, "0", NULL, 0,
+     "dloco-sim: an Update's apply time at the learner, after its transfer"},
+    {"step_overhead_s", DL_CFG_FLOAT, F(dl_sc_sim, step_overhead_s), 0, 1e4, "0", NULL, 0,
+     "dloco-sim: a learner's wall time per step outside the step's compute (pushes, adopts)"},
 };
 #define NT(t) (sizeof t / sizeof t[0])
 

@@ -112,7 +112,7 @@ typedef struct {
     char learner_fail[DL_CFG_STRLEN]; /* resize|restart */
     double startup_s, restart_s, step_s, step_cv;
     double params, bytes_per_param;
-    double grace_steps, grace_cap_s, merge_s;
+    double grace_steps, grace_cap_s, merge_s, update_s, step_overhead_s;
 } dl_sc_sim;
 
 typedef struct {

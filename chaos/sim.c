@@ -111,6 +111,9 @@ typedef struct {
     int64_t *steps_f, *tokens_f;
     uint64_t *base;          /* [P] adopted version */
     snap *await;             /* [P] the push merged, its Update not yet adopted */
+    char *undecided, *owed;  /* [P] dloco-learner's hold rule (learner/node.c): while a push of f is
+                                undecided (not yet merged and adopted, nor dropped), the next push of f
+                                is held (owed) and made at the first step after the decision */
 } learner;
 
 typedef struct {
@@ -235,6 +238,9 @@ int dl_sim_cfg_check(const dl_sim_cfg *c)
     RANGE(c->heartbeat_ms >= 1 && c->heartbeat_ms <= 1e6 && c->liveness >= 1 && c->liveness <= 1000,
           "sim: heartbeat_ms in [1, 1e6], liveness in [1, 1000]");
     RANGE(c->merge_s >= 0 && c->merge_s <= 1e4, "sim: merge_s %g: in [0, 1e4]", c->merge_s);
+    RANGE(c->update_s >= 0 && c->update_s <= 1e4, "sim: update_s %g: in [0, 1e4]", c->update_s);
+    RANGE(c->step_overhead_s >= 0 && c->step_overhead_s <= 1e4, "sim: step_overhead_s %g: in [0, 1e4]",
+          c->step_overhead_s);
     RANGE(c->n_kill >= 0 && c->n_kill <= DL_SIM_MAX_KILLS, "sim: %d kills, at most %d", c->n_kill,
           DL_SIM_MAX_KILLS);
     for (int i = 0; i < c->n_kill; i++)
@@ -318,8 +324,10 @@ static void touch(sim *s, int i, double t)
     } else {
         double c = up * dt;
         r->compute += c;
-        if (s->pol)
-            for (int f = 0; f < s->P; f++) L->acc[f] += c;
+        if (s->pol) { /* the step's own share of the loop's wall time goes into the pushes */
+            double cf = c * L->step_s / (L->step_s + s->c->step_overhead_s);
+            for (int f = 0; f < s->P; f++) L->acc[f] += cf;
+        }
         else r->goodput += c;
     }
 }
@@ -327,11 +335,11 @@ static void touch(sim *s, int i, double t)
 static void schedule_step(sim *s, int i, double t)
 {
     learner *L = &s->L[i];
-    L->step_end = t + L->step_left;
+    L->step_end = t + L->step_left + s->c->step_overhead_s;
     heap_push(&s->q, L->step_end, EV_STEP, i, 0, L->gen);
 }
 
-/* RUN -> not running (state st) until `until`; a resize inside a resize pause extends it to its own end. */
+/* RUN -> not running (state st) until `until`; a resize inside a resize pause is absorbed by it. */
 static void stop_learner(sim *s, int i, double t, int st, double until)
 {
     learner *L = &s->L[i];
@@ -343,8 +351,8 @@ static void stop_learner(sim *s, int i, double t, int st, double until)
         if (s->pol) heap_push(&s->q, t + s->live_s, EV_LIVE, i, 0, L->outage);
     } else if (st == S_PAUSE && L->state != S_PAUSE) {
         return; /* dead or starting: a resize has nothing to pause */
-    } else if (st == S_PAUSE && until <= L->resume_at) {
-        return; /* a resize inside a resize pause: done by the same reshard (absorbed) */
+    } else if (st == S_PAUSE) {
+        return; /* a resize inside a resize pause is done by the same reshard (absorbed, as DP's recovery) */
     }
     L->state = st;
     L->resume_at = until;
@@ -380,6 +388,7 @@ static void kill_learner(sim *s, int i, double t, double down_s)
         L->acc[f] = 0;
         L->steps_f[f] = L->tokens_f[f] = 0;
         L->await[f].on = 0;
+        L->undecided[f] = L->owed[f] = 0;
     }
     L->step = 0;
     L->step_left = L->step_s;
@@ -434,7 +443,14 @@ static void on_step(sim *s, int i, double t)
     }
     int reported = 0;
     for (int f = 0; f < s->P; f++) {
-        if (!dl_plan_due(L->step, f, s->c->H, s->P) || L->steps_f[f] <= 0 || L->tokens_f[f] <= 0) continue;
+        if (!(dl_plan_due(L->step, f, s->c->H, s->P) || L->owed[f]) || L->steps_f[f] <= 0 || L->tokens_f[f] <= 0)
+            continue;
+        if (L->undecided[f]) { /* the hold rule */
+            L->owed[f] = 1;
+            continue;
+        }
+        L->owed[f] = 0;
+        L->undecided[f] = 1;
         if (!reported) { /* the Heartbeat right before the Push */
             dl_policy_learner_progress(s->pol, (uint32_t)i, (uint64_t)L->step, L->tokens_total, 1.0 / L->step_s,
                                        ns(t));
@@ -519,7 +535,8 @@ static void on_commit(sim *s, int k, double t)
     }
     for (int i = 0; i < s->M; i++)
         if (s->L[i].state != S_DEAD)
-            heap_push(&s->q, tx_down(s, s->L[i].site, t), EV_UPDATE, i, r->fragment, r->version + 1);
+            heap_push(&s->q, tx_down(s, s->L[i].site, t) + s->c->update_s, EV_UPDATE, i, r->fragment,
+                      r->version + 1);
     free(p->c);
     p->c = NULL;
     p->used = 0;
@@ -531,7 +548,12 @@ static void on_update(sim *s, int i, int f, uint64_t v, double t)
     if (L->state == S_DEAD || v <= L->base[f]) return;
     touch(s, i, t);
     snap *a = &L->await[f];
-    if (a->on && a->version == v) {
+    if (a->on && a->version == v) L->undecided[f] = 0; /* its push was merged and is now adopted */
+    if (s->c->adopt_overwrite[i]) { /* theta_f = g: the progress since the push is dropped (wasted) */
+        L->acc[f] = 0;
+        L->steps_f[f] = L->tokens_f[f] = 0;
+        a->on = 0;
+    } else if (a->on && a->version == v) {
         L->acc[f] -= a->compute;
         if (L->acc[f] < 0) L->acc[f] = 0;
         L->steps_f[f] -= a->steps;
@@ -558,6 +580,8 @@ static void on_push(sim *s, size_t k, double t)
             s->res->dropped++;
         }
         heap_push(&s->q, tx_down(s, s->L[pr->l].site, t), EV_REBASE, pr->l, pr->f, 0);
+    } else {
+        s->L[pr->l].undecided[pr->f] = 0; /* rejected: decided (the learner keeps the progress) */
     }
     pr_free(s, k);
 }
@@ -570,6 +594,7 @@ static void on_rebase(sim *s, int i, int f, double t)
     L->acc[f] = 0; /* the local delta is replaced by the global fragment */
     L->steps_f[f] = L->tokens_f[f] = 0;
     L->await[f].on = 0;
+    L->undecided[f] = 0; /* decided: dropped */
     L->base[f] = dl_policy_version(s->pol, f);
 }
 
@@ -655,6 +680,8 @@ static int run_fleet(const dl_sim_cfg *c, dl_sim_result *res)
         L->tokens_f = dl_xcalloc((size_t)c->P, sizeof *L->tokens_f);
         L->base = dl_xcalloc((size_t)c->P, sizeof *L->base);
         L->await = dl_xcalloc((size_t)c->P, sizeof *L->await);
+        L->undecided = dl_xcalloc((size_t)c->P, 1);
+        L->owed = dl_xcalloc((size_t)c->P, 1);
         L->state = S_START;
         L->gen = 1;
         heap_push(&s->q, c->startup_s, EV_RESUME, i, 0, L->gen);
@@ -709,6 +736,8 @@ static int run_fleet(const dl_sim_cfg *c, dl_sim_result *res)
         free(s->L[i].tokens_f);
         free(s->L[i].base);
         free(s->L[i].await);
+        free(s->L[i].undecided);
+        free(s->L[i].owed);
     }
     for (int k = 0; k < s->n_pd; k++) free(s->pd[k].c);
     free(s->pd);

@@ -12,7 +12,9 @@
  *   ELASTIC   elastic data-parallel: one job over slices of slice_chips
  *             chips; an interruption drops its slice (down for repair_s) and
  *             the whole job pauses resize_s to reshard; the repaired slice's
- *             return pauses it resize_s again. No lost work, no policy.
+ *             return pauses it resize_s again; a drop or return during a pause
+ *             is absorbed by it (as DP's recovery absorbs interruptions).
+ *             No lost work, no policy.
  *   DECOUPLED M learners of chips / M chips each, every one an elastic job
  *             as above (learner_fail = resize) or a process that restarts
  *             (learner_fail = restart: down for recovery_s, loses its
@@ -89,6 +91,11 @@ typedef struct {
     double rtt_ms[DL_SIM_MAX_SITES];
     int site_of[DL_SIM_MAX_LEARNERS];        /* learner -> site; -1 = round robin */
     double speed[DL_SIM_MAX_LEARNERS];       /* learner's fraction of full speed (step_s / speed); 0 = 1 */
+    int adopt_overwrite[DL_SIM_MAX_LEARNERS]; /* 1: an Update drops the progress since the push (adopt =
+                                                 overwrite); 0: keeps it (adopt = keep, dloco-learner's default) */
+    double step_overhead_s; /* wall time per step outside the step's compute (the loop's pushes and adopts):
+                               running, but not in a push's compute (so wasted, as dloco-chaos counts it) */
+    double update_s;        /* an Update's apply time at the learner, after its transfer */
     double heartbeat_ms;   /* liveness: dead after heartbeat_ms * liveness of silence */
     int liveness;
     double merge_s;        /* from a round's close to its commit */

@@ -92,6 +92,8 @@ static int from_scenario(const dl_scenario *sc, dl_sim_cfg *c)
     c->heartbeat_ms = (double)sc->sync.heartbeat_ms;
     c->liveness = (int)sc->sync.liveness;
     c->merge_s = s->merge_s;
+    c->update_s = s->update_s;
+    c->step_overhead_s = s->step_overhead_s;
     c->policy.quorum = (int)sc->sync.quorum;
     c->policy.max_staleness = sc->sync.max_staleness;
     c->policy.tau_steps = s->grace_steps;
@@ -104,6 +106,8 @@ static int from_scenario(const dl_scenario *sc, dl_sim_cfg *c)
         for (int i = 0; i < slots; i++) {
             c->site_of[i] = tl->slot[i].dc;
             c->speed[i] = sc->learner[tl->slot[i].section].speed;
+            /* overwrite and mix both drop the progress since the push (dloco-learner's node.c) */
+            c->adopt_overwrite[i] = strcmp(sc->learner[tl->slot[i].section].adopt, "keep") != 0;
             if (tl->slot[i].join_s > 0 || tl->slot[i].leave_s > 0)
                 fprintf(stderr, "dloco-sim: learner %s: join_s / leave_s are not simulated (provisioned throughout)\n",
                         tl->slot[i].id);
@@ -278,10 +282,10 @@ static void calibrate(uint64_t seed, double horizon, calib *out)
     fprintf(stderr, "dloco-sim: calibrated dp: recovery_s %.0f, ckpt_s %.0f (max diff %.2f points)\n", out->R, out->C,
             best);
     best = bsum = 1e9;
-    static const double reps[] = {1800}; /* fixed assumption (docs/SIM.md): a slice swap, 30 min */
+    static const double reps[] = {900, 1800, 3600, 5400, 7200, 10800, 14400, 28800};
     for (int pass = 0; pass < 2; pass++) {
         double lo = pass ? out->resize - 1 : 1, hi = pass ? out->resize + 1 : 30, st = pass ? 0.125 : 1;
-        for (int ri = 0; ri < 1; ri++) {
+        for (int ri = 0; ri < 8; ri++) {
             if (pass && reps[ri] != out->rep) continue;
             for (double Rs = lo; Rs <= hi + 1e-9; Rs += st) {
                 if (Rs <= 0) continue;
@@ -299,7 +303,7 @@ static void calibrate(uint64_t seed, double horizon, calib *out)
             }
         }
     }
-    fprintf(stderr, "dloco-sim: calibrated elastic: resize_s %.3f, repair_s %.0f and slice_chips 256 fixed (max diff %.2f "
+    fprintf(stderr, "dloco-sim: calibrated elastic: resize_s %.3f, repair_s %.0f, slice_chips 256 fixed (max diff %.2f "
                     "points)\n", out->resize, out->rep, best);
     free(c);
 }
@@ -346,8 +350,8 @@ static int cmd_paper(double horizon, double calib_horizon, uint64_t seed)
     printf("calibrated on the two data-parallel rows only (%.0f s simulated each):\n", calib_horizon);
     printf("  data-parallel:         recovery_s = %.0f, ckpt_s = %.0f (0: no work lost beyond the recovery)\n", k.R,
            k.C);
-    printf("  elastic data-parallel: resize_s = %.3f per drop and per return (fitted); repair_s = %.0f, slice_chips = 256 "
-           "(fixed assumptions)\n", k.resize, k.rep);
+    printf("  elastic data-parallel: resize_s = %.3f per drop and per return, repair_s = %.0f (both fitted); slice_chips = "
+           "256 (fixed)\n", k.resize, k.rep);
     printf("predicted (M rows, %.0f s simulated each): learners of chips/M chips, each elastic with the parameters "
            "above; H=100 P=16 step 1 s (cv 0.05), 5e9 params bf16, 100 Gbit/s + 50 ms per learner's site;\n"
            "policy: dloco-sync defaults (quorum 1, grace_steps 4, max_staleness 8, poly 0.5), heartbeat 1 s x 6\n",
@@ -364,13 +368,13 @@ static int cmd_paper(double horizon, double calib_horizon, uint64_t seed)
     double pmax = 0;
     for (int row = 2; row < 6; row++)
         for (int j = 0; j < 5; j++) pmax = fmax(pmax, fabs(sim[row][j] - paper_gp[row][j]));
-    printf("max |diff|: calibrated rows %.1f, predicted rows %.1f points\n",
+    printf("max |diff|: calibrated rows %.2f, predicted rows %.2f points\n",
            fmax(row_err((double[]){sim[0][0] / 100, sim[0][1] / 100, sim[0][2] / 100, sim[0][3] / 100, sim[0][4] / 100},
                         paper_gp[0], NULL),
                 row_err((double[]){sim[1][0] / 100, sim[1][1] / 100, sim[1][2] / 100, sim[1][3] / 100, sim[1][4] / 100},
                         paper_gp[1], NULL)),
            pmax);
-    printf("sim_vs_paper_max_diff_points: %.1f\n", maxd);
+    printf("sim_vs_paper_max_diff_points: %.2f\n", maxd);
     free(c);
     return 0;
 }
