@@ -17,7 +17,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dloco-sim run SCENARIO [--json FILE] [--seed N] [--duration_s S]\n"
             "       dloco-sim paper [--horizon_s S] [--seed N]\n"
-            "       dloco-sim tune [--horizon_s S] [--seed N]\n"
+            "       dloco-sim tune [--horizon_s S] [--seed N] [--step_cv X] [--bandwidth_mbit X]\n"
             "       dloco-sim keys\n"
             "  run    simulate a dloco-chaos scenario (its [sim] section adds the sim's keys): learners,\n"
             "         datacenter links, H, fragments, quorum, max_staleness, liveness and the learner_kill\n"
@@ -27,7 +27,8 @@ static void usage(FILE *f)
             "         the M = 2..16 rows on the real policy, prints the table beside the paper's; last line\n"
             "         sim_vs_paper_max_diff_points: X\n"
             "  tune   at 1.2M chips, M = 8: the quorum / grace_steps / max_staleness that maximise\n"
-            "         goodput x quality proxy (docs/SIM.md); last line tune_best_gain_points: X\n"
+            "         goodput x quality proxy (docs/SIM.md); last line tune_best_gain_points: X;\n"
+            "         --step_cv / --bandwidth_mbit: a harder regime (between-learner spread, per-site link)\n"
             "  keys   every scenario key, [sim] included\n");
 }
 
@@ -283,23 +284,25 @@ static void calibrate(uint64_t seed, double horizon, calib *out)
             best);
     best = bsum = 1e9;
     static const double reps[] = {900, 1800, 3600, 5400, 7200, 10800, 14400, 28800};
+    /* pass 0: the coarse grid; pass 1: repair_s within +-30% of the best in 5% steps, resize_s +-1 s in 1/8 s */
     for (int pass = 0; pass < 2; pass++) {
         double lo = pass ? out->resize - 1 : 1, hi = pass ? out->resize + 1 : 30, st = pass ? 0.125 : 1;
-        for (int ri = 0; ri < 8; ri++) {
-            if (pass && reps[ri] != out->rep) continue;
+        double rep0 = out->rep;
+        for (int ri = 0; ri < (pass ? 13 : 8); ri++) {
+            double rep = pass ? rep0 * (0.7 + 0.05 * ri) : reps[ri];
             for (double Rs = lo; Rs <= hi + 1e-9; Rs += st) {
                 if (Rs <= 0) continue;
                 double g[5];
                 c->mode = DL_SIM_ELASTIC;
                 c->resize_s = Rs;
-                c->repair_s = reps[ri];
+                c->repair_s = rep;
                 for (int k = 0; k < 5; k++) {
                     c->chips = paper_chips[k];
                     g[k] = run_gp(c);
                 }
                 double s, e = row_err(g, paper_gp[1], &s);
                 if (e < best - 1e-9 || (fabs(e - best) < 1e-9 && s < bsum))
-                    best = e, bsum = s, out->resize = Rs, out->rep = reps[ri];
+                    best = e, bsum = s, out->resize = Rs, out->rep = rep;
             }
         }
     }
@@ -380,7 +383,7 @@ static int cmd_paper(double horizon, double calib_horizon, uint64_t seed)
 }
 
 /* ---------------------------------------------------------------- tune */
-static int cmd_tune(double horizon, double calib_horizon, uint64_t seed)
+static int cmd_tune(double horizon, double calib_horizon, uint64_t seed, double step_cv, double bw)
 {
     calib k = {0};
     calibrate(seed, calib_horizon, &k);
@@ -393,7 +396,8 @@ static int cmd_tune(double horizon, double calib_horizon, uint64_t seed)
     double bg = 0;
     dl_sim_result br = {0}, b0 = {0};
     printf("tuning at 1.2M chips, M=8, %.0f s simulated per setting (calibrated: dp R=%.0f, elastic resize_s=%.3f "
-           "repair_s=%.0f)\n", horizon, k.R, k.resize, k.rep);
+           "repair_s=%.0f); step_cv %.2f, %.0f Mbit/s per site\n", horizon, k.R, k.resize, k.rep,
+           step_cv >= 0 ? step_cv : 0.05, bw > 0 ? bw : 100000.0);
     printf("%7s %11s %13s | %8s %8s %10s %9s %10s\n", "quorum", "grace_steps", "max_staleness", "goodput", "quality",
            "gp*quality", "per_merge", "staleness");
     for (int qi = 0; qi < 5; qi++)
@@ -403,6 +407,9 @@ static int cmd_tune(double horizon, double calib_horizon, uint64_t seed)
                 apply_calib(c, &k);
                 c->chips = 1200000;
                 c->learners = 8;
+                if (step_cv >= 0) c->step_cv = step_cv;
+                if (bw > 0)
+                    for (int d = 0; d < c->n_sites; d++) c->bandwidth_mbit[d] = bw;
                 c->policy.quorum = Q[qi];
                 c->policy.tau_steps = G[gi];
                 c->policy.max_staleness = S[si];
@@ -444,7 +451,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "paper") || !strcmp(cmd, "tune")) {
-        double horizon = 86400, ch = 7 * 86400, seed = 1;
+        double horizon = 86400, ch = 7 * 86400, seed = 1, cv = -1, bw = 0;
         if (!strcmp(cmd, "tune")) horizon = 21600;
         for (int i = 2; i < argc; i++) {
             if (!strcmp(argv[i], "--horizon_s") && i + 1 < argc) {
@@ -453,12 +460,16 @@ int main(int argc, char **argv)
                 if (num_arg("--calib_horizon_s", argv[++i], 3600, 365 * 86400, &ch)) return 2;
             } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
                 if (num_arg("--seed", argv[++i], 0, 9e15, &seed)) return 2;
+            } else if (!strcmp(cmd, "tune") && !strcmp(argv[i], "--step_cv") && i + 1 < argc) {
+                if (num_arg("--step_cv", argv[++i], 0, 2, &cv)) return 2;
+            } else if (!strcmp(cmd, "tune") && !strcmp(argv[i], "--bandwidth_mbit") && i + 1 < argc) {
+                if (num_arg("--bandwidth_mbit", argv[++i], 1, 1e9, &bw)) return 2;
             } else {
                 fprintf(stderr, "dloco-sim: %s: unknown or incomplete option '%s'\n", cmd, argv[i]);
                 return 2;
             }
         }
-        return !strcmp(cmd, "paper") ? cmd_paper(horizon, ch, (uint64_t)seed) : cmd_tune(horizon, ch, (uint64_t)seed);
+        return !strcmp(cmd, "paper") ? cmd_paper(horizon, ch, (uint64_t)seed) : cmd_tune(horizon, ch, (uint64_t)seed, cv, bw);
     }
     fprintf(stderr, "dloco-sim: unknown command '%s'\n", cmd);
     usage(stderr);

@@ -205,6 +205,28 @@ static void test_policy_driven(void)
           (unsigned long long)r8.dropped, r8.goodput_frac, r0.goodput_frac);
     buckets_sum(&r0);
     buckets_sum(&r8);
+    /* the learner's hold rule: a push of f waits until the previous one is decided (merged and adopted); a
+     * commit slower than the period (merge_s 1.5 s, period 1 s) spaces the pushes out, and no push is ever
+     * replaced in an open round */
+    c.step_cv = 0;
+    c.merge_s = 0;
+    dl_sim_result fast, slow;
+    REQUIRE(dl_sim_run(&c, &fast) == 0, "run: %s", dl_errmsg());
+    c.merge_s = 1.5;
+    REQUIRE(dl_sim_run(&c, &slow) == 0, "run: %s", dl_errmsg());
+    CHECK(fast.pushes >= 4 * 2 * 590 && slow.pushes < fast.pushes * 7 / 10,
+          "pushes: %llu with a fast commit, %llu with one slower than the period", (unsigned long long)fast.pushes,
+          (unsigned long long)slow.pushes);
+    CHECK(fast.pstats.replaced == 0 && slow.pstats.replaced == 0, "replaced %llu / %llu",
+          (unsigned long long)fast.pstats.replaced, (unsigned long long)slow.pstats.replaced);
+    /* adopt = keep loses nothing at an Update; overwrite drops the progress since the push */
+    for (int i = 0; i < 4; i++) c.adopt_overwrite[i] = 1;
+    dl_sim_result ow;
+    REQUIRE(dl_sim_run(&c, &ow) == 0, "run: %s", dl_errmsg());
+    CHECK(ow.goodput < slow.goodput * 0.5 && slow.wasted / slow.provisioned < 0.02,
+          "overwrite goodput %.3f vs keep %.3f (keep wasted %.4f)", ow.goodput_frac, slow.goodput_frac,
+          slow.wasted / slow.provisioned);
+    buckets_sum(&ow);
 }
 
 static void refused(dl_sim_cfg *c, const char *want)
@@ -242,6 +264,8 @@ static void test_refusals(void)
     c.site_of[0] = 5, refused(&c, "site 5");
     c.liveness = 0, refused(&c, "liveness");
     c.merge_s = -1, refused(&c, "merge_s");
+    c.update_s = -1, refused(&c, "update_s");
+    c.step_overhead_s = -1, refused(&c, "step_overhead_s");
     c.n_kill = 1, c.kill[0] = (dl_sim_kill){99, 0, 1}, refused(&c, "kill 0");
     c.n_fail_at = 2, c.fail_at[0] = 5, c.fail_at[1] = 1, refused(&c, "non-decreasing");
     c.policy.kind = DL_POLICY_SYNC, refused(&c, "only the decoupled policy");
