@@ -28,6 +28,10 @@ expect 2 "crashloop.sh: at most 2 arguments" bash bench/crashloop.sh 1 2 3
 expect 2 "learner.sh: steps must be a number" bash bench/learner.sh many
 expect 2 "fuzz.sh: seconds must be a number" bash bench/fuzz.sh soon
 expect 2 "codec.sh: floats must be a number" bash bench/codec.sh lots
+# bench/sim.sh (dloco-sim's paper study)
+expect 0 "bench/sim.sh --help" bash bench/sim.sh --help
+expect 2 "bench/sim.sh --no-such-option" bash bench/sim.sh --no-such-option
+expect 2 "bench/sim.sh takes no arguments" bash bench/sim.sh extra
 expect 2 "local_cluster.sh --learners without a value" bash deploy/local_cluster.sh --learners
 for s in tests/test_cluster.sh tests/test_refusals.sh tests/test_chaos.sh; do
   expect 0 "$s --help (starts nothing)" bash "$s" --help
