@@ -313,9 +313,10 @@ expect2 "sbatch script: outside a job" env -u SLURM_JOB_ID bash "$SB" --connect 
 expect2 "sbatch script: data shards that do not fit" env SLURM_JOB_ID=1 SLURM_NTASKS=4 bash "$SB" --connect tcp://x:1 --data-shards 2 --config deploy/site/learner.ini --learner "$LEARNER"
 expect2 "sbatch script: an unknown option" env SLURM_JOB_ID=1 bash "$SB" --frobnicate
 expect2 "run-by-hand.sh: an unknown option" bash deploy/slurm/run-by-hand.sh --frobnicate
+expect2 "requeue-by-hand.sh: an unknown option" bash deploy/slurm/requeue-by-hand.sh --frobnicate
 expect2 "private-slurm.sh: no DIR" bash deploy/slurm/private-slurm.sh start
 expect2 "private-slurm.sh: --port out of range" bash deploy/slurm/private-slurm.sh start "$T/ps" --port 80
-for s in "$SB" deploy/slurm/run-by-hand.sh deploy/slurm/private-slurm.sh deploy/container/entrypoint.sh; do
+for s in "$SB" deploy/slurm/run-by-hand.sh deploy/slurm/requeue-by-hand.sh deploy/slurm/private-slurm.sh deploy/container/entrypoint.sh; do
   check "$s --help prints its usage" eval '[ -n "$(bash "$s" --help 2>&1)" ] && bash "$s" --help > /dev/null 2>&1'
 done
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Learners as Slurm job steps: a private single-node Slurm on this machine
 # (deploy/slurm/private-slurm.sh: munged, slurmctld, slurmd as processes of
-# this test, own dirs and ports, no cgroups), a local dloco-sync, and
+# this test, own dirs and ports, no cgroups), a local dloco-sync with CURVE
+# keys from dloco keygen, and
 # deploy/slurm/dloco-learners.sbatch submitted with sbatch: 2 learners as srun
 # job steps. Both learners' pushes merge. `scancel JOB.STEP` kills sl-1's step
 # (SIGKILL, like a lost node): the synchronizer declares it dead, merges go on
