@@ -28,6 +28,7 @@ PKGS=(
   prometheus                              # promtool and the server: tests/test_metrics.sh, tests/test_prometheus.sh
   curl                                    # tests/test_metrics.sh: scrapes and hostile HTTP requests
   yamllint                                # tests/test_deploy_files.sh: the Kubernetes manifests in deploy/k8s
+  nftables                                # tests/test_deploy_files.sh: nft -c on deploy/firewall (no daemon is started)
 )
 WITH_TORCH=0
 WITH_SLURM=0

@@ -10,7 +10,7 @@
 # consistency of the manifests (python3-yaml: selectors, services, probes on
 # named ports, referenced Secrets / ConfigMap keys / volumes, non-root);
 # `systemd-analyze verify` on the units (binary paths pointed at the build),
-# with a typo'd copy that it must flag; the Containerfile's COPY sources,
+# with a typo'd copy that it must flag; `nft -c` on deploy/firewall; the Containerfile's COPY sources,
 # user and ports (`docker build` only where a daemon answers). The argument
 # refusals of the deploy scripts. Prints `not checked: ...` for what a
 # missing tool left out; SKIP (77) only when nothing but the flags could run.
@@ -281,7 +281,21 @@ else
   not_checked "kubectl is not installed: kustomize build and client dry-run of deploy/k8s"
 fi
 
-# ---- 5. the container file
+# ---- 5. the firewall rules of docs/DEPLOY.md
+if command -v nft > /dev/null; then
+  ran_tools=$((ran_tools + 1))
+  out=$(nft -c -f deploy/firewall/dloco-sync.nft 2>&1); rc=$?
+  if [ "$rc" = 0 ]; then echo "ok: nft -c -f deploy/firewall/dloco-sync.nft"
+  elif echo "$out" | grep -q -i -e 'Operation not permitted' -e 'cache initialization failed'; then
+    not_checked "nft -c cannot talk to netfilter here ($(echo "$out" | head -n 1 | cut -c1-100))"
+  else echo "FAIL: nft -c -f deploy/firewall/dloco-sync.nft: $out"; fail=1; fi
+  sed 's/ accept$/ acept/' deploy/firewall/dloco-sync.nft > "$T/typo.nft"
+  check "nft -c refuses a misspelt verb (control)" eval '! nft -c -f "$T/typo.nft" > /dev/null 2>&1'
+else
+  not_checked "nft (nftables) is not installed (deploy/setup.sh installs it): the firewall rules" ci
+fi
+
+# ---- 6. the container file
 CF=deploy/container/Containerfile
 check "Containerfile: Debian 12 base" grep -q '^FROM debian:12' "$CF"
 check "Containerfile: builds with deploy/setup.sh" grep -q 'deploy/setup.sh' "$CF"
@@ -302,7 +316,7 @@ else
   not_checked "docker build of $CF: no container daemon answers here (hadolint is not packaged either)"
 fi
 
-# ---- 6. the scripts' own argument refusals (exit 2, before anything runs)
+# ---- 7. the scripts' own argument refusals (exit 2, before anything runs)
 expect2() { local d=$1 rc; shift; "$@" > /dev/null 2>&1; rc=$?; check "$d (exit 2, got $rc)" [ "$rc" = 2 ]; }
 SB=deploy/slurm/dloco-learners.sbatch
 expect2 "sbatch script: no --connect" env SLURM_JOB_ID=1 bash "$SB" --config deploy/site/learner.ini
@@ -320,8 +334,8 @@ for s in "$SB" deploy/slurm/run-by-hand.sh deploy/slurm/requeue-by-hand.sh deplo
   check "$s --help prints its usage" eval '[ -n "$(bash "$s" --help 2>&1)" ] && bash "$s" --help > /dev/null 2>&1'
 done
 
-echo "checked with the tools here: $ran_tools of 5 (systemd-analyze, python3-yaml, yamllint, kubectl, docker)"
+echo "checked with the tools here: $ran_tools of 6 (systemd-analyze, python3-yaml, yamllint, kubectl, nft, docker)"
 for n in "${NOTCHECKED[@]}"; do echo "  not checked: $n"; done
 [ "$fail" = 0 ] || { echo "FAIL: deploy files"; exit 1; }
-[ "$ran_tools" -gt 0 ] || { echo "SKIP: none of systemd-analyze, python3-yaml, yamllint, kubectl, docker is here (the flags were checked)"; exit 77; }
+[ "$ran_tools" -gt 0 ] || { echo "SKIP: none of systemd-analyze, python3-yaml, yamllint, kubectl, nft, docker is here (the flags were checked)"; exit 77; }
 echo "PASS: deploy files"
