@@ -1,8 +1,11 @@
 #!/bin/bash
 # Install every Debian package dloco's build, tests and demo need (idempotent).
-# Usage: deploy/setup.sh [--with-torch] [--force]
+# Usage: deploy/setup.sh [--with-torch] [--with-slurm] [--force]
 #   --with-torch  also install python3-torch (benchmarks, tests/ref, and test_export's
 #                 PyTorch checks; tests/run.sh passes it)
+#   --with-slurm  also install slurm-wlm and munge (tests/test_slurm.sh runs a private
+#                 single-node Slurm; without them it SKIPs). Not by default: on a host
+#                 with systemd their packages enable and start system daemons
 #   --force       run apt-get update + install even if everything is present
 # Nothing is fetched from anywhere but the Debian archive.
 set -euo pipefail
@@ -24,18 +27,23 @@ PKGS=(
   libmicrohttpd-dev                       # /metrics and /status.json endpoints (core/httpd.c)
   prometheus                              # promtool and the server: tests/test_metrics.sh, tests/test_prometheus.sh
   curl                                    # tests/test_metrics.sh: scrapes and hostile HTTP requests
+  yamllint                                # tests/test_deploy_files.sh: the Kubernetes manifests in deploy/k8s
+  nftables                                # tests/test_deploy_files.sh: nft -c on deploy/firewall (no daemon is started)
 )
 WITH_TORCH=0
+WITH_SLURM=0
 FORCE=0
 for a in "$@"; do
   case "$a" in
     --with-torch) WITH_TORCH=1 ;;
+    --with-slurm) WITH_SLURM=1 ;;
     --force) FORCE=1 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument '$a' (try --help)" >&2; exit 2 ;;
   esac
 done
 if [ "$WITH_TORCH" = 1 ]; then PKGS+=(python3-torch python3-numpy); fi
+if [ "$WITH_SLURM" = 1 ]; then PKGS+=(slurm-wlm munge); fi
 
 missing=()
 for p in "${PKGS[@]}"; do
