@@ -16,7 +16,10 @@
 
 #include "check.h"
 #include "core/err.h"
+#include "core/model.h"
 #include "core/plan.h"
+#include "learner/mailbox.h"
+#include "learner/node.h"
 #include "learner/pressure.h"
 #include "learner/timing.h"
 
@@ -452,8 +455,81 @@ static void test_source(void)
     printf("ok: pressure source: file and loopback HTTP, refusals named, last good kept, stale is unknown\n");
 }
 
+/* ---- the node's hook (dl_node_opts.due) */
+
+typedef struct {
+    int calls[64][8];  /* [step][p] */
+    dl_timing *t;
+} hook_ctx;
+
+static int hook(void *ctx, int64_t step, int p, int H)
+{
+    hook_ctx *h = ctx;
+    if (step < 64) h->calls[step][p]++;
+    return dl_timing_due(h->t, step, p, H, NULL);
+}
+
+static void test_node_hook(void)
+{
+    dl_model_config mc = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 16};
+    enum { NP = 4, NH = 4 };
+    dl_plan *plan;
+    REQUIRE(dl_model_plan_open(&mc, NP, &plan) == 0, "plan: %s", dl_errmsg());
+    size_t total = dl_plan_total_numel(plan);
+    float *theta = calloc(total, sizeof(float)), *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    static const int policies[] = {DL_TIMING_FIXED, DL_TIMING_WA};
+    for (int k = 0; k < 2; k++) {
+        dl_mailbox *mb;
+        REQUIRE(dl_mailbox_open(plan, &mb) == 0, "mailbox: %s", dl_errmsg());
+        static hook_ctx h;
+        memset(&h, 0, sizeof h);
+        dl_timing_cfg c;
+        dl_timing_defaults(&c, (dl_timing_kind)policies[k], NP, NH);
+        c.h_min = 2, c.h_max = 9;
+        REQUIRE(dl_timing_open(&c, &h.t) == 0, "%s", dl_errmsg());
+        dl_node_opts o = {.plan = plan, .params = theta, .adopt = DL_ADOPT_OVERWRITE, .alpha = 0.5f,
+                          .push_decision_timeout_ms = -1, .due = hook, .due_ctx = &h};
+        dl_node *n;
+        REQUIRE(dl_node_open(&o, mb, &n) == 0, "node: %s", dl_errmsg());
+        CHECK(dl_node_after_step(n, 1, NH, 8, 1.0, 0.0) == 0 && h.calls[1][0] == 0, "asked about unheld fragments");
+        for (int p = 0; p < NP; p++) dl_mailbox_put_update(mb, p, 1, 1, g, dl_plan_fragment_numel(plan, p));
+        REQUIRE(dl_node_poll(n) == NP, "fetch");
+        int ok = 1, pushes = 0, decided = 0;
+        float *d = dl_mailbox_buf_alloc(mb);
+        for (int64_t s = 2; s < 60; s++) {
+            theta[s % total] += 0.5f;
+            dl_pressure_sample x = {.known = 1, .rate = (s >= 20 && s < 35) ? 1000 : 10};
+            dl_timing_observe(h.t, s, &x, 2.0);
+            int64_t before = 0;
+            for (int p = 0; p < NP; p++) before += dl_timing_pushes(h.t, p);
+            int r = dl_node_after_step(n, s, NH, 8, 2.0, 0.0);
+            int64_t after = 0;
+            for (int p = 0; p < NP; p++) {
+                after += dl_timing_pushes(h.t, p);
+                ok &= h.calls[s][p] == 1;
+                dl_mailbox_push ph;
+                pushes += dl_mailbox_take_push(mb, p, &ph, &d);
+            }
+            ok &= r == (int)(after - before);
+            decided += (int)(after - before);
+        }
+        CHECK(ok, "%s: the hook was not asked once per held fragment per step, or pushes differ from decisions",
+              dl_timing_name(c.kind));
+        CHECK(pushes == decided && decided > 10, "%s: %d pushes posted, %d decided", dl_timing_name(c.kind), pushes,
+              decided);
+        free(d);
+        dl_node_close(&n);
+        dl_mailbox_close(&mb);
+        dl_timing_close(&h.t);
+    }
+    free(theta), free(g);
+    dl_plan_close(&plan);
+    printf("ok: node hook: asked once per held fragment per step, a decision is a push (fixed, wa)\n");
+}
+
 int main(void)
 {
+    test_node_hook();
     test_fixed();
     test_wa();
     test_forecast();
