@@ -1070,6 +1070,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     if (S > 0 && (rc = dl_shard_check(dl_plan_P(plan), 0, S)))
         S = dl_err(DL_EINVAL, "option connect: %d shards: %s", S, dl_errmsg());
     if (S < 0) {
+        timing_finish(&tmg, 0);
         dl_mailbox_close(&mb);
         dl_plan_close(&plan);
         return fail("bad configuration", S);
@@ -1109,6 +1110,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     if (rc) {
         close_sessions(comms, S);
         dl_mailbox_close(&mb);
+        timing_finish(&tmg, 0);
         dl_plan_close(&plan);
         return fail("setting up the connection", rc);
     }
@@ -1122,6 +1124,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         if ((rc = dl_gptc_xfer_open(dl_trainer_gptc(tr), plan, &xfer))) {
             close_sessions(comms, S);
             dl_mailbox_close(&mb);
+            timing_finish(&tmg, 0);
             dl_plan_close(&plan);
             return fail("setting up the GPU fragment copies", rc);
         }
@@ -1154,6 +1157,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
 #ifdef DLOCO_HAVE_CUDA
         dl_gptc_xfer_close(&xfer);
 #endif
+        timing_finish(&tmg, 0);
         dl_plan_close(&plan);
         return r;
     }
