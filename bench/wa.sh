@@ -172,11 +172,16 @@ def run(regime, seed, pol):
             n += 1
             v += (ok != '1') or float(lat) > slo * 1e3
     losses = [float.fromhex(l.split()[1]) for l in open(os.path.join(d, 'loss.txt'))]
-    pushes = sum(1 for l in open(os.path.join(d, 'trace.txt')) if l.startswith('d ')) if pol != 'nosync' else 0
+    per_step = {}
+    if pol != 'nosync':
+        for l in open(os.path.join(d, 'trace.txt')):
+            if l.startswith('d '): per_step[l.split()[1]] = per_step.get(l.split()[1], 0) + 1
+    pushes = sum(per_step.values())
+    multi = 100.0 * sum(k for k in per_step.values() if k > 1) / pushes if pushes else 0.0
     dec = events(os.path.join(d, 'ev-learner.log'), 'sync_timing')
     hi = sum(1 for e in dec if float(e['rate']) > rate_ref) if dec else 0
     return dict(rate=100.0 * v / n if n else float('nan'), n=n, win=(t1 - t0) / 1e9,
-                loss=sum(losses[-20:]) / len(losses[-20:]), pushes=pushes,
+                loss=sum(losses[-20:]) / len(losses[-20:]), pushes=pushes, multi=multi,
                 hi=100.0 * hi / len(dec) if dec else float('nan'))
 
 def signflip(d):
@@ -195,7 +200,8 @@ for regime in regimes:
         print(f'  {p:12s} {sum(rs)/len(rs):7.2f}   [' + ' '.join(f'{x:.2f}' for x in rs) + ']'
               f'   pushes {sum(r["pushes"] for r in R[p]) / nseeds:.0f}  requests {sum(r["n"] for r in R[p]) / nseeds:.0f}'
               f'  training {sum(r["win"] for r in R[p]) / nseeds:.1f} s'
-              + (f'  decisions at rate > {rate_ref:g}/s: {sum(r["hi"] for r in R[p]) / nseeds:.1f}%' if p != 'nosync' else ''))
+              + (f'  decisions at rate > {rate_ref:g}/s: {sum(r["hi"] for r in R[p]) / nseeds:.1f}%'
+                 f'  in a step with another: {sum(r["multi"] for r in R[p]) / nseeds:.1f}%' if p != 'nosync' else ''))
     fx = [r['loss'] for r in R['fixed']]
     print(f'  training loss (mean of the last 20 steps) vs fixed {sum(fx)/len(fx):.4f}:')
     for p in POL:

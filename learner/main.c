@@ -84,7 +84,7 @@ typedef struct {
     char byzantine[DL_CFG_STRLEN];
     /* sync timing (learner/timing.h, docs/SYNC_TIMING.md) */
     char sync_timing[DL_CFG_STRLEN];
-    int64_t h_min, h_max, timing_seed, oracle_window;
+    int64_t h_min, h_max, timing_seed, oracle_window, wa_max_per_step;
     double wa_w_stale, wa_w_loss, wa_w_rate, wa_w_link, wa_w_ckpt, wa_rate_ref, wa_fc_alpha, wa_fc_beta;
     char pressure[DL_CFG_STRLEN], timing_trace_in[DL_CFG_STRLEN], timing_trace_out[DL_CFG_STRLEN];
     int64_t pressure_poll_ms, pressure_timeout_ms, pressure_stale_ms;
@@ -245,6 +245,9 @@ static const dl_cfg_entry learner_table[] = {
     {"wa_w_ckpt", DL_CFG_FLOAT, F(wa_w_ckpt), 0.0, 1e6, "1", NULL, 0, "wa score: weight of checkpoint activity"},
     {"wa_rate_ref", DL_CFG_FLOAT, F(wa_rate_ref), 1e-6, 1e9, "50", NULL, 0,
      "wa score: the serving request rate that is no pressure yet", "requests/s"},
+    {"wa_max_per_step", DL_CFG_INT, F(wa_max_per_step), 0, 4096, "0", NULL, 0,
+     "wa: at most this many unforced push decisions per step (0 = ceil(fragments / H), the fixed schedule's peak)",
+     "pushes"},
     {"wa_fc_alpha", DL_CFG_FLOAT, F(wa_fc_alpha), 1e-6, 1.0, "0.5", NULL, 0, "wa_forecast: EWMA weight of the level"},
     {"wa_fc_beta", DL_CFG_FLOAT, F(wa_fc_beta), 1e-6, 1.0, "0.3", NULL, 0, "wa_forecast: EWMA weight of the trend"},
     {"pressure", DL_CFG_STR, F(pressure), 0, 0, "", NULL, 0,
@@ -979,6 +982,7 @@ static int timing_start(timing_ctx *tc, int P, int H)
     c.trace = tc->ptrace;
     c.trace_len = tc->tsteps;
     c.window = (int)cfg->oracle_window;
+    c.max_per_step = (int)cfg->wa_max_per_step;
     int rc = dl_timing_open(&c, &tc->t);
     if (rc) return dl_err(rc, "option sync_timing %s at H=%d: %s", cfg->sync_timing, H, dl_errmsg());
     char ev_src[DL_CFG_STRLEN + 8];

@@ -25,6 +25,8 @@ struct dl_timing {
     double loss_ewma;     /* NAN until the first finite loss */
     double level, trend, forecast; /* Holt on the rate; NAN until the first known rate */
     double press;         /* pressure term of the last observe; NAN when unknown */
+    int64_t cur_step;     /* wa: the step of the decisions counted in cur_n */
+    int cur_n, quota;
 };
 
 static const char *const names[] = {"fixed", "wa", "wa_forecast", "matched_random", "oracle"};
@@ -202,6 +204,8 @@ int dl_timing_open(const dl_timing_cfg *c, dl_timing **out)
             if (!finite_nonneg(w[i])) return dl_err(DL_EINVAL, "sync_timing: weight %s %g must be finite and >= 0", wn[i], w[i]);
         if (!(isfinite(c->rate_ref) && c->rate_ref > 0))
             return dl_err(DL_EINVAL, "sync_timing: rate_ref %g must be finite and > 0", c->rate_ref);
+        if (c->max_per_step < 0 || c->max_per_step > c->P)
+            return dl_err(DL_EINVAL, "sync_timing: max_per_step %d outside [0, P = %d]", c->max_per_step, c->P);
         if (!(c->fc_alpha > 0 && c->fc_alpha <= 1 && c->fc_beta > 0 && c->fc_beta <= 1))
             return dl_err(DL_EINVAL, "sync_timing: forecast alpha %g / beta %g must be in (0, 1]", c->fc_alpha, c->fc_beta);
     }
@@ -229,6 +233,7 @@ int dl_timing_open(const dl_timing_cfg *c, dl_timing **out)
     t->c.trace = NULL;
     t->f = dl_xcalloc((size_t)c->P, sizeof *t->f);
     t->loss_ewma = t->level = t->trend = t->forecast = t->press = NAN;
+    t->quota = c->max_per_step ? c->max_per_step : (c->P + c->H - 1) / c->H;
     dl_rng rng;
     dl_rng_seed(&rng, c->seed);
     for (int p = 0; p < c->P; p++) {
@@ -320,13 +325,17 @@ int dl_timing_due(dl_timing *t, int64_t step, int p, int H, dl_timing_decision *
     default: {
         const dl_timing_cfg *c = &t->c;
         int64_t e = z.elapsed;
+        if (t->cur_step != step) t->cur_step = step, t->cur_n = 0;
         if (e < c->h_min) break;
         if (e >= c->h_max) {
             z.push = z.forced = 1;
+            t->cur_n++;
             break;
         }
+        if (t->cur_n >= t->quota) break; /* this step's quota is spent: a later step */
         if (isnan(t->press)) { /* pressure unknown: the fixed period */
             z.push = e >= c->H;
+            t->cur_n += z.push;
             break;
         }
         double prog = c->w_stale * (double)(e - c->H) / (double)(c->h_max - c->h_min);
@@ -334,6 +343,7 @@ int dl_timing_due(dl_timing *t, int64_t step, int p, int H, dl_timing_decision *
             prog += c->w_loss * (f->loss_ref - t->loss_ewma) / f->loss_ref;
         z.score = prog - t->press;
         z.push = z.score >= 0;
+        t->cur_n += z.push;
     }
     }
     if (z.push) decided(t, f, step);

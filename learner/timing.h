@@ -46,7 +46,11 @@
  * loss_now is an EWMA of the step losses (weight 0.1 on the newest), and the
  * loss term is 0 until p has a push decision with a known loss. With no
  * pressure and flat loss the score is 0 at e = H: a calm workload gets the
- * fixed period. Falling loss pulls a push earlier (never before H_min),
+ * fixed period. At most max_per_step unforced decisions are made per step
+ * (default ceil(P/H), the fixed schedule's own peak), in fragment order; a
+ * fragment over the quota waits for a later step (its score only grows).
+ * Without the quota every fragment a burst held back would push at the same
+ * step, the first calm one, exactly when the service drains its backlog. Falling loss pulls a push earlier (never before H_min),
  * pressure pushes it later (never past H_max). At e >= H_max the push is
  * forced. Pressure unknown (no good sample from the source,
  * learner/pressure.h): the pressure term is not used and the push is made at
@@ -97,6 +101,7 @@ typedef struct {
     const double *trace; /* oracle: [trace_len] pressure per step (copied); finite, >= 0 */
     int64_t trace_len;
     int window;         /* oracle: steps a push overlaps, >= 1 */
+    int max_per_step;   /* wa: unforced push decisions per step at most this many, [0, P]; 0 = ceil(P/H) */
 } dl_timing_cfg;
 
 /* One due decision (dl_timing_due). */

@@ -105,6 +105,22 @@ static void test_wa(void)
     CHECK(feas, "wa decisions outside the corridor");
     CHECK(inside == 0, "%d unforced wa pushes inside the burst", inside);
     dl_timing_close(&t);
+    /* after the burst the held-back fragments do not all go at once: at most ceil(P/H) = 1 unforced per step */
+    REQUIRE(dl_timing_open(&c, &t) == 0, "%s", dl_errmsg());
+    int most = 0;
+    for (int64_t s = 1; s <= 200; s++) {
+        dl_pressure_sample x = {.known = 1, .rate = burst(s)};
+        dl_timing_observe(t, s, &x, 3.0);
+        int k = 0;
+        dl_timing_decision dd;
+        for (int p = 0; p < 4; p++) k += dl_timing_due(t, s, p, 8, &dd) && !dd.forced;
+        if (k > most) most = k;
+    }
+    CHECK(most == 1, "%d unforced decisions in one step", most);
+    dl_timing_close(&t);
+    c.max_per_step = 5;
+    CHECK(dl_timing_open(&c, &t) == DL_EINVAL && strstr(dl_errmsg(), "max_per_step"), "%s", dl_errmsg());
+    c.max_per_step = 0;
     /* endless pressure: always by H_max, never before H_min */
     dl_timing_defaults(&c, DL_TIMING_WA, 3, 6);
     c.h_min = 3, c.h_max = 11;
