@@ -18,15 +18,15 @@
 # helps), tested across seeds by the exact paired sign-flip permutation test (two-sided, all 2^n sign
 # assignments of the per-seed differences; n seeds give p >= 2/2^n). Last line, for the bursty regime:
 #   wa_forecast_gain_vs_matched_random_pp: X (p=Y)
-# Knobs (env): REGIMES ("steady bursty aperiodic"), SEEDS (4), DUR_S (15: load seconds per run), STEPS (the
+# Knobs (env): REGIMES ("steady bursty aperiodic"), SEEDS (4), DUR_S (12: load seconds per run), STEPS (the
 # learner's steps; 0 = sized from a calibration run to outlast DUR_S), RATE (30 req/s), BURST_X (5),
 # PERIOD_S (5), DUTY (0.3), SLO_MS (20), WORK_ITERS (400000), H (8), P (4), HMIN (4), HMAX (24),
-# CPU (0), LGCPU (1), KEEP_W (keep the work folder). Defaults: 3 x 4 x 7 runs of ~20 s, ~28 min on 2 cores.
+# CPU (0), LGCPU (1), KEEP_W (keep the work folder). Defaults: 3 x 4 x 7 runs of ~15 s (runs at DUR_S=8 took 11-17 s), ~20-25 min on 2 cores.
 . "$(dirname "$0")/../tests/lib_args.sh"
 dl_args 0 "$@"
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-REGIMES=${REGIMES:-steady bursty aperiodic} SEEDS=${SEEDS:-4} DUR_S=${DUR_S:-15} STEPS=${STEPS:-0}
+REGIMES=${REGIMES:-steady bursty aperiodic} SEEDS=${SEEDS:-4} DUR_S=${DUR_S:-12} STEPS=${STEPS:-0}
 RATE=${RATE:-30} BURST_X=${BURST_X:-5} PERIOD_S=${PERIOD_S:-5} DUTY=${DUTY:-0.3} SLO_MS=${SLO_MS:-20}
 WORK_ITERS=${WORK_ITERS:-400000} H=${H:-8} P=${P:-4} HMIN=${HMIN:-4} HMAX=${HMAX:-24} CPU=${CPU:-0} LGCPU=${LGCPU:-1}
 for v in SEEDS DUR_S STEPS WORK_ITERS H P HMIN HMAX CPU LGCPU; do dl_args_number "$v" "${!v}"; done
