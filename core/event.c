@@ -89,14 +89,16 @@ void dl_event_close(void)
 /* Events echoed on stderr at debug rather than info: one per push, ack,
  * update, adopt or merged contribution, and those that can come once per
  * message or per round (an ignored heartbeat, a clipped push, a refused or
- * rate-limited Hello retried, a barrier wait), so an info log stays readable
+ * rate-limited Hello retried, a barrier wait, a sync-timing decision, a refused
+ * pressure read or sidecar request), so an info log stays readable
  * at any fleet size (docs/EVENTS.md "On stderr"). */
 static int echo_level(const char *name)
 {
     static const char *debug[] = {"push",           "ack",          "update",       "adopt",
                                   "merge_contrib",  "update_resumed", "update_restarted", "heartbeat_ignored",
                                   "push_clipped",   "auth_refused", "hello_limited", "learner_duplicate",
-                                  "barrier_wait",   "update_base"};
+                                  "barrier_wait",   "update_base",  "sync_timing",  "pressure_refused",
+                                  "serve_refused"};
     for (size_t i = 0; i < sizeof debug / sizeof debug[0]; i++)
         if (!strcmp(name, debug[i])) return DL_LOG_DEBUG;
     return DL_LOG_INFO;

@@ -13,6 +13,8 @@
 #include "learner/comms.h"
 #include "learner/metrics.h"
 #include "learner/node.h"
+#include "learner/pressure.h"
+#include "learner/timing.h"
 #include "learner/train.h"
 #include "proto/auth.h"
 #include "storage/modelfile.h"
@@ -80,6 +82,12 @@ typedef struct {
     int64_t max_version_jump;
     char server_key[DL_CFG_STRLEN], key_file[DL_CFG_STRLEN];
     char byzantine[DL_CFG_STRLEN];
+    /* sync timing (learner/timing.h, docs/SYNC_TIMING.md) */
+    char sync_timing[DL_CFG_STRLEN];
+    int64_t h_min, h_max, timing_seed, oracle_window, wa_max_per_step;
+    double wa_w_stale, wa_w_loss, wa_w_rate, wa_w_link, wa_w_ckpt, wa_rate_ref, wa_fc_alpha, wa_fc_beta;
+    char pressure[DL_CFG_STRLEN], timing_trace_in[DL_CFG_STRLEN], timing_trace_out[DL_CFG_STRLEN];
+    int64_t pressure_poll_ms, pressure_timeout_ms, pressure_stale_ms;
     /* not rows: resolved from the rows above at start (resolve_networked) */
     int byz_on;
     double byz_scale;
@@ -219,6 +227,48 @@ static const dl_cfg_entry learner_table[] = {
      "for robustness benchmarks only: corrupt this learner's own pushes (the synchronizer's guards must contain "
      "it): none, scale:K (every pushed delta times K, K finite in [-1e6, 1e6]) or flip (negated); training stays "
      "honest"},
+    /* sync timing (docs/SYNC_TIMING.md) */
+    {"sync_timing", DL_CFG_ENUM, F(sync_timing), 0, 0, "fixed", "fixed|wa|wa_forecast|matched_random|oracle", 0,
+     "when a fragment is pushed: fixed (every H steps, staggered), wa (workload-aware: inside [h_min, h_max] when "
+     "progress outweighs --pressure), wa_forecast (wa with a one-step rate forecast), matched_random / oracle (the "
+     "control and the offline bound of a bench: need --timing_trace_in from a run of the policy under test)"},
+    {"h_min", DL_CFG_INT, F(h_min), 0, 1000000, "0", NULL, 0,
+     "sync_timing other than fixed: no push of a fragment sooner than this after its last (0 = max(1, H/2))", "steps"},
+    {"h_max", DL_CFG_INT, F(h_max), 0, 1000000, "0", NULL, 0,
+     "sync_timing other than fixed: a push of a fragment at the latest this long after its last (0 = 2H)", "steps"},
+    {"wa_w_stale", DL_CFG_FLOAT, F(wa_w_stale), 0.0, 1e6, "1", NULL, 0, "wa score: weight of the steps since the last push"},
+    {"wa_w_loss", DL_CFG_FLOAT, F(wa_w_loss), 0.0, 1e6, "0.5", NULL, 0,
+     "wa score: weight of the relative training-loss decrease since the last push"},
+    {"wa_w_rate", DL_CFG_FLOAT, F(wa_w_rate), 0.0, 1e6, "1", NULL, 0,
+     "wa score: weight of the serving request rate above wa_rate_ref (relative)"},
+    {"wa_w_link", DL_CFG_FLOAT, F(wa_w_link), 0.0, 1e6, "1", NULL, 0, "wa score: weight of the link utilisation"},
+    {"wa_w_ckpt", DL_CFG_FLOAT, F(wa_w_ckpt), 0.0, 1e6, "1", NULL, 0, "wa score: weight of checkpoint activity"},
+    {"wa_rate_ref", DL_CFG_FLOAT, F(wa_rate_ref), 1e-6, 1e9, "50", NULL, 0,
+     "wa score: the serving request rate that is no pressure yet", "requests/s"},
+    {"wa_max_per_step", DL_CFG_INT, F(wa_max_per_step), 0, 4096, "0", NULL, 0,
+     "wa: at most this many unforced push decisions per step (0 = ceil(fragments / H), the fixed schedule's peak)",
+     "pushes"},
+    {"wa_fc_alpha", DL_CFG_FLOAT, F(wa_fc_alpha), 1e-6, 1.0, "0.5", NULL, 0, "wa_forecast: EWMA weight of the level"},
+    {"wa_fc_beta", DL_CFG_FLOAT, F(wa_fc_beta), 1e-6, 1.0, "0.3", NULL, 0, "wa_forecast: EWMA weight of the trend"},
+    {"pressure", DL_CFG_STR, F(pressure), 0, 0, "", NULL, 0,
+     "pressure source of the wa policies: http://127.0.0.1:PORT/PATH or a file (docs/SYNC_TIMING.md has the "
+     "format); empty = unknown pressure (wa pushes every H)"},
+    {"pressure_poll_ms", DL_CFG_INT, F(pressure_poll_ms), 1, 60000, "100", NULL, 0,
+     "read --pressure at most this often", "ms"},
+    {"pressure_timeout_ms", DL_CFG_INT, F(pressure_timeout_ms), 1, 10000, "20", NULL, 0,
+     "one read of --pressure blocks the training step at most this long", "ms"},
+    {"pressure_stale_ms", DL_CFG_INT, F(pressure_stale_ms), 0, 3600000, "2000", NULL, 0,
+     "after a refused read, keep the last good pressure this long after it was read, then treat it as unknown",
+     "ms"},
+    {"timing_trace_out", DL_CFG_STR, F(timing_trace_out), 0, 0, "", NULL, 0,
+     "write the pressure of every step and every push decision to this file (the input of matched_random and "
+     "oracle); empty = none"},
+    {"timing_trace_in", DL_CFG_STR, F(timing_trace_in), 0, 0, "", NULL, 0,
+     "matched_random / oracle: the --timing_trace_out of a run of the policy under test (same steps, fragments, "
+     "H and corridor): its push counts and, for oracle, its pressure"},
+    {"timing_seed", DL_CFG_INT, F(timing_seed), 0, 9.2e18, "1", NULL, 0, "matched_random: placement seed"},
+    {"oracle_window", DL_CFG_INT, F(oracle_window), 1, 1000000, "1", NULL, 0,
+     "oracle: steps of pressure a push overlaps", "steps"},
 };
 #undef F
 #define NCFG (sizeof learner_table / sizeof learner_table[0])
@@ -808,6 +858,196 @@ int main(int argc, char **argv)
 
 /* ---- networked mode: the training thread; the comms thread owns the socket */
 
+
+/* ---- sync timing (learner/timing.h, learner/pressure.h, docs/SYNC_TIMING.md) */
+
+typedef struct {
+    const learner_cfg *cfg;
+    dl_timing_kind kind;
+    dl_timing *t;      /* opened once H is known (after the Welcome); NULL: dl_plan_due */
+    dl_pressure *src;  /* --pressure, or NULL */
+    FILE *trace;       /* --timing_trace_out */
+    int *counts;       /* --timing_trace_in: [P] push decisions per fragment */
+    double *ptrace;    /* its pressure per step (unknown = 0) */
+    int64_t tsteps;
+    int P, on; /* on: the node asks timing_due (not fixed, or a trace or a pressure source wanted) */
+    dl_pressure_sample last;
+} timing_ctx;
+
+/* Read a --timing_trace_out file: "dloco-timing-trace 1", "fragments P", then "p STEP PRESSURE" for steps 1, 2,
+ * ... in order (PRESSURE a finite value >= 0, or "unknown"), "d STEP FRAGMENT" (FRAGMENT in [0, P), STEP
+ * not above the last p line), and last "end STEPS" (= the last p line). Everything else is refused. */
+static int read_timing_trace(const char *path, int P, int64_t steps, int **counts, double **pr, int64_t *n)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return dl_err(DL_EIO, "option timing_trace_in: cannot open %s", path);
+    char line[256];
+    long long s = 0, end = -1, lineno = 0;
+    size_t cap = 1024;
+    int *c = dl_xcalloc((size_t)P, sizeof *c);
+    double *t = dl_xcalloc(cap, sizeof *t);
+    int rc = 0, hp = 0;
+    while (!rc && fgets(line, sizeof line, f)) {
+        lineno++;
+        char tag[24], val[64], extra;
+        long long a;
+        int fr;
+        if (end >= 0) rc = dl_err(DL_EINVAL, "line %lld after the end line", lineno);
+        else if (lineno == 1) {
+            if (strcmp(line, "dloco-timing-trace 1\n")) rc = dl_err(DL_EINVAL, "line 1 is not 'dloco-timing-trace 1'");
+        } else if (lineno == 2) {
+            if (sscanf(line, "fragments %d %c", &fr, &extra) != 1 || fr != P)
+                rc = dl_err(DL_EINVAL, "line 2: not 'fragments %d' (this learner's fragments)", P);
+        } else if (sscanf(line, "%23s %lld %63s %c", tag, &a, val, &extra) == 3 && !strcmp(tag, "p")) {
+            char *e = NULL;
+            double v = strcmp(val, "unknown") ? strtod(val, &e) : 0.0;
+            if (a != s + 1) rc = dl_err(DL_EINVAL, "line %lld: step %lld, expected %lld", lineno, a, (long long)(s + 1));
+            else if (e && (*e || !isfinite(v) || v < 0))
+                rc = dl_err(DL_EINVAL, "line %lld: pressure '%s' is not a finite value >= 0 or unknown", lineno, val);
+            else if (a > 100000000) rc = dl_err(DL_EINVAL, "line %lld: more than 1e8 steps", lineno);
+            else {
+                if ((size_t)a > cap) t = dl_xrealloc(t, (cap *= 2) * sizeof *t);
+                t[a - 1] = v;
+                s = a;
+                hp = 1;
+            }
+        } else if (sscanf(line, "%23s %lld %d %c", tag, &a, &fr, &extra) == 3 && !strcmp(tag, "d")) {
+            if (a < 1 || a > s || fr < 0 || fr >= P)
+                rc = dl_err(DL_EINVAL, "line %lld: decision at step %lld of fragment %d outside steps 1..%lld, "
+                                       "fragments 0..%d", lineno, a, fr, (long long)s, P - 1);
+            else c[fr]++;
+        } else if (sscanf(line, "%23s %lld %c", tag, &a, &extra) == 2 && !strcmp(tag, "end")) {
+            if (a != s) rc = dl_err(DL_EINVAL, "line %lld: end %lld, but the last step is %lld", lineno, a, (long long)s);
+            end = a;
+        } else rc = dl_err(DL_EINVAL, "line %lld: not a p, d or end line", lineno);
+    }
+    fclose(f);
+    if (!rc && (end < 0 || !hp)) rc = dl_err(DL_EINVAL, "no end line (a trace of a run that did not finish?)");
+    if (!rc && end != steps)
+        rc = dl_err(DL_EINVAL, "the trace has %lld steps, this run --steps %lld", (long long)end, (long long)steps);
+    if (rc) {
+        free(c);
+        free(t);
+        return dl_err(rc, "option timing_trace_in: %s: %s", path, dl_errmsg());
+    }
+    *counts = c;
+    *pr = t;
+    *n = end;
+    return 0;
+}
+
+/* Before joining: the sync timing rows across options; opens --pressure and reads --timing_trace_in. */
+static int timing_prepare(const learner_cfg *cfg, int P, timing_ctx *tc)
+{
+    memset(tc, 0, sizeof *tc);
+    tc->cfg = cfg;
+    tc->P = P;
+    DL_TRY(dl_timing_parse(cfg->sync_timing, &tc->kind));
+    tc->on = tc->kind != DL_TIMING_FIXED || cfg->timing_trace_out[0] || cfg->pressure[0];
+    int planned = tc->kind == DL_TIMING_MATCHED_RANDOM || tc->kind == DL_TIMING_ORACLE;
+    if (planned && !cfg->timing_trace_in[0])
+        return dl_err(DL_EINVAL, "option sync_timing %s needs --timing_trace_in (a trace of the policy under test)",
+                      cfg->sync_timing);
+    if (!planned && cfg->timing_trace_in[0])
+        return dl_err(DL_EINVAL, "option timing_trace_in is for sync_timing matched_random or oracle");
+    if (cfg->h_min && cfg->h_max && cfg->h_min > cfg->h_max)
+        return dl_err(DL_EINVAL, "option h_min %lld is above h_max %lld", (long long)cfg->h_min, (long long)cfg->h_max);
+    if (cfg->pressure[0]) {
+        int rc = dl_pressure_open(cfg->pressure, (int)cfg->pressure_poll_ms, (int)cfg->pressure_timeout_ms,
+                                  (int)cfg->pressure_stale_ms, &tc->src);
+        if (rc) return dl_err(rc, "option pressure: %s", dl_errmsg());
+    }
+    if (planned) DL_TRY(read_timing_trace(cfg->timing_trace_in, P, cfg->steps, &tc->counts, &tc->ptrace, &tc->tsteps));
+    if (cfg->timing_trace_out[0]) {
+        if (!(tc->trace = fopen(cfg->timing_trace_out, "w")))
+            return dl_err(DL_EIO, "option timing_trace_out: cannot write %s", cfg->timing_trace_out);
+        fprintf(tc->trace, "dloco-timing-trace 1\nfragments %d\n", P);
+    }
+    return 0;
+}
+
+/* After the Welcome: the policy for the synchronizer's H. */
+static int timing_start(timing_ctx *tc, int P, int H)
+{
+    const learner_cfg *cfg = tc->cfg;
+    dl_timing_cfg c;
+    dl_timing_defaults(&c, tc->kind, P, H);
+    if (cfg->h_min) c.h_min = (int)cfg->h_min;
+    if (cfg->h_max) c.h_max = (int)cfg->h_max;
+    c.w_stale = cfg->wa_w_stale, c.w_loss = cfg->wa_w_loss, c.w_rate = cfg->wa_w_rate, c.w_link = cfg->wa_w_link;
+    c.w_ckpt = cfg->wa_w_ckpt, c.rate_ref = cfg->wa_rate_ref, c.fc_alpha = cfg->wa_fc_alpha, c.fc_beta = cfg->wa_fc_beta;
+    c.seed = (uint64_t)cfg->timing_seed;
+    c.steps = cfg->steps;
+    c.counts = tc->counts;
+    c.trace = tc->ptrace;
+    c.trace_len = tc->tsteps;
+    c.window = (int)cfg->oracle_window;
+    c.max_per_step = (int)cfg->wa_max_per_step;
+    int rc = dl_timing_open(&c, &tc->t);
+    if (rc) return dl_err(rc, "option sync_timing %s at H=%d: %s", cfg->sync_timing, H, dl_errmsg());
+    char ev_src[DL_CFG_STRLEN + 8];
+    dl_event("timing_start", "id=%s policy=%s h=%d h_min=%d h_max=%d fragments=%d pressure=%s seed=%llu", cfg->id,
+             cfg->sync_timing, H, c.h_min, c.h_max, P, dl_event_str(cfg->pressure, ev_src, sizeof ev_src),
+             (unsigned long long)c.seed);
+    return 0;
+}
+
+/* After each step, before dl_node_after_step: poll the pressure and feed the policy. */
+static void timing_step(timing_ctx *tc, int64_t step, double loss)
+{
+    if (!tc->t) return;
+    dl_pressure_sample s = {.known = 0};
+    if (tc->src) {
+        const char *why = NULL;
+        if (dl_pressure_get(tc->src, dl_clock_ns(), &s, &why))
+            dl_event("pressure_refused", "id=%s step=%lld reason=%s kept=%d", tc->cfg->id, (long long)step,
+                     why ? why : "unknown", s.known);
+    }
+    tc->last = s;
+    dl_timing_observe(tc->t, step, &s, loss);
+    if (tc->trace) {
+        double pr = dl_timing_pressure(tc->t);
+        if (isnan(pr)) fprintf(tc->trace, "p %lld unknown\n", (long long)step);
+        else fprintf(tc->trace, "p %lld %.17g\n", (long long)step, pr);
+    }
+}
+
+/* dl_node_opts.due */
+static int timing_due(void *ctx, int64_t step, int p, int H)
+{
+    timing_ctx *tc = ctx;
+    if (!tc->t) return dl_plan_due(step, p, H, tc->P);
+    dl_timing_decision d;
+    int due = dl_timing_due(tc->t, step, p, H, &d);
+    if (!due) return 0;
+    if (tc->trace) fprintf(tc->trace, "d %lld %d\n", (long long)step, p);
+    dl_event("sync_timing",
+             "id=%s step=%lld fragment=%d policy=%s elapsed=%lld forced=%d score=%.6g pressure=%.6g rate=%.6g "
+             "link=%.6g ckpt=%.6g known=%d",
+             tc->cfg->id, (long long)step, p, tc->cfg->sync_timing, (long long)d.elapsed, d.forced, d.score,
+             d.pressure, tc->last.rate, tc->last.link, tc->last.ckpt, tc->last.known);
+    return 1;
+}
+
+static void timing_finish(timing_ctx *tc, int64_t step)
+{
+    if (tc->trace) {
+        fprintf(tc->trace, "end %lld\n", (long long)step);
+        fclose(tc->trace);
+        tc->trace = NULL;
+    }
+    if (tc->src) {
+        dl_pressure_stats st;
+        dl_pressure_get_stats(tc->src, &st);
+        dl_event("pressure_summary", "id=%s polls=%llu good=%llu refused=%llu", tc->cfg->id,
+                 (unsigned long long)st.polls, (unsigned long long)st.good, (unsigned long long)st.refused);
+    }
+    dl_timing_close(&tc->t);
+    dl_pressure_close(&tc->src);
+    free(tc->counts);
+    free(tc->ptrace);
+}
+
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
                          FILE *losslog)
 {
@@ -821,12 +1061,20 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         dl_plan_close(&plan);
         return fail("setting up the mailbox", rc);
     }
+    timing_ctx tmg;
+    if ((rc = timing_prepare(cfg, dl_plan_P(plan), &tmg))) {
+        timing_finish(&tmg, 0);
+        dl_mailbox_close(&mb);
+        dl_plan_close(&plan);
+        return fail("setting up the sync timing", rc);
+    }
     /* one session per shard of the synchronizer, over one mailbox; each serves its shard's fragments */
     char eps[DL_MAILBOX_MAX_SESSIONS][DL_CFG_STRLEN];
     int S = split_connect(cfg->connect, eps, DL_MAILBOX_MAX_SESSIONS);
     if (S > 0 && (rc = dl_shard_check(dl_plan_P(plan), 0, S)))
         S = dl_err(DL_EINVAL, "option connect: %d shards: %s", S, dl_errmsg());
     if (S < 0) {
+        timing_finish(&tmg, 0);
         dl_mailbox_close(&mb);
         dl_plan_close(&plan);
         return fail("bad configuration", S);
@@ -866,6 +1114,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     if (rc) {
         close_sessions(comms, S);
         dl_mailbox_close(&mb);
+        timing_finish(&tmg, 0);
         dl_plan_close(&plan);
         return fail("setting up the connection", rc);
     }
@@ -879,6 +1128,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         if ((rc = dl_gptc_xfer_open(dl_trainer_gptc(tr), plan, &xfer))) {
             close_sessions(comms, S);
             dl_mailbox_close(&mb);
+            timing_finish(&tmg, 0);
             dl_plan_close(&plan);
             return fail("setting up the GPU fragment copies", rc);
         }
@@ -894,6 +1144,8 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         .alpha = (float)cfg->alpha,
         .push_decision_timeout_ms = (int)cfg->push_decision_timeout_ms,
         .update_max_ratio = cfg->update_max_ratio,
+        .due = tmg.on ? timing_due : NULL,
+        .due_ctx = &tmg,
     };
     dl_lmet *lmet = NULL; /* --metrics: opened first, so a bad address stops before joining */
     rc = dl_lmet_open(cfg->metrics, cfg->id, &lmet);
@@ -909,6 +1161,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
 #ifdef DLOCO_HAVE_CUDA
         dl_gptc_xfer_close(&xfer);
 #endif
+        timing_finish(&tmg, 0);
         dl_plan_close(&plan);
         return r;
     }
@@ -959,6 +1212,10 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         exit_code = 2;
     } else {
         printf("joined: holding all %d fragments of the global model, H=%u\n", dl_plan_P(plan), dl_mailbox_h(mb));
+        if (tmg.on && (rc = timing_start(&tmg, dl_plan_P(plan), dl_mailbox_h(mb) > 0 ? (int)dl_mailbox_h(mb) : 1))) {
+            fail("starting the sync timing", rc);
+            exit_code = 2;
+        }
         {
             dl_node_stats ns;
             dl_node_get_stats(node, &ns);
@@ -973,7 +1230,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
          * updated every step, so the first pushes are predicted too */
         double step_ewma = 0.0;
         int64_t win_steps = 0;
-        while (step < cfg->steps && !stop_requested) {
+        while (!exit_code && step < cfg->steps && !stop_requested) {
             float norm = 0.0f;
             double t_step = dl_clock_s(), loss = NAN;
             rc = dl_trainer_step(tr, &loss, &norm);
@@ -1017,6 +1274,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
              * learner has reported processing (the ledger's overclaim check) */
             dl_mailbox_set_progress(mb, (uint64_t)step, (uint64_t)(step * tok_per_step),
                                     step_ewma > 0 ? 1.0 / step_ewma : 0.0);
+            timing_step(&tmg, step, loss);
             if ((rc = dl_node_after_step(node, step, H > 0 ? H : 1, (uint64_t)tok_per_step, loss, compute_s)) < 0 ||
                 (rc = dl_node_poll(node)) < 0) {
                 fail("pushing or adopting fragments", rc);
@@ -1151,6 +1409,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
              (unsigned long long)ns.barrier_waits, ns.barrier_wait_s, dl_codec_name(cfg->pcodec.id),
              (unsigned long long)cs.push_bytes, (unsigned long long)cs.updates_delta,
              (unsigned long long)cs.updates_delta_missed);
+    timing_finish(&tmg, step);
     printf("learner-summary: %s %s\n", summary, later);
     dl_event("learner_summary", "%s exit_code=%d %s", summary, exit_code, later);
     fflush(stdout);

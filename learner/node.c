@@ -128,6 +128,8 @@ struct dl_node {
     float alpha;
     double max_ratio; /* 0 = no distance bound */
     int64_t decision_timeout_ns;
+    int (*due)(void *, int64_t, int, int); /* opts.due, or NULL: dl_plan_due */
+    void *due_ctx;
     nfrag *f;   /* [P] */
     float *out; /* [mailbox buf] delta being posted (swapped with the mailbox) */
     float *in;  /* [mailbox buf] update being adopted (swapped with the mailbox) */
@@ -167,6 +169,8 @@ int dl_node_open(const dl_node_opts *o, dl_mailbox *mb, dl_node **out)
     n->adopt = o->adopt;
     n->alpha = o->alpha;
     n->max_ratio = o->update_max_ratio;
+    n->due = o->due;
+    n->due_ctx = o->due_ctx;
     /* < 0: a pooled push never holds the next one (the protocol tests of
      * learner/comms.c that exercise pooled pushes) */
     int ms = o->push_decision_timeout_ms;
@@ -336,10 +340,12 @@ int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double 
     int pushed = 0;
     for (int p = 0; p < n->P; p++) {
         nfrag *f = &n->f[p];
-        if (!f->held || !(dl_plan_due(step, p, H, n->P) || f->owed)) continue;
+        if (!f->held) continue;
+        int due = n->due ? n->due(n->due_ctx, step, p, H) : dl_plan_due(step, p, H, n->P);
+        if (!(due || f->owed)) continue;
         if (must_hold(n, p)) {
             if (!f->owed) n->st.held++;
-            if (dl_plan_due(step, p, H, n->P)) n->st.held_due++;
+            if (due) n->st.held_due++;
             f->owed = 1;
             continue;
         }

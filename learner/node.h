@@ -145,6 +145,13 @@ typedef struct {
     double update_max_ratio;      /* refuse an update farther than this from the learner's own parameters
                                    * (see "Trust" above); 0 = no distance bound (finiteness is always checked);
                                    * dloco-learner's row update_max_ratio, default 10 */
+    /* Sync timing (docs/SYNC_TIMING.md): when set, whether held fragment p is due after `step` is
+     * due(due_ctx, step, p, H) instead of dl_plan_due(step, p, H, P); called exactly once per held fragment
+     * per dl_node_after_step, in fragment order, with the H the node was called with (the nominal period).
+     * A 1 is a push decision: the push is made, or owed under the hold rule, as a scheduled one is.
+     * NULL: dl_plan_due, the fixed staggered schedule. */
+    int (*due)(void *due_ctx, int64_t step, int p, int H);
+    void *due_ctx;
 } dl_node_opts;
 
 /* Per-element RMS floor of the distance bound (see "Trust" above). */
@@ -191,7 +198,7 @@ void dl_node_close(dl_node **n); /* safe on NULL and twice */
 /* After completed inner step `step` (1-based) of `tokens` tokens, training
  * loss `loss` and `compute_s` wall seconds: deferred pushes of the previous
  * step are completed, counters of every held fragment grow, then every
- * fragment with dl_plan_due(step, p, H, P) or an owed push gets a push
+ * fragment with dl_plan_due(step, p, H, P) (or opts.due) or an owed push gets a push
  * (deferred: begun) unless the hold rule holds it. Returns the number of
  * pushes made or begun for this step. */
 int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double loss, double compute_s);

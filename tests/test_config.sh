@@ -17,7 +17,9 @@ PROGS=("dloco-sync|$B/synchronizer/dloco-sync"
        "dloco-learner|$B/learner/dloco-learner"
        "dloco eval|$B/tools/dloco eval $W/store"
        "dloco plan|$B/tools/dloco plan"
-       "swarm|$B/bench/swarm")
+       "swarm|$B/bench/swarm"
+       "dloco-serve|$B/chaos/dloco-serve"
+       "dloco-loadgen|$B/chaos/dloco-loadgen")
 for p in "${PROGS[@]}"; do
   name=${p%%|*}; read -r -a cmd <<< "${p#*|}"
   "${cmd[@]}" --print-config > "$W/a.ini" 2> "$W/err" || { bad "$name --print-config exited $?: $(cat "$W/err")"; continue; }

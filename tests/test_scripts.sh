@@ -14,7 +14,7 @@ expect() { # RC DESCRIPTION COMMAND...
   else echo "FAIL: $d: exit $rc, wanted $want: $(echo "$out" | tail -2)"; fail=1; fi
 }
 for s in bench/bandwidth.sh bench/byzantine.sh bench/codec.sh bench/crashloop.sh bench/fuzz.sh bench/goodput.sh bench/gpu.sh bench/learner.sh \
-         bench/quality.sh bench/sync_load.sh deploy/local_cluster.sh deploy/quickstart.sh deploy/setup.sh \
+         bench/quality.sh bench/sync_load.sh bench/wa.sh deploy/local_cluster.sh deploy/quickstart.sh deploy/setup.sh \
          tests/gpu.sh tests/run.sh; do
   expect 0 "$s --help" bash "$s" --help
   expect 0 "$s -h" bash "$s" -h
