@@ -37,16 +37,13 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* byte distribution of a shard's training sequences (tokens 0..T-1 of each) */
-static void hist(const dl_data *d, double *h)
+static void hist(dl_data *dd, double *h)
 {
     memset(h, 0, 256 * sizeof *h);
-    uint64_t n = dl_data_train_seqs(d);
+    uint64_t n = dl_data_train_seqs(dd);
     int32_t inp[T], tgt[T];
-    /* read the sequences through the public API: the validation batch reader
-     * is offset-based only for validation, so go by the train offsets and a
-     * second open of the whole corpus is not needed: next_train visits every
-     * sequence once per epoch */
-    dl_data *dd = (dl_data *)d;
+    /* one epoch of next_train visits every training sequence once; the
+     * position is put back after */
     dl_data_pos p0 = dl_data_get_pos(dd);
     for (uint64_t s = 0; s < n; s++) {
         dl_data_next_train(dd, 1, inp, tgt);

@@ -5,8 +5,10 @@
 # (--data_shard_mode cluster), against one dloco-sync at H=8. From the events:
 # the slow learner's H goes below 8 and the fast one's above (the fleet rate
 # reached them in the Acks), the bf16 learner's pushes are merged like the
-# fp32 one's, both end cleanly, the global model trained. Then the refusals of
-# the new options (exit 2, naming the option and the numbers).
+# fp32 one's, both end cleanly, the global model trained. Then a batch-16 and
+# a batch-8 learner in rounds of both: the merge weights stand as tokens x batch
+# (the token weighting of unequal batches, from the store's merge records). Then
+# the refusals of the new options (exit 2, naming the option and the numbers).
 set -u
 TEST_NAME=hetero
 . "$(dirname "$0")/lib_cluster.sh"
@@ -44,6 +46,45 @@ echo "merges ${m:-?}, global val loss ${vl:-?}"
 check "merges happened (${m:-none})" [ "${m:-0}" -gt 0 ]
 check "the global model trained: val loss ${vl:-?} < 4.5 (ln 256 = 5.55 untrained)" \
   python3 -c "import sys; sys.exit(0 if float('${vl:-nan}') < 4.5 else 1)"
+
+# Batch token weights: a batch-16 and a batch-8 learner at the same speed, quorum 2, so rounds hold both.
+# A contribution's weight is tokens^2 / steps x s(staleness) (synchronizer/policy.h), tokens / steps being
+# the learner's batch x seq_len: in a round of both at one staleness the normalised weights must stand as
+# tokens_w x 16 : tokens_n x 8 (dloco records: fragment version learner decision staleness tokens weight).
+rm -rf "$W/store"
+start_sync sync2 --durability periodic --quorum 2 $OUTER
+start_learner narrow --steps 120 --batch 8 --data_shard 0 --data_shards 2
+NP=$LPID
+start_learner wide --steps 120 --batch 16 --data_shard 1 --data_shards 2
+WP=$LPID
+wait_pid 240 "$NP"; rc_n=$?
+wait_pid 240 "$WP"; rc_w=$?
+stop_sync
+check "narrow and wide exit 0 ($rc_n, $rc_w)" [ "$rc_n" = 0 -a "$rc_w" = 0 ]
+"$DLOCO" records "$W/store" > "$W/records.txt" || die "dloco records"
+read -r pairs bad <<< "$(python3 - "$W/records.txt" << 'PY'
+import sys, collections
+rounds = collections.defaultdict(dict)
+for line in open(sys.argv[1]).read().splitlines()[1:]:
+    f = line.split()
+    if len(f) >= 7 and f[3] == "merged":
+        rounds[(f[0], f[1])][f[2]] = (int(f[4]), int(f[5]), float(f[6]))
+pairs = bad = 0
+for r in rounds.values():
+    if set(r) != {"narrow", "wide"} or r["narrow"][0] != r["wide"][0]:
+        continue
+    pairs += 1
+    (_, tn, wn), (_, tw, ww) = r["narrow"], r["wide"]
+    want = tw * 16.0 / (tw * 16.0 + tn * 8.0)
+    if abs(ww - want) > 2e-6 + 1e-4 * want:
+        bad += 1
+        print("round", r, "wide weight", ww, "want", want, file=sys.stderr)
+print(pairs, bad)
+PY
+)"
+echo "rounds holding both learners at one staleness: ${pairs:-?}, weights off the tokens x batch rule: ${bad:-?}"
+check "rounds with both learners (${pairs:-0})" [ "${pairs:-0}" -gt 0 ]
+check "the wide learner's weight is tokens x batch against the narrow one's in every such round" [ "${bad:-1}" = 0 ]
 
 # refusals at start: exit 2, the option and the numbers on stderr
 refused() { # want args...
