@@ -106,7 +106,7 @@ for i in $(seq 0 $((M - 1))); do
     --log_every 50 > "$W/l$i.log" 2>&1 &
   LP+=($!); PIDS+=($!)
 done
-for p in "${LP[@]}"; do wait "$p" || { tail -5 "$W"/l*.log >&2; exit 1; }; done
+for p in "${LP[@]}"; do wait "$p" || { tail -n 5 "$W"/l*.log "$W/sync.log" >&2; exit 1; }; done
 kill -TERM "$SP" 2>/dev/null || true
 wait "$SP" || true
 RD_LOSS=$("$BUILD_DIR"/tools/dloco eval "$store" --data "$DATA" --batch "$B" --val_batches "$VB" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
