@@ -13,7 +13,11 @@
 #        sides: learners and the floor get --adam_fleet FLEET_SAMPLES/B, (a) gets
 #        FLEET_SAMPLES/(M*B); 0 = plain AdamW everywhere; an even batch is needed)
 #        DATA=... BUILD_DIR=build; DP_LOSS=x / FLOOR_LOSS=x skip (a) / the floor
-#        and use x, for sweeps of (b))
+#        and use x, for sweeps of (b); NONIID=1: also run (b) again with non-IID
+#        shards (--data_shard_mode cluster: learner i trains on cluster i of the
+#        corpus, docs/HETEROGENEOUS.md) and end with `noniid_vs_iid_loss: X.XXX`
+#        (its final global val loss / the IID (b)'s, both measured in this run)
+#        instead)
 # The outer step defaults to the local-SGD regime (lr 1, momentum 0), which
 # suits short periods like H=4. DiLoCo's Nesterov 0.7/0.9 measured worse here
 # (1.11 at H=8 with K=4 and plain AdamW; the 1.27 with K=1 was the old round
@@ -32,6 +36,7 @@ K=${K:-1} OUTER_LR=${OUTER_LR:-1} OUTER_MU=${OUTER_MU:-0} LR=${LR:-3e-3} SHARE=$
 DP_LR=${DP_LR:-$LR}  # inner learning rate of (a); each side may use its own
 DATA=${DATA:-/usr/share/games/fortunes}
 dl_args_number FLEET_SAMPLES "$FLEET_SAMPLES"
+case "${NONIID:-0}" in 0 | 1) ;; *) echo "quality.sh: NONIID must be 0 or 1, got '$NONIID' (try --help)" >&2; exit 2 ;; esac
 # each side's --adam_fleet: the same second moment (FLEET_SAMPLES samples) from its own batch
 FLEET_L=$(python3 -c "print('%g' % ($FLEET_SAMPLES / $B))")
 FLEET_DP=$(python3 -c "print('%g' % ($FLEET_SAMPLES / ($M * $B)))")
@@ -81,30 +86,36 @@ else
   echo "one-learner floor (1 learner x B=$B x $STEPS steps, 1/$M of the tokens): final val loss $fl ($(( $(date +%s) - t0 )) s)"
 fi
 
-# (b) decoupled learners
-t0=$(date +%s)
-"$BUILD_DIR"/synchronizer/dloco-sync --store "$W/store" --bind tcp://127.0.0.1:0 $MODEL --vocab 256 --fragments "$P" \
+# (b) decoupled learners; run_decoupled MODE STORE: --data_shard_mode MODE; sets RD_LOSS (the final global
+# val loss) and RD_STATUS (dloco status's merges line); runs in this shell, so the cleanup trap sees its PIDS
+run_decoupled() {
+local mode=$1 store=$2
+"$BUILD_DIR"/synchronizer/dloco-sync --store "$store" --bind tcp://127.0.0.1:0 $MODEL --vocab 256 --fragments "$P" \
   --H "$H" --quorum "$K" --outer_lr "$OUTER_LR" --outer_momentum "$OUTER_MU" --share_scaling "$SHARE" \
   --merge "${MERGE:-rda}" --metrics off --eval_every_s 0 \
   --status_every_ms 0 --durability periodic > "$W/sync.log" 2>&1 &
-SP=$!; PIDS+=($SP)
+local SP=$!; PIDS+=($SP)
 EP=""
 for _ in $(seq 1 100); do EP=$(sed -n 's/^dloco-sync: listening on //p' "$W/sync.log"); [ -n "$EP" ] && break; sleep 0.1; done
-[ -n "$EP" ] || { cat "$W/sync.log"; exit 1; }
-LP=()
+[ -n "$EP" ] || { cat "$W/sync.log" >&2; exit 1; }
+local LP=() i p
 for i in $(seq 0 $((M - 1))); do
   "$BUILD_DIR"/learner/dloco-learner --connect "$EP" --id "q$i" $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" \
-    --lr "$LR" --warmup 20 --fragments "$P" --data_shard "$i" --data_shards "$M" --seed $((7 + i)) --threads 1 \
+    --lr "$LR" --warmup 20 --fragments "$P" --data_shard "$i" --data_shards "$M" --data_shard_mode "$mode" --seed $((7 + i)) --threads 1 \
     --adopt "${ADOPT:-keep}" --adam_fleet "$FLEET_L" --metrics off \
     --log_every 50 > "$W/l$i.log" 2>&1 &
   LP+=($!); PIDS+=($!)
 done
-for p in "${LP[@]}"; do wait "$p"; done
+for p in "${LP[@]}"; do wait "$p" || { tail -n 5 "$W"/l*.log "$W/sync.log" >&2; exit 1; }; done
 kill -TERM "$SP" 2>/dev/null || true
 wait "$SP" || true
-dd=$("$BUILD_DIR"/tools/dloco eval "$W/store" --data "$DATA" --batch "$B" --val_batches "$VB" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
-st=$("$BUILD_DIR"/tools/dloco status "$W/store" | grep '^merges')
-echo "(b) $M decoupled learners: final global val loss $dd ($(( $(date +%s) - t0 )) s); $st"
+RD_LOSS=$("$BUILD_DIR"/tools/dloco eval "$store" --data "$DATA" --batch "$B" --val_batches "$VB" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
+RD_STATUS=$("$BUILD_DIR"/tools/dloco status "$store" | grep '^merges')
+}
+t0=$(date +%s)
+run_decoupled iid "$W/store"
+dd=$RD_LOSS
+echo "(b) $M decoupled learners: final global val loss $dd ($(( $(date +%s) - t0 )) s); $RD_STATUS"
 # bytes: what went over each learner's socket (learner-summary) against a
 # data-parallel run's ring all-reduce of the fp32 gradients, which sends and
 # receives 2 (M-1)/M x 4 x params bytes per learner every step
@@ -120,4 +131,16 @@ sent=$(sed -n -E 's/^learner-summary:.*bytes_sent=([0-9]+).*/\1/p' "$W/l0.log")
 recv=$(sed -n -E 's/^learner-summary:.*bytes_received=([0-9]+).*/\1/p' "$W/l0.log")
 python3 -c "n=$np; s=$STEPS; ar=$ar*s; print('per learner (q0): decoupled sent %.1f MB, received %.1f MB; a per-step fp32 ring all-reduce of %d parameters would send and receive %.1f MB each (%.1fx / %.1fx more)' % ($sent/1e6, $recv/1e6, n, ar/1e6, ar/max($sent,1), ar/max($recv,1)))"
 python3 -c "f=$fl; b=$dd; a=$dp; print('ratio %.3f; share of the data-parallel gain recovered: %.1f%% (floor %.4f, decoupled %.4f, dp %.4f)' % (b/a, 100*(f-b)/(f-a) if f != a else float('nan'), f, b, a))"
-python3 -c "print('decoupled_vs_dp_loss: %.3f' % ($dd / $dp))"
+if [ "${NONIID:-0}" = 1 ]; then
+  # (b) again on non-IID shards: the same learners, seeds and steps; the global model is evaluated on the same
+  # (IID) validation sequences
+  t0=$(date +%s)
+  run_decoupled cluster "$W/store-noniid"
+  nd=$RD_LOSS
+  echo "(b') $M decoupled learners on non-IID shards (--data_shard_mode cluster): final global val loss $nd" \
+       "($(( $(date +%s) - t0 )) s); $RD_STATUS"
+  python3 -c "print('decoupled_vs_dp_loss: %.3f (IID shards); non-IID %.4f vs IID %.4f' % ($dd / $dp, $nd, $dd))"
+  python3 -c "print('noniid_vs_iid_loss: %.3f' % ($nd / $dd))"
+else
+  python3 -c "print('decoupled_vs_dp_loss: %.3f' % ($dd / $dp))"
+fi

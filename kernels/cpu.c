@@ -2,10 +2,14 @@
  * matmul (attention included, per batch-head), OpenMP across rows elsewhere. */
 #include "kernels/cpu.h"
 
+#include "core/err.h"
+
 #include <assert.h>
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------------ */
@@ -132,24 +136,78 @@ void dl_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, IC, 1.0f, inp, IC, w, IC, beta, out, OC);
 }
 
+/* dbias += colsum(dout): columns split across threads; each column summed in row order */
+static void bias_bwd(float *dbias, const float *dout, int N, int OC)
+{
+#pragma omp parallel
+    {
+        int nth = omp_get_num_threads(), id = omp_get_thread_num();
+        int o0 = (int)((long)OC * id / nth), o1 = (int)((long)OC * (id + 1) / nth);
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * OC;
+#pragma omp simd
+            for (int o = o0; o < o1; o++) dbias[o] += d[o];
+        }
+    }
+}
+
 void dl_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                        int N, int IC, int OC)
 {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, dout, OC, w, IC, 1.0f, dinp, IC);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dw, IC);
-    if (dbias) {
-        /* columns split across threads; each column summed in row order */
-#pragma omp parallel
-        {
-            int nth = omp_get_num_threads(), id = omp_get_thread_num();
-            int o0 = (int)((long)OC * id / nth), o1 = (int)((long)OC * (id + 1) / nth);
-            for (int n = 0; n < N; n++) {
-                const float *d = dout + (size_t)n * OC;
-#pragma omp simd
-                for (int o = o0; o < o1; o++) dbias[o] += d[o];
-            }
-        }
+    if (dbias) bias_bwd(dbias, dout, N, OC);
+}
+
+/* bf16 GEMM inputs (kernels/cpu.h) */
+
+static inline float bf16_round1(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) { /* inf stays inf; NaN stays a (quiet) NaN */
+        if (u & 0x007fffffu) u |= 0x00400000u;
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest, ties to even (may carry into inf: correct) */
     }
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+void dl_cpu_round_bf16(float *dst, const float *src, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_round1(src[i]);
+}
+
+static float *bf16_copy(const float *src, size_t n)
+{
+    float *d = dl_xmalloc((n ? n : 1) * sizeof(float));
+    dl_cpu_round_bf16(d, src, n);
+    return d;
+}
+
+void dl_cpu_matmul_fwd_bf16(float *out, const float *inp, const float *w, const float *bias, int N, int IC, int OC)
+{
+    float *ri = bf16_copy(inp, (size_t)N * IC), *rw = bf16_copy(w, (size_t)OC * IC);
+    dl_cpu_matmul_fwd(out, ri, rw, bias, N, IC, OC);
+    free(ri);
+    free(rw);
+}
+
+void dl_cpu_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                            const float *w, int N, int IC, int OC)
+{
+    float *rd = bf16_copy(dout, (size_t)N * OC), *ri = bf16_copy(inp, (size_t)N * IC),
+          *rw = bf16_copy(w, (size_t)OC * IC);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IC, OC, 1.0f, rd, OC, rw, IC, 1.0f, dinp, IC);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, N, 1.0f, rd, OC, ri, IC, 1.0f, dw, IC);
+    free(rd);
+    free(ri);
+    free(rw);
+    /* dbias from the fp32 dout, as the fp32 path */
+    if (dbias) bias_bwd(dbias, dout, N, OC);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -24,6 +24,17 @@ void dl_cpu_matmul_fwd(float *out, const float *inp, const float *w, const float
 void dl_cpu_matmul_bwd(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                        int N, int IC, int OC);
 
+/* ---- the same linear with bf16 GEMM inputs (docs/HETEROGENEOUS.md "bf16 learner"), as tensor cores
+ * compute: each sgemm's two input operands (inp and w forward; dout and w for dinp, dout and inp for dw)
+ * are rounded to bf16 (round to nearest even, dl_cpu_round_bf16) into scratch copies, products summed in
+ * fp32, outputs (out, dinp, dw) and the bias / dbias fp32 as in the fp32 functions. The inputs
+ * themselves are not modified. Scratch is malloc'd per call (aborts on out of memory, as dl_xmalloc). */
+void dl_cpu_matmul_fwd_bf16(float *out, const float *inp, const float *w, const float *bias, int N, int IC, int OC);
+void dl_cpu_matmul_bwd_bf16(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                            const float *w, int N, int IC, int OC);
+/* dst[i] = src[i] rounded to the nearest bf16 (ties to even; NaN stays NaN, inf stays inf), as an fp32. */
+void dl_cpu_round_bf16(float *dst, const float *src, size_t n);
+
 /* ---- causal self-attention. qkv[B,T,3C] (q|k|v, heads of C/NH inside each);
  * att[B,NH,T,T] softmax probabilities (zero above the diagonal), out[B,T,C]. */
 void dl_cpu_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH);

@@ -407,6 +407,14 @@ uint32_t dl_comms_h(dl_comms *c)
     return h;
 }
 
+double dl_comms_fleet_sps(dl_comms *c)
+{
+    pthread_mutex_lock(&c->mu);
+    double r = c->st.fleet_steps_per_s;
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
+
 void dl_comms_stats_add(dl_comms_stats *acc, const dl_comms_stats *s)
 {
     uint64_t *a[] = {&acc->pushes, &acc->push_bytes, &acc->acks_pending, &acc->accepted, &acc->dropped_stale,
@@ -431,6 +439,7 @@ void dl_comms_stats_add(dl_comms_stats *acc, const dl_comms_stats *s)
     if (s->h) acc->h = s->h;
     if (s->heartbeat_ms) acc->heartbeat_ms = s->heartbeat_ms;
     if (s->epoch > acc->epoch) acc->epoch = s->epoch;
+    if (s->fleet_steps_per_s > 0) acc->fleet_steps_per_s = s->fleet_steps_per_s; /* the last session's that has one */
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1275,6 +1284,9 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
     /* any immediate answer frees the fragment for flow control */
     if (d != DL_DECIDE_ACCEPTED) c->f[p].unacked = 0;
     pthread_mutex_lock(&c->mu);
+    /* the fleet's step rate for --dynamic_h (finite, in [0, 1e9]: dl_wire_validate); 0 = the synchronizer
+     * does not know one (or is older): keep the last one */
+    if (a->fleet_steps_per_s > 0) c->st.fleet_steps_per_s = a->fleet_steps_per_s;
     switch (d) {
     case DL_DECIDE_PENDING: c->st.acks_pending++; break;
     case DL_DECIDE_ACCEPTED:

@@ -204,6 +204,8 @@ typedef struct {
     uint32_t h;              /* H from the last Welcome (0 before) */
     uint32_t heartbeat_ms;   /* from the last Welcome (0 before) */
     int state;               /* DL_COMMS_* */
+    double fleet_steps_per_s; /* Ack.fleet_steps_per_s of the last Ack that carried one (> 0; validated by
+                               * dl_wire_validate: finite, <= DL_WIRE_FLEET_SPS_MAX); 0 = none yet */
 } dl_comms_stats;
 
 /* Refuse timing options out of order (DL_EINVAL naming the values); 0s
@@ -235,6 +237,8 @@ int dl_comms_state(dl_comms *c, char *msg, size_t cap);
 void dl_comms_get_stats(dl_comms *c, dl_comms_stats *out);
 /* H from the last Welcome, 0 before the first. */
 uint32_t dl_comms_h(dl_comms *c);
+/* The fleet's step rate of the last Ack that carried one (dl_comms_stats.fleet_steps_per_s), 0 before. */
+double dl_comms_fleet_sps(dl_comms *c);
 /* Add the session counters of `s` to `acc` (a learner's sessions, one per
  * shard, reported as one): the monotonic counters sum; the mailbox's
  * (coalesced, discarded, superseded, shared by all sessions) are taken from

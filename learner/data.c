@@ -10,6 +10,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,6 +215,111 @@ static void shuffle_epoch(dl_data *d)
     }
 }
 
+/* ---- cluster shards (learner/data.h) */
+
+static double dist2(const float *a, const float *b, int n)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        s += d * d;
+    }
+    return s;
+}
+
+typedef struct {
+    double d;
+    uint32_t doc, c;
+} dc_pair;
+
+static int cmp_pair(const void *a, const void *b)
+{
+    const dc_pair *x = a, *y = b;
+    if (x->d != y->d) return x->d < y->d ? -1 : 1;
+    if (x->doc != y->doc) return x->doc < y->doc ? -1 : 1;
+    return (x->c > y->c) - (x->c < y->c);
+}
+
+/* Of the n training sequence offsets off[] (corpus order), keep in off[] (order kept) those of cluster
+ * `want` of k; returns how many. *sizes_out (k counts of sequences) for the refusal message. */
+static uint64_t cluster_select(const dl_data *d, uint64_t *off, uint64_t n, int k, int want, uint64_t *sizes)
+{
+    const int NB = DL_DATA_CLUSTER_BINS, DOC = DL_DATA_CLUSTER_DOC;
+    uint64_t nd = (n + DOC - 1) / DOC;
+    float *feat = dl_xcalloc(nd * NB, sizeof(float)), *cen = dl_xcalloc((size_t)k * NB, sizeof(float));
+    for (uint64_t j = 0; j < nd; j++) {
+        float *f = feat + j * NB;
+        uint64_t cnt = 0;
+        for (uint64_t s = j * DOC; s < n && s < (j + 1) * DOC; s++)
+            for (int t = 0; t < d->T; t++, cnt++) f[d->tok[off[s] + t] % NB] += 1.0f;
+        for (int b = 0; b < NB; b++) f[b] /= (float)cnt;
+    }
+    /* k-means++ seeding from the fixed seed */
+    dl_rng r;
+    dl_rng_seed(&r, DL_DATA_CLUSTER_SEED);
+    double *best = dl_xmalloc(nd * sizeof(double));
+    uint32_t *lab = dl_xcalloc(nd, sizeof(uint32_t));
+    memcpy(cen, feat + dl_rng_below(&r, nd) * NB, NB * sizeof(float));
+    for (uint64_t j = 0; j < nd; j++) best[j] = dist2(feat + j * NB, cen, NB);
+    for (int c = 1; c < k; c++) {
+        double tot = 0;
+        for (uint64_t j = 0; j < nd; j++) tot += best[j];
+        uint64_t pick = 0;
+        if (tot > 0) {
+            double u = (double)(dl_rng_u64(&r) >> 11) * 0x1.0p-53 * tot, acc = 0;
+            for (pick = 0; pick + 1 < nd; pick++)
+                if ((acc += best[pick]) > u) break;
+        } else {
+            pick = dl_rng_below(&r, nd);
+        }
+        memcpy(cen + (size_t)c * NB, feat + pick * NB, NB * sizeof(float));
+        for (uint64_t j = 0; j < nd; j++) {
+            double e = dist2(feat + j * NB, cen + (size_t)c * NB, NB);
+            if (e < best[j]) best[j] = e;
+        }
+    }
+    /* Lloyd */
+    double *sum = dl_xmalloc((size_t)k * NB * sizeof(double));
+    uint64_t *num = dl_xmalloc((size_t)k * sizeof(uint64_t));
+    for (int it = 0; it < DL_DATA_CLUSTER_ITERS; it++) {
+        for (uint64_t j = 0; j < nd; j++) {
+            double bd = INFINITY;
+            for (int c = 0; c < k; c++) {
+                double e = dist2(feat + j * NB, cen + (size_t)c * NB, NB);
+                if (e < bd) bd = e, lab[j] = (uint32_t)c;
+            }
+        }
+        memset(sum, 0, (size_t)k * NB * sizeof(double));
+        memset(num, 0, (size_t)k * sizeof(uint64_t));
+        for (uint64_t j = 0; j < nd; j++) {
+            num[lab[j]]++;
+            for (int b = 0; b < NB; b++) sum[(size_t)lab[j] * NB + b] += feat[j * NB + b];
+        }
+        for (int c = 0; c < k; c++) /* an empty cluster keeps its centroid */
+            for (int b = 0; num[c] && b < NB; b++) cen[(size_t)c * NB + b] = (float)(sum[(size_t)c * NB + b] / num[c]);
+    }
+    /* capacity-bounded assignment: equal shards */
+    dc_pair *pr = dl_xmalloc(nd * (size_t)k * sizeof *pr);
+    for (uint64_t j = 0; j < nd; j++)
+        for (int c = 0; c < k; c++)
+            pr[j * k + c] = (dc_pair){dist2(feat + j * NB, cen + (size_t)c * NB, NB), (uint32_t)j, (uint32_t)c};
+    qsort(pr, nd * (size_t)k, sizeof *pr, cmp_pair);
+    uint64_t cap = (nd + (uint64_t)k - 1) / (uint64_t)k;
+    memset(num, 0, (size_t)k * sizeof(uint64_t));
+    for (uint64_t j = 0; j < nd; j++) lab[j] = UINT32_MAX;
+    for (uint64_t i = 0; i < nd * (uint64_t)k; i++)
+        if (lab[pr[i].doc] == UINT32_MAX && num[pr[i].c] < cap) lab[pr[i].doc] = pr[i].c, num[pr[i].c]++;
+    uint64_t m = 0;
+    for (int c = 0; c < k; c++) sizes[c] = 0;
+    for (uint64_t s = 0; s < n; s++) {
+        uint32_t c = lab[s / DOC];
+        sizes[c]++;
+        if ((int)c == want) off[m++] = off[s];
+    }
+    free(feat), free(cen), free(best), free(lab), free(sum), free(num), free(pr);
+    return m;
+}
+
 int dl_data_open(const dl_data_opts *o, dl_data **out)
 {
     *out = NULL;
@@ -221,6 +327,8 @@ int dl_data_open(const dl_data_opts *o, dl_data **out)
     if (o->shard_count < 0 || o->shard_index < 0 || (o->shard_count > 1 && o->shard_index >= o->shard_count) ||
         (o->shard_count <= 1 && o->shard_index != 0))
         return dl_err(DL_EINVAL, "data shard %d of %d", o->shard_index, o->shard_count);
+    if (o->shard_mode != DL_DATA_SHARD_IID && o->shard_mode != DL_DATA_SHARD_CLUSTER)
+        return dl_err(DL_EINVAL, "data shard mode %d is not iid (0) or cluster (1)", o->shard_mode);
     if (!(o->val_frac >= 0.0 && o->val_frac < 1.0))
         return dl_err(DL_EINVAL, "val_frac %g not in [0, 1)", o->val_frac);
     int want_text = !strcmp(o->format, "text"), want_shards = !strcmp(o->format, "shards");
@@ -293,11 +401,31 @@ int dl_data_open(const dl_data_opts *o, dl_data **out)
     d->train = dl_xmalloc(nseq * sizeof(uint64_t));
     d->val = dl_xmalloc(nseq * sizeof(uint64_t));
     uint64_t thresh = (uint64_t)(o->val_frac * 1000000.0);
-    uint64_t nshards = o->shard_count > 1 ? (uint64_t)o->shard_count : 1, ntr_all = 0;
+    int cluster = o->shard_mode == DL_DATA_SHARD_CLUSTER && o->shard_count > 1;
+    uint64_t nshards = o->shard_count > 1 && !cluster ? (uint64_t)o->shard_count : 1, ntr_all = 0;
     for (uint64_t s = 0; s < nseq; s++) {
         uint64_t h = dl_hash64(&s, sizeof s, 0x5EEDu) % 1000000u;
         if (h < thresh) d->val[d->nval++] = s * T;
-        else if (ntr_all++ % nshards == (uint64_t)o->shard_index) d->train[d->ntrain++] = s * T;
+        else if (ntr_all++ % nshards == (uint64_t)(cluster ? 0 : o->shard_index)) d->train[d->ntrain++] = s * T;
+    }
+    if (cluster && d->ntrain > 0) {
+        uint64_t all = d->ntrain, *sizes = dl_xcalloc((size_t)o->shard_count, sizeof(uint64_t));
+        d->ntrain = cluster_select(d, d->train, d->ntrain, o->shard_count, o->shard_index, sizes);
+        if (d->ntrain < (uint64_t)(o->min_seqs > 1 ? o->min_seqs : 1)) {
+            char list[512];
+            int w = 0;
+            for (int c = 0; c < o->shard_count && w < (int)sizeof list - 24; c++)
+                w += snprintf(list + w, sizeof list - (size_t)w, "%s%llu", c ? "," : "", (unsigned long long)sizes[c]);
+            rc = dl_err(DL_ERANGE,
+                        "%s: cluster shard %d of %d holds %llu training sequences (of %llu), fewer than the %d a "
+                        "batch needs (clusters: %s%s); use fewer shards, a smaller batch or --data_shard_mode iid",
+                        o->path, o->shard_index, o->shard_count, (unsigned long long)d->ntrain,
+                        (unsigned long long)all, o->min_seqs > 1 ? o->min_seqs : 1, list,
+                        w >= (int)sizeof list - 24 ? ",..." : "");
+            free(sizes);
+            goto fail;
+        }
+        free(sizes);
     }
     if (d->ntrain == 0 || (o->val_frac > 0 && d->nval == 0)) {
         rc = dl_err(DL_ERANGE, "%s: split of %llu sequences left an empty train or validation set", o->path,
@@ -331,6 +459,7 @@ uint64_t dl_data_num_tokens(const dl_data *d) { return d->ntok; }
 uint64_t dl_data_train_seqs(const dl_data *d) { return d->ntrain; }
 uint64_t dl_data_val_seqs(const dl_data *d) { return d->nval; }
 const char *dl_data_kind(const dl_data *d) { return d->kind; }
+uint64_t dl_data_train_offset(const dl_data *d, uint64_t i) { return i < d->ntrain ? d->train[i] : UINT64_MAX; }
 
 static void copy_seq(const dl_data *d, uint64_t off, int32_t *inp, int32_t *tgt)
 {

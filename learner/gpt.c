@@ -31,7 +31,14 @@ struct dl_gpt {
     int B, T;                  /* shape of the last forward */
     const int32_t *inp, *targets;
     int32_t *inp_copy, *tgt_copy; /* [maxB*T] kept for backward */
+    int bf16;                     /* DL_GPT_PREC_BF16: the linear layers' GEMM inputs in bf16 (dl_gpt_set_precision) */
 };
+
+/* The linear layers (QKV, attention projection, MLP up / down, the tied LM head), fp32 or with bf16 GEMM
+ * inputs (kernels/cpu.h); everything else (attention's per-head GEMMs, layernorm, GELU, softmax, the loss,
+ * AdamW, master weights) stays fp32. */
+#define MM_FWD(g, ...) ((g)->bf16 ? dl_cpu_matmul_fwd_bf16(__VA_ARGS__) : dl_cpu_matmul_fwd(__VA_ARGS__))
+#define MM_BWD(g, ...) ((g)->bf16 ? dl_cpu_matmul_bwd_bf16(__VA_ARGS__) : dl_cpu_matmul_bwd(__VA_ARGS__))
 
 static float *carve(float **cursor, size_t n)
 {
@@ -138,6 +145,8 @@ void dl_gpt_init(dl_gpt *g, uint64_t seed)
 
 const dl_model_config *dl_gpt_cfg(const dl_gpt *g) { return &g->cfg; }
 size_t dl_gpt_num_params(const dl_gpt *g) { return g->nparams; }
+void dl_gpt_set_precision(dl_gpt *g, int prec) { g->bf16 = prec == DL_GPT_PREC_BF16; }
+int dl_gpt_precision(const dl_gpt *g) { return g->bf16 ? DL_GPT_PREC_BF16 : DL_GPT_PREC_FP32; }
 float *dl_gpt_params(dl_gpt *g) { return g->params; }
 float *dl_gpt_grads(dl_gpt *g) { return g->grads; }
 float *dl_gpt_adam_m(dl_gpt *g) { return g->m; }
@@ -187,21 +196,21 @@ double dl_gpt_forward(dl_gpt *g, const int32_t *inp, const int32_t *targets, int
         float *res3 = g->res3 + l * BT * C;
 
         dl_cpu_layernorm_fwd(ln1, m1, r1, x, w.w[LN1W], w.w[LN1B], (int)BT, C);
-        dl_cpu_matmul_fwd(qkv, ln1, w.w[QKVW], w.w[QKVB], (int)BT, C, 3 * C);
+        MM_FWD(g, qkv, ln1, w.w[QKVW], w.w[QKVB], (int)BT, C, 3 * C);
         dl_cpu_attention_fwd(atty, att, qkv, B, T, C, NH);
         /* res2 = x + atty @ Wproj^T + b: start from x, accumulate the matmul */
-        dl_cpu_matmul_fwd(g->dbuf, atty, w.w[PROJW], w.w[PROJB], (int)BT, C, C);
+        MM_FWD(g, g->dbuf, atty, w.w[PROJW], w.w[PROJB], (int)BT, C, C);
         dl_cpu_residual_fwd(res2, x, g->dbuf, BT * C);
         dl_cpu_layernorm_fwd(ln2, m2, r2, res2, w.w[LN2W], w.w[LN2B], (int)BT, C);
-        dl_cpu_matmul_fwd(fch, ln2, w.w[FCW], w.w[FCB], (int)BT, C, 4 * C);
+        MM_FWD(g, fch, ln2, w.w[FCW], w.w[FCB], (int)BT, C, 4 * C);
         dl_cpu_gelu_fwd(fchg, fch, BT * 4 * C);
-        dl_cpu_matmul_fwd(g->dbuf, fchg, w.w[FCPW], w.w[FCPB], (int)BT, 4 * C, C);
+        MM_FWD(g, g->dbuf, fchg, w.w[FCPW], w.w[FCPB], (int)BT, 4 * C, C);
         dl_cpu_residual_fwd(res3, res2, g->dbuf, BT * C);
         x = res3;
     }
     float *lnfw = P + g->tensors[g->ntensors - 2].offset, *lnfb = P + g->tensors[g->ntensors - 1].offset;
     dl_cpu_layernorm_fwd(g->lnf, g->lnf_mean, g->lnf_rstd, x, lnfw, lnfb, (int)BT, C);
-    dl_cpu_matmul_fwd(g->logits, g->lnf, wte, NULL, (int)BT, C, Vp);
+    MM_FWD(g, g->logits, g->lnf, wte, NULL, (int)BT, C, Vp);
     if (!targets) return 0.0;
     if (Vp == V) return dl_cpu_softmax_xent_fwd(g->probs, g->losses, g->logits, g->tgt_copy, (int)BT, V);
     /* padded vocab: softmax over the first V columns of each Vp-wide row */
@@ -233,7 +242,7 @@ void dl_gpt_backward(dl_gpt *g)
     }
     /* lm head (tied to wte): dlnf = dlogits @ wte, dwte += dlogits^T @ lnf */
     memset(g->dbuf, 0, BT * C * sizeof(float));
-    dl_cpu_matmul_bwd(g->dbuf, dwte, NULL, dlogits, g->lnf, wte, (int)BT, C, Vp);
+    MM_BWD(g, g->dbuf, dwte, NULL, dlogits, g->lnf, wte, (int)BT, C, Vp);
     const float *xlast = L > 0 ? g->res3 + (size_t)(L - 1) * BT * C : g->encoded;
     int lf = g->ntensors - 2;
     memset(g->dres, 0, BT * C * sizeof(float));
@@ -252,7 +261,7 @@ void dl_gpt_backward(dl_gpt *g)
 
         /* g->dres holds dL/d(res3); it is also dL/d(res2) through the skip */
         memset(g->dfch, 0, BT * 4 * C * sizeof(float));
-        dl_cpu_matmul_bwd(g->dfch, dw.w[FCPW], dw.w[FCPB], g->dres, fchg, w.w[FCPW], (int)BT, 4 * C, C);
+        MM_BWD(g, g->dfch, dw.w[FCPW], dw.w[FCPB], g->dres, fchg, w.w[FCPW], (int)BT, 4 * C, C);
         /* dfch holds d(fch_gelu); gelu backward into a second buffer would cost
          * BT*4C floats, so do it in place through the dqkv-free scratch: */
         memset(g->dqkv, 0, BT * 3 * C * sizeof(float));
@@ -260,14 +269,14 @@ void dl_gpt_backward(dl_gpt *g)
         memset(dpre, 0, BT * 4 * C * sizeof(float));
         dl_cpu_gelu_bwd(dpre, fch, g->dfch, BT * 4 * C);
         memset(g->dbuf, 0, BT * C * sizeof(float));
-        dl_cpu_matmul_bwd(g->dbuf, dw.w[FCW], dw.w[FCB], dpre, ln2, w.w[FCW], (int)BT, C, 4 * C);
+        MM_BWD(g, g->dbuf, dw.w[FCW], dw.w[FCB], dpre, ln2, w.w[FCW], (int)BT, C, 4 * C);
         dl_cpu_layernorm_bwd(g->dres, dw.w[LN2W], dw.w[LN2B], g->dbuf, res2, w.w[LN2W], m2, r2, (int)BT, C);
         /* g->dres now dL/d(res2); attention branch */
         memset(g->dbuf, 0, BT * C * sizeof(float));
-        dl_cpu_matmul_bwd(g->dbuf, dw.w[PROJW], dw.w[PROJB], g->dres, atty, w.w[PROJW], (int)BT, C, C);
+        MM_BWD(g, g->dbuf, dw.w[PROJW], dw.w[PROJB], g->dres, atty, w.w[PROJW], (int)BT, C, C);
         dl_cpu_attention_bwd(g->dqkv, g->datt, g->dbuf, qkv, att, B, T, C, NH);
         memset(g->dbuf2, 0, BT * C * sizeof(float));
-        dl_cpu_matmul_bwd(g->dbuf2, dw.w[QKVW], dw.w[QKVB], g->dqkv, ln1, w.w[QKVW], (int)BT, C, 3 * C);
+        MM_BWD(g, g->dbuf2, dw.w[QKVW], dw.w[QKVB], g->dqkv, ln1, w.w[QKVW], (int)BT, C, 3 * C);
         dl_cpu_layernorm_bwd(g->dres, dw.w[LN1W], dw.w[LN1B], g->dbuf2, x, w.w[LN1W], m1, r1, (int)BT, C);
     }
     dl_cpu_encoder_bwd(dwte, dwpe, g->dres, g->inp_copy, B, T, C);

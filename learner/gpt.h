@@ -49,6 +49,14 @@ void dl_gpt_init(dl_gpt *g, uint64_t seed);
 
 const dl_model_config *dl_gpt_cfg(const dl_gpt *g);
 size_t dl_gpt_num_params(const dl_gpt *g);
+/* Compute precision of the linear layers (QKV, attention projection, MLP, LM head), forward and backward:
+ * DL_GPT_PREC_FP32 (the default, set by dl_gpt_open) or DL_GPT_PREC_BF16, where each of their GEMMs takes
+ * its two inputs rounded to bf16 (nearest even) and sums in fp32, as tensor cores do (kernels/cpu.h
+ * dl_cpu_matmul_fwd_bf16). Parameters, gradients, AdamW state and every other op stay fp32
+ * (docs/HETEROGENEOUS.md "bf16 learner"). */
+enum { DL_GPT_PREC_FP32 = 0, DL_GPT_PREC_BF16 = 1 };
+void dl_gpt_set_precision(dl_gpt *g, int prec);
+int dl_gpt_precision(const dl_gpt *g);
 float *dl_gpt_params(dl_gpt *g);
 float *dl_gpt_grads(dl_gpt *g);
 float *dl_gpt_adam_m(dl_gpt *g);

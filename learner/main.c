@@ -11,6 +11,7 @@
 #include "core/shard.h"
 #include "kernels/codec.h"
 #include "learner/comms.h"
+#include "learner/dynh.h"
 #include "learner/metrics.h"
 #include "learner/node.h"
 #include "learner/pressure.h"
@@ -88,6 +89,9 @@ typedef struct {
     double wa_w_stale, wa_w_loss, wa_w_rate, wa_w_link, wa_w_ckpt, wa_rate_ref, wa_fc_alpha, wa_fc_beta;
     char pressure[DL_CFG_STRLEN], timing_trace_in[DL_CFG_STRLEN], timing_trace_out[DL_CFG_STRLEN];
     int64_t pressure_poll_ms, pressure_timeout_ms, pressure_stale_ms;
+    /* heterogeneous learners and non-IID shards (docs/HETEROGENEOUS.md) */
+    char data_shard_mode[DL_CFG_STRLEN], precision[DL_CFG_STRLEN], dynamic_h[DL_CFG_STRLEN];
+    int64_t dynamic_h_min, dynamic_h_max;
     /* not rows: resolved from the rows above at start (resolve_networked) */
     int byz_on;
     double byz_scale;
@@ -269,6 +273,23 @@ static const dl_cfg_entry learner_table[] = {
     {"timing_seed", DL_CFG_INT, F(timing_seed), 0, 9.2e18, "1", NULL, 0, "matched_random: placement seed"},
     {"oracle_window", DL_CFG_INT, F(oracle_window), 1, 1000000, "1", NULL, 0,
      "oracle: steps of pressure a push overlaps", "steps"},
+    /* heterogeneous learners and non-IID shards (docs/HETEROGENEOUS.md) */
+    {"data_shard_mode", DL_CFG_ENUM, F(data_shard_mode), 0, 0, "iid", "iid|cluster", 0,
+     "with data_shards > 1: iid (training sequence k goes to shard k % data_shards) or cluster (documents of 8 "
+     "sequences clustered by their character histograms, k-means with k = data_shards, equal sizes: shard i = "
+     "cluster i, a non-IID split; a shard smaller than a batch is refused)"},
+    {"precision", DL_CFG_ENUM, F(precision), 0, 0, "fp32", "fp32|bf16", 0,
+     "cpu: compute precision of the linear layers' GEMMs: fp32, or bf16 inputs (weights and activations, and "
+     "the gradients in backward, rounded to bf16) with fp32 sums; master weights, pushes and adopts stay fp32 "
+     "(cuda: use --matmul)"},
+    {"dynamic_h", DL_CFG_ENUM, F(dynamic_h), 0, 0, "off", "off|speed", 0,
+     "networked: off (push every H steps, the Welcome's H) or speed (H x this learner's step rate / the fleet's "
+     "median rate from the synchronizer's Acks, rounded, within dynamic_h_min..dynamic_h_max, changed only at "
+     "a push-cycle boundary: every learner pushes at the fleet's cadence)"},
+    {"dynamic_h_min", DL_CFG_INT, F(dynamic_h_min), 1, 1000000, "1", NULL, 0, "dynamic_h speed: smallest H",
+     "steps"},
+    {"dynamic_h_max", DL_CFG_INT, F(dynamic_h_max), 0, 1000000, "0", NULL, 0,
+     "dynamic_h speed: largest H (0 = 4 x the Welcome's H); >= dynamic_h_min", "steps"},
 };
 #undef F
 #define NCFG (sizeof learner_table / sizeof learner_table[0])
@@ -610,6 +631,34 @@ static int check_networked(learner_cfg *cfg)
     return 0;
 }
 
+/* heterogeneous learners (docs/HETEROGENEOUS.md): the rules across rows of dynamic_h and precision. */
+static int check_hetero(const learner_cfg *cfg)
+{
+    dl_dynh d;
+    DL_TRY(dl_dynh_init(&d, !strcmp(cfg->dynamic_h, "speed") ? DL_DYNH_SPEED : DL_DYNH_OFF, (int)cfg->dynamic_h_min,
+                        (int)cfg->dynamic_h_max));
+    /* the wa policies keep their own corridor per fragment from the real step; dynamic H moves the schedule
+     * step and H per cycle: the two would disagree about when a fragment last left */
+    if (d.mode != DL_DYNH_OFF && strcmp(cfg->sync_timing, "fixed"))
+        return dl_err(DL_EINVAL, "option dynamic_h: speed works with sync_timing fixed only (sync_timing is %s)",
+                      cfg->sync_timing);
+    if (!strcmp(cfg->precision, "bf16") && !strcmp(cfg->device, "cuda"))
+        return dl_err(DL_EINVAL, "option precision: bf16 is the CPU model's; on --device cuda use --matmul bf16");
+    return 0;
+}
+
+/* --precision bf16 on the CPU model (after the device is known: --device auto on a GPU refuses it). */
+static int apply_precision(const learner_cfg *cfg, dl_trainer *tr)
+{
+    if (strcmp(cfg->precision, "bf16")) return 0;
+    if (dl_trainer_device(tr) != DL_DEVICE_CPU)
+        return dl_err(DL_EINVAL, "option precision: bf16 is the CPU model's, and this learner trains on a GPU "
+                                 "(--device %s): use --matmul bf16 there, or --device cpu", cfg->device);
+    dl_gpt_set_precision(dl_trainer_model(tr), DL_GPT_PREC_BF16);
+    printf("precision: bf16 GEMM inputs, fp32 sums, fp32 master weights (--precision bf16)\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     learner_cfg cfg;
@@ -624,10 +673,12 @@ int main(int argc, char **argv)
         /* the same checks as a networked start, on a copy (the printed id stays as given) */
         learner_cfg v = cfg;
         if (!v.standalone && (rc = check_networked(&v))) return fail("bad configuration", rc);
+        if ((rc = check_hetero(&v))) return fail("bad configuration", rc);
         dl_cfg_print(learner_table, NCFG, &cfg, stdout);
         return 0;
     }
     if (rc) return fail("bad configuration", rc);
+    if ((rc = check_hetero(&cfg))) return fail("bad configuration", rc);
     dl_log_set_level(dl_log_level_parse(cfg.log_level));
     dl_log_set_name("learner");
     if ((rc = dl_event_open(cfg.events, "learner"))) return fail("opening the events file (option events)", rc);
@@ -667,7 +718,9 @@ int main(int argc, char **argv)
                          .val_frac = cfg.val_frac,
                          .seed = (uint64_t)cfg.seed,
                          .shard_index = (int)cfg.data_shard,
-                         .shard_count = (int)cfg.data_shards};
+                         .shard_count = (int)cfg.data_shards,
+                         .shard_mode = !strcmp(cfg.data_shard_mode, "cluster") ? DL_DATA_SHARD_CLUSTER : DL_DATA_SHARD_IID,
+                         .min_seqs = (int)cfg.batch};
     dl_data *data = NULL;
     if ((rc = dl_data_open(&dopt, &data))) return fail("loading data", rc);
     int vocab = cfg.model.vocab ? (int)cfg.model.vocab : (!strcmp(dl_data_kind(data), "text") ? 256 : 50257);
@@ -697,6 +750,15 @@ int main(int argc, char **argv)
     }
     dl_trainer *tr = NULL;
     if ((rc = dl_trainer_open(&tc, data, &tr))) return fail("building the model", rc);
+    if ((rc = apply_precision(&cfg, tr))) {
+        dl_trainer_close(&tr);
+        return fail("bad configuration", rc);
+    }
+    dl_event("learner_hetero", "id=%s precision=%s dynamic_h=%s dynamic_h_min=%lld dynamic_h_max=%lld "
+             "data_shard_mode=%s data_shard=%lld data_shards=%lld train_seqs=%llu", cfg.standalone ? "standalone" : cfg.id,
+             cfg.precision, cfg.dynamic_h, (long long)cfg.dynamic_h_min, (long long)cfg.dynamic_h_max,
+             cfg.data_shard_mode, (long long)cfg.data_shard, (long long)cfg.data_shards,
+             (unsigned long long)dl_data_train_seqs(data));
     if (!cfg.standalone && cfg.resume[0] && (rc = dl_trainer_resume_optimizer(tr, cfg.resume))) {
         dl_trainer_close(&tr);
         return fail("resuming", rc);
@@ -1230,6 +1292,10 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
          * updated every step, so the first pushes are predicted too */
         double step_ewma = 0.0;
         int64_t win_steps = 0;
+        /* --dynamic_h (learner/dynh.h; checked by check_hetero) */
+        dl_dynh dynh;
+        dl_dynh_init(&dynh, !strcmp(cfg->dynamic_h, "speed") ? DL_DYNH_SPEED : DL_DYNH_OFF, (int)cfg->dynamic_h_min,
+                     (int)cfg->dynamic_h_max);
         while (!exit_code && step < cfg->steps && !stop_requested) {
             float norm = 0.0f;
             double t_step = dl_clock_s(), loss = NAN;
@@ -1275,7 +1341,19 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             dl_mailbox_set_progress(mb, (uint64_t)step, (uint64_t)(step * tok_per_step),
                                     step_ewma > 0 ? 1.0 / step_ewma : 0.0);
             timing_step(&tmg, step, loss);
-            if ((rc = dl_node_after_step(node, step, H > 0 ? H : 1, (uint64_t)tok_per_step, loss, compute_s)) < 0 ||
+            /* dynamic H: the schedule step and H of this push cycle (plain: the step and the Welcome's H) */
+            int64_t sched = step;
+            if (H < 1) H = 1;
+            if (dynh.mode != DL_DYNH_OFF) {
+                double fleet = 0, own = step_ewma > 0 ? 1.0 / step_ewma : 0.0;
+                for (int k = 0; k < S && !(fleet > 0); k++) fleet = dl_comms_fleet_sps(comms[k]);
+                int base = H, changed;
+                sched = dl_dynh_step(&dynh, step, base, own, fleet, &H, &changed);
+                if (changed)
+                    dl_event("dynamic_h", "id=%s step=%lld h=%d base_h=%d steps_per_s=%.6g fleet_steps_per_s=%.6g",
+                             cfg->id, (long long)step, H, base, own, fleet);
+            }
+            if ((rc = dl_node_after_step(node, sched, H, (uint64_t)tok_per_step, loss, compute_s)) < 0 ||
                 (rc = dl_node_poll(node)) < 0) {
                 fail("pushing or adopting fragments", rc);
                 exit_code = 2;

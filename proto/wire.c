@@ -511,6 +511,9 @@ static int check_ack(const Dloco__V1__Ack *m, int npayload, const dl_wire_limits
     if (m->busy && m->decision != DLOCO__V1__DECISION__DECISION_REJECTED) return bad(b, "busy on a decision other than REJECTED");
     if (m->retry_after_ms > DL_WIRE_RETRY_MAX_MS)
         return bad(b, "retry_after_ms %u above %u", m->retry_after_ms, DL_WIRE_RETRY_MAX_MS);
+    DL_TRY(check_finite(b, "fleet_steps_per_s", m->fleet_steps_per_s));
+    if (m->fleet_steps_per_s < 0 || m->fleet_steps_per_s > DL_WIRE_FLEET_SPS_MAX)
+        return bad(b, "fleet_steps_per_s is %g, must be in [0, %g]", m->fleet_steps_per_s, DL_WIRE_FLEET_SPS_MAX);
     return check_str(b, "reason", m->reason, lim->max_text);
 }
 

@@ -45,6 +45,7 @@
 #define DL_WIRE_CHUNK_MIN 4096u
 #define DL_WIRE_CHUNK_MAX (64u << 20)
 #define DL_WIRE_RETRY_MAX_MS 600000u /* Ack.retry_after_ms */
+#define DL_WIRE_FLEET_SPS_MAX 1e9     /* Ack.fleet_steps_per_s, inner steps per second */
 /* Per-peer-pipe high-water mark in messages (ZMQ HWMs count per connection).
  * A learner has at most a few pushes and heartbeats in flight, so 64 is deep
  * enough, and it bounds queued fragment copies per peer instead of letting a

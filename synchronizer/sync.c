@@ -128,6 +128,11 @@ struct dl_sync {
     double *param_norm;    /* [P] L2 norm of the committed global fragment */
     uint64_t max_frag_bytes; /* the largest fragment's fp32 bytes */
     double hello_tokens;   /* token bucket of Hellos from new ids */
+    /* dynamic H (docs/HETEROGENEOUS.md): the median Heartbeat.steps_per_s of the live learners, recomputed at
+     * every heartbeat, sent in every Ack (fleet_steps_per_s); rate_buf holds rate_cap doubles for the median */
+    double fleet_sps;
+    double *rate_buf;
+    int rate_cap;
     uint64_t reclaimed_ids[DL_SYNC_RECLAIMED_IDS]; /* XXH64 of ids whose slot was reclaimed (a ring): */
     int n_reclaimed_ids;   /* such a learner must fetch when it comes back */
     int64_t errlog_ns;     /* error-reply log throttle: window start, lines, suppressed */
@@ -372,6 +377,7 @@ static void send_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t ba
     a.rebase = rebase;
     a.busy = retry_after_ms > 0;
     a.retry_after_ms = retry_after_ms;
+    a.fleet_steps_per_s = s->fleet_sps;
     env_to(s, &env, l->id);
     dl_wire_set_ack(&env, &a);
     send_msg(s, l, &env, NULL, 0);
@@ -1512,6 +1518,42 @@ static void on_bye(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1
     schedule(s);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* s->fleet_sps = the median step rate of the live learners that reported a
+ * finite one in (0, DL_WIRE_FLEET_SPS_MAX] (the mean of the two middle ones
+ * for an even count); 0 when none has, or when the buffer cannot grow (then
+ * Acks say "unknown" and dynamic-H learners keep their H). */
+static void update_fleet_rate(dl_sync *s)
+{
+    int n = dl_registry_count(s->reg), k = 0;
+    if (n > s->rate_cap) {
+        double *b = realloc(s->rate_buf, (size_t)n * sizeof *b);
+        if (!b) {
+            s->fleet_sps = 0;
+            return;
+        }
+        s->rate_buf = b;
+        s->rate_cap = n;
+    }
+    for (int i = 0; i < n; i++) {
+        const dl_registry_learner *l = dl_registry_cget(s->reg, i);
+        double r = l->steps_per_s;
+        if (l->used && member(s, i) == DL_POLICY_MEMBER_LIVE && isfinite(r) && r > 0 && r <= DL_WIRE_FLEET_SPS_MAX)
+            s->rate_buf[k++] = r;
+    }
+    if (!k) {
+        s->fleet_sps = 0;
+        return;
+    }
+    qsort(s->rate_buf, (size_t)k, sizeof *s->rate_buf, cmp_double);
+    s->fleet_sps = k % 2 ? s->rate_buf[k / 2] : 0.5 * (s->rate_buf[k / 2 - 1] + s->rate_buf[k / 2]);
+}
+
 /* Heartbeat counters: a learner cannot have stepped faster than
  * max_step_rate since its Hello; a claim beyond is ignored (not stored). */
 static void on_heartbeat(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Heartbeat *hb, int64_t now)
@@ -1532,6 +1574,7 @@ static void on_heartbeat(dl_sync *s, int slot, dl_registry_learner *l, const Dlo
     dl_ledger_progress(s->ledger, slot, l->step, l->tokens, hb->discarded_tokens);
     /* the schedule prediction and the share's tokens per step (policy.h) */
     dl_policy_learner_progress(s->policy, (uint32_t)slot, l->step, l->tokens, l->steps_per_s, now);
+    update_fleet_rate(s);
     schedule(s);
 }
 
@@ -2538,6 +2581,7 @@ void dl_sync_close(dl_sync **sp)
     dl_wire_queue_release(&s->outq);
     dl_guard_close(&s->guard);
     free(s->param_norm);
+    free(s->rate_buf);
     dl_policy_close(&s->policy);
     dl_registry_close(&s->reg);
     dl_ledger_close(&s->ledger);

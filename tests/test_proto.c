@@ -600,6 +600,18 @@ static void test_bad_inputs(void)
         EXPECT_BAD(&f.env, NULL, 0, &lim, "ack: busy on a decision other than REJECTED");
         f.ack.decision = DLOCO__V1__DECISION__DECISION_REJECTED, f.ack.retry_after_ms = 600001;
         EXPECT_BAD(&f.env, NULL, 0, &lim, "ack: retry_after_ms 600001 above 600000");
+        /* Ack.fleet_steps_per_s (dynamic H): finite, in [0, 1e9] */
+        fx_make(&f, DLOCO__V1__ENVELOPE__BODY_ACK, 0);
+        f.ack.fleet_steps_per_s = NAN;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "ack: fleet_steps_per_s is nan, must be finite");
+        f.ack.fleet_steps_per_s = INFINITY;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "ack: fleet_steps_per_s is inf, must be finite");
+        f.ack.fleet_steps_per_s = -0.5;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "ack: fleet_steps_per_s is -0.5, must be in [0, 1e+09]");
+        f.ack.fleet_steps_per_s = 2e9;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "ack: fleet_steps_per_s is 2e+09, must be in [0, 1e+09]");
+        f.ack.fleet_steps_per_s = 1e9;
+        CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "ack: fleet_steps_per_s 1e9 is valid");
         fx_make(&f, DLOCO__V1__ENVELOPE__BODY_FETCH, 0);
         uint64_t rv[2] = {1, 2}, ro[2] = {0, 0};
         f.fetch.resume_versions = rv, f.fetch.n_resume_versions = 2;
@@ -1125,6 +1137,7 @@ static golden GOLDEN[] = {
     {"heartbeat", DLOCO__V1__ENVELOPE__BODY_HEARTBEAT, 0, NULL, 0},
     {"push", DLOCO__V1__ENVELOPE__BODY_PUSH, 1065, NULL, 0},
     {"ack", DLOCO__V1__ENVELOPE__BODY_ACK, 0, NULL, 0},
+    {"ack_fleet", DLOCO__V1__ENVELOPE__BODY_ACK, 0, NULL, 0},
     {"update", DLOCO__V1__ENVELOPE__BODY_UPDATE, 8192, NULL, 0},
     {"fetch", DLOCO__V1__ENVELOPE__BODY_FETCH, 0, NULL, 0},
     {"bye", DLOCO__V1__ENVELOPE__BODY_BYE, 0, NULL, 0},
@@ -1174,6 +1187,9 @@ static void test_golden(void)
         case DLOCO__V1__ENVELOPE__BODY_ACK:
             CHECK(e->ack->decision == DLOCO__V1__DECISION__DECISION_ACCEPTED && e->ack->merged_version == 7,
                   "golden ack fields");
+            /* ack.bin predates fleet_steps_per_s (reads 0 = unknown); ack_fleet.bin carries it */
+            CHECK(e->ack->fleet_steps_per_s == (strcmp(g->name, "ack_fleet") == 0 ? 3.75 : 0.0),
+                  "golden %s fleet_steps_per_s", g->name);
             break;
         case DLOCO__V1__ENVELOPE__BODY_UPDATE:
             CHECK(e->update->codec == DLOCO__V1__CODEC__CODEC_BF16 && e->update->version == 9 &&
