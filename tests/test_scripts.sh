@@ -29,6 +29,12 @@ expect 2 "learner.sh: steps must be a number" bash bench/learner.sh many
 expect 2 "fuzz.sh: seconds must be a number" bash bench/fuzz.sh soon
 expect 2 "codec.sh: floats must be a number" bash bench/codec.sh lots
 expect 2 "local_cluster.sh --learners without a value" bash deploy/local_cluster.sh --learners
+# bench/gpa.sh (GPA vs AdamW steps to a target loss)
+expect 0 "bench/gpa.sh --help" bash bench/gpa.sh --help
+expect 2 "bench/gpa.sh --no-such-option" bash bench/gpa.sh --no-such-option
+expect 2 "gpa.sh takes no arguments" bash bench/gpa.sh extra
+expect 2 "gpa.sh: STEPS must be a number" env STEPS=many bash bench/gpa.sh
+expect 2 "gpa.sh: BUDGET beyond STEPS" env STEPS=100 BUDGET=200 bash bench/gpa.sh
 for s in tests/test_cluster.sh tests/test_refusals.sh tests/test_chaos.sh; do
   expect 0 "$s --help (starts nothing)" bash "$s" --help
 done
