@@ -14,19 +14,21 @@
 # line `gpa_steps_speedup: X.XX` (AdamW mean steps / GPA mean steps, the
 # untuned GPA). A run that never reaches the target counts as STEPS (and is
 # marked: the speedup is then an upper bound).
-# Usage: bench/gpa.sh   (env: STEPS=300 BUDGET=200 EVAL=10 SEEDS="1 2 3"
+# Runs are deterministic (one thread each by default), so they may run side
+# by side: PAR at a time (steps are counted, not seconds).
+# Usage: bench/gpa.sh   (env: STEPS=200 BUDGET=130 EVAL=10 SEEDS="1 2 3"
 #        SWEEP_H="4 8" (empty: no sweep) L=4 C=128 NH=4 T=128 B=16 LR=3e-3
-#        WARMUP=20 VB=8 (validation batches of B sequences) THREADS=2
+#        WARMUP=20 VB=8 (validation batches of B sequences) THREADS=1 PAR=6
 #        DATA=/usr/share/games/fortunes BUILD_DIR=build)
 set -euo pipefail
 . "$(dirname "$0")/../tests/lib_args.sh"
 dl_args 0 "$@"
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
-STEPS=${STEPS:-300} BUDGET=${BUDGET:-200} EVAL=${EVAL:-10} SEEDS=${SEEDS:-"1 2 3"} SWEEP_H=${SWEEP_H-"4 8"}
+STEPS=${STEPS:-200} BUDGET=${BUDGET:-130} EVAL=${EVAL:-10} SEEDS=${SEEDS:-"1 2 3"} SWEEP_H=${SWEEP_H-"4 8"}
 L=${L:-4} C=${C:-128} NH=${NH:-4} T=${T:-128} B=${B:-16} LR=${LR:-3e-3} WARMUP=${WARMUP:-20} VB=${VB:-8}
-THREADS=${THREADS:-2} DATA=${DATA:-/usr/share/games/fortunes}
-for v in STEPS BUDGET EVAL L C NH T B WARMUP VB THREADS; do dl_args_number "$v" "${!v}"; done
+THREADS=${THREADS:-1} PAR=${PAR:-6} DATA=${DATA:-/usr/share/games/fortunes}
+for v in STEPS BUDGET EVAL L C NH T B WARMUP VB THREADS PAR; do dl_args_number "$v" "${!v}"; done
 if [ "$BUDGET" -gt "$STEPS" ] || [ "$EVAL" -lt 1 ] || [ $((BUDGET % EVAL)) != 0 ]; then
   echo "gpa.sh: BUDGET ($BUDGET) must be <= STEPS ($STEPS) and a multiple of EVAL ($EVAL)" >&2; exit 2
 fi
@@ -35,7 +37,7 @@ cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-learner >/dev/null
 W=$(mktemp -d /tmp/dloco_gpa.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 echo "model L=$L C=$C NH=$NH T=$T B=$B, lr $LR warm-up $WARMUP + cosine over $STEPS steps (both optimizers)," \
-     "eval every $EVAL steps on $((VB * B)) validation sequences, seeds $SEEDS, $THREADS threads;" \
+     "eval every $EVAL steps on $((VB * B)) validation sequences, seeds $SEEDS, $THREADS thread(s) per run, $PAR at a time;" \
      "target = mean AdamW val loss at step $BUDGET"
 # run NAME SEED ARGS...: one standalone learner, its events in $W/NAME-SEED.ev
 run() {
@@ -44,13 +46,25 @@ run() {
   OMP_NUM_THREADS=$THREADS "$BUILD_DIR"/learner/dloco-learner --standalone --n_layer "$L" --n_head "$NH" \
     --n_embd "$C" --seq_len "$T" --data "$DATA" --batch "$B" --steps "$STEPS" --lr "$LR" --warmup "$WARMUP" \
     --seed "$seed" --val_every "$EVAL" --val_batches "$VB" --log_every "$EVAL" --events "$W/$name-$seed.ev" \
-    "$@" > "$W/$name-$seed.log" 2>&1 || { echo "run $name seed $seed failed:"; tail -5 "$W/$name-$seed.log"; exit 1; }
+    "$@" > "$W/$name-$seed.log" 2>&1 || { echo "run $name seed $seed failed:"; tail -5 "$W/$name-$seed.log"; return 1; }
+  touch "$W/$name-$seed.ok"
   echo "  $name seed $seed: $(( $(date +%s) - t0 )) s, final val $(sed -n -E 's/^summary:.*-> ([0-9.]+) \(best.*/\1/p' "$W/$name-$seed.log")"
 }
-for s in $SEEDS; do run adamw "$s" --optimizer adamw; done
-for s in $SEEDS; do run gpa "$s" --optimizer gpa; done
+# queue NAME SEED ARGS...: run in the background, at most PAR at a time
+queue() {
+  while [ "$(jobs -rp | wc -l)" -ge "$PAR" ]; do wait -n || true; done
+  run "$@" &
+}
+for s in $SEEDS; do queue adamw "$s" --optimizer adamw; done
+for s in $SEEDS; do queue gpa "$s" --optimizer gpa; done
 for h in $SWEEP_H; do
-  for s in $SEEDS; do run "gpa_h$h" "$s" --optimizer gpa --gpa_h "$h"; done
+  for s in $SEEDS; do queue "gpa_h$h" "$s" --optimizer gpa --gpa_h "$h"; done
+done
+wait
+for s in $SEEDS; do
+  for n in adamw gpa $(for h in $SWEEP_H; do echo "gpa_h$h"; done); do
+    [ -f "$W/$n-$s.ok" ] || { echo "gpa.sh: run $n seed $s failed"; exit 1; }
+  done
 done
 python3 - "$W" "$BUDGET" "$STEPS" "$SEEDS" "$SWEEP_H" <<'PY'
 import re, statistics, sys
