@@ -305,17 +305,18 @@ int dl_trainer_save(dl_trainer *t, const char *path)
 static int resume_gpa(dl_trainer *t, const char *path, dl_ckpt_state *st)
 {
     dl_gpt *g = t->model;
-    DL_TRY(dl_ckpt_load_gpa(path, &t->cfg.model, t->nparams, dl_gpt_params(g), dl_gpt_adam_m(g), dl_gpt_adam_v(g),
-                            t->gy, st));
-    if (st->gpa_mu_y == t->cfg.gpa_mu_y) return 0;
+    /* room for z first: a failure leaves the trainer untouched */
     float *z = dl_try_malloc(t->nparams * sizeof(float));
     if (!z)
-        return dl_err(DL_ENOMEM, "%s: re-deriving y for mu_y %g: %zu floats: out of memory", path,
-                      (double)t->cfg.gpa_mu_y, t->nparams);
-    dl_gpa_z(z, dl_gpt_params(g), t->gy, t->nparams, st->gpa_mu_y);
-    dl_gpa_y(t->gy, dl_gpt_params(g), z, t->nparams, t->cfg.gpa_mu_y);
+        return dl_err(DL_ENOMEM, "%s: room to re-derive y (%zu floats): out of memory", path, t->nparams);
+    int rc = dl_ckpt_load_gpa(path, &t->cfg.model, t->nparams, dl_gpt_params(g), dl_gpt_adam_m(g), dl_gpt_adam_v(g),
+                              t->gy, st);
+    if (rc == 0 && st->gpa_mu_y != t->cfg.gpa_mu_y) {
+        dl_gpa_z(z, dl_gpt_params(g), t->gy, t->nparams, st->gpa_mu_y);
+        dl_gpa_y(t->gy, dl_gpt_params(g), z, t->nparams, t->cfg.gpa_mu_y);
+    }
     free(z);
-    return 0;
+    return rc;
 }
 
 /* restore_data 0: the step and AdamW state only (dl_trainer_resume_optimizer) */

@@ -340,6 +340,13 @@ static void test_checkpoints(void)
     fseek(f, 0, SEEK_END);
     CHECK(ftell(f) == (long)(128 + 4 * n * sizeof(float)), "gpa checkpoint of %ld bytes", ftell(f));
     fclose(f);
+    dl_alloc_fail_after(1); /* the resume's first allocation, before the file is read */
+    dl_err_clear();
+    int rc0 = dl_trainer_resume(b, pg);
+    dl_alloc_fail_after(0);
+    printf("gpa resume without memory -> %s: %s\n", dl_strerror(rc0), dl_errmsg());
+    CHECK(rc0 == DL_ENOMEM && strstr(dl_errmsg(), "room to re-derive y") && dl_trainer_steps_done(b) == 0,
+          "resume out of memory: rc %d '%s'", rc0, dl_errmsg());
     REQUIRE(dl_trainer_resume(b, pg) == 0, "resume gpa: %s", dl_errmsg());
     CHECK(dl_trainer_steps_done(b) == 4, "resumed at %lld", (long long)dl_trainer_steps_done(b));
     int same = 1;
