@@ -44,7 +44,8 @@ int dl_ckpt_load_raw(const char *path, const dl_model_config *cfg, size_t nparam
  * dl_ckpt_load_raw refuse a GPA file and dl_ckpt_load_gpa an AdamW file,
  * both DL_EMISMATCH naming the optimizer the file is from (resuming one
  * optimizer's state with the other would not continue the run). A GPA file
- * whose header mu_y is not in [0, 1) is DL_EFORMAT. */
+ * whose header mu_y is not in [0, 1) is DL_EFORMAT; the load stages 4 x
+ * nparams floats (DL_ENOMEM before anything is touched). */
 int dl_ckpt_save_gpa(const char *path, const dl_model_config *cfg, size_t nparams, const float *x, const float *m,
                      const float *v, const float *y, const dl_ckpt_state *st);
 int dl_ckpt_load_gpa(const char *path, const dl_model_config *cfg, size_t nparams, float *x, float *m, float *v,
