@@ -1,11 +1,13 @@
-/* Checkpoint file: fixed 128-byte little-endian header, then params, m, v as
- * fp32; XXH64 of the three arrays in the header guards against bit rot. */
+/* Checkpoint file: fixed 128-byte little-endian header, then params, m, v
+ * (and y for a GPA run) as fp32; XXH64 of the arrays in the header guards against bit rot. */
 #include "learner/ckpt.h"
 
 #include "core/err.h"
 #include "core/hash.h"
 
+#include <assert.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,17 +21,19 @@ typedef struct {
     int64_t step;
     uint64_t data_epoch, data_index;
     uint64_t seed;
-    uint64_t checksum; /* chained XXH64 over params, m, v */
-    uint8_t reserved[128 - 8 - 24 - 48];
+    uint64_t checksum; /* chained XXH64 over params, m, v (, y) */
+    uint32_t optimizer; /* 0 AdamW (version 1; zero in files written before GPA), 1 GPA (version 2) */
+    float gpa_mu_y;     /* GPA: the mu_y y was stored under */
+    uint8_t reserved[128 - 8 - 24 - 48 - 8];
 } ckpt_header;
 _Static_assert(sizeof(ckpt_header) == 128, "checkpoint header is 128 bytes");
 
-static uint64_t state_hash(size_t nparams, const float *params, const float *m, const float *v)
+/* chained over the `k` arrays of nparams floats each, in file order */
+static uint64_t state_hash(size_t nparams, const float *const *arr, int k)
 {
-    size_t n = nparams * sizeof(float);
-    uint64_t h = dl_hash64(params, n, 1);
-    h = dl_hash64(m, n, h);
-    return dl_hash64(v, n, h);
+    uint64_t h = 1;
+    for (int i = 0; i < k; i++) h = dl_hash64(arr[i], nparams * sizeof(float), h);
+    return h;
 }
 
 int dl_ckpt_save(const char *path, dl_gpt *g, const dl_ckpt_state *st)
@@ -44,13 +48,14 @@ int dl_ckpt_load(const char *path, dl_gpt *g, dl_ckpt_state *st)
                             dl_gpt_adam_v(g), st);
 }
 
-int dl_ckpt_save_raw(const char *path, const dl_model_config *c, size_t nparams, const float *params,
-                     const float *m, const float *v, const dl_ckpt_state *st)
+/* y NULL: an AdamW file; else a GPA file with y after v */
+static int save(const char *path, const dl_model_config *c, size_t nparams, const float *params, const float *m,
+                const float *v, const float *y, const dl_ckpt_state *st)
 {
     ckpt_header h;
     memset(&h, 0, sizeof h);
     h.magic = DL_CKPT_MAGIC;
-    h.version = DL_CKPT_VERSION;
+    h.version = y ? DL_CKPT_VERSION_GPA : DL_CKPT_VERSION;
     h.n_layer = c->n_layer;
     h.n_head = c->n_head;
     h.n_embd = c->n_embd;
@@ -62,16 +67,22 @@ int dl_ckpt_save_raw(const char *path, const dl_model_config *c, size_t nparams,
     h.data_epoch = st->data.epoch;
     h.data_index = st->data.index;
     h.seed = st->seed;
-    h.checksum = state_hash(nparams, params, m, v);
+    const float *arr[4] = {params, m, v, y};
+    int narr = y ? 4 : 3;
+    h.checksum = state_hash(nparams, arr, narr);
+    if (y) {
+        h.optimizer = 1;
+        h.gpa_mu_y = st->gpa_mu_y;
+    }
 
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return dl_err(DL_EINVAL, "path too long");
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) return dl_err(DL_EIO, "cannot create %s: %s", tmp, strerror(errno));
     size_t n = h.nparams * sizeof(float);
-    const void *parts[4] = {&h, params, m, v};
-    size_t lens[4] = {sizeof h, n, n, n};
-    for (int i = 0; i < 4; i++) {
+    const void *parts[5] = {&h, params, m, v, y};
+    size_t lens[5] = {sizeof h, n, n, n, n};
+    for (int i = 0; i < 1 + narr; i++) {
         const char *p = parts[i];
         size_t left = lens[i];
         while (left) {
@@ -98,8 +109,22 @@ int dl_ckpt_save_raw(const char *path, const dl_model_config *c, size_t nparams,
     return 0;
 }
 
-int dl_ckpt_load_raw(const char *path, const dl_model_config *c, size_t nparams, float *params, float *m, float *v,
-                     dl_ckpt_state *st)
+int dl_ckpt_save_raw(const char *path, const dl_model_config *c, size_t nparams, const float *params,
+                     const float *m, const float *v, const dl_ckpt_state *st)
+{
+    return save(path, c, nparams, params, m, v, NULL, st);
+}
+
+int dl_ckpt_save_gpa(const char *path, const dl_model_config *c, size_t nparams, const float *x, const float *m,
+                     const float *v, const float *y, const dl_ckpt_state *st)
+{
+    assert(y);
+    return save(path, c, nparams, x, m, v, y, st);
+}
+
+/* y NULL: the caller runs AdamW and takes an AdamW file only; else a GPA file only */
+static int load(const char *path, const dl_model_config *c, size_t nparams, float *params, float *m, float *v,
+                float *y, dl_ckpt_state *st)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return dl_err(DL_EIO, "cannot open checkpoint %s: %s", path, strerror(errno));
@@ -114,8 +139,24 @@ int dl_ckpt_load_raw(const char *path, const dl_model_config *c, size_t nparams,
         rc = dl_err(DL_EFORMAT, "%s: not a dloco checkpoint (magic 0x%08x)", path, h.magic);
         goto out;
     }
-    if (h.version != DL_CKPT_VERSION) {
-        rc = dl_err(DL_EFORMAT, "%s: checkpoint version %u, this build reads %u", path, h.version, DL_CKPT_VERSION);
+    if (h.version != DL_CKPT_VERSION && h.version != DL_CKPT_VERSION_GPA) {
+        rc = dl_err(DL_EFORMAT, "%s: checkpoint version %u, this build reads %u (AdamW) and %u (GPA)", path, h.version,
+                    DL_CKPT_VERSION, DL_CKPT_VERSION_GPA);
+        goto out;
+    }
+    int gpa = h.version == DL_CKPT_VERSION_GPA;
+    if (h.optimizer != (uint32_t)gpa) {
+        rc = dl_err(DL_EFORMAT, "%s: checkpoint version %u with optimizer code %u (expected %d)", path, h.version,
+                    h.optimizer, gpa);
+        goto out;
+    }
+    if (gpa && !(isfinite(h.gpa_mu_y) && h.gpa_mu_y >= 0.0f && h.gpa_mu_y < 1.0f)) {
+        rc = dl_err(DL_EFORMAT, "%s: GPA checkpoint with mu_y %g, not in [0, 1)", path, (double)h.gpa_mu_y);
+        goto out;
+    }
+    if (gpa != (y != NULL)) {
+        rc = dl_err(DL_EMISMATCH, "%s: checkpoint of a%s run, this run uses %s: resume it with --optimizer %s", path,
+                    gpa ? " gpa" : "n adamw", y ? "gpa" : "adamw", gpa ? "gpa" : "adamw");
         goto out;
     }
     if (h.n_layer != c->n_layer || h.n_head != c->n_head || h.n_embd != c->n_embd || h.seq_len != c->seq_len ||
@@ -126,31 +167,31 @@ int dl_ckpt_load_raw(const char *path, const dl_model_config *c, size_t nparams,
                     c->seq_len, c->vocab);
         goto out;
     }
-    size_t n = h.nparams;
-    buf = dl_try_malloc(3 * n * sizeof(float));
+    size_t n = h.nparams, k = gpa ? 4 : 3;
+    buf = dl_try_malloc(k * n * sizeof(float));
     if (!buf) {
-        rc = dl_err(DL_ENOMEM, "%s: state of %zu parameters x 3 buffers (%.2f GB): out of memory", path, n,
-                    3.0 * (double)n * sizeof(float) / 1e9);
+        rc = dl_err(DL_ENOMEM, "%s: state of %zu parameters x %zu buffers (%.2f GB): out of memory", path, n, k,
+                    (double)k * (double)n * sizeof(float) / 1e9);
         goto out;
     }
-    if (fread(buf, sizeof(float), 3 * n, f) != 3 * n) {
-        rc = dl_err(DL_ETRUNC, "%s: truncated (expected %zu bytes of state)", path, 3 * n * sizeof(float));
+    if (fread(buf, sizeof(float), k * n, f) != k * n) {
+        rc = dl_err(DL_ETRUNC, "%s: truncated (expected %zu bytes of state)", path, k * n * sizeof(float));
         goto out;
     }
     if (fgetc(f) != EOF) {
         rc = dl_err(DL_EFORMAT, "%s: trailing bytes after the state", path);
         goto out;
     }
-    uint64_t hh = dl_hash64(buf, n * sizeof(float), 1);
-    hh = dl_hash64(buf + n, n * sizeof(float), hh);
-    hh = dl_hash64(buf + 2 * n, n * sizeof(float), hh);
-    if (hh != h.checksum) {
+    const float *arr[4] = {buf, buf + n, buf + 2 * n, buf + 3 * n};
+    if (state_hash(n, arr, (int)k) != h.checksum) {
         rc = dl_err(DL_ECORRUPT, "%s: checksum mismatch (file damaged)", path);
         goto out;
     }
     memcpy(params, buf, n * sizeof(float));
     memcpy(m, buf + n, n * sizeof(float));
     memcpy(v, buf + 2 * n, n * sizeof(float));
+    if (gpa) memcpy(y, buf + 3 * n, n * sizeof(float));
+    st->gpa_mu_y = gpa ? h.gpa_mu_y : 0.0f;
     st->step = h.step;
     st->data.epoch = h.data_epoch;
     st->data.index = h.data_index;
@@ -159,4 +200,17 @@ out:
     free(buf);
     fclose(f);
     return rc;
+}
+
+int dl_ckpt_load_raw(const char *path, const dl_model_config *c, size_t nparams, float *params, float *m, float *v,
+                     dl_ckpt_state *st)
+{
+    return load(path, c, nparams, params, m, v, NULL, st);
+}
+
+int dl_ckpt_load_gpa(const char *path, const dl_model_config *c, size_t nparams, float *x, float *m, float *v,
+                     float *y, dl_ckpt_state *st)
+{
+    assert(y);
+    return load(path, c, nparams, x, m, v, y, st);
 }

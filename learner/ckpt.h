@@ -1,5 +1,6 @@
 /* Learner checkpoints: params + AdamW moments + step + data position in one
- * file (magic "DLCK", version, config, checksum), written atomically. */
+ * file (magic "DLCK", version, config, checksum), written atomically; a GPA
+ * run's (learner/gpa.h) also holds its second parameter copy. */
 #ifndef DL_LEARNER_CKPT_H
 #define DL_LEARNER_CKPT_H
 
@@ -7,12 +8,14 @@
 #include "learner/gpt.h"
 
 #define DL_CKPT_MAGIC 0x4B434C44u /* "DLCK" little-endian */
-#define DL_CKPT_VERSION 1u
+#define DL_CKPT_VERSION 1u     /* AdamW: params, m, v */
+#define DL_CKPT_VERSION_GPA 2u /* GPA: x (as params), m, v, then y, and mu_y in the header */
 
 typedef struct {
     int64_t step;     /* completed optimizer steps (AdamW t of the last step) */
     dl_data_pos data; /* next training sequence */
     uint64_t seed;    /* run seed, for the record */
+    float gpa_mu_y;   /* GPA files: the mu_y that y was stored under (z = y + mu_y/(1-mu_y) (y - x)); 0 otherwise */
 } dl_ckpt_state;
 
 /* Write to path.tmp, fsync, rename: a crash leaves the old or the new file. */
@@ -33,5 +36,19 @@ int dl_ckpt_save_raw(const char *path, const dl_model_config *cfg, size_t nparam
                      const float *m, const float *v, const dl_ckpt_state *st);
 int dl_ckpt_load_raw(const char *path, const dl_model_config *cfg, size_t nparams, float *params, float *m, float *v,
                      dl_ckpt_state *st);
+
+/* A GPA run's file (version DL_CKPT_VERSION_GPA): the model x in the params
+ * place (so its params are the model, as in an AdamW file), m, v, then y,
+ * with st->gpa_mu_y (finite, in [0, 1)) in the header; the checksum chains
+ * all four arrays. The rule between the two kinds: dl_ckpt_load /
+ * dl_ckpt_load_raw refuse a GPA file and dl_ckpt_load_gpa an AdamW file,
+ * both DL_EMISMATCH naming the optimizer the file is from (resuming one
+ * optimizer's state with the other would not continue the run). A GPA file
+ * whose header mu_y is not in [0, 1) is DL_EFORMAT; the load stages 4 x
+ * nparams floats (DL_ENOMEM before anything is touched). */
+int dl_ckpt_save_gpa(const char *path, const dl_model_config *cfg, size_t nparams, const float *x, const float *m,
+                     const float *v, const float *y, const dl_ckpt_state *st);
+int dl_ckpt_load_gpa(const char *path, const dl_model_config *cfg, size_t nparams, float *x, float *m, float *v,
+                     float *y, dl_ckpt_state *st);
 
 #endif

@@ -12,6 +12,7 @@
 #include "kernels/codec.h"
 #include "learner/comms.h"
 #include "learner/dynh.h"
+#include "learner/gpa.h"
 #include "learner/metrics.h"
 #include "learner/node.h"
 #include "learner/pressure.h"
@@ -45,6 +46,10 @@ typedef struct {
     dl_model_opts model; /* n_layer .. vocab and fragments: DL_MODEL_CFG_ROWS */
     int64_t batch, steps, warmup;
     double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip, adam_fleet;
+    /* the inner optimizer (learner/gpa.h, docs/GPA.md) */
+    char optimizer[DL_CFG_STRLEN];
+    double gpa_mu_x, gpa_mu_y, gpa_mu;
+    int64_t gpa_h;
     int64_t seed;
     int64_t val_every, val_batches, log_every;
     char checkpoint[DL_CFG_STRLEN];
@@ -122,6 +127,18 @@ static const dl_cfg_entry learner_table[] = {
     {"beta2", DL_CFG_FLOAT, F(beta2), 0.0, 0.99999, "0.95", NULL, 0, "AdamW beta2"},
     {"eps", DL_CFG_FLOAT, F(eps), 1e-12, 1e-2, "1e-8", NULL, 0, "AdamW epsilon"},
     {"grad_clip", DL_CFG_FLOAT, F(grad_clip), 0.0, 1e6, "1.0", NULL, 0, "global gradient-norm clip (0 = off)"},
+    {"optimizer", DL_CFG_ENUM, F(optimizer), 0, 0, "adamw", "adamw|gpa", 0,
+     "inner optimizer: adamw, or gpa (generalized primal averaging over AdamW, docs/GPA.md: the model is an average "
+     "x of the AdamW iterate z, gradients at y = mu_y x + (1-mu_y) z; one more parameter copy; cpu only)"},
+    {"gpa_mu_x", DL_CFG_FLOAT, F(gpa_mu_x), -1.0, 1.0, "-1", NULL, 0,
+     "gpa: x <- mu_x x + (1-mu_x) z, in [0, 1); 0 = plain AdamW; -1 = the DiLoCo mapping gpa_mu^(1/gpa_h) "
+     "(0.9^(1/32) = 0.99671 by default)"},
+    {"gpa_mu_y", DL_CFG_FLOAT, F(gpa_mu_y), 0.0, 1.0, "0.7", NULL, 0,
+     "gpa: gradients at y = mu_y x + (1-mu_y) z, in [0, 1); 0 = at z"},
+    {"gpa_mu", DL_CFG_FLOAT, F(gpa_mu), 0.0, 1.0, "0.9", NULL, 0,
+     "gpa_mu_x -1: the outer (Nesterov) momentum of the DiLoCo that gpa stands for, in [0, 1)"},
+    {"gpa_h", DL_CFG_INT, F(gpa_h), 1, 1000000000, "32", NULL, 0,
+     "gpa_mu_x -1: the inner steps per outer step of that DiLoCo", "steps"},
     {"seed", DL_CFG_INT, F(seed), 0, 9.2e18, "1337", NULL, 0, "init and shuffling seed"},
     {"val_every", DL_CFG_INT, F(val_every), 0, 1000000000, "100", NULL, 0, "evaluate every N steps (0 = only at the end)",
      "steps"},
@@ -553,6 +570,7 @@ static int init_from_file(dl_trainer *tr, const char *path)
     int rc;
     if (dl_trainer_device(tr) == DL_DEVICE_CPU) {
         rc = dl_modelfile_read(path, mc, dl_gpt_params(dl_trainer_model(tr)), &info);
+        if (!rc) dl_trainer_params_written(tr); /* gpa: y = x */
     } else {
 #ifdef DLOCO_HAVE_CUDA
         size_t n = dl_trainer_num_params(tr);
@@ -659,6 +677,27 @@ static int apply_precision(const learner_cfg *cfg, dl_trainer *tr)
     return 0;
 }
 
+/* --optimizer and the gpa rows (checked in either mode, whichever the
+ * optimizer): gpa_mu_x -1 resolved from the DiLoCo mapping into *mu_x.
+ * Returns 0 or DL_EINVAL naming the option. */
+static int check_optimizer(const learner_cfg *cfg, double *mu_x)
+{
+    if (cfg->gpa_mu >= 1.0)
+        return dl_err(DL_EINVAL, "option gpa_mu: %g, the outer momentum, must be below 1", cfg->gpa_mu);
+    *mu_x = cfg->gpa_mu_x == -1.0 ? dl_gpa_mu_x_from(cfg->gpa_mu, cfg->gpa_h) : cfg->gpa_mu_x;
+    if (cfg->gpa_mu_x != -1.0 && !(cfg->gpa_mu_x >= 0.0 && cfg->gpa_mu_x < 1.0))
+        return dl_err(DL_EINVAL, "option gpa_mu_x: %g is not -1 (the DiLoCo mapping) or in [0, 1)", cfg->gpa_mu_x);
+    if (cfg->gpa_mu_y >= 1.0)
+        return dl_err(DL_EINVAL, "option gpa_mu_y: %g must be below 1 (z = y + mu_y/(1-mu_y) (y - x))", cfg->gpa_mu_y);
+    if (!strcmp(cfg->optimizer, "gpa") && !strcmp(cfg->device, "cuda"))
+        return dl_err(DL_EINVAL, "option optimizer: gpa runs on the cpu only (the CUDA trainer has no GPA step): use "
+                                 "--device cpu, or --optimizer adamw on the GPU");
+    if (!strcmp(cfg->optimizer, "gpa") && cfg->adam_fleet != 0.0)
+        return dl_err(DL_EINVAL, "option optimizer: gpa with adam_fleet %g is not supported (adam_fleet 0)",
+                      cfg->adam_fleet);
+    return dl_gpa_check(*mu_x, cfg->gpa_mu_y);
+}
+
 int main(int argc, char **argv)
 {
     learner_cfg cfg;
@@ -672,6 +711,8 @@ int main(int argc, char **argv)
     if (rc == DL_CFG_PRINT) {
         /* the same checks as a networked start, on a copy (the printed id stays as given) */
         learner_cfg v = cfg;
+        double mu_x;
+        if ((rc = check_optimizer(&v, &mu_x))) return fail("bad configuration", rc);
         if (!v.standalone && (rc = check_networked(&v))) return fail("bad configuration", rc);
         if ((rc = check_hetero(&v))) return fail("bad configuration", rc);
         dl_cfg_print(learner_table, NCFG, &cfg, stdout);
@@ -686,6 +727,8 @@ int main(int argc, char **argv)
         if (!cfg.id[0]) default_id(cfg.id, sizeof cfg.id);
         if ((rc = check_networked(&cfg))) return fail("bad configuration", rc);
     }
+    double gpa_mu_x = 0.0;
+    if ((rc = check_optimizer(&cfg, &gpa_mu_x))) return fail("bad configuration", rc);
     if (cfg.threads > 0) omp_set_num_threads((int)cfg.threads);
     warn_shared_cores(&cfg);
     if (cfg.warmup >= cfg.steps) cfg.warmup = cfg.steps / 10;
@@ -742,6 +785,9 @@ int main(int argc, char **argv)
         .val_batches = (int)cfg.val_batches,
         .device = device,
         .fleet = (float)cfg.adam_fleet,
+        .optimizer = !strcmp(cfg.optimizer, "gpa") ? DL_OPT_GPA : DL_OPT_ADAMW,
+        .gpa_mu_x = (float)gpa_mu_x,
+        .gpa_mu_y = (float)cfg.gpa_mu_y,
     };
     mo.vocab = vocab; /* 0 resolved from the data above */
     if ((rc = dl_model_config_from(&mo, &tc.model))) {
@@ -759,6 +805,15 @@ int main(int argc, char **argv)
              cfg.precision, cfg.dynamic_h, (long long)cfg.dynamic_h_min, (long long)cfg.dynamic_h_max,
              cfg.data_shard_mode, (long long)cfg.data_shard, (long long)cfg.data_shards,
              (unsigned long long)dl_data_train_seqs(data));
+    if (tc.optimizer == DL_OPT_GPA) {
+        printf("optimizer: gpa, mu_x %.6g%s, mu_y %.6g (one more parameter copy: %.1f MB)\n", (double)tc.gpa_mu_x,
+               cfg.gpa_mu_x == -1.0 ? " (gpa_mu^(1/gpa_h))" : "", (double)tc.gpa_mu_y,
+               (double)dl_trainer_num_params(tr) * sizeof(float) * 1e-6);
+        dl_event("optimizer", "name=gpa mu_x=%.9g mu_y=%.9g mu_x_from=%s", (double)tc.gpa_mu_x, (double)tc.gpa_mu_y,
+                 cfg.gpa_mu_x == -1.0 ? "mapping" : "option");
+    } else {
+        dl_event("optimizer", "name=adamw");
+    }
     if (!cfg.standalone && cfg.resume[0] && (rc = dl_trainer_resume_optimizer(tr, cfg.resume))) {
         dl_trainer_close(&tr);
         return fail("resuming", rc);
@@ -1184,6 +1239,18 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
      * directly on the cpu; on a GPU the fragment copies of xfer_cuda.c, whose
      * pushes complete one step later so the copy overlaps the next step. */
     const dl_node_model *model = NULL;
+    /* gpa: theta is x, and an adopt moves y with it (learner/gpa.h) */
+    dl_node_model *gpa_model = NULL;
+    if (dl_trainer_gpa_y(tr)) {
+        if ((rc = dl_gpa_node_model_open(plan, dl_gpt_params(dl_trainer_model(tr)), dl_trainer_gpa_y(tr),
+                                         &gpa_model))) {
+            close_sessions(comms, S);
+            dl_mailbox_close(&mb);
+            dl_plan_close(&plan);
+            return fail("setting up the gpa parameter interface", rc);
+        }
+        model = gpa_model;
+    }
 #ifdef DLOCO_HAVE_CUDA
     dl_gptc_xfer *xfer = NULL;
     if (dl_trainer_device(tr) == DL_DEVICE_CUDA) {
@@ -1218,6 +1285,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         int r = fail(met_failed ? "starting" : "connecting", rc);
         dl_lmet_close(&lmet);
         dl_node_close(&node);
+        dl_gpa_node_model_close(&gpa_model);
         close_sessions(comms, S);
         dl_mailbox_close(&mb);
 #ifdef DLOCO_HAVE_CUDA
@@ -1493,6 +1561,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     fflush(stdout);
     close_sessions(comms, S);
     dl_node_close(&node);
+    dl_gpa_node_model_close(&gpa_model);
     dl_mailbox_close(&mb);
 #ifdef DLOCO_HAVE_CUDA
     dl_gptc_xfer_close(&xfer);

@@ -23,6 +23,7 @@ struct dl_trainer {
     int32_t *inp, *tgt;
     float *ga, *w;   /* fleet on the cpu: first half's gradient, noise moment */
     float *dga, *dw; /* the same in device memory (fleet on cuda) */
+    float *gy;       /* GPA: y (nparams floats); the model's params are x */
 };
 
 static int open_model(dl_trainer *t)
@@ -53,6 +54,17 @@ int dl_trainer_open(const dl_train_cfg *cfg, dl_data *data, dl_trainer **out)
     t->data = data;
     /* fills padded_vocab, which the checkpoint header records */
     int rc = dl_model_config_check(&t->cfg.model);
+    if (rc == 0 && !dl_gpa_optimizer_name(cfg->optimizer))
+        rc = dl_err(DL_EINVAL, "trainer: unknown optimizer %d", cfg->optimizer);
+    if (rc == 0 && cfg->optimizer == DL_OPT_GPA) {
+        rc = dl_gpa_check(cfg->gpa_mu_x, cfg->gpa_mu_y);
+        if (rc == 0 && cfg->device == DL_DEVICE_CUDA)
+            rc = dl_err(DL_EINVAL, "optimizer gpa runs on the cpu only (the CUDA trainer has no GPA step): use "
+                                   "--device cpu, or --optimizer adamw on the GPU");
+        if (rc == 0 && cfg->fleet != 0.0f)
+            rc = dl_err(DL_EINVAL, "optimizer gpa with adam_fleet %g: not supported together (adam_fleet 0)",
+                        cfg->fleet);
+    }
     if (rc == 0 && cfg->fleet != 0.0f) {
         if (!(cfg->fleet >= 1.0f && cfg->fleet <= 1e6f))
             rc = dl_err(DL_EINVAL, "adam_fleet %g: 0 (off) or a batch multiple in [1, 1e6]", cfg->fleet);
@@ -66,6 +78,14 @@ int dl_trainer_open(const dl_train_cfg *cfg, dl_data *data, dl_trainer **out)
         if (!t->w)
             rc = dl_err(DL_ENOMEM, "adam_fleet state of %zu parameters x 2 buffers (%.2f GB): out of memory",
                         t->nparams, 2.0 * (double)t->nparams * sizeof(float) / 1e9);
+    }
+    if (rc == 0 && cfg->optimizer == DL_OPT_GPA) {
+        t->gy = dl_try_malloc(t->nparams * sizeof(float));
+        if (!t->gy)
+            rc = dl_err(DL_ENOMEM, "gpa: the copy y of %zu parameters (%.2f GB): out of memory", t->nparams,
+                        (double)t->nparams * sizeof(float) / 1e9);
+        else
+            memcpy(t->gy, dl_gpt_params(t->model), t->nparams * sizeof(float));
     }
 #ifdef DLOCO_HAVE_CUDA
     if (rc == 0 && cfg->fleet != 0.0f && t->gmodel) {
@@ -99,6 +119,7 @@ void dl_trainer_close(dl_trainer **tp)
     free(t->tgt);
     free(t->ga);
     free(t->w);
+    free(t->gy);
 #ifdef DLOCO_HAVE_CUDA
     dl_cuda_free((void **)&t->dga);
     dl_cuda_free((void **)&t->dw);
@@ -136,6 +157,21 @@ int dl_trainer_step(dl_trainer *t, double *loss, float *grad_norm)
         t->step++;
         float norm = dl_gpt_adamw_split_step(t->model, &t->cfg.adamw, dl_trainer_lr_at(t, t->step), t->step, t->ga,
                                              t->w, t->cfg.fleet);
+        if (grad_norm) *grad_norm = norm;
+        return 0;
+    }
+    if (t->gy) {
+        /* the gradient at y: y into the parameter buffer for forward and
+         * backward, x back (swaps are exact), then the step on (x, y) */
+        float *x = dl_gpt_params(t->model);
+        dl_gpa_swap(x, t->gy, t->nparams);
+        *loss = dl_gpt_forward(t->model, t->inp, t->tgt, B, T);
+        dl_gpt_zero_grad(t->model);
+        dl_gpt_backward(t->model);
+        dl_gpa_swap(x, t->gy, t->nparams);
+        t->step++;
+        float norm = dl_gpa_step(t->model, t->gy, &t->cfg.adamw, dl_trainer_lr_at(t, t->step), t->step,
+                                 t->cfg.gpa_mu_x, t->cfg.gpa_mu_y);
         if (grad_norm) *grad_norm = norm;
         return 0;
     }
@@ -213,10 +249,22 @@ size_t dl_trainer_num_params(const dl_trainer *t) { return t->nparams; }
 dl_gpt *dl_trainer_model(dl_trainer *t) { return t->model; }
 struct dl_gptc *dl_trainer_gptc(dl_trainer *t) { return t->gmodel; }
 dl_data *dl_trainer_data(dl_trainer *t) { return t->data; }
+int dl_trainer_optimizer(const dl_trainer *t) { return t->cfg.optimizer; }
+float *dl_trainer_gpa_y(dl_trainer *t) { return t->gy; }
+
+void dl_trainer_params_written(dl_trainer *t)
+{
+    if (t->gy) memcpy(t->gy, dl_gpt_params(t->model), t->nparams * sizeof(float));
+}
 
 int dl_trainer_save(dl_trainer *t, const char *path)
 {
     dl_ckpt_state st = {.step = t->step, .data = dl_data_get_pos(t->data), .seed = t->cfg.seed};
+    if (t->gy) {
+        st.gpa_mu_y = t->cfg.gpa_mu_y;
+        return dl_ckpt_save_gpa(path, &t->cfg.model, t->nparams, dl_gpt_params(t->model), dl_gpt_adam_m(t->model),
+                                dl_gpt_adam_v(t->model), t->gy, &st);
+    }
     if (t->model && !t->ga) return dl_ckpt_save(path, t->model, &st);
     size_t n = t->nparams;
     if (t->model) {
@@ -252,6 +300,25 @@ int dl_trainer_save(dl_trainer *t, const char *path)
 #endif
 }
 
+/* A GPA file into (x, m, v, y); y stored under another mu_y is re-derived
+ * from the file's z = y + mu_y/(1-mu_y) (y - x) for this run's mu_y. */
+static int resume_gpa(dl_trainer *t, const char *path, dl_ckpt_state *st)
+{
+    dl_gpt *g = t->model;
+    /* room for z first: a failure leaves the trainer untouched */
+    float *z = dl_try_malloc(t->nparams * sizeof(float));
+    if (!z)
+        return dl_err(DL_ENOMEM, "%s: room to re-derive y (%zu floats): out of memory", path, t->nparams);
+    int rc = dl_ckpt_load_gpa(path, &t->cfg.model, t->nparams, dl_gpt_params(g), dl_gpt_adam_m(g), dl_gpt_adam_v(g),
+                              t->gy, st);
+    if (rc == 0 && st->gpa_mu_y != t->cfg.gpa_mu_y) {
+        dl_gpa_z(z, dl_gpt_params(g), t->gy, t->nparams, st->gpa_mu_y);
+        dl_gpa_y(t->gy, dl_gpt_params(g), z, t->nparams, t->cfg.gpa_mu_y);
+    }
+    free(z);
+    return rc;
+}
+
 /* restore_data 0: the step and AdamW state only (dl_trainer_resume_optimizer) */
 static int resume(dl_trainer *t, const char *path, int restore_data)
 {
@@ -260,7 +327,9 @@ static int resume(dl_trainer *t, const char *path, int restore_data)
         return dl_err(DL_EINVAL,
                       "%s: a run with adam_fleet cannot resume (checkpoints keep the effective second moment, not "
                       "its two parts; resume with adam_fleet 0)", path);
-    if (t->model) {
+    if (t->gy) {
+        DL_TRY(resume_gpa(t, path, &st));
+    } else if (t->model) {
         DL_TRY(dl_ckpt_load(path, t->model, &st));
     } else {
 #ifdef DLOCO_HAVE_CUDA

@@ -1,4 +1,4 @@
-/* The learner's inner loop: model + data + AdamW + learning-rate schedule,
+/* The learner's inner loop: model + data + AdamW (or GPA over AdamW) + learning-rate schedule,
  * one call per training step, plus evaluation and checkpoint save/resume.
  * Standalone and networked learners drive the same one, on the CPU or a GPU. */
 #ifndef DL_LEARNER_TRAIN_H
@@ -6,6 +6,7 @@
 
 #include "learner/ckpt.h"
 #include "learner/data.h"
+#include "learner/gpa.h"
 #include "learner/gpt.h"
 
 /* Where the model lives. */
@@ -28,6 +29,10 @@ typedef struct {
     float fleet;        /* 0: plain AdamW. >= 1: the split-batch second moment of a fleet-times
                          * larger batch (dl_cpu_adamw_split; even batch; a checkpoint stores
                          * max(v,0)+w as v, a plain-AdamW state; not resumable with fleet) */
+    int optimizer;      /* DL_OPT_ADAMW (0, also when left out) or DL_OPT_GPA (learner/gpa.h: the
+                         * model's parameters are the average x, the trainer keeps y; cpu only,
+                         * not with fleet) */
+    float gpa_mu_x, gpa_mu_y; /* GPA's coefficients, each in [0, 1) (dl_gpa_check) */
 } dl_train_cfg;
 
 typedef struct dl_trainer dl_trainer;
@@ -37,18 +42,23 @@ struct dl_gptc;
  * from cfg->seed, identically on both devices. DL_DEVICE_CUDA in a build
  * without CUDA: DL_ENODEV ("this build has no CUDA"); without a usable
  * device: the DL_ENODEV / DL_ECUDA of learner/gpt_cuda.h. DL_ENOMEM: the
- * CPU model (dl_gpt_open) or the adam_fleet state does not fit. */
+ * CPU model (dl_gpt_open) or the adam_fleet state does not fit. GPA:
+ * DL_EINVAL for an unknown optimizer, a coefficient dl_gpa_check refuses,
+ * DL_DEVICE_CUDA (the GPU trainer has no GPA step; checked before any
+ * device is touched) or fleet != 0; DL_ENOMEM when y does not fit. A GPA
+ * trainer starts at x = y = z = the seeded init. */
 int dl_trainer_open(const dl_train_cfg *cfg, dl_data *data, dl_trainer **out);
 void dl_trainer_close(dl_trainer **t);
 
-/* One forward/backward/AdamW step on the next training batch: *loss = the
- * training loss, *grad_norm (may be NULL) = the gradient norm before
+/* One forward/backward/AdamW step on the next training batch (GPA: the
+ * forward/backward at y, then dl_gpa_step): *loss = the training loss (at y), *grad_norm (may be NULL) = the gradient norm before
  * clipping. Returns 0; on CUDA also DL_ECUDA (the trainer is unusable after)
  * or DL_ERANGE when the gradient norm is not finite (the update was skipped;
  * *loss is still set). The CPU step never fails (a diverged step shows as a
  * non-finite loss). */
 int dl_trainer_step(dl_trainer *t, double *loss, float *grad_norm);
-/* Mean loss over cfg->val_batches fixed validation batches into *loss. */
+/* Mean loss over cfg->val_batches fixed validation batches into *loss (at
+ * the model's parameters: x for GPA). */
 int dl_trainer_eval(dl_trainer *t, double *loss);
 
 int64_t dl_trainer_steps_done(const dl_trainer *t);
@@ -56,15 +66,27 @@ float dl_trainer_lr_at(const dl_trainer *t, int64_t step); /* 1-based step */
 int dl_trainer_device(const dl_trainer *t);                /* DL_DEVICE_* */
 const dl_model_config *dl_trainer_model_cfg(const dl_trainer *t);
 size_t dl_trainer_num_params(const dl_trainer *t);
-/* The model of the trainer's device; the other one is NULL. */
+/* The model of the trainer's device; the other one is NULL. Its parameters
+ * are the model (GPA: x; y is swapped in only during a step). */
 dl_gpt *dl_trainer_model(dl_trainer *t);
+int dl_trainer_optimizer(const dl_trainer *t); /* DL_OPT_* */
+/* GPA: y (dl_trainer_num_params floats, host), which the node's parameter
+ * interface moves with x (dl_gpa_node_model_open); NULL for AdamW. */
+float *dl_trainer_gpa_y(dl_trainer *t);
+/* After the model's parameters were written from outside (--init_from): GPA
+ * restarts its averaging there (y = x, so z = x); nothing for AdamW. */
+void dl_trainer_params_written(dl_trainer *t);
 struct dl_gptc *dl_trainer_gptc(dl_trainer *t);
 dl_data *dl_trainer_data(dl_trainer *t);
 
 /* Checkpoints (learner/ckpt.h): the same file from either device, so a run
  * saved on a GPU resumes on a CPU and the other way round. The CUDA trainer
  * downloads / uploads parameters and AdamW moments through host buffers;
- * DL_ENOMEM when those (or the CPU fleet's v staging) do not fit. */
+ * DL_ENOMEM when those (or the CPU fleet's v staging) do not fit. A GPA
+ * trainer writes and reads GPA files only (x, m, v, y: resumed bit for bit
+ * under the same mu_y; under another mu_y, y is re-derived from the file's
+ * z, which is kept up to rounding), an AdamW trainer AdamW files only: the
+ * other kind is DL_EMISMATCH (dl_ckpt_load_gpa). */
 int dl_trainer_save(dl_trainer *t, const char *path);
 int dl_trainer_resume(dl_trainer *t, const char *path);
 /* As dl_trainer_resume but the data position stays where it is: a learner

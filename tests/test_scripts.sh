@@ -33,6 +33,12 @@ expect 0 "bench/sim.sh --help" bash bench/sim.sh --help
 expect 2 "bench/sim.sh --no-such-option" bash bench/sim.sh --no-such-option
 expect 2 "bench/sim.sh takes no arguments" bash bench/sim.sh extra
 expect 2 "local_cluster.sh --learners without a value" bash deploy/local_cluster.sh --learners
+# bench/gpa.sh (GPA vs AdamW steps to a target loss)
+expect 0 "bench/gpa.sh --help" bash bench/gpa.sh --help
+expect 2 "bench/gpa.sh --no-such-option" bash bench/gpa.sh --no-such-option
+expect 2 "gpa.sh takes no arguments" bash bench/gpa.sh extra
+expect 2 "gpa.sh: STEPS must be a number" env STEPS=many bash bench/gpa.sh
+expect 2 "gpa.sh: BUDGET beyond STEPS" env STEPS=100 BUDGET=200 bash bench/gpa.sh
 for s in tests/test_cluster.sh tests/test_refusals.sh tests/test_chaos.sh; do
   expect 0 "$s --help (starts nothing)" bash "$s" --help
 done
