@@ -4,7 +4,8 @@
 # A serving sidecar (dloco-serve: CPU work per request, latency SLO) shares one CPU (taskset -c $CPU) with a
 # real dloco-sync and one dloco-learner; dloco-loadgen (on $LGCPU) drives it with a seeded open-loop load.
 # For each regime (steady, bursty, aperiodic) x seed, with the same load schedule for every run of a seed:
-#   nosync      a --standalone learner (training, no sync at all): the load match
+#   nosync      the same networked learner and dloco-sync with H = 1000000 and --final_flush false (no push,
+#               no Update: sync disabled, the same processes and code path otherwise): the load match
 #   fixed       --sync_timing fixed (push every H, staggered)
 #   wa          --sync_timing wa, pressure from the sidecar's /pressure
 #   wa_forecast --sync_timing wa_forecast
@@ -47,7 +48,7 @@ DATA=${DATA:-/usr/share/games/fortunes}
 [ -e "$DATA" ] || DATA="$W/corpus.txt"
 MODEL="--n_layer 2 --n_head 4 --n_embd 128 --seq_len 64 --vocab 256"
 LARGS="$MODEL --data $DATA --batch 8 --warmup 10 --lr 3e-3 --threads 1 --seed 7 --val_every 0 --val_batches 1 --log_every 1000"
-SYNCARGS="$MODEL --fragments $P --H $H --quorum 1 --heartbeat_ms 200 --status_every_ms 0 --outer_lr 1.0 --outer_momentum 0"
+SYNCARGS="$MODEL --fragments $P --quorum 1 --heartbeat_ms 200 --status_every_ms 0 --outer_lr 1.0 --outer_momentum 0"
 # link pressure off (W_LINK=0): the only link here is loopback, which carries this learner's own sync traffic
 # (and the other processes' of the host), so link_util would be the policy's own pushes fed back
 WA_ARGS="--h_min $HMIN --h_max $HMAX --wa_rate_ref $(python3 -c "print($RATE * 1.5)") --wa_w_link ${W_LINK:-0} --pressure_poll_ms 50"
@@ -57,19 +58,18 @@ wait_for() { # SECONDS 'condition'
 }
 stop_pid() { kill -TERM "$1" 2>/dev/null; local i; for i in $(seq 1 200); do kill -0 "$1" 2>/dev/null || break; sleep 0.05; done; kill -KILL "$1" 2>/dev/null; wait "$1" 2>/dev/null; }
 
-# run_one NAME REGIME SEED [learner args...]: one measured run; NAME=nosync runs --standalone
+# run_one NAME REGIME SEED [learner args...]: one measured run; NAME=nosync runs with sync disabled (H = 1000000)
 run_one() {
   local name=$1 regime=$2 seed=$3; shift 3
   local d="$W/$regime-$seed-$name"; mkdir -p "$d"
   local sp="" ep=""
-  if [ "$name" != nosync ]; then
-    : > "$d/ev-sync.log"
-    taskset -c "$CPU" "$B/synchronizer/dloco-sync" --store "$d/store" --bind tcp://127.0.0.1:0 $SYNCARGS \
-      --events "$d/ev-sync.log" > "$d/sync.log" 2>&1 &
-    sp=$!; PIDS+=("$sp")
-    wait_for 30 '[ -n "$(ev_last "$d/ev-sync.log" sync_start endpoint)" ]' || { echo "wa.sh: dloco-sync did not start ($d)"; return 1; }
-    ep=$(ev_last "$d/ev-sync.log" sync_start endpoint)
-  fi
+  local sh=$H; [ "$name" = nosync ] && sh=1000000
+  : > "$d/ev-sync.log"
+  taskset -c "$CPU" "$B/synchronizer/dloco-sync" --store "$d/store" --bind tcp://127.0.0.1:0 $SYNCARGS --H "$sh" \
+    --events "$d/ev-sync.log" > "$d/sync.log" 2>&1 &
+  sp=$!; PIDS+=("$sp")
+  wait_for 30 '[ -n "$(ev_last "$d/ev-sync.log" sync_start endpoint)" ]' || { echo "wa.sh: dloco-sync did not start ($d)"; return 1; }
+  ep=$(ev_last "$d/ev-sync.log" sync_start endpoint)
   : > "$d/ev-serve.log"
   taskset -c "$CPU" "$B/chaos/dloco-serve" --work_iters "$WORK_ITERS" --slo_ms "$SLO_MS" --events "$d/ev-serve.log" \
     > "$d/serve.log" 2>&1 &
@@ -77,14 +77,9 @@ run_one() {
   wait_for 30 '[ -n "$(ev_last "$d/ev-serve.log" serve_start work)" ]' || { echo "wa.sh: dloco-serve did not start"; return 1; }
   local wk pr; wk=$(ev_last "$d/ev-serve.log" serve_start work); pr=$(ev_last "$d/ev-serve.log" serve_start pressure)
   : > "$d/ev-learner.log"
-  if [ "$name" = nosync ]; then
-    taskset -c "$CPU" "$B/learner/dloco-learner" --standalone $LARGS --steps "$STEPS" --events "$d/ev-learner.log" \
-      --loss_log "$d/loss.txt" > "$d/learner.log" 2>&1 &
-  else
-    taskset -c "$CPU" "$B/learner/dloco-learner" --connect "$ep" --id l0 --fragments "$P" $LARGS --steps "$STEPS" \
-      --pressure "http://$pr/pressure" --timing_trace_out "$d/trace.txt" --events "$d/ev-learner.log" \
-      --loss_log "$d/loss.txt" "$@" > "$d/learner.log" 2>&1 &
-  fi
+  taskset -c "$CPU" "$B/learner/dloco-learner" --connect "$ep" --id l0 --fragments "$P" $LARGS --steps "$STEPS" \
+    --pressure "http://$pr/pressure" --timing_trace_out "$d/trace.txt" --events "$d/ev-learner.log" \
+    --loss_log "$d/loss.txt" "$@" > "$d/learner.log" 2>&1 &
   local lp=$!; PIDS+=("$lp")
   wait_for 60 '[ -s "$d/loss.txt" ] || ! kill -0 $lp 2>/dev/null' || { echo "wa.sh: learner did not start ($d)"; return 1; }
   : > "$d/ev-loadgen.log"
@@ -98,7 +93,7 @@ run_one() {
   while kill -0 "$gp" 2>/dev/null; do [ "$(date +%s)" -lt "$end" ] || { stop_pid "$gp"; break; }; sleep 0.1; done
   wait "$gp" 2>/dev/null
   stop_pid "$vp"
-  [ -n "$sp" ] && stop_pid "$sp"
+  stop_pid "$sp"
   rm -rf "$d/store"
   [ "$rc" = 0 ] || { echo "wa.sh: learner exited $rc ($d)"; tail -5 "$d/learner.log"; return 1; }
 }
@@ -127,7 +122,7 @@ for regime in $REGIMES; do
     # seeded order inside each group, so a drift of the machine's background load is not always on one policy
     for pol in $(order "$regime$s" nosync fixed wa wa_forecast); do
       case $pol in
-      nosync) run_one nosync "$regime" "$s" ;;
+      nosync) run_one nosync "$regime" "$s" --sync_timing fixed --final_flush false ;;
       fixed) run_one fixed "$regime" "$s" --sync_timing fixed ;;
       *) run_one "$pol" "$regime" "$s" --sync_timing "$pol" $WA_ARGS ;;
       esac || exit 1
@@ -162,7 +157,7 @@ def events(path, name):
 def run(regime, seed, pol):
     d = os.path.join(W, f'{regime}-{seed}-{pol}')
     t0 = int(events(os.path.join(d, 'ev-loadgen.log'), 'loadgen_start')[0]['t0_ns'])
-    summ = events(os.path.join(d, 'ev-learner.log'), 'train_summary' if pol == 'nosync' else 'learner_summary')
+    summ = events(os.path.join(d, 'ev-learner.log'), 'learner_summary')
     t1 = int(summ[-1]['ts'])
     n = v = 0
     for l in open(os.path.join(d, 'lat.txt')):
