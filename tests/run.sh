@@ -12,7 +12,8 @@ set -uo pipefail
 . "$(dirname "$0")/lib_args.sh"
 case "${1:-}" in -h | --help) dl_usage; exit 0 ;; esac
 cd "$(dirname "$0")/.."
-deploy/setup.sh --with-torch || exit 1 # torch: the PyTorch checks of test_export (tests/export_check.py)
+# torch: the PyTorch checks of test_export (tests/export_check.py); slurm: test_slurm's private single-node Slurm
+deploy/setup.sh --with-torch --with-slurm || exit 1
 BUILD_DIR=${BUILD_DIR:-build}
 ASAN_BUILD_DIR=${ASAN_BUILD_DIR:-build-asan}
 if [ "${CI:-}" = true ]; then SAN=1; else SAN=${DLOCO_SANITIZE_CI:-1}; fi

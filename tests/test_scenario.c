@@ -189,7 +189,7 @@ static void test_timeline(void)
 static void test_shipped(void)
 {
     const char *src = getenv("DLOCO_SRC");
-    static const char *const files[] = {"ci.ini", "goodput.ini"};
+    static const char *const files[] = {"ci.ini", "goodput.ini", "hetero.ini", "crosscheck.ini"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char p[512];
         snprintf(p, sizeof p, "%s/chaos/scenarios/%s", src ? src : ".", files[i]);

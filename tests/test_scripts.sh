@@ -33,6 +33,10 @@ expect 0 "bench/sim.sh --help" bash bench/sim.sh --help
 expect 2 "bench/sim.sh --no-such-option" bash bench/sim.sh --no-such-option
 expect 2 "bench/sim.sh takes no arguments" bash bench/sim.sh extra
 expect 2 "local_cluster.sh --learners without a value" bash deploy/local_cluster.sh --learners
+# bench/hetero.sh (plain token weighting vs dynamic H vs a bf16 learner)
+expect 0 "bench/hetero.sh --help" bash bench/hetero.sh --help
+expect 2 "bench/hetero.sh --no-such-option" bash bench/hetero.sh --no-such-option
+
 # bench/gpa.sh (GPA vs AdamW steps to a target loss)
 expect 0 "bench/gpa.sh --help" bash bench/gpa.sh --help
 expect 2 "bench/gpa.sh --no-such-option" bash bench/gpa.sh --no-such-option
