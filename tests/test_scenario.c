@@ -199,7 +199,9 @@ static void test_shipped(void)
         CHECK(rc == 0, "%s: %s", p, dl_errmsg());
         if (rc) continue;
         rc = dl_timeline_build(&sc, 1, &t);
-        CHECK(rc == 0 && t.n_ev > 0, "%s: timeline: %s", p, dl_errmsg());
+        CHECK(rc == 0, "%s: timeline: %s", p, dl_errmsg());
+        /* hetero.ini is failure-free on purpose (it compares schedules, not faults) */
+        if (strcmp(files[i], "hetero.ini")) CHECK(t.n_ev > 0, "%s: no fault in the timeline", p);
         if (!strcmp(files[i], "ci.ini")) {
             /* the CI scenario has every fault kind */
             int seen[DL_FK_N] = {0}, kinds = 0;
