@@ -12,8 +12,9 @@
 # Prints per variant and seed the goodput, the final global validation loss,
 # merges and mean staleness (dloco-chaos's report.json) and the pushes each
 # learner had accepted / dropped stale and its last H (its events), then per
-# variant the mean and spread (sample standard deviation) and the ratios of the
-# means against plain measured in the same run; last line
+# variant the mean and spread (sample standard deviation), the ratios of the
+# means against plain measured in the same run, and per variant the per-seed
+# differences from plain with an exact paired sign-flip test; last line
 #   hetero_dynamic_h_loss_ratio: X.XXX   (dynamic's mean final loss / plain's)
 # Usage: bench/hetero.sh [OUT_DIR]   (env: SEEDS="1 2 3", DURATION_S=90,
 #        VARIANTS="plain dynamic bf16", DYNAMIC_ARGS="--dynamic_h speed" (the
@@ -122,6 +123,24 @@ for v in variants:
     lr = l[0] / means["plain"][1] if l[0] and means["plain"][1] else float("nan")
     gr = g[0] / means["plain"][0] if g[0] and means["plain"][0] else float("nan")
     print("%-8s %9.3f +- %-6.3f %11.4f +- %-6.4f %12.3f %12.3f" % (v, g[0], g[1], l[0] or float("nan"), l[1] or 0, lr, gr))
+# paired by seed (the same seed runs the same scenario timeline in every variant): the exact two-sided sign-flip
+# permutation test of the per-seed differences against plain (all 2^n sign patterns; n seeds give p >= 2/2^n)
+def signflip(ds):
+    n = len(ds)
+    obs = abs(sum(ds))
+    hits = sum(1 for k in range(1 << n) if abs(sum(d if k >> i & 1 else -d for i, d in enumerate(ds))) >= obs - 1e-12)
+    return hits / (1 << n)
+for v in variants:
+    if v == "plain":
+        continue
+    for what, i in (("val loss", 1), ("goodput", 0)):
+        pairs = [(res[(v, s)][i], res[("plain", s)][i]) for s in seeds]
+        if any(a is None or b is None for a, b in pairs):
+            continue
+        ds = [a - b for a, b in pairs]
+        print("paired %-7s %-8s minus plain per seed: %s | mean %+.4f | sign-flip p=%.3f (n=%d, smallest possible %.3f)"
+              % (v, what, " ".join("%+.4f" % d for d in ds), sum(ds) / len(ds), signflip(ds), len(ds),
+                 2.0 / (1 << len(ds))))
 if "dynamic" in variants:
     print("hetero_dynamic_h_loss_ratio: %.3f" % (means["dynamic"][1] / means["plain"][1]))
 PY
