@@ -99,12 +99,25 @@ def report(label, name):
     marks = ", ".join("%d%s" % (p[0], "" if p[1] else " (not reached)") for p in per)
     print("%-28s steps to target per seed: %s | mean %.1f, spread %d..%d (sd %.1f) | final val mean %.4f"
           % (label, marks, statistics.mean(st), min(st), max(st), statistics.pstdev(st), statistics.mean(finals)))
-    return statistics.mean(st), all(p[1] for p in per)
+    return statistics.mean(st), all(p[1] for p in per), st
 
-a, _ = report("adamw", "adamw")
-g, reached = report("gpa (defaults, untuned)", "gpa")
+def signflip(ds):
+    """exact two-sided paired sign-flip permutation test (all 2^n sign patterns; n seeds give p >= 2/2^n)"""
+    n, obs = len(ds), abs(sum(ds))
+    return sum(1 for k in range(1 << n)
+               if abs(sum(d if k >> i & 1 else -d for i, d in enumerate(ds))) >= obs - 1e-12) / (1 << n)
+
+def paired(label, st, ref):
+    ds = [x - y for x, y in zip(st, ref)]
+    print("  paired by seed, %s minus adamw steps: %s | sign-flip p=%.3f (n=%d, smallest possible %.3f)"
+          % (label, " ".join("%+d" % d for d in ds), signflip(ds), len(ds), 2.0 / (1 << len(ds))))
+
+a, _, ast = report("adamw", "adamw")
+g, reached, gst = report("gpa (defaults, untuned)", "gpa")
+paired("gpa", gst, ast)
 for h in sweep:
-    gh, rh = report("gpa gpa_h=%s (mu_x %.4f)" % (h, 0.9 ** (1.0 / int(h))), "gpa_h" + h)
+    gh, rh, hst = report("gpa gpa_h=%s (mu_x %.4f)" % (h, 0.9 ** (1.0 / int(h))), "gpa_h" + h)
+    paired("gpa_h=" + h, hst, ast)
     print("  speedup gpa_h=%s: %.2f%s" % (h, a / gh, "" if rh else " (a run did not reach the target: upper bound)"))
 if not reached:
     print("note: an untuned GPA run did not reach the target in %d steps; the speedup is an upper bound" % steps)
