@@ -660,6 +660,15 @@ static int check_hetero(const learner_cfg *cfg)
     if (d.mode != DL_DYNH_OFF && strcmp(cfg->sync_timing, "fixed"))
         return dl_err(DL_EINVAL, "option dynamic_h: speed works with sync_timing fixed only (sync_timing is %s)",
                       cfg->sync_timing);
+    /* the timing trace and the pressure poll count real steps; dynamic H hands the node schedule steps */
+    if (d.mode != DL_DYNH_OFF && (cfg->pressure[0] || cfg->timing_trace_out[0]))
+        return dl_err(DL_EINVAL, "option dynamic_h: speed does not go with --pressure or --timing_trace_out (their "
+                                 "steps are the fixed schedule's)");
+    /* sync timing and dynamic H decide when pushes leave: a standalone learner has none */
+    if (cfg->standalone && (d.mode != DL_DYNH_OFF || strcmp(cfg->sync_timing, "fixed") || cfg->pressure[0] ||
+                            cfg->timing_trace_in[0] || cfg->timing_trace_out[0]))
+        return dl_err(DL_EINVAL, "options dynamic_h, sync_timing, pressure and timing_trace_in/out are for networked "
+                                 "learners (a --standalone run pushes nothing)");
     if (!strcmp(cfg->precision, "bf16") && !strcmp(cfg->device, "cuda"))
         return dl_err(DL_EINVAL, "option precision: bf16 is the CPU model's; on --device cuda use --matmul bf16");
     return 0;
@@ -1246,6 +1255,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                                          &gpa_model))) {
             close_sessions(comms, S);
             dl_mailbox_close(&mb);
+            timing_finish(&tmg, 0);
             dl_plan_close(&plan);
             return fail("setting up the gpa parameter interface", rc);
         }

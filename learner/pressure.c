@@ -220,11 +220,11 @@ static long http_get(dl_pressure *p, char *buf, size_t cap, const char **why)
             goto out;
         }
     }
-    if (got < 12 || (memcmp(buf, "HTTP/1.0 ", 9) && memcmp(buf, "HTTP/1.1 ", 9))) {
+    if (got < 13 || (memcmp(buf, "HTTP/1.0 ", 9) && memcmp(buf, "HTTP/1.1 ", 9))) {
         *why = "bad_reply";
         goto out;
     }
-    if (memcmp(buf + 9, "200", 3)) {
+    if (memcmp(buf + 9, "200", 3) || (buf[12] != ' ' && buf[12] != '\r')) { /* not "2000", "200x" */
         *why = "http_status";
         goto out;
     }

@@ -218,6 +218,16 @@ int dl_timing_open(const dl_timing_cfg *c, dl_timing **out)
             if (c->counts[p] < 0 || c->counts[p] > c->steps)
                 return dl_err(DL_EINVAL, "sync_timing %s: count %d of fragment %d outside [0, steps]", names[c->kind],
                               c->counts[p], p);
+        /* the placement is a DP over counts[p] x (steps + 1) cells, each over the corridor's width: bound both
+         * before allocating (a valid but huge trace would otherwise take gigabytes or hours before step 1) */
+        double width = c->kind == DL_TIMING_FIXED ? 1.0 : (double)c->h_max - c->h_min + 1.0;
+        for (int p = 0; p < c->P; p++) {
+            double cells = (double)c->counts[p] * ((double)c->steps + 1.0);
+            if (cells > DL_TIMING_PLAN_CELLS_MAX || cells * width > DL_TIMING_PLAN_WORK_MAX)
+                return dl_err(DL_EINVAL, "sync_timing %s: fragment %d's placement needs %.3g cells x %.0f corridor steps, "
+                              "above the bound of %.3g cells and %.3g steps of work (fewer steps or pushes)",
+                              names[c->kind], p, cells, width, DL_TIMING_PLAN_CELLS_MAX, DL_TIMING_PLAN_WORK_MAX);
+        }
     }
     if (c->kind == DL_TIMING_ORACLE) {
         if (!c->trace || c->trace_len < 1) return dl_err(DL_EINVAL, "sync_timing oracle: no pressure trace");

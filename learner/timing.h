@@ -126,6 +126,10 @@ int dl_timing_parse(const char *s, dl_timing_kind *out);
  * finite, counts missing or negative, a trace value not finite or negative, a count with no feasible placement),
  * and for matched_random / oracle computes the whole placement now. */
 int dl_timing_open(const dl_timing_cfg *c, dl_timing **out);
+/* matched_random / oracle: bounds of one fragment's placement, refused (DL_EINVAL) above them: counts[p] x
+ * (steps + 1) DP cells (8 bytes each), and those cells x the corridor width (h_max - h_min + 1) steps of work. */
+#define DL_TIMING_PLAN_CELLS_MAX 2e7
+#define DL_TIMING_PLAN_WORK_MAX 2e9
 void dl_timing_close(dl_timing **t); /* safe on NULL and twice */
 
 /* After completed step `step` (1-based, increasing), before the due calls of that step. `s` may be NULL

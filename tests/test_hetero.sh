@@ -98,6 +98,9 @@ refused "option dynamic_h_max: 4 is below dynamic_h_min 8" --dynamic_h speed --d
 refused "option dynamic_h_min: 0 out of range" --dynamic_h_min 0
 refused "option dynamic_h: 'fast' is not one of off|speed" --dynamic_h fast
 refused "option dynamic_h: speed works with sync_timing fixed only (sync_timing is wa)" --dynamic_h speed --sync_timing wa
+refused "option dynamic_h: speed does not go with --pressure or --timing_trace_out" --dynamic_h speed --pressure /tmp/p
+refused "are for networked learners (a --standalone run pushes nothing)" --dynamic_h speed
+refused "are for networked learners (a --standalone run pushes nothing)" --sync_timing wa
 refused "option precision: bf16 is the CPU model's; on --device cuda use --matmul bf16" --precision bf16 --device cuda
 refused "option precision: 'fp16' is not one of fp32|bf16" --precision fp16
 refused "option data_shard_mode: 'topic' is not one of iid|cluster" --data_shard_mode topic

@@ -338,6 +338,12 @@ static void test_cfg_refusals(void)
     dl_timing_defaults(&c, DL_TIMING_WA, 2, 8);
     c.rate_ref = 0;
     CHECK(dl_timing_open(&c, &t) == DL_EINVAL && strstr(dl_errmsg(), "rate_ref"), "%s", dl_errmsg());
+    /* a valid but huge matched_random placement is refused before anything is allocated */
+    dl_timing_defaults(&c, DL_TIMING_MATCHED_RANDOM, 2, 8);
+    int big[2] = {10000000, 1};
+    c.steps = 100000000;
+    c.counts = big;
+    CHECK(dl_timing_open(&c, &t) == DL_EINVAL && strstr(dl_errmsg(), "placement needs"), "%s", dl_errmsg());
     dl_timing_kind k;
     CHECK(dl_timing_parse("wa_forecast", &k) == 0 && k == DL_TIMING_WA_FORECAST, "parse");
     CHECK(dl_timing_parse("wa2", &k) == DL_EINVAL, "parse wa2");
@@ -445,17 +451,18 @@ static void test_source(void)
     REQUIRE(bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 8) == 0, "bind");
     socklen_t al = sizeof a;
     getsockname(lfd, (struct sockaddr *)&a, &al);
-    srv sv = {.lfd = lfd, .n = 5,
+    srv sv = {.lfd = lfd, .n = 6,
               .replies = {"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nrequest_rate 77\nlink_util 0.5\n",
-                          "HTTP/1.1 404 Not Found\r\n\r\n", "HTTP/1.0 200 OK\r\n\r\nrequest_rate nan\n",
+                          "HTTP/1.1 404 Not Found\r\n\r\n", "HTTP/1.1 2000 OK\r\n\r\nrequest_rate 5\n",
+                          "HTTP/1.0 200 OK\r\n\r\nrequest_rate nan\n",
                           "garbage", NULL}};
     pthread_t th;
     pthread_create(&th, NULL, serve, &sv);
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/pressure", ntohs(a.sin_port));
     REQUIRE(dl_pressure_open(url, 1, 100, 60000, &p) == 0, "%s", dl_errmsg());
-    const char *want[] = {NULL, "http_status", "non_finite", "bad_reply", "timeout"};
-    for (int i = 0; i < 5; i++) {
+    const char *want[] = {NULL, "http_status", "http_status", "non_finite", "bad_reply", "timeout"};
+    for (int i = 0; i < 6; i++) {
         why = NULL;
         int r = dl_pressure_get(p, (int64_t)(i + 1) * 10000000, &s, &why);
         if (!want[i]) CHECK(r == 0 && s.known && s.rate == 77 && s.link == 0.5, "http good (%s)", why ? why : "-");
@@ -465,7 +472,7 @@ static void test_source(void)
     pthread_join(th, NULL);
     close(lfd);
     why = NULL;
-    CHECK(dl_pressure_get(p, 90000000, &s, &why) == 1 && !strcmp(why, "unreachable"), "closed port: %s",
+    CHECK(dl_pressure_get(p, 100000000, &s, &why) == 1 && !strcmp(why, "unreachable"), "closed port: %s",
           why ? why : "-");
     dl_pressure_close(&p);
     printf("ok: pressure source: file and loopback HTTP, refusals named, last good kept, stale is unknown\n");
