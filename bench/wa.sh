@@ -22,7 +22,7 @@
 # Knobs (env): REGIMES ("steady bursty aperiodic"), SEEDS (4), DUR_S (12: load seconds per run), STEPS (the
 # learner's steps; 0 = sized from a calibration run to outlast DUR_S), RATE (30 req/s), BURST_X (5),
 # PERIOD_S (5), DUTY (0.3), SLO_MS (20), WORK_ITERS (400000), H (8), P (4), HMIN (4), HMAX (24),
-# CPU (0), LGCPU (1), KEEP_W (keep the work folder). Defaults: 3 x 4 x 7 runs of ~15 s (runs at DUR_S=8 took 11-17 s), ~20-25 min on 2 cores.
+# CPU (0), LGCPU (1), W_LINK (0), W_QUEUE (1: --wa_w_queue), KEEP_W (keep the work folder). Defaults: 3 x 4 x 7 runs of ~15 s (runs at DUR_S=8 took 11-17 s), ~20-25 min on 2 cores.
 . "$(dirname "$0")/../tests/lib_args.sh"
 dl_args 0 "$@"
 cd "$(dirname "$0")/.."
@@ -50,8 +50,11 @@ MODEL="--n_layer 2 --n_head 4 --n_embd 128 --seq_len 64 --vocab 256"
 LARGS="$MODEL --data $DATA --batch 8 --warmup 10 --lr 3e-3 --threads 1 --seed 7 --val_every 0 --val_batches 1 --log_every 1000"
 SYNCARGS="$MODEL --fragments $P --quorum 1 --heartbeat_ms 200 --status_every_ms 0 --outer_lr 1.0 --outer_momentum 0"
 # link pressure off (W_LINK=0): the only link here is loopback, which carries this learner's own sync traffic
-# (and the other processes' of the host), so link_util would be the policy's own pushes fed back
-WA_ARGS="--h_min $HMIN --h_max $HMAX --wa_rate_ref $(python3 -c "print($RATE * 1.5)") --wa_w_link ${W_LINK:-0} --pressure_poll_ms 50"
+# (and the other processes' of the host), so link_util would be the policy's own pushes fed back.
+# Backlog pressure W_QUEUE (1, with --wa_queue_ref 1), set before any run with it: one /work request waiting
+# or in service is pressure 1, more than the most staleness progress before the forced push
+# ((HMAX - H) / (HMAX - HMIN) = 0.8 at the defaults), so wa pushes unforced only while the sidecar is idle
+WA_ARGS="--h_min $HMIN --h_max $HMAX --wa_rate_ref $(python3 -c "print($RATE * 1.5)") --wa_w_link ${W_LINK:-0} --wa_w_queue ${W_QUEUE:-1} --wa_queue_ref 1 --pressure_poll_ms 50"
 
 wait_for() { # SECONDS 'condition'
   local end=$(( $(date +%s) + $1 )); while ! eval "$2"; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 0.05; done

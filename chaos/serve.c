@@ -8,7 +8,9 @@
  *   --pressure_listen  GET /pressure  the pressure document of learner/pressure.h: request_rate (arrivals at
  *                                     /work over the last --window_ms), link_util (bytes of --link_iface in
  *                                     /proc/net/dev since the previous /pressure, over --link_capacity_mbps),
- *                                     checkpoint (1 when --ckpt_path was modified in the last --ckpt_hold_ms)
+ *                                     checkpoint (1 when --ckpt_path was modified in the last --ckpt_hold_ms),
+ *                                     queue_depth (the /work requests waiting now, i.e. the listening socket's
+ *                                     accept queue from TCP_INFO, plus the one in service)
  * A request is refused with a status and a `serve_refused` event naming the reason: a head over 2048 bytes
  * or not ended within 1 s (431 oversized / 408 timeout), not "METHOD PATH HTTP/1.x" (400 malformed), a
  * method other than GET (405 method), a path not served by that listener (404 path).
@@ -19,6 +21,7 @@
 #include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -166,6 +169,19 @@ static int read_request(int fd, const char *want, char *path, size_t cap)
 }
 
 static serve_cfg cfg;
+static int work_lfd = -1;             /* the /work listener: its accept queue is the waiting backlog */
+static volatile sig_atomic_t serving; /* 1 while a /work request is in service */
+
+/* Requests queued or in service now: Linux reports a listening socket's accept-queue length in
+ * tcpi_unacked (sk_ack_backlog); -1 when that cannot be read. */
+static double queue_now(void)
+{
+    struct tcp_info ti;
+    socklen_t l = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (work_lfd < 0 || getsockopt(work_lfd, IPPROTO_TCP, TCP_INFO, &ti, &l)) return -1;
+    return (double)ti.tcpi_unacked + (serving ? 1.0 : 0.0);
+}
 static volatile uint64_t sink;
 
 static void work(int64_t iters)
@@ -229,9 +245,11 @@ static void *pressure_thread(void *a)
                 double age = (double)(rt.tv_sec - st.st_mtim.tv_sec) + 1e-9 * (double)(rt.tv_nsec - st.st_mtim.tv_nsec);
                 ckpt = age * 1000.0 < (double)cfg.ckpt_hold_ms ? 1 : 0;
             }
-            char body[256];
-            snprintf(body, sizeof body, "request_rate %.6f\nlink_util %.6f\ncheckpoint %g\n",
-                     rate_now(t, (double)cfg.window_ms / 1000.0), link, ckpt);
+            char body[256], qs[48] = "";
+            double q = queue_now();
+            if (q >= 0) snprintf(qs, sizeof qs, "queue_depth %.0f\n", q); /* unreadable: not reported */
+            snprintf(body, sizeof body, "request_rate %.6f\nlink_util %.6f\ncheckpoint %g\n%s",
+                     rate_now(t, (double)cfg.window_ms / 1000.0), link, ckpt, qs);
             reply(fd, "200 OK", body);
         }
         close(fd);
@@ -272,6 +290,7 @@ int main(int argc, char **argv)
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);
+    work_lfd = wfd;
     pthread_t th;
     pthread_create(&th, NULL, pressure_thread, &pfd);
     dl_event("serve_start", "work=%s pressure=%s work_iters=%lld slo_ms=%g", wa, pa, (long long)cfg.work_iters,
@@ -288,6 +307,7 @@ int main(int argc, char **argv)
         if (fd < 0) continue;
         double t0 = now_s();
         arrived(t0);
+        serving = 1;
         char path[512];
         if (read_request(fd, "/work", path, sizeof path) == 0) {
             work(cfg.work_iters);
@@ -298,6 +318,7 @@ int main(int argc, char **argv)
             viol += ms > cfg.slo_ms;
         }
         close(fd);
+        serving = 0;
     }
     pthread_join(th, NULL);
     qsort(lat, n, sizeof *lat, cmp_d);

@@ -92,6 +92,7 @@ typedef struct {
     char sync_timing[DL_CFG_STRLEN];
     int64_t h_min, h_max, timing_seed, oracle_window, wa_max_per_step;
     double wa_w_stale, wa_w_loss, wa_w_rate, wa_w_link, wa_w_ckpt, wa_rate_ref, wa_fc_alpha, wa_fc_beta;
+    double wa_w_queue, wa_queue_ref;
     char pressure[DL_CFG_STRLEN], timing_trace_in[DL_CFG_STRLEN], timing_trace_out[DL_CFG_STRLEN];
     int64_t pressure_poll_ms, pressure_timeout_ms, pressure_stale_ms;
     /* heterogeneous learners and non-IID shards (docs/HETEROGENEOUS.md) */
@@ -266,6 +267,10 @@ static const dl_cfg_entry learner_table[] = {
     {"wa_w_ckpt", DL_CFG_FLOAT, F(wa_w_ckpt), 0.0, 1e6, "1", NULL, 0, "wa score: weight of checkpoint activity"},
     {"wa_rate_ref", DL_CFG_FLOAT, F(wa_rate_ref), 1e-6, 1e9, "50", NULL, 0,
      "wa score: the serving request rate that is no pressure yet", "requests/s"},
+    {"wa_w_queue", DL_CFG_FLOAT, F(wa_w_queue), 0.0, 1e6, "1", NULL, 0,
+     "wa score: weight of the serving backlog (queue_depth of --pressure) over wa_queue_ref"},
+    {"wa_queue_ref", DL_CFG_FLOAT, F(wa_queue_ref), 1e-6, 1e6, "1", NULL, 0,
+     "wa score: the serving backlog that counts as pressure 1 (times wa_w_queue)", "requests"},
     {"wa_max_per_step", DL_CFG_INT, F(wa_max_per_step), 0, 4096, "0", NULL, 0,
      "wa: at most this many unforced push decisions per step (0 = ceil(fragments / H), the fixed schedule's peak)",
      "pushes"},
@@ -1102,6 +1107,7 @@ static int timing_start(timing_ctx *tc, int P, int H)
     if (cfg->h_max) c.h_max = (int)cfg->h_max;
     c.w_stale = cfg->wa_w_stale, c.w_loss = cfg->wa_w_loss, c.w_rate = cfg->wa_w_rate, c.w_link = cfg->wa_w_link;
     c.w_ckpt = cfg->wa_w_ckpt, c.rate_ref = cfg->wa_rate_ref, c.fc_alpha = cfg->wa_fc_alpha, c.fc_beta = cfg->wa_fc_beta;
+    c.w_queue = cfg->wa_w_queue, c.queue_ref = cfg->wa_queue_ref;
     c.seed = (uint64_t)cfg->timing_seed;
     c.steps = cfg->steps;
     c.counts = tc->counts;
@@ -1149,9 +1155,9 @@ static int timing_due(void *ctx, int64_t step, int p, int H)
     if (tc->trace) fprintf(tc->trace, "d %lld %d\n", (long long)step, p);
     dl_event("sync_timing",
              "id=%s step=%lld fragment=%d policy=%s elapsed=%lld forced=%d score=%.6g pressure=%.6g rate=%.6g "
-             "link=%.6g ckpt=%.6g known=%d",
+             "link=%.6g ckpt=%.6g queue=%.6g known=%d",
              tc->cfg->id, (long long)step, p, tc->cfg->sync_timing, (long long)d.elapsed, d.forced, d.score,
-             d.pressure, tc->last.rate, tc->last.link, tc->last.ckpt, tc->last.known);
+             d.pressure, tc->last.rate, tc->last.link, tc->last.ckpt, tc->last.queue, tc->last.known);
     return 1;
 }
 

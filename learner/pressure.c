@@ -39,10 +39,10 @@ int dl_pressure_parse(const char *buf, size_t len, dl_pressure_sample *out, cons
     const char *w = NULL;
     if (!why) why = &w;
     if (len > DL_PRESSURE_MAX_DOC) return *why = "oversized", DL_EINVAL;
-    static const char *const names[] = {"request_rate", "link_util", "checkpoint"};
-    static const double his[] = {1e9, 1.0, 1.0};
-    double v[3] = {0, 0, 0};
-    int seen[3] = {0, 0, 0}, any = 0;
+    static const char *const names[] = {"request_rate", "link_util", "checkpoint", "queue_depth"};
+    static const double his[] = {1e9, 1.0, 1.0, 1e6};
+    double v[4] = {0, 0, 0, 0};
+    int seen[4] = {0, 0, 0, 0}, any = 0;
     for (size_t i = 0; i < len;) {
         size_t j = i;
         while (j < len && buf[j] != '\n') j++;
@@ -59,7 +59,7 @@ int dl_pressure_parse(const char *buf, size_t len, dl_pressure_sample *out, cons
         for (size_t q = 0; q < n; q++)
             if ((unsigned char)l[q] < 0x20 && l[q] != '\t') return *why = "malformed", DL_EINVAL;
         int id = -1;
-        for (int a = 0; a < 3; a++)
+        for (int a = 0; a < 4; a++)
             if (strlen(names[a]) == k && !memcmp(l, names[a], k)) id = a;
         if (id < 0) return *why = "unknown_name", DL_EINVAL;
         if (seen[id]) return *why = "duplicate", DL_EINVAL;
@@ -68,7 +68,7 @@ int dl_pressure_parse(const char *buf, size_t len, dl_pressure_sample *out, cons
     }
     if (!any) return *why = "empty", DL_EINVAL;
     if (!seen[0]) return *why = "missing_rate", DL_EINVAL;
-    *out = (dl_pressure_sample){.known = 1, .rate = v[0], .link = v[1], .ckpt = v[2]};
+    *out = (dl_pressure_sample){.known = 1, .rate = v[0], .link = v[1], .ckpt = v[2], .queue = v[3]};
     return 0;
 }
 

@@ -12,6 +12,8 @@
  *   request_rate  requests per second of the serving workload, finite, in [0, 1e9]   (required)
  *   link_util     utilisation of the shared link, finite, in [0, 1]                  (optional, 0)
  *   checkpoint    checkpoint activity, finite, in [0, 1]                             (optional, 0)
+ *   queue_depth   serving requests queued or in service now, finite, in [0, 1e6]    (optional, 0: a sidecar
+ *                 that does not report it, an older one, counts as no backlog)
  * Refusals (dl_pressure_parse's *why, the `pressure_refused` event's reason):
  *   oversized, empty, malformed (a line that is not NAME VALUE, a value with trailing text),
  *   unknown_name, duplicate, non_finite, negative, out_of_range, missing_rate; for a source also

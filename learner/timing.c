@@ -57,8 +57,9 @@ void dl_timing_defaults(dl_timing_cfg *c, dl_timing_kind kind, int P, int H)
     c->h_max = 2 * H;
     c->w_stale = 1.0;
     c->w_loss = 0.5;
-    c->w_rate = c->w_link = c->w_ckpt = 1.0;
+    c->w_rate = c->w_link = c->w_ckpt = c->w_queue = 1.0;
     c->rate_ref = 50.0;
+    c->queue_ref = 1.0;
     c->fc_alpha = 0.5;
     c->fc_beta = 0.3;
     c->window = 1;
@@ -198,12 +199,14 @@ int dl_timing_open(const dl_timing_cfg *c, dl_timing **out)
         if (!(c->h_min >= 1 && c->h_min <= c->H && c->H <= c->h_max && c->h_max < 1000000000))
             return dl_err(DL_EINVAL, "sync_timing: corridor h_min %d .. h_max %d must hold H %d (1 <= h_min <= H <= h_max)",
                           c->h_min, c->h_max, c->H);
-        const double w[] = {c->w_stale, c->w_loss, c->w_rate, c->w_link, c->w_ckpt};
-        static const char *const wn[] = {"w_stale", "w_loss", "w_rate", "w_link", "w_ckpt"};
-        for (int i = 0; i < 5; i++)
+        const double w[] = {c->w_stale, c->w_loss, c->w_rate, c->w_link, c->w_ckpt, c->w_queue};
+        static const char *const wn[] = {"w_stale", "w_loss", "w_rate", "w_link", "w_ckpt", "w_queue"};
+        for (int i = 0; i < 6; i++)
             if (!finite_nonneg(w[i])) return dl_err(DL_EINVAL, "sync_timing: weight %s %g must be finite and >= 0", wn[i], w[i]);
         if (!(isfinite(c->rate_ref) && c->rate_ref > 0))
             return dl_err(DL_EINVAL, "sync_timing: rate_ref %g must be finite and > 0", c->rate_ref);
+        if (!(isfinite(c->queue_ref) && c->queue_ref > 0))
+            return dl_err(DL_EINVAL, "sync_timing: queue_ref %g must be finite and > 0", c->queue_ref);
         if (c->max_per_step < 0 || c->max_per_step > c->P)
             return dl_err(DL_EINVAL, "sync_timing: max_per_step %d outside [0, P = %d]", c->max_per_step, c->P);
         if (!(c->fc_alpha > 0 && c->fc_alpha <= 1 && c->fc_beta > 0 && c->fc_beta <= 1))
@@ -304,7 +307,8 @@ void dl_timing_observe(dl_timing *t, int64_t step, const dl_pressure_sample *s, 
     double r = x;
     if (t->c.kind == DL_TIMING_WA_FORECAST && t->forecast > r) r = t->forecast;
     double excess = r / t->c.rate_ref - 1.0;
-    t->press = t->c.w_rate * (excess > 0 ? excess : 0.0) + t->c.w_link * s->link + t->c.w_ckpt * s->ckpt;
+    t->press = t->c.w_rate * (excess > 0 ? excess : 0.0) + t->c.w_link * s->link + t->c.w_ckpt * s->ckpt +
+              t->c.w_queue * s->queue / t->c.queue_ref;
 }
 
 static void decided(dl_timing *t, tfrag *f, int64_t step)

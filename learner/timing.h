@@ -42,11 +42,14 @@
  *   progress = w_stale * (e - H) / (H_max - H_min)
  *            + w_loss  * (loss_at_last_push - loss_now) / loss_at_last_push
  *   pressure = w_rate * max(0, rate / rate_ref - 1) + w_link * link + w_ckpt * ckpt
+ *            + w_queue * queue / queue_ref
  *   score    = progress - pressure
  * loss_now is an EWMA of the step losses (weight 0.1 on the newest), and the
  * loss term is 0 until p has a push decision with a known loss. With no
  * pressure and flat loss the score is 0 at e = H: a calm workload gets the
- * fixed period. At most max_per_step unforced decisions are made per step
+ * fixed period. The queue term is the serving backlog (queued or in service):
+ * the arrival rate falls the moment a burst ends while the queue it left is
+ * still draining, so the rate alone calls that moment calm. At most max_per_step unforced decisions are made per step
  * (default ceil(P/H), the fixed schedule's own peak), in fragment order; a
  * fragment over the quota waits for a later step (its score only grows).
  * Without the quota every fragment a burst held back would push at the same
@@ -85,6 +88,7 @@ typedef struct {
     double rate; /* requests per second, >= 0 */
     double link; /* link utilisation, [0, 1] */
     double ckpt; /* checkpoint activity, [0, 1] */
+    double queue; /* serving requests queued or in service, >= 0 (0 when the source does not report it) */
 } dl_pressure_sample;
 
 typedef struct {
@@ -92,8 +96,9 @@ typedef struct {
     int P;              /* fragments, >= 1 */
     int H;              /* the nominal period (offset_p and the score's centre), >= 1 */
     int h_min, h_max;   /* corridor: 1 <= h_min <= H <= h_max (not fixed) */
-    double w_stale, w_loss, w_rate, w_link, w_ckpt; /* score weights, finite, >= 0 */
+    double w_stale, w_loss, w_rate, w_link, w_ckpt, w_queue; /* score weights, finite, >= 0 */
     double rate_ref;    /* requests/s that count as no pressure, > 0 */
+    double queue_ref;   /* serving backlog (requests) that counts as pressure 1, > 0 */
     double fc_alpha, fc_beta; /* forecast smoothing, in (0, 1] */
     uint64_t seed;      /* matched_random */
     int64_t steps;      /* matched_random, oracle: the run's S, >= 1 */
@@ -116,7 +121,7 @@ typedef struct {
 typedef struct dl_timing dl_timing;
 
 /* Defaults for a policy and H: h_min = max(1, H/2), h_max = 2H, w_stale 1, w_loss 0.5, w_rate 1, w_link 1,
- * w_ckpt 1, rate_ref 50, fc_alpha 0.5, fc_beta 0.3, window 1. */
+ * w_ckpt 1, w_queue 1, queue_ref 1, rate_ref 50, fc_alpha 0.5, fc_beta 0.3, window 1. */
 void dl_timing_defaults(dl_timing_cfg *c, dl_timing_kind kind, int P, int H);
 /* "fixed" | "wa" | "wa_forecast" | "matched_random" | "oracle"; parse returns 0 or DL_EINVAL. */
 const char *dl_timing_name(dl_timing_kind k);

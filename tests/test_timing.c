@@ -161,6 +161,45 @@ static void test_wa(void)
     printf("ok: wa: fixed period when calm, avoids a burst, by H_max, never before H_min, loss term\n");
 }
 
+/* A rate burst in 40..49 whose backlog outlasts it: queue 5 until step 70. wa must not push unforced
+ * while the backlog lasts (the rate is calm from step 50), with the queue term; without it, it does. */
+static int backlog_run(double w_queue, int *inside)
+{
+    dl_timing_cfg c;
+    dl_timing *t;
+    dl_timing_defaults(&c, DL_TIMING_WA, 4, 8);
+    c.h_min = 4, c.h_max = 24, c.w_loss = 0, c.w_queue = w_queue;
+    REQUIRE(dl_timing_open(&c, &t) == 0, "%s", dl_errmsg());
+    int64_t last[4] = {0}, pushes = 0;
+    int in = 0, feas = 1;
+    for (int p = 0; p < 4; p++) last[p] = -1;
+    for (int64_t s = 1; s <= 200; s++) {
+        dl_pressure_sample ps = {.known = 1, .rate = s >= 40 && s < 50 ? 500 : 10, .queue = s >= 40 && s < 70 ? 5 : 0};
+        dl_timing_observe(t, s, &ps, 2.0);
+        for (int p = 0; p < 4; p++) {
+            dl_timing_decision d;
+            if (!dl_timing_due(t, s, p, 8, &d)) continue;
+            pushes++;
+            if (last[p] >= 0) feas &= s - last[p] >= 4 && s - last[p] <= 24;
+            last[p] = s;
+            in += s >= 50 && s < 70 && !d.forced;
+        }
+    }
+    dl_timing_close(&t);
+    *inside = in;
+    return feas && pushes > 0;
+}
+
+static void test_backlog(void)
+{
+    int in_q = -1, in_noq = -1;
+    CHECK(backlog_run(1.0, &in_q), "backlog run infeasible");
+    CHECK(in_q == 0, "%d unforced pushes while the backlog outlasted the burst", in_q);
+    CHECK(backlog_run(0.0, &in_noq) && in_noq > 0, "without the queue term wa pushes into the backlog (%d)", in_noq);
+    printf("ok: wa waits for the backlog to clear (or h_max), not only for the rate (%d pushes without the term)\n",
+           in_noq);
+}
+
 static void test_forecast(void)
 {
     dl_timing_cfg c;
@@ -338,6 +377,12 @@ static void test_cfg_refusals(void)
     dl_timing_defaults(&c, DL_TIMING_WA, 2, 8);
     c.rate_ref = 0;
     CHECK(dl_timing_open(&c, &t) == DL_EINVAL && strstr(dl_errmsg(), "rate_ref"), "%s", dl_errmsg());
+    dl_timing_defaults(&c, DL_TIMING_WA, 2, 8);
+    c.w_queue = -1;
+    CHECK(dl_timing_open(&c, &t) == DL_EINVAL && strstr(dl_errmsg(), "w_queue"), "%s", dl_errmsg());
+    dl_timing_defaults(&c, DL_TIMING_WA, 2, 8);
+    c.queue_ref = NAN;
+    CHECK(dl_timing_open(&c, &t) == DL_EINVAL && strstr(dl_errmsg(), "queue_ref"), "%s", dl_errmsg());
     /* a valid but huge matched_random placement is refused before anything is allocated */
     dl_timing_defaults(&c, DL_TIMING_MATCHED_RANDOM, 2, 8);
     int big[2] = {10000000, 1};
@@ -383,6 +428,13 @@ static void test_parse(void)
     expect_refusal("request_rate 1\nlink_util 1.5\n", "out_of_range");
     expect_refusal("request_rate 2e9\n", "out_of_range");
     expect_refusal("link_util 0.5\n", "missing_rate");
+    CHECK(dl_pressure_parse("request_rate 3\nqueue_depth 7\n", 29, &s, &why) == 0 && s.queue == 7, "queue_depth");
+    CHECK(dl_pressure_parse("request_rate 3", 14, &s, &why) == 0 && s.queue == 0, "queue_depth absent = 0");
+    expect_refusal("request_rate 1\nqueue_depth -2\n", "negative");
+    expect_refusal("request_rate 1\nqueue_depth 2e6\n", "out_of_range");
+    expect_refusal("request_rate 1\nqueue_depth nan\n", "non_finite");
+    expect_refusal("request_rate 1\nqueue_depth 1\nqueue_depth 1\n", "duplicate");
+    expect_refusal("request_rate 1\nqueue_depth 3 4\n", "malformed");
     char big[DL_PRESSURE_MAX_DOC + 40];
     memset(big, '#', sizeof big - 1);
     big[sizeof big - 1] = 0;
@@ -556,6 +608,7 @@ int main(void)
     test_fixed();
     test_wa();
     test_forecast();
+    test_backlog();
     test_matched_random();
     test_oracle();
     test_cfg_refusals();
