@@ -170,7 +170,7 @@ static int read_request(int fd, const char *want, char *path, size_t cap)
 
 static serve_cfg cfg;
 static int work_lfd = -1;             /* the /work listener: its accept queue is the waiting backlog */
-static volatile sig_atomic_t serving; /* 1 while a /work request is in service */
+static _Atomic int serving; /* 1 while a /work request is in service (written here, read by the pressure thread) */
 
 /* Requests queued or in service now: Linux reports a listening socket's accept-queue length in
  * tcpi_unacked (sk_ack_backlog); -1 when that cannot be read. */
@@ -292,13 +292,18 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     work_lfd = wfd;
     pthread_t th;
-    pthread_create(&th, NULL, pressure_thread, &pfd);
+    if (pthread_create(&th, NULL, pressure_thread, &pfd)) {
+        fprintf(stderr, "dloco-serve: cannot start the pressure thread\n");
+        close(wfd);
+        close(pfd);
+        return 2;
+    }
     dl_event("serve_start", "work=%s pressure=%s work_iters=%lld slo_ms=%g", wa, pa, (long long)cfg.work_iters,
              cfg.slo_ms);
     printf("dloco-serve: /work on %s, /pressure on %s\n", wa, pa);
     fflush(stdout);
     size_t cap = 4096, n = 0;
-    double *lat = malloc(cap * sizeof *lat);
+    double *lat = dl_xmalloc(cap * sizeof *lat);
     uint64_t viol = 0;
     while (!stop) {
         struct pollfd pf = {.fd = wfd, .events = POLLIN};
@@ -313,7 +318,7 @@ int main(int argc, char **argv)
             work(cfg.work_iters);
             reply(fd, "200 OK", "ok\n");
             double ms = (now_s() - t0) * 1e3;
-            if (n == cap) lat = realloc(lat, (cap *= 2) * sizeof *lat);
+            if (n == cap) lat = dl_xrealloc(lat, (cap *= 2) * sizeof *lat);
             lat[n++] = ms;
             viol += ms > cfg.slo_ms;
         }

@@ -245,12 +245,15 @@ int dl_sim_cfg_check(const dl_sim_cfg *c)
           DL_SIM_MAX_KILLS);
     for (int i = 0; i < c->n_kill; i++)
         RANGE(c->kill[i].learner >= 0 && c->kill[i].learner < c->learners && c->kill[i].at_s >= 0 &&
-                  c->kill[i].duration_s >= 0,
-              "sim: kill %d: learner %d of %d, at_s and duration_s >= 0", i, c->kill[i].learner, c->learners);
+                  c->kill[i].at_s <= 1e9 && c->kill[i].duration_s >= 0 && c->kill[i].duration_s <= 1e9,
+              "sim: kill %d: learner %d of %d, at_s %g and duration_s %g in [0, 1e9]", i, c->kill[i].learner,
+              c->learners, c->kill[i].at_s, c->kill[i].duration_s);
     RANGE(c->n_fail_at >= 0 && c->n_fail_at <= DL_SIM_MAX_FAILS, "sim: %d fail_at, at most %d", c->n_fail_at,
           DL_SIM_MAX_FAILS);
-    for (int i = 1; i < c->n_fail_at; i++)
-        RANGE(c->fail_at[i] >= c->fail_at[i - 1], "sim: fail_at must be non-decreasing");
+    for (int i = 0; i < c->n_fail_at; i++) {
+        RANGE(c->fail_at[i] >= 0 && c->fail_at[i] <= 1e9, "sim: fail_at %d: %g, in [0, 1e9]", i, c->fail_at[i]);
+        if (i) RANGE(c->fail_at[i] >= c->fail_at[i - 1], "sim: fail_at must be non-decreasing");
+    }
     if (c->mode == DL_SIM_DECOUPLED && c->policy.kind != DL_POLICY_DECOUPLED)
         return dl_err(DL_EINVAL, "sim: policy %s: the simulated learners never wait at a barrier, so only the "
                                  "decoupled policy is simulated (dp and elastic are the synchronous baselines)",

@@ -267,7 +267,10 @@ static void test_refusals(void)
     c.update_s = -1, refused(&c, "update_s");
     c.step_overhead_s = -1, refused(&c, "step_overhead_s");
     c.n_kill = 1, c.kill[0] = (dl_sim_kill){99, 0, 1}, refused(&c, "kill 0");
+    c.n_kill = 1, c.kill[0] = (dl_sim_kill){0, INFINITY, 1}, refused(&c, "kill 0");
     c.n_fail_at = 2, c.fail_at[0] = 5, c.fail_at[1] = 1, refused(&c, "non-decreasing");
+    c.n_fail_at = 1, c.fail_at[0] = -1, refused(&c, "fail_at 0");
+    c.n_fail_at = 1, c.fail_at[0] = NAN, refused(&c, "fail_at 0");
     c.policy.kind = DL_POLICY_SYNC, refused(&c, "only the decoupled policy");
     c.policy.quorum = 0, refused(&c, "quorum"); /* the policy's own check */
     c.mode = (dl_sim_mode)9, refused(&c, "mode");
