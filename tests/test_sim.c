@@ -144,23 +144,30 @@ static void test_elastic_closed_form(void)
     buckets_sum(&r);
 }
 
+/* n learners of one chip each, no interruptions, 600 s, H = 10 steps of 0.1 s (cv step_cv), P = 2, 1M
+ * parameters, quorum 1: the fleets of the policy tests */
+static void small_fleet(dl_sim_cfg *c, int n, double step_cv)
+{
+    dl_sim_cfg_default(c);
+    c->chips = n;
+    c->learners = n;
+    c->slice_chips = 1;
+    c->mtbi_s = 0;
+    c->horizon_s = 600;
+    c->H = 10;
+    c->P = 2;
+    c->step_s = 0.1;
+    c->step_cv = step_cv;
+    c->params = 1e6;
+    c->policy.quorum = 1;
+}
+
 static void test_policy_driven(void)
 {
     /* 2 learners, no interruptions; learner 1 is killed at 0.1 s for the whole run: it never pushes. Quorum 1:
      * the live learner's pushes still merge, alone */
     dl_sim_cfg c;
-    dl_sim_cfg_default(&c);
-    c.chips = 2;
-    c.learners = 2;
-    c.slice_chips = 1;
-    c.mtbi_s = 0;
-    c.horizon_s = 600;
-    c.H = 10;
-    c.P = 2;
-    c.step_s = 0.1;
-    c.step_cv = 0;
-    c.params = 1e6;
-    c.policy.quorum = 1;
+    small_fleet(&c, 2, 0);
     c.kill[0] = (dl_sim_kill){1, 0.1, 1e6};
     c.n_kill = 1;
     dl_sim_result r;
@@ -181,18 +188,7 @@ static void test_policy_driven(void)
     CHECK(r.merges >= 1100, "quorum 2, one learner dead: %llu merges", (unsigned long long)r.merges);
     /* out-of-phase learners (different speeds) with max_staleness 0: the policy drops pushes that are
      * 1 version behind; the default 8 drops none */
-    dl_sim_cfg_default(&c);
-    c.chips = 4;
-    c.learners = 4;
-    c.slice_chips = 1;
-    c.mtbi_s = 0;
-    c.horizon_s = 600;
-    c.H = 10;
-    c.P = 2;
-    c.step_s = 0.1;
-    c.step_cv = 0.5;
-    c.params = 1e6;
-    c.policy.quorum = 1;
+    small_fleet(&c, 4, 0.5);
     c.policy.max_staleness = 0;
     dl_sim_result r0, r8;
     REQUIRE(dl_sim_run(&c, &r0) == 0, "run: %s", dl_errmsg());
