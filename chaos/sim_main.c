@@ -1,7 +1,7 @@
 /* dloco-sim: the discrete-event simulator (chaos/sim.h, docs/SIM.md).
  *   dloco-sim run SCENARIO [--json FILE] [--seed N] [--duration_s S]
- *   dloco-sim paper [--horizon_s S] [--seed N]
- *   dloco-sim tune [--horizon_s S] [--seed N]
+ *   dloco-sim paper [--horizon_s S] [--calib_horizon_s S] [--seed N] [--repair_s S] [--json FILE]
+ *   dloco-sim tune [--horizon_s S] [--calib_horizon_s S] [--seed N] [--repair_s S] [--step_cv X] [--bandwidth_mbit X]
  *   dloco-sim keys */
 #include <math.h>
 #include <stdio.h>
@@ -16,16 +16,17 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: dloco-sim run SCENARIO [--json FILE] [--seed N] [--duration_s S]\n"
-            "       dloco-sim paper [--horizon_s S] [--seed N]\n"
-            "       dloco-sim tune [--horizon_s S] [--seed N] [--step_cv X] [--bandwidth_mbit X]\n"
+            "       dloco-sim paper [--horizon_s S] [--calib_horizon_s S] [--seed N] [--repair_s S] [--json FILE]\n"
+            "       dloco-sim tune [--horizon_s S] [--calib_horizon_s S] [--seed N] [--repair_s S] [--step_cv X]\n"
+            "                      [--bandwidth_mbit X]\n"
             "       dloco-sim keys\n"
             "  run    simulate a dloco-chaos scenario (its [sim] section adds the sim's keys): learners,\n"
             "         datacenter links, H, fragments, quorum, max_staleness, liveness and the learner_kill\n"
             "         faults carry over; prints the buckets and, with --json, writes the result object\n"
-            "  paper  the Decoupled DiLoCo goodput study (5B dense, MTBI 1 year per chip): calibrates the\n"
-            "         data-parallel and elastic data-parallel recovery parameters on their two rows, predicts\n"
-            "         the M = 2..16 rows on the real policy, prints the table beside the paper's; last line\n"
-            "         sim_vs_paper_max_diff_points: X\n"
+            "  paper  the Decoupled DiLoCo goodput study (5B dense, MTBI 1 year per chip): fits recovery_s on\n"
+            "         the data-parallel row and resize_s on the elastic row (repair_s = recovery_s, or\n"
+            "         --repair_s), predicts the M = 2..16 rows on the real policy, prints the table beside\n"
+            "         the paper's (--json: also as one JSON object); last line sim_vs_paper_max_diff_points: X\n"
             "  tune   at 1.2M chips, M = 8: the quorum / grace_steps / max_staleness that maximise\n"
             "         goodput x quality proxy (docs/SIM.md); last line tune_best_gain_points: X;\n"
             "         --step_cv / --bandwidth_mbit: a harder regime (between-learner spread, per-site link)\n"
@@ -237,8 +238,9 @@ static void study_cfg(dl_sim_cfg *c, uint64_t seed, double horizon)
 }
 
 typedef struct {
-    double R, C;        /* DP recovery_s, ckpt_s */
-    double resize, rep; /* elastic resize_s, repair_s */
+    double R, C;        /* DP recovery_s, ckpt_s (fitted on the data-parallel row) */
+    double resize, rep; /* elastic resize_s (fitted on the elastic row), repair_s (not fitted: R, or --repair_s) */
+    int rep_given;      /* 1: repair_s came from --repair_s */
 } calib;
 
 static double row_err(const double *sim, const double *paper, double *sum)
@@ -260,8 +262,13 @@ static double run_gp(const dl_sim_cfg *c)
     return r.goodput_frac;
 }
 
-/* Grid search, minimax over the row's five cells (ties: the smaller sum). */
-static void calibrate(uint64_t seed, double horizon, calib *out)
+/* Grid search, minimax over the row's five cells (ties: the smaller sum). Two fitted parameters, one per row:
+ * recovery_s on the data-parallel row (with ckpt_s from a 4-value grid), resize_s on the elastic row. repair_s
+ * is not fitted: a data-parallel job is back on all its chips recovery_s after an interruption, so the fleet
+ * already replaces a failed chip from its spares within recovery_s, and an elastic job's dropped slice is
+ * replaced from the same spares in the same time (repair_s = recovery_s); repair >= 0 overrides it
+ * (--repair_s, the sensitivity study of docs/SIM.md). */
+static void calibrate(uint64_t seed, double horizon, double repair, calib *out)
 {
     dl_sim_cfg *c = dl_xcalloc(1, sizeof *c);
     study_cfg(c, seed, horizon);
@@ -282,32 +289,28 @@ static void calibrate(uint64_t seed, double horizon, calib *out)
         }
     fprintf(stderr, "dloco-sim: calibrated dp: recovery_s %.0f, ckpt_s %.0f (max diff %.2f points)\n", out->R, out->C,
             best);
+    out->rep_given = repair >= 0;
+    out->rep = repair >= 0 ? repair : out->R;
     best = bsum = 1e9;
-    static const double reps[] = {900, 1800, 3600, 5400, 7200, 10800, 14400, 28800};
-    /* pass 0: the coarse grid; pass 1: repair_s within +-30% of the best in 5% steps, resize_s +-1 s in 1/8 s */
+    /* pass 0: resize_s 1..40 s by 1 s; pass 1: +-1 s around the best by 1/8 s */
     for (int pass = 0; pass < 2; pass++) {
-        double lo = pass ? out->resize - 1 : 1, hi = pass ? out->resize + 1 : 30, st = pass ? 0.125 : 1;
-        double rep0 = out->rep;
-        for (int ri = 0; ri < (pass ? 13 : 8); ri++) {
-            double rep = pass ? rep0 * (0.7 + 0.05 * ri) : reps[ri];
-            for (double Rs = lo; Rs <= hi + 1e-9; Rs += st) {
-                if (Rs <= 0) continue;
-                double g[5];
-                c->mode = DL_SIM_ELASTIC;
-                c->resize_s = Rs;
-                c->repair_s = rep;
-                for (int k = 0; k < 5; k++) {
-                    c->chips = paper_chips[k];
-                    g[k] = run_gp(c);
-                }
-                double s, e = row_err(g, paper_gp[1], &s);
-                if (e < best - 1e-9 || (fabs(e - best) < 1e-9 && s < bsum))
-                    best = e, bsum = s, out->resize = Rs, out->rep = rep;
+        double lo = pass ? out->resize - 1 : 1, hi = pass ? out->resize + 1 : 40, st = pass ? 0.125 : 1;
+        for (double Rs = lo; Rs <= hi + 1e-9; Rs += st) {
+            if (Rs <= 0) continue;
+            double g[5];
+            c->mode = DL_SIM_ELASTIC;
+            c->resize_s = Rs;
+            c->repair_s = out->rep;
+            for (int k = 0; k < 5; k++) {
+                c->chips = paper_chips[k];
+                g[k] = run_gp(c);
             }
+            double s, e = row_err(g, paper_gp[1], &s);
+            if (e < best - 1e-9 || (fabs(e - best) < 1e-9 && s < bsum)) best = e, bsum = s, out->resize = Rs;
         }
     }
-    fprintf(stderr, "dloco-sim: calibrated elastic: resize_s %.3f, repair_s %.0f, slice_chips 256 fixed (max diff %.2f "
-                    "points)\n", out->resize, out->rep, best);
+    fprintf(stderr, "dloco-sim: calibrated elastic: resize_s %.3f (repair_s %.0f%s, slice_chips 256 fixed; max diff "
+                    "%.2f points)\n", out->resize, out->rep, out->rep_given ? " from --repair_s" : " = recovery_s", best);
     free(c);
 }
 
@@ -320,12 +323,41 @@ static void apply_calib(dl_sim_cfg *c, const calib *k)
     c->learner_fail = DL_SIM_FAIL_RESIZE;
 }
 
-static int cmd_paper(double horizon, double calib_horizon, uint64_t seed)
+/* The study as one JSON object (dloco-sim paper --json FILE): the fitted and fixed parameters, both tables, the
+ * maxima. 0, or DL_EIO. */
+static int paper_json(const char *path, const calib *k, uint64_t seed, double horizon, double calib_horizon,
+                      double sim[6][5], double cal_max, double pred_max, double maxd)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return dl_err(DL_EIO, "cannot open %s for writing", path);
+    fprintf(f, "{\"seed\":\"%llu\",\"horizon_s\":%.17g,\"calib_horizon_s\":%.17g,\"calibration\":{\"recovery_s\":%.17g,"
+               "\"ckpt_s\":%.17g,\"resize_s\":%.17g,\"repair_s\":%.17g,\"repair_from\":\"%s\",\"slice_chips\":256},"
+               "\"chips\":[", (unsigned long long)seed, horizon, calib_horizon, k->R, k->C, k->resize, k->rep,
+            k->rep_given ? "option" : "recovery_s");
+    for (int j = 0; j < 5; j++) fprintf(f, "%s%lld", j ? "," : "", (long long)paper_chips[j]);
+    fprintf(f, "],\"rows\":[");
+    for (int row = 0; row < 6; row++) {
+        char M[16] = "null"; /* the data-parallel rows have no learners */
+        if (paper_M[row]) snprintf(M, sizeof M, "%d", paper_M[row]);
+        fprintf(f, "%s{\"row\":\"%s\",\"learners\":%s,\"calibrated\":%s,\"sim\":[", row ? "," : "", paper_rows[row], M,
+                row < 2 ? "true" : "false");
+        for (int j = 0; j < 5; j++) fprintf(f, "%s%.17g", j ? "," : "", sim[row][j]);
+        fprintf(f, "],\"paper\":[");
+        for (int j = 0; j < 5; j++) fprintf(f, "%s%.0f", j ? "," : "", paper_gp[row][j]);
+        fprintf(f, "]}");
+    }
+    fprintf(f, "],\"calibrated_max_diff_points\":%.17g,\"predicted_max_diff_points\":%.17g,"
+               "\"sim_vs_paper_max_diff_points\":%.17g}\n", cal_max, pred_max, maxd);
+    return fclose(f) ? dl_err(DL_EIO, "cannot write %s", path) : 0;
+}
+
+static int cmd_paper(double horizon, double calib_horizon, uint64_t seed, double repair, const char *json)
 {
     calib k = {0};
-    calibrate(seed, calib_horizon, &k);
+    calibrate(seed, calib_horizon, repair, &k);
     dl_sim_cfg *c = dl_xcalloc(1, sizeof *c);
     double sim[6][5], maxd = 0;
+    int rc;
     for (int row = 0; row < 6; row++)
         for (int j = 0; j < 5; j++) {
             study_cfg(c, seed + (uint64_t)j, row < 2 ? calib_horizon : horizon);
@@ -335,8 +367,7 @@ static int cmd_paper(double horizon, double calib_horizon, uint64_t seed)
             c->learners = row >= 2 ? paper_M[row] : 1;
             c->progress = row >= 2 && paper_chips[j] >= 1200000 && paper_M[row] >= 8;
             dl_sim_result r;
-            int rc = dl_sim_run(c, &r);
-            if (rc) {
+            if ((rc = dl_sim_run(c, &r))) {
                 free(c);
                 return fail("paper", rc);
             }
@@ -353,8 +384,10 @@ static int cmd_paper(double horizon, double calib_horizon, uint64_t seed)
     printf("calibrated on the two data-parallel rows only (%.0f s simulated each):\n", calib_horizon);
     printf("  data-parallel:         recovery_s = %.0f, ckpt_s = %.0f (0: no work lost beyond the recovery)\n", k.R,
            k.C);
-    printf("  elastic data-parallel: resize_s = %.3f per drop and per return, repair_s = %.0f (both fitted); slice_chips = "
-           "256 (fixed)\n", k.resize, k.rep);
+    printf("  elastic data-parallel: resize_s = %.3f per drop and per return (fitted); repair_s = %.0f (%s); "
+           "slice_chips = 256 (fixed)\n", k.resize, k.rep,
+           k.rep_given ? "--repair_s, not fitted" : "= recovery_s, not fitted: the spares that bring a data-parallel job back "
+                                                     "on all its chips replace a dropped slice");
     printf("predicted (M rows, %.0f s simulated each): learners of chips/M chips, each elastic with the parameters "
            "above; H=100 P=16 step 1 s (cv 0.05), 5e9 params bf16, 100 Gbit/s + 50 ms per learner's site;\n"
            "policy: dloco-sync defaults (quorum 1, grace_steps 4, max_staleness 8, poly 0.5), heartbeat 1 s x 6\n",
@@ -368,25 +401,25 @@ static int cmd_paper(double horizon, double calib_horizon, uint64_t seed)
             printf(" | %5.1f/%3.0f (%+5.1f)", sim[row][j], paper_gp[row][j], sim[row][j] - paper_gp[row][j]);
         printf("%s\n", row < 2 ? "   [calibrated]" : "   [predicted]");
     }
-    double pmax = 0;
-    for (int row = 2; row < 6; row++)
-        for (int j = 0; j < 5; j++) pmax = fmax(pmax, fabs(sim[row][j] - paper_gp[row][j]));
-    printf("max |diff|: calibrated rows %.2f, predicted rows %.2f points\n",
-           fmax(row_err((double[]){sim[0][0] / 100, sim[0][1] / 100, sim[0][2] / 100, sim[0][3] / 100, sim[0][4] / 100},
-                        paper_gp[0], NULL),
-                row_err((double[]){sim[1][0] / 100, sim[1][1] / 100, sim[1][2] / 100, sim[1][3] / 100, sim[1][4] / 100},
-                        paper_gp[1], NULL)),
-           pmax);
-    printf("sim_vs_paper_max_diff_points: %.2f\n", maxd);
+    double pmax = 0, cmax = 0;
+    for (int row = 0; row < 6; row++)
+        for (int j = 0; j < 5; j++) {
+            double d = fabs(sim[row][j] - paper_gp[row][j]);
+            if (row < 2) cmax = fmax(cmax, d);
+            else pmax = fmax(pmax, d);
+        }
+    printf("max |diff|: calibrated rows %.2f, predicted rows %.2f points\n", cmax, pmax);
     free(c);
+    if (json && (rc = paper_json(json, &k, seed, horizon, calib_horizon, sim, cmax, pmax, maxd))) return fail("paper", rc);
+    printf("sim_vs_paper_max_diff_points: %.2f\n", maxd);
     return 0;
 }
 
 /* ---------------------------------------------------------------- tune */
-static int cmd_tune(double horizon, double calib_horizon, uint64_t seed, double step_cv, double bw)
+static int cmd_tune(double horizon, double calib_horizon, uint64_t seed, double step_cv, double bw, double repair)
 {
     calib k = {0};
-    calibrate(seed, calib_horizon, &k);
+    calibrate(seed, calib_horizon, repair, &k);
     dl_sim_cfg *c = dl_xcalloc(1, sizeof *c);
     static const int Q[] = {1, 2, 4, 6, 8};
     static const double G[] = {0.5, 1, 4, 16};
@@ -395,7 +428,7 @@ static int cmd_tune(double horizon, double calib_horizon, uint64_t seed, double 
     int bq = 0, bs = 0;
     double bg = 0;
     dl_sim_result br = {0}, b0 = {0};
-    printf("tuning at 1.2M chips, M=8, %.0f s simulated per setting (calibrated: dp R=%.0f, elastic resize_s=%.3f "
+    printf("tuning at 1.2M chips, M=8, %.0f s simulated per setting (calibrated: dp R=%.0f, elastic resize_s=%.3f, "
            "repair_s=%.0f); step_cv %.2f, %.0f Mbit/s per site\n", horizon, k.R, k.resize, k.rep,
            step_cv >= 0 ? step_cv : 0.05, bw > 0 ? bw : 100000.0);
     printf("%7s %11s %13s | %8s %8s %10s %9s %10s\n", "quorum", "grace_steps", "max_staleness", "goodput", "quality",
@@ -451,7 +484,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "paper") || !strcmp(cmd, "tune")) {
-        double horizon = 86400, ch = 7 * 86400, seed = 1, cv = -1, bw = 0;
+        double horizon = 86400, ch = 7 * 86400, seed = 1, cv = -1, bw = 0, repair = -1;
+        const char *json = NULL;
         if (!strcmp(cmd, "tune")) horizon = 21600;
         for (int i = 2; i < argc; i++) {
             if (!strcmp(argv[i], "--horizon_s") && i + 1 < argc) {
@@ -460,6 +494,10 @@ int main(int argc, char **argv)
                 if (num_arg("--calib_horizon_s", argv[++i], 3600, 365 * 86400, &ch)) return 2;
             } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
                 if (num_arg("--seed", argv[++i], 0, 9e15, &seed)) return 2;
+            } else if (!strcmp(cmd, "paper") && !strcmp(argv[i], "--json") && i + 1 < argc) {
+                json = argv[++i];
+            } else if (!strcmp(argv[i], "--repair_s") && i + 1 < argc) {
+                if (num_arg("--repair_s", argv[++i], 0, 1e6, &repair)) return 2;
             } else if (!strcmp(cmd, "tune") && !strcmp(argv[i], "--step_cv") && i + 1 < argc) {
                 if (num_arg("--step_cv", argv[++i], 0, 2, &cv)) return 2;
             } else if (!strcmp(cmd, "tune") && !strcmp(argv[i], "--bandwidth_mbit") && i + 1 < argc) {
@@ -469,7 +507,8 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
-        return !strcmp(cmd, "paper") ? cmd_paper(horizon, ch, (uint64_t)seed) : cmd_tune(horizon, ch, (uint64_t)seed, cv, bw);
+        return !strcmp(cmd, "paper") ? cmd_paper(horizon, ch, (uint64_t)seed, repair, json)
+                                     : cmd_tune(horizon, ch, (uint64_t)seed, cv, bw, repair);
     }
     fprintf(stderr, "dloco-sim: unknown command '%s'\n", cmd);
     usage(stderr);
