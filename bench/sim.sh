@@ -1,12 +1,12 @@
 #!/bin/bash
 # The Decoupled DiLoCo goodput study on dloco-sim (docs/SIM.md), not a test:
-# calibrates the data-parallel and elastic data-parallel recovery parameters
-# on the paper's two data-parallel rows, predicts the M = 2, 4, 8, 16 rows on
-# the real merge policy, prints the table beside the paper's with per-cell
+# fits recovery_s on the paper's data-parallel row and resize_s on its
+# elastic data-parallel row (repair_s = recovery_s, docs/SIM.md), predicts
+# the M = 2, 4, 8, 16 rows on the real merge policy, prints the table beside the paper's with per-cell
 # differences, then the tuning sweep at 1.2M chips, M = 8 (quorum x
 # grace_steps x max_staleness, goodput x quality proxy). Last line:
 #   sim_vs_paper_max_diff_points: X      (bar: X <= 5)
-# About a minute on one core (seeded: the same figures every run).
+# About 15 s on one core (seeded: the same figures every run).
 # Usage: bench/sim.sh   (env: SIM_HORIZON_S, the M rows' horizon, default 86400; SIM_TUNE=0 skips the sweep)
 set -euo pipefail
 . "$(dirname "$0")/../tests/lib_args.sh"
