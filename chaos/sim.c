@@ -761,6 +761,7 @@ int dl_sim_run(const dl_sim_cfg *c, dl_sim_result *r)
     else DL_TRY(run_fleet(c, r));
     /* the buckets sum to provisioned: wasted is the compute neither merged nor dropped */
     if (r->goodput + r->dropped_stale > r->compute && r->compute > 0) {
+        r->credit_excess = (r->goodput + r->dropped_stale) / r->compute - 1;
         double k = r->compute / (r->goodput + r->dropped_stale);
         r->goodput *= k;
         r->dropped_stale *= k;
@@ -783,6 +784,7 @@ void dl_sim_result_json(const dl_sim_cfg *c, const dl_sim_result *r, FILE *f)
             "\"dropped_stale\":%.9f,\"wasted\":%.9f},\"provisioned_chip_s\":%.17g,\"compute_chip_s\":%.17g,"
             "\"interruptions\":%llu,\"steps\":%llu,\"pushes\":%llu,\"merges\":%llu,\"contributions\":%llu,"
             "\"mean_contrib\":%.6f,\"mean_staleness\":%.6f,\"dropped\":%llu,\"deaths\":%llu,\"events\":%llu,"
+            "\"credit_excess\":%.9f,"
             "\"policy\":{\"pushes\":%llu,\"pooled\":%llu,\"replaced\":%llu,\"dropped_stale\":%llu,\"rejected\":%llu,"
             "\"rounds\":%llu,\"merged\":%llu}}\n",
             dl_sim_mode_name(c->mode), (long long)c->chips, c->mode == DL_SIM_DECOUPLED ? c->learners : 1,
@@ -791,7 +793,7 @@ void dl_sim_result_json(const dl_sim_cfg *c, const dl_sim_result *r, FILE *f)
             r->provisioned, r->compute, (unsigned long long)r->interruptions, (unsigned long long)r->steps,
             (unsigned long long)r->pushes, (unsigned long long)r->merges, (unsigned long long)r->contributions,
             r->mean_contrib, r->mean_staleness, (unsigned long long)r->dropped, (unsigned long long)r->deaths,
-            (unsigned long long)r->events, (unsigned long long)r->pstats.pushes,
+            (unsigned long long)r->events, r->credit_excess, (unsigned long long)r->pstats.pushes,
             (unsigned long long)r->pstats.pooled, (unsigned long long)r->pstats.replaced,
             (unsigned long long)r->pstats.dropped_stale, (unsigned long long)r->pstats.rejected,
             (unsigned long long)r->pstats.rounds, (unsigned long long)r->pstats.merged);

@@ -56,14 +56,15 @@ k = p["calibration"]
 rows = {r["row"]: r for r in p["rows"]}
 d = max(abs(s - q) for r in p["rows"] for s, q in zip(r["sim"], r["paper"]))
 pred = max(abs(s - q) for r in p["rows"] if not r["calibrated"] for s, q in zip(r["sim"], r["paper"]))
-print("max diff %.2f (predicted rows %.2f), recovery_s %g, resize_s %g, repair_s %g from %s"
-      % (d, pred, k["recovery_s"], k["resize_s"], k["repair_s"], k["repair_from"]))
+print("max diff %.2f (predicted rows %.2f), recovery_s %g, resize_s %g, repair_s %g from %s, credit excess %g"
+      % (d, pred, k["recovery_s"], k["resize_s"], k["repair_s"], k["repair_from"], p["credit_excess_max"]))
 ok = (abs(d - p["sim_vs_paper_max_diff_points"]) < 1e-3 and d <= 5 and len(rows) == 6
       and k["repair_from"] == "recovery_s" and k["repair_s"] == k["recovery_s"] and k["resize_s"] > 0
+      and p["credit_excess_max"] == 0
       and sys.argv[2] == "sim_vs_paper_max_diff_points: %.2f" % p["sim_vs_paper_max_diff_points"])
 sys.exit(not ok)
 PY
-then echo "ok: paper: sim_vs_paper_max_diff_points <= 5 (--json and the last line agree), repair_s = recovery_s"
+then echo "ok: paper: sim_vs_paper_max_diff_points <= 5 (--json and the last line agree), repair_s = recovery_s, nothing over-credited"
 else echo "FAIL: paper: exit $rc, last line '$(echo "$out" | tail -n 1)'"; fail=1; fi
 # --repair_s fixes repair_s instead (short horizons: only the plumbing is checked here)
 timeout 120 "$SIMB" paper --repair_s 8640 --calib_horizon_s 3600 --horizon_s 600 --json "$W/rep.json" > /dev/null 2>&1 < /dev/null
