@@ -6,7 +6,9 @@
 # program with --print-config, which refuses an unknown option or a bad
 # value (exit 2). Then the tools that exist here: yamllint on deploy/k8s;
 # `kubectl kustomize` (offline) and `kubectl apply --dry-run=client` (needs
-# an API server's discovery: reported as not checked when none answers);
+# an API server's discovery: reported as not checked when none answers; the
+# fields against the API schema are checked offline by deploy/k8s/validate.py
+# in tests/test_k8s_validate.sh);
 # consistency of the manifests (python3-yaml: selectors, services, probes on
 # named ports, referenced Secrets / ConfigMap keys / volumes, non-root);
 # `systemd-analyze verify` on the units (binary paths pointed at the build),
@@ -275,7 +277,7 @@ if command -v kubectl > /dev/null; then
   out=$(timeout 60 kubectl apply --dry-run=client -k deploy/k8s 2>&1); rc=$?
   if [ "$rc" = 0 ]; then echo "ok: kubectl apply --dry-run=client -k deploy/k8s: $(echo "$out" | wc -l) objects"
   elif echo "$out" | grep -q -i -e 'connection refused' -e 'unable to recognize' -e 'failed to download openapi' -e 'no such host' -e 'i/o timeout'; then
-    not_checked "kubectl apply --dry-run=client: it needs an API server's discovery (and its OpenAPI schema to validate fields), none answers here: $(echo "$out" | tail -n 1 | cut -c1-120)"
+    not_checked "kubectl apply --dry-run=client: it needs an API server's discovery (and its OpenAPI schema to validate fields), none answers here (test_k8s_validate checks the schema offline): $(echo "$out" | tail -n 1 | cut -c1-120)"
   else echo "FAIL: kubectl apply --dry-run=client: $out"; fail=1; fi
 else
   not_checked "kubectl is not installed: kustomize build and client dry-run of deploy/k8s"
