@@ -30,6 +30,7 @@ PKGS=(
   yamllint                                # tests/test_deploy_files.sh: the Kubernetes manifests in deploy/k8s
   nftables                                # tests/test_deploy_files.sh: nft -c on deploy/firewall (no daemon is started)
   python3-kubernetes                      # tests/test_k8s_validate.sh: deploy/k8s/validate.py, the manifests against the Kubernetes API schema
+  python3-yaml                            # tests/test_deploy_files.sh, tests/test_k8s_validate.sh: reading the manifests
 )
 WITH_TORCH=0
 WITH_SLURM=0
