@@ -187,7 +187,7 @@ left=()
 for e in /proc/[0-9]*/environ; do
   p=${e#/proc/}; p=${p%/environ}
   [ "$p" = $$ ] && continue
-  tr '\0' '\n' < "$e" 2> /dev/null | grep -qx "DLOCO_SLURM_MARK=$W" && left+=("$p")
+  { tr '\0' '\n' < "$e"; } 2> /dev/null | grep -qx "DLOCO_SLURM_MARK=$W" && left+=("$p")
 done
 for p in "${left[@]}"; do kill -KILL "$p" 2> /dev/null; done
 check "no process of job $JOB_DONE is left (found: ${left[*]:-none})" [ "${#left[@]}" = 0 ]
