@@ -118,8 +118,8 @@ typedef struct {
     double mean_contrib;      /* contributions per merge */
     double quality;           /* quality proxy (docs/SIM.md): compute-weighted mean of (1 + staleness)^-1/2 */
     double credit_excess;     /* (merged + dropped compute) / compute - 1 before the skew rule scaled them down to
-                                 compute (docs/CHAOS.md); 0 when nothing was scaled. Not 0: pushes credited more
-                                 compute than was run (the final flush's edge, or an accounting bug) */
+                                 compute (docs/SIM.md "Goodput and badput"); 0 when nothing was scaled. Not 0:
+                                 merged or dropped pushes credited more compute than was run */
     dl_policy_stats pstats;   /* the real policy's counters */
 } dl_sim_result;
 
