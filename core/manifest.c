@@ -172,9 +172,9 @@ int dl_manifest_set_gpt(dl_manifest *m, const dl_model_config *cfg_in)
         char msg[512];
         int nd = dl_manifest_diff(m, g, "the GPT-2 table", msg, sizeof msg);
         rc = dl_err(DL_EMISMATCH,
-                    "manifest: not the GPT-2 table of n_layer %d n_embd %d seq_len %d vocab %d (%d tensor%s differ; "
+                    "manifest: not the GPT-2 table of n_layer %d n_embd %d seq_len %d vocab %d (%d tensor%s; "
                     "first: %s)",
-                    g->cfg.n_layer, g->cfg.n_embd, g->cfg.seq_len, g->cfg.vocab, nd, nd == 1 ? "" : "s", msg);
+                    g->cfg.n_layer, g->cfg.n_embd, g->cfg.seq_len, g->cfg.vocab, nd, nd == 1 ? " differs" : "s differ", msg);
     } else {
         m->gpt = 1;
         m->cfg = g->cfg;
