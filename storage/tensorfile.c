@@ -398,8 +398,10 @@ static int st_manifest(stfile *f, dl_manifest **out)
                       "\"): write the file with the roles (python: dloco.save_init), or give the manifest with "
                       "--manifest FILE",
                       f->path);
+    /* DL_EINVAL whatever the reason: the file is a safetensors file, its
+     * manifest is what is wrong (DL_EFORMAT says "not a safetensors file") */
     int rc = dl_manifest_from_json(mj, strlen(mj), out);
-    if (rc) return dl_err(rc, "%s: __metadata__ " META_KEY ": %s", f->path, dl_errmsg());
+    if (rc) return dl_err(DL_EINVAL, "%s: __metadata__ " META_KEY ": %s", f->path, dl_errmsg());
     return 0;
 }
 

@@ -36,7 +36,7 @@ int dl_tensorfile_write(const char *path, const dl_manifest *m, const float *par
 /* The manifest a file's __metadata__ carries ("dloco_manifest"), from its
  * header alone. DL_ENOTFOUND (the file is fine but carries none: give the
  * manifest another way), DL_EIO, DL_EFORMAT / DL_ETRUNC (not a safetensors
- * file), DL_EINVAL (a bad manifest, named). */
+ * file), DL_EINVAL (a safetensors file whose manifest is bad, named). */
 int dl_tensorfile_manifest(const char *path, dl_manifest **out);
 
 typedef struct {
