@@ -415,6 +415,39 @@ int dl_tensorfile_manifest(const char *path, dl_manifest **out)
     return rc;
 }
 
+static int guess_role(const entry *e)
+{
+    if (e->ndim == 1) return DL_TENSOR_VECTOR;
+    const char *n = e->name;
+    size_t l = strlen(n);
+    int ends = (l >= 11 && (!strcmp(n + l - 11, ".wte.weight") || !strcmp(n + l - 11, ".wpe.weight")));
+    if (e->ndim == 2 && (strstr(n, "embed") || !strcmp(n, "wte") || !strcmp(n, "wpe") || ends)) return DL_TENSOR_EMBED;
+    return DL_TENSOR_MATRIX;
+}
+
+int dl_tensorfile_guess_manifest(const char *path, dl_manifest **out, int *guessed)
+{
+    *out = NULL;
+    *guessed = 0;
+    stfile f;
+    int rc = st_open(&f, path);
+    if (!rc) {
+        rc = st_manifest(&f, out);
+        if (rc == DL_ENOTFOUND) {
+            /* the data order is the order a buffer of the file would have */
+            qsort(f.e, (size_t)f.n, sizeof *f.e, cmp_begin);
+            rc = dl_manifest_open(out);
+            for (int i = 0; !rc && i < f.n; i++)
+                rc = dl_manifest_add(*out, f.e[i].name, f.e[i].ndim, f.e[i].shape, guess_role(&f.e[i]));
+            if (!rc) rc = dl_manifest_check(*out);
+            if (rc) dl_manifest_close(out);
+            else *guessed = 1;
+        }
+    }
+    st_close(&f);
+    return rc;
+}
+
 static float half_to_float(uint16_t h)
 {
     uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;

@@ -39,6 +39,16 @@ int dl_tensorfile_write(const char *path, const dl_manifest *m, const float *par
  * file), DL_EINVAL (a safetensors file whose manifest is bad, named). */
 int dl_tensorfile_manifest(const char *path, dl_manifest **out);
 
+/* A manifest for a safetensors file that carries none (one PyTorch's
+ * save_file wrote): its tensors in the file's data order, roles guessed --
+ * embedding for a 2-D tensor whose name contains "embed" or is "wte" /
+ * "wpe" (or ends in ".wte.weight" / ".wpe.weight"), vector for 1-D, matrix
+ * for the rest. `dloco manifest FILE` prints it for the operator to check.
+ * A file that carries one gives that one (*guessed 0). Errors as
+ * dl_tensorfile_manifest, DL_EINVAL for a name or shape a manifest cannot
+ * hold. */
+int dl_tensorfile_guess_manifest(const char *path, dl_manifest **out, int *guessed);
+
 typedef struct {
     char dtype[8];   /* "F32", "F16", "BF16" or "mixed" */
     int has_manifest; /* the file carried a dloco_manifest (then equal to m) */

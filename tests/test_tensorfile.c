@@ -168,8 +168,28 @@ static void test_foreign(void)
     CHECK(got[6] == 1 && got[7] == -2 && got[8] == 0.5f && got[9] == ldexpf(1, -24), "f16 %g %g %g %g", got[6], got[7],
           got[8], got[9]);
     CHECK(!strcmp(info.dtype, "mixed"), "dtype %s", info.dtype);
+    /* the manifest dloco manifest would print for it: file order, roles guessed */
+    dl_manifest *g = NULL;
+    int guessed = 0;
+    REQUIRE(dl_tensorfile_guess_manifest(path_of("torch.safetensors"), &g, &guessed) == 0, "%s", dl_errmsg());
+    CHECK(guessed && dl_manifest_ntensors(g) == 2 && !strcmp(dl_manifest_tensor(g, 0)->name, "b") &&
+              dl_manifest_tensor(g, 0)->kind == DL_TENSOR_VECTOR && dl_manifest_tensor(g, 1)->kind == DL_TENSOR_MATRIX,
+          "guessed manifest");
+    dl_manifest_close(&g);
+    raw_file(p,
+             "{\"tok_embeddings.weight\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+             "\"h.wpe.weight\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[24,40]}}",
+             data, 40);
+    REQUIRE(dl_tensorfile_guess_manifest(p, &g, &guessed) == 0, "%s", dl_errmsg());
+    CHECK(dl_manifest_tensor(g, 0)->kind == DL_TENSOR_EMBED && dl_manifest_tensor(g, 1)->kind == DL_TENSOR_EMBED,
+          "embeddings guessed by name");
+    dl_manifest_close(&g);
+    REQUIRE(dl_tensorfile_write(p, m, got, NULL, 1, NULL) == 0, "%s", dl_errmsg());
+    REQUIRE(dl_tensorfile_guess_manifest(p, &g, &guessed) == 0, "%s", dl_errmsg());
+    CHECK(!guessed && dl_manifest_diff(m, g, "x", NULL, 0) == 0, "a carried manifest is returned as is");
+    dl_manifest_close(&g);
     dl_manifest_close(&m);
-    printf("ok: a torch-written file without a manifest, in the file's order, bf16 and f16 converted\n");
+    printf("ok: a torch-written file without a manifest, in the file's order, bf16 and f16 converted; roles guessed\n");
 }
 
 static void test_hostile(void)
