@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int fail(const char *what, int rc)
 {
@@ -55,9 +56,10 @@ static void usage(FILE *f)
                "                               the fragment plan of a model (a GPT-2 config, or a manifest's):\n"
                "                               sizes, balance, fingerprint, and each fragment's blocks (name,\n"
                "                               or name[rows) of a split tensor)\n"
-               "  manifest FILE                a model's manifest as JSON (docs/OPERATING.md \"Manifest runs\"):\n"
+               "  manifest FILE|STORE          a model's manifest as JSON (docs/OPERATING.md \"Manifest runs\"):\n"
                "                               of a safetensors file (the one it carries, else one with roles\n"
-               "                               guessed, said on stderr: check them) or a manifest JSON file\n");
+               "                               guessed, said on stderr: check them), a manifest JSON file, or\n"
+               "                               the run a store holds\n");
 }
 
 /* What the store cannot check alone: the run's typed model and P give the
@@ -71,6 +73,25 @@ static int check_model(const char *dir)
     dl_store_run run;
     int rc = dl_store_open(dir, &o, &s);
     if (!rc) rc = dl_store_get_run(s, &run);
+    if (!rc && run.manifest) {
+        /* a manifest run: its plan and fingerprint come from the manifest */
+        rc = dl_manifest_plan_open(run.manifest, (int)run.n_fragments, &plan);
+        if (!rc && dl_manifest_fingerprint(run.manifest, plan) != run.fingerprint)
+            rc = dl_err(DL_ECORRUPT, "the run's manifest (%d tensors, P=%u) has fingerprint %016llx, the run records "
+                        "%016llx", dl_manifest_ntensors(run.manifest), run.n_fragments,
+                        (unsigned long long)dl_manifest_fingerprint(run.manifest, plan),
+                        (unsigned long long)run.fingerprint);
+        for (uint32_t p = 0; !rc && p < run.n_fragments; p++)
+            if (dl_plan_fragment_numel(plan, (int)p) != run.numel[p])
+                rc = dl_err(DL_ECORRUPT, "fragment %u: the manifest's plan has %zu floats, the run records %llu", p,
+                            dl_plan_fragment_numel(plan, (int)p), (unsigned long long)run.numel[p]);
+        if (!rc)
+            printf("  model: a manifest of %d tensors (%zu floats): matches the fingerprint and fragment sizes\n",
+                   dl_manifest_ntensors(run.manifest), dl_manifest_numel(run.manifest));
+        dl_plan_close(&plan);
+        dl_store_close(&s);
+        return rc;
+    }
     if (!rc) rc = dl_model_plan_open(&run.model, (int)run.n_fragments, &plan);
     if (!rc && dl_model_fingerprint(&run.model, plan) != run.fingerprint)
         rc = dl_err(DL_ECORRUPT, "the run's model (L=%d NH=%d C=%d T=%d V=%d, P=%u) has fingerprint %016llx, the run "
@@ -142,8 +163,12 @@ int dl_status_store_text(const char *dir)
     dl_store_get_epoch(s, &epoch);
     printf("run %s: fingerprint %016llx, %u fragments, epoch %llu\n", run.run_id, (unsigned long long)run.fingerprint,
            run.n_fragments, (unsigned long long)epoch);
-    printf("model: L=%d NH=%d C=%d T=%d V=%d, init seed %llu\n", run.model.n_layer, run.model.n_head, run.model.n_embd,
-           run.model.seq_len, run.model.vocab, (unsigned long long)run.seed);
+    if (run.manifest)
+        printf("model: a manifest of %d tensors, %zu floats (dloco manifest %s prints it)\n",
+               dl_manifest_ntensors(run.manifest), dl_manifest_numel(run.manifest), dir);
+    else
+        printf("model: L=%d NH=%d C=%d T=%d V=%d, init seed %llu\n", run.model.n_layer, run.model.n_head,
+               run.model.n_embd, run.model.seq_len, run.model.vocab, (unsigned long long)run.seed);
     /* live: what the current state occupies; file: what it has grown to
      * (LMDB never shrinks it); the difference is free pages commits reuse */
     dl_store_stats st;
@@ -271,6 +296,13 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     dl_store_run run;
     dl_plan *plan = NULL;
     dl_evaluate *ev = NULL;
+    if (dl_store_get_run(s, &run) == 0 && run.manifest) {
+        rc = dl_err(DL_EINVAL, "run %s's model is described by a manifest (%d tensors), and dloco eval evaluates "
+                    "dloco's GPT-2 only: evaluate an export (dloco export %s --format safetensors OUT) with the "
+                    "model's own code", run.run_id, dl_manifest_ntensors(run.manifest), dir);
+        dl_store_close(&s);
+        return fail("eval", rc);
+    }
     if ((rc = dl_store_get_run(s, &run)) || (rc = dl_model_plan_open(&run.model, (int)run.n_fragments, &plan))) {
         dl_store_close(&s);
         return fail("reading the run", rc);
@@ -399,6 +431,26 @@ static int cmd_plan(int argc, char **argv)
     return 0;
 }
 
+/* The manifest a store's run records (a GPT-2 run's: its table, "gpt" set). */
+static int store_manifest(const char *dir)
+{
+    dl_store_opts o = dl_store_opts_default();
+    o.read_only = 1;
+    dl_store *s = NULL;
+    dl_store_run run;
+    dl_manifest *own = NULL;
+    char *js = NULL;
+    int rc = dl_store_open(dir, &o, &s);
+    if (!rc) rc = dl_store_get_run(s, &run);
+    if (!rc && !run.manifest) rc = dl_manifest_from_gpt(&run.model, &own);
+    if (!rc) rc = dl_manifest_to_json(run.manifest ? run.manifest : own, &js, NULL);
+    if (!rc) fputs(js, stdout);
+    free(js);
+    dl_manifest_close(&own);
+    dl_store_close(&s);
+    return rc ? fail("manifest", rc) : 0;
+}
+
 /* A model's manifest as JSON on stdout: the one a safetensors file carries,
  * or one guessed from its tensors (said on stderr), or a manifest JSON file
  * checked and written back in the canonical form. */
@@ -406,6 +458,8 @@ static int cmd_manifest(const char *path)
 {
     dl_manifest *m = NULL;
     int guessed = 0;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return store_manifest(path);
     /* a safetensors file first: its header is read, not its weights */
     int rc = dl_tensorfile_guess_manifest(path, &m, &guessed);
     if (rc == DL_EFORMAT || rc == DL_ETRUNC) rc = dl_manifest_load(path, &m);
