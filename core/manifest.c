@@ -392,9 +392,22 @@ static int json_int(const dl_json *v, double lo, double hi, int64_t *out)
     return 0;
 }
 
+/* The first member name that appears twice in object o, or NULL: JSON
+ * leaves duplicates undefined, and a reader that took the first could see
+ * another manifest than one that took the last. */
+static const char *dup_member(const dl_json *o)
+{
+    for (const dl_json *a = o->child; a; a = a->next)
+        for (const dl_json *b = a->next; b; b = b->next)
+            if (!strcmp(a->key, b->key)) return a->key;
+    return NULL;
+}
+
 static int from_tree(const dl_json *root, dl_manifest **out)
 {
     if (!root || root->type != DL_JSON_OBJ) return dl_err(DL_EFORMAT, "manifest JSON: not an object");
+    const char *dup = dup_member(root);
+    if (dup) return dl_err(DL_EFORMAT, "manifest JSON: member \"%s\" appears twice", dup);
     int64_t ver;
     if (json_int(dl_json_get(root, "dloco_manifest"), 0, JSON_INT_MAX, &ver) || ver != 1)
         return dl_err(DL_EFORMAT, "manifest JSON: \"dloco_manifest\": 1 missing (this build reads version 1)");
@@ -416,6 +429,11 @@ static int from_tree(const dl_json *root, dl_manifest **out)
         const dl_json *sh = dl_json_get(t, "shape");
         if (!name) {
             rc = dl_err(DL_EFORMAT, "manifest JSON: tensor %d has no \"name\" string", i);
+            break;
+        }
+        if ((dup = dup_member(t))) {
+            rc = dl_err(DL_EFORMAT, "manifest JSON: tensor '%.*s' has member \"%s\" twice", DL_TENSOR_NAME_MAX, name,
+                        dup);
             break;
         }
         for (const dl_json *k = t->child; k && !rc; k = k->next)

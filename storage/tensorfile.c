@@ -395,9 +395,10 @@ static int st_manifest(stfile *f, dl_manifest **out)
     if (!mj)
         return dl_err(DL_ENOTFOUND,
                       "%s carries no dloco manifest (__metadata__ \"" META_KEY
-                      "\"): write the file with the roles (python: dloco.save_init), or give the manifest with "
-                      "--manifest FILE",
-                      f->path);
+                      "\"): give the manifest with --manifest FILE (dloco manifest %s writes one with guessed roles "
+                      "to check), or write the file with the manifest in its metadata (docs/OPERATING.md \"Manifest "
+                      "runs\")",
+                      f->path, f->path);
     /* DL_EINVAL whatever the reason: the file is a safetensors file, its
      * manifest is what is wrong (DL_EFORMAT says "not a safetensors file") */
     int rc = dl_manifest_from_json(mj, strlen(mj), out);

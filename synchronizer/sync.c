@@ -413,8 +413,8 @@ static int manifest_needs_init(dl_sync *s)
     return dl_err(DL_EINVAL,
                   "store %s holds no run, and a new run of a model described by a manifest needs its version 0 from "
                   "a file: the synchronizer cannot invent an init for a model it does not know. Give --init_from "
-                  "FILE.safetensors (the model's initial weights under the manifest's names; python: "
-                  "dloco.save_init)",
+                  "FILE.safetensors (the model's initial weights under the manifest's names, docs/OPERATING.md "
+                  "\"Manifest runs\")",
                   s->cfg.store);
 }
 

@@ -455,6 +455,12 @@ static void test_json(void)
          "incomplete gpt", "\"n_head\"", DL_EFORMAT},
         {"{\"dloco_manifest\": 1, \"tensors\": [{\"name\": \"w\", \"shape\": [2], \"role\": \"vector\"}", "cut short",
          "JSON", DL_EFORMAT},
+        {"{\"dloco_manifest\": 1, \"tensors\": [], \"tensors\": [{\"name\": \"w\", \"shape\": [2], \"role\": "
+         "\"vector\"}]}",
+         "tensors twice", "\"tensors\" appears twice", DL_EFORMAT},
+        {"{\"dloco_manifest\": 1, \"tensors\": [{\"name\": \"w\", \"shape\": [2], \"role\": \"vector\", \"role\": "
+         "\"matrix\"}]}",
+         "role twice", "'w' has member \"role\" twice", DL_EFORMAT},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         dl_manifest *o = (dl_manifest *)&o;

@@ -1431,6 +1431,24 @@ static void test_manifest_hello(void)
 {
     printf("manifest hellos:\n");
     dl_wire_limits lim = plan_limits();
+    /* a GPT-2 learner's Hello (the golden one) is the same bytes it was:
+     * the new fields, unset, pack to nothing */
+    const char *src = getenv("DLOCO_SRC");
+    REQUIRE(src, "DLOCO_SRC is not set (run through ctest)");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/proto_corpus/hello.bin", src);
+    size_t glen = 0;
+    uint8_t *gold = read_file(path, &glen);
+    REQUIRE(gold && glen, "read %s", path);
+    Dloco__V1__Envelope *ge = NULL;
+    REQUIRE(dl_wire_unpack(gold, glen, NULL, 0, &lim, &ge) == 0, "golden hello: %s", dl_errmsg());
+    CHECK(ge->hello->n_manifest == 0 && ge->hello->max_tokens_per_step == 0, "golden hello has no manifest");
+    size_t rlen;
+    uint8_t *re = pack_env(ge, &rlen);
+    CHECK(rlen == glen && memcmp(re, gold, glen) == 0, "golden hello repacks to %zu bytes, was %zu", rlen, glen);
+    free(re);
+    free(gold);
+    dl_wire_env_free(&ge);
     /* a GPT-2 learner's Hello carries no manifest: nothing comes out */
     fixture f;
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HELLO, 0);
