@@ -697,6 +697,18 @@ static void test_gpt_run(void)
           "manifest Hello on a GPT run -> %s", got);
     row("manifest Hello on a GPT-2 run -> %s", got);
     peer_close(&b);
+    /* dloco's GPT-2 described by its tensors (and its config): joins */
+    dl_model_config g = {.n_layer = 1, .n_head = 2, .n_embd = 16, .seq_len = 8, .vocab = 64};
+    dl_manifest *gm;
+    dl_plan *gp;
+    REQUIRE(dl_manifest_from_gpt(&g, &gm) == 0 && dl_manifest_plan_open(gm, P, &gp) == 0, "%s", dl_errmsg());
+    peer_open(&b, &G, "nanogpt");
+    send_hello(&b, gm, NULL, dl_manifest_fingerprint(gm, gp), 0);
+    CHECK(expect_welcome(&b, got, sizeof got), "GPT-2 manifest Hello on its GPT-2 run -> %s", got);
+    row("Hello with the run's GPT-2 table as a manifest, GPT fields set -> %s", got);
+    peer_close(&b);
+    dl_plan_close(&gp);
+    dl_manifest_close(&gm);
     CHECK(sync_stop(&G) == 0, "stop");
 }
 

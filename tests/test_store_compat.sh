@@ -16,14 +16,14 @@ cp "$SRC/tests/data/gpt_store_f0324b6/data.mdb" "$W/store/"
 check "dloco check of the old store: exit 0 (got $rc)" [ "$rc" = 0 ]
 check "... its GPT-2 model matches the fingerprint" grep -q "model: L=1 NH=2 C=16 T=16 V=256, init seed 1337: matches" "$W/check.txt"
 "$DLOCO" status "$W/store" --json > "$W/status.json"; rc=$?
-check "status --json: fingerprint $FP, versions 2 2" python3 -c "
+check "status --json: fingerprint $FP, versions 2 2" /usr/bin/python3 -c "
 import json, sys
 s = json.load(open(sys.argv[1]))
 sys.exit(0 if s['fingerprint'] == sys.argv[2] and [f['version'] for f in s['fragments']] == [2, 2] else 1)" \
   "$W/status.json" "$FP"
 "$DLOCO" manifest "$W/store" > "$W/manifest.json"; rc=$?
 check "dloco manifest STORE: the GPT-2 table of the run" [ "$rc" = 0 ] 
-check "... 16 tensors, gpt config" python3 -c "
+check "... 16 tensors, gpt config" /usr/bin/python3 -c "
 import json, sys
 m = json.load(open(sys.argv[1]))
 sys.exit(0 if len(m['tensors']) == 16 and m['gpt'] == {'n_layer': 1, 'n_head': 2, 'n_embd': 16, 'seq_len': 16, 'vocab': 256} else 1)" \
