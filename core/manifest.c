@@ -11,7 +11,7 @@
 
 #include "core/err.h"
 #include "core/plan.h"
-#include "tools/json.h"
+#include "core/json.h"
 
 struct dl_manifest {
     dl_tensor *t;   /* [n] in buffer order, offsets and numel filled */

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "core/err.h"
-#include "tools/json.h"
+#include "core/json.h"
 
 #define HEADER_MAX (100ull << 20) /* bytes of JSON header we parse at most */
 #define META_KEY "dloco_manifest"
