@@ -3,6 +3,7 @@
  * cores, so the bench script can print model FLOP/s as a fraction of peak. */
 #include "core/clock.h"
 #include "core/rng.h"
+#include "kernels/blas_select.h"
 #include "learner/gpt.h"
 
 #include <cblas.h>
@@ -34,6 +35,7 @@ static double sgemm_peak(void)
 
 int main(int argc, char **argv)
 {
+    if (dl_blas_select(&argc, argv)) return 2;
     if (argc < 8) {
         fprintf(stderr, "usage: bench_learner L C NH T B V steps\n");
         return 2;
