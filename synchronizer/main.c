@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/model.h"
 #include "core/shard.h"
+#include "kernels/blas_select.h"
 #include "kernels/codec.h"
 #include "storage/store.h"
 #include "synchronizer/sync.h"
@@ -327,6 +328,7 @@ static void reload_done(void *ctx, int applied)
 
 int main(int argc, char **argv)
 {
+    if (dl_blas_select(&argc, argv)) return 2; /* the evaluation's matmuls: OpenBLAS's kernels (kernels/blas_select.h) */
     sync_cfg c;
     int rc = dl_cfg_parse_args(table, NCFG, &c, argc, argv);
     if (rc == DL_CFG_HELP) {
