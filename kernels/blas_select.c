@@ -237,6 +237,9 @@ static void reexec(char **argv, const char *core, const char *detected, const ch
     unsetenv(MARK);
 }
 
+/* Everything after the option: argv still holds it, so a re-exec repeats it. */
+static int apply(char **argv, const char *want);
+
 int dl_blas_select(int *argc, char **argv)
 {
     int at = 0;
@@ -255,14 +258,17 @@ int dl_blas_select(int *argc, char **argv)
             return DL_EINVAL;
         }
     }
-    /* argv without the option, for the program's own parser; the re-exec
-     * below uses a copy with it, so the new image makes the same choice */
-    char *full[*argc + 1];
-    memcpy(full, argv, sizeof(char *) * (size_t)(*argc + 1));
+    int rc = apply(argv, want);
+    /* argv without the option, for the program's own parser */
     if (slots) {
         memmove(argv + at, argv + at + slots, sizeof(char *) * (size_t)(*argc + 1 - at - slots));
         *argc -= slots;
     }
+    return rc;
+}
+
+static int apply(char **argv, const char *want)
+{
     if (!openblas_get_corename) {
         dl_log_kv(DL_LOG_INFO, "blas=other msg=\"not OpenBLAS: the linked BLAS chooses its own kernels\"");
         return 0;
@@ -302,7 +308,7 @@ int dl_blas_select(int *argc, char **argv)
             return 0;
         }
         /* the core OpenBLAS loaded without dloco's choice travels in the marker */
-        reexec(full, pick, ours ? m.detected : loaded, why);
+        reexec(argv, pick, ours ? m.detected : loaded, why);
         snprintf(msg, sizeof msg, "openblas core %s, not %s: re-executing this program failed (set OPENBLAS_CORETYPE=%s)",
                  loaded, pick, pick);
         say(loaded, loaded, "detected", cpu, msg);
