@@ -226,15 +226,20 @@ static void say(const char *core, const char *detected, const char *by, const ch
 
 static void reexec(char **argv, const char *core, const char *detected, const char *by)
 {
-    char v[128];
+    char v[128], was[64], was_mark[128];
+    const char *env = getenv("OPENBLAS_CORETYPE"), *old = getenv(MARK);
+    snprintf(was, sizeof was, "%s", env ? env : "");
+    snprintf(was_mark, sizeof was_mark, "%s", old ? old : "");
     snprintf(v, sizeof v, "%s %s %s %ld", core, detected, by, (long)getpid());
     if (setenv("OPENBLAS_CORETYPE", core, 1) || setenv(MARK, v, 1)) return;
     fflush(stdout);
     fflush(stderr);
     execv("/proc/self/exe", argv);
-    /* still here: run on with the detected core and say why below */
-    unsetenv("OPENBLAS_CORETYPE");
-    unsetenv(MARK);
+    /* still here: run on with the loaded core, the environment as it was (for children), and say why */
+    if (env) setenv("OPENBLAS_CORETYPE", was, 1);
+    else unsetenv("OPENBLAS_CORETYPE");
+    if (old) setenv(MARK, was_mark, 1);
+    else unsetenv(MARK);
 }
 
 /* Everything after the option: argv still holds it, so a re-exec repeats it. */
