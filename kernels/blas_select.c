@@ -226,16 +226,24 @@ static void say(const char *core, const char *detected, const char *by, const ch
 
 static void reexec(char **argv, const char *core, const char *detected, const char *by)
 {
-    char v[128];
+    char v[128], was[64], was_mark[128];
+    const char *env = getenv("OPENBLAS_CORETYPE"), *old = getenv(MARK);
+    snprintf(was, sizeof was, "%s", env ? env : "");
+    snprintf(was_mark, sizeof was_mark, "%s", old ? old : "");
     snprintf(v, sizeof v, "%s %s %s %ld", core, detected, by, (long)getpid());
     if (setenv("OPENBLAS_CORETYPE", core, 1) || setenv(MARK, v, 1)) return;
     fflush(stdout);
     fflush(stderr);
     execv("/proc/self/exe", argv);
-    /* still here: run on with the detected core and say why below */
-    unsetenv("OPENBLAS_CORETYPE");
-    unsetenv(MARK);
+    /* still here: run on with the loaded core, the environment as it was (for children), and say why */
+    if (env) setenv("OPENBLAS_CORETYPE", was, 1);
+    else unsetenv("OPENBLAS_CORETYPE");
+    if (old) setenv(MARK, was_mark, 1);
+    else unsetenv(MARK);
 }
+
+/* Everything after the option: argv still holds it, so a re-exec repeats it. */
+static int apply(char **argv, const char *want);
 
 int dl_blas_select(int *argc, char **argv)
 {
@@ -255,14 +263,17 @@ int dl_blas_select(int *argc, char **argv)
             return DL_EINVAL;
         }
     }
-    /* argv without the option, for the program's own parser; the re-exec
-     * below uses a copy with it, so the new image makes the same choice */
-    char *full[*argc + 1];
-    memcpy(full, argv, sizeof(char *) * (size_t)(*argc + 1));
+    int rc = apply(argv, want);
+    /* argv without the option, for the program's own parser */
     if (slots) {
         memmove(argv + at, argv + at + slots, sizeof(char *) * (size_t)(*argc + 1 - at - slots));
         *argc -= slots;
     }
+    return rc;
+}
+
+static int apply(char **argv, const char *want)
+{
     if (!openblas_get_corename) {
         dl_log_kv(DL_LOG_INFO, "blas=other msg=\"not OpenBLAS: the linked BLAS chooses its own kernels\"");
         return 0;
@@ -302,7 +313,7 @@ int dl_blas_select(int *argc, char **argv)
             return 0;
         }
         /* the core OpenBLAS loaded without dloco's choice travels in the marker */
-        reexec(full, pick, ours ? m.detected : loaded, why);
+        reexec(argv, pick, ours ? m.detected : loaded, why);
         snprintf(msg, sizeof msg, "openblas core %s, not %s: re-executing this program failed (set OPENBLAS_CORETYPE=%s)",
                  loaded, pick, pick);
         say(loaded, loaded, "detected", cpu, msg);
