@@ -36,6 +36,8 @@ typedef struct {
     uint64_t open_base; /* its base_version */
     int64_t open_ns;    /* when it was sent (dl_clock_ns) */
     int need_update;    /* ACCEPTED came, its Update has not */
+    int fate;           /* DL_FATE_* of the latest decided push, not yet taken by the node */
+    uint64_t fate_base; /* its base_version */
     /* refused updates: written by either side, read by the serving session */
     int refusals;       /* consecutive, since the last adopt (set_held) */
     int refetch;        /* a fresh fetch of p was asked for and not yet taken */
@@ -190,6 +192,26 @@ void dl_mailbox_push_left(dl_mailbox *m, int p, uint64_t base_version, int64_t n
     pthread_mutex_unlock(&m->mu);
 }
 
+/* The latest push of f (base) is decided with `fate`: the node reads it. */
+static void set_fate(dl_mailbox *m, frag *f, int fate, uint64_t base)
+{
+    f->fate = fate;
+    f->fate_base = base;
+    if (fate == DL_FATE_RETURNED) m->st.returned++;
+}
+
+int dl_mailbox_take_fate(dl_mailbox *m, int p, uint64_t *base)
+{
+    assert(m && base && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    frag *f = &m->f[p];
+    int fate = f->fate;
+    *base = f->fate_base;
+    f->fate = DL_FATE_NONE;
+    pthread_mutex_unlock(&m->mu);
+    return fate;
+}
+
 void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, float **delta, int requeue)
 {
     assert(m && c && delta && p >= 0 && p < m->P);
@@ -198,6 +220,7 @@ void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, fl
     f->open = c->prev_open;
     f->open_base = c->prev_base;
     f->open_ns = c->prev_ns;
+    if (!requeue && !f->queued) set_fate(m, f, DL_FATE_RETURNED, c->h.base_version);
     if (requeue) {
         if (!f->queued) {
             swapf(&f->pbuf, delta);
@@ -227,6 +250,11 @@ int dl_mailbox_decide(dl_mailbox *m, int p, int decision, uint64_t base_version,
     }
     if (decides) f->open = OPEN_NONE;
     if (decides && update_follows) f->need_update = 1; /* the Update follows */
+    /* a newer push queued meanwhile (a hold released) is the node's latest:
+     * this one's fate is no longer the node's to apply */
+    if (decides && !f->queued && decision == DL_DECIDE_ACCEPTED) set_fate(m, f, DL_FATE_ACCEPTED, base_version);
+    if (decides && !f->queued && decision == DL_DECIDE_REJECTED && !update_follows)
+        set_fate(m, f, DL_FATE_RETURNED, base_version);
     pthread_mutex_unlock(&m->mu);
     return decides;
 }
@@ -360,6 +388,7 @@ void dl_mailbox_forget_sent(dl_mailbox *m, const int *frags, int n)
     int k = frags ? n : m->P;
     for (int i = 0; i < k; i++) {
         frag *f = &m->f[frags ? frags[i] : i];
+        if (f->open != OPEN_NONE && !f->queued) set_fate(m, f, DL_FATE_RETURNED, f->open_base);
         f->open = OPEN_NONE;
         f->need_update = 0;
     }

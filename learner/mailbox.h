@@ -15,6 +15,14 @@
  *                 final Ack, or ACCEPTED with its Update not yet received.
  *                 The node holds p's next push while it is (the hold rule,
  *                 learner/node.h), so no progress is sent twice.
+ *   fate of p for the node (session writes, training reads and clears) what
+ *                 became of the latest push of p once it is decided:
+ *                 ACCEPTED (merged: its Update follows) or RETURNED (its
+ *                 progress is the learner's again: REJECTED without rebase,
+ *                 never sent, or forgotten by a new epoch) -- the node keeps
+ *                 a returned push's progress in its next delta (node.h
+ *                 "Push fates"). A DROPPED_STALE or a REJECTED with rebase
+ *                 leaves no fate: the forced Update that follows settles it.
  *   refusals of p (either side writes, the serving session reads) updates
  *                 of p refused since p's last adopt (non-finite, too far from
  *                 the learner's own parameters, an impossible version): each
@@ -82,11 +90,15 @@ enum {
     DL_UPDATE_REBASE = 2
 };
 
+/* What became of a push, for the node (dl_mailbox_take_fate). */
+enum { DL_FATE_NONE = 0, DL_FATE_ACCEPTED = 1, DL_FATE_RETURNED = 2 };
+
 /* Mailbox-wide counters, monotonic. */
 typedef struct {
     uint64_t coalesced;  /* queued pushes replaced by a newer push of the same fragment */
     uint64_t discarded;  /* queued pushes dropped because the learner had to rebase */
     uint64_t superseded; /* updates replaced in their slot by a newer one before the training thread took them */
+    uint64_t returned;   /* pushes whose progress came back to the learner (DL_FATE_RETURNED) */
 } dl_mailbox_stats;
 
 /* What dl_mailbox_claim_push took, to undo it (dl_mailbox_unclaim_push). */
@@ -115,6 +127,10 @@ float *dl_mailbox_buf_alloc(const dl_mailbox *m);
  * floats the fp32 delta). Wakes the sessions. Returns 1 when an unsent push
  * of the same fragment was replaced (coalesced), else 0. */
 int dl_mailbox_post_push(dl_mailbox *m, const dl_mailbox_push *h, float **delta);
+/* Take the fate of p's latest decided push, if one is waiting: returns
+ * DL_FATE_* (NONE when none) and that push's base_version in *base. A newer
+ * fate replaces an unread older one (only the latest push is tracked). */
+int dl_mailbox_take_fate(dl_mailbox *m, int p, uint64_t *base);
 /* Take the pending update of p, if any: swaps *buf with the slot's buffer
  * and fills *u. Taking a forced update also drops a queued push of p (its
  * base is no longer usable). Returns 1 if taken, 0 if none was waiting. */
@@ -179,7 +195,8 @@ int dl_mailbox_take_push(dl_mailbox *m, int p, dl_mailbox_push *h, float **delta
  * a forced update of p waits (the push's base is being abandoned). */
 int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, dl_mailbox_claim *c, float **delta);
 /* The claimed push did not leave: restore p's fate; with requeue put it back
- * in the slot unless a newer push arrived meanwhile (then counted coalesced). */
+ * in the slot unless a newer push arrived meanwhile (then counted coalesced);
+ * without, it is RETURNED to the node (its progress goes into the next push). */
 void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, float **delta, int requeue);
 /* The claimed push of p (base_version) has left whole, now_ns: a chunked
  * one takes a while, and its undecided time (the node's hold release)
@@ -198,7 +215,8 @@ int dl_mailbox_decide(dl_mailbox *m, int p, int decision, uint64_t base_version,
  * awaited" for p. Returns 1 if stored, 0 if a newer update already waits. */
 int dl_mailbox_put_update(dl_mailbox *m, int p, uint64_t version, int kind, const void *data, size_t numel);
 /* Forget the fates of the pushes of these fragments (their answers will not
- * come: a new epoch, DL_ENOTFOUND). frags NULL = all. */
+ * come: a new epoch, DL_ENOTFOUND): a push still sent or pooled is RETURNED
+ * to the node. frags NULL = all. */
 void dl_mailbox_forget_sent(dl_mailbox *m, const int *frags, int n);
 /* Drop the queued push of p (must_fetch). Returns 1 if one was dropped. */
 int dl_mailbox_discard_queued(dl_mailbox *m, int p);

@@ -114,9 +114,24 @@ typedef struct {
     int pending;                    /* deferred push begun (read_begin), not yet posted */
     uint64_t pend_steps, pend_tokens; /* counters at its snapshot */
     double pend_loss, pend_compute;
+    int flight;          /* FLIGHT_*: the latest push of p and what the node has done with its progress */
+    uint64_t flight_base; /* its base_version */
+    uint64_t fl_steps, fl_tokens; /* its counters */
+    double fl_loss, fl_compute;
     int owed;       /* a scheduled push was held (previous push of p undecided): make it when decided */
     int owed_final; /* the final flush of p waits for the previous push's decision */
+    int final_returns; /* final pushes of p returned and owed again */
 } nfrag;
+
+/* The latest push of a fragment, until its fate is known (node.h "Push
+ * fates"). Keep mode keeps ref_p - base_p = the pushed progress while it is
+ * POSTED or ABSORBED. */
+enum {
+    FLIGHT_NONE = 0,     /* decided, or no push since the adopt */
+    FLIGHT_POSTED = 1,   /* posted; its progress is still in theta_p - base_p */
+    FLIGHT_ABSORBED = 2, /* a NORMAL adopt took its progress out of theta_p (keep: it is ref_p - base_p) */
+    FLIGHT_GONE = 3      /* a forced adopt overwrote theta_p: a returned push's progress is lost */
+};
 
 struct dl_node {
     const dl_plan *plan;
@@ -134,6 +149,7 @@ struct dl_node {
     float *out; /* [mailbox buf] delta being posted (swapped with the mailbox) */
     float *in;  /* [mailbox buf] update being adopted (swapped with the mailbox) */
     float *tmp; /* [max numel] keep mode: g - ref_p */
+    int finishing; /* dl_node_finish runs: a returned final push is owed again */
     dl_node_stats st;
 };
 
@@ -233,6 +249,12 @@ static void post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t
     };
     n->st.coalesced += (uint64_t)dl_mailbox_post_push(n->mb, &h, &n->out);
     f->tokens_posted = tokens;
+    f->flight = FLIGHT_POSTED;
+    f->flight_base = f->version;
+    f->fl_steps = steps;
+    f->fl_tokens = tokens;
+    f->fl_loss = loss;
+    f->fl_compute = compute;
     n->st.pushes++;
     if (final) n->st.flushed++;
     if (n->adopt == DL_ADOPT_KEEP) {
@@ -323,9 +345,76 @@ int dl_node_delta(dl_node *n, int p, float *out)
     return 0;
 }
 
+/* Apply the fate of p's latest push, if the mailbox has one (node.h "Push
+ * fates"). Returns 1 when a push was returned, 0, or the parameter
+ * interface's error. */
+static int take_fate(dl_node *n, int p)
+{
+    nfrag *f = &n->f[p];
+    uint64_t base;
+    int fate = dl_mailbox_take_fate(n->mb, p, &base);
+    if (fate == DL_FATE_NONE || f->flight == FLIGHT_NONE || base != f->flight_base) return 0;
+    int was = f->flight;
+    f->flight = FLIGHT_NONE;
+    if (fate == DL_FATE_ACCEPTED) {
+        /* merged: an adopt that took it out of theta was right; the next
+         * adopt counts from the global held now */
+        if (was == FLIGHT_ABSORBED && n->adopt == DL_ADOPT_KEEP) memcpy(f->ref, f->base, f->numel * sizeof(float));
+        return 0;
+    }
+    n->st.returned++;
+    uint64_t lost = 0;
+    if (was == FLIGHT_POSTED) {
+        /* still in theta - base: the next delta carries it, and an adopt
+         * before it keeps it (keep) or counts it discarded (overwrite, mix) */
+        f->tokens_posted = 0;
+        if (n->adopt == DL_ADOPT_KEEP) {
+            memcpy(f->ref, f->base, f->numel * sizeof(float));
+            f->steps_ref = f->tokens_ref = 0;
+            f->loss_ref = f->compute_ref = 0.0;
+        }
+    } else if (was == FLIGHT_ABSORBED && n->adopt == DL_ADOPT_KEEP) {
+        /* an adopt took it out of theta: put it back (ref - base), with its counters */
+        for (size_t i = 0; i < f->numel; i++) n->tmp[i] = f->ref[i] - f->base[i];
+        DL_TRY(n->model->apply(n->model->ctx, p, 1.0f, 1.0f, n->tmp));
+        memcpy(f->ref, f->base, f->numel * sizeof(float));
+        f->steps += f->fl_steps;
+        f->tokens += f->fl_tokens;
+        f->loss += f->fl_loss;
+        f->compute_s += f->fl_compute;
+    } else {
+        /* overwritten by an adopt (overwrite, mix, or a rebase): thrown away */
+        lost = f->fl_tokens;
+        n->st.discarded_tokens += lost;
+        dl_mailbox_add_discarded(n->mb, p, lost);
+    }
+    /* the final flush sends what came back again, a few times at most (a
+     * busy pool frees up; values refused stay refused) */
+    if (n->finishing && f->steps > 0 && f->final_returns < DL_NODE_FLUSH_RETRIES) {
+        f->final_returns++;
+        f->owed_final = 1;
+    }
+    dl_event("push_returned", " fragment=%d base_version=%llu steps=%llu tokens=%llu discarded_tokens=%llu", p,
+             (unsigned long long)base, (unsigned long long)f->fl_steps, (unsigned long long)f->fl_tokens,
+             (unsigned long long)lost);
+    return 1;
+}
+
+static int take_fates(dl_node *n)
+{
+    int k = 0;
+    for (int p = 0; p < n->P; p++) {
+        int rc = take_fate(n, p);
+        if (rc < 0) return rc;
+        k += rc;
+    }
+    return k;
+}
+
 int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double loss, double compute_s)
 {
     assert(n && step >= 1 && H >= 1 && tokens >= 1);
+    DL_TRY(take_fates(n));
     /* the snapshots begun after the previous step were copied while this
      * step trained */
     DL_TRY(dl_node_complete(n));
@@ -572,10 +661,13 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
     void *ctx = n->model->ctx;
     switch (mode) {
     case DL_ADOPT_MIX: DL_TRY(n->model->apply(ctx, p, n->alpha, 1.0f - n->alpha, g)); break;
-    case DL_ADOPT_KEEP:
-        for (size_t i = 0; i < k; i++) n->tmp[i] = g[i] - f->ref[i];
+    case DL_ADOPT_KEEP: {
+        /* an absorbed push's progress is out of theta already (ref - base holds it) */
+        const float *sub = f->flight == FLIGHT_ABSORBED ? f->base : f->ref;
+        for (size_t i = 0; i < k; i++) n->tmp[i] = g[i] - sub[i];
         DL_TRY(n->model->apply(ctx, p, 1.0f, 1.0f, n->tmp));
         break;
+    }
     default: DL_TRY(n->model->apply(ctx, p, 0.0f, 1.0f, g)); break; /* rebase, overwrite: theta_p = g */
     }
     /* Progress not pushed and not kept is thrown away: the ledger counts it
@@ -595,11 +687,15 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
         f->steps = f->tokens = 0;
         f->loss = f->compute_s = 0.0;
     }
+    int undecided = f->flight == FLIGHT_POSTED || f->flight == FLIGHT_ABSORBED;
     if (n->adopt == DL_ADOPT_KEEP) {
-        memcpy(f->ref, g, k * sizeof(float));
+        if (mode == DL_ADOPT_KEEP && undecided) /* ref - base stays the undecided push's progress */
+            for (size_t i = 0; i < k; i++) f->ref[i] = g[i] + (f->ref[i] - f->base[i]);
+        else memcpy(f->ref, g, k * sizeof(float));
         f->steps_ref = f->tokens_ref = 0;
         f->loss_ref = f->compute_ref = 0.0;
     }
+    if (undecided) f->flight = mode == -1 || n->adopt != DL_ADOPT_KEEP ? FLIGHT_GONE : FLIGHT_ABSORBED;
     if (g != f->base) memcpy(f->base, g, k * sizeof(float));
     f->version = version;
     f->held = 1;
@@ -616,6 +712,7 @@ int dl_node_poll(dl_node *n)
 {
     int adopted = 0;
     for (int p = 0; p < n->P; p++) {
+        DL_TRY(take_fate(n, p));
         dl_mailbox_update u;
         if (!dl_mailbox_take_update(n->mb, p, &n->in, &u)) continue;
         int rc = dl_node_adopt(n, p, u.version, u.forced, n->in);
@@ -650,6 +747,7 @@ int dl_node_wait_ready(dl_node *n, int timeout_ms, const volatile sig_atomic_t *
 
 int dl_node_finish(dl_node *n, int flush_timeout_ms, uint64_t step, const char *reason)
 {
+    n->finishing = 1;
     int rc = dl_node_poll(n);
     int flushed = rc < 0 ? rc : dl_node_flush(n);
     if (flushed < 0) {
