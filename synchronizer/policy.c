@@ -121,6 +121,9 @@ const char *dl_policy_reason_name(dl_policy_reason r)
     case DL_POLICY_R_FUTURE_VERSION: return "base version newer than global";
     case DL_POLICY_R_NOT_MEMBER: return "not a member";
     case DL_POLICY_R_BAD_FRAGMENT: return "fragment out of range";
+    case DL_POLICY_R_POOLED_OTHER_BASE:
+        return "your push of this fragment on another base version is still pooled; this progress goes into your "
+               "next push";
     }
     return "?";
 }
@@ -473,16 +476,16 @@ static void eval(dl_policy *p, int f, int64_t now)
     fr->cap_ns = cap;
 
     /* Wait for every expected learner whose next push of f is predicted before
-     * the cap: a missing one, or one whose pooled push has waited so long
-     * (about a period, e.g. for quorum) that its next push is due; that fresher
-     * push replaces the pooled one and keeps the learners' rounds aligned
-     * instead of carrying one learner's push over into every next round. */
+     * the cap and that has not contributed: a contributor's learner holds its
+     * next push of f until the pooled one is decided (learner/node.h, the hold
+     * rule), so waiting for it would only ever run into the cap. */
     int waited = 0;
     int64_t wait = NONE_NS;
     for (int i = 0; i < p->n_slots; i++) {
         const slot *s = &p->slots[i];
         if (!expected(p, s, fr)) continue;
-        if (s->cur_idx[f] < 0) missing++;
+        if (s->cur_idx[f] >= 0) continue;
+        missing++;
         int64_t point, margin;
         if (!predict(p, s, f, &point, &margin)) continue; /* nothing to predict from */
         if (point > cap) continue; /* predicted after the cap: slow or out of phase, not waited for */
@@ -776,6 +779,11 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
     if (base_version > fr->version) return reject(p, out, DL_POLICY_R_FUTURE_VERSION);
 
     slot *s = &p->slots[i];
+    /* A newer push contains the pooled one's progress only on the same base:
+     * on another base (the learner adopted a merge meanwhile, e.g. after its
+     * hold timed out) replacing would lose the pooled progress */
+    if (s->cur_idx[f] >= 0 && fr->cur[s->cur_idx[f]].base_version != base_version)
+        return reject(p, out, DL_POLICY_R_POOLED_OTHER_BASE);
     if (s->cur_idx[f] < 0) grow(&fr->cur, &fr->cap_cur, fr->n_cur + 1, p->cfg.max_learners);
 
     if (s->state == SLOT_DEAD) { /* a push is proof of life */
