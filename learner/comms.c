@@ -1272,6 +1272,7 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
      * unusable, the synchronizer sends the global fragment, and the learner rebases onto it */
     int rebase = a->rebase && (d == DL_DECIDE_DROPPED || d == DL_DECIDE_REJECTED);
     int decided = dl_mailbox_decide(c->mb, p, d, a->base_version, d == DL_DECIDE_ACCEPTED || rebase);
+    if (decided && d == DL_DECIDE_ACCEPTED) dl_mailbox_await_version(c->mb, p, a->merged_version);
     /* error feedback follows the decision of the push it encoded (learner/ef.h) */
     if (decided) dl_ef_decided(c->ef, p, d, rebase, a->base_version);
     if (a->busy) {

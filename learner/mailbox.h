@@ -5,8 +5,10 @@
  * and counter updates (never across a zmq call or a copy of tensor data):
  *
  *   push slot p   (training -> session)  one queued push of fragment p; a
- *                 newer push of p replaces an unsent older one (it contains
- *                 the older progress), so at most P pushes are ever queued.
+ *                 newer push of p on the same base replaces an unsent older
+ *                 one (it contains the older progress), so at most P pushes
+ *                 are ever queued; the node's posts never replace one on
+ *                 another base (dl_mailbox_post_push_if).
  *   update slot p (session -> training)  the newest global fragment p
  *                 received and not yet adopted; an older version never
  *                 replaces a newer.
@@ -127,6 +129,17 @@ float *dl_mailbox_buf_alloc(const dl_mailbox *m);
  * floats the fp32 delta). Wakes the sessions. Returns 1 when an unsent push
  * of the same fragment was replaced (coalesced), else 0. */
 int dl_mailbox_post_push(dl_mailbox *m, const dl_mailbox_push *h, float **delta);
+/* Pushes of p claimed by sessions so far (dl_mailbox_claim_push). */
+uint64_t dl_mailbox_claims(dl_mailbox *m, int p);
+/* dl_mailbox_post_push, unless a push of p was claimed since the caller read
+ * dl_mailbox_claims = `claims` and the slot is empty (the hold rule's check,
+ * dl_mailbox_undecided, saw that push queued, so decided, but it is on its
+ * way now and the new push would carry its progress again; UINT64_MAX = no
+ * such check), or the queued push is on another base version (the new one
+ * does not contain its progress: it must leave first). Returns -1 then
+ * (nothing posted, *delta untouched). dl_mailbox_post_push replaces a queued
+ * push whatever its base. */
+int dl_mailbox_post_push_if(dl_mailbox *m, const dl_mailbox_push *h, float **delta, uint64_t claims);
 /* Take the fate of p's latest decided push, if one is waiting: returns
  * DL_FATE_* (NONE when none) and that push's base_version in *base. A newer
  * fate replaces an unread older one (only the latest push is tracked). */
@@ -144,8 +157,9 @@ void dl_mailbox_set_progress(dl_mailbox *m, uint64_t step, uint64_t tokens, doub
  * (Heartbeat/Bye.discarded_tokens: a shard's ledger settles only its own). */
 void dl_mailbox_add_discarded(dl_mailbox *m, int p, uint64_t tokens);
 /* 1 when the latest push of p that left is undecided, or an update of p
- * waits in its slot; *since_ns (may be NULL) = when that push was sent
- * (dl_clock_ns), 0 when only an update waits. */
+ * waits in its slot; 2 when it was ACCEPTED and its Update has not come;
+ * *since_ns (may be NULL) = when that push was sent (dl_clock_ns), 0 when
+ * only an update waits. */
 int dl_mailbox_undecided(dl_mailbox *m, int p, int64_t *since_ns);
 /* Fragments whose latest push has no known fate yet: still queued, or sent
  * and not decided by an ACCEPTED (and its Update), DROPPED_STALE or
@@ -210,9 +224,14 @@ void dl_mailbox_push_left(dl_mailbox *m, int p, uint64_t base_version, int64_t n
  * stays undecided for the hold rule until that Update is in the slot: a push
  * made before a rebase is adopted would report the dropped tokens again. */
 int dl_mailbox_decide(dl_mailbox *m, int p, int decision, uint64_t base_version, int update_follows);
+/* The Update that the ACCEPTED just decided for p announced brings `version`
+ * (Ack.merged_version): until an Update of at least that version is offered,
+ * p stays undecided (an older one crossing the Ack is not it). */
+void dl_mailbox_await_version(dl_mailbox *m, int p, uint64_t version);
 /* Offer a received global fragment (numel floats, any alignment) to update
  * slot p: kept when newer than a waiting one, or forced. Clears "Update
- * awaited" for p. Returns 1 if stored, 0 if a newer update already waits. */
+ * awaited" for p when its version is at least the awaited one. Returns 1 if
+ * stored, 0 if a newer update already waits. */
 int dl_mailbox_put_update(dl_mailbox *m, int p, uint64_t version, int kind, const void *data, size_t numel);
 /* Forget the fates of the pushes of these fragments (their answers will not
  * come: a new epoch, DL_ENOTFOUND): a push still sent or pooled is RETURNED

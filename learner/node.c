@@ -118,6 +118,7 @@ typedef struct {
     uint64_t flight_base; /* its base_version */
     uint64_t fl_steps, fl_tokens; /* its counters */
     double fl_loss, fl_compute;
+    uint64_t claims_seen; /* dl_mailbox_claims at the hold check that let the next push go (UINT64_MAX: none) */
     int owed;       /* a scheduled push was held (previous push of p undecided): make it when decided */
     int owed_final; /* the final flush of p waits for the previous push's decision */
     int final_returns; /* final pushes of p returned and owed again */
@@ -196,6 +197,7 @@ int dl_node_open(const dl_node_opts *o, dl_mailbox *mb, dl_node **out)
         nfrag *f = &n->f[p];
         f->numel = dl_plan_fragment_numel(o->plan, p);
         f->base = dl_xcalloc(f->numel, sizeof(float));
+        f->claims_seen = UINT64_MAX;
         if (n->adopt == DL_ADOPT_KEEP) f->ref = dl_xcalloc(f->numel, sizeof(float));
     }
     n->out = dl_mailbox_buf_alloc(mb);
@@ -230,9 +232,11 @@ static int read_now(dl_node *n, int p, const float **theta)
 }
 
 /* Post the push of p: delta = base_p - theta (theta_p as it was after the
- * step the counters describe). */
-static void post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t tokens, double loss, double compute,
-                 int final, int held)
+ * step the counters describe). Returns 1, or 0 when the mailbox refused it
+ * because the push the hold check saw queued was claimed since (then it is
+ * owed: made once that one is decided). */
+static int post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t tokens, double loss, double compute,
+                int final, int held)
 {
     nfrag *f = &n->f[p];
     assert(f->held && steps >= 1);
@@ -247,7 +251,16 @@ static void post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t
         .final = final,
         .held = held,
     };
-    n->st.coalesced += (uint64_t)dl_mailbox_post_push(n->mb, &h, &n->out);
+    uint64_t claims = f->claims_seen;
+    f->claims_seen = UINT64_MAX;
+    int rc = dl_mailbox_post_push_if(n->mb, &h, &n->out, claims);
+    if (rc < 0) {
+        if (final) f->owed_final = 1;
+        else f->owed = 1;
+        n->st.held++;
+        return 0;
+    }
+    n->st.coalesced += (uint64_t)rc;
     f->tokens_posted = tokens;
     f->flight = FLIGHT_POSTED;
     f->flight_base = f->version;
@@ -264,15 +277,17 @@ static void post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t
         f->loss_ref = loss;
         f->compute_ref = compute;
     }
+    return 1;
 }
 
+/* Returns 1 when posted, 0 when it is owed after all (see post), or the
+ * parameter interface's error. */
 static int push_now(dl_node *n, int p, int final, int held)
 {
     const float *theta;
     nfrag *f = &n->f[p];
     DL_TRY(read_now(n, p, &theta));
-    post(n, p, theta, f->steps, f->tokens, f->loss, f->compute_s, final, held);
-    return 0;
+    return post(n, p, theta, f->steps, f->tokens, f->loss, f->compute_s, final, held);
 }
 
 /* The hold rule, as a question: HOLD_NO when p's previous push is decided
@@ -285,10 +300,16 @@ static int hold_state(dl_node *n, int p, int64_t *waited_ns)
 {
     int64_t since = 0;
     *waited_ns = 0;
-    if (!dl_mailbox_undecided(n->mb, p, &since)) return HOLD_NO;
+    int u = dl_mailbox_undecided(n->mb, p, &since);
+    if (!u) return HOLD_NO;
     if (since <= 0) return HOLD_YES;
     *waited_ns = dl_clock_ns() - since;
-    return *waited_ns >= n->decision_timeout_ns ? HOLD_RELEASED : HOLD_YES;
+    /* a merged push whose Update is late: a push on its base would carry the
+     * merged progress again (the synchronizer refuses it as a replay, with a
+     * rebase that throws the rest away), so only a much longer wait -- the
+     * Update lost -- releases it */
+    int64_t limit = u == 2 ? DL_NODE_ACCEPTED_HOLD_X * n->decision_timeout_ns : n->decision_timeout_ns;
+    return *waited_ns >= limit ? HOLD_RELEASED : HOLD_YES;
 }
 
 /* The hold rule: 1 while the previous push of p is undecided (or an update
@@ -299,8 +320,12 @@ static int hold_state(dl_node *n, int p, int64_t *waited_ns)
 static int must_hold(dl_node *n, int p)
 {
     int64_t waited;
+    /* read before the check: a push queued now may be claimed before the
+     * next one is posted (post refuses it then) */
+    n->f[p].claims_seen = dl_mailbox_claims(n->mb, p);
     int h = hold_state(n, p, &waited);
     if (h == HOLD_RELEASED) {
+        n->f[p].claims_seen = UINT64_MAX;
         n->st.hold_released++;
         DL_WARN("node: push of fragment %d undecided after %lld ms; pushing again anyway", p,
                 (long long)(waited / 1000000));
@@ -320,8 +345,7 @@ static int complete(dl_node *n, int p)
     f->pending = 0;
     const float *theta;
     DL_TRY(n->model->read_end(n->model->ctx, p, &theta));
-    post(n, p, theta, f->pend_steps, f->pend_tokens, f->pend_loss, f->pend_compute, 0, late);
-    return 1;
+    return post(n, p, theta, f->pend_steps, f->pend_tokens, f->pend_loss, f->pend_compute, 0, late);
 }
 
 int dl_node_complete(dl_node *n)
@@ -344,6 +368,8 @@ int dl_node_delta(dl_node *n, int p, float *out)
     dl_cpu_pseudograd(out, n->f[p].base, theta, n->f[p].numel);
     return 0;
 }
+
+static int poll_one(dl_node *n, int p);
 
 /* Apply the fate of p's latest push, if the mailbox has one (node.h "Push
  * fates"). Returns 1 when a push was returned, 0, or the parameter
@@ -432,6 +458,16 @@ int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double 
         if (!f->held) continue;
         int due = n->due ? n->due(n->due_ctx, step, p, H) : dl_plan_due(step, p, H, n->P);
         if (!(due || f->owed)) continue;
+        /* an update of p waiting in the mailbox would hold the push (it may be
+         * the merge of p's previous push): adopt it first, as the next poll
+         * would, so a fleet that merges p more often than this learner steps
+         * never starves its pushes */
+        int ad = poll_one(n, p);
+        if (ad < 0) return ad;
+        if (f->steps == 0) { /* an overwrite or mix (or a rebase) took all of it: nothing to send */
+            f->owed = 0;
+            continue;
+        }
         if (must_hold(n, p)) {
             if (!f->owed) n->st.held++;
             if (due) n->st.held_due++;
@@ -447,10 +483,12 @@ int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double 
             f->pend_tokens = f->tokens;
             f->pend_loss = f->loss;
             f->pend_compute = f->compute_s;
+            pushed++;
         } else {
-            DL_TRY(push_now(n, p, 0, late));
+            int rc = push_now(n, p, 0, late);
+            if (rc < 0) return rc;
+            pushed += rc;
         }
-        pushed++;
     }
     return pushed;
 }
@@ -487,8 +525,9 @@ static int push_owed(dl_node *n)
         if (!f->owed || !f->held || must_hold(n, p)) continue;
         f->owed = 0;
         if (f->steps == 0) continue;
-        DL_TRY(push_now(n, p, 0, 1));
-        pushed++;
+        int rc = push_now(n, p, 0, 1);
+        if (rc < 0) return rc;
+        pushed += rc;
     }
     return pushed;
 }
@@ -555,8 +594,10 @@ static int flush_some(dl_node *n, int force)
         }
         f->owed_final = 0;
         f->owed = 0;
-        DL_TRY(push_now(n, p, 1, 1));
-        pushed++;
+        if (force) f->claims_seen = UINT64_MAX;
+        int rc = push_now(n, p, 1, 1);
+        if (rc < 0) return rc;
+        pushed += rc;
     }
     return pushed;
 }
@@ -573,8 +614,9 @@ int dl_node_flush(dl_node *n)
             continue;
         }
         f->owed = 0;
-        DL_TRY(push_now(n, p, 1, 0));
-        pushed++;
+        int rc = push_now(n, p, 1, 0);
+        if (rc < 0) return rc;
+        pushed += rc;
     }
     return pushed;
 }
@@ -708,14 +750,20 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
     return 1;
 }
 
+/* Take p's fate and waiting update, if any, and adopt it: 1 when adopted. */
+static int poll_one(dl_node *n, int p)
+{
+    DL_TRY(take_fate(n, p));
+    dl_mailbox_update u;
+    if (!dl_mailbox_take_update(n->mb, p, &n->in, &u)) return 0;
+    return dl_node_adopt(n, p, u.version, u.forced, n->in);
+}
+
 int dl_node_poll(dl_node *n)
 {
     int adopted = 0;
     for (int p = 0; p < n->P; p++) {
-        DL_TRY(take_fate(n, p));
-        dl_mailbox_update u;
-        if (!dl_mailbox_take_update(n->mb, p, &n->in, &u)) continue;
-        int rc = dl_node_adopt(n, p, u.version, u.forced, n->in);
+        int rc = poll_one(n, p);
         if (rc < 0) return rc;
         adopted += rc;
     }

@@ -86,7 +86,12 @@
  * first step boundary (dl_node_after_step) after the decision came and the
  * update was adopted, with everything since the reference point. A
  * decision that never comes (a lost Ack) releases the hold after
- * push_decision_timeout_ms (counted in hold_released, warned). A deferred
+ * push_decision_timeout_ms (counted in hold_released, warned); an ACCEPTED
+ * whose Update does not come, after DL_NODE_ACCEPTED_HOLD_X times that (its
+ * progress is merged: a push on its base would carry it again). The check
+ * and the post are one step for the mailbox (dl_mailbox_post_push_if): a
+ * push the check saw queued, and so decided, that a session claims before
+ * the next push is posted makes that one owed instead. A deferred
  * push is begun only when p is not held. The final flush holds the same way,
  * bounded by the flush timeout (dl_node_finish).
  *
@@ -174,6 +179,10 @@ typedef struct {
     int (*due)(void *due_ctx, int64_t step, int p, int H);
     void *due_ctx;
 } dl_node_opts;
+
+/* A push ACCEPTED whose Update has not come is released after this many
+ * push_decision_timeout_ms (see "The hold rule"). */
+#define DL_NODE_ACCEPTED_HOLD_X 4
 
 /* How often dl_node_finish sends a returned final push of a fragment again. */
 #define DL_NODE_FLUSH_RETRIES 3
