@@ -987,6 +987,14 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
             if (w->must_fetch) dl_mailbox_discard_queued(c->mb, p);
             want_fetch(c, p, now);
             n++;
+        } else if (w->fragment_versions[p] > v && !f->fetch_want) {
+            /* the synchronizer holds a newer version than we do (merges whose
+             * Updates a restart or a lost connection swallowed, perhaps the
+             * merge of our own push): fetch it to adopt in the learner's mode,
+             * so our next push is not on a base that merged progress of ours */
+            want_fetch(c, p, now);
+            f->fetch_soft = 1;
+            n++;
         }
         /* a fetch still wanted after a refused update keeps its time */
     }

@@ -427,7 +427,9 @@ void dl_mailbox_forget_sent(dl_mailbox *m, const int *frags, int n)
         frag *f = &m->f[frags ? frags[i] : i];
         if (f->open != OPEN_NONE && !f->queued) set_fate(m, f, DL_FATE_RETURNED, f->open_base);
         f->open = OPEN_NONE;
-        f->need_update = 0;
+        /* an ACCEPTED push's Update is still awaited: its merge is in the
+         * store, and the next Welcome has the session fetch it (a push made
+         * before would carry the merged progress again) */
     }
     pthread_mutex_unlock(&m->mu);
 }

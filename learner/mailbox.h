@@ -235,7 +235,8 @@ void dl_mailbox_await_version(dl_mailbox *m, int p, uint64_t version);
 int dl_mailbox_put_update(dl_mailbox *m, int p, uint64_t version, int kind, const void *data, size_t numel);
 /* Forget the fates of the pushes of these fragments (their answers will not
  * come: a new epoch, DL_ENOTFOUND): a push still sent or pooled is RETURNED
- * to the node. frags NULL = all. */
+ * to the node; an ACCEPTED one still awaits its Update (the session fetches
+ * the newer version the next Welcome announces). frags NULL = all. */
 void dl_mailbox_forget_sent(dl_mailbox *m, const int *frags, int n);
 /* Drop the queued push of p (must_fetch). Returns 1 if one was dropped. */
 int dl_mailbox_discard_queued(dl_mailbox *m, int p);

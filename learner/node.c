@@ -282,10 +282,15 @@ static int post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t 
 
 /* Returns 1 when posted, 0 when it is owed after all (see post), or the
  * parameter interface's error. */
+static int take_fate(dl_node *n, int p);
+
 static int push_now(dl_node *n, int p, int final, int held)
 {
     const float *theta;
     nfrag *f = &n->f[p];
+    /* the previous push's fate first: this push replaces it as the latest,
+     * and a returned one's progress must be in theta (and the counters) now */
+    DL_TRY(take_fate(n, p));
     DL_TRY(read_now(n, p, &theta));
     return post(n, p, theta, f->steps, f->tokens, f->loss, f->compute_s, final, held);
 }
@@ -343,6 +348,12 @@ static int complete(dl_node *n, int p)
     if (!f->pending) return 0;
     int late = f->pending == 2; /* begun as a held push made late */
     f->pending = 0;
+    int ret = take_fate(n, p);
+    if (ret < 0) return ret;
+    if (ret) { /* a push came back after the snapshot: its progress is not in it; push afresh */
+        f->owed = 1;
+        return 0;
+    }
     const float *theta;
     DL_TRY(n->model->read_end(n->model->ctx, p, &theta));
     return post(n, p, theta, f->pend_steps, f->pend_tokens, f->pend_loss, f->pend_compute, 0, late);
