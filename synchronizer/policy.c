@@ -33,6 +33,7 @@ typedef struct {
     int64_t *pstep;               /* [P] step of its last push of f (see push_step()), or -1 */
     int64_t *ptok;                /* [P] tokens of its latest POOLED push of f, 0 if none */
     double tps;                   /* tokens / steps of its latest POOLED push (any fragment), 0 if none */
+    int64_t left_ns;              /* when it said Bye (SLOT_LEFT), else NONE_NS */
 } slot;
 
 /* One fragment: its committed version, open round and in-flight round. */
@@ -677,6 +678,7 @@ int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_le
     slot *s = &p->slots[i];
     if (s->state == SLOT_LIVE) p->n_live--;
     s->state = reason == DL_POLICY_LEAVE_BYE ? SLOT_LEFT : SLOT_DEAD;
+    s->left_ns = reason == DL_POLICY_LEAVE_BYE ? now : NONE_NS;
     refresh(p, now);
     return 0;
 }
@@ -850,17 +852,31 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
  * above the largest pooled rate of the fleet (a Hello may claim any batch up
  * to max_batch, so an idle learner's claims could otherwise shrink every
  * share), else at the mean pooled rate. */
+/* 1 when s counts in a share's expected tokens: live, or said Bye less than
+ * a push period ago (H x the fleet's step time, else the fleet's push
+ * interval). The learners of a run that ends leave one after the other,
+ * each after its final flush: counting only those still live would give
+ * each later flush a larger share, the last one a whole outer step for one
+ * learner's delta. */
+static int in_fleet(const dl_policy *p, const slot *s)
+{
+    if (s->state == SLOT_LIVE) return 1;
+    if (s->state != SLOT_LEFT || s->left_ns == NONE_NS) return 0;
+    int64_t period = p->cfg.H > 0 && p->fleet_step > 0 ? (int64_t)p->cfg.H * p->fleet_step : p->fleet_med;
+    return period > 0 && p->now - s->left_ns < period;
+}
+
 static double expected_tokens(const dl_policy *p, int f)
 {
     double sum = 0, known = 0, cap = 0;
     int n_known = 0, n_unknown = 0;
     for (int i = 0; i < p->n_slots; i++) {
         const slot *s = &p->slots[i];
-        if (s->state == SLOT_LIVE && s->tps > cap) cap = s->tps;
+        if (in_fleet(p, s) && s->tps > cap) cap = s->tps;
     }
     for (int i = 0; i < p->n_slots; i++) {
         const slot *s = &p->slots[i];
-        if (s->state != SLOT_LIVE) continue;
+        if (!in_fleet(p, s)) continue;
         if (p->cfg.H <= 0) {
             sum += (double)s->ptok[f];
             continue;

@@ -654,6 +654,39 @@ static void test_grace_contributor(void)
     dl_policy_close(&p);
 }
 
+/* Issue 27, the final flush: learners that end one after the other each
+ * flush, then say Bye. Counting only the live ones in a share's expected
+ * tokens gave each later flush a larger share (the last learner's a whole
+ * outer step). A learner that said Bye counts for one more push period. */
+static void test_share_after_bye(void)
+{
+    printf("a learner that said bye still counts in shares for a period\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 1, c.H = 8, c.tau_steps = 1, c.sfn = DL_POLICY_SFN_CONST;
+    dl_policy *p = mk(&c, 1);
+    join(p, 0, 0), join(p, 1, 0);
+    progress(p, 0, 8, 8 * 256, 10.0, 800 * MS);
+    progress(p, 1, 8, 8 * 256, 10.0, 800 * MS); /* fleet step 100 ms: a period is 800 ms */
+    push(p, 0, 0, 0, 8, 8 * 256, 800 * MS, 1);
+    int64_t d = dl_policy_next_deadline(p); /* the window waits a step for learner 1 */
+    dl_policy_round r = close_one(p, d);
+    CHECK_REL(r.share, 0.5);
+    dl_policy_committed(p, 0, 1, d);
+    CHECK_EQ(dl_policy_learner_leave(p, 0, 910 * MS, DL_POLICY_LEAVE_BYE), 0);
+    push(p, 0, 1, 0, 8, 8 * 256, 920 * MS, 2); /* learner 1's flush, just after 0's bye */
+    r = close_one(p, 920 * MS);
+    CHECK_REL(r.share, 0.5);
+    dl_policy_committed(p, 0, 2, 920 * MS);
+    /* a period after the bye the fleet is learner 1 alone */
+    progress(p, 1, 17, 17 * 256, 10.0, 1800 * MS);
+    push(p, 0, 1, 2, 8, 8 * 256, 1800 * MS, 3);
+    r = close_one(p, 1800 * MS);
+    CHECK_REL(r.share, 1.0);
+    dl_policy_committed(p, 0, 3, 1800 * MS);
+    dl_policy_close(&p);
+}
+
 /* ------------------------------------------------------------------ membership */
 
 static void test_sync(void)
@@ -1335,6 +1368,7 @@ int main(void)
 {
     test_replace_other_base();
     test_grace_contributor();
+    test_share_after_bye();
     test_config();
     test_weights();
     test_quorum();
