@@ -1076,6 +1076,34 @@ static void test_fate(int mode, const char *name, int order, int decision)
     dl_plan_close(&pl);
 }
 
+/* The hold rule's check and the post are one step for the mailbox
+ * (dl_mailbox_post_push_if): a push the check saw queued that a session
+ * claims before the next post makes that post refused (it would carry the
+ * claimed one's progress again), and a post never replaces a queued push on
+ * another base (it does not contain that one's progress). */
+static void test_post_if(void)
+{
+    dl_mailbox *c = open_mailbox();
+    float *d = dl_mailbox_buf_alloc(c), *e = dl_mailbox_buf_alloc(c);
+    dl_mailbox_push h = {.fragment = 2, .base_version = 5, .steps = 4, .tokens = 4 * TOK, .loss = 1.0};
+    REQUIRE(dl_mailbox_post_push(c, &h, &d) == 0, "queued");
+    uint64_t k = dl_mailbox_claims(c, 2);
+    CHECK(!dl_mailbox_undecided(c, 2, NULL), "a queued push is no hold");
+    dl_mailbox_claim cl;
+    REQUIRE(dl_mailbox_claim_push(c, 2, dl_clock_ns(), &cl, &e) == 1, "claimed");
+    h.steps = 8, h.tokens = 8 * TOK;
+    CHECK(dl_mailbox_post_push_if(c, &h, &d, k) == -1, "claimed since the check: refused");
+    CHECK(dl_mailbox_post_push_if(c, &h, &d, dl_mailbox_claims(c, 2)) == 0, "a fresh check: posted");
+    h.base_version = 6, h.steps = 2, h.tokens = 2 * TOK;
+    CHECK(dl_mailbox_post_push_if(c, &h, &d, UINT64_MAX) == -1, "a queued push on another base is never replaced");
+    h.base_version = 5, h.steps = 9, h.tokens = 9 * TOK;
+    CHECK(dl_mailbox_post_push_if(c, &h, &d, UINT64_MAX) == 1, "the same base coalesces");
+    free(d);
+    free(e);
+    dl_mailbox_close(&c);
+    printf("ok: post_push_if: no post after a claim the hold check did not see, none over another base\n");
+}
+
 int main(void)
 {
     REQUIRE(dl_model_config_check(&CFG) == 0, "config: %s", dl_errmsg());
@@ -1106,6 +1134,7 @@ int main(void)
     }
     test_fate(DL_ADOPT_KEEP, "keep", 1, DL_DECIDE_ACCEPTED);
     test_fate(DL_ADOPT_OVERWRITE, "overwrite", 1, DL_DECIDE_ACCEPTED);
+    test_post_if();
 
     dl_plan_close(&plan);
     printf("test_node: %d checks, %d failures\n", checks, failures);
