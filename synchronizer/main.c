@@ -182,6 +182,25 @@ static const dl_cfg_entry table[] = {
 #undef F
 #define NCFG (sizeof table / sizeof table[0])
 
+/* --help's headings: the options a first cluster needs, then the rest by topic. */
+static const dl_cfg_section sections[] = {
+    {"common options", "bind store run_id H auth key_file allowlist eval_data metrics log_level"},
+    {"model (the same on every learner)", "n_layer n_head n_embd seq_len vocab fragments seed init_from"},
+    {"merge policy",
+     "policy quorum grace_cap_ms gamma mad_k grace_steps round_schedule broadcast max_learners max_staleness "
+     "staleness staleness_a staleness_b merge outer_lr outer_momentum share_scaling"},
+    {"guards against bad pushes",
+     "clip_norm aggregate trim norm_k norm_window norm_min_history norm_param_ratio norm_action param_abs_max "
+     "max_step_rate step_slack max_batch max_new_hellos_per_s new_hello_burst"},
+    {"sharding", "shards shard"},
+    {"transfers and memory",
+     "update_codec update_block update_topk update_rounding chunk_kb pool_mb max_outbound_mb peer_outbound_mb "
+     "slow_reader_ms reclaim_ms max_msg_mb"},
+    {"liveness and durability", "heartbeat_ms liveness rebase_ms durability sync_every_ms status_every_ms"},
+    {"evaluation of the global model", "eval_every_s eval_seqs eval_batch eval_threads eval_max_mb eval_val_frac"},
+    {"logs", "events"},
+};
+
 static int fail(const char *what, int rc)
 {
     fprintf(stderr, "dloco-sync: %s: %s%s%s\n", what, dl_strerror(rc), dl_errmsg()[0] ? ": " : "", dl_errmsg());
@@ -333,7 +352,7 @@ int main(int argc, char **argv)
         printf("usage: dloco-sync [--config FILE] [--name value ...]\n"
                "SIGHUP re-reads --config FILE and applies the options marked reloadable (docs/OPERATING.md);\n"
                "SIGINT/SIGTERM stop.\n");
-        dl_cfg_usage(table, NCFG, stdout);
+        dl_cfg_usage_sections(table, NCFG, sections, sizeof sections / sizeof sections[0], stdout);
         return 0;
     }
     int print = rc == DL_CFG_PRINT;

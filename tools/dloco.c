@@ -17,11 +17,14 @@
 #include "tools/export.h"
 #include "tools/status.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int fail(const char *what, int rc)
 {
@@ -29,29 +32,38 @@ static int fail(const char *what, int rc)
     return 2;
 }
 
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: dloco COMMAND STORE [options]\n"
-               "  check  STORE                 verify a store offline (exit 1 on the first violation)\n"
-               "  status ADDR|STORE [--json] [--watch [SECONDS]]\n"
+/* One block per command: its synopsis, then what it does. */
+static const struct {
+    const char *name, *text;
+} commands[] = {
+    {"check", "  check  STORE                 verify a store offline (exit 1 on the first violation)\n"},
+    {"status", "  status ADDR|STORE [--json] [--watch [SECONDS]]\n"
                "                               learners, fragments, token ledger, global validation loss: of a\n"
                "                               running synchronizer (ADDR = HOST:PORT of its --metrics) or of a\n"
                "                               store (run, epoch, store sizes, versions, merges too);\n"
-               "                               --json one document (docs/OPERATING.md), --watch refreshes\n"
-               "  records STORE                a header line, then one line per merge contribution: fragment version\n"
-               "                               learner decision staleness tokens weight epoch=E\n"
-               "  eval   STORE [--data PATH] [--data_format auto|text|shards] [--batch B] [--val_batches N]\n"
-               "         [--val_frac F]"
-               "                               validation loss of the store's global model; --dump_seqs FILE\n"
-               "                               also writes the token sequences it evaluated (int32, docs/OPERATING.md)\n"
-               "  export STORE [--format safetensors|llmc|hf] [--force] OUT\n"
-               "                               the store's global model as a model file (docs/OPERATING.md)\n"
-               "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
-               "                               PREFIX.pub (0644); prints the public key and an allowlist line\n"
-               "  plan   [--n_layer L] [--n_head NH] [--n_embd C] [--seq_len T] [--vocab V] [--fragments P]\n"
-               "         [--shards S]\n"
-               "                               the fragment plan of a model: sizes, balance, fingerprint, and\n"
-               "                               each fragment's blocks (name, or name[rows) of a split tensor)\n");
+               "                               --json one document (docs/OPERATING.md), --watch refreshes\n"},
+    {"records", "  records STORE                a header line, then one line per merge contribution: fragment version\n"
+                "                               learner decision staleness tokens weight epoch=E\n"},
+    {"eval", "  eval   STORE [--data PATH] [--data_format auto|text|shards] [--batch B] [--val_batches N]\n"
+             "         [--val_frac F] [--dump_seqs FILE]\n"
+             "                               validation loss of the store's global model on --data (default:\n"
+             "                               the bundled fortunes text; give the data the run trained on)\n"},
+    {"export", "  export STORE [--format safetensors|llmc|hf] [--force] OUT\n"
+               "                               the store's global model as a model file (docs/OPERATING.md)\n"},
+    {"keygen", "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
+               "                               PREFIX.pub (0644), making PREFIX's directory if it is missing;\n"
+               "                               prints the public key and an allowlist line\n"},
+    {"plan", "  plan   [--n_layer L] [--n_head NH] [--n_embd C] [--seq_len T] [--vocab V] [--fragments P]\n"
+             "         [--shards S]\n"
+             "                               the fragment plan of a model: sizes, balance, fingerprint, and\n"
+             "                               each fragment's blocks (name, or name[rows) of a split tensor)\n"},
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dloco COMMAND STORE [options]   (dloco COMMAND --help: that command alone)\n");
+    for (size_t i = 0; i < NCOMMANDS; i++) fputs(commands[i].text, f);
 }
 
 /* What the store cannot check alone: the run's typed model and P give the
@@ -372,13 +384,39 @@ static int cmd_plan(int argc, char **argv)
     return 0;
 }
 
+/* Every missing directory above `path` (keys/sync: keys/), mode 0700: a
+ * fresh clone has no keys/ and the keys are secrets. */
+static int make_parent_dirs(const char *path)
+{
+    char dir[PATH_MAX];
+    if ((size_t)snprintf(dir, sizeof dir, "%s", path) >= sizeof dir)
+        return dl_err(DL_EINVAL, "key prefix is %zu bytes: too long for a path", strlen(path));
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return 0;
+    *slash = 0;
+    for (char *p = dir + 1;; p++) {
+        if (*p && *p != '/') continue;
+        char c = *p;
+        *p = 0;
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+            return dl_err(DL_EIO, "cannot make directory %s for the keys: %s", dir, strerror(errno));
+        if (!c) break;
+        *p = c;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return dl_err(DL_EIO, "%s is not a directory: give a key prefix inside a directory", dir);
+    return 0;
+}
+
 /* A new key pair for a learner or the synchronizer. The allowlist line uses
  * the file name as the learner id when it is one, so `dloco keygen keys/l3`
  * prints a line ready for the synchronizer's allowlist. */
 static int cmd_keygen(const char *prefix)
 {
     dl_auth_keypair kp;
-    int rc = dl_auth_keygen(prefix, &kp);
+    int rc = make_parent_dirs(prefix);
+    if (!rc) rc = dl_auth_keygen(prefix, &kp);
     if (rc) {
         fprintf(stderr, "dloco keygen: %s: %s\n", dl_strerror(rc), dl_errmsg());
         return 1;
@@ -399,6 +437,20 @@ int main(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    /* dloco CMD --help: that command's block, and its options where it has a table */
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "-h") && strcmp(argv[i], "--help")) continue;
+        for (size_t c = 0; c < NCOMMANDS; c++) {
+            if (strcmp(argv[1], commands[c].name)) continue;
+            printf("usage: dloco %s", commands[c].text + 2);
+            char *help[] = {argv[1], "--help"};
+            if (!strcmp(argv[1], "eval")) return cmd_eval(NULL, 2, help);
+            if (!strcmp(argv[1], "plan")) return cmd_plan(2, help);
+            if (!strcmp(argv[1], "export")) return dl_export_cmd(NULL, 2, help);
+            return 0;
+        }
+        break;
     }
     if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
     if (argc < 3) {

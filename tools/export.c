@@ -91,7 +91,6 @@ int dl_export_cmd(const char *dir, int argc, char **argv)
     int rc = dl_cfg_parse_args(export_table, NROWS, &ec, ac, av);
     free(av);
     if (rc == 1) {
-        printf("usage: dloco export STORE [--format safetensors|llmc|hf] [--force] OUT\n");
         dl_cfg_usage(export_table, NROWS, stdout);
         return 0;
     }

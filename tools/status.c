@@ -266,13 +266,13 @@ static void print_text(const dl_json *d, FILE *f)
             dl_json_str(d, live ? "endpoint" : "store", ""), dl_json_num(d, "epoch", 0),
             dl_json_str(d, "fingerprint", "?"));
     if (live)
-        fprintf(f, "learners: %.0f live / %.0f dead / %.0f left (%.0f known); merges %.0f, rejected %.0f, dropped "
-                   "stale %.0f, busy %.0f\n",
+        fprintf(f, "learners: %.0f live / %.0f dead / %.0f left (%.0f known); this epoch (since the synchronizer "
+                   "started): merges %.0f, pushes rejected %.0f, dropped stale %.0f, busy %.0f\n",
                 dl_json_num(d, "learners_live", 0), dl_json_num(d, "learners_dead", 0),
                 dl_json_num(d, "learners_left", 0), dl_json_num(d, "learners_known", 0), dl_json_num(d, "merges", 0),
                 dl_json_num(d, "rejected", 0), dl_json_num(d, "dropped_stale", 0), dl_json_num(d, "busy_refused", 0));
     else
-        fprintf(f, "learners: %.0f known; merges %.0f\n", dl_json_num(d, "learners_known", 0),
+        fprintf(f, "learners: %.0f known; merges %.0f (whole run)\n", dl_json_num(d, "learners_known", 0),
                 dl_json_num(d, "merges", 0));
     fprintf(f, "%-20s %-8s %-6s %9s %14s %12s %7s %6s %6s %6s %12s %12s\n", "LEARNER", "SITE", "ALIVE", "STEPS/S",
             "TOKENS_APPLIED", "STEP", "PUSHES", "MERGED", "REJ", "STALE", "BYTES_IN", "BYTES_OUT");
@@ -288,6 +288,8 @@ static void print_text(const dl_json *d, FILE *f)
                 dl_json_num(l, "merged", 0), dl_json_num(l, "rejected", 0), st, dl_json_num(l, "bytes_in", 0),
                 dl_json_num(l, "bytes_out", 0));
     }
+    if (ls && ls->child)
+        fprintf(f, "(TOKENS_APPLIED in fragment-tokens: a push of one fragment trained on N tokens counts N)\n");
     fprintf(f, "%-9s %9s %16s %13s\n", "FRAGMENT", "VERSION", "LAST_MERGE_AGE_S", "CONTRIBUTORS");
     const dl_json *fs = dl_json_get(d, "fragments");
     for (const dl_json *p = fs ? fs->child : NULL; p; p = p->next) {
