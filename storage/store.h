@@ -21,7 +21,9 @@
  *             record: nothing reads the model from it); "epoch";
  *             "eval" -> 40 bytes {magic, version, fragment version sum
  *             u64, loss f64, sequences u32, pad u32, wallclock i64}: the
- *             synchronizer's last periodic evaluation (absent until one).
+ *             synchronizer's last periodic evaluation (absent until one);
+ *             "evaldata" -> {magic, version, val_frac f64, format 16 bytes
+ *             NUL-padded, path length u32, path}: the data it evaluates on.
  *   fragments p (u32 big-endian) -> 48-byte header {version, numel, number
  *             of blocks, block size, commit wallclock}.
  *   params    (p u32 BE, block u32 BE) -> 48-byte header {p, block, version,
@@ -201,6 +203,20 @@ typedef struct {
 int dl_store_put_eval(dl_store *s, const dl_store_eval *e);
 /* DL_ENOTFOUND when no evaluation was recorded. */
 int dl_store_get_eval(dl_store *s, dl_store_eval *out);
+
+/* The data the run's global model is evaluated on (dloco-sync --eval_data),
+ * recorded at every start so `dloco eval STORE` and `dloco status STORE`
+ * use and name it. */
+#define DL_STORE_EVALDATA_PATH_MAX 1024
+typedef struct {
+    char path[DL_STORE_EVALDATA_PATH_MAX]; /* a file or directory, as given */
+    char format[16];                       /* "auto" | "text" | "shards" */
+    double val_frac;                       /* the validation fraction */
+} dl_store_evaldata;
+/* Replace the record. DL_EINVAL for an empty or too long path or format. */
+int dl_store_put_evaldata(dl_store *s, const dl_store_evaldata *e);
+/* DL_ENOTFOUND when none was recorded (a store from before the record). */
+int dl_store_get_evaldata(dl_store *s, dl_store_evaldata *out);
 
 /* ---- fragments */
 

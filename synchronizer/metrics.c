@@ -273,7 +273,7 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     FAM("evaluations_total", "counter", "periodic evaluations of the global model finished (eval_every_s)");
     VAL("evaluations_total", m->evals);
     if (m->has_eval) {
-        FAM("eval_loss", "gauge", "validation loss of the global model at the last periodic evaluation");
+        FAM("eval_loss", "gauge", "validation loss of the global model at the last evaluation, on eval_data");
         VAL("eval_loss", m->eval_loss);
         FAM("eval_version", "gauge", "sum of the fragment versions that evaluation read");
         VAL("eval_version", m->eval_version);
@@ -401,6 +401,8 @@ void dl_syncmet_render_status(const dl_syncmet *m, const dl_sync_stats *st, cons
         json_num(out, m->eval_loss);
         dl_prom_raw(out, ",\"seqs\":%d,\"age_s\":", m->eval_seqs);
         json_num(out, (double)(now - m->eval_wall) * 1e-9);
+        dl_prom_raw(out, ",\"data\":");
+        dl_prom_json_str(out, c->eval_data ? c->eval_data : "");
         dl_prom_raw(out, "}");
     } else {
         dl_prom_raw(out, "null");

@@ -112,7 +112,8 @@ static void publish_now(dl_sync *s)
                         .tun = &t,
                         .policy = &ps,
                         .shard = s->cfg.shard,
-                        .shards = s->cfg.shards};
+                        .shards = s->cfg.shards,
+                        .eval_data = s->cfg.eval_data};
     dl_prom doc;
     dl_prom_init(&doc);
     dl_syncmet_render_metrics(&s->met, &st, &c, &doc);

@@ -46,8 +46,8 @@ static const struct {
                 "                               learner decision staleness tokens weight epoch=E\n"},
     {"eval", "  eval   STORE [--data PATH] [--data_format auto|text|shards] [--batch B] [--val_batches N]\n"
              "         [--val_frac F] [--dump_seqs FILE]\n"
-             "                               validation loss of the store's global model on --data (default:\n"
-             "                               the bundled fortunes text; give the data the run trained on)\n"},
+             "                               validation loss of the store's global model on --data, else on\n"
+             "                               the data the run recorded (dloco-sync --eval_data), and names it\n"},
     {"export", "  export STORE [--format safetensors|llmc|hf] [--force] OUT\n"
                "                               the store's global model as a model file (docs/OPERATING.md)\n"},
     {"keygen", "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
@@ -199,9 +199,11 @@ int dl_status_store_text(const char *dir)
         dl_merge_record_free(&r);
     }
     dl_store_eval ev;
+    dl_store_evaldata ed;
+    if (dl_store_get_evaldata(s, &ed)) snprintf(ed.path, sizeof ed.path, "unrecorded data");
     if (dl_store_get_eval(s, &ev) == 0)
-        printf("global validation loss %.4f at total version %llu (%u sequences, %.0f s ago)\n", ev.loss,
-               (unsigned long long)ev.version, ev.seqs, (double)(dl_wallclock_ns() - ev.wallclock_ns) * 1e-9);
+        printf("global validation loss %.4f on %s at total version %llu (%u sequences, %.0f s ago)\n", ev.loss,
+               ed.path, (unsigned long long)ev.version, ev.seqs, (double)(dl_wallclock_ns() - ev.wallclock_ns) * 1e-9);
     dl_store_close(&s);
     return 0;
 }
@@ -244,13 +246,16 @@ typedef struct {
 
 #define F(x) offsetof(eval_cfg, x)
 static const dl_cfg_entry eval_table[] = {
-    {"data", DL_CFG_STR, F(data), 0, 0, "/usr/share/games/fortunes", NULL, 0, "data the run trained on"},
+    {"data", DL_CFG_STR, F(data), 0, 0, "", NULL, 0,
+     "data to evaluate on (same vocab as the run); empty = the data the run recorded (dloco-sync --eval_data), "
+     "else the bundled fortunes text"},
     {"data_format", DL_CFG_ENUM, F(data_format), 0, 0, "auto", "auto|text|shards", 0,
      "auto: .bin = llm.c token shards, else text, which then needs the store's vocab to be 256; text: bytes "
      "whatever the vocab (>= 256)"},
     {"batch", DL_CFG_INT, F(batch), 1, 4096, "16", NULL, 0, "sequences per evaluation batch"},
     {"val_batches", DL_CFG_INT, F(val_batches), 1, 100000, "16", NULL, 0, "evaluation batches"},
-    {"val_frac", DL_CFG_FLOAT, F(val_frac), 0.0, 0.5, "0.05", NULL, 0, "validation fraction the learners used"},
+    {"val_frac", DL_CFG_FLOAT, F(val_frac), -1.0, 0.5, "-1", NULL, 0,
+     "validation fraction the learners used; -1 = the one the run recorded with its data, else 0.05"},
     {"dump_seqs", DL_CFG_STR, F(dump_seqs), 0, 0, "", NULL, 0,
      "also write the evaluated sequences here: int32 LE header {0x51534c44, 1, batches, B, T, V, 0, 0}, then per "
      "sequence T inputs and T targets"},
@@ -288,16 +293,25 @@ static int cmd_eval(const char *dir, int argc, char **argv)
         dl_store_close(&s);
         return fail("reading the run", dl_err(DL_EMISMATCH, "model config in the store does not match its fingerprint"));
     }
+    /* the data: --data, else the run's record, else the bundled corpus */
+    dl_store_evaldata ed;
+    int recorded = dl_store_get_evaldata(s, &ed) == 0;
+    const char *data = ec.data[0] ? ec.data : recorded ? ed.path : "/usr/share/games/fortunes";
+    const char *format = !ec.data[0] && recorded && !strcmp(ec.data_format, "auto") ? ed.format : ec.data_format;
+    double val_frac = ec.val_frac >= 0 ? ec.val_frac : !ec.data[0] && recorded ? ed.val_frac : 0.05;
+    const char *whence = ec.data[0] ? "--data" : recorded ? "the run's recorded evaluation data" : "the default";
     /* the synchronizer's periodic evaluation runs the same code (learner/evaluate.h) */
-    dl_evaluate_opts eo = {.data = ec.data, .data_format = ec.data_format, .val_frac = ec.val_frac, .batch = (int)ec.batch,
+    dl_evaluate_opts eo = {.data = data, .data_format = format, .val_frac = val_frac, .batch = (int)ec.batch,
                            .seqs = (int)(ec.batch * ec.val_batches)};
     uint64_t vsum = 0;
     double loss = 0;
     if ((rc = dl_evaluate_open(&m, &eo, &ev)) || (rc = dl_evaluate_load(ev, s, plan, &vsum)) ||
         (rc = dl_evaluate_run(ev, NULL, &loss)))
         goto out;
-    printf("global model: run %s, %d fragments at total version %llu, val loss %.4f (%lld batches of %d x %d)\n",
-           run.run_id, P, (unsigned long long)vsum, loss, (long long)ec.val_batches, (int)ec.batch, m.seq_len);
+    printf("global model: run %s, %d fragments at total version %llu, val loss %.4f on %s (%s; %lld batches of %d x "
+           "%d, val_frac %g)\n",
+           run.run_id, P, (unsigned long long)vsum, loss, data, whence, (long long)ec.val_batches, (int)ec.batch,
+           m.seq_len, val_frac);
     if (ec.dump_seqs[0] && (rc = dl_evaluate_dump(ev, ec.dump_seqs))) goto out;
     if (ec.dump_seqs[0])
         printf("eval: %d sequences of %d tokens written to %s; val_loss=%.9f\n", dl_evaluate_seqs(ev), m.seq_len,

@@ -236,13 +236,21 @@ static int store_json(const char *dir, dl_prom *o)
                 (unsigned long long)led.tokens[DL_LEDGER_DISCARDED],
                 (unsigned long long)led.tokens[DL_LEDGER_OUTSTANDING]);
     dl_store_eval ev;
-    if (dl_store_get_eval(s, &ev) == 0 && isfinite(ev.loss))
-        dl_prom_raw(o, "{\"version\":%llu,\"loss\":%.6g,\"seqs\":%u,\"age_s\":%.3f}", (unsigned long long)ev.version,
-                    ev.loss, ev.seqs, (double)(now - ev.wallclock_ns) * 1e-9);
-    else if (dl_store_get_eval(s, &ev) == 0) /* a diverged model's loss: JSON has no NaN or Inf */
-        dl_prom_raw(o, "{\"version\":%llu,\"loss\":null,\"seqs\":%u,\"age_s\":%.3f}", (unsigned long long)ev.version,
-                    ev.seqs, (double)(now - ev.wallclock_ns) * 1e-9);
-    else dl_prom_raw(o, "null");
+    dl_store_evaldata ed;
+    int have_ed = dl_store_get_evaldata(s, &ed) == 0;
+    if (dl_store_get_eval(s, &ev) == 0) {
+        if (isfinite(ev.loss))
+            dl_prom_raw(o, "{\"version\":%llu,\"loss\":%.6g,\"seqs\":%u,\"age_s\":%.3f,\"data\":",
+                        (unsigned long long)ev.version, ev.loss, ev.seqs, (double)(now - ev.wallclock_ns) * 1e-9);
+        else /* a diverged model's loss: JSON has no NaN or Inf */
+            dl_prom_raw(o, "{\"version\":%llu,\"loss\":null,\"seqs\":%u,\"age_s\":%.3f,\"data\":",
+                        (unsigned long long)ev.version, ev.seqs, (double)(now - ev.wallclock_ns) * 1e-9);
+        if (have_ed) dl_prom_json_str(o, ed.path);
+        else dl_prom_raw(o, "null"); /* a store from before the record */
+        dl_prom_raw(o, "}");
+    } else {
+        dl_prom_raw(o, "null");
+    }
     dl_prom_raw(o, "}\n");
     dl_store_close(&s);
     return 0;
@@ -306,9 +314,9 @@ static void print_text(const dl_json *d, FILE *f)
                 dl_json_num(led, "lost", 0), dl_json_num(led, "discarded", 0), dl_json_num(led, "outstanding", 0));
     const dl_json *ev = dl_json_get(d, "eval");
     if (ev && ev->type == DL_JSON_OBJ)
-        fprintf(f, "global validation loss %.4f at total version %.0f (%.0f sequences, %.0f s ago)\n",
-                dl_json_num(ev, "loss", NAN), dl_json_num(ev, "version", 0), dl_json_num(ev, "seqs", 0),
-                dl_json_num(ev, "age_s", 0));
+        fprintf(f, "global validation loss %.4f on %s at total version %.0f (%.0f sequences, %.0f s ago)\n",
+                dl_json_num(ev, "loss", NAN), dl_json_str(ev, "data", "unrecorded data"), dl_json_num(ev, "version", 0),
+                dl_json_num(ev, "seqs", 0), dl_json_num(ev, "age_s", 0));
     else
         fprintf(f, "global validation loss: none yet (dloco-sync --eval_every_s, or dloco eval STORE)\n");
 }
