@@ -126,8 +126,8 @@ dl_store_opts dl_store_opts_default(void);
  * Errors: DL_EINVAL `dir` is not a directory; DL_ENOTFOUND read-only and no
  * store there; DL_EFORMAT data.mdb is not an LMDB file, the environment is not
  * a dloco store, or its schema version is not DL_STORE_SCHEMA_VERSION;
- * DL_EAGAIN another process (or handle) has the store open for writing;
- * DL_ESTORE / DL_EIO other LMDB or file failures (file:line in the detail). */
+ * DL_EBUSY  another process (or handle) has the store open for writing;
+ * DL_ESTORE / DL_EIO other LMDB or file failures (the LMDB function and its reason; file:line in the debug log). */
 int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out);
 /* Syncs (periodic mode), closes and NULLs *s; safe on NULL. All snapshots
  * must have ended. */
