@@ -463,6 +463,7 @@ static int open_router(dl_sync *s)
         DL_ZMQ_PTR(s->router, zmq_socket(s->zctx, ZMQ_ROUTER));
         DL_TRY(dl_auth_server_sock(s->router, &kp));
         memset(&kp, 0, sizeof kp);
+        DL_TRY(dl_auth_watch(s->auth, s->zctx, s->router));
     } else {
         DL_ZMQ_PTR(s->router, zmq_socket(s->zctx, ZMQ_ROUTER));
     }

@@ -56,6 +56,9 @@ check "a learner without keys exits 3 (status $rc)" [ "$rc" = 3 ]
 check "... refused kind=handshake naming the missing keys and the endpoint" \
   ev_has "$W/events-k0n.log" refused kind=handshake "reason~requires CURVE keys.*--server_key.*--key_file"
 check "... and the endpoint" ev_has "$W/events-k0n.log" refused kind=handshake "reason~tcp://"
+check "the synchronizer logged the refused handshakes (rate-limited, counted)" \
+  ev_wait 10 "$EV" handshake_refused "reason~^(hung_up|mechanism)$" "count~^[0-9]+$"
+check "... with the likely cause in its log" grep -Eq "refused [0-9]+ handshake\(s\) on tcp://.*(no CURVE keys|does not use CURVE)" "$W/sync.log"
 
 # a listed key used for another id: refused, never registered
 start_learner k3 "${CURVE[@]}" --key_file "$K/k0.key" --steps 10 --connect_timeout_ms 120000
