@@ -151,6 +151,8 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     }
     PL("learner_steps_per_second", "gauge", "inner steps per second, from the learner's latest heartbeat", steps_per_s,
        1);
+    PL("learner_train_loss", "gauge", "the learner's recent training loss, from its latest push (on its own data)",
+       train_loss, 1);
     PL("learner_step", "gauge", "the learner's inner step, from its latest heartbeat", step, 0);
     PL("learner_tokens_processed", "gauge", "tokens the learner reports processed since its start (heartbeat)", tokens,
        0);
@@ -370,6 +372,8 @@ void dl_syncmet_render_status(const dl_syncmet *m, const dl_sync_stats *st, cons
         dl_prom_raw(out, ",\"state\":\"%s\",\"alive\":%s,\"steps_per_s\":", state_name(l->state),
                     l->state == DL_POLICY_MEMBER_LIVE ? "true" : "false");
         json_num(out, l->steps_per_s);
+        dl_prom_raw(out, ",\"train_loss\":");
+        json_num(out, l->train_loss);
         dl_prom_raw(out,
                     ",\"step\":%llu,\"tokens_processed\":%llu,\"tokens_applied\":%llu,\"pushes\":%llu,\"merged\":%llu,"
                     "\"dropped_stale\":%llu,\"rejected\":%llu,\"last_staleness\":%llu,\"bytes_in\":%llu,"

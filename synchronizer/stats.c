@@ -41,6 +41,7 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
         o->step = l->step;
         o->tokens = l->tokens;
         o->steps_per_s = l->steps_per_s;
+        o->train_loss = l->train_loss;
         o->last_staleness = l->last_staleness;
         out->live += o->state == DL_POLICY_MEMBER_LIVE;
         out->dead += o->state == DL_POLICY_MEMBER_DEAD;

@@ -124,6 +124,7 @@ typedef struct {
     uint64_t pushes, merged, dropped, rejected, tokens_applied, bytes_in, bytes_out;
     uint64_t step, tokens; /* from its latest Heartbeat */
     double steps_per_s;
+    double train_loss;       /* its latest push's training loss (NaN: none yet) */
     uint64_t last_staleness; /* of its latest merged push, versions */
 } dl_sync_learner_stats;
 

@@ -282,22 +282,25 @@ static void print_text(const dl_json *d, FILE *f)
     else
         fprintf(f, "learners: %.0f known; merges %.0f (whole run)\n", dl_json_num(d, "learners_known", 0),
                 dl_json_num(d, "merges", 0));
-    fprintf(f, "%-20s %-8s %-6s %9s %14s %12s %7s %6s %6s %6s %12s %12s\n", "LEARNER", "SITE", "ALIVE", "STEPS/S",
-            "TOKENS_APPLIED", "STEP", "PUSHES", "MERGED", "REJ", "STALE", "BYTES_IN", "BYTES_OUT");
+    fprintf(f, "%-20s %-8s %-6s %9s %10s %14s %12s %7s %6s %6s %6s %12s %12s\n", "LEARNER", "SITE", "ALIVE", "STEPS/S",
+            "TRAIN_LOSS", "TOKENS_APPLIED", "STEP", "PUSHES", "MERGED", "REJ", "STALE", "BYTES_IN", "BYTES_OUT");
     const dl_json *ls = dl_json_get(d, "learners");
     for (const dl_json *l = ls ? ls->child : NULL; l; l = l->next) {
         const dl_json *alive = dl_json_get(l, "alive");
-        char sps[24], st[24];
+        char sps[24], st[24], tl[24];
         num_or_dash(sps, sizeof sps, l, "steps_per_s", "%.2f");
+        num_or_dash(tl, sizeof tl, l, "train_loss", "%.4f");
         num_or_dash(st, sizeof st, l, "last_staleness", "%.0f");
-        fprintf(f, "%-20s %-8s %-6s %9s %14.0f %12.0f %7.0f %6.0f %6.0f %6s %12.0f %12.0f\n", dl_json_str(l, "id", "?"),
-                dl_json_str(l, "site", "-"), alive && alive->type == DL_JSON_BOOL ? (alive->num ? "yes" : "no") : "-",
-                sps, dl_json_num(l, "tokens_applied", 0), dl_json_num(l, "step", 0), dl_json_num(l, "pushes", 0),
+        fprintf(f, "%-20s %-8s %-6s %9s %10s %14.0f %12.0f %7.0f %6.0f %6.0f %6s %12.0f %12.0f\n",
+                dl_json_str(l, "id", "?"), dl_json_str(l, "site", "-"),
+                alive && alive->type == DL_JSON_BOOL ? (alive->num ? "yes" : "no") : "-", sps, tl,
+                dl_json_num(l, "tokens_applied", 0), dl_json_num(l, "step", 0), dl_json_num(l, "pushes", 0),
                 dl_json_num(l, "merged", 0), dl_json_num(l, "rejected", 0), st, dl_json_num(l, "bytes_in", 0),
                 dl_json_num(l, "bytes_out", 0));
     }
     if (ls && ls->child)
-        fprintf(f, "(TOKENS_APPLIED in fragment-tokens: a push of one fragment trained on N tokens counts N)\n");
+        fprintf(f, "(TRAIN_LOSS: the learner's recent training loss on its own data, from its latest push; "
+                   "TOKENS_APPLIED in fragment-tokens: a push of one fragment trained on N tokens counts N)\n");
     fprintf(f, "%-9s %9s %16s %13s\n", "FRAGMENT", "VERSION", "LAST_MERGE_AGE_S", "CONTRIBUTORS");
     const dl_json *fs = dl_json_get(d, "fragments");
     for (const dl_json *p = fs ? fs->child : NULL; p; p = p->next) {
