@@ -48,8 +48,9 @@ static const struct {
              "         [--val_frac F] [--dump_seqs FILE]\n"
              "                               validation loss of the store's global model on --data, else on\n"
              "                               the data the run recorded (dloco-sync --eval_data), and names it\n"},
-    {"export", "  export STORE [--format safetensors|llmc|hf] [--force] OUT\n"
-               "                               the store's global model as a model file (docs/OPERATING.md)\n"},
+    {"export", "  export STORE [--format safetensors|llmc|hf] [--force] [--tokenizer FILE] OUT\n"
+               "                               the store's global model as a model file (docs/OPERATING.md);\n"
+               "                               hf: --tokenizer puts a SentencePiece model next to it\n"},
     {"keygen", "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
                "                               PREFIX.pub (0644), making PREFIX's directory if it is missing;\n"
                "                               prints the public key and an allowlist line\n"},
