@@ -84,7 +84,7 @@ out=$("$DLOCO" eval "$W/store"); echo "$out"
 check "dloco eval without --data evaluates on the recorded shards" grep -q "val loss [0-9.]* on $W/shards (the run's recorded" <<< "$out"
 
 # the HF export carries the tokenizer
-out=$("$DLOCO" export "$W/store" --format hf --tokenizer "$W/shards/tokenizer.model" "$W/hf" 2>&1); rc=$?
+out=$("$DLOCO" export "$W/store" --format hf --tokenizer "$W/shards/tokenizer.model" "$W/hf/" 2>&1); rc=$? # OUT/ as a shell completes it
 echo "$out"
 check "dloco export --format hf --tokenizer exits 0 ($rc)" [ "$rc" = 0 ]
 check "the export holds the tokenizer, byte for byte" cmp -s "$W/shards/tokenizer.model" "$W/hf/tokenizer.model"

@@ -161,6 +161,15 @@ int dl_export_cmd(const char *dir, int argc, char **argv)
     }
     if (rc) return fail(rc);
     if (!out) return fail(dl_err(DL_EINVAL, "no OUT: usage dloco export STORE --format F OUT"));
+    /* OUT/ (a shell's completion of a directory) names OUT: the writer makes
+     * its temporary next to OUT, which "OUT/" would put inside it */
+    char out_buf[4096];
+    size_t ol = strlen(out);
+    if (ol > 1 && out[ol - 1] == '/' && ol < sizeof out_buf) {
+        memcpy(out_buf, out, ol + 1);
+        while (ol > 1 && out_buf[ol - 1] == '/') out_buf[--ol] = 0;
+        out = out_buf;
+    }
     int format;
     if ((rc = dl_modelfile_format_parse(ec.format, &format))) return fail(rc);
     char *tok = NULL;
