@@ -61,7 +61,7 @@ for p in "dloco-sync|$B/synchronizer/dloco-sync" "dloco-learner|$B/learner/dloco
 done
 
 # every dloco subcommand answers --help (exit 0, its usage), even without a STORE
-for sub in check status records eval export keygen plan; do
+for sub in check status records eval export keygen plan manifest; do
   out=$("$B/tools/dloco" "$sub" --help 2>&1); rc=$?
   if [ $rc = 0 ] && echo "$out" | grep -q "^usage: dloco $sub"; then ok "dloco $sub --help"
   else bad "dloco $sub --help: rc=$rc: $(echo "$out" | head -2)"; fi
