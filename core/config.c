@@ -271,6 +271,10 @@ static int split_flag(const char *arg, char *name, size_t cap, const char **val)
     return 0;
 }
 
+static _Thread_local int help_all; /* the last parse saw --help-all */
+
+int dl_cfg_help_all(void) { return help_all; }
+
 int dl_cfg_parse_args(const dl_cfg_entry *t, size_t n, void *obj, int argc, char **argv)
 {
     DL_TRY(dl_cfg_defaults(t, n, obj));
@@ -278,8 +282,13 @@ int dl_cfg_parse_args(const dl_cfg_entry *t, size_t n, void *obj, int argc, char
     char name[128];
     const char *val;
     /* --config first, so flags override the file wherever they appear */
+    help_all = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return DL_CFG_HELP;
+        if (!strcmp(argv[i], "--help-all") || !strcmp(argv[i], "--help_all")) {
+            help_all = 1;
+            return DL_CFG_HELP;
+        }
         if (split_flag(argv[i], name, sizeof name, &val) || !name_eq(name, "config")) continue;
         if (!val && i + 1 >= argc) return dl_err(DL_EINVAL, "--config needs a file");
         DL_TRY(dl_cfg_load_ini(t, n, obj, val ? val : argv[i + 1]));
@@ -371,13 +380,129 @@ static void usage_entries(const dl_cfg_entry *t, size_t n, int flags, FILE *f)
     }
 }
 
-void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f)
+static void usage_preamble(FILE *f)
 {
     fprintf(f, "options: --name VALUE or --name=VALUE ('-' and '_' are the same in names: --log-level is\n"
                "--log_level); a bare --name sets a bool to true. --config FILE reads 'name = value' lines first\n"
                "(INI; a dotted name a.b is 'b = ...' under '[a]'), flags override it. --print-config prints the\n"
                "effective config in that format and exits; -h/--help prints this.\n");
+}
+
+void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f)
+{
+    usage_preamble(f);
     usage_entries(t, n, 1, f);
+}
+
+/* 1 when the space-separated list `names` holds `name` exactly. */
+static int names_has(const char *names, const char *name)
+{
+    size_t l = strlen(name);
+    for (const char *p = names; *p;) {
+        while (*p == ' ') p++;
+        size_t k = strcspn(p, " ");
+        if (k == l && !strncmp(p, name, l)) return 1;
+        p += k;
+    }
+    return 0;
+}
+
+/* The section index of entry e, or nsec when no section names it. */
+static size_t section_of(const dl_cfg_entry *e, const dl_cfg_section *sec, size_t nsec)
+{
+    for (size_t s = 0; s < nsec; s++)
+        if (names_has(sec[s].names, e->name)) return s;
+    return nsec;
+}
+
+/* One line: "  --name <type> = default   help up to its first ';' (cut at a word to fit)". */
+static void usage_brief(const dl_cfg_entry *e, FILE *f)
+{
+    static const char *types[] = {"int", "float", "text", "choice", "bool"};
+    char left[96], help[128];
+    snprintf(left, sizeof left, "--%s <%s> = %s", e->name, types[e->type], e->def[0] ? e->def : "\"\"");
+    size_t k = strcspn(e->help, ";");
+    /* a clause cut inside parentheses ends before them */
+    int open = 0;
+    size_t paren = k;
+    for (size_t i = 0; i < k; i++) {
+        if (e->help[i] == '(' && !open++) paren = i;
+        else if (e->help[i] == ')' && open) open--;
+    }
+    if (open) k = paren;
+    while (k > 0 && e->help[k - 1] == ' ') k--;
+    int room = 100 - 2 - (strlen(left) < 44 ? 44 : (int)strlen(left) + 1);
+    if (room < 20) room = 20;
+    if ((int)k > room) {
+        k = (size_t)room - 3;
+        while (k > 0 && e->help[k] != ' ') k--;
+        snprintf(help, sizeof help, "%.*s ...", (int)k, e->help);
+    } else {
+        snprintf(help, sizeof help, "%.*s", (int)k, e->help);
+    }
+    fprintf(f, "  %-43s %s\n", left, help);
+}
+
+void dl_cfg_usage_sections(const dl_cfg_entry *t, size_t n, const dl_cfg_section *sec, size_t nsec, FILE *f)
+{
+    int all = help_all;
+    /* a section naming no option is a bug of the program's table: say so
+     * where a test sees it (stderr), and print every option anyway */
+    if (dl_cfg_sections_check(t, n, sec, nsec)) fprintf(stderr, "bad --help sections: %s\n", dl_errmsg());
+    usage_preamble(f);
+    if (!all)
+        fprintf(f, "The common options first, in full; the others one line each under their heading\n"
+                   "(--help-all: every option in full).\n");
+    for (size_t s = 0; s <= nsec; s++) {
+        size_t count = 0;
+        for (size_t i = 0; i < n; i++) count += section_of(&t[i], sec, nsec) == s;
+        if (!count) continue;
+        fprintf(f, "\n%s:\n", s < nsec ? sec[s].title : "other options");
+        /* in the section's order, then (other options) in table order */
+        if (s < nsec) {
+            for (const char *p = sec[s].names; *p;) {
+                while (*p == ' ') p++;
+                size_t k = strcspn(p, " ");
+                for (size_t i = 0; k && i < n; i++) {
+                    if (strlen(t[i].name) != k || strncmp(t[i].name, p, k)) continue;
+                    if (s == 0 || all) usage_entries(&t[i], 1, 1, f);
+                    else usage_brief(&t[i], f);
+                }
+                p += k;
+            }
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                if (section_of(&t[i], sec, nsec) != nsec) continue;
+                if (all) usage_entries(&t[i], 1, 1, f);
+                else usage_brief(&t[i], f);
+            }
+        }
+    }
+}
+
+int dl_cfg_sections_check(const dl_cfg_entry *t, size_t n, const dl_cfg_section *sec, size_t nsec)
+{
+    for (size_t s = 0; s < nsec; s++) {
+        for (const char *p = sec[s].names; *p;) {
+            while (*p == ' ') p++;
+            size_t k = strcspn(p, " ");
+            if (!k) break;
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)k, p);
+            const dl_cfg_entry *e = NULL;
+            for (size_t i = 0; i < n && !e; i++)
+                if (!strcmp(t[i].name, name)) e = &t[i];
+            if (!e) return dl_err(DL_EINVAL, "--help section '%s' names '%s', which is no option", sec[s].title, name);
+            for (size_t o = 0; o < s; o++)
+                if (names_has(sec[o].names, name))
+                    return dl_err(DL_EINVAL, "option '%s' is in two --help sections ('%s' and '%s')", name,
+                                  sec[o].title, sec[s].title);
+            if (names_has(p + k, name))
+                return dl_err(DL_EINVAL, "option '%s' is twice in --help section '%s'", name, sec[s].title);
+            p += k;
+        }
+    }
+    return 0;
 }
 
 void dl_cfg_usage_keys(const dl_cfg_entry *t, size_t n, FILE *f) { usage_entries(t, n, 0, f); }

@@ -44,14 +44,31 @@ int dl_cfg_set(const dl_cfg_entry *t, size_t n, void *obj, const char *name, con
  * keys with "section.". Errors carry path:line. */
 int dl_cfg_load_ini(const dl_cfg_entry *t, size_t n, void *obj, const char *path);
 /* Defaults, then --config FILE (if given), then flags. "--name value",
- * "--name=value", and a bare "--name" for BOOL. "-h"/"--help" returns
- * DL_CFG_HELP (caller prints usage and exits 0); "--print-config" returns
+ * "--name=value", and a bare "--name" for BOOL. "-h"/"--help"/"--help-all"
+ * returns DL_CFG_HELP (caller prints usage and exits 0); "--print-config" returns
  * DL_CFG_PRINT once everything is loaded and valid (caller prints the config
  * with dl_cfg_print and exits 0). Unknown or malformed flags: DL_EINVAL. */
 int dl_cfg_parse_args(const dl_cfg_entry *t, size_t n, void *obj, int argc, char **argv);
 /* Every option: name, type and unit, default, range or choices, reloadable,
  * help (wrapped). */
 void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f);
+/* --help in sections. Each section is a heading and the names of its
+ * options, space-separated. --help prints the first section (the common
+ * options) in full and every other one as one line per option (name, type,
+ * default, the help up to its first ';', cut to fit); --help-all prints every option in full.
+ * Options that no section names come last, under "other options", so a new
+ * row is never hidden. */
+typedef struct {
+    const char *title;
+    const char *names;
+} dl_cfg_section;
+void dl_cfg_usage_sections(const dl_cfg_entry *t, size_t n, const dl_cfg_section *sec, size_t nsec, FILE *f);
+/* 1 when the dl_cfg_parse_args that returned DL_CFG_HELP saw --help-all
+ * (per thread). */
+int dl_cfg_help_all(void);
+/* Every name of the sections is an option of the table, in one section
+ * only: 0, or DL_EINVAL naming the first that is not. */
+int dl_cfg_sections_check(const dl_cfg_entry *t, size_t n, const dl_cfg_section *sec, size_t nsec);
 /* The same list for keys of a file format that has no flags (no preamble,
  * no reloadability): the chaos scenarios' sections. */
 void dl_cfg_usage_keys(const dl_cfg_entry *t, size_t n, FILE *f);

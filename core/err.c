@@ -2,6 +2,7 @@
  * failure injection. The detail buffer is thread-local so the comms thread
  * and the training thread never overwrite each other's messages. */
 #include "core/err.h"
+#include "core/log.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -33,6 +34,7 @@ const char *dl_strerror(int code)
     case DL_ESTALE: return "too stale";
     case DL_ECORRUPT: return "corrupt data";
     case DL_EPERM: return "not authorized";
+    case DL_EBUSY: return "in use";
     default: return "unknown error";
     }
 }
@@ -88,7 +90,11 @@ static long long alloc_injected(void)
 static void alloc_die(long long injected, size_t n, const char *file, int line)
 {
     if (injected) fprintf(stderr, "dloco: injected allocation failure %lld at %s:%d\n", injected, file, line);
-    else fprintf(stderr, "dloco: out of memory allocating %zu bytes at %s:%d\n", n, file, line);
+    else if (dl_log_enabled(DL_LOG_DEBUG))
+        fprintf(stderr, "dloco: out of memory allocating %zu bytes at %s:%d\n", n, file, line);
+    else
+        fprintf(stderr, "dloco: out of memory allocating %zu bytes: give the process more memory, or use a smaller "
+                        "model, batch or --pool_mb\n", n);
     abort();
 }
 

@@ -31,7 +31,8 @@ enum {
     DL_ESTALE = -16,   /* contribution too stale */
     DL_ECORRUPT = -17, /* checksum / invariant violated in stored data */
     DL_EPERM = -18,    /* not authorized: unknown or revoked key, file with unsafe permissions */
-    DL_ECODE_MIN = -18
+    DL_EBUSY = -19,    /* held by another process (a store open for writing): waiting does not help */
+    DL_ECODE_MIN = -19
 };
 
 /* Short fixed text for a code ("invalid argument"); never NULL. */

@@ -56,7 +56,7 @@ done
 [ -n "$EP" ] || { echo "dloco-sync did not start"; cat "$LOGS/sync.log"; exit 1; }
 echo "synchronizer on $EP (store $STORE, logs in $LOGS)"
 v0=$("$BUILD_DIR"/tools/dloco eval "$STORE" --data "$DATA" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
-echo "global model at start: val loss $v0"
+echo "global model at start: val loss $v0 on $DATA"
 
 # each learner gets its own shard of the training data and one thread (the
 # learners share this machine's cores, so they run on the cpu even where a GPU
@@ -83,7 +83,7 @@ echo
 echo "==== summary ===="
 "$BUILD_DIR"/tools/dloco status "$STORE" | grep -E '^(run|versions|merges|token)'
 v1=$("$BUILD_DIR"/tools/dloco eval "$STORE" --data "$DATA" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
-echo "final global val loss: $v1 (start $v0)"
+echo "final global val loss on $DATA: $v1 (start $v0)"
 [ -n "$ledger" ] && echo "$ledger" | awk -v P="${P:-1}" '{
     for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
     printf "ledger: %d tokens processed = applied %d + dropped_stale %d + rejected %d + lost %d + discarded %d + outstanding %d (double-counted: %d)\n",

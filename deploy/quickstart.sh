@@ -13,5 +13,5 @@ deploy/local_cluster.sh --check-args "$@" || exit 2 # before anything is install
 deploy/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync dloco-learner dloco
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync dloco-learner dloco dloco-chaos
 exec deploy/local_cluster.sh --store runs/quickstart.lmdb "$@"

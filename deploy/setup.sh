@@ -31,6 +31,7 @@ PKGS=(
   nftables                                # tests/test_deploy_files.sh: nft -c on deploy/firewall (no daemon is started)
   python3-kubernetes                      # tests/test_k8s_validate.sh: deploy/k8s/validate.py, the manifests against the Kubernetes API schema
   python3-yaml                            # tests/test_deploy_files.sh, tests/test_k8s_validate.sh: reading the manifests
+  python3-sentencepiece                   # tools/make_shards.py: a BPE vocabulary and llm.c shards from your own text (tests/test_tokenizer.sh)
 )
 WITH_TORCH=0
 WITH_SLURM=0

@@ -136,8 +136,9 @@ struct dl_comms {
     int any_epoch;          /* a new connection: its first Welcome is taken whatever its epoch */
     int rebuilds_row;       /* rebuilds since the last Welcome (their backoff) */
     int bad_row;            /* inbound messages rejected by proto/wire.c in a row */
-    char conn_err[400];     /* the last connection problem, for the connect-timeout message */
+    char conn_err[512];     /* the last connection problem, for the connect-timeout message */
     int auth_denied;        /* the synchronizer's ZAP refused this learner's key for good (status 400) */
+    int hs_mismatch;        /* the last handshake failed on the security mechanism (CURVE on one side only) */
     int hs_failed;          /* CURVE handshakes failed in a row without a status (e.g. a wrong server_key);
                              * a handshake that succeeds resets it */
     int hello_unsent; /* the last Hello found no connection */
@@ -879,13 +880,29 @@ static int monitor_lost(dl_comms *c)
         } else if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                          ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)) {
             int auth = ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+            /* one side speaks CURVE and the other not: a setting, never the network */
+            int mismatch = ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL && val == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH;
             if (auth && val == 400) c->auth_denied = 1; /* ZAP's permanent "no": 300/500 are temporary */
             if (!auth) c->hs_failed++;
-            snprintf(c->conn_err, sizeof c->conn_err, "handshake with %s failed (%s, code %u%s)", c->endpoint,
-                     auth ? "authentication" : ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail", val,
-                     !c->curve_server[0] ? ""
-                     : auth              ? "; the synchronizer refused this learner's key: is it in its allowlist?"
-                                         : "; is server_key the synchronizer's public key?");
+            c->hs_mismatch = mismatch;
+            if (mismatch && !c->curve_server[0])
+                snprintf(c->conn_err, sizeof c->conn_err,
+                         "the synchronizer at %s requires CURVE keys and this learner has none: give --server_key (the "
+                         "synchronizer's .pub) and --key_file (this learner's .key from dloco keygen, its public key in "
+                         "the synchronizer's allowlist; docs/SECURITY.md)", c->endpoint);
+            else if (mismatch)
+                snprintf(c->conn_err, sizeof c->conn_err,
+                         "the synchronizer at %s does not use CURVE but this learner has --server_key: start it with "
+                         "--key_file and --allowlist, or drop --server_key and --key_file (docs/SECURITY.md)", c->endpoint);
+            else if (auth && c->curve_server[0])
+                snprintf(c->conn_err, sizeof c->conn_err,
+                         "handshake with %s failed (authentication, code %u): the synchronizer refused this learner's "
+                         "key %s: add '<learner id> %s' to its allowlist and kill -HUP it", c->endpoint, val,
+                         c->curve_public, c->curve_public);
+            else
+                snprintf(c->conn_err, sizeof c->conn_err, "handshake with %s failed (%s, code %u%s)", c->endpoint,
+                         auth ? "authentication" : ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? "protocol" : "no detail",
+                         val, c->curve_server[0] ? "; is server_key the synchronizer's public key?" : "");
             lost = handshake = 1;
         }
     }
@@ -1742,7 +1759,7 @@ static void *comms_main(void *arg)
              * DL_COMMS_HANDSHAKE_TRIES in a row with none succeeding between
              * (a synchronizer that restarts or resets connections completes
              * handshakes too) are taken as that */
-            if (c->curve_server[0] && !c->ever_welcomed && c->hs_failed >= DL_COMMS_HANDSHAKE_TRIES) {
+            if ((c->curve_server[0] || c->hs_mismatch) && !c->ever_welcomed && c->hs_failed >= DL_COMMS_HANDSHAKE_TRIES) {
                 char r[sizeof why + 64];
                 snprintf(r, sizeof r, "%s (%d handshakes in a row, none ever welcomed)", why, c->hs_failed);
                 refuse(c, "handshake", r, r);

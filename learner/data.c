@@ -1,6 +1,8 @@
-/* Data loading: everything is read into one uint16 token array; sequences are
- * T+1-token windows at stride T, assigned to train or validation by a fixed
- * hash of their index so the split is identical in every run. */
+/* Data loading: every file is memory-mapped, never copied, and read
+ * lazily: a learner's pages are the sequences it trains and validates on.
+ * Sequences are T+1-token windows at stride T over the files' tokens taken
+ * as one stream, assigned to train or validation by a fixed hash of their
+ * index so the split is identical in every run. */
 #include "learner/data.h"
 
 #include "core/err.h"
@@ -10,14 +12,29 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+/* One file's tokens in the stream: bytes of a text file (one token each) or
+ * the uint16 tokens after an llm.c shard's header, inside its mapping. */
+typedef struct {
+    const unsigned char *p; /* first token */
+    uint64_t start, n;      /* stream position of the first token, token count */
+    int width;              /* bytes per token: 1 text, 2 shard */
+    void *map;              /* the file's mapping (NULL for an empty file) */
+    size_t maplen;
+    char *path;
+} dl_seg;
 
 struct dl_data {
-    uint16_t *tok;
+    dl_seg *seg;
+    int nseg, capseg;
     uint64_t ntok;
     int T;
     char kind[8];
@@ -32,33 +49,33 @@ struct dl_data {
 
 /* ---- reading */
 
-static int read_file(const char *path, unsigned char **buf, size_t *len)
+/* Map `path` read-only; an empty file maps nothing (*map NULL, *len 0). */
+static int map_file(const char *path, void **map, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return dl_err(DL_EIO, "cannot open %s: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return dl_err(DL_EIO, "cannot seek %s: %s", path, strerror(errno));
+    *map = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return dl_err(DL_EIO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return dl_err(DL_EIO, "cannot size %s: %s", path, strerror(e));
     }
-    long n = ftell(f);
-    rewind(f);
-    if (n < 0) {
-        fclose(f);
-        return dl_err(DL_EIO, "cannot size %s", path);
+    if (st.st_size > 0) {
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return dl_err(e == ENOMEM ? DL_ENOMEM : DL_EIO, "cannot map data file %s of %lld bytes (%.2f GB): %s",
+                          path, (long long)st.st_size, (double)st.st_size / 1e9, strerror(e));
+        }
+        /* sequences are read in a shuffled order */
+        (void)madvise(m, (size_t)st.st_size, MADV_RANDOM);
+        *map = m;
+        *len = (size_t)st.st_size;
     }
-    unsigned char *b = dl_try_malloc((size_t)n + 1);
-    if (!b) {
-        fclose(f);
-        return dl_err(DL_ENOMEM, "data file %s of %ld bytes (%.2f GB): out of memory", path, n, (double)n / 1e9);
-    }
-    if (n && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        fclose(f);
-        return dl_err(DL_EIO, "short read on %s", path);
-    }
-    fclose(f);
-    *buf = b;
-    *len = (size_t)n;
+    close(fd);
     return 0;
 }
 
@@ -76,87 +93,122 @@ static int has_bin_suffix(const char *path)
     return l > 4 && !strcmp(path + l - 4, ".bin");
 }
 
-/* Room for n more tokens at d->tok + d->ntok (the caller fills them and
- * adds n to ntok); the array grows to twice what is needed. */
-static int reserve_tokens(dl_data *d, uint64_t n, uint64_t *cap, const char *path)
+static char *dup_str(const char *s);
+
+/* Append a file's tokens to the stream; the segment owns the mapping. */
+static void add_seg(dl_data *d, const unsigned char *p, uint64_t n, int width, void *map, size_t maplen,
+                    const char *path)
 {
-    if (d->ntok + n > *cap) {
-        uint64_t nc = (d->ntok + n) * 2;
-        uint16_t *p = dl_try_realloc(d->tok, nc * sizeof(uint16_t));
-        if (!p)
-            return dl_err(DL_ENOMEM, "%s: token array of %llu tokens (%.2f GB): out of memory", path,
-                          (unsigned long long)nc, (double)nc * sizeof(uint16_t) / 1e9);
-        d->tok = p;
-        *cap = nc;
+    if (d->nseg == d->capseg) {
+        d->capseg = d->capseg ? d->capseg * 2 : 16;
+        d->seg = dl_xrealloc(d->seg, (size_t)d->capseg * sizeof *d->seg);
     }
-    return 0;
+    d->seg[d->nseg++] = (dl_seg){p, d->ntok, n, width, map, maplen, dup_str(path)};
+    d->ntok += n;
 }
 
-static int load_shard(dl_data *d, const char *path, int vocab, uint64_t *cap)
+/* Header and size of a shard are checked here; its token values only where
+ * this learner reads (check_vocab), so its other pages stay unread. */
+static int load_shard(dl_data *d, const char *path)
 {
-    unsigned char *b;
+    void *map;
     size_t len;
-    DL_TRY(read_file(path, &b, &len));
+    DL_TRY(map_file(path, &map, &len));
+    const unsigned char *b = map;
     int rc = 0;
     int32_t hdr[256];
     if (len < sizeof hdr) {
         rc = dl_err(is_shard_bytes(b, len) ? DL_ETRUNC : DL_EFORMAT,
                     "%s: %zu bytes, shorter than the 1024-byte shard header", path, len);
-        goto out;
+        goto fail;
     }
     memcpy(hdr, b, sizeof hdr);
     if (hdr[0] != DL_SHARD_MAGIC) {
         rc = dl_err(DL_EFORMAT, "%s: not an llm.c token shard (magic %d, expected %d)", path, hdr[0], DL_SHARD_MAGIC);
-        goto out;
+        goto fail;
     }
     if (hdr[1] != DL_SHARD_VERSION) {
         rc = dl_err(DL_EFORMAT, "%s: shard version %d, only %d is supported", path, hdr[1], DL_SHARD_VERSION);
-        goto out;
+        goto fail;
     }
     if (hdr[2] < 0) {
         rc = dl_err(DL_EFORMAT, "%s: negative token count %d", path, hdr[2]);
-        goto out;
+        goto fail;
     }
     uint64_t n = (uint64_t)hdr[2];
     if (len - sizeof hdr < n * 2) {
         rc = dl_err(DL_ETRUNC, "%s: header says %llu tokens (%llu bytes) but only %zu bytes follow", path,
                     (unsigned long long)n, (unsigned long long)n * 2, len - sizeof hdr);
-        goto out;
+        goto fail;
     }
     if (len - sizeof hdr > n * 2) {
         rc = dl_err(DL_EFORMAT, "%s: %zu trailing bytes after %llu tokens", path, len - sizeof hdr - n * 2,
                     (unsigned long long)n);
-        goto out;
+        goto fail;
     }
-    const uint16_t *t = (const uint16_t *)(b + sizeof hdr);
-    for (uint64_t i = 0; i < n; i++)
-        if (t[i] >= vocab) {
-            rc = dl_err(DL_ERANGE, "%s: token %u at position %llu is >= vocab %d", path, t[i],
-                        (unsigned long long)i, vocab);
-            goto out;
-        }
-    if ((rc = reserve_tokens(d, n, cap, path)) == 0) {
-        memcpy(d->tok + d->ntok, t, n * sizeof(uint16_t));
-        d->ntok += n;
-    }
-out:
-    free(b);
+    add_seg(d, b + sizeof hdr, n, 2, map, len, path);
+    return 0;
+fail:
+    munmap(map, len);
     return rc;
 }
 
-static int load_text(dl_data *d, const char *path, uint64_t *cap)
+static int load_text(dl_data *d, const char *path)
 {
-    unsigned char *b;
+    void *map;
     size_t len;
-    DL_TRY(read_file(path, &b, &len));
-    int rc = reserve_tokens(d, len, cap, path);
-    if (rc == 0) {
-        uint16_t *t = d->tok + d->ntok; /* one token per byte */
-        for (size_t i = 0; i < len; i++) t[i] = b[i];
-        d->ntok += len;
+    DL_TRY(map_file(path, &map, &len));
+    if (!len) return 0; /* an empty file adds no token */
+    add_seg(d, map, len, 1, map, len, path);
+    return 0;
+}
+
+/* The segment holding stream position g (< ntok): binary search. */
+static int seg_of(const dl_data *d, uint64_t g)
+{
+    int lo = 0, hi = d->nseg - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (d->seg[mid].start <= g) lo = mid;
+        else hi = mid - 1;
     }
-    free(b);
-    return rc;
+    return lo;
+}
+
+static inline uint32_t seg_tok(const dl_seg *s, uint64_t i)
+{
+    if (s->width == 1) return s->p[i];
+    uint16_t t;
+    memcpy(&t, s->p + 2 * i, 2);
+    return t;
+}
+
+/* The T+1 tokens from stream position off into w[] (a window may span files). */
+static void read_window(const dl_data *d, uint64_t off, int32_t *w)
+{
+    int k = seg_of(d, off);
+    uint64_t i = off - d->seg[k].start;
+    for (int t = 0; t <= d->T; t++) {
+        while (i >= d->seg[k].n) i -= d->seg[k].n, k++; /* next file (empty ones are never segments) */
+        w[t] = (int32_t)seg_tok(&d->seg[k], i++);
+    }
+}
+
+/* Every token of the windows at off[0..n) is < vocab, else DL_ERANGE naming
+ * the file and the token's position in it. */
+static int check_vocab(const dl_data *d, const uint64_t *off, uint64_t n, int vocab, int32_t *w)
+{
+    for (uint64_t s = 0; s < n; s++) {
+        read_window(d, off[s], w);
+        for (int t = 0; t <= d->T; t++) {
+            if (w[t] < vocab) continue;
+            uint64_t g = off[s] + (uint64_t)t;
+            const dl_seg *sg = &d->seg[seg_of(d, g)];
+            return dl_err(DL_ERANGE, "%s: token %d at position %llu is >= vocab %d", sg->path, w[t],
+                          (unsigned long long)(g - sg->start), vocab);
+        }
+    }
+    return 0;
 }
 
 static char *dup_str(const char *s)
@@ -247,13 +299,17 @@ static uint64_t cluster_select(const dl_data *d, uint64_t *off, uint64_t n, int 
     const int NB = DL_DATA_CLUSTER_BINS, DOC = DL_DATA_CLUSTER_DOC;
     uint64_t nd = (n + DOC - 1) / DOC;
     float *feat = dl_xcalloc(nd * NB, sizeof(float)), *cen = dl_xcalloc((size_t)k * NB, sizeof(float));
+    int32_t *w = dl_xmalloc(((size_t)d->T + 1) * sizeof(int32_t));
     for (uint64_t j = 0; j < nd; j++) {
         float *f = feat + j * NB;
         uint64_t cnt = 0;
-        for (uint64_t s = j * DOC; s < n && s < (j + 1) * DOC; s++)
-            for (int t = 0; t < d->T; t++, cnt++) f[d->tok[off[s] + t] % NB] += 1.0f;
+        for (uint64_t s = j * DOC; s < n && s < (j + 1) * DOC; s++) {
+            read_window(d, off[s], w);
+            for (int t = 0; t < d->T; t++, cnt++) f[w[t] % NB] += 1.0f;
+        }
         for (int b = 0; b < NB; b++) f[b] /= (float)cnt;
     }
+    free(w);
     /* k-means++ seeding from the fixed seed */
     dl_rng r;
     dl_rng_seed(&r, DL_DATA_CLUSTER_SEED);
@@ -338,7 +394,6 @@ int dl_data_open(const dl_data_opts *o, dl_data **out)
     dl_data *d = dl_xcalloc(1, sizeof *d);
     d->T = o->seq_len;
     d->seed = o->seed;
-    uint64_t cap = 0;
     int rc = 0;
     struct stat st;
     if (stat(o->path, &st) != 0) {
@@ -378,12 +433,12 @@ int dl_data_open(const dl_data_opts *o, dl_data **out)
     for (int i = 0; i < nfiles && !rc; i++) {
         if (shards) {
             if (nfiles > 1 && !has_bin_suffix(files[i])) continue;
-            rc = load_shard(d, files[i], o->vocab, &cap);
+            rc = load_shard(d, files[i]);
             if (rc == DL_EFORMAT && !want_shards && has_bin_suffix(files[i]))
                 rc = dl_err(DL_EFORMAT, "%s (--data_format auto reads .bin files as llm.c token shards only: "
                                         "give --data_format text to train on its bytes)", dl_errmsg());
         } else {
-            rc = load_text(d, files[i], &cap);
+            rc = load_text(d, files[i]);
         }
     }
     for (int i = 0; i < nfiles; i++) free(files[i]);
@@ -398,8 +453,14 @@ int dl_data_open(const dl_data_opts *o, dl_data **out)
                     (unsigned long long)d->ntok, (unsigned long long)T);
         goto fail;
     }
-    d->train = dl_xmalloc(nseq * sizeof(uint64_t));
-    d->val = dl_xmalloc(nseq * sizeof(uint64_t));
+    /* the index arrays grow with the data (8 bytes a sequence): a refusal that says how much */
+    d->train = dl_try_malloc(nseq * sizeof(uint64_t));
+    d->val = d->train ? dl_try_malloc(nseq * sizeof(uint64_t)) : NULL;
+    if (!d->val) {
+        rc = dl_err(DL_ENOMEM, "%s: index of %llu sequences (%.2f GB): out of memory", o->path,
+                    (unsigned long long)nseq, (double)nseq * 2 * sizeof(uint64_t) / 1e9);
+        goto fail;
+    }
     uint64_t thresh = (uint64_t)(o->val_frac * 1000000.0);
     int cluster = o->shard_mode == DL_DATA_SHARD_CLUSTER && o->shard_count > 1;
     uint64_t nshards = o->shard_count > 1 && !cluster ? (uint64_t)o->shard_count : 1, ntr_all = 0;
@@ -432,7 +493,18 @@ int dl_data_open(const dl_data_opts *o, dl_data **out)
                     (unsigned long long)nseq);
         goto fail;
     }
-    d->perm = dl_xmalloc(d->ntrain * sizeof(uint64_t));
+    if (shards) { /* what this learner reads: its training sequences and the validation ones */
+        int32_t *w = dl_xmalloc(((size_t)d->T + 1) * sizeof(int32_t));
+        rc = check_vocab(d, d->train, d->ntrain, o->vocab, w);
+        if (!rc) rc = check_vocab(d, d->val, d->nval, o->vocab, w);
+        free(w);
+        if (rc) goto fail;
+    }
+    if (!(d->perm = dl_try_malloc(d->ntrain * sizeof(uint64_t)))) {
+        rc = dl_err(DL_ENOMEM, "%s: order of %llu training sequences (%.2f GB): out of memory", o->path,
+                    (unsigned long long)d->ntrain, (double)d->ntrain * sizeof(uint64_t) / 1e9);
+        goto fail;
+    }
     d->pos.epoch = 0;
     d->pos.index = 0;
     shuffle_epoch(d);
@@ -447,7 +519,11 @@ void dl_data_close(dl_data **dp)
 {
     if (!dp || !*dp) return;
     dl_data *d = *dp;
-    free(d->tok);
+    for (int i = 0; i < d->nseg; i++) {
+        if (d->seg[i].map) munmap(d->seg[i].map, d->seg[i].maplen);
+        free(d->seg[i].path);
+    }
+    free(d->seg);
     free(d->train);
     free(d->perm);
     free(d->val);
@@ -463,10 +539,23 @@ uint64_t dl_data_train_offset(const dl_data *d, uint64_t i) { return i < d->ntra
 
 static void copy_seq(const dl_data *d, uint64_t off, int32_t *inp, int32_t *tgt)
 {
-    const uint16_t *t = d->tok + off;
-    for (int i = 0; i < d->T; i++) {
-        inp[i] = t[i];
-        tgt[i] = t[i + 1];
+    const dl_seg *s = &d->seg[seg_of(d, off)];
+    uint64_t i = off - s->start;
+    if (i + (uint64_t)d->T < s->n) { /* the window lies in one file: the common case */
+        for (int t = 0; t < d->T; t++) {
+            inp[t] = (int32_t)seg_tok(s, i + (uint64_t)t);
+            tgt[t] = (int32_t)seg_tok(s, i + (uint64_t)t + 1);
+        }
+        return;
+    }
+    /* across files: read the window, then split it (inp is T long, the
+     * window T+1: tgt[T-1] is its last token) */
+    int k = seg_of(d, off);
+    for (int t = 0; t <= d->T; t++) {
+        while (i >= d->seg[k].n) i -= d->seg[k].n, k++;
+        int32_t v = (int32_t)seg_tok(&d->seg[k], i++);
+        if (t < d->T) inp[t] = v;
+        if (t > 0) tgt[t - 1] = v;
     }
 }
 

@@ -317,6 +317,30 @@ static const dl_cfg_entry learner_table[] = {
 #undef F
 #define NCFG (sizeof learner_table / sizeof learner_table[0])
 
+/* --help's headings: the options a first cluster needs, then the rest by topic. */
+static const dl_cfg_section learner_sections[] = {
+    {"common options", "connect id data data_shard data_shards server_key key_file steps threads device"},
+    {"model (the same on every learner and the synchronizer)", "run_id n_layer n_head n_embd seq_len vocab fragments"},
+    {"data", "data_format val_frac data_shard_mode"},
+    {"training", "batch lr warmup min_lr_frac adam_fleet weight_decay beta1 beta2 eps grad_clip seed precision matmul"},
+    {"alone (--standalone), checkpoints and model files",
+     "standalone val_every val_batches log_every checkpoint save_every stop_after resume init_from save_model "
+     "loss_log"},
+    {"pushes and the global model",
+     "adopt alpha push_codec push_block push_topk push_rounding error_feedback final_flush flush_timeout_ms "
+     "local_eval update_max_ratio max_version_jump dynamic_h dynamic_h_min dynamic_h_max"},
+    {"logs and metrics", "log_level events metrics"},
+    {"connection timers (rarely changed)",
+     "connect_timeout_ms hello_retry_ms hello_retry_max_ms hello_unsent_ms poll_max_ms silence_min_ms "
+     "silence_rebuild_ms ack_expiry_min_ms bye_linger_ms reconnect_ms reconnect_max_ms push_decision_timeout_ms"},
+    {"research: the GPA inner optimizer (docs/GPA.md)", "optimizer gpa_mu_x gpa_mu_y gpa_mu gpa_h"},
+    {"research: sync timing (docs/SYNC_TIMING.md)",
+     "sync_timing h_min h_max wa_w_stale wa_w_loss wa_w_rate wa_w_link wa_w_ckpt wa_rate_ref wa_w_queue wa_queue_ref "
+     "wa_max_per_step wa_fc_alpha wa_fc_beta pressure pressure_poll_ms pressure_timeout_ms pressure_stale_ms "
+     "timing_trace_out timing_trace_in timing_seed oracle_window"},
+    {"for tests and benchmarks", "throttle byzantine"},
+};
+
 static volatile sig_atomic_t stop_requested;
 static void on_signal(int sig)
 {
@@ -721,7 +745,8 @@ int main(int argc, char **argv)
     if (rc == DL_CFG_HELP) {
         printf("usage: dloco-learner [--standalone] [--config FILE] [--name value ...]\n"
                "networked by default: connects to dloco-sync at --connect; --standalone trains alone\n");
-        dl_cfg_usage(learner_table, NCFG, stdout);
+        dl_cfg_usage_sections(learner_table, NCFG, learner_sections,
+                              sizeof learner_sections / sizeof learner_sections[0], stdout);
         return 0;
     }
     if (rc == DL_CFG_PRINT) {
@@ -898,7 +923,7 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     double t_run = dl_clock_s(), t_win = t_run, train_sum = 0.0, last_train = NAN;
-    int64_t win_steps = 0, step = start;
+    int64_t win_steps = 0, step = start, val_at = start; /* val is the loss of the model at step val_at */
     int64_t stop_at = cfg.stop_after ? start + cfg.stop_after : cfg.steps;
     if (stop_at > cfg.steps) stop_at = cfg.steps;
     while (step < stop_at && !stop_requested) {
@@ -927,6 +952,7 @@ int main(int argc, char **argv)
                 return fail("evaluating", rc);
             }
             if (val < best) best = val;
+            val_at = step;
         }
         if (step % cfg.log_every == 0 || do_val) {
             double dt = dl_clock_s() - t_win;
@@ -956,12 +982,14 @@ int main(int argc, char **argv)
         }
     }
     double wall = dl_clock_s() - t_run;
-    if (stop_requested) {
-        printf("stopped by signal at step %lld\n", (long long)step);
+    if (stop_requested) printf("stopped by signal at step %lld\n", (long long)step);
+    /* the summary's loss is the final model's (--stop_after, a signal) */
+    if (val_at != step) {
         if ((rc = dl_trainer_eval(tr, &val))) {
             dl_trainer_close(&tr);
             return fail("evaluating", rc);
         }
+        if (val < best) best = val;
     }
     if (cfg.checkpoint[0]) {
         if ((rc = dl_trainer_save(tr, cfg.checkpoint))) {
@@ -979,8 +1007,9 @@ int main(int argc, char **argv)
     }
     if (losslog) fclose(losslog);
     int64_t done = step - start;
-    printf("summary: %lld steps in %.1f s | %.0f tok/s | train loss %.4f | val loss %.4f -> %.4f (best %.4f)\n",
-           (long long)done, wall, done ? (double)(done * tok_per_step) / wall : 0.0, last_train, val0, val, best);
+    printf("summary: %lld steps in %.1f s | %.0f tok/s | train loss %.4f | val loss on %s %.4f -> %.4f (best %.4f)\n",
+           (long long)done, wall, done ? (double)(done * tok_per_step) / wall : 0.0, last_train, cfg.data, val0, val,
+           best);
     dl_event("train_summary", "steps=%lld step=%lld wall_s=%.3f train_loss=%.17g val_loss_start=%.17g val_loss=%.17g "
              "val_loss_best=%.17g stopped=%d",
              (long long)done, (long long)step, wall, last_train, val0, val, best, stop_requested ? 1 : 0);
@@ -1356,7 +1385,9 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         printf("stopped by signal before training\n");
         dl_mailbox_bye(mb, "signal", 0);
     } else if (rc) {
-        fail("joining the synchronizer", rc);
+        char what[DL_CFG_STRLEN + 64];
+        snprintf(what, sizeof what, "joining the synchronizer at %s", cfg->connect);
+        fail(what, rc);
         exit_code = 2;
     } else {
         printf("joined: holding all %d fragments of the global model, H=%u\n", dl_plan_P(plan), dl_mailbox_h(mb));

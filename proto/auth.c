@@ -496,6 +496,15 @@ struct dl_auth {
     uint64_t deny_pending;    /* denials since the last line */
     char deny_mech[24], deny_addr[72], deny_key[DL_AUTH_Z85_LEN + 1];
     const char *deny_reason;
+    /* dl_auth_watch: handshakes libzmq refused before ZAP (under mu until
+     * the handler thread takes the monitor socket; then its alone) */
+    void *mon_pending, *mon;
+    uint64_t hs_pending;      /* refusals since the last line */
+    int64_t hs_last_ns;
+    int hs_reported;
+    uint32_t hs_value;        /* the latest refusal's ZMQ_PROTOCOL_ERROR_*, or errno (no detail) */
+    int hs_no_detail;         /* ... was ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL */
+    char hs_endpoint[128];    /* the endpoint it came in on */
 };
 
 /* Frame content as a NUL-terminated string for logs: bytes outside printable
@@ -529,6 +538,80 @@ static void deny_report(dl_auth *a, int64_t now)
     a->deny_pending = 0;
     a->deny_last_ns = now;
     a->deny_reported = 1;
+}
+
+/* Why libzmq refused a handshake, for the operator. A client without keys
+ * usually sees the mismatch first and hangs up: the server then sees only
+ * the connection end (no detail, the errno in v). */
+static const char *hs_reason(int no_detail, uint32_t v)
+{
+    if (no_detail)
+        return "the client hung up during the handshake: most often it has no CURVE keys (--server_key with this "
+               "synchronizer's .pub and --key_file with its own key pair)";
+    if (v == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        return "the client does not use CURVE (no --server_key/--key_file): it must be given this synchronizer's "
+               ".pub and its own key pair";
+    if (v == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+        return "the client's server_key is not this synchronizer's public key";
+    return "the client broke the ZMTP/CURVE handshake";
+}
+
+static void hs_report(dl_auth *a, int64_t now)
+{
+    if (!a->hs_pending) return;
+    if (a->hs_reported && now - a->hs_last_ns < DENY_LOG_NS) return;
+    DL_WARN("auth: refused %llu handshake(s) on %s since the last report; latest: %s (code 0x%x)",
+            (unsigned long long)a->hs_pending, a->hs_endpoint, hs_reason(a->hs_no_detail, a->hs_value), a->hs_value);
+    char ee[200];
+    dl_event("handshake_refused", "endpoint=%s reason=%s code=%u count=%llu",
+             dl_event_str(a->hs_endpoint, ee, sizeof ee),
+             a->hs_no_detail                                            ? "hung_up"
+             : a->hs_value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? "mechanism"
+             : a->hs_value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC      ? "server_key"
+                                                                          : "protocol",
+             a->hs_value, (unsigned long long)a->hs_pending);
+    a->hs_pending = 0;
+    a->hs_last_ns = now;
+    a->hs_reported = 1;
+}
+
+/* Drain the monitor socket: each refused handshake is counted. */
+static void mon_drain(dl_auth *a)
+{
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, a->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        uint16_t ev = 0;
+        uint32_t val = 0;
+        if (zmq_msg_size(&m) >= 6) {
+            memcpy(&ev, zmq_msg_data(&m), 2);
+            memcpy(&val, (const char *)zmq_msg_data(&m) + 2, 4);
+        }
+        int more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        char ep[sizeof a->hs_endpoint] = "";
+        while (more) { /* the endpoint frame */
+            zmq_msg_t b;
+            zmq_msg_init(&b);
+            if (zmq_msg_recv(&b, a->mon, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&b);
+                break;
+            }
+            frame_text(&b, ep, sizeof ep);
+            more = zmq_msg_more(&b);
+            zmq_msg_close(&b);
+        }
+        if (ev & (ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)) {
+            a->hs_pending++;
+            a->hs_value = val;
+            a->hs_no_detail = ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+            memcpy(a->hs_endpoint, ep, sizeof ep);
+        }
+    }
 }
 
 static void send_frame(void *sock, const void *d, size_t n, int more)
@@ -616,19 +699,31 @@ static void *zap_main(void *arg)
 {
     dl_auth *a = arg;
     while (!atomic_load(&a->stop)) {
-        zmq_pollitem_t it = {a->sock, 0, ZMQ_POLLIN, 0};
-        int n = zmq_poll(&it, 1, ZAP_POLL_MS);
+        if (!a->mon) {
+            pthread_mutex_lock(&a->mu);
+            a->mon = a->mon_pending;
+            a->mon_pending = NULL;
+            pthread_mutex_unlock(&a->mu);
+        }
+        zmq_pollitem_t it[2] = {{a->sock, 0, ZMQ_POLLIN, 0}, {a->mon, 0, ZMQ_POLLIN, 0}};
+        int n = zmq_poll(it, a->mon ? 2 : 1, ZAP_POLL_MS);
         if (n < 0 && zmq_errno() == EINTR) continue;
         if (n < 0) {
             if (zmq_errno() != ETERM) dl_wire_zmq_warn("zmq_poll(zap)", __FILE__, __LINE__);
             break;
         }
-        if (n > 0 && zap_handle(a) < 0) break;
+        if (n > 0 && (it[0].revents & ZMQ_POLLIN) && zap_handle(a) < 0) break;
+        if (a->mon && (it[1].revents & ZMQ_POLLIN)) mon_drain(a);
         deny_report(a, dl_clock_ns());
+        hs_report(a, dl_clock_ns());
     }
     /* Whatever is still pending gets its line now, rate limit or not. */
     a->deny_reported = 0;
     deny_report(a, dl_clock_ns());
+    a->hs_reported = 0;
+    hs_report(a, dl_clock_ns());
+    if (a->mon) DL_ZMQ_LOG(zmq_close(a->mon));
+    a->mon = NULL;
     DL_ZMQ_LOG(zmq_close(a->sock));
     a->sock = NULL;
     return NULL;
@@ -735,12 +830,36 @@ void dl_auth_counts(dl_auth *a, uint64_t *admitted, uint64_t *denied)
     if (denied) *denied = atomic_load(&a->denied);
 }
 
+int dl_auth_watch(dl_auth *a, void *zctx, void *router)
+{
+    assert(a && zctx && router);
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://dloco-auth-monitor-%p", (void *)a);
+    if (zmq_socket_monitor(router, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL))
+        return dl_wire_zmq_fail("zmq_socket_monitor", __FILE__, __LINE__);
+    void *pair = zmq_socket(zctx, ZMQ_PAIR);
+    if (!pair) return dl_wire_zmq_fail("zmq_socket(ZMQ_PAIR)", __FILE__, __LINE__);
+    int zero = 0;
+    if (zmq_setsockopt(pair, ZMQ_LINGER, &zero, sizeof zero) || zmq_connect(pair, ep)) {
+        int rc = dl_wire_zmq_fail("zmq_connect(monitor)", __FILE__, __LINE__);
+        zmq_close(pair);
+        return rc;
+    }
+    /* handed to the handler thread (the mutex is the memory barrier a
+     * socket needs to change threads) */
+    pthread_mutex_lock(&a->mu);
+    a->mon_pending = pair;
+    pthread_mutex_unlock(&a->mu);
+    return 0;
+}
+
 void dl_auth_stop(dl_auth **ap)
 {
     if (!ap || !*ap) return;
     dl_auth *a = *ap;
     atomic_store(&a->stop, 1);
     pthread_join(a->thread, NULL);
+    if (a->mon_pending) DL_ZMQ_LOG(zmq_close(a->mon_pending)); /* never taken: the thread ended first */
     dl_auth_list_free(&a->list);
     pthread_mutex_destroy(&a->mu);
     free(a->path);

@@ -163,6 +163,16 @@ typedef struct dl_auth dl_auth;
  * a ZAP handler is already bound in this context: "Address already in use");
  * DL_ENOMEM (the thread could not be created). */
 int dl_auth_start(void *zctx, const char *allowlist_path, dl_auth **out);
+/* Watch the CURVE server socket `router` (of context zctx) for handshakes
+ * libzmq refuses before ZAP sees them -- a client without CURVE keys
+ * (mechanism mismatch; most often seen here as the client hanging up, as it
+ * notices first), a wrong server key -- and report them like denials:
+ * a DL_WARN line naming the endpoint and the likely cause, and
+ *   dl_event("handshake_refused", "endpoint=%s reason=hung_up|mechanism|server_key|protocol code=%u count=%llu")
+ * at most once per second, count covering the refusals since the last line.
+ * Call from the thread that owns router, once, after dl_auth_start. DL_ENET
+ * if the monitor cannot be set up. */
+int dl_auth_watch(dl_auth *a, void *zctx, void *router);
 /* Re-read the allowlist file given to dl_auth_start. On any error the running
  * list stays and the error (DL_EPERM, DL_EIO, DL_EFORMAT, with the reason in
  * dl_errmsg()) is returned. On success the new list replaces the old one for

@@ -42,14 +42,19 @@ int dl_wire_zmq_fail(const char *what, const char *file, int line)
     if (e == EAGAIN) return dl_err(DL_EAGAIN, "%s: would block", what);
     if (e == EINTR) return dl_err(DL_EAGAIN, "%s: interrupted", what);
     if (e == EHOSTUNREACH) return dl_err(DL_ENOTFOUND, "%s: peer not connected", what);
-    if (e == ENOMEM) return dl_err(DL_ENOMEM, "%s:%d: %s: out of memory", file, line, what);
-    return dl_err(DL_ENET, "%s:%d: %s: %s", file, line, what, zmq_strerror(e));
+    /* users get the ZeroMQ function and its reason; the expression and
+     * file:line are for the debug log */
+    DL_DEBUG("%s:%d: %s: %s", file, line, what, zmq_strerror(e));
+    int n = (int)strcspn(what, "(");
+    if (e == ENOMEM) return dl_err(DL_ENOMEM, "ZeroMQ (%.*s): out of memory", n, what);
+    return dl_err(DL_ENET, "ZeroMQ (%.*s): %s", n, what, zmq_strerror(e));
 }
 
 void dl_wire_zmq_warn(const char *what, const char *file, int line)
 {
     int e = zmq_errno();
-    DL_WARN("%s:%d: %s: %s", file, line, what, zmq_strerror(e));
+    DL_DEBUG("%s:%d: %s: %s", file, line, what, zmq_strerror(e));
+    DL_WARN("ZeroMQ (%.*s): %s", (int)strcspn(what, "("), what, zmq_strerror(e));
 }
 
 static int setopt_int(void *sock, int opt, int v)

@@ -292,6 +292,33 @@ int dl_store_put_eval(dl_store *s, const dl_store_eval *e)
     return dl_store_write(s, 0, eval_put_fn, (void *)e);
 }
 
+static int evaldata_put_fn(dl_store *s, MDB_txn *t, void *ctx)
+{
+    (void)s;
+    const dl_store_evaldata *e = ctx;
+    size_t pl = strlen(e->path);
+    uint8_t b[EVALDATA_HDR + DL_STORE_EVALDATA_PATH_MAX] = {0};
+    put32(b, MAGIC_EVALDATA);
+    put32(b + 4, FMT_VERSION);
+    putf64(b + 8, e->val_frac);
+    memcpy(b + 16, e->format, strlen(e->format));
+    put32(b + 32, (uint32_t)pl);
+    memcpy(b + EVALDATA_HDR, e->path, pl);
+    MDB_val k = key_str("evaldata"), v = {EVALDATA_HDR + pl, b};
+    MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, 0));
+    return 0;
+}
+
+int dl_store_put_evaldata(dl_store *s, const dl_store_evaldata *e)
+{
+    assert(s && e);
+    size_t pl = strnlen(e->path, sizeof e->path), fl = strnlen(e->format, sizeof e->format);
+    if (!pl || pl >= sizeof e->path || !fl || fl >= sizeof e->format)
+        return dl_err(DL_EINVAL, "evaluation data: the path must be 1..%zu bytes and the format 1..%zu",
+                      sizeof e->path - 1, sizeof e->format - 1);
+    return dl_store_write(s, 0, evaldata_put_fn, (void *)e);
+}
+
 // ----------------------------------------------------------------------------
 // merge commit
 

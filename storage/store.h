@@ -21,7 +21,9 @@
  *             record: nothing reads the model from it); "epoch";
  *             "eval" -> 40 bytes {magic, version, fragment version sum
  *             u64, loss f64, sequences u32, pad u32, wallclock i64}: the
- *             synchronizer's last periodic evaluation (absent until one).
+ *             synchronizer's last periodic evaluation (absent until one);
+ *             "evaldata" -> {magic, version, val_frac f64, format 16 bytes
+ *             NUL-padded, path length u32, path}: the data it evaluates on.
  *   fragments p (u32 big-endian) -> 48-byte header {version, numel, number
  *             of blocks, block size, commit wallclock}.
  *   params    (p u32 BE, block u32 BE) -> 48-byte header {p, block, version,
@@ -124,8 +126,8 @@ dl_store_opts dl_store_opts_default(void);
  * Errors: DL_EINVAL `dir` is not a directory; DL_ENOTFOUND read-only and no
  * store there; DL_EFORMAT data.mdb is not an LMDB file, the environment is not
  * a dloco store, or its schema version is not DL_STORE_SCHEMA_VERSION;
- * DL_EAGAIN another process (or handle) has the store open for writing;
- * DL_ESTORE / DL_EIO other LMDB or file failures (file:line in the detail). */
+ * DL_EBUSY  another process (or handle) has the store open for writing;
+ * DL_ESTORE / DL_EIO other LMDB or file failures (the LMDB function and its reason; file:line in the debug log). */
 int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out);
 /* Syncs (periodic mode), closes and NULLs *s; safe on NULL. All snapshots
  * must have ended. */
@@ -211,6 +213,20 @@ typedef struct {
 int dl_store_put_eval(dl_store *s, const dl_store_eval *e);
 /* DL_ENOTFOUND when no evaluation was recorded. */
 int dl_store_get_eval(dl_store *s, dl_store_eval *out);
+
+/* The data the run's global model is evaluated on (dloco-sync --eval_data),
+ * recorded at every start so `dloco eval STORE` and `dloco status STORE`
+ * use and name it. */
+#define DL_STORE_EVALDATA_PATH_MAX 1024
+typedef struct {
+    char path[DL_STORE_EVALDATA_PATH_MAX]; /* a file or directory, as given */
+    char format[16];                       /* "auto" | "text" | "shards" */
+    double val_frac;                       /* the validation fraction */
+} dl_store_evaldata;
+/* Replace the record. DL_EINVAL for an empty or too long path or format. */
+int dl_store_put_evaldata(dl_store *s, const dl_store_evaldata *e);
+/* DL_ENOTFOUND when none was recorded (a store from before the record). */
+int dl_store_get_evaldata(dl_store *s, dl_store_evaldata *out);
 
 /* ---- fragments */
 

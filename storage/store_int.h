@@ -39,8 +39,10 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 #define MAGIC_MERGE MAGIC4('D', 'L', 'M', 'G')
 #define MAGIC_LEDGER MAGIC4('D', 'L', 'L', 'G')
 #define MAGIC_EVAL MAGIC4('D', 'L', 'E', 'V')
+#define MAGIC_EVALDATA MAGIC4('D', 'L', 'E', 'D')
 #define MAGIC_MANIFEST MAGIC4('D', 'L', 'M', 'F') /* meta[manifest]: magic | fmt | length u64 | the manifest's JSON */
 #define EVAL_LEN 40
+#define EVALDATA_HDR 36 /* magic, version, val_frac, format[16], path length; then the path */
 #define FMT_VERSION 1u /* format version of every value kind above but the run (RUN_FMT) and fragment (FRAG_FMT) */
 
 /* fragments value (format FRAG_FMT): the fragment's header; its params and

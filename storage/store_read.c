@@ -79,6 +79,35 @@ int dl_store_get_eval(dl_store *s, dl_store_eval *out)
     return rc;
 }
 
+int dl_store_get_evaldata(dl_store *s, dl_store_evaldata *out)
+{
+    assert(s && out);
+    memset(out, 0, sizeof *out);
+    MDB_txn *t;
+    DL_TRY(dl_store_txn_begin(s, 0, &t));
+    MDB_val k = key_str("evaldata"), v;
+    int rc = mdb_get(t, s->dbi_meta, &k, &v);
+    if (rc == MDB_SUCCESS) {
+        const uint8_t *b = v.mv_data;
+        uint32_t pl = v.mv_size >= EVALDATA_HDR ? get32(b + 32) : 0;
+        if (v.mv_size < EVALDATA_HDR || get32(b) != MAGIC_EVALDATA || get32(b + 4) != FMT_VERSION || !pl ||
+            pl >= sizeof out->path || v.mv_size != EVALDATA_HDR + pl || !memchr(b + 16, 0, 16) ||
+            memchr(b + EVALDATA_HDR, 0, pl)) {
+            rc = dl_err(DL_ECORRUPT, "store %s: meta evaldata: bad size/magic/format (%zu bytes)", s->dir, v.mv_size);
+        } else {
+            out->val_frac = getf64(b + 8);
+            memcpy(out->format, b + 16, 16);
+            memcpy(out->path, b + EVALDATA_HDR, pl);
+            rc = 0;
+        }
+    } else {
+        rc = rc == MDB_NOTFOUND ? dl_err(DL_ENOTFOUND, "store %s: no evaluation data recorded", s->dir)
+                                : dl_store_mdb_fail(rc, "mdb_get(meta, evaldata)", __FILE__, __LINE__);
+    }
+    dl_store_txn_abort(s, t);
+    return rc;
+}
+
 // ----------------------------------------------------------------------------
 // fragment reads
 

@@ -32,7 +32,10 @@ static _Thread_local int tl_mdb_rc;
 int dl_store_mdb_fail(int rc, const char *what, const char *file, int line)
 {
     tl_mdb_rc = rc;
-    return dl_err(DL_ESTORE, "%s:%d: %s: %s", file, line, what, mdb_strerror(rc));
+    /* users get the LMDB function and its reason; the call and file:line
+     * are for the debug log */
+    DL_DEBUG("%s:%d: %s: %s", file, line, what, mdb_strerror(rc));
+    return dl_err(DL_ESTORE, "LMDB %.*s failed: %s", (int)strcspn(what, "("), what, mdb_strerror(rc));
 }
 
 // ----------------------------------------------------------------------------
@@ -451,7 +454,8 @@ int dl_store_open(const char *dir, const dl_store_opts *opts, dl_store **out)
         }
         if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
             rc = errno == EWOULDBLOCK
-                     ? dl_err(DL_EAGAIN, "store %s is already open for writing by another process or handle", dir)
+                     ? dl_err(DL_EBUSY, "store %s is already open for writing by another process or handle (another "
+                                        "dloco-sync on this store?): stop it, or give this one another --store", dir)
                      : dl_err(DL_EIO, "flock %s: %s", path, strerror(errno));
             goto fail;
         }

@@ -14,6 +14,7 @@
 #include "synchronizer/sync.h"
 
 #include <stddef.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,7 @@ typedef struct {
     int64_t norm_window, norm_min_history, step_slack, max_batch, max_tokens_per_step;
     char norm_action[DL_CFG_STRLEN];
     char metrics[DL_CFG_STRLEN];
-    int64_t eval_every_s, eval_seqs, eval_batch, eval_threads, eval_max_mb;
+    int64_t eval_every_s, eval_seqs, eval_batch, eval_threads, eval_max_mb, eval_final_max_s;
     double eval_val_frac;
     char eval_data[DL_CFG_STRLEN];
 } sync_cfg;
@@ -176,6 +177,9 @@ static const dl_cfg_entry table[] = {
     {"eval_every_s", DL_CFG_INT, F(eval_every_s), 0, 86400, "60", NULL, 0,
      "evaluate the global model's validation loss every this many seconds in a background thread (event eval, "
      "metric, status); 0 = off; off with shards > 1"},
+    {"eval_final_max_s", DL_CFG_INT, F(eval_final_max_s), 0, 86400, "60", NULL, 0,
+     "at a clean stop (SIGTERM, SIGINT), evaluate the final global model for the store's record, for at most this "
+     "long (a second signal stops it too); 0 = no final evaluation; needs eval_every_s > 0"},
     {"eval_seqs", DL_CFG_INT, F(eval_seqs), 1, 1000000, "256", NULL, 0,
      "validation sequences per evaluation (rounded up to eval_batch; 256 = dloco eval's default 16 x 16)"},
     {"eval_batch", DL_CFG_INT, F(eval_batch), 1, 4096, "8", NULL, 0,
@@ -185,12 +189,34 @@ static const dl_cfg_entry table[] = {
      "memory the evaluation may hold (a model copy with its training buffers + activations of eval_batch x "
      "seq_len); more and the evaluation is off, with a warning naming both figures (lower eval_batch)"},
     {"eval_data", DL_CFG_STR, F(eval_data), 0, 0, "/usr/share/games/fortunes", NULL, 0,
-     "the data the learners train on (as dloco eval --data); unreadable = evaluation off, with a warning"},
+     "the data the learners train on (as dloco eval --data), recorded in the store (dloco eval's default); "
+     "unreadable = evaluation off, with a warning; left at this default, a warning says the losses may not be of "
+     "the learners' data"},
     {"eval_val_frac", DL_CFG_FLOAT, F(eval_val_frac), 0.0, 0.5, "0.05", NULL, 0,
      "the validation fraction the learners use (as dloco eval --val_frac)"},
 };
 #undef F
 #define NCFG (sizeof table / sizeof table[0])
+
+/* --help's headings: the options a first cluster needs, then the rest by topic. */
+static const dl_cfg_section sections[] = {
+    {"common options", "bind store run_id H auth key_file allowlist eval_data metrics log_level"},
+    {"model (the same on every learner)", "n_layer n_head n_embd seq_len vocab fragments seed init_from"},
+    {"merge policy",
+     "policy quorum grace_cap_ms gamma mad_k grace_steps round_schedule broadcast max_learners max_staleness "
+     "staleness staleness_a staleness_b merge outer_lr outer_momentum share_scaling"},
+    {"guards against bad pushes",
+     "clip_norm aggregate trim norm_k norm_window norm_min_history norm_param_ratio norm_action param_abs_max "
+     "max_step_rate step_slack max_batch max_new_hellos_per_s new_hello_burst"},
+    {"sharding", "shards shard"},
+    {"transfers and memory",
+     "update_codec update_block update_topk update_rounding chunk_kb pool_mb max_outbound_mb peer_outbound_mb "
+     "slow_reader_ms reclaim_ms max_msg_mb"},
+    {"liveness and durability", "heartbeat_ms liveness rebase_ms durability sync_every_ms status_every_ms"},
+    {"evaluation of the global model",
+     "eval_every_s eval_final_max_s eval_seqs eval_batch eval_threads eval_max_mb eval_val_frac"},
+    {"logs", "events"},
+};
 
 static int fail(const char *what, int rc)
 {
@@ -377,7 +403,7 @@ int main(int argc, char **argv)
         printf("usage: dloco-sync [--config FILE] [--name value ...]\n"
                "SIGHUP re-reads --config FILE and applies the options marked reloadable (docs/OPERATING.md);\n"
                "SIGINT/SIGTERM stop.\n");
-        dl_cfg_usage(table, NCFG, stdout);
+        dl_cfg_usage_sections(table, NCFG, sections, sizeof sections / sizeof sections[0], stdout);
         return 0;
     }
     int print = rc == DL_CFG_PRINT;
@@ -442,11 +468,16 @@ int main(int argc, char **argv)
     snprintf(sc.metrics, sizeof sc.metrics, "%s", c.metrics);
     sc.eval_every_s = (int)c.eval_every_s;
     sc.eval_seqs = (int)c.eval_seqs;
+    sc.eval_final_max_s = (int)c.eval_final_max_s;
     sc.eval_batch = (int)c.eval_batch;
     sc.eval_threads = (int)c.eval_threads;
     sc.eval_max_bytes = c.eval_max_mb << 20;
     sc.eval_val_frac = c.eval_val_frac;
-    snprintf(sc.eval_data, sizeof sc.eval_data, "%s", c.eval_data);
+    /* recorded in the store for dloco eval, which may run from another directory: absolute */
+    char abs_data[PATH_MAX];
+    snprintf(sc.eval_data, sizeof sc.eval_data, "%s",
+             realpath(c.eval_data, abs_data) && strlen(abs_data) < sizeof sc.eval_data ? abs_data : c.eval_data);
+    sc.eval_data_default = !strcmp(c.eval_data, dl_cfg_find(table, NCFG, "eval_data")->def);
     /* the whole effective config, however long, as the store's audit record */
     char *config_text = NULL;
     size_t config_len = 0;
@@ -469,6 +500,7 @@ int main(int argc, char **argv)
     printf("dloco-sync: listening on %s\n", dl_sync_endpoint(s));
     fflush(stdout);
     dl_sync_run(s);
+    dl_sync_final_eval(s);
     dl_sync_summary(s, stdout);
     dl_sync_close(&s);
     dl_manifest_close(&man);

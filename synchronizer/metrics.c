@@ -151,6 +151,8 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     }
     PL("learner_steps_per_second", "gauge", "inner steps per second, from the learner's latest heartbeat", steps_per_s,
        1);
+    PL("learner_train_loss", "gauge", "the learner's recent training loss, from its latest push (on its own data)",
+       train_loss, 1);
     PL("learner_step", "gauge", "the learner's inner step, from its latest heartbeat", step, 0);
     PL("learner_tokens_processed", "gauge", "tokens the learner reports processed since its start (heartbeat)", tokens,
        0);
@@ -273,7 +275,7 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     FAM("evaluations_total", "counter", "periodic evaluations of the global model finished (eval_every_s)");
     VAL("evaluations_total", m->evals);
     if (m->has_eval) {
-        FAM("eval_loss", "gauge", "validation loss of the global model at the last periodic evaluation");
+        FAM("eval_loss", "gauge", "validation loss of the global model at the last evaluation, on eval_data");
         VAL("eval_loss", m->eval_loss);
         FAM("eval_version", "gauge", "sum of the fragment versions that evaluation read");
         VAL("eval_version", m->eval_version);
@@ -371,6 +373,8 @@ void dl_syncmet_render_status(const dl_syncmet *m, const dl_sync_stats *st, cons
         dl_prom_raw(out, ",\"state\":\"%s\",\"alive\":%s,\"steps_per_s\":", state_name(l->state),
                     l->state == DL_POLICY_MEMBER_LIVE ? "true" : "false");
         json_num(out, l->steps_per_s);
+        dl_prom_raw(out, ",\"train_loss\":");
+        json_num(out, l->train_loss);
         dl_prom_raw(out,
                     ",\"step\":%llu,\"tokens_processed\":%llu,\"tokens_applied\":%llu,\"pushes\":%llu,\"merged\":%llu,"
                     "\"dropped_stale\":%llu,\"rejected\":%llu,\"last_staleness\":%llu,\"bytes_in\":%llu,"
@@ -402,6 +406,8 @@ void dl_syncmet_render_status(const dl_syncmet *m, const dl_sync_stats *st, cons
         json_num(out, m->eval_loss);
         dl_prom_raw(out, ",\"seqs\":%d,\"age_s\":", m->eval_seqs);
         json_num(out, (double)(now - m->eval_wall) * 1e-9);
+        dl_prom_raw(out, ",\"data\":");
+        dl_prom_json_str(out, c->eval_data ? c->eval_data : "");
         dl_prom_raw(out, "}");
     } else {
         dl_prom_raw(out, "null");

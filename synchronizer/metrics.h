@@ -88,6 +88,7 @@ typedef struct {
     const dl_sync_tunables *tun;   /* running reloadable values */
     const dl_policy_stats *policy; /* rounds by close reason */
     int shard, shards;
+    const char *eval_data; /* the data the evaluation reads (the eval record's "data") */
 } dl_syncmet_ctx;
 
 /* /metrics: every family documented in docs/OPERATING.md "Metrics". */

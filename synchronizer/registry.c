@@ -5,6 +5,7 @@
 
 #include <assert.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/err.h"
@@ -94,6 +95,7 @@ int dl_registry_add(dl_registry *r, const char *id, int64_t now_wall)
     l->given = given ? given : dl_xcalloc((size_t)r->P, sizeof *l->given);
     memset(l->given, 0, (size_t)r->P * sizeof *l->given);
     l->used = 1;
+    l->train_loss = NAN; /* no push yet */
     memcpy(l->id, id, strlen(id) + 1);
     l->first_seen_wall = now_wall;
     r->table[h] = slot;

@@ -42,6 +42,8 @@ typedef struct {
     uint32_t max_chunk;      /* largest Update chunk it takes, bytes (Hello.max_chunk_bytes; 0 = whole fragments) */
     uint64_t step, tokens;   /* from its latest Heartbeat (or Bye): inner step, tokens processed since start */
     double steps_per_s;      /* from its latest Heartbeat */
+    double train_loss;       /* Push.loss of its latest push (the learner's recent training loss; NaN: none yet);
+                                shown, never trusted */
     uint64_t hellos, pushes, merged, dropped, rejected, tokens_applied; /* counters, fragment-tokens */
     uint64_t bytes_in, bytes_out;      /* frames, bytes (headers approximated) */
     uint64_t last_push_tokens;         /* tokens of its latest accepted push: its expected share of a round */

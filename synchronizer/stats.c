@@ -41,6 +41,7 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
         o->step = l->step;
         o->tokens = l->tokens;
         o->steps_per_s = l->steps_per_s;
+        o->train_loss = l->train_loss;
         o->last_staleness = l->last_staleness;
         out->live += o->state == DL_POLICY_MEMBER_LIVE;
         out->dead += o->state == DL_POLICY_MEMBER_DEAD;
@@ -112,7 +113,8 @@ static void publish_now(dl_sync *s)
                         .tun = &t,
                         .policy = &ps,
                         .shard = s->cfg.shard,
-                        .shards = s->cfg.shards};
+                        .shards = s->cfg.shards,
+                        .eval_data = s->cfg.eval_data};
     dl_prom doc;
     dl_prom_init(&doc);
     dl_syncmet_render_metrics(&s->met, &st, &c, &doc);

@@ -72,7 +72,11 @@ typedef struct {
     int eval_threads;        /* OpenMP threads of the evaluation thread */
     int64_t eval_max_bytes;  /* the evaluation's model state + activations may not exceed this (else it is off) */
     double eval_val_frac;    /* the learners' validation fraction */
-    char eval_data[256];     /* the run's data; one that cannot be read turns evaluation off with a warning */
+    char eval_data[256];     /* the run's data; one that cannot be read turns evaluation off with a warning;
+                                recorded in the store at every start (dloco eval's default) */
+    int eval_final_max_s;    /* the final evaluation at a clean stop runs at most this long; 0 = none */
+    int eval_data_default;   /* eval_data is the built-in default, not the operator's: warn that it may not be the
+                                learners' data */
     char metrics[256];       /* HTTP /metrics + /status.json: "HOST:PORT", "auto" (DL_SYNC_METRICS_DEFAULT, or an
                                 ephemeral loopback port when that one is busy), "" or "off" = none */
     const char *config_text; /* the effective config text, recorded in the store as an audit record (nothing
@@ -110,6 +114,12 @@ void dl_sync_set_reload(dl_sync *s, dl_sync_reload_fn fn, dl_sync_reload_done_fn
 int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out);
 /* Run the loop until SIGINT/SIGTERM (or dl_sync_stop). Returns 0. */
 int dl_sync_run(dl_sync *s);
+/* After dl_sync_run returned (a clean stop): evaluate the final global model
+ * on eval_data, unless the last evaluation already saw these versions, and
+ * record it in the store, so the store's "global validation loss" is the
+ * final model's. Periodic evaluation off: nothing. Returns 0, or the failure
+ * (logged and in an eval_failed event). */
+int dl_sync_final_eval(dl_sync *s);
 /* One statistics snapshot: what the status line, the shutdown summary and
  * (later) the metrics endpoint all format from. Pointers point into the
  * synchronizer and stay valid until its next loop iteration. */
@@ -119,6 +129,7 @@ typedef struct {
     uint64_t pushes, merged, dropped, rejected, tokens_applied, bytes_in, bytes_out;
     uint64_t step, tokens; /* from its latest Heartbeat */
     double steps_per_s;
+    double train_loss;       /* its latest push's training loss (NaN: none yet) */
     uint64_t last_staleness; /* of its latest merged push, versions */
 } dl_sync_learner_stats;
 

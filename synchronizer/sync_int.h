@@ -150,6 +150,7 @@ struct dl_sync {
     dl_httpd_pages *pages;
     ev_timer publish;
     dl_evalthread *evalt;    /* NULL: periodic evaluation off */
+    dl_evaluate_opts eval_opts; /* its options (data = cfg.eval_data), for the final evaluation */
     ev_timer eval_timer;
     uint64_t known_learners; /* learner records in the store, counted at start and as new ids are put */
 };

@@ -299,6 +299,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     const void *data = dl_wire_msg_payload(msg, 0); /* may be unaligned */
     size_t len = dl_wire_msg_payload_len(msg, 0);
     char why[400];
+    l->train_loss = ph->loss; /* finite (proto/wire.c); for the status view only */
     if (!ph->chunk_numel) {
         if (in->active) dl_uplink_drop(s, slot, "whole_push_before_end");
         l->pushes++;

@@ -10,7 +10,7 @@ TEST_NAME=cluster
 . "$(dirname "$0")/lib_cluster.sh"
 make_corpus
 
-start_sync sync1 --durability sync $OUTER
+start_sync sync1 --durability sync $OUTER --eval_data "$W/corpus.txt"
 v0=$(val_loss); echo "global model before training: val loss $v0 (versions $(versions))"
 
 LP=()
@@ -48,12 +48,26 @@ else echo "FAIL: learner with --fragments 8 rc=$rc: $(echo "$out" | tail -3)"; f
 
 stop_sync
 check "the synchronizer wrote its summary" ev_has "$W/events-sync1.log" sync_summary
+# the final model is evaluated at a clean stop, on the run's data, and that
+# is the store's record: dloco eval without --data uses the recorded data
+# and gets the same loss on the same 256 sequences
+check "the final model was evaluated on the run's data" \
+  ev_has "$W/events-sync1.log" eval final=1 data="$W/corpus.txt"
+fin=$(ev_last "$W/events-sync1.log" eval loss)
+out=$("$DLOCO" eval "$W/store"); echo "$out"
+check "dloco eval without --data names the recorded data" grep -q "val loss [0-9.]* on $W/corpus.txt (the run's recorded" <<< "$out"
+ev=$(sed -E 's/.*val loss ([0-9.]+).*/\1/' <<< "$out")
+check "... and its loss is the final evaluation's ($ev vs $fin)" python3 -c "import sys; sys.exit(0 if abs($ev - $fin) < 1e-3 else 1)"
+check "dloco status STORE names the data of its loss" \
+  bash -c "'$DLOCO' status '$W/store' | grep -q '^global validation loss [0-9.]* on $W/corpus.txt at total version'"
 check "dloco check after the run" quietly "$DLOCO" check "$W/store"
 
 # restart: same store, same versions, epoch 2, merges continue
 start_sync sync2 --durability sync $OUTER
 check "the first start was a new run at epoch 1" ev_has "$W/events-sync1.log" sync_start epoch=1 resumed=0
 check "restart resumed at epoch 2" ev_has "$W/events-sync2.log" sync_start epoch=2 resumed=1
+check "without --eval_data the synchronizer warns that it evaluates on the built-in default" \
+  grep -q "evaluated on /usr/share/games/fortunes, the built-in default" "$W/sync2.log"
 vers2=$(versions)
 check "restart resumed at the same versions ($vers1 -> $vers2)" [ "$vers2" = "$vers1" ]
 start_learner learner-late --steps 24 --log_every 8

@@ -96,6 +96,63 @@ static void test_usage(void)
     free(text);
 }
 
+/* --help in sections: the first in full, the rest one line each, options
+ * no section names last; --help-all every option in full; a section naming
+ * a missing option or one option twice is caught. */
+static void test_sections(void)
+{
+    static const dl_cfg_section sec[] = {{"common", "steps path"}, {"tuning", "gamma grace_cap_ms"}};
+    CHECK_EQ(dl_cfg_sections_check(table, N, sec, 2), 0);
+    cfg c;
+    const char *help[] = {"p", "--help"}, *all[] = {"p", "--help-all"};
+    CHECK_EQ(parse(&c, 2, help), DL_CFG_HELP);
+    CHECK_EQ(dl_cfg_help_all(), 0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    dl_cfg_usage_sections(table, N, sec, 2, m);
+    fclose(m);
+    const char *common = strstr(text, "\ncommon:\n"), *tuning = strstr(text, "\ntuning:\n"),
+               *other = strstr(text, "\nother options:\n");
+    CHECK(common && tuning && other && common < tuning && tuning < other, "headings in order:\n%s", text);
+    const char *steps = strstr(text, "  --steps <int, steps>\n      default 10");
+    CHECK(steps && steps > common && steps < tuning, "a common option in full under its heading");
+    const char *gamma = strstr(text, "  --gamma <float> = 0.5");
+    CHECK(gamma && gamma > tuning && gamma < other, "another section's option on one line");
+    CHECK(strstr(text, "  --gamma <float>\n") == NULL, "not in full under --help");
+    const char *g = strstr(text, "--grace_cap_ms"), *gm = strstr(text, "--gamma");
+    CHECK(g && gm && gm < g, "a section's options in its own order");
+    for (size_t i = 0; i < N; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "  --%s <", table[i].name);
+        CHECK(strstr(text, want) != NULL, "--help lists %s", table[i].name);
+    }
+    const char *note = strstr(text, "--note <text> = \"\"");
+    CHECK(note && note > other, "an option no section names comes under other options");
+    free(text);
+
+    CHECK_EQ(parse(&c, 2, all), DL_CFG_HELP);
+    CHECK_EQ(dl_cfg_help_all(), 1);
+    m = open_memstream(&text, &len);
+    dl_cfg_usage_sections(table, N, sec, 2, m);
+    fclose(m);
+    CHECK(strstr(text, "  --gamma <float>\n      default 0.5") != NULL, "--help-all: every option in full:\n%s", text);
+    CHECK(strstr(text, "  --note <text>\n      default") != NULL, "--help-all: other options in full");
+    free(text);
+    CHECK_EQ(parse(&c, 2, help), DL_CFG_HELP);
+    CHECK_EQ(dl_cfg_help_all(), 0);
+
+    static const dl_cfg_section typo[] = {{"common", "steps pathh"}};
+    CHECK(dl_cfg_sections_check(table, N, typo, 1) == DL_EINVAL && strstr(dl_errmsg(), "'pathh'"),
+          "a name that is no option: %s", dl_errmsg());
+    static const dl_cfg_section twice[] = {{"a", "steps"}, {"b", "gamma steps"}};
+    CHECK(dl_cfg_sections_check(table, N, twice, 2) == DL_EINVAL && strstr(dl_errmsg(), "two --help sections"),
+          "an option in two sections: %s", dl_errmsg());
+    static const dl_cfg_section dup[] = {{"a", "steps gamma steps"}};
+    CHECK(dl_cfg_sections_check(table, N, dup, 1) == DL_EINVAL && strstr(dl_errmsg(), "twice"),
+          "an option twice in one section: %s", dl_errmsg());
+}
+
 static void test_names(void)
 {
     cfg c;
@@ -255,6 +312,7 @@ int main(void)
 {
     REQUIRE(mkdtemp(dir), "mkdtemp");
     test_usage();
+    test_sections();
     test_names();
     test_refusals();
     test_round_trip();

@@ -23,7 +23,8 @@ PROGS=("dloco-sync|$B/synchronizer/dloco-sync"
 for p in "${PROGS[@]}"; do
   name=${p%%|*}; read -r -a cmd <<< "${p#*|}"
   "${cmd[@]}" --print-config > "$W/a.ini" 2> "$W/err" || { bad "$name --print-config exited $?: $(cat "$W/err")"; continue; }
-  "${cmd[@]}" --help > "$W/help" 2>&1 || bad "$name --help exited $?"
+  # --help-all: every option in full (--help groups them: checked below)
+  "${cmd[@]}" --help-all > "$W/help" 2>&1 || bad "$name --help-all exited $?"
   keys=$(sed -n -E 's/^([A-Za-z0-9_.]+) = .*/\1/p' "$W/a.ini")
   n=0; missing=""
   for k in $keys; do
@@ -31,13 +32,39 @@ for p in "${PROGS[@]}"; do
     # the option's line, then its "default ... | reloadable|restart" line
     grep -A1 -E "^  --$k <" "$W/help" | grep -qE "^      default .*\| (reloadable \(SIGHUP\)|restart to change)$" || missing+=" $k"
   done
-  [ "$n" -gt 0 ] && [ -z "$missing" ] && ok "$name --help lists all $n options with default and reloadability" \
-    || bad "$name --help misses:$missing (of $n)"
+  [ "$n" -gt 0 ] && [ -z "$missing" ] && ok "$name --help-all lists all $n options with default and reloadability" \
+    || bad "$name --help-all misses:$missing (of $n)"
+  # --help names every option too (the common ones in full, the rest one line each)
+  "${cmd[@]}" --help > "$W/help1" 2> "$W/err" || bad "$name --help exited $?"
+  grep -q "bad --help sections" "$W/err" && bad "$name --help: $(grep "bad --help sections" "$W/err")"
+  missing=""
+  for k in $keys; do grep -qE "^  --$k <" "$W/help1" || missing+=" $k"; done
+  [ -z "$missing" ] && ok "$name --help names all $n options" || bad "$name --help misses:$missing"
   if grep -A1 -E '^  --[a-z_]+ <int' "$W/help" | grep -E 'range' | grep -qE '[0-9]e'; then
     bad "$name: int bounds printed with an exponent"
   else ok "$name: int bounds printed as integers"; fi
   "${cmd[@]}" --config "$W/a.ini" --print-config > "$W/b.ini" 2> "$W/err" || bad "$name --config (its own print) failed: $(cat "$W/err")"
   cmp -s "$W/a.ini" "$W/b.ini" && ok "$name: print -> load -> print identical" || { bad "$name: round trip differs"; diff "$W/a.ini" "$W/b.ini" | head -5; }
+done
+
+# the two big programs: --help starts with the common options in full, the
+# rest under headings, one line each, in fewer than 200 lines
+for p in "dloco-sync|$B/synchronizer/dloco-sync" "dloco-learner|$B/learner/dloco-learner"; do
+  name=${p%%|*}; prog=${p#*|}
+  "$prog" --help > "$W/help" 2>&1
+  lines=$(wc -l < "$W/help"); heads=$(grep -cE '^[a-z][a-z ,():/.-]*:$' "$W/help")
+  first=$(grep -m1 -E '^[a-z][a-z ,():/.-]*:$' "$W/help")
+  if [ "$lines" -lt 200 ] && [ "$heads" -ge 5 ] && [ "$first" = "common options:" ] \
+     && grep -A2 -E '^  --(connect|bind) <text>$' "$W/help" | grep -q '^      default '; then
+    ok "$name --help: $lines lines, $heads headings, common options first in full"
+  else bad "$name --help: $lines lines, $heads headings, first heading '$first'"; fi
+done
+
+# every dloco subcommand answers --help (exit 0, its usage), even without a STORE
+for sub in check status records eval export keygen plan manifest; do
+  out=$("$B/tools/dloco" "$sub" --help 2>&1); rc=$?
+  if [ $rc = 0 ] && echo "$out" | grep -q "^usage: dloco $sub"; then ok "dloco $sub --help"
+  else bad "dloco $sub --help: rc=$rc: $(echo "$out" | head -2)"; fi
 done
 
 # dloco-chaos reads its tables from scenario files: `keys` lists them all

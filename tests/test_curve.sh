@@ -9,8 +9,10 @@ set -u
 TEST_NAME=curve
 . "$(dirname "$0")/lib_cluster.sh"
 make_corpus
-K="$W/keys"; mkdir -p "$K"
+# keygen makes the missing keys/ directory itself (mode 0700), as on a fresh clone
+K="$W/keys"
 for n in sync k0 k1 k2; do quietly "$DLOCO" keygen "$K/$n" || die "dloco keygen $n"; done
+check "dloco keygen made the keys directory, mode 0700" [ "$(stat -c %a "$K")" = 700 ]
 pub() { sed -n 's/^public = //p' "$K/$1.pub"; }
 printf '# learners of this run\nk0 %s\nk1 %s\n' "$(pub k0)" "$(pub k1)" > "$W/allow.txt"
 chmod 644 "$W/allow.txt"
@@ -45,6 +47,18 @@ start_learner k0w --id k0 --server_key "$K/k2.pub" --key_file "$K/k0.key" --step
 wait_pid 60 "$LPID"; rc=$?
 check "a learner with the wrong server key exits 3 (status $rc)" [ "$rc" = 3 ]
 check "... refused kind=handshake naming server_key" ev_has "$W/events-k0w.log" refused kind=handshake "reason~server_key"
+
+# no keys at all against a CURVE synchronizer: the mechanisms differ at the
+# greeting; the learner names the missing keys and the endpoint, exit 3
+start_learner k0n --id k0 --steps 10 --connect_timeout_ms 120000
+wait_pid 60 "$LPID"; rc=$?
+check "a learner without keys exits 3 (status $rc)" [ "$rc" = 3 ]
+check "... refused kind=handshake naming the missing keys and the endpoint" \
+  ev_has "$W/events-k0n.log" refused kind=handshake "reason~requires CURVE keys.*--server_key.*--key_file"
+check "... and the endpoint" ev_has "$W/events-k0n.log" refused kind=handshake "reason~tcp://"
+check "the synchronizer logged the refused handshakes (rate-limited, counted)" \
+  ev_wait 10 "$EV" handshake_refused "reason~^(hung_up|mechanism)$" "count~^[0-9]+$"
+check "... with the likely cause in its log" grep -Eq "refused [0-9]+ handshake\(s\) on tcp://.*(no CURVE keys|does not use CURVE)" "$W/sync.log"
 
 # a listed key used for another id: refused, never registered
 start_learner k3 "${CURVE[@]}" --key_file "$K/k0.key" --steps 10 --connect_timeout_ms 120000

@@ -176,9 +176,10 @@ static void test_shards(void)
 }
 
 /* dl_data_open of one file allocates, in order: the handle, the file list,
- * the file's name, the file's bytes, the token array, the train, val and
- * perm index arrays. The file's bytes and the token array grow with the
- * data, so their failures are a DL_ENOMEM that says what and how much. */
+ * the file's name, the segment list and the segment's path (the file itself
+ * is mapped, never copied), then the train, val and perm index arrays. The
+ * index arrays grow with the data, so their failures are a DL_ENOMEM that
+ * says what and how much. */
 static void test_out_of_memory(void)
 {
     char big[5000];
@@ -190,10 +191,11 @@ static void test_out_of_memory(void)
     CHECK_EQ(dl_alloc_count() - c0, 8);
     dl_data_close(&d);
     struct { int k; const char *needle; } cases[] = {
-        {4, "oom.txt of 5000 bytes ("},
-        {5, "oom.txt: token array of 10000 tokens ("}, /* grown to twice the 5000 needed */
+        {6, "oom.txt: index of 624 sequences ("}, /* (5000 - 1) / 8 */
+        {7, "oom.txt: index of 624 sequences ("},
+        {8, "oom.txt: order of "},
     };
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         d = (dl_data *)big; /* must come back NULL */
         dl_err_clear();
         dl_alloc_fail_after(cases[i].k);
@@ -210,6 +212,79 @@ static void test_out_of_memory(void)
     dl_data_close(&d);
 }
 
+/* Resident anonymous memory of this process, KiB (/proc/self/status). */
+static long rss_anon_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "RssAnon: %ld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
+
+/* Shards are mapped, not copied: opening 64 MiB of tokens (four files, a
+ * window crossing each boundary) adds only the index arrays (8 bytes per
+ * sequence) to the process's anonymous memory, and a window that spans two
+ * files reads the same tokens as the stream would. */
+static void test_mapped(void)
+{
+    enum { NF = 4, PER = 8 << 20, T = 1000 };
+    uint16_t *tok = malloc((size_t)PER * sizeof *tok);
+    REQUIRE(tok, "buffer");
+    char sub[512], path[600];
+    snprintf(sub, sizeof sub, "%s/big", dir);
+    mkdir(sub, 0755);
+    for (int f = 0; f < NF; f++) {
+        for (uint32_t i = 0; i < PER; i++) tok[i] = (uint16_t)(((uint64_t)f * PER + i) % 50000);
+        snprintf(path, sizeof path, "%s/part%d.bin", sub, f);
+        REQUIRE(dl_data_write_shard(path, tok, PER) == 0, "write %s", path);
+    }
+    free(tok);
+    long before = rss_anon_kb();
+    dl_data *d = NULL;
+    dl_data_opts o = {.path = sub, .format = "auto", .seq_len = T, .vocab = 50257, .val_frac = 0.01, .seed = 1,
+                      .shard_index = 1, .shard_count = 4};
+    REQUIRE(dl_data_open(&o, &d) == 0, "open the big shards: %s", dl_errmsg());
+    long grew = rss_anon_kb() - before;
+    uint64_t nseq = ((uint64_t)NF * PER - 1) / T;
+    printf("4 x %d tokens (%d MiB) opened as shard 1 of 4: anonymous memory +%ld KiB (index arrays %llu KiB)\n",
+           PER, NF * PER * 2 >> 20, grew, (unsigned long long)(nseq * 8 * 2 + nseq / 4 * 8) >> 10);
+    CHECK(before >= 0 && grew < 4096, "mapping, not copying: anonymous memory grew %ld KiB for 64 MiB of tokens",
+          grew);
+    CHECK_EQ(dl_data_num_tokens(d), (uint64_t)NF * PER);
+    /* every window, the ones across file boundaries included, is the stream's tokens in order */
+    int32_t inp[T], tgt[T];
+    int bad = 0;
+    for (uint64_t i = 0; i < 64 && !bad; i++) {
+        dl_data_next_train(d, 1, inp, tgt);
+        for (int t = 0; t < T; t++) {
+            bad |= inp[t] != (inp[0] + t) % 50000;
+            bad |= tgt[t] != (inp[t] + 1) % 50000;
+        }
+    }
+    CHECK(!bad, "training windows read the stream in order");
+    /* the windows across a boundary: compare with the stream rule directly */
+    dl_data_close(&d);
+    o.shard_count = 0, o.shard_index = 0, o.val_frac = 0.0;
+    REQUIRE(dl_data_open(&o, &d) == 0, "open unsharded: %s", dl_errmsg());
+    int wrong = 0;
+    for (int b = 1; b < NF; b++) {
+        uint64_t s = ((uint64_t)b * PER - 5) / T; /* the window holding the boundary */
+        uint64_t off = s * T;
+        REQUIRE(dl_data_train_offset(d, s) == off, "sequence %llu at %llu", (unsigned long long)s,
+                (unsigned long long)off);
+        dl_data_val_batch(d, s, 1, inp, tgt); /* val_frac 0: validation batches read training sequences */
+        for (int t = 0; t < T; t++) {
+            wrong += inp[t] != (int32_t)((off + (uint64_t)t) % 50000);
+            wrong += tgt[t] != (int32_t)((off + (uint64_t)t + 1) % 50000);
+        }
+    }
+    CHECK(wrong == 0, "windows across file boundaries: %d tokens wrong", wrong);
+    dl_data_close(&d);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dloco_test_data_%d", (int)getpid());
@@ -217,6 +292,7 @@ int main(void)
     test_text();
     test_shards();
     test_out_of_memory();
+    test_mapped();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd) != 0) printf("note: could not remove %s\n", dir);

@@ -80,8 +80,14 @@ pyj() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); sys.exit
 "$DLOCO" status "$MA" --json > "$W/live.json"
 check "dloco status ADDR --json parses, two live learners with counters" \
   pyj 'd["source"] == "live" and d["learners_live"] == 2 and all(l["pushes"] > 0 and l["tokens_applied"] > 0 and l["alive"] for l in d["learners"])' "$W/live.json"
+check "... each with its latest push's training loss" \
+  pyj 'all(l["train_loss"] is not None and 0 < l["train_loss"] < 20 for l in d["learners"])' "$W/live.json"
 "$DLOCO" status "http://$MA" > "$W/live.txt"
 check "dloco status http://ADDR prints both learners" grep -q '^b ' "$W/live.txt"
+check "... with a TRAIN_LOSS column and its value" \
+  bash -c "grep -q 'TRAIN_LOSS' '$W/live.txt' && grep -Eq '^b +- +yes +[0-9.]+ +[0-9]+\.[0-9]{4} ' '$W/live.txt'"
+check "... and the scope of its counts (this epoch)" grep -q "this epoch (since the synchronizer started): merges" "$W/live.txt"
+check "dloco_sync_learner_train_loss in /metrics" [ "$(metric "$W/sync.prom" 'dloco_sync_learner_train_loss{learner="b"}')" != absent ]
 # --watch on a non-terminal: one block per refresh, until SIGINT
 timeout -s INT 3 "$DLOCO" status "$MA" --watch 0.5 > "$W/watch.txt"
 check "--watch printed several blocks ($(grep -c '^run ' "$W/watch.txt"))" [ "$(grep -c '^run ' "$W/watch.txt")" -ge 3 ]

@@ -84,9 +84,17 @@ out=$("$BIN" $COMMON --adam_fleet 8 --events "$W/events-fleet.log" 2>&1); rc=$?
 v=$(ev_last "$W/events-fleet.log" train_summary "val_loss_start val_loss")
 if [ $rc = 0 ] && [ -n "$v" ] && python3 -c "import sys; a, b = map(float, '$v'.split()); sys.exit(0 if b < a else 1)"; then
   echo "ok: --adam_fleet 8 trains (val loss $v)"; else echo "FAIL: --adam_fleet 8 rc=$rc: $(echo "$out" | tail -3)"; fail=1; fi
+# --stop_after between evaluations: the summary's loss is the final model's,
+# not the one before training (val_every 5, stop at 7), and names the data
+out=$("$BIN" $COMMON --stop_after 7 --events "$W/events-s7.log" 2>&1); rc=$?
+v=$(ev_last "$W/events-s7.log" train_summary "val_loss_start val_loss")
+if [ $rc = 0 ] && [ -n "$v" ] && python3 -c "import sys; a, b = map(float, '$v'.split()); sys.exit(0 if b < a else 1)" \
+   && echo "$out" | grep -q "^summary: .*val loss on $W/corpus.txt "; then
+  echo "ok: --stop_after 7: the summary evaluates the final model (val loss $v) and names the data"
+else echo "FAIL: --stop_after 7 rc=$rc, val loss $v: $(echo "$out" | tail -1)"; fail=1; fi
 # networked mode (the default): a bad learner id, and no synchronizer to answer
 check_bad "option id: 'bad id'" --data "$W/corpus.txt" --id "bad id"
-check_bad "no Welcome from" --data "$W/corpus.txt" --n_layer 1 --n_embd 16 --n_head 2 \
+check_bad "joining the synchronizer at tcp://127.0.0.1:9: .*no Welcome from" --data "$W/corpus.txt" --n_layer 1 --n_embd 16 --n_head 2 \
   --seq_len 16 --connect tcp://127.0.0.1:9 --connect_timeout_ms 1500
 
 [ $fail = 0 ] && echo "test_resume: all checks passed" || echo "test_resume: FAILED"

@@ -32,6 +32,13 @@ bind)
   refuse nokeys "CURVE authentication is on: set key_file" --bind tcp://0.0.0.0:0
   # the store of a start that works is where it was asked for
   start_sync ok
+  # a second synchronizer on the same store: refused at once, "in use" and
+  # what to do, never "try again" (retrying does not help)
+  timeout 30 "$SYNC" --store "$W/store" "${ARGS[@]}" --bind tcp://127.0.0.1:0 > "$W/twice.log" 2>&1; rc=$?
+  check "a second dloco-sync on the same store: exit 2 (got $rc)" [ "$rc" = 2 ]
+  check "... says the store is in use and the fix" \
+    grep -q "cannot start: in use: store .* is already open for writing .*give this one another --store" "$W/twice.log"
+  check "... never 'try again'" bash -c "! grep -q 'try again' '$W/twice.log'"
   stop_sync
   check "a good start creates its store" [ -f "$W/store/data.mdb" ]
   ;;

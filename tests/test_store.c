@@ -1373,7 +1373,7 @@ static void test_bad_dirs(void)
     path_of(dir, sizeof dir, "norun");
     s = open_store(dir, 0, DL_STORE_SYNC, 0);
     dl_store *s2 = NULL;
-    EXPECT_ERR(dl_store_open(dir, &o, &s2), DL_EAGAIN, "already open for writing");
+    EXPECT_ERR(dl_store_open(dir, &o, &s2), DL_EBUSY, "already open for writing");
     dl_store_close(&s);
     EXPECT_ERR(dl_store_check(dir, NULL), DL_EFORMAT, "has no run");
     s = open_store(dir, 0, DL_STORE_SYNC, 0); /* lock released by close */

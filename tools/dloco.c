@@ -20,6 +20,8 @@
 #include "tools/export.h"
 #include "tools/status.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -33,34 +35,44 @@ static int fail(const char *what, int rc)
     return 2;
 }
 
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: dloco COMMAND STORE [options]\n"
-               "  check  STORE                 verify a store offline (exit 1 on the first violation)\n"
-               "  status ADDR|STORE [--json] [--watch [SECONDS]]\n"
+/* One block per command: its synopsis, then what it does. */
+static const struct {
+    const char *name, *text;
+} commands[] = {
+    {"check", "  check  STORE                 verify a store offline (exit 1 on the first violation)\n"},
+    {"status", "  status ADDR|STORE [--json] [--watch [SECONDS]]\n"
                "                               learners, fragments, token ledger, global validation loss: of a\n"
                "                               running synchronizer (ADDR = HOST:PORT of its --metrics) or of a\n"
                "                               store (run, epoch, store sizes, versions, merges too);\n"
-               "                               --json one document (docs/OPERATING.md), --watch refreshes\n"
-               "  records STORE                a header line, then one line per merge contribution: fragment version\n"
-               "                               learner decision staleness tokens weight epoch=E\n"
-               "  eval   STORE [--data PATH] [--data_format auto|text|shards] [--batch B] [--val_batches N]\n"
-               "         [--val_frac F]"
-               "                               validation loss of the store's global model; --dump_seqs FILE\n"
-               "                               also writes the token sequences it evaluated (int32, docs/OPERATING.md)\n"
-               "  export STORE [--format safetensors|llmc|hf] [--force] OUT\n"
-               "                               the store's global model as a model file (docs/OPERATING.md)\n"
-               "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
-               "                               PREFIX.pub (0644); prints the public key and an allowlist line\n"
-               "  plan   [--n_layer L] [--n_head NH] [--n_embd C] [--seq_len T] [--vocab V] [--fragments P]\n"
-               "         [--shards S] [--manifest FILE]\n"
-               "                               the fragment plan of a model (a GPT-2 config, or a manifest's):\n"
-               "                               sizes, balance, fingerprint, and each fragment's blocks (name,\n"
-               "                               or name[rows) of a split tensor)\n"
-               "  manifest FILE|STORE          a model's manifest as JSON (docs/OPERATING.md \"Manifest runs\"):\n"
-               "                               of a safetensors file (the one it carries, else one with roles\n"
-               "                               guessed, said on stderr: check them), a manifest JSON file, or\n"
-               "                               the run a store holds\n");
+               "                               --json one document (docs/OPERATING.md), --watch refreshes\n"},
+    {"records", "  records STORE                a header line, then one line per merge contribution: fragment version\n"
+                "                               learner decision staleness tokens weight epoch=E\n"},
+    {"eval", "  eval   STORE [--data PATH] [--data_format auto|text|shards] [--batch B] [--val_batches N]\n"
+             "         [--val_frac F] [--dump_seqs FILE]\n"
+             "                               validation loss of the store's global model on --data, else on\n"
+             "                               the data the run recorded (dloco-sync --eval_data), and names it\n"},
+    {"export", "  export STORE [--format safetensors|llmc|hf] [--force] [--tokenizer FILE] OUT\n"
+               "                               the store's global model as a model file (docs/OPERATING.md);\n"
+               "                               hf: --tokenizer puts a SentencePiece model next to it\n"},
+    {"keygen", "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
+               "                               PREFIX.pub (0644), making PREFIX's directory if it is missing;\n"
+               "                               prints the public key and an allowlist line\n"},
+    {"plan", "  plan   [--n_layer L] [--n_head NH] [--n_embd C] [--seq_len T] [--vocab V] [--fragments P]\n"
+             "         [--shards S] [--manifest FILE]\n"
+             "                               the fragment plan of a model (a GPT-2 config, or a manifest's):\n"
+             "                               sizes, balance, fingerprint, and each fragment's blocks (name,\n"
+             "                               or name[rows) of a split tensor)\n"},
+    {"manifest", "  manifest FILE|STORE          a model's manifest as JSON (docs/OPERATING.md \"Manifest runs\"):\n"
+                 "                               of a safetensors file (the one it carries, else one with roles\n"
+                 "                               guessed, said on stderr: check them), a manifest JSON file, or\n"
+                 "                               the run a store holds\n"},
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dloco COMMAND STORE [options]   (dloco COMMAND --help: that command alone)\n");
+    for (size_t i = 0; i < NCOMMANDS; i++) fputs(commands[i].text, f);
 }
 
 /* What the store cannot check alone: the run's typed model and P give the
@@ -219,9 +231,11 @@ int dl_status_store_text(const char *dir)
         dl_merge_record_free(&r);
     }
     dl_store_eval ev;
+    dl_store_evaldata ed;
+    if (dl_store_get_evaldata(s, &ed)) snprintf(ed.path, sizeof ed.path, "unrecorded data");
     if (dl_store_get_eval(s, &ev) == 0)
-        printf("global validation loss %.4f at total version %llu (%u sequences, %.0f s ago)\n", ev.loss,
-               (unsigned long long)ev.version, ev.seqs, (double)(dl_wallclock_ns() - ev.wallclock_ns) * 1e-9);
+        printf("global validation loss %.4f on %s at total version %llu (%u sequences, %.0f s ago)\n", ev.loss,
+               ed.path, (unsigned long long)ev.version, ev.seqs, (double)(dl_wallclock_ns() - ev.wallclock_ns) * 1e-9);
     dl_store_close(&s);
     return 0;
 }
@@ -264,13 +278,16 @@ typedef struct {
 
 #define F(x) offsetof(eval_cfg, x)
 static const dl_cfg_entry eval_table[] = {
-    {"data", DL_CFG_STR, F(data), 0, 0, "/usr/share/games/fortunes", NULL, 0, "data the run trained on"},
+    {"data", DL_CFG_STR, F(data), 0, 0, "", NULL, 0,
+     "data to evaluate on (same vocab as the run); empty = the data the run recorded (dloco-sync --eval_data), "
+     "else the bundled fortunes text"},
     {"data_format", DL_CFG_ENUM, F(data_format), 0, 0, "auto", "auto|text|shards", 0,
      "auto: .bin = llm.c token shards, else text, which then needs the store's vocab to be 256; text: bytes "
      "whatever the vocab (>= 256)"},
     {"batch", DL_CFG_INT, F(batch), 1, 4096, "16", NULL, 0, "sequences per evaluation batch"},
     {"val_batches", DL_CFG_INT, F(val_batches), 1, 100000, "16", NULL, 0, "evaluation batches"},
-    {"val_frac", DL_CFG_FLOAT, F(val_frac), 0.0, 0.5, "0.05", NULL, 0, "validation fraction the learners used"},
+    {"val_frac", DL_CFG_FLOAT, F(val_frac), -1.0, 0.5, "-1", NULL, 0,
+     "validation fraction the learners used; -1 = the one the run recorded with its data, else 0.05"},
     {"dump_seqs", DL_CFG_STR, F(dump_seqs), 0, 0, "", NULL, 0,
      "also write the evaluated sequences here: int32 LE header {0x51534c44, 1, batches, B, T, V, 0, 0}, then per "
      "sequence T inputs and T targets"},
@@ -315,16 +332,25 @@ static int cmd_eval(const char *dir, int argc, char **argv)
         dl_store_close(&s);
         return fail("reading the run", dl_err(DL_EMISMATCH, "model config in the store does not match its fingerprint"));
     }
+    /* the data: --data, else the run's record, else the bundled corpus */
+    dl_store_evaldata ed;
+    int recorded = dl_store_get_evaldata(s, &ed) == 0;
+    const char *data = ec.data[0] ? ec.data : recorded ? ed.path : "/usr/share/games/fortunes";
+    const char *format = !ec.data[0] && recorded && !strcmp(ec.data_format, "auto") ? ed.format : ec.data_format;
+    double val_frac = ec.val_frac >= 0 ? ec.val_frac : !ec.data[0] && recorded ? ed.val_frac : 0.05;
+    const char *whence = ec.data[0] ? "--data" : recorded ? "the run's recorded evaluation data" : "the default";
     /* the synchronizer's periodic evaluation runs the same code (learner/evaluate.h) */
-    dl_evaluate_opts eo = {.data = ec.data, .data_format = ec.data_format, .val_frac = ec.val_frac, .batch = (int)ec.batch,
+    dl_evaluate_opts eo = {.data = data, .data_format = format, .val_frac = val_frac, .batch = (int)ec.batch,
                            .seqs = (int)(ec.batch * ec.val_batches)};
     uint64_t vsum = 0;
     double loss = 0;
     if ((rc = dl_evaluate_open(&m, &eo, &ev)) || (rc = dl_evaluate_load(ev, s, plan, &vsum)) ||
         (rc = dl_evaluate_run(ev, NULL, &loss)))
         goto out;
-    printf("global model: run %s, %d fragments at total version %llu, val loss %.4f (%lld batches of %d x %d)\n",
-           run.run_id, P, (unsigned long long)vsum, loss, (long long)ec.val_batches, (int)ec.batch, m.seq_len);
+    printf("global model: run %s, %d fragments at total version %llu, val loss %.4f on %s (%s; %lld batches of %d x "
+           "%d, val_frac %g)\n",
+           run.run_id, P, (unsigned long long)vsum, loss, data, whence, (long long)ec.val_batches, (int)ec.batch,
+           m.seq_len, val_frac);
     if (ec.dump_seqs[0] && (rc = dl_evaluate_dump(ev, ec.dump_seqs))) goto out;
     if (ec.dump_seqs[0])
         printf("eval: %d sequences of %d tokens written to %s; val_loss=%.9f\n", dl_evaluate_seqs(ev), m.seq_len,
@@ -432,6 +458,31 @@ static int cmd_plan(int argc, char **argv)
     return 0;
 }
 
+/* Every missing directory above `path` (keys/sync: keys/), mode 0700: a
+ * fresh clone has no keys/ and the keys are secrets. */
+static int make_parent_dirs(const char *path)
+{
+    char dir[PATH_MAX];
+    if ((size_t)snprintf(dir, sizeof dir, "%s", path) >= sizeof dir)
+        return dl_err(DL_EINVAL, "key prefix is %zu bytes: too long for a path", strlen(path));
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return 0;
+    *slash = 0;
+    for (char *p = dir + 1;; p++) {
+        if (*p && *p != '/') continue;
+        char c = *p;
+        *p = 0;
+        if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+            return dl_err(DL_EIO, "cannot make directory %s for the keys: %s", dir, strerror(errno));
+        if (!c) break;
+        *p = c;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return dl_err(DL_EIO, "%s is not a directory: give a key prefix inside a directory", dir);
+    return 0;
+}
+
 /* The manifest a store's run records (a GPT-2 run's: its table, "gpt" set). */
 static int store_manifest(const char *dir)
 {
@@ -486,7 +537,8 @@ static int cmd_manifest(const char *path)
 static int cmd_keygen(const char *prefix)
 {
     dl_auth_keypair kp;
-    int rc = dl_auth_keygen(prefix, &kp);
+    int rc = make_parent_dirs(prefix);
+    if (!rc) rc = dl_auth_keygen(prefix, &kp);
     if (rc) {
         fprintf(stderr, "dloco keygen: %s: %s\n", dl_strerror(rc), dl_errmsg());
         return 1;
@@ -508,6 +560,20 @@ int main(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    /* dloco CMD --help: that command's block, and its options where it has a table */
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "-h") && strcmp(argv[i], "--help")) continue;
+        for (size_t c = 0; c < NCOMMANDS; c++) {
+            if (strcmp(argv[1], commands[c].name)) continue;
+            printf("usage: dloco %s", commands[c].text + 2);
+            char *help[] = {argv[1], "--help"};
+            if (!strcmp(argv[1], "eval")) return cmd_eval(NULL, 2, help);
+            if (!strcmp(argv[1], "plan")) return cmd_plan(2, help);
+            if (!strcmp(argv[1], "export")) return dl_export_cmd(NULL, 2, help);
+            return 0;
+        }
+        break;
     }
     if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
     if (argc < 3) {

@@ -18,10 +18,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct {
     char format[DL_CFG_STRLEN];
     int force;
+    char tokenizer[DL_CFG_STRLEN];
 } export_cfg;
 
 #define F(x) offsetof(export_cfg, x)
@@ -29,9 +33,70 @@ static const dl_cfg_entry export_table[] = {
     {"format", DL_CFG_ENUM, F(format), 0, 0, "safetensors", "safetensors|llmc|hf", 0,
      "safetensors (dloco names), llmc (llm.c GPT-2 checkpoint) or hf (a Hugging Face GPT-2 directory)"},
     {"force", DL_CFG_BOOL, F(force), 0, 0, "false", NULL, 0, "replace an existing OUT"},
+    {"tokenizer", DL_CFG_STR, F(tokenizer), 0, 0, "", NULL, 0,
+     "hf: a SentencePiece tokenizer.model (tools/make_shards.py) to put next to the model, with a "
+     "tokenizer_config.json; empty = none (the byte vocabulary of text runs has no tokenizer file)"},
 };
 #undef F
 #define NROWS (sizeof export_table / sizeof export_table[0])
+
+/* The tokenizer file is hostile input too: a regular file of sane size. */
+#define TOKENIZER_MAX (64u << 20)
+
+static int read_tokenizer(const char *path, char **buf, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return dl_err(DL_EIO, "tokenizer %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 || st.st_size > TOKENIZER_MAX) {
+        fclose(f);
+        return dl_err(DL_EFORMAT, "tokenizer %s: not a regular file of 1 byte to %u MiB (a SentencePiece "
+                      "tokenizer.model from tools/make_shards.py)", path, TOKENIZER_MAX >> 20);
+    }
+    *len = (size_t)st.st_size;
+    *buf = dl_xmalloc(*len);
+    int ok = fread(*buf, 1, *len, f) == *len;
+    fclose(f);
+    if (!ok) {
+        free(*buf);
+        return dl_err(DL_EIO, "tokenizer %s: short read", path);
+    }
+    return 0;
+}
+
+/* `text` as OUT/name, through a temporary file and a rename. */
+static int put_file(const char *out, const char *name, const void *text, size_t len)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%s", out, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return dl_err(DL_EIO, "cannot create %s: %s", tmp, strerror(errno));
+    int ok = fwrite(text, 1, len, f) == len;
+    ok = fflush(f) == 0 && fsync(fileno(f)) == 0 && ok;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return dl_err(DL_EIO, "cannot write %s: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
+/* The tokenizer next to an HF export: tokenizer.model as given, and a config
+ * naming the SentencePiece (Llama-style) tokenizer class and its specials as
+ * tools/make_shards.py trains them (<unk> 0, <s> 1, </s> 2; none added). */
+static int put_tokenizer(const char *out, int seq_len, const char *buf, size_t len)
+{
+    char cfg[1024];
+    int n = snprintf(cfg, sizeof cfg,
+                     "{\n  \"tokenizer_class\": \"LlamaTokenizer\",\n  \"model_max_length\": %d,\n"
+                     "  \"unk_token\": \"<unk>\",\n  \"bos_token\": \"<s>\",\n  \"eos_token\": \"</s>\",\n"
+                     "  \"add_bos_token\": false,\n  \"add_eos_token\": false,\n  \"add_prefix_space\": false,\n"
+                     "  \"legacy\": false\n}\n",
+                     seq_len);
+    DL_TRY(put_file(out, "tokenizer.model", buf, len));
+    return put_file(out, "tokenizer_config.json", cfg, (size_t)n);
+}
 
 static int fail(int rc)
 {
@@ -95,14 +160,27 @@ int dl_export_cmd(const char *dir, int argc, char **argv)
     int rc = dl_cfg_parse_args(export_table, NROWS, &ec, ac, av);
     free(av);
     if (rc == 1) {
-        printf("usage: dloco export STORE [--format safetensors|llmc|hf] [--force] OUT\n");
         dl_cfg_usage(export_table, NROWS, stdout);
         return 0;
     }
     if (rc) return fail(rc);
     if (!out) return fail(dl_err(DL_EINVAL, "no OUT: usage dloco export STORE --format F OUT"));
+    /* OUT/ (a shell's completion of a directory) names OUT: the writer makes
+     * its temporary next to OUT, which "OUT/" would put inside it */
+    char out_buf[4096];
+    size_t ol = strlen(out);
+    if (ol > 1 && out[ol - 1] == '/' && ol < sizeof out_buf) {
+        memcpy(out_buf, out, ol + 1);
+        while (ol > 1 && out_buf[ol - 1] == '/') out_buf[--ol] = 0;
+        out = out_buf;
+    }
     int format;
     if ((rc = dl_modelfile_format_parse(ec.format, &format))) return fail(rc);
+    char *tok = NULL;
+    size_t tok_len = 0;
+    if (ec.tokenizer[0] && strcmp(ec.format, "hf"))
+        return fail(dl_err(DL_EINVAL, "--tokenizer goes with --format hf (a Hugging Face directory holds it)"));
+    if (ec.tokenizer[0] && (rc = read_tokenizer(ec.tokenizer, &tok, &tok_len))) return fail(rc);
 
     dl_store_opts o = dl_store_opts_default();
     o.read_only = 1;
@@ -167,10 +245,13 @@ int dl_export_cmd(const char *dir, int argc, char **argv)
     dl_modelfile_meta meta = {.run_id = run.run_id, .fingerprint = run.fingerprint, .n_fragments = run.n_fragments,
                               .versions = versions, .seed = run.seed};
     if ((rc = dl_modelfile_write(out, format, &run.model, params, &meta, ec.force, stderr))) goto done;
+    if (tok && (rc = put_tokenizer(out, run.model.seq_len, tok, tok_len))) goto done;
     printf("exported run %s (L=%d NH=%d C=%d T=%d V=%d, %u fragments at total version %llu) to %s as %s\n", run.run_id,
            run.model.n_layer, run.model.n_head, run.model.n_embd, run.model.seq_len, run.model.vocab, run.n_fragments,
            (unsigned long long)vsum, out, dl_modelfile_format_name(format));
+    if (tok) printf("tokenizer: %s copied to %s/tokenizer.model, with tokenizer_config.json\n", ec.tokenizer, out);
 done:
+    free(tok);
     free(params);
     free(versions);
     dl_plan_close(&plan);

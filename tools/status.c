@@ -236,13 +236,21 @@ static int store_json(const char *dir, dl_prom *o)
                 (unsigned long long)led.tokens[DL_LEDGER_DISCARDED],
                 (unsigned long long)led.tokens[DL_LEDGER_OUTSTANDING]);
     dl_store_eval ev;
-    if (dl_store_get_eval(s, &ev) == 0 && isfinite(ev.loss))
-        dl_prom_raw(o, "{\"version\":%llu,\"loss\":%.6g,\"seqs\":%u,\"age_s\":%.3f}", (unsigned long long)ev.version,
-                    ev.loss, ev.seqs, (double)(now - ev.wallclock_ns) * 1e-9);
-    else if (dl_store_get_eval(s, &ev) == 0) /* a diverged model's loss: JSON has no NaN or Inf */
-        dl_prom_raw(o, "{\"version\":%llu,\"loss\":null,\"seqs\":%u,\"age_s\":%.3f}", (unsigned long long)ev.version,
-                    ev.seqs, (double)(now - ev.wallclock_ns) * 1e-9);
-    else dl_prom_raw(o, "null");
+    dl_store_evaldata ed;
+    int have_ed = dl_store_get_evaldata(s, &ed) == 0;
+    if (dl_store_get_eval(s, &ev) == 0) {
+        if (isfinite(ev.loss))
+            dl_prom_raw(o, "{\"version\":%llu,\"loss\":%.6g,\"seqs\":%u,\"age_s\":%.3f,\"data\":",
+                        (unsigned long long)ev.version, ev.loss, ev.seqs, (double)(now - ev.wallclock_ns) * 1e-9);
+        else /* a diverged model's loss: JSON has no NaN or Inf */
+            dl_prom_raw(o, "{\"version\":%llu,\"loss\":null,\"seqs\":%u,\"age_s\":%.3f,\"data\":",
+                        (unsigned long long)ev.version, ev.seqs, (double)(now - ev.wallclock_ns) * 1e-9);
+        if (have_ed) dl_prom_json_str(o, ed.path);
+        else dl_prom_raw(o, "null"); /* a store from before the record */
+        dl_prom_raw(o, "}");
+    } else {
+        dl_prom_raw(o, "null");
+    }
     dl_prom_raw(o, "}\n");
     dl_store_close(&s);
     return 0;
@@ -266,28 +274,33 @@ static void print_text(const dl_json *d, FILE *f)
             dl_json_str(d, live ? "endpoint" : "store", ""), dl_json_num(d, "epoch", 0),
             dl_json_str(d, "fingerprint", "?"));
     if (live)
-        fprintf(f, "learners: %.0f live / %.0f dead / %.0f left (%.0f known); merges %.0f, rejected %.0f, dropped "
-                   "stale %.0f, busy %.0f\n",
+        fprintf(f, "learners: %.0f live / %.0f dead / %.0f left (%.0f known); this epoch (since the synchronizer "
+                   "started): merges %.0f, pushes rejected %.0f, dropped stale %.0f, busy %.0f\n",
                 dl_json_num(d, "learners_live", 0), dl_json_num(d, "learners_dead", 0),
                 dl_json_num(d, "learners_left", 0), dl_json_num(d, "learners_known", 0), dl_json_num(d, "merges", 0),
                 dl_json_num(d, "rejected", 0), dl_json_num(d, "dropped_stale", 0), dl_json_num(d, "busy_refused", 0));
     else
-        fprintf(f, "learners: %.0f known; merges %.0f\n", dl_json_num(d, "learners_known", 0),
+        fprintf(f, "learners: %.0f known; merges %.0f (whole run)\n", dl_json_num(d, "learners_known", 0),
                 dl_json_num(d, "merges", 0));
-    fprintf(f, "%-20s %-8s %-6s %9s %14s %12s %7s %6s %6s %6s %12s %12s\n", "LEARNER", "SITE", "ALIVE", "STEPS/S",
-            "TOKENS_APPLIED", "STEP", "PUSHES", "MERGED", "REJ", "STALE", "BYTES_IN", "BYTES_OUT");
+    fprintf(f, "%-20s %-8s %-6s %9s %10s %14s %12s %7s %6s %6s %6s %12s %12s\n", "LEARNER", "SITE", "ALIVE", "STEPS/S",
+            "TRAIN_LOSS", "TOKENS_APPLIED", "STEP", "PUSHES", "MERGED", "REJ", "STALE", "BYTES_IN", "BYTES_OUT");
     const dl_json *ls = dl_json_get(d, "learners");
     for (const dl_json *l = ls ? ls->child : NULL; l; l = l->next) {
         const dl_json *alive = dl_json_get(l, "alive");
-        char sps[24], st[24];
+        char sps[24], st[24], tl[24];
         num_or_dash(sps, sizeof sps, l, "steps_per_s", "%.2f");
+        num_or_dash(tl, sizeof tl, l, "train_loss", "%.4f");
         num_or_dash(st, sizeof st, l, "last_staleness", "%.0f");
-        fprintf(f, "%-20s %-8s %-6s %9s %14.0f %12.0f %7.0f %6.0f %6.0f %6s %12.0f %12.0f\n", dl_json_str(l, "id", "?"),
-                dl_json_str(l, "site", "-"), alive && alive->type == DL_JSON_BOOL ? (alive->num ? "yes" : "no") : "-",
-                sps, dl_json_num(l, "tokens_applied", 0), dl_json_num(l, "step", 0), dl_json_num(l, "pushes", 0),
+        fprintf(f, "%-20s %-8s %-6s %9s %10s %14.0f %12.0f %7.0f %6.0f %6.0f %6s %12.0f %12.0f\n",
+                dl_json_str(l, "id", "?"), dl_json_str(l, "site", "-"),
+                alive && alive->type == DL_JSON_BOOL ? (alive->num ? "yes" : "no") : "-", sps, tl,
+                dl_json_num(l, "tokens_applied", 0), dl_json_num(l, "step", 0), dl_json_num(l, "pushes", 0),
                 dl_json_num(l, "merged", 0), dl_json_num(l, "rejected", 0), st, dl_json_num(l, "bytes_in", 0),
                 dl_json_num(l, "bytes_out", 0));
     }
+    if (ls && ls->child)
+        fprintf(f, "(TRAIN_LOSS: the learner's recent training loss on its own data, from its latest push; "
+                   "TOKENS_APPLIED in fragment-tokens: a push of one fragment trained on N tokens counts N)\n");
     fprintf(f, "%-9s %9s %16s %13s\n", "FRAGMENT", "VERSION", "LAST_MERGE_AGE_S", "CONTRIBUTORS");
     const dl_json *fs = dl_json_get(d, "fragments");
     for (const dl_json *p = fs ? fs->child : NULL; p; p = p->next) {
@@ -304,9 +317,9 @@ static void print_text(const dl_json *d, FILE *f)
                 dl_json_num(led, "lost", 0), dl_json_num(led, "discarded", 0), dl_json_num(led, "outstanding", 0));
     const dl_json *ev = dl_json_get(d, "eval");
     if (ev && ev->type == DL_JSON_OBJ)
-        fprintf(f, "global validation loss %.4f at total version %.0f (%.0f sequences, %.0f s ago)\n",
-                dl_json_num(ev, "loss", NAN), dl_json_num(ev, "version", 0), dl_json_num(ev, "seqs", 0),
-                dl_json_num(ev, "age_s", 0));
+        fprintf(f, "global validation loss %.4f on %s at total version %.0f (%.0f sequences, %.0f s ago)\n",
+                dl_json_num(ev, "loss", NAN), dl_json_str(ev, "data", "unrecorded data"), dl_json_num(ev, "version", 0),
+                dl_json_num(ev, "seqs", 0), dl_json_num(ev, "age_s", 0));
     else
         fprintf(f, "global validation loss: none yet (dloco-sync --eval_every_s, or dloco eval STORE)\n");
 }

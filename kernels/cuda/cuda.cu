@@ -23,21 +23,66 @@ static int dl_cuda_code(cudaError_t e)
     }
 }
 
+/* What a failing CUDA call was doing, from its name, for users: the
+ * expression and file:line go to the debug log only. */
+static const char *dl_cuda_doing(const char *expr)
+{
+    static const struct {
+        const char *prefix, *doing;
+    } ops[] = {{"cudaGetDeviceCount", "looking for CUDA devices"},
+               {"cudaFuncGetAttributes", "checking this build runs on the GPU"},
+               {"cudaSetDevice", "selecting the GPU"},
+               {"cudaGetDeviceProperties", "reading the GPU's properties"},
+               {"cudaMalloc", "allocating GPU memory"},
+               {"cudaFree", "freeing GPU memory"},
+               {"cudaMemcpy", "copying between host and GPU memory"},
+               {"cudaMemset", "clearing GPU memory"},
+               {"cudaStream", "synchronising with the GPU"},
+               {"cudaDeviceSynchronize", "synchronising with the GPU"},
+               {"cudaHost", "pinning host memory"},
+               {"cudaGetLastError", "running a GPU kernel"},
+               {"cublas", "running a cuBLAS matrix multiply"}};
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (!strncmp(expr, ops[i].prefix, strlen(ops[i].prefix))) return ops[i].doing;
+    return "making a CUDA call";
+}
+
+/* The fix for the errors a user can act on; "" otherwise. */
+static const char *dl_cuda_fix(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorNoDevice:
+    case cudaErrorDevicesUnavailable: return ": no usable CUDA device here; train on the CPU with --device cpu";
+    case cudaErrorInsufficientDriver:
+        return ": the NVIDIA driver is older than this build's CUDA; update the driver or use --device cpu";
+    case cudaErrorStubLibrary: return ": no NVIDIA driver is installed; install it or use --device cpu";
+    case cudaErrorMemoryAllocation: return ": out of GPU memory; use a smaller --batch or model";
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+        return ": this build has no code for this GPU; rebuild with CMAKE_CUDA_ARCHITECTURES naming its "
+               "compute capability";
+    default: return "";
+    }
+}
+
 extern "C" int dl_cuda_fail_(int err, const char *expr, const char *file, int line)
 {
     cudaError_t e = (cudaError_t)err;
     /* Clear a non-sticky error so it is not reported again by the next
      * unrelated DL_CUDA_CHECK_LAUNCH(); sticky errors stay regardless. */
     (void)cudaGetLastError();
-    return dl_err(dl_cuda_code(e), "%s:%d: %s: %s (%s)", file, line, expr, cudaGetErrorString(e),
-                  cudaGetErrorName(e));
+    DL_DEBUG("%s:%d: %s: %s", file, line, expr, cudaGetErrorName(e));
+    return dl_err(dl_cuda_code(e), "CUDA error while %s: %s (%s)%s", dl_cuda_doing(expr), cudaGetErrorString(e),
+                  cudaGetErrorName(e), dl_cuda_fix(e));
 }
 
 extern "C" int dl_cublas_fail_(int status, const char *expr, const char *file, int line)
 {
     cublasStatus_t s = (cublasStatus_t)status;
-    return dl_err(DL_ECUDA, "%s:%d: %s: %s (%s)", file, line, expr, cublasGetStatusString(s),
-                  cublasGetStatusName(s));
+    DL_DEBUG("%s:%d: %s: %s", file, line, expr, cublasGetStatusName(s));
+    return dl_err(DL_ECUDA, "CUDA error while %s: %s (%s)%s", dl_cuda_doing(expr), cublasGetStatusString(s),
+                  cublasGetStatusName(s),
+                  s == CUBLAS_STATUS_ALLOC_FAILED ? ": out of GPU memory; use a smaller --batch or model" : "");
 }
 
 /* ---- device */
@@ -50,7 +95,7 @@ static int dl_cuda_probe(void)
 {
     int n = 0;
     DL_CUDA_CHECK(cudaGetDeviceCount(&n));
-    if (n <= 0) return dl_err(DL_ENODEV, "cudaGetDeviceCount: 0 devices");
+    if (n <= 0) return dl_err(DL_ENODEV, "no CUDA device found; train on the CPU with --device cpu");
     cudaFuncAttributes attr;
     DL_CUDA_CHECK(cudaFuncGetAttributes(&attr, dl_cuda_probe_kernel));
     return 0;

@@ -32,8 +32,9 @@ extern "C" {
 
 /* ---- check macros. `call` returns a cudaError_t (DL_CUDA_CHECK) or a
  * cublasStatus_t (DL_CUBLAS_CHECK); both are 0 on success. On failure the
- * enclosing int-returning function returns DL_ENODEV/DL_ECUDA with
- * "file:line: call: message" recorded via dl_err(). The caller must include
+ * enclosing int-returning function returns DL_ENODEV/DL_ECUDA with a message
+ * for users recorded via dl_err() (what the call was doing, CUDA's reason, the
+ * fix where there is one); "file:line: call" goes to the debug log. The caller must include
  * the CUDA header that declares `call`. */
 #define DL_CUDA_CHECK(call)                                                    \
     do {                                                                       \
