@@ -107,6 +107,8 @@ def run(rank, args):
         print(json.dumps(line), flush=True)
     if dl:
         dl.close()
+    del ddp  # DDP's reducer goes before its process group
+    dist.barrier()
     dist.destroy_process_group()
 
 
