@@ -209,8 +209,14 @@ def train_loop(args, model, data, **learner_kw):
     B, T = args.batch, args.seq_len
     dl = None
     if args.connect:  # 1 of 3: the learner, joined (the global model replaces the init)
+        import dloco
         dl = make_learner(args, model, B * T, **learner_kw).handle_signals()
-        dl.join(args.join_timeout)
+        try:
+            dl.join(args.join_timeout)
+        except dloco.Stopped:  # SIGTERM while joining: nothing trained, nothing to flush
+            dl.close()
+            print(json.dumps({"steps": 0, "stopped": True}), flush=True)
+            return None
     loss_log = open(args.loss_log, "a") if args.loss_log else None
     t0, step, adopted, lv = time.time(), 0, 0, float("nan")
     for step in range(1, args.steps + 1):

@@ -3,16 +3,22 @@ API of include/dloco/learner.h (libdloco_learner.so) through ctypes. CPU
 parameters are bound zero-copy (the library reads and writes the tensors'
 own memory); CUDA parameters through callbacks (a device snapshot copied to
 pinned host memory on a side stream, overlapped with the next step)."""
+import atexit
 import ctypes
 import logging
 import signal
 import threading
+import weakref
 
 from . import _lib
 from . import manifest as _manifest
 from .errors import CallbackError, Error, ManifestError, StateError, from_code
 
 log = logging.getLogger("dloco")
+# Handles still open at interpreter exit are closed first, while Python can
+# still take the library threads' log lines.
+_open = weakref.WeakSet()
+atexit.register(lambda: [h.close() for h in list(_open)])
 _LEVELS = {_lib.LOG_DEBUG: logging.DEBUG, _lib.LOG_INFO: logging.INFO, _lib.LOG_WARN: logging.WARNING,
            _lib.LOG_ERROR: logging.ERROR}
 
@@ -230,6 +236,7 @@ class Learner:
         o.config_path = self._keep[3]
         o.log, o.log_ctx, o.device = self._log_fn, None, self._keep[4]
         self._check(L.dloco_learner_open(ctypes.byref(o), ctypes.byref(self._h)), handle=False)
+        _open.add(self)
         try:
             for k, v in (options or {}).items():
                 if isinstance(v, bool):
