@@ -90,6 +90,8 @@ struct dl_comms {
     size_t maxn;     /* floats per swapped buffer */
     uint64_t fingerprint;
     uint32_t n_layer, n_head, n_embd, seq_len, vocab, batch;
+    const struct dl_manifest *manifest; /* borrowed; NULL: a GPT-2 learner */
+    uint64_t max_tokens_per_step;       /* Hello.max_tokens_per_step of a manifest learner */
     uint64_t instance;      /* Hello.instance */
     char curve_server[41], curve_public[41], curve_secret[41]; /* Z85; "" = plain */
     uint64_t max_jump;  /* max_version_jump */
@@ -331,6 +333,8 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->seq_len = o->seq_len;
     c->vocab = o->vocab;
     c->batch = o->batch;
+    c->manifest = o->manifest;
+    c->max_tokens_per_step = o->manifest ? o->max_tokens_per_step : 0;
     c->instance = o->instance ? o->instance : dl_comms_instance();
     memcpy(c->curve_server, o->curve_server, sizeof c->curve_server);
     memcpy(c->curve_public, o->curve_public, sizeof c->curve_public);
@@ -558,6 +562,16 @@ static void send_hello(dl_comms *c)
     /* any chunk up to our largest fragment (libzmq takes nothing bigger) */
     size_t mc = c->maxmsg - DL_WIRE_MAX_HEADER_BYTES;
     h.max_chunk_bytes = mc > DL_WIRE_CHUNK_MAX ? DL_WIRE_CHUNK_MAX : mc < DL_WIRE_CHUNK_MIN ? DL_WIRE_CHUNK_MIN : (uint32_t)mc;
+    dl_wire_manifest_buf mbuf = {0};
+    if (c->manifest) {
+        if (dl_wire_hello_set_manifest(&h, c->manifest, &mbuf)) {
+            DL_WARN("comms: hello not sent: %s", dl_errmsg()); /* out of memory: tried again as an unsent one */
+            c->hello_unsent = 1;
+            c->t_hello = dl_clock_ns();
+            return;
+        }
+        h.max_tokens_per_step = c->max_tokens_per_step;
+    }
     /* held_versions has all P entries; the synchronizer reads those of the
      * fragments it owns, ours (a shard's are not the others' business) */
     int all = 1;
@@ -574,6 +588,7 @@ static void send_hello(dl_comms *c)
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_hello(&env, &h);
     int rc = send_env(c, &env, NULL, 0);
+    dl_wire_manifest_buf_free(&mbuf);
     /* Not connected yet (ZMQ_IMMEDIATE), or no socket: try again in
      * hello_unsent_ms, not after the full retry period. */
     c->hello_unsent = rc == DL_EAGAIN;

@@ -17,6 +17,7 @@
 #include "core/err.h"
 #include "core/event.h"
 #include "core/log.h"
+#include "core/manifest.h"
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/shard.h"
@@ -38,7 +39,8 @@ _Static_assert((int)DLOCO_EINVAL == (int)DL_EINVAL && (int)DLOCO_ENOMEM == (int)
 _Static_assert((int)DLOCO_ROLE_MATRIX == (int)DL_TENSOR_MATRIX && (int)DLOCO_ROLE_VECTOR == (int)DL_TENSOR_VECTOR &&
                    (int)DLOCO_ROLE_EMBEDDING == (int)DL_TENSOR_EMBED,
                "roles drifted from core/tensor.h");
-_Static_assert(DLOCO_TENSOR_NAME_MAX + 1 == sizeof(((dl_tensor *)0)->name), "name bound drifted from core/tensor.h");
+_Static_assert(DLOCO_TENSOR_NAME_MAX + 1 == DL_TENSOR_NAME_MAX && DLOCO_TENSOR_MAX_DIMS == DL_TENSOR_NDIM_MAX,
+               "tensor bounds drifted from core/tensor.h");
 
 /* ---- the networked options (the rows dloco-learner has, same names, bounds and defaults except metrics) */
 
@@ -101,6 +103,7 @@ struct dloco_learner {
     int S;
     /* the model */
     int nt;
+    dl_manifest *man;     /* the caller's manifest (a GPT-2 one tagged with its config) */
     dl_model_config gpt;
     int is_gpt;
     uint64_t max_tokens;
@@ -200,7 +203,7 @@ static int gpt2_config(const dloco_gpt2_config *g, dl_model_config *out)
     return 0;
 }
 
-static _Thread_local char gpt2_names[4 + 12 * DL_MODEL_LAYER_MAX][48];
+static _Thread_local char gpt2_names[4 + 12 * DL_MODEL_LAYER_MAX][48]; /* GPT-2 names are under 48 bytes */
 
 DLOCO_API int32_t dloco_learner_gpt2_manifest(const dloco_gpt2_config *cfg, dloco_tensor *out, int32_t cap)
 {
@@ -213,7 +216,7 @@ DLOCO_API int32_t dloco_learner_gpt2_manifest(const dloco_gpt2_config *cfg, dloc
     if (!tab) return dl_err(DLOCO_ENOMEM, "gpt2 manifest: %d tensors: out of memory", nt);
     dl_model_tensor_table(&c, tab, nt, NULL);
     for (int i = 0; i < nt && i < cap; i++) {
-        memcpy(gpt2_names[i], tab[i].name, sizeof gpt2_names[i]);
+        snprintf(gpt2_names[i], sizeof gpt2_names[i], "%s", tab[i].name);
         memset(&out[i], 0, sizeof out[i]);
         out[i].name = gpt2_names[i];
         out[i].ndim = tab[i].ndim;
@@ -224,97 +227,28 @@ DLOCO_API int32_t dloco_learner_gpt2_manifest(const dloco_gpt2_config *cfg, dloc
     return nt;
 }
 
-static int name_ok(const char *s)
+/* The caller's manifest as core/manifest.h's (checked there: names, dims, roles, duplicates, size). */
+static int manifest_of(const dloco_tensor *t, int nt, dl_manifest **out)
 {
-    size_t n = strlen(s);
-    if (n < 1 || n > DLOCO_TENSOR_NAME_MAX) return 0;
-    for (size_t i = 0; i < n; i++)
-        if (s[i] < 0x21 || s[i] > 0x7e) return 0;
-    return 1;
-}
-
-/* The caller's manifest as a tensor table in layout order (*tab, nt entries):
- * a tensor of 3 or 4 dims becomes [shape0, the rest's product]. */
-static int manifest_table(const dloco_tensor *m, int nt, dl_tensor **tab)
-{
-    *tab = NULL;
-    if (!m || nt < 1) return dl_err(DLOCO_EINVAL, "manifest: no tensors (tensors NULL or n_tensors %d)", nt);
-    if (nt > 1000000) return dl_err(DLOCO_EINVAL, "manifest: %d tensors, more than 1000000", nt);
-    dl_tensor *t = dl_try_calloc((size_t)nt, sizeof *t);
-    if (!t) return dl_err(DLOCO_ENOMEM, "manifest: %d tensors: out of memory", nt);
-    size_t off = 0;
-    for (int i = 0; i < nt; i++) {
-        const dloco_tensor *e = &m[i];
-        int rc = 0;
-        if (!e->name) rc = dl_err(DLOCO_EINVAL, "manifest: tensor %d has no name", i);
-        else if (!name_ok(e->name))
-            rc = dl_err(DLOCO_EINVAL, "manifest: tensor %d: name '%.60s' is not 1..%d printable characters without "
-                                      "spaces", i, e->name, DLOCO_TENSOR_NAME_MAX);
-        else if (e->ndim < 1 || e->ndim > DLOCO_TENSOR_MAX_DIMS)
-            rc = dl_err(DLOCO_EINVAL, "manifest: tensor %s has %d dims; 1 to %d are supported", e->name, e->ndim,
-                        DLOCO_TENSOR_MAX_DIMS);
-        else if (e->role != DLOCO_ROLE_MATRIX && e->role != DLOCO_ROLE_VECTOR && e->role != DLOCO_ROLE_EMBEDDING)
-            rc = dl_err(DLOCO_EINVAL, "manifest: tensor %s: role %d is not matrix (0), vector (1) or embedding (2)",
-                        e->name, e->role);
-        if (!rc) {
-            int64_t rest = 1;
-            for (int d = 0; d < e->ndim && !rc; d++) {
-                if (e->shape[d] < 1 || e->shape[d] > INT32_MAX)
-                    rc = dl_err(DLOCO_EINVAL, "manifest: tensor %s: dim %d is %lld (must be 1..%d)", e->name, d,
-                                (long long)e->shape[d], INT32_MAX);
-                else if (d > 0 && (rest *= e->shape[d]) > INT32_MAX)
-                    rc = dl_err(DLOCO_EINVAL, "manifest: tensor %s: a row of %lld elements is too long", e->name,
-                                (long long)rest);
-            }
-            if (!rc && (uint64_t)e->shape[0] * (uint64_t)rest > (1ull << 40))
-                rc = dl_err(DLOCO_EINVAL, "manifest: tensor %s is larger than 2^40 elements", e->name);
-            if (!rc) {
-                snprintf(t[i].name, sizeof t[i].name, "%s", e->name);
-                t[i].offset = off;
-                t[i].ndim = e->ndim == 1 ? 1 : 2;
-                t[i].shape[0] = (int)e->shape[0];
-                t[i].shape[1] = e->ndim == 1 ? 0 : (int)rest;
-                t[i].numel = (size_t)e->shape[0] * (size_t)rest;
-                t[i].kind = e->role;
-                off += t[i].numel;
-            }
-        }
-        for (int j = 0; j < i && !rc; j++)
-            if (!strcmp(t[j].name, e->name))
-                rc = dl_err(DLOCO_EINVAL, "manifest: tensor name %s appears twice (tensors %d and %d): tied weights "
-                                          "go in once", e->name, j, i);
-        if (rc) {
-            free(t);
-            return rc;
-        }
-    }
-    *tab = t;
-    return 0;
-}
-
-/* A GPT-2 manifest must be the table of its config, tensor for tensor. */
-static int gpt2_match(const dl_model_config *c, const dl_tensor *t, int nt)
-{
-    int want = dl_model_tensor_table(c, NULL, 0, NULL);
-    dl_tensor *g = dl_try_calloc((size_t)want, sizeof *g);
-    if (!g) return dl_err(DLOCO_ENOMEM, "gpt2 manifest: out of memory");
-    dl_model_tensor_table(c, g, want, NULL);
+    *out = NULL;
+    if (!t || nt < 1) return dl_err(DLOCO_EINVAL, "manifest: no tensors (tensors NULL or n_tensors %d)", nt);
+    dl_manifest *m = NULL;
+    DL_TRY(dl_manifest_open(&m));
     int rc = 0;
-    for (int i = 0; i < want && i < nt && !rc; i++) {
-        if (strcmp(g[i].name, t[i].name))
-            rc = dl_err(DLOCO_EINVAL, "manifest: tensor %d is %s, the GPT-2 config's is %s", i, t[i].name, g[i].name);
-        else if (g[i].numel != t[i].numel || g[i].shape[0] != t[i].shape[0] || g[i].shape[1] != t[i].shape[1] ||
-                 g[i].ndim != t[i].ndim)
-            rc = dl_err(DLOCO_EINVAL, "manifest: tensor %s has shape [%d, %d], the GPT-2 config's is [%d, %d]",
-                        t[i].name, t[i].shape[0], t[i].shape[1], g[i].shape[0], g[i].shape[1]);
-        else if (g[i].kind != t[i].kind)
-            rc = dl_err(DLOCO_EINVAL, "manifest: tensor %s has role %d, the GPT-2 config's is %d", t[i].name, t[i].kind,
-                        g[i].kind);
+    for (int i = 0; i < nt && !rc; i++) {
+        if (!t[i].name) rc = dl_err(DLOCO_EINVAL, "manifest: tensor %d has no name", i);
+        else if (t[i].ndim < 1 || t[i].ndim > DLOCO_TENSOR_MAX_DIMS)
+            rc = dl_err(DLOCO_EINVAL, "manifest: tensor %.80s has %d dims; 1 to %d are supported", t[i].name,
+                        t[i].ndim, DLOCO_TENSOR_MAX_DIMS);
+        else rc = dl_manifest_add(m, t[i].name, t[i].ndim, t[i].shape, t[i].role); /* its message names it */
     }
-    if (!rc && want != nt)
-        rc = dl_err(DLOCO_EINVAL, "manifest: %d tensors, the GPT-2 config has %d", nt, want);
-    free(g);
-    return rc;
+    if (!rc) rc = dl_manifest_check(m);
+    if (rc) {
+        dl_manifest_close(&m);
+        return rc;
+    }
+    *out = m;
+    return 0;
 }
 
 /* ---- open / close */
@@ -392,27 +326,23 @@ static int open_checked(const dloco_learner_opts *oin, const dl_learner_ext *ext
     if (o.fragments < DL_MODEL_FRAGMENTS_MIN || o.fragments > DL_MODEL_FRAGMENTS_MAX)
         return dl_err(DLOCO_EINVAL, "fragments: %d is not in %d..%d", o.fragments, DL_MODEL_FRAGMENTS_MIN,
                       DL_MODEL_FRAGMENTS_MAX);
-    dl_tensor *tab = NULL;
-    DL_TRY(manifest_table(o.tensors, o.n_tensors, &tab));
+    DL_TRY(manifest_of(o.tensors, o.n_tensors, &l->man));
     l->nt = o.n_tensors;
     int rc = 0;
     if (o.gpt2) {
         l->is_gpt = 1;
-        rc = gpt2_config(o.gpt2, &l->gpt);
-        if (!rc) rc = gpt2_match(&l->gpt, tab, l->nt);
-        if (!rc && o.max_tokens_per_step < (uint64_t)l->gpt.seq_len)
-            rc = dl_err(DLOCO_EINVAL, "max_tokens_per_step: %llu is less than one sequence (seq_len %d)",
-                        (unsigned long long)o.max_tokens_per_step, l->gpt.seq_len);
+        DL_TRY(gpt2_config(o.gpt2, &l->gpt));
+        if ((rc = dl_manifest_set_gpt(l->man, &l->gpt)))
+            return dl_err(rc == DL_ENOMEM ? rc : DLOCO_EINVAL, "the manifest is not the GPT-2 config's: %s", dl_errmsg());
+        if (o.max_tokens_per_step < (uint64_t)l->gpt.seq_len)
+            return dl_err(DLOCO_EINVAL, "max_tokens_per_step: %llu is less than one sequence (seq_len %d)",
+                          (unsigned long long)o.max_tokens_per_step, l->gpt.seq_len);
     }
-    if (!rc) {
-        rc = dl_plan_build(tab, l->nt, o.fragments, &l->plan);
-        if (rc) rc = dl_err(rc, "fragments %d: %s", o.fragments, dl_errmsg());
-    }
-    free(tab);
-    DL_TRY(rc);
+    if ((rc = dl_manifest_plan_open(l->man, o.fragments, &l->plan)))
+        return dl_err(rc == DL_ENOMEM ? rc : DLOCO_EINVAL, "fragments %d: %s", o.fragments, dl_errmsg());
     if (l->S > 1 && (rc = dl_shard_check(dl_plan_P(l->plan), 0, l->S)))
         return dl_err(DLOCO_EINVAL, "connect: %d shards: %s", l->S, dl_errmsg());
-    l->fp = l->is_gpt ? dl_model_fingerprint(&l->gpt, l->plan) : dl_plan_fingerprint(l->plan, NULL, 0);
+    l->fp = dl_manifest_fingerprint(l->man, l->plan);
     if (o.config_path && o.config_path[0]) {
         if ((rc = dl_cfg_load_ini(net_table, NNET, &l->cfg, o.config_path)))
             return dl_err(rc, "options file: %s", dl_errmsg());
@@ -475,6 +405,7 @@ DLOCO_API void dloco_learner_close(dloco_learner **lp)
     dl_mailbox_close(&l->mb);
     if (l->events_opened) dl_event_close();
     dl_plan_close(&l->plan);
+    dl_manifest_close(&l->man);
     free(l->tp);
     free(l->shared);
     free(l->fchanged);
@@ -738,6 +669,11 @@ static int join_setup(dloco_learner *l)
         /* Hello.batch: sequences per step; the synchronizer bounds a push's tokens by steps x batch x seq_len */
         co.batch = l->ext.hello_batch ? l->ext.hello_batch
                                       : (uint32_t)((l->max_tokens + (uint64_t)l->gpt.seq_len - 1) / (uint64_t)l->gpt.seq_len);
+    } else {
+        /* any other model: its tensors and token bound travel in the Hello (a GPT-2 learner's Hello stays
+         * dloco-learner's, byte for byte) */
+        co.manifest = l->man;
+        co.max_tokens_per_step = l->max_tokens;
     }
     co.device = l->device;
     co.max_version_jump = (uint64_t)c->max_version_jump;

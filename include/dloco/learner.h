@@ -125,13 +125,14 @@ enum { DLOCO_ROLE_MATRIX = 0, DLOCO_ROLE_VECTOR = 1, DLOCO_ROLE_EMBEDDING = 2 };
 
 #define DLOCO_TENSOR_MAX_DIMS 4
 /* Longest tensor name, bytes without the NUL. */
-#define DLOCO_TENSOR_NAME_MAX 47
+#define DLOCO_TENSOR_NAME_MAX 127
 
 /* One fp32 tensor of the model. A manifest is an array of these in the
  * order the tensors are laid out (the order a contiguous binding holds them,
  * and the order of fragment payloads). Names are unique, 1..DLOCO_TENSOR_NAME_MAX
- * bytes of printable ASCII; shape[0..ndim-1] >= 1, the rest ignored. A
- * tensor of 3 or 4 dims is cut into fragments by its first dim as rows. */
+ * bytes without a control byte; shape[0..ndim-1] >= 1, the rest ignored;
+ * the whole model at most 2^40 floats. Big tensors are cut into fragments
+ * by their first dim (rows). */
 typedef struct {
     const char *name;
     int32_t ndim;     /* 1..DLOCO_TENSOR_MAX_DIMS */
@@ -195,7 +196,11 @@ typedef struct dloco_learner dloco_learner;
  * Returns 0 and *out, or (with *out NULL):
  *   DLOCO_EINVAL   a missing or bad option or option row; a bad manifest: none, a NULL or duplicate
  *                  or too long name, ndim outside 1..4, a dim < 1, an unknown role, a GPT-2 manifest
- *                  that is not the table of opts.gpt2; P outside what the manifest allows
+ *                  that is not the table of opts.gpt2 (the message names the first differing tensor);
+ *                  P outside what the manifest allows
+ * A manifest that is not opts.gpt2's travels in the Hello (with max_tokens_per_step); the synchronizer
+ * must run that manifest (dloco-sync --manifest / --init_from, docs/OPERATING.md), else it refuses the
+ * learner at join naming the first differing tensor.
  *   DLOCO_EIO      the options file, a key file or the events file cannot be read / written
  *   DLOCO_EPERM    a key file readable by others
  *   DLOCO_ENOMEM

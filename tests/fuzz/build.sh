@@ -6,7 +6,8 @@
 #   DLOCO_FUZZ_CC  the compiler (default clang)
 # Objects and binaries go under OUT_DIR; each is rebuilt only when one of its
 # inputs (the source, a header it includes, the flags) changed. The project's
-# core/*.c, proto/*.c, storage/modelfile.c (not store.c: no LMDB here) and
+# core/*.c, proto/*.c, storage/modelfile.c (not store*.c: no LMDB here), tools/json.c (core/manifest.c reads
+# JSON with it) and
 # protoc-c's proto/dloco.pb-c.c go into one archive,
 # so a harness pulls in exactly the objects it needs.
 # Exits 77 after a "SKIP: ..." line when clang cannot build a fuzzer here
@@ -86,7 +87,7 @@ if newer_than "$gen_c" "$SRC/proto/dloco.proto"; then
 fi
 OBJS=()
 compile "$gen_c" gen_dloco.pb-c
-for f in "$SRC"/core/*.c "$SRC"/proto/*.c "$SRC"/storage/modelfile.c; do
+for f in "$SRC"/core/*.c "$SRC"/proto/*.c "$SRC"/storage/modelfile.c "$SRC"/tools/json.c; do
   rel=${f#"$SRC"/}
   compile "$f" "$(echo "${rel%.c}" | tr / _)"
 done
