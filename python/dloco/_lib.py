@@ -17,7 +17,7 @@ ROLE_MATRIX, ROLE_VECTOR, ROLE_EMBEDDING = 0, 1, 2
 ROLE_NAMES = {"matrix": ROLE_MATRIX, "vector": ROLE_VECTOR, "embedding": ROLE_EMBEDDING, "embed": ROLE_EMBEDDING}
 ROLE_OF = {ROLE_MATRIX: "matrix", ROLE_VECTOR: "vector", ROLE_EMBEDDING: "embedding"}
 MAX_DIMS = 4
-NAME_MAX = 47  # DLOCO_TENSOR_NAME_MAX: bytes without the NUL
+NAME_MAX = 127  # DLOCO_TENSOR_NAME_MAX: UTF-8 bytes without the NUL
 
 LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR = 0, 1, 2, 3
 STATES = {0: "open", 1: "joining", 2: "ready", 3: "refused", 4: "failed", 5: "done"}

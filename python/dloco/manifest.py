@@ -78,9 +78,9 @@ def build(model, roles=None):
             raise ManifestError("parameter %r is empty (shape %s)" % (name, list(t.shape)))
         if t.is_sparse or t.layout != torch.strided:
             raise ManifestError("parameter %r is not a dense strided tensor" % name)
-        if not (1 <= len(name.encode()) <= _lib.NAME_MAX and all(32 < ord(c) < 127 for c in name)):
-            raise ManifestError("parameter name %r: dloco needs 1 to %d printable ASCII bytes without spaces; "
-                                "give the tensor a shorter name or rename it" % (name, _lib.NAME_MAX))
+        if not (1 <= len(name.encode()) <= _lib.NAME_MAX and all(ord(c) >= 32 and ord(c) != 127 for c in name)):
+            raise ManifestError("parameter name %r: dloco needs 1 to %d UTF-8 bytes without control characters; "
+                                "give the tensor a shorter name" % (name, _lib.NAME_MAX))
         if name in roles:
             role = roles.pop(name)
             if role not in _lib.ROLE_NAMES:
