@@ -6,7 +6,9 @@ rest matrices, 3-D/4-D included, a roles override), the refusals (bad role,
 a role for no parameter, shared storage, a 0-dim or empty parameter, an
 overlong name), dloco.write_init's file read back by `dloco manifest` (the
 C reader: the same manifest), and `dloco plan --manifest` giving the
-fingerprint the library computes for the same model and P."""
+fingerprint the library computes for the same model and P; and after
+`cmake --install` into a fresh prefix, the installed package finds the
+installed library with no DLOCO_LIBRARY."""
 import json
 import os
 import sys
@@ -92,4 +94,16 @@ c.check("the library's fingerprint %s is dloco plan's" % fp, fp in plan)
 c.check("the fragments' spans cover every tensor exactly once",
         sorted((n, s) for sp in spans for n, s, _, _ in sp if s == 0) == sorted((e.name, 0) for e in man) and
         sum(k for sp in spans for _, _, k, _ in sp) == sum(e.tensor.numel() for e in man))
+
+# ---- cmake --install: the installed package finds the installed library by itself
+prefix = os.path.join(c.w, "prefix")
+c.run(["cmake", "--install", pc.BIN, "--prefix", prefix])
+env = {k: v for k, v in os.environ.items() if k not in ("DLOCO_LIBRARY", "PYTHONPATH")}
+env["PYTHONPATH"] = os.path.join(prefix, "lib", "python3", "dist-packages")
+import subprocess  # noqa: E402
+r = subprocess.run([pc.PY, "-c", "import dloco; print(dloco.__file__); print(dloco.check_library())"],
+                   capture_output=True, text=True, env=env, cwd=c.w, timeout=120)
+lines = r.stdout.split()
+c.check("the installed package imports and loads the installed library (%s)" % (lines or r.stderr[-300:]),
+        r.returncode == 0 and len(lines) == 2 and all(x.startswith(prefix) for x in lines))
 c.done()
