@@ -33,6 +33,9 @@ dl = dloco.Learner(m, connect=ep, run_id="dloco", learner_id="bench", fragments=
 dl.join(60)
 
 
+in_step = []  # seconds inside Learner.step, per call
+
+
 def block(with_dloco):
     t0 = time.perf_counter()
     for _ in range(BLOCK):
@@ -42,7 +45,10 @@ def block(with_dloco):
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
         opt.step()
         if with_dloco:
-            dl.step(B * T, loss.item())
+            lv = loss.item()
+            t1 = time.perf_counter()
+            dl.step(B * T, lv)
+            in_step.append(time.perf_counter() - t1)
         else:
             loss.item()  # the same synchronisation point as the dloco loop
     return (time.perf_counter() - t0) / BLOCK
@@ -63,5 +69,7 @@ print("torch + dloco:      %.1f ms/step  %.0f tok/s  (blocks: %s)" % (w * 1e3, B
                                                                         " ".join("%.1f" % (v * 1e3) for v in with_)))
 print("learner: " + json.dumps({k: st[k] for k in ("steps", "pushes", "push_bytes", "accepted", "adopted",
                                                    "dropped_stale", "rebased", "flush_unanswered")}))
+print("inside Learner.step: mean %.2f ms, max %.2f ms per call (%.2f%% of the plain step)" % (
+    1e3 * statistics.mean(in_step), 1e3 * max(in_step), 100 * statistics.mean(in_step) / p))
 print("torch_tok_s: %.0f" % (B * T / w))
 print("overhead: %.3f" % (w / p))
