@@ -308,6 +308,7 @@ static int open_checked(const dloco_learner_opts *oin, const dl_learner_ext *ext
     DL_TRY(read_opts(oin, &o));
     DL_TRY(dl_cfg_defaults(net_table, NNET, &l->cfg));
     if (ext) l->ext = *ext;
+    if (ext && ext->net) l->cfg = *ext->net;
     if (!o.connect || !o.connect[0]) return dl_err(DLOCO_EINVAL, "connect: no synchronizer endpoint");
     DL_TRY(copy_str(l->connect, sizeof l->connect, o.connect, "connect"));
     DL_TRY(split_connect(l, o.connect));
@@ -385,9 +386,10 @@ DLOCO_API int dloco_learner_open(const dloco_learner_opts *o, dloco_learner **ou
     return dl_learner_open_ext(o, NULL, out);
 }
 
+/* Stop the sessions' threads; their counters stay readable until close. */
 static void stop_sessions(dloco_learner *l)
 {
-    for (int k = 0; k < l->S; k++) dl_comms_close(&l->comms[k]);
+    for (int k = 0; k < l->S; k++) dl_comms_stop(l->comms[k]);
 }
 
 DLOCO_API void dloco_learner_close(dloco_learner **lp)
@@ -400,7 +402,7 @@ DLOCO_API void dloco_learner_close(dloco_learner **lp)
         sink_owner = NULL;
     }
     if (l->lmet) dl_lmet_close(&l->lmet);
-    stop_sessions(l);
+    for (int k = 0; k < l->S; k++) dl_comms_close(&l->comms[k]);
     dl_node_close(&l->node);
     dl_mailbox_close(&l->mb);
     if (l->events_opened) dl_event_close();
@@ -759,6 +761,9 @@ DLOCO_API int dloco_learner_join(dloco_learner *l, int32_t timeout_ms)
     }
     l->state = DLOCO_STATE_READY;
     dl_mailbox_set_progress(l->mb, 0, 0, 0.0);
+    /* a resumed trainer counts on from its step (the schedule's phase, Heartbeat and Push progress) */
+    l->steps = l->ext.start_step > 0 ? (uint64_t)l->ext.start_step : 0;
+    l->tokens = l->steps * l->max_tokens;
     l->t_last = dl_clock_s();
     return 0;
 }

@@ -28,6 +28,11 @@ typedef struct {
 
 /* Extras of dloco_learner_open for dloco-learner; all zero = the public behaviour. */
 typedef struct {
+    /* the networked rows, instead of their defaults and opts.config_path (copied by open) */
+    const dl_learner_netcfg *net;
+    /* steps done before this run (a resumed trainer): the step counter starts there, and its tokens at
+     * start_step x max_tokens_per_step */
+    int64_t start_step;
     /* the node's parameter interface instead of a public binding (dloco-learner's GPA and GPU fragment
      * copies, learner/node.h); borrowed; a handle with one needs no bind call */
     const dl_node_model *model;
