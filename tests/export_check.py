@@ -125,7 +125,7 @@ def gelu(x):
 
 
 def loss_of(P, NH, idx, tgt):
-    """dloco's GPT (learner/gpt.c) in float64: tied head over the real vocabulary."""
+    """dloco's GPT (gpt/gpt.c) in float64: tied head over the real vocabulary."""
     B, T = idx.shape
     V, C = P["wte"].shape
     L = sum(1 for k in P if k.endswith(".ln_1.weight"))
