@@ -3,7 +3,7 @@
  * cores, so the bench script can print model FLOP/s as a fraction of peak. */
 #include "core/clock.h"
 #include "core/rng.h"
-#include "learner/gpt.h"
+#include "gpt/gpt.h"
 
 #include <cblas.h>
 #include <omp.h>

@@ -4,7 +4,7 @@
  * this, the asynchrony costs nothing and any gap to data-parallel is the
  * algorithm's. Usage: bench_localsgd key=value ... (see defaults below). */
 #include "core/err.h"
-#include "learner/train.h"
+#include "gpt/train.h"
 
 #include <omp.h>
 #include <stdio.h>

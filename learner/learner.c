@@ -216,7 +216,7 @@ DLOCO_API int32_t dloco_learner_gpt2_manifest(const dloco_gpt2_config *cfg, dloc
     if (!tab) return dl_err(DLOCO_ENOMEM, "gpt2 manifest: %d tensors: out of memory", nt);
     dl_model_tensor_table(&c, tab, nt, NULL);
     for (int i = 0; i < nt && i < cap; i++) {
-        snprintf(gpt2_names[i], sizeof gpt2_names[i], "%s", tab[i].name);
+        snprintf(gpt2_names[i], sizeof gpt2_names[i], "%.47s", tab[i].name);
         memset(&out[i], 0, sizeof out[i]);
         out[i].name = gpt2_names[i];
         out[i].ndim = tab[i].ndim;

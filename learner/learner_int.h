@@ -47,7 +47,7 @@ typedef struct {
 } dl_learner_ext;
 
 int dl_learner_open_ext(const dloco_learner_opts *o, const dl_learner_ext *ext, dloco_learner **out);
-/* dloco_learner_step with the schedule step and H the node is called with (dynamic H, learner/dynh.h):
+/* dloco_learner_step with the schedule step and H the node is called with (dynamic H, gpt/dynh.h):
  * sched < 1 = the step count, H < 1 = the Welcome's. */
 int dl_learner_step_sched(dloco_learner *l, int64_t sched, int H, uint64_t tokens, double loss, double compute_s,
                           dloco_step_info *out);

@@ -125,7 +125,7 @@ def gelu(x):
 
 
 def loss_of(P, NH, idx, tgt):
-    """dloco's GPT in float64: examples/torch/gpt2.py's model (dloco's layout,
+    """dloco's GPT (gpt/gpt.c) in float64: examples/torch/gpt2.py's model (dloco's layout,
     tied head over the real vocabulary) loaded with the file's tensors."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "torch"))
     from gpt2 import GPT2

@@ -10,9 +10,9 @@
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/shard.h"
-#include "learner/data.h"
-#include "learner/evaluate.h"
-#include "learner/gpt.h"
+#include "gpt/data.h"
+#include "gpt/evaluate.h"
+#include "gpt/gpt.h"
 #include "proto/auth.h"
 #include "storage/store.h"
 #include "storage/tensorfile.h"
@@ -314,7 +314,7 @@ static int cmd_eval(const char *dir, int argc, char **argv)
         dl_store_close(&s);
         return fail("reading the run", dl_err(DL_EMISMATCH, "model config in the store does not match its fingerprint"));
     }
-    /* the synchronizer's periodic evaluation runs the same code (learner/evaluate.h) */
+    /* the synchronizer's periodic evaluation runs the same code (gpt/evaluate.h) */
     dl_evaluate_opts eo = {.data = ec.data, .data_format = ec.data_format, .val_frac = ec.val_frac, .batch = (int)ec.batch,
                            .seqs = (int)(ec.batch * ec.val_batches)};
     uint64_t vsum = 0;

@@ -133,7 +133,7 @@ def adamw(model, lr, weight_decay=0.1):
 
 
 def lr_at(step, lr, warmup, steps, min_frac=0.1):
-    """dloco-learner's schedule (learner/train.c): linear warm-up, cosine to min_frac * lr."""
+    """dloco-learner's schedule (gpt/train.c): linear warm-up, cosine to min_frac * lr."""
     if step <= warmup:
         return lr * step / max(warmup, 1)
     if step >= steps:

@@ -11,20 +11,20 @@
 #include "core/shard.h"
 #include "kernels/codec.h"
 #include "learner/comms.h"
-#include "learner/dynh.h"
-#include "learner/gpa.h"
+#include "gpt/dynh.h"
+#include "gpt/gpa.h"
 #include "learner/learner_int.h"
 #include "learner/metrics.h"
 #include "learner/node.h"
 #include "learner/pressure.h"
 #include "learner/timing.h"
-#include "learner/train.h"
+#include "gpt/train.h"
 #include "proto/auth.h"
 #include "storage/modelfile.h"
 #ifdef DLOCO_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
-#include "learner/gpt_cuda.h"
-#include "learner/xfer_cuda.h"
+#include "gpt/gpt_cuda.h"
+#include "gpt/xfer_cuda.h"
 #endif
 
 #include <ctype.h>
@@ -47,7 +47,7 @@ typedef struct {
     dl_model_opts model; /* n_layer .. vocab and fragments: DL_MODEL_CFG_ROWS */
     int64_t batch, steps, warmup;
     double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip, adam_fleet;
-    /* the inner optimizer (learner/gpa.h, docs/GPA.md) */
+    /* the inner optimizer (gpt/gpa.h, docs/GPA.md) */
     char optimizer[DL_CFG_STRLEN];
     double gpa_mu_x, gpa_mu_y, gpa_mu;
     int64_t gpa_h;
@@ -1355,7 +1355,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
          * updated every step, so the first pushes are predicted too */
         double step_ewma = 0.0;
         int64_t win_steps = 0;
-        /* --dynamic_h (learner/dynh.h; checked by check_hetero) */
+        /* --dynamic_h (gpt/dynh.h; checked by check_hetero) */
         dl_dynh dynh;
         dl_dynh_init(&dynh, !strcmp(cfg->dynamic_h, "speed") ? DL_DYNH_SPEED : DL_DYNH_OFF, (int)cfg->dynamic_h_min,
                      (int)cfg->dynamic_h_max);
