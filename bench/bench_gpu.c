@@ -1,10 +1,10 @@
 /* Times training steps (forward + backward + AdamW) of the device-resident
- * GPT (learner/gpt_cuda.c) and reports tokens/s and model FLOP utilisation. */
+ * GPT (gpt/gpt_cuda.c) and reports tokens/s and model FLOP utilisation. */
 #include "core/clock.h"
 #include "core/err.h"
 #include "core/rng.h"
 #include "kernels/cuda/cuda.h"
-#include "learner/gpt_cuda.h"
+#include "gpt/gpt_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>

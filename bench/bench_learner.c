@@ -5,7 +5,7 @@
 #include "core/clock.h"
 #include "core/rng.h"
 #include "kernels/blas_select.h"
-#include "learner/gpt.h"
+#include "gpt/gpt.h"
 
 #include <cblas.h>
 #include <omp.h>

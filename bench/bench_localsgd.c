@@ -5,7 +5,7 @@
  * algorithm's. Usage: bench_localsgd key=value ... (see defaults below). */
 #include "core/err.h"
 #include "kernels/blas_select.h"
-#include "learner/train.h"
+#include "gpt/train.h"
 
 #include <omp.h>
 #include <stdio.h>

@@ -70,7 +70,10 @@ void dl_err_clear(void);
  * recovers from. The dl_try_* twins return NULL instead, for the rare caller
  * with a real fallback or a size that comes from outside (a data file, a
  * model config, a checkpoint) and deserves a DL_ENOMEM naming what and how
- * much, each with a test that exercises it. dl_try_realloc leaves the old
+ * much, each with a test that exercises it; and every path of the learner
+ * library (include/dloco/learner.h: the plan, mailbox, node, sessions,
+ * error feedback), whose caller may be a Python interpreter that must
+ * survive (tests/test_learner_api.c fails each of its allocations in turn). dl_try_realloc leaves the old
  * block valid and unchanged when it fails. All results are released with
  * free(); zero-byte requests return a unique pointer.
  *

@@ -12,6 +12,28 @@
 static int dl_log_level = DL_LOG_INFO;
 static char dl_log_name[48] = "dloco";
 static const char *dl_log_tags[] = {"debug", "info", "warn", "error"};
+/* dl_log_set_sink: read with one atomic load per line (set from another thread than the writers) */
+static void (*dl_log_sink)(void *ctx, int level, const char *line);
+static void *dl_log_sink_ctx;
+
+void dl_log_set_sink(void (*fn)(void *ctx, int level, const char *line), void *ctx)
+{
+    __atomic_store_n(&dl_log_sink, NULL, __ATOMIC_RELEASE);
+    dl_log_sink_ctx = ctx;
+    __atomic_store_n(&dl_log_sink, fn, __ATOMIC_RELEASE);
+}
+
+/* One finished line (ending in a newline) to the sink or stderr. */
+static void emit(int level, char *line, size_t n)
+{
+    void (*fn)(void *, int, const char *) = __atomic_load_n(&dl_log_sink, __ATOMIC_ACQUIRE);
+    if (!fn) {
+        fputs(line, stderr);
+        return;
+    }
+    if (n && line[n - 1] == '\n') line[n - 1] = 0;
+    fn(dl_log_sink_ctx, level, line);
+}
 
 void dl_log_set_level(int level) { dl_log_level = level; }
 int dl_log_enabled(int level) { return level >= dl_log_level; }
@@ -58,7 +80,7 @@ void dl_log_kv(int level, const char *kv)
     int n = head(level, line, sizeof line);
     snprintf(line + n, sizeof line - (size_t)n - 1, "%s", kv);
     strcat(line, "\n");
-    fputs(line, stderr);
+    emit(level, line, strlen(line));
 }
 
 void dl_log(int level, const char *fmt, ...)
@@ -84,5 +106,5 @@ void dl_log(int level, const char *fmt, ...)
     line[n++] = '"';
     line[n++] = '\n';
     line[n] = 0;
-    fputs(line, stderr);
+    emit(level, line, n);
 }

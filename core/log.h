@@ -23,6 +23,10 @@ void dl_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 /* One line "ts=... level=... proc=... <kv>" where kv is already logfmt
  * (the event echo); written whole with one fputs. */
 void dl_log_kv(int level, const char *kv);
+/* Send every line (without its newline) to fn(ctx, level, line) instead of
+ * stderr; fn NULL = stderr again. For a library whose caller owns the log
+ * (include/dloco/learner.h); fn may be called from any thread. */
+void dl_log_set_sink(void (*fn)(void *ctx, int level, const char *line), void *ctx);
 /* "2026-12-01T16:02:52.123Z" for a CLOCK_REALTIME time in ns; buf >= 25 bytes. */
 void dl_log_rfc3339(int64_t wall_ns, char *buf, unsigned cap);
 

@@ -135,7 +135,8 @@ int dl_model_plan_open(const dl_model_config *cfg_in, int P, dl_plan **out)
     dl_model_config cfg = *cfg_in;
     DL_TRY(dl_model_config_check(&cfg));
     int nt = dl_model_tensor_table(&cfg, NULL, 0, NULL);
-    dl_tensor *tab = dl_xcalloc((size_t)nt, sizeof *tab);
+    dl_tensor *tab = dl_try_calloc((size_t)nt, sizeof *tab);
+    if (!tab) return dl_err(DL_ENOMEM, "plan: a table of %d tensors: out of memory", nt);
     dl_model_tensor_table(&cfg, tab, nt, NULL);
     int rc = dl_plan_build(tab, nt, P, out);
     free(tab);

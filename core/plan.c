@@ -62,7 +62,8 @@ static int check_table(const dl_tensor *t, int nt)
     }
     /* Names identify tensors in checkpoints and logs: they must be unique.
      * Sorted copies of the pointers: O(n log n) for tables of many tensors. */
-    const char **names = dl_xmalloc((size_t)nt * sizeof *names);
+    const char **names = dl_try_malloc((size_t)nt * sizeof *names);
+    if (!names) return dl_err(DL_ENOMEM, "plan: %d tensor names: out of memory", nt);
     for (int i = 0; i < nt; i++) names[i] = t[i].name;
     qsort(names, (size_t)nt, sizeof *names, name_cmp);
     int dup = -1;
@@ -106,9 +107,9 @@ static int lpt_cmp(const void *a, const void *b)
 
 /* LPT of the tensors not marked in `skip` (NULL: all) into P fragments:
  * frag[i] for each packed tensor, fill[p] its floats (zeroed first). */
-static void lpt(const dl_tensor *t, int nt, const unsigned char *skip, int P, int *frag, size_t *fill)
+static void lpt(const dl_tensor *t, int nt, const unsigned char *skip, int P, int *frag, size_t *fill,
+                lpt_item *items)
 {
-    lpt_item *items = dl_xmalloc((size_t)nt * sizeof *items);
     int n = 0;
     for (int i = 0; i < nt; i++)
         if (!skip || !skip[i]) items[n++] = (lpt_item){t[i].numel, i};
@@ -121,7 +122,6 @@ static void lpt(const dl_tensor *t, int nt, const unsigned char *skip, int P, in
         frag[items[k].idx] = best;
         fill[best] += items[k].numel;
     }
-    free(items);
 }
 
 static size_t max_of(const size_t *x, int n)
@@ -170,16 +170,14 @@ static size_t round_cut(const dl_tensor *t, const int *big, const size_t *base, 
  * stretches of the stream, cut again at its nbig - 1 inner tensor boundaries,
  * so fewer than nt + P. fill[] gets each fragment's floats. */
 static int build_split(const dl_tensor *t, int nt, int P, const unsigned char *is_big, const int *big, int nbig,
-                       blk *b, size_t *fill)
+                       blk *b, size_t *fill, int *frag, lpt_item *items, size_t *base)
 {
-    int *frag = dl_xmalloc((size_t)nt * sizeof *frag);
-    lpt(t, nt, is_big, P, frag, fill);
+    lpt(t, nt, is_big, P, frag, fill, items);
     int n = 0;
     for (int i = 0; i < nt; i++)
         if (!is_big[i]) b[n++] = (blk){.tensor = i, .fragment = frag[i], .start = 0, .numel = t[i].numel};
-    free(frag);
 
-    size_t *base = dl_xmalloc((size_t)nbig * sizeof *base), Q = 0;
+    size_t Q = 0;
     for (int k = 0; k < nbig; k++) {
         base[k] = Q;
         Q += t[big[k]].numel;
@@ -211,7 +209,6 @@ static int build_split(const dl_tensor *t, int nt, int P, const unsigned char *i
         prev = cut;
     }
     if (rem) DL_PANIC("plan: %zu floats of the level left over", rem);
-    free(base);
     return n;
 }
 
@@ -239,48 +236,59 @@ int dl_plan_build(const dl_tensor *t, int ntensors, int P, dl_plan **out)
     /* The whole-tensor plan: one block per tensor. A split plan has at most
      * one block of each big tensor per fragment plus one per tensor boundary
      * inside the stream, so nt + P blocks bound both. */
-    blk *b = dl_xmalloc(((size_t)nt + (size_t)P) * sizeof *b);
-    size_t *fill = dl_xmalloc((size_t)P * sizeof *fill);
-    int *frag = dl_xmalloc((size_t)nt * sizeof *frag);
-    lpt(t, nt, NULL, P, frag, fill);
+    /* Everything at once, so a table from outside (a learner library's manifest) that does not fit in
+     * memory is a DL_ENOMEM, not an abort. */
+    size_t nbmax = (size_t)nt + (size_t)P;
+    blk *b = dl_try_malloc(nbmax * sizeof *b), *b2 = dl_try_malloc(nbmax * sizeof *b2);
+    size_t *fill = dl_try_malloc((size_t)P * sizeof *fill), *fill2 = dl_try_malloc((size_t)P * sizeof *fill2);
+    size_t *base = dl_try_malloc((size_t)nt * sizeof *base);
+    int *frag = dl_try_malloc((size_t)nt * sizeof *frag), *big = dl_try_malloc((size_t)nt * sizeof *big);
+    int *at = dl_try_calloc((size_t)P, sizeof *at);
+    lpt_item *items = dl_try_malloc((size_t)nt * sizeof *items);
+    unsigned char *is_big = dl_try_calloc((size_t)nt, 1);
+    dl_plan *pl = dl_try_calloc(1, sizeof *pl);
+    if (pl) {
+        pl->t = dl_try_malloc((size_t)nt * sizeof *pl->t);
+        pl->start = dl_try_calloc((size_t)P + 1, sizeof *pl->start);
+        pl->spans = dl_try_malloc(nbmax * sizeof *pl->spans);
+        pl->tstart = dl_try_calloc((size_t)nt + 1, sizeof *pl->tstart);
+        pl->by_tensor = dl_try_malloc(nbmax * sizeof *pl->by_tensor);
+    }
+    if (!b || !b2 || !fill || !fill2 || !base || !frag || !big || !at || !items || !is_big || !pl || !pl->t ||
+        !pl->start || !pl->spans || !pl->tstart || !pl->by_tensor) {
+        free(b), free(b2), free(fill), free(fill2), free(base), free(frag), free(big), free(at), free(items);
+        free(is_big);
+        dl_plan_close(&pl);
+        return dl_err(DL_ENOMEM, "plan: %d tensors in %d fragments: out of memory", nt, P);
+    }
+    lpt(t, nt, NULL, P, frag, fill, items);
     int nb = nt;
     for (int i = 0; i < nt; i++) b[i] = (blk){.tensor = i, .fragment = frag[i], .start = 0, .numel = t[i].numel};
-    free(frag);
 
     /* Big tensors: above the target and with two rows at least to cut between. */
     size_t target = total / (size_t)P + (total % (size_t)P != 0);
-    unsigned char *is_big = dl_xcalloc((size_t)nt, 1);
-    int *big = dl_xmalloc((size_t)nt * sizeof *big), nbig = 0;
+    int nbig = 0;
     for (int i = 0; i < nt; i++)
         if (t[i].numel > target && t[i].numel / row_width(&t[i]) >= 2) is_big[i] = 1, big[nbig++] = i;
     if (nbig) {
-        blk *b2 = dl_xmalloc(((size_t)nt + (size_t)P) * sizeof *b2);
-        size_t *fill2 = dl_xmalloc((size_t)P * sizeof *fill2);
-        int nb2 = build_split(t, nt, P, is_big, big, nbig, b2, fill2);
+        int nb2 = build_split(t, nt, P, is_big, big, nbig, b2, fill2, frag, items, base);
         int empty = 0;
         for (int p = 0; p < P; p++) empty |= fill2[p] == 0;
         if (!empty && max_of(fill2, P) < max_of(fill, P)) {
-            free(b), free(fill);
+            blk *tb = b;
+            size_t *tf = fill;
             b = b2, fill = fill2, nb = nb2;
-        } else {
-            free(b2), free(fill2);
+            b2 = tb, fill2 = tf;
         }
     }
-    free(is_big);
-    free(big);
+    free(b2), free(fill2), free(base), free(frag), free(big), free(items), free(is_big);
     qsort(b, (size_t)nb, sizeof *b, blk_cmp);
 
-    dl_plan *pl = dl_xcalloc(1, sizeof *pl);
     pl->P = P;
     pl->nt = nt;
     pl->nb = nb;
     pl->total = total;
-    pl->t = dl_xmalloc((size_t)nt * sizeof *pl->t);
     memcpy(pl->t, t, (size_t)nt * sizeof *t);
-    pl->start = dl_xcalloc((size_t)P + 1, sizeof *pl->start);
-    pl->spans = dl_xmalloc((size_t)nb * sizeof *pl->spans);
-    pl->tstart = dl_xcalloc((size_t)nt + 1, sizeof *pl->tstart);
-    pl->by_tensor = dl_xmalloc((size_t)nb * sizeof *pl->by_tensor);
     pl->fnumel = fill;
 
     /* Group by fragment; (tensor, start) order is buffer order, kept inside. */
@@ -291,7 +299,6 @@ int dl_plan_build(const dl_tensor *t, int ntensors, int P, dl_plan **out)
         if (pl->start[p + 1] == 0) DL_PANIC("plan: fragment %d is empty", p);
         pl->start[p + 1] += pl->start[p];
     }
-    int *at = dl_xcalloc((size_t)P, sizeof *at);
     for (int k = 0; k < nb; k++) {
         int p = b[k].fragment, j = pl->start[p] + at[p]++;
         const dl_tensor *e = &t[b[k].tensor];

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Install every Debian package dloco's build, tests and demo need (idempotent).
 # Usage: deploy/setup.sh [--with-torch] [--with-slurm] [--force]
-#   --with-torch  also install python3-torch (benchmarks, tests/ref, and test_export's
-#                 PyTorch checks; tests/run.sh passes it)
+#   --with-torch  also install python3-torch (benchmarks, tests/ref, test_export's
+#                 PyTorch checks, and the dloco Python package's examples, test_py_* and
+#                 bench/torch_learner.sh; tests/run.sh passes it)
 #   --with-slurm  also install slurm-wlm and munge (tests/test_slurm.sh runs a private
 #                 single-node Slurm; without them it SKIPs). Not by default: on a host
 #                 with systemd their packages enable and start system daemons

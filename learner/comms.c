@@ -90,6 +90,8 @@ struct dl_comms {
     size_t maxn;     /* floats per swapped buffer */
     uint64_t fingerprint;
     uint32_t n_layer, n_head, n_embd, seq_len, vocab, batch;
+    const struct dl_manifest *manifest; /* borrowed; NULL: a GPT-2 learner */
+    uint64_t max_tokens_per_step;       /* Hello.max_tokens_per_step of a manifest learner */
     uint64_t instance;      /* Hello.instance */
     char curve_server[41], curve_public[41], curve_secret[41]; /* Z85; "" = plain */
     uint64_t max_jump;  /* max_version_jump */
@@ -273,8 +275,11 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     if (P != dl_mailbox_P(o->mailbox)) return dl_err(DL_EINVAL, "comms: plan has %d fragments, mailbox %d", P,
                                                      dl_mailbox_P(o->mailbox));
     if (dl_shard_check(P, o->shard, o->shards)) return dl_err(DL_EINVAL, "comms: shard layout: %s", dl_errmsg());
-    dl_comms *c = dl_xcalloc(1, sizeof *c);
-    c->f = dl_xcalloc((size_t)P, sizeof *c->f);
+    dl_comms *c = dl_try_calloc(1, sizeof *c);
+    if (!c || !(c->f = dl_try_calloc((size_t)P, sizeof *c->f))) {
+        free(c);
+        return dl_err(DL_ENOMEM, "comms: out of memory");
+    }
     c->shard = o->shards > 1 ? o->shard : 0;
     c->shards = o->shards > 1 ? o->shards : 1;
     int rc = 0;
@@ -317,8 +322,10 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     }
     c->mb = o->mailbox;
     c->P = P;
-    c->served = dl_xcalloc((size_t)P, sizeof *c->served);
-    for (int p = 0; p < P; p++)
+    pthread_mutex_init(&c->mu, NULL);
+    /* from here on dl_comms_close undoes a half-open session */
+    c->served = dl_try_calloc((size_t)P, sizeof *c->served);
+    for (int p = 0; c->served && p < P; p++)
         if (c->f[p].served) c->served[c->n_served++] = p;
     c->fingerprint = o->fingerprint;
     c->n_layer = o->n_layer;
@@ -327,6 +334,8 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->seq_len = o->seq_len;
     c->vocab = o->vocab;
     c->batch = o->batch;
+    c->manifest = o->manifest;
+    c->max_tokens_per_step = o->manifest ? o->max_tokens_per_step : 0;
     c->instance = o->instance ? o->instance : dl_comms_instance();
     memcpy(c->curve_server, o->curve_server, sizeof c->curve_server);
     memcpy(c->curve_public, o->curve_public, sizeof c->curve_public);
@@ -347,9 +356,9 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->reconnect_ms = DEF(o->reconnect_ms, 100);
     c->reconnect_max_ms = DEF(o->reconnect_max_ms, 10000);
     c->maxn = dl_mailbox_buf_numel(o->mailbox);
-    c->numel = dl_xcalloc((size_t)P, sizeof *c->numel);
+    c->numel = dl_try_calloc((size_t)P, sizeof *c->numel);
     size_t maxserved = 0;
-    for (int p = 0; p < P; p++) {
+    for (int p = 0; c->numel && p < P; p++) {
         c->numel[p] = dl_plan_fragment_numel(o->plan, p);
         if (c->f[p].served && c->numel[p] > maxserved) maxserved = (size_t)c->numel[p];
     }
@@ -358,18 +367,22 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
      * 2/3 of the block (6 bytes per entry): such a delta must come chunked
      * (Hello.max_chunk_bytes). */
     c->maxmsg = maxserved * sizeof(float) + DL_WIRE_MAX_HEADER_BYTES;
-    pthread_mutex_init(&c->mu, NULL);
     c->send_spare = dl_mailbox_buf_alloc(o->mailbox);
     if (c->byzantine) c->byz_buf = dl_mailbox_buf_alloc(o->mailbox);
-    c->refusals = dl_xcalloc((size_t)c->n_served, sizeof *c->refusals);
-    /* residuals only for what an encoded push leaves out (fp32 leaves out nothing) */
-    if (dl_ef_open(P, c->numel, o->error_feedback && pc.id != DL_CODEC_FP32, &c->ef)) abort(); /* P, numel checked */
+    c->refusals = dl_try_calloc((size_t)c->n_served, sizeof *c->refusals);
     c->t_fetch = NEVER;
-    c->hv = dl_xcalloc((size_t)P, sizeof *c->hv);
-    c->fetch_list = dl_xcalloc((size_t)P, sizeof *c->fetch_list);
-    c->resume_v = dl_xcalloc((size_t)P, sizeof *c->resume_v);
-    c->resume_o = dl_xcalloc((size_t)P, sizeof *c->resume_o);
-    c->outq = dl_wire_queue_new();
+    c->hv = dl_try_calloc((size_t)P, sizeof *c->hv);
+    c->fetch_list = dl_try_calloc((size_t)P, sizeof *c->fetch_list);
+    c->resume_v = dl_try_calloc((size_t)P, sizeof *c->resume_v);
+    c->resume_o = dl_try_calloc((size_t)P, sizeof *c->resume_o);
+    c->outq = dl_wire_queue_try_new();
+    /* residuals only for what an encoded push leaves out (fp32 leaves out nothing) */
+    if (!c->served || !c->numel || !c->send_spare || (c->byzantine && !c->byz_buf) || !c->refusals || !c->hv ||
+        !c->fetch_list || !c->resume_v || !c->resume_o || !c->outq ||
+        (rc = dl_ef_open(P, c->numel, o->error_feedback && pc.id != DL_CODEC_FP32, &c->ef))) {
+        dl_comms_close(&c);
+        return rc ? rc : dl_err(DL_ENOMEM, "comms: session buffers: out of memory");
+    }
     dl_wire_queue_set_wake(c->outq, queue_wake, c);
     c->state = c->st.state = DL_COMMS_IDLE;
     c->lim = dl_wire_limits_default();
@@ -550,6 +563,16 @@ static void send_hello(dl_comms *c)
     /* any chunk up to our largest fragment (libzmq takes nothing bigger) */
     size_t mc = c->maxmsg - DL_WIRE_MAX_HEADER_BYTES;
     h.max_chunk_bytes = mc > DL_WIRE_CHUNK_MAX ? DL_WIRE_CHUNK_MAX : mc < DL_WIRE_CHUNK_MIN ? DL_WIRE_CHUNK_MIN : (uint32_t)mc;
+    dl_wire_manifest_buf mbuf = {0};
+    if (c->manifest) {
+        if (dl_wire_hello_set_manifest(&h, c->manifest, &mbuf)) {
+            DL_WARN("comms: hello not sent: %s", dl_errmsg()); /* out of memory: tried again as an unsent one */
+            c->hello_unsent = 1;
+            c->t_hello = dl_clock_ns();
+            return;
+        }
+        h.max_tokens_per_step = c->max_tokens_per_step;
+    }
     /* held_versions has all P entries; the synchronizer reads those of the
      * fragments it owns, ours (a shard's are not the others' business) */
     int all = 1;
@@ -566,6 +589,7 @@ static void send_hello(dl_comms *c)
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_hello(&env, &h);
     int rc = send_env(c, &env, NULL, 0);
+    dl_wire_manifest_buf_free(&mbuf);
     /* Not connected yet (ZMQ_IMMEDIATE), or no socket: try again in
      * hello_unsent_ms, not after the full retry period. */
     c->hello_unsent = rc == DL_EAGAIN;
@@ -1109,7 +1133,10 @@ static void on_update_delta(dl_comms *c, const Dloco__V1__Update *u, int p, cons
             delta_missed(c, p, u->version, "version - 1 not held");
             return;
         }
-        if (!f->stage) f->stage = dl_xmalloc((size_t)u->numel * sizeof(float));
+        if (!f->stage && !(f->stage = dl_try_malloc((size_t)u->numel * sizeof(float)))) {
+            delta_missed(c, p, u->version, "out of memory for the staging copy");
+            return;
+        }
         f->stage_active = 1;
         f->stage_version = u->version;
         f->stage_off = 0;
@@ -1181,7 +1208,10 @@ static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
                 return;
             }
         } else if (off == 0) {
-            if (!f->rx) f->rx = dl_xmalloc((size_t)u->numel * sizeof(float));
+            if (!f->rx && !(f->rx = dl_try_malloc((size_t)u->numel * sizeof(float)))) {
+                COUNT(chunks_dropped); /* out of memory: the fetch of the fragment comes later */
+                return;
+            }
             f->rx_version = u->version;
             f->rx_off = 0;
         } else {
@@ -1258,11 +1288,11 @@ static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, cons
             f->mirror = f->stage;
             f->stage = t;
         } else {
-            if (!f->mirror) f->mirror = dl_xmalloc(bytes);
-            memcpy(f->mirror, payload, bytes);
+            if (!f->mirror) f->mirror = dl_try_malloc(bytes);
+            if (f->mirror) memcpy(f->mirror, payload, bytes);
         }
         f->mirror_version = u->version;
-        f->mirror_ok = 1;
+        f->mirror_ok = f->mirror != NULL; /* out of memory: no mirror, the next delta is missed and fetched */
         /* a delta half assembled goes on only when it is the next version of this one */
         if (f->stage_active && f->stage_version != u->version + 1) f->stage_active = 0;
     }
@@ -1503,7 +1533,8 @@ static uint64_t push_chunk_numel(const dl_comms *c)
 static int encode_push(dl_comms *c, int p, const float *x, uint64_t base_version)
 {
     sfrag *f = &c->f[p];
-    if (!f->enc) f->enc = dl_xmalloc((size_t)enc_bytes(c, c->numel[p]));
+    if (!f->enc && !(f->enc = dl_try_malloc((size_t)enc_bytes(c, c->numel[p]))))
+        return dl_err(DL_ENOMEM, "encoded push of fragment %d: out of memory", p);
     dl_codec_enc e = c->penc;
     uint64_t key[3] = {c->instance, (uint64_t)p, ++f->encodes};
     e.seed = dl_hash64(key, sizeof key, 0);
@@ -1872,7 +1903,7 @@ void dl_comms_close(dl_comms **cp)
     dl_comms *c = *cp;
     dl_comms_stop(c);
     dl_mailbox_detach(c->mb, c->link);
-    for (int p = 0; p < c->P; p++) {
+    for (int p = 0; c->f && p < c->P; p++) {
         free(c->f[p].rx);
         free(c->f[p].enc);
         free(c->f[p].mirror);

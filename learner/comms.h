@@ -128,6 +128,11 @@ typedef struct {
     uint32_t n_layer, n_head, n_embd, seq_len, vocab; /* Hello's model summary */
     const char *device;     /* Hello.device, e.g. "cpu" */
     uint32_t batch;         /* Hello.batch: sequences per inner step (0 = not told) */
+    /* A manifest learner (core/manifest.h, docs/PROTOCOL.md "Manifests"): the model's tensors go in every
+     * Hello (borrowed, must outlive the session), with max_tokens_per_step; NULL = a GPT-2 learner described
+     * by n_layer..vocab alone, whose Hello carries neither */
+    const struct dl_manifest *manifest;
+    uint64_t max_tokens_per_step;
     uint64_t instance;      /* Hello.instance: this process's random nonce, the same for all its
                              * sessions and connections; 0 = dl_comms_open draws one */
     /* CURVE (Z85, 40 characters each): the synchronizer's public key and this

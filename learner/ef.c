@@ -28,12 +28,17 @@ int dl_ef_open(int P, const uint64_t *numel, int on, dl_ef **out)
     assert(out);
     *out = NULL;
     if (P < 1 || !numel) return dl_err(DL_EINVAL, "ef: %d fragments", P);
-    dl_ef *e = dl_xcalloc(1, sizeof *e);
+    dl_ef *e = dl_try_calloc(1, sizeof *e);
+    if (!e) return dl_err(DL_ENOMEM, "ef: out of memory");
     e->P = P;
     e->on = on != 0;
-    e->numel = dl_xcalloc((size_t)P, sizeof *e->numel);
+    e->numel = dl_try_calloc((size_t)P, sizeof *e->numel);
+    e->f = dl_try_calloc((size_t)P, sizeof *e->f);
+    if (!e->numel || !e->f) {
+        dl_ef_close(&e);
+        return dl_err(DL_ENOMEM, "ef: out of memory");
+    }
     memcpy(e->numel, numel, (size_t)P * sizeof *numel);
-    e->f = dl_xcalloc((size_t)P, sizeof *e->f);
     for (int p = 0; p < P; p++) e->f[p].zero = 1;
     *out = e;
     return 0;
@@ -43,7 +48,7 @@ void dl_ef_close(dl_ef **ep)
 {
     if (!ep || !*ep) return;
     dl_ef *e = *ep;
-    for (int p = 0; p < e->P; p++) {
+    for (int p = 0; e->f && p < e->P; p++) {
         free(e->f[p].committed);
         free(e->f[p].pending);
     }
@@ -61,8 +66,13 @@ int dl_ef_encode(dl_ef *e, const dl_codec_enc *enc, int p, const float *x, uint6
     f->has_pending = 0;
     if (!e->on) return dl_codec_encode(enc, x, NULL, n, 0, out);
     if (!f->committed) {
-        f->committed = dl_xmalloc(n * sizeof(float));
-        f->pending = dl_xmalloc(n * sizeof(float));
+        f->committed = dl_try_malloc(n * sizeof(float));
+        f->pending = dl_try_malloc(n * sizeof(float));
+        if (!f->committed || !f->pending) {
+            free(f->committed), free(f->pending);
+            f->committed = f->pending = NULL;
+            return dl_err(DL_ENOMEM, "error feedback of fragment %d (2 x %zu floats): out of memory", p, n);
+        }
     }
     if (f->zero) memset(f->pending, 0, n * sizeof(float));
     else memcpy(f->pending, f->committed, n * sizeof(float));

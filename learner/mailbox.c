@@ -78,18 +78,23 @@ int dl_mailbox_open(const dl_plan *plan, dl_mailbox **out)
     assert(out);
     *out = NULL;
     if (!plan) return dl_err(DL_EINVAL, "mailbox: no fragment plan");
-    dl_mailbox *m = dl_xcalloc(1, sizeof *m);
+    dl_mailbox *m = dl_try_calloc(1, sizeof *m);
+    if (!m) return dl_err(DL_ENOMEM, "mailbox: out of memory");
+    pthread_mutex_init(&m->mu, NULL);
     m->P = dl_plan_P(plan);
     m->maxn = dl_plan_max_fragment_numel(plan);
-    m->numel = dl_xcalloc((size_t)m->P, sizeof *m->numel);
-    m->f = dl_xcalloc((size_t)m->P, sizeof *m->f);
-    for (int p = 0; p < m->P; p++) {
+    m->numel = dl_try_calloc((size_t)m->P, sizeof *m->numel);
+    m->f = dl_try_calloc((size_t)m->P, sizeof *m->f);
+    int ok = m->numel && m->f;
+    for (int p = 0; ok && p < m->P; p++) {
         m->numel[p] = dl_plan_fragment_numel(plan, p);
-        m->f[p].pbuf = dl_mailbox_buf_alloc(m);
-        m->f[p].ubuf = dl_mailbox_buf_alloc(m);
+        ok = (m->f[p].pbuf = dl_mailbox_buf_alloc(m)) && (m->f[p].ubuf = dl_mailbox_buf_alloc(m));
     }
-    m->recv_spare = dl_mailbox_buf_alloc(m);
-    pthread_mutex_init(&m->mu, NULL);
+    if (!ok || !(m->recv_spare = dl_mailbox_buf_alloc(m))) {
+        dl_mailbox_close(&m);
+        return dl_err(DL_ENOMEM, "mailbox: 2 x %d fragment buffers of %zu floats: out of memory", dl_plan_P(plan),
+                      dl_plan_max_fragment_numel(plan));
+    }
     *out = m;
     return 0;
 }
@@ -98,7 +103,7 @@ void dl_mailbox_close(dl_mailbox **mp)
 {
     if (!mp || !*mp) return;
     dl_mailbox *m = *mp;
-    for (int p = 0; p < m->P; p++) {
+    for (int p = 0; m->f && p < m->P; p++) {
         free(m->f[p].pbuf);
         free(m->f[p].ubuf);
     }
@@ -112,7 +117,7 @@ void dl_mailbox_close(dl_mailbox **mp)
 
 int dl_mailbox_P(const dl_mailbox *m) { return m->P; }
 size_t dl_mailbox_buf_numel(const dl_mailbox *m) { return m->maxn; }
-float *dl_mailbox_buf_alloc(const dl_mailbox *m) { return dl_xcalloc(m->maxn, sizeof(float)); }
+float *dl_mailbox_buf_alloc(const dl_mailbox *m) { return dl_try_calloc(m->maxn, sizeof(float)); }
 
 static void swapf(float **a, float **b)
 {

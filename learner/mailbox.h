@@ -112,7 +112,7 @@ typedef struct {
 } dl_mailbox_claim;
 
 /* Allocate P push and update slots and their buffers. `plan` is borrowed.
- * Returns 0 or DL_EINVAL (no plan). */
+ * Returns 0, DL_EINVAL (no plan) or DL_ENOMEM. */
 int dl_mailbox_open(const struct dl_plan *plan, dl_mailbox **out);
 /* Free everything; NULLs the pointer; safe on NULL and twice. Sessions
  * attached must be closed first. */
@@ -120,7 +120,7 @@ void dl_mailbox_close(dl_mailbox **m);
 int dl_mailbox_P(const dl_mailbox *m);
 /* Floats every swapped buffer must hold (the plan's largest fragment). */
 size_t dl_mailbox_buf_numel(const dl_mailbox *m);
-/* A buffer of dl_mailbox_buf_numel() floats, for swapping; free() it. */
+/* A buffer of dl_mailbox_buf_numel() floats, for swapping; free() it. NULL when out of memory. */
 float *dl_mailbox_buf_alloc(const dl_mailbox *m);
 
 /* ---- training-thread side (never blocks on the network) */

@@ -33,7 +33,8 @@ static int host_read_begin(void *ctx, int p)
 {
     host_model *h = ctx;
     if (!h->snap[p])
-        h->snap[p] = h->shared ? h->shared : dl_xmalloc(dl_plan_fragment_numel(h->plan, p) * sizeof(float));
+        h->snap[p] = h->shared ? h->shared : dl_try_malloc(dl_plan_fragment_numel(h->plan, p) * sizeof(float));
+    if (!h->snap[p]) return dl_err(DL_ENOMEM, "host model: snapshot of fragment %d: out of memory", p);
     dl_plan_gather(h->plan, p, h->params, h->snap[p]);
     return 0;
 }
@@ -65,12 +66,17 @@ int dl_node_host_model_open(const dl_plan *plan, float *params, int deferred, dl
     assert(out);
     *out = NULL;
     if (!plan || !params) return dl_err(DL_EINVAL, "host model: no plan or parameter buffer");
-    host_model *h = dl_xcalloc(1, sizeof *h);
+    host_model *h = dl_try_calloc(1, sizeof *h);
+    if (!h) return dl_err(DL_ENOMEM, "host model: out of memory");
     h->plan = plan;
     h->params = params;
-    h->snap = dl_xcalloc((size_t)dl_plan_P(plan), sizeof *h->snap);
-    h->tmp = dl_xcalloc(dl_plan_max_fragment_numel(plan), sizeof(float));
-    if (!deferred) h->shared = dl_xcalloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    h->snap = dl_try_calloc((size_t)dl_plan_P(plan), sizeof *h->snap);
+    h->tmp = dl_try_calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    if (!deferred) h->shared = dl_try_calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    if (!h->snap || !h->tmp || (!deferred && !h->shared)) {
+        free(h->snap), free(h->tmp), free(h->shared), free(h);
+        return dl_err(DL_ENOMEM, "host model: fragment buffers: out of memory");
+    }
     h->iface = (dl_node_model){.ctx = h,
                                .deferred = deferred ? 1 : 0,
                                .read_begin = host_read_begin,
@@ -169,7 +175,8 @@ int dl_node_open(const dl_node_opts *o, dl_mailbox *mb, dl_node **out)
         return dl_err(DL_EINVAL, "node: update_max_ratio %g must be finite and >= 0", o->update_max_ratio);
     if (dl_plan_P(o->plan) != dl_mailbox_P(mb))
         return dl_err(DL_EINVAL, "node: plan has %d fragments, mailbox %d", dl_plan_P(o->plan), dl_mailbox_P(mb));
-    dl_node *n = dl_xcalloc(1, sizeof *n);
+    dl_node *n = dl_try_calloc(1, sizeof *n);
+    if (!n) return dl_err(DL_ENOMEM, "node: out of memory");
     n->plan = o->plan;
     if (o->params) {
         int rc = dl_node_host_model_open(o->plan, o->params, 0, &n->own_model);
@@ -192,17 +199,21 @@ int dl_node_open(const dl_node_opts *o, dl_mailbox *mb, dl_node **out)
      * learner/comms.c that exercise pooled pushes) */
     int ms = o->push_decision_timeout_ms;
     n->decision_timeout_ns = (int64_t)(ms > 0 ? ms : ms < 0 ? 0 : 30000) * 1000000;
-    n->f = dl_xcalloc((size_t)n->P, sizeof *n->f);
-    for (int p = 0; p < n->P; p++) {
+    /* base copies (one model's worth), keep-mode references (another), and three fragment buffers */
+    int ok = (n->f = dl_try_calloc((size_t)n->P, sizeof *n->f)) != NULL;
+    for (int p = 0; ok && p < n->P; p++) {
         nfrag *f = &n->f[p];
         f->numel = dl_plan_fragment_numel(o->plan, p);
-        f->base = dl_xcalloc(f->numel, sizeof(float));
+        ok = (f->base = dl_try_calloc(f->numel, sizeof(float))) &&
+             (n->adopt != DL_ADOPT_KEEP || (f->ref = dl_try_calloc(f->numel, sizeof(float))));
         f->claims_seen = UINT64_MAX;
-        if (n->adopt == DL_ADOPT_KEEP) f->ref = dl_xcalloc(f->numel, sizeof(float));
     }
-    n->out = dl_mailbox_buf_alloc(mb);
-    n->in = dl_mailbox_buf_alloc(mb);
-    n->tmp = dl_xcalloc(dl_plan_max_fragment_numel(o->plan), sizeof(float));
+    if (!ok || !(n->out = dl_mailbox_buf_alloc(mb)) || !(n->in = dl_mailbox_buf_alloc(mb)) ||
+        !(n->tmp = dl_try_calloc(dl_plan_max_fragment_numel(o->plan), sizeof(float)))) {
+        dl_node_close(&n);
+        return dl_err(DL_ENOMEM, "node: base copies of %zu floats%s: out of memory", dl_plan_total_numel(o->plan),
+                      o->adopt == DL_ADOPT_KEEP ? " and keep-mode references" : "");
+    }
     *out = n;
     return 0;
 }
@@ -211,7 +222,7 @@ void dl_node_close(dl_node **np)
 {
     if (!np || !*np) return;
     dl_node *n = *np;
-    for (int p = 0; p < n->P; p++) {
+    for (int p = 0; n->f && p < n->P; p++) {
         free(n->f[p].base);
         free(n->f[p].ref);
     }

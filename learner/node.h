@@ -221,8 +221,8 @@ typedef struct {
 } dl_node_barrier;
 
 /* Allocates base copies (one model's worth) and, in keep mode, reference
- * copies (another). `mb` is the mailbox, borrowed. Returns 0 or DL_EINVAL
- * (also for update_max_ratio negative or not finite).
+ * copies (another). `mb` is the mailbox, borrowed. Returns 0, DL_EINVAL
+ * (also for update_max_ratio negative or not finite) or DL_ENOMEM.
  *
  * Every function below that touches theta returns a negative DL_E* code when
  * the parameter interface fails (a GPU error); the node is unusable then. */

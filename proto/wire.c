@@ -107,6 +107,13 @@ dl_wire_queue *dl_wire_queue_new(void)
     return q;
 }
 
+dl_wire_queue *dl_wire_queue_try_new(void)
+{
+    dl_wire_queue *q = dl_try_calloc(1, sizeof *q);
+    if (q) atomic_init(&q->refs, 1);
+    return q;
+}
+
 static void queue_unref(dl_wire_queue *q)
 {
     if (atomic_fetch_sub(&q->refs, 1) == 1) free(q);
@@ -687,9 +694,16 @@ static int send_payload(void *sock, const void *data, size_t len, int flags, dl_
         DL_ZMQ_CALL(zmq_send(sock, data, len, flags));
         return 0;
     }
-    void *copy = dl_xmalloc(len ? len : 1);
+    void *copy = dl_try_malloc(len ? len : 1);
+    queued_buf *b = dl_try_calloc(1, sizeof *b);
+    if (!copy || !b) {
+        /* out of memory: the frame still goes (the message's frames are already on their way), only
+         * uncounted in the queues */
+        free(copy), free(b);
+        DL_ZMQ_CALL(zmq_send(sock, data, len, flags));
+        return 0;
+    }
     memcpy(copy, data, len);
-    queued_buf *b = dl_xcalloc(1, sizeof *b);
     b->len = len;
     for (int i = 0; i < 2; i++)
         if (q[i]) {

@@ -153,6 +153,8 @@ int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes);
  * lives while its owner or any queued message holds it. */
 typedef struct dl_wire_queue dl_wire_queue;
 dl_wire_queue *dl_wire_queue_new(void);
+/* dl_wire_queue_new returning NULL when out of memory (a library's path). */
+dl_wire_queue *dl_wire_queue_try_new(void);
 /* Drop the owner's reference and NULL the pointer; safe on NULL. */
 void dl_wire_queue_release(dl_wire_queue **q);
 uint64_t dl_wire_queue_bytes(const dl_wire_queue *q);

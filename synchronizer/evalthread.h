@@ -1,14 +1,14 @@
 /* The synchronizer's periodic evaluation: a background thread that, when
  * asked, reads the global model from the store (short read transactions,
  * never the loop's or the worker's buffers) and computes its validation loss
- * (learner/evaluate.h, the code of `dloco eval`); it wakes the loop when a
+ * (gpt/evaluate.h, the code of `dloco eval`); it wakes the loop when a
  * result is ready. Neither the loop nor the merge worker ever waits for it. */
 #ifndef DL_SYNCHRONIZER_EVALTHREAD_H
 #define DL_SYNCHRONIZER_EVALTHREAD_H
 
 #include <stddef.h>
 
-#include "learner/evaluate.h"
+#include "gpt/evaluate.h"
 
 typedef struct dl_evalthread dl_evalthread;
 

@@ -10,7 +10,7 @@
 #include "core/log.h"
 #include "core/manifest.h"
 #include "core/plan.h"
-#include "learner/gpt.h"
+#include "gpt/gpt.h"
 #include "storage/modelfile.h"
 #include "storage/tensorfile.h"
 #include "synchronizer/report.h"

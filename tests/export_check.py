@@ -125,33 +125,19 @@ def gelu(x):
 
 
 def loss_of(P, NH, idx, tgt):
-    """dloco's GPT (learner/gpt.c) in float64: tied head over the real vocabulary."""
-    B, T = idx.shape
+    """dloco's GPT (gpt/gpt.c) in float64: examples/torch/gpt2.py's model (dloco's layout,
+    tied head over the real vocabulary) loaded with the file's tensors."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "torch"))
+    from gpt2 import GPT2
     V, C = P["wte"].shape
     L = sum(1 for k in P if k.endswith(".ln_1.weight"))
     for k in ["wte", "wpe", "ln_f.weight", "ln_f.bias"] + ["h.%d.%s" % (l, s) for l in range(L) for s in LAYER]:
         if k not in P:
             fail("tensor %s missing" % k)
-    x = P["wte"][idx] + P["wpe"][:T]
-    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), 1)
-    hs = C // NH
-    for l in range(L):
-        p = "h.%d." % l
-        h = torch.nn.functional.layer_norm(x, (C,), P[p + "ln_1.weight"], P[p + "ln_1.bias"], 1e-5)
-        qkv = h @ P[p + "attn.c_attn.weight"].t() + P[p + "attn.c_attn.bias"]
-        q, k, v = qkv.split(C, dim=2)
-        q = q.view(B, T, NH, hs).transpose(1, 2)
-        k = k.view(B, T, NH, hs).transpose(1, 2)
-        v = v.view(B, T, NH, hs).transpose(1, 2)
-        a = ((q @ k.transpose(-2, -1)) / math.sqrt(hs)).masked_fill(mask, float("-inf")).softmax(-1)
-        y = (a @ v).transpose(1, 2).contiguous().view(B, T, C)
-        x = x + y @ P[p + "attn.c_proj.weight"].t() + P[p + "attn.c_proj.bias"]
-        h = torch.nn.functional.layer_norm(x, (C,), P[p + "ln_2.weight"], P[p + "ln_2.bias"], 1e-5)
-        h = gelu(h @ P[p + "mlp.c_fc.weight"].t() + P[p + "mlp.c_fc.bias"])
-        x = x + h @ P[p + "mlp.c_proj.weight"].t() + P[p + "mlp.c_proj.bias"]
-    x = torch.nn.functional.layer_norm(x, (C,), P["ln_f.weight"], P["ln_f.bias"], 1e-5)
-    logits = x @ P["wte"].t()
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, V), tgt.reshape(-1)).item()
+    m = GPT2(L, NH, C, P["wpe"].shape[0], V).to(DT)
+    m.load_dloco(P)
+    with torch.no_grad():
+        return m(idx, tgt).item()
 
 
 def loss_hf(P, NH, idx, tgt):

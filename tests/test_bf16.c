@@ -1,10 +1,10 @@
-/* The bf16 learner (learner/gpt.h dl_gpt_set_precision, kernels/cpu.h
+/* The bf16 learner (gpt/gpt.h dl_gpt_set_precision, kernels/cpu.h
  * dl_cpu_matmul_*_bf16): the rounding itself (nearest even, inf, NaN), the
  * bf16 GEMMs against fp32 GEMMs on rounded copies (bit for bit: only the
  * inputs are rounded), a forward / backward that differs from fp32 by a
  * bounded amount, the fp32 path unchanged after switching back, and that a
  * bf16 model trains (the loss falls). */
-#include "learner/gpt.h"
+#include "gpt/gpt.h"
 
 #include "core/err.h"
 #include "core/rng.h"

@@ -24,6 +24,7 @@
 #include "kernels/codec.h"
 #include "learner/node.h"
 #include "proto/wire.h"
+#include "tests/fakesync.h"
 
 #include "tests/check.h"
 #include "tests/proc.h"
@@ -41,122 +42,33 @@
     })
 
 // ---------------------------------------------------------------------------
-// the fake synchronizer: a ROUTER, the run's limits, and send helpers
+// the fake synchronizer (tests/fakesync.h), with this test's checks and Welcome settings
 
-typedef struct {
-    void *ctx, *router;
-    char ep[256];
-    dl_wire_limits lim;
-    uint64_t numel[64];
-    const dl_plan *plan;
-    int heartbeats;      /* learner heartbeats seen (skipped by expect) */
-    uint64_t hb_step;    /* step of the last one */
-    const char *run_id;
-    /* learners set no routing id (libzmq assigns one per connection): the
-     * harness answers each learner id on the connection it last heard it on */
-    struct {
-        char id[DL_WIRE_LEARNER_ID_MAX + 1];
-        uint8_t rid[DL_WIRE_ROUTING_ID_MAX + 1];
-        size_t rid_len;
-    } peer[8];
-    int npeer;
-} harness;
+typedef dl_fakesync harness;
 
-/* Remember the connection learner `id` spoke on. */
-static void h_learn(harness *h, const char *id, const uint8_t *rid, size_t len)
-{
-    int i = 0;
-    while (i < h->npeer && strcmp(h->peer[i].id, id)) i++;
-    if (i == h->npeer) {
-        REQUIRE(h->npeer < 8, "too many learners");
-        snprintf(h->peer[h->npeer++].id, sizeof h->peer[0].id, "%s", id);
-    }
-    memcpy(h->peer[i].rid, rid, len);
-    h->peer[i].rid_len = len;
-}
+static void h_open(harness *h, const dl_plan *plan) { fs_open(h, plan, NULL, NULL); }
+static void h_close(harness *h) { fs_close(h); }
 
-static void h_open(harness *h, const dl_plan *plan)
-{
-    memset(h, 0, sizeof *h);
-    h->run_id = "dloco";
-    h->plan = plan;
-    h->ctx = zmq_ctx_new();
-    h->router = zmq_socket(h->ctx, ZMQ_ROUTER);
-    REQUIRE(h->router, "router");
-    REQUIRE(dl_wire_sock_setup(h->router, 1, dl_plan_max_fragment_numel(plan) * 4 + DL_WIRE_MAX_HEADER_BYTES) == 0,
-            "setup: %s", dl_errmsg());
-    REQUIRE(zmq_bind(h->router, "tcp://127.0.0.1:*") == 0, "bind: %s", zmq_strerror(zmq_errno()));
-    size_t len = sizeof h->ep;
-    REQUIRE(zmq_getsockopt(h->router, ZMQ_LAST_ENDPOINT, h->ep, &len) == 0, "last endpoint");
-    int P = dl_plan_P(plan);
-    for (int p = 0; p < P; p++) h->numel[p] = dl_plan_fragment_numel(plan, p);
-    h->lim = dl_wire_limits_default();
-    h->lim.num_fragments = (uint32_t)P;
-    h->lim.fragment_numel = h->numel;
-}
-
-static void h_close(harness *h)
-{
-    zmq_close(h->router);
-    zmq_ctx_term(h->ctx);
-}
-
-/* Next message that is not a heartbeat, within WAIT_MS. Returns its body
+/* Next message that is not a heartbeat, within timeout_ms. Returns its body
  * case, or -1 on timeout / bad message. m must be closed by the caller. */
 static int h_next(harness *h, dl_wire_msg *m, int timeout_ms)
 {
-    int64_t t0 = dl_clock_ns();
-    for (;;) {
-        int64_t left = timeout_ms - (dl_clock_ns() - t0) / 1000000;
-        if (left <= 0) return -1;
-        zmq_pollitem_t it = {h->router, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, (long)left) <= 0) continue;
-        int rc = dl_wire_recv(h->router, 1, &h->lim, m, ZMQ_DONTWAIT);
-        if (rc == DL_EAGAIN) {
-            dl_wire_msg_close(m);
-            continue;
-        }
-        if (rc) {
-            CHECK(0, "learner sent a bad message: %s", dl_errmsg());
-            dl_wire_msg_close(m);
-            return -1;
-        }
-        h_learn(h, m->env->learner_id, m->id, m->id_len);
-        if (m->env->body_case == DLOCO__V1__ENVELOPE__BODY_HEARTBEAT) {
-            h->heartbeats++;
-            h->hb_step = m->env->heartbeat->step;
-            dl_wire_msg_close(m);
-            continue;
-        }
-        return (int)m->env->body_case;
-    }
+    int bad = h->bad, got = fs_next(h, m, timeout_ms);
+    CHECK(h->bad == bad, "learner sent a bad message");
+    return got;
 }
 
 /* Expect a message of `body` next (heartbeats aside). */
 static int h_expect(harness *h, int body, dl_wire_msg *m, const char *what)
 {
-    int got = h_next(h, m, WAIT_MS);
-    if (got < 0) {
-        CHECK(0, "timed out waiting for %s", what);
-        return 0;
-    }
-    if (got != body) {
-        CHECK(0, "expected %s, got %s", what, dl_wire_body_name((Dloco__V1__Envelope__BodyCase)got));
-        dl_wire_msg_close(m);
-        return 0;
-    }
-    return 1;
+    int ok = fs_expect(h, body, m, WAIT_MS, what);
+    CHECK(ok, "expected %s", what);
+    return ok;
 }
 
 static void h_send(harness *h, const char *id, Dloco__V1__Envelope *env, const float *payload, size_t numel)
 {
-    const void *pl[1] = {payload};
-    size_t len[1] = {numel * 4};
-    int i = 0;
-    while (i < h->npeer && strcmp(h->peer[i].id, id)) i++;
-    REQUIRE(i < h->npeer, "harness send to %s: never heard from it", id);
-    int rc = dl_wire_send(h->router, h->peer[i].rid, h->peer[i].rid_len, env, pl, len, payload ? 1 : 0, 0);
-    REQUIRE(rc == 0, "harness send %s: %s", dl_wire_body_name(env->body_case), dl_errmsg());
+    REQUIRE(fs_send(h, id, env, payload, numel * 4) == 0, "harness send %s", dl_wire_body_name(env->body_case));
 }
 
 static uint32_t welcome_chunk_bytes = 0; /* Welcome.chunk_bytes (0: whole pushes) */
@@ -168,42 +80,15 @@ static uint32_t welcome_liveness = 100; /* the most a learner accepts: no silenc
 static void h_welcome(harness *h, const char *id, uint64_t epoch, uint64_t version, uint32_t H, uint32_t hb_ms,
                       int must_fetch)
 {
-    uint64_t v[64];
-    int P = dl_plan_P(h->plan);
-    for (int p = 0; p < P; p++) v[p] = version;
-    Dloco__V1__Welcome w;
-    dloco__v1__welcome__init(&w);
-    w.num_fragments = (uint32_t)P;
-    w.n_fragment_versions = (size_t)P;
-    w.fragment_versions = v;
-    w.h = H;
-    w.heartbeat_ms = hb_ms;
-    w.liveness = welcome_liveness;
-    w.policy = "test";
-    w.must_fetch = must_fetch;
-    w.chunk_bytes = welcome_chunk_bytes;
-    w.update_codec = welcome_update_codec;
-    w.shard = welcome_shard;
-    w.shards = welcome_shards;
-    Dloco__V1__Envelope env;
-    dl_wire_env_init(&env, h->run_id, epoch, id);
-    dl_wire_set_welcome(&env, &w);
-    h_send(h, id, &env, NULL, 0);
+    fs_welcome_args a = {.epoch = epoch, .version = version, .h = H, .hb_ms = hb_ms, .liveness = welcome_liveness,
+                         .must_fetch = must_fetch, .chunk_bytes = welcome_chunk_bytes,
+                         .update_codec = welcome_update_codec, .shard = welcome_shard, .shards = welcome_shards};
+    REQUIRE(fs_welcome(h, id, &a) == 0, "harness welcome");
 }
 
 static void h_update(harness *h, const char *id, uint64_t epoch, int p, uint64_t version, const float *g)
 {
-    Dloco__V1__Update u;
-    dloco__v1__update__init(&u);
-    u.fragment = (uint32_t)p;
-    u.version = version;
-    u.codec = DLOCO__V1__CODEC__CODEC_FP32;
-    u.numel = h->numel[p];
-    u.checksum = dl_wire_checksum(g, h->numel[p] * 4);
-    Dloco__V1__Envelope env;
-    dl_wire_env_init(&env, h->run_id, epoch, id);
-    dl_wire_set_update(&env, &u);
-    h_send(h, id, &env, g, h->numel[p]);
+    REQUIRE(fs_update(h, id, epoch, p, version, g) == 0, "harness update");
 }
 
 /* One chunk of an Update: elements [off, off + n) of g. */
@@ -251,50 +136,22 @@ static void h_update_delta(harness *h, const char *id, uint64_t epoch, int p, ui
     dl_wire_env_init(&env, h->run_id, epoch, id);
     dl_wire_set_update(&env, &u);
     const void *pl[1] = {from};
-    int i = 0;
-    while (i < h->npeer && strcmp(h->peer[i].id, id)) i++;
-    REQUIRE(i < h->npeer, "harness send to %s: never heard from it", id);
-    REQUIRE(dl_wire_send(h->router, h->peer[i].rid, h->peer[i].rid_len, &env, pl, &len, 1, 0) == 0,
-            "harness send delta: %s", dl_errmsg());
+    REQUIRE(fs_send_frames(h, id, &env, pl, &len, 1) == 0, "harness send delta");
 }
 
 static void h_ack(harness *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged)
 {
-    Dloco__V1__Ack a;
-    dloco__v1__ack__init(&a);
-    a.fragment = (uint32_t)p;
-    a.base_version = base;
-    a.decision = decision;
-    a.merged_version = merged;
-    a.rebase = decision == DLOCO__V1__DECISION__DECISION_DROPPED_STALE;
-    a.reason = decision == DLOCO__V1__DECISION__DECISION_REJECTED ? "test says no" : "";
-    Dloco__V1__Envelope env;
-    dl_wire_env_init(&env, h->run_id, epoch, id);
-    dl_wire_set_ack(&env, &a);
-    h_send(h, id, &env, NULL, 0);
+    REQUIRE(fs_ack(h, id, epoch, p, base, decision, merged) == 0, "harness ack");
 }
 
 static void h_error(harness *h, const char *id, uint64_t epoch, int code, const char *msg, int fatal)
 {
-    Dloco__V1__Error e;
-    dloco__v1__error__init(&e);
-    e.kind = dl_wire_error_kind_of(code);
-    e.message = (char *)msg;
-    e.fatal = fatal;
-    Dloco__V1__Envelope env;
-    dl_wire_env_init(&env, h->run_id, epoch, id);
-    dl_wire_set_error(&env, &e);
-    h_send(h, id, &env, NULL, 0);
+    REQUIRE(fs_error(h, id, epoch, code, msg, fatal) == 0, "harness error");
 }
 
 static void h_heartbeat(harness *h, const char *id, uint64_t epoch)
 {
-    Dloco__V1__Heartbeat b;
-    dloco__v1__heartbeat__init(&b);
-    Dloco__V1__Envelope env;
-    dl_wire_env_init(&env, h->run_id, epoch, id);
-    dl_wire_set_heartbeat(&env, &b);
-    h_send(h, id, &env, NULL, 0);
+    REQUIRE(fs_heartbeat(h, id, epoch) == 0, "harness heartbeat");
 }
 
 // ---------------------------------------------------------------------------

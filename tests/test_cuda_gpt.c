@@ -1,11 +1,11 @@
-/* Parity of the device-resident GPT (learner/gpt_cuda.c) with the CPU model and
+/* Parity of the device-resident GPT (gpt/gpt_cuda.c) with the CPU model and
  * with the PyTorch reference tests/data/gpt_ref.bin. Exits 77 (CTest: Skipped) without a device. */
 #include "core/err.h"
 #include "core/plan.h"
 #include "core/rng.h"
 #include "kernels/cuda/cuda.h"
-#include "learner/gpt.h"
-#include "learner/gpt_cuda.h"
+#include "gpt/gpt.h"
+#include "gpt/gpt_cuda.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -628,7 +628,7 @@ static void xent_case(dl_rng *r, int N, int V, int ld)
     float *d_dlog = dev_upload(dlog, n);
     CU(dl_cuda_memset0(d_probs, n * 4));
     printf("softmax_xent N=%d V=%d ld=%d\n", N, V, ld);
-    /* CPU reference row by row over the first V columns (as learner/gpt.c does) */
+    /* CPU reference row by row over the first V columns (as gpt/gpt.c does) */
     double cpu_mean = 0.0;
     for (int i = 0; i < N; i++)
         cpu_mean += dl_cpu_softmax_xent_fwd(probs + (size_t)i * ld, losses + i, logits + (size_t)i * ld, tgt + i, 1, V);

@@ -6,11 +6,11 @@
 #include "kernels/cuda/cuda.h"
 #include "learner/comms.h"
 #include "learner/mailbox.h"
-#include "learner/gpt.h"
-#include "learner/gpt_cuda.h"
+#include "gpt/gpt.h"
+#include "gpt/gpt_cuda.h"
 #include "learner/node.h"
-#include "learner/train.h"
-#include "learner/xfer_cuda.h"
+#include "gpt/train.h"
+#include "gpt/xfer_cuda.h"
 
 #include <math.h>
 #include <stdint.h>

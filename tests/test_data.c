@@ -2,7 +2,7 @@
  * shuffling, checkpointable position, and the error each bad file (or a
  * failed allocation of its size) gets. */
 #include "core/err.h"
-#include "learner/data.h"
+#include "gpt/data.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,10 +1,10 @@
-/* --data_shard_mode cluster (learner/data.h): on real text (this repository's
+/* --data_shard_mode cluster (gpt/data.h): on real text (this repository's
  * docs/), the cluster shards are deterministic (the same for any --seed and on
  * every open), disjoint, cover the training sequences, are of equal size (to a
  * document), and differ in distribution from the corpus far more than the iid
  * shards do; a shard too small for a batch and an unknown mode are refused
  * with their numbers. */
-#include "learner/data.h"
+#include "gpt/data.h"
 
 #include "core/err.h"
 

@@ -1,11 +1,11 @@
-/* learner/dynh.h: the dynamic-H rule (speed ratio, rounding, bounds, unknown
+/* gpt/dynh.h: the dynamic-H rule (speed ratio, rounding, bounds, unknown
  * rates) and the cycle schedule: with any sequence of H changes every
  * fragment is due exactly once per cycle (never skipped, never doubled), and
  * with a constant H the schedule is dl_plan_due's step for step. */
 #include "core/err.h"
 #include "core/plan.h"
 #include "core/rng.h"
-#include "learner/dynh.h"
+#include "gpt/dynh.h"
 #include "tests/check.h"
 
 #include <math.h>

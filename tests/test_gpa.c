@@ -1,6 +1,6 @@
-/* Tests of learner/gpa.c and the GPA trainer: the step against a three-buffer reference (x, y, z, AdamW on z
+/* Tests of gpt/gpa.c and the GPA trainer: the step against a three-buffer reference (x, y, z, AdamW on z
  * with the gradient at y), mu_x = 0 is AdamW bit for bit, the refusals, checkpoints, and the adopt rules of the parameter interface. */
-#include "learner/gpa.h"
+#include "gpt/gpa.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -11,10 +11,10 @@
 #include "core/err.h"
 #include "core/model.h"
 #include "core/plan.h"
-#include "learner/ckpt.h"
+#include "gpt/ckpt.h"
 #include "learner/mailbox.h"
 #include "learner/node.h"
-#include "learner/train.h"
+#include "gpt/train.h"
 
 #include "tests/check.h"
 

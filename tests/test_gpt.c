@@ -1,7 +1,7 @@
 /* GPT forward, backward and AdamW against PyTorch: tests/data/gpt_ref.bin was
  * written by tests/ref/make_ref.py (float64 torch, same weights and batch);
  * then dl_gpt_open's two out-of-memory refusals. */
-#include "learner/gpt.h"
+#include "gpt/gpt.h"
 
 #include "core/err.h"
 

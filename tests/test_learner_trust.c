@@ -28,6 +28,7 @@
 #include "learner/node.h"
 #include "proto/auth.h"
 #include "proto/wire.h"
+#include "tests/fakesync.h"
 
 #include "tests/check.h"
 #include "tests/proc.h"
@@ -61,111 +62,33 @@ static void global_of(int p, uint64_t version, float *g)
 }
 
 // ---------------------------------------------------------------------------
-// the fake synchronizer
+// the fake synchronizer (tests/fakesync.h): talks to one learner
 
-typedef struct {
-    void *ctx, *router;
-    char ep[256];
-    dl_wire_limits lim;
-    uint64_t numel[P];
-    const char *id; /* the learner it talks to */
-    uint8_t rid[DL_WIRE_ROUTING_ID_MAX + 1]; /* the connection it last heard that learner on */
-    size_t rid_len;
-    int conns; /* distinct connections heard (a new routing id each) */
-} fake;
+typedef dl_fakesync fake;
 
-/* A fake synchronizer for learner `id`; with `curve` a CURVE server of that key pair (no ZAP handler:
- * libzmq then admits any client key that completes the handshake). */
-static void f_open_curve(fake *h, const char *id, const dl_auth_keypair *curve)
-{
-    memset(h, 0, sizeof *h);
-    h->id = id;
-    h->ctx = zmq_ctx_new();
-    h->router = zmq_socket(h->ctx, ZMQ_ROUTER);
-    REQUIRE(h->router, "router");
-    REQUIRE(dl_wire_sock_setup(h->router, 1, 64u << 20) == 0, "setup: %s", dl_errmsg());
-    if (curve) {
-        int one = 1;
-        REQUIRE(zmq_setsockopt(h->router, ZMQ_CURVE_SERVER, &one, sizeof one) == 0, "curve server");
-        REQUIRE(zmq_setsockopt(h->router, ZMQ_CURVE_SECRETKEY, curve->secret_z85, 40) == 0, "curve secret");
-    }
-    REQUIRE(zmq_bind(h->router, "tcp://127.0.0.1:*") == 0, "bind: %s", zmq_strerror(zmq_errno()));
-    size_t len = sizeof h->ep;
-    REQUIRE(zmq_getsockopt(h->router, ZMQ_LAST_ENDPOINT, h->ep, &len) == 0, "last endpoint");
-    for (int p = 0; p < P; p++) h->numel[p] = dl_plan_fragment_numel(plan, p);
-    h->lim = dl_wire_limits_default();
-    h->lim.num_fragments = P;
-    h->lim.fragment_numel = h->numel;
-}
-
+/* A fake synchronizer for learner `id`; with `curve` a CURVE server of that key pair. */
+static void f_open_curve(fake *h, const char *id, const dl_auth_keypair *curve) { fs_open(h, plan, id, curve); }
 static void f_open(fake *h, const char *id) { f_open_curve(h, id, NULL); }
-
-static void f_close(fake *h)
-{
-    zmq_close(h->router);
-    zmq_ctx_term(h->ctx);
-}
+static void f_close(fake *h) { fs_close(h); }
 
 /* Next message that is not a heartbeat within timeout_ms: its body case, or -1. */
 static int f_next(fake *h, dl_wire_msg *m, int timeout_ms)
 {
-    int64_t t0 = dl_clock_ns();
-    for (;;) {
-        int64_t left = timeout_ms - (dl_clock_ns() - t0) / 1000000;
-        if (left <= 0) return -1;
-        zmq_pollitem_t it = {h->router, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, (long)left) <= 0) continue;
-        int rc = dl_wire_recv(h->router, 1, &h->lim, m, ZMQ_DONTWAIT);
-        if (rc == DL_EAGAIN) {
-            dl_wire_msg_close(m);
-            continue;
-        }
-        if (rc) {
-            CHECK(0, "the learner sent a bad message: %s", dl_errmsg());
-            dl_wire_msg_close(m);
-            return -1;
-        }
-        if (m->id_len != h->rid_len || memcmp(m->id, h->rid, m->id_len)) {
-            h->conns++;
-            memcpy(h->rid, m->id, m->id_len);
-            h->rid_len = m->id_len;
-        }
-        if (m->env->body_case == DLOCO__V1__ENVELOPE__BODY_HEARTBEAT) {
-            dl_wire_msg_close(m);
-            continue;
-        }
-        return (int)m->env->body_case;
-    }
+    int bad = h->bad, got = fs_next(h, m, timeout_ms);
+    CHECK(h->bad == bad, "the learner sent a bad message");
+    return got;
 }
 
 static int f_expect(fake *h, int body, dl_wire_msg *m, const char *what)
 {
-    int got = f_next(h, m, WAIT_MS);
-    if (got == body) return 1;
-    CHECK(0, "expected %s, got %s", what, got < 0 ? "nothing" : dl_wire_body_name((Dloco__V1__Envelope__BodyCase)got));
-    if (got >= 0) dl_wire_msg_close(m);
-    return 0;
+    int ok = fs_expect(h, body, m, WAIT_MS, what);
+    CHECK(ok, "expected %s", what);
+    return ok;
 }
 
 static void f_send(fake *h, Dloco__V1__Envelope *env, const void *payload, size_t bytes)
 {
-    const void *pl[1] = {payload};
-    size_t len[1] = {bytes};
-    int rc = dl_wire_send(h->router, h->rid, h->rid_len, env, pl, len, payload ? 1 : 0, 0);
-    REQUIRE(rc == 0, "fake send %s: %s", dl_wire_body_name(env->body_case), dl_errmsg());
-}
-
-/* Send a message that dl_wire_send would refuse to (a lying synchronizer does not check itself). */
-static void f_send_unchecked(fake *h, Dloco__V1__Envelope *env, const void *payload, size_t bytes)
-{
-    env->protocol_version = DL_WIRE_PROTOCOL_VERSION;
-    size_t n = dloco__v1__envelope__get_packed_size(env);
-    uint8_t *buf = malloc(n);
-    dloco__v1__envelope__pack(env, buf);
-    REQUIRE(zmq_send(h->router, h->rid, h->rid_len, ZMQ_SNDMORE) >= 0, "send id");
-    REQUIRE(zmq_send(h->router, buf, n, payload ? ZMQ_SNDMORE : 0) == (int)n, "send header");
-    if (payload) REQUIRE(zmq_send(h->router, payload, bytes, 0) == (int)bytes, "send payload");
-    free(buf);
+    REQUIRE(fs_send(h, NULL, env, payload, bytes) == 0, "fake send %s", dl_wire_body_name(env->body_case));
 }
 
 typedef struct {
@@ -176,23 +99,9 @@ typedef struct {
 
 static void f_welcome(fake *h, welcome_args a)
 {
-    uint64_t v[P];
-    for (int p = 0; p < P; p++) v[p] = a.version;
-    Dloco__V1__Welcome w;
-    dloco__v1__welcome__init(&w);
-    w.num_fragments = P;
-    w.n_fragment_versions = P;
-    w.fragment_versions = v;
-    w.h = a.h;
-    w.heartbeat_ms = a.hb_ms;
-    w.liveness = a.liveness;
-    w.policy = "lying";
-    w.must_fetch = a.must_fetch;
-    Dloco__V1__Envelope env;
-    dl_wire_env_init(&env, "dloco", a.epoch, h->id);
-    dl_wire_set_welcome(&env, &w);
-    if (a.h && a.hb_ms && a.liveness) f_send(h, &env, NULL, 0);
-    else f_send_unchecked(h, &env, NULL, 0);
+    fs_welcome_args w = {.epoch = a.epoch, .version = a.version, .h = a.h, .hb_ms = a.hb_ms, .liveness = a.liveness,
+                         .must_fetch = a.must_fetch, .policy = "lying"};
+    REQUIRE(fs_welcome(h, NULL, &w) == 0, "fake welcome");
 }
 
 /* A sane Welcome: H 4, heartbeat 100 ms, liveness 50 (5 s of silence allowed). */
@@ -205,18 +114,7 @@ static welcome_args good_welcome(uint64_t epoch, uint64_t version, int must_fetc
 /* Update of fragment p: `bytes` of payload (4 x numel unless a test lies about it). */
 static void f_update_raw(fake *h, uint64_t epoch, int p, uint64_t version, const void *data, size_t bytes)
 {
-    Dloco__V1__Update u;
-    dloco__v1__update__init(&u);
-    u.fragment = (uint32_t)p;
-    u.version = version;
-    u.codec = DLOCO__V1__CODEC__CODEC_FP32;
-    u.numel = h->numel[p];
-    u.checksum = dl_wire_checksum(data, bytes);
-    Dloco__V1__Envelope env;
-    dl_wire_env_init(&env, "dloco", epoch, h->id);
-    dl_wire_set_update(&env, &u);
-    if (bytes == h->numel[p] * 4) f_send(h, &env, data, bytes);
-    else f_send_unchecked(h, &env, data, bytes);
+    REQUIRE(fs_update_raw(h, NULL, epoch, p, version, data, bytes) == 0, "fake update");
 }
 
 enum { HONEST = 0, NANS = 1, HUGE_VALUES = 2 };
@@ -232,15 +130,7 @@ static void f_update(fake *h, uint64_t epoch, int p, uint64_t version, int kind)
     free(g);
 }
 
-static void f_heartbeat(fake *h, uint64_t epoch)
-{
-    Dloco__V1__Heartbeat b;
-    dloco__v1__heartbeat__init(&b);
-    Dloco__V1__Envelope env;
-    dl_wire_env_init(&env, "dloco", epoch, h->id);
-    dl_wire_set_heartbeat(&env, &b);
-    f_send(h, &env, NULL, 0);
-}
+static void f_heartbeat(fake *h, uint64_t epoch) { REQUIRE(fs_heartbeat(h, NULL, epoch) == 0, "fake heartbeat"); }
 
 /* Expect a Fetch; with want >= 0 it must name exactly fragment `want`, else all. */
 static int f_expect_fetch(fake *h, int want, const char *what)

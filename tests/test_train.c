@@ -1,7 +1,7 @@
 /* Trainer and checkpoint tests that run without a GPU: raw-buffer checkpoints
  * are the dl_gpt checkpoint byte for byte, resume through the API is bit-exact, device selection errors, and
  * the out-of-memory refusals of model-sized buffers (the CUDA trainer's where a device exists). */
-#include "learner/train.h"
+#include "gpt/train.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "core/err.h"
-#include "learner/ckpt.h"
-#include "learner/gpt.h"
+#include "gpt/ckpt.h"
+#include "gpt/gpt.h"
 #ifdef DLOCO_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
 #endif

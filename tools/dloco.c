@@ -11,9 +11,9 @@
 #include "core/plan.h"
 #include "core/shard.h"
 #include "kernels/blas_select.h"
-#include "learner/data.h"
-#include "learner/evaluate.h"
-#include "learner/gpt.h"
+#include "gpt/data.h"
+#include "gpt/evaluate.h"
+#include "gpt/gpt.h"
 #include "proto/auth.h"
 #include "storage/store.h"
 #include "storage/tensorfile.h"
@@ -339,7 +339,7 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     const char *format = !ec.data[0] && recorded && !strcmp(ec.data_format, "auto") ? ed.format : ec.data_format;
     double val_frac = ec.val_frac >= 0 ? ec.val_frac : !ec.data[0] && recorded ? ed.val_frac : 0.05;
     const char *whence = ec.data[0] ? "--data" : recorded ? "the run's recorded evaluation data" : "the default";
-    /* the synchronizer's periodic evaluation runs the same code (learner/evaluate.h) */
+    /* the synchronizer's periodic evaluation runs the same code (gpt/evaluate.h) */
     dl_evaluate_opts eo = {.data = data, .data_format = format, .val_frac = val_frac, .batch = (int)ec.batch,
                            .seqs = (int)(ec.batch * ec.val_batches)};
     uint64_t vsum = 0;

@@ -31,7 +31,7 @@ dt = torch.float64
 
 
 def table():
-    """(name, shape, decay) in dloco's buffer order (learner/gpt.c)."""
+    """(name, shape, decay) in dloco's buffer order (gpt/gpt.c)."""
     t = [("wte", (V, C), True), ("wpe", (T, C), True)]
     for l in range(L):
         p = "h.%d." % l

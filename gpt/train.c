@@ -1,6 +1,6 @@
 /* Inner loop of a learner: batches from the loader, forward/backward on the
  * GPT (CPU dl_gpt or CUDA dl_gptc), global-norm clipping and AdamW with warm-up + cosine schedule. */
-#include "learner/train.h"
+#include "gpt/train.h"
 
 #include "core/err.h"
 
@@ -10,7 +10,7 @@
 
 #ifdef DLOCO_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
-#include "learner/gpt_cuda.h"
+#include "gpt/gpt_cuda.h"
 #endif
 
 struct dl_trainer {

@@ -1,5 +1,5 @@
 /* Validation loss of a store's global model (see evaluate.h). */
-#include "learner/evaluate.h"
+#include "gpt/evaluate.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "core/err.h"
-#include "learner/data.h"
-#include "learner/gpt.h"
+#include "gpt/data.h"
+#include "gpt/gpt.h"
 
 struct dl_evaluate {
     dl_model_config m;

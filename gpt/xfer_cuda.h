@@ -1,11 +1,11 @@
-/* Fragment copies between the device-resident GPT (learner/gpt_cuda.h) and the
+/* Fragment copies between the device-resident GPT (gpt/gpt_cuda.h) and the
  * host: the parameter interface (dl_node_model) of a networked CUDA learner. */
 #ifndef DL_LEARNER_XFER_CUDA_H
 #define DL_LEARNER_XFER_CUDA_H
 
 #include <stddef.h>
 
-#include "learner/gpt_cuda.h"
+#include "gpt/gpt_cuda.h"
 #include "learner/node.h"
 
 /* Per fragment p it holds a device snapshot and a device staging buffer, and

@@ -1,6 +1,6 @@
-/* GPT-2 forward/backward/AdamW on a CUDA device: the step of learner/gpt.c
+/* GPT-2 forward/backward/AdamW on a CUDA device: the step of gpt/gpt.c
  * call for call on the kernels/cuda twins, state in one device allocation. */
-#include "learner/gpt_cuda.h"
+#include "gpt/gpt_cuda.h"
 
 #include "core/err.h"
 #include "core/plan.h"
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* per-layer tensor order inside the buffer (as learner/gpt.c) */
+/* per-layer tensor order inside the buffer (as gpt/gpt.c) */
 enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NLAYER_T };
 
 struct dl_gptc {
@@ -28,7 +28,7 @@ struct dl_gptc {
     float *acts;
     size_t nacts; /* floats */
 #define DL_ACT_FIELD(name, n) float *name;
-    DL_GPT_ACTIVATIONS(DL_ACT_FIELD) /* learner/gpt.h, the CPU model's layout */
+    DL_GPT_ACTIVATIONS(DL_ACT_FIELD) /* gpt/gpt.h, the CPU model's layout */
 #undef DL_ACT_FIELD
     int32_t *inp, *tgt; /* device [maxB*T] token ids of the last forward */
 
@@ -325,7 +325,7 @@ int dl_gptc_backward(dl_gptc *g)
     return 0;
 }
 
-/* Both AdamW variants over the decay runs of learner/gpt.c; ga NULL: plain. */
+/* Both AdamW variants over the decay runs of gpt/gpt.c; ga NULL: plain. */
 static int adamw_runs(dl_gptc *g, const dl_adamw_cfg *c, float lr, int64_t t, double norm, const float *ga,
                       float *w, float fleet)
 {

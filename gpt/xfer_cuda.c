@@ -1,6 +1,6 @@
 /* The CUDA learner's parameter interface: fragment snapshots device -> pinned
  * host on a side stream overlapping the next step, and adopts host -> device + axpby without host stalls. */
-#include "learner/xfer_cuda.h"
+#include "gpt/xfer_cuda.h"
 
 #include <assert.h>
 #include <stdint.h>

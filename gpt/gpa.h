@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #include "kernels/cpu.h"  /* dl_adamw_hp */
-#include "learner/gpt.h"  /* dl_gpt, dl_adamw_cfg */
+#include "gpt/gpt.h"  /* dl_gpt, dl_adamw_cfg */
 #include "learner/node.h" /* dl_node_model */
 
 struct dl_plan;

@@ -1,6 +1,6 @@
 /* GPA-AdamW: the step over the stored pair (x, y) with z recovered, the
  * model-level step over AdamW's decay runs, and the networked parameter interface that moves x and y together. */
-#include "learner/gpa.h"
+#include "gpt/gpa.h"
 
 #include <assert.h>
 #include <math.h>

@@ -1,7 +1,7 @@
 /* Validation loss of a global model in a store: the evaluation `dloco eval`
  * prints and the synchronizer's periodic evaluation reports
  * (--eval_every_s), one code path so their numbers agree. The data and its
- * split are the learners' (learner/data.h, seed 0): sequence k of the
+ * split are the learners' (gpt/data.h, seed 0): sequence k of the
  * validation set is the same whatever the batch, so N sequences give the
  * same loss in batches of any size. */
 #ifndef DL_LEARNER_EVALUATE_H
@@ -16,7 +16,7 @@
 
 typedef struct {
     const char *data;  /* the run's data (a text file or llm.c shards) */
-    const char *data_format; /* "auto" (NULL too), "text" or "shards" (learner/data.h) */
+    const char *data_format; /* "auto" (NULL too), "text" or "shards" (gpt/data.h) */
     double val_frac;   /* validation fraction the learners used */
     int batch;         /* sequences per forward pass (memory: activations of batch x seq_len) */
     int seqs;          /* validation sequences; rounded up to a multiple of batch */

@@ -1,6 +1,6 @@
 /* Checkpoint file: fixed 128-byte little-endian header, then params, m, v
  * (and y for a GPA run) as fp32; XXH64 of the arrays in the header guards against bit rot. */
-#include "learner/ckpt.h"
+#include "gpt/ckpt.h"
 
 #include "core/err.h"
 #include "core/hash.h"

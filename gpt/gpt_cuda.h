@@ -1,4 +1,4 @@
-/* The GPT-2 model of learner/gpt.h resident on a CUDA device: parameters,
+/* The GPT-2 model of gpt/gpt.h resident on a CUDA device: parameters,
  * gradients, AdamW moments and activations in device memory, same math on the kernels/cuda twins. */
 #ifndef DL_LEARNER_GPT_CUDA_H
 #define DL_LEARNER_GPT_CUDA_H
@@ -7,9 +7,9 @@
 #include <stdint.h>
 
 #include "core/tensor.h"
-#include "learner/gpt.h"
+#include "gpt/gpt.h"
 
-/* Same layout and numerics as dl_gpt (learner/gpt.c): the tensor table of
+/* Same layout and numerics as dl_gpt (gpt/gpt.c): the tensor table of
  * dl_model_tensor_table, params/grads/m/v as four views of ONE cudaMalloc,
  * activations (including the [L,B,NH,T,T] attention probabilities, as the
  * CPU keeps them) as one more. Forward/backward/AdamW run on the current
@@ -34,7 +34,7 @@ size_t dl_gptc_num_params(const dl_gptc *g);
 const dl_tensor *dl_gptc_tensors(const dl_gptc *g, int *n);
 /* Bytes of device memory held (state + activations). */
 size_t dl_gptc_device_bytes(const dl_gptc *g);
-/* Device views of nparams floats each (the push/adopt copies of learner/xfer_cuda.c). */
+/* Device views of nparams floats each (the push/adopt copies of gpt/xfer_cuda.c). */
 float *dl_gptc_params_dev(dl_gptc *g);
 float *dl_gptc_grads_dev(dl_gptc *g);
 float *dl_gptc_adam_m_dev(dl_gptc *g);

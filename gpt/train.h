@@ -4,10 +4,10 @@
 #ifndef DL_LEARNER_TRAIN_H
 #define DL_LEARNER_TRAIN_H
 
-#include "learner/ckpt.h"
-#include "learner/data.h"
-#include "learner/gpa.h"
-#include "learner/gpt.h"
+#include "gpt/ckpt.h"
+#include "gpt/data.h"
+#include "gpt/gpa.h"
+#include "gpt/gpt.h"
 
 /* Where the model lives. */
 enum {
@@ -29,7 +29,7 @@ typedef struct {
     float fleet;        /* 0: plain AdamW. >= 1: the split-batch second moment of a fleet-times
                          * larger batch (dl_cpu_adamw_split; even batch; a checkpoint stores
                          * max(v,0)+w as v, a plain-AdamW state; not resumable with fleet) */
-    int optimizer;      /* DL_OPT_ADAMW (0, also when left out) or DL_OPT_GPA (learner/gpa.h: the
+    int optimizer;      /* DL_OPT_ADAMW (0, also when left out) or DL_OPT_GPA (gpt/gpa.h: the
                          * model's parameters are the average x, the trainer keeps y; cpu only,
                          * not with fleet) */
     float gpa_mu_x, gpa_mu_y; /* GPA's coefficients, each in [0, 1) (dl_gpa_check) */
@@ -41,7 +41,7 @@ struct dl_gptc;
 /* Takes ownership of `data` (closed on failure too). Initialises the model
  * from cfg->seed, identically on both devices. DL_DEVICE_CUDA in a build
  * without CUDA: DL_ENODEV ("this build has no CUDA"); without a usable
- * device: the DL_ENODEV / DL_ECUDA of learner/gpt_cuda.h. DL_ENOMEM: the
+ * device: the DL_ENODEV / DL_ECUDA of gpt/gpt_cuda.h. DL_ENOMEM: the
  * CPU model (dl_gpt_open) or the adam_fleet state does not fit. GPA:
  * DL_EINVAL for an unknown optimizer, a coefficient dl_gpa_check refuses,
  * DL_DEVICE_CUDA (the GPU trainer has no GPA step; checked before any
@@ -79,7 +79,7 @@ void dl_trainer_params_written(dl_trainer *t);
 struct dl_gptc *dl_trainer_gptc(dl_trainer *t);
 dl_data *dl_trainer_data(dl_trainer *t);
 
-/* Checkpoints (learner/ckpt.h): the same file from either device, so a run
+/* Checkpoints (gpt/ckpt.h): the same file from either device, so a run
  * saved on a GPU resumes on a CPU and the other way round. The CUDA trainer
  * downloads / uploads parameters and AdamW moments through host buffers;
  * DL_ENOMEM when those (or the CPU fleet's v staging) do not fit. A GPA

@@ -1,11 +1,11 @@
 /* Learner checkpoints: params + AdamW moments + step + data position in one
  * file (magic "DLCK", version, config, checksum), written atomically; a GPA
- * run's (learner/gpa.h) also holds its second parameter copy. */
+ * run's (gpt/gpa.h) also holds its second parameter copy. */
 #ifndef DL_LEARNER_CKPT_H
 #define DL_LEARNER_CKPT_H
 
-#include "learner/data.h"
-#include "learner/gpt.h"
+#include "gpt/data.h"
+#include "gpt/gpt.h"
 
 #define DL_CKPT_MAGIC 0x4B434C44u /* "DLCK" little-endian */
 #define DL_CKPT_VERSION 1u     /* AdamW: params, m, v */

@@ -1,6 +1,6 @@
 /* GPT-2 forward/backward over one contiguous parameter buffer (per-layer
  * tensors in llm.c order), activations in one allocation, AdamW in place. */
-#include "learner/gpt.h"
+#include "gpt/gpt.h"
 
 #include "core/err.h"
 #include "kernels/cpu.h"
@@ -25,7 +25,7 @@ struct dl_gpt {
     float *acts;
     size_t nacts;
 #define DL_ACT_FIELD(name, n) float *name;
-    DL_GPT_ACTIVATIONS(DL_ACT_FIELD) /* learner/gpt.h */
+    DL_GPT_ACTIVATIONS(DL_ACT_FIELD) /* gpt/gpt.h */
 #undef DL_ACT_FIELD
 
     int B, T;                  /* shape of the last forward */

@@ -1,5 +1,5 @@
-/* Dynamic local steps: the rule and the cycle schedule (learner/dynh.h). */
-#include "learner/dynh.h"
+/* Dynamic local steps: the rule and the cycle schedule (gpt/dynh.h). */
+#include "gpt/dynh.h"
 
 #include "core/err.h"
 

@@ -12,19 +12,20 @@
 #include "kernels/blas_select.h"
 #include "kernels/codec.h"
 #include "learner/comms.h"
-#include "learner/dynh.h"
-#include "learner/gpa.h"
+#include "gpt/dynh.h"
+#include "gpt/gpa.h"
+#include "learner/learner_int.h"
 #include "learner/metrics.h"
 #include "learner/node.h"
 #include "learner/pressure.h"
 #include "learner/timing.h"
-#include "learner/train.h"
+#include "gpt/train.h"
 #include "proto/auth.h"
 #include "storage/modelfile.h"
 #ifdef DLOCO_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
-#include "learner/gpt_cuda.h"
-#include "learner/xfer_cuda.h"
+#include "gpt/gpt_cuda.h"
+#include "gpt/xfer_cuda.h"
 #endif
 
 #include <ctype.h>
@@ -47,7 +48,7 @@ typedef struct {
     dl_model_opts model; /* n_layer .. vocab and fragments: DL_MODEL_CFG_ROWS */
     int64_t batch, steps, warmup;
     double lr, min_lr_frac, weight_decay, beta1, beta2, eps, grad_clip, adam_fleet;
-    /* the inner optimizer (learner/gpa.h, docs/GPA.md) */
+    /* the inner optimizer (gpt/gpa.h, docs/GPA.md) */
     char optimizer[DL_CFG_STRLEN];
     double gpa_mu_x, gpa_mu_y, gpa_mu;
     int64_t gpa_h;
@@ -342,10 +343,12 @@ static const dl_cfg_section learner_sections[] = {
 };
 
 static volatile sig_atomic_t stop_requested;
+static dloco_learner *g_learner; /* networked: the library handle the signal also stops (join, barrier) */
 static void on_signal(int sig)
 {
     (void)sig;
     stop_requested = 1;
+    if (g_learner) dloco_learner_stop(g_learner);
 }
 
 static int fail(const char *what, int rc)
@@ -516,33 +519,12 @@ static void print_data(const learner_cfg *cfg, const dl_data *data, int vocab)
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
                          FILE *losslog);
 
-/* --connect: the synchronizer's endpoint, or its S shards' endpoints
- * comma-separated in shard order (shard k = the k-th). Returns S, or
- * DL_EINVAL for an empty endpoint or more than `max`. */
-static int split_connect(const char *list, char eps[][DL_CFG_STRLEN], int max)
-{
-    int n = 0;
-    for (const char *a = list;;) {
-        const char *e = strchr(a, ',');
-        size_t len = e ? (size_t)(e - a) : strlen(a);
-        if (len == 0) return dl_err(DL_EINVAL, "option connect: empty endpoint in '%s'", list);
-        if (n == max) return dl_err(DL_EINVAL, "option connect: more than %d endpoints (shards)", max);
-        snprintf(eps[n++], DL_CFG_STRLEN, "%.*s", (int)len, a);
-        if (!e) return n;
-        a = e + 1;
-    }
-}
-
-static void close_sessions(dl_comms **c, int n)
-{
-    for (int k = 0; k < n; k++) dl_comms_close(&c[k]);
-}
-
 /* The sessions' counters as one learner's (dl_comms_stats_add). */
 static void sessions_stats(dl_comms **c, int n, dl_comms_stats *out)
 {
     memset(out, 0, sizeof *out);
-    for (int k = 0; k < n; k++) {
+    for (int k = 0; c && k < n; k++) {
+        if (!c[k]) continue; /* a join that failed before its sessions were opened */
         dl_comms_stats s;
         dl_comms_get_stats(c[k], &s);
         dl_comms_stats_add(out, &s);
@@ -1211,137 +1193,129 @@ static void timing_finish(timing_ctx *tc, int64_t step)
     free(tc->ptrace);
 }
 
+/* The networked rows as the learner library's options (learner/learner_int.h). */
+static void net_rows(const learner_cfg *cfg, dl_learner_netcfg *n)
+{
+    memset(n, 0, sizeof *n);
+    snprintf(n->adopt, sizeof n->adopt, "%s", cfg->adopt);
+    n->alpha = cfg->alpha;
+    snprintf(n->push_codec, sizeof n->push_codec, "%s", cfg->push_codec);
+    snprintf(n->push_rounding, sizeof n->push_rounding, "%s", cfg->push_rounding);
+    n->push_block = cfg->push_block;
+    n->push_topk = cfg->push_topk;
+    n->error_feedback = cfg->error_feedback;
+    n->flush_timeout_ms = cfg->flush_timeout_ms;
+    n->connect_timeout_ms = cfg->connect_timeout_ms;
+    n->hello_retry_ms = cfg->hello_retry_ms;
+    n->hello_retry_max_ms = cfg->hello_retry_max_ms;
+    n->hello_unsent_ms = cfg->hello_unsent_ms;
+    n->poll_max_ms = cfg->poll_max_ms;
+    n->silence_min_ms = cfg->silence_min_ms;
+    n->silence_rebuild_ms = cfg->silence_rebuild_ms;
+    n->ack_expiry_min_ms = cfg->ack_expiry_min_ms;
+    n->bye_linger_ms = cfg->bye_linger_ms;
+    n->reconnect_ms = cfg->reconnect_ms;
+    n->reconnect_max_ms = cfg->reconnect_max_ms;
+    n->push_decision_timeout_ms = cfg->push_decision_timeout_ms;
+    n->update_max_ratio = cfg->update_max_ratio;
+    n->max_version_jump = cfg->max_version_jump;
+    snprintf(n->server_key, sizeof n->server_key, "%s", cfg->server_key);
+    snprintf(n->key_file, sizeof n->key_file, "%s", cfg->key_file);
+    /* this program serves its own /metrics and writes its own events and log level */
+    snprintf(n->metrics, sizeof n->metrics, "off");
+    snprintf(n->log_level, sizeof n->log_level, "%s", cfg->log_level);
+}
+
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
                          FILE *losslog)
 {
     const dl_model_config *mc = dl_trainer_model_cfg(tr);
-    dl_plan *plan = NULL;
-    int rc = dl_model_plan_open(mc, (int)cfg->model.fragments, &plan);
-    if (rc) return fail("building the fragment plan (option fragments)", rc);
-    uint64_t fp = dl_model_fingerprint(mc, plan);
-    dl_mailbox *mb = NULL;
-    if ((rc = dl_mailbox_open(plan, &mb))) {
-        dl_plan_close(&plan);
-        return fail("setting up the mailbox", rc);
-    }
+    int rc;
     timing_ctx tmg;
-    if ((rc = timing_prepare(cfg, dl_plan_P(plan), &tmg))) {
+    if ((rc = timing_prepare(cfg, (int)cfg->model.fragments, &tmg))) {
         timing_finish(&tmg, 0);
-        dl_mailbox_close(&mb);
-        dl_plan_close(&plan);
         return fail("setting up the sync timing", rc);
     }
-    /* one session per shard of the synchronizer, over one mailbox; each serves its shard's fragments */
-    char eps[DL_MAILBOX_MAX_SESSIONS][DL_CFG_STRLEN];
-    int S = split_connect(cfg->connect, eps, DL_MAILBOX_MAX_SESSIONS);
-    if (S > 0 && (rc = dl_shard_check(dl_plan_P(plan), 0, S)))
-        S = dl_err(DL_EINVAL, "option connect: %d shards: %s", S, dl_errmsg());
-    if (S < 0) {
+    /* The learner library (include/dloco/learner.h) with this GPT-2 as its manifest: its Hello and fingerprint
+     * are the ones this program always sent. */
+    dloco_gpt2_config g2 = {.n_layer = mc->n_layer, .n_head = mc->n_head, .n_embd = mc->n_embd,
+                            .seq_len = mc->seq_len, .vocab = mc->vocab};
+    int nt = dloco_learner_gpt2_manifest(&g2, NULL, 0);
+    dloco_tensor *man = nt > 0 ? dl_try_calloc((size_t)nt, sizeof *man) : NULL;
+    if (!man || dloco_learner_gpt2_manifest(&g2, man, nt) != nt) {
+        free(man);
         timing_finish(&tmg, 0);
-        dl_mailbox_close(&mb);
-        dl_plan_close(&plan);
-        return fail("bad configuration", S);
+        return fail("describing the model", nt < 0 ? nt : DL_ENOMEM);
     }
-    dl_comms *comms[DL_MAILBOX_MAX_SESSIONS] = {NULL};
-    dl_comms_opts co = comms_timing(cfg);
-    co.mailbox = mb;
-    co.learner_id = cfg->id;
-    co.run_id = cfg->run_id;
-    co.plan = plan;
-    co.fingerprint = fp;
-    co.n_layer = (uint32_t)mc->n_layer;
-    co.n_head = (uint32_t)mc->n_head;
-    co.n_embd = (uint32_t)mc->n_embd;
-    co.seq_len = (uint32_t)mc->seq_len;
-    co.vocab = (uint32_t)mc->vocab;
-    co.device = hello_device;
-    co.batch = (uint32_t)tc->batch;
-    co.max_version_jump = (uint64_t)cfg->max_version_jump;
-    co.byzantine = cfg->byz_on;
-    co.byzantine_scale = cfg->byz_scale;
-    co.push_codec = cfg->pcodec;
-    co.push_rounding = cfg->prounding;
-    co.error_feedback = cfg->error_feedback;
-    co.shards = S;
-    memcpy(co.curve_server, cfg->curve_server, sizeof co.curve_server);
-    memcpy(co.curve_public, cfg->curve_public, sizeof co.curve_public);
-    memcpy(co.curve_secret, cfg->curve_secret, sizeof co.curve_secret);
-    dl_node *node = NULL;
-    rc = 0;
-    for (int k = 0; k < S && !rc; k++) {
-        co.endpoint = eps[k];
-        co.shard = k; /* fragments NULL: the shard's, p % S == k */
-        rc = dl_comms_open(&co, &comms[k]);
-    }
-    memset(co.curve_secret, 0, sizeof co.curve_secret);
-    if (rc) {
-        close_sessions(comms, S);
-        dl_mailbox_close(&mb);
-        timing_finish(&tmg, 0);
-        dl_plan_close(&plan);
-        return fail("setting up the connection", rc);
-    }
+    dloco_learner_opts lo;
+    dloco_learner_opts_init(&lo);
+    lo.connect = cfg->connect;
+    lo.run_id = cfg->run_id;
+    lo.learner_id = cfg->id;
+    lo.fragments = (int32_t)cfg->model.fragments;
+    lo.tensors = man;
+    lo.n_tensors = nt;
+    lo.max_tokens_per_step = (uint64_t)tc->batch * (uint64_t)mc->seq_len;
+    lo.gpt2 = &g2;
+    lo.device = hello_device;
+    dl_learner_netcfg net;
+    net_rows(cfg, &net);
     /* The node reaches theta through a parameter interface: the host buffer
-     * directly on the cpu; on a GPU the fragment copies of xfer_cuda.c, whose
-     * pushes complete one step later so the copy overlaps the next step. */
-    const dl_node_model *model = NULL;
-    /* gpa: theta is x, and an adopt moves y with it (learner/gpa.h) */
+     * directly on the cpu (the library's contiguous binding); on a GPU the
+     * fragment copies of xfer_cuda.c, whose pushes complete one step later so
+     * the copy overlaps the next step; with gpa, x (an adopt moves y with it). */
     dl_node_model *gpa_model = NULL;
-    if (dl_trainer_gpa_y(tr)) {
-        if ((rc = dl_gpa_node_model_open(plan, dl_gpt_params(dl_trainer_model(tr)), dl_trainer_gpa_y(tr),
-                                         &gpa_model))) {
-            close_sessions(comms, S);
-            dl_mailbox_close(&mb);
-            timing_finish(&tmg, 0);
-            dl_plan_close(&plan);
-            return fail("setting up the gpa parameter interface", rc);
-        }
-        model = gpa_model;
-    }
+    const dl_node_model *model = NULL;
 #ifdef DLOCO_HAVE_CUDA
     dl_gptc_xfer *xfer = NULL;
-    if (dl_trainer_device(tr) == DL_DEVICE_CUDA) {
-        if ((rc = dl_gptc_xfer_open(dl_trainer_gptc(tr), plan, &xfer))) {
-            close_sessions(comms, S);
-            dl_mailbox_close(&mb);
-            timing_finish(&tmg, 0);
-            dl_plan_close(&plan);
-            return fail("setting up the GPU fragment copies", rc);
-        }
-        model = dl_gptc_xfer_model(xfer);
+#endif
+    dloco_learner *lib = NULL;
+    dl_plan *plan = NULL; /* the parameter interfaces' plan: the library's, built the same way */
+    rc = dl_model_plan_open(mc, (int)cfg->model.fragments, &plan);
+    if (rc) {
+        free(man);
+        timing_finish(&tmg, 0);
+        return fail("building the fragment plan (option fragments)", rc);
+    }
+    if (dl_trainer_gpa_y(tr) &&
+        (rc = dl_gpa_node_model_open(plan, dl_gpt_params(dl_trainer_model(tr)), dl_trainer_gpa_y(tr), &gpa_model)))
+        rc = fail("setting up the gpa parameter interface", rc);
+    model = gpa_model;
+#ifdef DLOCO_HAVE_CUDA
+    if (!rc && dl_trainer_device(tr) == DL_DEVICE_CUDA) {
+        if ((rc = dl_gptc_xfer_open(dl_trainer_gptc(tr), plan, &xfer))) rc = fail("setting up the GPU fragment copies", rc);
+        else model = dl_gptc_xfer_model(xfer);
     }
 #endif
-    dl_node_opts no = {
-        .plan = plan,
-        .params = model ? NULL : dl_gpt_params(dl_trainer_model(tr)),
-        .model = model,
-        .adopt = !strcmp(cfg->adopt, "mix") ? DL_ADOPT_MIX : !strcmp(cfg->adopt, "keep") ? DL_ADOPT_KEEP
-                                                                                         : DL_ADOPT_OVERWRITE,
-        .alpha = (float)cfg->alpha,
-        .push_decision_timeout_ms = (int)cfg->push_decision_timeout_ms,
-        .update_max_ratio = cfg->update_max_ratio,
-        .due = tmg.on ? timing_due : NULL,
-        .due_ctx = &tmg,
-    };
+    dl_learner_ext ext = {.net = &net,
+                          .model = model,
+                          .due = tmg.on ? timing_due : NULL,
+                          .due_ctx = &tmg,
+                          .byzantine = cfg->byz_on,
+                          .byzantine_scale = cfg->byz_scale,
+                          .hello_batch = (uint32_t)tc->batch,
+                          .start_step = dl_trainer_steps_done(tr)};
+    if (!rc && (rc = dl_learner_open_ext(&lo, &ext, &lib))) rc = fail("bad configuration", rc);
+    free(man);
+    if (!rc && !model &&
+        (rc = dloco_learner_bind_contiguous(lib, dl_gpt_params(dl_trainer_model(tr)), dl_trainer_num_params(tr))))
+        rc = fail("binding the parameters", rc);
     dl_lmet *lmet = NULL; /* --metrics: opened first, so a bad address stops before joining */
-    rc = dl_lmet_open(cfg->metrics, cfg->id, &lmet);
-    if (!rc) rc = dl_node_open(&no, mb, &node);
-    for (int k = 0; k < S && !rc; k++) rc = dl_comms_start(comms[k]);
+    if (!rc && (rc = dl_lmet_open(cfg->metrics, cfg->id, &lmet))) rc = fail("starting", rc);
     if (rc) {
-        int met_failed = !lmet && cfg->metrics[0] && strcmp(cfg->metrics, "off") && strcmp(cfg->metrics, "auto");
-        int r = fail(met_failed ? "starting" : "connecting", rc);
-        dl_lmet_close(&lmet);
-        dl_node_close(&node);
+        dloco_learner_close(&lib);
         dl_gpa_node_model_close(&gpa_model);
-        close_sessions(comms, S);
-        dl_mailbox_close(&mb);
 #ifdef DLOCO_HAVE_CUDA
         dl_gptc_xfer_close(&xfer);
 #endif
         timing_finish(&tmg, 0);
         dl_plan_close(&plan);
-        return r;
+        return rc;
     }
+    uint64_t fp = dloco_learner_fingerprint(lib);
+    int S = 1;
+    for (const char *c = cfg->connect; *c; c++) S += *c == ',';
+    g_learner = lib;
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
@@ -1374,20 +1348,23 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
 
     int exit_code = 0;
     double t_run = dl_clock_s();
-    rc = dl_node_wait_ready(node, (int)cfg->connect_timeout_ms, &stop_requested);
+    rc = dloco_learner_join(lib, (int)cfg->connect_timeout_ms);
+    /* the library's node, mailbox and sessions (learner/learner_int.h), for what this program reports */
+    dl_node *node = dl_learner_node(lib);
+    dl_mailbox *mb = dl_learner_mailbox(lib);
+    dl_comms **comms = NULL;
+    dl_learner_sessions(lib, &comms);
     int64_t step = 0;
     double last_train = NAN;
     int flush_left = 0;
-    if (rc == DL_EPROTO) {
-        fprintf(stderr, "dloco-learner: %s\n", dl_errmsg());
+    if (rc == DLOCO_EREFUSED) {
+        fprintf(stderr, "dloco-learner: %s\n", dloco_learner_errmsg(lib));
         exit_code = 3;
-    } else if (rc == DL_EAGAIN) {
-        printf("stopped by signal before training\n");
-        dl_mailbox_bye(mb, "signal", 0);
+    } else if (rc == DLOCO_ESTOPPED) {
+        printf("stopped by signal before training\n"); /* the library said Bye */
     } else if (rc) {
-        char what[DL_CFG_STRLEN + 64];
-        snprintf(what, sizeof what, "joining the synchronizer at %s", cfg->connect);
-        fail(what, rc);
+        fprintf(stderr, "dloco-learner: joining the synchronizer at %s: %s: %s\n", cfg->connect,
+                dloco_learner_strerror(rc), dloco_learner_errmsg(lib));
         exit_code = 2;
     } else {
         printf("joined: holding all %d fragments of the global model, H=%u\n", dl_plan_P(plan), dl_mailbox_h(mb));
@@ -1409,7 +1386,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
          * updated every step, so the first pushes are predicted too */
         double step_ewma = 0.0;
         int64_t win_steps = 0;
-        /* --dynamic_h (learner/dynh.h; checked by check_hetero) */
+        /* --dynamic_h (gpt/dynh.h; checked by check_hetero) */
         dl_dynh dynh;
         dl_dynh_init(&dynh, !strcmp(cfg->dynamic_h, "speed") ? DL_DYNH_SPEED : DL_DYNH_OFF, (int)cfg->dynamic_h_min,
                      (int)cfg->dynamic_h_max);
@@ -1455,8 +1432,6 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             step_ewma = step_ewma > 0 ? 0.8 * step_ewma + 0.2 * compute_s : compute_s;
             /* progress first: a push of this step must never report more than the
              * learner has reported processing (the ledger's overclaim check) */
-            dl_mailbox_set_progress(mb, (uint64_t)step, (uint64_t)(step * tok_per_step),
-                                    step_ewma > 0 ? 1.0 / step_ewma : 0.0);
             timing_step(&tmg, step, loss);
             /* dynamic H: the schedule step and H of this push cycle (plain: the step and the Welcome's H) */
             int64_t sched = step;
@@ -1470,32 +1445,25 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                     dl_event("dynamic_h", "id=%s step=%lld h=%d base_h=%d steps_per_s=%.6g fleet_steps_per_s=%.6g",
                              cfg->id, (long long)step, H, base, own, fleet);
             }
-            if ((rc = dl_node_after_step(node, sched, H, (uint64_t)tok_per_step, loss, compute_s)) < 0 ||
-                (rc = dl_node_poll(node)) < 0) {
-                fail("pushing or adopting fragments", rc);
-                exit_code = 2;
-                break;
-            }
-            /* sync / sync-elastic: a due push whose predecessor is undecided
-             * stops training here until it is decided (node.h "Barrier") */
-            dl_node_barrier bw;
-            if ((rc = dl_node_barrier_wait(node, &stop_requested, &bw)) < 0) {
-                fail("waiting at the barrier", rc);
-                exit_code = 2;
-                break;
-            }
-            if (rc > 0)
-                dl_event("barrier_wait", "id=%s fragment=%d waited_ms=%.3f step=%lld end=%s", cfg->id, bw.fragment,
-                         bw.waited_s * 1e3, (long long)step, bw.end);
+            /* the library's step: progress first (a push of this step must never report more than the
+             * learner has reported processing: the ledger's overclaim check), pushes due, adopts, and
+             * under sync / sync-elastic the barrier (node.h "Barrier") */
+            rc = dl_learner_step_sched(lib, sched, H, (uint64_t)tok_per_step, loss, compute_s, NULL);
             char msg[640];
             int st = dl_mailbox_state(mb, msg, sizeof msg); /* REFUSED or FAILED when any session is */
-            if (st == DL_COMMS_REFUSED) {
+            if (rc == DLOCO_EREFUSED || st == DL_COMMS_REFUSED) {
                 fprintf(stderr, "dloco-learner: %s\n", msg);
                 exit_code = 3;
                 break;
             }
-            if (st == DL_COMMS_FAILED) {
+            if (rc == DLOCO_ENET || st == DL_COMMS_FAILED) {
                 fprintf(stderr, "dloco-learner: connection failed: %s\n", msg);
+                exit_code = 2;
+                break;
+            }
+            if (rc < 0) {
+                fprintf(stderr, "dloco-learner: pushing or adopting fragments: %s: %s\n", dloco_learner_strerror(rc),
+                        dloco_learner_errmsg(lib));
                 exit_code = 2;
                 break;
             }
@@ -1534,15 +1502,18 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
         }
         if (stop_requested) printf("stopped by signal at step %lld\n", (long long)step);
         if (exit_code == 0 && cfg->final_flush) {
-            flush_left = dl_node_finish(node, (int)cfg->flush_timeout_ms, (uint64_t)step,
-                                        stop_requested ? "signal" : "done");
-            if (flush_left < 0) exit_code = fail("final flush", flush_left);
+            flush_left = dloco_learner_finish(lib, (int)cfg->flush_timeout_ms, stop_requested ? "signal" : "done");
+            if (flush_left < 0) {
+                fprintf(stderr, "dloco-learner: final flush: %s: %s\n", dloco_learner_strerror(flush_left),
+                        dloco_learner_errmsg(lib));
+                exit_code = 2;
+            }
         } else if (exit_code == 0) {
             /* the scheduled pushes of the last step still go (a deferred one is not posted yet) */
             if ((rc = dl_node_complete(node)) < 0) exit_code = fail("last pushes", rc);
             dl_mailbox_bye(mb, stop_requested ? "signal (no flush)" : "done (no flush)", (uint64_t)step);
         }
-        else if (dl_mailbox_state(mb, NULL, 0) != DL_COMMS_REFUSED)
+        else if (mb && dl_mailbox_state(mb, NULL, 0) != DL_COMMS_REFUSED)
             dl_mailbox_bye(mb, "failed", (uint64_t)step); /* diverged: push nothing more, just leave */
     }
     double wall = dl_clock_s() - t_run;
@@ -1555,22 +1526,23 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                      dl_event_str(cfg->checkpoint, ev_path, sizeof ev_path), (long long)step);
         }
     }
-    for (int k = 0; k < S; k++) dl_comms_stop(comms[k]); /* joins the comms threads; lets the Byes leave */
+    for (int k = 0; comms && k < S; k++) dl_comms_stop(comms[k]); /* joins the comms threads; lets the Byes leave */
     dl_comms_stats cs;
     dl_node_stats ns;
     sessions_stats(comms, S, &cs);
+    memset(&ns, 0, sizeof ns);
+    if (node) dl_node_get_stats(node, &ns);
     if (lmet) {
-        dl_node_get_stats(node, &ns);
         dl_lmet_publish(lmet, &cs, &ns, 0);
         dl_lmet_close(&lmet);
     }
     char epochs[DL_MAILBOX_MAX_SESSIONS * 21 + 1] = "";
     for (int k = 0, o = 0; k < S; k++) {
-        dl_comms_stats ks;
-        dl_comms_get_stats(comms[k], &ks);
+        dl_comms_stats ks = {0};
+        if (comms && comms[k]) dl_comms_get_stats(comms[k], &ks);
         o += snprintf(epochs + o, sizeof epochs - (size_t)o, "%s%llu", k ? "," : "", (unsigned long long)ks.epoch);
     }
-    dl_node_get_stats(node, &ns);
+    if (node) dl_node_get_stats(node, &ns);
     uint64_t decided = cs.accepted + cs.dropped_stale + cs.rejected;
     /* acks_pending: MERGED_PENDING acks received; undecided: pushes sent
      * without a final decision (accepted, dropped_stale, rejected) at exit,
@@ -1608,10 +1580,9 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     printf("learner-summary: %s %s\n", summary, later);
     dl_event("learner_summary", "%s exit_code=%d %s", summary, exit_code, later);
     fflush(stdout);
-    close_sessions(comms, S);
-    dl_node_close(&node);
+    g_learner = NULL;
+    dloco_learner_close(&lib);
     dl_gpa_node_model_close(&gpa_model);
-    dl_mailbox_close(&mb);
 #ifdef DLOCO_HAVE_CUDA
     dl_gptc_xfer_close(&xfer);
 #endif

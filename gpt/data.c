@@ -3,7 +3,7 @@
  * Sequences are T+1-token windows at stride T over the files' tokens taken
  * as one stream, assigned to train or validation by a fixed hash of their
  * index so the split is identical in every run. */
-#include "learner/data.h"
+#include "gpt/data.h"
 
 #include "core/err.h"
 #include "core/hash.h"
@@ -267,7 +267,7 @@ static void shuffle_epoch(dl_data *d)
     }
 }
 
-/* ---- cluster shards (learner/data.h) */
+/* ---- cluster shards (gpt/data.h) */
 
 static double dist2(const float *a, const float *b, int n)
 {
