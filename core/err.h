@@ -31,8 +31,10 @@ enum {
     DL_ESTALE = -16,   /* contribution too stale */
     DL_ECORRUPT = -17, /* checksum / invariant violated in stored data */
     DL_EPERM = -18,    /* not authorized: unknown or revoked key, file with unsafe permissions */
-    DL_EBUSY = -19,    /* held by another process (a store open for writing): waiting does not help */
-    DL_ECODE_MIN = -19
+    /* -19..-21 are the learner library's public-only codes (include/dloco/learner.h: DLOCO_ESTATE,
+     * DLOCO_ESTOPPED, DLOCO_ECALLBACK), fixed forever: never used here */
+    DL_EBUSY = -22,    /* held by another process (a store open for writing): waiting does not help */
+    DL_ECODE_MIN = -22
 };
 
 /* Short fixed text for a code ("invalid argument"); never NULL. */

@@ -34,7 +34,7 @@ _Static_assert((int)DLOCO_EINVAL == (int)DL_EINVAL && (int)DLOCO_ENOMEM == (int)
                    (int)DLOCO_ERANGE == (int)DL_ERANGE && (int)DLOCO_EMISMATCH == (int)DL_EMISMATCH &&
                    (int)DLOCO_ENET == (int)DL_ENET && (int)DLOCO_EREFUSED == (int)DL_EPROTO &&
                    (int)DLOCO_ETIMEDOUT == (int)DL_ETIMEDOUT && (int)DLOCO_EPERM == (int)DL_EPERM &&
-                   (int)DLOCO_ESTATE < (int)DL_ECODE_MIN,
+                   (int)DLOCO_ESTATE < (int)DL_EPERM && (int)DLOCO_ECALLBACK > (int)DL_EBUSY,
                "public error codes drifted from core/err.h");
 _Static_assert((int)DLOCO_ROLE_MATRIX == (int)DL_TENSOR_MATRIX && (int)DLOCO_ROLE_VECTOR == (int)DL_TENSOR_VECTOR &&
                    (int)DLOCO_ROLE_EMBEDDING == (int)DL_TENSOR_EMBED,
