@@ -25,6 +25,10 @@
 # (0.84M parameters, 2k-token batches, no warm start) every Adam step is
 # noise-dominated, so longer periods do not pay either: bench/bandwidth.sh
 # measures the long-period regime (data-parallel warm start, bigger batches).
+# dloco-sync runs with its default grace_steps 4 here: a whole period at H=4,
+# which is fine now that the grace window waits only for learners not yet in
+# the round (figures measured before that waited for held pushes, every round
+# closing at its cap: a full period of adopt lag).
 set -euo pipefail
 . "$(dirname "$0")/../tests/lib_args.sh"
 dl_args 0 "$@"

@@ -11,7 +11,7 @@
 
 #include "core/err.h"
 #include "core/plan.h"
-#include "tools/json.h"
+#include "core/json.h"
 
 struct dl_manifest {
     dl_tensor *t;   /* [n] in buffer order, offsets and numel filled */
@@ -496,10 +496,23 @@ static int from_tree(const dl_json *root, dl_manifest **out)
     return 0;
 }
 
+int dl_manifest_json_bounded(const char *text, size_t len, const char *what)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) n += text[i] == '[' || text[i] == '{' || text[i] == ',';
+    if (n > DL_MANIFEST_JSON_VALUES_MAX)
+        return dl_err(DL_EFORMAT,
+                      "%s: more than %u JSON values (%zu '[', '{' and ','): refused unparsed, a manifest needs far "
+                      "fewer",
+                      what, DL_MANIFEST_JSON_VALUES_MAX, n);
+    return 0;
+}
+
 int dl_manifest_from_json(const char *text, size_t len, dl_manifest **out)
 {
     *out = NULL;
     dl_json *root = NULL;
+    DL_TRY(dl_manifest_json_bounded(text, len, "manifest JSON"));
     int rc = dl_json_parse(text, len, &root);
     if (rc) return dl_err(rc, "manifest: %s", dl_errmsg());
     rc = from_tree(root, out);

@@ -28,6 +28,13 @@ typedef struct dl_manifest dl_manifest;
  * header (about 1000 tensors of 40-byte names), the JSON form has no such
  * limit below this one. */
 #define DL_MANIFEST_TENSORS_MAX 65536
+/* JSON values a manifest document (or a safetensors header) may hold, an
+ * upper bound counted before parsing (every '[', '{' and ',' byte), so a
+ * hostile document cannot make the parsed tree huge: 2^22 values is about
+ * 60 per tensor at the tensor cap, and a tree of at most ~250 MB. */
+#define DL_MANIFEST_JSON_VALUES_MAX (1u << 22)
+/* 0, or DL_EFORMAT when text[0, len) may hold more values than that. */
+int dl_manifest_json_bounded(const char *text, size_t len, const char *what);
 /* Floats in the whole model: 2^40 (4 TiB of fp32). */
 #define DL_MANIFEST_NUMEL_MAX (UINT64_C(1) << 40)
 

@@ -1011,6 +1011,14 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
             if (w->must_fetch) dl_mailbox_discard_queued(c->mb, p);
             want_fetch(c, p, now);
             n++;
+        } else if (w->fragment_versions[p] > v && !f->fetch_want) {
+            /* the synchronizer holds a newer version than we do (merges whose
+             * Updates a restart or a lost connection swallowed, perhaps the
+             * merge of our own push): fetch it to adopt in the learner's mode,
+             * so our next push is not on a base that merged progress of ours */
+            want_fetch(c, p, now);
+            f->fetch_soft = 1;
+            n++;
         }
         /* a fetch still wanted after a refused update keeps its time */
     }
@@ -1302,6 +1310,7 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
      * unusable, the synchronizer sends the global fragment, and the learner rebases onto it */
     int rebase = a->rebase && (d == DL_DECIDE_DROPPED || d == DL_DECIDE_REJECTED);
     int decided = dl_mailbox_decide(c->mb, p, d, a->base_version, d == DL_DECIDE_ACCEPTED || rebase);
+    if (decided && d == DL_DECIDE_ACCEPTED) dl_mailbox_await_version(c->mb, p, a->merged_version);
     /* error feedback follows the decision of the push it encoded (learner/ef.h) */
     if (decided) dl_ef_decided(c->ef, p, d, rebase, a->base_version);
     if (a->busy) {

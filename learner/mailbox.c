@@ -20,6 +20,7 @@ typedef struct {
     dl_mailbox_push ph;
     float *pbuf; /* [maxn] */
     int queued;
+    uint64_t claims; /* pushes of p claimed by a session so far */
     /* update slot: filled by a session, emptied by the training thread */
     uint64_t uversion;
     int uforced, uhave;
@@ -36,6 +37,9 @@ typedef struct {
     uint64_t open_base; /* its base_version */
     int64_t open_ns;    /* when it was sent (dl_clock_ns) */
     int need_update;    /* ACCEPTED came, its Update has not */
+    uint64_t await_version; /* the version that Update brings (the Ack's merged_version), 0 = not told */
+    int fate;           /* DL_FATE_* of the latest decided push, not yet taken by the node */
+    uint64_t fate_base; /* its base_version */
     /* refused updates: written by either side, read by the serving session */
     int refusals;       /* consecutive, since the last adopt (set_held) */
     int refetch;        /* a fresh fetch of p was asked for and not yet taken */
@@ -134,12 +138,35 @@ static void wake_all(dl_mailbox *m)
     }
 }
 
+uint64_t dl_mailbox_claims(dl_mailbox *m, int p)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    uint64_t k = m->f[p].claims;
+    pthread_mutex_unlock(&m->mu);
+    return k;
+}
+
 int dl_mailbox_post_push(dl_mailbox *m, const dl_mailbox_push *h, float **delta)
+{
+    return dl_mailbox_post_push_if(m, h, delta, UINT64_MAX);
+}
+
+int dl_mailbox_post_push_if(dl_mailbox *m, const dl_mailbox_push *h, float **delta, uint64_t claims)
 {
     assert(m && h && delta && *delta && h->fragment >= 0 && h->fragment < m->P);
     assert(h->steps >= 1 && h->tokens >= h->steps);
     pthread_mutex_lock(&m->mu);
     frag *f = &m->f[h->fragment];
+    if ((claims != UINT64_MAX && f->claims != claims && !f->queued) ||
+        (f->queued && f->ph.base_version != h->base_version)) {
+        /* the queued push the caller's hold check saw was claimed since: it
+         * is undecided now, and this one would carry its progress again; or
+         * the queued one is on another base: this one does not contain its
+         * progress (the learner adopted a merge since) */
+        pthread_mutex_unlock(&m->mu);
+        return -1;
+    }
     int replaced = f->queued;
     swapf(&f->pbuf, delta);
     f->ph = *h;
@@ -181,6 +208,7 @@ int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, dl_mailbox_claim
         f->open = OPEN_SENT;
         f->open_base = c->h.base_version;
         f->open_ns = now_ns;
+        f->claims++;
     }
     pthread_mutex_unlock(&m->mu);
     return go;
@@ -195,6 +223,26 @@ void dl_mailbox_push_left(dl_mailbox *m, int p, uint64_t base_version, int64_t n
     pthread_mutex_unlock(&m->mu);
 }
 
+/* The latest push of f (base) is decided with `fate`: the node reads it. */
+static void set_fate(dl_mailbox *m, frag *f, int fate, uint64_t base)
+{
+    f->fate = fate;
+    f->fate_base = base;
+    if (fate == DL_FATE_RETURNED) m->st.returned++;
+}
+
+int dl_mailbox_take_fate(dl_mailbox *m, int p, uint64_t *base)
+{
+    assert(m && base && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    frag *f = &m->f[p];
+    int fate = f->fate;
+    *base = f->fate_base;
+    f->fate = DL_FATE_NONE;
+    pthread_mutex_unlock(&m->mu);
+    return fate;
+}
+
 void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, float **delta, int requeue)
 {
     assert(m && c && delta && p >= 0 && p < m->P);
@@ -203,6 +251,7 @@ void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, fl
     f->open = c->prev_open;
     f->open_base = c->prev_base;
     f->open_ns = c->prev_ns;
+    if (!requeue && !f->queued) set_fate(m, f, DL_FATE_RETURNED, c->h.base_version);
     if (requeue) {
         if (!f->queued) {
             swapf(&f->pbuf, delta);
@@ -212,6 +261,14 @@ void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, fl
             m->st.coalesced++;
         }
     }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void dl_mailbox_await_version(dl_mailbox *m, int p, uint64_t version)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    if (m->f[p].need_update) m->f[p].await_version = version;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -231,7 +288,12 @@ int dl_mailbox_decide(dl_mailbox *m, int p, int decision, uint64_t base_version,
     default: break;
     }
     if (decides) f->open = OPEN_NONE;
-    if (decides && update_follows) f->need_update = 1; /* the Update follows */
+    if (decides && update_follows) f->need_update = 1, f->await_version = 0; /* the Update follows */
+    /* a newer push queued meanwhile (a hold released) is the node's latest:
+     * this one's fate is no longer the node's to apply */
+    if (decides && !f->queued && decision == DL_DECIDE_ACCEPTED) set_fate(m, f, DL_FATE_ACCEPTED, base_version);
+    if (decides && !f->queued && decision == DL_DECIDE_REJECTED && !update_follows)
+        set_fate(m, f, DL_FATE_RETURNED, base_version);
     pthread_mutex_unlock(&m->mu);
     return decides;
 }
@@ -244,7 +306,9 @@ int dl_mailbox_put_update(dl_mailbox *m, int p, uint64_t version, int kind, cons
      * It is one fragment (the payload may be unaligned inside libzmq's
      * buffer), and the training thread only ever waits on this lock for swaps. */
     frag *f = &m->f[p];
-    f->need_update = 0;
+    /* an older Update (a broadcast that crossed the Ack) is not the one the
+     * ACCEPTED announced: a push made now would carry the merged progress again */
+    if (version >= f->await_version) f->need_update = 0;
     int store = !f->uhave || kind != DL_UPDATE_NORMAL || version > f->uversion;
     if (!store) m->st.superseded++; /* the waiting one is newer */
     if (store) {
@@ -344,7 +408,8 @@ int dl_mailbox_undecided(dl_mailbox *m, int p, int64_t *since_ns)
     pthread_mutex_lock(&m->mu);
     frag *f = &m->f[p];
     int pushed = f->open != OPEN_NONE || f->need_update;
-    int u = pushed || f->uhave;
+    /* 2: merged, only its Update (or an update to adopt) is awaited */
+    int u = f->open == OPEN_NONE && f->need_update ? 2 : pushed || f->uhave;
     if (since_ns) *since_ns = pushed ? f->open_ns : 0;
     pthread_mutex_unlock(&m->mu);
     return u;
@@ -365,8 +430,11 @@ void dl_mailbox_forget_sent(dl_mailbox *m, const int *frags, int n)
     int k = frags ? n : m->P;
     for (int i = 0; i < k; i++) {
         frag *f = &m->f[frags ? frags[i] : i];
+        if (f->open != OPEN_NONE && !f->queued) set_fate(m, f, DL_FATE_RETURNED, f->open_base);
         f->open = OPEN_NONE;
-        f->need_update = 0;
+        /* an ACCEPTED push's Update is still awaited: its merge is in the
+         * store, and the next Welcome has the session fetch it (a push made
+         * before would carry the merged progress again) */
     }
     pthread_mutex_unlock(&m->mu);
 }

@@ -5,8 +5,10 @@
  * and counter updates (never across a zmq call or a copy of tensor data):
  *
  *   push slot p   (training -> session)  one queued push of fragment p; a
- *                 newer push of p replaces an unsent older one (it contains
- *                 the older progress), so at most P pushes are ever queued.
+ *                 newer push of p on the same base replaces an unsent older
+ *                 one (it contains the older progress), so at most P pushes
+ *                 are ever queued; the node's posts never replace one on
+ *                 another base (dl_mailbox_post_push_if).
  *   update slot p (session -> training)  the newest global fragment p
  *                 received and not yet adopted; an older version never
  *                 replaces a newer.
@@ -15,6 +17,14 @@
  *                 final Ack, or ACCEPTED with its Update not yet received.
  *                 The node holds p's next push while it is (the hold rule,
  *                 learner/node.h), so no progress is sent twice.
+ *   fate of p for the node (session writes, training reads and clears) what
+ *                 became of the latest push of p once it is decided:
+ *                 ACCEPTED (merged: its Update follows) or RETURNED (its
+ *                 progress is the learner's again: REJECTED without rebase,
+ *                 never sent, or forgotten by a new epoch) -- the node keeps
+ *                 a returned push's progress in its next delta (node.h
+ *                 "Push fates"). A DROPPED_STALE or a REJECTED with rebase
+ *                 leaves no fate: the forced Update that follows settles it.
  *   refusals of p (either side writes, the serving session reads) updates
  *                 of p refused since p's last adopt (non-finite, too far from
  *                 the learner's own parameters, an impossible version): each
@@ -82,11 +92,15 @@ enum {
     DL_UPDATE_REBASE = 2
 };
 
+/* What became of a push, for the node (dl_mailbox_take_fate). */
+enum { DL_FATE_NONE = 0, DL_FATE_ACCEPTED = 1, DL_FATE_RETURNED = 2 };
+
 /* Mailbox-wide counters, monotonic. */
 typedef struct {
     uint64_t coalesced;  /* queued pushes replaced by a newer push of the same fragment */
     uint64_t discarded;  /* queued pushes dropped because the learner had to rebase */
     uint64_t superseded; /* updates replaced in their slot by a newer one before the training thread took them */
+    uint64_t returned;   /* pushes whose progress came back to the learner (DL_FATE_RETURNED) */
 } dl_mailbox_stats;
 
 /* What dl_mailbox_claim_push took, to undo it (dl_mailbox_unclaim_push). */
@@ -115,6 +129,21 @@ float *dl_mailbox_buf_alloc(const dl_mailbox *m);
  * floats the fp32 delta). Wakes the sessions. Returns 1 when an unsent push
  * of the same fragment was replaced (coalesced), else 0. */
 int dl_mailbox_post_push(dl_mailbox *m, const dl_mailbox_push *h, float **delta);
+/* Pushes of p claimed by sessions so far (dl_mailbox_claim_push). */
+uint64_t dl_mailbox_claims(dl_mailbox *m, int p);
+/* dl_mailbox_post_push, unless a push of p was claimed since the caller read
+ * dl_mailbox_claims = `claims` and the slot is empty (the hold rule's check,
+ * dl_mailbox_undecided, saw that push queued, so decided, but it is on its
+ * way now and the new push would carry its progress again; UINT64_MAX = no
+ * such check), or the queued push is on another base version (the new one
+ * does not contain its progress: it must leave first). Returns -1 then
+ * (nothing posted, *delta untouched). dl_mailbox_post_push replaces a queued
+ * push whatever its base. */
+int dl_mailbox_post_push_if(dl_mailbox *m, const dl_mailbox_push *h, float **delta, uint64_t claims);
+/* Take the fate of p's latest decided push, if one is waiting: returns
+ * DL_FATE_* (NONE when none) and that push's base_version in *base. A newer
+ * fate replaces an unread older one (only the latest push is tracked). */
+int dl_mailbox_take_fate(dl_mailbox *m, int p, uint64_t *base);
 /* Take the pending update of p, if any: swaps *buf with the slot's buffer
  * and fills *u. Taking a forced update also drops a queued push of p (its
  * base is no longer usable). Returns 1 if taken, 0 if none was waiting. */
@@ -128,8 +157,9 @@ void dl_mailbox_set_progress(dl_mailbox *m, uint64_t step, uint64_t tokens, doub
  * (Heartbeat/Bye.discarded_tokens: a shard's ledger settles only its own). */
 void dl_mailbox_add_discarded(dl_mailbox *m, int p, uint64_t tokens);
 /* 1 when the latest push of p that left is undecided, or an update of p
- * waits in its slot; *since_ns (may be NULL) = when that push was sent
- * (dl_clock_ns), 0 when only an update waits. */
+ * waits in its slot; 2 when it was ACCEPTED and its Update has not come;
+ * *since_ns (may be NULL) = when that push was sent (dl_clock_ns), 0 when
+ * only an update waits. */
 int dl_mailbox_undecided(dl_mailbox *m, int p, int64_t *since_ns);
 /* Fragments whose latest push has no known fate yet: still queued, or sent
  * and not decided by an ACCEPTED (and its Update), DROPPED_STALE or
@@ -179,7 +209,8 @@ int dl_mailbox_take_push(dl_mailbox *m, int p, dl_mailbox_push *h, float **delta
  * a forced update of p waits (the push's base is being abandoned). */
 int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, dl_mailbox_claim *c, float **delta);
 /* The claimed push did not leave: restore p's fate; with requeue put it back
- * in the slot unless a newer push arrived meanwhile (then counted coalesced). */
+ * in the slot unless a newer push arrived meanwhile (then counted coalesced);
+ * without, it is RETURNED to the node (its progress goes into the next push). */
 void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, float **delta, int requeue);
 /* The claimed push of p (base_version) has left whole, now_ns: a chunked
  * one takes a while, and its undecided time (the node's hold release)
@@ -193,12 +224,19 @@ void dl_mailbox_push_left(dl_mailbox *m, int p, uint64_t base_version, int64_t n
  * stays undecided for the hold rule until that Update is in the slot: a push
  * made before a rebase is adopted would report the dropped tokens again. */
 int dl_mailbox_decide(dl_mailbox *m, int p, int decision, uint64_t base_version, int update_follows);
+/* The Update that the ACCEPTED just decided for p announced brings `version`
+ * (Ack.merged_version): until an Update of at least that version is offered,
+ * p stays undecided (an older one crossing the Ack is not it). */
+void dl_mailbox_await_version(dl_mailbox *m, int p, uint64_t version);
 /* Offer a received global fragment (numel floats, any alignment) to update
  * slot p: kept when newer than a waiting one, or forced. Clears "Update
- * awaited" for p. Returns 1 if stored, 0 if a newer update already waits. */
+ * awaited" for p when its version is at least the awaited one. Returns 1 if
+ * stored, 0 if a newer update already waits. */
 int dl_mailbox_put_update(dl_mailbox *m, int p, uint64_t version, int kind, const void *data, size_t numel);
 /* Forget the fates of the pushes of these fragments (their answers will not
- * come: a new epoch, DL_ENOTFOUND). frags NULL = all. */
+ * come: a new epoch, DL_ENOTFOUND): a push still sent or pooled is RETURNED
+ * to the node; an ACCEPTED one still awaits its Update (the session fetches
+ * the newer version the next Welcome announces). frags NULL = all. */
 void dl_mailbox_forget_sent(dl_mailbox *m, const int *frags, int n);
 /* Drop the queued push of p (must_fetch). Returns 1 if one was dropped. */
 int dl_mailbox_discard_queued(dl_mailbox *m, int p);

@@ -120,9 +120,25 @@ typedef struct {
     int pending;                    /* deferred push begun (read_begin), not yet posted */
     uint64_t pend_steps, pend_tokens; /* counters at its snapshot */
     double pend_loss, pend_compute;
+    int flight;          /* FLIGHT_*: the latest push of p and what the node has done with its progress */
+    uint64_t flight_base; /* its base_version */
+    uint64_t fl_steps, fl_tokens; /* its counters */
+    double fl_loss, fl_compute;
+    uint64_t claims_seen; /* dl_mailbox_claims at the hold check that let the next push go (UINT64_MAX: none) */
     int owed;       /* a scheduled push was held (previous push of p undecided): make it when decided */
     int owed_final; /* the final flush of p waits for the previous push's decision */
+    int final_returns; /* final pushes of p returned and owed again */
 } nfrag;
+
+/* The latest push of a fragment, until its fate is known (node.h "Push
+ * fates"). Keep mode keeps ref_p - base_p = the pushed progress while it is
+ * POSTED or ABSORBED. */
+enum {
+    FLIGHT_NONE = 0,     /* decided, or no push since the adopt */
+    FLIGHT_POSTED = 1,   /* posted; its progress is still in theta_p - base_p */
+    FLIGHT_ABSORBED = 2, /* a NORMAL adopt took its progress out of theta_p (keep: it is ref_p - base_p) */
+    FLIGHT_GONE = 3      /* a forced adopt overwrote theta_p: a returned push's progress is lost */
+};
 
 struct dl_node {
     const dl_plan *plan;
@@ -140,6 +156,7 @@ struct dl_node {
     float *out; /* [mailbox buf] delta being posted (swapped with the mailbox) */
     float *in;  /* [mailbox buf] update being adopted (swapped with the mailbox) */
     float *tmp; /* [max numel] keep mode: g - ref_p */
+    int finishing; /* dl_node_finish runs: a returned final push is owed again */
     dl_node_stats st;
 };
 
@@ -187,6 +204,7 @@ int dl_node_open(const dl_node_opts *o, dl_mailbox *mb, dl_node **out)
     for (int p = 0; ok && p < n->P; p++) {
         nfrag *f = &n->f[p];
         f->numel = dl_plan_fragment_numel(o->plan, p);
+        f->claims_seen = UINT64_MAX;
         ok = (f->base = dl_try_calloc(f->numel, sizeof(float))) &&
              (n->adopt != DL_ADOPT_KEEP || (f->ref = dl_try_calloc(f->numel, sizeof(float))));
     }
@@ -225,9 +243,11 @@ static int read_now(dl_node *n, int p, const float **theta)
 }
 
 /* Post the push of p: delta = base_p - theta (theta_p as it was after the
- * step the counters describe). */
-static void post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t tokens, double loss, double compute,
-                 int final, int held)
+ * step the counters describe). Returns 1, or 0 when the mailbox refused it
+ * because the push the hold check saw queued was claimed since (then it is
+ * owed: made once that one is decided). */
+static int post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t tokens, double loss, double compute,
+                int final, int held)
 {
     nfrag *f = &n->f[p];
     assert(f->held && steps >= 1);
@@ -242,8 +262,23 @@ static void post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t
         .final = final,
         .held = held,
     };
-    n->st.coalesced += (uint64_t)dl_mailbox_post_push(n->mb, &h, &n->out);
+    uint64_t claims = f->claims_seen;
+    f->claims_seen = UINT64_MAX;
+    int rc = dl_mailbox_post_push_if(n->mb, &h, &n->out, claims);
+    if (rc < 0) {
+        if (final) f->owed_final = 1;
+        else f->owed = 1;
+        n->st.held++;
+        return 0;
+    }
+    n->st.coalesced += (uint64_t)rc;
     f->tokens_posted = tokens;
+    f->flight = FLIGHT_POSTED;
+    f->flight_base = f->version;
+    f->fl_steps = steps;
+    f->fl_tokens = tokens;
+    f->fl_loss = loss;
+    f->fl_compute = compute;
     n->st.pushes++;
     if (final) n->st.flushed++;
     if (n->adopt == DL_ADOPT_KEEP) {
@@ -253,15 +288,22 @@ static void post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t
         f->loss_ref = loss;
         f->compute_ref = compute;
     }
+    return 1;
 }
+
+/* Returns 1 when posted, 0 when it is owed after all (see post), or the
+ * parameter interface's error. */
+static int take_fate(dl_node *n, int p);
 
 static int push_now(dl_node *n, int p, int final, int held)
 {
     const float *theta;
     nfrag *f = &n->f[p];
+    /* the previous push's fate first: this push replaces it as the latest,
+     * and a returned one's progress must be in theta (and the counters) now */
+    DL_TRY(take_fate(n, p));
     DL_TRY(read_now(n, p, &theta));
-    post(n, p, theta, f->steps, f->tokens, f->loss, f->compute_s, final, held);
-    return 0;
+    return post(n, p, theta, f->steps, f->tokens, f->loss, f->compute_s, final, held);
 }
 
 /* The hold rule, as a question: HOLD_NO when p's previous push is decided
@@ -274,10 +316,16 @@ static int hold_state(dl_node *n, int p, int64_t *waited_ns)
 {
     int64_t since = 0;
     *waited_ns = 0;
-    if (!dl_mailbox_undecided(n->mb, p, &since)) return HOLD_NO;
+    int u = dl_mailbox_undecided(n->mb, p, &since);
+    if (!u) return HOLD_NO;
     if (since <= 0) return HOLD_YES;
     *waited_ns = dl_clock_ns() - since;
-    return *waited_ns >= n->decision_timeout_ns ? HOLD_RELEASED : HOLD_YES;
+    /* a merged push whose Update is late: a push on its base would carry the
+     * merged progress again (the synchronizer refuses it as a replay, with a
+     * rebase that throws the rest away), so only a much longer wait -- the
+     * Update lost -- releases it */
+    int64_t limit = u == 2 ? DL_NODE_ACCEPTED_HOLD_X * n->decision_timeout_ns : n->decision_timeout_ns;
+    return *waited_ns >= limit ? HOLD_RELEASED : HOLD_YES;
 }
 
 /* The hold rule: 1 while the previous push of p is undecided (or an update
@@ -288,8 +336,12 @@ static int hold_state(dl_node *n, int p, int64_t *waited_ns)
 static int must_hold(dl_node *n, int p)
 {
     int64_t waited;
+    /* read before the check: a push queued now may be claimed before the
+     * next one is posted (post refuses it then) */
+    n->f[p].claims_seen = dl_mailbox_claims(n->mb, p);
     int h = hold_state(n, p, &waited);
     if (h == HOLD_RELEASED) {
+        n->f[p].claims_seen = UINT64_MAX;
         n->st.hold_released++;
         DL_WARN("node: push of fragment %d undecided after %lld ms; pushing again anyway", p,
                 (long long)(waited / 1000000));
@@ -307,10 +359,15 @@ static int complete(dl_node *n, int p)
     if (!f->pending) return 0;
     int late = f->pending == 2; /* begun as a held push made late */
     f->pending = 0;
+    int ret = take_fate(n, p);
+    if (ret < 0) return ret;
+    if (ret) { /* a push came back after the snapshot: its progress is not in it; push afresh */
+        f->owed = 1;
+        return 0;
+    }
     const float *theta;
     DL_TRY(n->model->read_end(n->model->ctx, p, &theta));
-    post(n, p, theta, f->pend_steps, f->pend_tokens, f->pend_loss, f->pend_compute, 0, late);
-    return 1;
+    return post(n, p, theta, f->pend_steps, f->pend_tokens, f->pend_loss, f->pend_compute, 0, late);
 }
 
 int dl_node_complete(dl_node *n)
@@ -334,9 +391,78 @@ int dl_node_delta(dl_node *n, int p, float *out)
     return 0;
 }
 
+static int poll_one(dl_node *n, int p);
+
+/* Apply the fate of p's latest push, if the mailbox has one (node.h "Push
+ * fates"). Returns 1 when a push was returned, 0, or the parameter
+ * interface's error. */
+static int take_fate(dl_node *n, int p)
+{
+    nfrag *f = &n->f[p];
+    uint64_t base;
+    int fate = dl_mailbox_take_fate(n->mb, p, &base);
+    if (fate == DL_FATE_NONE || f->flight == FLIGHT_NONE || base != f->flight_base) return 0;
+    int was = f->flight;
+    f->flight = FLIGHT_NONE;
+    if (fate == DL_FATE_ACCEPTED) {
+        /* merged: an adopt that took it out of theta was right; the next
+         * adopt counts from the global held now */
+        if (was == FLIGHT_ABSORBED && n->adopt == DL_ADOPT_KEEP) memcpy(f->ref, f->base, f->numel * sizeof(float));
+        return 0;
+    }
+    n->st.returned++;
+    uint64_t lost = 0;
+    if (was == FLIGHT_POSTED) {
+        /* still in theta - base: the next delta carries it, and an adopt
+         * before it keeps it (keep) or counts it discarded (overwrite, mix) */
+        f->tokens_posted = 0;
+        if (n->adopt == DL_ADOPT_KEEP) {
+            memcpy(f->ref, f->base, f->numel * sizeof(float));
+            f->steps_ref = f->tokens_ref = 0;
+            f->loss_ref = f->compute_ref = 0.0;
+        }
+    } else if (was == FLIGHT_ABSORBED && n->adopt == DL_ADOPT_KEEP) {
+        /* an adopt took it out of theta: put it back (ref - base), with its counters */
+        for (size_t i = 0; i < f->numel; i++) n->tmp[i] = f->ref[i] - f->base[i];
+        DL_TRY(n->model->apply(n->model->ctx, p, 1.0f, 1.0f, n->tmp));
+        memcpy(f->ref, f->base, f->numel * sizeof(float));
+        f->steps += f->fl_steps;
+        f->tokens += f->fl_tokens;
+        f->loss += f->fl_loss;
+        f->compute_s += f->fl_compute;
+    } else {
+        /* overwritten by an adopt (overwrite, mix, or a rebase): thrown away */
+        lost = f->fl_tokens;
+        n->st.discarded_tokens += lost;
+        dl_mailbox_add_discarded(n->mb, p, lost);
+    }
+    /* the final flush sends what came back again, a few times at most (a
+     * busy pool frees up; values refused stay refused) */
+    if (n->finishing && f->steps > 0 && f->final_returns < DL_NODE_FLUSH_RETRIES) {
+        f->final_returns++;
+        f->owed_final = 1;
+    }
+    dl_event("push_returned", " fragment=%d base_version=%llu steps=%llu tokens=%llu discarded_tokens=%llu", p,
+             (unsigned long long)base, (unsigned long long)f->fl_steps, (unsigned long long)f->fl_tokens,
+             (unsigned long long)lost);
+    return 1;
+}
+
+static int take_fates(dl_node *n)
+{
+    int k = 0;
+    for (int p = 0; p < n->P; p++) {
+        int rc = take_fate(n, p);
+        if (rc < 0) return rc;
+        k += rc;
+    }
+    return k;
+}
+
 int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double loss, double compute_s)
 {
     assert(n && step >= 1 && H >= 1 && tokens >= 1);
+    DL_TRY(take_fates(n));
     /* the snapshots begun after the previous step were copied while this
      * step trained */
     DL_TRY(dl_node_complete(n));
@@ -354,6 +480,16 @@ int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double 
         if (!f->held) continue;
         int due = n->due ? n->due(n->due_ctx, step, p, H) : dl_plan_due(step, p, H, n->P);
         if (!(due || f->owed)) continue;
+        /* an update of p waiting in the mailbox would hold the push (it may be
+         * the merge of p's previous push): adopt it first, as the next poll
+         * would, so a fleet that merges p more often than this learner steps
+         * never starves its pushes */
+        int ad = poll_one(n, p);
+        if (ad < 0) return ad;
+        if (f->steps == 0) { /* an overwrite or mix (or a rebase) took all of it: nothing to send */
+            f->owed = 0;
+            continue;
+        }
         if (must_hold(n, p)) {
             if (!f->owed) n->st.held++;
             if (due) n->st.held_due++;
@@ -369,10 +505,12 @@ int dl_node_after_step(dl_node *n, int64_t step, int H, uint64_t tokens, double 
             f->pend_tokens = f->tokens;
             f->pend_loss = f->loss;
             f->pend_compute = f->compute_s;
+            pushed++;
         } else {
-            DL_TRY(push_now(n, p, 0, late));
+            int rc = push_now(n, p, 0, late);
+            if (rc < 0) return rc;
+            pushed += rc;
         }
-        pushed++;
     }
     return pushed;
 }
@@ -409,8 +547,9 @@ static int push_owed(dl_node *n)
         if (!f->owed || !f->held || must_hold(n, p)) continue;
         f->owed = 0;
         if (f->steps == 0) continue;
-        DL_TRY(push_now(n, p, 0, 1));
-        pushed++;
+        int rc = push_now(n, p, 0, 1);
+        if (rc < 0) return rc;
+        pushed += rc;
     }
     return pushed;
 }
@@ -477,8 +616,10 @@ static int flush_some(dl_node *n, int force)
         }
         f->owed_final = 0;
         f->owed = 0;
-        DL_TRY(push_now(n, p, 1, 1));
-        pushed++;
+        if (force) f->claims_seen = UINT64_MAX;
+        int rc = push_now(n, p, 1, 1);
+        if (rc < 0) return rc;
+        pushed += rc;
     }
     return pushed;
 }
@@ -495,8 +636,9 @@ int dl_node_flush(dl_node *n)
             continue;
         }
         f->owed = 0;
-        DL_TRY(push_now(n, p, 1, 0));
-        pushed++;
+        int rc = push_now(n, p, 1, 0);
+        if (rc < 0) return rc;
+        pushed += rc;
     }
     return pushed;
 }
@@ -583,10 +725,13 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
     void *ctx = n->model->ctx;
     switch (mode) {
     case DL_ADOPT_MIX: DL_TRY(n->model->apply(ctx, p, n->alpha, 1.0f - n->alpha, g)); break;
-    case DL_ADOPT_KEEP:
-        for (size_t i = 0; i < k; i++) n->tmp[i] = g[i] - f->ref[i];
+    case DL_ADOPT_KEEP: {
+        /* an absorbed push's progress is out of theta already (ref - base holds it) */
+        const float *sub = f->flight == FLIGHT_ABSORBED ? f->base : f->ref;
+        for (size_t i = 0; i < k; i++) n->tmp[i] = g[i] - sub[i];
         DL_TRY(n->model->apply(ctx, p, 1.0f, 1.0f, n->tmp));
         break;
+    }
     default: DL_TRY(n->model->apply(ctx, p, 0.0f, 1.0f, g)); break; /* rebase, overwrite: theta_p = g */
     }
     /* Progress not pushed and not kept is thrown away: the ledger counts it
@@ -606,11 +751,15 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
         f->steps = f->tokens = 0;
         f->loss = f->compute_s = 0.0;
     }
+    int undecided = f->flight == FLIGHT_POSTED || f->flight == FLIGHT_ABSORBED;
     if (n->adopt == DL_ADOPT_KEEP) {
-        memcpy(f->ref, g, k * sizeof(float));
+        if (mode == DL_ADOPT_KEEP && undecided) /* ref - base stays the undecided push's progress */
+            for (size_t i = 0; i < k; i++) f->ref[i] = g[i] + (f->ref[i] - f->base[i]);
+        else memcpy(f->ref, g, k * sizeof(float));
         f->steps_ref = f->tokens_ref = 0;
         f->loss_ref = f->compute_ref = 0.0;
     }
+    if (undecided) f->flight = mode == -1 || n->adopt != DL_ADOPT_KEEP ? FLIGHT_GONE : FLIGHT_ABSORBED;
     if (g != f->base) memcpy(f->base, g, k * sizeof(float));
     f->version = version;
     f->held = 1;
@@ -623,13 +772,20 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
     return 1;
 }
 
+/* Take p's fate and waiting update, if any, and adopt it: 1 when adopted. */
+static int poll_one(dl_node *n, int p)
+{
+    DL_TRY(take_fate(n, p));
+    dl_mailbox_update u;
+    if (!dl_mailbox_take_update(n->mb, p, &n->in, &u)) return 0;
+    return dl_node_adopt(n, p, u.version, u.forced, n->in);
+}
+
 int dl_node_poll(dl_node *n)
 {
     int adopted = 0;
     for (int p = 0; p < n->P; p++) {
-        dl_mailbox_update u;
-        if (!dl_mailbox_take_update(n->mb, p, &n->in, &u)) continue;
-        int rc = dl_node_adopt(n, p, u.version, u.forced, n->in);
+        int rc = poll_one(n, p);
         if (rc < 0) return rc;
         adopted += rc;
     }
@@ -661,6 +817,7 @@ int dl_node_wait_ready(dl_node *n, int timeout_ms, const volatile sig_atomic_t *
 
 int dl_node_finish(dl_node *n, int flush_timeout_ms, uint64_t step, const char *reason)
 {
+    n->finishing = 1;
     int rc = dl_node_poll(n);
     int flushed = rc < 0 ? rc : dl_node_flush(n);
     if (flushed < 0) {

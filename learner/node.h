@@ -30,7 +30,28 @@
  *              last push of p, or the global adopted last if there was no
  *              push since; counters become those since ref_p (progress made
  *              since the push is kept and still counted) (apply(1, 1, g - ref_p))
- * and then base_p = g, version_p = v, ref_p = g.
+ * and then base_p = g, version_p = v, ref_p = g (keep, while the last push is
+ * undecided: ref_p = g + (ref_p - base_p), see "Push fates").
+ *
+ * Push fates (no progress lost to a refusal): the mailbox tells the node what
+ * became of p's latest push (dl_mailbox_take_fate, read before any update in
+ * dl_node_poll and at dl_node_after_step): ACCEPTED, or RETURNED (REJECTED
+ * without rebase -- a full pool, bad values, a failed merge --, a push that
+ * never left, one a new epoch forgot). A returned push's progress is the
+ * learner's again and goes into its next delta with its counters:
+ *   not yet adopted over   keep: ref_p = base_p, counters at the push 0, so
+ *                          the next adopt keeps it; overwrite / mix: the next
+ *                          adopt counts it discarded (tokens_posted = 0)
+ *   a NORMAL keep adopt    took it out of theta_p (g - ref_p); ref_p - base_p
+ *   came first             still holds it: theta_p += ref_p - base_p,
+ *                          counters of the push added back
+ *   an overwrite, mix or   it is gone: counted in discarded_tokens
+ *   rebase came first
+ * An ACCEPTED push after a keep adopt sets ref_p = base_p (its Update brings
+ * the progress). A DROPPED_STALE or a REJECTED with rebase has no fate: the
+ * forced Update that follows rebases. During dl_node_finish a returned final
+ * push is owed again (DL_NODE_FLUSH_RETRIES times at most). The ledger (synchronizer/ledger.h) counts a returned
+ * push's tokens CARRIED until the next push of p arrives.
  *
  * Trust (an update comes from the network): before any of the above, an
  * update that is not ignored is refused when it holds a non-finite value or,
@@ -65,7 +86,12 @@
  * first step boundary (dl_node_after_step) after the decision came and the
  * update was adopted, with everything since the reference point. A
  * decision that never comes (a lost Ack) releases the hold after
- * push_decision_timeout_ms (counted in hold_released, warned). A deferred
+ * push_decision_timeout_ms (counted in hold_released, warned); an ACCEPTED
+ * whose Update does not come, after DL_NODE_ACCEPTED_HOLD_X times that (its
+ * progress is merged: a push on its base would carry it again). The check
+ * and the post are one step for the mailbox (dl_mailbox_post_push_if): a
+ * push the check saw queued, and so decided, that a session claims before
+ * the next push is posted makes that one owed instead. A deferred
  * push is begun only when p is not held. The final flush holds the same way,
  * bounded by the flush timeout (dl_node_finish).
  *
@@ -154,6 +180,13 @@ typedef struct {
     void *due_ctx;
 } dl_node_opts;
 
+/* A push ACCEPTED whose Update has not come is released after this many
+ * push_decision_timeout_ms (see "The hold rule"). */
+#define DL_NODE_ACCEPTED_HOLD_X 4
+
+/* How often dl_node_finish sends a returned final push of a fragment again. */
+#define DL_NODE_FLUSH_RETRIES 3
+
 /* Per-element RMS floor of the distance bound (see "Trust" above). */
 #define DL_NODE_RATIO_FLOOR_RMS 0.1
 
@@ -171,6 +204,7 @@ typedef struct {
     uint64_t held_due;  /* scheduled pushes folded into a held (owed) one: >= held, one per due step */
     uint64_t hold_released; /* holds released because a decision did not come in time (or the flush ran out of time) */
     uint64_t refused;   /* updates refused: non-finite, or beyond update_max_ratio (never adopted) */
+    uint64_t returned;  /* pushes whose progress came back (REJECTED without rebase, unsent, forgotten) */
     uint64_t barrier_waits; /* waits of dl_node_barrier_wait (barrier policies only) */
     double barrier_wait_s;  /* wall seconds spent in them */
     uint64_t steps_behind_max; /* now (not a counter): the most inner steps any held fragment has trained since

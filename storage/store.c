@@ -136,9 +136,10 @@ static int same_model(const dl_store *s, const dl_store_run *r)
                       s->dir, s->run_id, shape_str(&s->model, s->n_frag, a), dl_manifest_ntensors(r->manifest));
     if (s->manifest) {
         char msg[512];
-        int nd = dl_manifest_diff(s->manifest, r->manifest, "this one's", msg, sizeof msg);
+        int nd = dl_manifest_diff(s->manifest, r->manifest, "the manifest given", msg, sizeof msg);
         if (nd)
-            return dl_err(DL_EMISMATCH, "store %s holds run '%s' of another model: %d tensor%s; first: %s", s->dir,
+            return dl_err(DL_EMISMATCH,
+                          "store %s holds run '%s' of another model (%d tensor%s; 'here' is the store's): %s", s->dir,
                           s->run_id, nd, nd == 1 ? " differs" : "s differ", msg);
         return 0; /* a manifest run has no seed: its init is a file */
     }

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "core/err.h"
-#include "tools/json.h"
+#include "core/json.h"
 
 #define HEADER_MAX (100ull << 20) /* bytes of JSON header we parse at most */
 #define META_KEY "dloco_manifest"
@@ -345,6 +345,8 @@ static int st_open(stfile *f, const char *path)
         return dl_err(DL_EFORMAT, "%s: the header holds a NUL byte", path);
     f->data = m + 8 + hl;
     f->data_len = f->size - 8 - hl;
+    /* the tree is allocated: bound what it can hold first */
+    DL_TRY(dl_manifest_json_bounded((const char *)m + 8, (size_t)hl, path));
     int rc = dl_json_parse((const char *)m + 8, (size_t)hl, &f->root);
     if (rc) return dl_err(rc, "%s: header: %s", path, dl_errmsg());
     if (f->root->type != DL_JSON_OBJ) return dl_err(DL_EFORMAT, "%s: the header is not a JSON object", path);

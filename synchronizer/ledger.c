@@ -10,8 +10,7 @@
 #include "core/event.h"
 
 typedef struct {
-    uint64_t carried;      /* tokens of its last refused push of this fragment, 0 = none */
-    uint64_t carried_base; /* that push's base version */
+    uint64_t carried; /* tokens of its last push of this fragment refused without rebase, 0 = none */
 } frag_acct;
 
 typedef struct {
@@ -96,21 +95,23 @@ static void open_account(account *a)
     a->pooled = a->pooled_before = pooled;
 }
 
-/* End the account: carried -> `carried_state`, unpushed -> `unpushed_state`.
- * Pooled pushes stay pooled (their merge settles them). */
-static void end_account(dl_ledger *l, int learner, int carried_state, int unpushed_state)
+/* Carried tokens of (learner, fragment) leave CARRIED without a state: they
+ * are in the push that arrives now, in the learner's discarded report, or
+ * still unpushed. */
+static void uncarry(dl_ledger *l, account *a, frag_acct *f)
+{
+    a->carried -= f->carried;
+    l->tot.carried -= f->carried;
+    f->carried = 0;
+}
+
+/* End the account: unpushed (carried included) -> `unpushed_state`. Pooled
+ * pushes stay pooled (their merge settles them). */
+static void end_account(dl_ledger *l, int learner, int unpushed_state)
 {
     account *a = acct(l, learner);
     if (!a->open) return;
-    for (int p = 0; p < l->P; p++) {
-        frag_acct *f = fa(l, learner, p);
-        if (f->carried) {
-            settle(l, a, carried_state, f->carried);
-            a->carried -= f->carried;
-            l->tot.carried -= f->carried;
-            f->carried = 0;
-        }
-    }
+    for (int p = 0; p < l->P; p++) uncarry(l, a, fa(l, learner, p));
     uint64_t accounted = a->settled + (a->pooled - a->pooled_before) + a->carried;
     if (a->processed > accounted) {
         settle(l, a, unpushed_state, a->processed - accounted);
@@ -151,7 +152,7 @@ void dl_ledger_hello(dl_ledger *l, int learner, uint64_t step)
 {
     account *a = acct(l, learner);
     if (a->open && (step < a->step || (step == 0 && a->processed > 0)))
-        end_account(l, learner, DL_LEDGER_REJECTED, DL_LEDGER_LOST); /* a new process under the same id */
+        end_account(l, learner, DL_LEDGER_LOST); /* a new process under the same id */
     if (!a->open) {
         open_account(a);
         a->midlife = step > 0;
@@ -169,12 +170,12 @@ void dl_ledger_progress(dl_ledger *l, int learner, uint64_t step, uint64_t token
 void dl_ledger_bye(dl_ledger *l, int learner, uint64_t step, uint64_t tokens, uint64_t discarded)
 {
     dl_ledger_progress(l, learner, step, tokens, discarded);
-    end_account(l, learner, DL_LEDGER_REJECTED, DL_LEDGER_LOST);
+    end_account(l, learner, DL_LEDGER_LOST);
 }
 
 void dl_ledger_forget(dl_ledger *l, int learner)
 {
-    end_account(l, learner, DL_LEDGER_REJECTED, DL_LEDGER_LOST);
+    end_account(l, learner, DL_LEDGER_LOST);
     account *a = acct(l, learner);
     assert(a->pooled == 0 && a->carried == 0);
     memset(a, 0, sizeof *a);
@@ -182,15 +183,12 @@ void dl_ledger_forget(dl_ledger *l, int learner)
 
 void dl_ledger_arrived(dl_ledger *l, int learner, int fragment, uint64_t base_version, uint64_t tokens)
 {
-    account *a = acct(l, learner);
-    frag_acct *f = fa(l, learner, fragment);
-    if (!f->carried) return;
-    /* This push reports the carried tokens again (same base, counters only
-     * grow) -- or the learner dropped them (a rebase): then they were rejected. */
-    if (!(base_version == f->carried_base && tokens >= f->carried)) settle(l, a, DL_LEDGER_REJECTED, f->carried);
-    a->carried -= f->carried;
-    l->tot.carried -= f->carried;
-    f->carried = 0;
+    (void)base_version;
+    (void)tokens;
+    /* the learner kept the carried progress: this push reports it again
+     * (cumulative counters, on whatever base it adopted since), or it threw
+     * it away later and reports it discarded */
+    uncarry(l, acct(l, learner), fa(l, learner, fragment));
 }
 
 void dl_ledger_pooled(dl_ledger *l, int learner, int fragment, uint64_t tokens, uint64_t replaced_tokens)
@@ -210,7 +208,7 @@ void dl_ledger_dropped_stale(dl_ledger *l, int learner, int fragment, uint64_t t
     settle(l, acct(l, learner), DL_LEDGER_DROPPED_STALE, tokens);
 }
 
-static void carry(dl_ledger *l, int learner, int fragment, uint64_t base_version, uint64_t tokens)
+static void carry(dl_ledger *l, int learner, int fragment, uint64_t tokens)
 {
     account *a = acct(l, learner);
     if (!a->open) {
@@ -218,16 +216,22 @@ static void carry(dl_ledger *l, int learner, int fragment, uint64_t base_version
         return;
     }
     frag_acct *f = fa(l, learner, fragment);
-    if (f->carried) settle(l, a, DL_LEDGER_REJECTED, f->carried); /* superseded without being carried */
-    a->carried += tokens - f->carried;
-    l->tot.carried += tokens - f->carried;
+    uncarry(l, a, f); /* an earlier carried push's tokens are in this one (cumulative) or discarded */
+    a->carried += tokens;
+    l->tot.carried += tokens;
     f->carried = tokens;
-    f->carried_base = base_version;
 }
 
 void dl_ledger_refused(dl_ledger *l, int learner, int fragment, uint64_t base_version, uint64_t tokens)
 {
-    carry(l, learner, fragment, base_version, tokens);
+    (void)base_version;
+    carry(l, learner, fragment, tokens);
+}
+
+void dl_ledger_refused_rebase(dl_ledger *l, int learner, int fragment, uint64_t tokens)
+{
+    (void)fragment;
+    settle(l, acct(l, learner), DL_LEDGER_REJECTED, tokens);
 }
 
 /* Take a push out of the pool; returns how much of it belonged to an
@@ -260,7 +264,8 @@ void dl_ledger_failed(dl_ledger *l, int learner, int fragment, uint64_t base_ver
         l->pending.tokens[DL_LEDGER_LOST] += before;
         l->tot.state[DL_LEDGER_LOST] += before;
     }
-    if (tokens > before) carry(l, learner, fragment, base_version, tokens - before);
+    (void)base_version;
+    if (tokens > before) carry(l, learner, fragment, tokens - before);
 }
 
 void dl_ledger_shutdown(dl_ledger *l, int (*live)(void *ctx, int learner), void *ctx)
@@ -274,7 +279,7 @@ void dl_ledger_shutdown(dl_ledger *l, int (*live)(void *ctx, int learner), void 
             l->tot.pooled -= a->pooled;
             a->pooled = a->pooled_before = 0;
         }
-        if (a->open) end_account(l, i, DL_LEDGER_OUTSTANDING, live(ctx, i) ? DL_LEDGER_OUTSTANDING : DL_LEDGER_LOST);
+        if (a->open) end_account(l, i, live(ctx, i) ? DL_LEDGER_OUTSTANDING : DL_LEDGER_LOST);
     }
 }
 

@@ -14,7 +14,7 @@
  * States (storage/store.h DL_LEDGER_*): persisted ones are final --
  *   APPLIED        in a committed merge
  *   DROPPED_STALE  too stale; the learner rebased and dropped it
- *   REJECTED       refused and not carried on (the learner rebased or left)
+ *   REJECTED       refused with rebase: the learner threw it away
  *   LOST           its learner died or left before it was pushed, or a merge
  *                  failed after its learner had gone
  *   DISCARDED      thrown away by the learner itself (adopt overwrite / mix,
@@ -23,9 +23,18 @@
  *                  stopped
  * and two live ones, in memory only --
  *   POOLED         in the pool, waiting for its round (or in flight)
- *   CARRIED        refused (invalid push, failed merge) while the learner
- *                  keeps the progress: its next push of the fragment reports
- *                  those tokens again, cumulatively.
+ *   CARRIED        refused without rebase (a full pool, bad values, a failed
+ *                  merge): the push came back to the learner, which keeps the
+ *                  progress (learner/node.h "Push fates"). Until the
+ *                  learner's next push of the fragment arrives; then they
+ *                  are in that push's tokens (the counters are cumulative),
+ *                  or, where the learner threw them away later (an adopt
+ *                  overwrite or mix), in the DISCARDED it reports. So CARRIED
+ *                  tokens are the learner's unpushed ones again: they leave
+ *                  CARRIED without a state of their own, and an account that
+ *                  ends with some counts them as unpushed (LOST, or
+ *                  OUTSTANDING at shutdown). The live figure may overlap
+ *                  DISCARDED until that next push arrives.
  * A push that replaces the same learner's pooled push of the fragment
  * carries the older push's tokens (cumulative counters): the older one
  * leaves the pool without a state, so nothing is counted twice.
@@ -33,7 +42,8 @@
  * Balance, per learner account (one learner process):
  *   processed = applied + dropped + rejected + discarded + pooled + carried + unpushed
  * where unpushed (>= 0; reports that lag a push are clamped and counted in
- * `overclaim`) becomes LOST when the account ends by Bye, by a new
+ * `overclaim`; CARRIED counts as unpushed once the account ends) becomes LOST
+ * when the account ends by Bye, by a new
  * incarnation of the id, or at shutdown for a learner that is dead then, and
  * OUTSTANDING at shutdown otherwise.
  *
@@ -78,8 +88,8 @@ void dl_ledger_set_fragments(dl_ledger *l, int n);
  * the old account ends (its unpushed tokens LOST) and a new one opens. */
 void dl_ledger_hello(dl_ledger *l, int learner, uint64_t step);
 void dl_ledger_progress(dl_ledger *l, int learner, uint64_t step, uint64_t tokens, uint64_t discarded);
-/* Bye: a last progress report, then the account ends (unpushed -> LOST,
- * carried -> REJECTED). Pooled pushes stay pooled and still merge. */
+/* Bye: a last progress report, then the account ends (unpushed and
+ * carried -> LOST). Pooled pushes stay pooled and still merge. */
 void dl_ledger_bye(dl_ledger *l, int learner, uint64_t step, uint64_t tokens, uint64_t discarded);
 
 /* The learner's slot is reclaimed (it left or died long ago, nothing of it
@@ -88,15 +98,19 @@ void dl_ledger_bye(dl_ledger *l, int learner, uint64_t step, uint64_t tokens, ui
 void dl_ledger_forget(dl_ledger *l, int learner);
 
 /* ---- fates of one push of `fragment` by `learner` with `tokens` */
-/* Arrival of a push, before its verdict: settles tokens carried for this
- * fragment (REJECTED unless this push carries them on: same base version and
- * at least as many tokens). */
+/* Arrival of a push, before its verdict: tokens carried for this fragment
+ * leave CARRIED (this push carries them on, or the learner reported them
+ * discarded). */
 void dl_ledger_arrived(dl_ledger *l, int learner, int fragment, uint64_t base_version, uint64_t tokens);
 /* Pooled; `replaced_tokens` > 0 when it replaced the learner's pooled push. */
 void dl_ledger_pooled(dl_ledger *l, int learner, int fragment, uint64_t tokens, uint64_t replaced_tokens);
 void dl_ledger_dropped_stale(dl_ledger *l, int learner, int fragment, uint64_t tokens);
-/* Refused on arrival (bad values, codec): carried by its next push. */
+/* Refused on arrival without rebase (a full pool, bad values, the policy):
+ * carried by its next push. */
 void dl_ledger_refused(dl_ledger *l, int learner, int fragment, uint64_t base_version, uint64_t tokens);
+/* Refused on arrival with rebase (implausible counters, a norm outlier): the
+ * learner throws the progress away: REJECTED. */
+void dl_ledger_refused_rebase(dl_ledger *l, int learner, int fragment, uint64_t tokens);
 /* A pooled push was merged and committed. Its APPLIED tokens went into the
  * merge's own transaction (the job's ledger delta, see round.h), so take
  * does not hand them out again. */
@@ -105,8 +119,8 @@ void dl_ledger_merged(dl_ledger *l, int learner, int fragment, uint64_t tokens);
  * learner's account has ended). */
 void dl_ledger_failed(dl_ledger *l, int learner, int fragment, uint64_t base_version, uint64_t tokens);
 
-/* Shutdown: every open account ends, unpushed tokens LOST for learners not
- * live (`live(ctx, learner)` == 0) and OUTSTANDING otherwise; carried and
+/* Shutdown: every open account ends, unpushed (and carried) tokens LOST for
+ * learners not live (`live(ctx, learner)` == 0) and OUTSTANDING otherwise;
  * pooled tokens become OUTSTANDING. */
 void dl_ledger_shutdown(dl_ledger *l, int (*live)(void *ctx, int learner), void *ctx);
 

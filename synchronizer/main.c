@@ -7,6 +7,7 @@
 #include "core/manifest.h"
 #include "core/model.h"
 #include "core/shard.h"
+#include "kernels/blas_select.h"
 #include "kernels/codec.h"
 #include "storage/store.h"
 #include "storage/tensorfile.h"
@@ -369,6 +370,7 @@ static int manifest_of(const sync_cfg *c, dl_manifest **out)
 
 int main(int argc, char **argv)
 {
+    if (dl_blas_select(&argc, argv)) return 2; /* the evaluation's matmuls: OpenBLAS's kernels (kernels/blas_select.h) */
     sync_cfg c;
     int rc = dl_cfg_parse_args(table, NCFG, &c, argc, argv);
     if (rc == DL_CFG_HELP) {

@@ -33,6 +33,7 @@ typedef struct {
     int64_t *pstep;               /* [P] step of its last push of f (see push_step()), or -1 */
     int64_t *ptok;                /* [P] tokens of its latest POOLED push of f, 0 if none */
     double tps;                   /* tokens / steps of its latest POOLED push (any fragment), 0 if none */
+    int64_t left_ns;              /* when it said Bye (SLOT_LEFT), else NONE_NS */
 } slot;
 
 /* One fragment: its committed version, open round and in-flight round. */
@@ -121,6 +122,9 @@ const char *dl_policy_reason_name(dl_policy_reason r)
     case DL_POLICY_R_FUTURE_VERSION: return "base version newer than global";
     case DL_POLICY_R_NOT_MEMBER: return "not a member";
     case DL_POLICY_R_BAD_FRAGMENT: return "fragment out of range";
+    case DL_POLICY_R_POOLED_OTHER_BASE:
+        return "your push of this fragment on another base version is still pooled; this progress goes into your "
+               "next push";
     }
     return "?";
 }
@@ -473,16 +477,16 @@ static void eval(dl_policy *p, int f, int64_t now)
     fr->cap_ns = cap;
 
     /* Wait for every expected learner whose next push of f is predicted before
-     * the cap: a missing one, or one whose pooled push has waited so long
-     * (about a period, e.g. for quorum) that its next push is due; that fresher
-     * push replaces the pooled one and keeps the learners' rounds aligned
-     * instead of carrying one learner's push over into every next round. */
+     * the cap and that has not contributed: a contributor's learner holds its
+     * next push of f until the pooled one is decided (learner/node.h, the hold
+     * rule), so waiting for it would only ever run into the cap. */
     int waited = 0;
     int64_t wait = NONE_NS;
     for (int i = 0; i < p->n_slots; i++) {
         const slot *s = &p->slots[i];
         if (!expected(p, s, fr)) continue;
-        if (s->cur_idx[f] < 0) missing++;
+        if (s->cur_idx[f] >= 0) continue;
+        missing++;
         int64_t point, margin;
         if (!predict(p, s, f, &point, &margin)) continue; /* nothing to predict from */
         if (point > cap) continue; /* predicted after the cap: slow or out of phase, not waited for */
@@ -674,6 +678,7 @@ int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_le
     slot *s = &p->slots[i];
     if (s->state == SLOT_LIVE) p->n_live--;
     s->state = reason == DL_POLICY_LEAVE_BYE ? SLOT_LEFT : SLOT_DEAD;
+    s->left_ns = reason == DL_POLICY_LEAVE_BYE ? now : NONE_NS;
     refresh(p, now);
     return 0;
 }
@@ -776,6 +781,11 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
     if (base_version > fr->version) return reject(p, out, DL_POLICY_R_FUTURE_VERSION);
 
     slot *s = &p->slots[i];
+    /* A newer push contains the pooled one's progress only on the same base:
+     * on another base (the learner adopted a merge meanwhile, e.g. after its
+     * hold timed out) replacing would lose the pooled progress */
+    if (s->cur_idx[f] >= 0 && fr->cur[s->cur_idx[f]].base_version != base_version)
+        return reject(p, out, DL_POLICY_R_POOLED_OTHER_BASE);
     if (s->cur_idx[f] < 0) grow(&fr->cur, &fr->cap_cur, fr->n_cur + 1, p->cfg.max_learners);
 
     if (s->state == SLOT_DEAD) { /* a push is proof of life */
@@ -842,17 +852,31 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
  * above the largest pooled rate of the fleet (a Hello may claim any batch up
  * to max_batch, so an idle learner's claims could otherwise shrink every
  * share), else at the mean pooled rate. */
+/* 1 when s counts in a share's expected tokens: live, or said Bye less than
+ * a push period ago (H x the fleet's step time, else the fleet's push
+ * interval). The learners of a run that ends leave one after the other,
+ * each after its final flush: counting only those still live would give
+ * each later flush a larger share, the last one a whole outer step for one
+ * learner's delta. */
+static int in_fleet(const dl_policy *p, const slot *s)
+{
+    if (s->state == SLOT_LIVE) return 1;
+    if (s->state != SLOT_LEFT || s->left_ns == NONE_NS) return 0;
+    int64_t period = p->cfg.H > 0 && p->fleet_step > 0 ? (int64_t)p->cfg.H * p->fleet_step : p->fleet_med;
+    return period > 0 && p->now - s->left_ns < period;
+}
+
 static double expected_tokens(const dl_policy *p, int f)
 {
     double sum = 0, known = 0, cap = 0;
     int n_known = 0, n_unknown = 0;
     for (int i = 0; i < p->n_slots; i++) {
         const slot *s = &p->slots[i];
-        if (s->state == SLOT_LIVE && s->tps > cap) cap = s->tps;
+        if (in_fleet(p, s) && s->tps > cap) cap = s->tps;
     }
     for (int i = 0; i < p->n_slots; i++) {
         const slot *s = &p->slots[i];
-        if (s->state != SLOT_LIVE) continue;
+        if (!in_fleet(p, s)) continue;
         if (p->cfg.H <= 0) {
             sum += (double)s->ptok[f];
             continue;

@@ -10,12 +10,18 @@
  * Life of a push of fragment f by learner L:
  *   dl_policy_push()      -> verdict now: POOLED, DROPPED_STALE (rebase) or
  *                            REJECTED (reason). Pooled pushes wait in f's open
- *                            round. A second push by L into the same open round
- *                            REPLACES the first (the learner's pseudo-gradient
- *                            and its steps/tokens counters are cumulative since
- *                            it adopted its base, so the newer push contains the
- *                            older progress); the verdict returns the old handle
- *                            so the caller can free that payload.
+ *                            round. A second push by L on the SAME base version
+ *                            into the same open round REPLACES the first (the
+ *                            learner's pseudo-gradient and its steps/tokens
+ *                            counters are cumulative since it adopted its base,
+ *                            so the newer push contains the older progress); the
+ *                            verdict returns the old handle so the caller can
+ *                            free that payload. One on ANOTHER base (L adopted a
+ *                            merge since; the newer push does not contain the
+ *                            pooled progress) is REJECTED (POOLED_OTHER_BASE,
+ *                            no rebase): the learner keeps its progress for its
+ *                            next push (learner/node.h "Push fates"), which
+ *                            pools once the round holding the older one closed.
  *   dl_policy_next_deadline() -> when to call dl_policy_poll() next.
  *   dl_policy_poll()      -> a closed round (contributions + weights + reasons).
  *                            The fragment is then "in flight": later pushes pool
@@ -28,14 +34,12 @@
  *     still makes progress);
  *   - once quorum is reached at time q (the K-th distinct push, even while
  *     the previous round of f is in flight), a grace window waits for every
- *     EXPECTED learner whose next push of f is PREDICTED before the cap
- *     deadline  cap = q + capdur. Expected = live learners that joined before
- *     the round opened; a dead learner leaves the set at once, but what it
- *     already pushed still counts. That covers a missing learner and also a
- *     contributor whose pooled push has waited about a period (e.g. for
- *     quorum), so its next, fresher push is due: it replaces the pooled one,
- *     which keeps rounds aligned instead of carrying one learner's push over
- *     into every next round.
+ *     EXPECTED learner WITHOUT a contribution in the round whose next push of
+ *     f is PREDICTED before the cap deadline  cap = q + capdur. Expected =
+ *     live learners that joined before the round opened; a dead learner
+ *     leaves the set at once, but what it already pushed still counts. A
+ *     contributor is never waited for: its learner holds its next push of f
+ *     until the pooled one is decided (learner/node.h, the hold rule).
  *     capdur = min(grace_cap_ns, tau_steps * step) when H > 0 and the fleet
  *       step time `step` is known; else min(grace_cap_ns, gamma * slack) when
  *       slack is known; else grace_cap_ns. Products are truncated to ns.
@@ -181,7 +185,8 @@ typedef enum {
     DL_POLICY_R_BAD_TOKENS = 3,     /* tokens <= 0 */
     DL_POLICY_R_FUTURE_VERSION = 4, /* base version newer than the global version */
     DL_POLICY_R_NOT_MEMBER = 5,     /* learner unknown or said bye */
-    DL_POLICY_R_BAD_FRAGMENT = 6    /* fragment index out of range */
+    DL_POLICY_R_BAD_FRAGMENT = 6,   /* fragment index out of range */
+    DL_POLICY_R_POOLED_OTHER_BASE = 7 /* the learner's pooled push of the fragment is on another base version */
 } dl_policy_reason;
 
 typedef enum {

@@ -36,7 +36,10 @@ static void refuse_push(dl_sync *s, int slot, dl_registry_learner *l, const Dloc
     s->met.push_rejected[kind]++;
     s->met.tokens_received += tokens;
     dl_ledger_arrived(s->ledger, slot, p, ph->base_version, tokens);
-    dl_ledger_refused(s->ledger, slot, p, ph->base_version, tokens);
+    /* with rebase the learner throws the progress away (REJECTED); without,
+     * the push comes back to it and its next push carries it (CARRIED) */
+    if (rebase) dl_ledger_refused_rebase(s->ledger, slot, p, tokens);
+    else dl_ledger_refused(s->ledger, slot, p, ph->base_version, tokens);
     dl_downlink_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, rebase);
     if (rebase) dl_downlink_serve_fragments(s, l, (const uint32_t[]){(uint32_t)p}, 1);
     push_event(l, ph, "rejected", why);

@@ -514,6 +514,13 @@ static void test_session(harness *h, const char *dir)
     h_ack(h, id, E, 1, 10, DLOCO__V1__DECISION__DECISION_DROPPED_STALE, 0);
     h_update(h, id, E, 1, 11, g); /* the rebase that follows every DROPPED_STALE */
     h_ack(h, id, E, 2, 10, DLOCO__V1__DECISION__DECISION_REJECTED, 0);
+    /* a rejected push's progress is the learner's again (node.h "Push
+     * fates"): the final flush sends it once more, and this time it merges */
+    recv_push(h, &e, 2, NULL, "flush push of fragment 2 again after its rejection");
+    h_ack(h, id, E, 2, 10, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+    h_ack(h, id, E, 2, 10, DLOCO__V1__DECISION__DECISION_ACCEPTED, 11);
+    global_of(2, 11, g);
+    h_update(h, id, E, 2, 11, g);
     h_ack(h, id, E, 3, 10, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
     /* fragment 3 is still pending: no Bye may come yet */
     CHECK(WAIT_FOR(dl_mailbox_flush_pending(mb) == 1), "flush waits for fragment 3 only (%d)", dl_mailbox_flush_pending(mb));
@@ -531,12 +538,13 @@ static void test_session(harness *h, const char *dir)
     }
     pthread_join(th_fin, NULL);
     CHECK(fa.left == 0, "flush complete: %d unanswered", fa.left);
-    CHECK(dl_node_version(n, 0) == 11 && dl_node_version(n, 1) == 11 && dl_node_version(n, 3) == 11,
+    CHECK(dl_node_version(n, 0) == 11 && dl_node_version(n, 1) == 11 && dl_node_version(n, 2) == 11 &&
+              dl_node_version(n, 3) == 11,
           "flush updates adopted");
     dl_comms_stop(c);
     s = stats(c);
     CHECK(s.state == DL_COMMS_DONE, "comms done after bye (%d)", s.state);
-    CHECK(s.dropped_stale == 1 && s.rejected == 1 && s.accepted == 5, "decisions counted: %llu %llu %llu",
+    CHECK(s.dropped_stale == 1 && s.rejected == 1 && s.accepted == 6, "decisions counted: %llu %llu %llu",
           (unsigned long long)s.dropped_stale, (unsigned long long)s.rejected, (unsigned long long)s.accepted);
     CHECK(s.bytes_sent > s.push_bytes && s.push_bytes > 0 && s.bytes_recv > s.updates * 4, "bytes counted");
     printf("ok: final flush pushes all %d fragments, waits until every push sent has its update / dropped / "

@@ -56,20 +56,28 @@ static void test_ledger(void)
     dl_ledger_get_totals(l, &t);
     CHECK_EQ(t.carried, 0);
     CHECK_EQ(t.state[DL_LEDGER_REJECTED], 0);
-    /* ... its round fails: carried again; the learner rebased, so its next push
-     * (another base) does not carry them: REJECTED */
+    /* ... its round fails: carried again; the learner keeps the progress
+     * (keep mode, learner/node.h "Push fates"), so its next push, on the base
+     * it adopted since, carries the 50 on: that push's 70 hold them */
     dl_ledger_failed(l, A, 1, 2, 50);
     dl_ledger_get_totals(l, &t);
     CHECK_EQ(t.pooled, 0);
     CHECK_EQ(t.carried, 50);
-    dl_ledger_arrived(l, A, 1, 3, 20);
-    dl_ledger_dropped_stale(l, A, 1, 20);
+    dl_ledger_arrived(l, A, 1, 3, 70);
+    dl_ledger_dropped_stale(l, A, 1, 70);
     dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.carried, 0);
+    CHECK_EQ(t.state[DL_LEDGER_REJECTED], 0);
+    CHECK_EQ(t.state[DL_LEDGER_DROPPED_STALE], 70);
+    /* refused with rebase: the learner throws it away, REJECTED at once */
+    dl_ledger_arrived(l, A, 1, 4, 50);
+    dl_ledger_refused_rebase(l, A, 1, 50);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.carried, 0);
     CHECK_EQ(t.state[DL_LEDGER_REJECTED], 50);
-    CHECK_EQ(t.state[DL_LEDGER_DROPPED_STALE], 20);
     CHECK(dl_ledger_take(l, &d), "pending changes are handed out");
     CHECK_EQ(d.tokens[DL_LEDGER_REJECTED], 50);
-    CHECK_EQ(d.tokens[DL_LEDGER_DROPPED_STALE], 20);
+    CHECK_EQ(d.tokens[DL_LEDGER_DROPPED_STALE], 70);
     CHECK_EQ(d.tokens[DL_LEDGER_APPLIED], 0);
     CHECK(!dl_ledger_take(l, &d), "take zeroes the pending changes");
     dl_ledger_untake(l, &(dl_store_ledger){{[DL_LEDGER_REJECTED] = 50}});
@@ -92,14 +100,18 @@ static void test_ledger(void)
     CHECK_EQ(t.state[DL_LEDGER_LOST], 90);
     dl_ledger_merged(l, B, 2, 60);
     dl_ledger_progress(l, B, 1, 10, 0); /* the new process: 30 fragment-tokens */
-    /* C: bye with a refused push nobody carries on and 10 unpushed tokens */
+    /* C (adopt overwrite): a push refused without rebase comes back, an adopt
+     * then throws its 20 away (reported discarded), bye with 10 unpushed: the
+     * 20 are counted once, DISCARDED, never REJECTED as well */
     dl_ledger_hello(l, C, 0);
     dl_ledger_arrived(l, C, 0, 0, 20);
     dl_ledger_refused(l, C, 0, 0, 20);
-    dl_ledger_bye(l, C, 3, 10, 0); /* 30 fragment-tokens */
+    dl_ledger_bye(l, C, 3, 10, 20); /* 30 fragment-tokens */
     dl_ledger_get_totals(l, &t);
-    CHECK_EQ(t.state[DL_LEDGER_REJECTED], 70);
+    CHECK_EQ(t.state[DL_LEDGER_REJECTED], 50);
+    CHECK_EQ(t.state[DL_LEDGER_DISCARDED], 45);
     CHECK_EQ(t.state[DL_LEDGER_LOST], 100);
+    CHECK_EQ(t.overclaim, 0);
     /* a failed merge of a learner that has left: LOST, nobody carries it on */
     dl_ledger_arrived(l, C, 1, 0, 5);
     dl_ledger_pooled(l, C, 1, 5, 0);
@@ -118,7 +130,7 @@ static void test_ledger(void)
     dl_ledger_get_totals(l, &t);
     CHECK_EQ(t.carried_in, 20);
     CHECK_EQ(t.overclaim, 0);
-    CHECK_EQ(t.state[DL_LEDGER_DISCARDED], 25);
+    CHECK_EQ(t.state[DL_LEDGER_DISCARDED], 45);
     uint64_t lost_before = t.state[DL_LEDGER_LOST];
     /* E (learner 4): a new process while its predecessor's push is still
      * pooled; at shutdown that push is OUTSTANDING and not the new account's */
@@ -139,9 +151,9 @@ static void test_ledger(void)
     dl_ledger_get_totals(l, &t);
     CHECK_EQ(t.pooled, 0);
     CHECK_EQ(t.carried, 0);
-    /* A: 360 processed = 70 applied + 50 rejected + 20 dropped + 25 discarded + 7 pooled + 188 unpushed;
+    /* A: 360 processed = 70 applied + 50 rejected + 70 dropped + 25 discarded + 7 pooled + 138 unpushed;
      * E's predecessor's pooled 30 */
-    CHECK_EQ(t.state[DL_LEDGER_OUTSTANDING], 7 + 188 + 30);
+    CHECK_EQ(t.state[DL_LEDGER_OUTSTANDING], 7 + 138 + 30);
     /* B's new process (30) and E's new one (12, dead at shutdown) */
     CHECK_EQ(t.state[DL_LEDGER_LOST], lost_before + 30 + 12);
     CHECK_EQ(lost_before, 105);

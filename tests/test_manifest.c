@@ -468,6 +468,17 @@ static void test_json(void)
                cases[k].needle);
         CHECK(o == NULL, "%s: out reset", cases[k].what);
     }
+    /* a document of too many values is refused before it is parsed */
+    size_t big = DL_MANIFEST_JSON_VALUES_MAX + 2;
+    char *many = malloc(big + 1);
+    memset(many, ',', big);
+    many[0] = '[';
+    many[big - 1] = ']';
+    many[big] = 0;
+    dl_manifest *o = (dl_manifest *)&o;
+    expect(dl_manifest_from_json(many, big, &o), DL_EFORMAT, "4M values", "more than 4194304 JSON values");
+    CHECK(o == NULL, "out reset");
+    free(many);
     /* dtype F32 is accepted and not written back */
     const char *f32 = "{\"dloco_manifest\": 1, \"tensors\": [{\"name\": \"w\", \"shape\": [2, 3], \"role\": "
                       "\"embed\", \"dtype\": \"F32\"}]}";

@@ -678,6 +678,8 @@ static void test_restart(void)
     st = -2;
     CHECK(sync_start(&B, "noinit", noinit, &st) != 0 && st != 0, "a manifest run without an init file started");
     CHECK(log_has(&B, "init_from"), "the refusal names init_from");
+    struct stat sb;
+    CHECK(stat(B.store, &sb) != 0, "the refused start left a store behind");
     row("new store, --manifest without --init_from -> exit %d, told the init file is needed", st);
 }
 

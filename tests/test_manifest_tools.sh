@@ -58,8 +58,16 @@ sys.exit(0 if a['tensors'] == b['tensors'] else 1)" "$W/manifest.json" "$W/init.
 check "dloco plan --manifest: exit 0 and 4 fragments" [ "$rc" = 0 -a "$(grep -c '^fragment ' "$W/plan.txt")" = 4 ]
 
 # ---- version 0 from the file
+make_corpus
 start_sync v0 --init_from "$W/init.safetensors"
 FP=$(ev_last "$W/events-v0.log" sync_start fingerprint)
+# dloco's GPT-2 learner on this run: refused at once, for good (exit 3, no retry loop)
+start_learner gpt --steps 50
+wait_pid 60 "$LPID"; rc=$?
+check "dloco-learner on a manifest run: exit 3 (got $rc)" [ "$rc" = 3 ]
+check "... refused, saying it is a GPT-2 learner on a manifest run" \
+  grep -q "this learner is a GPT-2 learner.*described by a manifest (22 tensors" "$W/gpt.log"
+check "... one refusal, no retry loop" [ "$(grep -c "event=refused" "$W/events-gpt.log")" = 1 ]
 stop_sync
 check "the run's fingerprint is dloco plan's" grep -q "fingerprint $FP" "$W/plan.txt"
 "$DLOCO" check "$W/store" > "$W/check.txt" 2>&1; rc=$?

@@ -976,6 +976,134 @@ static void test_rebase_kind(int mode, const char *name)
     free(theta);
 }
 
+// ---------------------------------------------------------------------------
+// push fates (issue: a REJECTED push's progress must stay the learner's): a
+// plan of one fragment, every step adds exactly 1 to every parameter, so
+// theta - base counts the steps whose progress the learner still holds.
+
+/* Every element of the delta of fragment 0 equals want. */
+static int delta_is(dl_node *n, dl_plan *pl, float want)
+{
+    size_t k = dl_plan_fragment_numel(pl, 0);
+    float *d = calloc(k, sizeof(float));
+    dl_node_delta(n, 0, d);
+    int ok = 1;
+    for (size_t i = 0; i < k; i++) ok &= d[i] == want;
+    if (!ok) fprintf(stderr, "  delta[0] = %g, want %g\n", d[0], want);
+    free(d);
+    return ok;
+}
+
+/* order: 0 = the REJECTED comes before the NORMAL update, 1 = after it;
+ * fate: DL_DECIDE_REJECTED (no rebase) or DL_DECIDE_ACCEPTED (the update
+ * after it is the merge of another learner, then the push's own merge). */
+static void test_fate(int mode, const char *name, int order, int decision)
+{
+    dl_plan *pl = NULL;
+    REQUIRE(dl_model_plan_open(&CFG, 1, &pl) == 0, "plan: %s", dl_errmsg());
+    size_t k = dl_plan_fragment_numel(pl, 0), tot = dl_plan_total_numel(pl);
+    float *theta = calloc(tot, sizeof(float));
+    dl_mailbox *c = NULL;
+    REQUIRE(dl_mailbox_open(pl, &c) == 0, "mailbox");
+    dl_node_opts o = {.plan = pl, .params = theta, .adopt = mode, .alpha = 0.5f};
+    dl_node *n = NULL;
+    REQUIRE(dl_node_open(&o, c, &n) == 0, "open");
+    float *g = calloc(k, sizeof(float)), *d = dl_mailbox_buf_alloc(c);
+    for (size_t i = 0; i < k; i++) g[i] = 0.0f;
+    dl_mailbox_put_update(c, 0, 1, DL_UPDATE_FETCHED, g, k);
+    REQUIRE(dl_node_poll(n) == 1, "fetched");
+    int64_t step = 0;
+#define STEP()                                                                                                         \
+    do {                                                                                                               \
+        for (size_t i = 0; i < tot; i++) theta[i] += 1.0f;                                                             \
+        dl_node_after_step(n, ++step, 4, TOK, 1.0, 0.0);                                                               \
+    } while (0)
+    for (int i = 0; i < 4; i++) STEP();
+    dl_mailbox_claim cl;
+    REQUIRE(dl_mailbox_claim_push(c, 0, dl_clock_ns(), &cl, &d) == 1 && cl.h.steps == 4, "push of steps 1..4 sent");
+    CHECK(d[0] == -4.0f, "%s: its delta is -4", name);
+    if (decision == DL_DECIDE_ACCEPTED || order == 1) dl_mailbox_decide(c, 0, DL_DECIDE_PENDING, 1, 0);
+    if (order == 0) CHECK(dl_mailbox_decide(c, 0, decision, 1, 0) == 1, "rejected");
+    STEP();
+    STEP();
+    /* another learner's merge: v2 = base + 10 */
+    for (size_t i = 0; i < k; i++) g[i] = 10.0f;
+    dl_mailbox_put_update(c, 0, 2, DL_UPDATE_NORMAL, g, k);
+    CHECK(dl_node_poll(n) == 1, "v2 adopted");
+    if (order == 1) {
+        CHECK(dl_mailbox_decide(c, 0, decision, 1, decision == DL_DECIDE_ACCEPTED) == 1, "decided after the adopt");
+        if (decision == DL_DECIDE_ACCEPTED) {
+            /* the push's own merge: v3 = v2 + 4 (its progress, outer lr 1) */
+            for (size_t i = 0; i < k; i++) g[i] = 14.0f;
+            dl_mailbox_put_update(c, 0, 3, DL_UPDATE_NORMAL, g, k);
+        }
+        dl_node_poll(n);
+    }
+    dl_node_stats st;
+    dl_node_get_stats(n, &st);
+    if (decision == DL_DECIDE_ACCEPTED) {
+        /* merged: only steps 5..6 are the learner's (keep) */
+        if (mode == DL_ADOPT_KEEP)
+            CHECK(delta_is(n, pl, -2.0f) && dl_node_steps(n, 0) == 2 && theta[0] == 16.0f,
+                  "%s accepted after a keep adopt: delta -2, steps 2 (%llu), theta = v3 + 2", name,
+                  (unsigned long long)dl_node_steps(n, 0));
+        else CHECK(st.discarded_tokens == 2 * TOK, "%s accepted: only steps 5..6 discarded", name);
+    } else if (mode == DL_ADOPT_KEEP) {
+        CHECK(delta_is(n, pl, -6.0f) && dl_node_steps(n, 0) == 6 && dl_node_tokens(n, 0) == 6 * TOK &&
+                  st.returned == 1,
+              "%s, rejected %s the update: the next delta carries all 6 steps (steps %llu)", name,
+              order ? "after" : "before", (unsigned long long)dl_node_steps(n, 0));
+    } else {
+        CHECK(st.discarded_tokens == 6 * TOK && st.returned == 1 && dl_node_steps(n, 0) == 0,
+              "%s, rejected %s the update: all 6 steps counted discarded (%llu tokens)", name,
+              order ? "after" : "before", (unsigned long long)st.discarded_tokens);
+    }
+    if (mode == DL_ADOPT_KEEP && decision == DL_DECIDE_REJECTED) {
+        /* the next push carries them */
+        STEP();
+        STEP();
+        REQUIRE(dl_mailbox_claim_push(c, 0, dl_clock_ns(), &cl, &d) == 1, "push of step 8 sent");
+        CHECK(cl.h.steps == 8 && cl.h.base_version == 2 && d[0] == -8.0f,
+              "keep: the push of step 8 carries the rejected 4 steps (steps %llu, delta %g)",
+              (unsigned long long)cl.h.steps, d[0]);
+    }
+#undef STEP
+    free(g);
+    free(d);
+    dl_node_close(&n);
+    dl_mailbox_close(&c);
+    free(theta);
+    dl_plan_close(&pl);
+}
+
+/* The hold rule's check and the post are one step for the mailbox
+ * (dl_mailbox_post_push_if): a push the check saw queued that a session
+ * claims before the next post makes that post refused (it would carry the
+ * claimed one's progress again), and a post never replaces a queued push on
+ * another base (it does not contain that one's progress). */
+static void test_post_if(void)
+{
+    dl_mailbox *c = open_mailbox();
+    float *d = dl_mailbox_buf_alloc(c), *e = dl_mailbox_buf_alloc(c);
+    dl_mailbox_push h = {.fragment = 2, .base_version = 5, .steps = 4, .tokens = 4 * TOK, .loss = 1.0};
+    REQUIRE(dl_mailbox_post_push(c, &h, &d) == 0, "queued");
+    uint64_t k = dl_mailbox_claims(c, 2);
+    CHECK(!dl_mailbox_undecided(c, 2, NULL), "a queued push is no hold");
+    dl_mailbox_claim cl;
+    REQUIRE(dl_mailbox_claim_push(c, 2, dl_clock_ns(), &cl, &e) == 1, "claimed");
+    h.steps = 8, h.tokens = 8 * TOK;
+    CHECK(dl_mailbox_post_push_if(c, &h, &d, k) == -1, "claimed since the check: refused");
+    CHECK(dl_mailbox_post_push_if(c, &h, &d, dl_mailbox_claims(c, 2)) == 0, "a fresh check: posted");
+    h.base_version = 6, h.steps = 2, h.tokens = 2 * TOK;
+    CHECK(dl_mailbox_post_push_if(c, &h, &d, UINT64_MAX) == -1, "a queued push on another base is never replaced");
+    h.base_version = 5, h.steps = 9, h.tokens = 9 * TOK;
+    CHECK(dl_mailbox_post_push_if(c, &h, &d, UINT64_MAX) == 1, "the same base coalesces");
+    free(d);
+    free(e);
+    dl_mailbox_close(&c);
+    printf("ok: post_push_if: no post after a claim the hold check did not see, none over another base\n");
+}
+
 int main(void)
 {
     REQUIRE(dl_model_config_check(&CFG) == 0, "config: %s", dl_errmsg());
@@ -999,6 +1127,14 @@ int main(void)
     test_rebase_kind(DL_ADOPT_OVERWRITE, "overwrite");
     test_rebase_kind(DL_ADOPT_MIX, "mix");
     test_rebase_kind(DL_ADOPT_KEEP, "keep");
+    for (int order = 0; order < 2; order++) {
+        test_fate(DL_ADOPT_KEEP, "keep", order, DL_DECIDE_REJECTED);
+        test_fate(DL_ADOPT_OVERWRITE, "overwrite", order, DL_DECIDE_REJECTED);
+        test_fate(DL_ADOPT_MIX, "mix", order, DL_DECIDE_REJECTED);
+    }
+    test_fate(DL_ADOPT_KEEP, "keep", 1, DL_DECIDE_ACCEPTED);
+    test_fate(DL_ADOPT_OVERWRITE, "overwrite", 1, DL_DECIDE_ACCEPTED);
+    test_post_if();
 
     dl_plan_close(&plan);
     printf("test_node: %d checks, %d failures\n", checks, failures);

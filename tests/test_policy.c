@@ -431,8 +431,9 @@ static void test_grace(void)
     print_stats("grace-cap", p);
     dl_policy_close(&p);
 
-    /* (e) a contributor whose pooled push waited a period for quorum is waited
-     * for once more: its fresher push replaces the pooled one (K = 3) */
+    /* (e) a contributor whose pooled push waited a period for quorum is not
+     * waited for: its learner holds its next push until this one is decided
+     * (the hold rule), so the round closes ALL_IN at quorum (K = 3) */
     c.gamma = 0.5, c.quorum = 3;
     p = mk(&c, 1);
     for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
@@ -442,19 +443,15 @@ static void test_grace(void)
     CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
     dl_policy_verdict v = push_fresh(p, 0, 1, t0 + 100 * MS);
     CHECK_EQ(v.replaced, 1);
-    push_fresh(p, 0, 2, t0 + 110 * MS); /* quorum; C's next push due at t0+140 < cap t0+160 */
-    CHECK_EQ(dl_policy_next_deadline(p), t0 + 143 * MS + 125 * US);
-    v = push(p, 0, 3, dl_policy_version(p, 0), 16, 1600, t0 + 140 * MS, 32);
-    CHECK_EQ(v.replaced, 1);
-    CHECK_EQ(v.replaced_handle, 31);
-    CHECK_EQ(dl_policy_next_deadline(p), t0 + 140 * MS);
-    r = close_one(p, t0 + 140 * MS);
+    push_fresh(p, 0, 2, t0 + 110 * MS); /* quorum; C's next push (t0+140) is held by C */
+    CHECK_EQ(dl_policy_next_deadline(p), t0 + 110 * MS);
+    r = close_one(p, t0 + 110 * MS);
     CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
     CHECK_EQ(r.n, 3);
     for (int i = 0; i < r.n; i++)
-        if (r.contribs[i].learner == 3) CHECK(r.contribs[i].handle == 32 && r.contribs[i].n_replaced == 1,
+        if (r.contribs[i].learner == 3) CHECK(r.contribs[i].handle == 31 && r.contribs[i].n_replaced == 0,
                                         "learner 3 handle %llu replaced %d", (unsigned long long)r.contribs[i].handle, (int)r.contribs[i].n_replaced);
-    dl_policy_committed(p, 0, r.version + 1, t0 + 140 * MS);
+    dl_policy_committed(p, 0, r.version + 1, t0 + 110 * MS);
     print_stats("grace-refresh", p);
     dl_policy_close(&p);
 }
@@ -575,6 +572,121 @@ static void test_replace(void)
     dl_policy_close(&p);
 }
 
+static void progress(dl_policy *p, uint32_t id, int64_t step, int64_t tokens, double rate, int64_t t)
+{
+    CHECK_EQ(dl_policy_learner_progress(p, id, (uint64_t)step, (uint64_t)tokens, rate, t), 0);
+}
+
+/* Issue 27, bug 2: a learner's pooled push replaced by its push on a newer
+ * base lost the pooled progress. Quorum 2, learners A, B, C: C pushes on
+ * base 0 into A's open round, v1 commits (A + B), C adopts it and -- its hold
+ * released by the decision timeout -- pushes on base 1: refused, not
+ * replacing; the round merges C's base-0 push. */
+static void test_replace_other_base(void)
+{
+    printf("a push on another base never replaces the learner's pooled push (refused, progress kept)\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 2;
+    c.sfn = DL_POLICY_SFN_CONST;
+    dl_policy *p = mk(&c, 1);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    push(p, 0, 1, 0, 10, 100, 0, 11);
+    push(p, 0, 2, 0, 10, 100, 1 * MS, 21);
+    dl_policy_round r = close_one(p, 1 * MS);
+    CHECK_EQ(r.n, 2);
+    /* C's push of base 0 pools into the next round while v1 is in flight */
+    dl_policy_verdict v = push(p, 0, 3, 0, 24, 240, 2 * MS, 31);
+    CHECK_EQ(v.decision, DL_POLICY_POOLED);
+    dl_policy_committed(p, 0, 1, 3 * MS);
+    v = push(p, 0, 3, 1, 10, 100, 30000 * MS, 32);
+    CHECK_EQ(v.decision, DL_POLICY_REJECTED);
+    CHECK_EQ(v.reason, DL_POLICY_R_POOLED_OTHER_BASE);
+    CHECK_EQ(v.replaced, 0);
+    CHECK_EQ(v.rebase, 0);
+    CHECK(strstr(dl_policy_reason_name(v.reason), "next push") != NULL, "reason names what happens: %s",
+          dl_policy_reason_name(v.reason));
+    /* the same base still replaces (the newer push contains the older progress) */
+    v = push(p, 0, 3, 0, 30, 300, 30001 * MS, 33);
+    CHECK_EQ(v.decision, DL_POLICY_POOLED);
+    CHECK_EQ(v.replaced, 1);
+    CHECK_EQ(v.replaced_handle, 31);
+    push(p, 0, 1, 1, 10, 100, 30002 * MS, 12);
+    r = close_one(p, 30002 * MS);
+    CHECK_EQ(r.n, 2);
+    int c_in = 0;
+    for (int i = 0; i < r.n; i++)
+        if (r.contribs[i].learner == 3) c_in = r.contribs[i].handle == 33 && r.contribs[i].base_version == 0;
+    CHECK(c_in, "C's base-0 progress is merged");
+    dl_policy_committed(p, 0, 2, 30002 * MS);
+    /* after that round C's base-1 progress pools normally */
+    v = push(p, 0, 3, 1, 20, 200, 30003 * MS, 34);
+    CHECK_EQ(v.decision, DL_POLICY_POOLED);
+    CHECK_EQ(v.replaced, 0);
+    print_stats("replace-base", p);
+    dl_policy_close(&p);
+}
+
+/* Issue 27, bug 3: the grace window waited for a contributor's next push,
+ * which its learner holds until the pooled one is decided. One learner at
+ * 10 steps/s, quorum 1, H = 4, grace_steps 4: the round closes at once. */
+static void test_grace_contributor(void)
+{
+    printf("the grace window never waits for a learner already in the round\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 1, c.H = 4, c.tau_steps = 4, c.grace_cap_ns = 5000 * MS;
+    dl_policy *p = mk(&c, 1);
+    join(p, 0, 0);
+    for (int k = 1; k <= 3; k++) {
+        int64_t t = k * 400 * MS;
+        progress(p, 0, 4 * k, 4 * k * 256, 10.0, t);
+        push(p, 0, 0, dl_policy_version(p, 0), 4, 4 * 256, t, (uint64_t)k);
+        CHECK_EQ(dl_policy_next_deadline(p), t);
+        dl_policy_round r = close_one(p, t);
+        CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+        dl_policy_committed(p, 0, r.version + 1, t);
+    }
+    dl_policy_stats s;
+    dl_policy_get_stats(p, &s);
+    CHECK_EQ(s.close[DL_POLICY_CLOSE_CAP], 0);
+    print_stats("grace-contrib", p);
+    dl_policy_close(&p);
+}
+
+/* Issue 27, the final flush: learners that end one after the other each
+ * flush, then say Bye. Counting only the live ones in a share's expected
+ * tokens gave each later flush a larger share (the last learner's a whole
+ * outer step). A learner that said Bye counts for one more push period. */
+static void test_share_after_bye(void)
+{
+    printf("a learner that said bye still counts in shares for a period\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 1, c.H = 8, c.tau_steps = 1, c.sfn = DL_POLICY_SFN_CONST;
+    dl_policy *p = mk(&c, 1);
+    join(p, 0, 0), join(p, 1, 0);
+    progress(p, 0, 8, 8 * 256, 10.0, 800 * MS);
+    progress(p, 1, 8, 8 * 256, 10.0, 800 * MS); /* fleet step 100 ms: a period is 800 ms */
+    push(p, 0, 0, 0, 8, 8 * 256, 800 * MS, 1);
+    int64_t d = dl_policy_next_deadline(p); /* the window waits a step for learner 1 */
+    dl_policy_round r = close_one(p, d);
+    CHECK_REL(r.share, 0.5);
+    dl_policy_committed(p, 0, 1, d);
+    CHECK_EQ(dl_policy_learner_leave(p, 0, 910 * MS, DL_POLICY_LEAVE_BYE), 0);
+    push(p, 0, 1, 0, 8, 8 * 256, 920 * MS, 2); /* learner 1's flush, just after 0's bye */
+    r = close_one(p, 920 * MS);
+    CHECK_REL(r.share, 0.5);
+    dl_policy_committed(p, 0, 2, 920 * MS);
+    /* a period after the bye the fleet is learner 1 alone */
+    progress(p, 1, 17, 17 * 256, 10.0, 1800 * MS);
+    push(p, 0, 1, 2, 8, 8 * 256, 1800 * MS, 3);
+    r = close_one(p, 1800 * MS);
+    CHECK_REL(r.share, 1.0);
+    dl_policy_committed(p, 0, 3, 1800 * MS);
+    dl_policy_close(&p);
+}
+
 /* ------------------------------------------------------------------ membership */
 
 static void test_sync(void)
@@ -690,10 +802,6 @@ static void test_capacity(void)
 #define SCH_STEP (100 * MS) /* 10 steps/s */
 #define SCH_PERIODS 4
 
-static void progress(dl_policy *p, uint32_t id, int64_t step, int64_t tokens, double rate, int64_t t)
-{
-    CHECK_EQ(dl_policy_learner_progress(p, id, (uint64_t)step, (uint64_t)tokens, rate, t), 0);
-}
 
 typedef struct {
     int64_t t;
@@ -1050,6 +1158,7 @@ typedef struct {
 
 typedef struct {
     int merged[4], pushes[4], replaced_by[4];
+    int folded[4], owed_made[4]; /* scheduled pushes held (hold rule) and folded into an owed one; owed ones made */
     int replaced_after_warm; /* replacements of pushes made after SIM_WARM */
     int rounds;
     sim_fast_round fast[SIM_P * SIM_N * 2]; /* fast-containing rounds closed after SIM_WARM */
@@ -1065,13 +1174,23 @@ static int ev_cmp(const void *a, const void *b)
     return (x->t > y->t) - (x->t < y->t);
 }
 
-static void sim_round(dl_policy *p, const dl_policy_round *r, uint64_t adopted[4][SIM_P], sim_res *o)
+/* The learners' side of the simulation: the version each adopted last, and
+ * the hold rule (learner/node.h): a push due while the learner's previous
+ * push of the fragment is pooled is not made but owed, and made (with the
+ * progress of both periods) as soon as the pooled one is merged. */
+typedef struct {
+    uint64_t adopted[4][SIM_P];
+    int pooled[4][SIM_P], owed[4][SIM_P];
+} sim_learners;
+
+static void sim_round(dl_policy *p, const dl_policy_round *r, sim_learners *L, sim_res *o)
 {
     int fast = 0, slow = 0;
     for (int i = 0; i < r->n; i++) {
         const dl_policy_contrib *ct = &r->contribs[i];
         o->merged[ct->learner]++;
-        adopted[ct->learner][r->fragment] = r->version + 1; /* contributors adopt the update */
+        L->adopted[ct->learner][r->fragment] = r->version + 1; /* contributors adopt the update */
+        L->pooled[ct->learner][r->fragment] = 0;
         if (ct->learner < 3) {
             fast = 1;
         } else {
@@ -1086,6 +1205,17 @@ static void sim_round(dl_policy *p, const dl_policy_round *r, uint64_t adopted[4
     if (fast && r->closed_ns >= SIM_WARM) o->fast[o->n_fast++] = (sim_fast_round){r->fragment, slow, r->closed_ns};
     if (slow && !fast && r->closed_ns >= SIM_WARM) o->slow_alone++;
     dl_policy_committed(p, r->fragment, r->version + 1, r->closed_ns);
+    for (int i = 0; i < r->n; i++) {
+        uint32_t id = r->contribs[i].learner;
+        if (!L->owed[id][r->fragment]) continue;
+        L->owed[id][r->fragment] = 0;
+        dl_policy_verdict v;
+        CHECK_EQ(dl_policy_push(p, r->fragment, id, L->adopted[id][r->fragment], 16, 8192, r->closed_ns, 1u << 30, &v),
+                 0);
+        CHECK_EQ(v.decision, DL_POLICY_POOLED);
+        L->pooled[id][r->fragment] = 1;
+        o->owed_made[id]++;
+    }
 }
 
 /* 3 fast learners (ids 0..2: period T, offsets 0/1/2 ms, +-0.2 ms jitter) and
@@ -1126,27 +1256,36 @@ static void sim(int with_straggler, int K, sim_res *o)
     qsort(ev, (size_t)ne, sizeof *ev, ev_cmp);
     for (uint32_t i = 0; i < (with_straggler ? 4u : 3u); i++) join(p, i, -1000 * MS);
 
-    uint64_t adopted[4][SIM_P] = {{0}};
+    static sim_learners L;
+    memset(&L, 0, sizeof L);
     dl_policy_round r;
     for (int e = 0; e < ne; e++) {
         int64_t t = ev[e].t;
         while (dl_policy_next_deadline(p) < t) {
             int64_t d = dl_policy_next_deadline(p);
             CHECK_EQ(dl_policy_poll(p, d, &r), 1);
-            sim_round(p, &r, adopted, o);
+            sim_round(p, &r, &L, o);
+        }
+        uint32_t id = ev[e].id;
+        int f = ev[e].f;
+        o->pushes[id]++;
+        if (L.pooled[id][f]) { /* held: its progress goes with the owed push */
+            o->folded[id]++;
+            L.owed[id][f] = 1;
+            continue;
         }
         dl_policy_verdict v;
-        CHECK_EQ(dl_policy_push(p, ev[e].f, ev[e].id, adopted[ev[e].id][ev[e].f], 8, 4096, t, (uint64_t)e, &v), 0);
+        CHECK_EQ(dl_policy_push(p, f, id, L.adopted[id][f], 8, 4096, t, (uint64_t)e, &v), 0);
         CHECK_EQ(v.decision, DL_POLICY_POOLED);
-        o->pushes[ev[e].id]++;
-        o->replaced_by[ev[e].id] += v.replaced;
+        L.pooled[id][f] = 1;
+        o->replaced_by[id] += v.replaced;
         if (v.replaced && t >= SIM_WARM) o->replaced_after_warm++;
-        while (dl_policy_poll(p, t, &r)) sim_round(p, &r, adopted, o);
+        while (dl_policy_poll(p, t, &r)) sim_round(p, &r, &L, o);
     }
     while (dl_policy_next_deadline(p) != DL_POLICY_NEVER) {
         int64_t d = dl_policy_next_deadline(p);
         CHECK_EQ(dl_policy_poll(p, d, &r), 1);
-        sim_round(p, &r, adopted, o);
+        sim_round(p, &r, &L, o);
     }
     dl_policy_stats s;
     dl_policy_get_stats(p, &s);
@@ -1173,22 +1312,31 @@ static void test_straggler(void)
                " straggler merged %d/%d (%d into fast rounds after warm-up), staleness %d..%d\n",
                K, base.merged[0] / secs, slow.merged[0] / secs, base.n_fast, slow.n_fast, slow.merged[3],
                slow.pushes[3], joined, slow.slow_stale_min, slow.slow_stale_max);
-        /* every push is merged once, or replaced (during warm-up only, when a
-         * push that waited a whole period for quorum is refreshed) by a newer
-         * push of the same learner that contains its progress */
+        /* every push made is merged once; a scheduled push held by the hold
+         * rule (its learner's previous one still pooled: during warm-up only)
+         * is folded into the owed push made when that one merged. Nothing is
+         * replaced: a learner never has two pushes of a fragment pooled. */
         for (int i = 0; i < 3; i++) {
+            /* with K = 2 a learner's last push may wait for a quorum that never comes (the end of the run) */
+            int left_b = base.pushes[i] - base.folded[i] + base.owed_made[i] - base.merged[i];
+            int left_s = slow.pushes[i] - slow.folded[i] + slow.owed_made[i] - slow.merged[i];
             CHECK_EQ(base.pushes[i], SIM_N * SIM_P);
-            CHECK_EQ(base.merged[i] + base.replaced_by[i], base.pushes[i]);
-            CHECK_EQ(slow.merged[i] + slow.replaced_by[i], slow.pushes[i]);
-            CHECK(slow.merged[i] >= SIM_N * SIM_P - 1 && base.merged[i] >= SIM_N * SIM_P - 1, "learner %d merged %lld / %lld", i,
-                  (long long)slow.merged[i], (long long)base.merged[i]);
+            CHECK(left_b >= 0 && left_b <= (K - 1) * SIM_P && left_s >= 0 && left_s <= (K - 1) * SIM_P,
+                  "learner %d: %d / %d pushes left unmerged", i, left_b, left_s);
+            CHECK(slow.folded[i] <= 2 * SIM_P && base.folded[i] <= 2 * SIM_P, "learner %d folded %d / %d", i,
+                  slow.folded[i], base.folded[i]);
+            CHECK_EQ(base.replaced_by[i] + slow.replaced_by[i], 0);
         }
         CHECK_EQ(base.replaced_after_warm, 0);
         CHECK_EQ(slow.replaced_after_warm, 0);
         /* Same number of fast rounds per unit of simulated time, closing at the
          * same times; a round is later only when the straggler was predicted
          * inside the window and really came (then by < the 30 ms cap). Nobody
-         * waited in vain: no grace-expired or cap closes. */
+         * waited in vain: no grace-expired or cap closes. (K = 2: a learner
+         * whose first push missed its round in warm-up -- no predictions yet --
+         * stays a round behind: its next push is pooled alone, the round that
+         * takes it closes before its fresher push, which the hold rule keeps
+         * back; so the close times of the two runs are compared with K = 1.) */
         CHECK_EQ(slow.n_fast, base.n_fast);
         CHECK(base.n_fast >= SIM_P * (SIM_N - 11), "n_fast %lld", (long long)base.n_fast);
         int bad_time = 0, n = slow.n_fast < base.n_fast ? slow.n_fast : base.n_fast;
@@ -1200,7 +1348,7 @@ static void test_straggler(void)
                     fprintf(stderr, "  round %d: frag %d/%d slow=%d closed %.3f ms vs %.3f ms\n", k, x->fragment,
                             y->fragment, x->has_slow, (double)x->closed_ns / MS, (double)y->closed_ns / MS);
         }
-        CHECK_EQ(bad_time, 0);
+        if (K == 1) CHECK_EQ(bad_time, 0);
         CHECK_EQ(base.close[DL_POLICY_CLOSE_GRACE_EXPIRED] + base.close[DL_POLICY_CLOSE_CAP], 0);
         CHECK_EQ(slow.close[DL_POLICY_CLOSE_GRACE_EXPIRED] + slow.close[DL_POLICY_CLOSE_CAP], 0);
         /* the straggler's pushes are all merged, with staleness 3 (three fast
@@ -1218,6 +1366,9 @@ static void test_straggler(void)
 
 int main(void)
 {
+    test_replace_other_base();
+    test_grace_contributor();
+    test_share_after_bye();
     test_config();
     test_weights();
     test_quorum();

@@ -41,6 +41,13 @@ stop_sync
 "$DLOCO" check "$W/store" > /dev/null 2>&1; rc=$?
 check "dloco check after the resume: exit 0 (got $rc)" [ "$rc" = 0 ]
 
+# its GPT-2 table as a manifest is not a manifest run: told to use the GPT-2 options
+"$SYNC" --store "$W/other" --bind tcp://127.0.0.1:0 --metrics off --manifest "$W/manifest.json" --fragments 2 \
+  > "$W/gpt-manifest.log" 2>&1; rc=$?
+check "dloco-sync --manifest of a GPT-2 table: refused (exit $rc)" [ "$rc" != 0 ]
+check "... naming the GPT-2 options" grep -q "the manifest is dloco's GPT-2 (n_layer 1 n_head 2 n_embd 16 seq_len 16 vocab 256): start that run with those options" "$W/gpt-manifest.log"
+check "... and leaving no store behind" [ ! -e "$W/other" ]
+
 # a manifest run on it: refused, naming the GPT-2 run
 cat > "$W/m.json" <<'J'
 {"dloco_manifest": 1, "tensors": [{"name": "a", "shape": [4, 4], "role": "matrix"}, {"name": "b", "shape": [4], "role": "vector"}]}

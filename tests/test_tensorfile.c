@@ -274,6 +274,16 @@ static void test_hostile(void)
     fputc(0, f);
     fclose(f);
     expect(dl_tensorfile_read(p, m, got, NULL), DL_EFORMAT, "NUL in the header", "NUL byte");
+    /* a header of millions of values: refused before a tree is built */
+    size_t hn = DL_MANIFEST_JSON_VALUES_MAX + 16;
+    char *hh = malloc(hn + 1);
+    memset(hh, ',', hn);
+    hh[0] = '{';
+    hh[hn - 1] = '}';
+    hh[hn] = 0;
+    raw_file(p, hh, NULL, 0);
+    free(hh);
+    expect(dl_tensorfile_read(p, m, got, NULL), DL_EFORMAT, "4M-value header", "JSON values");
     expect(dl_tensorfile_read(dir, m, got, NULL), DL_EIO, "a directory", "not a regular file");
     expect(dl_tensorfile_read(path_of("absent"), m, got, NULL), DL_EIO, "absent file", "cannot open");
     raw_file(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", ok, 24);

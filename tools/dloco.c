@@ -10,6 +10,7 @@
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/shard.h"
+#include "kernels/blas_select.h"
 #include "gpt/data.h"
 #include "gpt/evaluate.h"
 #include "gpt/gpt.h"
@@ -501,6 +502,7 @@ static int cmd_keygen(const char *prefix)
 
 int main(int argc, char **argv)
 {
+    if (argc > 2 && !strcmp(argv[1], "eval") && dl_blas_select(&argc, argv)) return 2; /* kernels/blas_select.h */
     dl_log_set_level(DL_LOG_WARN);
     dl_log_set_name("dloco");
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
