@@ -33,6 +33,8 @@ typedef struct {
     int64_t *pstep;               /* [P] step of its last push of f (see push_step()), or -1 */
     int64_t *ptok;                /* [P] tokens of its latest POOLED push of f, 0 if none */
     double tps;                   /* tokens / steps of its latest POOLED push (any fragment), 0 if none */
+    int64_t joined_ns;            /* when the slot was taken by this id (a rejoin does not move it), ns */
+    int64_t pooled_ns;            /* arrival of its latest POOLED push (any fragment), ns, or NONE_NS */
 } slot;
 
 /* One fragment: its committed version, open round and in-flight round. */
@@ -641,6 +643,8 @@ int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now)
     s->rep_step = s->rep_tokens = 0;
     s->rate = 0;
     s->tps = 0;
+    s->joined_ns = now;
+    s->pooled_ns = NONE_NS;
     slot_forget_arrivals(p, s);
     for (int f = 0; f < p->P; f++) s->cur_idx[f] = -1, s->ptok[f] = 0;
     p->n_live++;
@@ -827,6 +831,7 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
     c->n_replaced = n_replaced;
     s->ptok[f] = tokens;
     s->tps = (double)tokens / (double)steps;
+    s->pooled_ns = now;
     out->decision = DL_POLICY_POOLED;
     out->reason = DL_POLICY_OK;
     p->st.pooled++;
@@ -836,12 +841,28 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
 
 /* ---------------------------------------------------------------- rounds */
 
-/* Expected tokens of a full period of fragment f (policy.h "Share"). A
+/* Expected tokens of a full period of fragment f (policy.h "Share"), over
+ * the live learners that contribute (contributes()). A
  * learner's tokens per step come from its latest pooled (validated) push;
  * one without a pooled push counts at its reported tokens / step, but never
  * above the largest pooled rate of the fleet (a Hello may claim any batch up
  * to max_batch, so an idle learner's claims could otherwise shrink every
  * share), else at the mean pooled rate. */
+/* A live learner counts in the expected tokens while it contributes: its
+ * latest pooled push (or, before its first, its joining) is at most
+ * DL_POLICY_CONTRIB_PERIODS of the fleet's push periods old. An id that
+ * registers and heartbeats but never pushes stops shrinking the others'
+ * shares after that. While the fleet's period is unknown every live learner
+ * counts. */
+static int contributes(const dl_policy *p, const slot *s)
+{
+    int64_t period = p->fleet_med;
+    if (period <= 0 && p->cfg.H > 0 && p->fleet_step > 0) period = p->fleet_step * p->cfg.H;
+    if (period <= 0) return 1;
+    int64_t since = s->pooled_ns != NONE_NS ? s->pooled_ns : s->joined_ns;
+    return p->now - since <= DL_POLICY_CONTRIB_PERIODS * period;
+}
+
 static double expected_tokens(const dl_policy *p, int f)
 {
     double sum = 0, known = 0, cap = 0;
@@ -852,7 +873,7 @@ static double expected_tokens(const dl_policy *p, int f)
     }
     for (int i = 0; i < p->n_slots; i++) {
         const slot *s = &p->slots[i];
-        if (s->state != SLOT_LIVE) continue;
+        if (s->state != SLOT_LIVE || !contributes(p, s)) continue;
         if (p->cfg.H <= 0) {
             sum += (double)s->ptok[f];
             continue;
