@@ -1897,6 +1897,126 @@ out:
     verdict(9, "chunks", f0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* 10. routing ids: a peer presenting the routing id libzmq gives the next
+ * connection without one ("0x00 + a 32-bit counter") made libzmq 4.3 abort
+ * the synchronizer (an assertion on the collision) when that connection came.
+ * The counter's start came from an unseeded rand(): the same in every run,
+ * so an attacker could present the next values. */
+
+/* The routing id libzmq 4.3 gives the first connection without one to a ROUTER created after `before` other
+ * router-based sockets (a ZAP handler's REP is one) in a process whose rand() was never seeded (glibc's seed
+ * 1): each such socket draws its counter's start as rand2 << 31 | rand1; the id is 0x00 + it, big-endian. */
+static uint32_t predicted_first_routing_id(int before)
+{
+    srand(1);
+    uint32_t v = 0;
+    for (int i = 0; i <= before; i++) {
+        uint32_t lo = (uint32_t)rand(), hi = (uint32_t)rand();
+        v = (hi << 31) | lo;
+    }
+    return v;
+}
+
+/* N connections presenting the predicted ids after the first (which the honest learner took), each made to
+ * speak once so that it is attached before the test goes on; then one more connection without a routing
+ * id says Hello as `victim_id`. Returns the number of attack connections attached (answered). */
+static int routing_attack(syncd *S, const peer_opts *base, int n, const char *victim_id, peer *V, int *welcomed)
+{
+    uint32_t first = predicted_first_routing_id(base->key ? 1 : 0); /* under CURVE the ZAP handler's REP came first */
+    peer *A = calloc((size_t)n, sizeof *A);
+    for (int i = 0; i < n; i++) {
+        char rid[5];
+        uint32_t v = first + 1 + (uint32_t)i;
+        rid[0] = 0, rid[1] = (char)(v >> 24), rid[2] = (char)(v >> 16), rid[3] = (char)(v >> 8), rid[4] = (char)v;
+        peer_opts o = *base;
+        o.routing_id = rid;
+        o.routing_len = sizeof rid;
+        peer_open(&A[i], S, base->key ? "k1" : "att", &o);
+        send_heartbeat(&A[i], 0, 0);
+    }
+    int attached = 0;
+    int64_t deadline = dl_clock_ns() + 20000000000LL;
+    for (int i = 0; i < n && dl_clock_ns() < deadline; i++) {
+        dl_wire_msg m;
+        int left = (int)((deadline - dl_clock_ns()) / 1000000);
+        if (recv_msg2(&A[i], left > 0 ? left : 1, &m, 1) == 0) attached++;
+        dl_wire_msg_close(&m);
+    }
+    peer_opts vo = *base;
+    peer_open(V, S, victim_id, &vo);
+    send_hello(V, NULL, 0);
+    char got[600];
+    *welcomed = expect_welcome(V, got, sizeof got);
+    for (int i = 0; i < n; i++) peer_close(&A[i]);
+    free(A);
+    return attached;
+}
+
+static void routing_case(const char *tag, const char *name, const char *const *extra, const peer_opts *honest,
+                         const peer_opts *attacker, const char *honest_id, const char *victim_id)
+{
+    syncd S;
+    peer R = {0}, V = {0};
+    float *delta = NULL;
+    if (!start_or_fail(&S, name, &SMALL, extra)) return;
+    delta = normal_delta(dl_plan_fragment_numel(S.plan, 0), 1);
+    if (!join(&R, &S, honest_id, 0, honest)) goto out;
+    decision d;
+    send_push(&R, NULL, 0, 0, 4, 64, delta);
+    CHECK(await_decision(&R, 0, 0, &d, NULL) == 0 && d.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED,
+          "%s: the honest learner's first push: %s", tag, d.got);
+    int welcomed = 0;
+    int attached = routing_attack(&S, attacker, 800, victim_id, &V, &welcomed);
+    int alive = sync_alive(&S);
+    int merges = 0;
+    for (uint64_t base = 1; alive && base <= 3; base++) {
+        send_push(&R, NULL, 0, base, 4, 64, delta);
+        if (await_decision(&R, 0, base, &d, NULL) == 0 && d.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED)
+            merges++;
+    }
+    row(tag, "800 connections presenting the routing ids libzmq would give the next connections (%d answered), "
+        "then one without a routing id says Hello -> %s; the synchronizer is %s; the honest learner's next 3 "
+        "pushes -> %d merged", attached, welcomed ? "Welcome" : "no Welcome", alive ? "alive" : "gone", merges);
+    CHECK(attached == 800, "%s: %d of 800 attack connections attached", tag, attached);
+    CHECK(alive && welcomed, "%s: the synchronizer survived (%d) and welcomed the next connection (%d)", tag, alive,
+          welcomed);
+    CHECK(merges == 3, "%s: honest merges after the attack: %d of 3", tag, merges);
+    peer_close(&V);
+out:
+    peer_close(&R);
+    free(delta);
+    sync_stop(&S);
+}
+
+static void row_routing(void)
+{
+    int f0 = failures;
+    routing_case("10a routing", "routing_null", NULL, NULL, &(peer_opts){0}, "honest", "victim");
+    if (zmq_has("curve")) {
+        char cdir[300], pre[340], keyfile[360], allow[360], text[400];
+        snprintf(cdir, sizeof cdir, "%s/rkeys", root);
+        mkdir(cdir, 0700);
+        dl_auth_keypair srv, k0, k1;
+        snprintf(pre, sizeof pre, "%s/server", cdir);
+        int kg = dl_auth_keygen(pre, &srv);
+        snprintf(pre, sizeof pre, "%s/k0", cdir);
+        kg |= dl_auth_keygen(pre, &k0);
+        snprintf(pre, sizeof pre, "%s/k1", cdir);
+        kg |= dl_auth_keygen(pre, &k1);
+        CHECK(kg == 0, "keygen: %s", dl_errmsg());
+        snprintf(keyfile, sizeof keyfile, "%s/server.key", cdir);
+        snprintf(allow, sizeof allow, "%s/allowlist", cdir);
+        snprintf(text, sizeof text, "k0 %s\nk1 %s\n", k0.public_z85, k1.public_z85);
+        CHECK(write_allowlist(allow, text) == 0, "allowlist");
+        const char *extra[] = {"--auth", "curve", "--key_file", keyfile, "--allowlist", allow, NULL};
+        peer_opts honest = {.key = &k0, .server_pub = srv.public_z85};
+        peer_opts attacker = {.key = &k1, .server_pub = srv.public_z85};
+        if (!kg) routing_case("10b routing", "routing_curve", extra, &honest, &attacker, "k0", "k1");
+    }
+    verdict(10, "routing", f0);
+}
+
 int main(void)
 {
     umask(022);
@@ -1906,12 +2026,14 @@ int main(void)
     int64_t t0 = dl_clock_ns();
     /* HOSTILE_ROWS=2,6 runs a subset (while working on one row) */
     void (*rows[])(void) = {row_identity, row_values, row_counters, row_replay, row_registry,
-                            row_memory,   row_logs,   row_curve,    row_chunks};
+                            row_memory,   row_logs,   row_curve,    row_chunks, row_routing};
     const char *only = getenv("HOSTILE_ROWS");
-    for (int i = 0; i < 9; i++) {
-        char k[4];
-        snprintf(k, sizeof k, "%d", i + 1);
-        if (!only || strstr(only, k)) rows[i]();
+    for (int i = 0; i < 10; i++) {
+        char k[8];
+        snprintf(k, sizeof k, ",%d,", i + 1);
+        char list[128];
+        snprintf(list, sizeof list, ",%s,", only ? only : "");
+        if (!only || strstr(list, k)) rows[i]();
     }
     zmq_ctx_term(ctx);
     printf("test_hostile: %.1f s\n", (double)(dl_clock_ns() - t0) * 1e-9);
