@@ -38,7 +38,7 @@ typedef struct {
     float outer_lr;       /* Nesterov learning rate (DiLoCo: 0.7) */
     float outer_momentum; /* Nesterov momentum (DiLoCo: 0.9) */
     double clip_norm;     /* clip each contribution's norm to this first (0 = off) */
-    int share_scaling;    /* scale a round's merged delta by its share of the fleet's tokens (see sync.c) */
+    int share_scaling;    /* scale a round's merged delta by its share of the fleet's tokens (see commit.c) */
     dl_merge_aggregate aggregate; /* default (0) DL_MERGE_AGG_WEIGHTED */
     double trim;          /* fraction trimmed from EACH side by DL_MERGE_AGG_TRIMMED_MEAN, [0, 0.5);
                            * DL_MERGE_TRIM_DEFAULT is 0.25 (a zeroed struct has 0: the plain mean) */

@@ -18,7 +18,7 @@ typedef struct {
 /* One learner the synchronizer has heard from in this process. A slot index
  * is the learner number the merge policy, the push ledger and the guards use;
  * it stays the learner's until dl_registry_remove (the loop reclaims slots of
- * learners that left or died, see sync.c), after which a new learner may get
+ * learners that left or died, see admit.c), after which a new learner may get
  * it. */
 typedef struct {
     int used;                /* 0: a free slot (removed; dl_registry_add reuses it) */

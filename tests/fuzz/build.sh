@@ -6,7 +6,7 @@
 #   DLOCO_FUZZ_CC  the compiler (default clang)
 # Objects and binaries go under OUT_DIR; each is rebuilt only when one of its
 # inputs (the source, a header it includes, the flags) changed. The project's
-# core/*.c, proto/*.c, storage/modelfile.c (not store.c: no LMDB here) and
+# core/*.c, proto/*.c, storage/modelfile.c (not store*.c: no LMDB here) and
 # protoc-c's proto/dloco.pb-c.c go into one archive,
 # so a harness pulls in exactly the objects it needs.
 # Exits 77 after a "SKIP: ..." line when clang cannot build a fuzzer here

@@ -9,7 +9,7 @@
 #include "proto/wire.h"
 #include "tests/fuzz/fuzz.h"
 
-/* The synchronizer's fp32 read (synchronizer/sync.c on_push): payload frames
+/* The synchronizer's fp32 read (synchronizer/uplink.c dl_uplink_push): payload frames
  * have no alignment guarantee, so each float is loaded with memcpy. Returns
  * the count of non-finite values (the synchronizer refuses the push then). */
 static size_t scan_fp32(const uint8_t *p, uint64_t numel)

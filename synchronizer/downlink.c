@@ -1,0 +1,457 @@
+/* The downlink: everything that leaves for a learner (envelopes, errors,
+ * Acks, Updates chunk by chunk from owed fragments), Fetch, slow readers. */
+#include "synchronizer/sync_int.h"
+
+#include "core/clock.h"
+#include "core/err.h"
+#include "core/event.h"
+#include "core/log.h"
+
+#include <assert.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+void dl_downlink_env(dl_sync *s, Dloco__V1__Envelope *env, const char *learner)
+{
+    dl_wire_env_init(env, s->cfg.run_id, s->epoch, learner);
+    env->seq = ++s->seq;
+}
+
+/* A routing id as logs may show it: hex of its first bytes. Routing ids come
+ * from libzmq (or from the peer): they are never printed raw. */
+static const char *route_str(const uint8_t *r, size_t n, char buf[40])
+{
+    static const char hx[] = "0123456789abcdef";
+    size_t k = 0, m = n < 16 ? n : 16;
+    for (size_t i = 0; i < m; i++) {
+        buf[k++] = hx[r[i] >> 4];
+        buf[k++] = hx[r[i] & 15];
+    }
+    if (m < n) buf[k++] = '+';
+    buf[k] = 0;
+    return buf;
+}
+
+/* Never block the loop: a learner whose queue is full loses this message
+ * (it will get the next update; a lost Ack only leaves its log incomplete).
+ * Nothing goes to a learner whose connection was cut off. */
+int dl_downlink_send(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *env, const void *payload, size_t len)
+{
+    if (!l->route_len) return DL_ENOTFOUND;
+    const void *pl[1] = {payload};
+    size_t lens[1] = {len};
+    dl_wire_queue *q[2] = {s->outq, l->outq};
+    int rc = dl_wire_send_q(s->router, l->route, l->route_len, env, payload ? pl : NULL, payload ? lens : NULL,
+                            payload ? 1 : 0, ZMQ_DONTWAIT, q);
+    if (rc == 0) {
+        l->bytes_out += len + 64;
+        s->met.bytes_out[dl_syncmet_kind(env->body_case)] += len + 64;
+        s->met.msgs_out[dl_syncmet_kind(env->body_case)]++;
+        if (len) {
+            uint64_t q = dl_downlink_attached_bytes(s);
+            if (q > s->outbound_peak) s->outbound_peak = q;
+        }
+    } else if (rc == DL_EAGAIN) {
+        DL_WARN("learner %s: send queue full, %s dropped", l->id, dl_wire_body_name(env->body_case));
+    } else if (rc == DL_ENOTFOUND) {
+        DL_DEBUG("learner %s: not connected, %s dropped", l->id, dl_wire_body_name(env->body_case));
+    } else {
+        DL_WARN("send %s to %s: %s", dl_wire_body_name(env->body_case), l->id, dl_errmsg());
+    }
+    return rc;
+}
+
+/* An Error to a connection. `learner` names the addressee when it is a
+ * valid id (else the reply's learner_id is empty). */
+void dl_downlink_error(dl_sync *s, const uint8_t *route, size_t rlen, const char *learner, int code, int fatal,
+                       const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+void dl_downlink_error(dl_sync *s, const uint8_t *route, size_t rlen, const char *learner, int code, int fatal,
+                       const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    int valid = dl_wire_id_ok(learner);
+    Dloco__V1__Envelope env;
+    Dloco__V1__Error e;
+    dloco__v1__error__init(&e);
+    e.kind = dl_wire_error_kind_of(code); /* DL_E* codes never travel */
+    e.message = msg;
+    e.fatal = fatal;
+    dl_downlink_env(s, &env, valid ? learner : "");
+    dl_wire_set_error(&env, &e);
+    int rc = rlen ? dl_wire_send(s->router, route, rlen, &env, NULL, NULL, 0, ZMQ_DONTWAIT) : DL_ENOTFOUND;
+    char rb[40], mb[600];
+    if (rc) DL_DEBUG("error reply to %s not sent: %s", valid ? learner : route_str(route, rlen, rb), dl_errmsg());
+    /* at most 10 lines a second: refused peers must not flood the log */
+    int64_t now = dl_clock_ns();
+    if (now - s->errlog_ns >= 1000000000LL) {
+        if (s->errlog_suppressed)
+            DL_INFO("(%llu more error replies in the last second not logged)",
+                    (unsigned long long)s->errlog_suppressed);
+        s->errlog_ns = now;
+        s->errlog_n = s->errlog_suppressed = 0;
+    }
+    if (s->errlog_n++ >= 10) {
+        s->errlog_suppressed++;
+        return;
+    }
+    /* msg may quote what a peer sent (ids are validated, the rest is escaped) */
+    DL_INFO("%s %s: %s error: %s", valid ? "learner" : "connection", valid ? learner : route_str(route, rlen, rb),
+            fatal ? "fatal" : "non-fatal", dl_event_str(msg, mb, sizeof mb));
+}
+
+/* Elements per Update chunk to learner l: the configured chunk, at most
+ * what the learner said it takes; 0 = whole fragments (a learner from
+ * before chunking). */
+static uint64_t chunk_elems(const dl_sync *s, const dl_registry_learner *l)
+{
+    if (!l->max_chunk) return 0;
+    uint64_t b = s->cfg.chunk_bytes < l->max_chunk ? s->cfg.chunk_bytes : l->max_chunk;
+    return b / sizeof(float);
+}
+
+/* One Update message: elements [off, off + n) of version `version` of
+ * fragment p (chunked when `chunked`, else the whole fragment), `bytes` of
+ * payload in codec c: the values (fp32), or with `delta` the delta from
+ * version - 1. */
+static int send_update_chunk(dl_sync *s, dl_registry_learner *l, int p, uint64_t version, const dl_codec *c,
+                             int delta, const void *data, size_t bytes, uint64_t off, uint64_t n, int chunked)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Update u;
+    dloco__v1__update__init(&u);
+    u.fragment = (uint32_t)p;
+    u.version = version;
+    u.codec = (Dloco__V1__Codec)c->id;
+    u.block_size = c->block;
+    u.topk = c->topk;
+    u.delta = delta;
+    u.numel = s->numel[p];
+    u.chunk_offset = chunked ? off : 0;
+    u.chunk_numel = chunked ? n : 0;
+    u.checksum = dl_wire_checksum(data, bytes);
+    dl_downlink_env(s, &env, l->id);
+    dl_wire_set_update(&env, &u);
+    int rc = dl_downlink_send(s, l, &env, data, bytes);
+    if (rc == 0) s->chunks_out++;
+    return rc;
+}
+
+/* The outbound bounds: may `bytes` more be queued for learner l now? A
+ * learner with nothing queued always may (a fragment above its own bound
+ * still goes, one at a time). */
+/* Payload bytes libzmq holds for learners whose connection is attached. A
+ * learner dropped for not reading (or revoked) is detached: what it pins no
+ * longer holds the budget of those that read, and it is bounded anyway (its
+ * id cannot get a new connection while the old one holds bytes, dl_admit_hello). */
+uint64_t dl_downlink_attached_bytes(const dl_sync *s)
+{
+    uint64_t t = 0;
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        const dl_registry_learner *l = dl_registry_cget(s->reg, i);
+        if (l->used && l->route_len) t += dl_wire_queue_bytes(l->outq);
+    }
+    return t;
+}
+
+/* Room for `bytes` more to learner l: within its own bound and the global
+ * one. A learner whose queue is empty (it reads) may also use one fragment
+ * of overdraft above the global bound, so learners that never read cannot
+ * starve it while they hold the budget (until they are dropped): the
+ * attached total stays <= max_outbound_bytes + the largest fragment. */
+static int outbound_room(const dl_sync *s, const dl_registry_learner *l, size_t bytes)
+{
+    uint64_t mine = dl_wire_queue_bytes(l->outq), all = dl_downlink_attached_bytes(s);
+    if (mine == 0) return all + bytes <= s->cfg.max_outbound_bytes + s->max_frag_bytes;
+    return mine + bytes <= s->cfg.peer_outbound_bytes && all + bytes <= s->cfg.max_outbound_bytes;
+}
+
+void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p)
+{
+    if (l->owed[p]) return; /* one in progress ends at the newest version anyway (pump restarts it) */
+    if (!l->n_owed) l->owed_since_ns = dl_clock_ns();
+    l->owed[p] = 1;
+    l->n_owed++;
+    s->deferred_updates++;
+}
+
+void dl_downlink_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
+                          uint64_t merged, const char *reason, int rebase, uint32_t retry_after_ms)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Ack a;
+    dloco__v1__ack__init(&a);
+    a.fragment = (uint32_t)p;
+    a.base_version = base;
+    a.decision = d;
+    a.merged_version = merged;
+    a.reason = (char *)reason;
+    a.rebase = rebase;
+    a.busy = retry_after_ms > 0;
+    a.retry_after_ms = retry_after_ms;
+    a.fleet_steps_per_s = s->fleet_sps;
+    dl_downlink_env(s, &env, l->id);
+    dl_wire_set_ack(&env, &a);
+    dl_downlink_send(s, l, &env, NULL, 0);
+}
+
+void dl_downlink_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
+                     uint64_t merged, const char *reason, int rebase)
+{
+    dl_downlink_ack_busy(s, l, p, base, d, merged, reason, rebase, 0);
+}
+
+static int slot_of(const dl_sync *s, const dl_registry_learner *l)
+{
+    return (int)(l - dl_registry_cget(s->reg, 0));
+}
+
+/* Forget the Update in progress to a learner (its connection changed or
+ * went); what it owes stays owed. */
+void dl_downlink_reset(dl_sync *s, int slot)
+{
+    s->outx[slot].p = -1;
+    s->outx[slot].started = 0;
+    s->outx[slot].delta = 0;
+}
+
+/* Forget a slot's resume points (a new connection, a new learner in the slot). */
+void dl_downlink_resume_clear(dl_sync *s, int slot)
+{
+    size_t P = (size_t)s->cfg.P;
+    memset(s->resume_v + (size_t)slot * P, 0, P * sizeof *s->resume_v);
+    memset(s->resume_o + (size_t)slot * P, 0, P * sizeof *s->resume_o);
+}
+
+/* Elements per chunk of a delta Update of codec c: the fp32 chunk's
+ * elements (ce, 0 = whole fragments), down to whole blocks for a block
+ * codec (a chunk starts on a block: proto/wire.c); 0 when not one block
+ * fits. */
+static uint64_t delta_chunk_elems(uint64_t ce, const dl_codec *c)
+{
+    return dl_codec_is_block(c->id) ? ce - ce % c->block : ce;
+}
+
+/* Version v of fragment p goes to learner `slot` as a delta iff the kept
+ * delta is v's and the version it was last given whole (since its Hello,
+ * and since a Fetch or rebase of p) is v - 1; else (missed versions, a
+ * Fetch, a rebase, its first Update after a Hello, no delta kept) it gets
+ * the full fp32 values. A chunked learner also needs a chunk to hold a
+ * block. */
+static int delta_for(const dl_sync *s, int slot, int p, uint64_t v, uint64_t ce)
+{
+    const kept_delta *kd = &s->kept[p];
+    uint64_t given;
+    if (!kd->buf || kd->version != v || v == 0) return 0;
+    if (!dl_registry_given(s->reg, slot, p, &given) || given + 1 != v) return 0;
+    return !ce || delta_chunk_elems(ce, &kd->c) > 0;
+}
+
+/* Send what a learner is owed, chunk by chunk, as far as the outbound
+ * bounds allow (payload bytes, as they go on the wire), from an LMDB read
+ * snapshot the caller holds briefly (*snap, begun on first use): never from
+ * memory a merge may be writing, and never a version the loop has not seen
+ * committed yet (dl_commit_merge_done serves it then), so a learner never pushes from
+ * a base the policy does not know. A delta (delta_for) comes from the kept
+ * payload in memory instead, which only dl_commit_merge_done replaces. One fragment
+ * at a time per learner; a fragment whose global version moved on
+ * mid-transfer starts again at the new version (from its first element),
+ * decided afresh: an interrupted delta leaves the learner at v - 1, so the
+ * newer version goes full. The rest stays owed; the queue's drain wakes the
+ * loop to go on. */
+static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
+{
+    int slot = slot_of(s, l);
+    outbound *x = &s->outx[slot];
+    uint64_t ce = chunk_elems(s, l);
+    while (l->n_owed && l->route_len) {
+        if (x->p < 0 || !l->owed[x->p]) {
+            x->p = -1;
+            for (int p = 0; p < s->cfg.P && x->p < 0; p++)
+                if (l->owed[p]) x->p = p;
+            x->version = x->offset = 0;
+            x->started = x->delta = 0;
+        }
+        int p = x->p;
+        if (!*snap && dl_store_snapshot_begin(s->store, snap)) {
+            DL_ERROR("snapshot for %s: %s", l->id, dl_errmsg());
+            *snap = NULL;
+            return;
+        }
+        uint64_t v;
+        size_t n;
+        if (dl_store_snapshot_info(*snap, (uint32_t)p, &v, &n)) {
+            DL_ERROR("snapshot fragment %d: %s", p, dl_errmsg());
+            return; /* still owed: the next tick tries again */
+        }
+        /* committed, not yet seen by the loop: dl_commit_merge_done serves it */
+        if (v > dl_policy_version(s->policy, p)) return;
+        if (!ce && x->offset) x->started = 0; /* it said Hello again without chunks: whole fragments from now */
+        const kept_delta *kd = &s->kept[p];
+        if (!x->started || x->version != v || (x->delta && kd->version != v)) {
+            if (x->started && x->offset) {
+                s->update_restarts++;
+                dl_event("update_restarted", "id=%s frag=%d from=%llu to=%llu sent=%llu delta=%d", l->id, p,
+                         (unsigned long long)x->version, (unsigned long long)v, (unsigned long long)x->offset,
+                         x->delta);
+            }
+            size_t r = (size_t)slot * (size_t)s->cfg.P + (size_t)p;
+            x->started = 1;
+            x->version = v;
+            x->delta = delta_for(s, slot, p, v, ce);
+            x->offset = !x->delta && ce && s->resume_v[r] == v && s->resume_o[r] < n ? s->resume_o[r] : 0;
+            if (x->offset) dl_event("update_resumed", "id=%s frag=%d version=%llu offset=%llu", l->id, p,
+                                    (unsigned long long)v, (unsigned long long)x->offset);
+            s->resume_v[r] = s->resume_o[r] = 0;
+        }
+        uint64_t left = n - x->offset;
+        if (x->delta) {
+            uint64_t de = delta_chunk_elems(ce, &kd->c), cn = de && de < left ? de : left;
+            size_t at = x->offset ? (size_t)dl_codec_bytes(&kd->c, x->offset) : 0;
+            size_t bytes = (size_t)dl_codec_bytes(&kd->c, cn);
+            assert(at + bytes <= kd->bytes);
+            if (!outbound_room(s, l, bytes)) return;
+            if (send_update_chunk(s, l, p, v, &kd->c, 1, kd->buf + at, bytes, x->offset, cn, ce != 0)) return;
+            x->offset += cn;
+        } else {
+            uint64_t cn = ce && ce < left ? ce : left;
+            if (!outbound_room(s, l, (size_t)cn * sizeof(float))) return;
+            /* zero-copy from the map when the chunk lies in one stored block
+             * (chunk_bytes divides the store's 1 MiB blocks); a whole fragment
+             * for a learner from before chunking is copied once per snapshot */
+            const float *pp;
+            size_t got;
+            uint64_t v2;
+            int src = ce ? dl_store_snapshot_range(*snap, (uint32_t)p, x->offset, (size_t)cn, &v2, &pp, &got)
+                         : dl_store_snapshot_fragment(*snap, (uint32_t)p, &v2, &pp, &got);
+            if (src || got != cn) {
+                DL_ERROR("snapshot fragment %d [%llu, +%llu): %s", p, (unsigned long long)x->offset,
+                         (unsigned long long)cn, dl_errmsg());
+                return;
+            }
+            static const dl_codec fp32 = {.id = DL_CODEC_FP32};
+            int rc = send_update_chunk(s, l, p, v, &fp32, 0, pp, (size_t)cn * sizeof(float), x->offset, cn, ce != 0);
+            if (rc) return; /* its queue is full (in messages), or it is gone: still owed */
+            x->offset += cn;
+        }
+        if (x->offset < n) continue;
+        /* all of version v is on its way: progress on it counts from now,
+         * and a delta to v + 1 may follow */
+        dl_registry_base_add(s->reg, slot, p, v, dl_clock_ns());
+        dl_registry_given_set(s->reg, slot, p, v);
+        if (x->delta) s->updates_delta++;
+        else s->updates_full++;
+        l->owed[p] = 0;
+        l->n_owed--;
+        x->p = -1;
+    }
+}
+
+static void serve_one(dl_sync *s, dl_registry_learner *l)
+{
+    dl_store_snap *snap = NULL;
+    serve_owed(s, l, &snap);
+    dl_store_snapshot_end(&snap);
+}
+
+/* A Fetch or a rebase: the fragments (nf 0: all of this shard's) are owed
+ * as full fp32 values, whatever the learner was given before (its copy of
+ * them is not to be trusted for a delta any more). */
+void dl_downlink_serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *frags, size_t nf)
+{
+    int slot = slot_of(s, l);
+    outbound *x = &s->outx[slot];
+    size_t count = nf ? nf : (size_t)s->cfg.P;
+    for (size_t i = 0; i < count; i++) {
+        int p = nf ? (int)frags[i] : (int)i; /* listed ones: checked by proto/wire.c */
+        if (!nf && !owns(s, p)) continue;
+        dl_registry_given_clear(s->reg, slot, p);
+        if (x->p == p && x->delta) dl_downlink_reset(s, slot);
+        dl_downlink_owe(s, l, p);
+    }
+    serve_one(s, l);
+}
+
+/* A Fetch: the fragments are owed (again); a resume point is used when its
+ * version is still the global one as the transfer starts (serve_owed). */
+void dl_downlink_fetch(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Fetch *f)
+{
+    s->fetches++;
+    size_t P = (size_t)s->cfg.P;
+    for (size_t i = 0; i < f->n_fragments; i++) {
+        size_t p = f->fragments[i], r = (size_t)slot * P + p;
+        s->resume_v[r] = i < f->n_resume_versions ? f->resume_versions[i] : 0;
+        s->resume_o[r] = i < f->n_resume_offsets ? f->resume_offsets[i] : 0;
+        outbound *x = &s->outx[slot];
+        if (x->p != (int)p) continue;
+        if (x->started && !x->delta && i < f->n_resume_versions && x->version == s->resume_v[r]) {
+            /* the version on its way: nothing on this connection is lost, so
+             * what is past the learner's point is in flight; skip ahead only */
+            if (x->offset < s->resume_o[r]) x->offset = s->resume_o[r];
+            s->resume_v[r] = s->resume_o[r] = 0;
+        } else {
+            dl_downlink_reset(s, slot); /* asked again (a delta in flight too): from the resume point, or at 0 */
+        }
+    }
+    if (!f->n_fragments) dl_downlink_reset(s, slot);
+    dl_downlink_serve_fragments(s, l, f->fragments, f->n_fragments);
+}
+
+/* A learner whose queued bytes made no progress for slow_reader_ms does not
+ * read: it is dropped (dead, its connection cut off, owed updates
+ * forgotten), so it cannot hold the outbound budget of those that read:
+ * what libzmq already holds for it stays in its own counter (detached) until
+ * its connection closes, and its id gets no new connection before. */
+void dl_downlink_check_reader(dl_sync *s, int slot, dl_registry_learner *l, int64_t now)
+{
+    uint64_t q = dl_wire_queue_bytes(l->outq);
+    if (!q) {
+        l->outq_busy_ns = 0;
+        return;
+    }
+    if (!l->outq_busy_ns) l->outq_busy_ns = now;
+    int64_t progress = dl_wire_queue_drained_ns(l->outq);
+    if (progress < l->outq_busy_ns) progress = l->outq_busy_ns;
+    if (now - progress < (int64_t)s->cfg.slow_reader_ms * 1000000LL) return;
+    DL_WARN("learner %s reads nothing: %llu bytes queued for it without progress for %lld ms; dropped", l->id,
+            (unsigned long long)q, (long long)((now - progress) / 1000000));
+    dl_event("learner_dropped", "id=%s reason=not_reading queued_bytes=%llu stalled_ms=%lld", l->id,
+             (unsigned long long)q, (long long)((now - progress) / 1000000));
+    dl_downlink_error(s, l->route, l->route_len, l->id, DL_EAGAIN, 0,
+                      "you did not read for %d ms: dropped (reconnect and say hello)", s->cfg.slow_reader_ms);
+    dl_admit_mark_left(s, l, slot, now, DL_POLICY_LEAVE_DEAD);
+    dl_registry_clear_route(s->reg, slot);
+    dl_downlink_reset(s, slot);
+    dl_downlink_resume_clear(s, slot);
+    memset(l->owed, 0, (size_t)s->cfg.P);
+    l->n_owed = 0;
+    s->dropped_readers++;
+}
+
+static int owed_cmp(const void *a, const void *b)
+{
+    const owed_key *x = a, *y = b;
+    if (x->busy != y->busy) return x->busy - y->busy;
+    return (x->since > y->since) - (x->since < y->since);
+}
+
+void dl_downlink_serve_owed(dl_sync *s)
+{
+    /* keys are read once: the queue counters move under libzmq's I/O thread */
+    int n = 0;
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        dl_registry_learner *l = dl_registry_get(s->reg, i);
+        if (l->used && l->n_owed && l->route_len && member(s, i) == DL_POLICY_MEMBER_LIVE)
+            s->owed_order[n++] = (owed_key){l, dl_wire_queue_bytes(l->outq) > 0, l->owed_since_ns};
+    }
+    if (n > 1) qsort(s->owed_order, (size_t)n, sizeof *s->owed_order, owed_cmp);
+    dl_store_snap *snap = NULL; /* one short snapshot for the pass */
+    for (int k = 0; k < n; k++) serve_owed(s, s->owed_order[k].l, &snap);
+    dl_store_snapshot_end(&snap);
+}

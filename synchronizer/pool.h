@@ -1,0 +1,48 @@
+/* The payload pool: pushes that passed the guards wait here, as fp32 deltas,
+ * for their round; arriving chunked pushes take their room from it too. */
+#ifndef DL_SYNCHRONIZER_POOL_H
+#define DL_SYNCHRONIZER_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A pooled push: its payload waits for its round. Handles index these
+ * entries; a handle stays valid until dl_pool_release. */
+typedef struct {
+    int used;
+    float *delta;      /* aligned copy of the payload */
+    uint32_t learner;  /* registry slot */
+    int fragment;
+    uint64_t base_version, tokens;
+    double compute_s;  /* the learner's training seconds behind the delta (Push.compute_s) */
+} dl_pool_push;
+
+typedef struct dl_pool dl_pool;
+
+/* A pool for P fragments of numel[p] elements (copied). 0. */
+int dl_pool_open(int P, const uint64_t *numel, dl_pool **out);
+/* Frees every pooled delta (not the buffers handed out and not pooled: their
+ * owner frees them); safe twice. */
+void dl_pool_close(dl_pool **pp);
+
+/* Pool memory: a delta buffer of fragment p's size, counted in the bytes
+ * used (the caller checked the room against its bound). */
+float *dl_pool_alloc(dl_pool *pool, int p);
+/* Gives back a buffer of dl_pool_alloc for fragment p (NULL: nothing). */
+void dl_pool_free(dl_pool *pool, int p, float *buf);
+
+/* A free handle: its entry is zeroed and unused until the caller fills it
+ * and sets used (an entry left unused is handed out again). */
+uint64_t dl_pool_add(dl_pool *pool);
+/* The entry of handle h (h < dl_pool_handles). */
+dl_pool_push *dl_pool_get(dl_pool *pool, uint64_t h);
+/* Frees a used entry's delta (dl_pool_free) and marks it unused. */
+void dl_pool_release(dl_pool *pool, uint64_t h);
+/* Handles handed out so far: entries [0, n) may be used. */
+size_t dl_pool_handles(const dl_pool *pool);
+
+/* Bytes of pooled deltas and arriving chunked pushes now, and their peak. */
+uint64_t dl_pool_used(const dl_pool *pool);
+uint64_t dl_pool_peak(const dl_pool *pool);
+
+#endif

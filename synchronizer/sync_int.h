@@ -1,0 +1,219 @@
+/* The synchronizer's private header: the state one loop owns (struct dl_sync)
+ * and the calls its files make to one another, in the order a push goes.
+ *
+ * What may live here: the shared state struct and the small types it embeds,
+ * constants two files share, one-line accessors, and the prototypes of the
+ * functions one file of the synchronizer calls in another. Nothing here is
+ * for other folders (they use synchronizer/sync.h). The files, read in order:
+ *   sync.c      the loop: dispatch, watchers, lifecycle
+ *   admit.c     admission: Hello, reclaim, learner records, Bye, heartbeats
+ *   uplink.c    a push arriving: chunks, decode, guards, the pool, the policy's verdict
+ *   commit.c    rounds out to the worker, merges back
+ *   downlink.c  what leaves: Acks, errors, Updates, owed fragments, Fetch, slow readers
+ *   reload.c    SIGHUP: the allowlist and the reloadable options
+ *   stats.c     the statistics snapshot and the operator view (/metrics, /status.json)
+ *   pool.c      the payload pool (its own handle, synchronizer/pool.h) */
+#ifndef DL_SYNCHRONIZER_SYNC_INT_H
+#define DL_SYNCHRONIZER_SYNC_INT_H
+
+#include "core/codec.h"
+#include "core/httpd.h"
+#include "core/shard.h"
+#include "proto/auth.h"
+#include "proto/wire.h"
+#include "storage/store.h"
+#include "synchronizer/evalthread.h"
+#include "synchronizer/metrics.h"
+#include "synchronizer/pool.h"
+#include "synchronizer/registry.h"
+#include "synchronizer/sync.h"
+#include "synchronizer/worker.h"
+
+#include <ev.h>
+#include <stdint.h>
+
+/* Ids of reclaimed slots remembered (a ring): a learner that comes back
+ * after its slot was reclaimed has lost its replay record here, so it must
+ * fetch rather than push from what it holds. */
+#define DL_SYNC_RECLAIMED_IDS 4096
+/* A chunked push arriving from one learner (one at a time per connection:
+ * docs/PROTOCOL.md "Chunked transfers"). Its buffer counts in the pool. */
+typedef struct {
+    int active;          /* chunks are arriving into buf */
+    int refused;         /* its first chunk was refused (and answered): the rest are dropped unread */
+    uint32_t fragment;
+    uint64_t transfer, base_version, steps, tokens, numel;
+    int codec;           /* the first chunk's codec, block size and topk: every chunk must match */
+    uint32_t block, topk;
+    uint64_t received;   /* elements so far, in order */
+    int64_t progress_ns; /* monotonic ns of its latest chunk: one that stops for slow_reader_ms is dropped */
+    double compute_s;
+    float *buf;          /* [numel], aligned */
+} inbound;
+
+/* The Update being sent to one learner, chunk by chunk (one fragment at a
+ * time): version `version` of fragment p, elements [0, offset) sent. */
+typedef struct {
+    int p;               /* -1: none */
+    int started;         /* version is set: [0, offset) of it has left */
+    int delta;           /* started: the transfer is p's kept delta to `version` (else its fp32 values) */
+    uint64_t version, offset;
+} outbound;
+
+/* Downlink codec on: the latest merge's delta of a fragment, encoded (the
+ * payload that takes version - 1 to version, core/codec.h layout), sent to
+ * the learners that hold version - 1 (serve_owed). */
+typedef struct {
+    uint8_t *buf;        /* NULL: none yet (none since the start: a restart forgets it) */
+    size_t bytes;        /* dl_codec_bytes(&c, numel) */
+    uint64_t version;
+    dl_codec c;
+} kept_delta;
+
+/* Owed updates, fairly: first the learners that have read everything they
+ * were sent (empty queue), then the others, each group oldest debt first. A
+ * learner that does not read keeps its queue non-empty, so it never takes
+ * the budget ahead of one that reads. */
+typedef struct owed_key {
+    dl_registry_learner *l;
+    int busy;        /* its queue held bytes when the pass began */
+    int64_t since;   /* owed_since_ns */
+} owed_key;
+
+struct dl_sync {
+    dl_sync_cfg cfg;
+    char endpoint[256];
+    void *zctx, *router;
+    struct ev_loop *loop;
+    ev_io zio;
+    ev_timer tick, deadline, status;
+    ev_async wake;
+    ev_signal sigint, sigterm, sighup;
+    dl_sync_reload_fn reload;
+    dl_sync_reload_done_fn reload_done;
+    void *reload_ctx;
+    int stopping;     /* SIGINT/SIGTERM seen: finish the jobs in flight */
+    int final_ledger; /* the shutdown ledger write was submitted */
+
+    dl_store *store;
+    dl_plan *plan;
+    dl_policy *policy;     /* rounds, and the one owner of liveness */
+    dl_registry *reg;      /* ids -> slots, counters */
+    dl_ledger *ledger;     /* token fates */
+    dl_worker *worker;     /* merges and every LMDB write */
+    dl_guard *guard;       /* counters, replays and values of pushes */
+    dl_auth *auth;         /* CURVE: the ZAP handler and the allowlist; NULL without auth */
+    dl_wire_queue *outq;   /* payload bytes queued in libzmq for every learner */
+    double *param_norm;    /* [P] L2 norm of the committed global fragment */
+    uint64_t max_frag_bytes; /* the largest fragment's fp32 bytes */
+    double hello_tokens;   /* token bucket of Hellos from new ids */
+    /* dynamic H (docs/HETEROGENEOUS.md): the median Heartbeat.steps_per_s of the live learners, recomputed at
+     * every heartbeat, sent in every Ack (fleet_steps_per_s); rate_buf holds rate_cap doubles for the median */
+    double fleet_sps;
+    double *rate_buf;
+    int rate_cap;
+    uint64_t reclaimed_ids[DL_SYNC_RECLAIMED_IDS]; /* XXH64 of ids whose slot was reclaimed (a ring): */
+    int n_reclaimed_ids;   /* such a learner must fetch when it comes back */
+    int64_t errlog_ns;     /* error-reply log throttle: window start, lines, suppressed */
+    uint64_t errlog_n, errlog_suppressed;
+    int64_t hello_refill_ns;
+    uint64_t fingerprint, epoch;
+    uint64_t *numel;    /* [P] */
+    float **params;     /* [P] committed global fragment (written by the worker after a commit) */
+    float **momentum;   /* [P] */
+    dl_wire_limits lim;
+
+    dl_pool *pool;       /* pushes waiting for their rounds, and the room arriving chunked pushes take */
+    dl_merge_contrib **aside; /* [P] dropped-stale pushes since the fragment's last merge */
+    int *naside, *capaside;
+    inbound *inb;        /* [max learners] chunked push arriving per slot */
+    outbound *outx;      /* [max learners] Update being sent per slot */
+    uint64_t *resume_v, *resume_o; /* [max learners * P] a Fetch's resume point per slot and fragment */
+    kept_delta *kept;    /* [P] the latest delta per fragment (downlink codec on; memory only) */
+    ev_idle more;        /* the drain stopped at its budget with messages waiting */
+
+    /* statistics (the snapshot formats them) */
+    uint64_t merges, merged_contribs, stale_sum, dropped_stale, rejected, fetches;
+    uint64_t refused_msgs, clipped, reclaimed, dropped_readers, deferred_updates, outbound_peak;
+    uint64_t busy_refused, update_restarts, chunks_in, chunks_out, drain_yields, abandoned_in;
+    uint64_t updates_full, updates_delta; /* Updates sent whole (all their chunks), by kind */
+    uint64_t seq;
+    int64_t started_ns, last_sync_ns;
+    uint64_t *versions;               /* [P] snapshot buffer */
+    dl_sync_learner_stats *lstats;    /* [max learners] snapshot buffer */
+    owed_key *owed_order;     /* [max learners] scratch of dl_downlink_serve_owed */
+
+    /* the operator view (docs/OPERATING.md): counters the loop feeds, and the
+     * documents the HTTP thread serves, re-rendered by `publish` */
+    dl_syncmet met;
+    dl_httpd *httpd;         /* NULL: metrics = off */
+    dl_httpd_pages *pages;
+    ev_timer publish;
+    dl_evalthread *evalt;    /* NULL: periodic evaluation off */
+    ev_timer eval_timer;
+    uint64_t known_learners; /* learner records in the store, counted at start and as new ids are put */
+};
+
+static inline int member(const dl_sync *s, int slot) { return (int)dl_policy_learner_state(s->policy, (uint32_t)slot); }
+static inline int registered(const dl_sync *s, int slot)
+{
+    int m = member(s, slot);
+    return m == DL_POLICY_MEMBER_LIVE || m == DL_POLICY_MEMBER_DEAD;
+}
+
+static inline void submit(dl_sync *s, dl_job *j) { dl_worker_submit(s->worker, j); }
+
+/* 1 when this synchronizer (a shard, or the only one) owns fragment p. */
+static inline int owns(const dl_sync *s, int p) { return dl_shard_owns(p, s->cfg.shard, s->cfg.shards); }
+
+/* admit.c: admission */
+void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env, const Dloco__V1__Hello *h);
+void dl_admit_heartbeat(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Heartbeat *hb, int64_t now);
+void dl_admit_bye(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Bye *b, int64_t now);
+/* l leaves the policy's live set (a Bye, or dead); its arriving push is dropped */
+void dl_admit_mark_left(dl_sync *s, dl_registry_learner *l, int slot, int64_t now, dl_policy_leave why);
+/* learner records: the sum whose change makes the tick write one, the record, a write now */
+uint64_t dl_admit_put_sig(const dl_registry_learner *l);
+void dl_admit_record(dl_registry_learner *l, dl_store_learner *r);
+void dl_admit_put_now(dl_sync *s, dl_registry_learner *l);
+
+/* uplink.c: a Push message (whole, or one chunk) up to the policy's verdict */
+void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *msg, const Dloco__V1__Push *ph);
+/* drop the chunked push arriving from a slot, if any */
+void dl_uplink_drop(dl_sync *s, int slot, const char *why);
+
+/* commit.c: rounds out to the worker, merges back */
+void dl_commit_schedule(dl_sync *s);
+void dl_commit_merge_done(dl_sync *s, dl_job *j);
+/* a dropped-stale push, recorded with fragment p's next merge */
+void dl_commit_aside(dl_sync *s, int p, const dl_merge_contrib *c);
+
+/* downlink.c: everything that leaves */
+void dl_downlink_env(dl_sync *s, Dloco__V1__Envelope *env, const char *learner);
+int dl_downlink_send(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *env, const void *payload, size_t len);
+void dl_downlink_error(dl_sync *s, const uint8_t *route, size_t rlen, const char *learner, int code, int fatal,
+                       const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+void dl_downlink_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
+                     uint64_t merged, const char *reason, int rebase);
+void dl_downlink_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
+                          uint64_t merged, const char *reason, int rebase, uint32_t retry_after_ms);
+uint64_t dl_downlink_attached_bytes(const dl_sync *s);
+void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p);
+void dl_downlink_reset(dl_sync *s, int slot);
+void dl_downlink_resume_clear(dl_sync *s, int slot);
+void dl_downlink_serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *frags, size_t nf);
+void dl_downlink_serve_owed(dl_sync *s);
+void dl_downlink_fetch(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Fetch *f);
+void dl_downlink_check_reader(dl_sync *s, int slot, dl_registry_learner *l, int64_t now);
+
+/* reload.c: SIGHUP */
+void dl_reload_on_hup(struct ev_loop *loop, ev_signal *w, int revents);
+
+/* stats.c: the operator view */
+int dl_stats_bind_metrics(dl_sync *s);
+void dl_stats_start_metrics(dl_sync *s);
+
+/* sync.c: read what is waiting on the socket (within the drain's budget) */
+void dl_sync_drain(dl_sync *s);
+
+#endif

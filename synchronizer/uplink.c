@@ -1,0 +1,372 @@
+/* The uplink: a push arriving, whole or in chunks, through reassembly,
+ * decode, the guards and the pool, up to the merge policy's verdict. */
+#include "synchronizer/sync_int.h"
+
+#include "core/clock.h"
+#include "core/err.h"
+#include "core/event.h"
+#include "core/log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Ack.retry_after_ms of a push refused because the pool is full. */
+#define DL_SYNC_BUSY_RETRY_MS 1000u
+
+static void push_event(const dl_registry_learner *l, const Dloco__V1__Push *ph, const char *decision,
+                       const char *reason)
+{
+    char rb[300];
+    dl_event("push", "id=%s frag=%u base=%llu steps=%llu tokens=%llu compute_s=%.6f decision=%s reason=%s", l->id,
+             ph->fragment, (unsigned long long)ph->base_version, (unsigned long long)ph->steps,
+             (unsigned long long)ph->tokens, ph->compute_s, decision, dl_event_str(reason, rb, sizeof rb));
+}
+
+/* Refused on arrival: the learner keeps the progress, its next push of the
+ * fragment carries it on (or, with rebase, it fetches the global fragment).
+ * `tokens` is what the ledger may believe of the push (at most what the
+ * counter check found plausible). */
+static void refuse_push(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, uint64_t tokens,
+                        int rebase, dl_sm_reject kind, const char *why)
+{
+    int p = (int)ph->fragment;
+    l->rejected++;
+    s->rejected++;
+    s->met.push_rejected[kind]++;
+    s->met.tokens_received += tokens;
+    dl_ledger_arrived(s->ledger, slot, p, ph->base_version, tokens);
+    dl_ledger_refused(s->ledger, slot, p, ph->base_version, tokens);
+    dl_downlink_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, rebase);
+    if (rebase) dl_downlink_serve_fragments(s, l, (const uint32_t[]){(uint32_t)p}, 1);
+    push_event(l, ph, "rejected", why);
+    char rb[300];
+    DL_INFO("learner %s: push of fragment %d rejected (%s)", l->id, p, dl_event_str(why, rb, sizeof rb));
+}
+
+/* refuse_push for a push whose payload was already taken from the pool
+ * (`delta`, fragment-sized): the room goes back first. */
+static void refuse_taken(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, float *delta,
+                         uint64_t tokens, int rebase, dl_sm_reject kind, const char *why)
+{
+    dl_pool_free(s->pool, (int)ph->fragment, delta);
+    refuse_push(s, slot, l, ph, tokens, rebase, kind, why);
+}
+
+/* Refused for want of room (the pool is full): nothing of it counted, its
+ * progress stays with the learner (CARRIED), which pushes again later. */
+static void refuse_busy(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, const char *why)
+{
+    int p = (int)ph->fragment;
+    s->busy_refused++;
+    s->met.push_rejected[DL_SM_REJ_BUSY]++;
+    l->rejected++; /* the learner counts the REJECTED ack (and busy) */
+    dl_ledger_arrived(s->ledger, slot, p, ph->base_version, ph->tokens);
+    dl_ledger_refused(s->ledger, slot, p, ph->base_version, ph->tokens);
+    push_event(l, ph, "busy", why);
+    dl_downlink_ack_busy(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0,
+                         DL_SYNC_BUSY_RETRY_MS);
+}
+
+/* 1 under a barrier policy (sync, sync-elastic) when fragment p's open
+ * round holds pushes of other learners and none of this one: the round
+ * cannot close without it, so a full pool must not refuse it. (Decoupled
+ * rounds close at their grace deadline whatever comes: no exception.) */
+static int round_waits_for(const dl_sync *s, int slot, int p)
+{
+    if (s->cfg.policy.kind == DL_POLICY_DECOUPLED) return 0;
+    int others = 0;
+    for (size_t i = 0; i < dl_pool_handles(s->pool); i++) {
+        const dl_pool_push *q = dl_pool_get(s->pool, i);
+        if (!q->used || q->fragment != p) continue;
+        if (q->learner == (uint32_t)slot) return 0;
+        others = 1;
+    }
+    return others;
+}
+
+/* The checks a push passes, in order: on its header, before any of its
+ * payload is kept (push_head), 1. counters, 2. replays, 3. room in the pool;
+ * once its payload is complete (push_body), 4. replays again, 5. values,
+ * 6. the policy's verdict. Each refusal is answered where it happens.
+ *
+ * Steps 1-3 (any codec: its payload is decoded into fp32 as it arrives, and
+ * the pool holds fp32). 0 = go on; -1 = refused (and answered). */
+static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, int64_t now)
+{
+    int p = (int)ph->fragment;
+    char why[320];
+    /* 1. counters: nothing the push claims is believed beyond what its
+     * learner can have done since it got the base version */
+    int found = 0;
+    int64_t since = dl_registry_base_ns(s->reg, slot, p, ph->base_version, &found);
+    if (!since) since = l->hello_ns - (int64_t)s->cfg.rebase_ms * 1000000LL;
+    double elapsed = (double)(now - since) * 1e-9;
+    if (elapsed < 0) elapsed = 0;
+    uint64_t batch = l->batch ? l->batch : s->cfg.guard.max_batch;
+    uint64_t steps_max = (uint64_t)ceil(elapsed * s->cfg.guard.max_step_rate) + s->cfg.guard.step_slack;
+    uint64_t plausible = ph->tokens;
+    if (dl_guard_counters(s->guard, l->batch, (uint32_t)s->cfg.model.seq_len, ph->steps, ph->tokens, elapsed, why,
+                          sizeof why)) {
+        unsigned __int128 cap = (unsigned __int128)(ph->steps < steps_max ? ph->steps : steps_max) * batch *
+                                (uint64_t)s->cfg.model.seq_len;
+        if (cap < plausible) plausible = (uint64_t)cap;
+        refuse_push(s, slot, l, ph, plausible, 1, DL_SM_REJ_COUNTERS, why);
+        return -1;
+    }
+    /* 2. replays (a push too stale to pool is dropped below either way) */
+    uint64_t cur = dl_policy_version(s->policy, p);
+    int poolable = ph->base_version <= cur && cur - ph->base_version <= (uint64_t)s->cfg.policy.max_staleness;
+    if (poolable && dl_guard_replay(s->guard, slot, p, ph->base_version, why, sizeof why)) {
+        refuse_push(s, slot, l, ph, 0, 1, DL_SM_REJ_REPLAY, why);
+        return -1;
+    }
+    /* 3. room in the pool */
+    uint64_t need = s->numel[p] * sizeof(float);
+    uint64_t used = dl_pool_used(s->pool);
+    if (used + need > s->cfg.pool_bytes && !(round_waits_for(s, slot, p) && used + need <= 2 * s->cfg.pool_bytes)) {
+        snprintf(why, sizeof why, "pool full (%llu of %llu bytes hold pushes waiting for their rounds): push again later",
+                 (unsigned long long)used, (unsigned long long)s->cfg.pool_bytes);
+        refuse_busy(s, slot, l, ph, why);
+        return -1;
+    }
+    return 0;
+}
+
+/* Steps 4-6 of a push whose payload is complete in `delta` (fragment-sized,
+ * from dl_pool_alloc: this takes it): replays again (a merge may have come
+ * while it arrived), values, then the policy. */
+static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, float *delta,
+                      int64_t now)
+{
+    int p = (int)ph->fragment;
+    char why[320];
+    /* 4. replays again */
+    uint64_t cur = dl_policy_version(s->policy, p);
+    int poolable = ph->base_version <= cur && cur - ph->base_version <= (uint64_t)s->cfg.policy.max_staleness;
+    if (poolable && dl_guard_replay(s->guard, slot, p, ph->base_version, why, sizeof why)) {
+        refuse_taken(s, slot, l, ph, delta, 0, 1, DL_SM_REJ_REPLAY, why);
+        return;
+    }
+    /* 5. values */
+    size_t n = s->numel[p];
+    int finite = 0;
+    double norm = dl_guard_norm(delta, n, &finite);
+    if (!finite) {
+        refuse_taken(s, slot, l, ph, delta, ph->tokens, 0, DL_SM_REJ_NONFINITE, "non-finite values in push");
+        return;
+    }
+    double scale = 1.0;
+    int g = dl_guard_value(s->guard, p, norm, s->param_norm[p], &scale, why, sizeof why);
+    dl_guard_observe(s->guard, p, slot, norm); /* what the fleet pushes now, whatever this push's fate */
+    if (g == DL_GUARD_REJECTED) {
+        refuse_taken(s, slot, l, ph, delta, ph->tokens, 1, DL_SM_REJ_NORM, why);
+        return;
+    }
+    if (g == DL_GUARD_CLIPPED) {
+        for (size_t i = 0; i < n; i++) delta[i] = (float)(delta[i] * scale);
+        s->clipped++;
+        char rb[400];
+        dl_event("push_clipped", "id=%s frag=%d scale=%.6g reason=%s", l->id, p, scale, dl_event_str(why, rb, sizeof rb));
+    }
+    /* 6. passed every check: now its numbers count, and the policy decides */
+    l->last_push_tokens = ph->tokens;
+    dl_ledger_arrived(s->ledger, slot, p, ph->base_version, ph->tokens);
+    uint64_t h = dl_pool_add(s->pool);
+    dl_policy_verdict v;
+    int rc = dl_policy_push(s->policy, p, (uint32_t)slot, ph->base_version, (int64_t)ph->steps, (int64_t)ph->tokens,
+                            now, h, &v);
+    if (rc) DL_PANIC("merge policy: %s", dl_errmsg());
+    if (v.decision == DL_POLICY_POOLED) {
+        dl_pool_push *pp = dl_pool_get(s->pool, h);
+        pp->used = 1;
+        pp->delta = delta;
+        pp->learner = (uint32_t)slot;
+        pp->fragment = p;
+        pp->base_version = ph->base_version;
+        pp->tokens = ph->tokens;
+        pp->compute_s = ph->compute_s;
+        uint64_t replaced_tokens = 0;
+        if (v.replaced) {
+            replaced_tokens = dl_pool_get(s->pool, v.replaced_handle)->tokens;
+            dl_pool_release(s->pool, v.replaced_handle);
+        }
+        dl_ledger_pooled(s->ledger, slot, p, ph->tokens, replaced_tokens);
+        s->met.tokens_received += ph->tokens;
+        dl_downlink_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0, "", 0);
+        push_event(l, ph, v.replaced ? "pooled_replacing" : "pooled", g == DL_GUARD_CLIPPED ? why : "");
+        dl_commit_schedule(s);
+        return;
+    }
+    dl_pool_free(s->pool, p, delta);
+    if (v.decision == DL_POLICY_DROPPED_STALE) {
+        l->dropped++;
+        s->dropped_stale++;
+        s->met.tokens_received += ph->tokens;
+        dl_ledger_dropped_stale(s->ledger, slot, p, ph->tokens);
+        char reason[96];
+        snprintf(reason, sizeof reason, "staleness %lld > max %lld", (long long)v.staleness,
+                 (long long)s->cfg.policy.max_staleness);
+        dl_downlink_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_DROPPED_STALE, 0, reason, 1);
+        dl_downlink_serve_fragments(s, l, (const uint32_t[]){(uint32_t)p}, 1); /* rebase */
+        dl_merge_contrib c;
+        memset(&c, 0, sizeof c);
+        snprintf(c.learner_id, sizeof c.learner_id, "%s", l->id);
+        c.base_version = ph->base_version;
+        c.staleness = (uint64_t)v.staleness;
+        c.steps = ph->steps;
+        c.tokens = ph->tokens;
+        c.decision = DL_MERGE_DROPPED_STALE;
+        snprintf(c.reason, sizeof c.reason, "%.*s", (int)sizeof c.reason - 1, reason);
+        dl_commit_aside(s, p, &c);
+        push_event(l, ph, "dropped_stale", reason);
+        DL_INFO("learner %s: push of fragment %d dropped (%s), told to rebase", l->id, p, reason);
+    } else {
+        /* the policy's own refusal (a base newer than global, ...): undo the
+         * arrival's settlement by refusing through the ledger as well */
+        l->rejected++;
+        s->rejected++;
+        s->met.push_rejected[DL_SM_REJ_POLICY]++;
+        s->met.tokens_received += ph->tokens;
+        dl_ledger_refused(s->ledger, slot, p, ph->base_version, ph->tokens);
+        const char *r = dl_policy_reason_name(v.reason);
+        dl_downlink_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, r, 0);
+        push_event(l, ph, "rejected", r);
+        DL_INFO("learner %s: push of fragment %d rejected (%s)", l->id, p, r);
+    }
+}
+
+/* 1 when a chunk carries the same push as the one arriving. */
+static int same_push(const inbound *in, const Dloco__V1__Push *ph)
+{
+    return in->transfer == ph->transfer && in->fragment == ph->fragment && in->base_version == ph->base_version &&
+           in->steps == ph->steps && in->tokens == ph->tokens && in->compute_s == ph->compute_s &&
+           in->codec == (int)ph->codec && in->block == ph->block_size && in->topk == ph->topk &&
+           in->numel == ph->numel;
+}
+
+/* A frame's payload, len bytes of elements [first, first + n) of the push in
+ * its codec (proto/wire.c checked len, and that a block codec's frame starts
+ * on a block), into out[0, n): fp32 is copied as it is (the value guard
+ * refuses non-finite values), the others are decoded, which refuses what no
+ * encoder makes (a scale not finite or negative, a non-finite value, a topk
+ * index out of its block or out of order). 0, or -1 with the reason in why. */
+static int push_decode(const Dloco__V1__Push *ph, const void *data, size_t len, uint64_t first, uint64_t n, float *out,
+                       char *why, size_t cap)
+{
+    if (ph->codec == DLOCO__V1__CODEC__CODEC_FP32) {
+        memcpy(out, data, (size_t)n * sizeof(float));
+        return 0;
+    }
+    dl_codec c = {.id = (dl_codec_id)ph->codec, .block = ph->block_size, .topk = ph->topk};
+    if (dl_codec_decode(&c, data, len, n, out) == 0) return 0;
+    snprintf(why, cap, "%s payload refused (elements from %llu): %s", dl_codec_name(c.id), (unsigned long long)first,
+             dl_errmsg());
+    return -1;
+}
+
+/* Start the slot's record of a chunked push from its header (nothing kept yet). */
+static void inbound_header(inbound *in, const Dloco__V1__Push *ph, int64_t now)
+{
+    memset(in, 0, sizeof *in);
+    in->fragment = ph->fragment;
+    in->transfer = ph->transfer;
+    in->base_version = ph->base_version;
+    in->steps = ph->steps;
+    in->tokens = ph->tokens;
+    in->compute_s = ph->compute_s;
+    in->codec = (int)ph->codec;
+    in->block = ph->block_size;
+    in->topk = ph->topk;
+    in->numel = ph->numel;
+    in->progress_ns = now;
+}
+
+/* A Push message: a whole push, or one chunk of one (docs/PROTOCOL.md
+ * "Chunked transfers"). The header checks run on the first chunk, before
+ * any room is taken; values and the policy once the last has come. */
+void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *msg, const Dloco__V1__Push *ph)
+{
+    int p = (int)ph->fragment;
+    int64_t now = dl_clock_ns();
+    inbound *in = &s->inb[slot];
+    const void *data = dl_wire_msg_payload(msg, 0); /* may be unaligned */
+    size_t len = dl_wire_msg_payload_len(msg, 0);
+    char why[400];
+    if (!ph->chunk_numel) {
+        if (in->active) dl_uplink_drop(s, slot, "whole_push_before_end");
+        l->pushes++;
+        if (push_head(s, slot, l, ph, now)) return;
+        float *delta = dl_pool_alloc(s->pool, p);
+        if (push_decode(ph, data, len, 0, s->numel[p], delta, why, sizeof why)) {
+            refuse_taken(s, slot, l, ph, delta, ph->tokens, 0, DL_SM_REJ_CODEC, why);
+            return;
+        }
+        push_body(s, slot, l, ph, delta, now);
+        return;
+    }
+    s->chunks_in++;
+    if (ph->chunk_offset == 0) {
+        if (in->active) dl_uplink_drop(s, slot, "new_push_before_end");
+        l->pushes++;
+        inbound_header(in, ph, now);
+        if (push_head(s, slot, l, ph, now)) {
+            in->refused = 1; /* its other chunks are dropped unread */
+            return;
+        }
+        in->active = 1;
+        in->buf = dl_pool_alloc(s->pool, p);
+    } else if (!in->active && in->refused && same_push(in, ph)) {
+        return; /* the rest of a refused push: answered at its first chunk */
+    } else if (!in->active || !same_push(in, ph) || ph->chunk_offset != in->received) {
+        if (!in->active)
+            snprintf(why, sizeof why, "chunk at %llu of fragment %d without its first chunk",
+                     (unsigned long long)ph->chunk_offset, p);
+        else if (!same_push(in, ph))
+            snprintf(why, sizeof why, "chunk of another push (fragment %d transfer %llu) before push %llu ended", p,
+                     (unsigned long long)ph->transfer, (unsigned long long)in->transfer);
+        else
+            snprintf(why, sizeof why, "chunk at %llu, expected %llu: chunks must come in order",
+                     (unsigned long long)ph->chunk_offset, (unsigned long long)in->received);
+        dl_uplink_drop(s, slot, "chunk_out_of_order");
+        /* nothing of it was counted: the learner keeps its progress */
+        dl_downlink_ack(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0);
+        push_event(l, ph, "rejected", why);
+        s->refused_msgs++;
+        l->rejected++; /* answered REJECTED: the learner counts it */
+        s->rejected++;
+        s->met.push_rejected[DL_SM_REJ_CHUNK_ORDER]++;
+        inbound_header(in, ph, now);
+        in->refused = 1; /* the rest of this transfer is dropped unread */
+        return;
+    }
+    /* same_push: the codec of its first chunk; proto/wire.c checked the frame's size and alignment */
+    in->progress_ns = now;
+    if (push_decode(ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset, why, sizeof why)) {
+        /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
+        refuse_taken(s, slot, l, ph, in->buf, ph->tokens, 0, DL_SM_REJ_CODEC, why);
+        inbound_header(in, ph, now);
+        in->refused = 1;
+        return;
+    }
+    in->received += ph->chunk_numel;
+    if (in->received < in->numel) return;
+    float *delta = in->buf;
+    memset(in, 0, sizeof *in);
+    push_body(s, slot, l, ph, delta, now);
+}
+
+/* Drop the chunked push arriving from a slot, if any (its learner left,
+ * changed connection, or broke the chunk order). */
+void dl_uplink_drop(dl_sync *s, int slot, const char *why)
+{
+    inbound *in = &s->inb[slot];
+    if (in->active) {
+        s->abandoned_in++;
+        dl_event("push_abandoned", "id=%s frag=%u base=%llu received=%llu numel=%llu reason=%s",
+                 dl_registry_get(s->reg, slot)->id, in->fragment, (unsigned long long)in->base_version,
+                 (unsigned long long)in->received, (unsigned long long)in->numel, why);
+        dl_pool_free(s->pool, (int)in->fragment, in->buf);
+    }
+    memset(in, 0, sizeof *in);
+}
