@@ -14,6 +14,8 @@ typedef struct {
     uint32_t learner;  /* registry slot */
     int fragment;
     uint64_t base_version, tokens;
+    uint64_t steps;    /* Push.steps: a copy of the push (same base, no more steps) is refused */
+    int merging;       /* its round was handed to the merge worker (it can no longer be replaced) */
     double compute_s;  /* the learner's training seconds behind the delta (Push.compute_s) */
 } dl_pool_push;
 

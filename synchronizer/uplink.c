@@ -68,6 +68,44 @@ static void refuse_busy(dl_sync *s, int slot, dl_registry_learner *l, const Dloc
                          DL_SYNC_BUSY_RETRY_MS);
 }
 
+/* Exactly once per (learner, fragment, base): 1, with the reason in why,
+ * when this learner has a push of the fragment in the pool (waiting or being
+ * merged) that this one only copies: from a newer base, or from the same base
+ * with at least as many steps, or from the same base while that one is being
+ * merged (it can no longer be replaced). A push from the same base with more
+ * steps replaces a waiting one (the policy's rule: its counters are
+ * cumulative since the base). After the commit the replay guard refuses it. */
+static int duplicate(const dl_sync *s, int slot, const Dloco__V1__Push *ph, char *why, size_t cap)
+{
+    for (size_t i = 0; i < dl_pool_handles(s->pool); i++) {
+        const dl_pool_push *q = dl_pool_get(s->pool, i);
+        if (!q->used || q->learner != (uint32_t)slot || q->fragment != (int)ph->fragment) continue;
+        if (q->base_version < ph->base_version) continue;
+        if (q->base_version == ph->base_version && !q->merging && ph->steps > q->steps) continue;
+        snprintf(why, cap,
+                 "duplicate: this learner's push of fragment %u from base version %llu (%llu steps) is already %s; "
+                 "counted once",
+                 ph->fragment, (unsigned long long)q->base_version, (unsigned long long)q->steps,
+                 q->merging ? "being merged" : "pooled");
+        return 1;
+    }
+    return 0;
+}
+
+/* Refused as a copy of a push already pooled: counted once, as that one;
+ * answered like a full pool (busy, no rebase), so a learner that re-sent
+ * after a lost answer keeps whatever progress it holds. */
+static void refuse_duplicate(dl_sync *s, dl_registry_learner *l, const Dloco__V1__Push *ph, const char *why)
+{
+    int p = (int)ph->fragment;
+    s->rejected++;
+    s->met.push_rejected[DL_SM_REJ_REPLAY]++;
+    l->rejected++;
+    push_event(l, ph, "duplicate", why);
+    dl_downlink_ack_busy(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0,
+                         DL_SYNC_BUSY_RETRY_MS);
+}
+
 /* 1 under a barrier policy (sync, sync-elastic) when fragment p's open
  * round holds pushes of other learners and none of this one: the round
  * cannot close without it, so a full pool must not refuse it. (Decoupled
@@ -86,8 +124,9 @@ static int round_waits_for(const dl_sync *s, int slot, int p)
 }
 
 /* The checks a push passes, in order: on its header, before any of its
- * payload is kept (push_head), 1. counters, 2. replays, 3. room in the pool;
- * once its payload is complete (push_body), 4. replays again, 5. values,
+ * payload is kept (push_head), 1. counters, 2. replays and copies of a
+ * pooled push, 3. room in the pool; once its payload is complete
+ * (push_body), 4. replays and copies again, 5. values,
  * 6. the policy's verdict. Each refusal is answered where it happens.
  *
  * Steps 1-3 (any codec: its payload is decoded into fp32 as it arrives, and
@@ -121,6 +160,10 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
         refuse_push(s, slot, l, ph, 0, 1, DL_SM_REJ_REPLAY, why);
         return -1;
     }
+    if (duplicate(s, slot, ph, why, sizeof why)) {
+        refuse_duplicate(s, l, ph, why);
+        return -1;
+    }
     /* 3. room in the pool */
     uint64_t need = s->numel[p] * sizeof(float);
     uint64_t used = dl_pool_used(s->pool);
@@ -146,6 +189,11 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
     int poolable = ph->base_version <= cur && cur - ph->base_version <= (uint64_t)s->cfg.policy.max_staleness;
     if (poolable && dl_guard_replay(s->guard, slot, p, ph->base_version, why, sizeof why)) {
         refuse_taken(s, slot, l, ph, delta, 0, 1, DL_SM_REJ_REPLAY, why);
+        return;
+    }
+    if (duplicate(s, slot, ph, why, sizeof why)) {
+        dl_pool_free(s->pool, p, delta);
+        refuse_duplicate(s, l, ph, why);
         return;
     }
     /* 5. values */
@@ -185,6 +233,7 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
         pp->fragment = p;
         pp->base_version = ph->base_version;
         pp->tokens = ph->tokens;
+        pp->steps = ph->steps;
         pp->compute_s = ph->compute_s;
         uint64_t replaced_tokens = 0;
         if (v.replaced) {

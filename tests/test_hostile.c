@@ -1221,6 +1221,53 @@ static void row_replay(void)
     CHECK(rej == 1, "one rejected push event: %d", rej);
     CHECK(!strcmp(merges, "2") && !strcmp(contribs, "2") && !strcmp(applied, "128"),
           "summary merges %s contributions %s ledger applied %s", merges, contribs, applied);
+
+    /* 4c: the same push twice back to back: the copy arrives while the first is pooled or being merged */
+    syncd D;
+    peer Q = {0};
+    if (!start_or_fail(&D, "duplicate", &SMALL, NULL)) goto out_free;
+    if (!join(&Q, &D, "dup-1", 0, NULL)) {
+        sync_stop(&D);
+        goto out_free;
+    }
+    send_push(&Q, NULL, 0, 0, 4, 64, d0);
+    send_push(&Q, NULL, 0, 0, 4, 64, d0);
+    int accepted = 0, dup = 0, other = 0;
+    char gots[2][600] = {"", ""};
+    int64_t deadline = dl_clock_ns() + 5000000000LL;
+    while (accepted + dup + other < 2 && dl_clock_ns() < deadline) {
+        dl_wire_msg m;
+        int left = (int)((deadline - dl_clock_ns()) / 1000000);
+        if (recv_msg(&Q, left > 0 ? left : 1, &m) != 0) {
+            dl_wire_msg_close(&m);
+            break;
+        }
+        const Dloco__V1__Envelope *e = m.env;
+        if (e->body_case == DLOCO__V1__ENVELOPE__BODY_ACK &&
+            e->ack->decision != DLOCO__V1__DECISION__DECISION_MERGED_PENDING) {
+            int k = accepted + dup + other;
+            describe(0, &m, 0, gots[k], sizeof gots[k]);
+            if (e->ack->decision == DLOCO__V1__DECISION__DECISION_ACCEPTED && e->ack->merged_version == 1) accepted++;
+            else if (e->ack->decision == DLOCO__V1__DECISION__DECISION_REJECTED && e->ack->busy && !e->ack->rebase &&
+                     strstr(e->ack->reason, "duplicate"))
+                dup++;
+            else other++;
+        }
+        dl_wire_msg_close(&m);
+    }
+    peer_close(&Q);
+    CHECK(sync_stop(&D) == 0, "duplicate: dloco-sync exits 0");
+    int dm = ev_count(D.events, "merge", "frag=0", NULL);
+    char dmerges[32] = "", dapplied[32] = "";
+    ev_get(D.events, "sync_summary", -1, "merges", dmerges, sizeof dmerges, NULL);
+    ev_get(D.events, "ledger", -1, "applied", dapplied, sizeof dapplied, NULL);
+    row("4c replay", "the same Push frag 0 base 0 sent twice back to back -> %s; %s; events: merge frag=0 x%d; at exit "
+        "sync_summary merges=%s, ledger applied=%s (fragment-tokens)", gots[0], gots[1], dm, dmerges, dapplied);
+    CHECK(accepted == 1 && dup == 1 && other == 0, "one accepted (%d), one refused as a duplicate (%d), other %d",
+          accepted, dup, other);
+    CHECK(dm == 1 && !strcmp(dmerges, "1") && !strcmp(dapplied, "64"), "merged once: merges %d/%s, applied %s", dm,
+          dmerges, dapplied);
+out_free:
     free(d0);
     goto out;
 out_sync:
