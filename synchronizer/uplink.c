@@ -13,6 +13,17 @@
 
 /* Ack.retry_after_ms of a push refused because the pool is full. */
 #define DL_SYNC_BUSY_RETRY_MS 1000u
+/* Chunked pushes arriving from learners without a merged push yet may hold
+ * at most this fraction of the pool: ids that start pushes and never finish
+ * them cannot take the room of learners that have proven they push. */
+#define DL_SYNC_UNPROVEN_POOL_DIV 4
+/* A stalled chunked push is dropped after STALL_GAPS x its link's chunk
+ * interval (this transfer's so far, else its learner's last complete one),
+ * at least STALL_MIN_MS; before any interval is known, after the time a
+ * chunk takes at STALL_FLOOR_BPS; never later than slow_reader_ms. */
+#define DL_SYNC_STALL_GAPS 8
+#define DL_SYNC_STALL_MIN_MS 2000
+#define DL_SYNC_STALL_FLOOR_BPS (128u << 10)
 
 static void push_event(const dl_registry_learner *l, const Dloco__V1__Push *ph, const char *decision,
                        const char *reason)
@@ -123,6 +134,41 @@ static int round_waits_for(const dl_sync *s, int slot, int p)
     return others;
 }
 
+/* Bytes counted for the chunked pushes arriving from learners without a
+ * merged push. */
+static uint64_t unproven_arriving(const dl_sync *s)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        const dl_registry_learner *q = dl_registry_get(s->reg, i);
+        if (q->used && !q->merged && s->inb[i].active) sum += s->inb[i].counted;
+    }
+    return sum;
+}
+
+/* 1 when `need` more bytes of a push of fragment p by learner `slot` fit in
+ * the pool (a learner without a merged push: also in its share for such
+ * learners), else 0 with the busy reason in why. */
+static int room(const dl_sync *s, int slot, const dl_registry_learner *l, int p, uint64_t need, char *why,
+                size_t cap)
+{
+    uint64_t used = dl_pool_used(s->pool);
+    if (used + need > s->cfg.pool_bytes && !(round_waits_for(s, slot, p) && used + need <= 2 * s->cfg.pool_bytes)) {
+        snprintf(why, cap, "pool full (%llu of %llu bytes hold pushes waiting for their rounds): push again later",
+                 (unsigned long long)used, (unsigned long long)s->cfg.pool_bytes);
+        return 0;
+    }
+    uint64_t share = s->cfg.pool_bytes / DL_SYNC_UNPROVEN_POOL_DIV, held = 0;
+    if (!l->merged && (held = unproven_arriving(s)) + need > share) {
+        snprintf(why, cap,
+                 "pool room for learners without a merged push is full (%llu of %llu bytes arriving): push again "
+                 "later",
+                 (unsigned long long)held, (unsigned long long)share);
+        return 0;
+    }
+    return 1;
+}
+
 /* The checks a push passes, in order: on its header, before any of its
  * payload is kept (push_head), 1. counters, 2. replays and copies of a
  * pooled push, 3. room in the pool; once its payload is complete
@@ -164,12 +210,10 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
         refuse_duplicate(s, l, ph, why);
         return -1;
     }
-    /* 3. room in the pool */
-    uint64_t need = s->numel[p] * sizeof(float);
-    uint64_t used = dl_pool_used(s->pool);
-    if (used + need > s->cfg.pool_bytes && !(round_waits_for(s, slot, p) && used + need <= 2 * s->cfg.pool_bytes)) {
-        snprintf(why, sizeof why, "pool full (%llu of %llu bytes hold pushes waiting for their rounds): push again later",
-                 (unsigned long long)used, (unsigned long long)s->cfg.pool_bytes);
+    /* 3. room in the pool: for a whole push its fragment, for a chunked one
+     * its first chunk (the rest is counted as it comes, chunk_room) */
+    uint64_t need = (ph->chunk_numel ? ph->chunk_numel : s->numel[p]) * sizeof(float);
+    if (!room(s, slot, l, p, need, why, sizeof why)) {
         refuse_busy(s, slot, l, ph, why);
         return -1;
     }
@@ -364,7 +408,8 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
             return;
         }
         in->active = 1;
-        in->buf = dl_pool_alloc(s->pool, p);
+        in->first_ns = now;
+        in->buf = dl_pool_alloc_arriving(s->pool, p);
     } else if (!in->active && in->refused && same_push(in, ph)) {
         return; /* the rest of a refused push: answered at its first chunk */
     } else if (!in->active || !same_push(in, ph) || ph->chunk_offset != in->received) {
@@ -390,17 +435,31 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         return;
     }
     /* same_push: the codec of its first chunk; proto/wire.c checked the frame's size and alignment */
-    in->progress_ns = now;
-    if (push_decode(ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset, why, sizeof why)) {
-        /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
-        refuse_taken(s, slot, l, ph, in->buf, ph->tokens, 0, DL_SM_REJ_CODEC, why);
+    uint64_t bytes = ph->chunk_numel * sizeof(float);
+    if (ph->chunk_offset && !room(s, slot, l, p, bytes, why, sizeof why)) {
+        /* no room for the rest: the push is refused busy, its chunks so far go */
+        dl_pool_free_arriving(s->pool, in->buf, in->counted);
+        refuse_busy(s, slot, l, ph, why);
         inbound_header(in, ph, now);
         in->refused = 1;
         return;
     }
+    in->progress_ns = now;
+    if (push_decode(ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset, why, sizeof why)) {
+        /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
+        dl_pool_free_arriving(s->pool, in->buf, in->counted);
+        refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_CODEC, why);
+        inbound_header(in, ph, now);
+        in->refused = 1;
+        return;
+    }
+    dl_pool_count(s->pool, bytes);
+    in->counted += bytes;
+    in->chunks++;
     in->received += ph->chunk_numel;
     if (in->received < in->numel) return;
-    float *delta = in->buf;
+    if (in->chunks > 1) l->chunk_gap_ns = (now - in->first_ns) / (in->chunks - 1);
+    float *delta = in->buf; /* all of it counted now: an ordinary pool buffer */
     memset(in, 0, sizeof *in);
     push_body(s, slot, l, ph, delta, now);
 }
@@ -415,7 +474,20 @@ void dl_uplink_drop(dl_sync *s, int slot, const char *why)
         dl_event("push_abandoned", "id=%s frag=%u base=%llu received=%llu numel=%llu reason=%s",
                  dl_registry_get(s->reg, slot)->id, in->fragment, (unsigned long long)in->base_version,
                  (unsigned long long)in->received, (unsigned long long)in->numel, why);
-        dl_pool_free(s->pool, (int)in->fragment, in->buf);
+        dl_pool_free_arriving(s->pool, in->buf, in->counted);
     }
     memset(in, 0, sizeof *in);
+}
+
+int64_t dl_uplink_stall_ns(const dl_sync *s, int slot)
+{
+    const inbound *in = &s->inb[slot];
+    const dl_registry_learner *l = dl_registry_get(s->reg, slot);
+    int64_t cap = (int64_t)s->cfg.slow_reader_ms * 1000000LL, gap;
+    if (in->chunks > 1) gap = (in->progress_ns - in->first_ns) / (in->chunks - 1);
+    else if (l->chunk_gap_ns > 0) gap = l->chunk_gap_ns;
+    else gap = (int64_t)((double)in->counted / DL_SYNC_STALL_FLOOR_BPS * 1e9) / DL_SYNC_STALL_GAPS;
+    int64_t d = gap * DL_SYNC_STALL_GAPS;
+    if (d < DL_SYNC_STALL_MIN_MS * 1000000LL) d = DL_SYNC_STALL_MIN_MS * 1000000LL;
+    return d < cap ? d : cap;
 }

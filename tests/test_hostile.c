@@ -383,12 +383,12 @@ typedef struct {
 } peer;
 
 /* peers that heartbeat while the test waits, as a live learner does */
-static peer *keep[64];
+static peer *keep[256];
 static int nkeep;
 
 static void keep_add(peer *p)
 {
-    if (nkeep < 64) keep[nkeep++] = p;
+    if (nkeep < 256) keep[nkeep++] = p;
 }
 
 static void keep_del(peer *p)
@@ -2064,6 +2064,121 @@ static void row_routing(void)
     verdict(10, "routing", f0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* 11. pool starvation: ids that start chunked pushes and never finish them */
+
+static void row_starvation(void)
+{
+    int f0 = failures;
+    syncd S;
+    /* a 1 MiB pool, 4 KiB chunks: fragment 0 (3776 floats) travels in 4 */
+    static const char *const extra[] = {"--pool_mb", "1", "--chunk_kb", "4", "--new_hello_burst", "200", NULL};
+    uint32_t saved_chunk = hello_max_chunk;
+    hello_max_chunk = 1 << 20;
+    enum { NA = 90, C = 1024 };
+    peer H = {0};
+    peer *A = calloc(NA, sizeof *A);
+    float *d = NULL;
+    if (!start_or_fail(&S, "starvation", &SMALL, extra)) goto out;
+    size_t n = dl_plan_fragment_numel(S.plan, 0);
+    d = normal_delta(n, 1);
+    if (!join(&H, &S, "honest", 0, NULL)) goto out_sync;
+    /* one whole chunked push merged: the honest learner has proven it pushes */
+    uint64_t v = 0, tr = 1;
+    decision dd;
+    for (uint64_t o = 0; o < n; o += C) send_push_chunk(&H, 0, v, 4, 64, tr, o, o + C <= n ? C : n - o, d);
+    CHECK(await_decision(&H, 0, v, &dd, NULL) == 0 && dd.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED,
+          "honest first push: %s", dd.got);
+    v++, tr++;
+    int joined = 0;
+    for (int i = 0; i < NA; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "starve-%02d", i);
+        if (!join(&A[i], &S, id, 0, NULL)) break;
+        joined++;
+        A[i].epoch = S.epoch;
+        send_push_chunk(&A[i], 0, v, 4, 64, 1, 0, C, d); /* the first chunk only, then heartbeats (pump) */
+    }
+    int merges = 0, busy = 0;
+    for (int k = 0; k < 5; k++, tr++) {
+        for (uint64_t o = 0; o < n; o += C) send_push_chunk(&H, 0, v, 4, 64, tr, o, o + C <= n ? C : n - o, d);
+        if (await_decision(&H, 0, v, &dd, NULL) == 0 && dd.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED) {
+            merges++;
+            v++;
+        } else if (dd.busy) {
+            busy++;
+        }
+    }
+    int refused = ev_count(S.events, "push", "decision=busy", "reason~without a merged push", NULL);
+    int stalled = ev_wait(S.events, NA - refused, 10000, "push_abandoned", "reason=stalled", NULL);
+    row("11 starvation", "%d new ids each send the first 4 KiB chunk of a push and heartbeat (pool 1 MiB); the honest "
+        "learner's next 5 chunked pushes -> %d merged, %d refused busy; %d of the ids' pushes refused busy (\"pool "
+        "room for learners without a merged push is full\"), the others dropped as stalled: push_abandoned "
+        "reason=stalled x%d",
+        joined, merges, busy, refused, stalled);
+    CHECK(joined == NA, "ids joined: %d", joined);
+    CHECK(merges == 5, "honest merges during the attack: %d of 5", merges);
+    CHECK(refused > 0 && stalled == NA - refused, "stalled pushes dropped: %d of %d", stalled, NA - refused);
+out_sync:
+    for (int i = 0; i < NA; i++) peer_close(&A[i]);
+    peer_close(&H);
+    sync_stop(&S);
+out:
+    free(A);
+    free(d);
+    hello_max_chunk = saved_chunk;
+    verdict(11, "starvation", f0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 12. presence: ids that register and heartbeat but never push */
+
+static void row_presence(void)
+{
+    int f0 = failures;
+    syncd S;
+    static const char *const extra[] = {"--new_hello_burst", "200", NULL};
+    enum { NS = 64 };
+    peer H = {0};
+    peer *Q = calloc(NS, sizeof *Q);
+    float *d = NULL;
+    if (!start_or_fail(&S, "presence", &SMALL, extra)) goto out;
+    d = normal_delta(dl_plan_fragment_numel(S.plan, 0), 1);
+    if (!join(&H, &S, "honest", 0, NULL)) goto out_sync;
+    int joined = 0;
+    for (int i = 0; i < NS; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "silent-%02d", i);
+        joined += join(&Q[i], &S, id, 0, NULL);
+    }
+    /* the honest learner pushes every ~200 ms (its period); the ids heartbeat (pump) and never push */
+    decision dd;
+    int merged = 0;
+    for (uint64_t v = 0; v < 12; v++) {
+        send_push(&H, NULL, 0, v, 4, 64, d);
+        merged += await_decision(&H, 0, v, &dd, NULL) == 0 && dd.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED;
+        sleep_pump(200);
+    }
+    char first[32] = "", last[32] = "", prev[32] = "";
+    ev_get(S.events, "merge", 0, "share", first, sizeof first, "frag=0", NULL);
+    int nm = ev_count(S.events, "merge", "frag=0", NULL);
+    ev_get(S.events, "merge", nm - 2, "share", prev, sizeof prev, "frag=0", NULL);
+    ev_get(S.events, "merge", -1, "share", last, sizeof last, "frag=0", NULL);
+    row("12 presence", "%d ids register and heartbeat but never push; the honest learner pushes 12 times, one every "
+        "~200 ms -> %d merged; merge shares: first %s, last two %s %s", joined, merged, first, prev, last);
+    CHECK(joined == NS && merged == 12, "joined %d, merged %d", joined, merged);
+    CHECK(atof(prev) == 1.0 && atof(last) == 1.0, "the honest merges keep share 1 once the ids were silent for "
+          "3 periods: %s %s", prev, last);
+out_sync:
+    for (int i = 0; i < NS; i++) peer_close(&Q[i]);
+    peer_close(&H);
+    sync_stop(&S);
+out:
+    free(Q);
+    free(d);
+    verdict(12, "presence", f0);
+}
+
 int main(void)
 {
     umask(022);
@@ -2073,9 +2188,10 @@ int main(void)
     int64_t t0 = dl_clock_ns();
     /* HOSTILE_ROWS=2,6 runs a subset (while working on one row) */
     void (*rows[])(void) = {row_identity, row_values, row_counters, row_replay, row_registry,
-                            row_memory,   row_logs,   row_curve,    row_chunks, row_routing};
+                            row_memory,   row_logs,   row_curve,    row_chunks, row_routing,
+                            row_starvation, row_presence};
     const char *only = getenv("HOSTILE_ROWS");
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < (int)(sizeof rows / sizeof *rows); i++) {
         char k[8];
         snprintf(k, sizeof k, ",%d,", i + 1);
         char list[128];
