@@ -147,10 +147,10 @@ static uint64_t unproven_arriving(const dl_sync *s)
 }
 
 /* 1 when `need` more bytes of a push of fragment p by learner `slot` fit in
- * the pool (a learner without a merged push: also in its share for such
- * learners), else 0 with the busy reason in why. */
-static int room(const dl_sync *s, int slot, const dl_registry_learner *l, int p, uint64_t need, char *why,
-                size_t cap)
+ * the pool (a chunked push of a learner without a merged push: also in the
+ * share of such pushes), else 0 with the busy reason in why. */
+static int room(const dl_sync *s, int slot, const dl_registry_learner *l, int p, uint64_t need, int chunked,
+                char *why, size_t cap)
 {
     uint64_t used = dl_pool_used(s->pool);
     if (used + need > s->cfg.pool_bytes && !(round_waits_for(s, slot, p) && used + need <= 2 * s->cfg.pool_bytes)) {
@@ -159,7 +159,7 @@ static int room(const dl_sync *s, int slot, const dl_registry_learner *l, int p,
         return 0;
     }
     uint64_t share = s->cfg.pool_bytes / DL_SYNC_UNPROVEN_POOL_DIV, held = 0;
-    if (!l->merged && (held = unproven_arriving(s)) + need > share) {
+    if (chunked && !l->merged && (held = unproven_arriving(s)) + need > share) {
         snprintf(why, cap,
                  "pool room for learners without a merged push is full (%llu of %llu bytes arriving): push again "
                  "later",
@@ -213,7 +213,7 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
     /* 3. room in the pool: for a whole push its fragment, for a chunked one
      * its first chunk (the rest is counted as it comes, chunk_room) */
     uint64_t need = (ph->chunk_numel ? ph->chunk_numel : s->numel[p]) * sizeof(float);
-    if (!room(s, slot, l, p, need, why, sizeof why)) {
+    if (!room(s, slot, l, p, need, ph->chunk_numel != 0, why, sizeof why)) {
         refuse_busy(s, slot, l, ph, why);
         return -1;
     }
@@ -249,8 +249,8 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
         return;
     }
     double scale = 1.0;
-    int g = dl_guard_value(s->guard, p, norm, s->param_norm[p], &scale, why, sizeof why);
-    dl_guard_observe(s->guard, p, slot, norm); /* what the fleet pushes now, whatever this push's fate */
+    int g = dl_guard_value(s->guard, p, norm, ph->steps, s->param_norm[p], &scale, why, sizeof why);
+    dl_guard_observe(s->guard, p, slot, norm, ph->steps); /* what the fleet pushes now, whatever this push's fate */
     if (g == DL_GUARD_REJECTED) {
         refuse_taken(s, slot, l, ph, delta, ph->tokens, 1, DL_SM_REJ_NORM, why);
         return;
@@ -436,7 +436,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     }
     /* same_push: the codec of its first chunk; proto/wire.c checked the frame's size and alignment */
     uint64_t bytes = ph->chunk_numel * sizeof(float);
-    if (ph->chunk_offset && !room(s, slot, l, p, bytes, why, sizeof why)) {
+    if (ph->chunk_offset && !room(s, slot, l, p, bytes, 1, why, sizeof why)) {
         /* no room for the rest: the push is refused busy, its chunks so far go */
         dl_pool_free_arriving(s->pool, in->buf, in->counted);
         refuse_busy(s, slot, l, ph, why);
