@@ -7,7 +7,6 @@
 #include "core/model.h"
 #include "core/shard.h"
 #include "kernels/codec.h"
-#include "proto/wire.h"
 #include "storage/store.h"
 #include "synchronizer/sync.h"
 
@@ -411,7 +410,6 @@ int main(int argc, char **argv)
     }
     sc.config_text = config_text;
     dl_sync *s = NULL;
-    dl_wire_seed_routing_ids(); /* before the ROUTER (and the ZAP handler's REP) exist: proto/wire.h */
     if ((rc = dl_sync_open(&sc, &s))) {
         free(config_text);
         return fail("cannot start", rc);

@@ -436,6 +436,7 @@ static int open_router(dl_sync *s)
 {
     DL_TRY(check_bind_port(s->cfg.bind));
     DL_ZMQ_PTR(s->zctx, zmq_ctx_new());
+    dl_wire_seed_routing_ids(); /* before the ROUTER (and the ZAP handler's REP) draw their counters: proto/wire.h */
     if (s->cfg.auth == DL_SYNC_AUTH_CURVE) {
         /* the ZAP handler must be bound before the CURVE socket is */
         dl_auth_keypair kp;
