@@ -14,8 +14,9 @@
 /* Ack.retry_after_ms of a push refused because the pool is full. */
 #define DL_SYNC_BUSY_RETRY_MS 1000u
 /* Chunked pushes arriving from learners without a merged push yet may hold
- * at most this fraction of the pool: ids that start pushes and never finish
- * them cannot take the room of learners that have proven they push. */
+ * at most this fraction of the pool (but at least one fragment): ids that
+ * start pushes and never finish them cannot take the room of learners that
+ * have proven they push. */
 #define DL_SYNC_UNPROVEN_POOL_DIV 4
 /* A stalled chunked push is dropped after STALL_GAPS x its link's chunk
  * interval (this transfer's so far, else its learner's last complete one),
@@ -158,7 +159,10 @@ static int room(const dl_sync *s, int slot, const dl_registry_learner *l, int p,
                  (unsigned long long)used, (unsigned long long)s->cfg.pool_bytes);
         return 0;
     }
+    /* at least one fragment: a learner alone can always bring its first push in */
     uint64_t share = s->cfg.pool_bytes / DL_SYNC_UNPROVEN_POOL_DIV, held = 0;
+    for (int f = 0; f < s->cfg.P; f++)
+        if (s->numel[f] * sizeof(float) > share) share = s->numel[f] * sizeof(float);
     if (chunked && !l->merged && (held = unproven_arriving(s)) + need > share) {
         snprintf(why, cap,
                  "pool room for learners without a merged push is full (%llu of %llu bytes arriving): push again "
