@@ -1,8 +1,10 @@
 /* Times training steps (forward + backward + AdamW) of the CPU learner on a
  * given GPT config with random tokens, and OpenBLAS sgemm peak on the same
- * cores, so the bench script can print model FLOP/s as a fraction of peak. */
+ * cores (with the kernels kernels/blas_select.h chose), so the bench script
+ * can print model FLOP/s as a fraction of peak; "peak" alone: only that. */
 #include "core/clock.h"
 #include "core/rng.h"
+#include "kernels/blas_select.h"
 #include "learner/gpt.h"
 
 #include <cblas.h>
@@ -34,8 +36,13 @@ static double sgemm_peak(void)
 
 int main(int argc, char **argv)
 {
+    if (dl_blas_select(&argc, argv)) return 2;
+    if (argc == 2 && !strcmp(argv[1], "peak")) {
+        printf("sgemm_peak GFLOP/s %.1f threads %d\n", sgemm_peak() * 1e-9, omp_get_max_threads());
+        return 0;
+    }
     if (argc < 8) {
-        fprintf(stderr, "usage: bench_learner L C NH T B V steps\n");
+        fprintf(stderr, "usage: bench_learner [--blas_core auto|CORE] L C NH T B V steps | peak\n");
         return 2;
     }
     dl_model_config cfg = {.n_layer = atoi(argv[1]), .n_embd = atoi(argv[2]), .n_head = atoi(argv[3]),

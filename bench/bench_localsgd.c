@@ -4,6 +4,7 @@
  * this, the asynchrony costs nothing and any gap to data-parallel is the
  * algorithm's. Usage: bench_localsgd key=value ... (see defaults below). */
 #include "core/err.h"
+#include "kernels/blas_select.h"
 #include "learner/train.h"
 
 #include <omp.h>
@@ -15,6 +16,7 @@
 
 int main(int argc, char **argv)
 {
+    if (dl_blas_select(&argc, argv)) return 2;
     /* M learners x B sequences, averaged every H steps; fleet = --adam_fleet */
     long M = 4, H = 8, steps = 250, B = 16, L = 4, C = 128, NH = 4, T = 128, every = 64;
     double lr = 3e-3, fleet = 0;

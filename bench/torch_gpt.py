@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """The same GPT-2 step in PyTorch (eager, fp32, AdamW, grad clipping), timed
 on random tokens. Usage: torch_gpt.py L C NH T B V steps threads"""
+import ctypes
 import math
 import sys
 import time
@@ -77,5 +78,21 @@ for i in range(WARM + STEPS):
     torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
     opt.step()
 dt = (time.perf_counter() - t0) / STEPS
-print("torch_cpu: torch %s params %d threads %d ms/step %.1f tok/s %.0f loss %.4f" % (
-    torch.__version__, sum(p.numel() for p in m.parameters()), THREADS, dt * 1e3, B * T / dt, loss.item()))
+
+
+def blas():
+    """The OpenBLAS this torch runs its matmuls on (Debian's links it through
+    libblas.so.3): its core and threads, or "none" when it is another BLAS."""
+    with open("/proc/self/maps") as f:
+        libs = sorted({l.split()[-1] for l in f if "libopenblas" in l})
+    if not libs:
+        return "none", 0
+    lib = ctypes.CDLL(libs[0])
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    return lib.openblas_get_corename().decode(), lib.openblas_get_num_threads()
+
+
+core, bthreads = blas()
+print("torch_cpu: torch %s params %d threads %d ms/step %.1f tok/s %.0f loss %.4f blas_core %s blas_threads %d" % (
+    torch.__version__, sum(p.numel() for p in m.parameters()), THREADS, dt * 1e3, B * T / dt, loss.item(), core,
+    bthreads))

@@ -3,6 +3,7 @@
 #include "chaos/report.h"
 
 #include "core/err.h"
+#include "core/json.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -104,400 +105,275 @@ static void md_cell(FILE *f, const char *s)
     }
 }
 
-/* ---- JSON, by hand */
+/* ---- JSON (core/json.h writes it) */
 
-typedef struct {
-    FILE *f;
-    int depth;
-    int first[32];
-    int inl[32]; /* this level is written on one line */
-} jw;
-
-/* Length of a valid UTF-8 sequence at p, or 0. */
-static int utf8_len(const unsigned char *p)
+static void json_time(dl_json_w *w, const char *key, const dl_account_time *t)
 {
-    unsigned c = p[0];
-    int n;
-    unsigned min;
-    if (c >= 0xc2 && c <= 0xdf) n = 2, min = 0x80;
-    else if (c >= 0xe0 && c <= 0xef) n = 3, min = 0x800;
-    else if (c >= 0xf0 && c <= 0xf4) n = 4, min = 0x10000;
-    else return 0;
-    unsigned cp = c & (0x3f >> (n - 1));
-    for (int i = 1; i < n; i++) {
-        if ((p[i] & 0xc0) != 0x80) return 0;
-        cp = cp << 6 | (p[i] & 0x3f);
-    }
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    return n;
+    dl_json_w_open(w, key, '{', 0);
+    dl_json_w_num(w, "provisioned_s", t->provisioned_s);
+    dl_json_w_num(w, "compute_s", t->compute_s);
+    dl_json_w_num(w, "skew_s", t->skew_s);
+    dl_json_w_num(w, "hang_credit_s", t->hang_credit_s);
+    dl_json_w_open(w, "seconds", '{', 1);
+    for (int b = 0; b < DL_ACCT_NBUCKETS; b++) dl_json_w_num(w, dl_account_bucket_name(b), t->bucket_s[b]);
+    dl_json_w_close(w, '}');
+    dl_json_w_open(w, "fractions", '{', 1);
+    for (int b = 0; b < DL_ACCT_NBUCKETS; b++) dl_json_w_num(w, dl_account_bucket_name(b), t->frac[b]);
+    dl_json_w_close(w, '}');
+    dl_json_w_num(w, "goodput", t->frac[DL_ACCT_GOODPUT]);
+    dl_json_w_num(w, "availability_bound", t->availability_bound);
+    dl_json_w_num(w, "goodput_over_bound", t->goodput_over_bound);
+    dl_json_w_close(w, '}');
 }
 
-/* A JSON string: quotes, backslashes and control bytes escaped; bytes that
- * are not UTF-8 become U+FFFD so the file always parses. */
-static void json_string(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
-        unsigned c = *p;
-        if (c == '"' || c == '\\') fputc('\\', f), fputc((int)c, f), p++;
-        else if (c == '\n') fputs("\\n", f), p++;
-        else if (c == '\r') fputs("\\r", f), p++;
-        else if (c == '\t') fputs("\\t", f), p++;
-        else if (c < 0x20) fprintf(f, "\\u%04x", c), p++;
-        else if (c < 0x80) fputc((int)c, f), p++;
-        else {
-            int n = utf8_len(p);
-            if (n) fwrite(p, 1, (size_t)n, f), p += n;
-            else fputs("\\ufffd", f), p++;
-        }
-    }
-    fputc('"', f);
-}
-
-static void jw_pre(jw *w, const char *key)
-{
-    if (w->depth > 0) {
-        if (!w->first[w->depth]) fputc(',', w->f);
-        if (w->inl[w->depth]) {
-            if (!w->first[w->depth]) fputc(' ', w->f);
-        } else {
-            fputc('\n', w->f);
-            for (int i = 0; i < w->depth; i++) fputs("  ", w->f);
-        }
-        w->first[w->depth] = 0;
-    }
-    if (key) {
-        json_string(w->f, key);
-        fputs(": ", w->f);
-    }
-}
-
-static void jw_open(jw *w, const char *key, char c, int inl)
-{
-    assert(w->depth + 1 < 32);
-    jw_pre(w, key);
-    fputc(c, w->f);
-    w->depth++;
-    w->first[w->depth] = 1;
-    w->inl[w->depth] = inl || w->inl[w->depth - 1];
-}
-
-static void jw_close(jw *w, char c)
-{
-    int empty = w->first[w->depth], inl = w->inl[w->depth];
-    w->depth--;
-    if (!inl && !empty) {
-        fputc('\n', w->f);
-        for (int i = 0; i < w->depth; i++) fputs("  ", w->f);
-    }
-    fputc(c, w->f);
-}
-
-static void jw_num(jw *w, const char *key, double v)
-{
-    jw_pre(w, key);
-    if (!isfinite(v)) fputs("null", w->f); /* JSON has no NaN */
-    else fprintf(w->f, "%.12g", v);
-}
-
-static void jw_int(jw *w, const char *key, long long v)
-{
-    jw_pre(w, key);
-    fprintf(w->f, "%lld", v);
-}
-
-static void jw_u64(jw *w, const char *key, uint64_t v)
-{
-    jw_pre(w, key);
-    fprintf(w->f, "%llu", (unsigned long long)v);
-}
-
-static void jw_str(jw *w, const char *key, const char *s)
-{
-    jw_pre(w, key);
-    json_string(w->f, s);
-}
-
-static void jw_bool(jw *w, const char *key, int v)
-{
-    jw_pre(w, key);
-    fputs(v ? "true" : "false", w->f);
-}
-
-/* 1 true, 0 false, anything else null */
-static void jw_tri(jw *w, const char *key, int v)
-{
-    jw_pre(w, key);
-    fputs(v == 1 ? "true" : v == 0 ? "false" : "null", w->f);
-}
-
-static void jw_time(jw *w, const char *key, const dl_account_time *t)
-{
-    jw_open(w, key, '{', 0);
-    jw_num(w, "provisioned_s", t->provisioned_s);
-    jw_num(w, "compute_s", t->compute_s);
-    jw_num(w, "skew_s", t->skew_s);
-    jw_num(w, "hang_credit_s", t->hang_credit_s);
-    jw_open(w, "seconds", '{', 1);
-    for (int b = 0; b < DL_ACCT_NBUCKETS; b++) jw_num(w, dl_account_bucket_name(b), t->bucket_s[b]);
-    jw_close(w, '}');
-    jw_open(w, "fractions", '{', 1);
-    for (int b = 0; b < DL_ACCT_NBUCKETS; b++) jw_num(w, dl_account_bucket_name(b), t->frac[b]);
-    jw_close(w, '}');
-    jw_num(w, "goodput", t->frac[DL_ACCT_GOODPUT]);
-    jw_num(w, "availability_bound", t->availability_bound);
-    jw_num(w, "goodput_over_bound", t->goodput_over_bound);
-    jw_close(w, '}');
-}
-
-static void json_run(jw *w, const rep *R, int i)
+static void json_run(dl_json_w *w, const rep *R, int i)
 {
     const run_info *ri = &R->r[i];
     const dl_account *a = ri->a;
-    jw_open(w, NULL, '{', 0);
-    jw_str(w, "label", ri->label);
-    jw_str(w, "run_label", a->label);
-    jw_str(w, "policy", a->policy);
-    jw_bool(w, "baseline", ri->is_baseline);
-    jw_pre(w, "twin");
-    if (ri->twin >= 0) json_string(w->f, R->r[ri->twin].label);
-    else fputs("null", w->f);
-    jw_str(w, "scenario", a->scenario);
-    jw_str(w, "seed", a->seed);
-    jw_str(w, "mode", a->netns ? "netns" : "loopback");
-    jw_num(w, "duration_s", a->duration_s);
-    jw_num(w, "end_s", a->end_s);
-    jw_num(w, "wall_s", a->wall_s);
-    jw_int(w, "fragments", a->fragments);
-    jw_int(w, "slots_at_start", a->slots_at_start);
-    jw_int(w, "dcs", a->dcs);
-    jw_num(w, "eval_every_s", a->eval_every_s);
+    dl_json_w_open(w, NULL, '{', 0);
+    dl_json_w_str(w, "label", ri->label);
+    dl_json_w_str(w, "run_label", a->label);
+    dl_json_w_str(w, "policy", a->policy);
+    dl_json_w_bool(w, "baseline", ri->is_baseline);
+    dl_json_w_key(w, "twin");
+    if (ri->twin >= 0) dl_json_w_string(w, R->r[ri->twin].label);
+    else dl_json_w_raw(w, "null");
+    dl_json_w_str(w, "scenario", a->scenario);
+    dl_json_w_str(w, "seed", a->seed);
+    dl_json_w_str(w, "mode", a->netns ? "netns" : "loopback");
+    dl_json_w_num(w, "duration_s", a->duration_s);
+    dl_json_w_num(w, "end_s", a->end_s);
+    dl_json_w_num(w, "wall_s", a->wall_s);
+    dl_json_w_int(w, "fragments", a->fragments);
+    dl_json_w_int(w, "slots_at_start", a->slots_at_start);
+    dl_json_w_int(w, "dcs", a->dcs);
+    dl_json_w_num(w, "eval_every_s", a->eval_every_s);
 
     /* the headline, flat, as the table shows it */
-    jw_num(w, "goodput", a->fleet.frac[DL_ACCT_GOODPUT]);
-    jw_num(w, "availability_bound", a->fleet.availability_bound);
-    jw_num(w, "goodput_over_bound", a->fleet.goodput_over_bound);
-    jw_num(w, "final_val_loss", a->final_val_loss);
-    jw_num(w, "loss_cost", ri->loss_cost);
-    jw_int(w, "merges", a->merges);
-    jw_num(w, "token_goodput", a->token_goodput);
-    jw_tri(w, "ledger_balanced", a->ledger_balanced);
-    jw_int(w, "faults_planned", a->faults_planned);
-    jw_int(w, "faults_applied", a->faults_applied);
-    jw_tri(w, "check_ok", a->check_ok);
-    jw_pre(w, "unplanned_exits");
-    if (a->unplanned_exits >= 0) fprintf(w->f, "%lld", (long long)a->unplanned_exits);
-    else fputs("null", w->f);
+    dl_json_w_num(w, "goodput", a->fleet.frac[DL_ACCT_GOODPUT]);
+    dl_json_w_num(w, "availability_bound", a->fleet.availability_bound);
+    dl_json_w_num(w, "goodput_over_bound", a->fleet.goodput_over_bound);
+    dl_json_w_num(w, "final_val_loss", a->final_val_loss);
+    dl_json_w_num(w, "loss_cost", ri->loss_cost);
+    dl_json_w_int(w, "merges", a->merges);
+    dl_json_w_num(w, "token_goodput", a->token_goodput);
+    dl_json_w_tri(w, "ledger_balanced", a->ledger_balanced);
+    dl_json_w_int(w, "faults_planned", a->faults_planned);
+    dl_json_w_int(w, "faults_applied", a->faults_applied);
+    dl_json_w_tri(w, "check_ok", a->check_ok);
+    dl_json_w_key(w, "unplanned_exits");
+    if (a->unplanned_exits >= 0) dl_json_w_raw(w, "%lld", (long long)a->unplanned_exits);
+    else dl_json_w_raw(w, "null");
 
-    jw_time(w, "time", &a->fleet);
-    jw_num(w, "unattributed_s", a->unattributed_s);
-    jw_open(w, "learners", '[', 0);
+    json_time(w, "time", &a->fleet);
+    dl_json_w_num(w, "unattributed_s", a->unattributed_s);
+    dl_json_w_open(w, "learners", '[', 0);
     for (int s = 0; s < a->n_slots; s++) {
         const dl_account_slot *sl = &a->slots[s];
-        jw_open(w, NULL, '{', 0);
-        jw_int(w, "slot", sl->slot);
-        jw_str(w, "id", sl->id);
-        jw_str(w, "dc", sl->dc);
-        jw_num(w, "speed", sl->speed);
-        jw_int(w, "batch", (long long)sl->batch);
-        jw_num(w, "begin_s", sl->begin_s);
-        jw_num(w, "end_s", sl->end_s);
-        jw_str(w, "end_reason", sl->end_reason);
-        jw_int(w, "incarnations", sl->incarnations);
-        jw_int(w, "killed", sl->killed);
-        jw_time(w, "time", &sl->time);
-        jw_open(w, "states", '[', 1);
+        dl_json_w_open(w, NULL, '{', 0);
+        dl_json_w_int(w, "slot", sl->slot);
+        dl_json_w_str(w, "id", sl->id);
+        dl_json_w_str(w, "dc", sl->dc);
+        dl_json_w_num(w, "speed", sl->speed);
+        dl_json_w_int(w, "batch", (long long)sl->batch);
+        dl_json_w_num(w, "begin_s", sl->begin_s);
+        dl_json_w_num(w, "end_s", sl->end_s);
+        dl_json_w_str(w, "end_reason", sl->end_reason);
+        dl_json_w_int(w, "incarnations", sl->incarnations);
+        dl_json_w_int(w, "killed", sl->killed);
+        json_time(w, "time", &sl->time);
+        dl_json_w_open(w, "states", '[', 1);
         for (int k = 0; k < sl->n_states; k++) {
-            jw_open(w, NULL, '[', 1);
-            jw_num(w, NULL, sl->states[k].t_s);
-            jw_str(w, NULL, dl_account_state_name(sl->states[k].state));
-            jw_close(w, ']');
+            dl_json_w_open(w, NULL, '[', 1);
+            dl_json_w_num(w, NULL, sl->states[k].t_s);
+            dl_json_w_str(w, NULL, dl_account_state_name(sl->states[k].state));
+            dl_json_w_close(w, ']');
         }
-        jw_close(w, ']');
-        jw_close(w, '}');
+        dl_json_w_close(w, ']');
+        dl_json_w_close(w, '}');
     }
-    jw_close(w, ']');
+    dl_json_w_close(w, ']');
 
-    jw_open(w, "tokens", '{', 0);
-    jw_u64(w, "applied", a->applied);
-    jw_u64(w, "dropped_stale", a->dropped_stale);
-    jw_u64(w, "rejected", a->rejected);
-    jw_u64(w, "lost", a->lost);
-    jw_u64(w, "discarded", a->discarded);
-    jw_u64(w, "outstanding", a->outstanding);
-    jw_u64(w, "processed", a->processed);
-    jw_u64(w, "carried_in", a->carried_in);
-    jw_u64(w, "overclaim", a->overclaim);
-    jw_num(w, "token_goodput", a->token_goodput);
-    jw_tri(w, "ledger_balanced", a->ledger_balanced);
-    jw_pre(w, "mismatch");
-    if (a->ledger_balanced == 1) fputs("null", w->f);
-    else json_string(w->f, a->ledger_mismatch);
-    jw_int(w, "sync_incarnations", a->sync_incarnations);
-    jw_int(w, "sync_crashes", a->sync_crashes);
-    jw_open(w, "ledgers", '[', 0);
+    dl_json_w_open(w, "tokens", '{', 0);
+    dl_json_w_u64(w, "applied", a->applied);
+    dl_json_w_u64(w, "dropped_stale", a->dropped_stale);
+    dl_json_w_u64(w, "rejected", a->rejected);
+    dl_json_w_u64(w, "lost", a->lost);
+    dl_json_w_u64(w, "discarded", a->discarded);
+    dl_json_w_u64(w, "outstanding", a->outstanding);
+    dl_json_w_u64(w, "processed", a->processed);
+    dl_json_w_u64(w, "carried_in", a->carried_in);
+    dl_json_w_u64(w, "overclaim", a->overclaim);
+    dl_json_w_num(w, "token_goodput", a->token_goodput);
+    dl_json_w_tri(w, "ledger_balanced", a->ledger_balanced);
+    dl_json_w_key(w, "mismatch");
+    if (a->ledger_balanced == 1) dl_json_w_raw(w, "null");
+    else dl_json_w_string(w, a->ledger_mismatch);
+    dl_json_w_int(w, "sync_incarnations", a->sync_incarnations);
+    dl_json_w_int(w, "sync_crashes", a->sync_crashes);
+    dl_json_w_open(w, "ledgers", '[', 0);
     for (int k = 0; k < a->n_ledgers; k++) {
         const dl_account_ledger *g = &a->ledgers[k];
-        jw_open(w, NULL, '{', 1);
-        jw_num(w, "t_s", g->t_s);
-        jw_int(w, "pid", (long long)g->pid);
-        jw_int(w, "incarnation", g->incarnation);
-        jw_u64(w, "applied", g->applied);
-        jw_u64(w, "dropped_stale", g->dropped_stale);
-        jw_u64(w, "rejected", g->rejected);
-        jw_u64(w, "lost", g->lost);
-        jw_u64(w, "discarded", g->discarded);
-        jw_u64(w, "outstanding", g->outstanding);
-        jw_u64(w, "pooled", g->pooled);
-        jw_u64(w, "carried", g->carried);
-        jw_u64(w, "processed", g->processed);
-        jw_u64(w, "overclaim", g->overclaim);
-        jw_u64(w, "carried_in", g->carried_in);
-        jw_bool(w, "balanced", g->balanced);
-        jw_close(w, '}');
+        dl_json_w_open(w, NULL, '{', 1);
+        dl_json_w_num(w, "t_s", g->t_s);
+        dl_json_w_int(w, "pid", (long long)g->pid);
+        dl_json_w_int(w, "incarnation", g->incarnation);
+        dl_json_w_u64(w, "applied", g->applied);
+        dl_json_w_u64(w, "dropped_stale", g->dropped_stale);
+        dl_json_w_u64(w, "rejected", g->rejected);
+        dl_json_w_u64(w, "lost", g->lost);
+        dl_json_w_u64(w, "discarded", g->discarded);
+        dl_json_w_u64(w, "outstanding", g->outstanding);
+        dl_json_w_u64(w, "pooled", g->pooled);
+        dl_json_w_u64(w, "carried", g->carried);
+        dl_json_w_u64(w, "processed", g->processed);
+        dl_json_w_u64(w, "overclaim", g->overclaim);
+        dl_json_w_u64(w, "carried_in", g->carried_in);
+        dl_json_w_bool(w, "balanced", g->balanced);
+        dl_json_w_close(w, '}');
     }
-    jw_close(w, ']');
-    jw_close(w, '}');
+    dl_json_w_close(w, ']');
+    dl_json_w_close(w, '}');
 
-    jw_open(w, "eval", '[', 0);
+    dl_json_w_open(w, "eval", '[', 0);
     for (int k = 0; k < a->n_evals; k++) {
-        jw_open(w, NULL, '[', 1);
-        jw_num(w, NULL, a->evals[k].elapsed_s);
-        jw_int(w, NULL, (long long)a->evals[k].merges);
-        jw_num(w, NULL, a->evals[k].val_loss);
-        jw_close(w, ']');
+        dl_json_w_open(w, NULL, '[', 1);
+        dl_json_w_num(w, NULL, a->evals[k].elapsed_s);
+        dl_json_w_int(w, NULL, (long long)a->evals[k].merges);
+        dl_json_w_num(w, NULL, a->evals[k].val_loss);
+        dl_json_w_close(w, ']');
     }
-    jw_close(w, ']');
+    dl_json_w_close(w, ']');
 
     /* the synchronizer's own periodic evaluation (dloco-sync --eval_every_s) */
-    jw_num(w, "final_sync_val_loss", a->final_sync_val_loss);
-    jw_open(w, "sync_eval", '[', 0);
+    dl_json_w_num(w, "final_sync_val_loss", a->final_sync_val_loss);
+    dl_json_w_open(w, "sync_eval", '[', 0);
     for (int k = 0; k < a->n_sync_evals; k++) {
-        jw_open(w, NULL, '[', 1);
-        jw_num(w, NULL, a->sync_evals[k].t_s);
-        jw_int(w, NULL, (long long)a->sync_evals[k].version);
-        jw_num(w, NULL, a->sync_evals[k].val_loss);
-        jw_int(w, NULL, (long long)a->sync_evals[k].seqs);
-        jw_close(w, ']');
+        dl_json_w_open(w, NULL, '[', 1);
+        dl_json_w_num(w, NULL, a->sync_evals[k].t_s);
+        dl_json_w_int(w, NULL, (long long)a->sync_evals[k].version);
+        dl_json_w_num(w, NULL, a->sync_evals[k].val_loss);
+        dl_json_w_int(w, NULL, (long long)a->sync_evals[k].seqs);
+        dl_json_w_close(w, ']');
     }
-    jw_close(w, ']');
+    dl_json_w_close(w, ']');
 
-    jw_open(w, "merge_series", '[', 0);
+    dl_json_w_open(w, "merge_series", '[', 0);
     for (int k = 0; k < a->merges; k++) {
         const dl_account_merge *m = &a->merge[k];
-        jw_open(w, NULL, '[', 1);
-        jw_num(w, NULL, m->t_s);
-        jw_int(w, NULL, m->frag);
-        jw_int(w, NULL, (long long)m->version);
-        jw_int(w, NULL, m->n);
-        jw_int(w, NULL, m->alive);
-        jw_bool(w, NULL, m->in_run);
-        jw_num(w, NULL, m->compute_s);
-        jw_num(w, NULL, m->goodput);
-        jw_close(w, ']');
+        dl_json_w_open(w, NULL, '[', 1);
+        dl_json_w_num(w, NULL, m->t_s);
+        dl_json_w_int(w, NULL, m->frag);
+        dl_json_w_int(w, NULL, (long long)m->version);
+        dl_json_w_int(w, NULL, m->n);
+        dl_json_w_int(w, NULL, m->alive);
+        dl_json_w_bool(w, NULL, m->in_run);
+        dl_json_w_num(w, NULL, m->compute_s);
+        dl_json_w_num(w, NULL, m->goodput);
+        dl_json_w_close(w, ']');
     }
-    jw_close(w, ']');
+    dl_json_w_close(w, ']');
 
-    jw_open(w, "staleness", '{', 0);
-    jw_int(w, "contributions", (long long)a->contributions);
-    jw_num(w, "mean", a->staleness_mean);
-    jw_open(w, "histogram", '[', 1);
-    for (int b = 0; b < DL_ACCT_STALE_BINS; b++) jw_int(w, NULL, (long long)a->staleness_hist[b]);
-    jw_close(w, ']');
-    jw_close(w, '}');
+    dl_json_w_open(w, "staleness", '{', 0);
+    dl_json_w_int(w, "contributions", (long long)a->contributions);
+    dl_json_w_num(w, "mean", a->staleness_mean);
+    dl_json_w_open(w, "histogram", '[', 1);
+    for (int b = 0; b < DL_ACCT_STALE_BINS; b++) dl_json_w_int(w, NULL, (long long)a->staleness_hist[b]);
+    dl_json_w_close(w, ']');
+    dl_json_w_close(w, '}');
 
-    jw_open(w, "liveness", '{', 0);
-    jw_num(w, "mean_alive", a->mean_alive);
-    jw_num(w, "mean_participation", a->mean_participation);
-    jw_close(w, '}');
+    dl_json_w_open(w, "liveness", '{', 0);
+    dl_json_w_num(w, "mean_alive", a->mean_alive);
+    dl_json_w_num(w, "mean_participation", a->mean_participation);
+    dl_json_w_close(w, '}');
 
-    jw_open(w, "links", '[', 0);
+    dl_json_w_open(w, "links", '[', 0);
     for (int k = 0; k < a->n_links; k++) {
         const dl_account_link *l = &a->links[k];
-        jw_open(w, NULL, '{', 0);
-        jw_str(w, "dc", l->name);
-        jw_str(w, "mode", l->mode);
-        jw_num(w, "bandwidth_mbit", l->bandwidth_mbit);
-        jw_num(w, "rtt_ms", l->rtt_ms);
-        jw_int(w, "learners", (long long)l->learners);
-        jw_num(w, "up_bytes", l->up_bytes);
-        jw_num(w, "down_bytes", l->down_bytes);
-        jw_num(w, "mean_up_Bps", l->mean_up_Bps);
-        jw_num(w, "mean_down_Bps", l->mean_down_Bps);
-        jw_num(w, "peak_up_Bps", l->peak_up_Bps);
-        jw_num(w, "peak_down_Bps", l->peak_down_Bps);
-        jw_open(w, "samples", '[', 1);
+        dl_json_w_open(w, NULL, '{', 0);
+        dl_json_w_str(w, "dc", l->name);
+        dl_json_w_str(w, "mode", l->mode);
+        dl_json_w_num(w, "bandwidth_mbit", l->bandwidth_mbit);
+        dl_json_w_num(w, "rtt_ms", l->rtt_ms);
+        dl_json_w_int(w, "learners", (long long)l->learners);
+        dl_json_w_num(w, "up_bytes", l->up_bytes);
+        dl_json_w_num(w, "down_bytes", l->down_bytes);
+        dl_json_w_num(w, "mean_up_Bps", l->mean_up_Bps);
+        dl_json_w_num(w, "mean_down_Bps", l->mean_down_Bps);
+        dl_json_w_num(w, "peak_up_Bps", l->peak_up_Bps);
+        dl_json_w_num(w, "peak_down_Bps", l->peak_down_Bps);
+        dl_json_w_open(w, "samples", '[', 1);
         for (int j = 0; j < l->n_samples; j++) {
-            jw_open(w, NULL, '[', 1);
-            jw_num(w, NULL, l->samples[j].t_s);
-            jw_num(w, NULL, l->samples[j].up_bytes);
-            jw_num(w, NULL, l->samples[j].down_bytes);
-            jw_close(w, ']');
+            dl_json_w_open(w, NULL, '[', 1);
+            dl_json_w_num(w, NULL, l->samples[j].t_s);
+            dl_json_w_num(w, NULL, l->samples[j].up_bytes);
+            dl_json_w_num(w, NULL, l->samples[j].down_bytes);
+            dl_json_w_close(w, ']');
         }
-        jw_close(w, ']');
-        jw_close(w, '}');
+        dl_json_w_close(w, ']');
+        dl_json_w_close(w, '}');
     }
-    jw_close(w, ']');
+    dl_json_w_close(w, ']');
 
-    jw_open(w, "faults", '{', 0);
-    jw_int(w, "planned", a->faults_planned);
-    jw_int(w, "applied", a->faults_applied);
-    jw_int(w, "unplanned_events", a->faults_unplanned);
-    jw_open(w, "missing", '[', 0);
+    dl_json_w_open(w, "faults", '{', 0);
+    dl_json_w_int(w, "planned", a->faults_planned);
+    dl_json_w_int(w, "applied", a->faults_applied);
+    dl_json_w_int(w, "unplanned_events", a->faults_unplanned);
+    dl_json_w_open(w, "missing", '[', 0);
     for (int k = 0; k < a->n_missing; k++) {
         const dl_account_fault *f = &a->faults[a->missing[k]];
-        jw_open(w, NULL, '{', 1);
-        jw_int(w, "n", f->n);
-        jw_str(w, "kind", f->kind);
-        jw_str(w, "target", f->target);
-        jw_str(w, "why", f->why);
-        jw_close(w, '}');
+        dl_json_w_open(w, NULL, '{', 1);
+        dl_json_w_int(w, "n", f->n);
+        dl_json_w_str(w, "kind", f->kind);
+        dl_json_w_str(w, "target", f->target);
+        dl_json_w_str(w, "why", f->why);
+        dl_json_w_close(w, '}');
     }
-    jw_close(w, ']');
-    jw_open(w, "timeline", '[', 0);
+    dl_json_w_close(w, ']');
+    dl_json_w_open(w, "timeline", '[', 0);
     for (int k = 0; k < a->n_faults; k++) {
         const dl_account_fault *f = &a->faults[k];
-        jw_open(w, NULL, '{', 1);
-        jw_int(w, "n", f->n);
-        jw_num(w, "at_s", f->at_s);
-        jw_str(w, "kind", f->kind);
-        jw_str(w, "target", f->target);
-        jw_num(w, "duration_s", f->duration_s);
-        jw_num(w, "value", f->value);
-        jw_str(w, "source", f->source);
-        jw_bool(w, "planned", f->planned);
-        jw_bool(w, "applied", f->applied);
-        jw_close(w, '}');
+        dl_json_w_open(w, NULL, '{', 1);
+        dl_json_w_int(w, "n", f->n);
+        dl_json_w_num(w, "at_s", f->at_s);
+        dl_json_w_str(w, "kind", f->kind);
+        dl_json_w_str(w, "target", f->target);
+        dl_json_w_num(w, "duration_s", f->duration_s);
+        dl_json_w_num(w, "value", f->value);
+        dl_json_w_str(w, "source", f->source);
+        dl_json_w_bool(w, "planned", f->planned);
+        dl_json_w_bool(w, "applied", f->applied);
+        dl_json_w_close(w, '}');
     }
-    jw_close(w, ']');
-    jw_open(w, "events", '[', 0);
+    dl_json_w_close(w, ']');
+    dl_json_w_open(w, "events", '[', 0);
     for (int k = 0; k < a->n_fault_events; k++) {
         const dl_account_fault_event *e = &a->fault_events[k];
-        jw_open(w, NULL, '{', 1);
-        jw_int(w, "n", e->n);
-        jw_num(w, "t_s", e->t_s);
-        jw_str(w, "kind", e->kind);
-        jw_str(w, "target", e->target);
-        jw_str(w, "phase", e->phase);
-        jw_num(w, "value", e->value);
-        jw_str(w, "detail", e->detail);
-        jw_close(w, '}');
+        dl_json_w_open(w, NULL, '{', 1);
+        dl_json_w_int(w, "n", e->n);
+        dl_json_w_num(w, "t_s", e->t_s);
+        dl_json_w_str(w, "kind", e->kind);
+        dl_json_w_str(w, "target", e->target);
+        dl_json_w_str(w, "phase", e->phase);
+        dl_json_w_num(w, "value", e->value);
+        dl_json_w_str(w, "detail", e->detail);
+        dl_json_w_close(w, '}');
     }
-    jw_close(w, ']');
-    jw_close(w, '}');
+    dl_json_w_close(w, ']');
+    dl_json_w_close(w, '}');
 
-    jw_str(w, "check_detail", a->check_detail);
-    jw_open(w, "lines", '{', 1);
-    jw_int(w, "garbage", (long long)a->lines_garbage);
-    jw_int(w, "too_long", (long long)a->lines_too_long);
-    jw_int(w, "torn", (long long)a->lines_torn);
-    jw_int(w, "cut", (long long)a->lines_cut);
-    jw_int(w, "unmatched", (long long)a->events_unmatched);
-    jw_close(w, '}');
-    jw_open(w, "notes", '[', 0);
-    for (int k = 0; k < a->n_notes; k++) jw_str(w, NULL, a->notes[k]);
-    jw_close(w, ']');
-    jw_close(w, '}');
+    dl_json_w_str(w, "check_detail", a->check_detail);
+    dl_json_w_open(w, "lines", '{', 1);
+    dl_json_w_int(w, "garbage", (long long)a->lines_garbage);
+    dl_json_w_int(w, "too_long", (long long)a->lines_too_long);
+    dl_json_w_int(w, "torn", (long long)a->lines_torn);
+    dl_json_w_int(w, "cut", (long long)a->lines_cut);
+    dl_json_w_int(w, "unmatched", (long long)a->events_unmatched);
+    dl_json_w_close(w, '}');
+    dl_json_w_open(w, "notes", '[', 0);
+    for (int k = 0; k < a->n_notes; k++) dl_json_w_str(w, NULL, a->notes[k]);
+    dl_json_w_close(w, ']');
+    dl_json_w_close(w, '}');
 }
 
 static void write_json(rep *R)
@@ -505,17 +381,17 @@ static void write_json(rep *R)
     char path[4096];
     FILE *f = open_out(R, NULL, "report.json", path, sizeof path);
     if (!f) return;
-    jw w = {.f = f};
-    jw_open(&w, NULL, '{', 0);
-    jw_str(&w, "schema", JSON_SCHEMA);
-    jw_str(&w, "scenario", R->scenario);
-    jw_open(&w, "buckets", '[', 1);
-    for (int b = 0; b < DL_ACCT_NBUCKETS; b++) jw_str(&w, NULL, dl_account_bucket_name(b));
-    jw_close(&w, ']');
-    jw_open(&w, "runs", '[', 0);
+    dl_json_w w = {.f = f};
+    dl_json_w_open(&w, NULL, '{', 0);
+    dl_json_w_str(&w, "schema", JSON_SCHEMA);
+    dl_json_w_str(&w, "scenario", R->scenario);
+    dl_json_w_open(&w, "buckets", '[', 1);
+    for (int b = 0; b < DL_ACCT_NBUCKETS; b++) dl_json_w_str(&w, NULL, dl_account_bucket_name(b));
+    dl_json_w_close(&w, ']');
+    dl_json_w_open(&w, "runs", '[', 0);
     for (int i = 0; i < R->n; i++) json_run(&w, R, i);
-    jw_close(&w, ']');
-    jw_close(&w, '}');
+    dl_json_w_close(&w, ']');
+    dl_json_w_close(&w, '}');
     fputc('\n', f);
     close_out(R, f, path);
 }

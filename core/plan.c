@@ -24,20 +24,26 @@ struct dl_plan {
 
 /* ---------------------------------------------------------------- validation */
 
+static int name_cmp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
 static int check_table(const dl_tensor *t, int nt)
 {
     for (int i = 0; i < nt; i++) {
         const dl_tensor *e = &t[i];
         if (!memchr(e->name, '\0', sizeof e->name) || e->name[0] == '\0')
             return dl_err(DL_EINVAL, "plan: tensor %d has an empty or unterminated name", i);
-        if (e->ndim != 1 && e->ndim != 2)
-            return dl_err(DL_EINVAL, "plan: tensor %d (%s): ndim %d, want 1 or 2", i, e->name, e->ndim);
+        if (e->ndim < 1 || e->ndim > DL_TENSOR_NDIM_MAX)
+            return dl_err(DL_EINVAL, "plan: tensor %d (%s): ndim %d, want 1 to %d", i, e->name, e->ndim,
+                          DL_TENSOR_NDIM_MAX);
         if (e->kind != DL_TENSOR_MATRIX && e->kind != DL_TENSOR_VECTOR && e->kind != DL_TENSOR_EMBED)
             return dl_err(DL_EINVAL, "plan: tensor %d (%s): unknown kind %d", i, e->name, e->kind);
         size_t prod = 1;
         for (int d = 0; d < e->ndim; d++) {
             if (e->shape[d] <= 0)
-                return dl_err(DL_EINVAL, "plan: tensor %d (%s): shape[%d] = %d", i, e->name, d, e->shape[d]);
+                return dl_err(DL_EINVAL, "plan: tensor %d (%s): shape[%d] = %lld", i, e->name, d,
+                              (long long)e->shape[d]);
+            if ((uint64_t)e->shape[d] > SIZE_MAX / prod)
+                return dl_err(DL_EINVAL, "plan: tensor %d (%s): the shape's element count overflows", i, e->name);
             prod *= (size_t)e->shape[d];
         }
         if (e->numel == 0 || e->numel != prod)
@@ -54,12 +60,26 @@ static int check_table(const dl_tensor *t, int nt)
         if (e->offset + e->numel < e->offset)
             return dl_err(DL_EINVAL, "plan: tensor %d (%s): offset + numel overflows", i, e->name);
     }
-    /* Names identify tensors in checkpoints and logs: they must be unique. */
-    for (int i = 0; i < nt; i++)
-        for (int j = i + 1; j < nt; j++)
-            if (strcmp(t[i].name, t[j].name) == 0)
-                return dl_err(DL_EINVAL, "plan: tensors %d and %d share the name %s", i, j, t[i].name);
-    return 0;
+    /* Names identify tensors in checkpoints and logs: they must be unique.
+     * Sorted copies of the pointers: O(n log n) for tables of many tensors. */
+    const char **names = dl_xmalloc((size_t)nt * sizeof *names);
+    for (int i = 0; i < nt; i++) names[i] = t[i].name;
+    qsort(names, (size_t)nt, sizeof *names, name_cmp);
+    int dup = -1;
+    for (int i = 1; i < nt && dup < 0; i++)
+        if (strcmp(names[i - 1], names[i]) == 0) dup = i;
+    int rc = 0;
+    if (dup >= 0) {
+        int a = -1, b = -1;
+        for (int i = 0; i < nt; i++)
+            if (strcmp(t[i].name, names[dup]) == 0) {
+                if (a < 0) a = i;
+                else if (b < 0) b = i;
+            }
+        rc = dl_err(DL_EINVAL, "plan: tensors %d and %d share the name %s", a, b, t[a].name);
+    }
+    free(names);
+    return rc;
 }
 
 /* ---------------------------------------------------------------- build */
@@ -112,8 +132,15 @@ static size_t max_of(const size_t *x, int n)
     return m;
 }
 
-/* Elements per row: a block boundary of tensor e is a multiple of this. */
-static size_t row_width(const dl_tensor *e) { return e->ndim == 2 ? (size_t)e->shape[1] : 1; }
+/* Elements per row (rows = shape[0], a row = the product of the other
+ * dimensions; 1 for a 1-D tensor): a block boundary of tensor e is a
+ * multiple of this. */
+static size_t row_width(const dl_tensor *e)
+{
+    size_t w = 1;
+    for (int d = 1; d < e->ndim; d++) w *= (size_t)e->shape[d];
+    return w;
+}
 
 /* Floats the fragments under `level` need to reach it, stopping once past cap. */
 static size_t need_for(const size_t *fill, int P, size_t level, size_t cap)
@@ -434,11 +461,68 @@ static unsigned char *put_u64(unsigned char *b, uint64_t v)
  * per tensor the same 84-byte record with fragment FP_SPLIT when the tensor
  * has more than one block, followed by u32 nblocks of that tensor and per
  * block, in element order, a 20-byte record (u64 start, u64 numel, u32
- * fragment). The headers differ, so no plan of one format can hash the
- * bytes of the other. */
+ * fragment).
+ *
+ * Format 3, for any table (a manifest's; used for every table formats 1 and
+ * 2 cannot hold): header "DLPLAN03", u64 cfg length, u32 P, u32 ntensors,
+ * u32 nblocks; then the cfg bytes; then per tensor u32 name length, the name
+ * bytes (no terminator), u32 ndim, u64 shape[ndim], u64 offset, u64 numel,
+ * u32 kind, u32 nblocks and per block, in element order, the 20-byte block
+ * record of format 2. The headers differ, so no plan of one format can hash
+ * the bytes of another. */
+uint64_t dl_plan_fingerprint_v3(const dl_plan *plan, const void *model_cfg_bytes, size_t len)
+{
+    assert(plan && (model_cfg_bytes || len == 0));
+    unsigned char hdr[28], rec[4 + 8 * DL_TENSOR_NDIM_MAX + 8 + 8 + 4 + 4], brec[20];
+    unsigned char *b = hdr;
+    memcpy(b, "DLPLAN03", 8);
+    b = put_u64(b + 8, (uint64_t)len);
+    b = put_u32(b, (uint32_t)plan->P);
+    b = put_u32(b, (uint32_t)plan->nt);
+    b = put_u32(b, (uint32_t)plan->nb);
+    uint64_t h = dl_hash64(hdr, (size_t)(b - hdr), 0);
+    if (len) h = dl_hash64(model_cfg_bytes, len, h);
+    for (int i = 0; i < plan->nt; i++) {
+        const dl_tensor *e = &plan->t[i];
+        size_t nl = strnlen(e->name, sizeof e->name);
+        put_u32(brec, (uint32_t)nl);
+        h = dl_hash64(brec, 4, h);
+        h = dl_hash64(e->name, nl, h);
+        b = put_u32(rec, (uint32_t)e->ndim);
+        for (int d = 0; d < e->ndim; d++) b = put_u64(b, (uint64_t)e->shape[d]);
+        b = put_u64(b, (uint64_t)e->offset);
+        b = put_u64(b, (uint64_t)e->numel);
+        b = put_u32(b, (uint32_t)e->kind);
+        int nbk = dl_plan_tensor_nblocks(plan, i);
+        b = put_u32(b, (uint32_t)nbk);
+        h = dl_hash64(rec, (size_t)(b - rec), h);
+        for (int k = 0; k < nbk; k++) {
+            const dl_plan_span *s = dl_plan_tensor_block(plan, i, k);
+            b = put_u64(brec, (uint64_t)s->start);
+            b = put_u64(b, (uint64_t)s->numel);
+            b = put_u32(b, (uint32_t)s->fragment);
+            h = dl_hash64(brec, sizeof brec, h);
+        }
+    }
+    return h;
+}
+
+/* 1 when formats 1 and 2 hold every entry of the table exactly. */
+static int fits_v1(const dl_plan *plan)
+{
+    for (int i = 0; i < plan->nt; i++) {
+        const dl_tensor *e = &plan->t[i];
+        if (e->ndim > 2 || strnlen(e->name, sizeof e->name) >= 48) return 0;
+        for (int d = 0; d < e->ndim; d++)
+            if ((uint64_t)e->shape[d] > UINT32_MAX) return 0;
+    }
+    return 1;
+}
+
 uint64_t dl_plan_fingerprint(const dl_plan *plan, const void *model_cfg_bytes, size_t len)
 {
     assert(plan && (model_cfg_bytes || len == 0));
+    if (!fits_v1(plan)) return dl_plan_fingerprint_v3(plan, model_cfg_bytes, len);
     int v2 = plan->nb != plan->nt;
     unsigned char hdr[28], rec[84], brec[20];
     unsigned char *b = hdr;
@@ -454,7 +538,7 @@ uint64_t dl_plan_fingerprint(const dl_plan *plan, const void *model_cfg_bytes, s
         int nbk = dl_plan_tensor_nblocks(plan, i);
         memset(rec, 0, sizeof rec);
         /* strnlen-bounded copy: bytes after the terminator are not hashed. */
-        memcpy(rec, e->name, strnlen(e->name, sizeof e->name));
+        memcpy(rec, e->name, strnlen(e->name, 48));
         b = put_u32(rec + 48, (uint32_t)e->ndim);
         b = put_u32(b, (uint32_t)e->shape[0]);
         b = put_u32(b, e->ndim > 1 ? (uint32_t)e->shape[1] : 0);

@@ -19,7 +19,8 @@
  * ceil(total / P) floats, with at least two rows, may be split into row
  * blocks: rows [r0, r1) of a row-major [rows, cols] tensor are elements
  * [r0*cols, r1*cols), so every block of a 2-D tensor starts and ends on a row
- * boundary (a 1-D tensor's rows are its elements).
+ * boundary (a 1-D tensor's rows are its elements; a 3- or 4-D tensor's rows
+ * are its shape[0] slices, cols the product of the other dimensions).
  *
  * Packing. First the whole-tensor plan (LPT): tensors sorted by numel
  * descending (ties: lower table index first), each assigned to the fragment
@@ -60,7 +61,7 @@ typedef struct dl_plan dl_plan;
 typedef struct {
     size_t offset; /* start inside the fragment payload */
     size_t src;    /* start inside the parameter buffer: the tensor's offset + start */
-    size_t start;  /* first element inside the tensor: 0 for a whole tensor, a multiple of shape[1] for 2-D */
+    size_t start;  /* first element inside the tensor: 0 for a whole tensor, a multiple of the row length */
     size_t numel;
     int kind;      /* DL_TENSOR_*: EMBED merges by weighted mean, the rest by RDA */
     int tensor;    /* index into the table */
@@ -70,7 +71,7 @@ typedef struct {
 /* Build the plan for `ntensors` tensors in buffer order (offsets strictly
  * increasing, non-overlapping). Returns 0, or DL_EINVAL (dl_errmsg() says why)
  * when P < 1, P > ntensors, or the table is malformed (empty or unterminated
- * name, numel 0 or != product of shape, ndim not 1 or 2, unknown kind,
+ * name, numel 0 or != product of shape, ndim not in [1, 4], unknown kind,
  * overlapping or out-of-order offsets). *out is NULL on failure. */
 int dl_plan_build(const dl_tensor *t, int ntensors, int P, dl_plan **out);
 /* Free the plan and NULL the pointer; safe on NULL and twice. */
@@ -107,11 +108,17 @@ void dl_plan_scatter(const dl_plan *plan, int p, const float *in, float *params)
 /* Model fingerprint: dl_hash64 over a versioned serialisation (fixed-width,
  * little-endian) of the model config bytes, P, and for every tensor its name,
  * ndim, shape, offset, numel, kind and fragment, and, when any tensor is
- * split, every block (see plan.c for the two formats: a plan without split
+ * split, every block (see plan.c for the formats: a plan without split
  * tensors keeps format 1, so its fingerprint is what it was before blocks).
- * Any change in the model, the table or the plan changes it; checked on
- * every hello. */
+ * A table that formats 1 and 2 cannot hold (a name of 48 bytes or more, more
+ * than 2 dimensions, a dimension above 2^32 - 1) gets format 3, which holds
+ * any table. Any change in the model, the table or the plan changes it;
+ * checked on every hello. */
 uint64_t dl_plan_fingerprint(const dl_plan *plan, const void *model_cfg_bytes, size_t len);
+/* Format 3 whatever the table (names length-prefixed, int64 shapes of 1-4
+ * dimensions, every block): the fingerprint of a run described by a manifest
+ * (core/manifest.h) rather than by a GPT-2 config. */
+uint64_t dl_plan_fingerprint_v3(const dl_plan *plan, const void *model_cfg_bytes, size_t len);
 
 /* max fragment bytes / mean fragment bytes (1.0 is perfect balance). */
 double dl_plan_imbalance(const dl_plan *plan);

@@ -9,6 +9,7 @@
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/shard.h"
+#include "kernels/blas_select.h"
 #include "kernels/codec.h"
 #include "learner/comms.h"
 #include "learner/dynh.h"
@@ -714,6 +715,7 @@ static int check_optimizer(const learner_cfg *cfg, double *mu_x)
 
 int main(int argc, char **argv)
 {
+    if (dl_blas_select(&argc, argv)) return 2; /* before any matmul: OpenBLAS's kernels (kernels/blas_select.h) */
     learner_cfg cfg;
     int rc = dl_cfg_parse_args(learner_table, NCFG, &cfg, argc, argv);
     if (rc == DL_CFG_HELP) {

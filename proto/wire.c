@@ -19,6 +19,7 @@
 #include "core/err.h"
 #include "core/hash.h"
 #include "core/log.h"
+#include "core/manifest.h"
 #include "core/shard.h"
 
 dl_wire_limits dl_wire_limits_default(void)
@@ -401,13 +402,51 @@ static int no_payload(const char *body, int npayload)
     return 0;
 }
 
+/* The structure of a Hello's manifest: count, names, dimensions, roles.
+ * What needs the whole list (duplicate names, the model's total size) is
+ * dl_wire_hello_manifest's, a refusal rather than a malformed message. */
+static int check_manifest(const char *b, const Dloco__V1__Hello *m)
+{
+    if (m->n_manifest > DL_MANIFEST_TENSORS_MAX)
+        return bad(b, "manifest has %zu tensors, max %d", m->n_manifest, DL_MANIFEST_TENSORS_MAX);
+    for (size_t i = 0; i < m->n_manifest; i++) {
+        const Dloco__V1__TensorSpec *t = m->manifest[i];
+        char field[48];
+        snprintf(field, sizeof field, "manifest[%zu].name", i);
+        if (!t || !t->name || !t->name[0]) return bad(b, "manifest[%zu] has no name", i);
+        DL_TRY(check_str(b, field, t->name, DL_TENSOR_NAME_MAX - 1));
+        if (t->n_shape < 1 || t->n_shape > DL_TENSOR_NDIM_MAX)
+            return bad(b, "manifest[%zu] '%s' has %zu dimensions, want 1 to %d", i, t->name, t->n_shape,
+                       DL_TENSOR_NDIM_MAX);
+        for (size_t d = 0; d < t->n_shape; d++)
+            if (t->shape[d] < 1 || t->shape[d] > DL_MANIFEST_NUMEL_MAX)
+                return bad(b, "manifest[%zu] '%s' has dimension %zu = %llu, want 1 to 2^40", i, t->name, d,
+                           (unsigned long long)t->shape[d]);
+        if (t->role < DLOCO__V1__TENSOR_ROLE__TENSOR_ROLE_MATRIX ||
+            t->role > DLOCO__V1__TENSOR_ROLE__TENSOR_ROLE_EMBEDDING)
+            return bad(b, "manifest[%zu] '%s' has role %d, want matrix, vector or embedding", i, t->name,
+                       (int)t->role);
+    }
+    return 0;
+}
+
 static int check_hello(const Dloco__V1__Hello *m, int npayload, const dl_wire_limits *lim)
 {
     const char *b = "hello";
     DL_TRY(no_payload(b, npayload));
-    if (!m->n_layer || !m->n_head || !m->n_embd || !m->seq_len || !m->vocab)
+    int any_zero = !m->n_layer || !m->n_head || !m->n_embd || !m->seq_len || !m->vocab;
+    int all_zero = !m->n_layer && !m->n_head && !m->n_embd && !m->seq_len && !m->vocab;
+    if (m->n_manifest) {
+        /* a manifest learner: its model need not be a GPT-2 config at all */
+        if (any_zero && !all_zero)
+            return bad(b, "model config partly set (n_layer %u n_head %u n_embd %u seq_len %u vocab %u): with a "
+                          "manifest all zero or all set",
+                       m->n_layer, m->n_head, m->n_embd, m->seq_len, m->vocab);
+        DL_TRY(check_manifest(b, m));
+    } else if (any_zero) {
         return bad(b, "model config has a zero (n_layer %u n_head %u n_embd %u seq_len %u vocab %u)",
                    m->n_layer, m->n_head, m->n_embd, m->seq_len, m->vocab);
+    }
     /* another P than the run's is the synchronizer's semantic refusal (a
      * fatal MISMATCH naming both shapes, so the learner stops), not a
      * malformed message that it would retry: only the protocol's cap here */
@@ -828,4 +867,90 @@ int dl_wire_recv(void *sock, int is_router, const dl_wire_limits *lim, dl_wire_m
         out->npayload = 0;
     }
     return rc;
+}
+
+/* ---- manifests in a Hello */
+
+int dl_wire_hello_manifest(const Dloco__V1__Hello *h, dl_manifest **out)
+{
+    *out = NULL;
+    if (!h->n_manifest) return 0;
+    dl_manifest *m;
+    DL_TRY(dl_manifest_open(&m));
+    int rc = 0;
+    for (size_t i = 0; i < h->n_manifest && !rc; i++) {
+        const Dloco__V1__TensorSpec *t = h->manifest[i];
+        int64_t shape[DL_TENSOR_NDIM_MAX] = {0};
+        if (t->n_shape < 1 || t->n_shape > DL_TENSOR_NDIM_MAX) {
+            rc = dl_err(DL_EINVAL, "manifest: tensor '%s' has %zu dimensions, want 1 to %d", t->name, t->n_shape,
+                        DL_TENSOR_NDIM_MAX);
+            break;
+        }
+        for (size_t d = 0; d < t->n_shape; d++)
+            shape[d] = t->shape[d] > (uint64_t)INT64_MAX ? -1 : (int64_t)t->shape[d];
+        rc = dl_manifest_add(m, t->name, (int)t->n_shape, shape, (int)t->role - 1);
+    }
+    if (!rc) rc = dl_manifest_check(m);
+    if (!rc && h->n_layer) {
+        dl_model_config cfg = {.n_layer = (int)h->n_layer, .n_head = (int)h->n_head, .n_embd = (int)h->n_embd,
+                               .seq_len = (int)h->seq_len, .vocab = (int)h->vocab};
+        if (h->n_layer > INT32_MAX || h->n_head > INT32_MAX || h->n_embd > INT32_MAX || h->seq_len > INT32_MAX ||
+            h->vocab > INT32_MAX)
+            rc = dl_err(DL_EINVAL, "manifest: the GPT-2 config beside it is out of range");
+        else rc = dl_manifest_set_gpt(m, &cfg);
+    }
+    if (rc) {
+        dl_manifest_close(&m);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+int dl_wire_hello_set_manifest(Dloco__V1__Hello *h, const dl_manifest *m, dl_wire_manifest_buf *buf)
+{
+    memset(buf, 0, sizeof *buf);
+    DL_TRY(dl_manifest_check(m));
+    int n = dl_manifest_ntensors(m);
+    size_t ndims = 0;
+    for (int i = 0; i < n; i++) ndims += (size_t)dl_manifest_tensor(m, i)->ndim;
+    buf->specs = dl_try_calloc((size_t)n, sizeof *buf->specs);
+    buf->ptrs = dl_try_calloc((size_t)n, sizeof *buf->ptrs);
+    buf->shapes = dl_try_calloc(ndims, sizeof *buf->shapes);
+    if (!buf->specs || !buf->ptrs || !buf->shapes) {
+        dl_wire_manifest_buf_free(buf);
+        return dl_err(DL_ENOMEM, "hello: out of memory for a manifest of %d tensors", n);
+    }
+    uint64_t *sh = buf->shapes;
+    for (int i = 0; i < n; i++) {
+        const dl_tensor *t = dl_manifest_tensor(m, i);
+        Dloco__V1__TensorSpec *s = &buf->specs[i];
+        dloco__v1__tensor_spec__init(s);
+        s->name = (char *)t->name; /* borrowed: protobuf-c only reads it when packing */
+        s->n_shape = (size_t)t->ndim;
+        s->shape = sh;
+        for (int d = 0; d < t->ndim; d++) *sh++ = (uint64_t)t->shape[d];
+        s->role = (Dloco__V1__TensorRole)(t->kind + 1);
+        buf->ptrs[i] = s;
+    }
+    h->n_manifest = (size_t)n;
+    h->manifest = buf->ptrs;
+    dl_model_config cfg;
+    if (dl_manifest_gpt(m, &cfg)) {
+        h->n_layer = (uint32_t)cfg.n_layer;
+        h->n_head = (uint32_t)cfg.n_head;
+        h->n_embd = (uint32_t)cfg.n_embd;
+        h->seq_len = (uint32_t)cfg.seq_len;
+        h->vocab = (uint32_t)cfg.vocab;
+    }
+    return 0;
+}
+
+void dl_wire_manifest_buf_free(dl_wire_manifest_buf *buf)
+{
+    if (!buf) return;
+    free(buf->specs);
+    free(buf->ptrs);
+    free(buf->shapes);
+    memset(buf, 0, sizeof *buf);
 }

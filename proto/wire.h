@@ -268,6 +268,34 @@ int dl_wire_unpack(const void *hdr, size_t hdr_len, const size_t *payload_lens, 
 /* Free an envelope from dl_wire_unpack and NULL the pointer; safe on NULL. */
 void dl_wire_env_free(Dloco__V1__Envelope **env);
 
+/* ---- manifests in a Hello (docs/PROTOCOL.md "Manifests") */
+
+struct dl_manifest;
+/* The manifest a validated Hello carries, in *out (free with
+ * dl_manifest_close); *out NULL and 0 when it carries none (a GPT-2
+ * learner described by n_layer..vocab alone). When n_layer..vocab are set
+ * beside it, the manifest is tagged as that GPT-2 config, so it gets the
+ * GPT-2 fingerprint. DL_EINVAL naming the tensor (duplicate names, a model
+ * past 2^40 floats), DL_EMISMATCH (the tensors are not that GPT-2 config's),
+ * DL_ENOMEM: a refusal of that learner, not a malformed message. */
+int dl_wire_hello_manifest(const Dloco__V1__Hello *h, struct dl_manifest **out);
+
+/* The protobuf-c arrays of a Hello's manifest (the names are borrowed from
+ * the manifest, which must outlive the send). */
+typedef struct {
+    Dloco__V1__TensorSpec *specs;
+    Dloco__V1__TensorSpec **ptrs;
+    uint64_t *shapes;
+} dl_wire_manifest_buf;
+/* Put manifest m into Hello h (and, for a GPT-2 manifest, its config into
+ * n_layer..vocab), with the arrays in *buf; free them with
+ * dl_wire_manifest_buf_free after dl_wire_send. DL_EINVAL from
+ * dl_manifest_check, DL_ENOMEM. dloco-learner sends no manifest, so its
+ * Hello stays byte for byte what it was. */
+int dl_wire_hello_set_manifest(Dloco__V1__Hello *h, const struct dl_manifest *m, dl_wire_manifest_buf *buf);
+/* Free and zero; safe on a zeroed buffer and twice. */
+void dl_wire_manifest_buf_free(dl_wire_manifest_buf *buf);
+
 /* ---- send / receive */
 
 /* Pack `env` into the header frame and send [routing id][header][payloads...]

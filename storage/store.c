@@ -6,6 +6,7 @@
 #include "core/err.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/manifest.h"
 #include "core/shard.h"
 
 #include <assert.h>
@@ -20,7 +21,13 @@ static int check_run(const dl_store_run *r)
     DL_TRY(dl_store_check_id("run id", r->run_id));
     if (r->fingerprint == 0) return dl_err(DL_EINVAL, "run '%s': fingerprint must be nonzero", r->run_id);
     dl_model_config m = r->model;
-    if (dl_model_config_check(&m)) return dl_err(DL_EINVAL, "run '%s': model: %s", r->run_id, dl_errmsg());
+    if (r->manifest) {
+        if (m.n_layer || m.n_head || m.n_embd || m.seq_len || m.vocab)
+            return dl_err(DL_EINVAL, "run '%s': a manifest run has no GPT-2 model fields", r->run_id);
+        if (dl_manifest_check(r->manifest)) return dl_err(DL_EINVAL, "run '%s': %s", r->run_id, dl_errmsg());
+    } else if (dl_model_config_check(&m)) {
+        return dl_err(DL_EINVAL, "run '%s': model: %s", r->run_id, dl_errmsg());
+    }
     if (r->n_fragments == 0 || r->n_fragments > MAX_FRAGMENTS || !r->numel)
         return dl_err(DL_EINVAL, "run '%s': %u fragments (need 1..%u with numels)", r->run_id, r->n_fragments,
                       MAX_FRAGMENTS);
@@ -41,6 +48,7 @@ const char *dl_store_layout_str(uint32_t shard, uint32_t shards, char buf[48])
 
 struct init_ctx {
     const dl_store_run *run;
+    const char *manifest_json; /* NULL: a GPT-2 run */
     dl_store_shard layout;
     const float *const *params;
     uint64_t **psum, **msum; /* [P][blocks of p] */
@@ -84,6 +92,16 @@ static int init_fn(dl_store *s, MDB_txn *t, void *vctx)
         put64(b + 8, n);
         memcpy(b + CONFIG_HDR, r->config_text, n);
     }
+    if (c->manifest_json) {
+        size_t n = strlen(c->manifest_json);
+        k = key_str("manifest"), v = (MDB_val){CONFIG_HDR + n, NULL};
+        MDB_CALL(mdb_put(t, s->dbi_meta, &k, &v, MDB_RESERVE));
+        b = v.mv_data;
+        put32(b, MAGIC_MANIFEST);
+        put32(b + 4, FMT_VERSION);
+        put64(b + 8, n);
+        memcpy(b + CONFIG_HDR, c->manifest_json, n);
+    }
     for (uint32_t p = 0; p < r->n_fragments; p++) {
         DL_TRY(dl_store_put_frag_hdr(s, t, p, 0, r->numel[p], c->wall));
         DL_TRY(dl_store_put_blocks(s, t, 0, p, 0, r->numel[p], c->params[p], c->psum[p]));
@@ -101,10 +119,30 @@ static const char *shape_str(const dl_model_config *m, uint32_t P, char buf[128]
 }
 
 /* A resumed run must describe the stored model and seed: DL_EMISMATCH naming
- * the first field that differs, with both values, and both shapes. */
+ * the first field that differs, with both values, and both shapes; for a
+ * manifest run the first tensor that differs. */
 static int same_model(const dl_store *s, const dl_store_run *r)
 {
     char a[128], b[128];
+    if (s->manifest && !r->manifest)
+        return dl_err(DL_EMISMATCH,
+                      "store %s holds run '%s' of a model described by a manifest (%d tensors); refusing a GPT-2 run "
+                      "(%s): start with --manifest FILE (dloco manifest %s writes the store's)",
+                      s->dir, s->run_id, dl_manifest_ntensors(s->manifest), shape_str(&r->model, r->n_fragments, a),
+                      s->dir);
+    if (!s->manifest && r->manifest)
+        return dl_err(DL_EMISMATCH,
+                      "store %s holds GPT-2 run '%s' (%s); refusing a run described by a manifest (%d tensors)",
+                      s->dir, s->run_id, shape_str(&s->model, s->n_frag, a), dl_manifest_ntensors(r->manifest));
+    if (s->manifest) {
+        char msg[512];
+        int nd = dl_manifest_diff(s->manifest, r->manifest, "the manifest given", msg, sizeof msg);
+        if (nd)
+            return dl_err(DL_EMISMATCH,
+                          "store %s holds run '%s' of another model (%d tensor%s; 'here' is the store's): %s", s->dir,
+                          s->run_id, nd, nd == 1 ? " differs" : "s differ", msg);
+        return 0; /* a manifest run has no seed: its init is a file */
+    }
     const char *names[] = {"n_layer", "n_head", "n_embd", "seq_len", "vocab"};
     int have[] = {s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.seq_len, s->model.vocab};
     int want[] = {r->model.n_layer, r->model.n_head, r->model.n_embd, r->model.seq_len, r->model.vocab};
@@ -172,18 +210,31 @@ int dl_store_init_run_shard(dl_store *s, const dl_store_run *run, const dl_store
         dl_store_hash_blocks(init_params[p], run->numel[p], sums[p]);
         dl_store_hash_blocks(NULL, run->numel[p], sums[P + p]);
     }
-    struct init_ctx c = {run, lay, init_params, sums, sums + P, dl_wallclock_ns()};
-    int rc = dl_store_write(s, dl_store_state_bytes(P, run->numel), init_fn, &c);
+    char *mj = NULL;
+    dl_manifest *mcopy = NULL;
+    int rc = 0;
+    if (run->manifest) {
+        /* the store keeps its own copy, read back from what it wrote */
+        rc = dl_manifest_to_json(run->manifest, &mj, NULL);
+        if (!rc) rc = dl_manifest_from_json(mj, strlen(mj), &mcopy);
+    }
+    struct init_ctx c = {run, mj, lay, init_params, sums, sums + P, dl_wallclock_ns()};
+    if (!rc) rc = dl_store_write(s, dl_store_state_bytes(P, run->numel), init_fn, &c);
+    free(mj);
     for (uint32_t p = 0; p < 2 * P; p++) free(sums[p]);
     free(sums);
-    if (rc < 0) return rc;
+    if (rc < 0) {
+        dl_manifest_close(&mcopy);
+        return rc;
+    }
+    s->manifest = mcopy;
     snprintf(s->run_id, sizeof s->run_id, "%s", run->run_id);
     s->fingerprint = run->fingerprint;
     s->numel = dl_xmalloc(P * sizeof *s->numel);
     memcpy(s->numel, run->numel, P * sizeof *s->numel);
     s->config_text = run->config_text ? strcpy(dl_xmalloc(strlen(run->config_text) + 1), run->config_text) : NULL;
     s->model = run->model;
-    dl_model_config_check(&s->model); /* fills padded_vocab; checked by check_run */
+    if (!s->manifest) dl_model_config_check(&s->model); /* fills padded_vocab; checked by check_run */
     s->seed = run->seed;
     s->shard = lay.shard;
     s->shards = lay.shards;

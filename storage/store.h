@@ -148,6 +148,12 @@ typedef struct {
      * must pass dl_model_config_check; padded_vocab is derived (filled on read). */
     dl_model_config model;
     uint64_t seed;           /* init seed of the version-0 params */
+    /* A manifest run (core/manifest.h): the model the fragments are views
+     * of, recorded under meta key "manifest" (a store without it, as every
+     * store before manifests, holds a GPT-2 run); `model` is then all 0.
+     * NULL: a GPT-2 run of `model`. Read back: the store's, valid until
+     * dl_store_close. */
+    const struct dl_manifest *manifest;
 } dl_store_run;
 
 /* The shard layout of a store (core/shard.h): the store of shard `shard` of
@@ -158,6 +164,8 @@ typedef struct {
     uint32_t shard, shards;
 } dl_store_shard;
 
+struct dl_manifest;
+
 /* Start or resume a run.
  * Empty store: writes meta and every fragment p at version 0 with params
  * init_params[p] (numel[p] floats) and zero momentum, in ONE transaction.
@@ -166,7 +174,9 @@ typedef struct {
  * is (resume; init_params may be NULL). Otherwise DL_EMISMATCH: a different
  * run id names both runs; a different model field or seed names that field
  * with both values; a different fingerprint, P or numel names both runs; a
- * different shard layout names both layouts. DL_EINVAL for a bad run
+ * different shard layout names both layouts. A manifest run resumes on the
+ * same manifest only: DL_EMISMATCH naming the first differing tensor, or
+ * saying which side is a GPT-2 run and which a manifest run. DL_EINVAL for a bad run
  * description (dl_model_config_check and dl_shard_check included) or
  * init_params NULL on an empty store. */
 int dl_store_init_run(dl_store *s, const dl_store_run *run, const float *const *init_params);

@@ -39,6 +39,7 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 #define MAGIC_MERGE MAGIC4('D', 'L', 'M', 'G')
 #define MAGIC_LEDGER MAGIC4('D', 'L', 'L', 'G')
 #define MAGIC_EVAL MAGIC4('D', 'L', 'E', 'V')
+#define MAGIC_MANIFEST MAGIC4('D', 'L', 'M', 'F') /* meta[manifest]: magic | fmt | length u64 | the manifest's JSON */
 #define EVAL_LEN 40
 #define FMT_VERSION 1u /* format version of every value kind above but the run (RUN_FMT) and fragment (FRAG_FMT) */
 
@@ -193,6 +194,7 @@ struct dl_store {
     uint64_t seed;
     uint32_t shard, shards; /* the shard layout as stored (shards 0 = unsharded) */
     char *config_text; /* NULL if none */
+    struct dl_manifest *manifest; /* a manifest run's model (meta[manifest]); NULL: a GPT-2 run */
     /* stats */
     int stale_cleared;
     atomic_uint map_grows, map_full_retries, grow_timeouts;

@@ -18,7 +18,8 @@ int dl_store_get_run(const dl_store *s, dl_store_run *out)
 {
     assert(s && out);
     if (!s->have_run) return dl_err(DL_ENOTFOUND, "store %s has no run", s->dir);
-    *out = (dl_store_run){s->run_id, s->fingerprint, s->config_text, s->n_frag, s->numel, s->model, s->seed};
+    *out = (dl_store_run){s->run_id, s->fingerprint, s->config_text, s->n_frag, s->numel, s->model, s->seed,
+                          s->manifest};
     return 0;
 }
 

@@ -3,6 +3,7 @@
 #include "storage/store_int.h"
 
 #include "core/err.h"
+#include "core/manifest.h"
 #include "core/log.h"
 #include "core/shard.h"
 
@@ -265,7 +266,8 @@ static int load_run(dl_store *s, MDB_txn *t)
         return dl_err(DL_ECORRUPT, "meta[run]: P=%u, id length %u, %zu bytes do not fit", P, idlen, v.mv_size);
     dl_model_config m = {.n_layer = (int)get32(b + 96), .n_head = (int)get32(b + 100), .n_embd = (int)get32(b + 104),
                          .seq_len = (int)get32(b + 108), .vocab = (int)get32(b + 112)};
-    if (dl_model_config_check(&m)) return dl_err(DL_ECORRUPT, "meta[run]: bad model: %s", dl_errmsg());
+    int manifest_run = !m.n_layer && !m.n_head && !m.n_embd && !m.seq_len && !m.vocab;
+    if (!manifest_run && dl_model_config_check(&m)) return dl_err(DL_ECORRUPT, "meta[run]: bad model: %s", dl_errmsg());
     s->model = m;
     s->seed = get64(b + 120);
     s->shard = get32(b + 116) & 0xffff;
@@ -291,6 +293,23 @@ static int load_run(dl_store *s, MDB_txn *t)
         s->config_text[v.mv_size - CONFIG_HDR] = 0;
     } else if (rc != MDB_NOTFOUND) {
         return dl_store_mdb_fail(rc, "mdb_get(meta, config)", __FILE__, __LINE__);
+    }
+    /* meta[manifest]: a manifest run's model; a store without it (every
+     * store from before manifests) holds a GPT-2 run */
+    k = key_str("manifest");
+    rc = mdb_get(t, s->dbi_meta, &k, &v);
+    if (rc == MDB_SUCCESS) {
+        b = v.mv_data;
+        if (v.mv_size < CONFIG_HDR || get32(b) != MAGIC_MANIFEST || get32(b + 4) != FMT_VERSION ||
+            get64(b + 8) != v.mv_size - CONFIG_HDR)
+            return dl_err(DL_ECORRUPT, "meta[manifest]: bad size/magic/format (%zu bytes)", v.mv_size);
+        if (!manifest_run) return dl_err(DL_ECORRUPT, "meta[manifest] beside a GPT-2 model in meta[run]");
+        if (dl_manifest_from_json((const char *)b + CONFIG_HDR, v.mv_size - CONFIG_HDR, &s->manifest))
+            return dl_err(DL_ECORRUPT, "meta[manifest]: %s", dl_errmsg());
+    } else if (rc != MDB_NOTFOUND) {
+        return dl_store_mdb_fail(rc, "mdb_get(meta, manifest)", __FILE__, __LINE__);
+    } else if (manifest_run) {
+        return dl_err(DL_ECORRUPT, "meta[run]: no GPT-2 model and no meta[manifest]");
     }
     s->have_run = 1;
     return 0;
@@ -523,6 +542,7 @@ void dl_store_close(dl_store **sp)
     pthread_cond_destroy(&s->gate_cv);
     free(s->numel);
     free(s->config_text);
+    dl_manifest_close(&s->manifest);
     free(s->dir);
     free(s);
     *sp = NULL;

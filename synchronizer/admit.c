@@ -6,6 +6,7 @@
 #include "core/err.h"
 #include "core/event.h"
 #include "core/log.h"
+#include "core/manifest.h"
 #include "core/hash.h"
 
 #include <math.h>
@@ -162,6 +163,58 @@ void dl_admit_mark_left(dl_sync *s, dl_registry_learner *l, int slot, int64_t no
     dl_uplink_drop(s, slot, why == DL_POLICY_LEAVE_BYE ? "bye" : "dead");
 }
 
+/* A Hello where the learner or the run (or both) is described by a manifest
+ * (docs/PROTOCOL.md "Manifests"). 0 when it may join: *tps its tokens-per-step
+ * bound (0: a GPT-2 learner's batch x seq_len), *checked when the
+ * fingerprint and P were checked here. Else the refusal's code (the caller
+ * sends it as a fatal Error) with dl_errmsg() saying what differs. */
+static int manifest_hello(dl_sync *s, const Dloco__V1__Hello *h, uint64_t *tps, int *checked)
+{
+    const dl_model_config *m = &s->cfg.model;
+    const dl_manifest *run = s->cfg.manifest;
+    if (!h->n_manifest)
+        return dl_err(DL_EMISMATCH,
+                      "this learner is a GPT-2 learner (L=%u NH=%u C=%u T=%u V=%u), but this run's model is described "
+                      "by a manifest (%d tensors, not a GPT-2 config): join it with a learner of that model",
+                      h->n_layer, h->n_head, h->n_embd, h->seq_len, h->vocab, dl_manifest_ntensors(run));
+    dl_manifest *lm = NULL;
+    int rc = dl_wire_hello_manifest(h, &lm);
+    if (rc) return dl_err(rc == DL_ENOMEM ? DL_ENOMEM : DL_EMISMATCH, "the learner's manifest: %s", dl_errmsg());
+    if (!run) {
+        /* a GPT-2 run: only a manifest of this very GPT-2 model may join
+         * (then with the GPT-2 fingerprint, checked by the caller) */
+        dl_model_config g;
+        int same = dl_manifest_gpt(lm, &g) && g.n_layer == m->n_layer && g.n_head == m->n_head &&
+                   g.n_embd == m->n_embd && g.seq_len == m->seq_len && g.vocab == m->vocab;
+        int n = dl_manifest_ntensors(lm);
+        dl_manifest_close(&lm);
+        if (!same)
+            return dl_err(DL_EMISMATCH,
+                          "this learner's model is described by a manifest (%d tensors, not this run's GPT-2 config), "
+                          "but this is a GPT-2 run (L=%d NH=%d C=%d T=%d V=%d): start a synchronizer for that model "
+                          "(dloco-sync --manifest FILE --init_from FILE.safetensors)",
+                          n, m->n_layer, m->n_head, m->n_embd, m->seq_len, m->vocab);
+        return 0;
+    }
+    char msg[512];
+    int nd = dl_manifest_diff(run, lm, "the learner's manifest", msg, sizeof msg);
+    dl_manifest_close(&lm);
+    if (nd)
+        return dl_err(DL_EMISMATCH, "the learner's model is not this run's (%d tensor%s; 'here' is the run's): %s",
+                      nd, nd == 1 ? " differs" : "s differ", msg);
+    if (h->num_fragments != (uint32_t)s->cfg.P || h->fingerprint != s->fingerprint)
+        return dl_err(DL_EMISMATCH,
+                      "the learner's manifest is this run's, but its plan is not: P=%u fingerprint %016llx, the run's "
+                      "P=%d fingerprint %016llx",
+                      h->num_fragments, (unsigned long long)h->fingerprint, s->cfg.P,
+                      (unsigned long long)s->fingerprint);
+    *checked = 1;
+    char why[256];
+    if (dl_guard_tokens_bound(s->guard, h->max_tokens_per_step, tps, why, sizeof why))
+        return dl_err(DL_EINVAL, "%s", why);
+    return 0;
+}
+
 void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env, const Dloco__V1__Hello *h)
 {
     const uint8_t *route = msg->id;
@@ -173,7 +226,16 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
         return;
     }
     const dl_model_config *m = &s->cfg.model;
-    if (h->fingerprint != s->fingerprint || h->num_fragments != (uint32_t)s->cfg.P) {
+    uint64_t tps = 0;
+    int checked = 0;
+    if (h->n_manifest || s->cfg.manifest) {
+        int rc = manifest_hello(s, h, &tps, &checked);
+        if (rc) {
+            dl_downlink_error(s, route, rlen, id, rc, 1, "%s", dl_errmsg());
+            return;
+        }
+    }
+    if (!checked && (h->fingerprint != s->fingerprint || h->num_fragments != (uint32_t)s->cfg.P)) {
         dl_downlink_error(s, route, rlen, id, DL_EMISMATCH, 1,
                           "model fingerprint %016llx (L=%u NH=%u C=%u T=%u V=%u P=%u) does not match the run's %016llx "
                           "(L=%d NH=%d C=%d T=%d V=%d P=%d)",
@@ -322,6 +384,7 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
     l->left_ns = 0;
     l->hellos++;
     l->batch = h->batch;
+    l->tps = tps;
     l->instance = h->instance;
     l->max_chunk = h->max_chunk_bytes & ~3u;
     /* whatever it holds, its first Update of each fragment from now is full */
@@ -431,7 +494,8 @@ void dl_admit_heartbeat(dl_sync *s, int slot, dl_registry_learner *l, const Dloc
     double since = (double)(now - l->hello_ns) * 1e-9 + (double)s->cfg.rebase_ms * 1e-3;
     uint64_t cap = l->step + (uint64_t)ceil(since * s->cfg.guard.max_step_rate) + s->cfg.guard.step_slack;
     uint64_t batch = l->batch ? l->batch : s->cfg.guard.max_batch;
-    unsigned __int128 tok_cap = (unsigned __int128)(hb->step + 1) * batch * (uint64_t)s->cfg.model.seq_len;
+    uint64_t per_step = l->tps ? l->tps : batch * (uint64_t)s->cfg.model.seq_len;
+    unsigned __int128 tok_cap = (unsigned __int128)(hb->step + 1) * per_step;
     if ((hb->step > cap && hb->step > l->step) || (unsigned __int128)hb->tokens > tok_cap) {
         dl_event("heartbeat_ignored", "id=%s step=%llu tokens=%llu plausible=%llu", l->id,
                  (unsigned long long)hb->step, (unsigned long long)hb->tokens, (unsigned long long)cap);

@@ -82,6 +82,7 @@ dl_guard_cfg dl_guard_cfg_default(void)
         .max_step_rate = 10000.0, /* a small model on a GPU makes thousands */
         .step_slack = 64,
         .max_batch = 65536,
+        .max_tokens_per_step = 1ull << 24,
     };
     return c;
 }
@@ -106,6 +107,9 @@ int dl_guard_cfg_check(const dl_guard_cfg *c)
     if (!(c->max_step_rate > 0.0 && c->max_step_rate <= 1e9))
         return dl_err(DL_EINVAL, "guard config: max_step_rate %g outside (0, 1e9] steps/s", c->max_step_rate);
     if (c->max_batch < 1) return dl_err(DL_EINVAL, "guard config: max_batch %u must be >= 1", c->max_batch);
+    if (c->max_tokens_per_step < 1 || c->max_tokens_per_step > (1ull << 40))
+        return dl_err(DL_EINVAL, "guard config: max_tokens_per_step %llu outside [1, 2^40]",
+                      (unsigned long long)c->max_tokens_per_step);
     return 0;
 }
 
@@ -205,23 +209,17 @@ const dl_guard_cfg *dl_guard_get_cfg(const dl_guard *g) { return &g->cfg; }
 
 /* ---------------------------------------------------------------- counters */
 
-int dl_guard_counters(const dl_guard *g, uint32_t batch, uint32_t seq_len, uint64_t steps, uint64_t tokens,
-                      double elapsed_s, char *why, size_t cap)
+/* tokens <= steps * bs without forming the product: with q = tokens / bs,
+ * r = tokens % bs, tokens > steps * bs  <=>  q > steps or (q == steps and
+ * r > 0). */
+static int tokens_over(uint64_t bs, uint64_t steps, uint64_t tokens)
 {
-    assert(elapsed_s >= 0.0); /* also refuses NaN */
-    uint32_t b = batch ? batch : g->cfg.max_batch;
-    /* tokens <= steps * bs without forming the product: with q = tokens / bs,
-     * r = tokens % bs, tokens > steps * bs  <=>  q > steps or (q == steps and
-     * r > 0). bs < 2^64 as a product of two 32-bit numbers. */
-    uint64_t bs = (uint64_t)b * seq_len;
-    int over = bs ? (tokens / bs > steps || (tokens / bs == steps && tokens % bs)) : tokens > 0;
-    if (over) {
-        /* steps * bs < tokens <= UINT64_MAX here, so it is printable exactly */
-        return refuse(DL_ERANGE, why, cap, "tokens %llu > steps %llu x batch %u%s x seq_len %u = %llu",
-                      (unsigned long long)tokens, (unsigned long long)steps, b,
-                      batch ? "" : " (max_batch: none declared)", seq_len, (unsigned long long)(steps * bs));
-    }
-    /* ceil(elapsed * rate) + slack, saturating */
+    return bs ? (tokens / bs > steps || (tokens / bs == steps && tokens % bs)) : tokens > 0;
+}
+
+/* ceil(elapsed * rate) + slack, saturating */
+static int steps_check(const dl_guard *g, uint64_t steps, double elapsed_s, char *why, size_t cap)
+{
     double r = ceil(elapsed_s * g->cfg.max_step_rate);
     uint64_t lim = r >= 18446744073709551616.0 ? UINT64_MAX : (uint64_t)r;
     lim = lim > UINT64_MAX - g->cfg.step_slack ? UINT64_MAX : lim + g->cfg.step_slack;
@@ -232,6 +230,40 @@ int dl_guard_counters(const dl_guard *g, uint32_t batch, uint32_t seq_len, uint6
                       (unsigned long long)g->cfg.step_slack);
     }
     return 0;
+}
+
+int dl_guard_counters(const dl_guard *g, uint32_t batch, uint32_t seq_len, uint64_t steps, uint64_t tokens,
+                      double elapsed_s, char *why, size_t cap)
+{
+    assert(elapsed_s >= 0.0); /* also refuses NaN */
+    uint32_t b = batch ? batch : g->cfg.max_batch;
+    uint64_t bs = (uint64_t)b * seq_len; /* < 2^64 as a product of two 32-bit numbers */
+    if (tokens_over(bs, steps, tokens)) {
+        /* steps * bs < tokens <= UINT64_MAX here, so it is printable exactly */
+        return refuse(DL_ERANGE, why, cap, "tokens %llu > steps %llu x batch %u%s x seq_len %u = %llu",
+                      (unsigned long long)tokens, (unsigned long long)steps, b,
+                      batch ? "" : " (max_batch: none declared)", seq_len, (unsigned long long)(steps * bs));
+    }
+    return steps_check(g, steps, elapsed_s, why, cap);
+}
+
+int dl_guard_counters_tps(const dl_guard *g, uint64_t tps, uint64_t steps, uint64_t tokens, double elapsed_s,
+                          char *why, size_t cap)
+{
+    assert(elapsed_s >= 0.0);
+    if (tokens_over(tps, steps, tokens))
+        return refuse(DL_ERANGE, why, cap, "tokens %llu > steps %llu x max_tokens_per_step %llu = %llu",
+                      (unsigned long long)tokens, (unsigned long long)steps, (unsigned long long)tps,
+                      (unsigned long long)(steps * tps));
+    return steps_check(g, steps, elapsed_s, why, cap);
+}
+
+int dl_guard_tokens_bound(const dl_guard *g, uint64_t claim, uint64_t *bound, char *why, size_t cap)
+{
+    *bound = claim ? claim : g->cfg.max_tokens_per_step;
+    if (claim <= g->cfg.max_tokens_per_step) return 0;
+    return refuse(DL_ERANGE, why, cap, "max_tokens_per_step %llu > the run's max_tokens_per_step %llu",
+                  (unsigned long long)claim, (unsigned long long)g->cfg.max_tokens_per_step);
 }
 
 int dl_guard_batch(const dl_guard *g, uint32_t batch, char *why, size_t cap)

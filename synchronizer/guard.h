@@ -105,6 +105,9 @@ typedef struct {
     uint64_t step_slack;      /* steps allowed on top of max_step_rate x elapsed (any value); default 64 */
     uint32_t max_batch;       /* sequences per step a learner may declare at Hello (and the bound used for a Hello
                                  without a batch), >= 1; default 65536 */
+    uint64_t max_tokens_per_step; /* manifest learners (docs/PROTOCOL.md "Manifests"): the most tokens per step
+                                 one may claim at Hello (and the bound of one that claims none), [1, 2^40];
+                                 default 2^24 */
 } dl_guard_cfg;
 
 /* Outcomes of dl_guard_value. */
@@ -143,6 +146,16 @@ const dl_guard_cfg *dl_guard_get_cfg(const dl_guard *g);
  * push's base version, or since its Hello if it has not adopted since). */
 int dl_guard_counters(const dl_guard *g, uint32_t batch, uint32_t seq_len, uint64_t steps, uint64_t tokens,
                       double elapsed_s, char *why, size_t cap);
+/* The same rules for a manifest learner: tokens <= steps x tokens_per_step,
+ * the learner's bound (dl_guard_tokens_bound): "tokens 9000 > steps 2 x
+ * max_tokens_per_step 4096 = 8192". */
+int dl_guard_counters_tps(const dl_guard *g, uint64_t tokens_per_step, uint64_t steps, uint64_t tokens,
+                          double elapsed_s, char *why, size_t cap);
+/* A manifest learner's tokens-per-step bound from its Hello claim
+ * (Hello.max_tokens_per_step; 0 = none: the run's max_tokens_per_step). 0
+ * with *bound set, or DL_ERANGE with the reason in why when the claim is
+ * above the run's max_tokens_per_step. */
+int dl_guard_tokens_bound(const dl_guard *g, uint64_t claim, uint64_t *bound, char *why, size_t cap);
 /* Batch declared at Hello: 0 when acceptable (0 = not declared), DL_ERANGE
  * with the reason in why when > max_batch. */
 int dl_guard_batch(const dl_guard *g, uint32_t batch, char *why, size_t cap);

@@ -4,10 +4,13 @@
 #include "core/err.h"
 #include "core/event.h"
 #include "core/log.h"
+#include "core/manifest.h"
 #include "core/model.h"
 #include "core/shard.h"
+#include "kernels/blas_select.h"
 #include "kernels/codec.h"
 #include "storage/store.h"
+#include "storage/tensorfile.h"
 #include "synchronizer/sync.h"
 
 #include <stddef.h>
@@ -19,7 +22,7 @@ typedef struct {
     char bind[DL_CFG_STRLEN], store[DL_CFG_STRLEN], run_id[DL_CFG_STRLEN];
     dl_model_opts model; /* n_layer .. vocab and fragments: DL_MODEL_CFG_ROWS */
     int64_t H, seed, shard, shards;
-    char init_from[DL_CFG_STRLEN];
+    char init_from[DL_CFG_STRLEN], manifest[DL_CFG_STRLEN];
     char policy[DL_CFG_STRLEN];
     int64_t quorum, grace_cap_ms, max_staleness, max_learners;
     double gamma, mad_k, grace_steps;
@@ -37,7 +40,7 @@ typedef struct {
     char update_codec[DL_CFG_STRLEN], update_rounding[DL_CFG_STRLEN];
     int64_t update_block, update_topk;
     double norm_k, norm_param_ratio, param_abs_max, max_step_rate;
-    int64_t norm_window, norm_min_history, step_slack, max_batch;
+    int64_t norm_window, norm_min_history, step_slack, max_batch, max_tokens_per_step;
     char norm_action[DL_CFG_STRLEN];
     char metrics[DL_CFG_STRLEN];
     int64_t eval_every_s, eval_seqs, eval_batch, eval_threads, eval_max_mb;
@@ -61,6 +64,10 @@ static const dl_cfg_entry table[] = {
      "a new run's global model from this file instead of the seed: a safetensors file (dloco export, or an HF "
      "model.safetensors / its directory) or an llm.c checkpoint; its model must be this run's; refused on a store "
      "that already holds a run (docs/OPERATING.md)"},
+    {"manifest", DL_CFG_STR, F(manifest), 0, 0, "", NULL, 0,
+     "a run of any model: its manifest (JSON: tensor names, shapes, roles; docs/OPERATING.md \"Manifest runs\") "
+     "instead of the GPT-2 options; a new run needs init_from (a safetensors file of those tensors). A safetensors "
+     "init_from that carries a manifest makes a manifest run by itself"},
     {"policy", DL_CFG_ENUM, F(policy), 0, 0, "decoupled", "decoupled|sync|sync-elastic", 0, "merge policy"},
     {"quorum", DL_CFG_INT, F(quorum), 1, 65536, "1", NULL, 1, "K: learners before a round may close", "learners"},
     {"grace_cap_ms", DL_CFG_INT, F(grace_cap_ms), 1, 86400000, "5000", NULL, 1, "grace window cap, ms"},
@@ -146,6 +153,9 @@ static const dl_cfg_entry table[] = {
      "steps"},
     {"max_batch", DL_CFG_INT, F(max_batch), 1, 4294967295.0, "65536", NULL, 1,
      "largest batch (sequences per step) a learner may declare: bounds a push's tokens", "sequences"},
+    {"max_tokens_per_step", DL_CFG_INT, F(max_tokens_per_step), 1, 1099511627776.0, "16777216", NULL, 1,
+     "manifest learners: the most tokens per step one may claim at Hello (and the bound of one that claims none): "
+     "bounds a push's tokens", "tokens"},
     {"heartbeat_ms", DL_CFG_INT, F(heartbeat_ms), 10, 60000, "500", NULL, 0, "heartbeat period, ms"},
     {"liveness", DL_CFG_INT, F(liveness), 2, 100, "6", NULL, 0, "missed heartbeats before a learner is dead",
      "heartbeats"},
@@ -225,6 +235,7 @@ static int tunables_of(const sync_cfg *c, dl_sync_tunables *t)
     t->guard.max_step_rate = c->max_step_rate;
     t->guard.step_slack = (uint64_t)c->step_slack;
     t->guard.max_batch = (uint32_t)c->max_batch;
+    t->guard.max_tokens_per_step = (uint64_t)c->max_tokens_per_step;
     DL_TRY(dl_guard_cfg_check(&t->guard));
     return 0;
 }
@@ -325,8 +336,41 @@ static void reload_done(void *ctx, int applied)
     running = candidate;
 }
 
+/* The run's manifest: from --manifest, else from a safetensors init_from
+ * that carries one; NULL (a GPT-2 run) otherwise. A GPT-2 manifest is
+ * refused: such a run is started with the GPT-2 options, whose runs keep
+ * what they always were. */
+static int manifest_of(const sync_cfg *c, dl_manifest **out)
+{
+    *out = NULL;
+    int rc;
+    if (c->manifest[0]) {
+        DL_TRY(dl_manifest_load(c->manifest, out));
+    } else if (c->init_from[0]) {
+        rc = dl_tensorfile_manifest(c->init_from, out);
+        /* EINVAL: a safetensors file whose manifest is bad; anything else
+         * (no manifest, an llm.c file, an HF directory) is a GPT-2 init file
+         * for storage/modelfile.c to read or refuse */
+        if (rc == DL_EINVAL) return rc;
+        if (rc) return 0;
+    } else {
+        return 0;
+    }
+    dl_model_config g;
+    if (dl_manifest_gpt(*out, &g)) {
+        rc = dl_err(DL_EINVAL,
+                    "the manifest is dloco's GPT-2 (n_layer %d n_head %d n_embd %d seq_len %d vocab %d): start that "
+                    "run with those options instead of a manifest",
+                    g.n_layer, g.n_head, g.n_embd, g.seq_len, g.vocab);
+        dl_manifest_close(out);
+        return rc;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (dl_blas_select(&argc, argv)) return 2; /* the evaluation's matmuls: OpenBLAS's kernels (kernels/blas_select.h) */
     sync_cfg c;
     int rc = dl_cfg_parse_args(table, NCFG, &c, argc, argv);
     if (rc == DL_CFG_HELP) {
@@ -367,6 +411,9 @@ int main(int argc, char **argv)
     if (strlen(c.init_from) >= sizeof sc.init_from)
         return fail("bad configuration", dl_err(DL_EINVAL, "init_from: path longer than %zu bytes", sizeof sc.init_from - 1));
     snprintf(sc.init_from, sizeof sc.init_from, "%s", c.init_from);
+    dl_manifest *man = NULL;
+    if ((rc = manifest_of(&c, &man))) return fail("bad configuration (options manifest, init_from)", rc);
+    sc.manifest = man;
     dl_sync_tunables t;
     if ((rc = tunables_of(&c, &t))) return fail("bad configuration", rc);
     sc.policy = t.policy;
@@ -412,6 +459,7 @@ int main(int argc, char **argv)
     dl_sync *s = NULL;
     if ((rc = dl_sync_open(&sc, &s))) {
         free(config_text);
+        dl_manifest_close(&man);
         return fail("cannot start", rc);
     }
     saved_argc = argc;
@@ -423,6 +471,7 @@ int main(int argc, char **argv)
     dl_sync_run(s);
     dl_sync_summary(s, stdout);
     dl_sync_close(&s);
+    dl_manifest_close(&man);
     free(config_text);
     return 0;
 }

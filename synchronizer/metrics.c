@@ -310,7 +310,8 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
                {"param_abs_max", g->param_abs_max},
                {"max_step_rate", g->max_step_rate},
                {"step_slack", (double)g->step_slack},
-               {"max_batch", g->max_batch}};
+               {"max_batch", g->max_batch},
+               {"max_tokens_per_step", (double)g->max_tokens_per_step}};
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         lab1(lb, sizeof lb, "option", cfg[i].n);
         /* options held as float as the file spells them (outer_lr 0.7 shows 0.7,

@@ -36,6 +36,8 @@ typedef struct {
     int64_t first_seen_wall; /* wallclock ns of its first Hello */
     int64_t hello_ns;        /* monotonic ns of its latest Hello */
     uint32_t batch;          /* sequences per step it declared at Hello (0 = not declared) */
+    uint64_t tps;            /* a manifest learner's tokens-per-step bound (its Hello claim, or the run's
+                                max_tokens_per_step when none); 0: a GPT-2 learner, bound batch x seq_len */
     uint64_t instance;       /* Hello.instance of its latest welcomed Hello: which process holds the id (0 = older learner) */
     uint32_t max_chunk;      /* largest Update chunk it takes, bytes (Hello.max_chunk_bytes; 0 = whole fragments) */
     uint64_t step, tokens;   /* from its latest Heartbeat (or Bye): inner step, tokens processed since start */

@@ -165,6 +165,8 @@ int dl_report_tunables_diff(const dl_sync_tunables *a, const dl_sync_tunables *b
     CHANGED("max_step_rate", "%g", g->max_step_rate, h->max_step_rate);
     CHANGED("step_slack", "%llu", (unsigned long long)g->step_slack, (unsigned long long)h->step_slack);
     CHANGED("max_batch", "%u", g->max_batch, h->max_batch);
+    CHANGED("max_tokens_per_step", "%llu", (unsigned long long)g->max_tokens_per_step,
+            (unsigned long long)h->max_tokens_per_step);
 #undef CHANGED
     return d.n;
 }

@@ -8,9 +8,11 @@
 #include "core/err.h"
 #include "core/event.h"
 #include "core/log.h"
+#include "core/manifest.h"
 #include "core/plan.h"
 #include "learner/gpt.h"
 #include "storage/modelfile.h"
+#include "storage/tensorfile.h"
 #include "synchronizer/report.h"
 
 #include <errno.h>
@@ -232,6 +234,11 @@ static void open_eval(dl_sync *s)
         s->met.eval_wall = last.wallclock_ns;
     }
     if (s->cfg.eval_every_s <= 0) return;
+    if (s->cfg.manifest) {
+        DL_INFO("periodic evaluation off: it evaluates dloco's GPT-2 only, and this run's model is described by a "
+                "manifest");
+        return;
+    }
     if (s->cfg.shards > 1) {
         DL_INFO("periodic evaluation off: shard %d of %d holds only its own fragments", s->cfg.shard, s->cfg.shards);
         return;
@@ -389,6 +396,27 @@ static int count_learner(const dl_store_learner *r, void *ctx)
     return 0;
 }
 
+/* A manifest run without an init file: only a store that holds the run
+ * resumes; a new one has no version 0, since nothing here knows how to
+ * initialise a model it has only a manifest of. Read before the store is
+ * opened for writing, so the refusal leaves no new store behind. */
+static int manifest_needs_init(dl_sync *s)
+{
+    dl_store_opts o = dl_store_opts_default();
+    o.read_only = 1;
+    dl_store *st = NULL;
+    dl_store_run have;
+    int has = dl_store_open(s->cfg.store, &o, &st) == 0 && dl_store_get_run(st, &have) == 0;
+    dl_store_close(&st);
+    if (has) return 0;
+    return dl_err(DL_EINVAL,
+                  "store %s holds no run, and a new run of a model described by a manifest needs its version 0 from "
+                  "a file: the synchronizer cannot invent an init for a model it does not know. Give --init_from "
+                  "FILE.safetensors (the model's initial weights under the manifest's names, docs/OPERATING.md "
+                  "\"Manifest runs\")",
+                  s->cfg.store);
+}
+
 /* --init_from onto a store: only one without a run. */
 static int init_from_refuse_run(dl_sync *s)
 {
@@ -462,6 +490,18 @@ static int open_router(dl_sync *s)
  * store's. */
 static int init_from_file(dl_sync *s, float *full)
 {
+    if (s->cfg.manifest) {
+        dl_tensorfile_info ti;
+        int rc = dl_tensorfile_read(s->cfg.init_from, s->cfg.manifest, full, &ti);
+        if (rc) {
+            char why[1024];
+            snprintf(why, sizeof why, "%s", dl_errmsg());
+            return dl_err(rc, "--init_from %s", why);
+        }
+        DL_INFO("new run %s: global model from %s (safetensors of the manifest's %d tensors, %s)", s->cfg.run_id,
+                s->cfg.init_from, dl_manifest_ntensors(s->cfg.manifest), ti.dtype);
+        return 0;
+    }
     dl_modelfile_info info;
     int rc = dl_modelfile_read(s->cfg.init_from, &s->cfg.model, full, &info);
     if (rc) {
@@ -483,9 +523,16 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     dl_syncmet_init(&s->met, cfg->P > 0 ? cfg->P : 1);
     int rc = 0;
     float *full = NULL;
-    if ((rc = dl_model_config_check(&s->cfg.model))) goto fail;
-    if ((rc = dl_model_plan_open(&s->cfg.model, s->cfg.P, &s->plan))) goto fail;
-    s->fingerprint = dl_model_fingerprint(&s->cfg.model, s->plan);
+    if (s->cfg.manifest) {
+        /* the run's model is the manifest's: no GPT-2 fields anywhere */
+        memset(&s->cfg.model, 0, sizeof s->cfg.model);
+        if ((rc = dl_manifest_plan_open(s->cfg.manifest, s->cfg.P, &s->plan))) goto fail;
+        s->fingerprint = dl_manifest_fingerprint(s->cfg.manifest, s->plan);
+    } else {
+        if ((rc = dl_model_config_check(&s->cfg.model))) goto fail;
+        if ((rc = dl_model_plan_open(&s->cfg.model, s->cfg.P, &s->plan))) goto fail;
+        s->fingerprint = dl_model_fingerprint(&s->cfg.model, s->plan);
+    }
     int P = s->cfg.P;
     if ((rc = dl_shard_check(P, s->cfg.shard, s->cfg.shards))) goto fail;
     if (s->cfg.shards <= 1) s->cfg.shard = 0, s->cfg.shards = 1;
@@ -582,6 +629,9 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     full = dl_xmalloc(dl_plan_total_numel(s->plan) * sizeof(float));
     if (s->cfg.init_from[0]) {
         if ((rc = init_from_file(s, full))) goto fail;
+    } else if (s->cfg.manifest) {
+        if ((rc = manifest_needs_init(s))) goto fail;
+        memset(full, 0, dl_plan_total_numel(s->plan) * sizeof(float)); /* unused: the store holds the run */
     } else if ((rc = dl_model_init_params(&s->cfg.model, s->cfg.seed, full))) {
         goto fail;
     }
@@ -592,9 +642,10 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
                         .fingerprint = s->fingerprint,
                         .config_text = s->cfg.config_text,
                         .model = s->cfg.model,
-                        .seed = s->cfg.seed,
+                        .seed = s->cfg.manifest ? 0 : s->cfg.seed, /* a manifest run's init is a file */
                         .n_fragments = (uint32_t)P,
-                        .numel = s->numel};
+                        .numel = s->numel,
+                        .manifest = s->cfg.manifest};
     dl_store_shard layout = {(uint32_t)s->cfg.shard, (uint32_t)s->cfg.shards};
     if ((rc = dl_store_init_run_shard(s->store, &run, &layout, (const float *const *)s->params))) goto fail;
     for (int p = 0; p < P; p++)

@@ -27,7 +27,12 @@ typedef struct {
     int H;                 /* inner steps between two pushes of one fragment */
     uint64_t seed;         /* init of a new run's global model */
     char init_from[256];   /* "" or a model file (storage/modelfile.h) a NEW run's global model starts from instead of
-                              the seeded init; refused on a store that already holds a run */
+                              the seeded init; refused on a store that already holds a run. A manifest run's
+                              is a safetensors file of the manifest's tensors (storage/tensorfile.h) */
+    const struct dl_manifest *manifest; /* NULL: a GPT-2 run of `model`. Else the run's model (core/manifest.h, not
+                              a GPT-2 one): its plan and fingerprint, version 0 from init_from (required for a new
+                              run), the store records it; `model` is unused. The caller's, kept until
+                              dl_sync_close */
     dl_policy_cfg policy;
     dl_merge_opts merge;
     int heartbeat_ms;      /* both directions */

@@ -193,12 +193,15 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
     double elapsed = (double)(now - since) * 1e-9;
     if (elapsed < 0) elapsed = 0;
     uint64_t batch = l->batch ? l->batch : s->cfg.guard.max_batch;
+    /* tokens per step: a manifest learner's bound, else batch x seq_len */
+    uint64_t per_step = l->tps ? l->tps : batch * (uint64_t)s->cfg.model.seq_len;
     uint64_t steps_max = (uint64_t)ceil(elapsed * s->cfg.guard.max_step_rate) + s->cfg.guard.step_slack;
     uint64_t plausible = ph->tokens;
-    if (dl_guard_counters(s->guard, l->batch, (uint32_t)s->cfg.model.seq_len, ph->steps, ph->tokens, elapsed, why,
-                          sizeof why)) {
-        unsigned __int128 cap = (unsigned __int128)(ph->steps < steps_max ? ph->steps : steps_max) * batch *
-                                (uint64_t)s->cfg.model.seq_len;
+    int bad = l->tps ? dl_guard_counters_tps(s->guard, l->tps, ph->steps, ph->tokens, elapsed, why, sizeof why)
+                     : dl_guard_counters(s->guard, l->batch, (uint32_t)s->cfg.model.seq_len, ph->steps, ph->tokens,
+                                         elapsed, why, sizeof why);
+    if (bad) {
+        unsigned __int128 cap = (unsigned __int128)(ph->steps < steps_max ? ph->steps : steps_max) * per_step;
         if (cap < plausible) plausible = (uint64_t)cap;
         refuse_push(s, slot, l, ph, plausible, 1, DL_SM_REJ_COUNTERS, why);
         return -1;

@@ -27,12 +27,12 @@ static void test_cfg(void)
     CHECK_EQ(dl_guard_cfg_check(&d), 0);
     CHECK(d.norm_k == 10 && d.norm_window == 32 && d.norm_min_history == 1 && d.norm_param_ratio == 10 &&
               d.norm_action == DL_GUARD_REJECT && d.param_abs_max == 1000 && d.max_step_rate == 10000 &&
-              d.step_slack == 64 && d.max_batch == 65536,
+              d.step_slack == 64 && d.max_batch == 65536 && d.max_tokens_per_step == 1ull << 24,
           "defaults");
     struct {
         const char *field;
         dl_guard_cfg c;
-    } bad[12];
+    } bad[14];
     int nb = 0;
 #define BAD(f, v) (bad[nb].field = #f, bad[nb].c = d, bad[nb].c.f = (v), nb++)
     BAD(norm_k, -1.0);
@@ -47,6 +47,8 @@ static void test_cfg(void)
     BAD(param_abs_max, INFINITY);
     BAD(max_step_rate, 0.0);
     BAD(max_batch, 0u);
+    BAD(max_tokens_per_step, 0u);
+    BAD(max_tokens_per_step, (1ull << 40) + 1);
 #undef BAD
     for (int i = 0; i < nb; i++) {
         int rc = dl_guard_cfg_check(&bad[i].c);
@@ -140,6 +142,21 @@ static void test_counters(void)
     CHECK_EQ(dl_guard_batch(g, 65536, why, sizeof why), 0);
     CHECK_EQ(dl_guard_batch(g, 65537, why, sizeof why), DL_ERANGE);
     CHECK_STR(why, "batch 65537 > max_batch 65536");
+
+    /* manifest learners: a bound of tokens per step they claim at Hello */
+    uint64_t tps = 0;
+    CHECK_EQ(dl_guard_tokens_bound(g, 0, &tps, why, sizeof why), 0);
+    CHECK_EQ(tps, 1ull << 24); /* none claimed: the run's cap */
+    CHECK_EQ(dl_guard_tokens_bound(g, 4096, &tps, why, sizeof why), 0);
+    CHECK_EQ(tps, 4096);
+    CHECK_EQ(dl_guard_tokens_bound(g, (1ull << 24) + 1, &tps, why, sizeof why), DL_ERANGE);
+    CHECK_STR(why, "max_tokens_per_step 16777217 > the run's max_tokens_per_step 16777216");
+    CHECK_EQ(dl_guard_counters_tps(g, 4096, 2, 8192, 1.0, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_counters_tps(g, 4096, 2, 8193, 1.0, why, sizeof why), DL_ERANGE);
+    CHECK_STR(why, "tokens 8193 > steps 2 x max_tokens_per_step 4096 = 8192");
+    CHECK_EQ(dl_guard_counters_tps(g, 1ull << 40, UINT64_MAX, UINT64_MAX, INFINITY, why, sizeof why), 0);
+    CHECK_EQ(dl_guard_counters_tps(g, 1, 1000000, 1000, 1.0, why, sizeof why), DL_ERANGE);
+    HAS(why, "steps 1000000 > 1064");
     dl_guard_close(&g);
 }
 

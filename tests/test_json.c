@@ -1,7 +1,8 @@
-/* tools/json: the reader `dloco status` uses on /status.json: values,
+/* core/json: the tree `dloco status` reads /status.json with: values,
  * escapes, lookups, and refusals of malformed input (every truncation of a
- * valid document, too deep, trailing bytes) without leaks or overreads. */
-#include "tools/json.h"
+ * valid document, too deep, trailing bytes, what the strict cursor refuses)
+ * without leaks or overreads; the writer's output parses back. */
+#include "core/json.h"
 
 #include <math.h>
 
@@ -52,6 +53,36 @@ int main(void)
     CHECK(dl_json_parse(deep, sizeof deep, &p) == DL_EFORMAT, "100 levels refused");
     CHECK(dl_json_parse(deep + 80, 40, &p) == 0, "20 levels fine");
     dl_json_free(&p);
+    /* the cursor is strict: control bytes, bad escapes, NUL, non-JSON numbers */
+    const char *strict[] = {"\"a\x01\"", "\"\\x\"", "\"\\u0000\"", "[1.]", "[+1]", "[.5]", "{\"a\":1} 2"};
+    for (size_t k = 0; k < sizeof strict / sizeof strict[0]; k++) {
+        dl_json *q = NULL;
+        CHECK(dl_json_parse(strict[k], strlen(strict[k]), &q) == DL_EFORMAT && !q, "strict: %s", strict[k]);
+    }
+    REQUIRE(dl_json_parse("\"\\u00e9\"", 8, &p) == 0, "\\u00e9: %s", dl_errmsg());
+    CHECK(!strcmp(p->str, "\xc3\xa9"), "\\u00e9 is UTF-8");
+    dl_json_free(&p);
+    /* the writer, to a buffer: escapes, NaN as null, layout; it parses back */
+    dl_json_w w = {0};
+    dl_json_w_open(&w, NULL, '{', 0);
+    dl_json_w_str(&w, "s", "q\"b\\n\nt\t\x01\xff");
+    dl_json_w_num(&w, "nan", NAN);
+    dl_json_w_u64(&w, "big", 18446744073709551615ull);
+    dl_json_w_open(&w, "a", '[', 1);
+    dl_json_w_int(&w, NULL, -3);
+    dl_json_w_bool(&w, NULL, 1);
+    dl_json_w_tri(&w, NULL, 2);
+    dl_json_w_close(&w, ']');
+    dl_json_w_close(&w, '}');
+    CHECK(!strcmp(w.buf, "{\n  \"s\": \"q\\\"b\\\\n\\nt\\t\\u0001\\ufffd\",\n  \"nan\": null,\n"
+                         "  \"big\": 18446744073709551615,\n  \"a\": [-3, true, null]\n}"),
+          "writer layout: %s", w.buf);
+    REQUIRE(dl_json_parse(w.buf, w.len, &p) == 0, "writer output parses: %s", dl_errmsg());
+    CHECK(!strcmp(dl_json_str(p, "s", ""), "q\"b\\n\nt\t\x01\xef\xbf\xbd"), "string round trip");
+    CHECK(dl_json_get(p, "nan")->type == DL_JSON_NULL, "NaN written as null");
+    dl_json_free(&p);
+    dl_json_w_free(&w);
+    dl_json_w_free(&w);
     printf("test_json: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;
 }

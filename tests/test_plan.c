@@ -314,8 +314,8 @@ static void test_gpt2_124m(void)
     tb.t = calloc((size_t)tb.n, sizeof *tb.t);
     REQUIRE(tb.t, "calloc");
     dl_model_tensor_table(&c, tb.t, tb.n, NULL);
-    CHECK(strcmp(tb.t[0].name, "wte") == 0 && tb.t[0].shape[0] == 50304, "wte [%d, %d]", tb.t[0].shape[0],
-          tb.t[0].shape[1]);
+    CHECK(strcmp(tb.t[0].name, "wte") == 0 && tb.t[0].shape[0] == 50304, "wte [%lld, %lld]",
+          (long long)tb.t[0].shape[0], (long long)tb.t[0].shape[1]);
     const int Ps[] = {4, 8, 12, 16, 24, 32, 48};
     printf("gpt2-124M from core/model.c (%zu floats, %.1f MB):\n", numel, numel * 4 / 1e6);
     for (size_t k = 0; k < sizeof Ps / sizeof Ps[0]; k++) {
@@ -739,7 +739,9 @@ static void test_rejects(void)
     MUTATE(3, tb.t[3].offset -= 1, "overlapping offsets");
     MUTATE(5, tb.t[5].offset = 0, "offsets out of order");
     MUTATE(4, tb.t[4].numel += 1, "numel != shape product");
-    MUTATE(4, tb.t[4].ndim = 3, "ndim 3");
+    MUTATE(4, tb.t[4].ndim = 3, "ndim 3, shape[2] 0");
+    MUTATE(4, tb.t[4].ndim = 5, "ndim 5");
+    MUTATE(4, tb.t[4].ndim = 0, "ndim 0");
     MUTATE(4, tb.t[4].shape[1] = 0, "zero dimension");
     MUTATE(2, tb.t[2].kind = 7, "unknown kind");
     MUTATE(2, tb.t[2].name[0] = '\0', "empty name");

@@ -10,6 +10,8 @@
 
 #include "core/err.h"
 #include "core/hash.h"
+#include "core/manifest.h"
+#include "core/plan.h"
 #include "core/rng.h"
 #include "tests/check.h"
 
@@ -1390,10 +1392,147 @@ static void test_fuzz(void)
     }
 }
 
+// ---------------------------------------------------------------------------
+// manifests in a Hello (docs/PROTOCOL.md "Manifests")
+
+/* A Hello carrying manifest m (and, gpt set, the GPT-2 fields too) packed
+ * and unpacked: the manifest that comes out equals m. */
+static void manifest_round_trip(const dl_manifest *m, int gpt_fields, const char *what)
+{
+    fixture f;
+    fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HELLO, 0);
+    f.hello.n_layer = f.hello.n_head = f.hello.n_embd = f.hello.seq_len = f.hello.vocab = 0;
+    f.hello.max_tokens_per_step = 4096;
+    dl_wire_manifest_buf buf;
+    REQUIRE(dl_wire_hello_set_manifest(&f.hello, m, &buf) == 0, "%s", dl_errmsg());
+    CHECK(gpt_fields == (f.hello.n_layer != 0), "%s: GPT-2 fields set for a GPT-2 manifest only", what);
+    size_t n;
+    uint8_t *bytes = pack_env(&f.env, &n);
+    dl_wire_limits lim = plan_limits();
+    Dloco__V1__Envelope *e = NULL;
+    CHECK(dl_wire_unpack(bytes, n, NULL, 0, &lim, &e) == 0, "%s: %s", what, dl_errmsg());
+    if (e) {
+        dl_manifest *got = NULL;
+        char msg[256];
+        CHECK(dl_wire_hello_manifest(e->hello, &got) == 0 && got, "%s: %s", what, dl_errmsg());
+        if (got) CHECK(dl_manifest_diff(m, got, "the Hello's", msg, sizeof msg) == 0, "%s: %s", what, msg);
+        CHECK(e->hello->max_tokens_per_step == 4096, "max_tokens_per_step");
+        dl_manifest_close(&got);
+    }
+    printf("  %s: a Hello of %zu bytes\n", what, n);
+    CHECK(n <= DL_WIRE_MAX_HEADER_BYTES, "%s: %zu bytes", what, n);
+    dl_wire_env_free(&e);
+    dl_wire_manifest_buf_free(&buf);
+    dl_wire_manifest_buf_free(&buf); /* twice is safe */
+    free(bytes);
+}
+
+static void test_manifest_hello(void)
+{
+    printf("manifest hellos:\n");
+    dl_wire_limits lim = plan_limits();
+    /* a GPT-2 learner's Hello (the golden one) is the same bytes it was:
+     * the new fields, unset, pack to nothing */
+    const char *src = getenv("DLOCO_SRC");
+    REQUIRE(src, "DLOCO_SRC is not set (run through ctest)");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/proto_corpus/hello.bin", src);
+    size_t glen = 0;
+    uint8_t *gold = read_file(path, &glen);
+    REQUIRE(gold && glen, "read %s", path);
+    Dloco__V1__Envelope *ge = NULL;
+    REQUIRE(dl_wire_unpack(gold, glen, NULL, 0, &lim, &ge) == 0, "golden hello: %s", dl_errmsg());
+    CHECK(ge->hello->n_manifest == 0 && ge->hello->max_tokens_per_step == 0, "golden hello has no manifest");
+    size_t rlen;
+    uint8_t *re = pack_env(ge, &rlen);
+    CHECK(rlen == glen && memcmp(re, gold, glen) == 0, "golden hello repacks to %zu bytes, was %zu", rlen, glen);
+    free(re);
+    free(gold);
+    dl_wire_env_free(&ge);
+    /* a GPT-2 learner's Hello carries no manifest: nothing comes out */
+    fixture f;
+    fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HELLO, 0);
+    dl_manifest *m = (dl_manifest *)&m;
+    CHECK(dl_wire_hello_manifest(&f.hello, &m) == 0 && m == NULL, "a GPT-2 Hello has no manifest");
+
+    /* a Llama-like model, and GPT-2 124M's 148 tensors with its config */
+    REQUIRE(dl_manifest_open(&m) == 0, "%s", dl_errmsg());
+    const int64_t emb[2] = {32000, 4096}, sq[2] = {4096, 4096}, vec[1] = {4096}, conv[4] = {64, 3, 7, 7};
+    REQUIRE(dl_manifest_add(m, "model.embed_tokens.weight", 2, emb, DL_TENSOR_EMBED) == 0, "%s", dl_errmsg());
+    for (int l = 0; l < 32; l++) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_proj.weight", l);
+        REQUIRE(dl_manifest_add(m, nm, 2, sq, DL_TENSOR_MATRIX) == 0, "%s", dl_errmsg());
+        snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", l);
+        REQUIRE(dl_manifest_add(m, nm, 1, vec, DL_TENSOR_VECTOR) == 0, "%s", dl_errmsg());
+    }
+    REQUIRE(dl_manifest_add(m, "vision.stem.conv", 4, conv, DL_TENSOR_MATRIX) == 0, "%s", dl_errmsg());
+    manifest_round_trip(m, 0, "Llama-like, 66 tensors");
+    dl_manifest *g;
+    dl_model_config c124 = {.n_layer = 12, .n_head = 12, .n_embd = 768, .seq_len = 1024, .vocab = 50257};
+    REQUIRE(dl_manifest_from_gpt(&c124, &g) == 0, "%s", dl_errmsg());
+    manifest_round_trip(g, 1, "GPT-2 124M, 148 tensors");
+
+    /* zero GPT fields are not malformed beside a manifest; partly set are */
+    dl_wire_manifest_buf buf;
+    fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HELLO, 0);
+    f.hello.n_layer = f.hello.n_head = f.hello.n_embd = f.hello.seq_len = f.hello.vocab = 0;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "hello: model config has a zero");
+    REQUIRE(dl_wire_hello_set_manifest(&f.hello, m, &buf) == 0, "%s", dl_errmsg());
+    CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "manifest Hello with zero GPT fields: %s", dl_errmsg());
+    f.hello.n_embd = 64;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "hello: model config partly set");
+    /* all set but not that config's tensors: valid on the wire, refused by the conversion */
+    f.hello.n_layer = 2, f.hello.n_head = 4, f.hello.seq_len = 128, f.hello.vocab = 256;
+    CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "%s", dl_errmsg());
+    dl_manifest *got = (dl_manifest *)&got;
+    EXPECT_ERR(dl_wire_hello_manifest(&f.hello, &got), DL_EMISMATCH, "not the GPT-2 table");
+    CHECK(got == NULL, "refused manifest not handed out");
+    f.hello.n_layer = f.hello.n_head = f.hello.n_embd = f.hello.seq_len = f.hello.vocab = 0;
+
+    /* each malformed entry, on tensor 3 */
+    Dloco__V1__TensorSpec *t = f.hello.manifest[3], save = *t;
+    uint64_t dims5[5] = {1, 2, 3, 4, 5}, dim0[2] = {4, 0}, huge[1] = {(1ull << 40) + 1};
+    char longname[200];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    t->name = "";
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "hello: manifest[3] has no name");
+    t->name = longname;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "hello: manifest[3].name is 199 bytes, max 127");
+    t->name = "a\tb";
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "hello: manifest[3].name has control byte 0x09");
+    *t = save;
+    t->n_shape = 0;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "has 0 dimensions, want 1 to 4");
+    t->n_shape = 5, t->shape = dims5;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "has 5 dimensions, want 1 to 4");
+    t->n_shape = 2, t->shape = dim0;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "manifest[3] 'model.layers.1.self_attn.q_proj.weight' has dimension 1 = 0");
+    t->n_shape = 1, t->shape = huge;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "dimension 0 = 1099511627777, want 1 to 2^40");
+    *t = save;
+    t->role = DLOCO__V1__TENSOR_ROLE__TENSOR_ROLE_UNSPECIFIED;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "has role 0, want matrix, vector or embedding");
+    t->role = (Dloco__V1__TensorRole)9;
+    EXPECT_BAD(&f.env, NULL, 0, &lim, "has role 9");
+    *t = save;
+    /* well formed, but two tensors share a name: the conversion refuses it */
+    t->name = f.hello.manifest[1]->name;
+    CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "%s", dl_errmsg());
+    EXPECT_ERR(dl_wire_hello_manifest(&f.hello, &got), DL_EINVAL, "tensors 1 and 3 are both named");
+    *t = save;
+    CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "restored: %s", dl_errmsg());
+    dl_wire_manifest_buf_free(&buf);
+    dl_manifest_close(&g);
+    dl_manifest_close(&m);
+}
+
 int main(void)
 {
     test_sizes();
     test_bad_inputs();
+    test_manifest_hello();
     test_round_trips();
     test_raw_peer();
     test_maxmsgsize();

@@ -5,6 +5,7 @@
  * directories, stale readers and a SIGKILL crash test. Exits non-zero on the
  * first failure. */
 #define _GNU_SOURCE /* nftw */
+#include "core/manifest.h"
 #include "storage/store.h"
 
 #include "core/err.h"
@@ -1545,6 +1546,86 @@ static void test_crash(uint64_t seed)
     free(x), free(m);
 }
 
+/* A manifest run (core/manifest.h): the store records the manifest under
+ * meta key "manifest", reads it back on reopen, resumes only on the same
+ * manifest (a difference names the tensor), refuses a GPT-2 run on it and a
+ * manifest run on a GPT-2 store, and calls a missing or damaged manifest
+ * corrupt. */
+static void test_run_manifest(void)
+{
+    char dir[4200], gdir[4200];
+    path_of(dir, sizeof dir, "manifest");
+    path_of(gdir, sizeof gdir, "manifest-gpt");
+    dl_manifest *m, *m2;
+    int64_t e[2] = {5, 4}, c[3] = {2, 2, 3}, v[1] = {4};
+    REQUIRE(dl_manifest_open(&m) == 0 && dl_manifest_add(m, "tok.embed", 2, e, DL_TENSOR_EMBED) == 0 &&
+                dl_manifest_add(m, "conv", 3, c, DL_TENSOR_MATRIX) == 0 &&
+                dl_manifest_add(m, "norm", 1, v, DL_TENSOR_VECTOR) == 0,
+            "%s", dl_errmsg());
+    int64_t c2[3] = {2, 3, 2};
+    REQUIRE(dl_manifest_open(&m2) == 0 && dl_manifest_add(m2, "tok.embed", 2, e, DL_TENSOR_EMBED) == 0 &&
+                dl_manifest_add(m2, "conv", 3, c2, DL_TENSOR_MATRIX) == 0 &&
+                dl_manifest_add(m2, "norm", 1, v, DL_TENSOR_VECTOR) == 0,
+            "%s", dl_errmsg());
+    const uint64_t numel[2] = {20, 16};
+    dl_store_run run = {"mrun", 0x77, NULL, 2, numel, {0}, 0, m};
+    params_set init = make_init(2, numel);
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    dl_store_run bad = run;
+    bad.model.n_layer = 2;
+    EXPECT_ERR(dl_store_init_run(s, &bad, (const float *const *)init.a), DL_EINVAL, "no GPT-2 model fields");
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    for (int reopen = 0; reopen < 2; reopen++) {
+        dl_store_run got;
+        OK(dl_store_get_run(s, &got));
+        char msg[256];
+        REQUIRE(got.manifest && dl_manifest_diff(m, got.manifest, "the store's", msg, sizeof msg) == 0,
+                "manifest (reopen %d): %s", reopen, got.manifest ? msg : "none");
+        REQUIRE(got.model.n_layer == 0 && got.seed == 0, "no GPT-2 model, no seed");
+        dl_store_close(&s);
+        s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    }
+    OK(dl_store_init_run(s, &run, NULL));
+    dl_store_run other = run;
+    other.manifest = m2;
+    EXPECT_ERR(dl_store_init_run(s, &other, NULL), DL_EMISMATCH,
+               "tensor 'conv' (1 of 3) has shape [2, 2, 3] here, [2, 3, 2] in the manifest given");
+    other = run;
+    other.manifest = NULL;
+    other.model = (dl_model_config){.n_layer = 1, .n_head = 1, .n_embd = 8, .seq_len = 2, .vocab = 2};
+    EXPECT_ERR(dl_store_init_run(s, &other, NULL), DL_EMISMATCH, "refusing a GPT-2 run");
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+    /* a manifest run of the same run id on a GPT-2 store */
+    s = open_store(gdir, 0, DL_STORE_SYNC, 0);
+    dl_store_run gpt = {"mrun", 0x78, NULL, 2, numel, TEST_MODEL, 1337};
+    OK(dl_store_init_run(s, &gpt, (const float *const *)init.a));
+    EXPECT_ERR(dl_store_init_run(s, &run, NULL), DL_EMISMATCH, "holds GPT-2 run 'mrun'");
+    REQUIRE(strstr(dl_errmsg(), "refusing a run described by a manifest (3 tensors)"), "%s", dl_errmsg());
+    dl_store_close(&s);
+    /* damaged: the manifest's bytes, or the key gone */
+    size_t len;
+    uint8_t *orig = raw_get(dir, "meta", (MDB_val){8, "manifest"}, &len);
+    REQUIRE(orig && len > 16, "meta[manifest] written (%zu bytes)", len);
+    uint8_t *b = malloc(len);
+    memcpy(b, orig, len);
+    b[16] = 'X'; /* the JSON's first byte */
+    raw_put(dir, "meta", (MDB_val){8, "manifest"}, b, len);
+    dl_store_opts o = dl_store_opts_default();
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_ECORRUPT, "meta[manifest]:");
+    raw_del(dir, "meta", (MDB_val){8, "manifest"});
+    EXPECT_ERR(dl_store_open(dir, &o, &s), DL_ECORRUPT, "no GPT-2 model and no meta[manifest]");
+    raw_put(dir, "meta", (MDB_val){8, "manifest"}, orig, len);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: a manifest run's store keeps its manifest across reopens, resumes only on it (the refusal names the "
+           "tensor), refuses GPT-2 runs on it and manifest runs on a GPT-2 store, and a damaged or missing "
+           "meta[manifest] is DL_ECORRUPT\n");
+    free(orig), free(b);
+    free_init(&init);
+    dl_manifest_close(&m);
+    dl_manifest_close(&m2);
+}
+
 int main(void)
 {
     dl_log_set_level(DL_LOG_WARN);
@@ -1563,6 +1644,7 @@ int main(void)
     test_steady_size();
     test_checker();
     test_run_model();
+    test_run_manifest();
     test_shard_layout();
     test_stale_readers();
     uint64_t seed = 20240611;

@@ -6,14 +6,17 @@
 #include "core/config.h"
 #include "core/err.h"
 #include "core/log.h"
+#include "core/manifest.h"
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/shard.h"
+#include "kernels/blas_select.h"
 #include "learner/data.h"
 #include "learner/evaluate.h"
 #include "learner/gpt.h"
 #include "proto/auth.h"
 #include "storage/store.h"
+#include "storage/tensorfile.h"
 #include "tools/export.h"
 #include "tools/status.h"
 
@@ -22,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int fail(const char *what, int rc)
 {
@@ -49,9 +53,14 @@ static void usage(FILE *f)
                "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
                "                               PREFIX.pub (0644); prints the public key and an allowlist line\n"
                "  plan   [--n_layer L] [--n_head NH] [--n_embd C] [--seq_len T] [--vocab V] [--fragments P]\n"
-               "         [--shards S]\n"
-               "                               the fragment plan of a model: sizes, balance, fingerprint, and\n"
-               "                               each fragment's blocks (name, or name[rows) of a split tensor)\n");
+               "         [--shards S] [--manifest FILE]\n"
+               "                               the fragment plan of a model (a GPT-2 config, or a manifest's):\n"
+               "                               sizes, balance, fingerprint, and each fragment's blocks (name,\n"
+               "                               or name[rows) of a split tensor)\n"
+               "  manifest FILE|STORE          a model's manifest as JSON (docs/OPERATING.md \"Manifest runs\"):\n"
+               "                               of a safetensors file (the one it carries, else one with roles\n"
+               "                               guessed, said on stderr: check them), a manifest JSON file, or\n"
+               "                               the run a store holds\n");
 }
 
 /* What the store cannot check alone: the run's typed model and P give the
@@ -65,6 +74,25 @@ static int check_model(const char *dir)
     dl_store_run run;
     int rc = dl_store_open(dir, &o, &s);
     if (!rc) rc = dl_store_get_run(s, &run);
+    if (!rc && run.manifest) {
+        /* a manifest run: its plan and fingerprint come from the manifest */
+        rc = dl_manifest_plan_open(run.manifest, (int)run.n_fragments, &plan);
+        if (!rc && dl_manifest_fingerprint(run.manifest, plan) != run.fingerprint)
+            rc = dl_err(DL_ECORRUPT, "the run's manifest (%d tensors, P=%u) has fingerprint %016llx, the run records "
+                        "%016llx", dl_manifest_ntensors(run.manifest), run.n_fragments,
+                        (unsigned long long)dl_manifest_fingerprint(run.manifest, plan),
+                        (unsigned long long)run.fingerprint);
+        for (uint32_t p = 0; !rc && p < run.n_fragments; p++)
+            if (dl_plan_fragment_numel(plan, (int)p) != run.numel[p])
+                rc = dl_err(DL_ECORRUPT, "fragment %u: the manifest's plan has %zu floats, the run records %llu", p,
+                            dl_plan_fragment_numel(plan, (int)p), (unsigned long long)run.numel[p]);
+        if (!rc)
+            printf("  model: a manifest of %d tensors (%zu floats): matches the fingerprint and fragment sizes\n",
+                   dl_manifest_ntensors(run.manifest), dl_manifest_numel(run.manifest));
+        dl_plan_close(&plan);
+        dl_store_close(&s);
+        return rc;
+    }
     if (!rc) rc = dl_model_plan_open(&run.model, (int)run.n_fragments, &plan);
     if (!rc && dl_model_fingerprint(&run.model, plan) != run.fingerprint)
         rc = dl_err(DL_ECORRUPT, "the run's model (L=%d NH=%d C=%d T=%d V=%d, P=%u) has fingerprint %016llx, the run "
@@ -136,8 +164,12 @@ int dl_status_store_text(const char *dir)
     dl_store_get_epoch(s, &epoch);
     printf("run %s: fingerprint %016llx, %u fragments, epoch %llu\n", run.run_id, (unsigned long long)run.fingerprint,
            run.n_fragments, (unsigned long long)epoch);
-    printf("model: L=%d NH=%d C=%d T=%d V=%d, init seed %llu\n", run.model.n_layer, run.model.n_head, run.model.n_embd,
-           run.model.seq_len, run.model.vocab, (unsigned long long)run.seed);
+    if (run.manifest)
+        printf("model: a manifest of %d tensors, %zu floats (dloco manifest %s prints it)\n",
+               dl_manifest_ntensors(run.manifest), dl_manifest_numel(run.manifest), dir);
+    else
+        printf("model: L=%d NH=%d C=%d T=%d V=%d, init seed %llu\n", run.model.n_layer, run.model.n_head,
+               run.model.n_embd, run.model.seq_len, run.model.vocab, (unsigned long long)run.seed);
     /* live: what the current state occupies; file: what it has grown to
      * (LMDB never shrinks it); the difference is free pages commits reuse */
     dl_store_stats st;
@@ -265,6 +297,13 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     dl_store_run run;
     dl_plan *plan = NULL;
     dl_evaluate *ev = NULL;
+    if (dl_store_get_run(s, &run) == 0 && run.manifest) {
+        rc = dl_err(DL_EINVAL, "run %s's model is described by a manifest (%d tensors), and dloco eval evaluates "
+                    "dloco's GPT-2 only: evaluate an export (dloco export %s --format safetensors OUT) with the "
+                    "model's own code", run.run_id, dl_manifest_ntensors(run.manifest), dir);
+        dl_store_close(&s);
+        return fail("eval", rc);
+    }
     if ((rc = dl_store_get_run(s, &run)) || (rc = dl_model_plan_open(&run.model, (int)run.n_fragments, &plan))) {
         dl_store_close(&s);
         return fail("reading the run", rc);
@@ -300,12 +339,15 @@ out:
 typedef struct {
     dl_model_opts model;
     int64_t shards;
+    char manifest[DL_CFG_STRLEN];
 } plan_cfg;
 
 static const dl_cfg_entry plan_table[] = {
     DL_MODEL_CFG_ROWS(plan_cfg, model, "256", "model: vocabulary (V)"),
     {"shards", DL_CFG_INT, offsetof(plan_cfg, shards), 1, 4096, "1", NULL, 0,
      "also show the bytes each of this many synchronizer shards owns (fragment p belongs to shard p % shards)"},
+    {"manifest", DL_CFG_STR, offsetof(plan_cfg, manifest), 0, 0, "", NULL, 0,
+     "the plan of this manifest's model (JSON, or a safetensors file carrying one) instead of a GPT-2 config"},
 };
 
 /* The plan every learner and the synchronizer of this model would build:
@@ -326,8 +368,21 @@ static int cmd_plan(int argc, char **argv)
         return 0;
     }
     if (rc) return fail("bad option", rc);
-    if ((rc = dl_model_config_from(&pc.model, &m)) || (rc = dl_model_plan_open(&m, (int)pc.model.fragments, &plan)))
+    dl_manifest *man = NULL;
+    if (pc.manifest[0]) {
+        int guessed = 0;
+        rc = dl_tensorfile_guess_manifest(pc.manifest, &man, &guessed);
+        if (rc == DL_EFORMAT || rc == DL_ETRUNC) rc = dl_manifest_load(pc.manifest, &man);
+        if (!rc && guessed) rc = dl_err(DL_EINVAL, "%s carries no manifest", pc.manifest);
+        if (!rc) rc = dl_manifest_plan_open(man, (int)pc.model.fragments, &plan);
+        if (rc) {
+            dl_manifest_close(&man);
+            return fail("plan", rc);
+        }
+    } else if ((rc = dl_model_config_from(&pc.model, &m)) ||
+               (rc = dl_model_plan_open(&m, (int)pc.model.fragments, &plan))) {
         return fail("plan", rc);
+    }
     int P = dl_plan_P(plan), nt = dl_plan_ntensors(plan), nsplit = 0;
     size_t total = dl_plan_total_numel(plan), lo = (size_t)-1, hi = 0;
     for (int i = 0; i < nt; i++) nsplit += dl_plan_tensor_nblocks(plan, i) > 1;
@@ -336,12 +391,17 @@ static int cmd_plan(int argc, char **argv)
         lo = n < lo ? n : lo;
         hi = n > hi ? n : hi;
     }
-    printf("model L=%d NH=%d C=%d T=%d V=%d (Vp=%d), P=%d: %zu floats (%.3f MB) in %d tensors, %d blocks, %d split\n",
-           m.n_layer, m.n_head, m.n_embd, m.seq_len, m.vocab, m.padded_vocab, P, total, total * 4 / 1e6, nt,
-           dl_plan_nblocks(plan), nsplit);
+    if (man)
+        printf("model of manifest %s, P=%d: %zu floats (%.3f MB) in %d tensors, %d blocks, %d split\n", pc.manifest, P,
+               total, total * 4 / 1e6, nt, dl_plan_nblocks(plan), nsplit);
+    else
+        printf("model L=%d NH=%d C=%d T=%d V=%d (Vp=%d), P=%d: %zu floats (%.3f MB) in %d tensors, %d blocks, %d split\n",
+               m.n_layer, m.n_head, m.n_embd, m.seq_len, m.vocab, m.padded_vocab, P, total, total * 4 / 1e6, nt,
+               dl_plan_nblocks(plan), nsplit);
     printf("fingerprint %016llx; fragments %.3f..%.3f MB, max/min %.5f, max/mean %.5f\n",
-           (unsigned long long)dl_model_fingerprint(&m, plan), lo * 4 / 1e6, hi * 4 / 1e6, (double)hi / (double)lo,
-           dl_plan_imbalance(plan));
+           (unsigned long long)(man ? dl_manifest_fingerprint(man, plan) : dl_model_fingerprint(&m, plan)),
+           lo * 4 / 1e6, hi * 4 / 1e6, (double)hi / (double)lo, dl_plan_imbalance(plan));
+    dl_manifest_close(&man);
     for (int p = 0; p < P; p++) {
         int ns;
         const dl_plan_span *sp = dl_plan_fragment_spans(plan, p, &ns);
@@ -349,7 +409,7 @@ static int cmd_plan(int argc, char **argv)
                dl_plan_fragment_numel(plan, p) * 4 / 1e6, ns);
         for (int k = 0; k < ns; k++) {
             const dl_tensor *t = dl_plan_tensor(plan, sp[k].tensor);
-            size_t w = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+            size_t w = t->numel / (size_t)t->shape[0]; /* a row: shape[0] slices */
             if (sp[k].numel == t->numel) printf(" %s", t->name);
             else printf(" %s[%zu:%zu)", t->name, sp[k].start / w, (sp[k].start + sp[k].numel) / w);
         }
@@ -369,6 +429,54 @@ static int cmd_plan(int argc, char **argv)
                (double)n * S / (double)total);
     }
     dl_plan_close(&plan);
+    return 0;
+}
+
+/* The manifest a store's run records (a GPT-2 run's: its table, "gpt" set). */
+static int store_manifest(const char *dir)
+{
+    dl_store_opts o = dl_store_opts_default();
+    o.read_only = 1;
+    dl_store *s = NULL;
+    dl_store_run run;
+    dl_manifest *own = NULL;
+    char *js = NULL;
+    int rc = dl_store_open(dir, &o, &s);
+    if (!rc) rc = dl_store_get_run(s, &run);
+    if (!rc && !run.manifest) rc = dl_manifest_from_gpt(&run.model, &own);
+    if (!rc) rc = dl_manifest_to_json(run.manifest ? run.manifest : own, &js, NULL);
+    if (!rc) fputs(js, stdout);
+    free(js);
+    dl_manifest_close(&own);
+    dl_store_close(&s);
+    return rc ? fail("manifest", rc) : 0;
+}
+
+/* A model's manifest as JSON on stdout: the one a safetensors file carries,
+ * or one guessed from its tensors (said on stderr), or a manifest JSON file
+ * checked and written back in the canonical form. */
+static int cmd_manifest(const char *path)
+{
+    dl_manifest *m = NULL;
+    int guessed = 0;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return store_manifest(path);
+    /* a safetensors file first: its header is read, not its weights */
+    int rc = dl_tensorfile_guess_manifest(path, &m, &guessed);
+    if (rc == DL_EFORMAT || rc == DL_ETRUNC) rc = dl_manifest_load(path, &m);
+    char *js = NULL;
+    if (!rc) rc = dl_manifest_to_json(m, &js, NULL);
+    if (rc) {
+        dl_manifest_close(&m);
+        return fail("manifest", rc);
+    }
+    fputs(js, stdout);
+    if (guessed)
+        fprintf(stderr, "dloco manifest: %s carries no manifest; roles guessed (embedding: 2-D tensors named like "
+                        "an embedding; vector: 1-D; matrix: the rest), in the file's data order: check them\n",
+                path);
+    free(js);
+    dl_manifest_close(&m);
     return 0;
 }
 
@@ -394,6 +502,7 @@ static int cmd_keygen(const char *prefix)
 
 int main(int argc, char **argv)
 {
+    if (argc > 2 && !strcmp(argv[1], "eval") && dl_blas_select(&argc, argv)) return 2; /* kernels/blas_select.h */
     dl_log_set_level(DL_LOG_WARN);
     dl_log_set_name("dloco");
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
@@ -420,6 +529,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "eval")) return cmd_eval(dir, argc - 2, argv + 2);
     if (!strcmp(cmd, "export")) return dl_export_cmd(dir, argc - 2, argv + 2);
     if (!strcmp(cmd, "keygen")) return cmd_keygen(dir);
+    if (!strcmp(cmd, "manifest")) return cmd_manifest(dir);
     fprintf(stderr, "dloco: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

@@ -1,14 +1,17 @@
 /* dloco export: the store's global model (one read snapshot of every
  * fragment's latest version) written as safetensors, an HF GPT-2 directory or
- * an llm.c checkpoint (storage/modelfile.h). Read-only on the store. */
+ * an llm.c checkpoint (storage/modelfile.h); a manifest run's as safetensors
+ * of its own tensors (storage/tensorfile.h). Read-only on the store. */
 #include "tools/export.h"
 
 #include "core/config.h"
 #include "core/err.h"
+#include "core/manifest.h"
 #include "core/model.h"
 #include "core/plan.h"
 #include "storage/modelfile.h"
 #include "storage/store.h"
+#include "storage/tensorfile.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -37,7 +40,8 @@ static int fail(int rc)
 }
 
 /* The global model of `dir` into a new buffer (dl_model_tensor_table's
- * layout), with the run and the fragment versions, from ONE snapshot. */
+ * layout, or a manifest run's: its tensors back to back), with the run and
+ * the fragment versions, from ONE snapshot. */
 static int read_global(dl_store *s, const dl_store_run *run, dl_plan *plan, float **out, uint64_t *versions)
 {
     size_t numel = dl_plan_total_numel(plan);
@@ -131,18 +135,38 @@ int dl_export_cmd(const char *dir, int argc, char **argv)
                     "run is not supported", dir, lay.shard, lay.shards);
         goto done;
     }
-    if ((rc = dl_model_plan_open(&run.model, (int)run.n_fragments, &plan))) goto done;
-    if (dl_model_fingerprint(&run.model, plan) != run.fingerprint) {
+    if (run.manifest && format != DL_MODELFILE_SAFETENSORS) {
+        rc = dl_err(DL_EINVAL, "--format %s writes dloco's GPT-2 only, and run %s's model is described by a manifest "
+                    "(%d tensors): use --format safetensors (the manifest's own names and shapes)",
+                    dl_modelfile_format_name(format), run.run_id, dl_manifest_ntensors(run.manifest));
+        goto done;
+    }
+    if ((rc = run.manifest ? dl_manifest_plan_open(run.manifest, (int)run.n_fragments, &plan)
+                           : dl_model_plan_open(&run.model, (int)run.n_fragments, &plan)))
+        goto done;
+    if ((run.manifest ? dl_manifest_fingerprint(run.manifest, plan) : dl_model_fingerprint(&run.model, plan)) !=
+        run.fingerprint) {
         rc = dl_err(DL_ECORRUPT, "the run's model does not match its fingerprint");
         goto done;
     }
     versions = dl_xcalloc(run.n_fragments, sizeof *versions);
     if ((rc = read_global(s, &run, plan, &params, versions))) goto done;
+    uint64_t vsum = 0;
+    for (uint32_t p = 0; p < run.n_fragments; p++) vsum += versions[p];
+    if (run.manifest) {
+        /* the manifest's own names and shapes; roles and order in __metadata__ */
+        dl_tensorfile_meta tm = {.run_id = run.run_id, .fingerprint = run.fingerprint, .n_fragments = run.n_fragments,
+                                 .versions = versions};
+        if ((rc = dl_tensorfile_write(out, run.manifest, params, &tm, ec.force, stderr))) goto done;
+        printf("exported run %s (a manifest of %d tensors, %zu floats, %u fragments at total version %llu) to %s as "
+               "safetensors\n",
+               run.run_id, dl_manifest_ntensors(run.manifest), dl_manifest_numel(run.manifest), run.n_fragments,
+               (unsigned long long)vsum, out);
+        goto done;
+    }
     dl_modelfile_meta meta = {.run_id = run.run_id, .fingerprint = run.fingerprint, .n_fragments = run.n_fragments,
                               .versions = versions, .seed = run.seed};
     if ((rc = dl_modelfile_write(out, format, &run.model, params, &meta, ec.force, stderr))) goto done;
-    uint64_t vsum = 0;
-    for (uint32_t p = 0; p < run.n_fragments; p++) vsum += versions[p];
     printf("exported run %s (L=%d NH=%d C=%d T=%d V=%d, %u fragments at total version %llu) to %s as %s\n", run.run_id,
            run.model.n_layer, run.model.n_head, run.model.n_embd, run.model.seq_len, run.model.vocab, run.n_fragments,
            (unsigned long long)vsum, out, dl_modelfile_format_name(format));

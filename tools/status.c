@@ -20,9 +20,9 @@
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/json.h"
 #include "core/prom.h"
 #include "storage/store.h"
-#include "tools/json.h"
 
 #define STATUS_TIMEOUT_S 5
 #define STATUS_MAX_BYTES (64u << 20) /* ~330 B a learner: 65536 learners are ~21 MB */

@@ -2,11 +2,11 @@
 # Build the libFuzzer harnesses of tests/fuzz and their seed generator with clang
 # (ASan + UBSan + libFuzzer, -g -O1), apart from the gcc/CMake build.
 # Usage: tests/fuzz/build.sh OUT_DIR [TARGET...]   (default: every target)
-#   TARGET: fuzz_envelope fuzz_message fuzz_config fuzz_allowlist fuzz_modelfile seedgen
+#   TARGET: fuzz_envelope fuzz_message fuzz_config fuzz_allowlist fuzz_modelfile fuzz_manifest seedgen
 #   DLOCO_FUZZ_CC  the compiler (default clang)
 # Objects and binaries go under OUT_DIR; each is rebuilt only when one of its
 # inputs (the source, a header it includes, the flags) changed. The project's
-# core/*.c, proto/*.c, storage/modelfile.c (not store*.c: no LMDB here) and
+# core/*.c, proto/*.c, storage/modelfile*.c and tensorfile.c (not store*.c: no LMDB here) and
 # protoc-c's proto/dloco.pb-c.c go into one archive,
 # so a harness pulls in exactly the objects it needs.
 # Exits 77 after a "SKIP: ..." line when clang cannot build a fuzzer here
@@ -16,7 +16,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 [ $# -ge 1 ] || { echo "usage: tests/fuzz/build.sh OUT_DIR [TARGET...]" >&2; exit 2; }
 OUT=$1
 shift
-ALL=(fuzz_envelope fuzz_message fuzz_config fuzz_allowlist fuzz_modelfile seedgen)
+ALL=(fuzz_envelope fuzz_message fuzz_config fuzz_allowlist fuzz_modelfile fuzz_manifest seedgen)
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=("${ALL[@]}")
 for t in "${TARGETS[@]}"; do
@@ -86,7 +86,7 @@ if newer_than "$gen_c" "$SRC/proto/dloco.proto"; then
 fi
 OBJS=()
 compile "$gen_c" gen_dloco.pb-c
-for f in "$SRC"/core/*.c "$SRC"/proto/*.c "$SRC"/storage/modelfile.c; do
+for f in "$SRC"/core/*.c "$SRC"/proto/*.c "$SRC"/storage/modelfile*.c "$SRC"/storage/tensorfile.c; do
   rel=${f#"$SRC"/}
   compile "$f" "$(echo "${rel%.c}" | tr / _)"
 done

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/err.h"
+#include "core/manifest.h"
 #include "proto/wire.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -158,6 +159,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(env != NULL, "unpack returned 0 without an envelope");
     check_valid(env, lens, npayload, &lim);
     check_roundtrip(env, lens, npayload, &lim);
+    if (env->body_case == DLOCO__V1__ENVELOPE__BODY_HELLO) {
+        /* a Hello's manifest, as the synchronizer reads it: a manifest or a
+         * refusal with a message, never a crash */
+        dl_manifest *m = (dl_manifest *)&lim;
+        dl_err_clear();
+        int mrc = dl_wire_hello_manifest(env->hello, &m);
+        FUZZ_CHECK(mrc == 0 ? (m != NULL) == (env->hello->n_manifest != 0) : m == NULL && dl_errmsg()[0],
+                   "hello manifest: rc %d", mrc);
+        dl_manifest_close(&m);
+    }
     FUZZ_VERDICT("accepted %s", dl_wire_body_name(env->body_case));
     dl_wire_env_free(&env);
     FUZZ_CHECK(env == NULL, "env_free leaves NULL");

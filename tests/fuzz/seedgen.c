@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include "core/err.h"
+#include "core/manifest.h"
 #include "core/model.h"
 #include "proto/wire.h"
 #include "storage/modelfile.h"
+#include "storage/tensorfile.h"
 #include "tests/fuzz/fuzz.h"
 
 static const char *g_out;
@@ -177,7 +179,10 @@ static void mk_update(msg *m, uint32_t frag, Dloco__V1__Codec codec, uint32_t bl
     m->update.codec = codec;
     m->update.numel = FUZZ_FRAGMENT_NUMEL[frag];
     m->update.block_size = block;
-    fill_payload(m, codec, m->update.numel, block);
+    /* the payload of the codec as it should be: a block size an fp32 or bf16
+     * Update must not carry (bad_update_block) is the header's fault alone */
+    int block_codec = codec != DLOCO__V1__CODEC__CODEC_FP32 && codec != DLOCO__V1__CODEC__CODEC_BF16;
+    fill_payload(m, codec, m->update.numel, block_codec ? block : 0);
     m->update.checksum = dl_wire_checksum(m->payload, m->payload_len);
     dl_wire_set_update(&m->env, &m->update);
 }
@@ -319,6 +324,27 @@ static void wire_seeds(void)
     mk_welcome(&m), m.welcome.shard = 1, m.welcome.shards = 2, put_both("welcome_shard", &m, FUZZ_LIM_PLAN);
     mk_welcome(&m), m.welcome.shard = 3, m.welcome.shards = 2, put_both("bad_welcome_shard", &m, FUZZ_LIM_PLAN);
     mk_hello(&m, 0), m.hello.max_chunk_bytes = 1u << 20, put_both("hello_chunks", &m, FUZZ_LIM_PLAN);
+    {
+        /* a manifest learner (docs/PROTOCOL.md "Manifests"): GPT fields 0, three tensors, a claim */
+        static uint64_t s0[2] = {8, 4}, s1[1] = {4}, s2[4] = {2, 3, 3, 3};
+        static Dloco__V1__TensorSpec ts[3];
+        static Dloco__V1__TensorSpec *tp[3] = {&ts[0], &ts[1], &ts[2]};
+        const char *names[3] = {"model.embed_tokens.weight", "model.norm.weight", "conv"};
+        uint64_t *shapes[3] = {s0, s1, s2};
+        size_t nd[3] = {2, 1, 4};
+        int roles[3] = {DLOCO__V1__TENSOR_ROLE__TENSOR_ROLE_EMBEDDING, DLOCO__V1__TENSOR_ROLE__TENSOR_ROLE_VECTOR,
+                        DLOCO__V1__TENSOR_ROLE__TENSOR_ROLE_MATRIX};
+        for (int i = 0; i < 3; i++) {
+            dloco__v1__tensor_spec__init(&ts[i]);
+            ts[i].name = (char *)names[i], ts[i].shape = shapes[i], ts[i].n_shape = nd[i];
+            ts[i].role = (Dloco__V1__TensorRole)roles[i];
+        }
+        mk_hello(&m, 1);
+        m.hello.n_layer = m.hello.n_head = m.hello.n_embd = m.hello.seq_len = m.hello.vocab = 0;
+        m.hello.n_manifest = 3, m.hello.manifest = tp, m.hello.max_tokens_per_step = 4096;
+        put_both("hello_manifest", &m, FUZZ_LIM_PLAN);
+        m.hello.n_embd = 16, put_both("bad_hello_manifest_partly_gpt", &m, FUZZ_LIM_PLAN);
+    }
     /* another P than the run's: the synchronizer's refusal (MISMATCH), not the wire's */
     mk_hello(&m, 0), m.hello.num_fragments = 5, m.hello.n_held_versions = 0,
                      put_both("hello_other_fragments", &m, FUZZ_LIM_PLAN);
@@ -615,6 +641,93 @@ static void model_seeds(void)
     free(st);
 }
 
+/* fuzz_manifest: [mode][document]; mode 0 a manifest JSON, mode 1 a
+ * safetensors file of the harness's manifest ("e" [4, 2] embedding, "n" [2]
+ * vector, "c" [2, 1, 1, 2] matrix). */
+static void put_mode(const char *name, int mode, const void *doc, size_t len)
+{
+    unsigned char *b = malloc(len + 1);
+    b[0] = (unsigned char)mode;
+    memcpy(b + 1, doc, len);
+    put("fuzz_manifest", name, b, len + 1);
+    free(b);
+}
+
+static void manifest_seeds(void)
+{
+    static const char *json[][2] = {
+        {"llama.json", "{\"dloco_manifest\": 1, \"tensors\": [{\"name\": \"model.embed_tokens.weight\", \"shape\": [8, 4], "
+                       "\"role\": \"embedding\"}, {\"name\": \"model.norm.weight\", \"shape\": [4], \"role\": \"vector\"}, "
+                       "{\"name\": \"conv\", \"shape\": [2, 3, 3, 3], \"role\": \"matrix\", \"dtype\": \"F32\"}]}"},
+        {"gpt.json", NULL},
+        {"bad_duplicate.json", "{\"dloco_manifest\": 1, \"tensors\": [{\"name\": \"w\", \"shape\": [2], \"role\": "
+                               "\"vector\"}, {\"name\": \"w\", \"shape\": [2], \"role\": \"vector\"}]}"},
+        {"bad_5dims.json", "{\"dloco_manifest\": 1, \"tensors\": [{\"name\": \"w\", \"shape\": [1, 1, 1, 1, 1], "
+                           "\"role\": \"matrix\"}]}"},
+        {"bad_role.json", "{\"dloco_manifest\": 1, \"tensors\": [{\"name\": \"w\", \"shape\": [2], \"role\": \"bias\"}]}"},
+        {"bad_member.json", "{\"dloco_manifest\": 1, \"tensors\": [{\"name\": \"w\", \"shape\": [2], \"role\": "
+                            "\"vector\", \"role\": \"matrix\"}]}"},
+    };
+    for (size_t i = 0; i < sizeof json / sizeof json[0]; i++) {
+        if (json[i][1]) {
+            put_mode(json[i][0], 0, json[i][1], strlen(json[i][1]));
+            continue;
+        }
+        dl_model_config c = {.n_layer = 1, .n_head = 1, .n_embd = 8, .seq_len = 2, .vocab = 2};
+        dl_manifest *g;
+        char *js;
+        size_t n;
+        if (dl_manifest_from_gpt(&c, &g) || dl_manifest_to_json(g, &js, &n)) exit(1);
+        put_mode(json[i][0], 0, js, n);
+        free(js);
+        dl_manifest_close(&g);
+    }
+    /* files: written by storage/tensorfile.c (the manifest in __metadata__) */
+    dl_manifest *m;
+    int64_t e[2] = {4, 2}, v[1] = {2}, cv[4] = {2, 1, 1, 2};
+    if (dl_manifest_open(&m) || dl_manifest_add(m, "e", 2, e, DL_TENSOR_EMBED) ||
+        dl_manifest_add(m, "n", 1, v, DL_TENSOR_VECTOR) || dl_manifest_add(m, "c", 4, cv, DL_TENSOR_MATRIX))
+        exit(1);
+    float x[14];
+    for (int i = 0; i < 14; i++) x[i] = 0.125f * (float)(i - 7);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/.seed.safetensors", g_out);
+    unlink(path);
+    if (dl_tensorfile_write(path, m, x, NULL, 1, NULL)) {
+        fprintf(stderr, "seedgen: %s\n", dl_errmsg());
+        exit(1);
+    }
+    FILE *f = fopen(path, "rb");
+    static unsigned char st[65536];
+    size_t n = f ? fread(st, 1, sizeof st, f) : 0;
+    if (f) fclose(f);
+    unlink(path);
+    put_mode("model.safetensors", 1, st, n);
+    put_mode("bad_short.safetensors", 1, st, n - 4);
+    unsigned char *b = malloc(n);
+    memcpy(b, st, n);
+    float nan = NAN;
+    memcpy(b + n - 4, &nan, 4);
+    put_mode("bad_nan.safetensors", 1, b, n);
+    free(b);
+    /* a file as PyTorch writes it: no manifest, tensors in another order */
+    static const char hdr[] = "{\"c\":{\"dtype\":\"F32\",\"shape\":[2,1,1,2],\"data_offsets\":[0,16]},"
+                              "\"n\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[16,20]},"
+                              "\"e\":{\"dtype\":\"F16\",\"shape\":[4,2],\"data_offsets\":[20,36]}}";
+    size_t hl = sizeof hdr - 1;
+    b = calloc(1, 8 + hl + 36);
+    for (int k = 0; k < 8; k++) b[k] = (unsigned char)((uint64_t)hl >> (8 * k));
+    memcpy(b + 8, hdr, hl);
+    memcpy(b + 8 + hl, x, 16);
+    b[8 + hl + 16 + 1] = 0x3f; /* bf16 1.0 */
+    b[8 + hl + 20 + 1] = 0x3c; /* f16 1.0 */
+    put_mode("torch.safetensors", 1, b, 8 + hl + 36);
+    b[8 + 35] = (unsigned char)'3'; /* "c" shape [2,1,1,3]: not the manifest's */
+    put_mode("bad_shape.safetensors", 1, b, 8 + hl + 36);
+    free(b);
+    dl_manifest_close(&m);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -630,6 +743,7 @@ int main(int argc, char **argv)
     config_seeds();
     allowlist_seeds();
     model_seeds();
+    manifest_seeds();
     printf("seedgen: wrote %d files under %s\n", g_files, g_out);
     return 0;
 }
