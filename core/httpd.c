@@ -110,7 +110,9 @@ int dl_httpd_open(const char *addr, dl_httpd_handler handler, void *ctx, dl_http
     /* AUTO: epoll or poll, never select(), whose descriptors stop at 1024 */
     h->d = MHD_start_daemon(MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, h,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)DL_HTTPD_MAX_CONNS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)DL_HTTPD_TIMEOUT_S,
+                            (unsigned)DL_HTTPD_MAX_CONNS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)DL_HTTPD_PER_ADDR_CONNS, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+                            (unsigned)DL_HTTPD_BACKLOG, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)DL_HTTPD_TIMEOUT_S,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)DL_HTTPD_CONN_MEMORY,
                             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (!h->d) {

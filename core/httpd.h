@@ -1,6 +1,9 @@
 /* A small, bounded HTTP server for read-only endpoints (metrics, status)
- * on libmicrohttpd's own thread: GET (and HEAD) only, a few connections, a
- * per-connection timeout, no request bodies. Nothing it serves changes
+ * on libmicrohttpd's own thread: GET (and HEAD) only, a bounded number of
+ * connections in all and per client address, an idle timeout per connection,
+ * a bounded accept queue, no request bodies. Slow or idle clients from one
+ * address hold at most DL_HTTPD_PER_ADDR_CONNS slots: a scrape from another
+ * address is still answered. Nothing it serves changes
  * state: the handler runs on the server's thread and must only read what
  * another thread published (dl_httpd_pages does that under a mutex). */
 #ifndef DL_CORE_HTTPD_H
@@ -9,8 +12,10 @@
 #include <stddef.h>
 
 /* Limits of one server. */
-#define DL_HTTPD_MAX_CONNS 8       /* concurrent connections; more wait in the listen backlog until one closes */
-#define DL_HTTPD_TIMEOUT_S 5       /* an idle connection is closed after this */
+#define DL_HTTPD_MAX_CONNS 64      /* concurrent connections; more wait in the accept queue until one closes */
+#define DL_HTTPD_PER_ADDR_CONNS 4  /* concurrent connections from one client address; more are closed at once */
+#define DL_HTTPD_BACKLOG 64        /* connections the kernel queues while every slot is taken */
+#define DL_HTTPD_TIMEOUT_S 5       /* a connection that sends or reads nothing for this long is closed */
 #define DL_HTTPD_CONN_MEMORY 16384 /* bytes per connection for the request head: a longer URL or head gets 414/431 */
 
 typedef struct {

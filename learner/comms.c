@@ -42,6 +42,7 @@ typedef struct {
     int rebase_pending; /* the next Update of p is the rebase after a DROPPED_STALE */
     int fetch_want;     /* a Fetch of p is to be sent at fetch_at (a Welcome, or a refused update) */
     int64_t fetch_at;
+    int64_t fetch_sent; /* when the pending Fetch of p left (dl_clock_ns) */
     uint64_t known;     /* newest version of p known: held, announced by the last Welcome, or received */
     int64_t busy_until; /* the synchronizer's pool was full: no push of p before this (dl_clock_ns) */
     /* a chunked Update arriving: elements [0, rx_off) of version rx_version
@@ -136,7 +137,10 @@ struct dl_comms {
     int64_t t_fetch;        /* earliest fetch_at of a wanted Fetch, NEVER when none */
     int sent_on_sock;       /* a message left on the current socket */
     int any_epoch;          /* a new connection: its first Welcome is taken whatever its epoch */
-    int rebuilds_row;       /* rebuilds since the last Welcome (their backoff) */
+    int rebuilds_row;       /* rebuilds in a row (their backoff): since the last Welcome, or after bad messages
+                               since the last good Update or Ack (a Welcome alone does not prove the connection) */
+    int rebuild_bad;        /* the latest rebuild was for bad messages */
+    int64_t t_update_rx;    /* when the latest Update (or chunk of one) arrived, dl_clock_ns */
     int bad_row;            /* inbound messages rejected by proto/wire.c in a row */
     char conn_err[512];     /* the last connection problem, for the connect-timeout message */
     int auth_denied;        /* the synchronizer's ZAP refused this learner's key for good (status 400) */
@@ -664,6 +668,7 @@ static void send_fetches(dl_comms *c, int64_t now)
         sfrag *f = &c->f[c->fetch_list[i]];
         f->fetch_want = 0;
         f->fetch_pending = 1;
+        f->fetch_sent = now;
     }
     COUNT(fetches);
 }
@@ -683,6 +688,29 @@ static void want_fetch(dl_comms *c, int p, int64_t at)
  * of a fragment in a row are fetched again at once, later ones after
  * hello_retry_ms doubling up to hello_retry_max_ms, so a synchronizer that
  * keeps sending garbage does not make the learner spin. */
+static int64_t silence_ms(const dl_comms *c);
+
+/* A Fetch whose reply never came (it was dropped as malformed, or lost with
+ * a connection) while no Update at all arrived for a silence limit is
+ * counted as a refused reply: p is fetched again with the refusals' backoff,
+ * so a learner whose synchronizer answers with bad Updates keeps asking. */
+static void fetch_timeouts(dl_comms *c, int64_t now)
+{
+    int64_t quiet = now - c->t_update_rx;
+    if (quiet < silence_ms(c) * MS) return;
+    for (int i = 0; i < c->n_served; i++) {
+        int p = c->served[i];
+        sfrag *f = &c->f[p];
+        if (!f->fetch_pending || now - f->fetch_sent < silence_ms(c) * MS) continue;
+        f->fetch_pending = f->fetch_soft = 0;
+        int k = dl_mailbox_refuse_update(c->mb, p);
+        DL_WARN("comms: no reply to the fetch of fragment %d for %lld ms: asked again (refusal %d in a row)", p,
+                (long long)((now - f->fetch_sent) / MS), k);
+        dl_event("update_refused", " learner=%s epoch=%llu fragment=%d version=0 reason=unanswered refusals=%d", c->id,
+                 (unsigned long long)c->epoch, p, k);
+    }
+}
+
 static void take_refetches(dl_comms *c, int64_t now)
 {
     if (!dl_mailbox_take_refetches(c->mb, c->served, c->n_served, c->refusals)) return;
@@ -855,6 +883,7 @@ static void rebuild(dl_comms *c, const char *reason, const char *why)
     c->t_reopen = now + delay * MS;
     c->any_epoch = 1; /* nothing of an earlier incarnation can arrive on the new connection */
     c->bad_row = 0;
+    c->rebuild_bad = !strcmp(reason, "bad_messages");
     COUNT(rebuilds);
     snprintf(c->conn_err, sizeof c->conn_err, "%s", why);
     set_state(c, c->state, "last connection problem: %s", why); /* what a timed-out wait reports */
@@ -991,7 +1020,7 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
     }
     c->epoch = epoch;
     c->any_epoch = 0;
-    c->rebuilds_row = 0;
+    if (!c->rebuild_bad) c->rebuilds_row = 0;
     c->chunk = w->chunk_bytes / sizeof(float);
     /* delta Updates: a mirror per fragment from its next full Update on; none without them */
     /* a new epoch (a restarted synchronizer, perhaps on another store) gives
@@ -1169,6 +1198,7 @@ static void on_update_delta(dl_comms *c, const Dloco__V1__Update *u, int p, cons
 static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
 {
     int p = (int)u->fragment;
+    c->t_update_rx = dl_clock_ns();
     if (u->delta) {
         if (served(c, p, "update"))
             on_update_delta(c, u, p, dl_wire_msg_payload(m, 0), dl_wire_msg_payload_len(m, 0));
@@ -1274,6 +1304,7 @@ static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, cons
         return;
     }
     if (u->version > f->known) f->known = u->version;
+    c->rebuilds_row = c->rebuild_bad = 0; /* the connection serves: a later rebuild starts its backoff over */
     /* a good one came: a fetch still waiting for its backoff after a refused
      * update is not needed any more (the node asks again if it refuses this one) */
     f->fetch_want = 0;
@@ -1447,6 +1478,7 @@ static int handle(dl_comms *c, dl_wire_msg *m)
         return 0;
     }
     c->t_recv = dl_clock_ns();
+    dl_mailbox_heard(c->mb); /* the synchronizer answers: the initial fetch is waited for (dl_node_wait_ready) */
 
     switch (body) {
     case DLOCO__V1__ENVELOPE__BODY_WELCOME:
@@ -1804,6 +1836,7 @@ static void *comms_main(void *arg)
             set_state(c, DL_COMMS_FAILED, "reconnecting to %s: %s", c->endpoint, dl_errmsg());
             break;
         }
+        if (c->state == DL_COMMS_READY) fetch_timeouts(c, now);
         take_refetches(c, now);
         if (c->state == DL_COMMS_HELLO) {
             if (!c->ever_welcomed && now - c->t_start >= c->connect_timeout_ms * MS) {

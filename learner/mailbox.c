@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/err.h"
 #include "core/plan.h"
 
@@ -70,6 +71,7 @@ struct dl_mailbox {
     int bye_req;
     char bye_reason[128];
     uint64_t bye_step;
+    int64_t heard_ns; /* dl_clock_ns of the latest message any session received; 0 before any */
     dl_mailbox_stats st;
 };
 
@@ -564,6 +566,22 @@ uint32_t dl_mailbox_h(dl_mailbox *m)
     uint32_t h = m->h;
     pthread_mutex_unlock(&m->mu);
     return h;
+}
+
+void dl_mailbox_heard(dl_mailbox *m)
+{
+    int64_t now = dl_clock_ns();
+    pthread_mutex_lock(&m->mu);
+    if (now > m->heard_ns) m->heard_ns = now;
+    pthread_mutex_unlock(&m->mu);
+}
+
+int64_t dl_mailbox_heard_ns(dl_mailbox *m)
+{
+    pthread_mutex_lock(&m->mu);
+    int64_t t = m->heard_ns;
+    pthread_mutex_unlock(&m->mu);
+    return t;
 }
 
 void dl_mailbox_set_policy(dl_mailbox *m, const char *policy)

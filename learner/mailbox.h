@@ -188,6 +188,12 @@ int dl_mailbox_attach(dl_mailbox *m, int wake_fd);
 void dl_mailbox_detach(dl_mailbox *m, int link);
 /* Publish a session's state (msg NULL: keep the old one) and H (0: keep). */
 void dl_mailbox_set_link(dl_mailbox *m, int link, int state, uint32_t h, const char *msg);
+/* A session received something from its synchronizer (a message, even one
+ * it refused): the synchronizer answers. dl_mailbox_heard_ns is the
+ * monotonic time (dl_clock_ns) of the latest, 0 before any. The node waits
+ * for the initial fetch as long as the synchronizer answers. */
+void dl_mailbox_heard(dl_mailbox *m);
+int64_t dl_mailbox_heard_ns(dl_mailbox *m);
 /* A Welcome's policy (Welcome.policy; NULL or unknown: not a barrier), for
  * dl_mailbox_barrier. */
 void dl_mailbox_set_policy(dl_mailbox *m, const char *policy);

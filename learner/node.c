@@ -804,10 +804,11 @@ int dl_node_wait_ready(dl_node *n, int timeout_ms, const volatile sig_atomic_t *
         if (s == DL_COMMS_FAILED || s == DL_COMMS_DONE || s == DL_COMMS_IDLE)
             return dl_err(DL_ENET, "%s", msg[0] ? msg : "comms thread not running");
         if (stop && *stop) return dl_err(DL_EAGAIN, "stopped while waiting for the initial fetch");
-        if (dl_clock_ns() - t0 >= (int64_t)timeout_ms * 1000000) {
+        int64_t heard = dl_mailbox_heard_ns(n->mb), since = heard > t0 ? heard : t0;
+        if (dl_clock_ns() - since >= (int64_t)timeout_ms * 1000000) {
             int held = 0;
             for (int p = 0; p < n->P; p++) held += n->f[p].held;
-            return dl_err(DL_ETIMEDOUT, "%s after %d ms: holding %d of %d fragments%s%s%s",
+            return dl_err(DL_ETIMEDOUT, "%s: nothing heard for %d ms, holding %d of %d fragments%s%s%s",
                           s == DL_COMMS_HELLO ? "no Welcome from the synchronizer" : "initial fetch incomplete",
                           timeout_ms, held, n->P, msg[0] ? " (" : "", msg, msg[0] ? ")" : "");
         }

@@ -273,7 +273,10 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
 int dl_node_delta(dl_node *n, int p, float *out);
 
 /* Before training: poll until every fragment is held (the initial fetch).
- * Returns 0; DL_ETIMEDOUT after timeout_ms; DL_EAGAIN when *stop became
+ * Returns 0; DL_ETIMEDOUT once the synchronizer has not been heard for
+ * timeout_ms (dl_mailbox_heard_ns; counted from the call before anything is
+ * heard): a synchronizer that keeps answering, even with Updates the learner
+ * refuses, is waited for, its refetches backing off; DL_EAGAIN when *stop became
  * nonzero; DL_EPROTO when the synchronizer refused the learner (fatal
  * Error) or DL_ENET when the comms failed (no Welcome, socket): dl_errmsg()
  * carries the reason; or the parameter interface's error. Polls every 2 ms. */

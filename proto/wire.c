@@ -12,6 +12,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include "core/clock.h"
 #include "core/err.h"
@@ -61,6 +63,17 @@ static int setopt_int(void *sock, int opt, int v)
 {
     DL_ZMQ_CALL(zmq_setsockopt(sock, opt, &v, sizeof v));
     return 0;
+}
+
+void dl_wire_seed_routing_ids(void)
+{
+    unsigned seed = 0;
+    if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) {
+        DL_WARN("no random source for the routing-id counter (getrandom: %s); seeding it from the clock",
+                strerror(errno));
+        seed = (unsigned)dl_clock_ns() ^ ((unsigned)getpid() << 16);
+    }
+    srand(seed);
 }
 
 int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes)

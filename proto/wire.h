@@ -141,6 +141,19 @@ void dl_wire_zmq_warn(const char *call, const char *file, int line);
  * Call before bind/connect. Returns 0 or DL_ENET. */
 int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes);
 
+/* Seed the C library's rand() from the kernel's random source (getrandom;
+ * the clock and pid if that fails). Call once before creating a ROUTER that
+ * peers connect to. Why: libzmq 4.3 gives a connection without a routing id
+ * the id 0x00 + a 32-bit counter whose start it draws from rand() when the
+ * socket is created (a REP or ROUTER each draw one), and it aborts the
+ * process when that id is already held by a connection that presented it
+ * itself (it never checks the ids it makes). Unseeded, rand() starts the same
+ * in every run, so any peer could present the next ids; seeded, a peer
+ * holding k presented ids hits the counter with probability about k x m /
+ * 2^32 over m later connections without an id (docs/SECURITY.md). Nothing
+ * else in dloco uses rand(). */
+void dl_wire_seed_routing_ids(void);
+
 /* ---- outbound queue accounting
  *
  * What a sender hands to zmq_send stays in libzmq (its pipes, then the

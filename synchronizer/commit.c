@@ -46,7 +46,9 @@ static void submit_round(dl_sync *s, const dl_policy_round *r)
     j->handles = dl_xcalloc((size_t)r->n, sizeof(uint64_t));
     for (int i = 0; i < r->n; i++) {
         j->handles[i] = r->contribs[i].handle;
-        j->deltas[i] = dl_pool_get(s->pool, r->contribs[i].handle)->delta;
+        dl_pool_push *pp = dl_pool_get(s->pool, r->contribs[i].handle);
+        pp->merging = 1;
+        j->deltas[i] = pp->delta;
         j->w[i] = r->contribs[i].weight;
     }
     /* the ledger's pending changes and this round's applied tokens commit

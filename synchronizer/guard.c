@@ -25,7 +25,8 @@
  * median is one vote per learner among the norm_window most recent pushers
  * (O(window) per record, window <= 1024; 32 by default). */
 typedef struct {
-    double norm;
+    double norm;  /* the push's norm per sqrt(step): L2 norm / sqrt(max(steps, 1)) */
+    double steps; /* its steps (at least 1) */
     int slot;
 } obs;
 typedef struct {
@@ -284,9 +285,10 @@ double dl_guard_norm(const float *x, size_t n, int *finite)
     return norm;
 }
 
-/* Median of the newest norm of each learner in the ring; *learners = how
- * many learners that is. */
-static double hist_median(const dl_guard *g, const hist *h, int *learners)
+/* Median over learners of the newest record of each: of its norm per
+ * sqrt(step) (steps = 0), or of its steps (steps = 1); *learners = how many
+ * learners that is. */
+static double hist_median_of(const dl_guard *g, const hist *h, int steps, int *learners)
 {
     double *v = g->scratch;
     int m = 0;
@@ -295,13 +297,18 @@ static double hist_median(const dl_guard *g, const hist *h, int *learners)
         int seen = 0;
         for (int j = 0; j < i && !seen; j++)
             seen = h->ring[((h->pos - 1 - j) % g->cap + g->cap) % g->cap].slot == o->slot;
-        if (!seen) v[m++] = o->norm;
+        if (!seen) v[m++] = steps ? o->steps : o->norm;
     }
     if (learners) *learners = m;
     if (m == 0) return 0.0;
     qsort(v, (size_t)m, sizeof *v, cmp_double);
     int k = m / 2;
     return m % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
+}
+
+static double hist_median(const dl_guard *g, const hist *h, int *learners)
+{
+    return hist_median_of(g, h, 0, learners);
 }
 
 double dl_guard_median(const dl_guard *g, int p, int *count)
@@ -311,7 +318,18 @@ double dl_guard_median(const dl_guard *g, int p, int *count)
     return hist_median(g, &g->h[p], NULL);
 }
 
-int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, double *scale, char *why, size_t cap)
+/* The steps a push's bound grows with: its own (at least 1), but at most
+ * norm_k x the median of the learners' latest steps, so claiming more steps
+ * than it made buys a liar at most sqrt(norm_k) times the bound. */
+static double bound_steps(const dl_guard *g, const hist *h, uint64_t steps)
+{
+    double st = steps ? (double)steps : 1.0;
+    double cap = g->cfg.norm_k * hist_median_of(g, h, 1, NULL);
+    return cap >= 1.0 && st > cap ? cap : st;
+}
+
+int dl_guard_value(const dl_guard *g, int p, double norm, uint64_t steps, double param_norm, double *scale,
+                   char *why, size_t cap)
 {
     assert(p >= 0 && p < g->P && scale && !(norm < 0.0));
     const dl_guard_cfg *c = &g->cfg;
@@ -321,11 +339,12 @@ int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, dou
         say(why, cap, "norm %g is not finite", norm);
         return DL_GUARD_REJECTED;
     }
-    double bound = INFINITY, med = 0.0;
+    double bound = INFINITY, med = 0.0, st = 1.0;
     int rule = 0, learners = 0; /* rule 1: median, 2: parameter ratio */
     if (c->norm_k > 0.0 && h->n >= c->norm_min_history) {
         med = hist_median(g, h, &learners);
-        bound = c->norm_k * med;
+        st = bound_steps(g, h, steps);
+        bound = c->norm_k * med * sqrt(st);
         rule = 1;
     }
     if (c->norm_param_ratio > 0.0 && isfinite(param_norm) && param_norm > 0.0 &&
@@ -337,10 +356,10 @@ int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, dou
         *scale = 1.0;
         return DL_GUARD_OK;
     }
-    char r[160];
+    char r[200];
     if (rule == 1)
-        snprintf(r, sizeof r, "norm %.3g > %g x median %.3g of %d learner(s)' latest pushes", norm, c->norm_k, med,
-                 learners);
+        snprintf(r, sizeof r, "norm %.3g > %g x median %.3g of %d learner(s)' latest pushes (per sqrt(step), x sqrt(%.0f "
+                 "steps))", norm, c->norm_k, med * sqrt(st), learners, st);
     else
         snprintf(r, sizeof r, "norm %.3g > %g x parameter norm %.3g", norm, c->norm_param_ratio, param_norm);
     /* the bound is positive (remembered norms are > 0, param_norm > 0), so
@@ -356,11 +375,13 @@ int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, dou
     return DL_GUARD_REJECTED;
 }
 
-void dl_guard_observe(dl_guard *g, int p, int slot, double norm)
+void dl_guard_observe(dl_guard *g, int p, int slot, double norm, uint64_t steps)
 {
     assert(p >= 0 && p < g->P && slot >= 0 && slot < g->L && isfinite(norm) && norm >= 0.0);
     if (norm == 0.0) return;
     hist *h = &g->h[p];
+    double st = steps ? (double)steps : 1.0;
+    norm /= sqrt(st); /* remembered per sqrt(step): pushes of any length compare */
     /* remembered at most at the median bound: one push (or one learner)
      * moves the median by at most norm_k */
     if (g->cfg.norm_k > 0.0 && h->n >= g->cfg.norm_min_history) {
@@ -380,7 +401,7 @@ void dl_guard_observe(dl_guard *g, int p, int slot, double norm)
         h->pos = (h->pos - 1 + g->cap) % g->cap;
         break;
     }
-    h->ring[h->pos] = (obs){norm, slot};
+    h->ring[h->pos] = (obs){norm, st, slot};
     h->pos = (h->pos + 1) % g->cap;
     if (h->n < g->cap) h->n++;
 }

@@ -26,10 +26,21 @@
  *     honest learner by up to (max_batch / its batch)^2 x (max_step_rate / its
  *     rate) in the weighted merge. The robust aggregators of merge.h ignore
  *     weights for this reason.
- *   norm (dl_guard_value). A delta's L2 norm above norm_k x the median over
- *     learners of each one's newest norm among the fragment's last norm_window
- *     pushes (whatever their fate), or above norm_param_ratio x the fragment's
- *     parameter norm, is clipped to the bound or rejected (norm_action).
+ *   norm (dl_guard_value). Pushes are compared per step, like with like: a
+ *     delta's L2 norm above norm_k x sqrt(its steps) x the median over
+ *     learners of each one's newest norm per sqrt(step) among the fragment's
+ *     last norm_window pushes (whatever their fate), or above
+ *     norm_param_ratio x the fragment's parameter norm, is clipped to the
+ *     bound or rejected (norm_action). sqrt: a sum of s steps of noisy
+ *     updates grows like sqrt(s), a steady drift like s), so a push that
+ *     carries many steps after an outage, or a learner's first push after a
+ *     long start, is judged against what the fleet does per step instead of
+ *     being refused as an outlier; a push of few steps gets a tighter bound.
+ *     The steps the bound grows with are capped at norm_k x the median of
+ *     the learners' latest steps: a liar claiming more steps than it made
+ *     (within the counter check) buys at most sqrt(norm_k) times the bound;
+ *     an honest push of more than norm_k x the usual steps whose norm grew
+ *     like a steady drift (s, not sqrt(s)) can exceed it.
  *     Non-finite deltas are always rejected. The median follows the fleet, so
  *     honest growth (the warm-up: norms x10 within a few pushes) is not locked
  *     out, which a median of accepted norms only did (measured: every push of 4
@@ -158,27 +169,33 @@ int dl_guard_batch(const dl_guard *g, uint32_t batch, char *why, size_t cap);
 double dl_guard_norm(const float *x, size_t n, int *finite);
 
 /* Norm guard for a delta of fragment p with L2 norm `norm` (from
- * dl_guard_norm); param_norm is the fragment's current global parameter norm.
- * The bound is the smaller of the active rules:
- *   norm_k x the median over learners of each one's newest remembered norm of
- *   the fragment (once norm_min_history norms are remembered; norm_k > 0), and
+ * dl_guard_norm) made in `steps` inner steps (Push.steps; 0 counts as 1);
+ * param_norm is the fragment's current global parameter norm. The bound is
+ * the smaller of the active rules:
+ *   norm_k x sqrt(s) x the median over learners of each one's newest
+ *   remembered norm per sqrt(step) of the fragment (once norm_min_history
+ *   norms are remembered; norm_k > 0), s = steps capped at norm_k x the
+ *   median of their latest steps, and
  *   norm_param_ratio x param_norm
  *   (norm_param_ratio > 0 and param_norm finite and > 0).
  * Returns DL_GUARD_OK (*scale = 1), DL_GUARD_CLIPPED (norm_action CLIP: *scale
  * in (0, 1) is the factor that brings the delta to the bound) or
  * DL_GUARD_REJECTED (*scale = 0), with a reason in why for the last two:
- *   "norm 3.2e+05 > 10 x median 1.1 of 4 learner(s)' latest pushes"
+ *   "norm 3.2e+05 > 10 x median 1.1 of 4 learner(s)' latest pushes (per sqrt(step), x sqrt(16 steps))"
+ *   (the median shown is scaled to this push's steps)
  *   "norm 5e+37 > 10 x parameter norm 12.5"
  * A non-finite norm is always rejected. why may be NULL. */
-int dl_guard_value(const dl_guard *g, int p, double norm, double param_norm, double *scale, char *why, size_t cap);
-/* Remember the norm of a push of fragment p by learner `slot` (finite, >= 0;
- * asserted), whatever its fate, capped at the median bound in force (so one
+int dl_guard_value(const dl_guard *g, int p, double norm, uint64_t steps, double param_norm, double *scale,
+                   char *why, size_t cap);
+/* Remember the norm (finite, >= 0; asserted) and steps of a push of fragment
+ * p by learner `slot`, as its norm per sqrt(step), whatever its fate, capped
+ * at the median bound in force (so one
  * push moves the median by at most norm_k): the median rule compares a push
  * with what the fleet pushes now, so it follows honest growth (a warm-up, a
  * loss spike) instead of locking out every learner whose norms grew beyond
  * the history of accepted ones. Zero norms are not remembered. */
-void dl_guard_observe(dl_guard *g, int p, int slot, double norm);
-/* Median over learners of the newest remembered norm of each (mean of the
+void dl_guard_observe(dl_guard *g, int p, int slot, double norm, uint64_t steps);
+/* Median over learners of the newest remembered norm per sqrt(step) of each (mean of the
  * two middle ones for an even count; 0 when none) and, if count is not NULL,
  * how many norms are remembered (one per learner: a learner's new record
  * replaces its old one, so however often it pushes it is one vote and never

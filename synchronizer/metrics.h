@@ -18,7 +18,8 @@
  * event). */
 typedef enum {
     DL_SM_REJ_COUNTERS = 0, /* steps/tokens beyond what the learner can have done (guard) */
-    DL_SM_REJ_REPLAY,       /* a base the learner already pushed and got merged (guard) */
+    DL_SM_REJ_REPLAY,       /* a base the learner already pushed and got merged (guard), or a copy of its push
+                               pooled or being merged (policy: duplicate) */
     DL_SM_REJ_CODEC,        /* a payload its codec's decoder refuses (a bad scale, a non-finite value, a topk index) */
     DL_SM_REJ_NONFINITE,    /* NaN/Inf in the payload */
     DL_SM_REJ_NORM,         /* value guard: norm bound */

@@ -34,6 +34,8 @@ typedef struct {
     int64_t *ptok;                /* [P] tokens of its latest POOLED push of f, 0 if none */
     double tps;                   /* tokens / steps of its latest POOLED push (any fragment), 0 if none */
     int64_t left_ns;              /* when it said Bye (SLOT_LEFT), else NONE_NS */
+    int64_t joined_ns;            /* when the slot was taken by this id (a rejoin does not move it), ns */
+    int64_t pooled_ns;            /* arrival of its latest POOLED push (any fragment), ns, or NONE_NS */
 } slot;
 
 /* One fragment: its committed version, open round and in-flight round. */
@@ -645,6 +647,8 @@ int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now)
     s->rep_step = s->rep_tokens = 0;
     s->rate = 0;
     s->tps = 0;
+    s->joined_ns = now;
+    s->pooled_ns = NONE_NS;
     slot_forget_arrivals(p, s);
     for (int f = 0; f < p->P; f++) s->cur_idx[f] = -1, s->ptok[f] = 0;
     p->n_live++;
@@ -837,6 +841,7 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
     c->n_replaced = n_replaced;
     s->ptok[f] = tokens;
     s->tps = (double)tokens / (double)steps;
+    s->pooled_ns = now;
     out->decision = DL_POLICY_POOLED;
     out->reason = DL_POLICY_OK;
     p->st.pooled++;
@@ -846,13 +851,29 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
 
 /* ---------------------------------------------------------------- rounds */
 
-/* Expected tokens of a full period of fragment f (policy.h "Share"). A
+/* Expected tokens of a full period of fragment f (policy.h "Share"), over
+ * the live learners that contribute (contributes()). A
  * learner's tokens per step come from its latest pooled (validated) push;
  * one without a pooled push counts at its reported tokens / step, but never
  * above the largest pooled rate of the fleet (a Hello may claim any batch up
  * to max_batch, so an idle learner's claims could otherwise shrink every
  * share), else at the mean pooled rate. */
-/* 1 when s counts in a share's expected tokens: live, or said Bye less than
+/* A live learner counts in the expected tokens while it contributes: its
+ * latest pooled push (or, before its first, its joining) is at most
+ * DL_POLICY_CONTRIB_PERIODS of the fleet's push periods old. An id that
+ * registers and heartbeats but never pushes stops shrinking the others'
+ * shares after that. While the fleet's period is unknown every live learner
+ * counts. */
+static int contributes(const dl_policy *p, const slot *s)
+{
+    int64_t period = p->fleet_med;
+    if (period <= 0 && p->cfg.H > 0 && p->fleet_step > 0) period = p->fleet_step * p->cfg.H;
+    if (period <= 0) return 1;
+    int64_t since = s->pooled_ns != NONE_NS ? s->pooled_ns : s->joined_ns;
+    return p->now - since <= DL_POLICY_CONTRIB_PERIODS * period;
+}
+
+/* 1 when s counts in a share's expected tokens: live and contributing (above), or said Bye less than
  * a push period ago (H x the fleet's step time, else the fleet's push
  * interval). The learners of a run that ends leave one after the other,
  * each after its final flush: counting only those still live would give
@@ -860,7 +881,7 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
  * learner's delta. */
 static int in_fleet(const dl_policy *p, const slot *s)
 {
-    if (s->state == SLOT_LIVE) return 1;
+    if (s->state == SLOT_LIVE) return contributes(p, s);
     if (s->state != SLOT_LEFT || s->left_ns == NONE_NS) return 0;
     int64_t period = p->cfg.H > 0 && p->fleet_step > 0 ? (int64_t)p->cfg.H * p->fleet_step : p->fleet_med;
     return period > 0 && p->now - s->left_ns < period;

@@ -109,15 +109,21 @@
  *
  * Share (computed at close, any kind; docs/ARCHITECTURE.md "Outer step:
  * share scaling"): the fraction of a full outer step the round applies.
- *   expected = sum over live learners L of H * tps_L when H > 0, where tps_L =
+ *   Contributing learners: live learners whose latest POOLED push (before
+ *   their first: their joining, which a rejoin of the same id does not move)
+ *   is at most DL_POLICY_CONTRIB_PERIODS fleet push periods old (the median
+ *   period of the live learners, or H x the fleet's step time; every live
+ *   learner while neither is known). An id that registers and heartbeats but
+ *   never pushes stops diluting the others' shares after that.
+ *   expected = sum over contributing learners L of H * tps_L when H > 0, where tps_L =
  *     tokens / steps of L's latest POOLED push (any fragment; the caller
  *     calls dl_policy_push only for pushes its guards passed, and rejected or
  *     dropped pushes do not count), else L's reported tokens / step (a report
  *     with step > 0 and tokens > 0) but at most the largest pooled tps of a
  *     live learner (a Hello may claim any batch up to max_batch, so an idle
  *     learner's claims could otherwise shrink every share), else the mean tps
- *     of the live learners that have one (0 when none has);
- *     when H = 0: sum over live learners of the tokens of their latest POOLED
+ *     of the contributing learners that have one (0 when none has);
+ *     when H = 0: sum over contributing learners of the tokens of their latest POOLED
  *     push of f.
  *   share = min(1, sum over contributions of tokens * s(staleness) / expected),
  *     1 when expected is 0.
@@ -142,6 +148,8 @@
 #define DL_POLICY_HIST 16           /* intervals kept per learner and per fragment */
 #define DL_POLICY_MAX_LEARNERS 65536 /* hard upper bound of cfg.max_learners */
 #define DL_POLICY_NEVER INT64_MAX    /* "no deadline" */
+/* fleet push periods without a pooled push after which a live learner stops counting in a share */
+#define DL_POLICY_CONTRIB_PERIODS 3
 
 typedef enum {
     DL_POLICY_DECOUPLED = 0,   /* quorum + adaptive grace window ("decoupled", alias "ddiloco") */

@@ -52,6 +52,25 @@ void dl_pool_free(dl_pool *pool, int p, float *buf)
     free(buf);
 }
 
+float *dl_pool_alloc_arriving(dl_pool *pool, int p)
+{
+    return dl_xaligned(64, pool->numel[p] * sizeof(float));
+}
+
+void dl_pool_count(dl_pool *pool, uint64_t bytes)
+{
+    pool->used += bytes;
+    if (pool->used > pool->peak) pool->peak = pool->used;
+}
+
+void dl_pool_free_arriving(dl_pool *pool, float *buf, uint64_t counted)
+{
+    if (!buf) return;
+    assert(pool->used >= counted);
+    pool->used -= counted;
+    free(buf);
+}
+
 uint64_t dl_pool_add(dl_pool *pool)
 {
     for (size_t i = 0; i < pool->npend; i++)

@@ -14,6 +14,8 @@ typedef struct {
     uint32_t learner;  /* registry slot */
     int fragment;
     uint64_t base_version, tokens;
+    uint64_t steps;    /* Push.steps: a copy of the push (same base, no more steps) is refused */
+    int merging;       /* its round was handed to the merge worker (it can no longer be replaced) */
     double compute_s;  /* the learner's training seconds behind the delta (Push.compute_s) */
 } dl_pool_push;
 
@@ -30,6 +32,15 @@ void dl_pool_close(dl_pool **pp);
 float *dl_pool_alloc(dl_pool *pool, int p);
 /* Gives back a buffer of dl_pool_alloc for fragment p (NULL: nothing). */
 void dl_pool_free(dl_pool *pool, int p, float *buf);
+/* A buffer for a chunked push arriving into fragment p that counts only
+ * what has arrived (dl_pool_count), so a push that stops early holds the
+ * room of its chunks, not of its fragment. Once all of it is counted it is an
+ * ordinary buffer of dl_pool_alloc. */
+float *dl_pool_alloc_arriving(dl_pool *pool, int p);
+/* `bytes` more of an arriving push came (fp32 bytes, as it is kept). */
+void dl_pool_count(dl_pool *pool, uint64_t bytes);
+/* Gives back an arriving buffer of which `counted` bytes were counted (NULL: nothing). */
+void dl_pool_free_arriving(dl_pool *pool, float *buf, uint64_t counted);
 
 /* A free handle: its entry is zeroed and unused until the caller fills it
  * and sets used (an entry left unused is handed out again). */

@@ -48,6 +48,8 @@ typedef struct {
     uint64_t bytes_in, bytes_out;      /* frames, bytes (headers approximated) */
     uint64_t last_push_tokens;         /* tokens of its latest accepted push: its expected share of a round */
     uint64_t last_staleness;           /* staleness of its latest merged push, versions */
+    int64_t chunk_gap_ns;              /* mean interval between the chunks of its latest complete chunked push,
+                                          ns (0: none yet): how long its stalled pushes are waited for */
     /* [P * DL_REGISTRY_BASES]: per fragment a ring of the versions this
      * learner was given (Update sent, or held at Hello) and when: a push from
      * base v can have accumulated steps only since v reached the learner. */

@@ -339,8 +339,7 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
             dl_admit_record(l, &puts->lrecs[puts->nlrecs++]);
         }
         /* a chunked push whose chunks stopped holds pool room: not for ever */
-        if (s->inb[i].active && now - s->inb[i].progress_ns > (int64_t)s->cfg.slow_reader_ms * 1000000LL)
-            dl_uplink_drop(s, i, "stalled");
+        if (s->inb[i].active && now - s->inb[i].progress_ns > dl_uplink_stall_ns(s, i)) dl_uplink_drop(s, i, "stalled");
         /* slots are reclaimed only when a new learner needs one (dl_admit_hello) */
         if (member(s, i) != DL_POLICY_MEMBER_LIVE) continue;
         if (now - l->last_seen_ns > dead_after) {
@@ -483,6 +482,7 @@ static int open_router(dl_sync *s)
 {
     DL_TRY(check_bind_port(s->cfg.bind));
     DL_ZMQ_PTR(s->zctx, zmq_ctx_new());
+    dl_wire_seed_routing_ids(); /* before the ROUTER (and the ZAP handler's REP) draw their counters: proto/wire.h */
     if (s->cfg.auth == DL_SYNC_AUTH_CURVE) {
         /* the ZAP handler must be bound before the CURVE socket is */
         dl_auth_keypair kp;

@@ -37,7 +37,7 @@
  * fetch rather than push from what it holds. */
 #define DL_SYNC_RECLAIMED_IDS 4096
 /* A chunked push arriving from one learner (one at a time per connection:
- * docs/PROTOCOL.md "Chunked transfers"). Its buffer counts in the pool. */
+ * docs/PROTOCOL.md "Chunked transfers"). What has arrived of it counts in the pool. */
 typedef struct {
     int active;          /* chunks are arriving into buf */
     int refused;         /* its first chunk was refused (and answered): the rest are dropped unread */
@@ -46,7 +46,10 @@ typedef struct {
     int codec;           /* the first chunk's codec, block size and topk: every chunk must match */
     uint32_t block, topk;
     uint64_t received;   /* elements so far, in order */
-    int64_t progress_ns; /* monotonic ns of its latest chunk: one that stops for slow_reader_ms is dropped */
+    uint64_t counted;    /* pool bytes counted for it: received x 4 (the pool keeps fp32) */
+    int chunks;          /* chunks kept so far */
+    int64_t first_ns;    /* monotonic ns of its first chunk */
+    int64_t progress_ns; /* monotonic ns of its latest chunk: one that stops past dl_uplink_stall_ns is dropped */
     double compute_s;
     float *buf;          /* [numel], aligned */
 } inbound;
@@ -182,6 +185,8 @@ void dl_admit_put_now(dl_sync *s, dl_registry_learner *l);
 void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *msg, const Dloco__V1__Push *ph);
 /* drop the chunked push arriving from a slot, if any */
 void dl_uplink_drop(dl_sync *s, int slot, const char *why);
+/* how long the chunked push arriving from a slot may go without a chunk before it is dropped, ns */
+int64_t dl_uplink_stall_ns(const dl_sync *s, int slot);
 
 /* commit.c: rounds out to the worker, merges back */
 void dl_commit_schedule(dl_sync *s);

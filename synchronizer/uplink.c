@@ -13,6 +13,18 @@
 
 /* Ack.retry_after_ms of a push refused because the pool is full. */
 #define DL_SYNC_BUSY_RETRY_MS 1000u
+/* Chunked pushes arriving from learners without a merged push yet may hold
+ * at most this fraction of the pool (but at least one fragment): ids that
+ * start pushes and never finish them cannot take the room of learners that
+ * have proven they push. */
+#define DL_SYNC_UNPROVEN_POOL_DIV 4
+/* A stalled chunked push is dropped after STALL_GAPS x its link's chunk
+ * interval (this transfer's so far, else its learner's last complete one),
+ * at least STALL_MIN_MS; before any interval is known, after the time a
+ * chunk takes at STALL_FLOOR_BPS; never later than slow_reader_ms. */
+#define DL_SYNC_STALL_GAPS 8
+#define DL_SYNC_STALL_MIN_MS 2000
+#define DL_SYNC_STALL_FLOOR_BPS (128u << 10)
 
 static void push_event(const dl_registry_learner *l, const Dloco__V1__Push *ph, const char *decision,
                        const char *reason)
@@ -71,6 +83,44 @@ static void refuse_busy(dl_sync *s, int slot, dl_registry_learner *l, const Dloc
                          DL_SYNC_BUSY_RETRY_MS);
 }
 
+/* Exactly once per (learner, fragment, base): 1, with the reason in why,
+ * when this learner has a push of the fragment in the pool (waiting or being
+ * merged) that this one only copies: from a newer base, or from the same base
+ * with at least as many steps, or from the same base while that one is being
+ * merged (it can no longer be replaced). A push from the same base with more
+ * steps replaces a waiting one (the policy's rule: its counters are
+ * cumulative since the base). After the commit the replay guard refuses it. */
+static int duplicate(const dl_sync *s, int slot, const Dloco__V1__Push *ph, char *why, size_t cap)
+{
+    for (size_t i = 0; i < dl_pool_handles(s->pool); i++) {
+        const dl_pool_push *q = dl_pool_get(s->pool, i);
+        if (!q->used || q->learner != (uint32_t)slot || q->fragment != (int)ph->fragment) continue;
+        if (q->base_version < ph->base_version) continue;
+        if (q->base_version == ph->base_version && !q->merging && ph->steps > q->steps) continue;
+        snprintf(why, cap,
+                 "duplicate: this learner's push of fragment %u from base version %llu (%llu steps) is already %s; "
+                 "counted once",
+                 ph->fragment, (unsigned long long)q->base_version, (unsigned long long)q->steps,
+                 q->merging ? "being merged" : "pooled");
+        return 1;
+    }
+    return 0;
+}
+
+/* Refused as a copy of a push already pooled: counted once, as that one;
+ * answered like a full pool (busy, no rebase), so a learner that re-sent
+ * after a lost answer keeps whatever progress it holds. */
+static void refuse_duplicate(dl_sync *s, dl_registry_learner *l, const Dloco__V1__Push *ph, const char *why)
+{
+    int p = (int)ph->fragment;
+    s->rejected++;
+    s->met.push_rejected[DL_SM_REJ_REPLAY]++;
+    l->rejected++;
+    push_event(l, ph, "duplicate", why);
+    dl_downlink_ack_busy(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0,
+                         DL_SYNC_BUSY_RETRY_MS);
+}
+
 /* 1 under a barrier policy (sync, sync-elastic) when fragment p's open
  * round holds pushes of other learners and none of this one: the round
  * cannot close without it, so a full pool must not refuse it. (Decoupled
@@ -88,9 +138,48 @@ static int round_waits_for(const dl_sync *s, int slot, int p)
     return others;
 }
 
+/* Bytes counted for the chunked pushes arriving from learners without a
+ * merged push. */
+static uint64_t unproven_arriving(const dl_sync *s)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        const dl_registry_learner *q = dl_registry_get(s->reg, i);
+        if (q->used && !q->merged && s->inb[i].active) sum += s->inb[i].counted;
+    }
+    return sum;
+}
+
+/* 1 when `need` more bytes of a push of fragment p by learner `slot` fit in
+ * the pool (a chunked push of a learner without a merged push: also in the
+ * share of such pushes), else 0 with the busy reason in why. */
+static int room(const dl_sync *s, int slot, const dl_registry_learner *l, int p, uint64_t need, int chunked,
+                char *why, size_t cap)
+{
+    uint64_t used = dl_pool_used(s->pool);
+    if (used + need > s->cfg.pool_bytes && !(round_waits_for(s, slot, p) && used + need <= 2 * s->cfg.pool_bytes)) {
+        snprintf(why, cap, "pool full (%llu of %llu bytes hold pushes waiting for their rounds): push again later",
+                 (unsigned long long)used, (unsigned long long)s->cfg.pool_bytes);
+        return 0;
+    }
+    /* at least one fragment: a learner alone can always bring its first push in */
+    uint64_t share = s->cfg.pool_bytes / DL_SYNC_UNPROVEN_POOL_DIV, held = 0;
+    for (int f = 0; f < s->cfg.P; f++)
+        if (s->numel[f] * sizeof(float) > share) share = s->numel[f] * sizeof(float);
+    if (chunked && !l->merged && (held = unproven_arriving(s)) + need > share) {
+        snprintf(why, cap,
+                 "pool room for learners without a merged push is full (%llu of %llu bytes arriving): push again "
+                 "later",
+                 (unsigned long long)held, (unsigned long long)share);
+        return 0;
+    }
+    return 1;
+}
+
 /* The checks a push passes, in order: on its header, before any of its
- * payload is kept (push_head), 1. counters, 2. replays, 3. room in the pool;
- * once its payload is complete (push_body), 4. replays again, 5. values,
+ * payload is kept (push_head), 1. counters, 2. replays and copies of a
+ * pooled push, 3. room in the pool; once its payload is complete
+ * (push_body), 4. replays and copies again, 5. values,
  * 6. the policy's verdict. Each refusal is answered where it happens.
  *
  * Steps 1-3 (any codec: its payload is decoded into fp32 as it arrives, and
@@ -127,12 +216,14 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
         refuse_push(s, slot, l, ph, 0, 1, DL_SM_REJ_REPLAY, why);
         return -1;
     }
-    /* 3. room in the pool */
-    uint64_t need = s->numel[p] * sizeof(float);
-    uint64_t used = dl_pool_used(s->pool);
-    if (used + need > s->cfg.pool_bytes && !(round_waits_for(s, slot, p) && used + need <= 2 * s->cfg.pool_bytes)) {
-        snprintf(why, sizeof why, "pool full (%llu of %llu bytes hold pushes waiting for their rounds): push again later",
-                 (unsigned long long)used, (unsigned long long)s->cfg.pool_bytes);
+    if (duplicate(s, slot, ph, why, sizeof why)) {
+        refuse_duplicate(s, l, ph, why);
+        return -1;
+    }
+    /* 3. room in the pool: for a whole push its fragment, for a chunked one
+     * its first chunk (the rest is counted as it comes, chunk_room) */
+    uint64_t need = (ph->chunk_numel ? ph->chunk_numel : s->numel[p]) * sizeof(float);
+    if (!room(s, slot, l, p, need, ph->chunk_numel != 0, why, sizeof why)) {
         refuse_busy(s, slot, l, ph, why);
         return -1;
     }
@@ -154,6 +245,11 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
         refuse_taken(s, slot, l, ph, delta, 0, 1, DL_SM_REJ_REPLAY, why);
         return;
     }
+    if (duplicate(s, slot, ph, why, sizeof why)) {
+        dl_pool_free(s->pool, p, delta);
+        refuse_duplicate(s, l, ph, why);
+        return;
+    }
     /* 5. values */
     size_t n = s->numel[p];
     int finite = 0;
@@ -163,8 +259,8 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
         return;
     }
     double scale = 1.0;
-    int g = dl_guard_value(s->guard, p, norm, s->param_norm[p], &scale, why, sizeof why);
-    dl_guard_observe(s->guard, p, slot, norm); /* what the fleet pushes now, whatever this push's fate */
+    int g = dl_guard_value(s->guard, p, norm, ph->steps, s->param_norm[p], &scale, why, sizeof why);
+    dl_guard_observe(s->guard, p, slot, norm, ph->steps); /* what the fleet pushes now, whatever this push's fate */
     if (g == DL_GUARD_REJECTED) {
         refuse_taken(s, slot, l, ph, delta, ph->tokens, 1, DL_SM_REJ_NORM, why);
         return;
@@ -191,6 +287,7 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
         pp->fragment = p;
         pp->base_version = ph->base_version;
         pp->tokens = ph->tokens;
+        pp->steps = ph->steps;
         pp->compute_s = ph->compute_s;
         uint64_t replaced_tokens = 0;
         if (v.replaced) {
@@ -322,7 +419,8 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
             return;
         }
         in->active = 1;
-        in->buf = dl_pool_alloc(s->pool, p);
+        in->first_ns = now;
+        in->buf = dl_pool_alloc_arriving(s->pool, p);
     } else if (!in->active && in->refused && same_push(in, ph)) {
         return; /* the rest of a refused push: answered at its first chunk */
     } else if (!in->active || !same_push(in, ph) || ph->chunk_offset != in->received) {
@@ -348,17 +446,31 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         return;
     }
     /* same_push: the codec of its first chunk; proto/wire.c checked the frame's size and alignment */
-    in->progress_ns = now;
-    if (push_decode(ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset, why, sizeof why)) {
-        /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
-        refuse_taken(s, slot, l, ph, in->buf, ph->tokens, 0, DL_SM_REJ_CODEC, why);
+    uint64_t bytes = ph->chunk_numel * sizeof(float);
+    if (ph->chunk_offset && !room(s, slot, l, p, bytes, 1, why, sizeof why)) {
+        /* no room for the rest: the push is refused busy, its chunks so far go */
+        dl_pool_free_arriving(s->pool, in->buf, in->counted);
+        refuse_busy(s, slot, l, ph, why);
         inbound_header(in, ph, now);
         in->refused = 1;
         return;
     }
+    in->progress_ns = now;
+    if (push_decode(ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset, why, sizeof why)) {
+        /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
+        dl_pool_free_arriving(s->pool, in->buf, in->counted);
+        refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_CODEC, why);
+        inbound_header(in, ph, now);
+        in->refused = 1;
+        return;
+    }
+    dl_pool_count(s->pool, bytes);
+    in->counted += bytes;
+    in->chunks++;
     in->received += ph->chunk_numel;
     if (in->received < in->numel) return;
-    float *delta = in->buf;
+    if (in->chunks > 1) l->chunk_gap_ns = (now - in->first_ns) / (in->chunks - 1);
+    float *delta = in->buf; /* all of it counted now: an ordinary pool buffer */
     memset(in, 0, sizeof *in);
     push_body(s, slot, l, ph, delta, now);
 }
@@ -373,7 +485,20 @@ void dl_uplink_drop(dl_sync *s, int slot, const char *why)
         dl_event("push_abandoned", "id=%s frag=%u base=%llu received=%llu numel=%llu reason=%s",
                  dl_registry_get(s->reg, slot)->id, in->fragment, (unsigned long long)in->base_version,
                  (unsigned long long)in->received, (unsigned long long)in->numel, why);
-        dl_pool_free(s->pool, (int)in->fragment, in->buf);
+        dl_pool_free_arriving(s->pool, in->buf, in->counted);
     }
     memset(in, 0, sizeof *in);
+}
+
+int64_t dl_uplink_stall_ns(const dl_sync *s, int slot)
+{
+    const inbound *in = &s->inb[slot];
+    const dl_registry_learner *l = dl_registry_get(s->reg, slot);
+    int64_t cap = (int64_t)s->cfg.slow_reader_ms * 1000000LL, gap;
+    if (in->chunks > 1) gap = (in->progress_ns - in->first_ns) / (in->chunks - 1);
+    else if (l->chunk_gap_ns > 0) gap = l->chunk_gap_ns;
+    else gap = (int64_t)((double)in->counted / DL_SYNC_STALL_FLOOR_BPS * 1e9) / DL_SYNC_STALL_GAPS;
+    int64_t d = gap * DL_SYNC_STALL_GAPS;
+    if (d < DL_SYNC_STALL_MIN_MS * 1000000LL) d = DL_SYNC_STALL_MIN_MS * 1000000LL;
+    return d < cap ? d : cap;
 }

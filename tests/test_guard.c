@@ -207,59 +207,60 @@ static void test_value(void)
 
     /* no history: only the parameter-ratio bound (10 x 12.5 = 125) */
     CHECK(dl_guard_median(g, 0, &cnt) == 0.0 && cnt == 0, "empty history");
-    CHECK_EQ(dl_guard_value(g, 0, 100.0, 12.5, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1, 12.5, &sc, why, sizeof why), DL_GUARD_OK);
     CHECK(sc == 1.0, "ok scale %g", sc);
     /* a 1e38 delta of 1000 floats has norm ~3e39: far over the parameter ratio */
-    CHECK_EQ(dl_guard_value(g, 0, 5e37, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 5e37, 1, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
     CHECK_STR(why, "norm 5e+37 > 10 x parameter norm 12.5");
     CHECK(sc == 0.0, "rejected scale %g", sc);
-    CHECK_EQ(dl_guard_value(g, 0, INFINITY, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, INFINITY, 1, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
     HAS(why, "not finite");
-    CHECK_EQ(dl_guard_value(g, 0, NAN, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, NAN, 1, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
     /* parameters all zero: the ratio bound is off, so only min_history protects */
-    CHECK_EQ(dl_guard_value(g, 0, 1e30, 0.0, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 1e30, 1, 0.0, &sc, why, sizeof why), DL_GUARD_OK);
 
     /* min_history 3: two remembered norms do not arm the median rule */
-    dl_guard_observe(g, 0, 0, 1.0);
-    dl_guard_observe(g, 0, 1, 1.2);
-    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
-    dl_guard_observe(g, 0, 2, 1.1);
+    dl_guard_observe(g, 0, 0, 1.0, 1);
+    dl_guard_observe(g, 0, 1, 1.2, 1);
+    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    dl_guard_observe(g, 0, 2, 1.1, 1);
     CHECK_NEAR(dl_guard_median(g, 0, &cnt), 1.1, 1e-12);
     CHECK_EQ(cnt, 3);
     /* a realistic push (within 10 x 1.1) passes, 10^6 x median is refused */
-    CHECK_EQ(dl_guard_value(g, 0, 1.5, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
-    CHECK_EQ(dl_guard_value(g, 0, 10 * 1.1, 1e6, &sc, why, sizeof why), DL_GUARD_OK); /* exactly the bound */
-    CHECK_EQ(dl_guard_value(g, 0, 1.1e6, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
-    CHECK_STR(why, "norm 1.1e+06 > 10 x median 1.1 of 3 learner(s)' latest pushes");
+    CHECK_EQ(dl_guard_value(g, 0, 1.5, 1, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 10 * 1.1, 1, 1e6, &sc, why, sizeof why), DL_GUARD_OK); /* exactly the bound */
+    CHECK_EQ(dl_guard_value(g, 0, 1.1e6, 1, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_STR(why,
+              "norm 1.1e+06 > 10 x median 1.1 of 3 learner(s)' latest pushes (per sqrt(step), x sqrt(1 steps))");
     /* other fragments keep their own history */
-    CHECK_EQ(dl_guard_value(g, 1, 1.1e6, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 1, 1.1e6, 1, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
     /* the tighter of the two bounds wins: parameter norm 0.5 -> bound 5 < 11 */
-    CHECK_EQ(dl_guard_value(g, 0, 8.0, 0.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 8.0, 1, 0.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
     HAS(why, "parameter norm 0.5");
 
     /* one learner is one vote, however often it pushes, and its norms are
      * remembered at most at the bound: a 4th learner pushing 1e6 ten times
      * leaves the median at (1.1 + 1.2) / 2 */
-    for (int i = 0; i < 10; i++) dl_guard_observe(g, 0, 3, 1e6);
+    for (int i = 0; i < 10; i++) dl_guard_observe(g, 0, 3, 1e6, 1);
     CHECK_NEAR(dl_guard_median(g, 0, &cnt), 1.15, 1e-12);
     CHECK_EQ(cnt, 4); /* one record per learner */
-    CHECK_EQ(dl_guard_value(g, 0, 1e6, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 1e6, 1, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
 
     /* clipping: the scale brings the delta exactly to the bound */
     dl_guard_cfg cc = c;
     cc.norm_action = DL_GUARD_CLIP;
     CHECK_EQ(dl_guard_reconfigure(g, &cc), 0);
     CHECK_NEAR(dl_guard_median(g, 0, &cnt), 1.15, 1e-12); /* history kept */
-    CHECK_EQ(dl_guard_value(g, 0, 46.0, 1e6, &sc, why, sizeof why), DL_GUARD_CLIPPED);
+    CHECK_EQ(dl_guard_value(g, 0, 46.0, 1, 1e6, &sc, why, sizeof why), DL_GUARD_CLIPPED);
     CHECK_NEAR(sc, 0.25, 1e-12);
     HAS(why, "median 1.15");
     HAS(why, "clipped");
-    CHECK_EQ(dl_guard_value(g, 0, 1e9, 0.5, &sc, why, sizeof why), DL_GUARD_CLIPPED); /* bound 5 < 11.5 */
+    CHECK_EQ(dl_guard_value(g, 0, 1e9, 1, 0.5, &sc, why, sizeof why), DL_GUARD_CLIPPED); /* bound 5 < 11.5 */
     CHECK_NEAR(sc, 5.0 / 1e9, 1e-20);
     HAS(why, "parameter norm 0.5");
     /* non-finite is rejected even when clipping */
-    CHECK_EQ(dl_guard_value(g, 0, INFINITY, 2.0, &sc, why, sizeof why), DL_GUARD_REJECTED);
-    CHECK_EQ(dl_guard_value(g, 0, 2.0, 2.0, &sc, NULL, 0), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, INFINITY, 1, 2.0, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 2.0, 1, 2.0, &sc, NULL, 0), DL_GUARD_OK);
 
     /* the window: the newest norm_window records; a shrink keeps the newest */
     dl_guard_cfg cw = c;
@@ -267,19 +268,19 @@ static void test_value(void)
     cw.norm_min_history = 2;
     CHECK_EQ(dl_guard_reconfigure(g, &cw), 0); /* keeps the 4 records, one per learner */
     CHECK_EQ((dl_guard_median(g, 0, &cnt), cnt), 4);
-    dl_guard_observe(g, 0, 0, 3.0);
-    dl_guard_observe(g, 0, 1, 5.0);
-    dl_guard_observe(g, 0, 0, 0.0); /* zero norms are not remembered */
-    dl_guard_observe(g, 0, 2, 4.0); /* window: [3: x, 0: 3.0, 1: 5.0, 2: 4.0] */
+    dl_guard_observe(g, 0, 0, 3.0, 1);
+    dl_guard_observe(g, 0, 1, 5.0, 1);
+    dl_guard_observe(g, 0, 0, 0.0, 1); /* zero norms are not remembered */
+    dl_guard_observe(g, 0, 2, 4.0, 1); /* window: [3: x, 0: 3.0, 1: 5.0, 2: 4.0] */
     double m4 = dl_guard_median(g, 0, &cnt);
     CHECK_EQ(cnt, 4);
     CHECK(m4 > 4.0 && m4 <= 5.0, "median over 4 learners' latest: %g", m4);
-    for (int i = 0; i < 4; i++) dl_guard_observe(g, 0, i, 7.0); /* the window turns over */
+    for (int i = 0; i < 4; i++) dl_guard_observe(g, 0, i, 7.0, 1); /* the window turns over */
     CHECK_NEAR(dl_guard_median(g, 0, &cnt), 7.0, 1e-12);
     cw.norm_window = 1;
     cw.norm_min_history = 1;
     CHECK_EQ(dl_guard_reconfigure(g, &cw), 0);
-    dl_guard_observe(g, 0, 0, 2.0);
+    dl_guard_observe(g, 0, 0, 2.0, 1);
     CHECK_NEAR(dl_guard_median(g, 0, &cnt), 2.0, 1e-12);
     CHECK_EQ(cnt, 1);
     CHECK_EQ(dl_guard_reconfigure(g, &c), 0); /* grow again: keeps what there is */
@@ -296,41 +297,41 @@ static void test_value(void)
      * this one refuses the first two (their norms are remembered, at the
      * bound), then follows: the third passes, and so do the first two next time */
     dl_guard *gw = open_guard(&c, 1, 4);
-    for (int l = 0; l < 4; l++) dl_guard_observe(gw, 0, l, 0.1);
+    for (int l = 0; l < 4; l++) dl_guard_observe(gw, 0, l, 0.1, 1);
     int fate[4];
     for (int l = 0; l < 4; l++) {
-        fate[l] = dl_guard_value(gw, 0, 1.1, 1e6, &sc, NULL, 0);
-        dl_guard_observe(gw, 0, l, 1.1);
+        fate[l] = dl_guard_value(gw, 0, 1.1, 1, 1e6, &sc, NULL, 0);
+        dl_guard_observe(gw, 0, l, 1.1, 1);
     }
     CHECK(fate[0] == DL_GUARD_REJECTED && fate[1] == DL_GUARD_REJECTED && fate[2] == DL_GUARD_OK &&
               fate[3] == DL_GUARD_OK,
           "warm-up: fates %d %d %d %d", fate[0], fate[1], fate[2], fate[3]);
-    for (int l = 0; l < 4; l++) CHECK_EQ(dl_guard_value(gw, 0, 1.2, 1e6, &sc, NULL, 0), DL_GUARD_OK);
+    for (int l = 0; l < 4; l++) CHECK_EQ(dl_guard_value(gw, 0, 1.2, 1, 1e6, &sc, NULL, 0), DL_GUARD_OK);
     dl_guard_close(&gw);
 
     /* a learner pushing far more often than the others cannot evict their
      * votes (found in review: with an arrival ring, 32 pushes of one learner
      * made the median its own and 60 pushes took it to 5.5e29) */
     dl_guard *ge = open_guard(&c, 1, 4);
-    for (int l = 0; l < 3; l++) dl_guard_observe(ge, 0, l, 1.0);
+    for (int l = 0; l < 3; l++) dl_guard_observe(ge, 0, l, 1.0, 1);
     for (int i = 0; i < 100; i++) {
         double sc2;
-        dl_guard_value(ge, 0, 1e30, 1e40, &sc2, NULL, 0);
-        dl_guard_observe(ge, 0, 3, 1e30);
+        dl_guard_value(ge, 0, 1e30, 1, 1e40, &sc2, NULL, 0);
+        dl_guard_observe(ge, 0, 3, 1e30, 1);
     }
     CHECK_NEAR(dl_guard_median(ge, 0, &cnt), 1.0, 1e-12);
     CHECK_EQ(cnt, 4);
-    CHECK_EQ(dl_guard_value(ge, 0, 1e3, 1e40, &sc, NULL, 0), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(ge, 0, 1e3, 1, 1e40, &sc, NULL, 0), DL_GUARD_REJECTED);
     dl_guard_close(&ge);
 
     /* inflation, as the header warns: a learner alone (or a majority) raises
      * the median by at most norm_k per push, geometrically */
     cc.norm_min_history = 1;
     dl_guard *gi = open_guard(&cc, 1, 1);
-    for (int i = 0; i < 3; i++) dl_guard_observe(gi, 0, 0, 1.0);
+    for (int i = 0; i < 3; i++) dl_guard_observe(gi, 0, 0, 1.0, 1);
     for (int i = 0; i < 20; i++) {
         double m = dl_guard_median(gi, 0, NULL);
-        dl_guard_observe(gi, 0, 0, 1e30);
+        dl_guard_observe(gi, 0, 0, 1e30, 1);
         CHECK(dl_guard_median(gi, 0, NULL) <= 10.0 * m * (1 + 1e-12), "median grows at most norm_k per push");
     }
     CHECK(dl_guard_median(gi, 0, NULL) > 1e6, "an attacker alone inflates the median: %g", dl_guard_median(gi, 0, NULL));
@@ -338,6 +339,51 @@ static void test_value(void)
     dl_guard_close(&g);
     dl_guard_close(&g); /* twice is safe */
     dl_guard_close(NULL);
+}
+
+/* Like with like: pushes are judged per step. A fleet of 4 pushing 8 steps
+ * at norm 1; honest pushes that carry more steps (outage work, a learner's
+ * first push after a long start, the warm-up of the issue that found it:
+ * "norm 2.06 > 10 x median 0.2") are merged; scaled pushes still fail, also
+ * when they claim more steps than they made. */
+static void test_per_step(void)
+{
+    dl_guard_cfg c = dl_guard_cfg_default();
+    dl_guard *g = open_guard(&c, 1, 8);
+    double sc;
+    char why[256];
+    for (int l = 0; l < 4; l++) dl_guard_observe(g, 0, l, 1.0, 8);
+    CHECK_NEAR(dl_guard_median(g, 0, NULL), 1.0 / sqrt(8.0), 1e-12); /* remembered per sqrt(step) */
+    /* an outage: 80 steps (10 periods) at once; noise grows ~sqrt(10) = 3.2, a drift up to 10 x; bound
+     * 10 x sqrt(80 / 8) = 31.6 x the others' norm. The old rule (norm <= 10 x their median norm, whatever the
+     * steps) refused the 12: */
+    CHECK_EQ(dl_guard_value(g, 0, 3.2, 80, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 12.0, 80, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    /* the same norm with the others' steps is an outlier */
+    CHECK_EQ(dl_guard_value(g, 0, 12.0, 8, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    /* a push of few steps gets a tighter bound: 1 step, bound 10 x 1 / sqrt(8) = 3.54 */
+    CHECK_EQ(dl_guard_value(g, 0, 0.5, 1, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 3.6, 1, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_STR(why, "norm 3.6 > 10 x median 0.354 of 4 learner(s)' latest pushes (per sqrt(step), x sqrt(1 steps))");
+    /* scaled x100 with the steps it made: refused */
+    CHECK_EQ(dl_guard_value(g, 0, 100.0, 8, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    /* scaled x100 claiming 10^6 steps: the steps count at most norm_k x the median (80), a bound of
+     * 10 x sqrt(80 / 8) = 31.6 x the others' norm: refused */
+    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1000000, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_STR(why, "norm 100 > 10 x median 3.16 of 4 learner(s)' latest pushes (per sqrt(step), x sqrt(80 steps))");
+    dl_guard_close(&g);
+
+    /* the warm-up seen in a run: the fleet's latest pushes at norm 0.2 with 4 steps, a learner's push of norm
+     * 2.06 with 16 steps (its first after joining): 2.06 <= 10 x 0.2 x sqrt(16 / 4) = 4 */
+    g = open_guard(&c, 1, 8);
+    for (int l = 0; l < 4; l++) dl_guard_observe(g, 0, l, 0.2, 4);
+    CHECK_EQ(dl_guard_value(g, 0, 2.06, 16, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 2.06, 4, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED); /* same steps: an outlier */
+    /* a learner's record keeps its steps: a long push remembered per sqrt(step) does not inflate the median */
+    dl_guard_observe(g, 0, 4, 2.06, 16);
+    CHECK_NEAR(dl_guard_median(g, 0, NULL), 0.1, 1e-12); /* 4 x 0.1 and 0.515 */
+    dl_guard_close(&g);
+    printf("ok: per-step norms: outage and warm-up pushes merged, scaled ones refused\n");
 }
 
 static void test_replay(void)
@@ -430,6 +476,7 @@ int main(void)
     test_counters();
     test_norm();
     test_value();
+    test_per_step();
     test_replay();
     test_params();
     return CHECK_DONE("test_guard");

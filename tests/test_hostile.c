@@ -383,12 +383,12 @@ typedef struct {
 } peer;
 
 /* peers that heartbeat while the test waits, as a live learner does */
-static peer *keep[64];
+static peer *keep[256];
 static int nkeep;
 
 static void keep_add(peer *p)
 {
-    if (nkeep < 64) keep[nkeep++] = p;
+    if (nkeep < 256) keep[nkeep++] = p;
 }
 
 static void keep_del(peer *p)
@@ -1221,6 +1221,53 @@ static void row_replay(void)
     CHECK(rej == 1, "one rejected push event: %d", rej);
     CHECK(!strcmp(merges, "2") && !strcmp(contribs, "2") && !strcmp(applied, "128"),
           "summary merges %s contributions %s ledger applied %s", merges, contribs, applied);
+
+    /* 4c: the same push twice back to back: the copy arrives while the first is pooled or being merged */
+    syncd D;
+    peer Q = {0};
+    if (!start_or_fail(&D, "duplicate", &SMALL, NULL)) goto out_free;
+    if (!join(&Q, &D, "dup-1", 0, NULL)) {
+        sync_stop(&D);
+        goto out_free;
+    }
+    send_push(&Q, NULL, 0, 0, 4, 64, d0);
+    send_push(&Q, NULL, 0, 0, 4, 64, d0);
+    int accepted = 0, dup = 0, other = 0;
+    char gots[2][600] = {"", ""};
+    int64_t deadline = dl_clock_ns() + 5000000000LL;
+    while (accepted + dup + other < 2 && dl_clock_ns() < deadline) {
+        dl_wire_msg m;
+        int left = (int)((deadline - dl_clock_ns()) / 1000000);
+        if (recv_msg(&Q, left > 0 ? left : 1, &m) != 0) {
+            dl_wire_msg_close(&m);
+            break;
+        }
+        const Dloco__V1__Envelope *e = m.env;
+        if (e->body_case == DLOCO__V1__ENVELOPE__BODY_ACK &&
+            e->ack->decision != DLOCO__V1__DECISION__DECISION_MERGED_PENDING) {
+            int k = accepted + dup + other;
+            describe(0, &m, 0, gots[k], sizeof gots[k]);
+            if (e->ack->decision == DLOCO__V1__DECISION__DECISION_ACCEPTED && e->ack->merged_version == 1) accepted++;
+            else if (e->ack->decision == DLOCO__V1__DECISION__DECISION_REJECTED && e->ack->busy && !e->ack->rebase &&
+                     strstr(e->ack->reason, "duplicate"))
+                dup++;
+            else other++;
+        }
+        dl_wire_msg_close(&m);
+    }
+    peer_close(&Q);
+    CHECK(sync_stop(&D) == 0, "duplicate: dloco-sync exits 0");
+    int dm = ev_count(D.events, "merge", "frag=0", NULL);
+    char dmerges[32] = "", dapplied[32] = "";
+    ev_get(D.events, "sync_summary", -1, "merges", dmerges, sizeof dmerges, NULL);
+    ev_get(D.events, "ledger", -1, "applied", dapplied, sizeof dapplied, NULL);
+    row("4c replay", "the same Push frag 0 base 0 sent twice back to back -> %s; %s; events: merge frag=0 x%d; at exit "
+        "sync_summary merges=%s, ledger applied=%s (fragment-tokens)", gots[0], gots[1], dm, dmerges, dapplied);
+    CHECK(accepted == 1 && dup == 1 && other == 0, "one accepted (%d), one refused as a duplicate (%d), other %d",
+          accepted, dup, other);
+    CHECK(dm == 1 && !strcmp(dmerges, "1") && !strcmp(dapplied, "64"), "merged once: merges %d/%s, applied %s", dm,
+          dmerges, dapplied);
+out_free:
     free(d0);
     goto out;
 out_sync:
@@ -1898,6 +1945,245 @@ out:
     verdict(9, "chunks", f0);
 }
 
+/* ------------------------------------------------------------------------ */
+/* 10. routing ids: a peer presenting the routing id libzmq gives the next
+ * connection without one ("0x00 + a 32-bit counter") made libzmq 4.3 abort
+ * the synchronizer (an assertion on the collision) when that connection came.
+ * The counter's start came from an unseeded rand(): the same in every run,
+ * so an attacker could present the next values. */
+
+/* The routing id libzmq 4.3 gives the first connection without one to a ROUTER created after `before` other
+ * router-based sockets (a ZAP handler's REP is one) in a process whose rand() was never seeded (glibc's seed
+ * 1): each such socket draws its counter's start as rand2 << 31 | rand1; the id is 0x00 + it, big-endian. */
+static uint32_t predicted_first_routing_id(int before)
+{
+    srand(1);
+    uint32_t v = 0;
+    for (int i = 0; i <= before; i++) {
+        uint32_t lo = (uint32_t)rand(), hi = (uint32_t)rand();
+        v = (hi << 31) | lo;
+    }
+    return v;
+}
+
+/* N connections presenting the predicted ids after the first (which the honest learner took), each made to
+ * speak once so that it is attached before the test goes on; then one more connection without a routing
+ * id says Hello as `victim_id`. Returns the number of attack connections attached (answered). */
+static int routing_attack(syncd *S, const peer_opts *base, int n, const char *victim_id, peer *V, int *welcomed)
+{
+    uint32_t first = predicted_first_routing_id(base->key ? 1 : 0); /* under CURVE the ZAP handler's REP came first */
+    peer *A = calloc((size_t)n, sizeof *A);
+    for (int i = 0; i < n; i++) {
+        char rid[5];
+        uint32_t v = first + 1 + (uint32_t)i;
+        rid[0] = 0, rid[1] = (char)(v >> 24), rid[2] = (char)(v >> 16), rid[3] = (char)(v >> 8), rid[4] = (char)v;
+        peer_opts o = *base;
+        o.routing_id = rid;
+        o.routing_len = sizeof rid;
+        peer_open(&A[i], S, base->key ? "k1" : "att", &o);
+        send_heartbeat(&A[i], 0, 0);
+    }
+    int attached = 0;
+    int64_t deadline = dl_clock_ns() + 60000000000LL;
+    for (int i = 0; i < n && dl_clock_ns() < deadline; i++) {
+        dl_wire_msg m;
+        int left = (int)((deadline - dl_clock_ns()) / 1000000);
+        if (recv_msg2(&A[i], left > 0 ? left : 1, &m, 1) == 0) attached++;
+        dl_wire_msg_close(&m);
+    }
+    peer_opts vo = *base;
+    peer_open(V, S, victim_id, &vo);
+    send_hello(V, NULL, 0);
+    char got[600];
+    *welcomed = expect_welcome(V, got, sizeof got);
+    for (int i = 0; i < n; i++) peer_close(&A[i]);
+    free(A);
+    return attached;
+}
+
+/* attack connections: the next id alone would do (the test predicts it exactly); more cover a few
+ * connections without an id that might come first */
+enum { NATT = 100 };
+
+static void routing_case(const char *tag, const char *name, const char *const *extra, const peer_opts *honest,
+                         const peer_opts *attacker, const char *honest_id, const char *victim_id)
+{
+    syncd S;
+    peer R = {0}, V = {0};
+    float *delta = NULL;
+    if (!start_or_fail(&S, name, &SMALL, extra)) return;
+    delta = normal_delta(dl_plan_fragment_numel(S.plan, 0), 1);
+    if (!join(&R, &S, honest_id, 0, honest)) goto out;
+    decision d;
+    send_push(&R, NULL, 0, 0, 4, 64, delta);
+    CHECK(await_decision(&R, 0, 0, &d, NULL) == 0 && d.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED,
+          "%s: the honest learner's first push: %s", tag, d.got);
+    int welcomed = 0;
+    int attached = routing_attack(&S, attacker, NATT, victim_id, &V, &welcomed);
+    int alive = sync_alive(&S);
+    int merges = 0;
+    for (uint64_t base = 1; alive && base <= 3; base++) {
+        send_push(&R, NULL, 0, base, 4, 64, delta);
+        if (await_decision(&R, 0, base, &d, NULL) == 0 && d.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED)
+            merges++;
+    }
+    row(tag, "%d connections presenting the routing ids libzmq would give the next connections (%d answered), "
+        "then one without a routing id says Hello -> %s; the synchronizer is %s; the honest learner's next 3 "
+        "pushes -> %d merged", NATT, attached, welcomed ? "Welcome" : "no Welcome", alive ? "alive" : "gone", merges);
+    CHECK(attached == NATT, "%s: %d of %d attack connections attached", tag, attached, NATT);
+    CHECK(alive && welcomed, "%s: the synchronizer survived (%d) and welcomed the next connection (%d)", tag, alive,
+          welcomed);
+    CHECK(merges == 3, "%s: honest merges after the attack: %d of 3", tag, merges);
+    peer_close(&V);
+out:
+    peer_close(&R);
+    free(delta);
+    sync_stop(&S);
+}
+
+static void row_routing(void)
+{
+    int f0 = failures;
+    routing_case("10a routing", "routing_null", NULL, NULL, &(peer_opts){0}, "honest", "victim");
+    if (zmq_has("curve")) {
+        char cdir[300], pre[340], keyfile[360], allow[360], text[400];
+        snprintf(cdir, sizeof cdir, "%s/rkeys", root);
+        mkdir(cdir, 0700);
+        dl_auth_keypair srv, k0, k1;
+        snprintf(pre, sizeof pre, "%s/server", cdir);
+        int kg = dl_auth_keygen(pre, &srv);
+        snprintf(pre, sizeof pre, "%s/k0", cdir);
+        kg |= dl_auth_keygen(pre, &k0);
+        snprintf(pre, sizeof pre, "%s/k1", cdir);
+        kg |= dl_auth_keygen(pre, &k1);
+        CHECK(kg == 0, "keygen: %s", dl_errmsg());
+        snprintf(keyfile, sizeof keyfile, "%s/server.key", cdir);
+        snprintf(allow, sizeof allow, "%s/allowlist", cdir);
+        snprintf(text, sizeof text, "k0 %s\nk1 %s\n", k0.public_z85, k1.public_z85);
+        CHECK(write_allowlist(allow, text) == 0, "allowlist");
+        const char *extra[] = {"--auth", "curve", "--key_file", keyfile, "--allowlist", allow, NULL};
+        peer_opts honest = {.key = &k0, .server_pub = srv.public_z85};
+        peer_opts attacker = {.key = &k1, .server_pub = srv.public_z85};
+        if (!kg) routing_case("10b routing", "routing_curve", extra, &honest, &attacker, "k0", "k1");
+    }
+    verdict(10, "routing", f0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 11. pool starvation: ids that start chunked pushes and never finish them */
+
+static void row_starvation(void)
+{
+    int f0 = failures;
+    syncd S;
+    /* a 1 MiB pool, 4 KiB chunks: fragment 0 (3776 floats) travels in 4 */
+    static const char *const extra[] = {"--pool_mb", "1", "--chunk_kb", "4", "--new_hello_burst", "200", NULL};
+    uint32_t saved_chunk = hello_max_chunk;
+    hello_max_chunk = 1 << 20;
+    enum { NA = 90, C = 1024 };
+    peer H = {0};
+    peer *A = calloc(NA, sizeof *A);
+    float *d = NULL;
+    if (!start_or_fail(&S, "starvation", &SMALL, extra)) goto out;
+    size_t n = dl_plan_fragment_numel(S.plan, 0);
+    d = normal_delta(n, 1);
+    if (!join(&H, &S, "honest", 0, NULL)) goto out_sync;
+    /* one whole chunked push merged: the honest learner has proven it pushes */
+    uint64_t v = 0, tr = 1;
+    decision dd;
+    for (uint64_t o = 0; o < n; o += C) send_push_chunk(&H, 0, v, 4, 64, tr, o, o + C <= n ? C : n - o, d);
+    CHECK(await_decision(&H, 0, v, &dd, NULL) == 0 && dd.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED,
+          "honest first push: %s", dd.got);
+    v++, tr++;
+    int joined = 0;
+    for (int i = 0; i < NA; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "starve-%02d", i);
+        if (!join(&A[i], &S, id, 0, NULL)) break;
+        joined++;
+    }
+    /* then, all at once, the first chunk of a push each, and only heartbeats (pump) after */
+    for (int i = 0; i < joined; i++) send_push_chunk(&A[i], 0, v, 4, 64, 1, 0, C, d);
+    int merges = 0, busy = 0;
+    for (int k = 0; k < 5; k++, tr++) {
+        for (uint64_t o = 0; o < n; o += C) send_push_chunk(&H, 0, v, 4, 64, tr, o, o + C <= n ? C : n - o, d);
+        if (await_decision(&H, 0, v, &dd, NULL) == 0 && dd.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED) {
+            merges++;
+            v++;
+        } else if (dd.busy) {
+            busy++;
+        }
+    }
+    int refused = ev_count(S.events, "push", "decision=busy", "reason~without a merged push", NULL);
+    int stalled = ev_wait(S.events, NA - refused, 10000, "push_abandoned", "reason=stalled", NULL);
+    row("11 starvation", "%d new ids each send the first 4 KiB chunk of a push and heartbeat (pool 1 MiB); the honest "
+        "learner's next 5 chunked pushes -> %d merged, %d refused busy; %d of the ids' pushes refused busy (\"pool "
+        "room for learners without a merged push is full\"), the others dropped as stalled: push_abandoned "
+        "reason=stalled x%d",
+        joined, merges, busy, refused, stalled);
+    CHECK(joined == NA, "ids joined: %d", joined);
+    CHECK(merges == 5, "honest merges during the attack: %d of 5", merges);
+    CHECK(refused + stalled == NA, "every id's push refused busy (%d) or dropped as stalled (%d)", refused, stalled);
+out_sync:
+    for (int i = 0; i < NA; i++) peer_close(&A[i]);
+    peer_close(&H);
+    sync_stop(&S);
+out:
+    free(A);
+    free(d);
+    hello_max_chunk = saved_chunk;
+    verdict(11, "starvation", f0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 12. presence: ids that register and heartbeat but never push */
+
+static void row_presence(void)
+{
+    int f0 = failures;
+    syncd S;
+    static const char *const extra[] = {"--new_hello_burst", "200", NULL};
+    enum { NS = 64 };
+    peer H = {0};
+    peer *Q = calloc(NS, sizeof *Q);
+    float *d = NULL;
+    if (!start_or_fail(&S, "presence", &SMALL, extra)) goto out;
+    d = normal_delta(dl_plan_fragment_numel(S.plan, 0), 1);
+    if (!join(&H, &S, "honest", 0, NULL)) goto out_sync;
+    int joined = 0;
+    for (int i = 0; i < NS; i++) {
+        char id[32];
+        snprintf(id, sizeof id, "silent-%02d", i);
+        joined += join(&Q[i], &S, id, 0, NULL);
+    }
+    /* the honest learner pushes every ~200 ms (its period); the ids heartbeat (pump) and never push */
+    decision dd;
+    int merged = 0;
+    for (uint64_t v = 0; v < 12; v++) {
+        send_push(&H, NULL, 0, v, 4, 64, d);
+        merged += await_decision(&H, 0, v, &dd, NULL) == 0 && dd.decision == DLOCO__V1__DECISION__DECISION_ACCEPTED;
+        sleep_pump(200);
+    }
+    char first[32] = "", last[32] = "", prev[32] = "";
+    ev_get(S.events, "merge", 0, "share", first, sizeof first, "frag=0", NULL);
+    int nm = ev_count(S.events, "merge", "frag=0", NULL);
+    ev_get(S.events, "merge", nm - 2, "share", prev, sizeof prev, "frag=0", NULL);
+    ev_get(S.events, "merge", -1, "share", last, sizeof last, "frag=0", NULL);
+    row("12 presence", "%d ids register and heartbeat but never push; the honest learner pushes 12 times, one every "
+        "~200 ms -> %d merged; merge shares: first %s, last two %s %s", joined, merged, first, prev, last);
+    CHECK(joined == NS && merged == 12, "joined %d, merged %d", joined, merged);
+    CHECK(atof(prev) == 1.0 && atof(last) == 1.0, "the honest merges keep share 1 once the ids were silent for "
+          "3 periods: %s %s", prev, last);
+out_sync:
+    for (int i = 0; i < NS; i++) peer_close(&Q[i]);
+    peer_close(&H);
+    sync_stop(&S);
+out:
+    free(Q);
+    free(d);
+    verdict(12, "presence", f0);
+}
+
 int main(void)
 {
     umask(022);
@@ -1907,12 +2193,15 @@ int main(void)
     int64_t t0 = dl_clock_ns();
     /* HOSTILE_ROWS=2,6 runs a subset (while working on one row) */
     void (*rows[])(void) = {row_identity, row_values, row_counters, row_replay, row_registry,
-                            row_memory,   row_logs,   row_curve,    row_chunks};
+                            row_memory,   row_logs,   row_curve,    row_chunks, row_routing,
+                            row_starvation, row_presence};
     const char *only = getenv("HOSTILE_ROWS");
-    for (int i = 0; i < 9; i++) {
-        char k[4];
-        snprintf(k, sizeof k, "%d", i + 1);
-        if (!only || strstr(only, k)) rows[i]();
+    for (int i = 0; i < (int)(sizeof rows / sizeof *rows); i++) {
+        char k[8];
+        snprintf(k, sizeof k, ",%d,", i + 1);
+        char list[128];
+        snprintf(list, sizeof list, ",%s,", only ? only : "");
+        if (!only || strstr(list, k)) rows[i]();
     }
     zmq_ctx_term(ctx);
     printf("test_hostile: %.1f s\n", (double)(dl_clock_ns() - t0) * 1e-9);

@@ -1,11 +1,17 @@
 /* core/httpd: a server on an ephemeral loopback port answers GET from the
  * published pages and refuses the rest: another method 405 (with Allow), a
  * body 413, an unknown path 404, a URL longer than the connection's memory
- * 414 or 431; a second server on the same port cannot bind. */
+ * 414 or 431; a second server on the same port cannot bind. Hostile
+ * clients: connections over the per-address limit are closed at once; 8
+ * clients trickling a request head (slowloris) and 3000 idle connections
+ * (each from its own address of 127.0.0.0/8) leave scrapes from 127.0.0.1
+ * answered. */
 #include "core/httpd.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <errno.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -50,6 +56,34 @@ static int ask(const char *addr, const char *req, size_t reqlen, char *buf, size
     return ask_for(addr, req, reqlen, buf, cap, 10);
 }
 
+/* A TCP connection to 127.0.0.1:port from source address src (any of
+ * 127.0.0.0/8, so the server sees another client address); nonblock: do not
+ * wait for the handshake. -1 on failure. */
+static int conn_from(const char *src, int port, int nonblock)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | (nonblock ? SOCK_NONBLOCK : 0), 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in me = {.sin_family = AF_INET}, to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, src, &me.sin_addr);
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    if (bind(fd, (struct sockaddr *)&me, sizeof me) ||
+        (connect(fd, (struct sockaddr *)&to, sizeof to) && !(nonblock && errno == EINPROGRESS))) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* n scrapes of /metrics from 127.0.0.1, each given 3 s: how many got 200. */
+static int scrapes(const char *addr, int n)
+{
+    static char buf[4096];
+    const char *get = "GET /metrics HTTP/1.0\r\n\r\n";
+    int ok = 0;
+    for (int i = 0; i < n; i++) ok += ask_for(addr, get, strlen(get), buf, sizeof buf, 3) == 200;
+    return ok;
+}
+
 int main(void)
 {
     dl_httpd_pages *pg = dl_httpd_pages_new();
@@ -87,24 +121,60 @@ int main(void)
     free(huge);
     /* still serving after all that */
     CHECK_EQ(ask(addr, get, strlen(get), buf, sizeof buf), 200);
-    /* DL_HTTPD_MAX_CONNS idle connections hold every slot: one more waits unanswered (in the backlog, until
-     * a slot frees: at the latest after DL_HTTPD_TIMEOUT_S); once they close, it is served */
-    int idle[DL_HTTPD_MAX_CONNS];
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(strrchr(addr, ':') + 1))};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    for (int i = 0; i < DL_HTTPD_MAX_CONNS; i++) {
-        idle[i] = socket(AF_INET, SOCK_STREAM, 0);
-        CHECK(connect(idle[i], (struct sockaddr *)&sa, sizeof sa) == 0, "idle connection %d", i);
+    /* Slow and idle clients from one address hold at most DL_HTTPD_PER_ADDR_CONNS slots; scrapes from another
+     * address are answered meanwhile. */
+    int port = atoi(strrchr(addr, ':') + 1);
+    int held[DL_HTTPD_PER_ADDR_CONNS];
+    for (int i = 0; i < DL_HTTPD_PER_ADDR_CONNS; i++) {
+        held[i] = conn_from("127.0.0.4", port, 0);
+        CHECK(held[i] >= 0, "idle connection %d", i);
     }
-    usleep(200000); /* let the server accept them all */
-    CHECK_EQ(ask_for(addr, get, strlen(get), buf, sizeof buf, 1), 0); /* 1 s < the 5 s idle timeout */
-    for (int i = 0; i < DL_HTTPD_MAX_CONNS; i++) close(idle[i]);
-    int code2 = 0;
-    for (int tries = 0; tries < 50 && code2 != 200; tries++) {
-        code2 = ask(addr, get, strlen(get), buf, sizeof buf);
-        if (code2 != 200) usleep(20000);
+    int extra = conn_from("127.0.0.4", port, 0);
+    CHECK(extra >= 0, "one connection over the per-address limit is accepted by the kernel");
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(extra, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char one;
+    CHECK(recv(extra, &one, 1, 0) == 0, "the connection over the per-address limit is closed at once");
+    close(extra);
+    CHECK_EQ(scrapes(addr, 5), 5);
+    for (int i = 0; i < DL_HTTPD_PER_ADDR_CONNS; i++) close(held[i]);
+
+    /* slowloris: 8 clients trickle a request head, a header line before each scrape */
+    int slow[8];
+    const char *head = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+    for (int i = 0; i < 8; i++) {
+        slow[i] = conn_from("127.0.0.2", port, 0);
+        CHECK(slow[i] >= 0 && send(slow[i], head, strlen(head), MSG_NOSIGNAL) > 0, "slow client %d", i);
     }
-    CHECK_EQ(code2, 200);
+    int answered = 0;
+    for (int k = 0; k < 5; k++) {
+        for (int i = 0; i < 8; i++) send(slow[i], "X-a: b\r\n", 8, MSG_NOSIGNAL);
+        answered += scrapes(addr, 1);
+    }
+    printf("slowloris (8 clients trickling a request head): %d of 5 scrapes answered\n", answered);
+    CHECK_EQ(answered, 5);
+    for (int i = 0; i < 8; i++) close(slow[i]);
+
+    /* idle flood: 3000 connections that send nothing (descriptors permitting) */
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    int nflood = rl.rlim_cur > 3100 ? 3000 : (int)rl.rlim_cur - 100;
+    int *flood = malloc((size_t)nflood * sizeof *flood);
+    int opened = 0;
+    for (int i = 0; i < nflood; i++) {
+        flood[i] = conn_from("127.0.0.3", port, 1);
+        if (flood[i] >= 0) opened++;
+    }
+    answered = scrapes(addr, 5);
+    printf("idle flood (%d of %d connections opened): %d of 5 scrapes answered\n", opened, nflood, answered);
+    CHECK(opened > 1000, "flood connections opened: %d", opened);
+    CHECK_EQ(answered, 5);
+    for (int i = 0; i < nflood; i++)
+        if (flood[i] >= 0) close(flood[i]);
+    free(flood);
+    CHECK_EQ(ask(addr, get, strlen(get), buf, sizeof buf), 200);
     dl_httpd *h2 = NULL;
     CHECK(dl_httpd_open(addr, dl_httpd_pages_handler, pg, &h2) == DL_ENET, "same port twice");
     CHECK(h2 == NULL, "no handle on failure");

@@ -831,6 +831,93 @@ static void test_binary(const char *dir)
     printf("ok: dloco-learner: rows checked at start, Hello.batch, --byzantine flip announced, a NaN fetch reply "
            "refused and fetched again, training to the end\n");
     f_close(&h);
+
+    /* a synchronizer that answers every Fetch with bad Updates (a payload shorter than its numel: 3 in a row
+     * rebuild the connection; NaN values: refused) for longer than connect_timeout_ms, then good ones: the
+     * binary keeps joining (bounded backoff) while it is answered, then trains to the end */
+    fake j;
+    f_open(&j, "bin-join");
+    char jev[720];
+    snprintf(jev, sizeof jev, "%s/join.events", dir);
+    char *jargv[] = {bin, "--connect", j.ep, "--id", "bin-join", "--data", corpus, "--n_layer", "1", "--n_head", "2",
+                     "--n_embd", "16", "--seq_len", "16", "--batch", "2", "--steps", "4", "--warmup", "1",
+                     "--fragments", "4", "--threads", "1", "--flush_timeout_ms", "5000", "--connect_timeout_ms",
+                     "1500", "--events", jev, NULL};
+    pid = spawn(jargv, out, err);
+    const int64_t lie_ns = 4000 * 1000000LL; /* bad answers for 4 s, longer than connect_timeout_ms */
+    int64_t t_first = 0;
+    int bad_sent = 0, hellos = 0, jpushes = 0, jbye = 0;
+    uint64_t jver[P] = {0};
+    int64_t t_heard = dl_clock_ns();
+    while (!jbye) {
+        int body = f_next(&j, &m, 100);
+        if (body < 0) { /* a synchronizer heartbeats while it has nothing else to say */
+            if (dl_clock_ns() - t_heard > 20000 * 1000000LL) {
+                CHECK(0, "the binary went silent while joining through bad updates; stderr: %s", slurp(err));
+                break;
+            }
+            if (hellos) { /* to the connection heard last: it may be gone (the learner rebuilt it) */
+                Dloco__V1__Heartbeat hb;
+                dloco__v1__heartbeat__init(&hb);
+                Dloco__V1__Envelope env;
+                dl_wire_env_init(&env, "dloco", E, j.id);
+                dl_wire_set_heartbeat(&env, &hb);
+                (void)dl_wire_send(j.router, j.rid, j.rid_len, &env, NULL, NULL, 0, 0);
+            }
+            continue;
+        }
+        t_heard = dl_clock_ns();
+        if (body == DLOCO__V1__ENVELOPE__BODY_HELLO) {
+            hellos++;
+            f_welcome(&j, good_welcome(E, 0, 1));
+        } else if (body == DLOCO__V1__ENVELOPE__BODY_FETCH) {
+            const Dloco__V1__Fetch *fe = m.env->fetch;
+            if (!t_first) t_first = dl_clock_ns();
+            int lying = dl_clock_ns() - t_first < lie_ns;
+            for (int p = 0; p < P; p++) {
+                int asked = fe->n_fragments == 0;
+                for (size_t i = 0; i < fe->n_fragments; i++) asked |= (int)fe->fragments[i] == p;
+                if (!asked) continue;
+                if (!lying) {
+                    f_update(&j, E, p, jver[p], HONEST);
+                } else if (bad_sent % 6 < 3) { /* three short payloads in a row, then three NaN ones */
+                    float *g = calloc(j.numel[p], sizeof(float));
+                    f_update_raw(&j, E, p, jver[p], g, j.numel[p] * 4 - 4);
+                    free(g);
+                    bad_sent++;
+                } else {
+                    f_update(&j, E, p, jver[p], NANS);
+                    bad_sent++;
+                }
+            }
+        } else if (body == DLOCO__V1__ENVELOPE__BODY_PUSH) {
+            int p = (int)m.env->push->fragment;
+            uint64_t base = m.env->push->base_version;
+            jpushes++;
+            Dloco__V1__Ack a;
+            dloco__v1__ack__init(&a);
+            a.fragment = (uint32_t)p;
+            a.base_version = base;
+            a.decision = DLOCO__V1__DECISION__DECISION_ACCEPTED;
+            a.merged_version = ++jver[p];
+            a.reason = "";
+            Dloco__V1__Envelope env;
+            dl_wire_env_init(&env, "dloco", E, j.id);
+            dl_wire_set_ack(&env, &a);
+            f_send(&j, &env, NULL, 0);
+            f_update(&j, E, p, jver[p], HONEST);
+        } else if (body == DLOCO__V1__ENVELOPE__BODY_BYE) {
+            jbye = 1;
+        }
+        dl_wire_msg_close(&m);
+    }
+    st = reap(pid);
+    printf("joining through bad updates: %d bad updates sent over 4 s, %d Hellos (connections), then %d pushes; "
+           "exit %d\n", bad_sent, hellos, jpushes, st);
+    CHECK(st == 0 && jpushes > 0 && bad_sent >= 6, "the binary joined after %d bad updates, pushed %d, exit %d; %s",
+          bad_sent, jpushes, st, slurp(err));
+    CHECK(ev_count_file(jev, "socket_rebuild", "reason=bad_messages", NULL) >= 1, "short payloads rebuilt the socket");
+    f_close(&j);
     free(init_other);
     dl_plan_close(&bp);
     plan = saved_plan;

@@ -1043,6 +1043,53 @@ static void test_schedule_predict(void)
     dl_policy_close(&p);
 }
 
+/* (d2) ids that register and heartbeat (claiming progress) but never push
+ * dilute the honest learner's share only for DL_POLICY_CONTRIB_PERIODS of the
+ * fleet's push periods after they joined; a learner that stops pushing stops
+ * counting the same way. */
+static void test_silent_ids(void)
+{
+    printf("share: 64 ids that heartbeat but never push stop diluting after %d periods\n", DL_POLICY_CONTRIB_PERIODS);
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 1, c.H = 64, c.tau_steps = 4, c.grace_cap_ns = 5000 * MS, c.sfn = DL_POLICY_SFN_CONST;
+    dl_policy *p = mk(&c, 1);
+    for (uint32_t i = 0; i <= 64; i++) join(p, i, 0);
+    const int64_t period = 6400 * MS; /* 64 steps at 10 steps/s */
+    double share[8];
+    for (int k = 0; k < 8; k++) {
+        int64_t t = (k + 1) * period;
+        for (uint32_t i = 0; i <= 64; i++) progress(p, i, 64 * (k + 1), 64 * (k + 1) * 256, 10.0, t);
+        push(p, 0, 0, dl_policy_version(p, 0), 64, 64 * 256, t, (uint64_t)k + 1);
+        int64_t d = dl_policy_next_deadline(p);
+        CHECK(d < t + period, "round %d closes within its period", k);
+        dl_policy_round r = close_one(p, d);
+        share[k] = r.share;
+        dl_policy_committed(p, 0, r.version + 1, d);
+    }
+    printf("  shares of the honest learner's merges, period by period: %.4f %.4f %.4f %.4f %.4f %.4f %.4f %.4f\n",
+           share[0], share[1], share[2], share[3], share[4], share[5], share[6], share[7]);
+    CHECK_REL(share[0], 1.0 / 65); /* within the bound: a joiner counts until it could have pushed */
+    for (int k = DL_POLICY_CONTRIB_PERIODS; k < 8; k++) CHECK_REL(share[k], 1.0);
+    /* an honest second learner counts while it pushes, and stops counting once it has been silent for the bound */
+    join(p, 100, 9 * period);
+    progress(p, 100, 64, 64 * 256, 10.0, 9 * period);
+    push(p, 0, 100, dl_policy_version(p, 0), 64, 64 * 256, 9 * period, 100);
+    push(p, 0, 0, dl_policy_version(p, 0), 64, 64 * 256, 9 * period, 101);
+    dl_policy_round r = close_one(p, dl_policy_next_deadline(p));
+    CHECK_REL(r.share, 1.0); /* both contributed: 2 of 2 */
+    dl_policy_committed(p, 0, r.version + 1, 9 * period + 1);
+    push(p, 0, 0, dl_policy_version(p, 0), 64, 64 * 256, 10 * period, 102);
+    r = close_one(p, dl_policy_next_deadline(p));
+    CHECK_REL(r.share, 0.5); /* learner 100's push of this period is still to come */
+    dl_policy_committed(p, 0, r.version + 1, 10 * period + 1);
+    push(p, 0, 0, dl_policy_version(p, 0), 64, 64 * 256, 13 * period, 103);
+    r = close_one(p, dl_policy_next_deadline(p));
+    CHECK_REL(r.share, 1.0); /* silent for more than the bound: no longer expected */
+    dl_policy_committed(p, 0, r.version + 1, 13 * period + 1);
+    dl_policy_close(&p);
+}
+
 /* (d) share per fragment from pooled pushes only. */
 static void test_share(void)
 {
@@ -1380,6 +1427,7 @@ int main(void)
     test_schedule_gather();
     test_schedule_predict();
     test_share();
+    test_silent_ids();
     test_straggler();
     return CHECK_DONE("test_policy");
 }
