@@ -5,6 +5,7 @@
 #include "core/clock.h"
 #include "core/config.h"
 #include "core/err.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/model.h"
 #include "core/plan.h"
@@ -41,9 +42,11 @@ static void usage(FILE *f)
                "  records STORE                a header line, then one line per merge contribution: fragment version\n"
                "                               learner decision staleness tokens weight epoch=E\n"
                "  eval   STORE [--data PATH] [--data_format auto|text|shards] [--batch B] [--val_batches N]\n"
-               "         [--val_frac F]"
+               "         [--val_frac F] [--json]"
                "                               validation loss of the store's global model; --dump_seqs FILE\n"
-               "                               also writes the token sequences it evaluated (int32, docs/OPERATING.md)\n"
+               "                               also writes the token sequences it evaluated (int32, docs/OPERATING.md);\n"
+               "                               --json one object: run_id, fragments, total_version, val_loss, batches,\n"
+               "                               batch, seq_len\n"
                "  export STORE [--format safetensors|llmc|hf] [--force] OUT\n"
                "                               the store's global model as a model file (docs/OPERATING.md)\n"
                "  keygen PREFIX                write a new CURVE key pair: PREFIX.key (0600, keep secret) and\n"
@@ -228,6 +231,7 @@ typedef struct {
     int64_t batch, val_batches;
     double val_frac;
     char dump_seqs[DL_CFG_STRLEN];
+    int json;
 } eval_cfg;
 
 #define F(x) offsetof(eval_cfg, x)
@@ -242,6 +246,8 @@ static const dl_cfg_entry eval_table[] = {
     {"dump_seqs", DL_CFG_STR, F(dump_seqs), 0, 0, "", NULL, 0,
      "also write the evaluated sequences here: int32 LE header {0x51534c44, 1, batches, B, T, V, 0, 0}, then per "
      "sequence T inputs and T targets"},
+    {"json", DL_CFG_BOOL, F(json), 0, 0, "false", NULL, 0,
+     "print one JSON object (run_id, fragments, total_version, val_loss, batches, batch, seq_len) instead of the line"},
 };
 #undef F
 
@@ -284,10 +290,25 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     if ((rc = dl_evaluate_open(&m, &eo, &ev)) || (rc = dl_evaluate_load(ev, s, plan, &vsum)) ||
         (rc = dl_evaluate_run(ev, NULL, &loss)))
         goto out;
-    printf("global model: run %s, %d fragments at total version %llu, val loss %.4f (%lld batches of %d x %d)\n",
-           run.run_id, P, (unsigned long long)vsum, loss, (long long)ec.val_batches, (int)ec.batch, m.seq_len);
+    if (ec.json) {
+        /* for scripts: the loss at full precision (a diverged model's is null: JSON has no NaN) */
+        dl_json_w w = {.f = stdout};
+        dl_json_w_open(&w, NULL, '{', 1);
+        dl_json_w_str(&w, "run_id", run.run_id);
+        dl_json_w_int(&w, "fragments", P);
+        dl_json_w_u64(&w, "total_version", vsum);
+        dl_json_w_num(&w, "val_loss", loss);
+        dl_json_w_int(&w, "batches", (long long)ec.val_batches);
+        dl_json_w_int(&w, "batch", (long long)ec.batch);
+        dl_json_w_int(&w, "seq_len", m.seq_len);
+        dl_json_w_close(&w, '}');
+        putchar('\n');
+    } else {
+        printf("global model: run %s, %d fragments at total version %llu, val loss %.4f (%lld batches of %d x %d)\n",
+               run.run_id, P, (unsigned long long)vsum, loss, (long long)ec.val_batches, (int)ec.batch, m.seq_len);
+    }
     if (ec.dump_seqs[0] && (rc = dl_evaluate_dump(ev, ec.dump_seqs))) goto out;
-    if (ec.dump_seqs[0])
+    if (ec.dump_seqs[0] && !ec.json)
         printf("eval: %d sequences of %d tokens written to %s; val_loss=%.9f\n", dl_evaluate_seqs(ev), m.seq_len,
                ec.dump_seqs, loss);
 out:
