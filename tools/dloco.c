@@ -254,16 +254,10 @@ static const dl_cfg_entry eval_table[] = {
 static int cmd_eval(const char *dir, int argc, char **argv)
 {
     eval_cfg ec;
-    int rc = dl_cfg_parse_args(eval_table, sizeof eval_table / sizeof eval_table[0], &ec, argc, argv);
-    if (rc == DL_CFG_HELP) {
-        dl_cfg_usage(eval_table, sizeof eval_table / sizeof eval_table[0], stdout);
-        return 0;
-    }
-    if (rc == DL_CFG_PRINT) {
-        dl_cfg_print(eval_table, sizeof eval_table / sizeof eval_table[0], &ec, stdout);
-        return 0;
-    }
-    if (rc) return fail("bad option", rc);
+    static const dl_cfg_main preamble = {"dloco eval"};
+    int rc;
+    if (dl_cfg_main_parse(eval_table, sizeof eval_table / sizeof eval_table[0], &ec, &preamble, argc, argv, &rc))
+        return rc;
     dl_store_opts o = dl_store_opts_default();
     o.read_only = 1;
     dl_store *s = NULL;
@@ -337,16 +331,9 @@ static int cmd_plan(int argc, char **argv)
     plan_cfg pc;
     dl_model_config m;
     dl_plan *plan = NULL;
-    int rc = dl_cfg_parse_args(plan_table, nrows, &pc, argc, argv);
-    if (rc == DL_CFG_HELP) {
-        dl_cfg_usage(plan_table, nrows, stdout);
-        return 0;
-    }
-    if (rc == DL_CFG_PRINT) {
-        dl_cfg_print(plan_table, nrows, &pc, stdout);
-        return 0;
-    }
-    if (rc) return fail("bad option", rc);
+    static const dl_cfg_main preamble = {"dloco plan"};
+    int rc;
+    if (dl_cfg_main_parse(plan_table, nrows, &pc, &preamble, argc, argv, &rc)) return rc;
     if ((rc = dl_model_config_from(&pc.model, &m)) || (rc = dl_model_plan_open(&m, (int)pc.model.fragments, &plan)))
         return fail("plan", rc);
     int P = dl_plan_P(plan), nt = dl_plan_ntensors(plan), nsplit = 0;

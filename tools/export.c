@@ -88,14 +88,11 @@ int dl_export_cmd(const char *dir, int argc, char **argv)
         }
     }
     export_cfg ec;
-    int rc = dl_cfg_parse_args(export_table, NROWS, &ec, ac, av);
+    static const dl_cfg_main preamble = {"dloco export",
+                                         "usage: dloco export STORE [--format safetensors|llmc|hf] [--force] OUT\n"};
+    int rc, done = dl_cfg_main_parse(export_table, NROWS, &ec, &preamble, ac, av, &rc);
     free(av);
-    if (rc == 1) {
-        printf("usage: dloco export STORE [--format safetensors|llmc|hf] [--force] OUT\n");
-        dl_cfg_usage(export_table, NROWS, stdout);
-        return 0;
-    }
-    if (rc) return fail(rc);
+    if (done) return rc;
     if (!out) return fail(dl_err(DL_EINVAL, "no OUT: usage dloco export STORE --format F OUT"));
     int format;
     if ((rc = dl_modelfile_format_parse(ec.format, &format))) return fail(rc);
