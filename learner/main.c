@@ -726,10 +726,10 @@ int main(int argc, char **argv)
 {
     learner_cfg cfg;
     static const dl_cfg_main preamble = {"dloco-learner",
-                                    "usage: dloco-learner [--standalone] [--config FILE] [--name value ...]\n"
-                                    "networked by default: connects to dloco-sync at --connect; --standalone trains "
-                                    "alone\n",
-                                    print_check};
+                                         "usage: dloco-learner [--standalone] [--config FILE] [--name value ...]\n"
+                                         "networked by default: connects to dloco-sync at --connect; "
+                                         "--standalone trains alone\n",
+                                         print_check};
     int rc;
     if (dl_cfg_main_parse(learner_table, NCFG, &cfg, &preamble, argc, argv, &rc)) return rc;
     if ((rc = check_hetero(&cfg))) return fail("bad configuration", rc);

@@ -340,10 +340,10 @@ int main(int argc, char **argv)
 {
     sync_cfg c;
     static const dl_cfg_main preamble = {"dloco-sync",
-                                    "usage: dloco-sync [--config FILE] [--name value ...]\n"
-                                    "SIGHUP re-reads --config FILE and applies the options marked reloadable "
-                                    "(docs/OPERATING.md);\nSIGINT/SIGTERM stop.\n",
-                                    check_cfg};
+                                         "usage: dloco-sync [--config FILE] [--name value ...]\n"
+                                         "SIGHUP re-reads --config FILE and applies the options marked reloadable "
+                                         "(docs/OPERATING.md);\nSIGINT/SIGTERM stop.\n",
+                                         check_cfg};
     int rc;
     if (dl_cfg_main_parse(table, NCFG, &c, &preamble, argc, argv, &rc)) return rc;
     if ((rc = check_cfg(&c))) return fail("bad configuration", rc);
