@@ -261,6 +261,17 @@ static void hang_end(proc_t *p, int resume)
     if (p->hung > 0 && --p->hung == 0 && p->pid > 0 && resume) kill(p->pid, SIGCONT);
 }
 
+/* The run's model, the same for the synchronizer and every learner. */
+static void model_args(argv_t *a, const dl_scenario *sc)
+{
+    arg(a, "--n_layer"), arg(a, "%lld", (long long)sc->run.n_layer);
+    arg(a, "--n_head"), arg(a, "%lld", (long long)sc->run.n_head);
+    arg(a, "--n_embd"), arg(a, "%lld", (long long)sc->run.n_embd);
+    arg(a, "--seq_len"), arg(a, "%lld", (long long)sc->run.seq_len);
+    arg(a, "--vocab"), arg(a, "%lld", (long long)sc->run.vocab);
+    arg(a, "--fragments"), arg(a, "%lld", (long long)sc->run.fragments);
+}
+
 static void start_sync(run_t *r)
 {
     const dl_scenario *sc = r->sc;
@@ -274,12 +285,7 @@ static void start_sync(run_t *r)
     arg(&a, "%s/synchronizer/dloco-sync", r->c->bin);
     arg(&a, "--store"), arg(&a, "%s/store", r->c->dir);
     arg(&a, "--bind"), arg(&a, "tcp://127.0.0.1:%d", r->sync_port);
-    arg(&a, "--n_layer"), arg(&a, "%lld", (long long)sc->run.n_layer);
-    arg(&a, "--n_head"), arg(&a, "%lld", (long long)sc->run.n_head);
-    arg(&a, "--n_embd"), arg(&a, "%lld", (long long)sc->run.n_embd);
-    arg(&a, "--seq_len"), arg(&a, "%lld", (long long)sc->run.seq_len);
-    arg(&a, "--vocab"), arg(&a, "%lld", (long long)sc->run.vocab);
-    arg(&a, "--fragments"), arg(&a, "%lld", (long long)sc->run.fragments);
+    model_args(&a, sc);
     arg(&a, "--H"), arg(&a, "%lld", (long long)sc->run.H);
     arg(&a, "--policy"), arg(&a, "%s", r->c->policy);
     arg(&a, "--heartbeat_ms"), arg(&a, "%lld", (long long)sc->sync.heartbeat_ms);
@@ -318,12 +324,7 @@ static void start_learner(run_t *r, int i)
     arg(&a, "--connect"), arg(&a, "tcp://%s:%d", host, dl_relay_port(r->relay[s->dc]));
     arg(&a, "--id"), arg(&a, "%s", s->id);
     arg(&a, "--device"), arg(&a, "%s", l->device);
-    arg(&a, "--n_layer"), arg(&a, "%lld", (long long)sc->run.n_layer);
-    arg(&a, "--n_head"), arg(&a, "%lld", (long long)sc->run.n_head);
-    arg(&a, "--n_embd"), arg(&a, "%lld", (long long)sc->run.n_embd);
-    arg(&a, "--seq_len"), arg(&a, "%lld", (long long)sc->run.seq_len);
-    arg(&a, "--vocab"), arg(&a, "%lld", (long long)sc->run.vocab);
-    arg(&a, "--fragments"), arg(&a, "%lld", (long long)sc->run.fragments);
+    model_args(&a, sc);
     arg(&a, "--data"), arg(&a, "%s", sc->run.corpus);
     arg(&a, "--batch"), arg(&a, "%lld", (long long)l->batch);
     arg(&a, "--lr"), arg(&a, "%g", l->lr);
