@@ -325,7 +325,8 @@ int dl_cfg_main_parse(const dl_cfg_entry *t, size_t n, void *obj, const dl_cfg_m
     *exit_code = 0;
     if (rc == DL_CFG_HELP) {
         if (m->usage) fputs(m->usage, stdout);
-        dl_cfg_usage(t, n, stdout);
+        if (m->options) m->options(stdout);
+        else dl_cfg_usage(t, n, stdout);
         return 1;
     }
     if (rc == DL_CFG_PRINT) {

@@ -62,6 +62,7 @@ typedef struct {
     const char *prog;          /* "dloco-sync", "dloco eval": starts the error line */
     const char *usage;         /* lines printed before the options on --help, or NULL */
     int (*check)(void *obj);   /* cross-option checks for --print-config: 0 or DL_E*, or NULL */
+    void (*options)(FILE *f);  /* --help's option list when not dl_cfg_usage of the table (e.g. in sections), or NULL */
 } dl_cfg_main;
 int dl_cfg_main_parse(const dl_cfg_entry *t, size_t n, void *obj, const dl_cfg_main *m, int argc, char **argv,
                       int *exit_code);

@@ -116,6 +116,8 @@ static void test_names(void)
     CHECK_EQ(parse(&c, 2, a5), DL_CFG_HELP);
 }
 
+static void options_short(FILE *f) { fputs("options: see the manual\n", f); }
+
 /* A program's cross-option check: here, vocab must be even. */
 static int vocab_even(void *obj)
 {
@@ -173,6 +175,24 @@ static void test_main_parse(void)
           "the refused check named: %s", text);
     CHECK(strstr(text, "option vocab: 'x' is not an integer") != NULL, "the bad value named");
     CHECK(!strstr(text, "vocab = 5"), "nothing printed for the refused --print-config");
+    /* a program that lists its options itself (in sections) */
+    static const dl_cfg_main own = {"prog", NULL, NULL, options_short};
+    fflush(stdout);
+    so = dup(1);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(so >= 0 && fd >= 0, "redirect");
+    dup2(fd, 1);
+    close(fd);
+    int d = dl_cfg_main_parse(table, N, &c, &own, 2, (char **)help, &code[0]);
+    fflush(stdout);
+    dup2(so, 1);
+    close(so);
+    f = fopen(path, "r");
+    n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    CHECK(d == 1 && code[0] == 0 && !strcmp(text, "options: see the manual\n"), "--help with the program's own list: %s",
+          text);
 }
 
 /* A refusal names the option (and the bounds); file errors name path:line. */
