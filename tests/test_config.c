@@ -191,8 +191,8 @@ static void test_main_parse(void)
     n = f ? fread(text, 1, sizeof text - 1, f) : 0;
     text[n] = 0;
     if (f) fclose(f);
-    CHECK(d == 1 && code[0] == 0 && !strcmp(text, "options: see the manual\n"), "--help with the program's own list: %s",
-          text);
+    CHECK(d == 1 && code[0] == 0 && !strcmp(text, "options: see the manual\n"),
+          "--help with the program's own list: %s", text);
 }
 
 /* A refusal names the option (and the bounds); file errors name path:line. */
