@@ -873,18 +873,11 @@ int main(int argc, char **argv)
     swarm S;
     memset(&S, 0, sizeof S);
     swarm *s = &S;
-    int rc = dl_cfg_parse_args(table, NCFG, &s->cfg, argc, argv);
-    if (rc == DL_CFG_HELP) {
-        printf("usage: swarm [--config FILE] [--name value ...]\n"
-               "N simulated learners (the learner's mailbox + comms sessions, fake training) against dloco-sync.\n");
-        dl_cfg_usage(table, NCFG, stdout);
-        return 0;
-    }
-    if (rc == DL_CFG_PRINT) {
-        dl_cfg_print(table, NCFG, &s->cfg, stdout);
-        return 0;
-    }
-    if (rc) return fail("bad configuration", rc);
+    static const dl_cfg_main preamble = {
+        "swarm", "usage: swarm [--config FILE] [--name value ...]\n"
+                 "N simulated learners (the learner's mailbox + comms sessions, fake training) against dloco-sync.\n"};
+    int rc;
+    if (dl_cfg_main_parse(table, NCFG, &s->cfg, &preamble, argc, argv, &rc)) return rc;
     dl_log_set_level(dl_log_level_parse(s->cfg.log_level));
     dl_log_set_name("swarm");
     s->N = (int)s->cfg.learners;

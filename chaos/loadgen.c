@@ -124,20 +124,12 @@ static int cmp_d(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    int rc = dl_cfg_parse_args(table, NCFG, &cfg, argc, argv);
-    if (rc == DL_CFG_HELP) {
-        printf("usage: dloco-loadgen [--name value ...]\nseeded open-loop load of the sync-timing bench (docs/SYNC_TIMING.md)\n");
-        dl_cfg_usage(table, NCFG, stdout);
-        return 0;
-    }
-    if (rc == DL_CFG_PRINT) {
-        dl_cfg_print(table, NCFG, &cfg, stdout);
-        return 0;
-    }
-    if (rc) {
-        fprintf(stderr, "dloco-loadgen: bad configuration: %s\n", dl_errmsg());
-        return 2;
-    }
+    static const dl_cfg_main preamble = {
+        "dloco-loadgen",
+        "usage: dloco-loadgen [--name value ...]\n"
+        "seeded open-loop load of the sync-timing bench (docs/SYNC_TIMING.md)\n"};
+    int rc;
+    if (dl_cfg_main_parse(table, NCFG, &cfg, &preamble, argc, argv, &rc)) return rc;
     static const char pre[] = "127.0.0.1:";
     char *end = NULL;
     long port = strncmp(cfg.target, pre, sizeof pre - 1) ? -1 : strtol(cfg.target + sizeof pre - 1, &end, 10);

@@ -34,21 +34,28 @@ volatile int dl_chaos_interrupted;
 #define PROGRESS_NS 5000000000LL
 #define MAX_UNPLANNED 5 /* restarts of one slot after exits nobody asked for */
 
+/* A supervised process (a learner slot's or the synchronizer's) and the kill
+ * and hang faults on it: one path for both (proc_spawned, kill_begin/end,
+ * hang_begin/end). */
+typedef struct {
+    pid_t pid;          /* 0: not running */
+    int expected;       /* the harness asked the running process to end */
+    int hung;           /* hang faults in force (overlapping ones nest: SIGCONT when the last ends) */
+    int kills;          /* kill faults in force: restarted when the last ends */
+    int64_t restart_ns; /* > 0: start an incarnation then */
+} proc_t;
+
 typedef struct {
     char id[64];
     int section, dc, data_shard;
     int provisioned; /* slot_begin written, slot_end not yet */
     int left;
-    pid_t pid;
+    proc_t p;
     int inc;      /* incarnations started */
-    int expected; /* the harness asked the running process to end */
-    int hung;    /* hang faults in force (overlapping ones nest: SIGCONT when the last ends) */
-    int kills;   /* kill faults in force: restarted when the last ends */
     int slow_n;  /* slow-downs in force */
     double slow; /* fraction of time it may run (0 = not slowed): the latest slow-down's */
     int duty_off;
     int64_t duty_next_ns;
-    int64_t restart_ns; /* > 0: start an incarnation then */
     int unplanned;
     char state[16];
     int replaced_by; /* churn: the slot that took its place, or -1 */
@@ -66,10 +73,8 @@ typedef struct {
     int64_t t0;
     slot_t slot[DL_SC_MAX_SLOTS];
     int n_slot;
-    pid_t spid;
-    int sinc, sexpected, s_unplanned;
-    int shung, skills; /* synchronizer hang / kill faults in force */
-    int64_t srestart_ns;
+    proc_t sync; /* the synchronizer */
+    int sinc, s_unplanned;
     int sync_port;
     int fiu;
     char fiu_prefix[300];
@@ -207,6 +212,66 @@ static int free_port(void)
     return ntohs(a.sin_port);
 }
 
+/* After spawn: a process that did not start is retried in 1 s; one started
+ * while a hang is in force is hung too. 0 when it runs. */
+static int proc_spawned(run_t *r, proc_t *p, pid_t pid)
+{
+    p->pid = pid;
+    p->expected = 0;
+    p->restart_ns = 0;
+    if (pid < 0) {
+        printf("[chaos %s] %s: retrying in 1 s\n", r->c->label, dl_errmsg());
+        p->pid = 0;
+        p->restart_ns = dl_clock_ns() + 1000000000LL;
+        return -1;
+    }
+    if (p->hung) kill(p->pid, SIGSTOP);
+    return 0;
+}
+
+/* A kill fault: SIGKILL now (an expected exit); no restart until the last
+ * kill in force ends. */
+static void kill_begin(proc_t *p)
+{
+    p->kills++;
+    if (p->pid > 0) {
+        p->expected = 1;
+        kill(p->pid, SIGKILL);
+    }
+    p->restart_ns = 0;
+}
+
+/* Its end: the last one restarts the process (when restart allows it and
+ * the run goes on); what happened, for the fault's end event. */
+static const char *kill_end(proc_t *p, int restart, int at_end)
+{
+    if (p->kills > 0 && --p->kills == 0 && restart && !at_end) p->restart_ns = dl_clock_ns();
+    return at_end ? "not restarted: the run ends" : p->kills ? "still killed by another fault" : "restarted";
+}
+
+/* A hang fault: SIGSTOP at the first in force, SIGCONT when the last ends
+ * (unless resume is 0: something else keeps it stopped). */
+static void hang_begin(proc_t *p)
+{
+    if (p->hung++ == 0 && p->pid > 0) kill(p->pid, SIGSTOP);
+}
+
+static void hang_end(proc_t *p, int resume)
+{
+    if (p->hung > 0 && --p->hung == 0 && p->pid > 0 && resume) kill(p->pid, SIGCONT);
+}
+
+/* The run's model, the same for the synchronizer and every learner. */
+static void model_args(argv_t *a, const dl_scenario *sc)
+{
+    arg(a, "--n_layer"), arg(a, "%lld", (long long)sc->run.n_layer);
+    arg(a, "--n_head"), arg(a, "%lld", (long long)sc->run.n_head);
+    arg(a, "--n_embd"), arg(a, "%lld", (long long)sc->run.n_embd);
+    arg(a, "--seq_len"), arg(a, "%lld", (long long)sc->run.seq_len);
+    arg(a, "--vocab"), arg(a, "%lld", (long long)sc->run.vocab);
+    arg(a, "--fragments"), arg(a, "%lld", (long long)sc->run.fragments);
+}
+
 static void start_sync(run_t *r)
 {
     const dl_scenario *sc = r->sc;
@@ -220,12 +285,7 @@ static void start_sync(run_t *r)
     arg(&a, "%s/synchronizer/dloco-sync", r->c->bin);
     arg(&a, "--store"), arg(&a, "%s/store", r->c->dir);
     arg(&a, "--bind"), arg(&a, "tcp://127.0.0.1:%d", r->sync_port);
-    arg(&a, "--n_layer"), arg(&a, "%lld", (long long)sc->run.n_layer);
-    arg(&a, "--n_head"), arg(&a, "%lld", (long long)sc->run.n_head);
-    arg(&a, "--n_embd"), arg(&a, "%lld", (long long)sc->run.n_embd);
-    arg(&a, "--seq_len"), arg(&a, "%lld", (long long)sc->run.seq_len);
-    arg(&a, "--vocab"), arg(&a, "%lld", (long long)sc->run.vocab);
-    arg(&a, "--fragments"), arg(&a, "%lld", (long long)sc->run.fragments);
+    model_args(&a, sc);
     arg(&a, "--H"), arg(&a, "%lld", (long long)sc->run.H);
     arg(&a, "--policy"), arg(&a, "%s", r->c->policy);
     arg(&a, "--heartbeat_ms"), arg(&a, "%lld", (long long)sc->sync.heartbeat_ms);
@@ -245,17 +305,8 @@ static void start_sync(run_t *r)
     arg(&a, "--eval_seqs"), arg(&a, "%lld", 8 * (long long)sc->run.eval_batches);
     arg(&a, "--metrics"), arg(&a, "127.0.0.1:0");
     args_split(&a, sc->sync.args);
-    r->spid = spawn(&a, runpath(r, "sync.log"), 0);
-    r->sexpected = 0;
-    r->shung = 0;
-    if (r->spid < 0) {
-        printf("[chaos %s] %s: retrying in 1 s\n", r->c->label, dl_errmsg());
-        r->spid = 0;
-        r->srestart_ns = dl_clock_ns() + 1000000000LL;
-        return;
-    }
-    if (r->shung) kill(r->spid, SIGSTOP); /* a synchronizer hang still on: the new process is hung too */
-    dl_event("proc_start", "role=sync slot=-1 id=sync child_pid=%d incarnation=%d", (int)r->spid, r->sinc);
+    if (proc_spawned(r, &r->sync, spawn(&a, runpath(r, "sync.log"), 0))) return;
+    dl_event("proc_start", "role=sync slot=-1 id=sync child_pid=%d incarnation=%d", (int)r->sync.pid, r->sinc);
     r->sinc++;
 }
 
@@ -273,12 +324,7 @@ static void start_learner(run_t *r, int i)
     arg(&a, "--connect"), arg(&a, "tcp://%s:%d", host, dl_relay_port(r->relay[s->dc]));
     arg(&a, "--id"), arg(&a, "%s", s->id);
     arg(&a, "--device"), arg(&a, "%s", l->device);
-    arg(&a, "--n_layer"), arg(&a, "%lld", (long long)sc->run.n_layer);
-    arg(&a, "--n_head"), arg(&a, "%lld", (long long)sc->run.n_head);
-    arg(&a, "--n_embd"), arg(&a, "%lld", (long long)sc->run.n_embd);
-    arg(&a, "--seq_len"), arg(&a, "%lld", (long long)sc->run.seq_len);
-    arg(&a, "--vocab"), arg(&a, "%lld", (long long)sc->run.vocab);
-    arg(&a, "--fragments"), arg(&a, "%lld", (long long)sc->run.fragments);
+    model_args(&a, sc);
     arg(&a, "--data"), arg(&a, "%s", sc->run.corpus);
     arg(&a, "--batch"), arg(&a, "%lld", (long long)l->batch);
     arg(&a, "--lr"), arg(&a, "%g", l->lr);
@@ -292,18 +338,9 @@ static void start_learner(run_t *r, int i)
     arg(&a, "--flush_timeout_ms"), arg(&a, "5000");
     arg(&a, "--events"), arg(&a, "%s/events-%s.log", r->c->dir, s->id);
     args_split(&a, l->args);
-    s->pid = spawn(&a, runpath(r, "%s.log", s->id), (int)sc->run.threads);
-    s->expected = 0;
     s->duty_off = 0;
-    s->restart_ns = 0;
-    if (s->pid < 0) {
-        printf("[chaos %s] %s: retrying in 1 s\n", r->c->label, dl_errmsg());
-        s->pid = 0;
-        s->restart_ns = dl_clock_ns() + 1000000000LL;
-        return;
-    }
-    if (s->hung) kill(s->pid, SIGSTOP); /* a hang still on: the new process is hung too */
-    dl_event("proc_start", "role=learner slot=%d id=%s child_pid=%d incarnation=%d", i, s->id, (int)s->pid, s->inc);
+    if (proc_spawned(r, &s->p, spawn(&a, runpath(r, "%s.log", s->id), (int)sc->run.threads))) return;
+    dl_event("proc_start", "role=learner slot=%d id=%s child_pid=%d incarnation=%d", i, s->id, (int)s->p.pid, s->inc);
     s->inc++;
 }
 
@@ -354,8 +391,8 @@ static void update_states(run_t *r)
         slot_t *s = &r->slot[i];
         if (!s->provisioned && !s->left) continue;
         const char *st = s->left ? "left"
-                         : s->pid <= 0 ? "dead"
-                         : s->hung ? "hung"
+                         : s->p.pid <= 0 ? "dead"
+                         : s->p.hung ? "hung"
                          : r->partitioned[s->dc] ? "partitioned"
                          : s->slow > 0 ? "slow"
                          : "up";
@@ -463,11 +500,11 @@ static void relay_apply(run_t *r, int d) { dl_relay_set(r->relay[d], &r->cur[d])
  * returned error" for a command libfiu refused: that is a failure too. */
 static int fiu_ctrl(run_t *r, const char *const *cmds, int n)
 {
-    if (r->spid <= 0) return DL_ENOTFOUND;
+    if (r->sync.pid <= 0) return DL_ENOTFOUND;
     argv_t a = {0};
     arg(&a, "fiu-ctrl"), arg(&a, "-f"), arg(&a, "%s", r->fiu_prefix);
     for (int i = 0; i < n; i++) arg(&a, "-c"), arg(&a, "%s", cmds[i]);
-    arg(&a, "%d", (int)r->spid);
+    arg(&a, "%d", (int)r->sync.pid);
     const char *log = runpath(r, "fiu.out");
     unlink(log);
     pid_t pid = spawn(&a, log, 0);
@@ -479,7 +516,7 @@ static int fiu_ctrl(run_t *r, const char *const *cmds, int n)
     if (w == 0) {
         kill(pid, SIGKILL);
         while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-        return dl_err(DL_ETIMEDOUT, "fiu-ctrl got no answer from pid %d within 5 s", (int)r->spid);
+        return dl_err(DL_ETIMEDOUT, "fiu-ctrl got no answer from pid %d within 5 s", (int)r->sync.pid);
     }
     FILE *f = fopen(log, "r");
     char line[512], err[512] = "";
@@ -535,14 +572,14 @@ static void rogue_start(run_t *r, const dl_sc_event *e)
 static void disk_sync(run_t *r)
 {
     int want = r->disk_n > 0;
-    if (!r->fiu || r->spid <= 0 || r->shung) return;
-    if (want == r->armed && (!want || r->armed_pid == r->spid)) return;
-    if (!want && r->armed_pid != r->spid) {
+    if (!r->fiu || r->sync.pid <= 0 || r->sync.hung) return;
+    if (want == r->armed && (!want || r->armed_pid == r->sync.pid)) return;
+    if (!want && r->armed_pid != r->sync.pid) {
         r->armed = 0; /* armed in a process that is gone */
         return;
     }
     char fifo[400];
-    snprintf(fifo, sizeof fifo, "%s-%d.in", r->fiu_prefix, (int)r->spid);
+    snprintf(fifo, sizeof fifo, "%s-%d.in", r->fiu_prefix, (int)r->sync.pid);
     if (access(fifo, F_OK)) return;
     if (disk_arm(r, want, r->disk_p, r->disk_errno)) {
         printf("[chaos %s] %6.1f s  %s the disk fault failed: %s\n", r->c->label, now_s(r), want ? "arming" : "disarming",
@@ -550,7 +587,7 @@ static void disk_sync(run_t *r)
         return;
     }
     r->armed = want;
-    r->armed_pid = r->spid;
+    r->armed_pid = r->sync.pid;
 }
 
 /* A link impairment of kind k on datacenter d begins (on=1) or ends: the
@@ -599,6 +636,8 @@ static void fault_begin(run_t *r, int ei)
     int d = dl_fault_kind_target(e->kind) == 'd' ? dl_scenario_dc_index(r->sc, e->target) : -1;
     int i = dl_fault_kind_target(e->kind) == 'l' ? slot_of(r, e->target) : -1;
     slot_t *s = i >= 0 ? &r->slot[i] : NULL;
+    /* the process of a kill or hang fault: the synchronizer's or the learner slot's */
+    proc_t *proc = dl_fault_kind_target(e->kind) == 'l' ? (s ? &s->p : NULL) : &r->sync;
     if (dl_fault_kind_target(e->kind) == 'l' && e->kind != DL_FK_LEARNER_JOIN && (!s || !s->provisioned)) {
         fault_event(r, e, "skipped", "%s is not provisioned", e->target);
         return;
@@ -606,18 +645,15 @@ static void fault_begin(run_t *r, int ei)
     r->applied++;
     switch (e->kind) {
     case DL_FK_LEARNER_KILL:
-        s->kills++;
-        if (s->pid > 0) {
-            s->expected = 1;
-            kill(s->pid, SIGKILL);
-        }
-        s->restart_ns = 0; /* the last kill's end restarts it */
-        fault_event(r, e, "begin", "pid=%d", (int)s->pid);
+    case DL_FK_SYNC_KILL:
+        kill_begin(proc);
+        fault_event(r, e, "begin", "pid=%d", (int)proc->pid);
         schedule_end(r, ei, e->duration_s);
         break;
     case DL_FK_LEARNER_HANG:
-        if (s->hung++ == 0 && s->pid > 0) kill(s->pid, SIGSTOP);
-        fault_event(r, e, "begin", "pid=%d", (int)s->pid);
+    case DL_FK_SYNC_HANG:
+        hang_begin(proc);
+        fault_event(r, e, "begin", "pid=%d", (int)proc->pid);
         schedule_end(r, ei, e->duration_s);
         break;
     case DL_FK_LEARNER_SLOW:
@@ -629,14 +665,14 @@ static void fault_begin(run_t *r, int ei)
         break;
     case DL_FK_LEARNER_LEAVE:
     case DL_FK_CHURN:
-        s->expected = 1;
-        s->hung = s->slow_n = s->kills = 0;
+        s->p.expected = 1;
+        s->p.hung = s->slow_n = s->p.kills = 0;
         s->slow = 0;
-        s->restart_ns = 0;
-        end_proc(s->pid, SIGTERM);
+        s->p.restart_ns = 0;
+        end_proc(s->p.pid, SIGTERM);
         s->left = 1;
         unprovision(r, i, "leave");
-        fault_event(r, e, e->kind == DL_FK_CHURN ? "begin" : "instant", "SIGTERM pid=%d", (int)s->pid);
+        fault_event(r, e, e->kind == DL_FK_CHURN ? "begin" : "instant", "SIGTERM pid=%d", (int)s->p.pid);
         if (e->kind == DL_FK_CHURN) schedule_end(r, ei, e->duration_s);
         break;
     case DL_FK_LEARNER_JOIN: {
@@ -649,24 +685,9 @@ static void fault_begin(run_t *r, int ei)
             return;
         }
         provision(r, j);
-        fault_event(r, e, "instant", "pid=%d", (int)r->slot[j].pid);
+        fault_event(r, e, "instant", "pid=%d", (int)r->slot[j].p.pid);
         break;
     }
-    case DL_FK_SYNC_KILL:
-        r->skills++;
-        if (r->spid > 0) {
-            r->sexpected = 1;
-            kill(r->spid, SIGKILL);
-        }
-        r->srestart_ns = 0;
-        fault_event(r, e, "begin", "pid=%d", (int)r->spid);
-        schedule_end(r, ei, e->duration_s);
-        break;
-    case DL_FK_SYNC_HANG:
-        if (r->shung++ == 0 && r->spid > 0) kill(r->spid, SIGSTOP);
-        fault_event(r, e, "begin", "pid=%d", (int)r->spid);
-        schedule_end(r, ei, e->duration_s);
-        break;
     case DL_FK_PARTITION:
     case DL_FK_BANDWIDTH:
     case DL_FK_DELAY:
@@ -731,19 +752,21 @@ static void fault_end(run_t *r, int ei, const char *why)
     int d = dl_fault_kind_target(e->kind) == 'd' ? dl_scenario_dc_index(r->sc, e->target) : -1;
     int i = dl_fault_kind_target(e->kind) == 'l' ? slot_of(r, e->target) : -1;
     slot_t *s = i >= 0 ? &r->slot[i] : NULL;
+    proc_t *proc = dl_fault_kind_target(e->kind) == 'l' ? (s ? &s->p : NULL) : &r->sync;
     int at_end = !strcmp(why, "run_end");
     switch (e->kind) {
     case DL_FK_LEARNER_KILL:
-        if (s && s->kills > 0 && --s->kills == 0 && s->provisioned && !at_end) s->restart_ns = dl_clock_ns();
-        fault_event(r, e, "end", "%s", at_end ? "not restarted: the run ends" : s && s->kills ? "still killed by another fault" : "restarted");
+    case DL_FK_SYNC_KILL: /* a learner restarts only while provisioned */
+        if (proc) fault_event(r, e, "end", "%s", kill_end(proc, !s || s->provisioned, at_end));
         return;
-    case DL_FK_LEARNER_HANG:
-        if (s && s->hung > 0 && --s->hung == 0 && s->pid > 0 && !s->duty_off) kill(s->pid, SIGCONT);
+    case DL_FK_LEARNER_HANG: /* a slowed learner in the stopped part of its duty cycle stays stopped */
+    case DL_FK_SYNC_HANG:
+        if (proc) hang_end(proc, !s || !s->duty_off);
         break;
     case DL_FK_LEARNER_SLOW:
         if (s && s->slow_n > 0 && --s->slow_n == 0) {
             s->slow = 0;
-            if (s->pid > 0 && s->duty_off && !s->hung) kill(s->pid, SIGCONT);
+            if (s->p.pid > 0 && s->duty_off && !s->p.hung) kill(s->p.pid, SIGCONT);
             s->duty_off = 0;
         }
         break;
@@ -769,8 +792,8 @@ static void fault_end(run_t *r, int ei, const char *why)
         *n = r->slot[old];
         snprintf(n->id, sizeof n->id, "%s", id);
         n->provisioned = n->left = 0;
-        n->pid = 0;
-        n->inc = n->unplanned = n->hung = n->kills = n->slow_n = 0;
+        n->p.pid = 0;
+        n->inc = n->unplanned = n->p.hung = n->p.kills = n->slow_n = 0;
         n->slow = 0;
         n->replaced_by = -1;
         n->state[0] = 0;
@@ -779,13 +802,6 @@ static void fault_end(run_t *r, int ei, const char *why)
         fault_event(r, e, "end", "joined as %s", n->id);
         return;
     }
-    case DL_FK_SYNC_KILL:
-        if (r->skills > 0 && --r->skills == 0 && !at_end) r->srestart_ns = dl_clock_ns();
-        fault_event(r, e, "end", "%s", at_end ? "not restarted: the run ends" : r->skills ? "still killed by another fault" : "restarted");
-        return;
-    case DL_FK_SYNC_HANG:
-        if (r->shung > 0 && --r->shung == 0 && r->spid > 0) kill(r->spid, SIGCONT);
-        break;
     case DL_FK_PARTITION:
     case DL_FK_BANDWIDTH:
     case DL_FK_DELAY:
@@ -812,13 +828,13 @@ static void duty(run_t *r)
     int64_t now = dl_clock_ns();
     for (int i = 0; i < r->n_slot; i++) {
         slot_t *s = &r->slot[i];
-        if (s->slow <= 0 || s->pid <= 0 || s->hung || now < s->duty_next_ns) continue;
+        if (s->slow <= 0 || s->p.pid <= 0 || s->p.hung || now < s->duty_next_ns) continue;
         if (s->duty_off) {
-            kill(s->pid, SIGCONT);
+            kill(s->p.pid, SIGCONT);
             s->duty_off = 0;
             s->duty_next_ns = now + (int64_t)(DUTY_PERIOD_NS * s->slow);
         } else {
-            kill(s->pid, SIGSTOP);
+            kill(s->p.pid, SIGSTOP);
             s->duty_off = 1;
             s->duty_next_ns = now + (int64_t)(DUTY_PERIOD_NS * (1 - s->slow));
         }
@@ -835,18 +851,18 @@ static void reap(run_t *r)
             eval_done(r, code == 0);
             continue;
         }
-        if (pid == r->spid) {
-            int exp = r->sexpected;
+        if (pid == r->sync.pid) {
+            int exp = r->sync.expected;
             dl_event("proc_exit", "role=sync slot=-1 id=sync child_pid=%d incarnation=%d code=%d signal=%d expected=%d",
                      (int)pid, r->sinc - 1, code, sig, exp);
-            r->spid = 0;
+            r->sync.pid = 0;
             if (!exp) {
                 r->unplanned_exits++;
                 printf("[chaos %s] %6.1f s  the synchronizer exited by itself (code %d, signal %d): restarting it in "
                        "%.1f s\n",
                        r->c->label, now_s(r), code, sig, r->sc->sync.restart_delay_s);
                 if (++r->s_unplanned <= MAX_UNPLANNED)
-                    r->srestart_ns = dl_clock_ns() + (int64_t)(r->sc->sync.restart_delay_s * 1e9);
+                    r->sync.restart_ns = dl_clock_ns() + (int64_t)(r->sc->sync.restart_delay_s * 1e9);
             }
             continue;
         }
@@ -855,19 +871,19 @@ static void reap(run_t *r)
             if (r->rogue[k] == pid) r->rogue[k] = 0, found = 1;
         for (int i = 0; i < r->n_slot && !found; i++) {
             slot_t *s = &r->slot[i];
-            if (s->pid != pid) continue;
+            if (s->p.pid != pid) continue;
             found = 1;
             dl_event("proc_exit", "role=learner slot=%d id=%s child_pid=%d incarnation=%d code=%d signal=%d expected=%d", i,
-                     s->id, (int)pid, s->inc - 1, code, sig, s->expected);
-            s->pid = 0;
+                     s->id, (int)pid, s->inc - 1, code, sig, s->p.expected);
+            s->p.pid = 0;
             s->duty_off = 0;
-            if (!s->expected && s->provisioned) {
+            if (!s->p.expected && s->provisioned) {
                 r->unplanned_exits++;
                 printf("[chaos %s] %6.1f s  learner %s exited by itself (code %d, signal %d; see %s.log)%s\n",
                        r->c->label, now_s(r), s->id, code, sig, s->id,
                        s->unplanned < MAX_UNPLANNED ? ": restarting it" : ": not restarted again");
-                if (++s->unplanned <= MAX_UNPLANNED && s->restart_ns == 0)
-                    s->restart_ns = dl_clock_ns() + (int64_t)(r->sc->sync.restart_delay_s * 1e9);
+                if (++s->unplanned <= MAX_UNPLANNED && s->p.restart_ns == 0)
+                    s->p.restart_ns = dl_clock_ns() + (int64_t)(r->sc->sync.restart_delay_s * 1e9);
             }
         }
         /* else: a rogue client or a helper command */
@@ -887,7 +903,7 @@ static int wait_all(run_t *r, double timeout_s)
     for (;;) {
         reap(r);
         int alive = 0;
-        for (int i = 0; i < r->n_slot; i++) alive += r->slot[i].pid > 0;
+        for (int i = 0; i < r->n_slot; i++) alive += r->slot[i].p.pid > 0;
         if (!alive || dl_clock_ns() > end) return alive;
         struct timespec ts = {0, 20 * 1000000L};
         nanosleep(&ts, NULL);
@@ -901,9 +917,9 @@ static void progress(run_t *r)
     for (int i = 0; i < r->n_slot; i++) {
         const slot_t *s = &r->slot[i];
         if (!s->provisioned) continue;
-        up += s->pid > 0 && !s->hung;
-        dead += s->pid <= 0;
-        hung += s->pid > 0 && s->hung;
+        up += s->p.pid > 0 && !s->p.hung;
+        dead += s->p.pid <= 0;
+        hung += s->p.pid > 0 && s->p.hung;
         prov++;
     }
     double elapsed = now_s(r);
@@ -915,7 +931,7 @@ static void progress(run_t *r)
     printf("[chaos %s] %6.1f/%.0f s | faults %d/%d | merges %ld | val loss %s | goodput so far %.2f | learners up %d "
            "dead %d hung %d%s\n",
            r->c->label, elapsed, r->sc->run.duration_s, r->applied, r->tl->n_ev, r->merges, loss, gp, up, dead, hung,
-           r->spid > 0 ? (r->shung ? " | sync hung" : "") : " | sync down");
+           r->sync.pid > 0 ? (r->sync.hung ? " | sync hung" : "") : " | sync down");
     fflush(stdout);
 }
 
@@ -923,38 +939,38 @@ static void progress(run_t *r)
  * then the synchronizer; a final evaluation and `dloco check`. */
 static void finish(run_t *r, int interrupted)
 {
-    if (r->spid > 0 && r->shung) kill(r->spid, SIGCONT);
-    r->shung = 0;
+    if (r->sync.pid > 0 && r->sync.hung) kill(r->sync.pid, SIGCONT);
+    r->sync.hung = 0;
     for (int k = 0; k < r->n_pend; k++)
         if (r->pend[k].ev >= 0) fault_end(r, r->pend[k].ev, "run_end"), r->pend[k].ev = -1;
     for (int i = 0; i < r->n_slot; i++) {
         slot_t *s = &r->slot[i];
         unprovision(r, i, "run_end");
         s->slow = 0;
-        s->restart_ns = 0;
-        if (s->pid > 0) {
-            s->expected = 1;
-            end_proc(s->pid, interrupted ? SIGKILL : SIGTERM);
+        s->p.restart_ns = 0;
+        if (s->p.pid > 0) {
+            s->p.expected = 1;
+            end_proc(s->p.pid, interrupted ? SIGKILL : SIGTERM);
         }
     }
     if (wait_all(r, interrupted ? 5 : 30)) {
         printf("[chaos %s] learners still running after the flush: SIGKILL\n", r->c->label);
         for (int i = 0; i < r->n_slot; i++)
-            if (r->slot[i].pid > 0) kill(r->slot[i].pid, SIGKILL);
+            if (r->slot[i].p.pid > 0) kill(r->slot[i].p.pid, SIGKILL);
         wait_all(r, 10);
     }
     for (size_t k = 0; k < sizeof r->rogue / sizeof r->rogue[0]; k++)
         if (r->rogue[k] > 0) kill(r->rogue[k], SIGKILL);
     for (int k = 0; k < 100 && rogues_running(r); k++) reap(r), nap_ms(10);
-    if (r->spid > 0) {
-        r->sexpected = 1;
-        end_proc(r->spid, interrupted ? SIGKILL : SIGTERM);
+    if (r->sync.pid > 0) {
+        r->sync.expected = 1;
+        end_proc(r->sync.pid, interrupted ? SIGKILL : SIGTERM);
         int64_t end = dl_clock_ns() + 60 * 1000000000LL;
-        while (r->spid > 0 && dl_clock_ns() < end) reap(r), nap_ms(20);
-        if (r->spid > 0) {
+        while (r->sync.pid > 0 && dl_clock_ns() < end) reap(r), nap_ms(20);
+        if (r->sync.pid > 0) {
             printf("[chaos %s] the synchronizer did not stop within 60 s of SIGTERM: SIGKILL\n", r->c->label);
-            kill(r->spid, SIGKILL);
-            while (r->spid > 0) reap(r), nap_ms(20);
+            kill(r->sync.pid, SIGKILL);
+            while (r->sync.pid > 0) reap(r), nap_ms(20);
         }
     }
     if (r->epid > 0) {
@@ -1051,8 +1067,8 @@ int dl_chaos_run(const dl_chaos_run_cfg *c)
         start_sync(r);
         int64_t deadline = dl_clock_ns() + 60 * 1000000000LL;
         int up = 0;
-        while (!up && r->spid > 0 && dl_clock_ns() < deadline && !dl_chaos_interrupted) {
-            up = scan_sync(r, r->spid);
+        while (!up && r->sync.pid > 0 && dl_clock_ns() < deadline && !dl_chaos_interrupted) {
+            up = scan_sync(r, r->sync.pid);
             if (!up) reap(r), nap_ms(20);
         }
         if (!up) rc = dl_err(DL_EIO, "dloco-sync did not start (see %s)", runpath(r, "sync.log"));
@@ -1086,11 +1102,11 @@ int dl_chaos_run(const dl_chaos_run_cfg *c)
             reap(r);
             now = dl_clock_ns();
             for (int i = 0; i < r->n_slot; i++)
-                if (r->slot[i].restart_ns > 0 && r->slot[i].restart_ns <= now && r->slot[i].provisioned &&
-                    r->slot[i].pid <= 0)
+                if (r->slot[i].p.restart_ns > 0 && r->slot[i].p.restart_ns <= now && r->slot[i].provisioned &&
+                    r->slot[i].p.pid <= 0)
                     start_learner(r, i);
-            if (r->srestart_ns > 0 && r->srestart_ns <= now && r->spid <= 0) {
-                r->srestart_ns = 0;
+            if (r->sync.restart_ns > 0 && r->sync.restart_ns <= now && r->sync.pid <= 0) {
+                r->sync.restart_ns = 0;
                 start_sync(r);
             }
             disk_sync(r);

@@ -265,20 +265,11 @@ static int cmp_d(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    int rc = dl_cfg_parse_args(table, NCFG, &cfg, argc, argv);
-    if (rc == DL_CFG_HELP) {
-        printf("usage: dloco-serve [--name value ...]\nserving sidecar of the sync-timing bench (docs/SYNC_TIMING.md)\n");
-        dl_cfg_usage(table, NCFG, stdout);
-        return 0;
-    }
-    if (rc == DL_CFG_PRINT) {
-        dl_cfg_print(table, NCFG, &cfg, stdout);
-        return 0;
-    }
-    if (rc) {
-        fprintf(stderr, "dloco-serve: bad configuration: %s\n", dl_errmsg());
-        return 2;
-    }
+    static const dl_cfg_main preamble = {
+        "dloco-serve",
+        "usage: dloco-serve [--name value ...]\nserving sidecar of the sync-timing bench (docs/SYNC_TIMING.md)\n"};
+    int rc;
+    if (dl_cfg_main_parse(table, NCFG, &cfg, &preamble, argc, argv, &rc)) return rc;
     if ((rc = dl_event_open(cfg.events, "serve"))) {
         fprintf(stderr, "dloco-serve: events: %s\n", dl_errmsg());
         return 2;

@@ -320,6 +320,39 @@ int dl_cfg_parse_args(const dl_cfg_entry *t, size_t n, void *obj, int argc, char
     return print ? DL_CFG_PRINT : 0;
 }
 
+static int main_bad(const dl_cfg_main *m, int rc)
+{
+    fprintf(stderr, "%s: bad configuration: %s%s%s\n", m->prog, dl_strerror(rc), dl_errmsg()[0] ? ": " : "",
+            dl_errmsg());
+    return 2;
+}
+
+int dl_cfg_main_parse(const dl_cfg_entry *t, size_t n, void *obj, const dl_cfg_main *m, int argc, char **argv,
+                      int *exit_code)
+{
+    int rc = dl_cfg_parse_args(t, n, obj, argc, argv);
+    *exit_code = 0;
+    if (rc == DL_CFG_HELP) {
+        if (m->usage) fputs(m->usage, stdout);
+        if (m->options) m->options(stdout);
+        else dl_cfg_usage(t, n, stdout);
+        return 1;
+    }
+    if (rc == DL_CFG_PRINT) {
+        if (m->check && (rc = m->check(obj))) {
+            *exit_code = main_bad(m, rc);
+            return 1;
+        }
+        dl_cfg_print(t, n, obj, stdout);
+        return 1;
+    }
+    if (rc) {
+        *exit_code = main_bad(m, rc);
+        return 1;
+    }
+    return 0;
+}
+
 void dl_cfg_format(const dl_cfg_entry *e, const void *obj, char *buf, size_t cap)
 {
     const char *field = (const char *)obj + e->offset;

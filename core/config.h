@@ -49,6 +49,23 @@ int dl_cfg_load_ini(const dl_cfg_entry *t, size_t n, void *obj, const char *path
  * DL_CFG_PRINT once everything is loaded and valid (caller prints the config
  * with dl_cfg_print and exits 0). Unknown or malformed flags: DL_EINVAL. */
 int dl_cfg_parse_args(const dl_cfg_entry *t, size_t n, void *obj, int argc, char **argv);
+/* The option preamble of every program's main (and of dloco's subcommands),
+ * one copy: dl_cfg_parse_args, then
+ *   --help            usage (when set) and dl_cfg_usage on stdout: exit 0
+ *   --print-config    check (when set: what a start would refuse is refused
+ *                     here too), then dl_cfg_print on stdout: exit 0
+ *   a bad option, file or value, or a refused check:
+ *                     "PROG: bad configuration: ERROR: DETAIL" on stderr: exit 2
+ * Returns 1 when main should return *exit_code now, 0 when it goes on with
+ * obj parsed (check is not run on that path: main runs what it needs). */
+typedef struct {
+    const char *prog;          /* "dloco-sync", "dloco eval": starts the error line */
+    const char *usage;         /* lines printed before the options on --help, or NULL */
+    int (*check)(void *obj);   /* cross-option checks for --print-config: 0 or DL_E*, or NULL */
+    void (*options)(FILE *f);  /* --help's option list when not dl_cfg_usage of the table (e.g. in sections), or NULL */
+} dl_cfg_main;
+int dl_cfg_main_parse(const dl_cfg_entry *t, size_t n, void *obj, const dl_cfg_main *m, int argc, char **argv,
+                      int *exit_code);
 /* Every option: name, type and unit, default, range or choices, reloadable,
  * help (wrapped). */
 void dl_cfg_usage(const dl_cfg_entry *t, size_t n, FILE *f);

@@ -97,7 +97,7 @@ static int echo_level(const char *name)
     static const char *debug[] = {"push",           "ack",          "update",       "adopt",
                                   "merge_contrib",  "update_resumed", "update_restarted", "heartbeat_ignored",
                                   "push_clipped",   "auth_refused", "hello_limited", "learner_duplicate",
-                                  "barrier_wait",   "update_base",  "sync_timing",  "pressure_refused",
+                                  "barrier_wait",   "barrier_enter", "update_base",  "sync_timing",  "pressure_refused",
                                   "serve_refused"};
     for (size_t i = 0; i < sizeof debug / sizeof debug[0]; i++)
         if (!strcmp(name, debug[i])) return DL_LOG_DEBUG;

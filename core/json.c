@@ -409,32 +409,38 @@ static int utf8_len(const unsigned char *p)
     return n;
 }
 
-void dl_json_w_string(dl_json_w *w, const char *s)
+void dl_json_quote(const char *s, void (*put)(void *ctx, const char *b, size_t n), void *ctx)
 {
-    w_put(w, "\"", 1);
+    put(ctx, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p;) {
         unsigned c = *p;
         if (c == '"' || c == '\\') {
             char e[2] = {'\\', (char)c};
-            w_put(w, e, 2), p++;
+            put(ctx, e, 2), p++;
         } else if (c == '\n') {
-            w_put(w, "\\n", 2), p++;
+            put(ctx, "\\n", 2), p++;
         } else if (c == '\r') {
-            w_put(w, "\\r", 2), p++;
+            put(ctx, "\\r", 2), p++;
         } else if (c == '\t') {
-            w_put(w, "\\t", 2), p++;
+            put(ctx, "\\t", 2), p++;
         } else if (c < 0x20) {
-            dl_json_w_raw(w, "\\u%04x", c), p++;
+            char e[8];
+            snprintf(e, sizeof e, "\\u%04x", c);
+            put(ctx, e, 6), p++;
         } else if (c < 0x80) {
-            w_put(w, p, 1), p++;
+            put(ctx, (const char *)p, 1), p++;
         } else {
             int n = utf8_len(p);
-            if (n) w_put(w, p, (size_t)n), p += n;
-            else w_put(w, "\\ufffd", 6), p++;
+            if (n) put(ctx, (const char *)p, (size_t)n), p += n;
+            else put(ctx, "\\ufffd", 6), p++;
         }
     }
-    w_put(w, "\"", 1);
+    put(ctx, "\"", 1);
 }
+
+static void w_put_cb(void *w, const char *b, size_t n) { w_put(w, b, n); }
+
+void dl_json_w_string(dl_json_w *w, const char *s) { dl_json_quote(s, w_put_cb, w); }
 
 void dl_json_w_key(dl_json_w *w, const char *key)
 {

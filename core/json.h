@@ -77,6 +77,11 @@ typedef struct {
     int inl[DL_JSON_DEPTH_MAX];   /* this level is written on one line */
 } dl_json_w;
 
+/* s as a JSON string handed to put in pieces: quotes, backslashes and
+ * control bytes escaped; bytes that are not UTF-8 become U+FFFD, so the
+ * output always parses. The one string escaper of every JSON writer
+ * (dl_json_w_string below, core/prom.h dl_prom_json_str). */
+void dl_json_quote(const char *s, void (*put)(void *ctx, const char *b, size_t n), void *ctx);
 /* Text as it is (printf format). */
 void dl_json_w_raw(dl_json_w *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A string, quoted: quotes, backslashes and control bytes escaped; bytes

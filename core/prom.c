@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/err.h"
+#include "core/json.h"
 
 void dl_prom_init(dl_prom *p)
 {
@@ -154,13 +155,6 @@ void dl_prom_histogram(dl_prom *p, const char *name, const char *labels, const d
     dl_prom_sample(p, nb, labels, (double)h->count);
 }
 
-void dl_prom_json_str(dl_prom *p, const char *s)
-{
-    dl_prom_raw(p, "\"");
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') dl_prom_raw(p, "\\%c", *c);
-        else if (*c < 0x20) dl_prom_raw(p, "\\u%04x", *c);
-        else dl_prom_raw(p, "%c", *c);
-    }
-    dl_prom_raw(p, "\"");
-}
+static void prom_put(void *p, const char *b, size_t n) { dl_prom_raw(p, "%.*s", (int)n, b); }
+
+void dl_prom_json_str(dl_prom *p, const char *s) { dl_json_quote(s, prom_put, p); }

@@ -18,9 +18,9 @@ void dl_prom_init(dl_prom *p);
 void dl_prom_free(dl_prom *p);
 /* Append formatted text as is (no escaping): the JSON documents reuse it. */
 void dl_prom_raw(dl_prom *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* s as a JSON string ("...", with \" \\ and control characters as \u00XX
- * escaped) appended to p: the JSON documents built with this buffer
- * (/status.json, dloco status --json). */
+/* s as a JSON string appended to p (core/json.h dl_json_quote: escaped, not
+ * UTF-8 as U+FFFD): the JSON documents built with this buffer (/status.json,
+ * dloco status --json). */
 void dl_prom_json_str(dl_prom *p, const char *s);
 /* "# HELP name help\n# TYPE name type\n"; type is counter|gauge|histogram.
  * Help text has '\\' and newline escaped. Call once per metric family, before

@@ -719,29 +719,34 @@ static int check_optimizer(const learner_cfg *cfg, double *mu_x)
     return dl_gpa_check(*mu_x, cfg->gpa_mu_y);
 }
 
+/* --help: the common options first, the rest under headings (learner_sections) */
+static void print_options(FILE *f)
+{
+    dl_cfg_usage_sections(learner_table, NCFG, learner_sections, sizeof learner_sections / sizeof learner_sections[0],
+                          f);
+}
+
+/* --print-config: the same checks as a networked start, on a copy (the printed id stays as given) */
+static int print_check(void *obj)
+{
+    learner_cfg v = *(const learner_cfg *)obj;
+    double mu_x;
+    int rc = check_optimizer(&v, &mu_x);
+    if (!rc && !v.standalone) rc = check_networked(&v);
+    return rc ? rc : check_hetero(&v);
+}
+
 int main(int argc, char **argv)
 {
     if (dl_blas_select(&argc, argv)) return 2; /* before any matmul: OpenBLAS's kernels (kernels/blas_select.h) */
     learner_cfg cfg;
-    int rc = dl_cfg_parse_args(learner_table, NCFG, &cfg, argc, argv);
-    if (rc == DL_CFG_HELP) {
-        printf("usage: dloco-learner [--standalone] [--config FILE] [--name value ...]\n"
-               "networked by default: connects to dloco-sync at --connect; --standalone trains alone\n");
-        dl_cfg_usage_sections(learner_table, NCFG, learner_sections,
-                              sizeof learner_sections / sizeof learner_sections[0], stdout);
-        return 0;
-    }
-    if (rc == DL_CFG_PRINT) {
-        /* the same checks as a networked start, on a copy (the printed id stays as given) */
-        learner_cfg v = cfg;
-        double mu_x;
-        if ((rc = check_optimizer(&v, &mu_x))) return fail("bad configuration", rc);
-        if (!v.standalone && (rc = check_networked(&v))) return fail("bad configuration", rc);
-        if ((rc = check_hetero(&v))) return fail("bad configuration", rc);
-        dl_cfg_print(learner_table, NCFG, &cfg, stdout);
-        return 0;
-    }
-    if (rc) return fail("bad configuration", rc);
+    static const dl_cfg_main preamble = {"dloco-learner",
+                                         "usage: dloco-learner [--standalone] [--config FILE] [--name value ...]\n"
+                                         "networked by default: connects to dloco-sync at --connect; "
+                                         "--standalone trains alone\n",
+                                         print_check, print_options};
+    int rc;
+    if (dl_cfg_main_parse(learner_table, NCFG, &cfg, &preamble, argc, argv, &rc)) return rc;
     if ((rc = check_hetero(&cfg))) return fail("bad configuration", rc);
     dl_log_set_level(dl_log_level_parse(cfg.log_level));
     dl_log_set_name("learner");

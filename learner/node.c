@@ -566,6 +566,9 @@ int dl_node_barrier_wait(dl_node *n, const volatile sig_atomic_t *stop, dl_node_
     DL_TRY(push_owed(n));
     out->fragment = dl_node_barrier_blocked(n);
     if (out->fragment < 0) return 0;
+    /* written as the wait begins (barrier_wait when it ends): a learner in a wait has one more
+     * barrier_enter than barrier_wait, which tells it from a slow one */
+    dl_event("barrier_enter", " fragment=%d", out->fragment);
     int64_t t0 = dl_clock_ns();
     uint64_t released = n->st.hold_released;
     /* the deferred pushes of the last step go now, not after the next one:

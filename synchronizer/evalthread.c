@@ -8,6 +8,7 @@
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/event.h"
 
 struct dl_evalthread {
     dl_evaluate *ev;
@@ -41,6 +42,9 @@ static void *eval_main(void *arg)
         double loss = 0;
         dl_err_clear();
         int rc = dl_evaluate_load(t->ev, t->store, t->plan, &r.version);
+        /* the model is loaded and the forward passes begin: what a stop during an evaluation waits on */
+        if (!rc)
+            dl_event("eval_start", "version=%llu seqs=%d", (unsigned long long)r.version, dl_evaluate_seqs(t->ev));
         if (!rc) rc = dl_evaluate_run(t->ev, &t->stop, &loss);
         r.loss = loss;
         r.seqs = (uint32_t)dl_evaluate_seqs(t->ev);

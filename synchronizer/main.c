@@ -394,29 +394,34 @@ static int manifest_of(const sync_cfg *c, dl_manifest **out)
     return 0;
 }
 
+/* --help: the common options first, the rest under headings (sections) */
+static void print_options(FILE *f) { dl_cfg_usage_sections(table, NCFG, sections, sizeof sections / sizeof sections[0], f); }
+
+/* What a start refuses beyond each option's own bounds (also before --print-config). */
+static int check_cfg(void *obj)
+{
+    const sync_cfg *c = obj;
+    if (strlen(c->run_id) < 1 || strlen(c->run_id) > 64)
+        return dl_err(DL_EINVAL, "option run_id: must be 1..64 characters");
+    DL_TRY(check_timeouts(c));
+    dl_codec_enc update;
+    return update_codec_of(c, &update);
+}
+
 int main(int argc, char **argv)
 {
     if (dl_blas_select(&argc, argv)) return 2; /* the evaluation's matmuls: OpenBLAS's kernels (kernels/blas_select.h) */
     sync_cfg c;
-    int rc = dl_cfg_parse_args(table, NCFG, &c, argc, argv);
-    if (rc == DL_CFG_HELP) {
-        printf("usage: dloco-sync [--config FILE] [--name value ...]\n"
-               "SIGHUP re-reads --config FILE and applies the options marked reloadable (docs/OPERATING.md);\n"
-               "SIGINT/SIGTERM stop.\n");
-        dl_cfg_usage_sections(table, NCFG, sections, sizeof sections / sizeof sections[0], stdout);
-        return 0;
-    }
-    int print = rc == DL_CFG_PRINT;
-    if (rc && !print) return fail("bad configuration", rc);
-    if (strlen(c.run_id) < 1 || strlen(c.run_id) > 64)
-        return fail("bad configuration", dl_err(DL_EINVAL, "option run_id: must be 1..64 characters"));
-    if ((rc = check_timeouts(&c))) return fail("bad configuration", rc);
+    static const dl_cfg_main preamble = {"dloco-sync",
+                                         "usage: dloco-sync [--config FILE] [--name value ...]\n"
+                                         "SIGHUP re-reads --config FILE and applies the options marked reloadable "
+                                         "(docs/OPERATING.md);\nSIGINT/SIGTERM stop.\n",
+                                         check_cfg, print_options};
+    int rc;
+    if (dl_cfg_main_parse(table, NCFG, &c, &preamble, argc, argv, &rc)) return rc;
+    if ((rc = check_cfg(&c))) return fail("bad configuration", rc);
     dl_codec_enc update;
     if ((rc = update_codec_of(&c, &update))) return fail("bad configuration", rc);
-    if (print) {
-        dl_cfg_print(table, NCFG, &c, stdout);
-        return 0;
-    }
     dl_log_set_level(dl_log_level_parse(c.log_level));
     dl_log_set_name("sync");
     if ((rc = dl_event_open(c.events, "sync"))) return fail("opening the events file (option events)", rc);

@@ -532,30 +532,11 @@ static int init_from_file(dl_sync *s, float *full)
     return 0;
 }
 
-int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
+/* dl_sync_open, step 1: the per-fragment buffers (this shard's momentum only),
+ * the outbound queue and the payload pool. */
+static void alloc_fragments(dl_sync *s)
 {
-    *out = NULL;
-    char why[256];
-    if (dl_policy_cfg_check(&cfg->policy, why, sizeof why)) return DL_EINVAL;
-    dl_sync *s = dl_xcalloc(1, sizeof *s);
-    s->cfg = *cfg;
-    dl_syncmet_init(&s->met, cfg->P > 0 ? cfg->P : 1);
-    int rc = 0;
-    float *full = NULL;
-    if (s->cfg.manifest) {
-        /* the run's model is the manifest's: no GPT-2 fields anywhere */
-        memset(&s->cfg.model, 0, sizeof s->cfg.model);
-        if ((rc = dl_manifest_plan_open(s->cfg.manifest, s->cfg.P, &s->plan))) goto fail;
-        s->fingerprint = dl_manifest_fingerprint(s->cfg.manifest, s->plan);
-    } else {
-        if ((rc = dl_model_config_check(&s->cfg.model))) goto fail;
-        if ((rc = dl_model_plan_open(&s->cfg.model, s->cfg.P, &s->plan))) goto fail;
-        s->fingerprint = dl_model_fingerprint(&s->cfg.model, s->plan);
-    }
     int P = s->cfg.P;
-    if ((rc = dl_shard_check(P, s->cfg.shard, s->cfg.shards))) goto fail;
-    if (s->cfg.shards <= 1) s->cfg.shard = 0, s->cfg.shards = 1;
-    int owned = dl_shard_count(P, s->cfg.shard, s->cfg.shards);
     s->numel = dl_xcalloc((size_t)P, sizeof(uint64_t));
     s->params = dl_xcalloc((size_t)P, sizeof(float *));
     s->momentum = dl_xcalloc((size_t)P, sizeof(float *));
@@ -572,21 +553,23 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
         if (owns(s, p)) s->momentum[p] = dl_xaligned(64, s->numel[p] * sizeof(float));
     }
     dl_pool_open(P, s->numel, &s->pool);
+}
 
-    /* every check that needs no store, and the bind, come first: a typo'd
-     * bind or a bad option leaves no new store directory behind */
-    if ((rc = dl_guard_cfg_check(&s->cfg.guard))) goto fail;
-    if (s->cfg.update.c.id && dl_codec_check(&s->cfg.update.c, why, sizeof why)) {
-        rc = dl_err(DL_EINVAL, "update_codec %s: %s", dl_codec_name(s->cfg.update.c.id), why);
-        goto fail;
-    }
+/* Step 2: every check that needs no store, the limits that follow from the
+ * model, and the bind: a typo'd bind or a bad option leaves no new store
+ * directory behind. */
+static int check_and_bind(dl_sync *s)
+{
+    char why[256];
+    int P = s->cfg.P;
+    DL_TRY(dl_guard_cfg_check(&s->cfg.guard));
+    if (s->cfg.update.c.id && dl_codec_check(&s->cfg.update.c, why, sizeof why))
+        return dl_err(DL_EINVAL, "update_codec %s: %s", dl_codec_name(s->cfg.update.c.id), why);
     /* a delta chunk must fit the frames a learner takes (the fp32 chunk): topk
      * costs 6 bytes per entry */
-    if (s->cfg.update.c.id == DL_CODEC_TOPK && 2 * s->cfg.update.c.topk > s->cfg.update.c.block) {
-        rc = dl_err(DL_EINVAL, "update_topk %u is more than half of update_block %u", s->cfg.update.c.topk,
-                    s->cfg.update.c.block);
-        goto fail;
-    }
+    if (s->cfg.update.c.id == DL_CODEC_TOPK && 2 * s->cfg.update.c.topk > s->cfg.update.c.block)
+        return dl_err(DL_EINVAL, "update_topk %u is more than half of update_block %u", s->cfg.update.c.topk,
+                      s->cfg.update.c.block);
     /* bounds that follow from the model (a shard: its own fragments) unless set */
     uint64_t model_bytes = 0, frag_bytes = 0;
     for (int p = 0; p < P; p++) {
@@ -597,11 +580,9 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     }
     s->max_frag_bytes = frag_bytes;
     if (!s->cfg.chunk_bytes) s->cfg.chunk_bytes = DL_SYNC_CHUNK_BYTES;
-    if (s->cfg.chunk_bytes < DL_WIRE_CHUNK_MIN || s->cfg.chunk_bytes > DL_WIRE_CHUNK_MAX || s->cfg.chunk_bytes % 4) {
-        rc = dl_err(DL_EINVAL, "chunk_bytes %llu is not a multiple of 4 in [%u, %u]",
-                    (unsigned long long)s->cfg.chunk_bytes, DL_WIRE_CHUNK_MIN, DL_WIRE_CHUNK_MAX);
-        goto fail;
-    }
+    if (s->cfg.chunk_bytes < DL_WIRE_CHUNK_MIN || s->cfg.chunk_bytes > DL_WIRE_CHUNK_MAX || s->cfg.chunk_bytes % 4)
+        return dl_err(DL_EINVAL, "chunk_bytes %llu is not a multiple of 4 in [%u, %u]",
+                      (unsigned long long)s->cfg.chunk_bytes, DL_WIRE_CHUNK_MIN, DL_WIRE_CHUNK_MAX);
     /* chunked pushes: nothing bigger than a chunk (or a small whole fragment) is a valid message */
     uint64_t unit = frag_bytes < s->cfg.chunk_bytes ? frag_bytes : s->cfg.chunk_bytes;
     if (!s->cfg.max_msg_bytes) s->cfg.max_msg_bytes = unit + DL_WIRE_MAX_HEADER_BYTES;
@@ -613,25 +594,22 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
         s->cfg.pool_bytes = two > floor ? two : floor;
         if (s->cfg.pool_bytes < DL_SYNC_POOL_MIN) s->cfg.pool_bytes = DL_SYNC_POOL_MIN;
     }
-    if (s->cfg.pool_bytes < frag_bytes) {
-        rc = dl_err(DL_EINVAL, "pool_mb holds %llu bytes, less than the largest fragment (%llu bytes): no push could wait",
-                    (unsigned long long)s->cfg.pool_bytes, (unsigned long long)frag_bytes);
-        goto fail;
-    }
+    if (s->cfg.pool_bytes < frag_bytes)
+        return dl_err(DL_EINVAL,
+                      "pool_mb holds %llu bytes, less than the largest fragment (%llu bytes): no push could wait",
+                      (unsigned long long)s->cfg.pool_bytes, (unsigned long long)frag_bytes);
     if (!s->cfg.max_outbound_bytes) {
         uint64_t four = 4 * model_bytes, floor = 256ull << 20;
         s->cfg.max_outbound_bytes = four > floor ? four : floor;
     }
     if (s->cfg.auth == DL_SYNC_AUTH_AUTO)
         s->cfg.auth = loopback_endpoint(s->cfg.bind) ? DL_SYNC_AUTH_OFF : DL_SYNC_AUTH_CURVE;
-    if (s->cfg.auth == DL_SYNC_AUTH_CURVE && (!s->cfg.key_file[0] || !s->cfg.allowlist[0])) {
-        rc = dl_err(DL_EINVAL,
-                    "bind %s is not loopback, so CURVE authentication is on: set key_file (the synchronizer's key "
-                    "pair: dloco keygen PREFIX) and allowlist (a file of 'learner_id public_key' lines), or auth = "
-                    "off to accept anyone who can reach the port",
-                    s->cfg.bind);
-        goto fail;
-    }
+    if (s->cfg.auth == DL_SYNC_AUTH_CURVE && (!s->cfg.key_file[0] || !s->cfg.allowlist[0]))
+        return dl_err(DL_EINVAL,
+                      "bind %s is not loopback, so CURVE authentication is on: set key_file (the synchronizer's key "
+                      "pair: dloco keygen PREFIX) and allowlist (a file of 'learner_id public_key' lines), or auth = "
+                      "off to accept anyone who can reach the port",
+                      s->cfg.bind);
     s->hello_tokens = s->cfg.new_hello_burst;
     s->hello_refill_ns = dl_clock_ns();
     s->lim = dl_wire_limits_default();
@@ -640,23 +618,33 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->lim.max_frames = 2;
     s->lim.shard = (uint32_t)s->cfg.shard; /* pushes and fetches of another shard's fragments are refused */
     s->lim.shards = (uint32_t)s->cfg.shards;
-    if ((rc = open_router(s)) || (rc = dl_stats_bind_metrics(s))) goto fail;
+    DL_TRY(open_router(s));
+    return dl_stats_bind_metrics(s);
+}
 
-    /* the store: a fresh run starts from the seeded init, a resumed one from LMDB */
+/* Step 3: the store (a fresh run starts from the seeded init or init_from, a
+ * resumed one from LMDB), a new epoch, the policy and guard at the stored
+ * versions; *total_v: the sum of this shard's fragment versions. */
+static int open_state(dl_sync *s, uint64_t *total_v)
+{
+    int P = s->cfg.P;
     dl_store_opts so = dl_store_opts_default();
     so.durability = s->cfg.durability;
-    full = dl_xmalloc(dl_plan_total_numel(s->plan) * sizeof(float));
-    if (s->cfg.init_from[0]) {
-        if ((rc = init_from_file(s, full))) goto fail;
-    } else if (s->cfg.manifest) {
-        if ((rc = manifest_needs_init(s))) goto fail;
+    float *full = dl_xmalloc(dl_plan_total_numel(s->plan) * sizeof(float));
+    int rc = 0;
+    if (s->cfg.init_from[0])
+        rc = init_from_file(s, full);
+    else if (s->cfg.manifest) {
+        rc = manifest_needs_init(s);
         memset(full, 0, dl_plan_total_numel(s->plan) * sizeof(float)); /* unused: the store holds the run */
-    } else if ((rc = dl_model_init_params(&s->cfg.model, s->cfg.seed, full))) {
-        goto fail;
-    }
-    if ((rc = dl_store_open(s->cfg.store, &so, &s->store))) goto fail;
-    if (s->cfg.init_from[0] && (rc = init_from_refuse_run(s))) goto fail;
-    for (int p = 0; p < P; p++) dl_plan_gather(s->plan, p, full, s->params[p]);
+    } else
+        rc = dl_model_init_params(&s->cfg.model, s->cfg.seed, full);
+    if (!rc) rc = dl_store_open(s->cfg.store, &so, &s->store);
+    if (!rc && s->cfg.init_from[0]) rc = init_from_refuse_run(s);
+    if (!rc)
+        for (int p = 0; p < P; p++) dl_plan_gather(s->plan, p, full, s->params[p]);
+    free(full);
+    if (rc) return rc;
     dl_store_run run = {.run_id = s->cfg.run_id,
                         .fingerprint = s->fingerprint,
                         .config_text = s->cfg.config_text,
@@ -666,28 +654,35 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
                         .numel = s->numel,
                         .manifest = s->cfg.manifest};
     dl_store_shard layout = {(uint32_t)s->cfg.shard, (uint32_t)s->cfg.shards};
-    if ((rc = dl_store_init_run_shard(s->store, &run, &layout, (const float *const *)s->params))) goto fail;
+    DL_TRY(dl_store_init_run_shard(s->store, &run, &layout, (const float *const *)s->params));
     for (int p = 0; p < P; p++)
         if (!owns(s, p)) {
             free(s->params[p]); /* a new store's version 0 of it is written; nothing else here needs it */
             s->params[p] = NULL;
         }
-    if ((rc = dl_store_bump_epoch(s->store, &s->epoch))) goto fail;
-    if ((rc = dl_policy_open(&s->cfg.policy, P, &s->policy))) goto fail;
-    if ((rc = dl_guard_open(&s->cfg.guard, P, s->cfg.policy.max_learners, &s->guard))) goto fail;
-    uint64_t total_v = 0;
+    DL_TRY(dl_store_bump_epoch(s->store, &s->epoch));
+    DL_TRY(dl_policy_open(&s->cfg.policy, P, &s->policy));
+    DL_TRY(dl_guard_open(&s->cfg.guard, P, s->cfg.policy.max_learners, &s->guard));
+    *total_v = 0;
     for (int p = 0; p < P; p++) {
         uint64_t v;
         if (!owns(s, p)) continue; /* stays at version 0 in the policy: no round of it ever opens */
-        if ((rc = dl_store_read_fragment(s->store, (uint32_t)p, &v, s->params[p], s->momentum[p]))) goto fail;
+        DL_TRY(dl_store_read_fragment(s->store, (uint32_t)p, &v, s->params[p], s->momentum[p]));
         dl_policy_set_version(s->policy, p, v);
-        total_v += v;
+        *total_v += v;
         int fin = 0;
         s->param_norm[p] = dl_guard_norm(s->params[p], s->numel[p], &fin);
     }
+    return 0;
+}
+
+/* Step 4: the per-learner tables, sized by max_learners. */
+static void alloc_learners(dl_sync *s)
+{
+    int P = s->cfg.P;
     dl_registry_open(s->cfg.policy.max_learners, P, &s->reg);
     dl_ledger_open(s->cfg.policy.max_learners, P, &s->ledger);
-    dl_ledger_set_fragments(s->ledger, owned);
+    dl_ledger_set_fragments(s->ledger, dl_shard_count(P, s->cfg.shard, s->cfg.shards));
     s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
     s->inb = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->inb);
     s->outx = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->outx);
@@ -695,18 +690,20 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     s->resume_v = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
     s->resume_o = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
     s->owed_order = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->owed_order);
+}
 
-
+/* Step 5: the loop, the worker and the watchers (not yet running). */
+static int start_watchers(dl_sync *s)
+{
+    int P = s->cfg.P;
     s->loop = ev_loop_new(EVFLAG_AUTO);
     dl_worker_open(s->store, s->plan, s->params, s->momentum, wake_loop, s, &s->worker);
     dl_worker_set_update_codec(s->worker, &s->cfg.update);
     s->kept = dl_xcalloc((size_t)P, sizeof *s->kept);
     int fd;
     size_t fl = sizeof fd;
-    if (zmq_getsockopt(s->router, ZMQ_FD, &fd, &fl) != 0) {
-        rc = dl_wire_zmq_fail("zmq_getsockopt(ZMQ_FD)", __FILE__, __LINE__);
-        goto fail;
-    }
+    if (zmq_getsockopt(s->router, ZMQ_FD, &fd, &fl) != 0)
+        return dl_wire_zmq_fail("zmq_getsockopt(ZMQ_FD)", __FILE__, __LINE__);
     ev_io_init(&s->zio, on_zmq, fd, EV_READ);
     s->zio.data = s;
     ev_io_start(s->loop, &s->zio);
@@ -736,11 +733,13 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
     ev_signal_init(&s->sighup, dl_reload_on_hup, SIGHUP);
     s->sighup.data = s;
     ev_signal_start(s->loop, &s->sighup);
+    return 0;
+}
 
-    s->started_ns = s->last_sync_ns = dl_clock_ns();
-    dl_store_foreach_learner(s->store, count_learner, &s->known_learners);
-    open_eval(s);
-    dl_stats_start_metrics(s);
+/* Step 6: what this process is, in the log and as sync_start. */
+static void announce(const dl_sync *s, uint64_t total_v)
+{
+    int P = s->cfg.P, owned = dl_shard_count(P, s->cfg.shard, s->cfg.shards);
     DL_INFO("run '%s' epoch %llu: %s (%d fragments, %zu params, fingerprint %016llx), listening on %s",
             s->cfg.run_id, (unsigned long long)s->epoch, total_v ? "resumed" : "new run", P,
             dl_plan_total_numel(s->plan), (unsigned long long)s->fingerprint, s->endpoint);
@@ -766,11 +765,42 @@ int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
              (unsigned long long)s->cfg.peer_outbound_bytes, s->cfg.shard, s->cfg.shards, owned,
              s->cfg.update.c.id ? dl_codec_name(s->cfg.update.c.id) : "off", s->cfg.update.c.block,
              s->cfg.update.c.topk);
-    free(full);
+}
+
+int dl_sync_open(const dl_sync_cfg *cfg, dl_sync **out)
+{
+    *out = NULL;
+    char why[256];
+    if (dl_policy_cfg_check(&cfg->policy, why, sizeof why)) return DL_EINVAL;
+    dl_sync *s = dl_xcalloc(1, sizeof *s);
+    s->cfg = *cfg;
+    dl_syncmet_init(&s->met, cfg->P > 0 ? cfg->P : 1);
+    int rc = 0;
+    uint64_t total_v = 0;
+    if (s->cfg.manifest) {
+        /* the run's model is the manifest's: no GPT-2 fields anywhere */
+        memset(&s->cfg.model, 0, sizeof s->cfg.model);
+        if ((rc = dl_manifest_plan_open(s->cfg.manifest, s->cfg.P, &s->plan))) goto fail;
+        s->fingerprint = dl_manifest_fingerprint(s->cfg.manifest, s->plan);
+    } else {
+        if ((rc = dl_model_config_check(&s->cfg.model))) goto fail;
+        if ((rc = dl_model_plan_open(&s->cfg.model, s->cfg.P, &s->plan))) goto fail;
+        s->fingerprint = dl_model_fingerprint(&s->cfg.model, s->plan);
+    }
+    if ((rc = dl_shard_check(s->cfg.P, s->cfg.shard, s->cfg.shards))) goto fail;
+    if (s->cfg.shards <= 1) s->cfg.shard = 0, s->cfg.shards = 1;
+    alloc_fragments(s);
+    if ((rc = check_and_bind(s)) || (rc = open_state(s, &total_v))) goto fail;
+    alloc_learners(s);
+    if ((rc = start_watchers(s))) goto fail;
+    s->started_ns = s->last_sync_ns = dl_clock_ns();
+    dl_store_foreach_learner(s->store, count_learner, &s->known_learners);
+    open_eval(s);
+    dl_stats_start_metrics(s);
+    announce(s, total_v);
     *out = s;
     return 0;
 fail:
-    free(full);
     {
         /* keep the failing call's message across cleanup */
         char msg[512];

@@ -69,11 +69,17 @@ wait_pid() { # deadline-seconds pid -> returns its exit code
   while kill -0 "$2" 2>/dev/null; do [ "$(date +%s)" -lt "$deadline" ] || die "process $2 still running after $1 s"; sleep 0.1; done
   wait "$2"
 }
-versions() { "$DLOCO" status "$W/store" 2>/dev/null | sed -n 's/^versions: //p'; }
-merges() { "$DLOCO" status "$W/store" 2>/dev/null | sed -n 's/^merges \([0-9]*\):.*/\1/p'; }
-val_loss() { "$DLOCO" eval "$W/store" --data "$W/corpus.txt" --batch 8 --val_batches 8 | sed -E 's/.*val loss ([0-9.]+).*/\1/'; }
+# jq_py EXPR: EXPR evaluated over the JSON document on stdin as `d` (Debian's python3; empty on no document)
+jq_py() { /usr/bin/python3 -c "import json, sys
+t = sys.stdin.read()
+if t.strip(): print(eval(sys.argv[1], {'d': json.loads(t)}))" "$1" 2>/dev/null; }
+# the store's fragment versions (space-separated), merges (committed fragment versions), global val loss:
+# from `dloco status --json` and `dloco eval --json` (docs/OPERATING.md), never the text lines
+versions() { "$DLOCO" status "$W/store" --json 2>/dev/null | jq_py "' '.join(str(f['version']) for f in d['fragments'])"; }
+merges() { "$DLOCO" status "$W/store" --json 2>/dev/null | jq_py "d['merges']"; }
+val_loss() { "$DLOCO" eval "$W/store" --data "$W/corpus.txt" --batch 8 --val_batches 8 --json | jq_py "d['val_loss']"; }
 steps_of() { [ -f "$W/loss-$1.txt" ] && wc -l < "$W/loss-$1.txt" || echo 0; }
 # wait_until SECONDS 'shell condition' -> 0 when it became true
 wait_until() { local deadline=$(( $(date +%s) + $1 )); while ! eval "$2"; do [ "$(date +%s)" -lt "$deadline" ] || return 1; sleep 0.2; done; }
 # json EXPR: EXPR evaluated over the swarm's JSON summary $W/swarm.json as `s` (bench/swarm --json)
-json() { python3 -c "import json, sys; print(eval(sys.argv[1], {'s': json.load(open(sys.argv[2]))}))" "$1" "$W/swarm.json"; }
+json() { /usr/bin/python3 -c "import json, sys; print(eval(sys.argv[1], {'s': json.load(open(sys.argv[2]))}))" "$1" "$W/swarm.json"; }

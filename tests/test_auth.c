@@ -433,6 +433,20 @@ static int monitor_event(void *mon, int ms, int *event, int *value)
     return 1;
 }
 
+/* Reads monitor events until n of those in mask (ZMQ_EVENT_*) came, at most
+ * ms; how many did. The server's monitor says when a connection's handshake
+ * has ended, so a count read after it is final. */
+static int wait_monitor(void *mon, int mask, int n, int ms)
+{
+    int got = 0, ev = 0, val = 0;
+    for (int64_t end = dl_clock_ns() + (int64_t)ms * 1000000; got < n;) {
+        int64_t left = (end - dl_clock_ns()) / 1000000;
+        if (left <= 0 || !monitor_event(mon, (int)left, &ev, &val)) break;
+        got += (ev & mask) != 0;
+    }
+    return got;
+}
+
 /* Wait up to ms for one [routing id][data] message; 1 with its User-Id
  * (or "" when it has none) in uid, 0 when nothing came. */
 static int recv_within(void *router, int ms, char *uid, size_t cap)
@@ -519,6 +533,12 @@ static void test_sockets(void)
     size_t eplen = sizeof ep;
     REQUIRE(zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &eplen) == 0, "endpoint");
     uint64_t adm = 0, den = 0, den0;
+    /* the server's side of every handshake: refused by ZAP (AUTH) or by libzmq before ZAP (PROTOCOL) */
+    const int failed_auth = ZMQ_EVENT_HANDSHAKE_FAILED_AUTH,
+              failed_early = ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL;
+    REQUIRE(zmq_socket_monitor(router, "inproc://monitor-router", failed_auth | failed_early) == 0, "router monitor");
+    void *rmon = zmq_socket(ctx, ZMQ_PAIR);
+    REQUIRE(rmon && zmq_connect(rmon, "inproc://monitor-router") == 0, "router monitor pair");
 
     /* (1) an allowlisted key: delivered, User-Id "<id> <key>". */
     void *d1 = dealer(ctx, CLIENT_CURVE, &alice, server.public_z85, "alice", ep);
@@ -560,10 +580,11 @@ static void test_sockets(void)
     CHECK_EQ(mev, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
     CHECK_EQ(mval, 400);
     CHECK(!recv_within(router, 1000, uid, sizeof uid), "mallory's message arrived (User-Id \"%s\")", uid);
-    wait_denied(auth, NM, 3000); /* every handshake reaches ZAP before its socket closes */
+    /* every handshake reaches ZAP and ends on the server before the sockets close */
+    CHECK_EQ(wait_monitor(rmon, failed_auth, NM, 5000), NM);
+    wait_denied(auth, NM, 3000);
     for (int i = 0; i < NM; i++) close_sock(&d2[i]);
     close_sock(&mon);
-    usleep(200000); /* a handshake in flight at close settles before the next count */
     dl_auth_counts(auth, &adm, &den);
     CHECK_EQ(den, NM);
     CHECK_EQ(adm, 1);
@@ -574,8 +595,8 @@ static void test_sockets(void)
     den0 = den;
     void *d3 = dealer(ctx, CLIENT_PLAIN, NULL, NULL, "plain", ep);
     CHECK(!recv_within(router, 700, uid, sizeof uid), "the NULL-mechanism message arrived");
+    CHECK(wait_monitor(rmon, failed_early, 1, 5000) == 1, "the server ended the NULL-mechanism handshake");
     close_sock(&d3);
-    usleep(100000);
     dl_auth_counts(auth, &adm, &den);
     CHECK_EQ(den - den0, 0);
     printf("(3) NULL mechanism: %llu denial(s) counted (refused by libzmq before ZAP)\n",
@@ -586,8 +607,8 @@ static void test_sockets(void)
     den0 = den;
     void *d4 = dealer(ctx, CLIENT_CURVE, &alice, mallory.public_z85, "alice-wrong-server", ep);
     CHECK(!recv_within(router, 700, uid, sizeof uid), "the wrong-server-key message arrived");
+    CHECK(wait_monitor(rmon, failed_early, 1, 5000) == 1, "the server ended the wrong-server-key handshake");
     close_sock(&d4);
-    usleep(100000);
     dl_auth_counts(auth, &adm, &den);
     CHECK_EQ(den - den0, 0);
     CHECK_EQ(adm, 1);
@@ -610,9 +631,9 @@ static void test_sockets(void)
     den0 = den;
     void *d5 = dealer(ctx, CLIENT_CURVE, &alice, server.public_z85, "alice", ep);
     CHECK(!recv_within(router, 1000, uid, sizeof uid), "a revoked key's new connection delivered");
+    CHECK(wait_monitor(rmon, failed_auth, 1, 5000) == 1, "the server ended the revoked key's handshake");
     wait_denied(auth, den0 + 1, 3000);
     close_sock(&d5);
-    usleep(200000);
     dl_auth_counts(auth, &adm, &den);
     CHECK(den > den0, "the revoked key was not denied (%llu -> %llu)", (unsigned long long)den0,
           (unsigned long long)den);
@@ -656,6 +677,7 @@ static void test_sockets(void)
     CHECK_EQ(adm, 2);
 
     /* Servers first, then the handler (see the caveat in auth.h). */
+    close_sock(&rmon);
     close_sock(&router);
     dl_auth_stop(&auth);
     CHECK(auth == NULL, "stop NULLs");

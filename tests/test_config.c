@@ -1,11 +1,13 @@
 /* Tests of the config table (core/config.c): --help's layout and bounds,
  * units, dash/underscore names, --print-config's INI round trip (quoting,
- * sections), refusals that name the option, the shared INI line reader. */
+ * sections), refusals that name the option, the shared INI line reader, the
+ * programs' option preamble (dl_cfg_main_parse). */
 #include "core/config.h"
 
 #include "core/err.h"
 #include "tests/check.h"
 
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,6 +173,85 @@ static void test_names(void)
     CHECK_EQ(parse(&c, 2, a5), DL_CFG_HELP);
 }
 
+static void options_short(FILE *f) { fputs("options: see the manual\n", f); }
+
+/* A program's cross-option check: here, vocab must be even. */
+static int vocab_even(void *obj)
+{
+    return ((const cfg *)obj)->vocab % 2 ? dl_err(DL_EINVAL, "option vocab: must be even") : 0;
+}
+
+/* dl_cfg_main_parse, as every program's main uses it: --help and
+ * --print-config end with exit 0 (the check refuses before printing), a bad
+ * option or refused check with exit 2 and one line naming the program; a
+ * start goes on (the check is main's to run then). Output captured in a file. */
+static void test_main_parse(void)
+{
+    static const dl_cfg_main m = {"prog", "usage: prog [--name value ...]\n", vocab_even};
+    char path[300];
+    snprintf(path, sizeof path, "%s/main.out", dir);
+    fflush(stdout);
+    fflush(stderr);
+    int so = dup(1), se = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(so >= 0 && se >= 0 && fd >= 0, "redirect");
+    dup2(fd, 1);
+    dup2(fd, 2);
+    close(fd);
+    cfg c;
+    int done[5], code[5];
+    const char *help[] = {"p", "--help"}, *print[] = {"p", "--print-config", "--vocab", "4"},
+               *odd[] = {"p", "--print-config", "--vocab", "5"}, *bad[] = {"p", "--vocab", "x"},
+               *start[] = {"p", "--vocab", "5"};
+    done[0] = dl_cfg_main_parse(table, N, &c, &m, 2, (char **)help, &code[0]);
+    done[1] = dl_cfg_main_parse(table, N, &c, &m, 4, (char **)print, &code[1]);
+    done[2] = dl_cfg_main_parse(table, N, &c, &m, 4, (char **)odd, &code[2]);
+    done[3] = dl_cfg_main_parse(table, N, &c, &m, 3, (char **)bad, &code[3]);
+    done[4] = dl_cfg_main_parse(table, N, &c, &m, 3, (char **)start, &code[4]);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(so, 1);
+    dup2(se, 2);
+    close(so);
+    close(se);
+    CHECK(done[0] == 1 && code[0] == 0, "--help: done %d exit %d", done[0], code[0]);
+    CHECK(done[1] == 1 && code[1] == 0, "--print-config: done %d exit %d", done[1], code[1]);
+    CHECK(done[2] == 1 && code[2] == 2, "--print-config of a config the check refuses: done %d exit %d", done[2],
+          code[2]);
+    CHECK(done[3] == 1 && code[3] == 2, "a bad value: done %d exit %d", done[3], code[3]);
+    CHECK(done[4] == 0 && c.vocab == 5, "a start goes on with the parsed config: done %d vocab %lld", done[4],
+          (long long)c.vocab);
+    FILE *f = fopen(path, "r");
+    char text[16384] = "";
+    size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    CHECK(strstr(text, "usage: prog [--name value ...]\noptions: ") && strstr(text, "  --vocab <int>"),
+          "--help: the usage line, then the options: %.300s", text);
+    CHECK(strstr(text, "\nvocab = 4\n") != NULL, "--print-config printed the config");
+    CHECK(strstr(text, "prog: bad configuration: ") && strstr(text, "option vocab: must be even"),
+          "the refused check named: %s", text);
+    CHECK(strstr(text, "option vocab: 'x' is not an integer") != NULL, "the bad value named");
+    CHECK(!strstr(text, "vocab = 5"), "nothing printed for the refused --print-config");
+    /* a program that lists its options itself (in sections) */
+    static const dl_cfg_main own = {"prog", NULL, NULL, options_short};
+    fflush(stdout);
+    so = dup(1);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(so >= 0 && fd >= 0, "redirect");
+    dup2(fd, 1);
+    close(fd);
+    int d = dl_cfg_main_parse(table, N, &c, &own, 2, (char **)help, &code[0]);
+    fflush(stdout);
+    dup2(so, 1);
+    close(so);
+    f = fopen(path, "r");
+    n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    text[n] = 0;
+    if (f) fclose(f);
+    CHECK(d == 1 && code[0] == 0 && !strcmp(text, "options: see the manual\n"),
+          "--help with the program's own list: %s", text);
+}
+
 /* A refusal names the option (and the bounds); file errors name path:line. */
 static void refused(const char *flag, const char *value, int want_rc, const char *want_msg)
 {
@@ -318,6 +399,7 @@ int main(void)
     test_round_trip();
     test_ini_reader();
     test_reload_plan();
+    test_main_parse();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) printf("note: could not remove %s\n", dir);

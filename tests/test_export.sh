@@ -47,8 +47,8 @@ out=$("$DLOCO" export "$W/nostore" --format llmc "$W/x.bin" 2>&1); rc=$?
 check "export of a missing store is refused (rc $rc): $out" [ $rc = 2 -a ! -e "$W/x.bin" ]
 
 # ---- the loss dloco computes, on sequences it writes down
-line=$("$DLOCO" eval "$W/store" $EVAL --dump_seqs "$W/seqs.bin") || die "dloco eval failed"
-L0=$(echo "$line" | sed -n 's/.*val_loss=\([0-9.]*\).*/\1/p')
+line=$("$DLOCO" eval "$W/store" $EVAL --dump_seqs "$W/seqs.bin" --json) || die "dloco eval failed"
+L0=$(echo "$line" | jq_py "d['val_loss']")
 [ -n "$L0" ] || die "no val_loss in: $line"
 echo "dloco eval: val_loss=$L0 on $(( ($(stat -c %s "$W/seqs.bin") - 32) / 256 / 2 )) sequences"
 
@@ -72,7 +72,7 @@ for f in safetensors llmc hf; do
   case $f in safetensors) in=$W/m.safetensors ;; llmc) in=$W/m.bin ;; hf) in=$W/m.hf ;; esac
   start_sync "from-$f" --store "$W/s-$f" --init_from "$in"
   stop_sync
-  l=$("$DLOCO" eval "$W/s-$f" $EVAL --dump_seqs "$W/seqs-$f.bin" | sed -n 's/.*val_loss=\([0-9.]*\).*/\1/p')
+  l=$("$DLOCO" eval "$W/s-$f" $EVAL --dump_seqs "$W/seqs-$f.bin" --json | jq_py "d['val_loss']")
   echo "import $f: val_loss=$l (exported $L0)"
   check "a run started from the $f file evaluates to the exported loss ($l == $L0)" [ "$l" = "$L0" ]
   check "and on the same sequences" cmp -s "$W/seqs.bin" "$W/seqs-$f.bin"

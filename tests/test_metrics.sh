@@ -12,6 +12,7 @@ TEST_NAME=metrics
 make_corpus
 # metric FILE 'name{labels}': the sample's value (the whole series name must match)
 metric() { awk -v k="$2" '$1 == k { print $2; f = 1 } END { if (!f) print "absent" }' "$1"; }
+gt0() { awk -v v="$1" 'BEGIN { exit !(v != "absent" && v + 0 > 0) }'; } # VALUE: a sample above 0
 # http_code URL [curl args]: the status code of one request (000 = none)
 http_code() { local u=$1; shift; curl -s -o /dev/null -w '%{http_code}' --max-time 10 "$@" "$u"; }
 scrape() { curl -s --max-time 10 "http://$1/metrics" > "$2"; }
@@ -41,8 +42,12 @@ wait_until 30 '[ -n "$(ev_last "$W/events-a.log" metrics_listen addr)" ] && [ -n
   || die "learners wrote no metrics_listen"
 MLA=$(ev_last "$W/events-a.log" metrics_listen addr); MLB=$(ev_last "$W/events-b.log" metrics_listen addr)
 wait_until 60 '[ "$(ev_count "$EV" merge)" -ge 8 ]' || die "no merges"
-sleep 1.5 # one more render of the documents
-scrape "$MA" "$W/sync.prom"; scrape "$MLA" "$W/a.prom"
+# the documents are re-rendered every second: wait for a render that has seen merges and pushes
+wait_until 20 'scrape "$MA" "$W/sync.prom" && scrape "$MLA" "$W/a.prom" &&
+  gt0 "$(metric "$W/sync.prom" dloco_sync_merges_total)" &&
+  gt0 "$(metric "$W/sync.prom" "dloco_sync_learner_pushes_total{learner=\"a\"}")" &&
+  gt0 "$(metric "$W/a.prom" "dloco_learner_pushes_total{learner=\"a\",outcome=\"sent\"}")"' \
+  || echo "note: no render with merges and pushes within 20 s (the checks below say which)"
 check "synchronizer /metrics passes promtool check metrics" promcheck "$W/sync.prom"
 check "learner /metrics passes promtool check metrics" promcheck "$W/a.prom"
 check "live learners by state" [ "$(metric "$W/sync.prom" 'dloco_sync_learners{state="live"}')" = 2 ]
@@ -76,7 +81,7 @@ wait_until 5 'scrape "$MA" "$W/r.prom"; [ "$(metric "$W/r.prom" "dloco_sync_conf
 check "config gauge shows outer_lr 0.5 after SIGHUP" [ "$(metric "$W/r.prom" 'dloco_sync_config{option="outer_lr"}')" = 0.5 ]
 
 # dloco status, live and from the store while the run goes on
-pyj() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if ($1) else 1)" "$2"; } # EXPR FILE
+pyj() { /usr/bin/python3 -c "import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if ($1) else 1)" "$2"; } # EXPR FILE
 "$DLOCO" status "$MA" --json > "$W/live.json"
 check "dloco status ADDR --json parses, two live learners with counters" \
   pyj 'd["source"] == "live" and d["learners_live"] == 2 and all(l["pushes"] > 0 and l["tokens_applied"] > 0 and l["alive"] for l in d["learners"])' "$W/live.json"
@@ -109,13 +114,17 @@ printf 'outer_lr = 0.5\nouter_momentum = 0\nquorum = 1\nparam_abs_max = 1e-9\n' 
 wait_until 30 '[ "$(ev_count "$EV" merge_failed)" -ge 3 ]' || die "no merge failed"
 printf 'outer_lr = 0.5\nouter_momentum = 0\nquorum = 1\n' > "$W/sync.ini"; kill -HUP "$SPID"
 m=$(ev_count "$EV" merge); wait_until 30 "[ \$(ev_count '$EV' merge) -gt $((m + 2)) ]" || die "merges did not resume"
-sleep 1.5; scrape "$MA" "$W/f.prom"
+wait_until 20 'scrape "$MA" "$W/f.prom" &&
+  awk -v r="$(metric "$W/f.prom" "dloco_sync_pushes_rejected_total{reason=\"merge_failed\"}")" "BEGIN { exit !(r >= 3) }"'
 check "failed merges counted as rejected pushes (reason merge_failed)" \
   awk -v r="$(metric "$W/f.prom" 'dloco_sync_pushes_rejected_total{reason="merge_failed"}')" 'BEGIN { exit !(r >= 3) }'
 
 kill -TERM "$LA" "$LB"; wait_pid 60 "$LA"; wait_pid 60 "$LB"
-sleep 1.5 # quiesced: nothing more merges; one more render
-scrape "$MA" "$W/q.prom"
+# quiesced: both Byes handled (their pushes came before them), and a render that counts every merge event
+wait_until 20 "[ \$(ev_count '$EV' learner_bye) -ge 2 ]" || die "the learners' Byes did not arrive"
+wait_until 20 'scrape "$MA" "$W/q.prom" &&
+  [ "$(metric "$W/q.prom" dloco_sync_merges_total)" = "$(ev_count "$EV" merge)" ] &&
+  [ "$(metric "$W/q.prom" dloco_sync_merged_contributions_total)" = "$(ev_count "$EV" merge_contrib)" ]'
 check "merges_total equals the merge events once quiesced" \
   [ "$(metric "$W/q.prom" dloco_sync_merges_total)" = "$(ev_count "$EV" merge)" ]
 check "merged contributions equal the merge_contrib events" \
@@ -126,9 +135,9 @@ vsum=$(awk '$1 ~ /^dloco_sync_fragment_version[{]/ { s += $2 } END { print s }' 
 wait_until 20 "ev_has '$EV' eval version=$vsum" || die "no evaluation of the final version $vsum"
 check "eval events carry loss and seqs=64" [ "$(ev_last "$EV" eval seqs version=$vsum)" = 64 ]
 el=$(ev_last "$EV" eval loss version=$vsum)
-dl=$("$DLOCO" eval "$W/store" --data "$W/corpus.txt" --batch 8 --val_batches 8 | sed -E 's/.*val loss ([0-9.]+).*/\1/')
+dl=$(val_loss)
 check "the synchronizer's eval loss $el is dloco eval's $dl" awk -v a="$el" -v b="$dl" 'BEGIN { d = a - b; exit !(d < 1e-3 && d > -1e-3) }'
-sleep 1.2; scrape "$MA" "$W/e.prom"
+wait_until 20 'scrape "$MA" "$W/e.prom" && [ "$(metric "$W/e.prom" dloco_sync_eval_loss)" != absent ]'
 check "eval loss in /metrics" [ "$(metric "$W/e.prom" dloco_sync_eval_loss)" != absent ]
 "$DLOCO" status "$MA" --json > "$W/e.json"
 check "eval in /status.json" pyj 'd["eval"] is not None and d["eval"]["seqs"] == 64 and d["eval"]["loss"] > 0' "$W/e.json"
@@ -159,8 +168,8 @@ check "restarted synchronizer's status: 0 live, 2 known from the store" \
 check "restarted synchronizer knows the 2 learners of the store before any Hello" pyj 'd["learners_known"] == 2' "$W/r0.json"
 start_learner a --steps 40; LA=$LPID
 wait_until 30 "[ \$(ev_count '$W/events-sync2.log' learner_join id=a) -ge 1 ]" || die "a did not join again"
-sleep 1.5
-"$DLOCO" status "$MA2" --json > "$W/r1.json"
+# /status.json is re-rendered every second: wait for the one that has a live again
+wait_until 20 '"$DLOCO" status "$MA2" --json > "$W/r1.json" && pyj "[l for l in d[\"learners\"] if l[\"id\"] == \"a\"][0][\"alive\"]" "$W/r1.json"'
 check "learner a's pushes continue from the store's $pa after the restart" \
   pyj "[l for l in d['learners'] if l['id'] == 'a'][0]['pushes'] >= $pa > 0" "$W/r1.json"
 # an explicit busy address is an error naming the option, for both programs
@@ -185,7 +194,7 @@ wait_until 20 "ev_has '$W/events-sync3.log' sync_start" || die "a third synchron
 MA3=$(ev_last "$W/events-sync3.log" metrics_listen addr)
 check "default --metrics busy: served on another loopback port ($MA3, not $MA2)" [ -n "$MA3" -a "$MA3" != "$MA2" ]
 check "... which serves" [ "$(http_code "http://$MA3/metrics")" = 200 ]
-sleep 1.5 # its first evaluation is running
+wait_until 30 "ev_has '$W/events-sync3.log' eval_start" || die "the third synchronizer's first evaluation did not start"
 kill -TERM "$S3"; wait_pid 20 "$S3"
 check "SIGTERM during a long evaluation: a clean stop, no eval result" \
   [ "$(ev_count "$W/events-sync3.log" sync_summary)" = 1 -a "$(ev_count "$W/events-sync3.log" eval)" = 0 ]

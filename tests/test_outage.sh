@@ -1,14 +1,16 @@
 #!/bin/bash
-# Outage: SIGSTOP the synchronizer for OUTAGE_S seconds (default 20). Every
-# learner keeps training (its step counter advances during the stop), its
-# memory stays bounded because undecided pushes are not piled up: during the
-# stop each learner sends at most 2 pushes per fragment (its push events),
-# though at H=8 its 50+ steps would make many more; pushes and merges resume
-# after SIGCONT.
+# Outage: SIGSTOP the synchronizer until every learner has trained STEPS more
+# steps (default 50; bounded by OUTAGE_S, default 120 s, as a deadline, not a
+# rate). Every learner keeps training (its step counter advances during the
+# stop), its memory stays bounded because undecided pushes are not piled up:
+# during the stop each learner sends at most 2 pushes per fragment (its push
+# events), though at H=8 its 50 steps would make many more; pushes and
+# merges resume after SIGCONT.
 set -u
 TEST_NAME=outage
 . "$(dirname "$0")/lib_cluster.sh"
-OUTAGE_S=${OUTAGE_S:-20}
+STEPS=${STEPS:-50}
+OUTAGE_S=${OUTAGE_S:-120}
 # Under AddressSanitizer freed memory sits in a quarantine and RSS grows with
 # allocation churn; without a quarantine RSS reflects what is really held.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=0"
@@ -22,14 +24,15 @@ pushes_now() { ev_count "$W/events-$1.log" push; } # Push messages sent so far
 declare -A s0 r0 p0 p1
 for i in 0 1 2; do s0[$i]=$(steps_of "${NAMES[$i]}"); r0[$i]=$(rss "${LP[$i]}"); p0[$i]=$(pushes_now "${NAMES[$i]}"); done
 kill -STOP "$SPID"
-sleep 0.5
+wait_until 10 "[ \"\$(awk '{print \$3}' /proc/$SPID/stat)\" = T ]" || die "the synchronizer did not stop on SIGSTOP"
 m0=$(merges)
-echo "synchronizer stopped for $OUTAGE_S s at $m0 merges"
-sleep "$OUTAGE_S"
+echo "synchronizer stopped at $m0 merges until each learner trained $STEPS more steps"
+trained() { local i; for i in 0 1 2; do [ "$(steps_of "${NAMES[$i]}")" -gt $(( ${s0[$i]} + STEPS )) ] || return 1; done; }
+wait_until "$OUTAGE_S" trained || echo "note: not every learner trained $STEPS steps within $OUTAGE_S s (below: which)"
 for i in 0 1 2; do
   s1=$(steps_of "${NAMES[$i]}"); r1=$(rss "${LP[$i]}"); p1[$i]=$(pushes_now "${NAMES[$i]}")
   echo "${NAMES[$i]}: steps ${s0[$i]} -> $s1 during the outage, RSS ${r0[$i]} -> $r1 kB, pushes sent ${p0[$i]} -> ${p1[$i]}"
-  [ "$s1" -gt $(( ${s0[$i]} + 50 )) ] || { echo "FAIL: ${NAMES[$i]} stopped training during the outage"; fail=1; }
+  [ "$s1" -gt $(( ${s0[$i]} + STEPS )) ] || { echo "FAIL: ${NAMES[$i]} stopped training during the outage"; fail=1; }
   [ "$r1" -lt $(( ${r0[$i]} + ${r0[$i]} / 2 + 16384 )) ] || { echo "FAIL: ${NAMES[$i]} memory grew without bound"; fail=1; }
   [ "${p1[$i]}" -le $(( ${p0[$i]} + 2 * 4 )) ] \
     || { echo "FAIL: ${NAMES[$i]} kept sending pushes nobody answered (${p0[$i]} -> ${p1[$i]})"; fail=1; }

@@ -1,8 +1,11 @@
 /* core/prom: label escaping, HELP/TYPE lines, value formatting, histogram
- * buckets cumulative with +Inf, _sum and _count. */
+ * buckets cumulative with +Inf, _sum and _count, JSON strings (core/json's
+ * escaper) that always parse. */
 #include "core/prom.h"
 
 #include <math.h>
+
+#include "core/json.h"
 
 #include "tests/check.h"
 
@@ -57,6 +60,16 @@ int main(void)
     for (int i = 0; i < 2000; i++) dl_prom_raw(&p, "%04d\n", i);
     CHECK_EQ(p.len, before + 2000 * 5);
     CHECK(!strcmp(p.buf + p.len - 5, "1999\n"), "tail");
+    dl_prom_free(&p);
+    /* a learner id as /status.json writes it: quotes, a backslash, a newline,
+     * a control byte and a byte that is not UTF-8 still give JSON that parses */
+    dl_prom_init(&p);
+    dl_prom_json_str(&p, "q\"b\\n\nt\x01\xff");
+    CHECK(!strcmp(p.buf, "\"q\\\"b\\\\n\\nt\\u0001\\ufffd\""), "escaped as core/json does: %s", p.buf);
+    dl_json *j = NULL;
+    CHECK(dl_json_parse(p.buf, p.len, &j) == 0 && j && !strcmp(j->str, "q\"b\\n\nt\x01\xef\xbf\xbd"),
+          "it parses back");
+    dl_json_free(&j);
     dl_prom_free(&p);
     printf("test_prom: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;

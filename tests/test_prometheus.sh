@@ -96,9 +96,9 @@ kill -TERM "${PIDS[1]}" "${PIDS[2]}" 2> /dev/null
 for p in "${PIDS[1]}" "${PIDS[2]}"; do wait_pid 60 "$p" > /dev/null; done
 stop_sync
 check "dloco export --format safetensors" quietly "$DLOCO" export "$W/store" --format safetensors "$W/model.safetensors"
-line=$("$DLOCO" eval "$W/store" --data "$W/corpus.txt" --batch 8 --val_batches 4 --dump_seqs "$W/seqs.bin") \
+line=$("$DLOCO" eval "$W/store" --data "$W/corpus.txt" --batch 8 --val_batches 4 --dump_seqs "$W/seqs.bin" --json) \
   || die "dloco eval failed"
-L0=$(echo "$line" | sed -n 's/.*val_loss=\([0-9.]*\).*/\1/p')
+L0=$(echo "$line" | jq_py "d['val_loss']")
 "$PY" "$(dirname "$0")/export_check.py" "$W/seqs.bin" "$L0" 2 --safetensors "$W/model.safetensors" > "$W/check.txt" 2>&1
 rc=$?
 sed 's/^/  /' "$W/check.txt"

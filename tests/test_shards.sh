@@ -15,7 +15,7 @@ TEST_NAME=shards
 make_corpus
 S="--shards 2"
 merges_of() { ev_count "$W/events-$1.log" merge "frag=$2"; } # LOG FRAGMENT -> merges of it in that log
-versions_of() { "$DLOCO" status "$W/$1" 2>/dev/null | sed -n 's/^versions: //p'; } # STORE -> versions
+versions_of() { "$DLOCO" status "$W/$1" --json 2>/dev/null | jq_py "' '.join(str(f['version']) for f in d['fragments'])"; } # STORE -> versions
 
 start_sync s0 $S --shard 0 --store "$W/store0" $OUTER; S0=$SPID EP0=$EP
 start_sync s1 $S --shard 1 --store "$W/store1" $OUTER; S1=$SPID EP1=$EP

@@ -413,6 +413,35 @@ static int get_metrics(const char *name, char *buf, size_t cap)
     return 0;
 }
 
+/* /metrics of synchronizer NAME is re-rendered every second: scrape it until
+ * every string of want (NULL-terminated) is in it, at most timeout_ms.
+ * 0 when they all appeared, -1 when not (buf keeps the last scrape). */
+static int wait_metrics(const char *name, char *buf, size_t cap, const char *const *want, int timeout_ms)
+{
+    for (int64_t end = dl_clock_ns() + (int64_t)timeout_ms * 1000000;; usleep(50000)) {
+        int ok = get_metrics(name, buf, cap) == 0;
+        for (int i = 0; ok && want[i]; i++) ok = strstr(buf, want[i]) != NULL;
+        if (ok) return 0;
+        if (dl_clock_ns() > end) return -1;
+    }
+}
+
+/* 1 when the events file path has a line of event name with the field text
+ * fields (" k=v" pairs, NULL: any). */
+static int has_event(const char *path, const char *name, const char *fields)
+{
+    FILE *f = fopen(path, "r");
+    char line[2048], ev[96];
+    snprintf(ev, sizeof ev, "event=%s ", name);
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        char *at = strstr(line, ev);
+        found = at && (!fields || strstr(at, fields));
+    }
+    if (f) fclose(f);
+    return found;
+}
+
 static double max_diff(const float *a, const float *b, size_t n)
 {
     double w = 0;
@@ -540,9 +569,8 @@ static void test_codec_pushes(void)
         if (rc == 0) dl_wire_msg_close(&r);
     }
     char *met = malloc(1 << 20);
-    usleep(1200000); /* /metrics is re-rendered every second */
-    CHECK(get_metrics("codecs", met, 1 << 20) == 0 &&
-              strstr(met, "dloco_sync_pushes_rejected_total{reason=\"codec\"} 1"),
+    const char *want_codec[] = {"dloco_sync_pushes_rejected_total{reason=\"codec\"} 1", NULL};
+    CHECK(wait_metrics("codecs", met, 1 << 20, want_codec, 10000) == 0,
           "the NaN-scale push counts under reason codec");
     free(met);
     zmq_close(a);
@@ -610,12 +638,15 @@ static void test_delta_downlink(void)
     dl_codec fp32 = {DL_CODEC_FP32, 0, 0};
     for (uint64_t v = 0; v < 3; v++) {
         if (v == 1) {
-            /* dc falls silent past liveness (heartbeat_ms 100 x 6): dead when v2 merges */
-            for (int k = 0; k < 10; k++) {
+            /* dc falls silent past liveness (heartbeat_ms 100 x 6) while da and db
+             * keep talking: dead (its learner_dead event) before v2 merges */
+            int64_t end = dl_clock_ns() + 20 * (int64_t)1000000000;
+            while (!has_event(evp, "learner_dead", " id=dc ") && dl_clock_ns() < end) {
                 send_heartbeat(d[0], "da");
                 send_heartbeat(d[1], "db");
-                usleep(150000);
+                usleep(50000);
             }
+            CHECK(has_event(evp, "learner_dead", " id=dc "), "dc, silent, is declared dead (learner_dead)");
         }
         send_heartbeat(d[1], "db");
         make_delta(x, n, (int)v);
@@ -630,8 +661,10 @@ static void test_delta_downlink(void)
               (unsigned long long)v + 1, rb, isd, dl_codec_name(uc.id));
         CHECK(memcmp(g[1], g[0], n * 4) == 0, "db's v%llu (v%llu + decode(delta)) is bit for bit da's",
               (unsigned long long)v + 1, (unsigned long long)v);
-        usleep(100000); /* the event file is written by now */
-        uint64_t want = merge_hash(evp, p, v + 1), have = dl_checksum64(g[1], n * 4);
+        /* the merge event is written by the worker, maybe after the Update went out */
+        uint64_t want = 0, have = dl_checksum64(g[1], n * 4);
+        for (int64_t end = dl_clock_ns() + 10 * (int64_t)1000000000; !want && dl_clock_ns() < end; usleep(20000))
+            want = merge_hash(evp, p, v + 1);
         CHECK(want && want == have, "v%llu: merge event hash=%016llx, db's copy hashes %016llx",
               (unsigned long long)v + 1, (unsigned long long)want, (unsigned long long)have);
         if (v == 0) {
@@ -650,11 +683,9 @@ static void test_delta_downlink(void)
            "bit for bit (merge hash); one that missed a version gets it full\n");
     /* 3 fetch replies and dc's v3 went full; da's and db's three and dc's v1 went as deltas */
     char *met = malloc(1 << 20);
-    usleep(1200000); /* /metrics is re-rendered every second */
-    int got = get_metrics("delta", met, 1 << 20) == 0;
-    CHECK(got && strstr(met, "dloco_sync_updates_sent_total{kind=\"full\"} 4") &&
-              strstr(met, "dloco_sync_updates_sent_total{kind=\"delta\"} 7"),
-          "metrics: 4 full and 7 delta Updates sent%s", got ? "" : " (no /metrics)");
+    const char *want_sent[] = {"dloco_sync_updates_sent_total{kind=\"full\"} 4",
+                               "dloco_sync_updates_sent_total{kind=\"delta\"} 7", NULL};
+    CHECK(wait_metrics("delta", met, 1 << 20, want_sent, 10000) == 0, "metrics: 4 full and 7 delta Updates sent");
     free(met);
     for (int i = 0; i < 3; i++) {
         zmq_close(d[i]);

@@ -5,6 +5,7 @@
 #include "core/clock.h"
 #include "core/config.h"
 #include "core/err.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/manifest.h"
 #include "core/model.h"
@@ -48,9 +49,11 @@ static const struct {
     {"records", "  records STORE                a header line, then one line per merge contribution: fragment version\n"
                 "                               learner decision staleness tokens weight epoch=E\n"},
     {"eval", "  eval   STORE [--data PATH] [--data_format auto|text|shards] [--batch B] [--val_batches N]\n"
-             "         [--val_frac F] [--dump_seqs FILE]\n"
+             "         [--val_frac F] [--dump_seqs FILE] [--json]\n"
              "                               validation loss of the store's global model on --data, else on\n"
-             "                               the data the run recorded (dloco-sync --eval_data), and names it\n"},
+             "                               the data the run recorded (dloco-sync --eval_data), and names it;\n"
+             "                               --json one object: run_id, fragments, total_version, val_loss, data,\n"
+             "                               batches, batch, seq_len\n"},
     {"export", "  export STORE [--format safetensors|llmc|hf] [--force] [--tokenizer FILE] OUT\n"
                "                               the store's global model as a model file (docs/OPERATING.md);\n"
                "                               hf: --tokenizer puts a SentencePiece model next to it\n"},
@@ -274,6 +277,7 @@ typedef struct {
     int64_t batch, val_batches;
     double val_frac;
     char dump_seqs[DL_CFG_STRLEN];
+    int json;
 } eval_cfg;
 
 #define F(x) offsetof(eval_cfg, x)
@@ -291,22 +295,18 @@ static const dl_cfg_entry eval_table[] = {
     {"dump_seqs", DL_CFG_STR, F(dump_seqs), 0, 0, "", NULL, 0,
      "also write the evaluated sequences here: int32 LE header {0x51534c44, 1, batches, B, T, V, 0, 0}, then per "
      "sequence T inputs and T targets"},
+    {"json", DL_CFG_BOOL, F(json), 0, 0, "false", NULL, 0,
+     "print one JSON object (run_id, fragments, total_version, val_loss, batches, batch, seq_len) instead of the line"},
 };
 #undef F
 
 static int cmd_eval(const char *dir, int argc, char **argv)
 {
     eval_cfg ec;
-    int rc = dl_cfg_parse_args(eval_table, sizeof eval_table / sizeof eval_table[0], &ec, argc, argv);
-    if (rc == DL_CFG_HELP) {
-        dl_cfg_usage(eval_table, sizeof eval_table / sizeof eval_table[0], stdout);
-        return 0;
-    }
-    if (rc == DL_CFG_PRINT) {
-        dl_cfg_print(eval_table, sizeof eval_table / sizeof eval_table[0], &ec, stdout);
-        return 0;
-    }
-    if (rc) return fail("bad option", rc);
+    static const dl_cfg_main preamble = {"dloco eval"};
+    int rc;
+    if (dl_cfg_main_parse(eval_table, sizeof eval_table / sizeof eval_table[0], &ec, &preamble, argc, argv, &rc))
+        return rc;
     dl_store_opts o = dl_store_opts_default();
     o.read_only = 1;
     dl_store *s = NULL;
@@ -347,12 +347,28 @@ static int cmd_eval(const char *dir, int argc, char **argv)
     if ((rc = dl_evaluate_open(&m, &eo, &ev)) || (rc = dl_evaluate_load(ev, s, plan, &vsum)) ||
         (rc = dl_evaluate_run(ev, NULL, &loss)))
         goto out;
-    printf("global model: run %s, %d fragments at total version %llu, val loss %.4f on %s (%s; %lld batches of %d x "
-           "%d, val_frac %g)\n",
-           run.run_id, P, (unsigned long long)vsum, loss, data, whence, (long long)ec.val_batches, (int)ec.batch,
-           m.seq_len, val_frac);
+    if (ec.json) {
+        /* for scripts: the loss at full precision (a diverged model's is null: JSON has no NaN) */
+        dl_json_w w = {.f = stdout};
+        dl_json_w_open(&w, NULL, '{', 1);
+        dl_json_w_str(&w, "run_id", run.run_id);
+        dl_json_w_int(&w, "fragments", P);
+        dl_json_w_u64(&w, "total_version", vsum);
+        dl_json_w_num(&w, "val_loss", loss);
+        dl_json_w_str(&w, "data", data);
+        dl_json_w_int(&w, "batches", (long long)ec.val_batches);
+        dl_json_w_int(&w, "batch", (long long)ec.batch);
+        dl_json_w_int(&w, "seq_len", m.seq_len);
+        dl_json_w_close(&w, '}');
+        putchar('\n');
+    } else {
+        printf("global model: run %s, %d fragments at total version %llu, val loss %.4f on %s (%s; %lld batches of %d "
+               "x %d, val_frac %g)\n",
+               run.run_id, P, (unsigned long long)vsum, loss, data, whence, (long long)ec.val_batches, (int)ec.batch,
+               m.seq_len, val_frac);
+    }
     if (ec.dump_seqs[0] && (rc = dl_evaluate_dump(ev, ec.dump_seqs))) goto out;
-    if (ec.dump_seqs[0])
+    if (ec.dump_seqs[0] && !ec.json)
         printf("eval: %d sequences of %d tokens written to %s; val_loss=%.9f\n", dl_evaluate_seqs(ev), m.seq_len,
                ec.dump_seqs, loss);
 out:
@@ -384,16 +400,9 @@ static int cmd_plan(int argc, char **argv)
     plan_cfg pc;
     dl_model_config m;
     dl_plan *plan = NULL;
-    int rc = dl_cfg_parse_args(plan_table, nrows, &pc, argc, argv);
-    if (rc == DL_CFG_HELP) {
-        dl_cfg_usage(plan_table, nrows, stdout);
-        return 0;
-    }
-    if (rc == DL_CFG_PRINT) {
-        dl_cfg_print(plan_table, nrows, &pc, stdout);
-        return 0;
-    }
-    if (rc) return fail("bad option", rc);
+    static const dl_cfg_main preamble = {"dloco plan"};
+    int rc;
+    if (dl_cfg_main_parse(plan_table, nrows, &pc, &preamble, argc, argv, &rc)) return rc;
     dl_manifest *man = NULL;
     if (pc.manifest[0]) {
         int guessed = 0;

@@ -157,13 +157,11 @@ int dl_export_cmd(const char *dir, int argc, char **argv)
         }
     }
     export_cfg ec;
-    int rc = dl_cfg_parse_args(export_table, NROWS, &ec, ac, av);
+    static const dl_cfg_main preamble = {"dloco export",
+                                         "usage: dloco export STORE [--format safetensors|llmc|hf] [--force] [--tokenizer FILE] OUT\n"};
+    int rc, done = dl_cfg_main_parse(export_table, NROWS, &ec, &preamble, ac, av, &rc);
     free(av);
-    if (rc == 1) {
-        dl_cfg_usage(export_table, NROWS, stdout);
-        return 0;
-    }
-    if (rc) return fail(rc);
+    if (done) return rc;
     if (!out) return fail(dl_err(DL_EINVAL, "no OUT: usage dloco export STORE --format F OUT"));
     /* OUT/ (a shell's completion of a directory) names OUT: the writer makes
      * its temporary next to OUT, which "OUT/" would put inside it */
