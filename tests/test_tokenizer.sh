@@ -63,6 +63,8 @@ check "a missing input is refused, exit 2 ($rc)" bash -c "[ $rc = 2 ] && grep -q
 # a cluster on the shards, vocab V: the synchronizer evaluates on them
 MODEL="--n_layer 2 --n_head 2 --n_embd 32 --seq_len 32 --vocab $V"
 start_sync sync --vocab $V --eval_data "$W/shards" --eval_every_s 1 --eval_seqs 64 $OUTER
+# the initial model's loss first: learners this small can finish before a periodic evaluation comes round
+ev_wait 60 "$W/events-sync.log" eval version=0 || die "no evaluation of the initial model"
 LP=()
 for i in 0 1; do
   "$LEARNER" --connect "$EP" --id "l$i" --device cpu $MODEL --data "$W/shards" --batch 8 --warmup 5 --lr 3e-3 \
