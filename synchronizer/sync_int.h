@@ -12,6 +12,7 @@
  *   downlink.c  what leaves: Acks, errors, Updates, owed fragments, Fetch, slow readers
  *   reload.c    SIGHUP: the allowlist and the reloadable options
  *   stats.c     the statistics snapshot and the operator view (/metrics, /status.json)
+ *   eval.c      the global model's evaluation: periodic (evalthread.h) and final
  *   pool.c      the payload pool (its own handle, synchronizer/pool.h) */
 #ifndef DL_SYNCHRONIZER_SYNC_INT_H
 #define DL_SYNCHRONIZER_SYNC_INT_H
@@ -221,5 +222,11 @@ void dl_stats_start_metrics(dl_sync *s);
 
 /* sync.c: read what is waiting on the socket (within the drain's budget) */
 void dl_sync_drain(dl_sync *s);
+/* sync.c: wake the loop from another thread (the worker, the evaluation thread, the outbound queue) */
+void dl_sync_wake(void *ctx);
+
+/* eval.c: the evaluation thread and its timer (eval_every_s), at open; a finished evaluation, from on_wake */
+void dl_eval_open(dl_sync *s);
+void dl_eval_poll(dl_sync *s);
 
 #endif

@@ -45,8 +45,10 @@ static uint64_t fingerprint, epoch;
 static pid_t spawn_sync_x(const char *name, const char *shard, const char *shards, const char *const *extra, char *ep,
                           size_t cap)
 {
-    char logp[300];
+    char logp[300], evp[300];
     snprintf(logp, sizeof logp, "%s/%s.log", dir, name);
+    snprintf(evp, sizeof evp, "%s/%s.events", dir, name);
+    unlink(evp); /* a fresh file: the endpoint below is this start's */
     fflush(stdout); /* the child's freopen would print what is buffered a second time */
     pid_t pid = fork();
     if (pid == 0) {
@@ -60,7 +62,8 @@ static pid_t spawn_sync_x(const char *name, const char *shard, const char *shard
         char *argv[64] = {exe, "--store", store, "--bind", "tcp://127.0.0.1:0", "--n_layer", "1", "--n_head", "2",
                           "--n_embd", "16", "--seq_len", "8", "--vocab", "256", "--fragments", "2", "--H", "4",
                           "--heartbeat_ms", "100", "--max_staleness", "1", "--staleness", "const",
-                          "--status_every_ms", "0", "--outer_lr", "0.7", "--outer_momentum", "0.9"};
+                          "--status_every_ms", "0", "--outer_lr", "0.7", "--outer_momentum", "0.9",
+                          "--events", evp};
         int n = 0;
         while (argv[n]) n++;
         if (shards) {
@@ -74,13 +77,16 @@ static pid_t spawn_sync_x(const char *name, const char *shard, const char *shard
     ep[0] = 0;
     for (int i = 0; i < 100 && !ep[0]; i++) {
         usleep(100000);
-        FILE *f = fopen(logp, "r");
-        char line[512];
-        while (f && fgets(line, sizeof line, f))
-            if (!strncmp(line, "dloco-sync: listening on ", 25)) {
-                snprintf(ep, cap, "%.200s", line + 25);
-                ep[strcspn(ep, "\n")] = 0;
+        /* the sync_start event's endpoint (docs/EVENTS.md), not the human log */
+        FILE *f = fopen(evp, "r");
+        char line[2048];
+        while (f && fgets(line, sizeof line, f)) {
+            const char *e = strstr(line, " endpoint=");
+            if (strstr(line, " event=sync_start ") && e) {
+                snprintf(ep, cap, "%.200s", e + 10);
+                ep[strcspn(ep, " \n")] = 0;
             }
+        }
         if (f) fclose(f);
         int st;
         if (!ep[0] && waitpid(pid, &st, WNOHANG) == pid) return -1; /* it exited */
