@@ -163,8 +163,11 @@ int dl_sync_final_eval(dl_sync *s)
     int rc = dl_evaluate_open(&s->cfg.model, &probe, &ev);
     if (!rc) rc = dl_evaluate_load(ev, s->store, s->plan, &r.version);
     if (!rc && s->met.has_eval && s->met.eval_version == r.version) {
+        /* the last periodic evaluation was of this model: it is the final one (the store holds it) */
         DL_INFO("final global model at total version %llu: already evaluated (val loss %.4f on %s)",
                 (unsigned long long)r.version, s->met.eval_loss, s->cfg.eval_data);
+        dl_event("eval", "version=%llu loss=%.6f seqs=%d data=%s final=1", (unsigned long long)r.version,
+                 s->met.eval_loss, s->met.eval_seqs, dl_event_str(s->cfg.eval_data, ed, sizeof ed));
         dl_evaluate_close(&ev);
         return 0;
     }
