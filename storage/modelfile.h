@@ -87,4 +87,8 @@ typedef struct {
  * be partly written on error. `info` may be NULL. */
 int dl_modelfile_read(const char *path, const dl_model_config *cfg, float *params, dl_modelfile_info *info);
 
+/* An IEEE half (fp16, as safetensors stores F16) as fp32, exactly (subnormals, inf and NaN kept);
+ * the readers of model files (modelfile_st.c) and of manifest safetensors (tensorfile.c) share it. */
+float dl_modelfile_f16_to_f32(uint16_t h);
+
 #endif

@@ -386,7 +386,7 @@ static int parse_header(dl_json_cur *j, st_header *h)
     return 0;
 }
 
-static float half_to_float(uint16_t h)
+float dl_modelfile_f16_to_f32(uint16_t h)
 {
     uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
     if (e == 0) {
@@ -416,7 +416,7 @@ static float elem(const unsigned char *p, int dt)
         uint32_t u = (uint32_t)(p[0] | (p[1] << 8)) << 16;
         memcpy(&f, &u, 4);
     } else {
-        f = half_to_float((uint16_t)(p[0] | (p[1] << 8)));
+        f = dl_modelfile_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
     }
     return f;
 }

@@ -16,6 +16,7 @@
 
 #include "core/err.h"
 #include "core/json.h"
+#include "storage/modelfile.h"
 
 #define HEADER_MAX (100ull << 20) /* bytes of JSON header we parse at most */
 #define META_KEY "dloco_manifest"
@@ -451,27 +452,6 @@ int dl_tensorfile_guess_manifest(const char *path, dl_manifest **out, int *guess
     return rc;
 }
 
-static float half_to_float(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
-    if (e == 0) {
-        if (!m) {
-            u = s;
-        } else { /* subnormal */
-            e = 127 - 15 + 1;
-            while (!(m & 0x400)) m <<= 1, e--;
-            u = s | (e << 23) | ((m & 0x3ff) << 13);
-        }
-    } else if (e == 31) {
-        u = s | 0x7f800000u | (m << 13);
-    } else {
-        u = s | ((e + 127 - 15) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static int convert(const stfile *f, const entry *e, float *dst, size_t n)
 {
     const unsigned char *src = f->data + e->b;
@@ -484,7 +464,7 @@ static int convert(const stfile *f, const entry *e, float *dst, size_t n)
             uint32_t u = (uint32_t)(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
             memcpy(&v, &u, 4);
         } else {
-            v = half_to_float((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
+            v = dl_modelfile_f16_to_f32((uint16_t)(src[2 * i] | (src[2 * i + 1] << 8)));
         }
         if (!isfinite(v))
             return dl_err(DL_ERANGE, "%s: tensor '%s' element %zu is %s", f->path, e->name, i, isnan(v) ? "NaN" : "Inf");
