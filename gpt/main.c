@@ -385,25 +385,9 @@ static int parse_byzantine(const char *s, int *on, double *scale)
  * have them. Returns 0 or DL_EINVAL naming the row. */
 static int resolve_push_codec(learner_cfg *cfg)
 {
-    dl_codec_id id;
-    DL_TRY(dl_codec_parse(cfg->push_codec, &id));
-    cfg->pcodec = (dl_codec){.id = id};
-    if (cfg->push_block % 2)
-        return dl_err(DL_EINVAL, "option push_block: %lld is odd (a block of the 4-bit codecs holds whole bytes)",
-                      (long long)cfg->push_block);
-    if (dl_codec_is_block(id)) cfg->pcodec.block = (uint32_t)cfg->push_block;
-    if (id == DL_CODEC_TOPK) {
-        /* 6 bytes per entry: above half a block a chunk would be larger than
-         * the fp32 chunk, beyond the synchronizer's message size cap */
-        if (2 * cfg->push_topk > cfg->push_block)
-            return dl_err(DL_EINVAL, "option push_topk: %lld is more than half of push_block %lld",
-                          (long long)cfg->push_topk, (long long)cfg->push_block);
-        cfg->pcodec.topk = (uint32_t)cfg->push_topk;
-    }
-    char why[160];
-    if (dl_codec_check(&cfg->pcodec, why, sizeof why)) return dl_err(DL_EINVAL, "option push_codec: %s", why);
     dl_codec_rounding r;
-    DL_TRY(dl_codec_rounding_parse(cfg->push_rounding, &r));
+    DL_TRY(dl_codec_push_opts(cfg->push_codec, (long long)cfg->push_block, (long long)cfg->push_topk,
+                              cfg->push_rounding, &cfg->pcodec, &r));
     cfg->prounding = (int)r;
     return 0;
 }

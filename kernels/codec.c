@@ -29,6 +29,25 @@
 
 static const char *const rounding_names[] = {"nearest", "stochastic"};
 
+int dl_codec_push_opts(const char *codec, long long block, long long topk, const char *rounding, dl_codec *out,
+                       dl_codec_rounding *rounding_out)
+{
+    dl_codec_id id;
+    DL_TRY(dl_codec_parse(codec, &id));
+    *out = (dl_codec){.id = id};
+    if (block % 2)
+        return dl_err(DL_EINVAL, "option push_block: %lld is odd (a block of the 4-bit codecs holds whole bytes)", block);
+    if (dl_codec_is_block(id)) out->block = (uint32_t)block;
+    if (id == DL_CODEC_TOPK) {
+        if (2 * topk > block)
+            return dl_err(DL_EINVAL, "option push_topk: %lld is more than half of push_block %lld", topk, block);
+        out->topk = (uint32_t)topk;
+    }
+    char why[160];
+    if (dl_codec_check(out, why, sizeof why)) return dl_err(DL_EINVAL, "option push_codec: %s", why);
+    return dl_codec_rounding_parse(rounding, rounding_out);
+}
+
 int dl_codec_rounding_parse(const char *name, dl_codec_rounding *out)
 {
     for (int i = 0; i < 2; i++)

@@ -49,6 +49,13 @@ int dl_codec_rounding_parse(const char *name, dl_codec_rounding *out);
 /* "nearest", "stochastic"; "unknown" otherwise. */
 const char *dl_codec_rounding_name(int rounding);
 
+/* A learner's push codec from its option rows (push_codec, push_block,
+ * push_topk, push_rounding): checked as a whole (block even, topk at most half
+ * a block: 6 bytes per entry would make a chunk larger than the fp32 one, and
+ * dl_codec_check), one DL_EINVAL naming the row otherwise. */
+int dl_codec_push_opts(const char *codec, long long block, long long topk, const char *rounding, dl_codec *out,
+                       dl_codec_rounding *rounding_out);
+
 /* Encode x[0, n) -- elements [first, first + n) of a fragment; for block
  * codecs `first` is a multiple of the block size -- into out,
  * dl_codec_bytes(&e->c, n) bytes. r: NULL, or n floats of error-feedback

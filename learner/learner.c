@@ -602,21 +602,9 @@ DLOCO_API int dloco_learner_bind_callbacks(dloco_learner *l, const dloco_param_c
 static int resolve(dloco_learner *l, dl_comms_opts *co)
 {
     dl_learner_netcfg *c = &l->cfg;
-    dl_codec_id id;
-    DL_TRY(dl_codec_parse(c->push_codec, &id));
-    co->push_codec = (dl_codec){.id = id};
-    if (c->push_block % 2) return dl_err(DLOCO_EINVAL, "option push_block: %lld is odd", (long long)c->push_block);
-    if (dl_codec_is_block(id)) co->push_codec.block = (uint32_t)c->push_block;
-    if (id == DL_CODEC_TOPK) {
-        if (2 * c->push_topk > c->push_block)
-            return dl_err(DLOCO_EINVAL, "option push_topk: %lld is more than half of push_block %lld",
-                          (long long)c->push_topk, (long long)c->push_block);
-        co->push_codec.topk = (uint32_t)c->push_topk;
-    }
-    char why[160];
-    if (dl_codec_check(&co->push_codec, why, sizeof why)) return dl_err(DLOCO_EINVAL, "option push_codec: %s", why);
     dl_codec_rounding r;
-    DL_TRY(dl_codec_rounding_parse(c->push_rounding, &r));
+    DL_TRY(dl_codec_push_opts(c->push_codec, (long long)c->push_block, (long long)c->push_topk, c->push_rounding,
+                              &co->push_codec, &r));
     co->push_rounding = (int)r;
     co->error_feedback = c->error_feedback;
     co->connect_timeout_ms = (int)c->connect_timeout_ms;
