@@ -31,7 +31,7 @@ from dloco_data import Data  # noqa: E402
 from gpt2 import GPT2  # noqa: E402
 from llama import Llama  # noqa: E402
 
-STEPS = int(os.environ.get("MANIFEST_STEPS", "96"))
+STEPS = int(os.environ.get("MANIFEST_STEPS", "192"))
 c = pc.Cluster("py_manifest_run")
 init = os.path.join(c.w, "init.safetensors")
 c.run([pc.PY, os.path.join(pc.SRC, "examples/torch/llama.py"), "--write_init", init])
