@@ -130,6 +130,27 @@ static void f_update(fake *h, uint64_t epoch, int p, uint64_t version, int kind)
     free(g);
 }
 
+/* Push of p on base merged at once into `version`: pooled (MERGED_PENDING),
+ * then ACCEPTED and the Update -- the answers a real synchronizer gives. The
+ * learner takes an ACCEPTED only for a push it was told is pooled. */
+static void f_merge(fake *h, uint64_t epoch, int p, uint64_t base, uint64_t version)
+{
+    for (int k = 0; k < 2; k++) {
+        Dloco__V1__Ack a;
+        dloco__v1__ack__init(&a);
+        a.fragment = (uint32_t)p;
+        a.base_version = base;
+        a.decision = k ? DLOCO__V1__DECISION__DECISION_ACCEPTED : DLOCO__V1__DECISION__DECISION_MERGED_PENDING;
+        a.merged_version = k ? version : 0;
+        a.reason = "";
+        Dloco__V1__Envelope env;
+        dl_wire_env_init(&env, "dloco", epoch, h->id);
+        dl_wire_set_ack(&env, &a);
+        f_send(h, &env, NULL, 0);
+    }
+    f_update(h, epoch, p, version, HONEST);
+}
+
 static void f_heartbeat(fake *h, uint64_t epoch) { REQUIRE(fs_heartbeat(h, NULL, epoch) == 0, "fake heartbeat"); }
 
 /* Expect a Fetch; with want >= 0 it must name exactly fragment `want`, else all. */
@@ -802,21 +823,7 @@ static void test_binary(const char *dir)
             uint64_t base = m.env->push->base_version;
             dl_wire_msg_close(&m);
             pushes++;
-            /* pooled, then merged at once: the answers a real synchronizer gives */
-            for (int k = 0; k < 2; k++) {
-                Dloco__V1__Ack a;
-                dloco__v1__ack__init(&a);
-                a.fragment = (uint32_t)p;
-                a.base_version = base;
-                a.decision = k ? DLOCO__V1__DECISION__DECISION_ACCEPTED : DLOCO__V1__DECISION__DECISION_MERGED_PENDING;
-                a.merged_version = k ? ver[p] + 1 : 0;
-                a.reason = "";
-                Dloco__V1__Envelope env;
-                dl_wire_env_init(&env, "dloco", E, h.id);
-                dl_wire_set_ack(&env, &a);
-                f_send(&h, &env, NULL, 0);
-            }
-            f_update(&h, E, p, ++ver[p], HONEST);
+            f_merge(&h, E, p, base, ++ver[p]);
             continue;
         }
         dl_wire_msg_close(&m);
@@ -894,18 +901,7 @@ static void test_binary(const char *dir)
             int p = (int)m.env->push->fragment;
             uint64_t base = m.env->push->base_version;
             jpushes++;
-            Dloco__V1__Ack a;
-            dloco__v1__ack__init(&a);
-            a.fragment = (uint32_t)p;
-            a.base_version = base;
-            a.decision = DLOCO__V1__DECISION__DECISION_ACCEPTED;
-            a.merged_version = ++jver[p];
-            a.reason = "";
-            Dloco__V1__Envelope env;
-            dl_wire_env_init(&env, "dloco", E, j.id);
-            dl_wire_set_ack(&env, &a);
-            f_send(&j, &env, NULL, 0);
-            f_update(&j, E, p, jver[p], HONEST);
+            f_merge(&j, E, p, base, ++jver[p]);
         } else if (body == DLOCO__V1__ENVELOPE__BODY_BYE) {
             jbye = 1;
         }
@@ -917,6 +913,8 @@ static void test_binary(const char *dir)
     CHECK(st == 0 && jpushes > 0 && bad_sent >= 6, "the binary joined after %d bad updates, pushed %d, exit %d; %s",
           bad_sent, jpushes, st, slurp(err));
     CHECK(ev_count_file(jev, "socket_rebuild", "reason=bad_messages", NULL) >= 1, "short payloads rebuilt the socket");
+    /* every push answered (pooled, merged): the final flush goes at once and waits for its own answers */
+    CHECK(ev_count_file(jev, "push_hold_released", NULL) == 0, "no hold released: the final flush was answered");
     f_close(&j);
     free(init_other);
     dl_plan_close(&bp);
