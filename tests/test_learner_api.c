@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,6 +238,7 @@ static void test_refusals(void)
 typedef struct {
     dloco_learner *l;
     int timeout_ms, rc;
+    atomic_int done; /* join_main returned */
     pthread_t t;
 } bg;
 
@@ -244,7 +246,21 @@ static void *join_main(void *a)
 {
     bg *b = a;
     b->rc = dloco_learner_join(b->l, b->timeout_ms);
+    atomic_store(&b->done, 1);
     return NULL;
+}
+
+/* The next message within timeout_ms while the join in j still runs: its
+ * body case, or -1 (nothing, or the join gave up first: an allocation
+ * failure before the Hello left need not cost the whole timeout). */
+static int next_while_joining(dl_fakesync *fs, dl_wire_msg *m, bg *j, int timeout_ms)
+{
+    for (int waited = 0; waited < timeout_ms; waited += 20) {
+        int body = fs_next(fs, m, 20);
+        if (body >= 0) return body;
+        if (atomic_load(&j->done)) return -1;
+    }
+    return -1;
 }
 
 static void *finish_main(void *a)
@@ -578,11 +594,11 @@ static void test_alloc_failures(void)
             bg j = {.l = l, .timeout_ms = 3000};
             REQUIRE(pthread_create(&j.t, NULL, join_main, &j) == 0, "thread");
             dl_wire_msg m;
-            if (fs_next(&fs, &m, 1500) == DLOCO__V1__ENVELOPE__BODY_HELLO) {
+            if (next_while_joining(&fs, &m, &j, 1500) == DLOCO__V1__ENVELOPE__BODY_HELLO) {
                 dl_wire_msg_close(&m);
                 fs_welcome_args w = {.epoch = 1, .version = 1, .h = H, .hb_ms = 100, .liveness = 50, .must_fetch = 1};
                 fs_welcome(&fs, NULL, &w);
-                if (fs_next(&fs, &m, 1500) == DLOCO__V1__ENVELOPE__BODY_FETCH) {
+                if (next_while_joining(&fs, &m, &j, 1500) == DLOCO__V1__ENVELOPE__BODY_FETCH) {
                     dl_wire_msg_close(&m);
                     float *g = malloc(dl_plan_max_fragment_numel(plan) * 4);
                     for (int p = 0; p < P; p++) {
