@@ -104,7 +104,8 @@ int dl_httpd_open(const char *addr, dl_httpd_handler handler, void *ctx, dl_http
     *out = NULL;
     struct sockaddr_in sa;
     DL_TRY(parse_addr(addr, &sa));
-    dl_httpd *h = dl_xcalloc(1, sizeof *h);
+    dl_httpd *h = dl_try_calloc(1, sizeof *h);
+    if (!h) return dl_err(DL_ENOMEM, "metrics server on %s: out of memory", addr);
     h->handler = handler;
     h->ctx = ctx;
     /* AUTO: epoll or poll, never select(), whose descriptors stop at 1024 */
@@ -155,14 +156,15 @@ struct dl_httpd_pages {
 
 dl_httpd_pages *dl_httpd_pages_new(void)
 {
-    dl_httpd_pages *pg = dl_xcalloc(1, sizeof *pg);
-    pthread_mutex_init(&pg->mu, NULL);
+    dl_httpd_pages *pg = dl_try_calloc(1, sizeof *pg);
+    if (pg) pthread_mutex_init(&pg->mu, NULL);
     return pg;
 }
 
 void dl_httpd_pages_set(dl_httpd_pages *pg, const char *path, const char *ctype, const char *body, size_t len)
 {
-    char *copy = dl_xmalloc(len + 1);
+    char *copy = dl_try_malloc(len + 1);
+    if (!copy) return; /* out of memory: the page published before stays */
     memcpy(copy, body, len);
     copy[len] = 0;
     pthread_mutex_lock(&pg->mu);
@@ -191,17 +193,18 @@ int dl_httpd_pages_handler(void *ctx, const char *path, dl_httpd_reply *out)
         out->status = 200;
         out->ctype = pg->page[i].ctype;
         out->len = pg->page[i].len;
-        out->body = dl_xmalloc(out->len + 1);
-        memcpy(out->body, pg->page[i].body, out->len);
+        out->body = dl_try_malloc(out->len + 1);
+        if (out->body) memcpy(out->body, pg->page[i].body, out->len);
         pthread_mutex_unlock(&pg->mu);
-        return 0;
+        return out->body ? 0 : DL_ENOMEM; /* a 500 to this request */
     }
     pthread_mutex_unlock(&pg->mu);
     static const char nf[] = "not found\n";
     out->status = 404;
     out->ctype = "text/plain; charset=utf-8";
     out->len = sizeof nf - 1;
-    out->body = dl_xmalloc(sizeof nf);
+    out->body = dl_try_malloc(sizeof nf);
+    if (!out->body) return DL_ENOMEM;
     memcpy(out->body, nf, sizeof nf);
     return 0;
 }

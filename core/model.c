@@ -103,7 +103,8 @@ int dl_model_init_params(const dl_model_config *cfg_in, uint64_t seed, float *pa
     dl_model_config cfg = *cfg_in;
     DL_TRY(dl_model_config_check(&cfg));
     int nt = dl_model_tensor_table(&cfg, NULL, 0, NULL);
-    dl_tensor *tab = dl_xcalloc((size_t)nt, sizeof *tab);
+    dl_tensor *tab = dl_try_calloc((size_t)nt, sizeof *tab);
+    if (!tab) return dl_err(DL_ENOMEM, "model init: out of memory for %d tensors", nt);
     dl_model_tensor_table(&cfg, tab, nt, NULL);
     dl_rng r;
     dl_rng_seed(&r, seed);

@@ -14,11 +14,12 @@
 
 void dl_prom_init(dl_prom *p)
 {
-    p->cap = 4096;
     p->len = 0;
-    p->buf = malloc(p->cap);
-    if (!p->buf) DL_PANIC("out of memory (%zu bytes of metrics text)", p->cap);
-    p->buf[0] = 0;
+    p->failed = 0;
+    p->cap = 4096;
+    p->buf = dl_try_malloc(p->cap);
+    if (p->buf) p->buf[0] = 0;
+    else p->cap = 0, p->failed = 1;
 }
 
 void dl_prom_free(dl_prom *p)
@@ -28,26 +29,36 @@ void dl_prom_free(dl_prom *p)
     p->len = p->cap = 0;
 }
 
-static void reserve(dl_prom *p, size_t more)
+/* Room for `more` bytes and the NUL: 0, or -1 with p->failed set (the text
+ * so far stays; nothing more is appended). */
+static int reserve(dl_prom *p, size_t more)
 {
-    if (p->len + more + 1 <= p->cap) return;
+    if (p->len + more + 1 <= p->cap) return 0;
     size_t cap = p->cap ? p->cap : 4096;
     while (p->len + more + 1 > cap) cap *= 2;
-    char *b = realloc(p->buf, cap);
-    if (!b) DL_PANIC("out of memory (%zu bytes of metrics text)", cap);
+    char *b = dl_try_realloc(p->buf, cap);
+    if (!b) {
+        p->failed = 1;
+        return -1;
+    }
     p->buf = b;
     p->cap = cap;
+    return 0;
 }
 
 static void vraw(dl_prom *p, const char *fmt, va_list ap)
 {
+    if (p->failed) return;
     va_list aq;
     va_copy(aq, ap);
     int k = vsnprintf(p->buf + p->len, p->cap - p->len, fmt, aq);
     va_end(aq);
     if (k < 0) return;
     if ((size_t)k >= p->cap - p->len) {
-        reserve(p, (size_t)k);
+        if (reserve(p, (size_t)k)) {
+            p->buf[p->len] = 0; /* vsnprintf wrote a truncated tail */
+            return;
+        }
         vsnprintf(p->buf + p->len, p->cap - p->len, fmt, ap);
     }
     p->len += (size_t)k;

@@ -7,11 +7,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A text buffer that grows; buf is always NUL-terminated (after init). An
- * allocation failure aborts (xmalloc policy): metrics are small. */
+/* A text buffer that grows; buf is NUL-terminated after init unless failed.
+ * An allocation failure sets `failed` and stops appending (never aborts: the
+ * learner library builds its /metrics page with this); a caller publishes
+ * nothing from a failed buffer. */
 typedef struct {
     char *buf;
     size_t len, cap;
+    int failed;
 } dl_prom;
 
 void dl_prom_init(dl_prom *p);

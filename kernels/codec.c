@@ -26,6 +26,8 @@
 #define PAR_MIN ((uint64_t)1 << 16)
 #define FLAT_CHUNK DL_CX_FLAT_CHUNK
 #define NONE UINT64_MAX
+/* a block encoder's "could not allocate its scratch" (topk's key buffer) */
+#define NOMEM (UINT64_MAX - 1)
 
 static const char *const rounding_names[] = {"nearest", "stochastic"};
 
@@ -271,7 +273,8 @@ static uint64_t count_ge(const uint32_t *key, uint64_t bj, uint32_t t)
  * too); then every key > T is kept and the first (k_j - #(> T)) keys == T. */
 static uint64_t enc_topk(const dl_codec *c, const float *x, float *r, uint64_t bj, uint8_t *o)
 {
-    uint32_t stack[TOPK_STACK], *key = bj <= TOPK_STACK ? stack : dl_xmalloc(bj * sizeof *key), m = 0;
+    uint32_t stack[TOPK_STACK], *key = bj <= TOPK_STACK ? stack : dl_try_malloc(bj * sizeof *key), m = 0;
+    if (!key) return NOMEM;
 #pragma omp simd reduction(max : m)
     for (uint64_t i = 0; i < bj; i++) {
         uint32_t kk = DL_CX_ABS_BITS(dl_cx_bits(y_of(x, r, i)));
@@ -379,7 +382,8 @@ int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n,
     assert(x && out);
     geom g = geom_of(c, n);
     uint64_t bad = NONE;
-#pragma omp parallel for schedule(static) reduction(min : bad) if (g.nb > 1 && n >= PAR_MIN)
+    int nomem = 0;
+#pragma omp parallel for schedule(static) reduction(min : bad) reduction(| : nomem) if (g.nb > 1 && n >= PAR_MIN)
     for (uint64_t j = 0; j < g.nb; j++) {
         uint64_t i0 = j * g.b, bj = n - i0 < g.b ? n - i0 : g.b, b;
         const float *xj = x + i0;
@@ -391,8 +395,12 @@ int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n,
         case DL_CODEC_TOPK: b = enc_topk(c, xj, rj, bj, o); break;
         default: b = enc_scaled(e, xj, rj, bj, first + i0, o); break;
         }
-        if (b != NONE && 2 * i0 + b < bad) bad = 2 * i0 + b;
+        if (b == NOMEM) nomem = 1;
+        else if (b != NONE && 2 * i0 + b < bad) bad = 2 * i0 + b;
     }
+    if (nomem)
+        return dl_err(DL_ENOMEM, "%s encode: no memory for a block's scratch (%u elements)", dl_codec_name(c->id),
+                      (unsigned)g.b);
     if (bad != NONE) return dl_codec_enc_fail_(c, bad, first, x[bad / 2], y_of(x, r, bad / 2));
     return 0;
 }

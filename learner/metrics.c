@@ -31,12 +31,14 @@ int dl_lmet_open(const char *addr, const char *id, dl_lmet **out)
     if (!addr[0] || !strcmp(addr, "off")) return 0;
     int fallback = !strcmp(addr, "auto");
     if (fallback) addr = "127.0.0.1:0";
-    dl_lmet *m = dl_xcalloc(1, sizeof *m);
+    dl_lmet *m = dl_try_calloc(1, sizeof *m);
+    if (!m) return dl_err(DL_ENOMEM, "option metrics: out of memory");
     snprintf(m->id, sizeof m->id, "%s", id);
     dl_prom_hist_init(&m->step_s, step_le, (int)(sizeof step_le / sizeof step_le[0]));
     m->loss = NAN;
     m->pages = dl_httpd_pages_new();
-    int rc = dl_httpd_open(addr, dl_httpd_pages_handler, m->pages, &m->httpd);
+    int rc = m->pages ? dl_httpd_open(addr, dl_httpd_pages_handler, m->pages, &m->httpd)
+                      : dl_err(DL_ENOMEM, "out of memory");
     if (rc) {
         dl_httpd_pages_free(&m->pages);
         free(m);
@@ -125,7 +127,8 @@ void dl_lmet_publish(dl_lmet *m, const dl_comms_stats *cs, const dl_node_stats *
     ONE("barrier_wait_seconds_total", "counter", "seconds waited at the barrier (sync / sync-elastic)",
         ns->barrier_wait_s);
 #undef ONE
-    dl_httpd_pages_set(m->pages, "/metrics", "text/plain; version=0.0.4; charset=utf-8", o.buf, o.len);
+    if (!o.failed) /* out of memory: the last page stays up */
+        dl_httpd_pages_set(m->pages, "/metrics", "text/plain; version=0.0.4; charset=utf-8", o.buf, o.len);
     dl_prom_free(&o);
 }
 

@@ -117,11 +117,13 @@ static void publish_now(dl_sync *s)
                         .eval_data = s->cfg.eval_data};
     dl_prom doc;
     dl_prom_init(&doc);
+    /* out of memory (doc.failed): the last pages stay up */
     dl_syncmet_render_metrics(&s->met, &st, &c, &doc);
-    dl_httpd_pages_set(s->pages, "/metrics", "text/plain; version=0.0.4; charset=utf-8", doc.buf, doc.len);
+    if (!doc.failed)
+        dl_httpd_pages_set(s->pages, "/metrics", "text/plain; version=0.0.4; charset=utf-8", doc.buf, doc.len);
     doc.len = 0;
     dl_syncmet_render_status(&s->met, &st, &c, &doc);
-    dl_httpd_pages_set(s->pages, "/status.json", "application/json", doc.buf, doc.len);
+    if (!doc.failed) dl_httpd_pages_set(s->pages, "/status.json", "application/json", doc.buf, doc.len);
     dl_prom_free(&doc);
 }
 
@@ -143,6 +145,7 @@ int dl_stats_bind_metrics(dl_sync *s)
     int fallback = !strcmp(s->cfg.metrics, "auto");
     const char *addr = fallback ? DL_SYNC_METRICS_DEFAULT : s->cfg.metrics;
     s->pages = dl_httpd_pages_new();
+    if (!s->pages) return dl_err(DL_ENOMEM, "option metrics: out of memory");
     int rc = dl_httpd_open(addr, dl_httpd_pages_handler, s->pages, &s->httpd);
     if (rc && fallback) {
         DL_WARN("metrics: %s; serving on an ephemeral loopback port instead", dl_errmsg());

@@ -276,6 +276,24 @@ static void known_answers(void)
     CHECK(i0 == 2 && i1 == 4 && ldf(p + 2) == -3 && ldf(p + 8) == 3, "topk entries (%u %g) (%u %g)", i0, ldf(p + 2),
           i1, ldf(p + 8));
 
+    /* topk over a block above its stack buffer: the key buffer's allocation
+     * failing is a DL_ENOMEM, not an abort (the learner library encodes) */
+    {
+        enum { BIG = 8192 };
+        dl_codec cbig = {.id = DL_CODEC_TOPK, .block = BIG, .topk = 8};
+        float *xbig = calloc(BIG, sizeof(float));
+        uint8_t *pbig = malloc(dl_codec_bytes(&cbig, BIG));
+        for (int i = 0; i < BIG; i++) xbig[i] = (float)(i % 97);
+        e.c = cbig;
+        dl_alloc_fail_after(1);
+        CHECK_EQ(dl_codec_encode(&e, xbig, NULL, BIG, 0, pbig), DL_ENOMEM);
+        dl_alloc_fail_after(0);
+        CHECK(strstr(dl_errmsg(), "topk") != NULL, "names the codec: %s", dl_errmsg());
+        CHECK(dl_codec_encode(&e, xbig, NULL, BIG, 0, pbig) == 0, "then it encodes: %s", dl_errmsg());
+        free(xbig);
+        free(pbig);
+    }
+
     /* a zero block: scale 0, zero codes; topk keeps the first k zeros */
     float z[16] = {0};
     dl_codec cs[4] = {c8, c4, ce, ck};

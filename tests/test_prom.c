@@ -5,6 +5,7 @@
 
 #include <math.h>
 
+#include "core/err.h"
 #include "core/json.h"
 
 #include "tests/check.h"
@@ -21,6 +22,22 @@ int main(void)
     char small[12] = "";
     CHECK(dl_prom_label(small, sizeof small, "id", "0123456789") < 0, "too long refused");
     CHECK(small[0] == 0, "unchanged on refusal: '%s'", small);
+
+    /* out of memory: the buffer says so and takes nothing more, never aborts */
+    dl_prom f;
+    dl_alloc_fail_after(1);
+    dl_prom_init(&f);
+    dl_alloc_fail_after(0);
+    CHECK(f.failed && !f.buf, "a failed init is marked");
+    dl_prom_sample(&f, "dloco_x", NULL, 1);
+    CHECK(f.failed && f.len == 0, "and appends nothing");
+    dl_prom_free(&f);
+    dl_prom_init(&f);
+    dl_alloc_fail_after(1);
+    for (int i = 0; i < 1000 && !f.failed; i++) dl_prom_sample(&f, "dloco_a_rather_long_metric_name", NULL, i);
+    dl_alloc_fail_after(0);
+    CHECK(f.failed && f.len < f.cap && f.buf[f.len] == 0, "a failed growth keeps the text so far, terminated");
+    dl_prom_free(&f);
 
     dl_prom p;
     dl_prom_init(&p);

@@ -222,7 +222,8 @@ static int store_json(const char *dir, dl_prom *o)
     dl_prom_raw(o, "\"merges\":%llu,\"learners\":[", (unsigned long long)merges);
     learners_ctx lc = {o, 0};
     dl_store_foreach_learner(s, learner_json, &lc);
-    dl_prom_raw(o, "],\"fragments\":[%s]", fr.buf);
+    if (fr.failed) o->failed = 1;
+    else dl_prom_raw(o, "],\"fragments\":[%s]", fr.buf);
     dl_prom_free(&fr);
     dl_store_ledger led = {{0}};
     dl_store_ledger_get(s, &led);
@@ -346,6 +347,7 @@ static int fetch(const char *target, char **doc, size_t *len)
         dl_prom o;
         dl_prom_init(&o);
         int rc = store_json(target, &o);
+        if (!rc && o.failed) rc = dl_err(DL_ENOMEM, "%s: out of memory building the status document", target);
         if (rc) {
             dl_prom_free(&o);
             return rc;
