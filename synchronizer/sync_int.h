@@ -62,6 +62,14 @@ typedef struct {
     int started;         /* version is set: [0, offset) of it has left */
     int delta;           /* started: the transfer is p's kept delta to `version` (else its fp32 values) */
     uint64_t version, offset;
+    /* pacing (downlink.c): what the learner's connection drains, from its queue's freed bytes over the
+     * time the queue held bytes; a new connection (a new queue) starts over */
+    const dl_wire_queue *mq; /* the queue measured */
+    uint64_t m_drained;  /* dl_wire_queue_drained_bytes(mq) at m_ns */
+    int64_t m_ns;        /* monotonic ns from which the queue's busy time is not yet counted; 0: it was empty */
+    double r_bytes, r_ns; /* drained bytes and busy ns, older ones fading (time constant DL_PACE_TAU_NS) */
+    double rate;         /* r_bytes / r_ns, bytes per second; 0: not measured yet */
+    uint64_t ctl_ahead_max; /* the most payload bytes queued ahead of a control message (Ack, heartbeat, Welcome) */
 } outbound;
 
 /* Downlink codec on: the latest merge's delta of a fragment, encoded (the
@@ -205,6 +213,10 @@ void dl_downlink_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, D
 void dl_downlink_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
                           uint64_t merged, const char *reason, int rebase, uint32_t retry_after_ms);
 uint64_t dl_downlink_attached_bytes(const dl_sync *s);
+/* learner `slot`'s measured drain rate (bytes/s, 0 = not yet) and the most payload bytes an Ack, heartbeat or
+ * Welcome found queued ahead of it */
+double dl_downlink_rate(const dl_sync *s, int slot);
+uint64_t dl_downlink_ctl_ahead_max(const dl_sync *s, int slot);
 void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p);
 void dl_downlink_reset(dl_sync *s, int slot);
 void dl_downlink_resume_clear(dl_sync *s, int slot);

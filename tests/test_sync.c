@@ -59,11 +59,12 @@ static pid_t spawn_sync_x(const char *name, const char *shard, const char *shard
         char exe[512], store[300];
         snprintf(exe, sizeof exe, "%s/synchronizer/dloco-sync", bin ? bin : "build");
         snprintf(store, sizeof store, "%s/%s", dir, name);
+        /* update_codec off: these fakes read fp32 Updates (test_delta_downlink asks for int4: a later flag wins) */
         char *argv[64] = {exe, "--store", store, "--bind", "tcp://127.0.0.1:0", "--n_layer", "1", "--n_head", "2",
                           "--n_embd", "16", "--seq_len", "8", "--vocab", "256", "--fragments", "2", "--H", "4",
                           "--heartbeat_ms", "100", "--max_staleness", "1", "--staleness", "const",
                           "--status_every_ms", "0", "--outer_lr", "0.7", "--outer_momentum", "0.9",
-                          "--events", evp};
+                          "--events", evp, "--update_codec", "off"};
         int n = 0;
         while (argv[n]) n++;
         if (shards) {
