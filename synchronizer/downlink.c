@@ -125,8 +125,11 @@ void dl_downlink_error(dl_sync *s, const uint8_t *route, size_t rlen, const char
  * never handed a backlog of versions it will not use: what is owed is
  * decided when there is room, at the newest version. */
 #define DL_PACE_TAU_NS 1e9           /* the drain rate's memory: busy time older than ~1 s fades */
-#define DL_PACE_MIN_NS 5e7           /* busy ns ... */
-#define DL_PACE_MIN_BYTES 1048576.0  /* ... or drained bytes before a rate is trusted */
+/* A rate is trusted after this much busy time, or bytes drained: a new
+ * connection's first frees come as fast as the kernel's socket buffers fill,
+ * not as the link drains, and must fade first */
+#define DL_PACE_MIN_NS 3e8
+#define DL_PACE_MIN_BYTES (64.0 * 1048576.0)
 #define DL_PACE_PROBE_BYTES (64u << 10)
 
 static int64_t pace_ns(const dl_sync *s)
