@@ -178,6 +178,12 @@ static void measure(const dl_registry_learner *l, outbound *x, int64_t now)
 double dl_downlink_rate(const dl_sync *s, int slot) { return s->outx[slot].rate; }
 uint64_t dl_downlink_ctl_ahead_max(const dl_sync *s, int slot) { return s->outx[slot].ctl_ahead_max; }
 
+/* Elements of the largest Update chunk learner l takes (unpaced). */
+static uint64_t chunk_elems_max(const dl_sync *s, const dl_registry_learner *l)
+{
+    return (s->cfg.chunk_bytes < l->max_chunk ? s->cfg.chunk_bytes : l->max_chunk) / sizeof(float);
+}
+
 /* Elements per Update chunk to learner l: the configured chunk, at most
  * what the learner said it takes, at most what pacing allows (above); 0 =
  * whole fragments (a learner from before chunking). */
@@ -323,19 +329,51 @@ static uint64_t delta_chunk_elems(uint64_t ce, const dl_codec *c)
     return dl_codec_is_block(c->id) ? ce - ce % c->block : ce;
 }
 
-/* Version v of fragment p goes to learner `slot` as a delta iff the kept
- * delta is v's and the version it was last given whole (since its Hello,
- * and since a Fetch or rebase of p) is v - 1; else (missed versions, a
- * Fetch, a rebase, its first Update after a Hello, no delta kept) it gets
- * the full fp32 values. A chunked learner also needs a chunk to hold a
- * block. */
-static int delta_for(const dl_sync *s, int slot, int p, uint64_t v, uint64_t ce)
+/* Fragment p's kept delta to version v, NULL when it is not kept (any more). */
+static const kept_delta *kept_of(const dl_sync *s, int p, uint64_t v)
 {
-    const kept_delta *kd = &s->kept[p];
+    const kept_delta *kd = &s->kept[(size_t)p * DL_SYNC_KEPT_DELTAS + v % DL_SYNC_KEPT_DELTAS];
+    return v && kd->buf && kd->version == v ? kd : NULL;
+}
+
+void dl_downlink_keep(dl_sync *s, int p, uint64_t v, uint8_t *buf, size_t bytes, dl_codec c)
+{
+    kept_delta *kd = &s->kept[(size_t)p * DL_SYNC_KEPT_DELTAS + v % DL_SYNC_KEPT_DELTAS];
+    free(kd->buf);
+    *kd = (kept_delta){.buf = buf, .bytes = bytes, .version = v, .c = c};
+    /* older ones only while the chain from them is smaller than the fp32 fragment (else it goes full) */
+    size_t sum = bytes, full = (size_t)s->numel[p] * sizeof(float);
+    for (uint64_t k = v - 1; k > 0 && k + DL_SYNC_KEPT_DELTAS > v; k--) {
+        kept_delta *o = &s->kept[(size_t)p * DL_SYNC_KEPT_DELTAS + k % DL_SYNC_KEPT_DELTAS];
+        if (!o->buf || o->version != k) break;
+        sum += o->bytes;
+        if (sum > full) {
+            free(o->buf);
+            o->buf = NULL;
+        }
+    }
+}
+
+/* What learner `slot` gets next of fragment p, whose newest version is v:
+ * the kept delta to given + 1, where given is the version it was last given
+ * whole (since its Hello, and since a Fetch or rebase of p), when every
+ * delta from there to v is kept and together they are no bigger than the
+ * fp32 fragment (n elements): a learner a few versions behind catches up by
+ * the chain, and applies each in turn onto its mirror. Else (a Fetch, a
+ * rebase, its first Update after a Hello, too far behind) 0: the full fp32
+ * values of v. A chunked learner (ce_max: its largest chunk, elements) also
+ * needs a chunk to hold a block. */
+static uint64_t delta_next(const dl_sync *s, int slot, int p, uint64_t v, uint64_t n, uint64_t ce_max)
+{
     uint64_t given;
-    if (!kd->buf || kd->version != v || v == 0) return 0;
-    if (!dl_registry_given(s->reg, slot, p, &given) || given + 1 != v) return 0;
-    return !ce || delta_chunk_elems(ce, &kd->c) > 0;
+    if (!dl_registry_given(s->reg, slot, p, &given) || given >= v) return 0;
+    size_t sum = 0;
+    for (uint64_t k = given + 1; k <= v; k++) {
+        const kept_delta *kd = kept_of(s, p, k);
+        if (!kd || (ce_max && kd->c.block > ce_max && dl_codec_is_block(kd->c.id))) return 0;
+        sum += kd->bytes;
+    }
+    return sum <= n * sizeof(float) ? given + 1 : 0;
 }
 
 /* Send what a learner is owed, chunk by chunk, as far as the outbound
@@ -343,13 +381,13 @@ static int delta_for(const dl_sync *s, int slot, int p, uint64_t v, uint64_t ce)
  * snapshot the caller holds briefly (*snap, begun on first use): never from
  * memory a merge may be writing, and never a version the loop has not seen
  * committed yet (dl_commit_merge_done serves it then), so a learner never pushes from
- * a base the policy does not know. A delta (delta_for) comes from the kept
- * payload in memory instead, which only dl_commit_merge_done replaces. One fragment
- * at a time per learner; a fragment whose global version moved on
- * mid-transfer starts again at the new version (from its first element),
- * decided afresh: an interrupted delta leaves the learner at v - 1, so the
- * newer version goes full. The rest stays owed; the queue's drain wakes the
- * loop to go on. */
+ * a base the policy does not know. A delta (delta_next) comes from the kept
+ * payloads in memory instead. One fragment at a time per learner; a full
+ * transfer whose fragment's global version moved on mid-transfer starts
+ * again at the new version (from its first element), decided afresh; a
+ * delta goes on while it is kept (the chain continues from it). A fragment
+ * stays owed until its newest version is sent; the rest waits; the queue's
+ * drain wakes the loop to go on. */
 static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
 {
     int slot = slot_of(s, l);
@@ -379,8 +417,8 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
         /* committed, not yet seen by the loop: dl_commit_merge_done serves it */
         if (v > dl_policy_version(s->policy, p)) return;
         if (!ce && x->offset) x->started = 0; /* it said Hello again without chunks: whole fragments from now */
-        const kept_delta *kd = &s->kept[p];
-        if (!x->started || x->version != v || (x->delta && kd->version != v)) {
+        const kept_delta *kd = x->delta ? kept_of(s, p, x->version) : NULL;
+        if (!x->started || (x->delta ? !kd : x->version != v)) {
             if (x->started && x->offset) {
                 s->update_restarts++;
                 dl_event("update_restarted", "id=%s frag=%d from=%llu to=%llu sent=%llu delta=%d", l->id, p,
@@ -388,9 +426,11 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
                          x->delta);
             }
             size_t r = (size_t)slot * (size_t)s->cfg.P + (size_t)p;
+            uint64_t dv = delta_next(s, slot, p, v, n, l->max_chunk ? chunk_elems_max(s, l) : 0);
             x->started = 1;
-            x->version = v;
-            x->delta = delta_for(s, slot, p, v, ce);
+            x->version = dv ? dv : v;
+            x->delta = dv != 0;
+            kd = x->delta ? kept_of(s, p, dv) : NULL;
             x->offset = !x->delta && ce && s->resume_v[r] == v && s->resume_o[r] < n ? s->resume_o[r] : 0;
             if (x->offset) dl_event("update_resumed", "id=%s frag=%d version=%llu offset=%llu", l->id, p,
                                     (unsigned long long)v, (unsigned long long)x->offset);
@@ -398,12 +438,14 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
         }
         uint64_t left = n - x->offset;
         if (x->delta) {
-            uint64_t de = delta_chunk_elems(ce, &kd->c), cn = de && de < left ? de : left;
+            uint64_t de = delta_chunk_elems(ce, &kd->c);
+            if (ce && !de) de = kd->c.block; /* paced below a block: one block (it fits the learner's chunk) */
+            uint64_t cn = de && de < left ? de : left;
             size_t at = x->offset ? (size_t)dl_codec_bytes(&kd->c, x->offset) : 0;
             size_t bytes = (size_t)dl_codec_bytes(&kd->c, cn);
             assert(at + bytes <= kd->bytes);
             if (!outbound_room(s, l, bytes, window)) return;
-            if (send_update_chunk(s, l, p, v, &kd->c, 1, kd->buf + at, bytes, x->offset, cn, ce != 0)) return;
+            if (send_update_chunk(s, l, p, x->version, &kd->c, 1, kd->buf + at, bytes, x->offset, cn, ce != 0)) return;
             measure(l, x, dl_clock_ns());
             x->offset += cn;
         } else {
@@ -429,14 +471,16 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             x->offset += cn;
         }
         if (x->offset < n) continue;
-        /* all of version v is on its way: progress on it counts from now,
-         * and a delta to v + 1 may follow */
-        dl_registry_base_add(s->reg, slot, p, v, dl_clock_ns());
-        dl_registry_given_set(s->reg, slot, p, v);
+        /* all of version x->version is on its way: progress on it counts
+         * from now, and a delta to the next may follow */
+        dl_registry_base_add(s->reg, slot, p, x->version, dl_clock_ns());
+        dl_registry_given_set(s->reg, slot, p, x->version);
         if (x->delta) s->updates_delta++;
         else s->updates_full++;
-        l->owed[p] = 0;
-        l->n_owed--;
+        if (x->version >= v) {
+            l->owed[p] = 0;
+            l->n_owed--;
+        }
         x->p = -1;
     }
 }

@@ -72,9 +72,13 @@ typedef struct {
     uint64_t ctl_ahead_max; /* the most payload bytes queued ahead of a control message (Ack, heartbeat, Welcome) */
 } outbound;
 
-/* Downlink codec on: the latest merge's delta of a fragment, encoded (the
- * payload that takes version - 1 to version, core/codec.h layout), sent to
- * the learners that hold version - 1 (serve_owed). */
+/* Downlink codec on: a merge's delta of a fragment, encoded (the payload
+ * that takes version - 1 to version, core/codec.h layout), sent to the
+ * learners that hold version - 1 (serve_owed). The latest
+ * DL_SYNC_KEPT_DELTAS of each fragment are kept (a ring by version), at
+ * most the fragment's fp32 bytes in all: a learner a few versions behind
+ * gets the chain of deltas when it is smaller than the fragment. */
+#define DL_SYNC_KEPT_DELTAS 8
 typedef struct {
     uint8_t *buf;        /* NULL: none yet (none since the start: a restart forgets it) */
     size_t bytes;        /* dl_codec_bytes(&c, numel) */
@@ -141,7 +145,8 @@ struct dl_sync {
     inbound *inb;        /* [max learners] chunked push arriving per slot */
     outbound *outx;      /* [max learners] Update being sent per slot */
     uint64_t *resume_v, *resume_o; /* [max learners * P] a Fetch's resume point per slot and fragment */
-    kept_delta *kept;    /* [P] the latest delta per fragment (downlink codec on; memory only) */
+    kept_delta *kept;    /* [P * DL_SYNC_KEPT_DELTAS] the latest deltas per fragment, version % DL_SYNC_KEPT_DELTAS
+                            (downlink codec on; memory only) */
     ev_idle more;        /* the drain stopped at its budget with messages waiting */
 
     /* statistics (the snapshot formats them) */
@@ -218,6 +223,8 @@ uint64_t dl_downlink_attached_bytes(const dl_sync *s);
 double dl_downlink_rate(const dl_sync *s, int slot);
 uint64_t dl_downlink_ctl_ahead_max(const dl_sync *s, int slot);
 void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p);
+/* keep fragment p's delta to version v (buf: malloc'd, now the synchronizer's) for the learners that hold v - 1 */
+void dl_downlink_keep(dl_sync *s, int p, uint64_t v, uint8_t *buf, size_t bytes, dl_codec c);
 void dl_downlink_reset(dl_sync *s, int slot);
 void dl_downlink_resume_clear(dl_sync *s, int slot);
 void dl_downlink_serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *frags, size_t nf);
