@@ -103,6 +103,7 @@ struct dl_wire_queue {
     _Atomic int64_t refs;
     _Atomic uint64_t bytes;
     _Atomic int64_t drained_ns;
+    _Atomic uint64_t drained; /* bytes freed so far */
     _Atomic(dl_wire_wake_fn) wake;
     void *wake_ctx;
 };
@@ -141,6 +142,7 @@ void dl_wire_queue_release(dl_wire_queue **q)
 
 uint64_t dl_wire_queue_bytes(const dl_wire_queue *q) { return q ? atomic_load(&q->bytes) : 0; }
 int64_t dl_wire_queue_drained_ns(const dl_wire_queue *q) { return q ? atomic_load(&q->drained_ns) : 0; }
+uint64_t dl_wire_queue_drained_bytes(const dl_wire_queue *q) { return q ? atomic_load(&q->drained) : 0; }
 
 typedef struct {
     dl_wire_queue *q[2];
@@ -155,6 +157,8 @@ static void queued_free(void *data, void *hint)
     for (int i = 0; i < 2; i++)
         if (b->q[i]) {
             atomic_fetch_sub(&b->q[i]->bytes, b->len);
+            /* the bytes before the time: who reads the time, then the bytes, counts every free up to that time */
+            atomic_fetch_add(&b->q[i]->drained, b->len);
             atomic_store(&b->q[i]->drained_ns, now);
             dl_wire_wake_fn fn = atomic_load(&b->q[i]->wake);
             if (fn) fn(b->q[i]->wake_ctx);

@@ -173,6 +173,9 @@ void dl_wire_queue_release(dl_wire_queue **q);
 uint64_t dl_wire_queue_bytes(const dl_wire_queue *q);
 /* Monotonic ns when libzmq last freed a message of this queue (0 = never). */
 int64_t dl_wire_queue_drained_ns(const dl_wire_queue *q);
+/* Payload bytes libzmq has freed of this queue since it was made: with
+ * dl_wire_queue_drained_ns, what a connection drains per second. */
+uint64_t dl_wire_queue_drained_bytes(const dl_wire_queue *q);
 /* Call fn(ctx) after every message of this queue that libzmq frees (from
  * its I/O thread: fn must be thread-safe and quick, e.g. ev_async_send or
  * an eventfd write), so a sender waiting for room learns of it without

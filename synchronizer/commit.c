@@ -115,14 +115,7 @@ void dl_commit_merge_done(dl_sync *s, dl_job *j)
     }
     uint64_t nv = j->version + 1;
     if (j->update) {
-        /* the delta to nv replaces the one to nv - 1: who still needs that
-         * one has missed nv and gets nv full (delta_for) */
-        kept_delta *kd = &s->kept[p];
-        free(kd->buf);
-        kd->buf = j->update;
-        kd->bytes = j->update_bytes;
-        kd->version = nv;
-        kd->c = j->update_codec;
+        dl_downlink_keep(s, p, nv, j->update, j->update_bytes, j->update_codec);
         j->update = NULL;
     }
     double stale = 0, compute_s = 0;

@@ -8,6 +8,7 @@
 #include "core/log.h"
 
 #include <assert.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,12 @@ int dl_downlink_send(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *en
     int rc = dl_wire_send_q(s->router, l->route, l->route_len, env, payload ? pl : NULL, payload ? lens : NULL,
                             payload ? 1 : 0, ZMQ_DONTWAIT, q);
     if (rc == 0) {
+        if (!len) {
+            /* a control message waits behind what libzmq holds for this connection: pacing bounds it */
+            outbound *x = &s->outx[l - dl_registry_cget(s->reg, 0)];
+            uint64_t ahead = dl_wire_queue_bytes(l->outq);
+            if (ahead > x->ctl_ahead_max) x->ctl_ahead_max = ahead;
+        }
         l->bytes_out += len + 64;
         s->met.bytes_out[dl_syncmet_kind(env->body_case)] += len + 64;
         s->met.msgs_out[dl_syncmet_kind(env->body_case)]++;
@@ -106,14 +113,99 @@ void dl_downlink_error(dl_sync *s, const uint8_t *route, size_t rlen, const char
             fatal ? "fatal" : "non-fatal", dl_event_str(msg, mb, sizeof mb));
 }
 
+/* ---- pacing
+ *
+ * What is queued for a learner is bounded by what its connection drains
+ * (libzmq frees a message once the kernel took it): about pace_ns of it at
+ * the measured rate, at least one chunk, at most peer_outbound_bytes. Its
+ * chunks shrink (powers of two, >= DL_WIRE_CHUNK_MIN) so that two fit in
+ * that, and start at DL_PACE_PROBE_BYTES until a rate is measured. So an
+ * Ack, a heartbeat or a Welcome, which queue behind Update bytes on the same
+ * connection, wait about pace_ns whatever the link, and a thin learner is
+ * never handed a backlog of versions it will not use: what is owed is
+ * decided when there is room, at the newest version. */
+#define DL_PACE_TAU_NS 1e9           /* the drain rate's memory: busy time older than ~1 s fades */
+/* A rate is trusted after this much busy time, or bytes drained: a new
+ * connection's first frees come as fast as the kernel's socket buffers fill,
+ * not as the link drains, and must fade first */
+#define DL_PACE_MIN_NS 3e8
+#define DL_PACE_MIN_BYTES (64.0 * 1048576.0)
+#define DL_PACE_PROBE_BYTES (64u << 10)
+
+static int64_t pace_ns(const dl_sync *s)
+{
+    int64_t ms = s->cfg.outbound_ms;
+    if (!ms) {
+        ms = (int64_t)s->cfg.heartbeat_ms * s->cfg.liveness / 4;
+        if (ms > 500) ms = 500;
+    }
+    return (ms > 0 ? ms : 1) * 1000000LL;
+}
+
+/* Update learner l's drain rate from its queue: the bytes freed over the
+ * time the queue held bytes (from the first send into an empty queue, or the
+ * last free counted, to the latest free). Called before and after every
+ * send of serve_owed: a queue that empties stops the clock at its last free. */
+static void measure(const dl_registry_learner *l, outbound *x, int64_t now)
+{
+    const dl_wire_queue *q = l->outq;
+    int64_t dns = dl_wire_queue_drained_ns(q); /* the time first: the bytes then include every free up to it */
+    uint64_t drained = dl_wire_queue_drained_bytes(q), queued = dl_wire_queue_bytes(q);
+    if (x->mq != q || drained < x->m_drained) {
+        x->mq = q;
+        x->r_bytes = x->r_ns = x->rate = 0;
+        x->m_drained = drained;
+        x->m_ns = queued ? now : 0;
+        return;
+    }
+    if (x->m_ns && drained > x->m_drained && dns > x->m_ns) {
+        double dt = (double)(dns - x->m_ns), keep = exp(-dt / DL_PACE_TAU_NS);
+        x->r_bytes = x->r_bytes * keep + (double)(drained - x->m_drained);
+        x->r_ns = x->r_ns * keep + dt;
+        if (x->r_ns >= DL_PACE_MIN_NS || x->r_bytes >= DL_PACE_MIN_BYTES) x->rate = x->r_bytes / x->r_ns * 1e9;
+        x->m_drained = drained;
+        x->m_ns = dns;
+    }
+    if (!queued) {
+        x->m_ns = 0; /* idle: its next busy time starts with the next send */
+        x->m_drained = drained;
+    } else if (!x->m_ns) {
+        x->m_ns = now;
+        x->m_drained = drained;
+    }
+}
+
+double dl_downlink_rate(const dl_sync *s, int slot) { return s->outx[slot].rate; }
+uint64_t dl_downlink_ctl_ahead_max(const dl_sync *s, int slot) { return s->outx[slot].ctl_ahead_max; }
+
+/* Elements of the largest Update chunk learner l takes (unpaced). */
+static uint64_t chunk_elems_max(const dl_sync *s, const dl_registry_learner *l)
+{
+    return (s->cfg.chunk_bytes < l->max_chunk ? s->cfg.chunk_bytes : l->max_chunk) / sizeof(float);
+}
+
 /* Elements per Update chunk to learner l: the configured chunk, at most
- * what the learner said it takes; 0 = whole fragments (a learner from
- * before chunking). */
-static uint64_t chunk_elems(const dl_sync *s, const dl_registry_learner *l)
+ * what the learner said it takes, at most what pacing allows (above); 0 =
+ * whole fragments (a learner from before chunking). */
+static uint64_t chunk_elems(const dl_sync *s, const dl_registry_learner *l, const outbound *x)
 {
     if (!l->max_chunk) return 0;
     uint64_t b = s->cfg.chunk_bytes < l->max_chunk ? s->cfg.chunk_bytes : l->max_chunk;
+    double want = x->rate > 0 ? x->rate * (double)pace_ns(s) * 1e-9 / 2 : (double)DL_PACE_PROBE_BYTES;
+    if (want < (double)b) {
+        uint64_t c = DL_WIRE_CHUNK_MIN;
+        while ((double)(2 * c) <= want) c *= 2;
+        if (c < b) b = c;
+    }
     return b / sizeof(float);
+}
+
+/* Payload bytes learner l may have queued: what drains in pace_ns, at
+ * least two chunks before a rate is known, at most peer_outbound_bytes. */
+static uint64_t window_bytes(const dl_sync *s, const outbound *x, uint64_t ce)
+{
+    double w = x->rate > 0 ? x->rate * (double)pace_ns(s) * 1e-9 : (double)(2 * ce * sizeof(float));
+    return w < (double)s->cfg.peer_outbound_bytes ? (uint64_t)w : s->cfg.peer_outbound_bytes;
 }
 
 /* One Update message: elements [off, off + n) of version `version` of
@@ -143,9 +235,6 @@ static int send_update_chunk(dl_sync *s, dl_registry_learner *l, int p, uint64_t
     return rc;
 }
 
-/* The outbound bounds: may `bytes` more be queued for learner l now? A
- * learner with nothing queued always may (a fragment above its own bound
- * still goes, one at a time). */
 /* Payload bytes libzmq holds for learners whose connection is attached. A
  * learner dropped for not reading (or revoked) is detached: what it pins no
  * longer holds the budget of those that read, and it is bounded anyway (its
@@ -160,16 +249,18 @@ uint64_t dl_downlink_attached_bytes(const dl_sync *s)
     return t;
 }
 
-/* Room for `bytes` more to learner l: within its own bound and the global
- * one. A learner whose queue is empty (it reads) may also use one fragment
- * of overdraft above the global bound, so learners that never read cannot
- * starve it while they hold the budget (until they are dropped): the
- * attached total stays <= max_outbound_bytes + the largest fragment. */
-static int outbound_room(const dl_sync *s, const dl_registry_learner *l, size_t bytes)
+/* Room for `bytes` more to learner l: within its own bound (`window`,
+ * paced) and the global one. A learner with nothing queued always may (a
+ * chunk, or a whole fragment to a learner from before chunking, goes one at
+ * a time whatever its bound), and may use one fragment of overdraft above
+ * the global bound, so learners that never read cannot starve it while they
+ * hold the budget (until they are dropped): the attached total stays <=
+ * max_outbound_bytes + the largest fragment. */
+static int outbound_room(const dl_sync *s, const dl_registry_learner *l, size_t bytes, uint64_t window)
 {
     uint64_t mine = dl_wire_queue_bytes(l->outq), all = dl_downlink_attached_bytes(s);
     if (mine == 0) return all + bytes <= s->cfg.max_outbound_bytes + s->max_frag_bytes;
-    return mine + bytes <= s->cfg.peer_outbound_bytes && all + bytes <= s->cfg.max_outbound_bytes;
+    return mine + bytes <= window && all + bytes <= s->cfg.max_outbound_bytes;
 }
 
 void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p)
@@ -238,19 +329,51 @@ static uint64_t delta_chunk_elems(uint64_t ce, const dl_codec *c)
     return dl_codec_is_block(c->id) ? ce - ce % c->block : ce;
 }
 
-/* Version v of fragment p goes to learner `slot` as a delta iff the kept
- * delta is v's and the version it was last given whole (since its Hello,
- * and since a Fetch or rebase of p) is v - 1; else (missed versions, a
- * Fetch, a rebase, its first Update after a Hello, no delta kept) it gets
- * the full fp32 values. A chunked learner also needs a chunk to hold a
- * block. */
-static int delta_for(const dl_sync *s, int slot, int p, uint64_t v, uint64_t ce)
+/* Fragment p's kept delta to version v, NULL when it is not kept (any more). */
+static const kept_delta *kept_of(const dl_sync *s, int p, uint64_t v)
 {
-    const kept_delta *kd = &s->kept[p];
+    const kept_delta *kd = &s->kept[(size_t)p * DL_SYNC_KEPT_DELTAS + v % DL_SYNC_KEPT_DELTAS];
+    return v && kd->buf && kd->version == v ? kd : NULL;
+}
+
+void dl_downlink_keep(dl_sync *s, int p, uint64_t v, uint8_t *buf, size_t bytes, dl_codec c)
+{
+    kept_delta *kd = &s->kept[(size_t)p * DL_SYNC_KEPT_DELTAS + v % DL_SYNC_KEPT_DELTAS];
+    free(kd->buf);
+    *kd = (kept_delta){.buf = buf, .bytes = bytes, .version = v, .c = c};
+    /* older ones only while the chain from them is smaller than the fp32 fragment (else it goes full) */
+    size_t sum = bytes, full = (size_t)s->numel[p] * sizeof(float);
+    for (uint64_t k = v - 1; k > 0 && k + DL_SYNC_KEPT_DELTAS > v; k--) {
+        kept_delta *o = &s->kept[(size_t)p * DL_SYNC_KEPT_DELTAS + k % DL_SYNC_KEPT_DELTAS];
+        if (!o->buf || o->version != k) break;
+        sum += o->bytes;
+        if (sum > full) {
+            free(o->buf);
+            o->buf = NULL;
+        }
+    }
+}
+
+/* What learner `slot` gets next of fragment p, whose newest version is v:
+ * the kept delta to given + 1, where given is the version it was last given
+ * whole (since its Hello, and since a Fetch or rebase of p), when every
+ * delta from there to v is kept and together they are no bigger than the
+ * fp32 fragment (n elements): a learner a few versions behind catches up by
+ * the chain, and applies each in turn onto its mirror. Else (a Fetch, a
+ * rebase, its first Update after a Hello, too far behind) 0: the full fp32
+ * values of v. A chunked learner (ce_max: its largest chunk, elements) also
+ * needs a chunk to hold a block. */
+static uint64_t delta_next(const dl_sync *s, int slot, int p, uint64_t v, uint64_t n, uint64_t ce_max)
+{
     uint64_t given;
-    if (!kd->buf || kd->version != v || v == 0) return 0;
-    if (!dl_registry_given(s->reg, slot, p, &given) || given + 1 != v) return 0;
-    return !ce || delta_chunk_elems(ce, &kd->c) > 0;
+    if (!dl_registry_given(s->reg, slot, p, &given) || given >= v) return 0;
+    size_t sum = 0;
+    for (uint64_t k = given + 1; k <= v; k++) {
+        const kept_delta *kd = kept_of(s, p, k);
+        if (!kd || (ce_max && kd->c.block > ce_max && dl_codec_is_block(kd->c.id))) return 0;
+        sum += kd->bytes;
+    }
+    return sum <= n * sizeof(float) ? given + 1 : 0;
 }
 
 /* Send what a learner is owed, chunk by chunk, as far as the outbound
@@ -258,19 +381,20 @@ static int delta_for(const dl_sync *s, int slot, int p, uint64_t v, uint64_t ce)
  * snapshot the caller holds briefly (*snap, begun on first use): never from
  * memory a merge may be writing, and never a version the loop has not seen
  * committed yet (dl_commit_merge_done serves it then), so a learner never pushes from
- * a base the policy does not know. A delta (delta_for) comes from the kept
- * payload in memory instead, which only dl_commit_merge_done replaces. One fragment
- * at a time per learner; a fragment whose global version moved on
- * mid-transfer starts again at the new version (from its first element),
- * decided afresh: an interrupted delta leaves the learner at v - 1, so the
- * newer version goes full. The rest stays owed; the queue's drain wakes the
- * loop to go on. */
+ * a base the policy does not know. A delta (delta_next) comes from the kept
+ * payloads in memory instead. One fragment at a time per learner; a full
+ * transfer whose fragment's global version moved on mid-transfer starts
+ * again at the new version (from its first element), decided afresh; a
+ * delta goes on while it is kept (the chain continues from it). A fragment
+ * stays owed until its newest version is sent; the rest waits; the queue's
+ * drain wakes the loop to go on. */
 static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
 {
     int slot = slot_of(s, l);
     outbound *x = &s->outx[slot];
-    uint64_t ce = chunk_elems(s, l);
+    measure(l, x, dl_clock_ns());
     while (l->n_owed && l->route_len) {
+        uint64_t ce = chunk_elems(s, l, x), window = window_bytes(s, x, ce);
         if (x->p < 0 || !l->owed[x->p]) {
             x->p = -1;
             for (int p = 0; p < s->cfg.P && x->p < 0; p++)
@@ -293,8 +417,8 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
         /* committed, not yet seen by the loop: dl_commit_merge_done serves it */
         if (v > dl_policy_version(s->policy, p)) return;
         if (!ce && x->offset) x->started = 0; /* it said Hello again without chunks: whole fragments from now */
-        const kept_delta *kd = &s->kept[p];
-        if (!x->started || x->version != v || (x->delta && kd->version != v)) {
+        const kept_delta *kd = x->delta ? kept_of(s, p, x->version) : NULL;
+        if (!x->started || (x->delta ? !kd : x->version != v)) {
             if (x->started && x->offset) {
                 s->update_restarts++;
                 dl_event("update_restarted", "id=%s frag=%d from=%llu to=%llu sent=%llu delta=%d", l->id, p,
@@ -302,9 +426,11 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
                          x->delta);
             }
             size_t r = (size_t)slot * (size_t)s->cfg.P + (size_t)p;
+            uint64_t dv = delta_next(s, slot, p, v, n, l->max_chunk ? chunk_elems_max(s, l) : 0);
             x->started = 1;
-            x->version = v;
-            x->delta = delta_for(s, slot, p, v, ce);
+            x->version = dv ? dv : v;
+            x->delta = dv != 0;
+            kd = x->delta ? kept_of(s, p, dv) : NULL;
             x->offset = !x->delta && ce && s->resume_v[r] == v && s->resume_o[r] < n ? s->resume_o[r] : 0;
             if (x->offset) dl_event("update_resumed", "id=%s frag=%d version=%llu offset=%llu", l->id, p,
                                     (unsigned long long)v, (unsigned long long)x->offset);
@@ -312,16 +438,19 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
         }
         uint64_t left = n - x->offset;
         if (x->delta) {
-            uint64_t de = delta_chunk_elems(ce, &kd->c), cn = de && de < left ? de : left;
+            uint64_t de = delta_chunk_elems(ce, &kd->c);
+            if (ce && !de) de = kd->c.block; /* paced below a block: one block (it fits the learner's chunk) */
+            uint64_t cn = de && de < left ? de : left;
             size_t at = x->offset ? (size_t)dl_codec_bytes(&kd->c, x->offset) : 0;
             size_t bytes = (size_t)dl_codec_bytes(&kd->c, cn);
             assert(at + bytes <= kd->bytes);
-            if (!outbound_room(s, l, bytes)) return;
-            if (send_update_chunk(s, l, p, v, &kd->c, 1, kd->buf + at, bytes, x->offset, cn, ce != 0)) return;
+            if (!outbound_room(s, l, bytes, window)) return;
+            if (send_update_chunk(s, l, p, x->version, &kd->c, 1, kd->buf + at, bytes, x->offset, cn, ce != 0)) return;
+            measure(l, x, dl_clock_ns());
             x->offset += cn;
         } else {
             uint64_t cn = ce && ce < left ? ce : left;
-            if (!outbound_room(s, l, (size_t)cn * sizeof(float))) return;
+            if (!outbound_room(s, l, (size_t)cn * sizeof(float), window)) return;
             /* zero-copy from the map when the chunk lies in one stored block
              * (chunk_bytes divides the store's 1 MiB blocks); a whole fragment
              * for a learner from before chunking is copied once per snapshot */
@@ -338,17 +467,20 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             static const dl_codec fp32 = {.id = DL_CODEC_FP32};
             int rc = send_update_chunk(s, l, p, v, &fp32, 0, pp, (size_t)cn * sizeof(float), x->offset, cn, ce != 0);
             if (rc) return; /* its queue is full (in messages), or it is gone: still owed */
+            measure(l, x, dl_clock_ns());
             x->offset += cn;
         }
         if (x->offset < n) continue;
-        /* all of version v is on its way: progress on it counts from now,
-         * and a delta to v + 1 may follow */
-        dl_registry_base_add(s->reg, slot, p, v, dl_clock_ns());
-        dl_registry_given_set(s->reg, slot, p, v);
+        /* all of version x->version is on its way: progress on it counts
+         * from now, and a delta to the next may follow */
+        dl_registry_base_add(s->reg, slot, p, x->version, dl_clock_ns());
+        dl_registry_given_set(s->reg, slot, p, x->version);
         if (x->delta) s->updates_delta++;
         else s->updates_full++;
-        l->owed[p] = 0;
-        l->n_owed--;
+        if (x->version >= v) {
+            l->owed[p] = 0;
+            l->n_owed--;
+        }
         x->p = -1;
     }
 }

@@ -36,7 +36,8 @@ typedef struct {
     char durability[DL_CFG_STRLEN], log_level[DL_CFG_STRLEN];
     char events[DL_CFG_STRLEN];
     char auth[DL_CFG_STRLEN], key_file[DL_CFG_STRLEN], allowlist[DL_CFG_STRLEN];
-    int64_t max_new_hellos_per_s, new_hello_burst, reclaim_ms, max_outbound_mb, peer_outbound_mb, slow_reader_ms;
+    int64_t max_new_hellos_per_s, new_hello_burst, reclaim_ms, max_outbound_mb, peer_outbound_mb, slow_reader_ms,
+        outbound_ms;
     int64_t chunk_kb, pool_mb;
     char update_codec[DL_CFG_STRLEN], update_rounding[DL_CFG_STRLEN];
     int64_t update_block, update_topk;
@@ -118,10 +119,15 @@ static const dl_cfg_entry table[] = {
     {"max_outbound_mb", DL_CFG_INT, F(max_outbound_mb), 0, 1048576, "0", NULL, 0,
      "payload MiB queued for all learners at once; more waits (0 = max(256, 4 x model size))"},
     {"peer_outbound_mb", DL_CFG_INT, F(peer_outbound_mb), 0, 1048576, "0", NULL, 0,
-     "payload MiB queued for one learner; more waits (0 = 2 x chunk: a heartbeat waits behind at most that)"},
+     "payload MiB queued for one learner at most; more waits (0 = 2 x chunk_kb); pacing (outbound_ms) keeps less "
+     "for a learner whose link drains less"},
+    {"outbound_ms", DL_CFG_INT, F(outbound_ms), 0, 60000, "0", NULL, 0,
+     "downlink pacing: Update bytes queued for a learner are at most what its connection drains in this long (its "
+     "measured rate; at least one chunk), and its chunks shrink so two fit: an Ack or heartbeat waits about this "
+     "long behind Updates (0 = min(500, heartbeat_ms x liveness / 4))", "ms"},
     {"chunk_kb", DL_CFG_INT, F(chunk_kb), 0, 65536, "1024", NULL, 0,
      "KiB per chunk of an Update, and of the pushes learners send (Welcome.chunk_bytes); >= 4"},
-    {"update_codec", DL_CFG_ENUM, F(update_codec), 0, 0, "off", "off|fp32|bf16|int8|int4|e3m0|topk", 0,
+    {"update_codec", DL_CFG_ENUM, F(update_codec), 0, 0, "int4", "off|fp32|bf16|int8|int4|e3m0|topk", 0,
      "downlink: after a merge, a learner that holds the previous version gets the version-to-version delta in this "
      "codec instead of the full fp32 fragment (with error feedback; the stored global is exactly what it then "
      "holds: docs/PROTOCOL.md \"Updates\"); off = full fp32 Updates only"},
@@ -211,7 +217,7 @@ static const dl_cfg_section sections[] = {
     {"sharding", "shards shard"},
     {"transfers and memory",
      "update_codec update_block update_topk update_rounding chunk_kb pool_mb max_outbound_mb peer_outbound_mb "
-     "slow_reader_ms reclaim_ms max_msg_mb"},
+     "outbound_ms slow_reader_ms reclaim_ms max_msg_mb"},
     {"liveness and durability", "heartbeat_ms liveness rebase_ms durability sync_every_ms status_every_ms"},
     {"evaluation of the global model",
      "eval_every_s eval_final_max_s eval_seqs eval_batch eval_threads eval_max_mb eval_val_frac"},
@@ -470,6 +476,7 @@ int main(int argc, char **argv)
     sc.update = update;
     sc.update.seed = (uint64_t)c.seed;
     sc.slow_reader_ms = (int)c.slow_reader_ms;
+    sc.outbound_ms = (int)c.outbound_ms;
     snprintf(sc.metrics, sizeof sc.metrics, "%s", c.metrics);
     sc.eval_every_s = (int)c.eval_every_s;
     sc.eval_seqs = (int)c.eval_seqs;

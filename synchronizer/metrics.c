@@ -170,6 +170,12 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     PL("learner_received_bytes_total", "counter", "bytes received from the learner (frames, headers approximated)",
        bytes_in, 0);
     PL("learner_sent_bytes_total", "counter", "bytes sent to the learner (frames, headers approximated)", bytes_out, 0);
+    PL("learner_drain_bytes_per_second", "gauge",
+       "what the learner's connection drains, bytes/s, measured on its queue (downlink pacing; 0 = not yet)", drain_bps,
+       1);
+    PL("learner_control_behind_max_bytes", "gauge",
+       "the most Update payload bytes an Ack, heartbeat or Welcome to the learner found queued ahead of it",
+       ctl_ahead_max, 0);
 
     FAM("merges_total", "counter", "merges committed by this process (one per closed round)");
     VAL("merges_total", st->merges);
@@ -378,11 +384,14 @@ void dl_syncmet_render_status(const dl_syncmet *m, const dl_sync_stats *st, cons
         dl_prom_raw(out,
                     ",\"step\":%llu,\"tokens_processed\":%llu,\"tokens_applied\":%llu,\"pushes\":%llu,\"merged\":%llu,"
                     "\"dropped_stale\":%llu,\"rejected\":%llu,\"last_staleness\":%llu,\"bytes_in\":%llu,"
-                    "\"bytes_out\":%llu}",
+                    "\"bytes_out\":%llu,\"control_behind_max_bytes\":%llu,\"drain_bytes_per_s\":",
                     (unsigned long long)l->step, (unsigned long long)l->tokens, (unsigned long long)l->tokens_applied,
                     (unsigned long long)l->pushes, (unsigned long long)l->merged, (unsigned long long)l->dropped,
                     (unsigned long long)l->rejected, (unsigned long long)l->last_staleness,
-                    (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out);
+                    (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out,
+                    (unsigned long long)l->ctl_ahead_max);
+        json_num(out, l->drain_bps);
+        dl_prom_raw(out, "}");
     }
     dl_prom_raw(out, "],\"fragments\":[");
     for (int p = 0; p < st->P; p++) {

@@ -594,7 +594,7 @@ static int start_watchers(dl_sync *s)
     s->loop = ev_loop_new(EVFLAG_AUTO);
     dl_worker_open(s->store, s->plan, s->params, s->momentum, dl_sync_wake, s, &s->worker);
     dl_worker_set_update_codec(s->worker, &s->cfg.update);
-    s->kept = dl_xcalloc((size_t)P, sizeof *s->kept);
+    s->kept = dl_xcalloc((size_t)P * DL_SYNC_KEPT_DELTAS, sizeof *s->kept);
     int fd;
     size_t fl = sizeof fd;
     if (zmq_getsockopt(s->router, ZMQ_FD, &fd, &fl) != 0)
@@ -747,7 +747,7 @@ void dl_sync_close(dl_sync **sp)
     for (int i = 0; s->inb && i < s->cfg.policy.max_learners; i++) free(s->inb[i].buf);
     free(s->inb);
     free(s->outx);
-    for (int p = 0; s->kept && p < s->cfg.P; p++) free(s->kept[p].buf);
+    for (int k = 0; s->kept && k < s->cfg.P * DL_SYNC_KEPT_DELTAS; k++) free(s->kept[k].buf);
     free(s->kept);
     free(s->resume_v);
     free(s->resume_o);

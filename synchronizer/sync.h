@@ -62,6 +62,10 @@ typedef struct {
     uint64_t max_outbound_bytes;  /* payload bytes queued in libzmq for all learners; 0 = derived */
     uint64_t peer_outbound_bytes; /* ... for one learner; 0 = 2 x chunk_bytes (a learner from before chunking
                                      gets one whole fragment at a time when its queue is empty) */
+    int outbound_ms;         /* pacing: Update bytes queued for one learner are at most what its connection drained in
+                                this many ms (its measured rate, at least one chunk, at most peer_outbound_bytes), and
+                                its chunks shrink so two fit in that: an Ack or heartbeat waits about that long behind
+                                Updates; 0 = min(500, heartbeat_ms x liveness / 4) */
     int slow_reader_ms;      /* a learner whose queue makes no progress this long is dropped */
     dl_guard_cfg guard;      /* counters, replays, value guards */
     /* periodic evaluation of the global model (synchronizer/evalthread.h); off with shards > 1 (a shard
@@ -131,6 +135,8 @@ typedef struct {
     double steps_per_s;
     double train_loss;       /* its latest push's training loss (NaN: none yet) */
     uint64_t last_staleness; /* of its latest merged push, versions */
+    double drain_bps;        /* what its connection drains, bytes/s (downlink pacing; 0 = not measured yet) */
+    uint64_t ctl_ahead_max;  /* the most Update payload bytes an Ack, heartbeat or Welcome found queued ahead of it */
 } dl_sync_learner_stats;
 
 typedef struct {

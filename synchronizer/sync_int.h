@@ -62,11 +62,23 @@ typedef struct {
     int started;         /* version is set: [0, offset) of it has left */
     int delta;           /* started: the transfer is p's kept delta to `version` (else its fp32 values) */
     uint64_t version, offset;
+    /* pacing (downlink.c): what the learner's connection drains, from its queue's freed bytes over the
+     * time the queue held bytes; a new connection (a new queue) starts over */
+    const dl_wire_queue *mq; /* the queue measured */
+    uint64_t m_drained;  /* dl_wire_queue_drained_bytes(mq) at m_ns */
+    int64_t m_ns;        /* monotonic ns from which the queue's busy time is not yet counted; 0: it was empty */
+    double r_bytes, r_ns; /* drained bytes and busy ns, older ones fading (time constant DL_PACE_TAU_NS) */
+    double rate;         /* r_bytes / r_ns, bytes per second; 0: not measured yet */
+    uint64_t ctl_ahead_max; /* the most payload bytes queued ahead of a control message (Ack, heartbeat, Welcome) */
 } outbound;
 
-/* Downlink codec on: the latest merge's delta of a fragment, encoded (the
- * payload that takes version - 1 to version, core/codec.h layout), sent to
- * the learners that hold version - 1 (serve_owed). */
+/* Downlink codec on: a merge's delta of a fragment, encoded (the payload
+ * that takes version - 1 to version, core/codec.h layout), sent to the
+ * learners that hold version - 1 (serve_owed). The latest
+ * DL_SYNC_KEPT_DELTAS of each fragment are kept (a ring by version), at
+ * most the fragment's fp32 bytes in all: a learner a few versions behind
+ * gets the chain of deltas when it is smaller than the fragment. */
+#define DL_SYNC_KEPT_DELTAS 8
 typedef struct {
     uint8_t *buf;        /* NULL: none yet (none since the start: a restart forgets it) */
     size_t bytes;        /* dl_codec_bytes(&c, numel) */
@@ -133,7 +145,8 @@ struct dl_sync {
     inbound *inb;        /* [max learners] chunked push arriving per slot */
     outbound *outx;      /* [max learners] Update being sent per slot */
     uint64_t *resume_v, *resume_o; /* [max learners * P] a Fetch's resume point per slot and fragment */
-    kept_delta *kept;    /* [P] the latest delta per fragment (downlink codec on; memory only) */
+    kept_delta *kept;    /* [P * DL_SYNC_KEPT_DELTAS] the latest deltas per fragment, version % DL_SYNC_KEPT_DELTAS
+                            (downlink codec on; memory only) */
     ev_idle more;        /* the drain stopped at its budget with messages waiting */
 
     /* statistics (the snapshot formats them) */
@@ -205,7 +218,13 @@ void dl_downlink_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, D
 void dl_downlink_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
                           uint64_t merged, const char *reason, int rebase, uint32_t retry_after_ms);
 uint64_t dl_downlink_attached_bytes(const dl_sync *s);
+/* learner `slot`'s measured drain rate (bytes/s, 0 = not yet) and the most payload bytes an Ack, heartbeat or
+ * Welcome found queued ahead of it */
+double dl_downlink_rate(const dl_sync *s, int slot);
+uint64_t dl_downlink_ctl_ahead_max(const dl_sync *s, int slot);
 void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p);
+/* keep fragment p's delta to version v (buf: malloc'd, now the synchronizer's) for the learners that hold v - 1 */
+void dl_downlink_keep(dl_sync *s, int p, uint64_t v, uint8_t *buf, size_t bytes, dl_codec c);
 void dl_downlink_reset(dl_sync *s, int slot);
 void dl_downlink_resume_clear(dl_sync *s, int slot);
 void dl_downlink_serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *frags, size_t nf);

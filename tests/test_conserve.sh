@@ -70,7 +70,8 @@ run_seed() {
   rm -rf "$W/store" "$W"/c-*.log
   local SYNCARGS=(--vocab 64 --H 4 --quorum "$quorum" --max_staleness "$stale" --pool_mb "$pool"
     --outer_lr 1 --outer_momentum 0 --merge mean --aggregate weighted --staleness const --share_scaling false
-    --norm_k 0 --norm_param_ratio 0 --param_abs_max 0 --heartbeat_ms 100 --durability sync --metrics off)
+    --norm_k 0 --norm_param_ratio 0 --param_abs_max 0 --heartbeat_ms 100 --durability sync --metrics off
+    --update_codec off) # (b) replays fp32 outer steps: an int4 downlink's residual would be in none of them
   BIND=tcp://127.0.0.1:0 start_sync "sync-$seed" "${SYNCARGS[@]}"
   local port=${EP##*:}
   local ids=() amounts=() pids=() killed=()

@@ -289,7 +289,7 @@ static int sync_start(syncd *s, const char *name, const spec *sp, const char *co
                             "--n_layer", nl, "--n_head", nh, "--n_embd", ne, "--seq_len", sl, "--vocab", vo,
                             "--fragments", fr, "--H", "4", "--heartbeat_ms", hb, "--liveness", "6",
                             "--grace_cap_ms", "1000", "--rebase_ms", "60000", "--staleness", "const",
-                            "--status_every_ms", "0"};
+                            "--status_every_ms", "0", "--update_codec", "off" /* these fakes read fp32 Updates */};
     int argc = 0;
     while (argv[argc]) argc++;
     for (int i = 0; extra && extra[i] && argc < 94; i++) argv[argc++] = extra[i];

@@ -205,7 +205,7 @@ static int sync_start(syncd *s, const char *name, const char *const *args, int *
     const char *argv[64] = {exe, "--store", s->store, "--bind", "tcp://127.0.0.1:0", "--events", s->events,
                             "--H", "4", "--heartbeat_ms", hb, "--liveness", "6", "--grace_cap_ms", "1000",
                             "--rebase_ms", "60000", "--staleness", "const", "--status_every_ms", "0",
-                            "--metrics", "off"};
+                            "--metrics", "off", "--update_codec", "off" /* this fake reads fp32 Updates */};
     int argc = 0;
     while (argv[argc]) argc++;
     for (int i = 0; args && args[i] && argc < 62; i++) argv[argc++] = args[i];

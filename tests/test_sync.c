@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <pthread.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -59,11 +60,12 @@ static pid_t spawn_sync_x(const char *name, const char *shard, const char *shard
         char exe[512], store[300];
         snprintf(exe, sizeof exe, "%s/synchronizer/dloco-sync", bin ? bin : "build");
         snprintf(store, sizeof store, "%s/%s", dir, name);
+        /* update_codec off: these fakes read fp32 Updates (test_delta_downlink asks for int4: a later flag wins) */
         char *argv[64] = {exe, "--store", store, "--bind", "tcp://127.0.0.1:0", "--n_layer", "1", "--n_head", "2",
                           "--n_embd", "16", "--seq_len", "8", "--vocab", "256", "--fragments", "2", "--H", "4",
                           "--heartbeat_ms", "100", "--max_staleness", "1", "--staleness", "const",
                           "--status_every_ms", "0", "--outer_lr", "0.7", "--outer_momentum", "0.9",
-                          "--events", evp};
+                          "--events", evp, "--update_codec", "off"};
         int n = 0;
         while (argv[n]) n++;
         if (shards) {
@@ -127,13 +129,15 @@ static int recv_msg(void *d, dl_wire_msg *m)
     return DL_ETIMEDOUT;
 }
 
+static uint32_t hello_embd = 16; /* the model Hellos describe: MODEL, or test_paced_downlink's wider one */
+
 static void send_hello_c(void *d, const char *id, const char *run, uint64_t fp, uint32_t max_chunk)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Hello h;
     dloco__v1__hello__init(&h);
     h.fingerprint = fp;
-    h.n_layer = 1; h.n_head = 2; h.n_embd = 16; h.seq_len = 8; h.vocab = 256;
+    h.n_layer = 1; h.n_head = 2; h.n_embd = hello_embd; h.seq_len = 8; h.vocab = 256;
     h.num_fragments = P;
     h.device = "test";
     h.max_chunk_bytes = max_chunk;
@@ -605,7 +609,8 @@ static uint64_t merge_hash(const char *path, int p, uint64_t v)
  * holds v - 1, gets each version as an int4 delta (in chunks: it takes 4 KiB)
  * and its copy stays the stored fragment bit for bit (the merge event's hash);
  * dc gets v1 as a delta, then is dead while v2 and v3 merge: heard from
- * again, it is served v3, full (it missed v2). */
+ * again, it is served the chain from what it holds: v2 and v3 as deltas
+ * (together smaller than the fp32 fragment), and holds v3 bit for bit. */
 static void test_delta_downlink(void)
 {
     char evp[300];
@@ -680,18 +685,21 @@ static void test_delta_downlink(void)
         if (v == 2) {
             send_heartbeat(d[2], "dc"); /* alive again: what it is owed comes now */
             int rc = take_update(d[2], p, g[2], &ver, &isd, &uc);
-            CHECK(rc == 0 && ver == 3 && !isd && uc.id == DL_CODEC_FP32 && memcmp(g[2], g[1], n * 4) == 0,
-                  "dc, dead through v2 and v3, gets v3 full fp32 (rc %d, version %llu, delta %d), as db rebuilt it",
-                  rc, (unsigned long long)ver, isd);
+            CHECK(rc == 0 && ver == 2 && isd, "dc, dead through v2 and v3, gets the chain: v2 as a delta first (rc %d, "
+                  "version %llu, delta %d)", rc, (unsigned long long)ver, isd);
+            rc = take_update(d[2], p, g[2], &ver, &isd, &uc);
+            CHECK(rc == 0 && ver == 3 && isd && memcmp(g[2], g[1], n * 4) == 0,
+                  "... then v3 as a delta (rc %d, version %llu, delta %d), bit for bit as db rebuilt it", rc,
+                  (unsigned long long)ver, isd);
         }
     }
     printf("ok: with update_codec int4 a learner given v-1 gets chunked int4 deltas and holds the stored fragment "
-           "bit for bit (merge hash); one that missed a version gets it full\n");
-    /* 3 fetch replies and dc's v3 went full; da's and db's three and dc's v1 went as deltas */
+           "bit for bit (merge hash); one that missed versions gets the chain of deltas from what it holds\n");
+    /* 3 fetch replies went full; da's and db's three and dc's v1, v2, v3 went as deltas */
     char *met = malloc(1 << 20);
-    const char *want_sent[] = {"dloco_sync_updates_sent_total{kind=\"full\"} 4",
-                               "dloco_sync_updates_sent_total{kind=\"delta\"} 7", NULL};
-    CHECK(wait_metrics("delta", met, 1 << 20, want_sent, 10000) == 0, "metrics: 4 full and 7 delta Updates sent");
+    const char *want_sent[] = {"dloco_sync_updates_sent_total{kind=\"full\"} 3",
+                               "dloco_sync_updates_sent_total{kind=\"delta\"} 9", NULL};
+    CHECK(wait_metrics("delta", met, 1 << 20, want_sent, 10000) == 0, "metrics: 3 full and 9 delta Updates sent");
     free(met);
     for (int i = 0; i < 3; i++) {
         zmq_close(d[i]);
@@ -699,6 +707,145 @@ static void test_delta_downlink(void)
     }
     stop_sync(pid, "the delta synchronizer");
     free(x), free(pl);
+}
+
+
+/* Fragment p's numel in test_paced_downlink's model (n_embd 128), set there. */
+static size_t wide_numel[P];
+static volatile int wide_stop;
+static const char *wide_ep;
+
+/* test_paced_downlink's fast learner: pushes fragment 0 again as soon as its
+ * previous push was merged, reading everything it is sent, until wide_stop:
+ * fragment 0 moves on much faster than the slow learner reads. */
+static void *fast_pusher(void *arg)
+{
+    void *f = zmq_socket(ctx, ZMQ_DEALER);
+    dl_wire_sock_setup(f, 0, 64 << 20);
+    zmq_setsockopt(f, ZMQ_ROUTING_ID, "pf", 2);
+    zmq_connect(f, wide_ep);
+    send_hello_c(f, "pf", "dloco", *(const uint64_t *)arg, 1 << 20);
+    float *delta = calloc(wide_numel[0], 4);
+    for (size_t i = 0; i < wide_numel[0]; i++) delta[i] = 1e-4f;
+    uint64_t base = 0;
+    int pending = 0;
+    while (!wide_stop) {
+        if (!pending) {
+            send_push(f, "pf", 0, base, delta, wide_numel[0]);
+            pending = 1;
+        }
+        dl_wire_msg m;
+        zmq_pollitem_t it = {f, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&it, 1, 100) <= 0 || dl_wire_recv(f, 0, NULL, &m, ZMQ_DONTWAIT)) continue;
+        if (m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK && m.env->ack->fragment == 0 &&
+            m.env->ack->decision != DLOCO__V1__DECISION__DECISION_MERGED_PENDING) {
+            if (m.env->ack->decision == DLOCO__V1__DECISION__DECISION_ACCEPTED) base = m.env->ack->merged_version;
+            pending = 0;
+        }
+        dl_wire_msg_close(&m);
+    }
+    free(delta);
+    zmq_close(f);
+    return NULL;
+}
+
+/* (e) Pacing (docs/ARCHITECTURE.md "Downlink pacing"): a learner whose
+ * connection drains slowly (it reads about 2 MB/s through a small socket
+ * buffer) while another learner makes fragment 0 move on as fast as
+ * merges go, with whole fragments of 460 KB and the default chunk (1 MiB)
+ * and window: each of its own pushes' first Ack comes after at most a small
+ * number of Update bytes queued ahead of it (before pacing: up to two whole
+ * fragments, 920 KB, plus what the kernel holds), and it gets only the
+ * newest version of fragment 0, never one version twice. */
+static void test_paced_downlink(void)
+{
+    static const char *const args[] = {"--n_embd", "128", "--max_staleness", "1000", "--outbound_ms", "50", NULL};
+    char ep[256];
+    pid_t pid = spawn_sync_x("paced", NULL, NULL, args, ep, sizeof ep);
+    REQUIRE(pid > 0 && ep[0], "the paced synchronizer starts");
+    dl_model_config m = MODEL;
+    m.n_embd = 128;
+    dl_model_config_check(&m);
+    dl_plan *wplan;
+    dl_model_plan_open(&m, P, &wplan);
+    uint64_t wfp = dl_model_fingerprint(&m, wplan);
+    for (int p = 0; p < P; p++) wide_numel[p] = dl_plan_fragment_numel(wplan, p);
+    hello_embd = 128;
+    wide_ep = ep;
+
+    void *sl = zmq_socket(ctx, ZMQ_DEALER);
+    dl_wire_sock_setup(sl, 0, 64 << 20);
+    int one = 1, small = 16384;
+    zmq_setsockopt(sl, ZMQ_RCVHWM, &one, sizeof one); /* libzmq reads ahead of us only a message or so */
+    zmq_setsockopt(sl, ZMQ_RCVBUF, &small, sizeof small);
+    zmq_setsockopt(sl, ZMQ_ROUTING_ID, "ps", 2);
+    zmq_connect(sl, ep);
+    send_hello_c(sl, "ps", "dloco", wfp, 1 << 20);
+    dl_wire_msg w;
+    REQUIRE(recv_msg(sl, &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "paced: welcome");
+    epoch = w.env->epoch;
+    dl_wire_msg_close(&w);
+    pthread_t th;
+    wide_stop = 0;
+    REQUIRE(pthread_create(&th, NULL, fast_pusher, &wfp) == 0, "paced: the fast learner starts");
+
+    float *delta = calloc(wide_numel[1], 4);
+    for (size_t i = 0; i < wide_numel[1]; i++) delta[i] = 1e-4f;
+    uint64_t base1 = 0, ahead_max = 0, v0_max = 0, v0_seen[4096] = {0};
+    int v0_versions = 0, v0_twice = 0, acks_seen = 0;
+    for (int k = 0; k < 6; k++) {
+        send_push(sl, "ps", 1, base1, delta, wide_numel[1]);
+        uint64_t ahead = 0;
+        int acked = 0;
+        for (int64_t end = dl_clock_ns() + 20000000000LL; dl_clock_ns() < end && acked < 2;) {
+            dl_wire_msg u;
+            if (recv_msg(sl, &u)) break;
+            size_t got_b = u.npayload ? dl_wire_msg_payload_len(&u, 0) : 0;
+            usleep(1000 + (useconds_t)(got_b / 2)); /* the slow reader: ~2 MB/s */
+            if (u.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE) {
+                const Dloco__V1__Update *up = u.env->update;
+                if (!acked) ahead += got_b;
+                if (up->fragment == 0 && up->chunk_offset == 0 && up->version < 4096) {
+                    v0_twice += v0_seen[up->version]++ > 0;
+                    v0_versions++;
+                    if (up->version > v0_max) v0_max = up->version;
+                }
+            } else if (u.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK && u.env->ack->fragment == 1) {
+                if (!acked++) acks_seen++;
+                if (u.env->ack->decision == DLOCO__V1__DECISION__DECISION_ACCEPTED) {
+                    base1 = u.env->ack->merged_version;
+                    acked = 2;
+                } else if (u.env->ack->decision != DLOCO__V1__DECISION__DECISION_MERGED_PENDING) {
+                    acked = 2;
+                }
+            }
+            dl_wire_msg_close(&u);
+        }
+        if (ahead > ahead_max) ahead_max = ahead;
+    }
+    wide_stop = 1;
+    pthread_join(th, NULL);
+    char buf[1 << 16];
+    int got = get_metrics("paced", buf, sizeof buf);
+    const char *g = got == 0 ? strstr(buf, "dloco_sync_learner_control_behind_max_bytes{") : NULL;
+    printf("paced: slow learner's pushes acked %d of 6, at most %llu Update bytes received before an Ack; it got %d "
+           "versions of fragment 0 (newest v%llu); %.120s\n",
+           acks_seen, (unsigned long long)ahead_max, v0_versions, (unsigned long long)v0_max, g ? g : "(no metrics)");
+    CHECK(acks_seen == 6, "paced: every push of the slow learner acked (%d of 6)", acks_seen);
+    /* what pacing bounds is what libzmq holds (the kernel's socket buffers, here MBs on loopback, come on top:
+     * ahead_max is printed, not bounded) */
+    unsigned long long behind = 0;
+    CHECK(g && sscanf(strchr(g, '}') + 1, "%llu", &behind) == 1, "paced: control_behind_max_bytes in /metrics");
+    CHECK(behind <= 512 * 1024, "paced: an Ack or heartbeat found %llu Update bytes queued ahead of it (bound 512 KiB: "
+          "the window is what 50 ms drains, and the chunks shrink to it; before pacing 2 x 1 MiB)", behind);
+    CHECK(v0_versions > 0 && v0_versions < (int)v0_max, "paced: %d versions of fragment 0 sent while it reached v%llu "
+          "(the slow learner skips what it would not use)", v0_versions, (unsigned long long)v0_max);
+    CHECK(v0_twice == 0, "paced: a version of fragment 0 started %d more times than once", v0_twice);
+    free(delta);
+    zmq_close(sl);
+    hello_embd = 16;
+    dl_plan_close(&wplan);
+    stop_sync(pid, "paced");
 }
 
 int main(void)
@@ -924,6 +1071,7 @@ int main(void)
     test_shard();
     test_codec_pushes();
     test_delta_downlink();
+    test_paced_downlink();
     dl_plan_close(&plan);
     zmq_ctx_term(ctx);
     char cmd[300];
