@@ -435,6 +435,41 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
     dl_commit_schedule(s);
 }
 
+/* ------------------------------------------------------------------------ */
+/* liveness */
+
+/* A learner's latest sign of life, monotonic ns: its last message, or the
+ * last time libzmq handed bytes queued for it (Update chunks) to the kernel.
+ * On a thin link its heartbeats and Acks wait behind Update chunks for
+ * seconds, but chunks leaving means its TCP window moves: it reads. Bytes
+ * drained without the peer reading are bounded by the kernel's buffers (our
+ * send buffer plus its receive buffer, a few MiB; receive autotuning grows
+ * only as it reads): a stopped learner's drain stops after buffers / link
+ * rate (~10 s at 3 Mbit/s, milliseconds on a LAN), and from then its
+ * silence counts. A connection that closes frees what it held once (one
+ * last drain): a killed learner is declared dead one liveness later. */
+int64_t dl_admit_last_sign(const dl_registry_learner *l)
+{
+    int64_t drained = dl_wire_queue_drained_ns(l->outq);
+    return drained > l->last_seen_ns ? drained : l->last_seen_ns;
+}
+
+/* The loop did not run for stall_ns beyond its tick period (SIGSTOP, swap,
+ * a long callback): nothing was read meanwhile, so a learner's silence did
+ * not grow then. Its clocks move on by the stall (not past now), and the
+ * messages waiting in the socket are read before anyone is judged again. */
+void dl_admit_loop_stalled(dl_sync *s, int64_t stall_ns, int64_t now)
+{
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        dl_registry_learner *l = dl_registry_get(s->reg, i);
+        if (!l->used) continue;
+        l->last_seen_ns = l->last_seen_ns + stall_ns < now ? l->last_seen_ns + stall_ns : now;
+        if (l->outq_busy_ns) l->outq_busy_ns = l->outq_busy_ns + stall_ns < now ? l->outq_busy_ns + stall_ns : now;
+        if (s->inb[i].active)
+            s->inb[i].progress_ns = s->inb[i].progress_ns + stall_ns < now ? s->inb[i].progress_ns + stall_ns : now;
+    }
+}
+
 void dl_admit_bye(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Bye *b, int64_t now)
 {
     dl_admit_mark_left(s, l, slot, now, DL_POLICY_LEAVE_BYE);

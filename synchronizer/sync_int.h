@@ -143,6 +143,8 @@ struct dl_sync {
     uint64_t updates_full, updates_delta; /* Updates sent whole (all their chunks), by kind */
     uint64_t seq;
     int64_t started_ns, last_sync_ns;
+    int64_t tick_ns;                  /* monotonic ns of the latest tick (0: none yet): its gaps are the loop's stalls */
+    uint64_t loop_stalls, loop_stall_ms; /* ticks that came a period or more late, and the time lost past the period */
     uint64_t *versions;               /* [P] snapshot buffer */
     dl_sync_learner_stats *lstats;    /* [max learners] snapshot buffer */
     owed_key *owed_order;     /* [max learners] scratch of dl_downlink_serve_owed */
@@ -181,6 +183,11 @@ void dl_admit_mark_left(dl_sync *s, dl_registry_learner *l, int slot, int64_t no
 uint64_t dl_admit_put_sig(const dl_registry_learner *l);
 void dl_admit_record(dl_registry_learner *l, dl_store_learner *r);
 void dl_admit_put_now(dl_sync *s, dl_registry_learner *l);
+
+/* admit.c: liveness. A learner's latest sign of life (a message, or bytes of its queue drained), monotonic ns */
+int64_t dl_admit_last_sign(const dl_registry_learner *l);
+/* the loop did not run for stall_ns beyond its tick: every learner's clocks move on by it */
+void dl_admit_loop_stalled(dl_sync *s, int64_t stall_ns, int64_t now);
 
 /* uplink.c: a Push message (whole, or one chunk) up to the policy's verdict */
 void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *msg, const Dloco__V1__Push *ph);
