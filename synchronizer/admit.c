@@ -391,14 +391,20 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
     dl_registry_given_clear(s->reg, slot, -1);
     if (s->outx[slot].delta) dl_downlink_reset(s, slot);
     dl_ledger_hello(s->ledger, slot, h->step);
+    /* must_fetch only when what it holds is of no use: nothing, a version
+     * newer than the global one (another store's timeline), or an absence
+     * past rebase_ms / a reclaimed slot (its replay record is gone). Held
+     * versions older than the global one by any distance are kept: the
+     * Welcome's fragment_versions tell it which fragments are newer here and
+     * it fetches those alone, adopting them in its own mode. A learner
+     * declared dead on a thin link (its Acks and Updates late behind a
+     * backlog) used to lag past max_staleness by the time its Hello came and
+     * refetched every fragment at each of its rejoins. */
     int must_fetch = h->n_held_versions == 0 || away_long;
     uint64_t *vers = dl_xcalloc((size_t)s->cfg.P, sizeof(uint64_t));
     for (int p = 0; p < s->cfg.P; p++) {
         vers[p] = dl_policy_version(s->policy, p); /* 0 for another shard's: never served here */
-        if (h->n_held_versions && owns(s, p)) {
-            uint64_t held = h->held_versions[p];
-            if (held > vers[p] || vers[p] - held > (uint64_t)s->cfg.policy.max_staleness) must_fetch = 1;
-        }
+        if (h->n_held_versions && owns(s, p) && h->held_versions[p] > vers[p]) must_fetch = 1;
     }
     /* the held versions: progress on them can be as old as the longest
      * absence that keeps fragments (rebase_ms) */
