@@ -460,6 +460,33 @@ int64_t dl_admit_last_sign(const dl_registry_learner *l)
     return drained > l->last_seen_ns ? drained : l->last_seen_ns;
 }
 
+/* Chunks of a learner's own pushes its heartbeats may wait behind: the two
+ * of its push window (learner/comms.c) and about one more in its kernel's
+ * send buffer. */
+#define DL_ADMIT_UPLINK_CHUNKS 3
+
+/* How long learner `slot` may be silent before it is dead, ns: liveness x
+ * heartbeat_ms, plus, on an uplink measured slow, the time its heartbeat
+ * may wait behind its own push chunks (a 1 MiB chunk takes 2.8 s at
+ * 3 Mbit/s: with the defaults' 3 s a busy thin learner looked dead); while
+ * one of its chunked pushes arrives, at least as long as that push may
+ * stall (dl_uplink_stall_ns): its chunks arriving are its bytes moving.
+ * At most slow_reader_ms past liveness. */
+int64_t dl_admit_dead_after(const dl_sync *s, int slot, const dl_registry_learner *l)
+{
+    int64_t d = (int64_t)s->cfg.liveness * s->cfg.heartbeat_ms * 1000000LL;
+    int64_t cap = d + (int64_t)s->cfg.slow_reader_ms * 1000000LL;
+    if (l->up_bytes_s > 0) {
+        double w = DL_ADMIT_UPLINK_CHUNKS * (double)s->cfg.chunk_bytes / l->up_bytes_s * 1e9;
+        d += w < (double)cap ? (int64_t)w : cap;
+    }
+    if (s->inb[slot].active) {
+        int64_t st = dl_uplink_stall_ns(s, slot);
+        if (st > d) d = st;
+    }
+    return d < cap ? d : cap;
+}
+
 /* The loop did not run for stall_ns beyond its tick period (SIGSTOP, swap,
  * a long callback): nothing was read meanwhile, so a learner's silence did
  * not grow then. Its clocks move on by the stall (not past now), and the

@@ -218,7 +218,6 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     dl_sync *s = w->data;
     int64_t now = dl_clock_ns();
-    int64_t dead_after = (int64_t)s->cfg.liveness * s->cfg.heartbeat_ms * 1000000LL;
     /* The tick comes every heartbeat_ms while the loop runs; a longer gap is
      * the loop's own stall (the process stopped, swapped, or a callback ran
      * long), and learners are not charged for it: libev runs due timers
@@ -257,7 +256,7 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
         if (member(s, i) != DL_POLICY_MEMBER_LIVE) continue;
         /* silence: no message from it and no byte for it drained (admit.c dl_admit_last_sign) */
         int64_t sign = dl_admit_last_sign(l);
-        if (now - sign > dead_after) {
+        if (now - sign > dl_admit_dead_after(s, i, l)) {
             dl_admit_mark_left(s, l, i, now, DL_POLICY_LEAVE_DEAD);
             double silent = (double)(now - sign) * 1e-9;
             DL_WARN("learner %s declared dead after %.1f s of silence", l->id, silent);

@@ -48,6 +48,7 @@ typedef struct {
     uint32_t block, topk;
     uint64_t received;   /* elements so far, in order */
     uint64_t counted;    /* pool bytes counted for it: received x 4 (the pool keeps fp32) */
+    uint64_t wire;       /* payload bytes of its chunks after the first, as they travelled (its uplink's rate) */
     int chunks;          /* chunks kept so far */
     int64_t first_ns;    /* monotonic ns of its first chunk */
     int64_t progress_ns; /* monotonic ns of its latest chunk: one that stops past dl_uplink_stall_ns is dropped */
@@ -186,6 +187,8 @@ void dl_admit_put_now(dl_sync *s, dl_registry_learner *l);
 
 /* admit.c: liveness. A learner's latest sign of life (a message, or bytes of its queue drained), monotonic ns */
 int64_t dl_admit_last_sign(const dl_registry_learner *l);
+/* how long a learner may be silent before it is dead, ns (liveness x heartbeat_ms, longer on a busy slow uplink) */
+int64_t dl_admit_dead_after(const dl_sync *s, int slot, const dl_registry_learner *l);
 /* the loop did not run for stall_ns beyond its tick: every learner's clocks move on by it */
 void dl_admit_loop_stalled(dl_sync *s, int64_t stall_ns, int64_t now);
 
