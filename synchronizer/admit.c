@@ -464,22 +464,27 @@ int64_t dl_admit_last_sign(const dl_registry_learner *l)
  * of its push window (learner/comms.c) and about one more in its kernel's
  * send buffer. */
 #define DL_ADMIT_UPLINK_CHUNKS 3
+/* The uplink rate assumed until one is measured, bytes/s (1 Mbit/s). */
+#define DL_ADMIT_UPLINK_FLOOR_BPS (128u << 10)
 
 /* How long learner `slot` may be silent before it is dead, ns: liveness x
- * heartbeat_ms, plus, on an uplink measured slow, the time its heartbeat
- * may wait behind its own push chunks (a 1 MiB chunk takes 2.8 s at
- * 3 Mbit/s: with the defaults' 3 s a busy thin learner looked dead); while
- * one of its chunked pushes arrives, at least as long as that push may
- * stall (dl_uplink_stall_ns): its chunks arriving are its bytes moving.
- * At most slow_reader_ms past liveness. */
+ * heartbeat_ms plus the time its heartbeat may wait behind its own push
+ * chunks (a 1 MiB chunk takes 2.8 s at 3 Mbit/s: a busy thin learner
+ * looked dead, at once with 200 ms x 6) at its uplink's measured rate, or
+ * at 1 Mbit/s until one is measured (on a LAN a chunked push measures it
+ * at once, and the addition vanishes); while one of its chunked pushes
+ * arrives, at least as long as that push may stall (dl_uplink_stall_ns):
+ * its chunks arriving are its bytes moving. At most slow_reader_ms past
+ * liveness. */
 int64_t dl_admit_dead_after(const dl_sync *s, int slot, const dl_registry_learner *l)
 {
     int64_t d = (int64_t)s->cfg.liveness * s->cfg.heartbeat_ms * 1000000LL;
     int64_t cap = d + (int64_t)s->cfg.slow_reader_ms * 1000000LL;
-    if (l->up_bytes_s > 0) {
-        double w = DL_ADMIT_UPLINK_CHUNKS * (double)s->cfg.chunk_bytes / l->up_bytes_s * 1e9;
-        d += w < (double)cap ? (int64_t)w : cap;
-    }
+    /* a push travels in chunks of chunk_bytes, or whole when its fragment is smaller */
+    uint64_t chunk = s->cfg.chunk_bytes < s->max_frag_bytes ? s->cfg.chunk_bytes : s->max_frag_bytes;
+    double rate = l->up_bytes_s > 0 ? l->up_bytes_s : DL_ADMIT_UPLINK_FLOOR_BPS;
+    double w = DL_ADMIT_UPLINK_CHUNKS * (double)chunk / rate * 1e9;
+    d += w < (double)cap ? (int64_t)w : cap;
     if (s->inb[slot].active) {
         int64_t st = dl_uplink_stall_ns(s, slot);
         if (st > d) d = st;

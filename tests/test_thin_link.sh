@@ -8,7 +8,10 @@
 # are its signs of life), the learner does not take its busy downlink for a
 # silent synchronizer (no rehello), and no Welcome after its first makes it
 # fetch what it holds (must_fetch). Needs root (ip netns, tc): SKIP
-# otherwise. Holds the netns lock.
+# otherwise. Holds the netns lock. SYNC_ARGS adds synchronizer options:
+# SYNC_ARGS="--heartbeat_ms 200" is the regime of the chaos scenario
+# format's defaults (1.2 s of liveness), where the thin learner was
+# declared dead before its first push chunk arrived.
 set -u
 TEST_NAME=thin_link
 . "$(dirname "$0")/lib_cluster.sh"
@@ -33,7 +36,7 @@ make_corpus
 S=$W/events-sync.log
 : > "$S"
 "$SYNC" --store "$W/store" --bind "tcp://$NET.1:0" --auth off $MODEL --vocab 256 --fragments 2 --status_every_ms 0 \
-  --events "$S" > "$W/sync.log" 2>&1 &
+  --events "$S" ${SYNC_ARGS:-} > "$W/sync.log" 2>&1 &
 SPID=$!; PIDS+=("$SPID")
 ev_wait 20 "$S" sync_start || die "dloco-sync did not start"
 EP=$(ev_last "$S" sync_start endpoint)
