@@ -51,6 +51,7 @@ typedef struct {
     float *rx;
     uint64_t rx_version, rx_off;
     uint64_t gap_at;    /* rx_off + 1 when a resume Fetch was asked for that gap (0: none) */
+    int64_t rx_t;       /* when the latest chunk of p's Update (fp32 or delta) arrived (dl_clock_ns) */
     /* push encoding: the encoded push of p (dl_codec_bytes of numel_p; NULL
      * until its first encoded push) and how many pushes of p were encoded
      * (the stochastic rounding seed's counter) */
@@ -133,6 +134,8 @@ struct dl_comms {
     uint32_t hb_ms, liveness;
     int64_t t_start, t_hello, t_hb, t_recv, t_warn;
     int64_t t_sock;         /* when the current socket was opened */
+    double rx_ns_per_byte;  /* our downlink's pace between consecutive chunks of one Update, ns per payload byte
+                             * (0: none seen; a moving mean): the synchronizer had the later chunk queued */
     int64_t t_reopen;       /* when a rebuilt socket opens (sock NULL until then) */
     int64_t t_fetch;        /* earliest fetch_at of a wanted Fetch, NEVER when none */
     int sent_on_sock;       /* a message left on the current socket */
@@ -784,6 +787,20 @@ static void forget_sent(dl_comms *c)
     }
 }
 
+/* A chunk of p's Update arrived (`bytes` of payload); `continues`: it
+ * follows an earlier chunk of the same transfer, so the synchronizer had it
+ * queued behind that one and the interval is our downlink's pace
+ * (silence_ms). */
+static void rx_chunk(dl_comms *c, sfrag *f, int continues, size_t bytes)
+{
+    int64_t now = dl_clock_ns();
+    if (continues && bytes && f->rx_t && now > f->rx_t) {
+        double pace = (double)(now - f->rx_t) / (double)bytes;
+        c->rx_ns_per_byte = c->rx_ns_per_byte > 0 ? 0.75 * c->rx_ns_per_byte + 0.25 * pace : pace;
+    }
+    f->rx_t = now;
+}
+
 /* Start a new session: the synchronizer restarted, forgot us, went silent,
  * said bye, or the connection was rebuilt. With `forget` the pushes sent are
  * forgotten (forget_sent). Queued pushes wait in their slots either way.
@@ -1189,7 +1206,10 @@ static void on_update_delta(dl_comms *c, const Dloco__V1__Update *u, int p, cons
         return;
     }
     f->stage_off = off + n;
-    if (u->chunk_numel) COUNT(chunks_recv);
+    if (u->chunk_numel) {
+        COUNT(chunks_recv);
+        rx_chunk(c, f, off > 0, len);
+    }
     if (f->stage_off < u->numel) return;
     f->stage_active = 0;
     on_update_whole(c, u, p, f->stage);
@@ -1250,6 +1270,7 @@ static void on_update(dl_comms *c, const Dloco__V1__Update *u, dl_wire_msg *m)
         }
         const char *from = (const char *)payload + (f->rx_off - off) * sizeof(float);
         memcpy(f->rx + f->rx_off, from, (size_t)(end - f->rx_off) * sizeof(float));
+        rx_chunk(c, f, f->rx_off > 0, dl_wire_msg_payload_len(m, 0));
         f->rx_off = end;
         f->gap_at = 0;
         COUNT(chunks_recv);
@@ -1741,10 +1762,35 @@ static int send_pushes(dl_comms *c, int64_t now)
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
-/* The silence limit: max(silence_min_ms, liveness * heartbeat_ms of the last Welcome), ms. */
+/* The silence limit: max(silence_min_ms, liveness * heartbeat_ms of the last
+ * Welcome, DL_COMMS_RX_CHUNKS chunk times of our downlink), ms. zmq shows a
+ * message only once all of it arrived, and the synchronizer's heartbeats
+ * travel behind the Update chunks it queued for us (up to two, plus its
+ * kernel's buffer): on a thin link (a 1 MiB chunk takes 2.8 s at 3 Mbit/s)
+ * a busy downlink is not a silent one, and a Hello sent then would wait
+ * behind the same chunks. A chunk's time is measured (rx_chunk); before
+ * the first measure, while a Fetch reply or the rest of an Update is owed
+ * to us, it is a chunk at DL_COMMS_RX_FLOOR_BPS. At most
+ * silence_rebuild_ms: after a slow spell a dead synchronizer is only
+ * noticed later. */
+#define DL_COMMS_RX_CHUNKS 3
+#define DL_COMMS_RX_FLOOR_BPS (128 << 10)
 static int64_t silence_ms(const dl_comms *c)
 {
     int64_t s = (int64_t)c->liveness * c->hb_ms;
+    size_t chunk = c->chunk && c->chunk * sizeof(float) < c->maxmsg ? c->chunk * sizeof(float) : c->maxmsg;
+    double chunk_ns = (double)chunk * c->rx_ns_per_byte;
+    if (chunk_ns <= 0) {
+        int owed = 0;
+        for (int i = 0; i < c->n_served && !owed; i++) {
+            const sfrag *f = &c->f[c->served[i]];
+            owed = f->fetch_pending || (f->rx && f->rx_off > 0) || f->stage_active;
+        }
+        if (owed) chunk_ns = (double)chunk / DL_COMMS_RX_FLOOR_BPS * 1e9;
+    }
+    int64_t busy = (int64_t)(DL_COMMS_RX_CHUNKS * chunk_ns / MS);
+    if (busy > c->silence_rebuild_ms) busy = c->silence_rebuild_ms;
+    if (s < busy) s = busy;
     return s < c->silence_min_ms ? c->silence_min_ms : s;
 }
 

@@ -391,14 +391,20 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
     dl_registry_given_clear(s->reg, slot, -1);
     if (s->outx[slot].delta) dl_downlink_reset(s, slot);
     dl_ledger_hello(s->ledger, slot, h->step);
+    /* must_fetch only when what it holds is of no use: nothing, a version
+     * newer than the global one (another store's timeline), or an absence
+     * past rebase_ms / a reclaimed slot (its replay record is gone). Held
+     * versions older than the global one by any distance are kept: the
+     * Welcome's fragment_versions tell it which fragments are newer here and
+     * it fetches those alone, adopting them in its own mode. A learner
+     * declared dead on a thin link (its Acks and Updates late behind a
+     * backlog) used to lag past max_staleness by the time its Hello came and
+     * refetched every fragment at each of its rejoins. */
     int must_fetch = h->n_held_versions == 0 || away_long;
     uint64_t *vers = dl_xcalloc((size_t)s->cfg.P, sizeof(uint64_t));
     for (int p = 0; p < s->cfg.P; p++) {
         vers[p] = dl_policy_version(s->policy, p); /* 0 for another shard's: never served here */
-        if (h->n_held_versions && owns(s, p)) {
-            uint64_t held = h->held_versions[p];
-            if (held > vers[p] || vers[p] - held > (uint64_t)s->cfg.policy.max_staleness) must_fetch = 1;
-        }
+        if (h->n_held_versions && owns(s, p) && h->held_versions[p] > vers[p]) must_fetch = 1;
     }
     /* the held versions: progress on them can be as old as the longest
      * absence that keeps fragments (rebase_ms) */
@@ -433,6 +439,73 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
              s->auth ? 1 : 0);
     learner_put(s, l);
     dl_commit_schedule(s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* liveness */
+
+/* A learner's latest sign of life, monotonic ns: its last message, or the
+ * last time libzmq handed bytes queued for it (Update chunks) to the kernel.
+ * On a thin link its heartbeats and Acks wait behind Update chunks for
+ * seconds, but chunks leaving means its TCP window moves: it reads. Bytes
+ * drained without the peer reading are bounded by the kernel's buffers (our
+ * send buffer plus its receive buffer, a few MiB; receive autotuning grows
+ * only as it reads): a stopped learner's drain stops after buffers / link
+ * rate (~10 s at 3 Mbit/s, milliseconds on a LAN), and from then its
+ * silence counts. A connection that closes frees what it held once (one
+ * last drain): a killed learner is declared dead one liveness later. */
+int64_t dl_admit_last_sign(const dl_registry_learner *l)
+{
+    int64_t drained = dl_wire_queue_drained_ns(l->outq);
+    return drained > l->last_seen_ns ? drained : l->last_seen_ns;
+}
+
+/* Chunks of a learner's own pushes its heartbeats may wait behind: the two
+ * of its push window (learner/comms.c) and about one more in its kernel's
+ * send buffer. */
+#define DL_ADMIT_UPLINK_CHUNKS 3
+/* The uplink rate assumed until one is measured, bytes/s (1 Mbit/s). */
+#define DL_ADMIT_UPLINK_FLOOR_BPS (128u << 10)
+
+/* How long learner `slot` may be silent before it is dead, ns: liveness x
+ * heartbeat_ms plus the time its heartbeat may wait behind its own push
+ * chunks (a 1 MiB chunk takes 2.8 s at 3 Mbit/s: a busy thin learner
+ * looked dead, at once with 200 ms x 6) at its uplink's measured rate, or
+ * at 1 Mbit/s until one is measured (on a LAN a chunked push measures it
+ * at once, and the addition vanishes); while one of its chunked pushes
+ * arrives, at least as long as that push may stall (dl_uplink_stall_ns):
+ * its chunks arriving are its bytes moving. At most slow_reader_ms past
+ * liveness. */
+int64_t dl_admit_dead_after(const dl_sync *s, int slot, const dl_registry_learner *l)
+{
+    int64_t d = (int64_t)s->cfg.liveness * s->cfg.heartbeat_ms * 1000000LL;
+    int64_t cap = d + (int64_t)s->cfg.slow_reader_ms * 1000000LL;
+    /* a push travels in chunks of chunk_bytes, or whole when its fragment is smaller */
+    uint64_t chunk = s->cfg.chunk_bytes < s->max_frag_bytes ? s->cfg.chunk_bytes : s->max_frag_bytes;
+    double rate = l->up_bytes_s > 0 ? l->up_bytes_s : DL_ADMIT_UPLINK_FLOOR_BPS;
+    double w = DL_ADMIT_UPLINK_CHUNKS * (double)chunk / rate * 1e9;
+    d += w < (double)cap ? (int64_t)w : cap;
+    if (s->inb[slot].active) {
+        int64_t st = dl_uplink_stall_ns(s, slot);
+        if (st > d) d = st;
+    }
+    return d < cap ? d : cap;
+}
+
+/* The loop did not run for stall_ns beyond its tick period (SIGSTOP, swap,
+ * a long callback): nothing was read meanwhile, so a learner's silence did
+ * not grow then. Its clocks move on by the stall (not past now), and the
+ * messages waiting in the socket are read before anyone is judged again. */
+void dl_admit_loop_stalled(dl_sync *s, int64_t stall_ns, int64_t now)
+{
+    for (int i = 0; i < dl_registry_count(s->reg); i++) {
+        dl_registry_learner *l = dl_registry_get(s->reg, i);
+        if (!l->used) continue;
+        l->last_seen_ns = l->last_seen_ns + stall_ns < now ? l->last_seen_ns + stall_ns : now;
+        if (l->outq_busy_ns) l->outq_busy_ns = l->outq_busy_ns + stall_ns < now ? l->outq_busy_ns + stall_ns : now;
+        if (s->inb[i].active)
+            s->inb[i].progress_ns = s->inb[i].progress_ns + stall_ns < now ? s->inb[i].progress_ns + stall_ns : now;
+    }
 }
 
 void dl_admit_bye(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Bye *b, int64_t now)

@@ -193,6 +193,10 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
         lab1(lb, sizeof lb, "fragment", ps);
         dl_prom_sample(out, "dloco_sync_fragment_merges_total", lb, (double)m->frag_merges[p]);
     }
+    FAM("loop_stalls_total", "counter",
+        "times the synchronizer's loop did not run for a heartbeat period or more (stopped, swapped, busy): learners "
+        "are not charged for that silence");
+    VAL("loop_stalls_total", st->loop_stalls);
     FAM("merged_contributions_total", "counter", "pushes merged (contributions of committed rounds)");
     VAL("merged_contributions_total", st->merged_contribs);
     FAM("staleness", "histogram", "staleness of each merged contribution, versions (round version - push base)");

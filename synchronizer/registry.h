@@ -50,6 +50,8 @@ typedef struct {
     uint64_t last_staleness;           /* staleness of its latest merged push, versions */
     int64_t chunk_gap_ns;              /* mean interval between the chunks of its latest complete chunked push,
                                           ns (0: none yet): how long its stalled pushes are waited for */
+    double up_bytes_s;                 /* its uplink's rate over that push's chunks after the first, bytes/s (0:
+                                          none yet): how long its heartbeats may wait behind its own chunks */
     /* [P * DL_REGISTRY_BASES]: per fragment a ring of the versions this
      * learner was given (Update sent, or held at Hello) and when: a push from
      * base v can have accumulated steps only since v reached the learner. */

@@ -52,7 +52,7 @@ static void summary_fields(const dl_sync_stats *st, char *buf, size_t cap)
              "deferred_updates=%llu outbound_peak_bytes=%llu outbound_max_bytes=%llu outbound_detached_bytes=%llu "
              "pool_peak_bytes=%llu pool_max_bytes=%llu busy_refused=%llu update_restarts=%llu chunks_in=%llu "
              "chunks_out=%llu drain_yields=%llu abandoned_pushes=%llu store_file_bytes=%llu store_live_bytes=%llu "
-             "updates_full=%llu updates_delta=%llu",
+             "updates_full=%llu updates_delta=%llu loop_stalls=%llu loop_stall_ms=%llu",
              (unsigned long long)st->epoch, (unsigned long long)st->merges, (unsigned long long)st->merged_contribs,
              mean_staleness(st), (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
              (unsigned long long)st->fetches, st->wall_s, (unsigned long long)st->refused_msgs,
@@ -65,7 +65,8 @@ static void summary_fields(const dl_sync_stats *st, char *buf, size_t cap)
              (unsigned long long)st->chunks_out, (unsigned long long)st->drain_yields,
              (unsigned long long)st->abandoned_pushes, (unsigned long long)st->store_file_bytes,
              (unsigned long long)st->store_live_bytes, (unsigned long long)st->updates_full,
-             (unsigned long long)st->updates_delta);
+             (unsigned long long)st->updates_delta, (unsigned long long)st->loop_stalls,
+             (unsigned long long)st->loop_stall_ms);
 }
 
 static void learner_fields(const dl_sync_learner_stats *l, char *buf, size_t cap)

@@ -70,6 +70,8 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->updates_full = s->updates_full;
     out->updates_delta = s->updates_delta;
     out->drain_yields = s->drain_yields;
+    out->loop_stalls = s->loop_stalls;
+    out->loop_stall_ms = s->loop_stall_ms;
     out->abandoned_pushes = s->abandoned_in;
     out->merges = s->merges;
     out->merged_contribs = s->merged_contribs;

@@ -218,7 +218,24 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
     (void)revents;
     dl_sync *s = w->data;
     int64_t now = dl_clock_ns();
-    int64_t dead_after = (int64_t)s->cfg.liveness * s->cfg.heartbeat_ms * 1000000LL;
+    /* The tick comes every heartbeat_ms while the loop runs; a longer gap is
+     * the loop's own stall (the process stopped, swapped, or a callback ran
+     * long), and learners are not charged for it: libev runs due timers
+     * before the socket's watcher, so without this a synchronizer resuming
+     * from SIGSTOP declared every learner dead before reading the messages
+     * waiting for it. */
+    int64_t period = (int64_t)s->cfg.heartbeat_ms * 1000000LL;
+    int64_t stall = s->tick_ns ? now - s->tick_ns - period : 0;
+    s->tick_ns = now;
+    if (stall > 0) dl_admit_loop_stalled(s, stall, now);
+    if (stall >= period) {
+        s->loop_stalls++;
+        s->loop_stall_ms += (uint64_t)(stall / 1000000);
+        DL_WARN("the synchronizer's loop did not run for %.1f s (stopped, swapped or busy): learners' silence "
+                "during it is not counted", (double)(stall + period) * 1e-9);
+        dl_event("sync_stall", "gap_ms=%lld stall_ms=%lld", (long long)((stall + period) / 1000000),
+                 (long long)(stall / 1000000));
+    }
     /* the records due go in one job, one transaction: at any fleet size the
      * tick costs the worker one commit, not one per learner */
     dl_job *puts = NULL;
@@ -237,11 +254,13 @@ static void on_tick(struct ev_loop *loop, ev_timer *w, int revents)
         if (s->inb[i].active && now - s->inb[i].progress_ns > dl_uplink_stall_ns(s, i)) dl_uplink_drop(s, i, "stalled");
         /* slots are reclaimed only when a new learner needs one (dl_admit_hello) */
         if (member(s, i) != DL_POLICY_MEMBER_LIVE) continue;
-        if (now - l->last_seen_ns > dead_after) {
+        /* silence: no message from it and no byte for it drained (admit.c dl_admit_last_sign) */
+        int64_t sign = dl_admit_last_sign(l);
+        if (now - sign > dl_admit_dead_after(s, i, l)) {
             dl_admit_mark_left(s, l, i, now, DL_POLICY_LEAVE_DEAD);
-            double silent = (double)(now - l->last_seen_ns) * 1e-9;
+            double silent = (double)(now - sign) * 1e-9;
             DL_WARN("learner %s declared dead after %.1f s of silence", l->id, silent);
-            dl_event("learner_dead", "id=%s silent_ms=%lld", l->id, (long long)((now - l->last_seen_ns) / 1000000));
+            dl_event("learner_dead", "id=%s silent_ms=%lld", l->id, (long long)((now - sign) / 1000000));
             continue;
         }
         dl_downlink_check_reader(s, i, l, now);

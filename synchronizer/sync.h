@@ -162,6 +162,7 @@ typedef struct {
     uint64_t chunks_in, chunks_out; /* Push chunks received, Update messages sent */
     uint64_t updates_full, updates_delta; /* Updates sent whole (every chunk): fp32 values, and deltas */
     uint64_t drain_yields;     /* drains that stopped at their budget with messages waiting */
+    uint64_t loop_stalls, loop_stall_ms; /* the loop's own stalls (a tick a period or more late), their ms */
     uint64_t abandoned_pushes; /* chunked pushes dropped unfinished (learner gone, new connection, order) */
     uint64_t store_file_bytes, store_live_bytes, store_free_bytes; /* LMDB: data.mdb, used - free, freelist */
     int jobs_inflight;

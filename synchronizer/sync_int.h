@@ -48,6 +48,7 @@ typedef struct {
     uint32_t block, topk;
     uint64_t received;   /* elements so far, in order */
     uint64_t counted;    /* pool bytes counted for it: received x 4 (the pool keeps fp32) */
+    uint64_t wire;       /* payload bytes of its chunks after the first, as they travelled (its uplink's rate) */
     int chunks;          /* chunks kept so far */
     int64_t first_ns;    /* monotonic ns of its first chunk */
     int64_t progress_ns; /* monotonic ns of its latest chunk: one that stops past dl_uplink_stall_ns is dropped */
@@ -156,6 +157,8 @@ struct dl_sync {
     uint64_t updates_full, updates_delta; /* Updates sent whole (all their chunks), by kind */
     uint64_t seq;
     int64_t started_ns, last_sync_ns;
+    int64_t tick_ns;                  /* monotonic ns of the latest tick (0: none yet): its gaps are the loop's stalls */
+    uint64_t loop_stalls, loop_stall_ms; /* ticks that came a period or more late, and the time lost past the period */
     uint64_t *versions;               /* [P] snapshot buffer */
     dl_sync_learner_stats *lstats;    /* [max learners] snapshot buffer */
     owed_key *owed_order;     /* [max learners] scratch of dl_downlink_serve_owed */
@@ -194,6 +197,13 @@ void dl_admit_mark_left(dl_sync *s, dl_registry_learner *l, int slot, int64_t no
 uint64_t dl_admit_put_sig(const dl_registry_learner *l);
 void dl_admit_record(dl_registry_learner *l, dl_store_learner *r);
 void dl_admit_put_now(dl_sync *s, dl_registry_learner *l);
+
+/* admit.c: liveness. A learner's latest sign of life (a message, or bytes of its queue drained), monotonic ns */
+int64_t dl_admit_last_sign(const dl_registry_learner *l);
+/* how long a learner may be silent before it is dead, ns (liveness x heartbeat_ms, longer on a busy slow uplink) */
+int64_t dl_admit_dead_after(const dl_sync *s, int slot, const dl_registry_learner *l);
+/* the loop did not run for stall_ns beyond its tick: every learner's clocks move on by it */
+void dl_admit_loop_stalled(dl_sync *s, int64_t stall_ns, int64_t now);
 
 /* uplink.c: a Push message (whole, or one chunk) up to the policy's verdict */
 void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *msg, const Dloco__V1__Push *ph);

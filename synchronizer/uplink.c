@@ -456,6 +456,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         return;
     }
     in->progress_ns = now;
+    if (ph->chunk_offset) in->wire += len;
     if (push_decode(ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset, why, sizeof why)) {
         /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
         dl_pool_free_arriving(s->pool, in->buf, in->counted);
@@ -470,6 +471,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     in->received += ph->chunk_numel;
     if (in->received < in->numel) return;
     if (in->chunks > 1) l->chunk_gap_ns = (now - in->first_ns) / (in->chunks - 1);
+    if (in->chunks > 1 && now > in->first_ns) l->up_bytes_s = (double)in->wire * 1e9 / (double)(now - in->first_ns);
     float *delta = in->buf; /* all of it counted now: an ordinary pool buffer */
     memset(in, 0, sizeof *in);
     push_body(s, slot, l, ph, delta, now);

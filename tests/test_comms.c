@@ -74,6 +74,7 @@ static void h_send(harness *h, const char *id, Dloco__V1__Envelope *env, const f
 static uint32_t welcome_chunk_bytes = 0; /* Welcome.chunk_bytes (0: whole pushes) */
 static uint32_t welcome_update_codec = 0; /* Welcome.update_codec (0: full Updates only) */
 static uint32_t welcome_shard = 0, welcome_shards = 0; /* Welcome.shard, shards (0: unsharded) */
+static int learner_silence_rebuild_ms = 1500; /* the learner's --silence_rebuild_ms (test_silence: a quick rebuild) */
 static uint32_t welcome_liveness = 100; /* the most a learner accepts: no silence-based re-hello (5 s at 50 ms)
                                          * unless a test lowers it */
 
@@ -239,7 +240,7 @@ static dl_comms *start_learner(harness *h, const char *id, float *theta, dl_mail
         .vocab = (uint32_t)CFG.vocab,
         .device = "cpu",
         .connect_timeout_ms = 20000,
-        .silence_rebuild_ms = 1500, /* the rebuild after a re-hello that stays unanswered (test_silence) */
+        .silence_rebuild_ms = learner_silence_rebuild_ms,
         .push_codec = push_codec,
         .push_rounding = push_rounding,
         .error_feedback = 1,
@@ -658,6 +659,56 @@ static void test_silence(harness *h)
     dl_mailbox_close(&mb);
     free(theta);
     printf("ok: silent synchronizer (liveness x heartbeat) -> re-hello, then a new connection, with held versions\n");
+}
+
+// ---------------------------------------------------------------------------
+// scenario 3b: Update chunks arriving at a thin link's pace are not silence.
+// The synchronizer sends no heartbeat while a learner's queue holds payload,
+// and zmq shows a chunk only once all of it arrived: the learner measures
+// the pace between chunks of one Update and waits 3 chunk times.
+
+static void test_slow_downlink(harness *h)
+{
+    float *theta = calloc(total, sizeof(float));
+    dl_node *n = NULL;
+    dl_mailbox *mb = NULL;
+    learner_silence_rebuild_ms = 30000; /* its cap on the stretched limit: not in the way here */
+    dl_comms *c = start_learner(h, "L3b", theta, &mb, &n);
+    learner_silence_rebuild_ms = 1500;
+    dl_wire_msg m;
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    dl_wire_msg_close(&m);
+    welcome_liveness = 2; /* 2 x 50 ms: the silence limit is its 1 s floor */
+    h_welcome(h, "L3b", 6, 1, 4, 50, 1);
+    welcome_liveness = 100;
+    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
+    dl_wire_msg_close(&m);
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    global_of(0, 1, g);
+    uint64_t nel = h->numel[0], k = nel / 4;
+    /* chunk 1 -> 2 in 0.7 s (within the 1 s limit): a chunk time of 0.7 s
+     * is measured; chunk 3 comes 1.4 s later, past the 1 s limit and within
+     * 3 x 0.7 s (these sleeps are the link's pace, the stimulus) */
+    h_update_chunk(h, "L3b", 6, 0, 1, g, 0, k);
+    usleep(700000);
+    h_update_chunk(h, "L3b", 6, 0, 1, g, k, k);
+    usleep(1400000);
+    h_update_chunk(h, "L3b", 6, 0, 1, g, 2 * k, k);
+    h_update_chunk(h, "L3b", 6, 0, 1, g, 3 * k, nel - 3 * k);
+    for (int p = 1; p < P; p++) {
+        global_of(p, 1, g);
+        h_update(h, "L3b", 6, p, 1, g);
+    }
+    CHECK(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
+    CHECK(stats(c).rehellos == 0 && stats(c).rebuilds == 0,
+          "no re-hello while Update chunks arrive at a thin link's pace (%llu re-hellos)",
+          (unsigned long long)stats(c).rehellos);
+    free(g);
+    dl_node_close(&n);
+    dl_comms_close(&c);
+    dl_mailbox_close(&mb);
+    free(theta);
+    printf("ok: Update chunks 1.4 s apart after a measured 0.7 s pace -> no re-hello (the limit is 3 chunk times)\n");
 }
 
 // ---------------------------------------------------------------------------
@@ -1568,6 +1619,7 @@ int main(void)
     test_session(&h, dir);
     test_fatal(&h);
     test_silence(&h);
+    test_slow_downlink(&h);
     test_hold(&h);
     h_close(&h);
     test_two_sessions();

@@ -148,6 +148,37 @@ static void send_hello_c(void *d, const char *id, const char *run, uint64_t fp, 
 
 static void send_hello(void *d, const char *id, const char *run, uint64_t fp) { send_hello_c(d, id, run, fp, 0); }
 
+/* A Hello of a learner that trained: it holds version held[p] of each fragment. */
+static void send_hello_held(void *d, const char *id, const uint64_t *held)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Hello h;
+    dloco__v1__hello__init(&h);
+    h.fingerprint = fingerprint;
+    h.n_layer = 1; h.n_head = 2; h.n_embd = 16; h.seq_len = 8; h.vocab = 256;
+    h.num_fragments = P;
+    h.device = "test";
+    h.n_held_versions = P;
+    h.held_versions = (uint64_t *)held;
+    dl_wire_env_init(&env, "dloco", epoch, id);
+    dl_wire_set_hello(&env, &h);
+    CHECK(dl_wire_send(d, NULL, 0, &env, NULL, NULL, 0, 0) == 0, "send hello with held versions");
+}
+
+/* The Welcome's must_fetch for a Hello with held versions (-1: no Welcome). */
+static int welcome_must_fetch(void *d, const char *id, const uint64_t *held)
+{
+    send_hello_held(d, id, held);
+    dl_wire_msg w;
+    int mf = -1;
+    for (int k = 0; k < 8 && mf < 0; k++) {
+        if (recv_msg(d, &w) != 0) break;
+        if (w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME) mf = w.env->welcome->must_fetch;
+        dl_wire_msg_close(&w);
+    }
+    return mf;
+}
+
 static void send_push(void *d, const char *id, int p, uint64_t base, const float *delta, size_t n)
 {
     Dloco__V1__Envelope env;
@@ -997,6 +1028,26 @@ int main(void)
             dl_wire_msg_close(&r);
         }
         CHECK(dropped && rebase_update, "stale push: dropped %d, rebase update to v3 %d", dropped, rebase_update);
+    }
+
+    /* Rejoin without refetch: a learner that kept its state comes back (a
+     * new connection, as after a rebuild) holding fragment 0 at version 0,
+     * 3 versions behind (max_staleness is 1): what it holds is of this
+     * store's timeline, so it keeps it and fetches fragment 0 alone (the
+     * Welcome's fragment_versions say so), not the whole model. A held
+     * version newer than the global one is another timeline's: must_fetch. */
+    {
+        void *r = dealer("rejoin-1");
+        uint64_t behind[P] = {0, 0}, ahead[P] = {4, 0};
+        int mf = welcome_must_fetch(r, "rejoin-1", behind);
+        printf("hello holding versions 3 behind -> must_fetch %d\n", mf);
+        CHECK(mf == 0, "a learner holding older versions of this run keeps them (must_fetch %d)", mf);
+        zmq_close(r);
+        r = dealer("rejoin-2");
+        mf = welcome_must_fetch(r, "rejoin-2", ahead);
+        printf("hello holding a version ahead  -> must_fetch %d\n", mf);
+        CHECK(mf == 1, "a learner holding a version newer than the global one fetches (must_fetch %d)", mf);
+        zmq_close(r);
     }
 
     /* A NaN push of fragment 1 and then bye: nothing carries it on, so its
