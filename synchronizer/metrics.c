@@ -234,9 +234,9 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     VAL("jobs_in_flight", st->jobs_inflight);
     FAM("commit_failures_in_a_row", "gauge", "merge commits the store failed in a row (0: commits succeed)");
     VAL("commit_failures_in_a_row", st->commit_fails);
-    FAM("commit_backoff_ms", "gauge",
-        "the back-off after the latest failed commit, ms (pushes answered busy, then one round probes; 0: none)");
-    VAL("commit_backoff_ms", st->commit_backoff_ms);
+    FAM("commit_backoff_seconds", "gauge",
+        "the back-off after the latest failed commit (pushes answered busy, then one round probes; 0: none)");
+    VAL("commit_backoff_seconds", st->commit_backoff_ms * 1e-3);
     FAM("commit_seconds", "histogram", "the LMDB commit of one merge on the worker (retries and their waits incl.)");
     dl_prom_histogram(out, "dloco_sync_commit_seconds", NULL, &m->commit_s);
     FAM("merge_job_seconds", "histogram", "one merge job on the worker: merge, outer step and the commit");

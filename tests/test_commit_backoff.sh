@@ -5,7 +5,8 @@
 # round per push (before: ~28 merge_failed a second with two learners). After
 # a failed commit it answers pushes busy (retry_after_ms) for a back-off that
 # doubles from 100 ms to 3.2 s, then probes with one round. Checks, from the
-# event log, /metrics and /status.json: the merge_failed events of the fault
+# event log, /metrics (also through promtool's lint when it is installed) and
+# /status.json: the merge_failed events of the fault
 # window stay within what that schedule allows in the window's length; the
 # back-off and the failures in a row are visible while it lasts; pushes were
 # answered busy naming the back-off; no message carries a source path; once
@@ -56,8 +57,11 @@ check "merge_failed within the back-off schedule ($nf <= $bound)" [ "$nf" -le "$
 check "at least two failures in a row during the fault ($nf)" [ "$nf" -ge 2 ]
 check "/metrics: commit_failures_in_a_row >= 1 during the fault ($(metric "$W/during.prom" dloco_sync_commit_failures_in_a_row))" \
   awk -v v="$(metric "$W/during.prom" dloco_sync_commit_failures_in_a_row)" 'BEGIN { exit !(v >= 1) }'
-check "/metrics: commit_backoff_ms >= 100 during the fault ($(metric "$W/during.prom" dloco_sync_commit_backoff_ms))" \
-  awk -v v="$(metric "$W/during.prom" dloco_sync_commit_backoff_ms)" 'BEGIN { exit !(v >= 100) }'
+check "/metrics: commit_backoff_seconds >= 0.1 during the fault ($(metric "$W/during.prom" dloco_sync_commit_backoff_seconds))" \
+  awk -v v="$(metric "$W/during.prom" dloco_sync_commit_backoff_seconds)" 'BEGIN { exit !(v >= 0.1) }'
+if command -v promtool > /dev/null; then
+  check "/metrics with the back-off passes promtool check metrics" [ -z "$(promtool check metrics < "$W/during.prom" 2>&1)" ]
+fi
 check "/status.json: commit_failures_in_a_row and commit_backoff_ms during the fault" \
   [ "$(jq_py 'int(d["commit_failures_in_a_row"] >= 1 and d["commit_backoff_ms"] >= 100)' < "$W/during.json")" = 1 ]
 nb=$(ev_count "$EV" push decision=busy "reason~commits are failing")
@@ -70,8 +74,8 @@ m=$(ev_count "$EV" merge)
 wait_until 30 "[ \$(ev_count '$EV' merge) -ge $((m + 5)) ]" && echo "ok: merges resumed ($m -> $(ev_count "$EV" merge))" \
   || { echo "FAIL: merges did not resume"; fail=1; }
 wait_until 20 'curl -s --max-time 10 "http://$MA/metrics" > "$W/after.prom" && [ "$(metric "$W/after.prom" dloco_sync_commit_failures_in_a_row)" = 0 ]'
-check "/metrics: commit_failures_in_a_row and commit_backoff_ms back to 0" \
-  [ "$(metric "$W/after.prom" dloco_sync_commit_failures_in_a_row) $(metric "$W/after.prom" dloco_sync_commit_backoff_ms)" = "0 0" ]
+check "/metrics: commit_failures_in_a_row and commit_backoff_seconds back to 0" \
+  [ "$(metric "$W/after.prom" dloco_sync_commit_failures_in_a_row) $(metric "$W/after.prom" dloco_sync_commit_backoff_seconds)" = "0 0" ]
 ev_field "$EV" merge_failed reason | sort | uniq -c | head -3
 check "no message names a source path ($SRC or file.c:line)" \
   [ -z "$(cat "$W"/*.log | grep -e "$SRC/" -e '[a-z_]\.c:[0-9]' | head -3)" ]
