@@ -93,7 +93,7 @@ void dl_commit_schedule(dl_sync *s)
         while (dl_policy_poll(s->policy, now, &r)) {
             submit_round(s, &r);
             if (s->commit_fails) { /* the back-off ran out: this round is the probe, alone */
-                s->commit_probe = 1;
+                s->commit_probe = 1 + r.fragment;
                 return;
             }
         }
@@ -116,7 +116,7 @@ void dl_commit_merge_done(dl_sync *s, dl_job *j)
 {
     int p = j->fragment;
     int64_t now = dl_clock_ns();
-    s->commit_probe = 0;
+    if (s->commit_probe == 1 + p) s->commit_probe = 0; /* one job per fragment in flight: this is the probe */
     if (j->rc) {
         DL_ERROR("merge of fragment %d onto v%llu failed, round abandoned: %s", p, (unsigned long long)j->version,
                  j->err);

@@ -163,7 +163,8 @@ struct dl_sync {
     int commit_fails;          /* merge commits failed in a row (0: healthy) */
     uint32_t commit_backoff_ms; /* the back-off of the latest failure, ms (0: none) */
     int64_t commit_until_ns;   /* pushes are refused busy until then (dl_clock_ns) */
-    int commit_probe;          /* the probe round is with the worker: no other round leaves until it is back */
+    int commit_probe;          /* 1 + the fragment of the probe round with the worker (0: none): no other round
+                                  leaves until it is back */
 };
 
 static inline int member(const dl_sync *s, int slot) { return (int)dl_policy_learner_state(s->policy, (uint32_t)slot); }
