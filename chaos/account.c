@@ -24,6 +24,13 @@ static const char *const bucket_names[DL_ACCT_NBUCKETS] = {"down",         "star
                                                            "goodput",      "dropped_stale", "wasted"};
 static const char *const state_names[DL_ACCT_NSTATES] = {"up", "slow", "partitioned", "hung", "dead", "left", "unknown"};
 
+static const char *const waste_names[DL_ACCT_NWASTE] = {"killed", "discarded", "unpushed", "other"};
+static const char *const refusal_names[DL_ACCT_NREFUSALS] = {"dropped_stale", "busy",   "duplicate",   "norm",
+                                                             "counters",      "replay", "chunk_order", "rejected_other"};
+
+const char *dl_account_waste_name(int w) { return w >= 0 && w < DL_ACCT_NWASTE ? waste_names[w] : "?"; }
+const char *dl_account_refusal_name(int k) { return k >= 0 && k < DL_ACCT_NREFUSALS ? refusal_names[k] : "?"; }
+
 const char *dl_account_bucket_name(int b)
 {
     assert(b >= 0 && b < DL_ACCT_NBUCKETS);
@@ -44,6 +51,10 @@ static int state_of(const char *name)
 }
 
 /* Grow arr (n used, cap allocated) so one more element fits. */
+/* Runs of more fragments than this do not track each fragment's latest push
+ * (killed and unpushed then count as other). */
+#define DL_ACCT_MAX_TRACKED_P 65536
+
 #define GROW(arr, n, cap)                                                                                         \
     do {                                                                                                          \
         if ((n) >= (cap)) {                                                                                       \
@@ -57,7 +68,12 @@ typedef struct {
     int slot;     /* index into a->slots */
     int64_t pid;
     int first;    /* the slot's first incarnation: its start-up is `startup`, later ones `recovery` */
+    int killed;   /* it exited by a signal */
     double start, exit, ready; /* exit, ready: NaN when none */
+    double *lastpush;          /* [P] time of each fragment's latest push (NaN: none); NULL before its first */
+    double tokens;             /* its latest reported token total (step, learner_summary) */
+    double disc_summary;       /* learner_summary discarded_tokens (fragment-tokens); NaN without a summary */
+    double disc_returned;      /* sum of push_returned discarded_tokens */
 } incarn;
 
 /* A barrier wait of an incarnation. */
@@ -237,6 +253,11 @@ static void on_proc_start(ctx *c, const dl_logfmt_line *l, double t)
     in->start = t;
     in->exit = NAN;
     in->ready = NAN;
+    in->killed = 0;
+    in->lastpush = NULL;
+    in->tokens = 0.0;
+    in->disc_summary = NAN;
+    in->disc_returned = 0.0;
     c->a->slots[si].incarnations++;
 }
 
@@ -259,7 +280,7 @@ static void on_proc_exit(ctx *c, const dl_logfmt_line *l, double t)
         incarn *in = &c->inc[i];
         if (in->pid != pid || !isnan(in->exit)) continue;
         in->exit = t < in->start ? in->start : t;
-        if (sig != 0) c->a->slots[in->slot].killed++;
+        if (sig != 0) c->a->slots[in->slot].killed++, in->killed = 1;
         return;
     }
     note(c, "proc_exit of learner pid %lld at %.3f s without its proc_start: ignored", (long long)pid, t);
@@ -469,6 +490,21 @@ static void read_timeline(ctx *c)
 
 /* ---- events-sync.log */
 
+/* The kind of a push the synchronizer did not pool, from its decision and
+ * reason (synchronizer/uplink.c, guard.c); -1 for a pooled one. */
+static int refusal_kind(const char *decision, const char *reason)
+{
+    if (!strcmp(decision, "dropped_stale")) return DL_ACCT_REF_STALE;
+    if (!strcmp(decision, "busy")) return DL_ACCT_REF_BUSY;
+    if (!strcmp(decision, "duplicate")) return DL_ACCT_REF_DUPLICATE;
+    if (strcmp(decision, "rejected")) return -1;
+    if (!strncmp(reason, "norm ", 5)) return DL_ACCT_REF_NORM;
+    if (!strncmp(reason, "tokens ", 7) || !strncmp(reason, "steps ", 6)) return DL_ACCT_REF_COUNTERS;
+    if (!strncmp(reason, "base version ", 13)) return DL_ACCT_REF_REPLAY;
+    if (!strncmp(reason, "chunk ", 6)) return DL_ACCT_REF_CHUNK;
+    return DL_ACCT_REF_OTHER;
+}
+
 static int read_sync(ctx *c)
 {
     char path[4096];
@@ -525,14 +561,31 @@ static int read_sync(ctx *c)
             int si = slot_by_id(c, dl_logfmt_str_or(l, "id", ""), t);
             if (si >= 0) c->goodput_raw[si] += s;
             else a->unattributed_s += s;
+        } else if (!strcmp(ev, "learner_dead") || !strcmp(ev, "learner_join")) {
+            int si = slot_by_id(c, dl_logfmt_str_or(l, "id", ""), t);
+            if (si < 0) continue;
+            dl_account_slot *sl = &a->slots[si];
+            if (ev[8] == 'd') {
+                sl->deaths++;
+            } else {
+                if (sl->joins++ > 0) {
+                    sl->rejoins++;
+                    if (dl_logfmt_i64_or(l, "must_fetch", 0) == 1) sl->refetches++;
+                }
+            }
         } else if (!strcmp(ev, "push")) {
-            if (strcmp(dl_logfmt_str_or(l, "decision", ""), "dropped_stale")) continue;
+            const char *dec = dl_logfmt_str_or(l, "decision", "");
+            int si = slot_by_id(c, dl_logfmt_str_or(l, "id", ""), t);
+            if (si >= 0) {
+                int k = refusal_kind(dec, dl_logfmt_str_or(l, "reason", ""));
+                if (k >= 0) a->slots[si].refused[k]++;
+            }
+            if (strcmp(dec, "dropped_stale")) continue;
             double s = dl_logfmt_f64_or(l, "compute_s", 0.0) / P;
             if (!isfinite(s) || s < 0 || s > 1e9) {
                 note(c, "events-sync.log:%lld: push with compute_s %g: ignored", (long long)dl_logfmt_lineno(f), s * P);
                 continue;
             }
-            int si = slot_by_id(c, dl_logfmt_str_or(l, "id", ""), t);
             if (si >= 0) c->dropped_raw[si] += s;
             else a->unattributed_s += s;
         } else if (!strcmp(ev, "ledger")) {
@@ -581,6 +634,33 @@ static incarn *incarn_at(ctx *c, int64_t pid, double t)
     return NULL;
 }
 
+/* The events of an incarnation that split its wasted time: pushes (the
+ * time of each fragment's latest), discarded tokens, the token total. */
+static void learner_fate(ctx *c, incarn *in, const dl_logfmt_line *l, double t)
+{
+    const char *ev = l->event;
+    double v;
+    if (!strcmp(ev, "push")) {
+        int64_t p = dl_logfmt_i64_or(l, "fragment", -1);
+        if (p < 0 || p >= c->a->fragments || c->a->fragments > DL_ACCT_MAX_TRACKED_P) return;
+        if (!in->lastpush) {
+            in->lastpush = dl_xmalloc((size_t)c->a->fragments * sizeof *in->lastpush);
+            for (int i = 0; i < c->a->fragments; i++) in->lastpush[i] = NAN;
+        }
+        if (!(in->lastpush[p] >= t)) in->lastpush[p] = t;
+    } else if (!strcmp(ev, "push_returned")) {
+        v = dl_logfmt_f64_or(l, "discarded_tokens", 0.0);
+        if (isfinite(v) && v > 0 && v < 1e18) in->disc_returned += v;
+    } else {
+        v = dl_logfmt_f64_or(l, "tokens", NAN);
+        if (isfinite(v) && v >= 0 && v < 1e18) in->tokens = v;
+        if (!strcmp(ev, "learner_summary")) {
+            v = dl_logfmt_f64_or(l, "discarded_tokens", NAN);
+            if (isfinite(v) && v >= 0 && v < 1e18) in->disc_summary = v;
+        }
+    }
+}
+
 static int read_learner_file(ctx *c, const char *name)
 {
     char path[4096];
@@ -591,11 +671,17 @@ static int read_learner_file(ctx *c, const char *name)
     int rc;
     while ((rc = dl_logfmt_next(f, l)) == 1) {
         int ready = !strcmp(l->event, "ready"), barrier = !strcmp(l->event, "barrier_wait");
-        if (!ready && !barrier) continue;
+        int push = !strcmp(l->event, "push"), returned = !strcmp(l->event, "push_returned");
+        int summary = !strcmp(l->event, "learner_summary"), step = !strcmp(l->event, "step");
+        if (!ready && !barrier && !push && !returned && !summary && !step) continue;
         double t = rel(c, l->ts);
         incarn *in = incarn_at(c, dl_logfmt_i64_or(l, "pid", -1), t);
         if (!in) {
             c->a->events_unmatched++;
+            continue;
+        }
+        if (push || returned || summary || step) {
+            learner_fate(c, in, l, t);
             continue;
         }
         if (ready) {
@@ -913,6 +999,28 @@ static void account_faults(ctx *c)
     if (a->faults_unplanned) note(c, "%d fault event(s) of no timeline.tsv row", a->faults_unplanned);
 }
 
+/* The store's ledger from check.out (storage/store_check.c's report line),
+ * which covers every synchronizer incarnation: 1 with store_tokens[] set,
+ * or 0 (no check.out, or no such line). */
+static int store_ledger(ctx *c)
+{
+    char path[4096], line[1024];
+    snprintf(path, sizeof path, "%s/check.out", c->dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    unsigned long long v[6];
+    int got = 0;
+    while (!got && fgets(line, sizeof line, f)) {
+        const char *k = strstr(line, "ledger fragment-tokens: ");
+        got = k && sscanf(k, "ledger fragment-tokens: applied %llu, dropped_stale %llu, rejected %llu, lost %llu, "
+                             "discarded %llu, outstanding %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) == 6;
+    }
+    fclose(f);
+    if (!got) return 0;
+    for (int i = 0; i < 6; i++) c->a->store_tokens[i] = v[i];
+    return 1;
+}
+
 static void account_tokens(ctx *c)
 {
     dl_account *a = c->a;
@@ -951,6 +1059,10 @@ static void account_tokens(ctx *c)
     }
     uint64_t all = a->applied + a->dropped_stale + a->rejected + a->lost + a->discarded + a->outstanding;
     a->token_goodput = all ? (double)a->applied / (double)all : NAN;
+    a->store_ledger = store_ledger(c);
+    uint64_t st = 0;
+    for (int i = 0; i < 6; i++) st += a->store_tokens[i];
+    a->store_token_goodput = a->store_ledger && st ? (double)a->store_tokens[0] / (double)st : NAN;
     a->sync_incarnations = c->n_sinc;
     for (int i = 0; i < c->n_sinc; i++) {
         const sync_inc *s = &c->sinc[i];
@@ -964,6 +1076,72 @@ static void account_tokens(ctx *c)
         else
             note(c, "synchronizer incarnation %d (pid %lld) exited (code %lld, signal %lld) without a ledger event",
                  s->incarnation, (long long)s->pid, (long long)s->code, (long long)s->signal);
+    }
+}
+
+/* The wasted bucket of each slot by cause (account.h). */
+static int cmp_double(const void *x, const void *y)
+{
+    double p = *(const double *)x, q = *(const double *)y;
+    return (p > q) - (p < q);
+}
+
+static void split_waste(ctx *c)
+{
+    dl_account *a = c->a;
+    double P = (double)a->fragments;
+    for (int si = 0; si < a->n_slots; si++) {
+        dl_account_slot *s = &a->slots[si];
+        double est[DL_ACCT_NWASTE] = {0}, disc_ft = 0.0;
+        s->tokens = 0.0;
+        for (int i = 0; i < c->n_inc; i++) {
+            incarn *in = &c->inc[i];
+            if (in->slot != si) continue;
+            s->tokens += in->tokens;
+            disc_ft += isnan(in->disc_summary) ? in->disc_returned : in->disc_summary;
+            if (!in->lastpush && a->fragments > DL_ACCT_MAX_TRACKED_P) continue;
+            /* the tail of each fragment: trained after its latest push, within the slot */
+            double ex = isnan(in->exit) ? s->end_s : in->exit > s->end_s ? s->end_s : in->exit;
+            double from = isnan(in->ready) ? ex : in->ready;
+            double tail = 0.0;
+            for (int p = 0; p < a->fragments; p++) {
+                double lp = in->lastpush && !isnan(in->lastpush[p]) ? in->lastpush[p] : from;
+                if (lp < from) lp = from;
+                if (ex > lp) tail += ex - lp;
+            }
+            est[in->killed ? DL_ACCT_WASTE_KILLED : DL_ACCT_WASTE_UNPUSHED] += tail / P;
+        }
+        double compute = s->time.compute_s;
+        if (disc_ft > 0 && s->tokens > 0 && compute > 0) est[DL_ACCT_WASTE_DISCARDED] = disc_ft * compute / (P * s->tokens);
+        double w = s->time.bucket_s[DL_ACCT_WASTED], sum = 0.0;
+        for (int k = 0; k < DL_ACCT_WASTE_OTHER; k++) sum += est[k];
+        double f = sum > w && sum > 0 ? w / sum : 1.0;
+        double other = w;
+        for (int k = 0; k < DL_ACCT_WASTE_OTHER; k++) {
+            s->wasted_s[k] = est[k] * f;
+            other -= s->wasted_s[k];
+        }
+        s->wasted_s[DL_ACCT_WASTE_OTHER] = other > 0 ? other : 0.0;
+        for (int k = 0; k < DL_ACCT_NWASTE; k++) a->wasted_s[k] += s->wasted_s[k];
+    }
+}
+
+/* Slots whose goodput share is far below the fleet's median (account.h). */
+static void flag_low_goodput(dl_account *a)
+{
+    double *v = dl_xmalloc((size_t)(a->n_slots ? a->n_slots : 1) * sizeof *v);
+    int n = 0;
+    for (int si = 0; si < a->n_slots; si++)
+        if (a->slots[si].time.provisioned_s > 0 && !isnan(a->slots[si].time.frac[DL_ACCT_GOODPUT]))
+            v[n++] = a->slots[si].time.frac[DL_ACCT_GOODPUT];
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    a->median_goodput = n == 0 ? NAN : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    free(v);
+    for (int si = 0; si < a->n_slots; si++) {
+        dl_account_slot *s = &a->slots[si];
+        double g = s->time.frac[DL_ACCT_GOODPUT];
+        s->low_goodput = n > 1 && s->time.provisioned_s > 0 && g < DL_ACCT_LOW_GOODPUT * a->median_goodput;
+        a->low_goodput_slots += s->low_goodput;
     }
 }
 
@@ -990,6 +1168,8 @@ static void compute(ctx *c)
         for (int b = 0; b < DL_ACCT_NBUCKETS; b++) f->bucket_s[b] += s->time.bucket_s[b];
     }
     finish_time(&a->fleet);
+    split_waste(c);
+    flag_low_goodput(a);
     if (!a->contributions && a->merges) {
         double merged = 0.0;
         for (int m = 0; m < a->merges; m++) merged += a->merge[m].compute_s;
@@ -1028,6 +1208,7 @@ int dl_account_run(const char *run_dir, dl_account **out)
     }
     if (rc == 0) rc = read_learners(&c);
     if (rc == 0) compute(&c);
+    for (int i = 0; i < c.n_inc; i++) free(c.inc[i].lastpush);
     free(c.inc);
     free(c.bar);
     free(c.sinc);

@@ -28,6 +28,21 @@
  *     wasted         compute - goodput - dropped_stale: killed before
  *                    pushing, discarded by an adopt, lost with a crashed
  *                    synchronizer, unpushed at the end
+ * The wasted bucket by cause (wasted_s[], summing to it; estimates from the
+ * learners' own events, scaled down together when they exceed it):
+ *     killed     per incarnation ended by a signal: for each fragment, the
+ *                time from its last push (or the incarnation's ready) to
+ *                the exit, / P: trained and never pushed
+ *     discarded  fragment-tokens its adopts threw away (learner_summary
+ *                discarded_tokens; a killed incarnation's push_returned
+ *                discarded_tokens) x the slot's compute seconds per
+ *                fragment-token (compute / (P x tokens processed))
+ *     unpushed   the same tail as `killed` for incarnations that ended
+ *                cleanly or ran past the end: unpushed at the end
+ *     other      the rest: pushed but never merged (rejected for good,
+ *                lost with a crashed synchronizer or on the wire)
+ * A slot is flagged low_goodput when its goodput share is below
+ * DL_ACCT_LOW_GOODPUT x the median share of the fleet's slots.
  * Merges after the slot's end (the final flush) still count. When goodput +
  * dropped_stale exceed compute (clocks of different processes, or a push
  * reporting time from before the window), both are scaled down so the
@@ -45,7 +60,11 @@
  * overclaim == 0; ledger_balanced is 1 when every ledger event balances, 0
  * at the first that does not (ledger_mismatch says which and how), -1 when
  * there is no ledger event to check. token_goodput = applied / the sum of
- * the six persisted states.
+ * the six persisted states. When the run directory has check.out (`dloco
+ * check` on the store after the run), store_tokens[] holds the store's
+ * ledger (the six states in that order) and store_token_goodput its applied
+ * share: it covers every synchronizer incarnation, a SIGKILLed one up to its
+ * last commit, which the ledger events miss.
  *
  * Not a hot path: runs once per run, after it. */
 #ifndef DL_CHAOS_ACCOUNT_H
@@ -66,6 +85,30 @@ enum {
 };
 /* "down", "startup", "recovery", "idle_barrier", "goodput", "dropped_stale", "wasted". */
 const char *dl_account_bucket_name(int bucket);
+
+/* Causes of the wasted bucket (the header comment). */
+enum { DL_ACCT_WASTE_KILLED, DL_ACCT_WASTE_DISCARDED, DL_ACCT_WASTE_UNPUSHED, DL_ACCT_WASTE_OTHER, DL_ACCT_NWASTE };
+/* "killed", "discarded", "unpushed", "other". */
+const char *dl_account_waste_name(int cause);
+
+/* Pushes the synchronizer did not pool, by its push event's decision and,
+ * for `rejected`, the reason's kind. */
+enum {
+    DL_ACCT_REF_STALE,    /* decision=dropped_stale */
+    DL_ACCT_REF_BUSY,     /* decision=busy: pool full, commits backing off */
+    DL_ACCT_REF_DUPLICATE,
+    DL_ACCT_REF_NORM,     /* rejected: the norm guard ("norm ...") */
+    DL_ACCT_REF_COUNTERS, /* rejected: implausible counters ("tokens ..." / "steps ...") */
+    DL_ACCT_REF_REPLAY,   /* rejected: a replayed base ("base version ...") */
+    DL_ACCT_REF_CHUNK,    /* rejected: chunks out of order, lost or duplicated on the way ("chunk ...") */
+    DL_ACCT_REF_OTHER,    /* rejected for any other reason */
+    DL_ACCT_NREFUSALS
+};
+/* "dropped_stale", "busy", "duplicate", "norm", "counters", "replay", "chunk_order", "rejected_other". */
+const char *dl_account_refusal_name(int kind);
+
+/* A slot is flagged low_goodput below this share of the fleet's median goodput share. */
+#define DL_ACCT_LOW_GOODPUT 0.5
 
 /* Slot states as the harness's `state` events name them. */
 enum {
@@ -113,6 +156,15 @@ typedef struct {
     int incarnations;    /* proc_starts */
     int killed;          /* proc_exits by a signal */
     dl_account_time time;
+    double wasted_s[DL_ACCT_NWASTE]; /* time.bucket_s[WASTED] by cause */
+    double tokens;       /* tokens its learner processed, every incarnation (each one's last reported total) */
+    int low_goodput;     /* 1: goodput share < DL_ACCT_LOW_GOODPUT x the fleet's median */
+    /* the synchronizer's view of the slot's id (events-sync.log, while the slot is provisioned) */
+    int deaths;          /* learner_dead: declared dead (liveness lost) */
+    int joins;           /* learner_join: Hellos welcomed */
+    int rejoins;         /* joins after the first */
+    int refetches;       /* of the rejoins, those welcomed with must_fetch=1: the whole model fetched again */
+    int64_t refused[DL_ACCT_NREFUSALS]; /* its pushes not pooled, by kind */
     int n_states;
     dl_account_state_change *states; /* [n_states], by time */
 } dl_account_slot;
@@ -200,6 +252,9 @@ typedef struct dl_account {
 
     /* learner time */
     dl_account_time fleet; /* every slot summed */
+    double wasted_s[DL_ACCT_NWASTE]; /* fleet.bucket_s[WASTED] by cause */
+    double median_goodput;  /* median over slots with provisioned time of their goodput share; NaN without any */
+    int low_goodput_slots;  /* slots flagged low_goodput */
     int n_slots;
     dl_account_slot *slots; /* [n_slots], in slot_begin order */
     double unattributed_s;  /* merge_contrib / dropped compute_s / P of ids no slot has (not in any bucket) */
@@ -208,6 +263,9 @@ typedef struct dl_account {
     uint64_t applied, dropped_stale, rejected, lost, discarded, outstanding;
     uint64_t processed, carried_in, overclaim; /* sums over the ledger events */
     double token_goodput;   /* applied / sum of the six states; NaN when 0 */
+    int store_ledger;       /* 1: store_tokens[] was read from check.out */
+    uint64_t store_tokens[6]; /* the store's ledger: applied, dropped_stale, rejected, lost, discarded, outstanding */
+    double store_token_goodput; /* store_tokens[0] / their sum; NaN without the store's ledger or when 0 */
     int ledger_balanced;    /* 1, 0 or -1 (no ledger event) */
     char ledger_mismatch[256];
     int n_ledgers;

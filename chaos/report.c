@@ -38,6 +38,9 @@ typedef struct {
     char msg[512]; /* its detail (later dl_err calls would overwrite it) */
 } rep;
 
+/* bytes/s -> Mbit/s (10^6 bits/s, the unit of a link's configured bandwidth) */
+#define MBIT (8.0 / 1e6)
+
 static void keep(rep *R, int rc)
 {
     if (!rc || R->rc) return;
@@ -126,6 +129,14 @@ static void json_time(dl_json_w *w, const char *key, const dl_account_time *t)
     dl_json_w_close(w, '}');
 }
 
+/* The wasted bucket by cause, seconds. */
+static void json_waste(dl_json_w *w, const double *wasted_s)
+{
+    dl_json_w_open(w, "wasted_s", '{', 1);
+    for (int k = 0; k < DL_ACCT_NWASTE; k++) dl_json_w_num(w, dl_account_waste_name(k), wasted_s[k]);
+    dl_json_w_close(w, '}');
+}
+
 static void json_run(dl_json_w *w, const rep *R, int i)
 {
     const run_info *ri = &R->r[i];
@@ -166,6 +177,9 @@ static void json_run(dl_json_w *w, const rep *R, int i)
     else dl_json_w_raw(w, "null");
 
     json_time(w, "time", &a->fleet);
+    json_waste(w, a->wasted_s);
+    dl_json_w_num(w, "median_goodput", a->median_goodput);
+    dl_json_w_int(w, "low_goodput_learners", a->low_goodput_slots);
     dl_json_w_num(w, "unattributed_s", a->unattributed_s);
     dl_json_w_open(w, "learners", '[', 0);
     for (int s = 0; s < a->n_slots; s++) {
@@ -182,6 +196,19 @@ static void json_run(dl_json_w *w, const rep *R, int i)
         dl_json_w_int(w, "incarnations", sl->incarnations);
         dl_json_w_int(w, "killed", sl->killed);
         json_time(w, "time", &sl->time);
+        json_waste(w, sl->wasted_s);
+        dl_json_w_num(w, "tokens", sl->tokens);
+        dl_json_w_bool(w, "low_goodput", sl->low_goodput);
+        dl_json_w_open(w, "sync_view", '{', 1);
+        dl_json_w_int(w, "deaths", sl->deaths);
+        dl_json_w_int(w, "joins", sl->joins);
+        dl_json_w_int(w, "rejoins", sl->rejoins);
+        dl_json_w_int(w, "refetches", sl->refetches);
+        dl_json_w_open(w, "refused", '{', 1);
+        for (int k = 0; k < DL_ACCT_NREFUSALS; k++)
+            dl_json_w_int(w, dl_account_refusal_name(k), (long long)sl->refused[k]);
+        dl_json_w_close(w, '}');
+        dl_json_w_close(w, '}');
         dl_json_w_open(w, "states", '[', 1);
         for (int k = 0; k < sl->n_states; k++) {
             dl_json_w_open(w, NULL, '[', 1);
@@ -206,6 +233,16 @@ static void json_run(dl_json_w *w, const rep *R, int i)
     dl_json_w_u64(w, "overclaim", a->overclaim);
     dl_json_w_num(w, "token_goodput", a->token_goodput);
     dl_json_w_tri(w, "ledger_balanced", a->ledger_balanced);
+    if (a->store_ledger) { /* check.out's ledger: every synchronizer incarnation */
+        static const char *const st[6] = {"applied", "dropped_stale", "rejected", "lost", "discarded", "outstanding"};
+        dl_json_w_open(w, "store", '{', 1);
+        for (int k = 0; k < 6; k++) dl_json_w_u64(w, st[k], a->store_tokens[k]);
+        dl_json_w_num(w, "token_goodput", a->store_token_goodput);
+        dl_json_w_close(w, '}');
+    } else {
+        dl_json_w_key(w, "store");
+        dl_json_w_raw(w, "null");
+    }
     dl_json_w_key(w, "mismatch");
     if (a->ledger_balanced == 1) dl_json_w_raw(w, "null");
     else dl_json_w_string(w, a->ledger_mismatch);
@@ -302,6 +339,10 @@ static void json_run(dl_json_w *w, const rep *R, int i)
         dl_json_w_num(w, "mean_down_Bps", l->mean_down_Bps);
         dl_json_w_num(w, "peak_up_Bps", l->peak_up_Bps);
         dl_json_w_num(w, "peak_down_Bps", l->peak_down_Bps);
+        dl_json_w_num(w, "mean_up_mbit_s", l->mean_up_Bps * MBIT);
+        dl_json_w_num(w, "mean_down_mbit_s", l->mean_down_Bps * MBIT);
+        dl_json_w_num(w, "peak_up_mbit_s", l->peak_up_Bps * MBIT);
+        dl_json_w_num(w, "peak_down_mbit_s", l->peak_down_Bps * MBIT);
         dl_json_w_open(w, "samples", '[', 1);
         for (int j = 0; j < l->n_samples; j++) {
             dl_json_w_open(w, NULL, '[', 1);
@@ -459,7 +500,43 @@ static void md_badput(FILE *f, const rep *R)
     for (int i = 0; i < R->n; i++) fprintf(f, " %s |", num(b, sizeof b, R->r[i].a->fleet.skew_s, 3));
     fputs("\n| merged compute taken off for hangs (s) |", f);
     for (int i = 0; i < R->n; i++) fprintf(f, " %s |", num(b, sizeof b, R->r[i].a->fleet.hang_credit_s, 3));
-    fputs("\n\n", f);
+    for (int k = 0; k < DL_ACCT_NWASTE; k++) {
+        fprintf(f, "\n| wasted: %s (s) |", dl_account_waste_name(k));
+        for (int i = 0; i < R->n; i++) fprintf(f, " %s |", num(b, sizeof b, R->r[i].a->wasted_s[k], 1));
+    }
+    fputs("\n\nWasted by cause (estimates from the learners' events, see \"How to read this\"): killed = trained "
+          "after a fragment's last push by an incarnation that was killed; discarded = thrown away by adopts; "
+          "unpushed = trained after a fragment's last push at the end; other = pushed, never merged.\n\n",
+          f);
+}
+
+/* Per learner: what the synchronizer saw (deaths it declared, rejoins,
+ * refetches, refusals), the wasted time by cause, the tokens of every
+ * incarnation, and a flag for goodput far below the fleet's. */
+static void md_sync_view(FILE *f, const dl_account *a)
+{
+    char b[8][48];
+    fprintf(f,
+            "The synchronizer's view (events-sync.log) and wasted seconds by cause; **LOW** marks goodput below "
+            "%g x the fleet's median (%s).\n\n"
+            "| slot | id | declared dead | rejoins | refetches | refused | wasted: killed | discarded | unpushed | "
+            "other | tokens (every incarnation) | goodput %% | |\n"
+            "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|\n",
+            DL_ACCT_LOW_GOODPUT, pct(b[0], 48, a->median_goodput));
+    for (int s = 0; s < a->n_slots; s++) {
+        const dl_account_slot *sl = &a->slots[s];
+        fprintf(f, "| %d | ", sl->slot);
+        md_cell(f, sl->id);
+        fprintf(f, " | %d | %d | %d | ", sl->deaths, sl->rejoins, sl->refetches);
+        int any = 0;
+        for (int k = 0; k < DL_ACCT_NREFUSALS; k++)
+            if (sl->refused[k]) fprintf(f, "%s%s %lld", any++ ? ", " : "", dl_account_refusal_name(k), (long long)sl->refused[k]);
+        if (!any) fputs("-", f);
+        for (int k = 0; k < DL_ACCT_NWASTE; k++) fprintf(f, " | %s", num(b[1 + k], 48, sl->wasted_s[k], 1));
+        fprintf(f, " | %s | %s | %s |\n", num(b[5], 48, sl->tokens, 0), pct(b[6], 48, sl->time.frac[DL_ACCT_GOODPUT]),
+                sl->low_goodput ? "**LOW**" : "");
+    }
+    fputc('\n', f);
 }
 
 static void md_learners(FILE *f, const rep *R)
@@ -490,6 +567,7 @@ static void md_learners(FILE *f, const rep *R)
         }
         if (!a->n_slots) fputs("| | (no slots) | | | | | | | | | | | | | | |\n", f);
         fputc('\n', f);
+        md_sync_view(f, a);
     }
 }
 
@@ -548,7 +626,8 @@ static void md_tokens(FILE *f, const rep *R)
     char b[48];
     fputs("## Tokens: the push ledger\n\nFragment-tokens from the synchronizer's `ledger` events (one per "
           "incarnation that exited cleanly; a SIGKILLed incarnation writes none, and its ledger is not "
-          "recoverable).\n\n| | ",
+          "recoverable from them). The `store:` rows are the store's ledger as `dloco check` printed it after the "
+          "run (check.out): every incarnation, a SIGKILLed one up to its last commit.\n\n| | ",
           f);
     for (int i = 0; i < R->n; i++) {
         md_cell(f, R->r[i].label);
@@ -575,6 +654,17 @@ static void md_tokens(FILE *f, const rep *R)
 #undef ROW_U64
     fputs("| token goodput |", f);
     for (int i = 0; i < R->n; i++) fprintf(f, " %s |", pct(b, sizeof b, R->r[i].a->token_goodput));
+    static const char *const st[6] = {"applied", "dropped_stale", "rejected", "lost", "discarded", "outstanding"};
+    for (int k = 0; k < 6; k++) {
+        fprintf(f, "\n| store: %s |", st[k]);
+        for (int i = 0; i < R->n; i++) {
+            const dl_account *a = R->r[i].a;
+            if (a->store_ledger) fprintf(f, " %llu |", (unsigned long long)a->store_tokens[k]);
+            else fputs(" n/a |", f);
+        }
+    }
+    fputs("\n| store: token goodput |", f);
+    for (int i = 0; i < R->n; i++) fprintf(f, " %s |", pct(b, sizeof b, R->r[i].a->store_token_goodput));
     fputs("\n| ledger events |", f);
     for (int i = 0; i < R->n; i++) fprintf(f, " %d |", R->r[i].a->n_ledgers);
     fputs("\n| synchronizer incarnations |", f);
@@ -624,9 +714,10 @@ static void md_liveness(FILE *f, const rep *R)
 static void md_links(FILE *f, const rep *R)
 {
     char b[6][48];
-    fputs("## Links\n\nBytes through each datacenter's relay (up: learners to the synchronizer).\n\n"
-          "| run | dc | mode | bandwidth Mbit/s | RTT ms | up bytes | down bytes | mean up B/s | mean down B/s | "
-          "peak up B/s | peak down B/s |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    fputs("## Links\n\nBytes through each datacenter's relay (up: learners to the synchronizer), rates in Mbit/s "
+          "(10^6 bits/s) like the configured bandwidth.\n\n"
+          "| run | dc | mode | bandwidth Mbit/s | RTT ms | up bytes | down bytes | mean up Mbit/s | mean down Mbit/s | "
+          "peak up Mbit/s | peak down Mbit/s |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
           f);
     int any = 0;
     for (int i = 0; i < R->n; i++) {
@@ -640,9 +731,9 @@ static void md_links(FILE *f, const rep *R)
             fputs(" | ", f);
             md_cell(f, l->mode);
             fprintf(f, " | %g | %g | %s | %s | %s | %s | %s | %s |\n", l->bandwidth_mbit, l->rtt_ms,
-                    num(b[0], 48, l->up_bytes, 0), num(b[1], 48, l->down_bytes, 0), num(b[2], 48, l->mean_up_Bps, 0),
-                    num(b[3], 48, l->mean_down_Bps, 0), num(b[4], 48, l->peak_up_Bps, 0),
-                    num(b[5], 48, l->peak_down_Bps, 0));
+                    num(b[0], 48, l->up_bytes, 0), num(b[1], 48, l->down_bytes, 0),
+                    num(b[2], 48, l->mean_up_Bps * MBIT, 3), num(b[3], 48, l->mean_down_Bps * MBIT, 3),
+                    num(b[4], 48, l->peak_up_Bps * MBIT, 3), num(b[5], 48, l->peak_down_Bps * MBIT, 3));
         }
     }
     if (!any) fputs("| (no link samples) | | | | | | | | | | |\n", f);
@@ -696,6 +787,15 @@ static const char how_to_read[] =
     "which splits into **goodput** (merged: the synchronizer's `merge_contrib` compute_s / P), "
     "**dropped_stale** (pushed, dropped as too stale) and **wasted** (computed but never merged: killed before "
     "pushing, discarded by an adopt, lost with a crashed synchronizer, unpushed at the end).\n"
+    "- **wasted by cause** (estimates from the learners' own events, scaled together to the wasted bucket): "
+    "**killed** (for each fragment, the time from its last push to a kill of the process, / P), **discarded** "
+    "(the fragment-tokens adopts threw away, at the learner's seconds per fragment-token), **unpushed** (the same "
+    "tail for a process that ended cleanly: not pushed at the end), **other** (the rest: pushed, never merged).\n"
+    "- **Per learner, the synchronizer's view**: the deaths it declared (`learner_dead`), rejoins (Welcomes "
+    "after the first), refetches (rejoins with `must_fetch`: the whole model again), its pushes not pooled by "
+    "kind (dropped_stale, busy, duplicate, and rejected: norm, counters, replay, chunk_order, rejected_other); "
+    "**LOW** flags "
+    "a learner whose goodput share is below half the fleet's median.\n"
     "- **goodput** = goodput seconds / provisioned seconds. **availability bound** = the share of provisioned "
     "time learners were running and not hung: no policy can beat it. **goodput / bound** is how much of what "
     "was available a policy turned into merged progress.\n"
@@ -1026,11 +1126,11 @@ static void plot_links(rep *R, int i)
     snprintf(dat, sizeof dat, "links-%s.dat", R->r[i].file);
     snprintf(gp, sizeof gp, "links-%s.gp", R->r[i].file);
     snprintf(svg, sizeof svg, "links-%s.svg", R->r[i].file);
-    snprintf(title, sizeof title, "%s: bytes/s per datacenter link", R->r[i].label);
+    snprintf(title, sizeof title, "%s: Mbit/s per datacenter link", R->r[i].label);
     FILE *f = open_out(R, "plots", dat, path, sizeof path);
     if (!f) return;
     /* one block per datacenter (gnuplot `index`), rates between samples */
-    fputs("# t_s up_Bps down_Bps; one block per datacenter, in the order of the .gp's plot\n", f);
+    fputs("# t_s up_Mbit_s down_Mbit_s; one block per datacenter, in the order of the .gp's plot\n", f);
     int blocks = 0, *has = dl_xcalloc((size_t)(a->n_links ? a->n_links : 1), sizeof *has);
     for (int k = 0; k < a->n_links; k++) {
         const dl_account_link *l = &a->links[k];
@@ -1040,8 +1140,8 @@ static void plot_links(rep *R, int i)
             if (dt <= 0) continue;
             if (!rows) fprintf(f, "%s# %s\n", blocks ? "\n\n" : "", l->name);
             fprintf(f, "%.3f %.9g %.9g\n", l->samples[j].t_s,
-                    (l->samples[j].up_bytes - l->samples[j - 1].up_bytes) / dt,
-                    (l->samples[j].down_bytes - l->samples[j - 1].down_bytes) / dt);
+                    (l->samples[j].up_bytes - l->samples[j - 1].up_bytes) / dt * MBIT,
+                    (l->samples[j].down_bytes - l->samples[j - 1].down_bytes) / dt * MBIT);
             rows++;
         }
         if (rows) has[k] = 1 + blocks++;
@@ -1055,7 +1155,7 @@ static void plot_links(rep *R, int i)
     gp_head(f, svg, title);
     if (!blocks) gp_nodata(f);
     else {
-        fputs("set xlabel 'seconds since the run start'\nset xrange [0:*]\nset ylabel 'bytes/s'\nset yrange [0:*]\n", f);
+        fputs("set xlabel 'seconds since the run start'\nset xrange [0:*]\nset ylabel 'Mbit/s'\nset yrange [0:*]\n", f);
         int first = 1;
         for (int k = 0; k < a->n_links; k++) {
             if (!has[k]) continue;
@@ -1065,6 +1165,13 @@ static void plot_links(rep *R, int i)
                 gp_plot_sep(f, &first);
                 gp_str(f, dat);
                 fprintf(f, " index %d using 1:%d with lines lw %d dt %d title ", has[k] - 1, 2 + dir, 2, dir ? 2 : 1);
+                gp_str(f, t);
+            }
+            if (a->links[k].bandwidth_mbit > 0) { /* the shaped rate, for scale */
+                char t[96];
+                snprintf(t, sizeof t, "%s limit", a->links[k].name);
+                gp_plot_sep(f, &first);
+                fprintf(f, "%.9g with lines lw 1 dt 3 title ", a->links[k].bandwidth_mbit);
                 gp_str(f, t);
             }
         }

@@ -1,5 +1,6 @@
 /* The commit: a round the policy closes goes to the worker as a merge job;
- * the merge comes back (dl_commit_merge_done) and answers its contributors. */
+ * the merge comes back (dl_commit_merge_done) and answers its contributors.
+ * A commit the store fails backs off before the next one (docs/FAILURE_MODEL.md). */
 #include "synchronizer/sync_int.h"
 
 #include "core/clock.h"
@@ -11,6 +12,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Back-off after a failed commit, ms: DL_COMMIT_BACKOFF_MIN_MS after the
+ * first failure, doubling with each failure in a row up to
+ * DL_COMMIT_BACKOFF_MAX_MS. A disk that fails every write then costs one
+ * failed round per back-off instead of one per push (a round every ~40 ms
+ * with 2 learners on loopback), and a disk that comes back is found within
+ * the back-off's length. */
+#define DL_COMMIT_BACKOFF_MIN_MS 100u
+#define DL_COMMIT_BACKOFF_MAX_MS 3200u
+
+uint32_t dl_commit_backoff_left_ms(const dl_sync *s, int64_t now)
+{
+    if (!s->commit_fails || now >= s->commit_until_ns) return 0;
+    int64_t ms = (s->commit_until_ns - now + 999999) / 1000000;
+    return ms > 0 ? (uint32_t)ms : 1;
+}
 
 static const char *id_of_slot(void *ctx, uint32_t slot)
 {
@@ -65,10 +82,23 @@ static void submit_round(dl_sync *s, const dl_policy_round *r)
 void dl_commit_schedule(dl_sync *s)
 {
     if (s->stopping) return;
+    /* backing off: the probe's result (dl_commit_merge_done) schedules again */
+    if (s->commit_probe) return;
     int64_t now = dl_clock_ns();
     dl_policy_round r;
-    while (dl_policy_poll(s->policy, now, &r)) submit_round(s, &r);
-    int64_t next = dl_policy_next_deadline(s->policy);
+    int64_t next;
+    if (dl_commit_backoff_left_ms(s, now)) {
+        next = s->commit_until_ns; /* rounds wait in the pool; the probe leaves then */
+    } else {
+        while (dl_policy_poll(s->policy, now, &r)) {
+            submit_round(s, &r);
+            if (s->commit_fails) { /* the back-off ran out: this round is the probe, alone */
+                s->commit_probe = 1 + r.fragment;
+                return;
+            }
+        }
+        next = dl_policy_next_deadline(s->policy);
+    }
     ev_timer_stop(s->loop, &s->deadline);
     if (next != DL_POLICY_NEVER) {
         double after = (double)(next - now) * 1e-9;
@@ -86,12 +116,27 @@ void dl_commit_merge_done(dl_sync *s, dl_job *j)
 {
     int p = j->fragment;
     int64_t now = dl_clock_ns();
+    if (s->commit_probe == 1 + p) s->commit_probe = 0; /* one job per fragment in flight: this is the probe */
     if (j->rc) {
         DL_ERROR("merge of fragment %d onto v%llu failed, round abandoned: %s", p, (unsigned long long)j->version,
                  j->err);
         char ebuf[400];
         dl_event("merge_failed", " frag=%d version=%llu reason=%s", p, (unsigned long long)j->version,
                  dl_event_str(j->err, ebuf, sizeof ebuf));
+        if (j->store_failed) {
+            /* the disk, not this round's values: back off before the next commit */
+            int k = s->commit_fails < 6 ? s->commit_fails : 6;
+            uint32_t ms = DL_COMMIT_BACKOFF_MIN_MS << k;
+            s->commit_backoff_ms = ms < DL_COMMIT_BACKOFF_MAX_MS ? ms : DL_COMMIT_BACKOFF_MAX_MS;
+            s->commit_fails++;
+            s->commit_until_ns = now + (int64_t)s->commit_backoff_ms * 1000000;
+            dl_event("commit_backoff", "frag=%d fails_in_row=%d backoff_ms=%u", p, s->commit_fails,
+                     s->commit_backoff_ms);
+            if (s->commit_fails == 1)
+                DL_WARN("commits fail (%s): pushes are answered busy for %u ms, then one round probes the store; "
+                        "free space on the store's filesystem or fix the disk",
+                        j->err, s->commit_backoff_ms);
+        }
         dl_policy_abandon(s->policy, p, now);
         /* nothing of the job's ledger delta was persisted: the pending part
          * goes back, the applied part never happened */
@@ -114,6 +159,13 @@ void dl_commit_merge_done(dl_sync *s, dl_job *j)
         return;
     }
     uint64_t nv = j->version + 1;
+    if (s->commit_fails) {
+        dl_event("commit_recovered", "frag=%d fails_in_row=%d", p, s->commit_fails);
+        DL_INFO("commits succeed again after %d failure(s) in a row: the back-off ends", s->commit_fails);
+        s->commit_fails = 0;
+        s->commit_backoff_ms = 0;
+        s->commit_until_ns = 0;
+    }
     if (j->update) {
         dl_downlink_keep(s, p, nv, j->update, j->update_bytes, j->update_codec);
         j->update = NULL;

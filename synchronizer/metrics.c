@@ -242,6 +242,11 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
              "kind", update_kind, updates, 0, 2);
     FAM("jobs_in_flight", "gauge", "worker jobs submitted and not yet back (merges, records, ledger, fsync)");
     VAL("jobs_in_flight", st->jobs_inflight);
+    FAM("commit_failures_in_a_row", "gauge", "merge commits the store failed in a row (0: commits succeed)");
+    VAL("commit_failures_in_a_row", st->commit_fails);
+    FAM("commit_backoff_seconds", "gauge",
+        "the back-off after the latest failed commit (pushes answered busy, then one round probes; 0: none)");
+    VAL("commit_backoff_seconds", st->commit_backoff_ms * 1e-3);
     FAM("commit_seconds", "histogram", "the LMDB commit of one merge on the worker (retries and their waits incl.)");
     dl_prom_histogram(out, "dloco_sync_commit_seconds", NULL, &m->commit_s);
     FAM("merge_job_seconds", "histogram", "one merge job on the worker: merge, outer step and the commit");
@@ -371,10 +376,11 @@ void dl_syncmet_render_status(const dl_syncmet *m, const dl_sync_stats *st, cons
     json_num(out, st->wall_s);
     dl_prom_raw(out,
                 ",\"learners_live\":%d,\"learners_dead\":%d,\"learners_left\":%d,\"learners_known\":%llu,"
-                "\"merges\":%llu,\"rejected\":%llu,\"dropped_stale\":%llu,\"busy_refused\":%llu,\"learners\":[",
+                "\"merges\":%llu,\"rejected\":%llu,\"dropped_stale\":%llu,\"busy_refused\":%llu,"
+                "\"commit_failures_in_a_row\":%d,\"commit_backoff_ms\":%u,\"learners\":[",
                 st->live, st->dead, st->left, (unsigned long long)st->known_learners, (unsigned long long)st->merges,
                 (unsigned long long)st->rejected, (unsigned long long)st->dropped_stale,
-                (unsigned long long)st->busy_refused);
+                (unsigned long long)st->busy_refused, st->commit_fails, st->commit_backoff_ms);
     for (int i = 0; i < st->n_learners; i++) {
         const dl_sync_learner_stats *l = &st->learners[i];
         dl_prom_raw(out, "%s{\"id\":", i ? "," : "");

@@ -64,6 +64,8 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->pool_peak = dl_pool_peak(s->pool);
     out->pool_max = s->cfg.pool_bytes;
     out->busy_refused = s->busy_refused;
+    out->commit_fails = s->commit_fails;
+    out->commit_backoff_ms = s->commit_backoff_ms;
     out->update_restarts = s->update_restarts;
     out->chunks_in = s->chunks_in;
     out->chunks_out = s->chunks_out;

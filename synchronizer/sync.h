@@ -166,6 +166,8 @@ typedef struct {
     uint64_t abandoned_pushes; /* chunked pushes dropped unfinished (learner gone, new connection, order) */
     uint64_t store_file_bytes, store_live_bytes, store_free_bytes; /* LMDB: data.mdb, used - free, freelist */
     int jobs_inflight;
+    int commit_fails;          /* merge commits failed in a row (0: commits succeed) */
+    uint32_t commit_backoff_ms; /* the commit back-off in force after the latest failure, ms (0: none) */
     uint64_t known_learners;   /* learner records in the store: every id this run has seen, in any process */
     dl_ledger_totals ledger;
 } dl_sync_stats;

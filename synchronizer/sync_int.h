@@ -173,6 +173,14 @@ struct dl_sync {
     dl_evaluate_opts eval_opts; /* its options (data = cfg.eval_data), for the final evaluation */
     ev_timer eval_timer;
     uint64_t known_learners; /* learner records in the store, counted at start and as new ids are put */
+
+    /* commit back-off (commit.c): after a merge whose store commit failed, pushes are answered busy until
+     * commit_until_ns, then one round probes the disk; the first commit that succeeds ends it */
+    int commit_fails;          /* merge commits failed in a row (0: healthy) */
+    uint32_t commit_backoff_ms; /* the back-off of the latest failure, ms (0: none) */
+    int64_t commit_until_ns;   /* pushes are refused busy until then (dl_clock_ns) */
+    int commit_probe;          /* 1 + the fragment of the probe round with the worker (0: none): no other round
+                                  leaves until it is back */
 };
 
 static inline int member(const dl_sync *s, int slot) { return (int)dl_policy_learner_state(s->policy, (uint32_t)slot); }
@@ -217,6 +225,8 @@ void dl_commit_schedule(dl_sync *s);
 void dl_commit_merge_done(dl_sync *s, dl_job *j);
 /* a dropped-stale push, recorded with fragment p's next merge */
 void dl_commit_aside(dl_sync *s, int p, const dl_merge_contrib *c);
+/* ms of commit back-off left at `now` (> 0: a push is answered busy with this retry_after_ms), else 0 */
+uint32_t dl_commit_backoff_left_ms(const dl_sync *s, int64_t now);
 
 /* downlink.c: everything that leaves */
 void dl_downlink_env(dl_sync *s, Dloco__V1__Envelope *env, const char *learner);

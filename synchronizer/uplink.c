@@ -70,7 +70,8 @@ static void refuse_taken(dl_sync *s, int slot, dl_registry_learner *l, const Dlo
 
 /* Refused for want of room (the pool is full): nothing of it counted, its
  * progress stays with the learner (CARRIED), which pushes again later. */
-static void refuse_busy(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, const char *why)
+static void refuse_busy(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, const char *why,
+                        uint32_t retry_ms)
 {
     int p = (int)ph->fragment;
     s->busy_refused++;
@@ -79,8 +80,7 @@ static void refuse_busy(dl_sync *s, int slot, dl_registry_learner *l, const Dloc
     dl_ledger_arrived(s->ledger, slot, p, ph->base_version, ph->tokens);
     dl_ledger_refused(s->ledger, slot, p, ph->base_version, ph->tokens);
     push_event(l, ph, "busy", why);
-    dl_downlink_ack_busy(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0,
-                         DL_SYNC_BUSY_RETRY_MS);
+    dl_downlink_ack_busy(s, l, p, ph->base_version, DLOCO__V1__DECISION__DECISION_REJECTED, 0, why, 0, retry_ms);
 }
 
 /* Exactly once per (learner, fragment, base): 1, with the reason in why,
@@ -224,7 +224,17 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
      * its first chunk (the rest is counted as it comes, chunk_room) */
     uint64_t need = (ph->chunk_numel ? ph->chunk_numel : s->numel[p]) * sizeof(float);
     if (!room(s, slot, l, p, need, ph->chunk_numel != 0, why, sizeof why)) {
-        refuse_busy(s, slot, l, ph, why);
+        refuse_busy(s, slot, l, ph, why, DL_SYNC_BUSY_RETRY_MS);
+        return -1;
+    }
+    /* ... and none while commits fail: nothing would be merged, so the push waits with
+     * its learner until the back-off ends (commit.c) */
+    uint32_t left = dl_commit_backoff_left_ms(s, now);
+    if (left) {
+        snprintf(why, sizeof why,
+                 "commits are failing on the synchronizer (%d in a row): backing off %u ms; push again then",
+                 s->commit_fails, left);
+        refuse_busy(s, slot, l, ph, why, left);
         return -1;
     }
     return 0;
@@ -450,7 +460,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     if (ph->chunk_offset && !room(s, slot, l, p, bytes, 1, why, sizeof why)) {
         /* no room for the rest: the push is refused busy, its chunks so far go */
         dl_pool_free_arriving(s->pool, in->buf, in->counted);
-        refuse_busy(s, slot, l, ph, why);
+        refuse_busy(s, slot, l, ph, why, DL_SYNC_BUSY_RETRY_MS);
         inbound_header(in, ph, now);
         in->refused = 1;
         return;

@@ -188,6 +188,7 @@ static void run_merge(dl_worker *w, dl_job *j)
     j->param_norm = dl_guard_norm(w->scratch_params, n, &finite);
     j->rc = store_write(w, j);
     if (j->rc) {
+        j->store_failed = 1;
         snprintf(j->err, sizeof j->err, "%s", dl_errmsg());
         drop_update(j);
         return;

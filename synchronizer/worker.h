@@ -51,6 +51,7 @@ typedef struct dl_job {
     /* results */
     int rc;              /* 0 or the failing call's DL_E* code */
     int retries;         /* store writes retried after a transient failure (DL_EAGAIN) before rc */
+    int store_failed;    /* merge: rc came from the store write (a disk fault), not from the merged values */
     double work_s;       /* seconds the worker spent on the job (merge: merge + outer step + commit, retries incl.) */
     double store_s;      /* of them in the store write (merge: the LMDB commit, retries and their waits incl.) */
     double norm;         /* merge: L2 norm of the merged delta */

@@ -33,11 +33,12 @@ OUTER="--outer_lr 1.0 --outer_momentum 0"
 CHUNK_KB=${CHUNK_KB:-4}
 
 # start_sync LOGNAME [extra args...]: binds $BIND (default: a free loopback
-# port); sets SPID and EP; events go to $W/events-LOGNAME.log
+# port); sets SPID and EP; events go to $W/events-LOGNAME.log. $SYNC_WRAP (words, e.g.
+# `fiu-run -x -f PREFIX`) runs before the program and must exec it (SPID stays its pid)
 start_sync() {
   local log=$1; shift
   : > "$W/events-$log.log" # a fresh file, like the log: the endpoint below is this start's
-  "$SYNC" --store "$W/store" --bind "${BIND:-tcp://127.0.0.1:0}" $MODEL --vocab 256 --fragments 4 --H 8 --heartbeat_ms 200 \
+  ${SYNC_WRAP:-} "$SYNC" --store "$W/store" --bind "${BIND:-tcp://127.0.0.1:0}" $MODEL --vocab 256 --fragments 4 --H 8 --heartbeat_ms 200 \
     --status_every_ms 0 --chunk_kb "$CHUNK_KB" --events "$W/events-$log.log" "$@" > "$W/$log.log" 2>&1 &
   SPID=$!; PIDS+=("$SPID")
   EP=""

@@ -243,7 +243,18 @@ enum { LEDGER_BALANCED, LEDGER_STATES, LEDGER_POOLED, LEDGER_NONE };
  *   19/40 to 16.625 and 2.375, skew 21, wasted 0.
  * fleet: provisioned 220 = down 21 + startup 9 + recovery 2 + idle 3 +
  *   goodput 146.625 + dropped 7.375 + wasted 31; the 10 s that slot 1 was hung come off its merged
- *   compute (a stop inside a step inflates the pushes): goodput 136.625, wasted 41. */
+ *   compute (a stop inside a step inflates the pushes): goodput 136.625, wasted 41.
+ * Wasted by cause (P = 4): a1's pid 1001 pushed fragments 0..3 at 25, 28, 29, 27 and was killed at 30:
+ *   killed (5+2+1+3)/4 = 2.75; pid 1002 pushed all four at 99 (final), the slot ends at 100: unpushed 1;
+ *   tokens 500 (1001's last step) + 1500 (1002's summary) = 2000, discarded 100 (1001's push_returned) +
+ *   300 (1002's summary) = 400 fragment-tokens x 80 s / (4 x 2000) = 4; other 15 - 7.75 = 7.25.
+ *   a2 never pushed (no push events): its four tails from ready 4 to 100 are 96 s, more than its wasted
+ *   26: scaled to unpushed 26. b1's 19 s of tails scale to its wasted 0.
+ * The synchronizer's view: a1 joined at 5 and again at 42 (its new process, must_fetch=1): 1 rejoin,
+ *   1 refetch; refused: the nonfinite (rejected_other), a dropped_stale, a busy. a2 declared dead at 58
+ *   (hung), rejoined at 61 without a fetch; refused: a norm. b1: one join, a dropped_stale, chunks out of
+ *   order.
+ * Goodput shares 0.6, 0.6, 0.83: median 0.6, nobody below half of it. */
 static void gen_faulty(const char *run, int ledger)
 {
     REQUIRE(mkdir(run, 0755) == 0, "mkdir %s", run);
@@ -319,6 +330,8 @@ static void gen_faulty(const char *run, int ledger)
     ev(&s, 10, 500, "merge_contrib", "id=a1 frag=0 version=1 base=0 staleness=0 tokens=10 compute_s=40.000000 weight=0.5");
     ev(&s, 10, 500, "merge_contrib", "id=a2 frag=0 version=1 base=0 staleness=0 tokens=10 compute_s=60.000000 weight=0.5");
     ev(&s, 20, 500, "push", "id=a1 frag=1 base=0 steps=5 tokens=10 compute_s=100.000000 decision=rejected reason=\"nonfinite\"");
+    ev(&s, 4, 500, "learner_join", "id=a2 device=cpu again=0 must_fetch=1 step=0 batch=8 auth=0");
+    ev(&s, 5, 500, "learner_join", "id=a1 device=cpu again=0 must_fetch=1 step=0 batch=8 auth=0");
     ev(&s, 22, 500, "push", "id=a2 frag=1 base=0 steps=5 tokens=10 compute_s=80.000000 decision=pooled reason=\"\"");
     raw(&s, "hello world\n");
     if (ledger != LEDGER_NONE)
@@ -329,7 +342,14 @@ static void gen_faulty(const char *run, int ledger)
     ev(&s, 33, 501, "push", "id=a1 frag=2 base=0 steps=5 tokens=10 compute_s=20.000000 decision=dropped_stale reason=\"\"");
     ev(&s, 35, 501, "merge", "frag=1 version=1 n=1 staleness_mean=1.000 share=1 norm=1 tokens=10 compute_s=80.000000 retries=0");
     ev(&s, 35, 501, "merge_contrib", "id=a2 frag=1 version=1 base=0 staleness=1 tokens=10 compute_s=80.000000 weight=1");
+    ev(&s, 42, 501, "learner_join", "id=a1 device=cpu again=1 must_fetch=1 step=0 batch=8 auth=0");
+    ev(&s, 44, 501, "push", "id=a1 frag=0 base=0 steps=5 tokens=10 compute_s=5.000000 decision=busy reason=\"commits are failing\"");
     ev(&s, 47.2, 502, "sync_start", "epoch=3 resumed=1 fragments=4");
+    ev(&s, 58, 502, "learner_dead", "id=a2 silent_ms=8000");
+    ev(&s, 61, 502, "learner_join", "id=a2 device=cpu again=1 must_fetch=0 step=90 batch=8 auth=0");
+    ev(&s, 62, 502, "push", "id=a2 frag=2 base=0 steps=412 tokens=10 compute_s=5.000000 decision=rejected "
+       "reason=\"norm 5.65 > 10 x median 0.555\"");
+    ev(&s, 71, 502, "learner_join", "id=b1 device=cpu again=0 must_fetch=1 step=0 batch=8 auth=0");
     ev(&s, 55, 502, "merge", "frag=2 version=1 n=1 staleness_mean=2.000 share=1 norm=1 tokens=10 compute_s=100.000000 retries=0");
     ev(&s, 55, 502, "merge_contrib", "id=a1 frag=2 version=1 base=0 staleness=2 tokens=10 compute_s=100.000000 weight=1");
     ev(&s, 75, 502, "merge", "frag=3 version=1 n=3 staleness_mean=1.333 share=1 norm=1 tokens=30 compute_s=300.000000 retries=0");
@@ -337,6 +357,8 @@ static void gen_faulty(const char *run, int ledger)
     ev(&s, 75, 502, "merge_contrib", "id=a2 frag=3 version=1 base=0 staleness=1 tokens=10 compute_s=60.000000 weight=0.3");
     ev(&s, 75, 502, "merge_contrib", "id=b1 frag=3 version=1 base=0 staleness=3 tokens=10 compute_s=140.000000 weight=0.3");
     ev(&s, 80, 502, "push", "id=b1 frag=0 base=0 steps=5 tokens=10 compute_s=20.000000 decision=dropped_stale reason=\"\"");
+    ev(&s, 82, 502, "push", "id=b1 frag=1 base=0 steps=5 tokens=10 compute_s=20.000000 decision=rejected "
+       "reason=\"chunk at 2048, expected 1024: chunks must come in order\"");
     ev(&s, 81, 502, "push", "id=zz frag=0 base=0 steps=5 tokens=10 compute_s=8.000000 decision=dropped_stale reason=\"\"");
     /* the synchronizer's own periodic evaluation */
     ev(&s, 90, 502, "eval", "version=7 loss=3.400000 seqs=64");
@@ -354,6 +376,13 @@ static void gen_faulty(const char *run, int ledger)
     evf a1 = ev_open(run, "events-a1.log", "learner");
     ev(&a1, 0.2, 1001, "learner_start", "id=a1 mode=networked");
     ev(&a1, 5, 1001, "ready", "id=a1 fragments=4 fetched=4 h=10 wait_s=5.0");
+    ev(&a1, 25, 1001, "push", "learner=a1 epoch=1 fragment=0 base_version=0 steps=5 tokens=10 final=0");
+    ev(&a1, 28, 1001, "push", "learner=a1 epoch=1 fragment=1 base_version=0 steps=5 tokens=10 final=0");
+    ev(&a1, 29, 1001, "push", "learner=a1 epoch=1 fragment=2 base_version=0 steps=5 tokens=10 final=0");
+    ev(&a1, 26, 1001, "push", "learner=a1 epoch=1 fragment=3 base_version=0 steps=5 tokens=10 final=0");
+    ev(&a1, 27, 1001, "push", "learner=a1 epoch=1 fragment=3 base_version=0 steps=5 tokens=10 final=0");
+    ev(&a1, 27.5, 1001, "push_returned", "fragment=1 base_version=0 steps=5 tokens=10 discarded_tokens=100");
+    ev(&a1, 29.5, 1001, "step", "id=a1 step=50 loss=3.1 tokens=500 pushes=5 coalesced=0");
     ev(&a1, 20, 1001, "barrier_wait", "id=a1 waited_ms=3000");
     raw(&a1, "not logfmt at all\n");
     ev(&a1, 41, 1002, "step", "id=a1 detail=\"bad \\q escape\"");
@@ -366,6 +395,9 @@ static void gen_faulty(const char *run, int ledger)
         pad[sizeof pad - 1] = 0;
         ev(&a1, 44, 1002, "step", "id=a1 pad=%s", pad);
     }
+    for (int p = 0; p < 4; p++)
+        ev(&a1, 99, 1002, "push", "learner=a1 epoch=2 fragment=%d base_version=1 steps=5 tokens=10 final=1", p);
+    ev(&a1, 100.4, 1002, "learner_summary", "id=a1 steps=150 tokens=1500 discarded_tokens=300");
     /* torn: no newline, so it is not believed (it would add 5 s of barrier) */
     fprintf(a1.f, "ts=%lld proc=learner pid=1002 event=barrier_wait id=a1 waited_ms=5000", TS0 + 60000000000LL);
     fclose(a1.f);
@@ -400,8 +432,10 @@ static void gen_faulty(const char *run, int ledger)
     fclose(t);
 }
 
-/* The failure-free twin: two learners, one merge, a balanced ledger. */
-static void gen_baseline(const char *run)
+/* The failure-free twin: two learners, one merge, a balanced ledger. With
+ * low, a2's merged compute is 20 s instead of 200 (goodput 5 s: 5% against
+ * a1's 50%) and the run has a check.out with the store's ledger. */
+static void gen_baseline(const char *run, int low)
 {
     REQUIRE(mkdir(run, 0755) == 0, "mkdir %s", run);
     evf c = ev_open(run, "events-chaos.log", "chaos");
@@ -423,7 +457,8 @@ static void gen_baseline(const char *run)
     evf s = ev_open(run, "events-sync.log", "sync");
     ev(&s, 50, 600, "merge", "frag=0 version=1 n=2 staleness_mean=0 share=1 norm=1 tokens=20 compute_s=400 retries=0");
     ev(&s, 50, 600, "merge_contrib", "id=a1 frag=0 version=1 base=0 staleness=0 tokens=10 compute_s=200 weight=0.5");
-    ev(&s, 50, 600, "merge_contrib", "id=a2 frag=0 version=1 base=0 staleness=0 tokens=10 compute_s=200 weight=0.5");
+    ev(&s, 50, 600, "merge_contrib", "id=a2 frag=0 version=1 base=0 staleness=0 tokens=10 compute_s=%d weight=0.5",
+       low ? 20 : 200);
     ev(&s, 101, 600, "ledger",
        "applied=80 dropped_stale=0 rejected=0 lost=0 discarded=0 outstanding=20 pooled=0 carried=0 processed=100 "
        "overclaim=0 carried_in=0");
@@ -440,6 +475,18 @@ static void gen_baseline(const char *run)
     FILE *t = fopen(p, "w");
     REQUIRE(t, "timeline");
     fputs("n\tat_s\tkind\ttarget\tduration_s\tvalue\tsource\n", t);
+    fclose(t);
+    if (!low) return;
+    snprintf(p, sizeof p, "%s/check.out", run);
+    t = fopen(p, "w");
+    REQUIRE(t, "check.out");
+    /* storage/store_check.c's report */
+    fputs("dloco store check: /x/store\n"
+          "  schema 3, run 'r', fingerprint 0123456789abcdef, epoch 2, 4 fragments (8 blocks), 1 merge records, 2 "
+          "learners\n"
+          "  ledger fragment-tokens: applied 90, dropped_stale 4, rejected 3, lost 2, discarded 1, outstanding 20\n"
+          "  result: OK\n",
+          t);
     fclose(t);
 }
 
@@ -627,6 +674,41 @@ static void check_faulty(const dl_account *a)
     CHECK_EQ(a->lines_cut, 1);
     CHECK_EQ(a->events_unmatched, 1);
     CHECK(has_note(a, "events-a1.log: skipped 3 garbage, 1 over-long and 1 torn"), "skipped lines are a note");
+
+    /* wasted by cause, tokens of every incarnation, the synchronizer's view (gen_faulty's comment) */
+    CHECK_NEAR(s0->wasted_s[DL_ACCT_WASTE_KILLED], 2.75, tol);
+    CHECK_NEAR(s0->wasted_s[DL_ACCT_WASTE_DISCARDED], 4.0, tol);
+    CHECK_NEAR(s0->wasted_s[DL_ACCT_WASTE_UNPUSHED], 1.0, tol);
+    CHECK_NEAR(s0->wasted_s[DL_ACCT_WASTE_OTHER], 7.25, tol);
+    CHECK_NEAR(s0->tokens, 2000, 0);
+    CHECK_NEAR(s1->wasted_s[DL_ACCT_WASTE_UNPUSHED], 26.0, tol);
+    CHECK_NEAR(s1->wasted_s[DL_ACCT_WASTE_KILLED] + s1->wasted_s[DL_ACCT_WASTE_DISCARDED] +
+                   s1->wasted_s[DL_ACCT_WASTE_OTHER], 0.0, tol);
+    for (int k = 0; k < DL_ACCT_NWASTE; k++) CHECK_NEAR(s2->wasted_s[k], 0.0, tol);
+    CHECK_NEAR(a->wasted_s[DL_ACCT_WASTE_KILLED], 2.75, tol);
+    CHECK_NEAR(a->wasted_s[DL_ACCT_WASTE_UNPUSHED], 27.0, tol);
+    double wsum = 0;
+    for (int k = 0; k < DL_ACCT_NWASTE; k++) wsum += a->wasted_s[k];
+    CHECK_NEAR(wsum, a->fleet.bucket_s[DL_ACCT_WASTED], tol);
+    CHECK_EQ(s0->deaths, 0);
+    CHECK_EQ(s0->joins, 2);
+    CHECK_EQ(s0->rejoins, 1);
+    CHECK_EQ(s0->refetches, 1);
+    CHECK_EQ(s0->refused[DL_ACCT_REF_OTHER], 1);
+    CHECK_EQ(s0->refused[DL_ACCT_REF_STALE], 1);
+    CHECK_EQ(s0->refused[DL_ACCT_REF_BUSY], 1);
+    CHECK_EQ(s0->refused[DL_ACCT_REF_NORM], 0);
+    CHECK_EQ(s1->deaths, 1);
+    CHECK_EQ(s1->rejoins, 1);
+    CHECK_EQ(s1->refetches, 0);
+    CHECK_EQ(s1->refused[DL_ACCT_REF_NORM], 1);
+    CHECK_EQ(s2->joins, 1);
+    CHECK_EQ(s2->rejoins, 0);
+    CHECK_EQ(s2->refused[DL_ACCT_REF_STALE], 1);
+    CHECK_EQ(s2->refused[DL_ACCT_REF_CHUNK], 1);
+    CHECK_EQ(s2->refused[DL_ACCT_REF_OTHER], 0);
+    CHECK_NEAR(a->median_goodput, 0.6, tol);
+    CHECK_EQ(a->low_goodput_slots, 0);
 }
 
 static void test_faulty(void)
@@ -651,6 +733,8 @@ static void test_faulty(void)
     CHECK_EQ(a->processed, 5100);
     CHECK_EQ(a->carried_in, 100);
     CHECK_NEAR(a->token_goodput, 4000.0 / 5200, 1e-12);
+    CHECK_EQ(a->store_ledger, 0);
+    CHECK(isnan(a->store_token_goodput), "no store ledger without check.out");
     dl_account_close(&a);
     dl_account_close(&a);
     CHECK(a == NULL, "close twice");
@@ -892,7 +976,7 @@ static void test_report(void)
     path_of(r3, sizeof r3, "rep-baseline");
     gen_faulty(r1, LEDGER_BALANCED);
     gen_faulty(r2, LEDGER_STATES);
-    gen_baseline(r3);
+    gen_baseline(r3, 0);
     dl_account *acc[3] = {0};
     REQUIRE(dl_account_run(r1, &acc[0]) == 0, "r1: %s", dl_errmsg());
     REQUIRE(dl_account_run(r2, &acc[1]) == 0, "r2: %s", dl_errmsg());
@@ -929,6 +1013,13 @@ static void test_report(void)
     CHECK(strstr(md, "![validation loss of the global model](plots/loss.svg)") != NULL, "plot link");
     CHECK(strstr(md, "(plots/timeline-decoupled-baseline.svg)") != NULL, "timeline link");
     CHECK(strstr(md, "## How to read this") != NULL, "definitions");
+    CHECK(strstr(md, "| wasted: killed (s) | 2.8 | 2.8 | 0.0 |") != NULL, "wasted by cause");
+    CHECK(strstr(md, "| 0 | a1 | 0 | 1 | 1 | dropped_stale 1, busy 1, rejected_other 1 | 2.8 | 4.0 | 1.0 | 7.2 | 2000 |") !=
+              NULL,
+          "a1: the synchronizer's view");
+    CHECK(strstr(md, "| 1 | a2 | 1 | 1 | 0 | norm 1 |") != NULL, "a2: declared dead once, a norm refusal");
+    CHECK(strstr(md, "peak up Mbit/s") != NULL && strstr(md, "| 0.020 | 0.040 | 0.024 | 0.048 |") != NULL,
+          "links in Mbit/s");
     free(md);
 
     snprintf(p, sizeof p, "%s/report.json", out);
@@ -943,6 +1034,11 @@ static void test_report(void)
     CHECK(strstr(js, "\"twin\": \"decoupled-baseline\"") != NULL, "twin named");
     CHECK(strstr(js, "\"ledger_balanced\": false") != NULL, "unbalanced ledger");
     CHECK(strstr(js, "\"goodput\": 0.621022727273") != NULL, "goodput");
+    CHECK(strstr(js, "\"sync_view\": {\"deaths\": 1, \"joins\": 2, \"rejoins\": 1, \"refetches\": 0") != NULL,
+          "a2's sync view in JSON");
+    CHECK(strstr(js, "\"wasted_s\": {\"killed\": 2.75, \"discarded\": 4, \"unpushed\": 27, \"other\": 7.25}") != NULL,
+          "fleet wasted by cause in JSON");
+    CHECK(strstr(js, "\"mean_up_mbit_s\": 0.02,") != NULL, "link rate in Mbit/s in JSON");
     CHECK(strstr(js, "NaN") == NULL && strstr(js, "nan") == NULL && strstr(js, "inf") == NULL, "no NaN in JSON");
     free(js);
 
@@ -1025,6 +1121,52 @@ static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *ft
     return remove(p);
 }
 
+/* A learner far below the fleet's goodput is flagged; with check.out the
+ * token totals are the store's ledger (every incarnation), the balance the
+ * events'. */
+static void test_low_and_store(void)
+{
+    char run[300];
+    path_of(run, sizeof run, "low");
+    gen_baseline(run, 1);
+    dl_account *a = NULL;
+    REQUIRE(dl_account_run(run, &a) == 0, "account %s: %s", run, dl_errmsg());
+    REQUIRE(a->n_slots == 2, "slots %d", a->n_slots);
+    CHECK_NEAR(a->slots[0].time.frac[DL_ACCT_GOODPUT], 0.5, 1e-9);
+    CHECK_NEAR(a->slots[1].time.frac[DL_ACCT_GOODPUT], 0.05, 1e-9);
+    CHECK_NEAR(a->median_goodput, 0.275, 1e-9);
+    CHECK_EQ(a->slots[0].low_goodput, 0);
+    CHECK_EQ(a->slots[1].low_goodput, 1);
+    CHECK_EQ(a->low_goodput_slots, 1);
+    CHECK_EQ(a->store_ledger, 1);
+    static const uint64_t want[6] = {90, 4, 3, 2, 1, 20};
+    for (int k = 0; k < 6; k++) CHECK_EQ(a->store_tokens[k], want[k]);
+    CHECK_NEAR(a->store_token_goodput, 90.0 / 120, 1e-12);
+    CHECK_EQ(a->applied, 80); /* the ledger event's totals stay theirs */
+    CHECK_NEAR(a->token_goodput, 0.8, 1e-12);
+    CHECK_EQ(a->ledger_balanced, 1);
+
+    char out[300], p[400];
+    path_of(out, sizeof out, "low-report");
+    const char *labels[] = {"decoupled-baseline"};
+    REQUIRE(dl_report_write(out, "low", labels, &a, 1) == 0, "report: %s", dl_errmsg());
+    dl_account_close(&a);
+    snprintf(p, sizeof p, "%s/report.md", out);
+    char *md = slurp(p);
+    CHECK(md && strstr(md, "| 1 | a2 | 0 | 0 | 0 | - | 0.0 | 0.0 | 93.0 | 0.0 | 0 | 5.0% | **LOW** |"),
+          "a2 flagged LOW in the synchronizer's view");
+    CHECK(md && strstr(md, "| store: applied | 90 |") && strstr(md, "| store: token goodput | 75.0% |"),
+          "the store's ledger");
+    free(md);
+    snprintf(p, sizeof p, "%s/report.json", out);
+    char *js = slurp(p);
+    CHECK(js && json_valid(js), "report.json parses");
+    CHECK(js && strstr(js, "\"low_goodput\": true") && strstr(js, "\"low_goodput_learners\": 1"), "flag in JSON");
+    CHECK(js && strstr(js, "\"store\": {\"applied\": 90, \"dropped_stale\": 4"), "the store's ledger in JSON");
+    free(js);
+    printf("ok: a learner at 5%% goodput against a median of 27.5%% is flagged; the store's ledger read\n");
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "%s/dloco-test-chaos-report-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
@@ -1034,6 +1176,7 @@ int main(void)
     test_iterator();
     test_faulty();
     test_ledgers();
+    test_low_and_store();
     test_errors();
     test_json_validator();
     test_report();

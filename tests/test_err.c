@@ -157,6 +157,8 @@ static void test_abort_message(void)
     snprintf(want, sizeof want, "dloco: injected allocation failure %lld at ", base + 2);
     CHECK(strstr(err, want) != NULL, "message \"%s\" in: %s", want, err);
     CHECK(strstr(err, "test_err.c:") != NULL, "names the caller's file:line: %s", err);
+    /* ... relative to the source tree, never the build machine's absolute path */
+    CHECK(strstr(err, " at tests/test_err.c:") != NULL, "file:line relative to the source tree: %s", err);
     CHECK(strstr(err, "survived") == NULL, "nothing ran past the failure: %s", err);
 
     in_child(fail_aligned, err, sizeof err, &st);

@@ -383,6 +383,29 @@ static void test_per_step(void)
     dl_guard_observe(g, 0, 4, 2.06, 16);
     CHECK_NEAR(dl_guard_median(g, 0, NULL), 0.1, 1e-12); /* 4 x 0.1 and 0.515 */
     dl_guard_close(&g);
+
+    /* the [wan] issue's run: six learners at H=16 (16 steps a push) around norm 0.555; after a 20 s outage a
+     * learner's first push carried 412 steps at norm 5.65 and was refused ("norm 5.65 > 10 x median 0.555").
+     * Per step: the steps count up to 10 x 16 = 160, bound 10 x 0.555 / sqrt(16) x sqrt(160) = 17.5 */
+    g = open_guard(&c, 1, 8);
+    for (int l = 0; l < 6; l++) dl_guard_observe(g, 0, l, 0.5 + 0.022 * l, 16); /* median 0.555 */
+    CHECK_NEAR(dl_guard_median(g, 0, NULL) * 4.0, 0.555, 1e-9);
+    CHECK_EQ(dl_guard_value(g, 0, 5.65, 412, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    /* even if its 412 steps had drifted in one direction (norm x 412 / 16 = 14.3) */
+    CHECK_EQ(dl_guard_value(g, 0, 0.555 * 412 / 16, 412, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    /* a byzantine push scaled x100 claiming those 412 steps, or any number: the steps stop at 160 */
+    CHECK_EQ(dl_guard_value(g, 0, 55.5, 412, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_STR(why, "norm 55.5 > 10 x median 1.76 of 6 learner(s)' latest pushes (per sqrt(step), x sqrt(160 steps))");
+    CHECK_EQ(dl_guard_value(g, 0, 55.5, UINT64_MAX, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    HAS(why, "x sqrt(160 steps)");
+    /* what lying about steps buys at most: sqrt(norm_k) = 3.16 x the bound of its honest 16 steps */
+    CHECK_EQ(dl_guard_value(g, 0, 17.4, UINT64_MAX, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 17.6, UINT64_MAX, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 5.6, 16, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    /* the outage push is remembered per sqrt(step): the median stays the fleet's */
+    dl_guard_observe(g, 0, 6, 5.65, 412);
+    CHECK_NEAR(dl_guard_median(g, 0, NULL) * 4.0, 0.566, 1e-9); /* one rank up, not x 10 */
+    dl_guard_close(&g);
     printf("ok: per-step norms: outage and warm-up pushes merged, scaled ones refused\n");
 }
 

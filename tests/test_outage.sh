@@ -5,7 +5,8 @@
 # stop), its memory stays bounded because undecided pushes are not piled up:
 # during the stop each learner sends at most 2 pushes per fragment (its push
 # events), though at H=8 its 50 steps would make many more; pushes and
-# merges resume after SIGCONT.
+# merges resume after SIGCONT, and the long pushes that carry the outage's
+# steps are merged, not refused by the norm guard.
 set -u
 TEST_NAME=outage
 . "$(dirname "$0")/lib_cluster.sh"
@@ -52,6 +53,13 @@ for i in 0 1 2; do
     [ "$(pushes_now "${NAMES[$i]}")" -gt $(( ${p1[$i]} + 4 )) ]
 done
 stop_sync
+# the work trained through the outage is kept: pushes are judged per step (synchronizer/guard.h), so the
+# long pushes after SIGCONT are not norm outliers; the one with the most steps was pooled for a merge
+SE="$W/events-sync.log"
+check "no push refused by the norm guard ($(ev_count "$SE" push decision=rejected "reason~^norm"))" \
+  [ "$(ev_count "$SE" push decision=rejected "reason~^norm")" = 0 ]
+read -r ls ld <<< "$(ev_field "$SE" push "steps decision" | sort -n | tail -n 1)"
+check "the longest push ($ls steps, H=8) was pooled for a merge ($ld)" [ "${ld#pooled}" != "$ld" ]
 check "dloco check" quietly "$DLOCO" check "$W/store"
 [ $fail = 0 ] && echo "test_outage: all checks passed" || echo "test_outage: FAILED"
 exit $fail

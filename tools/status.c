@@ -280,7 +280,11 @@ static void print_text(const dl_json *d, FILE *f)
                 dl_json_num(d, "learners_live", 0), dl_json_num(d, "learners_dead", 0),
                 dl_json_num(d, "learners_left", 0), dl_json_num(d, "learners_known", 0), dl_json_num(d, "merges", 0),
                 dl_json_num(d, "rejected", 0), dl_json_num(d, "dropped_stale", 0), dl_json_num(d, "busy_refused", 0));
-    else
+    if (live && dl_json_num(d, "commit_failures_in_a_row", 0) > 0)
+        fprintf(f, "COMMITS FAILING: %.0f in a row; pushes answered busy for %.0f ms, then one round probes the store "
+                   "(the synchronizer's log names the error: free disk space or fix the disk)\n",
+                dl_json_num(d, "commit_failures_in_a_row", 0), dl_json_num(d, "commit_backoff_ms", 0));
+    if (!live)
         fprintf(f, "learners: %.0f known; merges %.0f (whole run)\n", dl_json_num(d, "learners_known", 0),
                 dl_json_num(d, "merges", 0));
     fprintf(f, "%-20s %-8s %-6s %9s %10s %14s %12s %7s %6s %6s %6s %12s %12s\n", "LEARNER", "SITE", "ALIVE", "STEPS/S",
