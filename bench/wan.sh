@@ -34,7 +34,7 @@ args=()
 mkdir -p "$OUT"
 # the run's first line and its faults; every event goes to chaos.log
 "$BUILD_DIR"/chaos/dloco-chaos run chaos/scenarios/wan.ini --out "$OUT" --compare decoupled --baseline "${args[@]}" \
-  2> "$OUT/chaos.log" | grep -E '^\[chaos [a-z-]+\] ( *[0-9.]+ s  fault |wan: )' || true
+  2> "$OUT/chaos.log" | grep --line-buffered -E '^\[chaos [a-z-]+\] ( *[0-9.]+ s  fault |wan: )' || true
 [ -f "$OUT/report.json" ] || { echo "wan: dloco-chaos made no report (its log: $OUT/chaos.log)" >&2; exit 1; }
 for label in decoupled decoupled-baseline; do
   "$BUILD_DIR"/tools/dloco records "$OUT/$label/store" > "$OUT/$label/records.txt"

@@ -19,9 +19,11 @@
  * Update take a period or two to cross its link is ~2N behind; 32 covers a
  * fleet of 16 (the staleness weight still discounts it). */
 #define DL_DEF_MAX_STALENESS 32
-/* KiB per chunk of an Update and of a push: 0.7 s over 3 Mbit/s, a few ms
- * over Gbit/s; divides the store's 1 MiB blocks. */
-#define DL_DEF_CHUNK_KB 256
+/* KiB per chunk of an Update and of a push: two chunks queued for a learner
+ * (peer_outbound_mb's default) cross its share of a thin link -- 1.5 Mbit/s,
+ * two learners on 3 Mbit/s -- in 0.7 s, well inside the 3 s liveness;
+ * divides the store's 1 MiB blocks. */
+#define DL_DEF_CHUNK_KB 64
 /* How a learner adopts a new global fragment. */
 #define DL_DEF_ADOPT "keep"
 
