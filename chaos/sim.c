@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/defaults.h"
 #include "core/err.h"
 #include "core/plan.h"
 #include "core/rng.h"
@@ -193,7 +192,6 @@ void dl_sim_cfg_default(dl_sim_cfg *c)
     dl_policy_cfg_default(&c->policy);
     c->policy.quorum = 1;
     c->policy.grace_cap_ns = 30LL * 1000000000LL;
-    c->policy.max_staleness = DL_DEF_MAX_STALENESS;
     c->policy.tau_steps = 4;
 }
 
