@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/defaults.h"
 #include "core/err.h"
 
 #define F(s, f) offsetof(s, f)
@@ -40,16 +41,21 @@ static const dl_cfg_entry run_t[] = {
     {"seq_len", DL_CFG_INT, F(dl_sc_run, seq_len), 2, 65536, "64", NULL, 0, "model: context"},
     {"vocab", DL_CFG_INT, F(dl_sc_run, vocab), 0, 16777216, "256", NULL, 0, "model: vocabulary"},
     {"fragments", DL_CFG_INT, F(dl_sc_run, fragments), 1, 4096, "4", NULL, 0, "P"},
-    {"H", DL_CFG_INT, F(dl_sc_run, H), 1, 1000000, "16", NULL, 0, "inner steps between pushes of a fragment"},
+    {"H", DL_CFG_INT, F(dl_sc_run, H), 1, 1000000, DL_DEF_STR(DL_DEF_H), NULL, 0,
+     "inner steps between pushes of a fragment"},
     {"threads", DL_CFG_INT, F(dl_sc_run, threads), 1, 256, "1", NULL, 0, "OpenMP threads per learner"},
     {"log_every", DL_CFG_INT, F(dl_sc_run, log_every), 1, 1000000, "50", NULL, 0, "learner step events"},
 };
 static const dl_cfg_entry sync_t[] = {
-    {"heartbeat_ms", DL_CFG_INT, F(dl_sc_sync, heartbeat_ms), 10, 60000, "200", NULL, 0, "heartbeat period"},
-    {"liveness", DL_CFG_INT, F(dl_sc_sync, liveness), 2, 100, "6", NULL, 0, "missed heartbeats before dead"},
+    {"heartbeat_ms", DL_CFG_INT, F(dl_sc_sync, heartbeat_ms), 10, 60000, DL_DEF_STR(DL_DEF_HEARTBEAT_MS), NULL, 0,
+     "heartbeat period"},
+    {"liveness", DL_CFG_INT, F(dl_sc_sync, liveness), 2, 100, DL_DEF_STR(DL_DEF_LIVENESS), NULL, 0,
+     "missed heartbeats before dead"},
     {"quorum", DL_CFG_INT, F(dl_sc_sync, quorum), 1, 65536, "1", NULL, 0, "K"},
-    {"max_staleness", DL_CFG_INT, F(dl_sc_sync, max_staleness), 0, 1e9, "8", NULL, 0, "versions"},
-    {"chunk_kb", DL_CFG_INT, F(dl_sc_sync, chunk_kb), 4, 65536, "64", NULL, 0, "chunk size, KiB"},
+    {"max_staleness", DL_CFG_INT, F(dl_sc_sync, max_staleness), 0, 1e9, DL_DEF_STR(DL_DEF_MAX_STALENESS), NULL, 0,
+     "versions"},
+    {"chunk_kb", DL_CFG_INT, F(dl_sc_sync, chunk_kb), 4, 65536, DL_DEF_STR(DL_DEF_CHUNK_KB), NULL, 0,
+     "chunk size, KiB"},
     {"durability", DL_CFG_ENUM, F(dl_sc_sync, durability), 0, 0, "sync", "sync|periodic", 0, "commit fsync"},
     {"outer_lr", DL_CFG_FLOAT, F(dl_sc_sync, outer_lr), 0, 10, "1.0", NULL, 0, "outer learning rate"},
     {"outer_momentum", DL_CFG_FLOAT, F(dl_sc_sync, outer_momentum), 0, 0.999, "0", NULL, 0, "outer momentum"},
@@ -64,7 +70,7 @@ static const dl_cfg_entry learner_t[] = {
     {"batch", DL_CFG_INT, F(dl_sc_learner, batch), 1, 65536, "8", NULL, 0, "sequences per step"},
     {"lr", DL_CFG_FLOAT, F(dl_sc_learner, lr), 1e-7, 1, "3e-3", NULL, 0, "inner learning rate"},
     {"device", DL_CFG_ENUM, F(dl_sc_learner, device), 0, 0, "cpu", "cpu|cuda|auto", 0, "device"},
-    {"adopt", DL_CFG_ENUM, F(dl_sc_learner, adopt), 0, 0, "overwrite", "overwrite|mix|keep", 0, "adopt mode"},
+    {"adopt", DL_CFG_ENUM, F(dl_sc_learner, adopt), 0, 0, DL_DEF_ADOPT, "overwrite|mix|keep", 0, "adopt mode"},
     {"join_s", DL_CFG_FLOAT, F(dl_sc_learner, join_s), 0, 86400, "0", NULL, 0, "joins then (0 = at the start)"},
     {"leave_s", DL_CFG_FLOAT, F(dl_sc_learner, leave_s), 0, 86400, "0", NULL, 0, "leaves then (0 = stays)"},
     {"args", DL_CFG_STR, F(dl_sc_learner, args), 0, 0, "", NULL, 0, "more dloco-learner flags"},

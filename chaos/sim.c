@@ -192,7 +192,6 @@ void dl_sim_cfg_default(dl_sim_cfg *c)
     dl_policy_cfg_default(&c->policy);
     c->policy.quorum = 1;
     c->policy.grace_cap_ns = 30LL * 1000000000LL;
-    c->policy.max_staleness = 8;
     c->policy.tau_steps = 4;
 }
 

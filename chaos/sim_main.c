@@ -10,6 +10,7 @@
 
 #include "chaos/scenario.h"
 #include "chaos/sim.h"
+#include "core/defaults.h"
 #include "core/err.h"
 
 static void usage(FILE *f)
@@ -392,8 +393,8 @@ static int cmd_paper(double horizon, double calib_horizon, uint64_t seed, double
                                                      "on all its chips replace a dropped slice");
     printf("predicted (M rows, %.0f s simulated each): learners of chips/M chips, each elastic with the parameters "
            "above; H=100 P=16 step 1 s (cv 0.05), 5e9 params bf16, 100 Gbit/s + 50 ms per learner's site;\n"
-           "policy: dloco-sync defaults (quorum 1, grace_steps 4, max_staleness 8, poly 0.5), heartbeat 1 s x 6\n",
-           horizon);
+           "policy: dloco-sync defaults (quorum 1, grace_steps 4, max_staleness %d, poly 0.5), heartbeat 1 s x 6\n",
+           horizon, DL_DEF_MAX_STALENESS);
     printf("%-22s", "goodput % sim/paper(diff)");
     for (int j = 0; j < 5; j++) printf(" | %8.1fk chips   ", paper_chips[j] / 1000.0);
     printf("\n");
@@ -428,7 +429,7 @@ static int cmd_tune(double horizon, double calib_horizon, uint64_t seed, double 
     dl_sim_cfg *c = dl_xcalloc(1, sizeof *c);
     static const int Q[] = {1, 2, 4, 6, 8};
     static const double G[] = {0.5, 1, 4, 16};
-    static const int S[] = {1, 2, 4, 8, 16};
+    static const int S[] = {1, 2, 4, 8, 16, DL_DEF_MAX_STALENESS};
     double best = -1, base = -1;
     int bq = 0, bs = 0;
     double bg = 0;
@@ -440,7 +441,7 @@ static int cmd_tune(double horizon, double calib_horizon, uint64_t seed, double 
            "gp*quality", "per_merge", "staleness");
     for (int qi = 0; qi < 5; qi++)
         for (int gi = 0; gi < 4; gi++)
-            for (int si = 0; si < 5; si++) {
+            for (int si = 0; si < (int)(sizeof S / sizeof S[0]); si++) {
                 study_cfg(c, seed, horizon);
                 apply_calib(c, &k);
                 c->chips = 1200000;
@@ -461,11 +462,11 @@ static int cmd_tune(double horizon, double calib_horizon, uint64_t seed, double 
                 printf("%7d %11.1f %13d | %7.2f%% %8.4f %9.2f%% %9.2f %10.3f\n", Q[qi], G[gi], S[si],
                        100 * r.goodput_frac, r.quality, 100 * obj, r.mean_contrib, r.mean_staleness);
                 fflush(stdout);
-                if (Q[qi] == 1 && G[gi] == 4 && S[si] == 8) base = obj, b0 = r;
+                if (Q[qi] == 1 && G[gi] == 4 && S[si] == DL_DEF_MAX_STALENESS) base = obj, b0 = r;
                 if (obj > best) best = obj, bq = Q[qi], bg = G[gi], bs = S[si], br = r;
             }
-    printf("defaults (quorum 1, grace_steps 4, max_staleness 8): goodput %.2f%%, quality %.4f, goodput x quality "
-           "%.2f%%\n", 100 * b0.goodput_frac, b0.quality, 100 * base);
+    printf("defaults (quorum 1, grace_steps 4, max_staleness %d): goodput %.2f%%, quality %.4f, goodput x quality "
+           "%.2f%%\n", DL_DEF_MAX_STALENESS, 100 * b0.goodput_frac, b0.quality, 100 * base);
     printf("best: quorum %d, grace_steps %.1f, max_staleness %d: goodput %.2f%%, quality %.4f, goodput x quality "
            "%.2f%%\n", bq, bg, bs, 100 * br.goodput_frac, br.quality, 100 * best);
     printf("vs the paper's 88%% (M=8, 1.2M chips): goodput %+.2f points, goodput x quality %+.2f points; vs the "

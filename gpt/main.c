@@ -3,6 +3,7 @@
 #include "core/clock.h"
 #include "core/codec.h"
 #include "core/config.h"
+#include "core/defaults.h"
 #include "core/err.h"
 #include "core/event.h"
 #include "core/log.h"
@@ -177,7 +178,7 @@ static const dl_cfg_entry learner_table[] = {
     {"id", DL_CFG_STR, F(id), 0, 0, "", NULL, 0, "learner id [A-Za-z0-9._-]{1,64}; empty = <hostname>-<pid> (hostname cut to 40 characters, others "
      "than [A-Za-z0-9._-] as '-'): unique per host, and across containers whose learners share a pid"},
     {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id, must match the synchronizer's"},
-    {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, "keep", "overwrite|mix|keep", 0,
+    {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, DL_DEF_ADOPT, "overwrite|mix|keep", 0,
      "how a new global fragment is adopted: keep the progress since the push (or since the base, for a version this "
      "learner did not contribute to: the synchronizer broadcasts every merge), overwrite (drops it), or mix "
      "alpha*local+(1-alpha)*global"},

@@ -14,6 +14,7 @@
 
 #include "core/clock.h"
 #include "core/config.h"
+#include "core/defaults.h"
 #include "core/err.h"
 #include "core/event.h"
 #include "core/log.h"
@@ -46,7 +47,7 @@ _Static_assert(DLOCO_TENSOR_NAME_MAX + 1 == DL_TENSOR_NAME_MAX && DLOCO_TENSOR_M
 
 #define F(x) offsetof(dl_learner_netcfg, x)
 static const dl_cfg_entry net_table[] = {
-    {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, "keep", "overwrite|mix|keep", 0,
+    {"adopt", DL_CFG_ENUM, F(adopt), 0, 0, DL_DEF_ADOPT, "overwrite|mix|keep", 0,
      "how a new global fragment is adopted: keep the progress since the push, overwrite, or mix"},
     {"alpha", DL_CFG_FLOAT, F(alpha), 0.0, 1.0, "0.5", NULL, 0, "adopt=mix: weight of the local parameters"},
     {"push_codec", DL_CFG_ENUM, F(push_codec), 0, 0, "fp32", "fp32|bf16|int8|int4|e3m0|topk", 0,

@@ -1,6 +1,7 @@
 /* dloco-sync: the synchronizer process. Config table -> dl_sync -> loop until
  * SIGINT/SIGTERM -> summary. */
 #include "core/config.h"
+#include "core/defaults.h"
 #include "core/err.h"
 #include "core/event.h"
 #include "core/log.h"
@@ -56,7 +57,8 @@ static const dl_cfg_entry table[] = {
     {"store", DL_CFG_STR, F(store), 0, 0, "runs/sync.lmdb", NULL, 0, "LMDB store directory (created if missing)"},
     {"run_id", DL_CFG_STR, F(run_id), 0, 0, "dloco", NULL, 0, "run id; learners must use the same"},
     DL_MODEL_CFG_ROWS(sync_cfg, model, "256", "model: vocabulary (V)"),
-    {"H", DL_CFG_INT, F(H), 1, 1000000, "24", NULL, 0, "inner steps between two pushes of one fragment", "steps"},
+    {"H", DL_CFG_INT, F(H), 1, 1000000, DL_DEF_STR(DL_DEF_H), NULL, 0, "inner steps between two pushes of one fragment",
+     "steps"},
     {"shards", DL_CFG_INT, F(shards), 1, 4096, "1", NULL, 0,
      "synchronizer processes the fragments are split over (<= fragments): fragment p belongs to shard p % shards, "
      "each shard with its own bind and store; learners --connect to all of them, in shard order"},
@@ -89,8 +91,8 @@ static const dl_cfg_entry table[] = {
     {"max_learners", DL_CFG_INT, F(max_learners), 1, 65536, "1024", NULL, 0,
      "learner slots: the registry's bound (a full table answers FULL; slots of learners gone reclaim_ms are reused)",
      "learners"},
-    {"max_staleness", DL_CFG_INT, F(max_staleness), 0, 1000000000, "8", NULL, 1, "drop pushes staler than this",
-     "versions"},
+    {"max_staleness", DL_CFG_INT, F(max_staleness), 0, 1000000000, DL_DEF_STR(DL_DEF_MAX_STALENESS), NULL, 1,
+     "drop pushes staler than this", "versions"},
     {"staleness", DL_CFG_ENUM, F(staleness), 0, 0, "poly", "const|poly|hinge", 1, "staleness factor s()"},
     {"staleness_a", DL_CFG_FLOAT, F(staleness_a), 0, 1e6, "0.5", NULL, 1, "s() parameter a"},
     {"staleness_b", DL_CFG_FLOAT, F(staleness_b), 0, 1e9, "0", NULL, 1, "s() parameter b (hinge)"},
@@ -125,7 +127,7 @@ static const dl_cfg_entry table[] = {
      "downlink pacing: Update bytes queued for a learner are at most what its connection drains in this long (its "
      "measured rate; at least one chunk), and its chunks shrink so two fit: an Ack or heartbeat waits about this "
      "long behind Updates (0 = min(500, heartbeat_ms x liveness / 4))", "ms"},
-    {"chunk_kb", DL_CFG_INT, F(chunk_kb), 0, 65536, "1024", NULL, 0,
+    {"chunk_kb", DL_CFG_INT, F(chunk_kb), 0, 65536, DL_DEF_STR(DL_DEF_CHUNK_KB), NULL, 0,
      "KiB per chunk of an Update, and of the pushes learners send (Welcome.chunk_bytes); >= 4"},
     {"update_codec", DL_CFG_ENUM, F(update_codec), 0, 0, "int4", "off|fp32|bf16|int8|int4|e3m0|topk", 0,
      "downlink: after a merge, a learner that holds the previous version gets the version-to-version delta in this "
@@ -163,9 +165,10 @@ static const dl_cfg_entry table[] = {
     {"max_tokens_per_step", DL_CFG_INT, F(max_tokens_per_step), 1, 1099511627776.0, "16777216", NULL, 1,
      "manifest learners: the most tokens per step one may claim at Hello (and the bound of one that claims none): "
      "bounds a push's tokens", "tokens"},
-    {"heartbeat_ms", DL_CFG_INT, F(heartbeat_ms), 10, 60000, "500", NULL, 0, "heartbeat period, ms"},
-    {"liveness", DL_CFG_INT, F(liveness), 2, 100, "6", NULL, 0, "missed heartbeats before a learner is dead",
-     "heartbeats"},
+    {"heartbeat_ms", DL_CFG_INT, F(heartbeat_ms), 10, 60000, DL_DEF_STR(DL_DEF_HEARTBEAT_MS), NULL, 0,
+     "heartbeat period, ms"},
+    {"liveness", DL_CFG_INT, F(liveness), 2, 100, DL_DEF_STR(DL_DEF_LIVENESS), NULL, 0,
+     "missed heartbeats before a learner is dead", "heartbeats"},
     {"rebase_ms", DL_CFG_INT, F(rebase_ms), 1, 864000000, "60000", NULL, 0,
      "a learner silent longer than this must fetch (rebase) before pushing again"},
     {"durability", DL_CFG_ENUM, F(durability), 0, 0, "sync", "sync|periodic", 0,

@@ -2,6 +2,7 @@
  * arrival statistics, token x staleness weights. Pure; the caller owns time. */
 #include "synchronizer/policy.h"
 
+#include "core/defaults.h"
 #include "core/err.h"
 #include "core/plan.h"
 
@@ -153,7 +154,7 @@ void dl_policy_cfg_default(dl_policy_cfg *out)
     out->grace_cap_ns = 5000000000LL;
     out->gamma = 0.5;
     out->mad_k = 3.0;
-    out->max_staleness = 8;
+    out->max_staleness = DL_DEF_MAX_STALENESS;
     out->sfn = DL_POLICY_SFN_POLY;
     out->sfn_a = 0.5;
     out->sfn_b = 0.0;

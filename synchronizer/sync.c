@@ -5,6 +5,7 @@
 #include "synchronizer/sync_int.h"
 
 #include "core/clock.h"
+#include "core/defaults.h"
 #include "core/err.h"
 #include "core/event.h"
 #include "core/log.h"
@@ -30,7 +31,7 @@
 /* A learner whose counters moved gets a new store record at most this often. */
 #define DL_SYNC_PUT_EVERY_NS (5 * 1000000000LL)
 /* Default chunk_bytes. */
-#define DL_SYNC_CHUNK_BYTES (1u << 20)
+#define DL_SYNC_CHUNK_BYTES ((uint64_t)DL_DEF_CHUNK_KB << 10)
 
 /* ------------------------------------------------------------------------ */
 /* dispatch */

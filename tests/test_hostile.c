@@ -284,12 +284,15 @@ static int sync_start(syncd *s, const char *name, const spec *sp, const char *co
     snprintf(vo, sizeof vo, "%d", m->vocab);
     snprintf(hb, sizeof hb, "%d", HB_MS);
     snprintf(fr, sizeof fr, "%d", sp->P);
-    /* heartbeat 100 < eviction 600 < grace cap 1000 < rebase 60000 ms */
+    /* heartbeat 100 < eviction 600 < grace cap 1000 < rebase 60000 ms; chunks
+     * of 1 MiB: BIG's fragments (0.9 MB) fit one message, so the peers from
+     * before chunking (Hello.max_chunk_bytes 0) that most rows use are let in */
     const char *argv[96] = {exe, "--store", store, "--bind", "tcp://127.0.0.1:0", "--events", s->events,
                             "--n_layer", nl, "--n_head", nh, "--n_embd", ne, "--seq_len", sl, "--vocab", vo,
                             "--fragments", fr, "--H", "4", "--heartbeat_ms", hb, "--liveness", "6",
                             "--grace_cap_ms", "1000", "--rebase_ms", "60000", "--staleness", "const",
-                            "--status_every_ms", "0", "--update_codec", "off" /* these fakes read fp32 Updates */};
+                            "--chunk_kb", "1024", "--status_every_ms", "0",
+                            "--update_codec", "off" /* these fakes read fp32 Updates */};
     int argc = 0;
     while (argv[argc]) argc++;
     for (int i = 0; extra && extra[i] && argc < 94; i++) argv[argc++] = extra[i];

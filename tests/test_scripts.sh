@@ -14,7 +14,7 @@ expect() { # RC DESCRIPTION COMMAND...
   else echo "FAIL: $d: exit $rc, wanted $want: $(echo "$out" | tail -2)"; fail=1; fi
 }
 for s in bench/bandwidth.sh bench/byzantine.sh bench/codec.sh bench/crashloop.sh bench/fuzz.sh bench/goodput.sh bench/gpu.sh bench/learner.sh \
-         bench/quality.sh bench/sync_load.sh bench/wa.sh deploy/local_cluster.sh deploy/quickstart.sh deploy/setup.sh \
+         bench/quality.sh bench/sync_load.sh bench/wa.sh bench/wan.sh deploy/local_cluster.sh deploy/quickstart.sh deploy/setup.sh \
          tests/gpu.sh tests/run.sh; do
   expect 0 "$s --help" bash "$s" --help
   expect 0 "$s -h" bash "$s" -h
@@ -28,6 +28,8 @@ expect 2 "crashloop.sh: at most 2 arguments" bash bench/crashloop.sh 1 2 3
 expect 2 "learner.sh: steps must be a number" bash bench/learner.sh many
 expect 2 "fuzz.sh: seconds must be a number" bash bench/fuzz.sh soon
 expect 2 "codec.sh: floats must be a number" bash bench/codec.sh lots
+expect 2 "wan.sh: WAN_DURATION_S must be a number" env WAN_DURATION_S=soon bash bench/wan.sh
+expect 2 "wan.sh: at most 1 argument" bash bench/wan.sh a b
 # bench/sim.sh (dloco-sim's paper study)
 expect 0 "bench/sim.sh --help" bash bench/sim.sh --help
 expect 2 "bench/sim.sh --no-such-option" bash bench/sim.sh --no-such-option
