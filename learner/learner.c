@@ -60,8 +60,8 @@ static const dl_cfg_entry net_table[] = {
      "carry what an encoded push left out into the fragment's next push"},
     {"flush_timeout_ms", DL_CFG_INT, F(flush_timeout_ms), 0, 3600000, "10000", NULL, 0,
      "finish waits this long for the answers to the final flush"},
-    {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 100, 86400000, "30000", NULL, 0,
-     "give up when Welcome and the initial fetch take longer than this"},
+    {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 0, 86400000, "30000", NULL, 0,
+     "give up when Welcome and the initial fetch take longer than this (0 = never: keep trying, a warning every 10 s)"},
     {"hello_retry_ms", DL_CFG_INT, F(hello_retry_ms), 1, 3600000, "1000", NULL, 0, "first Hello retry"},
     {"hello_retry_max_ms", DL_CFG_INT, F(hello_retry_max_ms), 1, 3600000, "16000", NULL, 0, "Hello retry cap"},
     {"hello_unsent_ms", DL_CFG_INT, F(hello_unsent_ms), 1, 60000, "20", NULL, 0, "retry of an unsent Hello"},
@@ -607,7 +607,7 @@ static int resolve(dloco_learner *l, dl_comms_opts *co)
                               &co->push_codec, &r));
     co->push_rounding = (int)r;
     co->error_feedback = c->error_feedback;
-    co->connect_timeout_ms = (int)c->connect_timeout_ms;
+    co->connect_timeout_ms = c->connect_timeout_ms > 0 ? (int)c->connect_timeout_ms : -1; /* 0: no bound */
     co->hello_retry_ms = (int)c->hello_retry_ms;
     co->hello_retry_max_ms = (int)c->hello_retry_max_ms;
     co->hello_unsent_ms = (int)c->hello_unsent_ms;
@@ -737,7 +737,7 @@ DLOCO_API int dloco_learner_join(dloco_learner *l, int32_t timeout_ms)
     }
     int t = timeout_ms > 0 ? timeout_ms : (int)l->cfg.connect_timeout_ms;
     clear_changed(l);
-    rc = dl_node_wait_ready(l->node, t, &l->stop);
+    rc = dl_node_wait_ready(l->node, t > 0 ? t : -1, &l->stop); /* 0: no bound, until stopped or refused */
     if (rc == DL_EAGAIN) rc = dl_err(DLOCO_ESTOPPED, "join: stopped before the model was fetched");
     else if (rc == DL_ETIMEDOUT) rc = join_timeout(l, t);
     else if (rc == DL_EPROTO) rc = dl_err(DLOCO_EREFUSED, "the synchronizer refused this learner: %s", dl_errmsg());

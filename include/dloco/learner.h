@@ -291,7 +291,8 @@ DLOCO_API int dloco_learner_bind_callbacks(dloco_learner *l, const dloco_param_c
 /* Connect to every shard, say Hello, fetch the global model and make it the
  * caller's: every fragment is applied (theta = global) before this returns.
  * Waits at most timeout_ms (<= 0: the connect_timeout_ms option, 30000 by
- * default). Returns 0, or
+ * default; that option at 0: no bound, it keeps trying and warns every 10 s
+ * until dloco_learner_stop). Returns 0, or
  *   DLOCO_ETIMEDOUT  no Welcome or fetch in time: the message names the endpoint(s) still silent
  *   DLOCO_EREFUSED   the synchronizer refused (its reason is in the message: another model,
  *                    run id, duplicate id, unknown key ...)
