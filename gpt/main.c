@@ -1437,7 +1437,6 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             dl_event("ready", "id=%s fragments=%d fetched=%llu h=%u wait_s=%.3f", cfg->id, dl_plan_P(plan),
                      (unsigned long long)ns.adopted, dl_mailbox_h(mb), dl_clock_s() - t_run);
         }
-        dl_mailbox_set_progress(mb, 0, 0, 0.0);
         fflush(stdout);
         double t_win = dl_clock_s(), train_sum = 0.0, sps = 0.0;
         /* the step rate heartbeats report (the synchronizer predicts each

@@ -309,6 +309,8 @@ static int open_checked(const dloco_learner_opts *oin, const dl_learner_ext *ext
     DL_TRY(dl_cfg_defaults(net_table, NNET, &l->cfg));
     if (ext) l->ext = *ext;
     if (ext && ext->net) l->cfg = *ext->net;
+    if (o.start_step < 0) return dl_err(DLOCO_EINVAL, "start_step: %lld (a step, >= 0)", (long long)o.start_step);
+    if (!l->ext.start_step) l->ext.start_step = o.start_step;
     if (!o.connect || !o.connect[0]) return dl_err(DLOCO_EINVAL, "connect: no synchronizer endpoint");
     DL_TRY(copy_str(l->connect, sizeof l->connect, o.connect, "connect"));
     DL_TRY(split_connect(l, o.connect));
@@ -729,6 +731,11 @@ DLOCO_API int dloco_learner_join(dloco_learner *l, int32_t timeout_ms)
                                             "bind_callbacks)"));
     l->joined = 1;
     l->state = DLOCO_STATE_JOINING;
+    /* a resumed trainer counts on from its step (the schedule's phase, Heartbeat and Push progress), and its
+     * Hello says so: the synchronizer's ledger then counts its tokens from there, not its earlier ones again */
+    l->steps = l->ext.start_step > 0 ? (uint64_t)l->ext.start_step : 0;
+    l->tokens = l->steps * l->max_tokens;
+    dl_mailbox_set_progress(l->mb, l->steps, l->tokens, 0.0);
     int rc = join_setup(l);
     if (rc) {
         l->state = DLOCO_STATE_FAILED;
@@ -748,10 +755,6 @@ DLOCO_API int dloco_learner_join(dloco_learner *l, int32_t timeout_ms)
         return fail_dead(l, rc);
     }
     l->state = DLOCO_STATE_READY;
-    dl_mailbox_set_progress(l->mb, 0, 0, 0.0);
-    /* a resumed trainer counts on from its step (the schedule's phase, Heartbeat and Push progress) */
-    l->steps = l->ext.start_step > 0 ? (uint64_t)l->ext.start_step : 0;
-    l->tokens = l->steps * l->max_tokens;
     l->t_last = dl_clock_s();
     return 0;
 }

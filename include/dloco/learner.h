@@ -184,6 +184,13 @@ typedef struct {
     dloco_log_fn log;            /* NULL = lines go to stderr */
     void *log_ctx;
     const char *device;          /* Hello.device, e.g. "cuda:0 H100"; NULL = "cpu" */
+    /* A caller that resumed its own training from its own saved state (its
+     * optimizer state and step, e.g. torch.save: docs/LIBRARY.md "Restarts"):
+     * the step it resumes at. The library counts on from it (the push
+     * schedule's phase, the progress the Hello and Heartbeats report, so the
+     * synchronizer's ledger counts its tokens from there). 0 = a fresh start;
+     * negative: DLOCO_EINVAL. */
+    int64_t start_step;
 } dloco_learner_opts;
 
 /* Zero *o and fill struct_size and the defaults (everything NULL/0). */

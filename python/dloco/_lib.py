@@ -42,7 +42,7 @@ class Opts(ctypes.Structure):
                 ("tensors", ctypes.POINTER(Tensor)), ("n_tensors", ctypes.c_int32),
                 ("max_tokens_per_step", ctypes.c_uint64), ("gpt2", ctypes.POINTER(Gpt2Config)),
                 ("config_path", ctypes.c_char_p), ("log", LOG_FN), ("log_ctx", ctypes.c_void_p),
-                ("device", ctypes.c_char_p)]
+                ("device", ctypes.c_char_p), ("start_step", ctypes.c_int64)]
 
 
 class Span(ctypes.Structure):
