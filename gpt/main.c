@@ -1580,17 +1580,22 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     if (rec) {
         /* a clean finish (a signal included: a preempted learner) leaves its newest state; a failure keeps the
          * last periodic one (a diverged model is not worth resuming) */
-        if (exit_code == 0 && (rc = dl_recovery_finish(rec, tr)))
+        if (exit_code == 0 && step >= cfg->steps) {
+            /* every step trained: nothing to resume, and a later start under this id is a new run */
+            if ((rc = dl_recovery_remove(rec))) DL_WARN("%s", dl_errmsg());
+        } else if (exit_code == 0 && (rc = dl_recovery_finish(rec, tr))) {
             DL_WARN("recovery file not written at the finish: %s", dl_errmsg());
+        }
         dl_recovery_stats rs;
         dl_recovery_get_stats(rec, &rs);
         uint64_t copies = rs.writes + rs.failed;
         dl_event("recovery_summary",
                  "id=%s writes=%llu skipped=%llu failed=%llu last_step=%lld copy_ms_mean=%.3f copy_ms_max=%.3f "
-                 "write_ms_mean=%.3f",
+                 "write_ms_mean=%.3f removed=%d",
                  cfg->id, (unsigned long long)rs.writes, (unsigned long long)rs.skipped, (unsigned long long)rs.failed,
                  (long long)rs.last_step, copies ? rs.copy_s_sum * 1e3 / (double)copies : 0.0, rs.copy_s_max * 1e3,
-                 rs.writes ? rs.write_s_sum * 1e3 / (double)rs.writes : 0.0);
+                 rs.writes ? rs.write_s_sum * 1e3 / (double)rs.writes : 0.0, rs.removed);
+        if (rs.removed) printf("recovery: every step trained; the recovery file is removed\n");
         if (rs.writes)
             printf("recovery: %llu files written, the last at step %lld; copying the state cost %.2f ms per write "
                    "(at most %.2f) on the training thread\n", (unsigned long long)rs.writes, (long long)rs.last_step,

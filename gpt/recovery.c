@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 struct dl_recovery {
     char *path, *id;
@@ -241,6 +242,17 @@ int dl_recovery_finish(dl_recovery *r, dl_trainer *tr)
     dl_recovery_stats st;
     dl_recovery_get_stats(r, &st);
     return st.last_step == r->snap.st.step ? 0 : dl_err(DL_EIO, "recovery file %s not written", r->path);
+}
+
+int dl_recovery_remove(dl_recovery *r)
+{
+    wait_idle(r);
+    if (unlink(r->path) != 0 && errno != ENOENT)
+        return dl_err(DL_EIO, "cannot remove the recovery file %s: %s", r->path, strerror(errno));
+    pthread_mutex_lock(&r->mu);
+    r->st.removed = 1;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
 }
 
 void dl_recovery_get_stats(dl_recovery *r, dl_recovery_stats *out)

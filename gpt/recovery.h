@@ -26,6 +26,7 @@ typedef struct {
     double copy_s_sum, copy_s_max; /* training-thread seconds spent copying the state (the step path's cost) */
     double write_s_sum;            /* writer-thread seconds writing + fsyncing */
     int64_t last_step;             /* step of the newest file written; -1 none */
+    int removed;                   /* dl_recovery_remove removed the file */
 } dl_recovery_stats;
 
 /* The tag of (run id, learner id): never 0 (0 marks a plain checkpoint). */
@@ -53,6 +54,12 @@ int dl_recovery_step(dl_recovery *r, dl_trainer *tr);
 /* A clean finish: wait for the writer, then write the state now. 0 or the
  * write's error (the previous file stays). */
 int dl_recovery_finish(dl_recovery *r, dl_trainer *tr);
+
+/* The run is complete (every step trained): wait for the writer and remove
+ * the file, so a later start under the same id is a fresh one. 0, or
+ * DL_EIO (warned; a later start meets a file at the last step and trains
+ * nothing more). */
+int dl_recovery_remove(dl_recovery *r);
 
 /* XXH64 of the optimizer state (m, v, and y for GPA) of `tr`: the field
  * `moments_hash` of the recovery events, so a test sees the state come back. */

@@ -647,6 +647,7 @@ static int join_setup(dloco_learner *l)
         l->events_opened = 1;
     }
     DL_TRY(dl_mailbox_open(l->plan, &l->mb));
+    dl_mailbox_set_progress(l->mb, l->steps, l->tokens, 0.0); /* before any Hello (dloco_learner_join) */
     co.mailbox = l->mb;
     co.learner_id = l->id;
     co.run_id = l->run_id;
@@ -735,7 +736,6 @@ DLOCO_API int dloco_learner_join(dloco_learner *l, int32_t timeout_ms)
      * Hello says so: the synchronizer's ledger then counts its tokens from there, not its earlier ones again */
     l->steps = l->ext.start_step > 0 ? (uint64_t)l->ext.start_step : 0;
     l->tokens = l->steps * l->max_tokens;
-    dl_mailbox_set_progress(l->mb, l->steps, l->tokens, 0.0);
     int rc = join_setup(l);
     if (rc) {
         l->state = DLOCO_STATE_FAILED;

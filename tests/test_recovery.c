@@ -219,6 +219,17 @@ int main(void)
         CHECK(st.failed == 1 && st.writes == 0, "failed %llu", (unsigned long long)st.failed);
         dl_recovery_close(&w);
     }
+    /* a complete run removes its file: a later start under the id is a new run */
+    {
+        copy_file(good, path);
+        dl_recovery *w = open_rec("run", "a", 100);
+        struct stat sb;
+        CHECK(dl_recovery_remove(w) == 0 && stat(path, &sb) != 0, "the file was not removed");
+        dl_recovery_get_stats(w, &st);
+        CHECK(st.removed == 1, "removed not counted");
+        CHECK(dl_recovery_remove(w) == 0, "removing a missing file is not an error");
+        dl_recovery_close(&w);
+    }
     dl_trainer_close(&a);
     unlink(good);
     unlink(corpus);

@@ -39,6 +39,9 @@ ev_wait 20 "$W/events-r0.log" connect_waiting || die "no connect_waiting while t
 kill -0 "$R0" 2>/dev/null || die "the learner exited while the synchronizer was down"
 echo "ok: the learner waits for the synchronizer ($(ev_last "$W/events-r0.log" connect_waiting waited_s) s)"
 BIND="tcp://127.0.0.1:$PORT" start_sync s1
+ev_wait 30 "$W/events-s1.log" learner_join id=r0 || die "the resumed learner did not join the restarted synchronizer"
+check "its Hello says the resumed step (the ledger counts its tokens from there)" \
+  ev_has "$W/events-s1.log" learner_join id=r0 step=$SAVED_STEP
 ev_wait 30 "$W/events-r0.log" step || die "the resumed learner did not train after the synchronizer came back"
 first=$(ev_field "$W/events-r0.log" step "step lr" | head -1)
 set -- $first
