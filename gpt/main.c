@@ -759,6 +759,11 @@ static int open_recovery(const learner_cfg *cfg, int id_given, dl_trainer *tr, d
                           .run_tag = dl_recovery_tag(cfg->run_id, cfg->id),
                           .id = cfg->id};
     DL_TRY(dl_recovery_open(&o, out));
+    int rc = dl_recovery_prepare(*out, tr);
+    if (rc) {
+        dl_recovery_close(out);
+        return dl_err(rc, "recovery file %s: %s (or give --recovery off)", path, dl_errmsg());
+    }
     char why[1024];
     if (dl_recovery_load(*out, tr, why, sizeof why)) {
         resumed_from_recovery = 1;

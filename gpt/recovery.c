@@ -202,6 +202,12 @@ uint64_t dl_recovery_moments_hash(dl_trainer *tr)
     return h;
 }
 
+int dl_recovery_prepare(dl_recovery *r, dl_trainer *tr)
+{
+    wait_idle(r);
+    return dl_trainer_snap_take(tr, &r->snap);
+}
+
 int dl_recovery_step(dl_recovery *r, dl_trainer *tr)
 {
     int64_t step = dl_trainer_steps_done(tr);

@@ -46,6 +46,11 @@ void dl_recovery_close(dl_recovery **r); /* waits for a write in progress; safe 
  * fails otherwise: a learner always starts. */
 int dl_recovery_load(dl_recovery *r, dl_trainer *tr, char *why, size_t cap);
 
+/* Before training: allocate the copy's buffer and touch every page (one
+ * copy), so the first copy on the step path does not pay for them. 0 or
+ * DL_ENOMEM (and the others of dl_trainer_snap_take). */
+int dl_recovery_prepare(dl_recovery *r, dl_trainer *tr);
+
 /* After a completed step: when a copy is due and the writer is idle, copy
  * the state (the only cost on the step path) and hand it to the writer.
  * Returns 1 when a copy was handed over, 0 otherwise. */
