@@ -83,7 +83,7 @@ extern "C" {
 /* The API this header describes. A major bump breaks callers (and the
  * soname); a minor one only adds. */
 #define DLOCO_LEARNER_API_MAJOR 1
-#define DLOCO_LEARNER_API_MINOR 0
+#define DLOCO_LEARNER_API_MINOR 1 /* 1: dloco_learner_opts.start_step */
 #define DLOCO_LEARNER_API_VERSION (DLOCO_LEARNER_API_MAJOR * 10000 + DLOCO_LEARNER_API_MINOR)
 
 /* The DLOCO_LEARNER_API_VERSION the library was built with (major * 10000 +

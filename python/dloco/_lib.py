@@ -10,7 +10,7 @@ from .errors import LibraryNotFound
 
 # The API this binding is written for (include/dloco/learner.h).
 API_MAJOR = 1
-API_MINOR = 0
+API_MINOR = 1  # 1: dloco_learner_opts.start_step
 SONAME = "libdloco_learner.so.%d" % API_MAJOR
 
 ROLE_MATRIX, ROLE_VECTOR, ROLE_EMBEDDING = 0, 1, 2
