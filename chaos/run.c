@@ -337,6 +337,7 @@ static void start_learner(run_t *r, int i)
     arg(&a, "--data_shards"), arg(&a, "%d", r->tl->n_slot);
     arg(&a, "--flush_timeout_ms"), arg(&a, "5000");
     arg(&a, "--events"), arg(&a, "%s/events-%s.log", r->c->dir, s->id);
+    arg(&a, "--state_dir"), arg(&a, "%s/state", r->c->dir); /* a restarted incarnation resumes its recovery file */
     args_split(&a, l->args);
     s->duty_off = 0;
     if (proc_spawned(r, &s->p, spawn(&a, runpath(r, "%s.log", s->id), (int)sc->run.threads))) return;

@@ -24,7 +24,9 @@ typedef struct {
     uint64_t checksum; /* chained XXH64 over params, m, v (, y) */
     uint32_t optimizer; /* 0 AdamW (version 1; zero in files written before GPA), 1 GPA (version 2) */
     float gpa_mu_y;     /* GPA: the mu_y y was stored under */
-    uint8_t reserved[128 - 8 - 24 - 48 - 8];
+    uint64_t run_tag;   /* dl_ckpt_state.run_tag (0 in files written before it) */
+    uint64_t header_hash; /* XXH64 of this header with header_hash 0; 0 in files written before it (unchecked) */
+    uint8_t reserved[128 - 8 - 24 - 48 - 8 - 16];
 } ckpt_header;
 _Static_assert(sizeof(ckpt_header) == 128, "checkpoint header is 128 bytes");
 
@@ -34,6 +36,15 @@ static uint64_t state_hash(size_t nparams, const float *const *arr, int k)
     uint64_t h = 1;
     for (int i = 0; i < k; i++) h = dl_hash64(arr[i], nparams * sizeof(float), h);
     return h;
+}
+
+/* over the header with header_hash zeroed; never 0, so 0 keeps meaning "a file from before the field" */
+static uint64_t header_hash(const ckpt_header *h)
+{
+    ckpt_header c = *h;
+    c.header_hash = 0;
+    uint64_t x = dl_hash64(&c, sizeof c, 2);
+    return x ? x : 1;
 }
 
 int dl_ckpt_save(const char *path, dl_gpt *g, const dl_ckpt_state *st)
@@ -74,6 +85,8 @@ static int save(const char *path, const dl_model_config *c, size_t nparams, cons
         h.optimizer = 1;
         h.gpa_mu_y = st->gpa_mu_y;
     }
+    h.run_tag = st->run_tag;
+    h.header_hash = header_hash(&h);
 
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return dl_err(DL_EINVAL, "path too long");
@@ -122,6 +135,52 @@ int dl_ckpt_save_gpa(const char *path, const dl_model_config *c, size_t nparams,
     return save(path, c, nparams, x, m, v, y, st);
 }
 
+/* Read and check the header (everything but the model's shape and the arrays). */
+static int read_header(FILE *f, const char *path, ckpt_header *out)
+{
+    ckpt_header h;
+    memset(out, 0, sizeof *out);
+    if (fread(&h, sizeof h, 1, f) != 1) return dl_err(DL_ETRUNC, "%s: shorter than the 128-byte checkpoint header", path);
+    if (h.magic != DL_CKPT_MAGIC) return dl_err(DL_EFORMAT, "%s: not a dloco checkpoint (magic 0x%08x)", path, h.magic);
+    if (h.version != DL_CKPT_VERSION && h.version != DL_CKPT_VERSION_GPA)
+        return dl_err(DL_EFORMAT, "%s: checkpoint version %u, this build reads %u (AdamW) and %u (GPA)", path,
+                      h.version, DL_CKPT_VERSION, DL_CKPT_VERSION_GPA);
+    if (h.header_hash && h.header_hash != header_hash(&h))
+        return dl_err(DL_ECORRUPT, "%s: header checksum mismatch (file damaged)", path);
+    int gpa = h.version == DL_CKPT_VERSION_GPA;
+    if (h.optimizer != (uint32_t)gpa)
+        return dl_err(DL_EFORMAT, "%s: checkpoint version %u with optimizer code %u (expected %d)", path, h.version,
+                      h.optimizer, gpa);
+    if (gpa && !(isfinite(h.gpa_mu_y) && h.gpa_mu_y >= 0.0f && h.gpa_mu_y < 1.0f))
+        return dl_err(DL_EFORMAT, "%s: GPA checkpoint with mu_y %g, not in [0, 1)", path, (double)h.gpa_mu_y);
+    if (h.step < 0) return dl_err(DL_EFORMAT, "%s: checkpoint at step %lld", path, (long long)h.step);
+    *out = h;
+    return 0;
+}
+
+static void header_state(const ckpt_header *h, dl_ckpt_state *st)
+{
+    st->gpa_mu_y = h->version == DL_CKPT_VERSION_GPA ? h->gpa_mu_y : 0.0f;
+    st->step = h->step;
+    st->data.epoch = h->data_epoch;
+    st->data.index = h->data_index;
+    st->seed = h->seed;
+    st->run_tag = h->run_tag;
+}
+
+int dl_ckpt_peek(const char *path, dl_ckpt_state *st, int *hashed)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return dl_err(DL_EIO, "cannot open checkpoint %s: %s", path, strerror(errno));
+    ckpt_header h;
+    int rc = read_header(f, path, &h);
+    fclose(f);
+    if (rc) return rc;
+    header_state(&h, st);
+    if (hashed) *hashed = h.header_hash != 0;
+    return 0;
+}
+
 /* y NULL: the caller runs AdamW and takes an AdamW file only; else a GPA file only */
 static int load(const char *path, const dl_model_config *c, size_t nparams, float *params, float *m, float *v,
                 float *y, dl_ckpt_state *st)
@@ -129,31 +188,10 @@ static int load(const char *path, const dl_model_config *c, size_t nparams, floa
     FILE *f = fopen(path, "rb");
     if (!f) return dl_err(DL_EIO, "cannot open checkpoint %s: %s", path, strerror(errno));
     ckpt_header h;
-    int rc = 0;
     float *buf = NULL;
-    if (fread(&h, sizeof h, 1, f) != 1) {
-        rc = dl_err(DL_ETRUNC, "%s: shorter than the 128-byte checkpoint header", path);
-        goto out;
-    }
-    if (h.magic != DL_CKPT_MAGIC) {
-        rc = dl_err(DL_EFORMAT, "%s: not a dloco checkpoint (magic 0x%08x)", path, h.magic);
-        goto out;
-    }
-    if (h.version != DL_CKPT_VERSION && h.version != DL_CKPT_VERSION_GPA) {
-        rc = dl_err(DL_EFORMAT, "%s: checkpoint version %u, this build reads %u (AdamW) and %u (GPA)", path, h.version,
-                    DL_CKPT_VERSION, DL_CKPT_VERSION_GPA);
-        goto out;
-    }
+    int rc = read_header(f, path, &h);
+    if (rc) goto out;
     int gpa = h.version == DL_CKPT_VERSION_GPA;
-    if (h.optimizer != (uint32_t)gpa) {
-        rc = dl_err(DL_EFORMAT, "%s: checkpoint version %u with optimizer code %u (expected %d)", path, h.version,
-                    h.optimizer, gpa);
-        goto out;
-    }
-    if (gpa && !(isfinite(h.gpa_mu_y) && h.gpa_mu_y >= 0.0f && h.gpa_mu_y < 1.0f)) {
-        rc = dl_err(DL_EFORMAT, "%s: GPA checkpoint with mu_y %g, not in [0, 1)", path, (double)h.gpa_mu_y);
-        goto out;
-    }
     if (gpa != (y != NULL)) {
         rc = dl_err(DL_EMISMATCH, "%s: checkpoint of a%s run, this run uses %s: resume it with --optimizer %s", path,
                     gpa ? " gpa" : "n adamw", y ? "gpa" : "adamw", gpa ? "gpa" : "adamw");
@@ -191,11 +229,7 @@ static int load(const char *path, const dl_model_config *c, size_t nparams, floa
     memcpy(m, buf + n, n * sizeof(float));
     memcpy(v, buf + 2 * n, n * sizeof(float));
     if (gpa) memcpy(y, buf + 3 * n, n * sizeof(float));
-    st->gpa_mu_y = gpa ? h.gpa_mu_y : 0.0f;
-    st->step = h.step;
-    st->data.epoch = h.data_epoch;
-    st->data.index = h.data_index;
-    st->seed = h.seed;
+    header_state(&h, st);
 out:
     free(buf);
     fclose(f);

@@ -1,5 +1,5 @@
 /* Learner checkpoints: params + AdamW moments + step + data position in one
- * file (magic "DLCK", version, config, checksum), written atomically; a GPA
+ * file (magic "DLCK", version, config, checksums of the header and the arrays), written atomically; a GPA
  * run's (gpt/gpa.h) also holds its second parameter copy. */
 #ifndef DL_LEARNER_CKPT_H
 #define DL_LEARNER_CKPT_H
@@ -16,6 +16,8 @@ typedef struct {
     dl_data_pos data; /* next training sequence */
     uint64_t seed;    /* run seed, for the record */
     float gpa_mu_y;   /* GPA files: the mu_y that y was stored under (z = y + mu_y/(1-mu_y) (y - x)); 0 otherwise */
+    uint64_t run_tag; /* whose file: a learner's recovery file (gpt/recovery.h) holds its run and id's tag; 0 for a
+                       * plain checkpoint */
 } dl_ckpt_state;
 
 /* Write to path.tmp, fsync, rename: a crash leaves the old or the new file. */
@@ -26,6 +28,13 @@ int dl_ckpt_save(const char *path, dl_gpt *g, const dl_ckpt_state *st);
  * stage the file's state, 3 x nparams floats, before it is checked). The
  * model is untouched on error. */
 int dl_ckpt_load(const char *path, dl_gpt *g, dl_ckpt_state *st);
+
+/* Read and check only the header (magic, version, header checksum, optimizer
+ * code, step >= 0) into *st, without the model: which file this is before
+ * anything is loaded. *hashed (may be NULL) = 1 when the header carries its
+ * checksum (files from before it do not: their header is unchecked).
+ * Errors: DL_EIO, DL_ETRUNC, DL_EFORMAT, DL_ECORRUPT. */
+int dl_ckpt_peek(const char *path, dl_ckpt_state *st, int *hashed);
 
 /* The same file from / into raw host buffers (a model that lives elsewhere,
  * e.g. on a GPU): params, AdamW m and v of `nparams` floats each for the

@@ -15,6 +15,7 @@
 #include "learner/comms.h"
 #include "gpt/dynh.h"
 #include "gpt/gpa.h"
+#include "gpt/recovery.h"
 #include "learner/learner_int.h"
 #include "learner/metrics.h"
 #include "learner/node.h"
@@ -30,6 +31,8 @@
 #endif
 
 #include <ctype.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <dirent.h>
 #include <math.h>
 #include <omp.h>
@@ -59,6 +62,10 @@ typedef struct {
     int64_t save_every;
     int64_t stop_after;
     char resume[DL_CFG_STRLEN];
+    /* the recovery file (gpt/recovery.h): networked runs resume from it after a restart */
+    char state_dir[DL_CFG_STRLEN], recovery[DL_CFG_STRLEN];
+    double recovery_every_s;
+    int64_t recovery_every_steps;
     char init_from[DL_CFG_STRLEN];
     char save_model[DL_CFG_STRLEN];
     char loss_log[DL_CFG_STRLEN];
@@ -156,6 +163,16 @@ static const dl_cfg_entry learner_table[] = {
     {"resume", DL_CFG_STR, F(resume), 0, 0, "", NULL, 0,
      "checkpoint file to resume from; networked: its step (the lr schedule) and AdamW state only, the parameters "
      "come from the synchronizer and the data from this learner's shard (continuing a --standalone warm start)"},
+    {"state_dir", DL_CFG_STR, F(state_dir), 0, 0, "", NULL, 0,
+     "directory of the recovery file (empty = the working directory); give it a path that survives a restart"},
+    {"recovery", DL_CFG_STR, F(recovery), 0, 0, "", NULL, 0,
+     "networked: the recovery file a restarted learner of the same id resumes from (step and learning-rate "
+     "schedule, optimizer state, data position); empty = <state_dir>/dloco-<id>.recovery when --id is given, "
+     "off = none"},
+    {"recovery_every_s", DL_CFG_FLOAT, F(recovery_every_s), 0, 86400, "60", NULL, 0,
+     "write the recovery file at most this often (and at a clean finish); 0 = only at the finish", "s"},
+    {"recovery_every_steps", DL_CFG_INT, F(recovery_every_steps), 0, 1000000000, "1000", NULL, 0,
+     "... or once this many steps passed since the last one, whichever comes first (0 = time only)", "steps"},
     {"init_from", DL_CFG_STR, F(init_from), 0, 0, "", NULL, 0,
      "--standalone: start from this model file (dloco export: safetensors, an HF directory, llm.c) instead of the "
      "seeded init, at step 0 with fresh AdamW state; its model must be this one (docs/OPERATING.md)"},
@@ -200,8 +217,9 @@ static const dl_cfg_entry learner_table[] = {
      "training sequences are split into this many shards by index (0 or 1 = no split)"},
     {"flush_timeout_ms", DL_CFG_INT, F(flush_timeout_ms), 0, 3600000, "10000", NULL, 0,
      "at the end, wait this long for the answers to the final flush"},
-    {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 100, 86400000, "30000", NULL, 0,
-     "give up when Welcome and the initial fetch take longer than this"},
+    {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 0, 86400000, "0", NULL, 0,
+     "give up when Welcome and the initial fetch take longer than this; 0 = never: a learner started while its "
+     "synchronizer is down or out of reach keeps trying, saying so every 10 s"},
     {"hello_retry_ms", DL_CFG_INT, F(hello_retry_ms), 1, 3600000, "1000", NULL, 0,
      "first Hello retry when no Welcome came; doubles per retry up to hello_retry_max_ms"},
     {"hello_retry_max_ms", DL_CFG_INT, F(hello_retry_max_ms), 1, 3600000, "16000", NULL, 0,
@@ -328,6 +346,7 @@ static const dl_cfg_section learner_sections[] = {
     {"alone (--standalone), checkpoints and model files",
      "standalone val_every val_batches log_every checkpoint save_every stop_after resume init_from save_model "
      "loss_log"},
+    {"restarts (the recovery file)", "state_dir recovery recovery_every_s recovery_every_steps"},
     {"pushes and the global model",
      "adopt alpha push_codec push_block push_topk push_rounding error_feedback final_flush flush_timeout_ms "
      "local_eval update_max_ratio max_version_jump dynamic_h dynamic_h_min dynamic_h_max"},
@@ -502,7 +521,7 @@ static void print_data(const learner_cfg *cfg, const dl_data *data, int vocab)
 }
 
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
-                         FILE *losslog);
+                         FILE *losslog, dl_recovery *rec);
 
 /* The sessions' counters as one learner's (dl_comms_stats_add). */
 static void sessions_stats(dl_comms **c, int n, dl_comms_stats *out)
@@ -711,6 +730,55 @@ static void print_options(FILE *f)
                           f);
 }
 
+static int resumed_from_recovery;
+
+/* The recovery file of a networked learner (gpt/recovery.h): its path from
+ * --recovery / --state_dir / --id, then a resume from it when it is this
+ * learner's. *out stays NULL when there is none (off, a default id, adam_fleet). */
+static int open_recovery(const learner_cfg *cfg, int id_given, dl_trainer *tr, dl_recovery **out)
+{
+    *out = NULL;
+    char path[2 * DL_CFG_STRLEN + 32];
+    if (!strcmp(cfg->recovery, "off")) return 0;
+    if (cfg->adam_fleet != 0.0) {
+        printf("recovery: off (a run with adam_fleet cannot resume its optimizer state)\n");
+        return 0;
+    }
+    if (cfg->recovery[0]) snprintf(path, sizeof path, "%s", cfg->recovery);
+    else if (!id_given) {
+        printf("recovery: off (no --id: a restart under the default id %s would not find it again)\n", cfg->id);
+        return 0;
+    } else {
+        if (cfg->state_dir[0] && mkdir(cfg->state_dir, 0755) != 0 && errno != EEXIST)
+            return dl_err(DL_EIO, "option state_dir: cannot create %s: %s", cfg->state_dir, strerror(errno));
+        snprintf(path, sizeof path, "%s%sdloco-%s.recovery", cfg->state_dir, cfg->state_dir[0] ? "/" : "", cfg->id);
+    }
+    dl_recovery_opts o = {.path = path,
+                          .every_s = cfg->recovery_every_s,
+                          .every_steps = cfg->recovery_every_steps,
+                          .max_step = cfg->steps,
+                          .run_tag = dl_recovery_tag(cfg->run_id, cfg->id),
+                          .id = cfg->id};
+    DL_TRY(dl_recovery_open(&o, out));
+    int rc = dl_recovery_prepare(*out, tr);
+    if (rc) {
+        dl_recovery_close(out);
+        return dl_err(rc, "recovery file %s: %s (or give --recovery off)", path, dl_errmsg());
+    }
+    char why[1024];
+    if (dl_recovery_load(*out, tr, why, sizeof why)) {
+        resumed_from_recovery = 1;
+        printf("recovery: resumed at step %lld (learning-rate schedule, optimizer state, data position) from %s%s\n",
+               (long long)dl_trainer_steps_done(tr), path, cfg->resume[0] ? " (not --resume: this file is newer)" : "");
+    } else if (why[0]) {
+        printf("recovery: %s not used (%s); starting fresh\n", path, why);
+    } else {
+        printf("recovery: %s (written every %g s or %lld steps and at the finish; none yet: starting fresh)\n", path,
+               cfg->recovery_every_s, (long long)cfg->recovery_every_steps);
+    }
+    return 0;
+}
+
 /* --print-config: the same checks as a networked start, on a copy (the printed id stays as given) */
 static int print_check(void *obj)
 {
@@ -736,6 +804,7 @@ int main(int argc, char **argv)
     dl_log_set_level(dl_log_level_parse(cfg.log_level));
     dl_log_set_name("learner");
     if ((rc = dl_event_open(cfg.events, "learner"))) return fail("opening the events file (option events)", rc);
+    int id_given = cfg.id[0] != 0; /* a default id (hostname-pid) is never met again: no recovery file */
     if (!cfg.standalone) {
         if (!cfg.id[0]) default_id(cfg.id, sizeof cfg.id);
         if ((rc = check_networked(&cfg))) return fail("bad configuration", rc);
@@ -831,9 +900,14 @@ int main(int argc, char **argv)
         dl_trainer_close(&tr);
         return fail("resuming", rc);
     }
+    dl_recovery *rec = NULL;
+    if (!cfg.standalone && (rc = open_recovery(&cfg, id_given, tr, &rec))) {
+        dl_trainer_close(&tr);
+        return fail("bad configuration", rc);
+    }
     if (!cfg.standalone) {
         print_data(&cfg, data, vocab);
-        if (cfg.resume[0])
+        if (cfg.resume[0] && !resumed_from_recovery)
             printf("resumed the step (%lld) and AdamW state of %s\n", (long long)dl_trainer_steps_done(tr), cfg.resume);
         FILE *ll = NULL;
         if (cfg.loss_log[0] && !(ll = fopen(cfg.loss_log, "a"))) {
@@ -841,7 +915,8 @@ int main(int argc, char **argv)
             return fail("opening loss_log", dl_err(DL_EIO, "%s", cfg.loss_log));
         }
         if (ll) setvbuf(ll, NULL, _IOLBF, 0);
-        rc = run_networked(&cfg, tr, &tc, hello_device, ll);
+        rc = run_networked(&cfg, tr, &tc, hello_device, ll, rec);
+        dl_recovery_close(&rec);
         if (ll) fclose(ll);
         dl_trainer_close(&tr);
         release_device(device);
@@ -1217,7 +1292,7 @@ static void net_rows(const learner_cfg *cfg, dl_learner_netcfg *n)
 }
 
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
-                         FILE *losslog)
+                         FILE *losslog, dl_recovery *rec)
 {
     const dl_model_config *mc = dl_trainer_model_cfg(tr);
     int rc;
@@ -1344,7 +1419,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     dl_mailbox *mb = dl_learner_mailbox(lib);
     dl_comms **comms = NULL;
     dl_learner_sessions(lib, &comms);
-    int64_t step = 0;
+    int64_t step = dl_trainer_steps_done(tr); /* a resumed trainer goes on from its step */
     double last_train = NAN;
     int flush_left = 0;
     if (rc == DLOCO_EREFUSED) {
@@ -1368,7 +1443,6 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             dl_event("ready", "id=%s fragments=%d fetched=%llu h=%u wait_s=%.3f", cfg->id, dl_plan_P(plan),
                      (unsigned long long)ns.adopted, dl_mailbox_h(mb), dl_clock_s() - t_run);
         }
-        dl_mailbox_set_progress(mb, 0, 0, 0.0);
         fflush(stdout);
         double t_win = dl_clock_s(), train_sum = 0.0, sps = 0.0;
         /* the step rate heartbeats report (the synchronizer predicts each
@@ -1457,6 +1531,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                 exit_code = 2;
                 break;
             }
+            if (rec) dl_recovery_step(rec, tr); /* a copy when due; the writer thread writes it */
             int do_val = cfg->local_eval && ((cfg->val_every && step % cfg->val_every == 0) || step == cfg->steps);
             if (step % cfg->log_every == 0 || do_val || step == cfg->steps) {
                 double dt = dl_clock_s() - t_win;
@@ -1482,9 +1557,10 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                        (unsigned long long)(cs.pushes > decided ? cs.pushes - decided : 0));
                 printf("sent %.2f MB | recv %.2f MB\n", (double)cs.bytes_sent * 1e-6, (double)cs.bytes_recv * 1e-6);
                 fflush(stdout);
-                dl_event("step", "id=%s step=%lld loss=%.17g tokens=%lld pushes=%llu coalesced=%llu", cfg->id,
+                dl_event("step", "id=%s step=%lld loss=%.17g tokens=%lld pushes=%llu coalesced=%llu lr=%.9g", cfg->id,
                          (long long)step, train_sum / (double)win_steps, (long long)(step * tok_per_step),
-                         (unsigned long long)cs.pushes, (unsigned long long)cs.coalesced);
+                         (unsigned long long)cs.pushes, (unsigned long long)cs.coalesced,
+                         (double)dl_trainer_lr_at(tr, step));
                 t_win = dl_clock_s();
                 train_sum = 0.0;
                 win_steps = 0;
@@ -1507,6 +1583,30 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
             dl_mailbox_bye(mb, "failed", (uint64_t)step); /* diverged: push nothing more, just leave */
     }
     double wall = dl_clock_s() - t_run;
+    if (rec) {
+        /* a clean finish (a signal included: a preempted learner) leaves its newest state; a failure keeps the
+         * last periodic one (a diverged model is not worth resuming) */
+        if (exit_code == 0 && step >= cfg->steps) {
+            /* every step trained: nothing to resume, and a later start under this id is a new run */
+            if ((rc = dl_recovery_remove(rec))) DL_WARN("%s", dl_errmsg());
+        } else if (exit_code == 0 && (rc = dl_recovery_finish(rec, tr))) {
+            DL_WARN("recovery file not written at the finish: %s", dl_errmsg());
+        }
+        dl_recovery_stats rs;
+        dl_recovery_get_stats(rec, &rs);
+        uint64_t copies = rs.writes + rs.failed;
+        dl_event("recovery_summary",
+                 "id=%s writes=%llu skipped=%llu failed=%llu last_step=%lld copy_ms_mean=%.3f copy_ms_max=%.3f "
+                 "write_ms_mean=%.3f removed=%d",
+                 cfg->id, (unsigned long long)rs.writes, (unsigned long long)rs.skipped, (unsigned long long)rs.failed,
+                 (long long)rs.last_step, copies ? rs.copy_s_sum * 1e3 / (double)copies : 0.0, rs.copy_s_max * 1e3,
+                 rs.writes ? rs.write_s_sum * 1e3 / (double)rs.writes : 0.0, rs.removed);
+        if (rs.removed) printf("recovery: every step trained; the recovery file is removed\n");
+        if (rs.writes)
+            printf("recovery: %llu files written, the last at step %lld; copying the state cost %.2f ms per write "
+                   "(at most %.2f) on the training thread\n", (unsigned long long)rs.writes, (long long)rs.last_step,
+                   copies ? rs.copy_s_sum * 1e3 / (double)copies : 0.0, rs.copy_s_max * 1e3);
+    }
     if (exit_code == 0 && cfg->checkpoint[0]) {
         if ((rc = dl_trainer_save(tr, cfg->checkpoint))) exit_code = fail("saving checkpoint", rc);
         else {

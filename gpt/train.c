@@ -300,6 +300,52 @@ int dl_trainer_save(dl_trainer *t, const char *path)
 #endif
 }
 
+int dl_trainer_snap_take(dl_trainer *t, dl_trainer_snap *s)
+{
+    if (t->ga || t->dga)
+        return dl_err(DL_EINVAL, "a run with adam_fleet cannot resume (its second moment has two parts)");
+    size_t n = t->nparams;
+    int k = t->gy ? 4 : 3;
+    if (!s->buf || s->nparams != n || s->gpa != (t->gy != NULL)) {
+        free(s->buf);
+        s->buf = dl_try_malloc((size_t)k * n * sizeof(float));
+        if (!s->buf)
+            return dl_err(DL_ENOMEM, "a copy of the training state: %zu parameters x %d buffers (%.2f GB): out of memory",
+                          n, k, (double)k * (double)n * sizeof(float) / 1e9);
+    }
+    s->model = t->cfg.model;
+    s->nparams = n;
+    s->gpa = t->gy != NULL;
+    uint64_t tag = s->st.run_tag;
+    s->st = (dl_ckpt_state){.step = t->step, .data = dl_data_get_pos(t->data), .seed = t->cfg.seed,
+                            .gpa_mu_y = t->gy ? t->cfg.gpa_mu_y : 0.0f, .run_tag = tag};
+    if (t->model) {
+        memcpy(s->buf, dl_gpt_params(t->model), n * sizeof(float));
+        memcpy(s->buf + n, dl_gpt_adam_m(t->model), n * sizeof(float));
+        memcpy(s->buf + 2 * n, dl_gpt_adam_v(t->model), n * sizeof(float));
+        if (t->gy) memcpy(s->buf + 3 * n, t->gy, n * sizeof(float));
+        return 0;
+    }
+#ifdef DLOCO_HAVE_CUDA
+    return dl_gptc_get_state(t->gmodel, s->buf, s->buf + n, s->buf + 2 * n);
+#else
+    return dl_err(DL_ENODEV, "trainer without a model");
+#endif
+}
+
+int dl_trainer_snap_write(const dl_trainer_snap *s, const char *path)
+{
+    size_t n = s->nparams;
+    if (s->gpa) return dl_ckpt_save_gpa(path, &s->model, n, s->buf, s->buf + n, s->buf + 2 * n, s->buf + 3 * n, &s->st);
+    return dl_ckpt_save_raw(path, &s->model, n, s->buf, s->buf + n, s->buf + 2 * n, &s->st);
+}
+
+void dl_trainer_snap_free(dl_trainer_snap *s)
+{
+    free(s->buf);
+    s->buf = NULL;
+}
+
 /* A GPA file into (x, m, v, y); y stored under another mu_y is re-derived
  * from the file's z = y + mu_y/(1-mu_y) (y - x) for this run's mu_y. */
 static int resume_gpa(dl_trainer *t, const char *path, dl_ckpt_state *st)

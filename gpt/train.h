@@ -94,4 +94,22 @@ int dl_trainer_resume(dl_trainer *t, const char *path);
  * data-parallel warm start), whose position means nothing on the shard. */
 int dl_trainer_resume_optimizer(dl_trainer *t, const char *path);
 
+/* A copy of the trainer's whole checkpoint state in host memory, taken between
+ * steps and written later (on another thread: gpt/recovery.h), so the step
+ * path pays one copy and never the write. */
+typedef struct {
+    dl_model_config model;
+    size_t nparams;
+    int gpa;          /* 1: buf holds y after v (a GPA file) */
+    float *buf;       /* params (GPA: x), m, v (, y): nparams floats each; allocated by the first take */
+    dl_ckpt_state st; /* step, data position, seed, mu_y; run_tag as the caller sets it */
+} dl_trainer_snap;
+/* Copy the state into s (buf allocated on the first call, reused after;
+ * st.run_tag kept). DL_ENOMEM when buf does not fit; DL_EINVAL with
+ * adam_fleet (its state does not resume); on CUDA a download (DL_ECUDA). */
+int dl_trainer_snap_take(dl_trainer *t, dl_trainer_snap *s);
+/* Write the copy as a checkpoint file (atomically, as dl_trainer_save). */
+int dl_trainer_snap_write(const dl_trainer_snap *s, const char *path);
+void dl_trainer_snap_free(dl_trainer_snap *s); /* safe twice */
+
 #endif

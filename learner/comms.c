@@ -247,7 +247,7 @@ int dl_comms_check_timeouts(const dl_comms_opts *o, int push_decision_timeout_ms
                       "reconnect_max_ms <= hello_retry_max_ms, got %d, %d, %d, %d",
                       reconnect, reconnect_max, retry, cap);
     /* at least one Hello retry before the first connection is given up */
-    if (!(retry < connect))
+    if (connect > 0 && !(retry < connect))
         return dl_err(DL_EINVAL, "comms timeouts must be ordered hello_retry_ms < connect_timeout_ms, got %d < %d",
                       retry, connect);
     /* The node releases a held push after push_decision_timeout_ms; before
@@ -354,7 +354,7 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->hello_retry_ms = DEF(o->hello_retry_ms, 1000);
     c->hello_retry_max_ms = DEF(o->hello_retry_max_ms, 16000);
     c->hello_unsent_ms = DEF(o->hello_unsent_ms, 20);
-    c->connect_timeout_ms = DEF(o->connect_timeout_ms, 30000);
+    c->connect_timeout_ms = o->connect_timeout_ms < 0 ? -1 : DEF(o->connect_timeout_ms, 30000);
     c->poll_max_ms = DEF(o->poll_max_ms, 100);
     c->silence_min_ms = DEF(o->silence_min_ms, 1000);
     c->silence_rebuild_ms = DEF(o->silence_rebuild_ms, 30000);
@@ -1885,16 +1885,27 @@ static void *comms_main(void *arg)
         if (c->state == DL_COMMS_READY) fetch_timeouts(c, now);
         take_refetches(c, now);
         if (c->state == DL_COMMS_HELLO) {
-            if (!c->ever_welcomed && now - c->t_start >= c->connect_timeout_ms * MS) {
+            if (!c->ever_welcomed && c->connect_timeout_ms > 0 && now - c->t_start >= c->connect_timeout_ms * MS) {
                 set_state(c, DL_COMMS_FAILED,
                           "no Welcome from %s within %d ms (is dloco-sync running there with run_id '%s'?%s%s)",
                           c->endpoint, c->connect_timeout_ms, c->run_id, c->conn_err[0] ? " last problem: " : "",
                           c->conn_err);
                 break;
             }
-            if (c->ever_welcomed && now - c->t_warn >= c->connect_timeout_ms * MS) {
-                DL_WARN("comms: still no Welcome from %s after %d ms; training goes on, retrying", c->endpoint,
-                        c->connect_timeout_ms);
+            if (!c->ever_welcomed && c->connect_timeout_ms < 0 && now - c->t_warn >= DL_COMMS_WAIT_NOTE_MS * MS) {
+                /* no bound: a learner started while its synchronizer is down or out of reach waits for it */
+                long long s = (long long)((now - c->t_start) / (1000 * MS));
+                DL_WARN("still no Welcome from %s after %lld s; retrying (is dloco-sync running there with run_id "
+                        "'%s'?%s%s)", c->endpoint, s, c->run_id, c->conn_err[0] ? " last problem: " : "", c->conn_err);
+                char ev_ep[300];
+                dl_event("connect_waiting", " learner=%s endpoint=%s waited_s=%lld", c->id,
+                         dl_event_str(c->endpoint, ev_ep, sizeof ev_ep), s);
+                c->t_warn = now;
+            }
+            int64_t note_ms = c->connect_timeout_ms > 0 ? c->connect_timeout_ms : DL_COMMS_WAIT_NOTE_MS;
+            if (c->ever_welcomed && now - c->t_warn >= note_ms * MS) {
+                DL_WARN("comms: still no Welcome from %s after %lld ms; training goes on, retrying", c->endpoint,
+                        (long long)note_ms);
                 c->t_warn = now;
             }
             if (now - c->t_hello >= (c->hello_unsent ? c->hello_unsent_ms : c->hello_wait_ms) * MS) {

@@ -61,8 +61,8 @@ static const dl_cfg_entry net_table[] = {
      "carry what an encoded push left out into the fragment's next push"},
     {"flush_timeout_ms", DL_CFG_INT, F(flush_timeout_ms), 0, 3600000, "10000", NULL, 0,
      "finish waits this long for the answers to the final flush"},
-    {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 100, 86400000, "30000", NULL, 0,
-     "give up when Welcome and the initial fetch take longer than this"},
+    {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 0, 86400000, "30000", NULL, 0,
+     "give up when Welcome and the initial fetch take longer than this (0 = never: keep trying, a warning every 10 s)"},
     {"hello_retry_ms", DL_CFG_INT, F(hello_retry_ms), 1, 3600000, "1000", NULL, 0, "first Hello retry"},
     {"hello_retry_max_ms", DL_CFG_INT, F(hello_retry_max_ms), 1, 3600000, "16000", NULL, 0, "Hello retry cap"},
     {"hello_unsent_ms", DL_CFG_INT, F(hello_unsent_ms), 1, 60000, "20", NULL, 0, "retry of an unsent Hello"},
@@ -310,6 +310,8 @@ static int open_checked(const dloco_learner_opts *oin, const dl_learner_ext *ext
     DL_TRY(dl_cfg_defaults(net_table, NNET, &l->cfg));
     if (ext) l->ext = *ext;
     if (ext && ext->net) l->cfg = *ext->net;
+    if (o.start_step < 0) return dl_err(DLOCO_EINVAL, "start_step: %lld (a step, >= 0)", (long long)o.start_step);
+    if (!l->ext.start_step) l->ext.start_step = o.start_step;
     if (!o.connect || !o.connect[0]) return dl_err(DLOCO_EINVAL, "connect: no synchronizer endpoint");
     DL_TRY(copy_str(l->connect, sizeof l->connect, o.connect, "connect"));
     DL_TRY(split_connect(l, o.connect));
@@ -608,7 +610,7 @@ static int resolve(dloco_learner *l, dl_comms_opts *co)
                               &co->push_codec, &r));
     co->push_rounding = (int)r;
     co->error_feedback = c->error_feedback;
-    co->connect_timeout_ms = (int)c->connect_timeout_ms;
+    co->connect_timeout_ms = c->connect_timeout_ms > 0 ? (int)c->connect_timeout_ms : -1; /* 0: no bound */
     co->hello_retry_ms = (int)c->hello_retry_ms;
     co->hello_retry_max_ms = (int)c->hello_retry_max_ms;
     co->hello_unsent_ms = (int)c->hello_unsent_ms;
@@ -646,6 +648,7 @@ static int join_setup(dloco_learner *l)
         l->events_opened = 1;
     }
     DL_TRY(dl_mailbox_open(l->plan, &l->mb));
+    dl_mailbox_set_progress(l->mb, l->steps, l->tokens, 0.0); /* before any Hello (dloco_learner_join) */
     co.mailbox = l->mb;
     co.learner_id = l->id;
     co.run_id = l->run_id;
@@ -730,6 +733,10 @@ DLOCO_API int dloco_learner_join(dloco_learner *l, int32_t timeout_ms)
                                             "bind_callbacks)"));
     l->joined = 1;
     l->state = DLOCO_STATE_JOINING;
+    /* a resumed trainer counts on from its step (the schedule's phase, Heartbeat and Push progress), and its
+     * Hello says so: the synchronizer's ledger then counts its tokens from there, not its earlier ones again */
+    l->steps = l->ext.start_step > 0 ? (uint64_t)l->ext.start_step : 0;
+    l->tokens = l->steps * l->max_tokens;
     int rc = join_setup(l);
     if (rc) {
         l->state = DLOCO_STATE_FAILED;
@@ -738,7 +745,7 @@ DLOCO_API int dloco_learner_join(dloco_learner *l, int32_t timeout_ms)
     }
     int t = timeout_ms > 0 ? timeout_ms : (int)l->cfg.connect_timeout_ms;
     clear_changed(l);
-    rc = dl_node_wait_ready(l->node, t, &l->stop);
+    rc = dl_node_wait_ready(l->node, t > 0 ? t : -1, &l->stop); /* 0: no bound, until stopped or refused */
     if (rc == DL_EAGAIN) rc = dl_err(DLOCO_ESTOPPED, "join: stopped before the model was fetched");
     else if (rc == DL_ETIMEDOUT) rc = join_timeout(l, t);
     else if (rc == DL_EPROTO) rc = dl_err(DLOCO_EREFUSED, "the synchronizer refused this learner: %s", dl_errmsg());
@@ -749,10 +756,6 @@ DLOCO_API int dloco_learner_join(dloco_learner *l, int32_t timeout_ms)
         return fail_dead(l, rc);
     }
     l->state = DLOCO_STATE_READY;
-    dl_mailbox_set_progress(l->mb, 0, 0, 0.0);
-    /* a resumed trainer counts on from its step (the schedule's phase, Heartbeat and Push progress) */
-    l->steps = l->ext.start_step > 0 ? (uint64_t)l->ext.start_step : 0;
-    l->tokens = l->steps * l->max_tokens;
     l->t_last = dl_clock_s();
     return 0;
 }

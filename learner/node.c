@@ -808,7 +808,7 @@ int dl_node_wait_ready(dl_node *n, int timeout_ms, const volatile sig_atomic_t *
             return dl_err(DL_ENET, "%s", msg[0] ? msg : "comms thread not running");
         if (stop && *stop) return dl_err(DL_EAGAIN, "stopped while waiting for the initial fetch");
         int64_t heard = dl_mailbox_heard_ns(n->mb), since = heard > t0 ? heard : t0;
-        if (dl_clock_ns() - since >= (int64_t)timeout_ms * 1000000) {
+        if (timeout_ms >= 0 && dl_clock_ns() - since >= (int64_t)timeout_ms * 1000000) {
             int held = 0;
             for (int p = 0; p < n->P; p++) held += n->f[p].held;
             return dl_err(DL_ETIMEDOUT, "%s: nothing heard for %d ms, holding %d of %d fragments%s%s%s",

@@ -275,7 +275,7 @@ int dl_node_delta(dl_node *n, int p, float *out);
 /* Before training: poll until every fragment is held (the initial fetch).
  * Returns 0; DL_ETIMEDOUT once the synchronizer has not been heard for
  * timeout_ms (dl_mailbox_heard_ns; counted from the call before anything is
- * heard): a synchronizer that keeps answering, even with Updates the learner
+ * heard; timeout_ms < 0: no bound): a synchronizer that keeps answering, even with Updates the learner
  * refuses, is waited for, its refetches backing off; DL_EAGAIN when *stop became
  * nonzero; DL_EPROTO when the synchronizer refused the learner (fatal
  * Error) or DL_ENET when the comms failed (no Welcome, socket): dl_errmsg()

@@ -61,7 +61,8 @@ start_learner() {
   local name=$1; shift
   : > "$W/events-$name.log"
   "$LEARNER" --connect "$EP" --id "$name" --device cpu $MODEL --data "$W/corpus.txt" --batch 8 --warmup 5 --lr 3e-3 \
-    --fragments 4 --threads 1 --log_every 50 --events "$W/events-$name.log" --loss_log "$W/loss-$name.txt" "$@" \
+    --fragments 4 --threads 1 --log_every 50 --events "$W/events-$name.log" --loss_log "$W/loss-$name.txt" \
+    --state_dir "$W/state" "$@" \
     > "$W/$name.log" 2>&1 &
   LPID=$!; PIDS+=("$LPID")
 }

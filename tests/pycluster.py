@@ -128,7 +128,8 @@ class Cluster:
         open(self.ev(name), "w").close()
         argv = [LEARNER, "--connect", ep, "--id", name, "--device", "cpu"] + MODEL + [
             "--data", self.corpus(), "--batch", "8", "--warmup", "5", "--lr", "3e-3", "--threads", "1",
-            "--log_every", "50", "--events", self.ev(name), "--loss_log", os.path.join(self.w, "loss-%s.txt" % name)]
+            "--log_every", "50", "--events", self.ev(name), "--loss_log", os.path.join(self.w, "loss-%s.txt" % name),
+            "--state_dir", os.path.join(self.w, "state")]
         return self._spawn(name, argv + list(args))
 
     def start_py(self, name, script, *args):

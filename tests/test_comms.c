@@ -970,7 +970,9 @@ static void test_binary(const char *dir, int sigterm)
     snprintf(out, sizeof out, "%s/%s.out", dir, id);
     snprintf(err, sizeof err, "%s/%s.err", dir, id);
     snprintf(events, sizeof events, "%s/%s.events", dir, id);
-    char *argv[] = {bin, "--connect", h.ep, "--id", (char *)id, "--data", corpus, "--n_layer", "1", "--n_head", "2",
+    /* no recovery file: the build folder is shared by every run of this test */
+    char *argv[] = {bin, "--recovery", "off",
+                    "--connect", h.ep, "--id", (char *)id, "--data", corpus, "--n_layer", "1", "--n_head", "2",
                     "--n_embd", "16", "--seq_len", "16", "--batch", "2", "--steps", sigterm ? "1000000" : "12",
                     "--warmup", "2", "--fragments", "4", "--log_every", "4", "--threads", "1",
                     "--flush_timeout_ms", "5000", "--connect_timeout_ms", "20000", "--events", events, NULL};
@@ -1095,7 +1097,9 @@ static void test_binary_refused(const char *dir)
     char out[700], err[700];
     snprintf(out, sizeof out, "%s/refused.out", dir);
     snprintf(err, sizeof err, "%s/refused.err", dir);
-    char *argv[] = {bin, "--connect", h.ep, "--id", "bin-refused", "--data", corpus, "--n_layer", "1", "--n_head", "2",
+    /* no recovery file: the build folder is shared by every run of this test */
+    char *argv[] = {bin, "--recovery", "off",
+                    "--connect", h.ep, "--id", "bin-refused", "--data", corpus, "--n_layer", "1", "--n_head", "2",
                     "--n_embd", "16", "--seq_len", "16", "--batch", "2", "--steps", "5", "--threads", "1", NULL};
     pid_t pid = spawn(argv, out, err);
     dl_wire_msg m;

@@ -569,7 +569,46 @@ static void test_join_failures(void)
     pthread_join(j.t, NULL);
     CHECK_EQ(j.rc, DLOCO_ESTOPPED);
     dloco_learner_close(&l);
+
+    /* a resumed caller (opts.start_step): its Hello says the step it resumed at, so the ledger counts from there */
     fs_close(&fs);
+    fs_open(&fs, plan, NULL, NULL);
+    base_opts(&o, fs.ep, "J5");
+    o.start_step = -1;
+    CHECK_EQ(dloco_learner_open(&o, &l), DLOCO_EINVAL);
+    o.start_step = 77;
+    REQUIRE(dloco_learner_open(&o, &l) == 0, "open");
+    fast(l);
+    CHECK_EQ(dloco_learner_bind_contiguous(l, theta, total), 0);
+    j = (bg){.l = l, .timeout_ms = 20000};
+    REQUIRE(pthread_create(&j.t, NULL, join_main, &j) == 0, "thread");
+    if (fs_expect(&fs, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, WAIT_MS, "hello")) {
+        CHECK(m.env->hello->step == 77, "the Hello of a learner resumed at step 77 says step %llu",
+              (unsigned long long)m.env->hello->step);
+        dl_wire_msg_close(&m);
+    }
+    dloco_learner_stop(l);
+    pthread_join(j.t, NULL);
+    CHECK_EQ(j.rc, DLOCO_ESTOPPED);
+    dloco_learner_close(&l);
+    fs_close(&fs);
+
+    /* connect_timeout_ms 0: no bound; join keeps trying a dead endpoint (past the 300 ms that timed out above)
+     * until it is stopped */
+    base_opts(&o, dead, "J4");
+    REQUIRE(dloco_learner_open(&o, &l) == 0, "open");
+    fast(l);
+    CHECK(dloco_learner_set_option(l, "connect_timeout_ms", "0") == 0, "connect_timeout_ms 0: %s",
+          dloco_learner_errmsg(l));
+    CHECK_EQ(dloco_learner_bind_contiguous(l, theta, total), 0);
+    j = (bg){.l = l, .timeout_ms = 0};
+    REQUIRE(pthread_create(&j.t, NULL, join_main, &j) == 0, "thread");
+    struct timespec ts = {.tv_sec = 1}; /* the stimulus: how long it is left waiting */
+    nanosleep(&ts, NULL);
+    dloco_learner_stop(l);
+    pthread_join(j.t, NULL);
+    CHECK_EQ(j.rc, DLOCO_ESTOPPED);
+    dloco_learner_close(&l);
     free(theta);
 }
 

@@ -793,7 +793,9 @@ static void test_binary(const char *dir)
     REQUIRE(dl_model_init_params(&bc, 2, init_other) == 0, "init");
     fake h;
     f_open(&h, "bin-trust");
-    char *argv[] = {bin, "--connect", h.ep, "--id", "bin-trust", "--data", corpus, "--n_layer", "1", "--n_head", "2",
+    /* no recovery file: the build folder is shared by every run of this test */
+    char *argv[] = {bin, "--recovery", "off",
+                    "--connect", h.ep, "--id", "bin-trust", "--data", corpus, "--n_layer", "1", "--n_head", "2",
                     "--n_embd", "16", "--seq_len", "16", "--batch", "2", "--steps", "4", "--warmup", "1",
                     "--fragments", "4", "--threads", "1", "--flush_timeout_ms", "5000", "--connect_timeout_ms", "20000",
                     "--byzantine", "flip", "--events", events, NULL};
@@ -846,7 +848,8 @@ static void test_binary(const char *dir)
     f_open(&j, "bin-join");
     char jev[720];
     snprintf(jev, sizeof jev, "%s/join.events", dir);
-    char *jargv[] = {bin, "--connect", j.ep, "--id", "bin-join", "--data", corpus, "--n_layer", "1", "--n_head", "2",
+    char *jargv[] = {bin, "--recovery", "off",
+                     "--connect", j.ep, "--id", "bin-join", "--data", corpus, "--n_layer", "1", "--n_head", "2",
                      "--n_embd", "16", "--seq_len", "16", "--batch", "2", "--steps", "4", "--warmup", "1",
                      "--fragments", "4", "--threads", "1", "--flush_timeout_ms", "5000", "--connect_timeout_ms",
                      "1500", "--events", jev, NULL};

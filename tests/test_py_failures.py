@@ -3,15 +3,19 @@
   - a parameter that is not fp32, or not contiguous: dloco.ManifestError from
     the constructor, and nothing connects to the endpoint it was given;
   - nothing listening at join: dloco.Timeout whose message names the endpoint;
+  - a restart: start_step must be a step (dloco.InvalidArgument otherwise), and
+    examples/torch/gpt2.py --state resumes its own step, AdamW state and data;
   - SIGTERM to a PyTorch learner (examples/torch/gpt2.py, Learner.handle_signals):
     the loop stops, finish flushes, the synchronizer records its Bye (reason
     signal), the process exits 0;
   - the synchronizer killed (SIGKILL) mid-run: the PyTorch learner keeps
     training while it is gone, and rejoins the restarted synchronizer (a new
     Welcome, new pushes accepted)."""
+import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -69,6 +73,24 @@ except dloco.Timeout as e:
     c.check("dloco.Timeout is a TimeoutError", isinstance(e, TimeoutError))
 dl.close()
 dl.close()  # safe twice
+
+# ---- a restart: start_step is a step (>= 0); the example resumes its own state (--state)
+try:
+    dloco.Learner(GPT2(**CFG), connect="tcp://127.0.0.1:%d" % port, run_id="dloco", fragments=4,
+                  max_tokens_per_step=256, gpt2=CFG, start_step=-1)
+    c.check("start_step -1 is refused", False)
+except dloco.InvalidArgument as e:
+    c.check("start_step -1 is refused naming it: %s" % e, "start_step" in str(e))
+state = os.path.join(c.w, "gpt2.state")
+runs = []
+for steps in (4, 6):
+    r = subprocess.run([pc.PY, os.path.join(pc.SRC, "examples/torch/gpt2.py"), "--data", c.corpus(), "--steps",
+                        str(steps), "--state", state, "--state_every", "2"], capture_output=True, text=True,
+                       timeout=120)
+    runs.append(json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"rc": r.returncode,
+                                                                                          "err": r.stderr[-500:]})
+c.check("the example resumes its own state: %s" % runs,
+        runs[0].get("resumed_at") == 0 and runs[1].get("resumed_at") == 4 and runs[1].get("steps") == 6)
 
 # ---- SIGTERM: flush and Bye
 LOOP = ["examples/torch/gpt2.py", "--data", c.corpus(), "--fragments", "4", "--steps", "1000000", "--batch", "8",

@@ -7,10 +7,12 @@
 # job steps. Both learners' pushes merge. `scancel JOB.STEP` kills sl-1's step
 # (SIGKILL, like a lost node): the synchronizer declares it dead, merges go on
 # from sl-0, and the batch script starts sl-1 again as a new step with the
-# same id and the steps it had not trained; its pushes merge again. Then
+# same id, which resumes at the step of its last recovery file (every 50
+# steps here) and trains to the end; its pushes merge again. Then
 # `scancel --signal=TERM` stops sl-0's step the way a preemption does: it says
-# Bye, exits 0 with its own step count, and is started again for the rest. The
-# job ends by itself with every learner's steps done. Asserts on the
+# Bye, writes its recovery file, exits 0 with its own step count, and is
+# started again: it resumes at exactly that step. The job ends by itself with
+# every learner at its last step. Asserts on the
 # synchronizer's events and the batch script's events (proc=sbatch).
 # Everything it started is stopped by PID at the end, and it checks that no
 # process of the job and no daemon is left.
@@ -103,7 +105,7 @@ JD="$JW/job"
 JOB=$(cd "$JW" && DLOCO_SLURM_MARK="$W" sbatch --parsable --output="$JW/job.out" --ntasks=2 --cpus-per-task=1 \
   ${DLOCO_SLURM_SBATCH_ARGS:-} "$SRC/deploy/slurm/dloco-learners.sbatch" --connect "$CONNECT" --config "$JW/learner.ini" \
   --steps "$STEPS" --id-prefix sl- --logdir "$JD" --learner "$LEARNER_ABS" --key-dir "$K" --server-key "$K/sync.pub" \
-  --max-restarts 2 --restart-delay 3 -- --throttle 0.05) \
+  --max-restarts 2 --restart-delay 3 -- --throttle 0.05 --recovery_every_steps 50 --recovery_every_s 0) \
   || die "sbatch refused the batch script"
 JOB=${JOB%%;*}
 echo "submitted job $JOB"
@@ -170,10 +172,21 @@ check "the job finished" wait_until 120 '[ -z "$(squeue -h -j "$JOB" 2> /dev/nul
 check "the batch script ended with no learner given up" ev_has "$SEV" job_end failed=0
 for id in sl-0 sl-1; do
   check "$id ended done in its second job step" ev_has "$SEV" step_end id=$id attempt=2 action=done
+  check "$id's second step ended at its last step ($STEPS)" \
+    [ "$(ev_last "$JD/events-$id.a2.log" learner_summary steps)" = "$STEPS" ]
+  # credits: the first step's steps, then the second's from the step it resumed at
+  r=$(ev_last "$JD/events-$id.a2.log" recovery_resumed step)
   t=$(ev_field "$SEV" step_end steps id=$id | awk '{ s += $1 } END { print s + 0 }')
-  check "$id's steps over its job steps add up to $STEPS (got $t)" [ "$t" = "$STEPS" ]
+  c=$(ev_last "$SEV" step_end steps id=$id attempt=1)
+  check "$id's credits add up: $c trained, resumed at ${r:-none}, then $STEPS - ${r:-0} (got $t)" \
+    test -n "$r" -a "$t" = $((c + STEPS - ${r:-0}))
   check "the restarted $id exited 0" [ "$(ev_last "$JD/events-$id.a2.log" learner_summary exit_code)" = 0 ]
 done
+r1=$(ev_last "$JD/events-sl-1.a2.log" recovery_resumed step)
+check "the killed sl-1 resumed from a recovery file written before its kill (step ${r1:-none}, killed after ${c1:-0})" \
+  test -n "$r1" -a "${r1:-0}" -ge 50 -a "${r1:-0}" -le "${c1:-0}"
+check "the stopped sl-0 resumed at exactly its last step (${c0:-0})" \
+  ev_has "$JD/events-sl-0.a2.log" recovery_resumed step="${c0:-x}"
 JOB_DONE=$JOB
 JOB=""
 check "both learners were admitted by their keys" ev_has "$EV" learner_join id=sl-1 auth=1

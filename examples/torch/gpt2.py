@@ -192,6 +192,32 @@ def common_args(ap, model_defaults):
     ap.add_argument("--val_batches", type=int, default=0, help="evaluate on this many validation batches at the end")
     ap.add_argument("--loss_log", help="append each step's training loss here, one per line")
     ap.add_argument("--save", help="write the final parameters as safetensors (dloco.write_init)")
+    ap.add_argument("--state", help="this learner's own restart file: resume from it when it exists (step, "
+                    "AdamW state, data position, parameters) and write it every --state_every steps and at the end")
+    ap.add_argument("--state_every", type=int, default=100)
+
+
+def save_state(path, step, model, opt, data):
+    """The caller's part of a restart (the library keeps none): written to path.tmp, then renamed, so a
+    kill leaves the old file or the new one."""
+    st = {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(),
+          "data": {"perm": data.perm, "at": data.at, "gen": data.gen.get_state()}}
+    torch.save(st, path + ".tmp")
+    with open(path + ".tmp", "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def load_state(path, model, opt, data):
+    """Resume from save_state's file: returns its step (0 when there is none)."""
+    if not path or not os.path.exists(path):
+        return 0
+    st = torch.load(path, weights_only=False)
+    model.load_state_dict(st["model"])
+    opt.load_state_dict(st["optimizer"])
+    data.perm, data.at = st["data"]["perm"], st["data"]["at"]
+    data.gen.set_state(st["data"]["gen"])
+    return int(st["step"])
 
 
 def load_data(args):
@@ -207,10 +233,11 @@ def train_loop(args, model, data, **learner_kw):
     --connect is given. Prints a JSON summary as its last line."""
     opt = adamw(model, args.lr)
     B, T = args.batch, args.seq_len
+    start = load_state(args.state, model, opt, data)  # a restart: the schedule, AdamW and the data go on
     dl = None
     if args.connect:  # 1 of 3: the learner, joined (the global model replaces the init)
         import dloco
-        dl = make_learner(args, model, B * T, **learner_kw).handle_signals()
+        dl = make_learner(args, model, B * T, start_step=start, **learner_kw).handle_signals()
         try:
             dl.join(args.join_timeout)
         except dloco.Stopped:  # SIGTERM while joining: nothing trained, nothing to flush
@@ -218,8 +245,8 @@ def train_loop(args, model, data, **learner_kw):
             print(json.dumps({"steps": 0, "stopped": True}), flush=True)
             return None
     loss_log = open(args.loss_log, "a") if args.loss_log else None
-    t0, step, adopted, lv = time.time(), 0, 0, float("nan")
-    for step in range(1, args.steps + 1):
+    t0, step, adopted, lv = time.time(), start, 0, float("nan")
+    for step in range(start + 1, args.steps + 1):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
         x, y = (t.to(args.device) for t in data.next_train(B))
@@ -237,13 +264,17 @@ def train_loop(args, model, data, **learner_kw):
             adopted += r.adopted
             if r.stop_requested:
                 break
-    summary = {"steps": step, "train_loss": lv, "wall_s": round(time.time() - t0, 3)}
+        if args.state and step % args.state_every == 0:
+            save_state(args.state, step, model, opt, data)
+    summary = {"steps": step, "train_loss": lv, "wall_s": round(time.time() - t0, 3), "resumed_at": start}
     if dl:  # 3 of 3: final pushes, their decisions, Bye
         summary["flush_unanswered"] = dl.finish(args.finish_timeout,
                                                 reason="signal" if dl.stop_requested else "done")
         summary.update(stats=dl.stats(), fingerprint="%016x" % dl.fingerprint, adopted=adopted,
                        stopped=dl.stop_requested)
         dl.close()
+    if args.state:
+        save_state(args.state, step, model, opt, data)
     if args.val_batches:
         summary["val_loss"] = evaluate(model, data, B, args.val_batches)
     if args.save:

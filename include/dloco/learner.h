@@ -83,7 +83,7 @@ extern "C" {
 /* The API this header describes. A major bump breaks callers (and the
  * soname); a minor one only adds. */
 #define DLOCO_LEARNER_API_MAJOR 1
-#define DLOCO_LEARNER_API_MINOR 0
+#define DLOCO_LEARNER_API_MINOR 1 /* 1: dloco_learner_opts.start_step */
 #define DLOCO_LEARNER_API_VERSION (DLOCO_LEARNER_API_MAJOR * 10000 + DLOCO_LEARNER_API_MINOR)
 
 /* The DLOCO_LEARNER_API_VERSION the library was built with (major * 10000 +
@@ -184,6 +184,13 @@ typedef struct {
     dloco_log_fn log;            /* NULL = lines go to stderr */
     void *log_ctx;
     const char *device;          /* Hello.device, e.g. "cuda:0 H100"; NULL = "cpu" */
+    /* A caller that resumed its own training from its own saved state (its
+     * optimizer state and step, e.g. torch.save: docs/LIBRARY.md "Restarts"):
+     * the step it resumes at. The library counts on from it (the push
+     * schedule's phase, the progress the Hello and Heartbeats report, so the
+     * synchronizer's ledger counts its tokens from there). 0 = a fresh start;
+     * negative: DLOCO_EINVAL. */
+    int64_t start_step;
 } dloco_learner_opts;
 
 /* Zero *o and fill struct_size and the defaults (everything NULL/0). */
@@ -291,7 +298,8 @@ DLOCO_API int dloco_learner_bind_callbacks(dloco_learner *l, const dloco_param_c
 /* Connect to every shard, say Hello, fetch the global model and make it the
  * caller's: every fragment is applied (theta = global) before this returns.
  * Waits at most timeout_ms (<= 0: the connect_timeout_ms option, 30000 by
- * default). Returns 0, or
+ * default; that option at 0: no bound, it keeps trying and warns every 10 s
+ * until dloco_learner_stop). Returns 0, or
  *   DLOCO_ETIMEDOUT  no Welcome or fetch in time: the message names the endpoint(s) still silent
  *   DLOCO_EREFUSED   the synchronizer refused (its reason is in the message: another model,
  *                    run id, duplicate id, unknown key ...)

@@ -10,7 +10,7 @@ from .errors import LibraryNotFound
 
 # The API this binding is written for (include/dloco/learner.h).
 API_MAJOR = 1
-API_MINOR = 0
+API_MINOR = 1  # 1: dloco_learner_opts.start_step
 SONAME = "libdloco_learner.so.%d" % API_MAJOR
 
 ROLE_MATRIX, ROLE_VECTOR, ROLE_EMBEDDING = 0, 1, 2
@@ -42,7 +42,7 @@ class Opts(ctypes.Structure):
                 ("tensors", ctypes.POINTER(Tensor)), ("n_tensors", ctypes.c_int32),
                 ("max_tokens_per_step", ctypes.c_uint64), ("gpt2", ctypes.POINTER(Gpt2Config)),
                 ("config_path", ctypes.c_char_p), ("log", LOG_FN), ("log_ctx", ctypes.c_void_p),
-                ("device", ctypes.c_char_p)]
+                ("device", ctypes.c_char_p), ("start_step", ctypes.c_int64)]
 
 
 class Span(ctypes.Structure):

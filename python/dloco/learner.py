@@ -178,11 +178,14 @@ class Learner:
       binding        "auto" (CPU: host, zero copy; CUDA: callbacks), "host" or "callbacks"
       device         Hello.device; None = "cpu" or "cuda:N <name>"
       logger         where the library's log lines go (default: logging.getLogger("dloco"))
+      start_step     the step a caller resumed its own training at (from its own saved optimizer state and
+                     step, docs/LIBRARY.md "Restarts"); 0 = a fresh start
     The manifest is checked (fp32, contiguous...) before the library is even
     loaded: a ManifestError means nothing touched the network."""
 
     def __init__(self, model, connect, run_id, learner_id=None, fragments=4, max_tokens_per_step=None,
-                 config=None, options=None, roles=None, gpt2=None, binding="auto", device=None, logger=None):
+                 config=None, options=None, roles=None, gpt2=None, binding="auto", device=None, logger=None,
+                 start_step=0):
         self._h = ctypes.c_void_p()
         self._joined = self._finished = False
         self._stop_requested = False
@@ -235,6 +238,7 @@ class Learner:
         o.gpt2 = ctypes.pointer(self._gpt2) if self._gpt2 is not None else None
         o.config_path = self._keep[3]
         o.log, o.log_ctx, o.device = self._log_fn, None, self._keep[4]
+        o.start_step = int(start_step)
         self._check(L.dloco_learner_open(ctypes.byref(o), ctypes.byref(self._h)), handle=False)
         _open.add(self)
         try:

@@ -1,0 +1,75 @@
+/* dloco-learner's recovery file: the trainer's checkpoint (gpt/ckpt.h: parameters, AdamW or GPA state, step,
+ * data position) tagged with the run and learner id, copied between steps and written on a thread of its own. */
+#ifndef DL_GPT_RECOVERY_H
+#define DL_GPT_RECOVERY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpt/train.h"
+
+typedef struct dl_recovery dl_recovery;
+
+typedef struct {
+    const char *path;    /* the file (written as path.tmp, fsynced, renamed); required */
+    double every_s;      /* a copy at most this often, seconds; 0 = only at the finish */
+    int64_t every_steps; /* ... or once this many steps passed since the last, whichever first; 0 = time only */
+    int64_t max_step;    /* a file beyond this step (the run's --steps) is refused */
+    uint64_t run_tag;    /* dl_recovery_tag: a file of another run or learner is refused */
+    const char *id;      /* the learner id, for messages and events */
+} dl_recovery_opts;
+
+typedef struct {
+    uint64_t writes;    /* files written (the finish included) */
+    uint64_t skipped;   /* due copies skipped because the previous file was still being written */
+    uint64_t failed;    /* writes that failed (warned; the previous file stays) */
+    double copy_s_sum, copy_s_max; /* training-thread seconds spent copying the state (the step path's cost) */
+    double write_s_sum;            /* writer-thread seconds writing + fsyncing */
+    int64_t last_step;             /* step of the newest file written; -1 none */
+    int removed;                   /* dl_recovery_remove removed the file */
+} dl_recovery_stats;
+
+/* The tag of (run id, learner id): never 0 (0 marks a plain checkpoint). */
+uint64_t dl_recovery_tag(const char *run_id, const char *learner_id);
+
+/* Starts the writer thread. DL_EINVAL (no path, negative intervals). */
+int dl_recovery_open(const dl_recovery_opts *o, dl_recovery **out);
+void dl_recovery_close(dl_recovery **r); /* waits for a write in progress; safe twice */
+
+/* Resume `tr` from the file when it holds this learner's state. Returns 1
+ * resumed (step, optimizer state, data position and parameters), 0 fresh
+ * start: no file, or a file refused -- truncated, damaged, not a checkpoint,
+ * another run's or learner's, a plain checkpoint, another model or
+ * optimizer, a step beyond max_step, a data position beyond the data --:
+ * then the reason is in why, the file is moved aside to path.rejected
+ * (so the next start does not meet it again), and `tr` is untouched. Never
+ * fails otherwise: a learner always starts. */
+int dl_recovery_load(dl_recovery *r, dl_trainer *tr, char *why, size_t cap);
+
+/* Before training: allocate the copy's buffer and touch every page (one
+ * copy), so the first copy on the step path does not pay for them. 0 or
+ * DL_ENOMEM (and the others of dl_trainer_snap_take). */
+int dl_recovery_prepare(dl_recovery *r, dl_trainer *tr);
+
+/* After a completed step: when a copy is due and the writer is idle, copy
+ * the state (the only cost on the step path) and hand it to the writer.
+ * Returns 1 when a copy was handed over, 0 otherwise. */
+int dl_recovery_step(dl_recovery *r, dl_trainer *tr);
+
+/* A clean finish: wait for the writer, then write the state now. 0 or the
+ * write's error (the previous file stays). */
+int dl_recovery_finish(dl_recovery *r, dl_trainer *tr);
+
+/* The run is complete (every step trained): wait for the writer and remove
+ * the file, so a later start under the same id is a fresh one. 0, or
+ * DL_EIO (warned; a later start meets a file at the last step and trains
+ * nothing more). */
+int dl_recovery_remove(dl_recovery *r);
+
+/* XXH64 of the optimizer state (m, v, and y for GPA) of `tr`: the field
+ * `moments_hash` of the recovery events, so a test sees the state come back. */
+uint64_t dl_recovery_moments_hash(dl_trainer *tr);
+
+void dl_recovery_get_stats(dl_recovery *r, dl_recovery_stats *out);
+
+#endif
