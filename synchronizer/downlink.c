@@ -305,8 +305,16 @@ static int slot_of(const dl_sync *s, const dl_registry_learner *l)
 
 /* Forget the Update in progress to a learner (its connection changed or
  * went); what it owes stays owed. */
+static void unpin(dl_sync *s, outbound *x)
+{
+    if (!x->pin) return;
+    dl_store_snapshot_end(&x->pin);
+    s->pins--;
+}
+
 void dl_downlink_reset(dl_sync *s, int slot)
 {
+    unpin(s, &s->outx[slot]);
     s->outx[slot].p = -1;
     s->outx[slot].started = 0;
     s->outx[slot].delta = 0;
@@ -396,6 +404,7 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
     while (l->n_owed && l->route_len) {
         uint64_t ce = chunk_elems(s, l, x), window = window_bytes(s, x, ce);
         if (x->p < 0 || !l->owed[x->p]) {
+            unpin(s, x);
             x->p = -1;
             for (int p = 0; p < s->cfg.P && x->p < 0; p++)
                 if (l->owed[p]) x->p = p;
@@ -418,7 +427,9 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
         if (v > dl_policy_version(s->policy, p)) return;
         if (!ce && x->offset) x->started = 0; /* it said Hello again without chunks: whole fragments from now */
         const kept_delta *kd = x->delta ? kept_of(s, p, x->version) : NULL;
-        if (!x->started || (x->delta ? !kd : x->version != v)) {
+        /* a pinned full transfer goes on at its version (its snapshot holds it) */
+        if (!x->started || (x->delta ? !kd : x->version != v && !x->pin)) {
+            unpin(s, x);
             if (x->started && x->offset) {
                 s->update_restarts++;
                 dl_event("update_restarted", "id=%s frag=%d from=%llu to=%llu sent=%llu delta=%d", l->id, p,
@@ -435,6 +446,19 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             if (x->offset) dl_event("update_resumed", "id=%s frag=%d version=%llu offset=%llu", l->id, p,
                                     (unsigned long long)v, (unsigned long long)x->offset);
             s->resume_v[r] = s->resume_o[r] = 0;
+            /* Pinned: a full transfer of more than one window may take
+             * longer than the merges of p (a thin link: 1 MB at 3 Mbit/s is
+             * ~3 s), and restarting it at each new version would never end
+             * it; its own snapshot keeps this version readable, and the
+             * delta chain from it follows. Only a snapshot of this very
+             * version will do (a commit the loop has not seen may be in it). */
+            uint64_t pv;
+            size_t pn;
+            if (!x->delta && ce && (n - x->offset) * sizeof(float) > window && s->pins < DL_SYNC_MAX_PINS &&
+                dl_store_snapshot_begin(s->store, &x->pin) == 0) {
+                s->pins++;
+                if (dl_store_snapshot_info(x->pin, (uint32_t)p, &pv, &pn) || pv != v) unpin(s, x);
+            }
         }
         uint64_t left = n - x->offset;
         if (x->delta) {
@@ -457,15 +481,17 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             const float *pp;
             size_t got;
             uint64_t v2;
-            int src = ce ? dl_store_snapshot_range(*snap, (uint32_t)p, x->offset, (size_t)cn, &v2, &pp, &got)
-                         : dl_store_snapshot_fragment(*snap, (uint32_t)p, &v2, &pp, &got);
+            dl_store_snap *from = x->pin ? x->pin : *snap;
+            int src = ce ? dl_store_snapshot_range(from, (uint32_t)p, x->offset, (size_t)cn, &v2, &pp, &got)
+                         : dl_store_snapshot_fragment(from, (uint32_t)p, &v2, &pp, &got);
             if (src || got != cn) {
                 DL_ERROR("snapshot fragment %d [%llu, +%llu): %s", p, (unsigned long long)x->offset,
                          (unsigned long long)cn, dl_errmsg());
                 return;
             }
             static const dl_codec fp32 = {.id = DL_CODEC_FP32};
-            int rc = send_update_chunk(s, l, p, v, &fp32, 0, pp, (size_t)cn * sizeof(float), x->offset, cn, ce != 0);
+            int rc = send_update_chunk(s, l, p, x->version, &fp32, 0, pp, (size_t)cn * sizeof(float), x->offset, cn,
+                                       ce != 0);
             if (rc) return; /* its queue is full (in messages), or it is gone: still owed */
             measure(l, x, dl_clock_ns());
             x->offset += cn;
@@ -477,6 +503,7 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
         dl_registry_given_set(s->reg, slot, p, x->version);
         if (x->delta) s->updates_delta++;
         else s->updates_full++;
+        unpin(s, x);
         if (x->version >= v) {
             l->owed[p] = 0;
             l->n_owed--;

@@ -756,6 +756,7 @@ void dl_sync_close(dl_sync **sp)
     dl_policy_close(&s->policy);
     dl_registry_close(&s->reg);
     dl_ledger_close(&s->ledger);
+    for (int i = 0; s->outx && i < s->cfg.policy.max_learners; i++) dl_downlink_reset(s, i); /* pinned snapshots */
     dl_store_close(&s->store);
     dl_plan_close(&s->plan);
     for (int p = 0; s->params && p < s->cfg.P; p++) {

@@ -63,6 +63,9 @@ typedef struct {
     int started;         /* version is set: [0, offset) of it has left */
     int delta;           /* started: the transfer is p's kept delta to `version` (else its fp32 values) */
     uint64_t version, offset;
+    /* a full transfer's own read snapshot (downlink.c "pinned"): the version on its way stays readable when
+     * the global one moves on, so a transfer slower than the merges still ends; NULL: read the pass's */
+    struct dl_store_snap *pin;
     /* pacing (downlink.c): what the learner's connection drains, from its queue's freed bytes over the
      * time the queue held bytes; a new connection (a new queue) starts over */
     const dl_wire_queue *mq; /* the queue measured */
@@ -80,6 +83,10 @@ typedef struct {
  * most the fragment's fp32 bytes in all: a learner a few versions behind
  * gets the chain of deltas when it is smaller than the fragment. */
 #define DL_SYNC_KEPT_DELTAS 8
+/* Full transfers that may hold a read snapshot of their own at once (each is
+ * one of LMDB's 256 reader slots, and keeps the pages of the version it sends
+ * from being reused until it ends); the others restart at a newer version. */
+#define DL_SYNC_MAX_PINS 64
 typedef struct {
     uint8_t *buf;        /* NULL: none yet (none since the start: a restart forgets it) */
     size_t bytes;        /* dl_codec_bytes(&c, numel) */
@@ -153,6 +160,7 @@ struct dl_sync {
     /* statistics (the snapshot formats them) */
     uint64_t merges, merged_contribs, stale_sum, dropped_stale, rejected, fetches;
     uint64_t refused_msgs, clipped, reclaimed, dropped_readers, deferred_updates, outbound_peak;
+    int pins;            /* outbound snapshots held (outbound.pin) */
     uint64_t busy_refused, update_restarts, chunks_in, chunks_out, drain_yields, abandoned_in;
     uint64_t updates_full, updates_delta; /* Updates sent whole (all their chunks), by kind */
     uint64_t seq;

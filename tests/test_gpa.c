@@ -399,13 +399,26 @@ static void test_checkpoints(void)
     printf("resume under another mu_y: x exact, z kept within %.3g\n", zd);
     dl_trainer_close(&c);
 
-    /* a header mu_y outside [0, 1) is a format error (offset 84: after the
-     * fixed fields and the optimizer code) */
+    /* a header mu_y outside [0, 1) (offset 84: after the fixed fields and
+     * the optimizer code): the header checksum (offset 96) catches the edit;
+     * with the checksum zeroed, as in files from before it, the value check
+     * refuses it as a format error */
     f = fopen(pg, "r+b");
     REQUIRE(f, "reopen");
     float bad = 1.5f;
     fseek(f, 84, SEEK_SET);
     fwrite(&bad, 4, 1, f);
+    fclose(f);
+    c = open_trainer(&tg);
+    dl_err_clear();
+    rc = dl_trainer_resume(c, pg);
+    CHECK(rc == DL_ECORRUPT && strstr(dl_errmsg(), "header checksum"), "edited header: rc %d '%s'", rc, dl_errmsg());
+    dl_trainer_close(&c);
+    f = fopen(pg, "r+b");
+    REQUIRE(f, "reopen");
+    uint64_t zero = 0;
+    fseek(f, 96, SEEK_SET);
+    fwrite(&zero, 8, 1, f);
     fclose(f);
     c = open_trainer(&tg);
     dl_err_clear();

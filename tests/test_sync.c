@@ -783,14 +783,16 @@ static void *fast_pusher(void *arg)
 /* (e) Pacing (docs/ARCHITECTURE.md "Downlink pacing"): a learner whose
  * connection drains slowly (it reads about 2 MB/s through a small socket
  * buffer) while another learner makes fragment 0 move on as fast as
- * merges go, with whole fragments of 460 KB and the default chunk (1 MiB)
- * and window: each of its own pushes' first Ack comes after at most a small
+ * merges go, with whole fragments of 460 KB and 1 MiB chunks and the
+ * default window: each of its own pushes' first Ack comes after at most a small
  * number of Update bytes queued ahead of it (before pacing: up to two whole
  * fragments, 920 KB, plus what the kernel holds), and it gets only the
  * newest version of fragment 0, never one version twice. */
 static void test_paced_downlink(void)
 {
-    static const char *const args[] = {"--n_embd", "128", "--max_staleness", "1000", "--outbound_ms", "50", NULL};
+    /* 1 MiB chunks: the fakes push whole 460 KB fragments, more than the default chunk allows unchunked */
+    static const char *const args[] = {"--n_embd", "128", "--max_staleness", "1000", "--outbound_ms", "50",
+                                       "--chunk_kb", "1024", NULL};
     char ep[256];
     pid_t pid = spawn_sync_x("paced", NULL, NULL, args, ep, sizeof ep);
     REQUIRE(pid > 0 && ep[0], "the paced synchronizer starts");
