@@ -144,7 +144,7 @@ run_decoupled() {
   [ -n "$ep" ] || { cat "$X/sync.log"; exit 1; }
   local lp=()
   for i in $(seq 0 $((M - 1))); do
-    "$LEARNER" --connect "$ep" --id "q$i" $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" --lr "$LR" \
+    "$LEARNER" --connect "$ep" --id "q$i" --recovery off $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" --lr "$LR" \
       --warmup "$WARMUP" --fragments "$P" --data_shard "$i" --data_shards "$M" --seed $((7 + i)) --threads 1 \
       --adopt "$ADOPT" --adam_fleet "$FLEET_L" --metrics off --log_every 100 "${RESUME[@]}" "${lflags[@]}" \
       > "$X/l$i.log" 2>&1 &

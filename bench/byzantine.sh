@@ -56,7 +56,7 @@ run() {
   for i in $(seq 0 $((M - 1))); do
     extra=()
     [ "$i" = $((M - 1)) ] && [ "$byz" != none ] && extra=(--byzantine "$byz")
-    "$BUILD_DIR"/learner/dloco-learner --connect "$ep" --id "b$i" $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" \
+    "$BUILD_DIR"/learner/dloco-learner --connect "$ep" --id "b$i" --recovery off $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" \
       --lr "$LR" --warmup 20 --fragments "$P" --data_shard "$i" --data_shards "$M" --seed $((7 + i)) --threads 1 \
       --adopt keep --adam_fleet $((4 * M)) --log_every 50 --val_every 0 "${extra[@]}" > "$d/l$i.log" 2>&1 &
     lp+=($!); PIDS+=($!)

@@ -104,7 +104,7 @@ for _ in $(seq 1 100); do EP=$(sed -n 's/^dloco-sync: listening on //p' "$W/sync
 [ -n "$EP" ] || { cat "$W/sync.log" >&2; exit 1; }
 local LP=() i p
 for i in $(seq 0 $((M - 1))); do
-  "$BUILD_DIR"/learner/dloco-learner --connect "$EP" --id "q$i" $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" \
+  "$BUILD_DIR"/learner/dloco-learner --connect "$EP" --id "q$i" --recovery off $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" \
     --lr "$LR" --warmup 20 --fragments "$P" --data_shard "$i" --data_shards "$M" --data_shard_mode "$mode" --seed $((7 + i)) --threads 1 \
     --adopt "${ADOPT:-keep}" --adam_fleet "$FLEET_L" --metrics off \
     --log_every 50 > "$W/l$i.log" 2>&1 &

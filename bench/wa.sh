@@ -80,7 +80,7 @@ run_one() {
   wait_for 30 '[ -n "$(ev_last "$d/ev-serve.log" serve_start work)" ]' || { echo "wa.sh: dloco-serve did not start"; return 1; }
   local wk pr; wk=$(ev_last "$d/ev-serve.log" serve_start work); pr=$(ev_last "$d/ev-serve.log" serve_start pressure)
   : > "$d/ev-learner.log"
-  taskset -c "$CPU" "$B/learner/dloco-learner" --connect "$ep" --id l0 --fragments "$P" $LARGS --steps "$STEPS" \
+  taskset -c "$CPU" "$B/learner/dloco-learner" --connect "$ep" --id l0 --recovery off --fragments "$P" $LARGS --steps "$STEPS" \
     --pressure "http://$pr/pressure" --timing_trace_out "$d/trace.txt" --events "$d/ev-learner.log" \
     --loss_log "$d/loss.txt" "$@" > "$d/learner.log" 2>&1 &
   local lp=$!; PIDS+=("$lp")

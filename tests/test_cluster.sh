@@ -34,13 +34,13 @@ v1=$(val_loss); echo "global model after training: val loss $v1"
 check "global val loss fell by more than 0.5 ($v0 -> $v1)" python3 -c "import sys; sys.exit(0 if $v1 < $v0 - 0.5 else 1)"
 
 # a learner of another model is refused with the reason, exit 3
-out=$("$LEARNER" --connect "$EP" --id intruder --device cpu --n_layer 2 --n_head 2 --n_embd 64 --seq_len 32 \
+out=$("$LEARNER" --connect "$EP" --id intruder --state_dir "$W" --device cpu --n_layer 2 --n_head 2 --n_embd 64 --seq_len 32 \
       --data "$W/corpus.txt" --steps 5 --fragments 4 --connect_timeout_ms 10000 2>&1); rc=$?
 if [ $rc = 3 ] && echo "$out" | grep -q "does not match the run"; then
   echo "ok: mismatched model refused (exit 3): $(echo "$out" | grep -m1 "does not match" | cut -c1-200)"
 else echo "FAIL: mismatched learner rc=$rc: $(echo "$out" | tail -3)"; fail=1; fi
 # so is one with another fragment count (P is part of the fingerprint)
-out=$("$LEARNER" --connect "$EP" --id intruder2 --device cpu $MODEL --data "$W/corpus.txt" --steps 5 --fragments 8 \
+out=$("$LEARNER" --connect "$EP" --id intruder2 --state_dir "$W" --device cpu $MODEL --data "$W/corpus.txt" --steps 5 --fragments 8 \
       --connect_timeout_ms 10000 2>&1); rc=$?
 if [ $rc = 3 ] && echo "$out" | grep -q "does not match the run"; then
   echo "ok: another fragment count refused (exit 3)"

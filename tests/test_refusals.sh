@@ -57,7 +57,7 @@ check "the first dup goes on pushing" [ "$(ev_count "$EV" push id=dup)" -gt $((n
 # OMP_NUM_THREADS: warned (threads_shared); --threads 1 is not
 for t in 0 1; do
   : > "$W/events-thr$t.log"
-  env -u OMP_NUM_THREADS "$LEARNER" --connect "$EP" --id "thr$t" --device cpu $MODEL --data "$W/corpus.txt" \
+  env -u OMP_NUM_THREADS "$LEARNER" --connect "$EP" --id "thr$t" --state_dir "$W" --device cpu $MODEL --data "$W/corpus.txt" \
     --batch 8 --steps 2 --fragments 4 --threads $t --events "$W/events-thr$t.log" > "$W/thr$t.log" 2>&1
 done
 check "--threads 0 beside another learner: threads_shared" ev_has "$W/events-thr0.log" threads_shared id=thr0 "others~^[1-9]"

@@ -44,7 +44,7 @@ EP=$(ev_last "$S" sync_start endpoint)
 learner() {
   local name=$1 shard=$2; shift 2
   : > "$W/events-$name.log"
-  "$@" "$LEARNER" --connect "$EP" --id "$name" --device cpu $MODEL --data "$W/corpus.txt" --batch 8 --warmup 5 \
+  "$@" "$LEARNER" --connect "$EP" --id "$name" --state_dir "$W" --device cpu $MODEL --data "$W/corpus.txt" --batch 8 --warmup 5 \
     --lr 3e-3 --fragments 2 --threads 1 --log_every 50 --steps 100000000 --data_shard "$shard" --data_shards 2 \
     --events "$W/events-$name.log" --loss_log "$W/loss-$name.txt" > "$W/$name.log" 2>&1 &
   LPID=$!; PIDS+=("$LPID")

@@ -67,7 +67,7 @@ start_sync sync --vocab $V --eval_data "$W/shards" --eval_every_s 1 --eval_seqs 
 ev_wait 60 "$W/events-sync.log" eval version=0 || die "no evaluation of the initial model"
 LP=()
 for i in 0 1; do
-  "$LEARNER" --connect "$EP" --id "l$i" --device cpu $MODEL --data "$W/shards" --batch 8 --warmup 5 --lr 3e-3 \
+  "$LEARNER" --connect "$EP" --id "l$i" --state_dir "$W" --device cpu $MODEL --data "$W/shards" --batch 8 --warmup 5 --lr 3e-3 \
     --steps 80 --data_shard $i --data_shards 2 --threads 1 --events "$W/events-l$i.log" > "$W/l$i.log" 2>&1 &
   LP+=($!); PIDS+=($!)
 done
