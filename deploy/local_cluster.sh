@@ -55,7 +55,7 @@ for _ in $(seq 1 100); do
 done
 [ -n "$EP" ] || { echo "dloco-sync did not start"; cat "$LOGS/sync.log"; exit 1; }
 echo "synchronizer on $EP (store $STORE, logs in $LOGS)"
-v0=$("$BUILD_DIR"/tools/dloco eval "$STORE" --data "$DATA" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
+v0=$("$BUILD_DIR"/tools/dloco eval "$STORE" --data "$DATA" 2>> "$LOGS/dloco.log" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
 echo "global model at start: val loss $v0 on $DATA"
 
 # each learner gets its own shard of the training data and one thread (the
@@ -81,8 +81,8 @@ P=$(sed -n 's/^ *fragments *= *//p' deploy/cluster.ini | head -n 1)
 
 echo
 echo "==== summary ===="
-"$BUILD_DIR"/tools/dloco status "$STORE" | grep -E '^(run|versions|merges|token)'
-v1=$("$BUILD_DIR"/tools/dloco eval "$STORE" --data "$DATA" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
+"$BUILD_DIR"/tools/dloco status "$STORE" 2>> "$LOGS/dloco.log" | grep -E '^(run|versions|merges|token)'
+v1=$("$BUILD_DIR"/tools/dloco eval "$STORE" --data "$DATA" 2>> "$LOGS/dloco.log" | sed -E 's/.*val loss ([0-9.]+).*/\1/')
 echo "final global val loss on $DATA: $v1 (start $v0)"
 [ -n "$ledger" ] && echo "$ledger" | awk -v P="${P:-1}" '{
     for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
