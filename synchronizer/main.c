@@ -109,7 +109,7 @@ static const dl_cfg_entry table[] = {
     {"trim", DL_CFG_FLOAT, F(trim), 0, 0.49, "0.25", NULL, 1, "trimmed_mean: fraction trimmed from each side"},
     {"auth", DL_CFG_ENUM, F(auth), 0, 0, "auto", "auto|curve|off", 0,
      "who may connect: curve = only learners whose public key is in the allowlist; auto = curve unless bind is "
-     "loopback"},
+     "loopback and neither key_file nor allowlist is set"},
     {"key_file", DL_CFG_STR, F(key_file), 0, 0, "", NULL, 0, "CURVE: this synchronizer's key pair (dloco keygen PREFIX)"},
     {"allowlist", DL_CFG_STR, F(allowlist), 0, 0, "", NULL, 0,
      "CURVE: file of 'learner_id public_key' lines; re-read on SIGHUP (removed keys are cut off)"},

@@ -517,14 +517,19 @@ static int check_and_bind(dl_sync *s)
         uint64_t four = 4 * model_bytes, floor = 256ull << 20;
         s->cfg.max_outbound_bytes = four > floor ? four : floor;
     }
+    /* auto: CURVE off only on a loopback bind given no keys; keys given mean
+     * the operator wants them used (a loopback port behind a tunnel or a
+     * proxy is reachable from elsewhere) */
+    int keys_given = s->cfg.key_file[0] || s->cfg.allowlist[0];
     if (s->cfg.auth == DL_SYNC_AUTH_AUTO)
-        s->cfg.auth = loopback_endpoint(s->cfg.bind) ? DL_SYNC_AUTH_OFF : DL_SYNC_AUTH_CURVE;
+        s->cfg.auth = loopback_endpoint(s->cfg.bind) && !keys_given ? DL_SYNC_AUTH_OFF : DL_SYNC_AUTH_CURVE;
     if (s->cfg.auth == DL_SYNC_AUTH_CURVE && (!s->cfg.key_file[0] || !s->cfg.allowlist[0]))
         return dl_err(DL_EINVAL,
-                      "bind %s is not loopback, so CURVE authentication is on: set key_file (the synchronizer's key "
-                      "pair: dloco keygen PREFIX) and allowlist (a file of 'learner_id public_key' lines), or auth = "
-                      "off to accept anyone who can reach the port",
-                      s->cfg.bind);
+                      "%s, so CURVE authentication is on: set key_file (the synchronizer's key pair: dloco keygen "
+                      "PREFIX) and allowlist (a file of 'learner_id public_key' lines), or auth = off to accept "
+                      "anyone who can reach the port",
+                      keys_given ? (s->cfg.key_file[0] ? "key_file is set" : "allowlist is set")
+                                 : "the bind is not loopback");
     s->hello_tokens = s->cfg.new_hello_burst;
     s->hello_refill_ns = dl_clock_ns();
     s->lim = dl_wire_limits_default();

@@ -1,5 +1,6 @@
 #!/bin/bash
-# CURVE on a real cluster: a synchronizer with --auth curve and an allowlist,
+# CURVE on a real cluster: a synchronizer with a key pair and an allowlist on
+# a loopback bind (auth auto: keys given turn CURVE on, loopback or not),
 # real learners with key files. Listed learners join and train; a learner
 # whose key is not listed never gets in (ZAP denies it; it gives up with a
 # clear reason); a learner using another learner's key under its own id is
@@ -16,9 +17,9 @@ check "dloco keygen made the keys directory, mode 0700" [ "$(stat -c %a "$K")" =
 pub() { sed -n 's/^public = //p' "$K/$1.pub"; }
 printf '# learners of this run\nk0 %s\nk1 %s\n' "$(pub k0)" "$(pub k1)" > "$W/allow.txt"
 chmod 644 "$W/allow.txt"
-start_sync sync --auth curve --key_file "$K/sync.key" --allowlist "$W/allow.txt" --H 4 --max_staleness 100
+start_sync sync --key_file "$K/sync.key" --allowlist "$W/allow.txt" --H 4 --max_staleness 100
 EV="$W/events-sync.log"
-check "the synchronizer runs with CURVE on" ev_has "$EV" sync_start auth=curve
+check "keys given on a loopback bind: the synchronizer runs with CURVE on (auth auto)" ev_has "$EV" sync_start auth=curve
 CURVE=(--server_key "$K/sync.pub")
 start_learner k0 "${CURVE[@]}" --key_file "$K/k0.key" --steps 100000000 --throttle 0.5 --data_shard 0 --data_shards 2
 P0=$LPID
