@@ -632,19 +632,6 @@ static int save_model_file(dl_trainer *tr, const char *path)
     return 0;
 }
 
-/* The default learner id, <hostname>-<pid>: a second live process with one
- * id is refused (duplicate_id), and containers often give every learner the
- * same pid, so the pid alone is not enough. */
-static void default_id(char *id, size_t cap)
-{
-    char host[41] = "learner";
-    if (gethostname(host, sizeof host) != 0 || !host[0]) snprintf(host, sizeof host, "learner");
-    host[sizeof host - 1] = 0;
-    for (char *c = host; *c; c++)
-        if (!isalnum((unsigned char)*c) && *c != '.' && *c != '_' && *c != '-') *c = '-';
-    snprintf(id, cap, "%s-%ld", host, (long)getpid());
-}
-
 /* The rules of a networked config across options (an empty id is the
  * default learner-<pid>, checked once it is set); resolves the CURVE keys. */
 static int check_networked(learner_cfg *cfg)
@@ -806,7 +793,7 @@ int main(int argc, char **argv)
     if ((rc = dl_event_open(cfg.events, "learner"))) return fail("opening the events file (option events)", rc);
     int id_given = cfg.id[0] != 0; /* a default id (hostname-pid) is never met again: no recovery file */
     if (!cfg.standalone) {
-        if (!cfg.id[0]) default_id(cfg.id, sizeof cfg.id);
+        if (!cfg.id[0]) dl_learner_default_id(cfg.id, sizeof cfg.id);
         if ((rc = check_networked(&cfg))) return fail("bad configuration", rc);
     }
     double gpa_mu_x = 0.0;

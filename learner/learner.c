@@ -254,7 +254,7 @@ static int manifest_of(const dloco_tensor *t, int nt, dl_manifest **out)
 
 /* ---- open / close */
 
-static void default_id(char *id, size_t cap)
+void dl_learner_default_id(char *id, size_t cap)
 {
     char host[41] = "learner";
     if (gethostname(host, sizeof host) != 0 || !host[0]) snprintf(host, sizeof host, "learner");
@@ -321,7 +321,7 @@ static int open_checked(const dloco_learner_opts *oin, const dl_learner_ext *ext
         if (!dl_comms_id_ok(o.learner_id))
             return dl_err(DLOCO_EINVAL, "learner_id: '%.80s' is not [A-Za-z0-9._-]{1,64}", o.learner_id);
         snprintf(l->id, sizeof l->id, "%s", o.learner_id);
-    } else default_id(l->id, sizeof l->id);
+    } else dl_learner_default_id(l->id, sizeof l->id);
     DL_TRY(copy_str(l->device, sizeof l->device, o.device && o.device[0] ? o.device : "cpu", "device"));
     if (o.max_tokens_per_step < 1 || o.max_tokens_per_step > (1ull << 40))
         return dl_err(DLOCO_EINVAL, "max_tokens_per_step: %llu is not in 1..2^40",

@@ -58,5 +58,9 @@ dl_mailbox *dl_learner_mailbox(dloco_learner *l); /* NULL before join */
 const struct dl_plan *dl_learner_plan(const dloco_learner *l);
 int dl_learner_sessions(dloco_learner *l, dl_comms ***out); /* S, the sessions (NULL before join) */
 const char *dl_learner_id(const dloco_learner *l);
+/* The default learner id, <hostname>-<pid> (the hostname's other characters
+ * as '-'): a second live process with one id is refused (duplicate_id), and
+ * containers often give every learner the same pid. */
+void dl_learner_default_id(char *id, size_t cap);
 
 #endif
