@@ -58,6 +58,21 @@ static dl_trainer *open_trainer(const dl_train_cfg *tc)
     return t;
 }
 
+/* Write `len` bytes at `offset` of checkpoint `path`, then resume a fresh
+ * trainer of tc from it: the resume's code (its message in dl_errmsg()). */
+static int poke_and_resume(const dl_train_cfg *tc, const char *path, long offset, const void *bytes, size_t len)
+{
+    FILE *f = fopen(path, "r+b");
+    REQUIRE(f, "reopen %s", path);
+    REQUIRE(fseek(f, offset, SEEK_SET) == 0 && fwrite(bytes, len, 1, f) == 1, "poke %s", path);
+    fclose(f);
+    dl_trainer *c = open_trainer(tc);
+    dl_err_clear();
+    int rc = dl_trainer_resume(c, path);
+    dl_trainer_close(&c);
+    return rc;
+}
+
 static double max_abs_diff(const float *a, const double *b, size_t n)
 {
     double m = 0.0;
@@ -403,29 +418,13 @@ static void test_checkpoints(void)
      * the optimizer code): the header checksum (offset 96) catches the edit;
      * with the checksum zeroed, as in files from before it, the value check
      * refuses it as a format error */
-    f = fopen(pg, "r+b");
-    REQUIRE(f, "reopen");
     float bad = 1.5f;
-    fseek(f, 84, SEEK_SET);
-    fwrite(&bad, 4, 1, f);
-    fclose(f);
-    c = open_trainer(&tg);
-    dl_err_clear();
-    rc = dl_trainer_resume(c, pg);
+    rc = poke_and_resume(&tg, pg, 84, &bad, sizeof bad);
     CHECK(rc == DL_ECORRUPT && strstr(dl_errmsg(), "header checksum"), "edited header: rc %d '%s'", rc, dl_errmsg());
-    dl_trainer_close(&c);
-    f = fopen(pg, "r+b");
-    REQUIRE(f, "reopen");
     uint64_t zero = 0;
-    fseek(f, 96, SEEK_SET);
-    fwrite(&zero, 8, 1, f);
-    fclose(f);
-    c = open_trainer(&tg);
-    dl_err_clear();
-    rc = dl_trainer_resume(c, pg);
+    rc = poke_and_resume(&tg, pg, 96, &zero, sizeof zero);
     printf("gpa checkpoint with mu_y 1.5 -> %s: %s\n", dl_strerror(rc), dl_errmsg());
     CHECK(rc == DL_EFORMAT && strstr(dl_errmsg(), "mu_y 1.5"), "bad mu_y: rc %d '%s'", rc, dl_errmsg());
-    dl_trainer_close(&c);
     free(buf), free(z1), free(z2);
     dl_trainer_close(&a);
     dl_trainer_close(&b);
