@@ -98,6 +98,18 @@ int dl_model_tensor_table(const dl_model_config *cfg, dl_tensor *out, int cap, s
     return n;
 }
 
+int dl_model_shape(const dl_model_config *in, int B, dl_model_config *cfg, dl_tensor **tensors, int *ntensors,
+                   size_t *nparams)
+{
+    *cfg = *in;
+    DL_TRY(dl_model_config_check(cfg));
+    if (B < 1 || B > 65536) return dl_err(DL_EINVAL, "batch size %d not in [1, 65536]", B);
+    *ntensors = dl_model_tensor_table(cfg, NULL, 0, nparams);
+    *tensors = dl_xcalloc((size_t)*ntensors, sizeof(dl_tensor));
+    dl_model_tensor_table(cfg, *tensors, *ntensors, NULL);
+    return 0;
+}
+
 int dl_model_init_params(const dl_model_config *cfg_in, uint64_t seed, float *params)
 {
     dl_model_config cfg = *cfg_in;

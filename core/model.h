@@ -42,6 +42,14 @@ int dl_model_config_check(dl_model_config *cfg);
  * entries, returns the count (2 + 12*L + 2). Total floats in *numel. */
 int dl_model_tensor_table(const dl_model_config *cfg, dl_tensor *out, int cap, size_t *numel);
 
+/* What every GPT-2 model object (the CPU model, the CUDA model) starts from:
+ * *cfg = the checked copy of `in` (padded vocabulary filled), a batch bound
+ * B in [1, 65536], and the tensor table allocated (*tensors, free() it) with
+ * its count and total floats. 0, or DL_EINVAL naming the bad value (nothing
+ * allocated). */
+int dl_model_shape(const dl_model_config *in, int B, dl_model_config *cfg, dl_tensor **tensors, int *ntensors,
+                   size_t *nparams);
+
 /* GPT-2 init from a seed into a bare buffer of dl_model_tensor_table's numel
  * floats: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)),
  * biases 0, layernorm weights 1, padded wte rows 0. The learner's model and

@@ -74,15 +74,14 @@ size_t dl_gpt_open_bytes(const dl_model_config *cfg_in, int B)
 int dl_gpt_open(const dl_model_config *cfg_in, int B, dl_gpt **out)
 {
     *out = NULL;
-    dl_model_config cfg = *cfg_in;
-    DL_TRY(dl_model_config_check(&cfg));
-    if (B < 1 || B > 65536) return dl_err(DL_EINVAL, "batch size %d not in [1, 65536]", B);
     dl_gpt *g = dl_xcalloc(1, sizeof *g);
-    g->cfg = cfg;
+    int shaped = dl_model_shape(cfg_in, B, &g->cfg, &g->tensors, &g->ntensors, &g->nparams);
+    if (shaped) {
+        free(g);
+        return shaped;
+    }
+    dl_model_config cfg = g->cfg;
     g->maxB = B;
-    g->ntensors = dl_model_tensor_table(&cfg, NULL, 0, &g->nparams);
-    g->tensors = dl_xcalloc((size_t)g->ntensors, sizeof(dl_tensor));
-    dl_model_tensor_table(&cfg, g->tensors, g->ntensors, NULL);
 
     size_t np = (g->nparams + 15) & ~(size_t)15;
     float *blob = dl_try_aligned(64, 4 * np * sizeof(float));
