@@ -8,7 +8,7 @@
 #   DLOCO_JOBS       tests run at once (default nproc); each test process uses
 #                    one OpenMP thread (OMP_NUM_THREADS=1, set per test)
 #   DLOCO_FUZZ_SECONDS  the fuzzing stage: seconds per libFuzzer target, the
-#                    targets DLOCO_JOBS at a time (default 20 when CI=true,
+#                    targets DLOCO_JOBS at a time (default 10 when CI=true,
 #                    else 0 = no stage; the Release run replays the seed
 #                    corpora either way)
 #   DLOCO_SANITIZE_CI=0  skip the sanitizer pass locally (it always runs
@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 deploy/setup.sh --with-torch --with-slurm || exit 1
 BUILD_DIR=${BUILD_DIR:-build}
 ASAN_BUILD_DIR=${ASAN_BUILD_DIR:-build-asan}
-if [ "${CI:-}" = true ]; then SAN=1; FUZZ_S=${DLOCO_FUZZ_SECONDS:-20}; else
+if [ "${CI:-}" = true ]; then SAN=1; FUZZ_S=${DLOCO_FUZZ_SECONDS:-10}; else
   SAN=${DLOCO_SANITIZE_CI:-1}; FUZZ_S=${DLOCO_FUZZ_SECONDS:-0}; fi
 JOBS=${DLOCO_JOBS:-$(nproc)}
 dl_args_number DLOCO_JOBS "$JOBS"
