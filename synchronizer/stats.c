@@ -62,7 +62,7 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->outbound_max = s->cfg.max_outbound_bytes;
     out->pool_bytes = dl_pool_used(s->pool);
     out->pool_peak = dl_pool_peak(s->pool);
-    out->pool_max = s->cfg.pool_bytes;
+    out->pool_max = dl_uplink_pool_bound(s);
     out->busy_refused = s->busy_refused;
     out->commit_fails = s->commit_fails;
     out->commit_backoff_ms = s->commit_backoff_ms;
