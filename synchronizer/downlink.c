@@ -253,22 +253,21 @@ void dl_downlink_close(dl_sync *s)
 
 /* The blob of elements [off, off + n) kept in cs (NULL: none kept), a
  * reference for the caller; NULL when there is none. */
-static dl_wire_blob *chunk_find(dl_sync *s, const chunk_set *cs, uint64_t off, uint64_t n)
+static dl_wire_blob *chunk_find(const chunk_set *cs, uint64_t off, uint64_t n)
 {
     for (int i = 0; cs && i < cs->n; i++)
-        if (cs->e[i].offset == off && cs->e[i].n == n) {
-            s->chunks_shared++;
-            return dl_wire_blob_ref(cs->e[i].blob);
-        }
+        if (cs->e[i].offset == off && cs->e[i].n == n) return dl_wire_blob_ref(cs->e[i].blob);
     return NULL;
 }
 
-/* The blob of elements [off, off + n): the one kept in cs, else one made of
- * the `bytes` at data (kept in cs while the budget allows). A reference for
- * the caller; NULL when out of memory. */
-static dl_wire_blob *chunk_blob(dl_sync *s, chunk_set *cs, uint64_t off, uint64_t n, const void *data, size_t bytes)
+/* The blob of elements [off, off + n): the one kept in cs (*shared 1), else
+ * one made of the `bytes` at data (kept in cs while the budget allows). A
+ * reference for the caller; NULL when out of memory. */
+static dl_wire_blob *chunk_blob(dl_sync *s, chunk_set *cs, uint64_t off, uint64_t n, const void *data, size_t bytes,
+                                int *shared)
 {
-    dl_wire_blob *b = chunk_find(s, cs, off, n);
+    dl_wire_blob *b = chunk_find(cs, off, n);
+    *shared = b != NULL;
     if (b) return b;
     b = dl_wire_blob_try_new(data, bytes);
     if (!b || !cs || cs->n >= DL_SYNC_SET_MAX || s->shared_bytes + bytes > s->shared_max) return b;
@@ -558,13 +557,15 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             assert(at + bytes <= kd->bytes);
             if (!room_or_wait(s, l, bytes, window)) return;
             /* kept_of's delta is the synchronizer's own (const only for delta_next) */
-            dl_wire_blob *b = chunk_blob(s, &((kept_delta *)kd)->cs, x->offset, cn, kd->buf + at, bytes);
+            int shared = 0;
+            dl_wire_blob *b = chunk_blob(s, &((kept_delta *)kd)->cs, x->offset, cn, kd->buf + at, bytes, &shared);
             if (!b) {
                 DL_ERROR("update for %s: %s", l->id, dl_errmsg());
                 return;
             }
             int rc = send_update_chunk(s, l, p, x->version, &kd->c, 1, b, x->offset, cn, ce != 0);
             dl_wire_blob_release(&b);
+            if (rc == 0 && shared) s->chunks_shared++;
             if (rc == DL_EAGAIN) atomic_store(&s->room_wait, 1); /* its pipe is full: its next free wakes the loop */
             if (rc) return;
             measure(l, x, dl_clock_ns());
@@ -581,7 +582,8 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
                 fc->version = x->version;
             }
             chunk_set *cs = x->version == fc->version ? &fc->cs : NULL; /* a pinned older one: not kept */
-            dl_wire_blob *b = chunk_find(s, cs, x->offset, cn);
+            dl_wire_blob *b = chunk_find(cs, x->offset, cn);
+            int shared = b != NULL;
             if (!b) {
                 const float *pp;
                 size_t got;
@@ -594,7 +596,7 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
                              (unsigned long long)cn, dl_errmsg());
                     return;
                 }
-                if (!(b = chunk_blob(s, cs, x->offset, cn, pp, (size_t)cn * sizeof(float)))) {
+                if (!(b = chunk_blob(s, cs, x->offset, cn, pp, (size_t)cn * sizeof(float), &shared))) {
                     DL_ERROR("update for %s: %s", l->id, dl_errmsg());
                     return;
                 }
@@ -602,6 +604,7 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             static const dl_codec fp32 = {.id = DL_CODEC_FP32};
             int rc = send_update_chunk(s, l, p, x->version, &fp32, 0, b, x->offset, cn, ce != 0);
             dl_wire_blob_release(&b);
+            if (rc == 0 && shared) s->chunks_shared++;
             if (rc == DL_EAGAIN) atomic_store(&s->room_wait, 1); /* its pipe is full: its next free wakes the loop */
             if (rc) return; /* its queue is full (in messages), or it is gone: still owed */
             measure(l, x, dl_clock_ns());

@@ -69,6 +69,7 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->update_restarts = s->update_restarts;
     out->chunks_in = s->chunks_in;
     out->chunks_out = s->chunks_out;
+    out->chunks_shared = s->chunks_shared;
     out->updates_full = s->updates_full;
     out->updates_delta = s->updates_delta;
     out->drain_yields = s->drain_yields;
