@@ -9,8 +9,32 @@
  * wire protocol version 2, store schema 4. */
 #include "core/hash.h"
 
+#include "core/err.h"
+
+#include <stdlib.h>
+
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 uint64_t dl_hash64(const void *data, size_t len, uint64_t seed) { return XXH64(data, len, seed); }
 uint64_t dl_checksum64(const void *data, size_t len) { return XXH3_64bits(data, len); }
+
+struct dl_checksum_state {
+    XXH3_state_t x; /* 64-byte aligned */
+};
+
+dl_checksum_state *dl_checksum_begin(void)
+{
+    dl_checksum_state *st = dl_xaligned(64, sizeof *st);
+    XXH3_64bits_reset(&st->x);
+    return st;
+}
+
+void dl_checksum_update(dl_checksum_state *st, const void *data, size_t len) { XXH3_64bits_update(&st->x, data, len); }
+
+uint64_t dl_checksum_end(dl_checksum_state *st)
+{
+    uint64_t h = XXH3_64bits_digest(&st->x);
+    free(st);
+    return h;
+}

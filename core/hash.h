@@ -14,4 +14,13 @@ uint64_t dl_hash64(const void *data, size_t len, uint64_t seed);
  * a store format change. */
 uint64_t dl_checksum64(const void *data, size_t len);
 
+/* dl_checksum64 of data given piece by piece (the same value as one call
+ * over the pieces in order), so a pass over a buffer that does other work
+ * on it block by block hashes it while each block is in cache. */
+typedef struct dl_checksum_state dl_checksum_state;
+dl_checksum_state *dl_checksum_begin(void); /* aborts when out of memory (a few hundred bytes) */
+void dl_checksum_update(dl_checksum_state *st, const void *data, size_t len);
+/* The checksum of everything given so far; frees st. */
+uint64_t dl_checksum_end(dl_checksum_state *st);
+
 #endif

@@ -144,9 +144,57 @@ uint64_t dl_wire_queue_bytes(const dl_wire_queue *q) { return q ? atomic_load(&q
 int64_t dl_wire_queue_drained_ns(const dl_wire_queue *q) { return q ? atomic_load(&q->drained_ns) : 0; }
 uint64_t dl_wire_queue_drained_bytes(const dl_wire_queue *q) { return q ? atomic_load(&q->drained) : 0; }
 
+struct dl_wire_blob {
+    _Atomic int64_t refs;
+    size_t len;
+    uint64_t checksum;
+    unsigned char *data; /* 64-byte aligned, its own allocation */
+};
+
+dl_wire_blob *dl_wire_blob_try_new(const void *data, size_t len)
+{
+    assert(data && len > 0);
+    dl_wire_blob *b = dl_try_calloc(1, sizeof *b);
+    unsigned char *d = b ? dl_try_aligned(64, len) : NULL;
+    if (!d) {
+        free(b);
+        dl_err(DL_ENOMEM, "out of memory for a %zu-byte payload", len);
+        return NULL;
+    }
+    memcpy(d, data, len);
+    b->data = d;
+    b->len = len;
+    /* hashed from the copy: it is in cache now, and it is what goes */
+    b->checksum = dl_checksum64(d, len);
+    atomic_init(&b->refs, 1);
+    return b;
+}
+
+const void *dl_wire_blob_data(const dl_wire_blob *b) { return b->data; }
+size_t dl_wire_blob_len(const dl_wire_blob *b) { return b->len; }
+uint64_t dl_wire_blob_checksum(const dl_wire_blob *b) { return b->checksum; }
+int64_t dl_wire_blob_refs(const dl_wire_blob *b) { return atomic_load(&b->refs); }
+
+dl_wire_blob *dl_wire_blob_ref(dl_wire_blob *b)
+{
+    atomic_fetch_add(&b->refs, 1);
+    return b;
+}
+
+void dl_wire_blob_release(dl_wire_blob **b)
+{
+    if (!b || !*b) return;
+    if (atomic_fetch_sub(&(*b)->refs, 1) == 1) {
+        free((*b)->data);
+        free(*b);
+    }
+    *b = NULL;
+}
+
 typedef struct {
     dl_wire_queue *q[2];
     size_t len;
+    dl_wire_blob *blob; /* the frame's bytes are this blob's (a reference): not freed with the message */
 } queued_buf;
 
 /* libzmq's free callback (its I/O thread, or the sender on a failed send) */
@@ -164,7 +212,8 @@ static void queued_free(void *data, void *hint)
             if (fn) fn(b->q[i]->wake_ctx);
             queue_unref(b->q[i]);
         }
-    free(data);
+    if (b->blob) dl_wire_blob_release(&b->blob);
+    else free(data);
     free(b);
 }
 
@@ -704,25 +753,29 @@ int dl_wire_send(void *sock, const void *routing_id, size_t id_len, const Dloco_
     return dl_wire_send_q(sock, routing_id, id_len, env, payloads, lens, npayload, flags, NULL);
 }
 
-/* One payload frame. Counted: a copy libzmq frees through queued_free. */
-static int send_payload(void *sock, const void *data, size_t len, int flags, dl_wire_queue *const q[2])
+/* One payload frame. Counted: a copy libzmq frees through queued_free. A
+ * blob's frame is its bytes, not a copy: the message holds a reference. */
+static int send_payload(void *sock, const void *data, size_t len, int flags, dl_wire_queue *const q[2],
+                        dl_wire_blob *blob)
 {
-    if (!q || (!q[0] && !q[1])) {
+    if (!blob && (!q || (!q[0] && !q[1]))) {
         DL_ZMQ_CALL(zmq_send(sock, data, len, flags));
         return 0;
     }
-    void *copy = dl_try_malloc(len ? len : 1);
+    void *copy = blob ? blob->data : dl_try_malloc(len ? len : 1);
     queued_buf *b = dl_try_calloc(1, sizeof *b);
     if (!copy || !b) {
         /* out of memory: the frame still goes (the message's frames are already on their way), only
          * uncounted in the queues */
-        free(copy), free(b);
+        if (!blob) free(copy);
+        free(b);
         DL_ZMQ_CALL(zmq_send(sock, data, len, flags));
         return 0;
     }
-    memcpy(copy, data, len);
+    if (blob) b->blob = dl_wire_blob_ref(blob);
+    else memcpy(copy, data, len);
     b->len = len;
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; q && i < 2; i++)
         if (q[i]) {
             b->q[i] = q[i];
             atomic_fetch_add(&q[i]->refs, 1);
@@ -741,9 +794,9 @@ static int send_payload(void *sock, const void *data, size_t len, int flags, dl_
     return 0;
 }
 
-int dl_wire_send_q(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
-                   const void *const *payloads, const size_t *lens, int npayload, int flags,
-                   dl_wire_queue *const q[2])
+static int send_msg(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
+                    const void *const *payloads, const size_t *lens, int npayload, int flags,
+                    dl_wire_queue *const q[2], dl_wire_blob *blob)
 {
     assert(sock && env && (id_len == 0 || routing_id) && id_len <= DL_WIRE_ROUTING_ID_MAX);
     assert(npayload >= 0 && npayload <= DL_WIRE_MAX_PAYLOADS && (npayload == 0 || (payloads && lens)));
@@ -777,9 +830,25 @@ int dl_wire_send_q(void *sock, const void *routing_id, size_t id_len, const Dloc
     }
     for (int i = 0; i < npayload; i++) {
         int more = i + 1 < npayload ? ZMQ_SNDMORE : 0;
-        DL_TRY(send_payload(sock, payloads[i], lens[i], flags | more, q));
+        DL_TRY(send_payload(sock, payloads[i], lens[i], flags | more, q, blob));
     }
     return 0;
+}
+
+int dl_wire_send_q(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
+                   const void *const *payloads, const size_t *lens, int npayload, int flags,
+                   dl_wire_queue *const q[2])
+{
+    return send_msg(sock, routing_id, id_len, env, payloads, lens, npayload, flags, q, NULL);
+}
+
+int dl_wire_send_blob_q(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
+                        dl_wire_blob *blob, int flags, dl_wire_queue *const q[2])
+{
+    assert(blob);
+    const void *pl[1] = {blob->data};
+    size_t lens[1] = {blob->len};
+    return send_msg(sock, routing_id, id_len, env, pl, lens, 1, flags, q, blob);
 }
 
 const void *dl_wire_msg_payload(dl_wire_msg *m, int i)

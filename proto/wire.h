@@ -325,6 +325,33 @@ int dl_wire_send_q(void *sock, const void *routing_id, size_t id_len, const Dloc
                    const void *const *payloads, const size_t *lens, int npayload, int flags,
                    dl_wire_queue *const q[2]);
 
+/* ---- shared payloads: one buffer sent to many peers without a copy
+ *
+ * A blob is an immutable copy of payload bytes and their checksum
+ * (dl_wire_checksum), made once and sent to any number of peers by
+ * dl_wire_send_blob_q: each send hands libzmq a reference instead of a
+ * copy, and libzmq's free callback (its I/O thread) drops it. References
+ * are atomic; the bytes are freed with the last one. So an Update chunk
+ * going to N learners costs one copy and one hash, not N of each. */
+typedef struct dl_wire_blob dl_wire_blob;
+/* A blob of a copy of the len bytes at data (len >= 1), with their checksum;
+ * NULL when out of memory (dl_errmsg says so). The caller holds one reference. */
+dl_wire_blob *dl_wire_blob_try_new(const void *data, size_t len);
+const void *dl_wire_blob_data(const dl_wire_blob *b);
+size_t dl_wire_blob_len(const dl_wire_blob *b);
+uint64_t dl_wire_blob_checksum(const dl_wire_blob *b);
+/* One more reference to b (returns b). */
+dl_wire_blob *dl_wire_blob_ref(dl_wire_blob *b);
+/* Drop a reference and NULL the pointer; the last one frees the blob; safe on NULL. */
+void dl_wire_blob_release(dl_wire_blob **b);
+/* References held now (the caller's, the queued messages', ...): for tests. */
+int64_t dl_wire_blob_refs(const dl_wire_blob *b);
+/* dl_wire_send_q of one payload frame, the blob's bytes, without copying
+ * them: the message holds a reference until libzmq frees it (counted in the
+ * queues of q as dl_wire_send_q counts a copy). The caller keeps its own. */
+int dl_wire_send_blob_q(void *sock, const void *routing_id, size_t id_len, const Dloco__V1__Envelope *env,
+                        dl_wire_blob *blob, int flags, dl_wire_queue *const q[2]);
+
 /* One received message. Payload data stays inside zmq messages (zero-copy:
  * no copy after libzmq's own receive) until dl_wire_msg_close(). */
 typedef struct {

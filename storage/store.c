@@ -373,6 +373,13 @@ static int commit_fn(dl_store *s, MDB_txn *t, void *vctx)
 int dl_store_commit_merge(dl_store *s, uint32_t p, uint64_t new_version, const float *params,
                           const float *momentum, const dl_merge_record *rec, const dl_store_ledger *ledger)
 {
+    return dl_store_commit_merge_sums(s, p, new_version, params, NULL, momentum, rec, ledger);
+}
+
+int dl_store_commit_merge_sums(dl_store *s, uint32_t p, uint64_t new_version, const float *params,
+                               const uint64_t *param_sums, const float *momentum, const dl_merge_record *rec,
+                               const dl_store_ledger *ledger)
+{
     assert(s && params && momentum && rec);
     DL_TRY(dl_store_check_p(s, p));
     DL_TRY(dl_store_mrec_validate(rec));
@@ -388,7 +395,8 @@ int dl_store_commit_merge(dl_store *s, uint32_t p, uint64_t new_version, const f
     /* encode and checksum before the transaction: nothing slow inside it */
     uint32_t nb = blocks_of(c.numel);
     uint64_t *sums = dl_xmalloc(2 * (size_t)nb * sizeof *sums);
-    dl_store_hash_blocks(params, c.numel, sums);
+    if (param_sums) memcpy(sums, param_sums, (size_t)nb * sizeof *sums);
+    else dl_store_hash_blocks(params, c.numel, sums);
     dl_store_hash_blocks(momentum, c.numel, sums + nb);
     c.psum = sums, c.msum = sums + nb;
     c.rec_len = dl_store_mrec_size(rec->n_contrib);

@@ -335,6 +335,19 @@ typedef struct {
  * the same commit may be retried. */
 int dl_store_commit_merge(dl_store *s, uint32_t p, uint64_t new_version, const float *params,
                           const float *momentum, const dl_merge_record *rec, const dl_store_ledger *ledger);
+/* dl_store_commit_merge with the params' block checksums given: param_sums[b]
+ * = dl_checksum64 of elements [b x DL_STORE_BLOCK_FLOATS, + its length) of
+ * params (dl_store_blocks(numel) of them; NULL: computed here), so a caller
+ * that passes over params anyway hashes each block while it is in cache.
+ * The store writes what it is given: a wrong sum makes the block corrupt. */
+int dl_store_commit_merge_sums(dl_store *s, uint32_t p, uint64_t new_version, const float *params,
+                               const uint64_t *param_sums, const float *momentum, const dl_merge_record *rec,
+                               const dl_store_ledger *ledger);
+/* Blocks of a fragment of numel elements (DL_STORE_BLOCK_FLOATS each, the last one shorter). */
+static inline uint32_t dl_store_blocks(uint64_t numel)
+{
+    return (uint32_t)((numel + DL_STORE_BLOCK_FLOATS - 1) / DL_STORE_BLOCK_FLOATS);
+}
 
 /* Merge record (p, version), contrib malloc'd: free with dl_merge_record_free.
  * DL_ENOTFOUND if absent. */

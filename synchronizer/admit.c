@@ -580,6 +580,14 @@ void dl_admit_heartbeat(dl_sync *s, int slot, dl_registry_learner *l, const Dloc
     dl_ledger_progress(s->ledger, slot, l->step, l->tokens, hb->discarded_tokens);
     /* the schedule prediction and the share's tokens per step (policy.h) */
     dl_policy_learner_progress(s->policy, (uint32_t)slot, l->step, l->tokens, l->steps_per_s, now);
+    /* the fleet's rate and the rounds' deadlines follow once per run of heartbeats (dl_admit_heartbeats_settle) */
+    s->hb_pending = 1;
+}
+
+void dl_admit_heartbeats_settle(dl_sync *s)
+{
+    if (!s->hb_pending) return;
+    s->hb_pending = 0;
     update_fleet_rate(s);
     dl_commit_schedule(s);
 }

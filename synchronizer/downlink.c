@@ -9,6 +9,7 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,15 +39,19 @@ static const char *route_str(const uint8_t *r, size_t n, char buf[40])
 
 /* Never block the loop: a learner whose queue is full loses this message
  * (it will get the next update; a lost Ack only leaves its log incomplete).
- * Nothing goes to a learner whose connection was cut off. */
-int dl_downlink_send(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *env, const void *payload, size_t len)
+ * Nothing goes to a learner whose connection was cut off. The payload is
+ * `blob`'s bytes when it is not NULL (sent without a copy), else len bytes
+ * at payload (copied). */
+static int send_env(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *env, const void *payload, size_t len,
+                    dl_wire_blob *blob)
 {
     if (!l->route_len) return DL_ENOTFOUND;
     const void *pl[1] = {payload};
     size_t lens[1] = {len};
     dl_wire_queue *q[2] = {s->outq, l->outq};
-    int rc = dl_wire_send_q(s->router, l->route, l->route_len, env, payload ? pl : NULL, payload ? lens : NULL,
-                            payload ? 1 : 0, ZMQ_DONTWAIT, q);
+    int rc = blob ? dl_wire_send_blob_q(s->router, l->route, l->route_len, env, blob, ZMQ_DONTWAIT, q)
+                  : dl_wire_send_q(s->router, l->route, l->route_len, env, payload ? pl : NULL,
+                                   payload ? lens : NULL, payload ? 1 : 0, ZMQ_DONTWAIT, q);
     if (rc == 0) {
         if (!len) {
             /* a control message waits behind what libzmq holds for this connection: pacing bounds it */
@@ -69,6 +74,11 @@ int dl_downlink_send(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *en
         DL_WARN("send %s to %s: %s", dl_wire_body_name(env->body_case), l->id, dl_errmsg());
     }
     return rc;
+}
+
+int dl_downlink_send(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *env, const void *payload, size_t len)
+{
+    return send_env(s, l, env, payload, len, NULL);
 }
 
 /* An Error to a connection. `learner` names the addressee when it is a
@@ -208,12 +218,75 @@ static uint64_t window_bytes(const dl_sync *s, const outbound *x, uint64_t ce)
     return w < (double)s->cfg.peer_outbound_bytes ? (uint64_t)w : s->cfg.peer_outbound_bytes;
 }
 
+/* ---- shared chunks
+ *
+ * Every learner owed a version gets the same chunks of it (pacing aside),
+ * so an Update chunk is copied out of the store (or the kept delta) and
+ * hashed once, into a blob that each learner's message references: libzmq
+ * frees a message by dropping its reference (proto/wire.h). The chunks of
+ * a fragment's newest fp32 version are kept until a newer one is sent
+ * (s->fullc), a kept delta's with it (kept_delta.cs); a chunk of another
+ * size (a paced learner's) is a chunk of its own. At most shared_max bytes
+ * are kept in all (then a chunk is made for its one message, as before). */
+#define DL_SYNC_SET_MAX 1024 /* chunks kept per fragment version */
+
+static void set_clear(dl_sync *s, chunk_set *cs)
+{
+    for (int i = 0; i < cs->n; i++) dl_wire_blob_release(&cs->e[i].blob);
+    s->shared_bytes -= cs->bytes;
+    cs->n = 0;
+    cs->bytes = 0;
+}
+
+static void set_free(dl_sync *s, chunk_set *cs)
+{
+    set_clear(s, cs);
+    free(cs->e);
+    *cs = (chunk_set){0};
+}
+
+void dl_downlink_close(dl_sync *s)
+{
+    for (int k = 0; s->kept && k < s->cfg.P * DL_SYNC_KEPT_DELTAS; k++) set_free(s, &s->kept[k].cs);
+    for (int p = 0; s->fullc && p < s->cfg.P; p++) set_free(s, &s->fullc[p].cs);
+}
+
+/* The blob of elements [off, off + n) kept in cs (NULL: none kept), a
+ * reference for the caller; NULL when there is none. */
+static dl_wire_blob *chunk_find(const chunk_set *cs, uint64_t off, uint64_t n)
+{
+    for (int i = 0; cs && i < cs->n; i++)
+        if (cs->e[i].offset == off && cs->e[i].n == n) return dl_wire_blob_ref(cs->e[i].blob);
+    return NULL;
+}
+
+/* The blob of elements [off, off + n): the one kept in cs (*shared 1), else
+ * one made of the `bytes` at data (kept in cs while the budget allows). A
+ * reference for the caller; NULL when out of memory. */
+static dl_wire_blob *chunk_blob(dl_sync *s, chunk_set *cs, uint64_t off, uint64_t n, const void *data, size_t bytes,
+                                int *shared)
+{
+    dl_wire_blob *b = chunk_find(cs, off, n);
+    *shared = b != NULL;
+    if (b) return b;
+    b = dl_wire_blob_try_new(data, bytes);
+    if (!b || !cs || cs->n >= DL_SYNC_SET_MAX || s->shared_bytes + bytes > s->shared_max) return b;
+    if (cs->n == cs->cap) {
+        cs->cap = cs->cap ? 2 * cs->cap : 16;
+        cs->e = dl_xrealloc(cs->e, (size_t)cs->cap * sizeof *cs->e);
+    }
+    cs->e[cs->n++] = (shared_chunk){.blob = dl_wire_blob_ref(b), .offset = off, .n = n};
+    cs->bytes += bytes;
+    s->shared_bytes += bytes;
+    return b;
+}
+
 /* One Update message: elements [off, off + n) of version `version` of
- * fragment p (chunked when `chunked`, else the whole fragment), `bytes` of
- * payload in codec c: the values (fp32), or with `delta` the delta from
- * version - 1. */
+ * fragment p (chunked when `chunked`, else the whole fragment), the blob's
+ * bytes of payload in codec c: the values (fp32), or with `delta` the delta
+ * from version - 1. */
 static int send_update_chunk(dl_sync *s, dl_registry_learner *l, int p, uint64_t version, const dl_codec *c,
-                             int delta, const void *data, size_t bytes, uint64_t off, uint64_t n, int chunked)
+                             int delta, dl_wire_blob *blob, uint64_t off, uint64_t n, int chunked)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Update u;
@@ -227,10 +300,10 @@ static int send_update_chunk(dl_sync *s, dl_registry_learner *l, int p, uint64_t
     u.numel = s->numel[p];
     u.chunk_offset = chunked ? off : 0;
     u.chunk_numel = chunked ? n : 0;
-    u.checksum = dl_wire_checksum(data, bytes);
+    u.checksum = dl_wire_blob_checksum(blob);
     dl_downlink_env(s, &env, l->id);
     dl_wire_set_update(&env, &u);
-    int rc = dl_downlink_send(s, l, &env, data, bytes);
+    int rc = send_env(s, l, &env, dl_wire_blob_data(blob), dl_wire_blob_len(blob), blob);
     if (rc == 0) s->chunks_out++;
     return rc;
 }
@@ -261,6 +334,17 @@ static int outbound_room(const dl_sync *s, const dl_registry_learner *l, size_t 
     uint64_t mine = dl_wire_queue_bytes(l->outq), all = dl_downlink_attached_bytes(s);
     if (mine == 0) return all + bytes <= s->cfg.max_outbound_bytes + s->max_frag_bytes;
     return mine + bytes <= window && all + bytes <= s->cfg.max_outbound_bytes;
+}
+
+/* outbound_room, and when there is none, the next message libzmq frees
+ * wakes the loop (sync.c room_wake: one wake per wait, not one per freed
+ * message). Armed before a second look, so a message freed between the two
+ * is seen by one of them. */
+static int room_or_wait(dl_sync *s, const dl_registry_learner *l, size_t bytes, uint64_t window)
+{
+    if (outbound_room(s, l, bytes, window)) return 1;
+    atomic_store(&s->room_wait, 1);
+    return outbound_room(s, l, bytes, window);
 }
 
 void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p)
@@ -348,7 +432,9 @@ void dl_downlink_keep(dl_sync *s, int p, uint64_t v, uint8_t *buf, size_t bytes,
 {
     kept_delta *kd = &s->kept[(size_t)p * DL_SYNC_KEPT_DELTAS + v % DL_SYNC_KEPT_DELTAS];
     free(kd->buf);
-    *kd = (kept_delta){.buf = buf, .bytes = bytes, .version = v, .c = c};
+    set_clear(s, &kd->cs);
+    chunk_set cs = kd->cs;
+    *kd = (kept_delta){.buf = buf, .bytes = bytes, .version = v, .c = c, .cs = cs};
     /* older ones only while the chain from them is smaller than the fp32 fragment (else it goes full) */
     size_t sum = bytes, full = (size_t)s->numel[p] * sizeof(float);
     for (uint64_t k = v - 1; k > 0 && k + DL_SYNC_KEPT_DELTAS > v; k--) {
@@ -358,6 +444,7 @@ void dl_downlink_keep(dl_sync *s, int p, uint64_t v, uint8_t *buf, size_t bytes,
         if (sum > full) {
             free(o->buf);
             o->buf = NULL;
+            set_clear(s, &o->cs);
         }
     }
 }
@@ -468,30 +555,57 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             size_t at = x->offset ? (size_t)dl_codec_bytes(&kd->c, x->offset) : 0;
             size_t bytes = (size_t)dl_codec_bytes(&kd->c, cn);
             assert(at + bytes <= kd->bytes);
-            if (!outbound_room(s, l, bytes, window)) return;
-            if (send_update_chunk(s, l, p, x->version, &kd->c, 1, kd->buf + at, bytes, x->offset, cn, ce != 0)) return;
+            if (!room_or_wait(s, l, bytes, window)) return;
+            /* kept_of's delta is the synchronizer's own (const only for delta_next) */
+            int shared = 0;
+            dl_wire_blob *b = chunk_blob(s, &((kept_delta *)kd)->cs, x->offset, cn, kd->buf + at, bytes, &shared);
+            if (!b) {
+                DL_ERROR("update for %s: %s", l->id, dl_errmsg());
+                return;
+            }
+            int rc = send_update_chunk(s, l, p, x->version, &kd->c, 1, b, x->offset, cn, ce != 0);
+            dl_wire_blob_release(&b);
+            if (rc == 0 && shared) s->chunks_shared++;
+            if (rc == DL_EAGAIN) atomic_store(&s->room_wait, 1); /* its pipe is full: its next free wakes the loop */
+            if (rc) return;
             measure(l, x, dl_clock_ns());
             x->offset += cn;
         } else {
             uint64_t cn = ce && ce < left ? ce : left;
-            if (!outbound_room(s, l, (size_t)cn * sizeof(float), window)) return;
+            if (!room_or_wait(s, l, (size_t)cn * sizeof(float), window)) return;
             /* zero-copy from the map when the chunk lies in one stored block
              * (chunk_bytes divides the store's 1 MiB blocks); a whole fragment
              * for a learner from before chunking is copied once per snapshot */
-            const float *pp;
-            size_t got;
-            uint64_t v2;
-            dl_store_snap *from = x->pin ? x->pin : *snap;
-            int src = ce ? dl_store_snapshot_range(from, (uint32_t)p, x->offset, (size_t)cn, &v2, &pp, &got)
-                         : dl_store_snapshot_fragment(from, (uint32_t)p, &v2, &pp, &got);
-            if (src || got != cn) {
-                DL_ERROR("snapshot fragment %d [%llu, +%llu): %s", p, (unsigned long long)x->offset,
-                         (unsigned long long)cn, dl_errmsg());
-                return;
+            full_chunks *fc = &s->fullc[p];
+            if (x->version > fc->version) { /* the first chunk of a newer version: the older ones go */
+                set_clear(s, &fc->cs);
+                fc->version = x->version;
+            }
+            chunk_set *cs = x->version == fc->version ? &fc->cs : NULL; /* a pinned older one: not kept */
+            dl_wire_blob *b = chunk_find(cs, x->offset, cn);
+            int shared = b != NULL;
+            if (!b) {
+                const float *pp;
+                size_t got;
+                uint64_t v2;
+                dl_store_snap *from = x->pin ? x->pin : *snap;
+                int src = ce ? dl_store_snapshot_range(from, (uint32_t)p, x->offset, (size_t)cn, &v2, &pp, &got)
+                             : dl_store_snapshot_fragment(from, (uint32_t)p, &v2, &pp, &got);
+                if (src || got != cn) {
+                    DL_ERROR("snapshot fragment %d [%llu, +%llu): %s", p, (unsigned long long)x->offset,
+                             (unsigned long long)cn, dl_errmsg());
+                    return;
+                }
+                if (!(b = chunk_blob(s, cs, x->offset, cn, pp, (size_t)cn * sizeof(float), &shared))) {
+                    DL_ERROR("update for %s: %s", l->id, dl_errmsg());
+                    return;
+                }
             }
             static const dl_codec fp32 = {.id = DL_CODEC_FP32};
-            int rc = send_update_chunk(s, l, p, x->version, &fp32, 0, pp, (size_t)cn * sizeof(float), x->offset, cn,
-                                       ce != 0);
+            int rc = send_update_chunk(s, l, p, x->version, &fp32, 0, b, x->offset, cn, ce != 0);
+            dl_wire_blob_release(&b);
+            if (rc == 0 && shared) s->chunks_shared++;
+            if (rc == DL_EAGAIN) atomic_store(&s->room_wait, 1); /* its pipe is full: its next free wakes the loop */
             if (rc) return; /* its queue is full (in messages), or it is gone: still owed */
             measure(l, x, dl_clock_ns());
             x->offset += cn;

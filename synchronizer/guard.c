@@ -5,6 +5,7 @@
 #include "kernels/outer.h"
 
 #include "core/err.h"
+#include "core/hash.h"
 
 #include <assert.h>
 #include <float.h>
@@ -285,6 +286,30 @@ double dl_guard_norm(const float *x, size_t n, int *finite)
     return norm;
 }
 
+double dl_guard_sumsq(const float *x, size_t n)
+{
+    assert(x || n == 0);
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    return s;
+}
+
+double dl_guard_copy_sumsq(float *dst, const void *src, size_t n)
+{
+    assert((dst && src) || n == 0);
+    const unsigned char *b = src;
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, b + 4 * i, sizeof v); /* an unaligned load */
+        dst[i] = v;
+        s += (double)v * (double)v;
+    }
+    return s;
+}
+
 /* Median over learners of the newest record of each: of its norm per
  * sqrt(step) (steps = 0), or of its steps (steps = 1); *learners = how many
  * learners that is. */
@@ -450,6 +475,36 @@ int dl_guard_params_max(double param_abs_max, int p, const float *x, size_t n, c
                       isnan(x[i]) ? "nan" : x[i] > 0 ? "inf" : "-inf");
     return refuse(DL_ECORRUPT, why, cap, "parameter %zu of fragment %d is %.3g %sparam_abs_max %g", i, p,
                   (double)x[i], x[i] > 0 ? "> " : "< -", param_abs_max);
+}
+
+int dl_guard_params_scan(double param_abs_max, int p, const float *x, size_t n, size_t block, double *norm,
+                         uint64_t *hash, uint64_t *sums, char *why, size_t cap)
+{
+    assert((x || n == 0) && block > 0 && norm && hash && sums);
+    double lim = param_abs_max > 0.0 && param_abs_max < FLT_MAX ? param_abs_max : FLT_MAX;
+    dl_checksum_state *st = dl_checksum_begin();
+    double ss = 0.0;
+    for (size_t b = 0, lo = 0; lo < n; b++, lo += block) {
+        size_t len = n - lo < block ? n - lo : block;
+        const float *y = x + lo;
+        int ok = 1;
+        double s = 0.0;
+#pragma omp simd reduction(& : ok) reduction(+ : s)
+        for (size_t i = 0; i < len; i++) {
+            ok &= (double)fabsf(y[i]) <= lim;
+            s += (double)y[i] * (double)y[i];
+        }
+        if (!ok) {
+            dl_checksum_end(st);
+            return dl_guard_params_max(param_abs_max, p, x, n, why, cap); /* finds the first offender */
+        }
+        ss += s;
+        sums[b] = dl_checksum64(y, len * sizeof(float));
+        dl_checksum_update(st, y, len * sizeof(float));
+    }
+    *hash = dl_checksum_end(st);
+    *norm = sqrt(ss);
+    return 0;
 }
 
 int dl_guard_params(const dl_guard *g, int p, const float *x, size_t n, char *why, size_t cap)

@@ -167,6 +167,20 @@ int dl_guard_batch(const dl_guard *g, uint32_t batch, char *why, size_t cap);
  * it inf or nan, never a finite-looking number. The result is bit-identical
  * whatever the thread count (fixed chunking, as kernels/outer.c). */
 double dl_guard_norm(const float *x, size_t n, int *finite);
+/* The sum of squares of n values (in double), for a norm built piece by
+ * piece: sqrt of the pieces' sum is the norm, finite exactly when every
+ * value is (as dl_guard_norm). dl_guard_copy_sumsq also copies the n fp32
+ * values at src (any alignment: a received frame) to dst, in the same pass. */
+double dl_guard_sumsq(const float *x, size_t n);
+/* One pass over a merged fragment before its commit, block by block while
+ * each is in cache: dl_guard_params_max (0, or its DL_ECORRUPT and reason,
+ * with the outputs unset), and its L2 norm (*norm, summed block by block),
+ * its checksum (*hash: dl_checksum64 of all n values) and each block's
+ * (sums[b]: dl_checksum64 of values [b x block, + block), the last one
+ * shorter; the store's block sums when block is DL_STORE_BLOCK_FLOATS). */
+int dl_guard_params_scan(double param_abs_max, int p, const float *x, size_t n, size_t block, double *norm,
+                         uint64_t *hash, uint64_t *sums, char *why, size_t cap);
+double dl_guard_copy_sumsq(float *dst, const void *src, size_t n);
 
 /* Norm guard for a delta of fragment p with L2 norm `norm` (from
  * dl_guard_norm) made in `steps` inner steps (Push.steps; 0 counts as 1);

@@ -141,7 +141,8 @@ static const dl_cfg_entry table[] = {
      "downlink int8/int4/e3m0: round to the nearest level, or stochastically (unbiased)"},
     {"pool_mb", DL_CFG_INT, F(pool_mb), 0, 1048576, "0", NULL, 0,
      "MiB of pushes pooled or arriving; a push finding no room is refused busy, but under sync/sync-elastic one "
-     "that an open round waits for may use as much again (0 = max(2 x model, 4 x largest fragment, 64 MiB))"},
+     "that an open round waits for may use as much again (0 = max(2 x model, 4 x largest fragment, 64 MiB), grown "
+     "to live learners x model while they need it, at most a quarter of physical memory)"},
     {"slow_reader_ms", DL_CFG_INT, F(slow_reader_ms), 100, 86400000, "60000", NULL, 0,
      "a learner whose queue makes no progress this long is dropped"},
     {"norm_k", DL_CFG_FLOAT, F(norm_k), 0, 1e6, "10", NULL, 1,

@@ -62,8 +62,31 @@ int dl_merge_finite(const float *x, size_t n)
     return ok;
 }
 
+/* The outer Nesterov step (kernels/outer.c dl_cpu_nesterov's arithmetic)
+ * from (param_in, mom_in) into (param_out, mom_out): element by element, so
+ * the outputs may be the inputs. Out of place, it spares the copy of the
+ * global into scratch buffers before the step. */
+static void nesterov_to(float *param_out, float *mom_out, const float *param_in, const float *mom_in,
+                        const float *grad, size_t n, float lr, float mu)
+{
+#pragma omp parallel for simd schedule(static) if (n >= ((size_t)1 << 15)) /* kernels/outer.c PAR_MIN */
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i];
+        float b = mu * mom_in[i] + g;
+        mom_out[i] = b;
+        param_out[i] = param_in[i] - lr * (g + mu * b);
+    }
+}
+
 double dl_merge_apply(const dl_plan *plan, int p, const dl_merge_opts *o, float *const *deltas, const double *w,
                       int m, double scale, float *merged, float *params, float *momentum)
+{
+    return dl_merge_apply_to(plan, p, o, deltas, w, m, scale, merged, params, momentum, params, momentum);
+}
+
+double dl_merge_apply_to(const dl_plan *plan, int p, const dl_merge_opts *o, float *const *deltas, const double *w,
+                         int m, double scale, float *merged, const float *params, const float *momentum,
+                         float *params_out, float *momentum_out)
 {
     size_t n = dl_plan_fragment_numel(plan, p);
     if (o->clip_norm > 0)
@@ -104,6 +127,6 @@ double dl_merge_apply(const dl_plan *plan, int p, const dl_merge_opts *o, float 
         for (size_t i = 0; i < n; i++) merged[i] *= sc;
     }
     double norm = dl_cpu_norm2(merged, n);
-    dl_cpu_nesterov(params, momentum, merged, n, o->outer_lr, o->outer_momentum);
+    nesterov_to(params_out, momentum_out, params, momentum, merged, n, o->outer_lr, o->outer_momentum);
     return norm;
 }

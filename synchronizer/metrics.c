@@ -228,7 +228,8 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
     FAM("pool_bytes", "gauge", "bytes of pushes pooled or arriving");
     VAL("pool_bytes", st->pool_bytes);
     FAM("pool_limit_bytes", "gauge",
-        "the pool's bound (pool_mb); under sync/sync-elastic a waited-for push may use 2x");
+        "the pool's bound now (pool_mb, or with pool_mb 0 its default grown to live learners x the model, at "
+        "most a quarter of memory); under sync/sync-elastic a waited-for push may use 2x");
     VAL("pool_limit_bytes", st->pool_max);
     FAM("outbound_bytes", "gauge", "payload bytes queued in libzmq for attached learners");
     VAL("outbound_bytes", st->outbound_attached);

@@ -68,7 +68,29 @@ struct dl_policy {
     uint64_t seq;                 /* event counter ordering joins against round openings */
     int64_t now;                  /* latest time seen */
     dl_policy_stats st;
+    /* Heartbeats (dl_policy_learner_progress) only record: the fleet's step
+     * time and every fragment's eval() run once, at the time of the latest
+     * one, when anything next reads or changes the state (settle). eval()
+     * depends only on the state and that time, and a heartbeat changes
+     * nothing else eval reads, so the result is the eager recompute's, and
+     * a run of heartbeats between two other events costs one recompute, not
+     * one per heartbeat (O(P x N) each: O(P x N^2) per heartbeat period). */
+    int unsettled;
+    int64_t unsettled_ns;
 };
+
+/* Run the recompute the latest heartbeats left (see unsettled). The policy
+ * is never const itself: const readers settle it too. */
+static void eval(dl_policy *p, int f, int64_t now);
+static int64_t fleet_step(dl_policy *p);
+static void settle(const dl_policy *cp)
+{
+    dl_policy *p = (dl_policy *)cp;
+    if (!p->unsettled) return;
+    p->unsettled = 0;
+    p->fleet_step = fleet_step(p);
+    for (int f = 0; f < p->P; f++) eval(p, f, p->unsettled_ns);
+}
 
 /* ---------------------------------------------------------------- names */
 
@@ -432,7 +454,11 @@ static int64_t fleet_step(dl_policy *p)
     return lo + (hi - lo) / 2;
 }
 
-int64_t dl_policy_step_ns(const dl_policy *p) { return p->fleet_step; }
+int64_t dl_policy_step_ns(const dl_policy *p)
+{
+    settle(p);
+    return p->fleet_step;
+}
 
 /* Recompute when fragment f's open round is due and why. Depends only on the
  * state and on `now` (the time of the event that changed the state). */
@@ -518,6 +544,7 @@ static void refresh(dl_policy *p, int64_t now)
 
 int dl_policy_reconfigure(dl_policy *p, const dl_policy_cfg *cfg)
 {
+    settle(p);
     char why[256];
     DL_TRY(dl_policy_cfg_check(cfg, why, sizeof why));
     if (cfg->kind != p->cfg.kind)
@@ -535,6 +562,13 @@ int dl_policy_reconfigure(dl_policy *p, const dl_policy_cfg *cfg)
 }
 
 const dl_policy_cfg *dl_policy_get_cfg(const dl_policy *p) { return &p->cfg; }
+
+void dl_policy_recompute(dl_policy *p)
+{
+    p->unsettled = 0;
+    p->fleet_step = fleet_step(p);
+    for (int f = 0; f < p->P; f++) eval(p, f, p->now);
+}
 
 int dl_policy_open(const dl_policy_cfg *cfg, int num_fragments, dl_policy **out)
 {
@@ -583,6 +617,7 @@ void dl_policy_close(dl_policy **pp)
 
 void dl_policy_set_version(dl_policy *p, int f, uint64_t version)
 {
+    settle(p);
     assert(f >= 0 && f < p->P);
     assert(p->frags[f].n_cur == 0 && !p->frags[f].in_flight);
     p->frags[f].version = version;
@@ -605,6 +640,7 @@ static int slot_pooled_anywhere(const dl_policy *p, const slot *s)
 
 int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now)
 {
+    settle(p);
     now = tick(p, now);
     int i = find_slot(p, id);
     if (i >= 0) {
@@ -659,6 +695,7 @@ int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now)
 
 int dl_policy_learner_alive(dl_policy *p, uint32_t id, int64_t now)
 {
+    settle(p);
     now = tick(p, now);
     int i = find_slot(p, id);
     if (i < 0 || p->slots[i].state == SLOT_LEFT)
@@ -675,6 +712,7 @@ int dl_policy_learner_alive(dl_policy *p, uint32_t id, int64_t now)
 
 int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_leave reason)
 {
+    settle(p);
     assert(reason == DL_POLICY_LEAVE_DEAD || reason == DL_POLICY_LEAVE_BYE);
     now = tick(p, now);
     int i = find_slot(p, id);
@@ -690,6 +728,7 @@ int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_le
 
 int dl_policy_learner_forget(dl_policy *p, uint32_t id)
 {
+    settle(p);
     int i = find_slot(p, id);
     if (i < 0) return 0;
     slot *s = &p->slots[i];
@@ -717,9 +756,9 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
     s->rep_tokens = tokens > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)tokens;
     s->rate = steps_per_s > 0 && steps_per_s < 1e12 ? steps_per_s : 0; /* NaN, inf, <= 0: unknown */
     /* refresh() less the slack, which a report cannot change: this runs on
-     * every Heartbeat of every learner */
-    p->fleet_step = fleet_step(p);
-    for (int f = 0; f < p->P; f++) eval(p, f, now);
+     * every Heartbeat of every learner, so it is left to settle() */
+    p->unsettled = 1;
+    p->unsettled_ns = now;
     return 0;
 }
 
@@ -774,6 +813,7 @@ static void grow(dl_policy_contrib **buf, int *cap, int need, int max)
 int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int64_t steps, int64_t tokens,
                    int64_t now, uint64_t handle, dl_policy_verdict *out)
 {
+    settle(p);
     now = tick(p, now);
     memset(out, 0, sizeof *out);
     p->st.pushes++;
@@ -920,6 +960,7 @@ static double expected_tokens(const dl_policy *p, int f)
 
 int64_t dl_policy_next_deadline(const dl_policy *p)
 {
+    settle(p);
     int64_t d = DL_POLICY_NEVER;
     for (int f = 0; f < p->P; f++)
         if (p->frags[f].deadline < d) d = p->frags[f].deadline;
@@ -928,6 +969,7 @@ int64_t dl_policy_next_deadline(const dl_policy *p)
 
 int dl_policy_poll(dl_policy *p, int64_t now, dl_policy_round *out)
 {
+    settle(p);
     now = tick(p, now);
     int best = -1;
     for (int f = 0; f < p->P; f++) {
@@ -992,6 +1034,7 @@ int dl_policy_poll(dl_policy *p, int64_t now, dl_policy_round *out)
 
 void dl_policy_committed(dl_policy *p, int f, uint64_t new_version, int64_t now)
 {
+    settle(p);
     assert(f >= 0 && f < p->P);
     frag *fr = &p->frags[f];
     assert(fr->in_flight && "committed() without a round handed out by poll()");
@@ -1005,6 +1048,7 @@ void dl_policy_committed(dl_policy *p, int f, uint64_t new_version, int64_t now)
 
 void dl_policy_abandon(dl_policy *p, int f, int64_t now)
 {
+    settle(p);
     assert(f >= 0 && f < p->P);
     frag *fr = &p->frags[f];
     assert(fr->in_flight && "abandon() without a round handed out by poll()");
@@ -1024,7 +1068,11 @@ int dl_policy_prediction(const dl_policy *p, uint32_t id, int f, int64_t *point_
     return predict(p, &p->slots[i], f, point_ns, margin_ns) ? 0 : DL_ENOTFOUND;
 }
 
-void dl_policy_get_stats(const dl_policy *p, dl_policy_stats *out) { *out = p->st; }
+void dl_policy_get_stats(const dl_policy *p, dl_policy_stats *out)
+{
+    settle(p);
+    *out = p->st;
+}
 
 void dl_policy_round_format(const dl_policy_round *r, char *buf, size_t cap)
 {

@@ -323,6 +323,10 @@ int dl_policy_learner_forget(dl_policy *p, uint32_t id);
  * liveness. */
 int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_t tokens, double steps_per_s,
                                int64_t now);
+/* What every Heartbeat did before progress reports were settled lazily: the
+ * fleet's step time and every fragment's deadline recomputed now (at the
+ * latest time seen). A check for tests: the lazy state must equal it. */
+void dl_policy_recompute(dl_policy *p);
 int dl_policy_live_count(const dl_policy *p);
 /* Membership of learner id: the one record of who is live, dead or gone
  * (the synchronizer's registry keeps counters and times, never a copy). */

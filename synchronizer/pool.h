@@ -23,8 +23,8 @@ typedef struct dl_pool dl_pool;
 
 /* A pool for P fragments of numel[p] elements (copied). 0. */
 int dl_pool_open(int P, const uint64_t *numel, dl_pool **out);
-/* Frees every pooled delta (not the buffers handed out and not pooled: their
- * owner frees them); safe twice. */
+/* Frees every pooled delta and spare buffer (not the buffers handed out and
+ * not pooled: their owner frees them); safe twice. */
 void dl_pool_close(dl_pool **pp);
 
 /* Pool memory: a delta buffer of fragment p's size, counted in the bytes
@@ -39,8 +39,18 @@ void dl_pool_free(dl_pool *pool, int p, float *buf);
 float *dl_pool_alloc_arriving(dl_pool *pool, int p);
 /* `bytes` more of an arriving push came (fp32 bytes, as it is kept). */
 void dl_pool_count(dl_pool *pool, uint64_t bytes);
-/* Gives back an arriving buffer of which `counted` bytes were counted (NULL: nothing). */
-void dl_pool_free_arriving(dl_pool *pool, float *buf, uint64_t counted);
+/* Gives back an arriving buffer of fragment p of which `counted` bytes were counted (NULL: nothing). */
+void dl_pool_free_arriving(dl_pool *pool, int p, float *buf, uint64_t counted);
+
+/* Buffers given back are kept for the next pushes of their fragment (no
+ * allocation, no page faults per push), at most `bytes` of them in all
+ * (the pool's bound: the spares and the buffers in use then stay within
+ * twice it); 0 (the default) keeps none. Setting a lower bound frees spares. */
+void dl_pool_set_keep(dl_pool *pool, uint64_t bytes);
+/* Bytes of spare buffers now; buffers handed out from the spares, and newly allocated, so far. */
+uint64_t dl_pool_spare_bytes(const dl_pool *pool);
+uint64_t dl_pool_reused(const dl_pool *pool);
+uint64_t dl_pool_fresh(const dl_pool *pool);
 
 /* A free handle: its entry is zeroed and unused until the caller fills it
  * and sets used (an entry left unused is handed out again). */

@@ -51,7 +51,7 @@ static void summary_fields(const dl_sync_stats *st, char *buf, size_t cap)
              "fetches=%llu wall_s=%.1f refused_msgs=%llu clipped=%llu reclaimed=%llu dropped_readers=%llu "
              "deferred_updates=%llu outbound_peak_bytes=%llu outbound_max_bytes=%llu outbound_detached_bytes=%llu "
              "pool_peak_bytes=%llu pool_max_bytes=%llu busy_refused=%llu update_restarts=%llu chunks_in=%llu "
-             "chunks_out=%llu drain_yields=%llu abandoned_pushes=%llu store_file_bytes=%llu store_live_bytes=%llu "
+             "chunks_out=%llu chunks_shared=%llu drain_yields=%llu abandoned_pushes=%llu store_file_bytes=%llu store_live_bytes=%llu "
              "updates_full=%llu updates_delta=%llu loop_stalls=%llu loop_stall_ms=%llu",
              (unsigned long long)st->epoch, (unsigned long long)st->merges, (unsigned long long)st->merged_contribs,
              mean_staleness(st), (unsigned long long)st->dropped_stale, (unsigned long long)st->rejected,
@@ -62,7 +62,8 @@ static void summary_fields(const dl_sync_stats *st, char *buf, size_t cap)
              (unsigned long long)(st->outbound_bytes - st->outbound_attached), (unsigned long long)st->pool_peak,
              (unsigned long long)st->pool_max, (unsigned long long)st->busy_refused,
              (unsigned long long)st->update_restarts, (unsigned long long)st->chunks_in,
-             (unsigned long long)st->chunks_out, (unsigned long long)st->drain_yields,
+             (unsigned long long)st->chunks_out, (unsigned long long)st->chunks_shared,
+             (unsigned long long)st->drain_yields,
              (unsigned long long)st->abandoned_pushes, (unsigned long long)st->store_file_bytes,
              (unsigned long long)st->store_live_bytes, (unsigned long long)st->updates_full,
              (unsigned long long)st->updates_delta, (unsigned long long)st->loop_stalls,

@@ -62,13 +62,14 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->outbound_max = s->cfg.max_outbound_bytes;
     out->pool_bytes = dl_pool_used(s->pool);
     out->pool_peak = dl_pool_peak(s->pool);
-    out->pool_max = s->cfg.pool_bytes;
+    out->pool_max = dl_uplink_pool_bound(s);
     out->busy_refused = s->busy_refused;
     out->commit_fails = s->commit_fails;
     out->commit_backoff_ms = s->commit_backoff_ms;
     out->update_restarts = s->update_restarts;
     out->chunks_in = s->chunks_in;
     out->chunks_out = s->chunks_out;
+    out->chunks_shared = s->chunks_shared;
     out->updates_full = s->updates_full;
     out->updates_delta = s->updates_delta;
     out->drain_yields = s->drain_yields;

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 /* One drain reads at most this many messages, or this many payload bytes,
@@ -39,6 +40,8 @@
 static void on_message(dl_sync *s, dl_wire_msg *msg)
 {
     const Dloco__V1__Envelope *env = msg->env;
+    /* anything but a heartbeat sees what the heartbeats before it changed, as if each had settled */
+    if (env->body_case != DLOCO__V1__ENVELOPE__BODY_HEARTBEAT) dl_admit_heartbeats_settle(s);
     const char *id = env->learner_id; /* validated: [A-Za-z0-9._-]{1,64} */
     if (s->auth && !dl_auth_user_ok(s->auth, msg->user_id, id)) {
         char owner[DL_WIRE_LEARNER_ID_MAX + 1] = "";
@@ -102,9 +105,17 @@ static void on_message(dl_sync *s, dl_wire_msg *msg)
     }
 }
 
+static void drain(dl_sync *s);
+
 /* ZMQ_FD is edge-triggered: read until ZMQ_EVENTS has no POLLIN, after every
  * wake-up and after every send. */
 void dl_sync_drain(dl_sync *s)
+{
+    drain(s);
+    dl_admit_heartbeats_settle(s); /* the last run of heartbeats read */
+}
+
+static void drain(dl_sync *s)
 {
     /* Stopping: nothing more is read, so the ledger's last write covers every
      * push this process answered; later messages are for the next epoch. */
@@ -370,6 +381,15 @@ void dl_sync_wake(void *ctx)
     ev_async_send(s->loop, &s->wake);
 }
 
+/* A message libzmq freed (its I/O thread): the loop is woken only when an
+ * Update waits for room (downlink.c room_or_wait), not for every chunk
+ * that leaves. */
+static void room_wake(void *ctx)
+{
+    dl_sync *s = ctx;
+    if (atomic_exchange(&s->room_wait, 0)) ev_async_send(s->loop, &s->wake);
+}
+
 /* 1 when the endpoint only accepts connections from this host. */
 static int loopback_endpoint(const char *ep)
 {
@@ -461,11 +481,13 @@ static void alloc_fragments(dl_sync *s)
     s->versions = dl_xcalloc((size_t)P, sizeof(uint64_t));
     s->param_norm = dl_xcalloc((size_t)P, sizeof(double));
     s->outq = dl_wire_queue_new();
-    dl_wire_queue_set_wake(s->outq, dl_sync_wake, s); /* room again: go on sending */
+    dl_wire_queue_set_wake(s->outq, room_wake, s); /* room again: go on sending */
+    /* each of the largest fragment's size: the worker swaps them with its scratch after a commit (worker.h) */
+    size_t maxn = dl_plan_max_fragment_numel(s->plan);
     for (int p = 0; p < P; p++) {
         s->numel[p] = dl_plan_fragment_numel(s->plan, p);
-        s->params[p] = dl_xaligned(64, s->numel[p] * sizeof(float)); /* another shard's: only until init_run */
-        if (owns(s, p)) s->momentum[p] = dl_xaligned(64, s->numel[p] * sizeof(float));
+        s->params[p] = dl_xaligned(64, maxn * sizeof(float)); /* another shard's: only until init_run */
+        if (owns(s, p)) s->momentum[p] = dl_xaligned(64, maxn * sizeof(float));
     }
     dl_pool_open(P, s->numel, &s->pool);
 }
@@ -505,6 +527,7 @@ static int check_and_bind(dl_sync *s)
      * heartbeat or Ack waits behind at most that */
     if (!s->cfg.peer_outbound_bytes) s->cfg.peer_outbound_bytes = 2 * s->cfg.chunk_bytes;
     if (!s->cfg.pool_bytes) {
+        s->pool_auto = 1; /* and it grows with the fleet: dl_uplink_pool_bound */
         uint64_t two = 2 * model_bytes, floor = 4 * frag_bytes;
         s->cfg.pool_bytes = two > floor ? two : floor;
         if (s->cfg.pool_bytes < DL_SYNC_POOL_MIN) s->cfg.pool_bytes = DL_SYNC_POOL_MIN;
@@ -620,6 +643,17 @@ static int start_watchers(dl_sync *s)
     dl_worker_open(s->store, s->plan, s->params, s->momentum, dl_sync_wake, s, &s->worker);
     dl_worker_set_update_codec(s->worker, &s->cfg.update);
     s->kept = dl_xcalloc((size_t)P * DL_SYNC_KEPT_DELTAS, sizeof *s->kept);
+    s->fullc = dl_xcalloc((size_t)P, sizeof *s->fullc);
+    dl_pool_set_keep(s->pool, s->cfg.pool_bytes); /* spare buffers for the next pushes, within the bound */
+    /* shared Update chunks (downlink.c): one fp32 version of every fragment, or two of the largest */
+    s->shared_max = 2 * s->max_frag_bytes;
+    uint64_t model = 0;
+    for (int p = 0; p < P; p++) model += s->numel[p] * sizeof(float);
+    if (model > s->shared_max) s->shared_max = model;
+    for (int p = 0; p < P; p++)
+        if (owns(s, p)) s->owned_bytes += s->numel[p] * sizeof(float);
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    s->pool_cap = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / DL_SYNC_POOL_MEM_DIV : 0;
     int fd;
     size_t fl = sizeof fd;
     if (zmq_getsockopt(s->router, ZMQ_FD, &fd, &fl) != 0)
@@ -773,6 +807,8 @@ void dl_sync_close(dl_sync **sp)
     for (int i = 0; s->inb && i < s->cfg.policy.max_learners; i++) free(s->inb[i].buf);
     free(s->inb);
     free(s->outx);
+    dl_downlink_close(s);
+    free(s->fullc);
     for (int k = 0; s->kept && k < s->cfg.P * DL_SYNC_KEPT_DELTAS; k++) free(s->kept[k].buf);
     free(s->kept);
     free(s->resume_v);

@@ -160,6 +160,7 @@ typedef struct {
     uint64_t busy_refused;     /* pushes refused busy (pool full) */
     uint64_t update_restarts;  /* Updates restarted because the fragment's version moved on mid-transfer */
     uint64_t chunks_in, chunks_out; /* Push chunks received, Update messages sent */
+    uint64_t chunks_shared;         /* of those, sent from a chunk already copied and hashed for another learner */
     uint64_t updates_full, updates_delta; /* Updates sent whole (every chunk): fp32 values, and deltas */
     uint64_t drain_yields;     /* drains that stopped at their budget with messages waiting */
     uint64_t loop_stalls, loop_stall_ms; /* the loop's own stalls (a tick a period or more late), their ms */

@@ -31,6 +31,7 @@
 #include "synchronizer/worker.h"
 
 #include <ev.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 /* Ids of reclaimed slots remembered (a ring): a learner that comes back
@@ -48,6 +49,7 @@ typedef struct {
     uint32_t block, topk;
     uint64_t received;   /* elements so far, in order */
     uint64_t counted;    /* pool bytes counted for it: received x 4 (the pool keeps fp32) */
+    double sumsq;        /* sum of the squares of its elements so far (the value guard's norm, chunk by chunk) */
     uint64_t wire;       /* payload bytes of its chunks after the first, as they travelled (its uplink's rate) */
     int chunks;          /* chunks kept so far */
     int64_t first_ns;    /* monotonic ns of its first chunk */
@@ -87,12 +89,32 @@ typedef struct {
  * one of LMDB's 256 reader slots, and keeps the pages of the version it sends
  * from being reused until it ends); the others restart at a newer version. */
 #define DL_SYNC_MAX_PINS 64
+/* Update chunks encoded once (downlink.c "shared chunks"): the bytes of
+ * elements [offset, offset + n) of one version of a fragment, in a blob
+ * that every learner's message references (proto/wire.h). */
+typedef struct {
+    dl_wire_blob *blob;
+    uint64_t offset, n;
+} shared_chunk;
+typedef struct {
+    shared_chunk *e;
+    int n, cap;
+    uint64_t bytes;      /* of the blobs held */
+} chunk_set;
+
 typedef struct {
     uint8_t *buf;        /* NULL: none yet (none since the start: a restart forgets it) */
     size_t bytes;        /* dl_codec_bytes(&c, numel) */
     uint64_t version;
     dl_codec c;
+    chunk_set cs;        /* its chunks as sent (they go with it) */
 } kept_delta;
+
+/* The chunks of one fragment's newest fp32 version sent so far. */
+typedef struct {
+    uint64_t version;
+    chunk_set cs;
+} full_chunks;
 
 /* Owed updates, fairly: first the learners that have read everything they
  * were sent (empty queue), then the others, each group oldest debt first. A
@@ -148,6 +170,9 @@ struct dl_sync {
     dl_wire_limits lim;
 
     dl_pool *pool;       /* pushes waiting for their rounds, and the room arriving chunked pushes take */
+    int pool_auto;       /* pool_mb 0: the bound is cfg.pool_bytes or the fleet's need (dl_uplink_pool_bound) */
+    uint64_t owned_bytes; /* fp32 bytes of the fragments this synchronizer owns */
+    uint64_t pool_cap;   /* the most an automatic bound grows to: physical memory / DL_SYNC_POOL_MEM_DIV (0: unknown) */
     dl_merge_contrib **aside; /* [P] dropped-stale pushes since the fragment's last merge */
     int *naside, *capaside;
     inbound *inb;        /* [max learners] chunked push arriving per slot */
@@ -155,7 +180,13 @@ struct dl_sync {
     uint64_t *resume_v, *resume_o; /* [max learners * P] a Fetch's resume point per slot and fragment */
     kept_delta *kept;    /* [P * DL_SYNC_KEPT_DELTAS] the latest deltas per fragment, version % DL_SYNC_KEPT_DELTAS
                             (downlink codec on; memory only) */
+    full_chunks *fullc;  /* [P] the newest version's fp32 chunks as sent (shared by every learner) */
+    uint64_t shared_bytes; /* bytes of every chunk_set's blobs, at most shared_max */
+    uint64_t shared_max;
+    uint64_t chunks_shared; /* Update chunks sent from a blob already made (no copy, no hash) */
     ev_idle more;        /* the drain stopped at its budget with messages waiting */
+    int hb_pending;        /* heartbeats came since dl_admit_heartbeats_settle last ran */
+    _Atomic int room_wait; /* 1: an Update waits for outbound room; the next message libzmq frees wakes the loop */
 
     /* statistics (the snapshot formats them) */
     uint64_t merges, merged_contribs, stale_sum, dropped_stale, rejected, fetches;
@@ -206,6 +237,9 @@ static inline int owns(const dl_sync *s, int p) { return dl_shard_owns(p, s->cfg
 /* admit.c: admission */
 void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env, const Dloco__V1__Hello *h);
 void dl_admit_heartbeat(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Heartbeat *hb, int64_t now);
+/* after a run of heartbeats (before any other message, and when the drain ends): the fleet's step rate and the
+ * rounds' schedule, once for the run instead of once per heartbeat (each is O(learners)) */
+void dl_admit_heartbeats_settle(dl_sync *s);
 void dl_admit_bye(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Bye *b, int64_t now);
 /* l leaves the policy's live set (a Bye, or dead); its arriving push is dropped */
 void dl_admit_mark_left(dl_sync *s, dl_registry_learner *l, int slot, int64_t now, dl_policy_leave why);
@@ -221,6 +255,12 @@ int64_t dl_admit_dead_after(const dl_sync *s, int slot, const dl_registry_learne
 /* the loop did not run for stall_ns beyond its tick: every learner's clocks move on by it */
 void dl_admit_loop_stalled(dl_sync *s, int64_t stall_ns, int64_t now);
 
+/* An automatic pool bound grows to at most this fraction of physical memory. */
+#define DL_SYNC_POOL_MEM_DIV 4
+/* uplink.c: the pool's bound now: pool_mb's, or with pool_mb 0 the larger of
+ * its default and what the live learners can have waiting (each at most one
+ * push of every fragment: live x the owned fragments' bytes), at most pool_cap */
+uint64_t dl_uplink_pool_bound(const dl_sync *s);
 /* uplink.c: a Push message (whole, or one chunk) up to the policy's verdict */
 void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *msg, const Dloco__V1__Push *ph);
 /* drop the chunked push arriving from a slot, if any */
@@ -254,6 +294,8 @@ void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p);
 /* keep fragment p's delta to version v (buf: malloc'd, now the synchronizer's) for the learners that hold v - 1 */
 void dl_downlink_keep(dl_sync *s, int p, uint64_t v, uint8_t *buf, size_t bytes, dl_codec c);
 void dl_downlink_reset(dl_sync *s, int slot);
+/* release every shared chunk (at close) */
+void dl_downlink_close(dl_sync *s);
 void dl_downlink_resume_clear(dl_sync *s, int slot);
 void dl_downlink_serve_fragments(dl_sync *s, dl_registry_learner *l, const uint32_t *frags, size_t nf);
 void dl_downlink_serve_owed(dl_sync *s);

@@ -150,20 +150,28 @@ static uint64_t unproven_arriving(const dl_sync *s)
     return sum;
 }
 
+uint64_t dl_uplink_pool_bound(const dl_sync *s)
+{
+    if (!s->pool_auto) return s->cfg.pool_bytes;
+    uint64_t live = (uint64_t)dl_policy_live_count(s->policy), fleet = live * s->owned_bytes;
+    if (s->pool_cap && fleet > s->pool_cap) fleet = s->pool_cap;
+    return fleet > s->cfg.pool_bytes ? fleet : s->cfg.pool_bytes;
+}
+
 /* 1 when `need` more bytes of a push of fragment p by learner `slot` fit in
  * the pool (a chunked push of a learner without a merged push: also in the
  * share of such pushes), else 0 with the busy reason in why. */
 static int room(const dl_sync *s, int slot, const dl_registry_learner *l, int p, uint64_t need, int chunked,
                 char *why, size_t cap)
 {
-    uint64_t used = dl_pool_used(s->pool);
-    if (used + need > s->cfg.pool_bytes && !(round_waits_for(s, slot, p) && used + need <= 2 * s->cfg.pool_bytes)) {
+    uint64_t used = dl_pool_used(s->pool), bound = dl_uplink_pool_bound(s);
+    if (used + need > bound && !(round_waits_for(s, slot, p) && used + need <= 2 * bound)) {
         snprintf(why, cap, "pool full (%llu of %llu bytes hold pushes waiting for their rounds): push again later",
-                 (unsigned long long)used, (unsigned long long)s->cfg.pool_bytes);
+                 (unsigned long long)used, (unsigned long long)bound);
         return 0;
     }
     /* at least one fragment: a learner alone can always bring its first push in */
-    uint64_t share = s->cfg.pool_bytes / DL_SYNC_UNPROVEN_POOL_DIV, held = 0;
+    uint64_t share = bound / DL_SYNC_UNPROVEN_POOL_DIV, held = 0;
     for (int f = 0; f < s->cfg.P; f++)
         if (s->numel[f] * sizeof(float) > share) share = s->numel[f] * sizeof(float);
     if (chunked && !l->merged && (held = unproven_arriving(s)) + need > share) {
@@ -241,10 +249,11 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
 }
 
 /* Steps 4-6 of a push whose payload is complete in `delta` (fragment-sized,
- * from dl_pool_alloc: this takes it): replays again (a merge may have come
- * while it arrived), values, then the policy. */
+ * from dl_pool_alloc: this takes it), the sum of its squares `sumsq`
+ * gathered as it was copied in (push_decode): replays again (a merge may
+ * have come while it arrived), values, then the policy. */
 static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, float *delta,
-                      int64_t now)
+                      double sumsq, int64_t now)
 {
     int p = (int)ph->fragment;
     char why[320];
@@ -262,9 +271,8 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
     }
     /* 5. values */
     size_t n = s->numel[p];
-    int finite = 0;
-    double norm = dl_guard_norm(delta, n, &finite);
-    if (!finite) {
+    double norm = sqrt(sumsq); /* finite exactly when every value is (dl_guard_sumsq) */
+    if (!isfinite(norm)) {
         refuse_taken(s, slot, l, ph, delta, ph->tokens, 0, DL_SM_REJ_NONFINITE, "non-finite values in push");
         return;
     }
@@ -360,19 +368,24 @@ static int same_push(const inbound *in, const Dloco__V1__Push *ph)
 
 /* A frame's payload, len bytes of elements [first, first + n) of the push in
  * its codec (proto/wire.c checked len, and that a block codec's frame starts
- * on a block), into out[0, n): fp32 is copied as it is (the value guard
- * refuses non-finite values), the others are decoded, which refuses what no
+ * on a block), into out[0, n), and the sum of their squares in *sumsq (the
+ * value guard's norm, gathered while the chunk is in cache: one pass over
+ * an fp32 chunk): fp32 is copied as it is (the value guard refuses
+ * non-finite values), the others are decoded, which refuses what no
  * encoder makes (a scale not finite or negative, a non-finite value, a topk
  * index out of its block or out of order). 0, or -1 with the reason in why. */
 static int push_decode(const Dloco__V1__Push *ph, const void *data, size_t len, uint64_t first, uint64_t n, float *out,
-                       char *why, size_t cap)
+                       double *sumsq, char *why, size_t cap)
 {
     if (ph->codec == DLOCO__V1__CODEC__CODEC_FP32) {
-        memcpy(out, data, (size_t)n * sizeof(float));
+        *sumsq = dl_guard_copy_sumsq(out, data, (size_t)n);
         return 0;
     }
     dl_codec c = {.id = (dl_codec_id)ph->codec, .block = ph->block_size, .topk = ph->topk};
-    if (dl_codec_decode(&c, data, len, n, out) == 0) return 0;
+    if (dl_codec_decode(&c, data, len, n, out) == 0) {
+        *sumsq = dl_guard_sumsq(out, (size_t)n);
+        return 0;
+    }
     snprintf(why, cap, "%s payload refused (elements from %llu): %s", dl_codec_name(c.id), (unsigned long long)first,
              dl_errmsg());
     return -1;
@@ -412,11 +425,12 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         l->pushes++;
         if (push_head(s, slot, l, ph, now)) return;
         float *delta = dl_pool_alloc(s->pool, p);
-        if (push_decode(ph, data, len, 0, s->numel[p], delta, why, sizeof why)) {
+        double ss = 0;
+        if (push_decode(ph, data, len, 0, s->numel[p], delta, &ss, why, sizeof why)) {
             refuse_taken(s, slot, l, ph, delta, ph->tokens, 0, DL_SM_REJ_CODEC, why);
             return;
         }
-        push_body(s, slot, l, ph, delta, now);
+        push_body(s, slot, l, ph, delta, ss, now);
         return;
     }
     s->chunks_in++;
@@ -459,7 +473,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     uint64_t bytes = ph->chunk_numel * sizeof(float);
     if (ph->chunk_offset && !room(s, slot, l, p, bytes, 1, why, sizeof why)) {
         /* no room for the rest: the push is refused busy, its chunks so far go */
-        dl_pool_free_arriving(s->pool, in->buf, in->counted);
+        dl_pool_free_arriving(s->pool, (int)in->fragment, in->buf, in->counted);
         refuse_busy(s, slot, l, ph, why, DL_SYNC_BUSY_RETRY_MS);
         inbound_header(in, ph, now);
         in->refused = 1;
@@ -467,15 +481,18 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     }
     in->progress_ns = now;
     if (ph->chunk_offset) in->wire += len;
-    if (push_decode(ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset, why, sizeof why)) {
+    double ss = 0;
+    if (push_decode(ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset, &ss, why,
+                    sizeof why)) {
         /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
-        dl_pool_free_arriving(s->pool, in->buf, in->counted);
+        dl_pool_free_arriving(s->pool, (int)in->fragment, in->buf, in->counted);
         refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_CODEC, why);
         inbound_header(in, ph, now);
         in->refused = 1;
         return;
     }
     dl_pool_count(s->pool, bytes);
+    in->sumsq += ss;
     in->counted += bytes;
     in->chunks++;
     in->received += ph->chunk_numel;
@@ -483,8 +500,9 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     if (in->chunks > 1) l->chunk_gap_ns = (now - in->first_ns) / (in->chunks - 1);
     if (in->chunks > 1 && now > in->first_ns) l->up_bytes_s = (double)in->wire * 1e9 / (double)(now - in->first_ns);
     float *delta = in->buf; /* all of it counted now: an ordinary pool buffer */
+    double sumsq = in->sumsq;
     memset(in, 0, sizeof *in);
-    push_body(s, slot, l, ph, delta, now);
+    push_body(s, slot, l, ph, delta, sumsq, now);
 }
 
 /* Drop the chunked push arriving from a slot, if any (its learner left,
@@ -497,7 +515,7 @@ void dl_uplink_drop(dl_sync *s, int slot, const char *why)
         dl_event("push_abandoned", "id=%s frag=%u base=%llu received=%llu numel=%llu reason=%s",
                  dl_registry_get(s->reg, slot)->id, in->fragment, (unsigned long long)in->base_version,
                  (unsigned long long)in->received, (unsigned long long)in->numel, why);
-        dl_pool_free_arriving(s->pool, in->buf, in->counted);
+        dl_pool_free_arriving(s->pool, (int)in->fragment, in->buf, in->counted);
     }
     memset(in, 0, sizeof *in);
 }

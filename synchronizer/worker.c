@@ -1,6 +1,6 @@
-/* Worker thread: a FIFO of jobs under one mutex; merges work on scratch
- * copies and replace the in-memory global (and the downlink residual) only
- * after their commit; store writes that fail for a transient cause are
+/* Worker thread: a FIFO of jobs under one mutex; merges write the new global
+ * into scratch buffers and swap them with the in-memory global (and the
+ * downlink residual) only after their commit; store writes that fail for a transient cause are
  * retried. */
 #include "synchronizer/worker.h"
 
@@ -32,9 +32,12 @@ struct dl_worker {
     float **params, **momentum;
     void (*wake)(void *);
     void *wake_ctx;
-    float *scratch_merged, *scratch_params, *scratch_mom; /* [max fragment numel], worker thread only */
+    /* [max fragment numel], worker thread only; after a commit the new global's buffers and these swap */
+    float *scratch_merged, *scratch_params, *scratch_mom;
+    uint64_t *sums;       /* [blocks of the largest fragment] the store block checksums of scratch_params */
     dl_codec_enc enc;     /* downlink codec; enc.c.id 0 = off */
-    float **resid;        /* [P] downlink residual e_p, [numel of p] each, allocated at p's first encoded merge */
+    float **resid;        /* [P] downlink residual e_p, [max fragment numel] each, allocated at p's first encoded
+                             merge (it and scratch_resid swap) */
     float *scratch_resid; /* [max fragment numel]: e_p while its merge is not committed */
     pthread_t thread;
     pthread_mutex_t mu;
@@ -83,6 +86,13 @@ static void nap_ms(int ms)
 
 static float *aligned_floats(size_t n) { return dl_xaligned(64, n * sizeof(float)); }
 
+static void swap(float **a, float **b)
+{
+    float *t = *a;
+    *a = *b;
+    *b = t;
+}
+
 /* One store write of job j, retried while it fails for a transient cause. */
 static int store_write_retried(dl_worker *w, dl_job *j)
 {
@@ -91,8 +101,8 @@ static int store_write_retried(dl_worker *w, dl_job *j)
         int rc = 0;
         switch (j->kind) {
         case DL_JOB_MERGE:
-            rc = dl_store_commit_merge(w->store, (uint32_t)j->fragment, j->version + 1, w->scratch_params,
-                                       w->scratch_mom, &j->rec, &j->ledger);
+            rc = dl_store_commit_merge_sums(w->store, (uint32_t)j->fragment, j->version + 1, w->scratch_params,
+                                            w->sums, w->scratch_mom, &j->rec, &j->ledger);
             break;
         case DL_JOB_LEARNER_PUT:
             rc = j->nlrecs ? dl_store_learner_put_many(w->store, j->lrecs, j->nlrecs)
@@ -169,23 +179,24 @@ static void run_merge(dl_worker *w, dl_job *j)
 {
     int p = j->fragment;
     size_t n = dl_plan_fragment_numel(w->plan, p);
-    memcpy(w->scratch_params, w->params[p], n * sizeof(float));
-    memcpy(w->scratch_mom, w->momentum[p], n * sizeof(float));
-    j->norm = dl_merge_apply(w->plan, p, &j->mopts, j->deltas, j->w, j->m, j->mopts.share_scaling ? j->share : 1.0,
-                             w->scratch_merged, w->scratch_params, w->scratch_mom);
+    /* the step from the committed global into the scratch buffers (out of place: no copy in) */
+    j->norm = dl_merge_apply_to(w->plan, p, &j->mopts, j->deltas, j->w, j->m, j->mopts.share_scaling ? j->share : 1.0,
+                                w->scratch_merged, w->params[p], w->momentum[p], w->scratch_params, w->scratch_mom);
     j->rec.delta_norm = j->norm;
     j->rec.wallclock_ns = dl_wallclock_ns();
     if (w->enc.c.id && encode_update(w, j, p, n)) return;
-    /* the last guard: a poisoned global is never persisted */
+    /* the last guard: a poisoned global is never persisted; in the same pass
+     * its norm, its checksum (the merge event's hash) and the store's block
+     * checksums, each block read once */
     char why[200];
-    if (dl_guard_params_max(j->param_abs_max, p, w->scratch_params, n, why, sizeof why)) {
+    uint64_t hash = 0;
+    if (dl_guard_params_scan(j->param_abs_max, p, w->scratch_params, n, DL_STORE_BLOCK_FLOATS, &j->param_norm, &hash,
+                             w->sums, why, sizeof why)) {
         j->rc = DL_ECORRUPT;
         snprintf(j->err, sizeof j->err, "merged %s; not committed", why);
         drop_update(j);
         return;
     }
-    int finite = 0;
-    j->param_norm = dl_guard_norm(w->scratch_params, n, &finite);
     j->rc = store_write(w, j);
     if (j->rc) {
         j->store_failed = 1;
@@ -195,13 +206,14 @@ static void run_merge(dl_worker *w, dl_job *j)
     }
     /* committed: the in-memory global follows (the loop reads it only after
      * this job is back, and no other job of fragment p is in flight), and so
-     * does the residual */
-    memcpy(w->params[p], w->scratch_params, n * sizeof(float));
-    memcpy(w->momentum[p], w->scratch_mom, n * sizeof(float));
-    j->hash = dl_checksum64(w->params[p], n * sizeof(float));
+     * does the residual: the buffers swap (each holds the largest fragment),
+     * no copy back */
+    swap(&w->params[p], &w->scratch_params);
+    swap(&w->momentum[p], &w->scratch_mom);
+    j->hash = hash;
     if (j->update) {
-        if (!w->resid[p]) w->resid[p] = aligned_floats(n);
-        memcpy(w->resid[p], w->scratch_resid, n * sizeof(float));
+        if (!w->resid[p]) w->resid[p] = aligned_floats(dl_plan_max_fragment_numel(w->plan));
+        swap(&w->resid[p], &w->scratch_resid);
     }
 }
 
@@ -257,6 +269,7 @@ int dl_worker_open(dl_store *store, const dl_plan *plan, float **params, float *
     w->scratch_merged = aligned_floats(maxn);
     w->scratch_params = aligned_floats(maxn);
     w->scratch_mom = aligned_floats(maxn);
+    w->sums = dl_xcalloc(dl_store_blocks(maxn) ? dl_store_blocks(maxn) : 1, sizeof *w->sums);
     w->resid = dl_xcalloc((size_t)dl_plan_P(plan), sizeof *w->resid);
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
@@ -285,6 +298,7 @@ void dl_worker_close(dl_worker **wp)
     free(w->scratch_params);
     free(w->scratch_mom);
     free(w->scratch_resid);
+    free(w->sums);
     for (int p = 0; p < dl_plan_P(w->plan); p++) free(w->resid[p]);
     free(w->resid);
     free(w);

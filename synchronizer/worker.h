@@ -74,8 +74,11 @@ void dl_job_free(dl_job *j);
 typedef struct dl_worker dl_worker;
 
 /* Start the worker over `store` (borrowed) and the committed global model
- * params[p] / momentum[p] (borrowed, [P] fragments of plan's sizes): a
- * successful merge of p overwrites them after its commit. The loop may read
+ * params[p] / momentum[p] (borrowed, [P] fragments of plan's sizes, each
+ * buffer 64-byte aligned and of dl_plan_max_fragment_numel floats, freed
+ * with free()): a successful merge of p replaces them after its commit, by
+ * swapping the pointers with the worker's scratch buffers (no copy back),
+ * so params[p] may point elsewhere after each merge of p. The loop may read
  * fragment p's arrays whenever no merge job of p is in flight. `wake(ctx)`
  * is called from the worker thread after each finished job (ev_async_send). */
 int dl_worker_open(dl_store *store, const dl_plan *plan, float **params, float **momentum,

@@ -2,6 +2,8 @@
  * and refuses the hostile one with its reason. */
 #include "synchronizer/guard.h"
 
+#include "core/hash.h"
+
 #include "core/err.h"
 
 #include <math.h>
@@ -493,6 +495,49 @@ static void test_params(void)
     dl_guard_close(&g);
 }
 
+/* The fused passes agree with the separate ones: copy + sum of squares of
+ * a received (unaligned) frame, and the worker's one pass over a merged
+ * fragment (the params check, its norm, its checksum and its block
+ * checksums), including a refusal. */
+static void test_fused(void)
+{
+    size_t n = 3 * 1000 + 17, blk = 1000;
+    float *x = malloc(n * 4), *dst = malloc(n * 4);
+    unsigned char *raw = malloc(n * 4 + 1);
+    for (size_t i = 0; i < n; i++) x[i] = (float)((int)(i % 97) - 48) * 0.125f;
+    memcpy(raw + 1, x, n * 4); /* a frame at an odd address */
+    double ref = 0;
+    for (size_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
+    double ss = dl_guard_copy_sumsq(dst, raw + 1, n);
+    CHECK(memcmp(dst, x, n * 4) == 0, "copy_sumsq copies every value");
+    CHECK_NEAR(ss, ref, 1e-12 * ref);
+    CHECK_NEAR(dl_guard_sumsq(x, n), ref, 1e-12 * ref);
+    CHECK_NEAR(sqrt(dl_guard_sumsq(x, 1000) + dl_guard_sumsq(x + 1000, n - 1000)), sqrt(ref), 1e-12 * sqrt(ref));
+    double norm = -1;
+    uint64_t hash = 0, sums[4] = {0};
+    char why[200];
+    CHECK_EQ(dl_guard_params_scan(100.0, 3, x, n, blk, &norm, &hash, sums, why, sizeof why), 0);
+    CHECK_NEAR(norm, sqrt(ref), 1e-12 * sqrt(ref));
+    CHECK(hash == dl_checksum64(x, n * 4), "the scan's hash is the fragment's checksum");
+    for (size_t b = 0; b < 4; b++) {
+        size_t len = b < 3 ? blk : 17;
+        CHECK(sums[b] == dl_checksum64(x + b * blk, len * 4), "block %zu checksum", b);
+    }
+    /* a value over the bound, in the last block: the reason dl_guard_params_max gives, outputs untouched */
+    x[n - 3] = 1e6f;
+    norm = -1;
+    char why2[200];
+    CHECK_EQ(dl_guard_params_scan(100.0, 3, x, n, blk, &norm, &hash, sums, why, sizeof why), DL_ECORRUPT);
+    CHECK_EQ(dl_guard_params_max(100.0, 3, x, n, why2, sizeof why2), DL_ECORRUPT);
+    CHECK(!strcmp(why, why2) && norm == -1, "refused as dl_guard_params_max: %s", why);
+    x[n - 3] = NAN;
+    CHECK_EQ(dl_guard_params_scan(0.0, 3, x, n, blk, &norm, &hash, sums, why, sizeof why), DL_ECORRUPT);
+    CHECK(strstr(why, "nan") != NULL, "a nan is named: %s", why);
+    free(x);
+    free(dst);
+    free(raw);
+}
+
 int main(void)
 {
     test_cfg();
@@ -502,5 +547,6 @@ int main(void)
     test_per_step();
     test_replay();
     test_params();
+    test_fused();
     return CHECK_DONE("test_guard");
 }

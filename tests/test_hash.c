@@ -99,6 +99,16 @@ static void test_checksum64(const unsigned char *buf, const unsigned char *big, 
     for (size_t i = 0; i < n; i++) x[i] = (unsigned char)(i * 2654435761u >> 9);
     CHECK(dl_checksum64(x, n) == XXH3_64bits(x, n), "5 MiB agrees with the shared libxxhash");
     CHECK(dl_checksum64(x, n - 13) == XXH3_64bits(x, n - 13), "5 MiB - 13 agrees");
+    /* piece by piece (the worker's fused pass over a fragment): the same value, whatever the pieces */
+    static const size_t pieces[] = {1, 7, 64, 240, 65536, 1048576};
+    for (size_t k = 0; k < sizeof pieces / sizeof pieces[0]; k++) {
+        dl_checksum_state *st = dl_checksum_begin();
+        for (size_t off = 0; off < n - 13; off += pieces[k])
+            dl_checksum_update(st, x + off, off + pieces[k] <= n - 13 ? pieces[k] : n - 13 - off);
+        CHECK(dl_checksum_end(st) == dl_checksum64(x, n - 13), "pieces of %zu bytes: the one-call value", pieces[k]);
+    }
+    dl_checksum_state *st = dl_checksum_begin();
+    CHECK(dl_checksum_end(st) == dl_checksum64("", 0), "no piece: the empty input's value");
     free(x);
 }
 

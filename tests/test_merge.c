@@ -186,6 +186,27 @@ static void test_split_matrix(void)
     dl_plan_close(&plan);
 }
 
+/* The out-of-place merge (the worker's: no copy of the global into scratch
+ * first) gives the in-place one's values bit for bit and leaves its inputs
+ * as they were; momentum 0.9 and lr 0.7 so both terms of the step count. */
+static void test_apply_to(const dl_plan *plan)
+{
+    float a[4] = {1, -2, 3, 4}, b[4] = {0.5f, 1, 0, -2}, a2[4], b2[4];
+    memcpy(a2, a, sizeof a), memcpy(b2, b, sizeof b);
+    float *d[2] = {a, b}, *d2[2] = {a2, b2};
+    double w[2] = {1, 3};
+    float merged[4], merged2[4], params[4] = {10, -3, 2, 0.25f}, mom[4] = {0.1f, -0.2f, 0.3f, 0};
+    float p_in[4], m_in[4], p_out[4], m_out[4];
+    memcpy(p_in, params, sizeof params), memcpy(m_in, mom, sizeof mom);
+    dl_merge_opts o = {.rule = DL_MERGE_RULE_RDA, .outer_lr = 0.7f, .outer_momentum = 0.9f};
+    double n1 = dl_merge_apply(plan, 0, &o, d, w, 2, 0.8, merged, params, mom);
+    double n2 = dl_merge_apply_to(plan, 0, &o, d2, w, 2, 0.8, merged2, p_in, m_in, p_out, m_out);
+    CHECK(n1 == n2 && !memcmp(merged, merged2, sizeof merged), "same merged delta and norm");
+    CHECK(!memcmp(params, p_out, sizeof p_out) && !memcmp(mom, m_out, sizeof m_out),
+          "out of place: the in-place step's params and momentum bit for bit");
+    CHECK(p_in[0] == 10 && p_in[3] == 0.25f && m_in[1] == -0.2f, "the inputs are left as they were");
+}
+
 int main(void)
 {
     /* one fragment holding an embedding (2 floats) and a matrix (2x1) */
@@ -206,6 +227,7 @@ int main(void)
     double w[2] = {1, 3};
     float merged[4], params[4] = {10, 10, 10, 10}, mom[4] = {0, 0, 0, 0};
     dl_merge_opts o = {.rule = DL_MERGE_RULE_RDA, .outer_lr = 0.7f, .outer_momentum = 0.9f, .clip_norm = 0};
+    test_apply_to(plan);
     double norm = dl_merge_apply(plan, 0, &o, d, w, 2, 1.0, merged, params, mom);
     /* embedding: weighted mean (0.25, 0.75) */
     CHECK(fabs(merged[0] - 0.25) < 1e-6 && fabs(merged[1] - 0.75) < 1e-6, "embed mean %g %g", merged[0], merged[1]);

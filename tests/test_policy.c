@@ -1411,8 +1411,84 @@ static void test_straggler(void)
     }
 }
 
+/* Heartbeats are settled lazily (policy.c "unsettled"): a policy that is
+ * read after every heartbeat (the eager recompute, as before) and one that
+ * takes runs of heartbeats unread end every run in the same state: the same
+ * deadlines, fleet step time, and rounds (reason, deadline, quorum, cap,
+ * missing learners) with pushes, leaves and commits between the runs. 32
+ * learners at drifting rates over 4 fragments, decoupled with a quorum. */
+static void test_lazy_heartbeats(void)
+{
+    printf("lazy heartbeats: the same rounds as a recompute at every heartbeat\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 3, c.H = 16, c.tau_steps = 6, c.grace_cap_ns = 4000 * MS;
+    enum { N = 32, P = 4 };
+    dl_policy *eager = mk(&c, P), *lazy = mk(&c, P);
+    dl_policy *both[2] = {eager, lazy};
+    for (int k = 0; k < 2; k++)
+        for (uint32_t i = 0; i < N; i++) join(both[k], i, 0);
+    uint64_t x = 12345;
+    int64_t t = 0;
+    int rounds = 0, runs = 0, same = 1;
+    int64_t step[N] = {0};
+    int gone[N] = {0};
+    for (int it = 0; it < 400; it++) {
+        /* a run of heartbeats */
+        int len = 1 + (int)(x % 7);
+        for (int h = 0; h < len; h++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t id = (uint32_t)(x >> 33) % N;
+            t += (int64_t)((x >> 20) % 40) * MS;
+            if (gone[id]) continue;
+            step[id] += 1 + (int64_t)((x >> 40) % 3);
+            double rate = 5.0 + (double)((x >> 45) % 100) / 10.0;
+            for (int k = 0; k < 2; k++) {
+                progress(both[k], id, step[id], step[id] * 256, rate, t);
+                if (k == 0) dl_policy_recompute(eager); /* every heartbeat's full recompute */
+            }
+        }
+        runs++;
+        same &= dl_policy_next_deadline(eager) == dl_policy_next_deadline(lazy);
+        same &= dl_policy_step_ns(eager) == dl_policy_step_ns(lazy);
+        /* then a push, sometimes a leave, and whatever rounds are due */
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t id = (uint32_t)(x >> 33) % N;
+        int f = (int)((x >> 13) % P);
+        t += MS;
+        if (gone[id]) continue;
+        dl_policy_verdict v[2];
+        for (int k = 0; k < 2; k++) v[k] = push(both[k], f, id, dl_policy_version(both[k], f), 8, 2048, t, (uint64_t)it);
+        same &= v[0].decision == v[1].decision;
+        uint32_t bye = (uint32_t)((x >> 7) % N);
+        if (it % 97 == 96 && bye != id) {
+            for (int k = 0; k < 2; k++) dl_policy_learner_leave(both[k], bye, t, DL_POLICY_LEAVE_BYE);
+            gone[bye] = 1;
+        }
+        for (;;) {
+            dl_policy_round r[2];
+            int got[2];
+            for (int k = 0; k < 2; k++) got[k] = dl_policy_poll(both[k], t, &r[k]);
+            same &= got[0] == got[1];
+            if (!got[0] || !got[1]) break;
+            same &= r[0].fragment == r[1].fragment && r[0].n == r[1].n && r[0].reason == r[1].reason &&
+                    r[0].deadline_ns == r[1].deadline_ns && r[0].quorum_ns == r[1].quorum_ns &&
+                    r[0].cap_ns == r[1].cap_ns && r[0].n_missing == r[1].n_missing;
+            rounds++;
+            for (int k = 0; k < 2; k++) dl_policy_committed(both[k], r[k].fragment, r[k].version + 1, t);
+        }
+        if (!same) break;
+    }
+    CHECK(same, "lazy and eager policies agree (diverged after %d runs)", runs);
+    CHECK(rounds > 20, "%d rounds closed", rounds);
+    printf("  %d runs of heartbeats, %d rounds: identical\n", runs, rounds);
+    dl_policy_close(&eager);
+    dl_policy_close(&lazy);
+}
+
 int main(void)
 {
+    test_lazy_heartbeats();
     test_replace_other_base();
     test_grace_contributor();
     test_share_after_bye();

@@ -3,11 +3,13 @@
 #include "proto/wire.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "core/err.h"
 #include "core/hash.h"
 #include "core/manifest.h"
@@ -1528,6 +1530,70 @@ static void test_manifest_hello(void)
     dl_manifest_close(&m);
 }
 
+/* A shared payload (dl_wire_blob): its bytes are a copy made once with
+ * their checksum; sent to a peer three times with no copy, it lives while a
+ * queued message holds it (the sender's own reference dropped first), and
+ * the last message freed leaves only the references the test holds. */
+static void test_blob(void)
+{
+    net n;
+    net_open(&n, "learner-7", 64u << 20, 64u << 20);
+    dl_wire_limits lim = plan_limits();
+    int before = checks;
+    fixture f;
+    dl_wire_msg m = {0};
+    /* the ROUTER learns the peer from its first message */
+    fx_make(&f, DLOCO__V1__ENVELOPE__BODY_HELLO, 0);
+    round_trip(&n, 1, &f, NULL, &lim, &m);
+    dl_wire_msg_close(&m);
+
+    fx_make(&f, DLOCO__V1__ENVELOPE__BODY_UPDATE, DLOCO__V1__CODEC__CODEC_FP32);
+    size_t len = fx_len(&f);
+    uint8_t *src = malloc(len);
+    for (size_t i = 0; i < len; i++) src[i] = (uint8_t)(i * 7 + 3);
+    dl_wire_blob *b = dl_wire_blob_try_new(src, len);
+    REQUIRE(b, "blob: %s", dl_errmsg());
+    uint64_t want = dl_wire_checksum(src, len);
+    CHECK(dl_wire_blob_checksum(b) == want && dl_wire_blob_len(b) == len, "blob checksum and length");
+    memset(src, 0, len); /* the blob holds a copy */
+    CHECK(dl_wire_blob_refs(b) == 1, "a new blob has one reference");
+
+    dl_wire_queue *q = dl_wire_queue_new();
+    dl_wire_queue *qs[2] = {q, NULL};
+    f.update.checksum = dl_wire_blob_checksum(b);
+    /* to a peer that is not connected: nothing is kept */
+    int rc = dl_wire_send_blob_q(n.router, "nobody", 6, &f.env, b, ZMQ_DONTWAIT, qs);
+    CHECK(rc == DL_ENOTFOUND && dl_wire_blob_refs(b) == 1, "unroutable send: rc %d, refs %lld", rc,
+          (long long)dl_wire_blob_refs(b));
+    for (int k = 0; k < 3; k++) {
+        rc = dl_wire_send_blob_q(n.router, "learner-7", 9, &f.env, b, 0, qs);
+        REQUIRE(rc == 0, "blob send %d: %s", k, dl_errmsg());
+    }
+    dl_wire_blob *mine = dl_wire_blob_ref(b);
+    dl_wire_blob_release(&b);
+    CHECK(b == NULL, "release NULLs the pointer");
+    for (int k = 0; k < 3; k++) {
+        REQUIRE(dl_wire_recv(n.dealer, 0, &lim, &m, 0) == 0, "recv blob %d: %s", k, dl_errmsg());
+        CHECK(m.npayload == 1 && dl_wire_msg_payload_len(&m, 0) == len, "blob %d: one payload of %zu bytes", k, len);
+        CHECK(m.env->update->checksum == want && dl_wire_checksum(dl_wire_msg_payload(&m, 0), len) == want,
+              "blob %d: the bytes sent are the blob's", k);
+        dl_wire_msg_close(&m);
+    }
+    /* received means libzmq has freed (or is freeing) each message: wait on the queue's count */
+    int64_t deadline = dl_clock_ns() + 10000000000LL;
+    while (dl_wire_queue_bytes(q) && dl_clock_ns() < deadline) sched_yield();
+    CHECK(dl_wire_queue_bytes(q) == 0 && dl_wire_queue_drained_bytes(q) == 3 * len, "queue drained %llu of %zu",
+          (unsigned long long)dl_wire_queue_drained_bytes(q), 3 * len);
+    CHECK(dl_wire_blob_refs(mine) == 1, "every message freed its reference: %lld left",
+          (long long)dl_wire_blob_refs(mine));
+    dl_wire_blob_release(&mine);
+    dl_wire_blob_release(&mine); /* safe on NULL */
+    dl_wire_queue_release(&q);
+    free(src);
+    net_close(&n);
+    printf("blob: %d checks\n", checks - before);
+}
+
 int main(void)
 {
     test_sizes();
@@ -1536,6 +1602,7 @@ int main(void)
     test_round_trips();
     test_raw_peer();
     test_maxmsgsize();
+    test_blob();
     test_golden();
     test_fuzz();
     for (int g = 0; g < NGOLDEN; g++) free(GOLDEN[g].bytes);
