@@ -1,8 +1,45 @@
 #!/bin/bash
 # The synchronizer at real model and fleet sizes: a real dloco-sync (its own
-# temporary store, a loopback port, events to a file) against bench/swarm (N
-# simulated learners built on the learner's own mailbox and comms sessions,
-# fake training), one case at a time.
+# temporary store, a loopback port, events to a file) against a load generator,
+# one case at a time. Two sections:
+#
+# cpu (the default): what the synchronizer's CPU costs per merged byte. dloco-sync
+# is pinned alone to one core (taskset, OMP_NUM_THREADS=1) and bench/loadgen (N
+# learners in one thread: the real protocol over real sockets, pushes encoded
+# once and sent zero-copy, Updates received and dropped unread) to the other;
+# durability periodic, evaluation off. Cases:
+#   gpt2_16_{fp32,int4}_{bcast,contrib}  GPT-2 124M (P=24), 16 learners
+#             back-to-back (every learner pushes the fragments in the same
+#             cyclic order, as the schedule does, each as soon as its previous
+#             push is decided, 8 undecided per learner: 128 pushes against a
+#             pool of 48 GPT-2 fragments; 24 each makes pushes wait past
+#             loadgen's hold timeout, 2 leaves the synchronizer idle between
+#             rounds), all learners starting once every one holds the model,
+#             pushes in fp32 or int4
+#             (--push_codec), every merged version sent to every learner
+#             (--broadcast true, the default) or only to the round's
+#             contributors (--broadcast false)
+#   small_1024_sched  the quickstart model (L=4 C=128 NH=4 T=128 V=256, P=4,
+#             H=24), 1,024 learners on the real push schedule at 1 step/s
+#             (the synchronizer's Hello rate limit raised so they join at once)
+# Per case, over a window after every learner holds the model and a warm-up:
+# merged MB/s (fp32 bytes of the fragments whose pushes were ACCEPTED), the
+# synchronizer's CPU seconds (/proc/PID/stat utime+stime, all its threads, and
+# per thread) per merged GB next to memcpy's CPU seconds per GB on the same core
+# (bench/memrate, pinned there, at the start and the end of the run: the best),
+# their ratio (memcpys of CPU per merged byte), bytes the synchronizer sent per merged byte (its /metrics),
+# pushes accepted / dropped / rejected by reason, and the load generator's own
+# share of its core: a case's capacity figure (merged MB/s) is valid only while
+# that share is below 60% (a warning line says when not; the CPU per merged
+# byte is a cost and stays valid).
+# Bar: sync_cpu_memcpys_per_merged_byte <= 3.3 (i.e. the synchronizer would
+# merge >= 0.3 x memcpy's bytes/s with its core to itself), from the GPT-2 fp32
+# case with broadcast (dloco-sync's defaults).
+# Last line: `sync_cpu_memcpys_per_merged_byte: X.X`.
+#
+# swarm (SYNC_LOAD_SWARM=1, before the cpu section): bench/swarm (N simulated
+# learners on the learner's own mailbox and comms sessions, fake training),
+# not pinned:
 #   schedule  GPT-2 124M (L=12 C=768 NH=12 T=1024 V=50257, P=24, H=24) with
 #             4, 8 and 16 learners, and the quickstart model (L=4 C=128 NH=4
 #             T=128 V=256, P=4, H=24) with 8, 32 and 128, each on the real
@@ -23,12 +60,18 @@
 # Bars (measured, PASS/FAIL/n/a): 0 false deaths, 0 rejections "base version
 # newer than global", 0 failed merges, max RSS <= 2 x (model + momentum + pool
 # bound) (n/a when dloco-sync states no pool bound), store size flat after the
-# warm-up (+-10%), sync_merge_vs_memcpy >= 0.3.
-# Last line: `sync_merge_vs_memcpy: X.XX` (merged delta bytes/s / memcpy bytes/s).
+# warm-up (+-10%).
+# `sync_merge_vs_memcpy: X.XX` (merged delta bytes/s / memcpy bytes/s; no longer a
+# bar) equals the synchronizer's CPU share times 1 / its memcpys per merged byte:
+# it reached 0.3 only with the synchronizer's core saturated, and the swarm on the
+# other core starves first, so it measured the swarm; the cpu section's
+# sync_cpu_memcpys_per_merged_byte <= 3.3 is the same bar on the synchronizer alone.
 # Bounded: every wait has a deadline, a process over its RSS limit is killed
 # (the case then reports it), every process started is killed by PID at exit.
 # Usage: bench/sync_load.sh   (env: SYNC_LOAD_QUICK=1 tiny cases, about a minute, for smoke;
-#        GPT2_DURATION=100 GPT2_WARMUP=40 SMALL_DURATION=60 SMALL_WARMUP=20 CAP_DURATION=90 CAP_WARMUP=40
+#        CPU_DURATION=30 CPU_WARMUP=5 (GPT-2 cases' window and warm-up, s) CPU_WINDOW=8 SMALL_N=1024 SMALL_CPU_DURATION=30
+#        SYNC_CORE=1 LOADGEN_CORE=0 SYNC_LOAD_SWARM=1 (also the swarm sections:
+#        GPT2_DURATION=100 GPT2_WARMUP=40 SMALL_DURATION=60 SMALL_WARMUP=20 CAP_DURATION=90 CAP_WARMUP=40)
 #        SYNC_RSS_LIMIT_MB=14000 SWARM_RSS_LIMIT_MB=6000 MIN_AVAIL_MB=1500 (a process is killed past these)
 #        BUILD_DIR=build KEEP_W=1 keeps the work dir)
 set -uo pipefail
@@ -38,8 +81,9 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 QUICK=${SYNC_LOAD_QUICK:-0}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null || exit 1
-cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync swarm memrate >/dev/null || exit 1
-SYNC=$BUILD_DIR/synchronizer/dloco-sync SWARM=$BUILD_DIR/bench/swarm MEMRATE=$BUILD_DIR/bench/memrate
+SWARM_ON=${SYNC_LOAD_SWARM:-0}
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync loadgen memrate $([ "$SWARM_ON" = 1 ] && echo swarm) >/dev/null || exit 1
+SYNC=$BUILD_DIR/synchronizer/dloco-sync SWARM=$BUILD_DIR/bench/swarm MEMRATE=$BUILD_DIR/bench/memrate LOADGEN=$BUILD_DIR/bench/loadgen
 SYNC_RSS_LIMIT_MB=${SYNC_RSS_LIMIT_MB:-14000} SWARM_RSS_LIMIT_MB=${SWARM_RSS_LIMIT_MB:-6000} MIN_AVAIL_MB=${MIN_AVAIL_MB:-1500}
 W=$(mktemp -d /tmp/dloco_sync_load.XXXXXX)
 PIDS=()
@@ -285,8 +329,8 @@ def report(rows_path, cap, memrate_path):
     print('bar: 2 shards merge >= 1.7 x the bytes of one: %s' % (
         'n/a (no sharded case)' if shard_ratio is None else '%s (%.2f x: %.3g vs %.3g B/s)' % (
             verdict(shard_ratio >= 1.7), shard_ratio, s2['merged_bytes_per_s'], merged)))
-    print('bar: sync_merge_vs_memcpy >= 0.3: %s (%.2f)' % (verdict(ratio >= 0.3), ratio))
-    print('sync_merge_vs_memcpy: %.2f' % ratio)
+    # not a bar: the swarm on the other core is the limit (see the cpu section's figure)
+    print('sync_merge_vs_memcpy: %.2f (the swarm\'s limit, not the synchronizer\'s: the bar is the cpu section\'s)' % ratio)
 
 
 if __name__ == '__main__':
@@ -404,7 +448,9 @@ run_case() {
   [ -n "${KEEP_W:-}" ] || rm -rf "$d"/store[0-9]* # a GPT-2 store is GBs: one at a time on disk
 }
 
-if [ "$QUICK" = 1 ]; then
+if [ "$SWARM_ON" != 1 ]; then
+  :
+elif [ "$QUICK" = 1 ]; then
   echo "sync_load (quick: tiny cases for smoke, not the figures)"
   run_case sched_small_4 "$SMALL" 4 24 4 schedule 4 12 4 sync
   run_case sched_small_8 "$SMALL" 4 24 8 schedule 4 12 4 sync
@@ -420,5 +466,156 @@ else
   SHARDS=2 run_case cap_gpt2_16_b2b_s2 "$GPT2" 24 24 16 b2b 1 "$CD" "$CW" periodic
   CAP=cap_gpt2_16_b2b MEMRATE_ARGS="5186496 16 1" # GPT-2 124M's mean fragment (124475904 / 24 floats), 16 deltas
 fi
-"$MEMRATE" $MEMRATE_ARGS > "$W/memrate.txt" 2>&1 || echo "memrate failed: $(cat "$W/memrate.txt")" >&2
-python3 "$W/analyze.py" --report "$W/rows.jsonl" "$CAP" "$W/memrate.txt"
+if [ "$SWARM_ON" = 1 ]; then
+  "$MEMRATE" $MEMRATE_ARGS > "$W/memrate.txt" 2>&1 || echo "memrate failed: $(cat "$W/memrate.txt")" >&2
+  python3 "$W/analyze.py" --report "$W/rows.jsonl" "$CAP" "$W/memrate.txt"
+fi
+
+# ---- cpu: the synchronizer pinned alone to one core, bench/loadgen to the other
+NCPU=$(nproc)
+SYNC_CORE=${SYNC_CORE:-1} LOADGEN_CORE=${LOADGEN_CORE:-0}
+if [ "$NCPU" -lt 2 ]; then
+  echo "warning: $NCPU core: dloco-sync and loadgen share it (the figures are not per core)" >&2
+  SYNC_CORE=0 LOADGEN_CORE=0
+fi
+cat > "$W/cpu.py" <<'PY'
+# sync_load.sh's cpu section: the table, the warnings and the bar from loadgen's JSON rows.
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+mem = [float(x) for x in sys.argv[2].split(',') if x]
+copy = max(mem) if mem else 0.0
+head = sys.argv[3]
+print('memcpy on the synchronizer\'s core: %s GB per CPU second (best of %d runs: %s) = %.3f CPU s per GB' % (
+    '%.2f' % (copy / 1e9) if copy else '?', len(mem), ', '.join('%.2f' % (m / 1e9) for m in mem),
+    1e9 / copy if copy else float('nan')))
+print('%-26s %5s %5s %7s %6s %12s %5s %5s %9s %9s %8s %6s %7s %s' % (
+    'case', 'N', 'codec', 'bcast', 'win s', 'merged', 'sync%', 'lg%', 'sync s/GB', 'memcpys/B', 'out/in B',
+    'stalls', 'pushes', 'accepted/dropped/rejected(busy)'))
+fig = {}
+warn = []
+for r in rows:
+    if 'error' in r:
+        print('%-26s error: %s' % (r['name'], r['error']))
+        continue
+    w = r['window']
+    spg = r['sync_cpu_s_per_merged_gb']
+    x = spg * copy / 1e9 if spg > 0 and copy else None
+    fig[r['name']] = x
+    print('%-26s %5d %5s %7s %6.1f %7.1f MB/s %5.0f %5.0f %9s %9s %8s %6d %7d %d/%d/%d(%d)' % (
+        r['name'], r['learners'], r['push_codec'], r['bcast'], r['window_s'], r['merged_mb_per_s'],
+        100 * r['sync_cpu_share'], 100 * r['loadgen_cpu_share'], '%.2f' % spg if spg > 0 else '-',
+        '%.1f' % x if x is not None else '-',
+        '%.3f' % r['bytes_out_per_merged_byte'] if r['bytes_out_per_merged_byte'] >= 0 else '-',
+        r.get('sync_stalls', 0), w['pushes'], w['accepted'], w['dropped_stale'], w['rejected'], w['busy']))
+    thr = sorted(r['sync_threads_cpu_s'].items(), key=lambda kv: -kv[1])
+    print('%-26s      sync threads (CPU s over the window): %s' % ('', ', '.join('%s %.2f' % kv for kv in thr[:6])))
+    for why, n in sorted(w['rejected_by_reason'].items(), key=lambda kv: -kv[1]):
+        print('%-26s      rejected %d: %s' % ('', n, why))
+    if r['joined'] != r['learners'] or r['ready'] != r['learners']:
+        warn.append('warning: %s: %d of %d learners joined, %d held the model' % (
+            r['name'], r['joined'], r['learners'], r['ready']))
+    if r['loadgen_cpu_share'] >= 0.6:
+        warn.append('warning: %s: loadgen used %.0f%% of its core (>= 60%%): its merged MB/s is the load '
+                    'generator\'s limit, not the synchronizer\'s capacity' % (r['name'], 100 * r['loadgen_cpu_share']))
+    if not r['window_complete']:
+        warn.append('warning: %s: the window was cut short' % r['name'])
+    if r['last_error']:
+        print('%-26s      last error: %s' % ('', r['last_error']))
+for line in warn:
+    print(line)
+print('columns: merged = fp32 bytes of the fragments whose pushes were ACCEPTED in the window, per second; sync% / '
+      'lg% = dloco-sync / loadgen CPU over the window (100 = one core); sync s/GB = dloco-sync CPU seconds per merged '
+      'GB; memcpys/B = that over memcpy\'s CPU seconds per GB on the same core; out/in B = bytes dloco-sync sent (its '
+      '/metrics) per merged byte; stalls = dloco-sync\'s sync_stall events (its loop did not run for a heartbeat '
+      'period: on a shared machine, mostly other processes on its core)')
+h = fig.get(head)
+x = rows and next((r for r in rows if r.get('name') == head), None)
+if x and 'error' not in x and copy:
+    print('sync_merge_vs_memcpy (%s, the old figure: merged B/s / memcpy B/s = sync share / memcpys per byte): %.3f' % (
+        head, x['merged_mb_per_s'] * 1e6 / copy))
+print('bar: sync_cpu_memcpys_per_merged_byte <= 3.3 (%s): %s' % (
+    head, 'n/a (no figure)' if h is None else ('PASS' if h <= 3.3 else 'FAIL') + ' (%.1f)' % h))
+print('sync_cpu_memcpys_per_merged_byte: %s' % ('nan' if h is None else '%.1f' % h))
+PY
+
+# memrate_core: memcpy's bytes per CPU second on the synchronizer's core (CPU time, as the synchronizer's
+# is counted: wall time would count what the machine's other processes took from that core)
+memrate_core() {
+  taskset -c "$SYNC_CORE" env OMP_NUM_THREADS=1 "$MEMRATE" 5186496 1 0.5 2>/dev/null | sed -n 's/^memcpy_cpu_bytes_per_s //p'
+}
+
+# cpu_case NAME STORE "MODEL" P N MODE CODEC BROADCAST DURATION WARMUP [dloco-sync args...]: one case;
+# appends loadgen's JSON (with name and bcast) to $W/cpu.jsonl. CASE_RATE=R: schedule steps/s (default 1)
+cpu_case() {
+  local name=$1 store=$2 model=$3 P=$4 N=$5 mode=$6 codec=$7 bc=$8 dur=$9 warm=${10}
+  shift 10
+  local d="$W/$name" sp lp ep="" ma="" smp
+  mkdir -p "$d"
+  echo "case $name: $N learners, $mode, P=$P, push $codec, broadcast $bc, window ${dur} s after a ${warm} s warm-up" >&2
+  OMP_NUM_THREADS=1 taskset -c "$SYNC_CORE" "$SYNC" --store "$store" --bind tcp://127.0.0.1:0 $model --fragments "$P" \
+    --durability periodic --status_every_ms 0 --eval_every_s 0 --broadcast "$bc" --metrics 127.0.0.1:0 \
+    --events "$d/ev-sync.log" "$@" > "$d/sync.log" 2>&1 &
+  sp=$!; PIDS+=("$sp")
+  sample "$sp" "$SYNC_RSS_LIMIT_MB" VmRSS "$d/sync-samples" &
+  smp=$!; PIDS+=("$smp")
+  for _ in $(seq 1 900); do # a new GPT-2 store is created and initialised first
+    ep=$(sed -n 's/.* event=sync_start .*endpoint=\([^ ]*\).*/\1/p' "$d/ev-sync.log" 2>/dev/null | tail -n 1)
+    ma=$(sed -n 's/.* event=metrics_listen .*addr=\([^ ]*\).*/\1/p' "$d/ev-sync.log" 2>/dev/null | tail -n 1)
+    [ -n "$ep" ] && [ -n "$ma" ] && break
+    alive "$sp" || break
+    sleep 0.2
+  done
+  if [ -z "$ep" ]; then
+    echo "case $name: dloco-sync did not start: $(tail -n 3 "$d/sync.log" | tr '\n' ' ')" >&2
+    kill -KILL "$sp" "$smp" 2>/dev/null; wait_gone 10 "$sp"; wait_gone 5 "$smp"
+    echo "{\"name\":\"$name\",\"error\":\"dloco-sync did not start\"}" >> "$W/cpu.jsonl"
+    return
+  fi
+  taskset -c "$LOADGEN_CORE" "$LOADGEN" --endpoint "$ep" $model --fragments "$P" --learners "$N" --mode "$mode" \
+    --push_codec "$codec" --rate "${CASE_RATE:-1}" --window "${CPU_WINDOW:-8}" --duration "$dur" --warmup "$warm" --join_timeout 120 --sync_pid "$sp" --metrics "$ma" \
+    --json "$d/lg.json" > "$d/lg.log" 2>&1 &
+  lp=$!; PIDS+=("$lp")
+  local note=""
+  if ! wait_gone $(( ${dur%.*} + ${warm%.*} + 240 )) "$lp"; then
+    note="loadgen did not finish in time (killed)"; kill -KILL "$lp" 2>/dev/null; wait_gone 10 "$lp"
+  fi
+  alive "$sp" || note="$note; dloco-sync died during the case"
+  kill -TERM "$sp" 2>/dev/null
+  if ! wait_gone 120 "$sp"; then note="$note; dloco-sync did not stop on SIGTERM (killed)"; kill -KILL "$sp" 2>/dev/null; wait_gone 10 "$sp"; fi
+  wait_gone 5 "$smp" || kill -KILL "$smp" 2>/dev/null # it ends with dloco-sync
+  [ -f "$d/sync-samples.killed" ] && note="$note; dloco-sync killed: $(cat "$d/sync-samples.killed")"
+  if [ -s "$d/lg.json" ] && [ -z "$note" ]; then
+    python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); r["name"] = sys.argv[2]; r["bcast"] = "on" if sys.argv[3] == "true" else "contrib"; r["sync_stalls"] = sum(" event=sync_stall " in l for l in open(sys.argv[4], errors="replace")); print(json.dumps(r))' \
+      "$d/lg.json" "$name" "$bc" "$d/ev-sync.log" >> "$W/cpu.jsonl"
+  else
+    echo "{\"name\":\"$name\",\"error\":\"${note:-no loadgen summary}: $(tail -n 2 "$d/lg.log" | tr '\n"' ' _')\"}" >> "$W/cpu.jsonl"
+  fi
+}
+
+echo "sync_load cpu: dloco-sync on core $SYNC_CORE, loadgen on core $LOADGEN_CORE ($(nproc) cores; other work on this machine shares them)"
+MEMS=$(memrate_core)
+: > "$W/cpu.jsonl"
+HELLO_ARGS="--max_new_hellos_per_s 100000 --new_hello_burst 4096" # the admission limit is not what is measured
+if [ "$QUICK" = 1 ]; then
+  echo "sync_load cpu (quick: tiny cases for smoke, not the figures)"
+  for codec in fp32 int4; do
+    for bc in true false; do
+      cpu_case "small_16_${codec}_$([ $bc = true ] && echo bcast || echo contrib)" "$W/store-small" "$SMALL" 4 16 b2b "$codec" "$bc" 4 1
+    done
+  done
+  CASE_RATE=8 cpu_case small_64_sched "$W/store-small" "$SMALL" 4 "${SMALL_N:-64}" schedule fp32 true 4 1 $HELLO_ARGS
+  HEAD=small_16_fp32_bcast
+else
+  CD=${CPU_DURATION:-30} CW=${CPU_WARMUP:-5}
+  for codec in fp32 int4; do
+    for bc in true false; do # one store for the four: a GPT-2 store takes half a minute to create
+      cpu_case "gpt2_16_${codec}_$([ $bc = true ] && echo bcast || echo contrib)" "$W/store-gpt2" "$GPT2" 24 16 b2b "$codec" "$bc" "$CD" "$CW"
+    done
+  done
+  cpu_case "small_${SMALL_N:-1024}_sched" "$W/store-small" "$SMALL" 4 "${SMALL_N:-1024}" schedule fp32 true \
+    "${SMALL_CPU_DURATION:-30}" "$CW" --max_learners "${SMALL_N:-1024}" $HELLO_ARGS
+  HEAD=gpt2_16_fp32_bcast
+fi
+MEMS="$MEMS,$(memrate_core)"
+python3 "$W/cpu.py" "$W/cpu.jsonl" "$MEMS" "$HEAD"
