@@ -17,7 +17,7 @@ SWARM_BIN=$B/bench/swarm
 [ -x "$SWARM_BIN" ] || die "$SWARM_BIN not built"
 start_sync sync --durability periodic --pool_mb 1 --status_every_ms 500
 EV="$W/events-sync.log"
-"$SWARM_BIN" --endpoint "$EP" $MODEL --vocab 256 --fragments 4 --learners 8 --mode b2b --window 4 --duration 15 \
+"$SWARM_BIN" --endpoint "$EP" $MODEL --vocab 256 --fragments 4 --learners 8 --mode b2b --duration 15 \
   --json "$W/swarm.json" --events "$W/events-swarm.log" > "$W/swarm.log" 2>&1 &
 SWP=$!; PIDS+=("$SWP")
 wait_pid 90 "$SWP"; rc=$?
