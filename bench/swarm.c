@@ -125,7 +125,7 @@ static const dl_cfg_entry table[] = {
      "a held push goes anyway after its predecessor is undecided this long (the library's push_decision_timeout_ms)"},
     {"connect_timeout_ms", DL_CFG_INT, F(connect_timeout_ms), 100, 86400000, "60000", NULL, 0,
      "a learner without its Welcome and initial fetch this long fails"},
-    {"flush_timeout_ms", DL_CFG_INT, F(flush_timeout_ms), 0, 3600000, "5000", NULL, 0,
+    {"flush_timeout_ms", DL_CFG_INT, F(flush_timeout_ms), 0, 3600000, "30000", NULL, 0,
      "at the end, each learner waits this long for the decisions of its final pushes, then says Bye"},
     {"json", DL_CFG_STR, F(json), 0, 0, "", NULL, 0, "also write the JSON summary to this file"},
     {"events", DL_CFG_STR, F(events), 0, 0, "", NULL, 0,
@@ -268,10 +268,13 @@ static int learner_open(swarm *s, int i, learner *L)
     snprintf(v[0], sizeof v[0], "%lld", (long long)s->cfg.hold_timeout_ms);
     snprintf(v[1], sizeof v[1], "%lld", (long long)s->cfg.connect_timeout_ms);
     snprintf(v[2], sizeof v[2], "%lld", (long long)s->cfg.flush_timeout_ms);
-    /* overwrite: theta_p = g at every adopt, so the shared copy is the global (see the parameters above) */
+    /* overwrite: theta_p = g at every adopt, so the shared copy is the global (see the parameters above);
+     * bye_linger_ms: every learner finishes at once, so a Bye may queue behind the final pushes of all of
+     * them (GPT-2: P x 20 MB each); the library's 1 s would drop it and the synchronizer declare a death */
     const char *opt[][2] = {{"adopt", "overwrite"},         {"push_decision_timeout_ms", v[0]},
                             {"connect_timeout_ms", v[1]},    {"flush_timeout_ms", v[2]},
-                            {"log_level", s->cfg.log_level}, {"events", s->events}};
+                            {"bye_linger_ms", "10000"},      {"log_level", s->cfg.log_level},
+                            {"events", s->events}};
     for (size_t k = 0; k < sizeof opt / sizeof opt[0]; k++)
         if ((rc = dloco_learner_set_option(L->h, opt[k][0], opt[k][1])))
             return say(L->id, opt[k][0], rc, dloco_learner_errmsg(L->h));

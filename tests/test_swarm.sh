@@ -1,6 +1,6 @@
 #!/bin/bash
 # Smoke test of bench/swarm (the load generator of bench/sync_load.sh): 4
-# simulated learners on the learner's own mailbox and comms sessions, tiny
+# simulated learners, handles of the public learner API (fake training), tiny
 # model, 15 s against a real dloco-sync on loopback. Checks from the events
 # files and the swarm's JSON summary (never log text): every learner joined
 # and said Bye, merges happened, pushes were pooled and decided, no merge
