@@ -2,8 +2,8 @@
 # The synchronizer under back-to-back load (the [load] defects, on loopback):
 # 8 simulated learners (bench/swarm: handles of the learner API stepping every
 # tick) push as fast as they are answered, every fragment in 4 KiB chunks,
-# into a pool of 1 MiB (a quarter of what they would pool at once). Checks, from the events and
-# the swarm's JSON summary: pushes are refused busy with a reason and the
+# into a pool of 1 MiB (a quarter of what they would pool at once). Checks,
+# from the events and the swarm's JSON summary: pushes are refused busy with a reason and the
 # learners go on (their later pushes merge); no push is refused for a base
 # version that exists ("newer than global"); no learner is declared dead and
 # none re-hellos or rebuilds its connection (heartbeats never wait behind
