@@ -38,14 +38,14 @@
 # Last line: `sync_cpu_memcpys_per_merged_byte: X.X`.
 #
 # swarm (SYNC_LOAD_SWARM=1, before the cpu section): bench/swarm (N simulated
-# learners on the learner's own mailbox and comms sessions, fake training),
+# learners, each a handle of the learner library's public API, fake training),
 # not pinned:
 #   schedule  GPT-2 124M (L=12 C=768 NH=12 T=1024 V=50257, P=24, H=24) with
 #             4, 8 and 16 learners, and the quickstart model (L=4 C=128 NH=4
 #             T=128 V=256, P=4, H=24) with 8, 32 and 128, each on the real
 #             push schedule at 1 step/s, joining together; durability sync
-#   capacity  GPT-2 124M, 16 learners back-to-back (each fragment pushed again
-#             as soon as its push is decided, 2 in flight per learner),
+#   capacity  GPT-2 124M, 16 learners back-to-back (a step every tick: each
+#             fragment pushed again at the first step after its push is decided),
 #             durability periodic: merged delta bytes/s (sum over merges of
 #             contributors x fragment bytes), against one thread's memcpy and
 #             merge arithmetic (bench/memrate) measured in the same run
@@ -276,7 +276,7 @@ def report(rows_path, cap, memrate_path):
     newer = sum(r['rejections'].get('base version newer than global', 0) for r in ok)
     print('columns: ack = swarm push -> its immediate Ack; merge = sync push event -> merge event of its round '
           '(both over the window after the warm-up); cpu% = dloco-sync, sw cpu = the swarm (same window, 100 = one '
-          'core); maxRSS = dloco-sync VmHWM, MiB; swarm MB = the swarm\'s private pages + its shared memfds, per learner')
+          'core); maxRSS = dloco-sync VmHWM, MiB; swarm MB = the swarm\'s private pages per learner')
     print('false_deaths: %d' % deaths)
     print('failed_merges: %d' % failed)
     mem = {}

@@ -1,9 +1,9 @@
 #!/bin/bash
 # The synchronizer under back-to-back load (the [load] defects, on loopback):
-# 8 simulated learners (bench/swarm: the learner's own sessions) push as fast
-# as they are answered, every fragment in 4 KiB chunks, into a pool of 1 MiB
-# (a quarter of what they would pool at once). Checks, from the events and
-# the swarm's JSON summary: pushes are refused busy with a reason and the
+# 8 simulated learners (bench/swarm: handles of the learner API stepping every
+# tick) push as fast as they are answered, every fragment in 4 KiB chunks,
+# into a pool of 1 MiB (a quarter of what they would pool at once). Checks,
+# from the events and the swarm's JSON summary: pushes are refused busy with a reason and the
 # learners go on (their later pushes merge); no push is refused for a base
 # version that exists ("newer than global"); no learner is declared dead and
 # none re-hellos or rebuilds its connection (heartbeats never wait behind
@@ -17,7 +17,7 @@ SWARM_BIN=$B/bench/swarm
 [ -x "$SWARM_BIN" ] || die "$SWARM_BIN not built"
 start_sync sync --durability periodic --pool_mb 1 --status_every_ms 500
 EV="$W/events-sync.log"
-"$SWARM_BIN" --endpoint "$EP" $MODEL --vocab 256 --fragments 4 --learners 8 --mode b2b --window 4 --duration 15 \
+"$SWARM_BIN" --endpoint "$EP" $MODEL --vocab 256 --fragments 4 --learners 8 --mode b2b --duration 15 \
   --json "$W/swarm.json" --events "$W/events-swarm.log" > "$W/swarm.log" 2>&1 &
 SWP=$!; PIDS+=("$SWP")
 wait_pid 90 "$SWP"; rc=$?

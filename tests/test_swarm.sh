@@ -1,10 +1,10 @@
 #!/bin/bash
 # Smoke test of bench/swarm (the load generator of bench/sync_load.sh): 4
-# simulated learners on the learner's own mailbox and comms sessions, tiny
+# simulated learners, handles of the public learner API (fake training), tiny
 # model, 15 s against a real dloco-sync on loopback. Checks from the events
 # files and the swarm's JSON summary (never log text): every learner joined
-# and said Bye, merges happened, pushes were pooled and decided, no merge
-# failed, no learner was declared dead, the swarm's own events time its pushes.
+# and said Bye, merges happened, pushes were pooled and decided, merged
+# Updates were adopted, no merge failed, no learner was declared dead, the swarm's own events time its pushes.
 # Bounded: every wait has a deadline; only our own PIDs are killed.
 set -u
 TEST_NAME=swarm
@@ -31,6 +31,7 @@ m=$(ev_count "$EV" merge)
 check "at least one merge ($m)" [ "$m" -ge 1 ]
 check "pushes were pooled" ev_has "$EV" push decision~'^pooled'
 check "pushes were accepted (ack events of the swarm's sessions)" ev_has "$W/events-swarm.log" ack decision=accepted
+check "the learners adopted merged Updates (the library's adopt, in overwrite mode)" [ "$(json "s['adopted'] > 0")" = True ]
 check "no merge failed" [ "$(ev_count "$EV" merge_failed)" = 0 ]
 check "no learner declared dead" [ "$(ev_count "$EV" learner_dead)" = 0 ]
 
