@@ -30,6 +30,7 @@ typedef struct {
     uint64_t held;
     int held_ok;
     uint64_t discarded; /* fragment-tokens of p the node threw away (adopts), cumulative */
+    uint64_t carried;   /* fragment-tokens of p restored from a saved state (Hello.carried_tokens) */
     /* written by the serving session: fate of the latest push that left.
      * The synchronizer replaces an earlier pooled push of ours with a newer
      * one of the same fragment without answering the earlier one, so only
@@ -379,6 +380,23 @@ void dl_mailbox_set_progress(dl_mailbox *m, uint64_t step, uint64_t tokens, doub
     m->prog_tokens = tokens;
     m->prog_sps = steps_per_s >= 0 && steps_per_s < 1e300 ? steps_per_s : 0.0;
     pthread_mutex_unlock(&m->mu);
+}
+
+void dl_mailbox_set_carried(dl_mailbox *m, int p, uint64_t tokens)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    m->f[p].carried = tokens;
+    pthread_mutex_unlock(&m->mu);
+}
+
+uint64_t dl_mailbox_carried(dl_mailbox *m, int p)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    uint64_t t = m->f[p].carried;
+    pthread_mutex_unlock(&m->mu);
+    return t;
 }
 
 void dl_mailbox_add_discarded(dl_mailbox *m, int p, uint64_t tokens)
