@@ -697,7 +697,7 @@ static int state_restore(dloco_learner *l)
     if (rc == DL_ENOMEM) return rc;
     if (rc != 0) {
         int P = dl_plan_P(l->plan);
-        uint64_t *jr = dl_try_calloc((size_t)P, sizeof *jr);
+        uint64_t *jr = dl_try_calloc(2 * (size_t)P, sizeof *jr);
         if (!jr) {
             free(buf);
             return dl_err(DL_ENOMEM, "learner state: out of memory");

@@ -134,6 +134,7 @@ typedef struct {
     int owed_final; /* the final flush of p waits for the previous push's decision */
     int final_returns; /* final pushes of p returned and owed again */
     uint64_t journal;  /* pushes posted + adopts that threw progress away (the push journal, node.h) */
+    uint64_t claims0;  /* the push journal's claim count of earlier processes (dl_mailbox_set_claims_journal) */
 } nfrag;
 
 /* The latest push of a fragment, until its fate is known (node.h "Push
@@ -966,7 +967,10 @@ typedef struct {
 } state_head;
 
 typedef struct {
-    uint32_t carry, pad; /* carry: theta_p - base_p is unpushed progress (0: a push since the adopt, not keep) */
+    uint32_t carry;      /* theta_p - base_p is unpushed progress (0: a push since the adopt, not keep) */
+    uint32_t pushed;     /* a push on this version left since its adopt (it may have merged) */
+    uint32_t queued, pad; /* a push posted and still queued (not left): carried with it, unless claimed after */
+    uint64_t claims;     /* pushes of p claimed so far (the journal's claim counter) */
     uint64_t version, steps, tokens, journal;
     double loss, compute_s;
 } state_frag;
@@ -988,11 +992,22 @@ int dl_node_state_copy(const dl_node *n, uint64_t fingerprint, uint64_t tag, uin
     float *bases = (float *)(b + sizeof h + (size_t)n->P * sizeof(state_frag));
     for (int p = 0; p < n->P; p++) {
         const nfrag *f = &n->f[p];
-        state_frag r = {.version = f->version, .journal = f->journal};
+        /* a push still queued never left: its progress is the learner's, carried with the rest unless the
+         * journal's claim counter says it left after the save */
+        int queued = f->flight == FLIGHT_POSTED && dl_mailbox_queued(n->mb, p);
+        state_frag r = {.version = f->version, .journal = f->journal, .queued = (uint32_t)queued,
+                        .claims = dl_mailbox_claims_total(n->mb, p),
+                        .pushed = !queued && (f->tokens_posted > 0 || f->flight == FLIGHT_POSTED)};
         /* keep: the progress since the push (ref_p) is unpushed, the push
          * itself the synchronizer's; an absorbed push is ref_p - base_p, out of theta */
         const float *from = f->base;
-        if (f->held && n->adopt == DL_ADOPT_KEEP) {
+        if (f->held && queued) {
+            r.carry = 1;
+            r.steps = f->steps;
+            r.tokens = f->tokens;
+            r.loss = f->loss;
+            r.compute_s = f->compute_s;
+        } else if (f->held && n->adopt == DL_ADOPT_KEEP) {
             if (f->flight != FLIGHT_ABSORBED) from = f->ref;
             r.carry = 1;
             r.steps = f->steps - f->steps_ref;
@@ -1048,7 +1063,7 @@ int dl_node_state_restore(dl_node *n, const void *buf, size_t len, uint64_t fing
         state_frag r;
         memcpy(&r, &sf0[p], sizeof r);
         if (r.version == UINT64_MAX) return dl_err(DL_ERANGE, "learner state: fragment %d was never held", p);
-        if (r.carry > 1 || r.steps > step || r.tokens < r.steps || (r.steps == 0 && r.tokens) ||
+        if (r.carry > 1 || r.pushed > 1 || r.queued > 1 || r.steps > step || r.tokens < r.steps || (r.steps == 0 && r.tokens) ||
             !isfinite(r.loss) || !(r.compute_s >= 0 && isfinite(r.compute_s)))
             return dl_err(DL_ERANGE, "learner state: fragment %d: counters no learner at step %llu can hold", p,
                           (unsigned long long)step);
@@ -1059,8 +1074,12 @@ int dl_node_state_restore(dl_node *n, const void *buf, size_t len, uint64_t fing
         nfrag *f = &n->f[p];
         state_frag r;
         memcpy(&r, &sf0[p], sizeof r);
+        /* journal: [P] node counters, then [P] claim counters */
         int same = journal && p < journal_n && journal[p] == r.journal;
+        int nc = n->P + p;
+        if (r.queued) same &= journal && nc < journal_n && journal[nc] == r.claims;
         f->journal = journal && p < journal_n && journal[p] > r.journal ? journal[p] : r.journal;
+        f->claims0 = journal && nc < journal_n && journal[nc] > r.claims ? journal[nc] : r.claims;
         if (r.carry && same) {
             memcpy(f->base, bases, f->numel * sizeof(float));
             f->steps = r.steps;
@@ -1106,6 +1125,11 @@ int dl_node_set_journal(dl_node *n, int fd, uint64_t tag)
     free(b);
     if (w != (ssize_t)len) return dl_err(DL_EIO, "push journal: cannot write: %s", strerror(errno));
     n->jfd = fd;
+    uint64_t *base = dl_try_calloc((size_t)n->P, sizeof *base);
+    if (!base) return dl_err(DL_ENOMEM, "push journal: out of memory");
+    for (int p = 0; p < n->P; p++) base[p] = n->f[p].claims0;
+    dl_mailbox_set_claims_journal(n->mb, fd, (int64_t)len, base);
+    free(base);
     return 0;
 }
 
@@ -1122,7 +1146,7 @@ int dl_node_journal_read(const char *path, uint64_t tag, uint64_t *out, int P)
         memcpy(&p32, head + 4, 4);
         memcpy(&t, head + 8, 8);
         if (magic == JOURNAL_MAGIC && p32 == (uint32_t)P && t == tag)
-            while (k < P && pread(fd, &out[k], 8, (off_t)(DL_NODE_JOURNAL_HEAD + 8 * (size_t)k)) == 8) k++;
+            while (k < 2 * P && pread(fd, &out[k], 8, (off_t)(DL_NODE_JOURNAL_HEAD + 8 * (size_t)k)) == 8) k++;
     }
     close(fd);
     return k;

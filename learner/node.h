@@ -310,9 +310,13 @@ int dl_node_finish(dl_node *n, int flush_timeout_ms, uint64_t step, const char *
  * says it: a small file (8 bytes per fragment, written at once with pwrite,
  * no fsync: a process kill keeps the page cache) holding, per fragment, a
  * counter bumped at every push posted and every adopt that threw progress
- * away (overwrite, mix, rebase). A fragment whose journal counter differs
- * from the state's carries nothing after the restore (its pushes after the
- * save took that progress; the synchronizer accounts for them). An OS crash
+ * away (overwrite, mix, rebase), and after them, per fragment, the count of
+ * pushes a session claimed (written from the session's thread). A fragment
+ * whose journal counter differs from the state's carries nothing after the
+ * restore (its pushes after the save took that progress; the synchronizer
+ * accounts for them). A push posted but still queued at the save (it had
+ * not left: a busy synchronizer's retry, a connection down) is carried with
+ * the rest unless its claim counter moved after the save. An OS crash
  * can lose the journal's last writes: at most one push per fragment may
  * then be carried twice. */
 
@@ -325,11 +329,15 @@ size_t dl_node_state_bytes(const dl_node *n);
 int dl_node_state_copy(const dl_node *n, uint64_t fingerprint, uint64_t tag, uint64_t step, void *buf);
 /* Restore a saved state, after dl_node_open and before the sessions start
  * (the Hello then says the versions held and the carried tokens). `journal`
- * is the push journal read back ([P] counters, or NULL when there is none:
+ * is the push journal read back ([2P] counters, or NULL when there is none:
  * nothing is carried then), `journal_n` its entries (a short journal counts
  * as changed). Every fragment ends held at its saved version; those whose
  * journal agrees carry their progress (base_p and counters as saved), the
- * others carry nothing (base_p = theta_p now). *carried = the fragment-tokens
+ * others carry nothing (base_p = theta_p now). (A fragment the killed
+ * process pushed on the version it holds may see its next push refused as a
+ * replay, with a rebase, when that push merged before the Welcome's fetch of
+ * the newer version is adopted: it costs the steps since the restart of that
+ * fragment, counted REJECTED.) *carried = the fragment-tokens
  * carried. Returns 0; DL_ETRUNC, DL_EFORMAT, DL_ECORRUPT (checksum),
  * DL_EMISMATCH (another model, run, learner or step), DL_ERANGE (a value no
  * learner can hold: non-finite, counters beyond the step): the message says
@@ -340,8 +348,9 @@ int dl_node_state_restore(dl_node *n, const void *buf, size_t len, uint64_t fing
  * `tag`) and the node's counters are written at once. The fd stays the
  * caller's. Returns 0 or DL_EIO. */
 int dl_node_set_journal(dl_node *n, int fd, uint64_t tag);
-/* Read a push journal file of `tag` into out[0..P): the entries read; 0 for
- * none, an unreadable file, or one of another run, learner or model. */
+/* Read a push journal file of `tag` into out[0..2P) (the node's counters,
+ * then the mailbox's claim counters): the entries read; 0 for none, an
+ * unreadable file, or one of another run, learner or model. */
 int dl_node_journal_read(const char *path, uint64_t tag, uint64_t *out, int P);
 
 /* The journal's head: magic "DLNJ", P (u32), tag (u64); counters follow. */
