@@ -721,14 +721,14 @@ static int resumed_from_recovery;
 
 /* The recovery file of a networked learner (gpt/recovery.h): its path from
  * --recovery / --state_dir / --id, then a resume from it when it is this
- * learner's. *out stays NULL when there is none (off, a default id, adam_fleet). */
+ * learner's. *out stays NULL when there is none (off, a default id, adam_fleet on a GPU). */
 static int open_recovery(const learner_cfg *cfg, int id_given, dl_trainer *tr, dl_recovery **out)
 {
     *out = NULL;
     char path[2 * DL_CFG_STRLEN + 32];
     if (!strcmp(cfg->recovery, "off")) return 0;
-    if (cfg->adam_fleet != 0.0) {
-        printf("recovery: off (a run with adam_fleet cannot resume its optimizer state)\n");
+    if (cfg->adam_fleet != 0.0 && dl_trainer_device(tr) == DL_DEVICE_CUDA) {
+        printf("recovery: off (a run with adam_fleet on a GPU cannot resume its optimizer state yet)\n");
         return 0;
     }
     if (cfg->recovery[0]) snprintf(path, sizeof path, "%s", cfg->recovery);

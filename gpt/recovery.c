@@ -53,7 +53,7 @@ uint64_t dl_recovery_tag(const char *run_id, const char *learner_id)
 
 static uint64_t snap_moments_hash(const dl_trainer_snap *s)
 {
-    return dl_hash64(s->buf + s->nparams, (size_t)(s->gpa ? 3 : 2) * s->nparams * sizeof(float), 0);
+    return dl_hash64(s->buf + s->nparams, (size_t)(s->gpa || s->fleet ? 3 : 2) * s->nparams * sizeof(float), 0);
 }
 
 /* the writer: one file per handed-over copy; a failure is warned and the previous file stays */
