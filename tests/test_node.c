@@ -1204,6 +1204,27 @@ static void test_state(void)
           (unsigned long long)tot);
     dl_node_close(&n2);
     dl_mailbox_close(&c2);
+    /* fragment 0's queued push left after the save (its claim counter moved): it carries nothing */
+    jr[1]--;
+    jr[P + 0]++;
+    c2 = open_mailbox();
+    REQUIRE(dl_node_open(&o, c2, &n2) == 0, "open");
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, 2 * P, &carried) == 0, "restore: %s", dl_errmsg());
+    CHECK(dl_node_tokens(n2, 0) == 0 && dl_node_tokens(n2, 2) == (uint64_t)steps * TOK,
+          "a queued push sent after the save carries nothing (%llu), one still queued all (%llu)",
+          (unsigned long long)dl_node_tokens(n2, 0), (unsigned long long)dl_node_tokens(n2, 2));
+    /* a journal without the claim counters (P entries): a queued push's fate is unknown, nothing carried */
+    dl_node_close(&n2);
+    dl_mailbox_close(&c2);
+    jr[P + 0]--;
+    c2 = open_mailbox();
+    REQUIRE(dl_node_open(&o, c2, &n2) == 0, "open");
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, P, &carried) == 0, "restore: %s", dl_errmsg());
+    CHECK(dl_node_tokens(n2, 2) == 0 && dl_node_tokens(n2, 3) > 0,
+          "a short journal: a queued push carries nothing (%llu), one that left is judged by its counter (%llu)",
+          (unsigned long long)dl_node_tokens(n2, 2), (unsigned long long)dl_node_tokens(n2, 3));
+    dl_node_close(&n2);
+    dl_mailbox_close(&c2);
     for (int64_t s = 1; s <= steps; s++) free(at[s]);
     free(got);
     free(buf);
