@@ -14,7 +14,12 @@
  *   finish left=N unpushed=U pushes=X flushed=Y
  * (left: fragments whose pushes got no final answer within the flush timeout;
  * unpushed: fragment-tokens it still held when it left, its final pushes
- * refused every time).
+ * refused every time). With --state FILE it saves, every --save_every steps,
+ * its node state (FILE.node, learner/node.h) and then its step and
+ * parameters (FILE.theta), keeping the push journal at FILE.journal; started
+ * again with the same FILE it resumes from them (a line "restored step=S
+ * rc=R carried=C") and its tokens count from that start, as a restarted
+ * learner's Heartbeats do.
  *
  * `conserve check --store DIR --amounts ID=A,ID=A,... [--int4 1]` replays the
  * store's merge records: with outer lr 1, momentum 0, share scaling off,
