@@ -10,6 +10,8 @@
 #define DL_CKPT_MAGIC 0x4B434C44u /* "DLCK" little-endian */
 #define DL_CKPT_VERSION 1u     /* AdamW: params, m, v */
 #define DL_CKPT_VERSION_GPA 2u /* GPA: x (as params), m, v, then y, and mu_y in the header */
+#define DL_CKPT_VERSION_FLEET 3u /* AdamW with adam_fleet: params, m, v (its own part, may be < 0), then the noise
+                                  * moment w, and the adam_fleet multiplier in the header */
 
 typedef struct {
     int64_t step;     /* completed optimizer steps (AdamW t of the last step) */
@@ -18,6 +20,7 @@ typedef struct {
     float gpa_mu_y;   /* GPA files: the mu_y that y was stored under (z = y + mu_y/(1-mu_y) (y - x)); 0 otherwise */
     uint64_t run_tag; /* whose file: a learner's recovery file (gpt/recovery.h) holds its run and id's tag; 0 for a
                        * plain checkpoint */
+    float fleet;      /* adam_fleet files: the multiplier (gpt/train.h); 0 otherwise */
 } dl_ckpt_state;
 
 /* Write to path.tmp, fsync, rename: a crash leaves the old or the new file. */
@@ -59,5 +62,17 @@ int dl_ckpt_save_gpa(const char *path, const dl_model_config *cfg, size_t nparam
                      const float *v, const float *y, const dl_ckpt_state *st);
 int dl_ckpt_load_gpa(const char *path, const dl_model_config *cfg, size_t nparams, float *x, float *m, float *v,
                      float *y, dl_ckpt_state *st);
+
+/* An adam_fleet run's file (version DL_CKPT_VERSION_FLEET, optimizer code 2):
+ * params, m, v as the run holds them (v is the first half's part and may be
+ * negative), then the noise moment w, with st->fleet (in [1, 1e6]) in the
+ * header; the checksum chains all four. A plain AdamW or GPA run refuses it
+ * and it refuses theirs (DL_EMISMATCH naming both). Written by recovery
+ * files: dl_trainer_save still writes an adam_fleet run's checkpoint as a
+ * plain AdamW file (v = max(v, 0) + w), which any run can resume. */
+int dl_ckpt_save_fleet(const char *path, const dl_model_config *cfg, size_t nparams, const float *params,
+                       const float *m, const float *v, const float *w, const dl_ckpt_state *st);
+int dl_ckpt_load_fleet(const char *path, const dl_model_config *cfg, size_t nparams, float *params, float *m, float *v,
+                       float *w, dl_ckpt_state *st);
 
 #endif

@@ -721,14 +721,14 @@ static int resumed_from_recovery;
 
 /* The recovery file of a networked learner (gpt/recovery.h): its path from
  * --recovery / --state_dir / --id, then a resume from it when it is this
- * learner's. *out stays NULL when there is none (off, a default id, adam_fleet). */
+ * learner's. *out stays NULL when there is none (off, a default id, adam_fleet on a GPU). */
 static int open_recovery(const learner_cfg *cfg, int id_given, dl_trainer *tr, dl_recovery **out)
 {
     *out = NULL;
     char path[2 * DL_CFG_STRLEN + 32];
     if (!strcmp(cfg->recovery, "off")) return 0;
-    if (cfg->adam_fleet != 0.0) {
-        printf("recovery: off (a run with adam_fleet cannot resume its optimizer state)\n");
+    if (cfg->adam_fleet != 0.0 && dl_trainer_device(tr) == DL_DEVICE_CUDA) {
+        printf("recovery: off (a run with adam_fleet on a GPU cannot resume its optimizer state yet)\n");
         return 0;
     }
     if (cfg->recovery[0]) snprintf(path, sizeof path, "%s", cfg->recovery);
@@ -1278,6 +1278,12 @@ static void net_rows(const learner_cfg *cfg, dl_learner_netcfg *n)
     snprintf(n->log_level, sizeof n->log_level, "%s", cfg->log_level);
 }
 
+/* dl_recovery_copy_fn over the library handle */
+static int learner_state_copy(void *ctx, void **buf, size_t *cap, size_t *len)
+{
+    return dl_learner_state_copy(ctx, buf, cap, len);
+}
+
 static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc, const char *hello_device,
                          FILE *losslog, dl_recovery *rec)
 {
@@ -1312,6 +1318,8 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
     lo.device = hello_device;
     dl_learner_netcfg net;
     net_rows(cfg, &net);
+    /* the library's own state beside the recovery file: restored at join when the trainer resumed at its step */
+    if (rec) snprintf(net.state_path, sizeof net.state_path, "%s", dl_recovery_learner_path(rec));
     /* The node reaches theta through a parameter interface: the host buffer
      * directly on the cpu (the library's contiguous binding); on a GPU the
      * fragment copies of xfer_cuda.c, whose pushes complete one step later so
@@ -1348,6 +1356,7 @@ static int run_networked(const learner_cfg *cfg, dl_trainer *tr, const dl_train_
                           .hello_batch = (uint32_t)tc->batch,
                           .start_step = dl_trainer_steps_done(tr)};
     if (!rc && (rc = dl_learner_open_ext(&lo, &ext, &lib))) rc = fail("bad configuration", rc);
+    if (!rc && rec) dl_recovery_set_learner(rec, learner_state_copy, dl_learner_state_write, lib);
     free(man);
     if (!rc && !model &&
         (rc = dloco_learner_bind_contiguous(lib, dl_gpt_params(dl_trainer_model(tr)), dl_trainer_num_params(tr))))

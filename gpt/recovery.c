@@ -18,6 +18,12 @@
 
 struct dl_recovery {
     char *path, *id;
+    char *lpath;             /* path.node: the learner library's state */
+    dl_recovery_copy_fn lfn; /* its copy, or NULL */
+    dl_recovery_write_fn lwrite;
+    void *lctx;
+    void *lbuf;              /* the copy handed to the writer with snap (llen 0: none) */
+    size_t lcap, llen;
     double every_s;
     int64_t every_steps, max_step;
     uint64_t tag;
@@ -47,13 +53,19 @@ uint64_t dl_recovery_tag(const char *run_id, const char *learner_id)
 
 static uint64_t snap_moments_hash(const dl_trainer_snap *s)
 {
-    return dl_hash64(s->buf + s->nparams, (size_t)(s->gpa ? 3 : 2) * s->nparams * sizeof(float), 0);
+    return dl_hash64(s->buf + s->nparams, (size_t)(s->gpa || s->fleet ? 3 : 2) * s->nparams * sizeof(float), 0);
 }
 
 /* the writer: one file per handed-over copy; a failure is warned and the previous file stays */
 static void write_snap(dl_recovery *r)
 {
     double t0 = dl_clock_s();
+    /* the learner's state first: a kill between the two leaves it at a newer
+     * step than the trainer's file, and the restore refuses it for that */
+    int lrc = r->llen ? r->lwrite(r->lpath, r->lbuf, r->llen) : 0;
+    if (lrc)
+        DL_WARN("recovery: the learner state %s not written: %s (a restart fetches the fragments)", r->lpath,
+                dl_errmsg());
     int rc = dl_trainer_snap_write(&r->snap, r->path);
     double dt = dl_clock_s() - t0;
     char ev_path[600];
@@ -72,9 +84,9 @@ static void write_snap(dl_recovery *r)
                  (long long)r->snap.st.step);
         return;
     }
-    dl_event("recovery_saved", "id=%s path=%s step=%lld moments_hash=%016llx write_ms=%.3f", r->id,
+    dl_event("recovery_saved", "id=%s path=%s step=%lld moments_hash=%016llx write_ms=%.3f learner_state=%d", r->id,
              dl_event_str(r->path, ev_path, sizeof ev_path), (long long)r->snap.st.step,
-             (unsigned long long)snap_moments_hash(&r->snap), dt * 1e3);
+             (unsigned long long)snap_moments_hash(&r->snap), dt * 1e3, r->llen && !lrc);
 }
 
 static void *writer(void *arg)
@@ -101,6 +113,8 @@ int dl_recovery_open(const dl_recovery_opts *o, dl_recovery **out)
     if (!(o->every_s >= 0) || o->every_steps < 0) return dl_err(DL_EINVAL, "recovery: negative interval");
     dl_recovery *r = dl_xcalloc(1, sizeof *r);
     r->path = dup_str(o->path);
+    r->lpath = dl_xmalloc(strlen(o->path) + 6);
+    sprintf(r->lpath, "%s.node", o->path);
     r->id = dup_str(o->id ? o->id : "");
     r->every_s = o->every_s;
     r->every_steps = o->every_steps;
@@ -115,6 +129,7 @@ int dl_recovery_open(const dl_recovery_opts *o, dl_recovery **out)
         pthread_mutex_destroy(&r->mu);
         pthread_cond_destroy(&r->cv);
         free(r->path);
+        free(r->lpath);
         free(r->id);
         free(r);
         return dl_err(DL_ENOMEM, "recovery: cannot start the writer thread");
@@ -143,6 +158,8 @@ void dl_recovery_close(dl_recovery **rp)
     pthread_cond_destroy(&r->cv);
     dl_trainer_snap_free(&r->snap);
     free(r->path);
+    free(r->lpath);
+    free(r->lbuf);
     free(r->id);
     free(r);
     *rp = NULL;
@@ -208,6 +225,26 @@ int dl_recovery_prepare(dl_recovery *r, dl_trainer *tr)
     return dl_trainer_snap_take(tr, &r->snap);
 }
 
+void dl_recovery_set_learner(dl_recovery *r, dl_recovery_copy_fn fn, dl_recovery_write_fn write, void *ctx)
+{
+    wait_idle(r);
+    r->lfn = fn;
+    r->lwrite = write;
+    r->lctx = ctx;
+}
+
+const char *dl_recovery_learner_path(const dl_recovery *r) { return r->lpath; }
+
+/* the learner's state at the trainer snapshot's step (the writer is idle); none when it fails */
+static void copy_learner(dl_recovery *r)
+{
+    r->llen = 0;
+    if (r->lfn && r->lfn(r->lctx, &r->lbuf, &r->lcap, &r->llen)) {
+        r->llen = 0;
+        DL_WARN("recovery: no copy of the learner state: %s (a restart fetches the fragments)", dl_errmsg());
+    }
+}
+
 int dl_recovery_step(dl_recovery *r, dl_trainer *tr)
 {
     int64_t step = dl_trainer_steps_done(tr);
@@ -223,8 +260,10 @@ int dl_recovery_step(dl_recovery *r, dl_trainer *tr)
     r->step_last = step;
     if (busy) return 0; /* the writer is slower than the interval: the next copy waits one interval */
     int rc = dl_trainer_snap_take(tr, &r->snap);
+    copy_learner(r);
     double dt = dl_clock_s() - now;
     pthread_mutex_lock(&r->mu);
+    r->st.copies++;
     r->st.copy_s_sum += dt;
     if (dt > r->st.copy_s_max) r->st.copy_s_max = dt;
     if (rc) r->st.failed++;
@@ -240,6 +279,7 @@ int dl_recovery_finish(dl_recovery *r, dl_trainer *tr)
     wait_idle(r);
     double t0 = dl_clock_s();
     int rc = dl_trainer_snap_take(tr, &r->snap);
+    copy_learner(r);
     pthread_mutex_lock(&r->mu);
     r->st.copy_s_sum += dl_clock_s() - t0;
     pthread_mutex_unlock(&r->mu);
@@ -253,6 +293,10 @@ int dl_recovery_finish(dl_recovery *r, dl_trainer *tr)
 int dl_recovery_remove(dl_recovery *r)
 {
     wait_idle(r);
+    char jpath[4200];
+    snprintf(jpath, sizeof jpath, "%s.journal", r->lpath);
+    unlink(r->lpath); /* the learner's state and its push journal go with it (absent: nothing to do) */
+    unlink(jpath);
     if (unlink(r->path) != 0 && errno != ENOENT)
         return dl_err(DL_EIO, "cannot remove the recovery file %s: %s", r->path, strerror(errno));
     pthread_mutex_lock(&r->mu);

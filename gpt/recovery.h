@@ -1,5 +1,6 @@
 /* dloco-learner's recovery file: the trainer's checkpoint (gpt/ckpt.h: parameters, AdamW or GPA state, step,
- * data position) tagged with the run and learner id, copied between steps and written on a thread of its own. */
+ * data position) tagged with the run and learner id, and beside it the learner library's state (path.node),
+ * copied between steps and written on a thread of its own. */
 #ifndef DL_GPT_RECOVERY_H
 #define DL_GPT_RECOVERY_H
 
@@ -24,6 +25,7 @@ typedef struct {
     uint64_t skipped;   /* due copies skipped because the previous file was still being written */
     uint64_t failed;    /* writes that failed (warned; the previous file stays) */
     double copy_s_sum, copy_s_max; /* training-thread seconds spent copying the state (the step path's cost) */
+    uint64_t copies;               /* copies taken on the step path */
     double write_s_sum;            /* writer-thread seconds writing + fsyncing */
     int64_t last_step;             /* step of the newest file written; -1 none */
     int removed;                   /* dl_recovery_remove removed the file */
@@ -65,6 +67,18 @@ int dl_recovery_finish(dl_recovery *r, dl_trainer *tr);
  * DL_EIO (warned; a later start meets a file at the last step and trains
  * nothing more). */
 int dl_recovery_remove(dl_recovery *r);
+
+/* The learner library's own state (learner/learner_int.h dl_learner_state_copy:
+ * fragment bases, versions, unpushed counters), copied at the same step as the
+ * trainer's and written before it to dl_recovery_learner_path (a restarted
+ * learner restores it at join through the option state_path when its step is
+ * the file's). fn copies into *buf (grown as needed) on the training thread;
+ * write writes a copy to a path atomically, on the writer thread
+ * (dl_learner_state_write). */
+typedef int (*dl_recovery_copy_fn)(void *ctx, void **buf, size_t *cap, size_t *len);
+typedef int (*dl_recovery_write_fn)(const char *path, const void *buf, size_t len);
+void dl_recovery_set_learner(dl_recovery *r, dl_recovery_copy_fn fn, dl_recovery_write_fn write, void *ctx);
+const char *dl_recovery_learner_path(const dl_recovery *r); /* path.node */
 
 /* XXH64 of the optimizer state (m, v, and y for GPA) of `tr`: the field
  * `moments_hash` of the recovery events, so a test sees the state come back. */

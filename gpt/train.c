@@ -3,6 +3,7 @@
 #include "gpt/train.h"
 
 #include "core/err.h"
+#include "core/log.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -302,11 +303,13 @@ int dl_trainer_save(dl_trainer *t, const char *path)
 
 int dl_trainer_snap_take(dl_trainer *t, dl_trainer_snap *s)
 {
-    if (t->ga || t->dga)
-        return dl_err(DL_EINVAL, "a run with adam_fleet cannot resume (its second moment has two parts)");
+    if (t->dga)
+        return dl_err(DL_EINVAL, "a run with adam_fleet on a GPU cannot resume (its noise moment stays on the "
+                                 "device); adam_fleet runs on the cpu can");
     size_t n = t->nparams;
-    int k = t->gy ? 4 : 3;
-    if (!s->buf || s->nparams != n || s->gpa != (t->gy != NULL)) {
+    int fleet = t->ga != NULL;
+    int k = t->gy || fleet ? 4 : 3;
+    if (!s->buf || s->nparams != n || s->gpa != (t->gy != NULL) || s->fleet != fleet) {
         free(s->buf);
         s->buf = dl_try_malloc((size_t)k * n * sizeof(float));
         if (!s->buf)
@@ -316,14 +319,17 @@ int dl_trainer_snap_take(dl_trainer *t, dl_trainer_snap *s)
     s->model = t->cfg.model;
     s->nparams = n;
     s->gpa = t->gy != NULL;
+    s->fleet = fleet;
     uint64_t tag = s->st.run_tag;
     s->st = (dl_ckpt_state){.step = t->step, .data = dl_data_get_pos(t->data), .seed = t->cfg.seed,
-                            .gpa_mu_y = t->gy ? t->cfg.gpa_mu_y : 0.0f, .run_tag = tag};
+                            .gpa_mu_y = t->gy ? t->cfg.gpa_mu_y : 0.0f, .run_tag = tag,
+                            .fleet = fleet ? t->cfg.fleet : 0.0f};
     if (t->model) {
         memcpy(s->buf, dl_gpt_params(t->model), n * sizeof(float));
         memcpy(s->buf + n, dl_gpt_adam_m(t->model), n * sizeof(float));
         memcpy(s->buf + 2 * n, dl_gpt_adam_v(t->model), n * sizeof(float));
         if (t->gy) memcpy(s->buf + 3 * n, t->gy, n * sizeof(float));
+        if (fleet) memcpy(s->buf + 3 * n, t->w, n * sizeof(float));
         return 0;
     }
 #ifdef DLOCO_HAVE_CUDA
@@ -337,6 +343,8 @@ int dl_trainer_snap_write(const dl_trainer_snap *s, const char *path)
 {
     size_t n = s->nparams;
     if (s->gpa) return dl_ckpt_save_gpa(path, &s->model, n, s->buf, s->buf + n, s->buf + 2 * n, s->buf + 3 * n, &s->st);
+    if (s->fleet)
+        return dl_ckpt_save_fleet(path, &s->model, n, s->buf, s->buf + n, s->buf + 2 * n, s->buf + 3 * n, &s->st);
     return dl_ckpt_save_raw(path, &s->model, n, s->buf, s->buf + n, s->buf + 2 * n, &s->st);
 }
 
@@ -369,11 +377,18 @@ static int resume_gpa(dl_trainer *t, const char *path, dl_ckpt_state *st)
 static int resume(dl_trainer *t, const char *path, int restore_data)
 {
     dl_ckpt_state st;
-    if (t->ga || t->dga)
+    if (t->dga)
         return dl_err(DL_EINVAL,
-                      "%s: a run with adam_fleet cannot resume (checkpoints keep the effective second moment, not "
-                      "its two parts; resume with adam_fleet 0)", path);
-    if (t->gy) {
+                      "%s: a run with adam_fleet on a GPU cannot resume (its noise moment stays on the device; resume "
+                      "with adam_fleet 0, or on the cpu)", path);
+    if (t->ga) {
+        /* the recovery file's kind only: a plain checkpoint keeps the effective second moment, not its parts */
+        DL_TRY(dl_ckpt_load_fleet(path, &t->cfg.model, t->nparams, dl_gpt_params(t->model), dl_gpt_adam_m(t->model),
+                                  dl_gpt_adam_v(t->model), t->w, &st));
+        if (st.fleet != t->cfg.fleet)
+            DL_WARN("%s: saved under adam_fleet %g, resumed under %g (the noise moment carries on)", path,
+                    (double)st.fleet, (double)t->cfg.fleet);
+    } else if (t->gy) {
         DL_TRY(resume_gpa(t, path, &st));
     } else if (t->model) {
         DL_TRY(dl_ckpt_load(path, t->model, &st));

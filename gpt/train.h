@@ -101,12 +101,14 @@ typedef struct {
     dl_model_config model;
     size_t nparams;
     int gpa;          /* 1: buf holds y after v (a GPA file) */
-    float *buf;       /* params (GPA: x), m, v (, y): nparams floats each; allocated by the first take */
+    int fleet;        /* 1: buf holds adam_fleet's noise moment w after v (an adam_fleet file) */
+    float *buf;       /* params (GPA: x), m, v (, y or w): nparams floats each; allocated by the first take */
     dl_ckpt_state st; /* step, data position, seed, mu_y; run_tag as the caller sets it */
 } dl_trainer_snap;
 /* Copy the state into s (buf allocated on the first call, reused after;
  * st.run_tag kept). DL_ENOMEM when buf does not fit; DL_EINVAL with
- * adam_fleet (its state does not resume); on CUDA a download (DL_ECUDA). */
+ * adam_fleet on CUDA (its state does not resume there yet; on the cpu it is
+ * copied with its noise moment); on CUDA a download (DL_ECUDA). */
 int dl_trainer_snap_take(dl_trainer *t, dl_trainer_snap *s);
 /* Write the copy as a checkpoint file (atomically, as dl_trainer_save). */
 int dl_trainer_snap_write(const dl_trainer_snap *s, const char *path);

@@ -587,6 +587,7 @@ static void send_hello(dl_comms *c)
         int held = dl_mailbox_held(c->mb, p, &c->hv[p]);
         if (!held) c->hv[p] = 0;
         if (c->f[p].served) all &= held;
+        if (c->f[p].served) h.carried_tokens += dl_mailbox_carried(c->mb, p);
     }
     dl_mailbox_progress(c->mb, NULL, 0, &h.step, NULL, NULL, NULL);
     /* A learner that holds only some fragments is fresh for the protocol. */

@@ -4,6 +4,8 @@
 #include "learner/learner_int.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stddef.h>
@@ -17,6 +19,7 @@
 #include "core/defaults.h"
 #include "core/err.h"
 #include "core/event.h"
+#include "core/hash.h"
 #include "core/log.h"
 #include "core/manifest.h"
 #include "core/model.h"
@@ -88,6 +91,9 @@ static const dl_cfg_entry net_table[] = {
      "HTTP /metrics on HOST:PORT (port 0 = ephemeral); auto = 127.0.0.1:0; off = none"},
     {"events", DL_CFG_STR, F(events), 0, 0, "", NULL, 0, "append machine-readable events to this file; empty = off"},
     {"log_level", DL_CFG_ENUM, F(log_level), 0, 0, "info", "debug|info|warn|error", 0, "log verbosity"},
+    {"state_path", DL_CFG_STR, F(state_path), 0, 0, "", NULL, 0,
+     "the learner's state across restarts (dloco_learner_save_state writes it, join restores it when its step is "
+     "start_step; a push journal at PATH.journal beside it); empty = none"},
 };
 #undef F
 #define NNET (sizeof net_table / sizeof net_table[0])
@@ -131,6 +137,7 @@ struct dloco_learner {
     uint8_t *tchanged;    /* [nt] */
     int nchanged;
     int flush_unanswered;
+    int jfd;              /* the push journal (state_path.journal), or -1 */
     char err[1024];
 };
 
@@ -374,6 +381,7 @@ int dl_learner_open_ext(const dloco_learner_opts *o, const dl_learner_ext *ext, 
     dl_err_clear();
     dloco_learner *l = dl_try_calloc(1, sizeof *l);
     if (!l) return dl_err(DLOCO_ENOMEM, "learner handle: out of memory");
+    l->jfd = -1;
     int rc = open_checked(o, ext, l);
     if (rc) {
         snprintf(open_err, sizeof open_err, "%s", dl_errmsg());
@@ -407,6 +415,7 @@ DLOCO_API void dloco_learner_close(dloco_learner **lp)
     if (l->lmet) dl_lmet_close(&l->lmet);
     for (int k = 0; k < l->S; k++) dl_comms_close(&l->comms[k]);
     dl_node_close(&l->node);
+    if (l->jfd >= 0) close(l->jfd);
     dl_mailbox_close(&l->mb);
     if (l->events_opened) dl_event_close();
     dl_plan_close(&l->plan);
@@ -637,6 +646,156 @@ static int resolve(dloco_learner *l, dl_comms_opts *co)
     return 0;
 }
 
+/* ---- the learner's state across restarts (learner/node.h "the node's state across a restart") */
+
+/* The tag of a saved state: its run and learner id (a state of another one is refused). */
+static uint64_t state_tag(const dloco_learner *l)
+{
+    uint64_t h = dl_hash64(l->run_id, strlen(l->run_id) + 1, 0x6e6f6465ull);
+    return dl_hash64(l->id, strlen(l->id), h);
+}
+
+/* Read a whole state file: 1 read (*buf malloced), 0 none, < 0 an error. */
+static int read_whole(const char *path, size_t max, void **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return errno == ENOENT ? 0 : dl_err(DL_EIO, "cannot open %s: %s", path, strerror(errno));
+    /* one byte more than the model's state: a longer file is refused as such */
+    uint8_t *b = dl_try_malloc(max + 1);
+    if (!b) {
+        fclose(f);
+        return dl_err(DL_ENOMEM, "%s: out of memory", path);
+    }
+    size_t n = fread(b, 1, max + 1, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(b);
+        return dl_err(DL_EIO, "cannot read %s", path);
+    }
+    *buf = b;
+    *len = n;
+    return 1;
+}
+
+/* At join, before the sessions start: restore state_path when it holds this
+ * learner's state at its start step (a refusal is warned, the file moved
+ * aside, and the learner fetches as a fresh one would), then keep the push
+ * journal beside it. */
+static int state_restore(dloco_learner *l)
+{
+    const char *path = l->cfg.state_path;
+    if (!path[0]) return 0;
+    char jpath[DL_CFG_STRLEN + 16], ev_path[600], ev_why[800];
+    snprintf(jpath, sizeof jpath, "%s.journal", path);
+    uint64_t tag = state_tag(l);
+    void *buf = NULL;
+    size_t len = 0;
+    int rc = read_whole(path, dl_node_state_bytes(l->node), &buf, &len);
+    if (rc == DL_ENOMEM) return rc;
+    if (rc != 0) {
+        int P = dl_plan_P(l->plan);
+        uint64_t *jr = dl_try_calloc(2 * (size_t)P, sizeof *jr);
+        if (!jr) {
+            free(buf);
+            return dl_err(DL_ENOMEM, "learner state: out of memory");
+        }
+        int jn = dl_node_journal_read(jpath, tag, jr, P);
+        uint64_t carried = 0;
+        if (rc > 0)
+            rc = dl_node_state_restore(l->node, buf, len, l->fp, tag, l->steps, jn ? jr : NULL, jn, &carried);
+        free(jr);
+        /* the parameter interface failing is the join's failure; a bad file only this start's */
+        int bad_file = rc == DL_ETRUNC || rc == DL_EFORMAT || rc == DL_ECORRUPT || rc == DL_EMISMATCH ||
+                       rc == DL_ERANGE || rc == DL_EIO;
+        if (rc && !bad_file) {
+            free(buf);
+            return rc;
+        }
+        if (rc) {
+            char why[700], aside[DL_CFG_STRLEN + 16];
+            snprintf(why, sizeof why, "%s", dl_errmsg());
+            snprintf(aside, sizeof aside, "%s.rejected", path);
+            if (rename(path, aside) != 0) snprintf(aside, sizeof aside, "(not moved: %s)", strerror(errno));
+            DL_WARN("learner state %s not used, fetching the global model: %s; moved to %s", path, why, aside);
+            dl_event("state_refused", "id=%s path=%s reason=%s", l->id, dl_event_str(path, ev_path, sizeof ev_path),
+                     dl_event_str(why, ev_why, sizeof ev_why));
+        } else {
+            int carrying = 0;
+            for (int p = 0; p < dl_plan_P(l->plan); p++) carrying += dl_node_tokens(l->node, p) > 0;
+            DL_INFO("learner state restored from %s: step %llu, %d fragments carry %llu fragment-tokens of unpushed "
+                    "progress", path, (unsigned long long)l->steps, carrying, (unsigned long long)carried);
+            dl_event("state_restored", "id=%s path=%s step=%llu carried_tokens=%llu carrying=%d journal=%d", l->id,
+                     dl_event_str(path, ev_path, sizeof ev_path), (unsigned long long)l->steps,
+                     (unsigned long long)carried, carrying, jn);
+        }
+    }
+    free(buf);
+    l->jfd = open(jpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (l->jfd < 0 || dl_node_set_journal(l->node, l->jfd, tag)) {
+        DL_WARN("push journal %s not kept (%s): a restart will carry no unpushed progress", jpath,
+                l->jfd < 0 ? strerror(errno) : dl_errmsg());
+        if (l->jfd >= 0) close(l->jfd);
+        l->jfd = -1;
+    }
+    return 0;
+}
+
+int dl_learner_state_copy(dloco_learner *l, void **buf, size_t *cap, size_t *len)
+{
+    if (!l || !l->node) return dl_err(DLOCO_ESTATE, "save_state: join first");
+    size_t n = dl_node_state_bytes(l->node);
+    if (*cap < n) {
+        void *b = realloc(*buf, n);
+        if (!b) return dl_err(DLOCO_ENOMEM, "save_state: %zu bytes: out of memory", n);
+        *buf = b;
+        *cap = n;
+    }
+    *len = n;
+    return dl_node_state_copy(l->node, l->fp, state_tag(l), l->steps, *buf);
+}
+
+int dl_learner_state_write(const char *path, const void *buf, size_t len)
+{
+    char tmp[DL_CFG_STRLEN + 16];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return dl_err(DLOCO_EIO, "cannot write the learner state %s: %s", tmp, strerror(errno));
+    const uint8_t *b = buf;
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, b + off, len - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    int ok = off == len && fsync(fd) == 0;
+    int err = errno;
+    close(fd);
+    if (!ok || rename(tmp, path) != 0) {
+        if (ok) err = errno;
+        unlink(tmp);
+        return dl_err(DLOCO_EIO, "cannot write the learner state %s: %s", path, strerror(err));
+    }
+    return 0;
+}
+
+DLOCO_API int dloco_learner_save_state(dloco_learner *l)
+{
+    if (!l) return dl_err(DLOCO_EINVAL, "save_state: no handle");
+    if (!l->joined || l->dead) return fail(l, dl_err(DLOCO_ESTATE, "save_state: join first"));
+    if (!l->cfg.state_path[0])
+        return fail(l, dl_err(DLOCO_EINVAL, "save_state: no state_path (set the option state_path before join)"));
+    void *buf = NULL;
+    size_t cap = 0, len = 0;
+    int rc = dl_learner_state_copy(l, &buf, &cap, &len);
+    if (!rc) rc = dl_learner_state_write(l->cfg.state_path, buf, len);
+    free(buf);
+    return rc ? fail(l, rc) : 0;
+}
+
 static int join_setup(dloco_learner *l)
 {
     dl_learner_netcfg *c = &l->cfg;
@@ -695,6 +854,7 @@ static int join_setup(dloco_learner *l)
     };
     DL_TRY(dl_lmet_open(c->metrics, l->id, &l->lmet));
     DL_TRY(dl_node_open(&no, l->mb, &l->node));
+    DL_TRY(state_restore(l)); /* before the sessions: the Hello says what it holds and carries */
     for (int k = 0; k < l->S; k++) DL_TRY(dl_comms_start(l->comms[k]));
     return 0;
 }
@@ -734,9 +894,10 @@ DLOCO_API int dloco_learner_join(dloco_learner *l, int32_t timeout_ms)
     l->joined = 1;
     l->state = DLOCO_STATE_JOINING;
     /* a resumed trainer counts on from its step (the schedule's phase, Heartbeat and Push progress), and its
-     * Hello says so: the synchronizer's ledger then counts its tokens from there, not its earlier ones again */
+     * Hello says so; the tokens it reports are this process's (Heartbeat.tokens: since its start), so the
+     * synchronizer's ledger counts them once, not its earlier ones again */
     l->steps = l->ext.start_step > 0 ? (uint64_t)l->ext.start_step : 0;
-    l->tokens = l->steps * l->max_tokens;
+    l->tokens = 0;
     int rc = join_setup(l);
     if (rc) {
         l->state = DLOCO_STATE_FAILED;

@@ -24,14 +24,15 @@ typedef struct {
     int64_t max_version_jump;
     char server_key[DL_CFG_STRLEN], key_file[DL_CFG_STRLEN];
     char metrics[DL_CFG_STRLEN], events[DL_CFG_STRLEN], log_level[DL_CFG_STRLEN];
+    char state_path[DL_CFG_STRLEN]; /* the saved learner state (dloco_learner_save_state); "" = none */
 } dl_learner_netcfg;
 
 /* Extras of dloco_learner_open for dloco-learner; all zero = the public behaviour. */
 typedef struct {
     /* the networked rows, instead of their defaults and opts.config_path (copied by open) */
     const dl_learner_netcfg *net;
-    /* steps done before this run (a resumed trainer): the step counter starts there, and its tokens at
-     * start_step x max_tokens_per_step */
+    /* steps done before this run (a resumed trainer): the step counter starts there (its tokens at 0: the
+     * Heartbeat reports this process's) */
     int64_t start_step;
     /* the node's parameter interface instead of a public binding (dloco-learner's GPA and GPU fragment
      * copies, learner/node.h); borrowed; a handle with one needs no bind call */
@@ -58,6 +59,12 @@ dl_mailbox *dl_learner_mailbox(dloco_learner *l); /* NULL before join */
 const struct dl_plan *dl_learner_plan(const dloco_learner *l);
 int dl_learner_sessions(dloco_learner *l, dl_comms ***out); /* S, the sessions (NULL before join) */
 const char *dl_learner_id(const dloco_learner *l);
+/* The learner state of dloco_learner_save_state, copied now into *buf
+ * (grown as needed; the caller frees it) for a write on another thread
+ * (dl_learner_state_write): the step path's part of a save. After join. */
+int dl_learner_state_copy(dloco_learner *l, void **buf, size_t *cap, size_t *len);
+/* Write a copied state to `path` atomically (path.tmp, fsync, rename); any thread. */
+int dl_learner_state_write(const char *path, const void *buf, size_t len);
 /* The default learner id, <hostname>-<pid> (the hostname's other characters
  * as '-'): a second live process with one id is refused (duplicate_id), and
  * containers often give every learner the same pid. */

@@ -22,6 +22,7 @@ typedef struct {
     float *pbuf; /* [maxn] */
     int queued;
     uint64_t claims; /* pushes of p claimed by a session so far */
+    uint64_t jbase;  /* claims of earlier processes (the push journal's count continues from it) */
     /* update slot: filled by a session, emptied by the training thread */
     uint64_t uversion;
     int uforced, uhave;
@@ -30,6 +31,7 @@ typedef struct {
     uint64_t held;
     int held_ok;
     uint64_t discarded; /* fragment-tokens of p the node threw away (adopts), cumulative */
+    uint64_t carried;   /* fragment-tokens of p restored from a saved state (Hello.carried_tokens) */
     /* written by the serving session: fate of the latest push that left.
      * The synchronizer replaces an earlier pooled push of ours with a newer
      * one of the same fragment without answering the earlier one, so only
@@ -72,6 +74,8 @@ struct dl_mailbox {
     char bye_reason[128];
     uint64_t bye_step;
     int64_t heard_ns; /* dl_clock_ns of the latest message any session received; 0 before any */
+    int jfd;          /* the push journal (learner/node.h), or -1 */
+    off_t joff;       /* where its claim counters start */
     dl_mailbox_stats st;
 };
 
@@ -84,6 +88,7 @@ int dl_mailbox_open(const dl_plan *plan, dl_mailbox **out)
     if (!m) return dl_err(DL_ENOMEM, "mailbox: out of memory");
     pthread_mutex_init(&m->mu, NULL);
     m->P = dl_plan_P(plan);
+    m->jfd = -1;
     m->maxn = dl_plan_max_fragment_numel(plan);
     m->numel = dl_try_calloc((size_t)m->P, sizeof *m->numel);
     m->f = dl_try_calloc((size_t)m->P, sizeof *m->f);
@@ -211,6 +216,9 @@ int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, dl_mailbox_claim
         f->open_base = c->h.base_version;
         f->open_ns = now_ns;
         f->claims++;
+        /* a push that leaves after a saved state is the synchronizer's: a restart must not carry it again */
+        uint64_t k = f->jbase + f->claims;
+        if (m->jfd >= 0 && pwrite(m->jfd, &k, sizeof k, m->joff + 8 * (off_t)p) != (ssize_t)sizeof k) m->jfd = -1;
     }
     pthread_mutex_unlock(&m->mu);
     return go;
@@ -379,6 +387,52 @@ void dl_mailbox_set_progress(dl_mailbox *m, uint64_t step, uint64_t tokens, doub
     m->prog_tokens = tokens;
     m->prog_sps = steps_per_s >= 0 && steps_per_s < 1e300 ? steps_per_s : 0.0;
     pthread_mutex_unlock(&m->mu);
+}
+
+void dl_mailbox_set_claims_journal(dl_mailbox *m, int fd, int64_t offset, const uint64_t *base)
+{
+    pthread_mutex_lock(&m->mu);
+    m->jfd = fd;
+    m->joff = (off_t)offset;
+    for (int p = 0; p < m->P; p++) {
+        m->f[p].jbase = base ? base[p] : 0;
+        uint64_t k = m->f[p].jbase + m->f[p].claims;
+        if (fd >= 0 && pwrite(fd, &k, sizeof k, m->joff + 8 * (off_t)p) != (ssize_t)sizeof k) m->jfd = -1;
+    }
+    pthread_mutex_unlock(&m->mu);
+}
+
+uint64_t dl_mailbox_claims_total(dl_mailbox *m, int p)
+{
+    pthread_mutex_lock(&m->mu);
+    uint64_t k = m->f[p].jbase + m->f[p].claims;
+    pthread_mutex_unlock(&m->mu);
+    return k;
+}
+
+int dl_mailbox_queued(dl_mailbox *m, int p)
+{
+    pthread_mutex_lock(&m->mu);
+    int q = m->f[p].queued;
+    pthread_mutex_unlock(&m->mu);
+    return q;
+}
+
+void dl_mailbox_set_carried(dl_mailbox *m, int p, uint64_t tokens)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    m->f[p].carried = tokens;
+    pthread_mutex_unlock(&m->mu);
+}
+
+uint64_t dl_mailbox_carried(dl_mailbox *m, int p)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    uint64_t t = m->f[p].carried;
+    pthread_mutex_unlock(&m->mu);
+    return t;
 }
 
 void dl_mailbox_add_discarded(dl_mailbox *m, int p, uint64_t tokens)

@@ -156,6 +156,18 @@ void dl_mailbox_set_progress(dl_mailbox *m, uint64_t step, uint64_t tokens, doub
  * kept per fragment, so each session reports those of its own fragments
  * (Heartbeat/Bye.discarded_tokens: a shard's ledger settles only its own). */
 void dl_mailbox_add_discarded(dl_mailbox *m, int p, uint64_t tokens);
+/* Fragment-tokens of p a restored state carries from an earlier process
+ * (learner/node.h dl_node_state_restore): every Hello sends the sum over its
+ * session's fragments (Hello.carried_tokens), so the ledger moves them from
+ * the killed process's account to this one's instead of counting them LOST. */
+void dl_mailbox_set_carried(dl_mailbox *m, int p, uint64_t tokens);
+uint64_t dl_mailbox_carried(dl_mailbox *m, int p);
+/* The push journal's claim counters (learner/node.h): from now on every
+ * claim of a push of p writes base[p] + the claims so far (8 bytes at
+ * offset + 8p of fd, from the session's thread); fd -1: none. */
+void dl_mailbox_set_claims_journal(dl_mailbox *m, int fd, int64_t offset, const uint64_t *base);
+uint64_t dl_mailbox_claims_total(dl_mailbox *m, int p); /* base[p] + claims of p */
+int dl_mailbox_queued(dl_mailbox *m, int p); /* 1 when a push of p is queued, not yet claimed by a session */
 /* 1 when the latest push of p that left is undecided, or an update of p
  * waits in its slot; 2 when it was ACCEPTED and its Update has not come;
  * *since_ns (may be NULL) = when that push was sent (dl_clock_ns), 0 when

@@ -122,6 +122,7 @@
 #define DL_LEARNER_NODE_H
 
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "learner/mailbox.h"
@@ -289,6 +290,71 @@ int dl_node_wait_ready(dl_node *n, int timeout_ms, const volatile sig_atomic_t *
  * number of fragments with unanswered pushes (0 = complete flush), or the
  * parameter interface's error (Bye is still requested). */
 int dl_node_finish(dl_node *n, int flush_timeout_ms, uint64_t step, const char *reason);
+
+/* ---- the node's state across a restart (docs/FAILURE_MODEL.md "Kills")
+ *
+ * A learner killed and restarted from a saved state (its parameters, and for
+ * dloco-learner its optimizer) keeps the progress it had not pushed when the
+ * node's state is saved with the parameters, at the same step boundary. Per
+ * fragment the state holds the version it holds and the base its progress
+ * is measured from -- theta_p - base_p is what its next push carries, with
+ * the counters since that base -- so a push whose fate was undecided at the
+ * save (posted, or accepted with its Update still to come) is left to the
+ * synchronizer: keep mode measures from the theta at that push (ref_p),
+ * exactly as its adopt would. Overwrite and mix keep no ref_p: a fragment
+ * pushed since its adopt carries nothing (its base becomes theta_p at the
+ * restore).
+ *
+ * A save is taken at one step and the kill comes later: what the node did
+ * to a fragment after the save must not be carried again. The push journal
+ * says it: a small file (8 bytes per fragment, written at once with pwrite,
+ * no fsync: a process kill keeps the page cache) holding, per fragment, a
+ * counter bumped at every push posted and every adopt that threw progress
+ * away (overwrite, mix, rebase), and after them, per fragment, the count of
+ * pushes a session claimed (written from the session's thread). A fragment
+ * whose journal counter differs from the state's carries nothing after the
+ * restore (its pushes after the save took that progress; the synchronizer
+ * accounts for them). A push posted but still queued at the save (it had
+ * not left: a busy synchronizer's retry, a connection down) is carried with
+ * the rest unless its claim counter moved after the save. An OS crash
+ * can lose the journal's last writes: at most one push per fragment may
+ * then be carried twice. */
+
+/* Bytes of a saved state of this node. */
+size_t dl_node_state_bytes(const dl_node *n);
+/* Copy the state into buf (dl_node_state_bytes bytes) at step boundary
+ * `step`, tagged with the model fingerprint and `tag` (the run and learner:
+ * a state of another run or learner is refused at the restore). Training
+ * thread, between steps; reads no parameters. Returns 0. */
+int dl_node_state_copy(const dl_node *n, uint64_t fingerprint, uint64_t tag, uint64_t step, void *buf);
+/* Restore a saved state, after dl_node_open and before the sessions start
+ * (the Hello then says the versions held and the carried tokens). `journal`
+ * is the push journal read back ([2P] counters, or NULL when there is none:
+ * nothing is carried then), `journal_n` its entries (a short journal counts
+ * as changed). Every fragment ends held at its saved version; those whose
+ * journal agrees carry their progress (base_p and counters as saved), the
+ * others carry nothing (base_p = theta_p now). (A fragment the killed
+ * process pushed on the version it holds may see its next push refused as a
+ * replay, with a rebase, when that push merged before the Welcome's fetch of
+ * the newer version is adopted: it costs the steps since the restart of that
+ * fragment, counted REJECTED.) *carried = the fragment-tokens
+ * carried. Returns 0; DL_ETRUNC, DL_EFORMAT, DL_ECORRUPT (checksum),
+ * DL_EMISMATCH (another model, run, learner or step), DL_ERANGE (a value no
+ * learner can hold: non-finite, counters beyond the step): the message says
+ * which, and the node is untouched; or the parameter interface's error. */
+int dl_node_state_restore(dl_node *n, const void *buf, size_t len, uint64_t fingerprint, uint64_t tag, uint64_t step,
+                          const uint64_t *journal, int journal_n, uint64_t *carried);
+/* Write the push journal to fd from now on (-1: none): its head (magic, P,
+ * `tag`) and the node's counters are written at once. The fd stays the
+ * caller's. Returns 0 or DL_EIO. */
+int dl_node_set_journal(dl_node *n, int fd, uint64_t tag);
+/* Read a push journal file of `tag` into out[0..2P) (the node's counters,
+ * then the mailbox's claim counters): the entries read; 0 for none, an
+ * unreadable file, or one of another run, learner or model. */
+int dl_node_journal_read(const char *path, uint64_t tag, uint64_t *out, int P);
+
+/* The journal's head: magic "DLNJ", P (u32), tag (u64); counters follow. */
+#define DL_NODE_JOURNAL_HEAD 16
 
 int dl_node_P(const dl_node *n);
 int dl_node_holds_all(const dl_node *n);

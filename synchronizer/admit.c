@@ -258,6 +258,24 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
                           (unsigned long long)s->max_frag_bytes, (unsigned long long)s->cfg.max_msg_bytes);
         return;
     }
+    if (h->carried_tokens) {
+        /* progress a restarted learner carries from before: no more than its
+         * owned fragments can have trained by its step */
+        uint64_t per_step = tps ? tps : (uint64_t)(h->batch ? h->batch : s->cfg.guard.max_batch) * (uint64_t)m->seq_len;
+        uint64_t owned = (uint64_t)dl_shard_count(s->cfg.P, s->cfg.shard, s->cfg.shards);
+        long double bound = (long double)owned * (long double)h->step * (long double)per_step;
+        if ((long double)h->carried_tokens > bound || !h->n_held_versions) {
+            dl_downlink_error(s, route, rlen, id, DL_ERANGE, 1,
+                              "carried_tokens %llu: %s",
+                              (unsigned long long)h->carried_tokens,
+                              !h->n_held_versions ? "a learner that holds no fragments carries no progress"
+                                                  : "more than this learner's fragments can have trained by its step "
+                                                    "(fragments x step x tokens per step): its saved state is not "
+                                                    "its own; delete it");
+            s->refused_msgs++;
+            return;
+        }
+    }
     int64_t now = dl_clock_ns();
     int slot = dl_registry_find(s->reg, id);
     if (slot >= 0 && registered(s, slot) && !dl_registry_route_is(s->reg, slot, route, rlen) && h->instance) {
@@ -379,6 +397,8 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
         int n = s->n_reclaimed_ids < DL_SYNC_RECLAIMED_IDS ? s->n_reclaimed_ids : DL_SYNC_RECLAIMED_IDS;
         for (int i = 0; i < n && !away_long; i++) away_long = s->reclaimed_ids[i] == hid;
     }
+    /* another process of the id (a restart): the ledger ends the old one's account */
+    int newproc = h->instance && l->instance && h->instance != l->instance;
     l->last_seen_ns = now;
     l->hello_ns = now;
     l->left_ns = 0;
@@ -390,7 +410,7 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
     /* whatever it holds, its first Update of each fragment from now is full */
     dl_registry_given_clear(s->reg, slot, -1);
     if (s->outx[slot].delta) dl_downlink_reset(s, slot);
-    dl_ledger_hello(s->ledger, slot, h->step);
+    dl_ledger_hello(s->ledger, slot, h->step, newproc, h->carried_tokens);
     /* must_fetch only when what it holds is of no use: nothing, a version
      * newer than the global one (another store's timeline), or an absence
      * past rebase_ms / a reclaimed slot (its replay record is gone). Held

@@ -25,6 +25,8 @@ typedef struct {
     uint64_t settled;      /* tokens of this account in persisted states */
     uint64_t pooled, carried;
     uint64_t pooled_before; /* of pooled: pushes of an earlier process of this id, still to merge */
+    uint64_t inherited;     /* processed fragment-tokens moved in from the killed process's account: the
+                             * unpushed progress this restarted process carries (Hello.carried_tokens) */
 } account;
 
 struct dl_ledger {
@@ -105,14 +107,21 @@ static void uncarry(dl_ledger *l, account *a, frag_acct *f)
     f->carried = 0;
 }
 
-/* End the account: unpushed (carried included) -> `unpushed_state`. Pooled
- * pushes stay pooled (their merge settles them). */
-static void end_account(dl_ledger *l, int learner, int unpushed_state)
+/* End the account: unpushed (carried included) -> `unpushed_state`, but
+ * for up to `move` of it, which leaves this account for the next process of
+ * the id (returned). Pooled pushes stay pooled (their merge settles them). */
+static uint64_t end_account(dl_ledger *l, int learner, int unpushed_state, uint64_t move)
 {
     account *a = acct(l, learner);
-    if (!a->open) return;
+    if (!a->open) return 0;
     for (int p = 0; p < l->P; p++) uncarry(l, a, fa(l, learner, p));
     uint64_t accounted = a->settled + (a->pooled - a->pooled_before) + a->carried;
+    uint64_t moved = 0;
+    if (a->processed > accounted) {
+        moved = a->processed - accounted < move ? a->processed - accounted : move;
+        a->processed -= moved;
+        l->tot.processed -= moved;
+    }
     if (a->processed > accounted) {
         settle(l, a, unpushed_state, a->processed - accounted);
     } else if (accounted > a->processed && a->midlife) {
@@ -126,6 +135,7 @@ static void end_account(dl_ledger *l, int learner, int unpushed_state)
                  (unsigned long long)(a->pooled - a->pooled_before), (unsigned long long)a->carried);
     }
     a->open = 0;
+    return moved;
 }
 
 static void report(dl_ledger *l, account *a, uint64_t step, uint64_t tokens, uint64_t discarded)
@@ -136,7 +146,7 @@ static void report(dl_ledger *l, account *a, uint64_t step, uint64_t tokens, uin
     }
     tokens = tokens > a->base_tokens ? tokens - a->base_tokens : 0;
     discarded = discarded > a->base_discarded ? discarded - a->base_discarded : 0;
-    uint64_t processed = tokens * (uint64_t)l->settles;
+    uint64_t processed = a->inherited + tokens * (uint64_t)l->settles;
     if (processed > a->processed) {
         l->tot.processed += processed - a->processed;
         a->processed = processed;
@@ -148,14 +158,26 @@ static void report(dl_ledger *l, account *a, uint64_t step, uint64_t tokens, uin
     if (step > a->step) a->step = step;
 }
 
-void dl_ledger_hello(dl_ledger *l, int learner, uint64_t step)
+void dl_ledger_hello(dl_ledger *l, int learner, uint64_t step, int new_process, uint64_t carried)
 {
     account *a = acct(l, learner);
-    if (a->open && (step < a->step || (step == 0 && a->processed > 0)))
-        end_account(l, learner, DL_LEDGER_LOST); /* a new process under the same id */
+    uint64_t moved = 0;
+    int ended = a->open && (new_process || step < a->step || (step == 0 && a->processed > 0));
+    if (ended) {
+        uint64_t lost0 = l->tot.state[DL_LEDGER_LOST];
+        moved = end_account(l, learner, DL_LEDGER_LOST, carried); /* a new process under the same id */
+        if (carried)
+            dl_event("ledger_carried", "learner=%d carried=%llu moved=%llu lost=%llu", learner,
+                     (unsigned long long)carried, (unsigned long long)moved,
+                     (unsigned long long)(l->tot.state[DL_LEDGER_LOST] - lost0));
+    }
     if (!a->open) {
         open_account(a);
-        a->midlife = step > 0;
+        /* met mid-life only when no account of the id was open (this synchronizer restarted under a live
+         * learner); a new process of a known id reports its own tokens from its start */
+        a->midlife = step > 0 && !ended;
+        a->inherited = a->processed = moved;
+        l->tot.processed += moved;
     }
     if (step > a->step) a->step = step;
 }
@@ -170,12 +192,12 @@ void dl_ledger_progress(dl_ledger *l, int learner, uint64_t step, uint64_t token
 void dl_ledger_bye(dl_ledger *l, int learner, uint64_t step, uint64_t tokens, uint64_t discarded)
 {
     dl_ledger_progress(l, learner, step, tokens, discarded);
-    end_account(l, learner, DL_LEDGER_LOST);
+    end_account(l, learner, DL_LEDGER_LOST, 0);
 }
 
 void dl_ledger_forget(dl_ledger *l, int learner)
 {
-    end_account(l, learner, DL_LEDGER_LOST);
+    end_account(l, learner, DL_LEDGER_LOST, 0);
     account *a = acct(l, learner);
     assert(a->pooled == 0 && a->carried == 0);
     memset(a, 0, sizeof *a);
@@ -279,7 +301,7 @@ void dl_ledger_shutdown(dl_ledger *l, int (*live)(void *ctx, int learner), void 
             l->tot.pooled -= a->pooled;
             a->pooled = a->pooled_before = 0;
         }
-        if (a->open) end_account(l, i, live(ctx, i) ? DL_LEDGER_OUTSTANDING : DL_LEDGER_LOST);
+        if (a->open) end_account(l, i, live(ctx, i) ? DL_LEDGER_OUTSTANDING : DL_LEDGER_LOST, 0);
     }
 }
 

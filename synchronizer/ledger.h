@@ -84,9 +84,17 @@ void dl_ledger_set_fragments(dl_ledger *l, int n);
 /* ---- progress reports. `tokens` is the learner's tokens processed since its
  * start (Heartbeat.tokens, Bye), `discarded` the fragment-tokens it reports
  * having thrown away, both cumulative for the process. */
-/* A Hello. A learner whose reported step went backwards is a new process:
- * the old account ends (its unpushed tokens LOST) and a new one opens. */
-void dl_ledger_hello(dl_ledger *l, int learner, uint64_t step);
+/* A Hello. A learner whose reported step went backwards, or whose Hello is
+ * from another process (`new_process`: its Hello.instance differs), is a new
+ * process: the old account ends (its unpushed tokens LOST) and a new one
+ * opens. A new process restarted from a saved state carries `carried`
+ * fragment-tokens of the old one's unpushed progress (Hello.carried_tokens):
+ * up to the old account's unpushed tokens move into the new account's
+ * processed instead of LOST (a `ledger_carried` event), so its pushes of
+ * them are counted once. A new process's reports count its tokens from its
+ * own start (Heartbeat.tokens), whatever step it resumed at; an account
+ * opened with step > 0 while none of the id was open is met mid-life. */
+void dl_ledger_hello(dl_ledger *l, int learner, uint64_t step, int new_process, uint64_t carried);
 void dl_ledger_progress(dl_ledger *l, int learner, uint64_t step, uint64_t tokens, uint64_t discarded);
 /* Bye: a last progress report, then the account ends (unpushed and
  * carried -> LOST). Pooled pushes stay pooled and still merge. */

@@ -14,7 +14,12 @@
  *   finish left=N unpushed=U pushes=X flushed=Y
  * (left: fragments whose pushes got no final answer within the flush timeout;
  * unpushed: fragment-tokens it still held when it left, its final pushes
- * refused every time).
+ * refused every time). With --state FILE it saves, every --save_every steps,
+ * its node state (FILE.node, learner/node.h) and then its step and
+ * parameters (FILE.theta), keeping the push journal at FILE.journal; started
+ * again with the same FILE it resumes from them (a line "restored step=S
+ * rc=R carried=C") and its tokens count from that start, as a restarted
+ * learner's Heartbeats do.
  *
  * `conserve check --store DIR --amounts ID=A,ID=A,... [--int4 1]` replays the
  * store's merge records: with outer lr 1, momentum 0, share scaling off,
@@ -33,6 +38,8 @@
  * not, 2 on a usage or store error. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -44,6 +51,7 @@
 #include "core/codec.h"
 #include "core/err.h"
 #include "core/event.h"
+#include "core/hash.h"
 #include "core/model.h"
 #include "core/plan.h"
 #include "learner/comms.h"
@@ -85,10 +93,40 @@ static int usage(const char *why)
             "conserve: %s\n"
             "usage: conserve learn --endpoint EP --id ID --log FILE [--run_id R] [--n_layer L --n_head NH --n_embd C "
             "--seq_len T --vocab V --fragments P] [--steps N] [--rate STEPS_PER_S] [--batch B] [--amount A] [--adopt "
-            "keep|overwrite|mix] [--alpha A] [--push_codec fp32|int4] [--hold_ms MS] [--flush_ms MS] [--events FILE]\n"
+            "keep|overwrite|mix] [--alpha A] [--push_codec fp32|int4] [--hold_ms MS] [--flush_ms MS] [--events FILE] [--state FILE --save_every N]\n"
             "       conserve check --store DIR --amounts ID=A,... [--int4 0|1]\n",
             why);
     return 2;
+}
+
+/* One file written whole, then renamed over `path`. */
+static int put_file(const char *path, const void *a, size_t na, const void *b, size_t nb)
+{
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return -1;
+    int ok = fwrite(a, 1, na, f) == na && (!nb || fwrite(b, 1, nb, f) == nb);
+    ok &= fclose(f) == 0;
+    return ok && rename(tmp, path) == 0 ? 0 : -1;
+}
+
+/* The learner's saved state at step s: the node's first, then step and theta (a kill between the two leaves
+ * a node state of a newer step, which the restore refuses). */
+static int save_state(const char *state, dl_node *node, uint64_t fp, uint64_t tag, long s, const float *theta,
+                      size_t total)
+{
+    char path[1024];
+    size_t len = dl_node_state_bytes(node);
+    uint8_t *buf = malloc(len);
+    uint64_t st = (uint64_t)s;
+    int rc = dl_node_state_copy(node, fp, tag, st, buf);
+    snprintf(path, sizeof path, "%s.node", state);
+    if (!rc) rc = put_file(path, buf, len, NULL, 0);
+    free(buf);
+    snprintf(path, sizeof path, "%s.theta", state);
+    if (!rc) rc = put_file(path, &st, 8, theta, total * sizeof(float));
+    return rc;
 }
 
 static int learn(const kv *o, int n)
@@ -158,6 +196,36 @@ static int learn(const kv *o, int n)
     dl_node_opts no = {.plan = plan, .params = theta, .adopt = mode, .alpha = (float)atof(opt(o, n, "alpha", "0.5")),
                        .push_decision_timeout_ms = hold_ms};
     if (!rc) rc = dl_node_open(&no, mb, &node);
+    /* --state FILE: a killed learner restarted with it resumes from its last save (FILE.theta: step and
+     * parameters; FILE.node: the node's state; FILE.journal: the push journal) */
+    const char *state = opt(o, n, "state", NULL);
+    long save_every = atol(opt(o, n, "save_every", "10")), s0 = 0;
+    uint64_t tag = dl_hash64(id, strlen(id), 0x636f6e73ull);
+    char path[1024];
+    int jfd = -1;
+    if (!rc && state) {
+        snprintf(path, sizeof path, "%s.theta", state);
+        FILE *f = fopen(path, "rb");
+        uint64_t st = 0;
+        if (f && fread(&st, 8, 1, f) == 1 && fread(theta, sizeof(float), total, f) == total) {
+            s0 = (long)st;
+            snprintf(path, sizeof path, "%s.node", state);
+            FILE *g = fopen(path, "rb");
+            size_t cap = dl_node_state_bytes(node), len = 0;
+            uint8_t *buf = malloc(cap + 1);
+            if (g) len = fread(buf, 1, cap + 1, g), fclose(g);
+            uint64_t jr[4096], carried = 0;
+            snprintf(path, sizeof path, "%s.journal", state);
+            int jn = dl_node_journal_read(path, tag, jr, P);
+            int r2 = dl_node_state_restore(node, buf, len, co.fingerprint, tag, st, jn ? jr : NULL, jn, &carried);
+            fprintf(log, "restored step=%ld rc=%d carried=%llu\n", s0, r2, (unsigned long long)carried);
+            free(buf);
+        }
+        if (f) fclose(f);
+        snprintf(path, sizeof path, "%s.journal", state);
+        jfd = open(path, O_RDWR | O_CREAT, 0600);
+        if (jfd >= 0) dl_node_set_journal(node, jfd, tag);
+    }
     if (!rc) rc = dl_comms_start(c);
     if (!rc) rc = dl_node_wait_ready(node, 60000, &stop_flag);
     if (rc) {
@@ -169,21 +237,24 @@ static int learn(const kv *o, int n)
     uint64_t tps = batch * (uint64_t)mc.seq_len;
     int64_t period = (int64_t)(1e9 / rate), next = dl_clock_ns();
     uint32_t H = dl_mailbox_h(mb);
-    long s = 0;
+    long s = s0;
     while (s < steps && !stop_flag) {
         for (size_t e = 0; e < total; e++) theta[e] += step_add[e];
         s++;
         /* logged before anything reports it: a SIGKILL never leaves a step
-         * the synchronizer heard of out of the log */
+         * the synchronizer heard of out of the log; tokens are this process's */
         dl_node_stats st;
         dl_node_get_stats(node, &st);
-        fprintf(log, "step=%ld tokens=%llu discarded=%llu returned=%llu\n", s, (unsigned long long)((uint64_t)s * tps),
-                (unsigned long long)st.discarded_tokens, (unsigned long long)st.returned);
+        fprintf(log, "step=%ld tokens=%llu discarded=%llu returned=%llu\n", s,
+                (unsigned long long)((uint64_t)(s - s0) * tps), (unsigned long long)st.discarded_tokens,
+                (unsigned long long)st.returned);
         fflush(log);
-        dl_mailbox_set_progress(mb, (uint64_t)s, (uint64_t)s * tps, rate);
+        dl_mailbox_set_progress(mb, (uint64_t)s, (uint64_t)(s - s0) * tps, rate);
         rc = dl_node_after_step(node, s, H ? (int)H : 8, tps, 1.0, 1.0 / rate);
         if (rc >= 0) rc = dl_node_poll(node);
         if (rc < 0) break;
+        if (state && s % save_every == 0 && save_state(state, node, co.fingerprint, tag, s, theta, total) == 0)
+            fprintf(log, "saved step=%ld\n", s), fflush(log);
         int state = dl_mailbox_state(mb, NULL, 0);
         if (state == DL_COMMS_REFUSED || state == DL_COMMS_FAILED) {
             rc = DL_ENET;
@@ -196,8 +267,9 @@ static int learn(const kv *o, int n)
     dl_comms_stop(c);
     dl_node_stats st;
     dl_node_get_stats(node, &st);
-    fprintf(log, "step=%ld tokens=%llu discarded=%llu returned=%llu\n", s, (unsigned long long)((uint64_t)s * tps),
-            (unsigned long long)st.discarded_tokens, (unsigned long long)st.returned);
+    fprintf(log, "step=%ld tokens=%llu discarded=%llu returned=%llu\n", s,
+            (unsigned long long)((uint64_t)(s - s0) * tps), (unsigned long long)st.discarded_tokens,
+            (unsigned long long)st.returned);
     /* what the flush could not place (refused more often than the node sends a final push again): the
      * learner leaves with it, the ledger counts it LOST */
     uint64_t unpushed = 0;
@@ -205,6 +277,7 @@ static int learn(const kv *o, int n)
     fprintf(log, "finish left=%d unpushed=%llu pushes=%llu flushed=%llu\n", left, (unsigned long long)unpushed,
             (unsigned long long)st.pushes, (unsigned long long)st.flushed);
     fclose(log);
+    if (jfd >= 0) close(jfd);
     dl_node_close(&node);
     dl_comms_close(&c);
     dl_mailbox_close(&mb);

@@ -9,14 +9,22 @@
 # or int4 pushes with error feedback, a tiny pool (busy refusals), a tight
 # max_staleness (drops and rebases), a short push_decision_timeout (held
 # pushes released: a learner's second push while its first is pooled), a
-# learner SIGKILLed and restarted (as a new id), the synchronizer SIGKILLed
-# and restarted on its store. At the end, for each seed:
+# learner SIGKILLed and restarted (at quorum 1 under its id from its saved state, every
+# learner saves its parameters and node state every 10 steps: conserve
+# --state, learner/node.h "the node's state across a restart"; at quorum 3 as a new id), the
+# synchronizer SIGKILLed and restarted on its store. At the end, for each seed:
 #   (a) every step each learner trained is in exactly one ledger state: for
 #       every learner that finished its flush, fragment-tokens trained =
 #       APPLIED (the store's merge records) + DROPPED_STALE (the synchronizers'
 #       push events) + what it discarded itself + what it left unpushed (its
-#       own counters; the ledger's LOST); a killed one never has more in those
-#       than it trained; the store's ledger has nothing REJECTED (no push here
+#       own counters; the ledger's LOST); for a killed and restarted one (one
+#       id, two processes) the same sum over both processes leaves a rest,
+#       LOST AT THE KILL: what the killed process trained after its last save,
+#       and what the restart cannot carry because it was not its own to carry
+#       (a fragment pushed after the save: that push took its progress; keep:
+#       a push undecided at the save and refused after it; overwrite / mix:
+#       a fragment pushed since its adopt, up to H steps each); the test
+#       asserts 0 <= rest <= that bound (when no hold was released); the store's ledger has nothing REJECTED (no push here
 #       is refused with rebase), its states never sum above what the learners
 #       trained (exactly that without kills or hold releases), and `dloco
 #       check` passes. Two fates are exact only up to the pushes in flight:
@@ -32,7 +40,7 @@
 #       between merge weights; adopt mix keeps alpha of progress it counts
 #       discarded, so (b) is not checked under mix, nor for int4 pushes
 #       across a synchronizer crash, whose lost pushes' residuals move).
-# Usage: tests/test_conserve.sh [SEEDS]   (default: the CI seeds "1 2 5 7";
+# Usage: [CONSERVE_RESTART_SAME_ID=1] tests/test_conserve.sh [SEEDS]   (default: the CI seeds "1 2 5 7";
 #        e.g. "$(seq 1 40)" for a longer soak). Bounded: every wait has a
 #        deadline; only our own PIDs are killed.
 set -u
@@ -67,7 +75,7 @@ run_seed() {
   [ "$kill_sync" = 1 ] && stale=8
   echo "== seed $seed: adopt=$adopt quorum=$quorum push=$codec pool_mb=$pool max_staleness=$stale" \
        "hold_ms=$hold kill_learner=$kill_learner kill_sync=$kill_sync"
-  rm -rf "$W/store" "$W"/c-*.log
+  rm -rf "$W/store" "$W"/c-*.log "$W"/state-*
   local SYNCARGS=(--vocab 64 --H 4 --quorum "$quorum" --max_staleness "$stale" --pool_mb "$pool"
     --outer_lr 1 --outer_momentum 0 --merge mean --aggregate weighted --staleness const --share_scaling false
     --norm_k 0 --norm_param_ratio 0 --param_abs_max 0 --heartbeat_ms 100 --durability sync --metrics off
@@ -75,12 +83,12 @@ run_seed() {
   BIND=tcp://127.0.0.1:0 start_sync "sync-$seed" "${SYNCARGS[@]}"
   local port=${EP##*:}
   local ids=() amounts=() pids=() killed=()
-  start_one() { # name amount
-    "$CONSERVE" learn --endpoint "$EP" --id "$1" --log "$W/c-$1.log" $LMODEL --steps $STEPS --rate $RATE \
+  start_one() { # name amount [log suffix]: every learner saves its state every 10 steps (--state)
+    "$CONSERVE" learn --endpoint "$EP" --id "$1" --log "$W/c-$1${3:-}.log" $LMODEL --steps $STEPS --rate $RATE \
       --batch $BATCH --amount "$2" --adopt "$adopt" --push_codec "$codec" --hold_ms "$hold" --flush_ms 20000 \
-      --events "$W/events-$1.log" \
-      > "$W/$1.out" 2>&1 &
-    PIDS+=($!); pids+=($!); ids+=("$1"); amounts+=("$2"); killed+=(0)
+      --events "$W/events-$1${3:-}.log" --state "$W/state-$1" --save_every 10 \
+      > "$W/$1${3:-}.out" 2>&1 &
+    PIDS+=($!); pids+=($!); ids+=("$1${3:-}"); amounts+=("$2"); killed+=(0)
   }
   # per-learner amounts: distinct powers of two over 1024, so sums stay exact in fp32
   start_one "s$seed-a" 0.0009765625
@@ -91,8 +99,17 @@ run_seed() {
     wait_until 60 "[ \"\$(last_field $W/c-s$seed-b.log tokens 2>/dev/null || echo 0)\" -ge $(( at * BATCH * 8 )) ] 2>/dev/null" \
       || die "learner b made no progress"
     kill -KILL "${pids[1]}"; wait "${pids[1]}" 2>/dev/null; killed[1]=1
-    echo "   learner s$seed-b killed at step $(last_field "$W/c-s$seed-b.log" step); restarted as s$seed-b2"
-    start_one "s$seed-b2" 0.0078125
+    if [ "$quorum" = 1 ] || [ -n "${CONSERVE_RESTART_SAME_ID:-}" ]; then
+      echo "   learner s$seed-b killed at step $(last_field "$W/c-s$seed-b.log" step); restarted from its state"
+      start_one "s$seed-b" 0.001953125 -r
+    else
+      # quorum 3: restarted under its id, the others' final flushes sometimes time out (rounds short of
+      # their quorum at the end; not understood yet; CONSERVE_RESTART_SAME_ID=1 restarts under the id at
+      # quorum 3 too, e.g. seed 50 shows it): restarted as a new id, from step 0
+      echo "   learner s$seed-b killed at step $(last_field "$W/c-s$seed-b.log" step); restarted as s$seed-b2"
+      rm -f "$W/state-s$seed-b2".*
+      start_one "s$seed-b2" 0.0078125
+    fi
   fi
   if [ "$kill_sync" = 1 ]; then
     local at=$(( 20 + RANDOM % 30 ))
@@ -112,6 +129,43 @@ run_seed() {
   local total_trained=0
   for i in "${!ids[@]}"; do
     local id=${ids[$i]} log="$W/c-${ids[$i]}.log"
+    [ "${id%-r}" != "$id" ] && continue # a restarted process: accounted with the one it replaced
+    if [ "${killed[$i]}" = 1 ] && [ -f "$W/c-$id-r.log" ]; then
+      # the killed process and its restart, one id: every step either in a ledger state or lost at the kill
+      # (trained after the last save, or after a push since it: the restart does not carry it), which is
+      # at most the steps after the last save
+      local rlog="$W/c-$id-r.log" tk tr dk dr ur sk ss lost bound applied dropped
+      tk=$(( $(last_field "$log" tokens) * P )); tr=$(( $(last_field "$rlog" tokens) * P ))
+      dk=$(last_field "$log" discarded); dr=$(last_field "$rlog" discarded); ur=$(last_field "$rlog" unpushed)
+      sk=$(last_field "$log" step); ss=$(sed -n 's/^saved step=\([0-9]*\)/\1/p' "$log" | tail -1)
+      applied=$(awk -v id="$id" '$3 == id && $4 == "merged" { s += $6 } END { print s + 0 }' "$W/records-$seed.txt")
+      dropped=$(cat "$W"/events-sync-"$seed".log "$W"/events-sync-"$seed"-2.log 2>/dev/null \
+        | ev_field - push tokens id="$id" decision=dropped_stale | awk '{ s += $1 } END { print s + 0 }')
+      lost=$(( tk + tr - applied - dropped - ${dk:-0} - ${dr:-0} - ${ur:-0} ))
+      # keep mode: plus the pushes undecided at the save and refused (returned) after it, whose progress the
+      # restart does not carry; overwrite / mix: plus up to H steps per fragment (a fragment pushed since its
+      # adopt carries nothing: its unpushed progress is not separable from the push's)
+      # both: plus one pooled push per fragment of the killed process that a push of the restarted one
+      # replaced in the pool (the restart's push does not hold it), and the restarted process's pushes
+      # refused with a rebase (a replay of a base the killed process's push merged: REJECTED)
+      local ret maxpush rej
+      ret=$(ev_field "$W/events-$id.log" push_returned tokens | awk '{ s += $1 } END { print s + 0 }')
+      maxpush=$(cat "$W"/events-sync-"$seed"*.log | ev_field - push tokens id="$id" | sort -n | tail -1)
+      rej=$(cat "$W"/events-sync-"$seed"*.log | ev_field - push tokens id="$id" decision=rejected \
+        | awk '{ s += $1 } END { print s + 0 }')
+      bound=$(( (sk - ${ss:-0}) * BATCH * 8 * P + ret + ${maxpush:-0} * P + rej ))
+      [ "$adopt" = keep ] || bound=$(( bound + 4 * BATCH * 8 * P ))
+      total_trained=$(( total_trained + tk + tr ))
+      echo "   $id: trained $tk (killed at step $sk, saved at ${ss:-none}) + $tr (restarted: $(grep -m1 restored "$rlog"))" \
+           "= applied $applied + dropped $dropped + discarded $(( ${dk:-0} + ${dr:-0} )) + left unpushed ${ur:-0}" \
+           "+ lost at the kill $lost (<= $bound: the steps after its last save)"
+      if [ "$kill_sync" = 0 ] && [ "$(ev_count "$W/events-$id.log" push_hold_released)" = 0 ] \
+         && [ "$(ev_count "$W/events-$id-r.log" push_hold_released)" = 0 ]; then
+        check "seed $seed: killed $id: lost at the kill within the steps after its save (0 <= $lost <= $bound)" \
+          [ "$lost" -ge 0 -a "$lost" -le "$bound" ]
+      fi
+      continue
+    fi
     local tok disc left unp applied dropped
     tok=$(last_field "$log" tokens); disc=$(last_field "$log" discarded); left=$(last_field "$log" left)
     unp=$(last_field "$log" unpushed)

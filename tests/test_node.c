@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "core/clock.h"
@@ -1104,6 +1105,136 @@ static void test_post_if(void)
     printf("ok: post_push_if: no post after a claim the hold check did not see, none over another base\n");
 }
 
+/* The node's state across a restart (node.h): a keep-mode learner with a
+ * push undecided and progress since, saved and restored into a new node over
+ * the same parameters, carries exactly the progress since that push (its
+ * next delta) on its held versions; a fragment the journal says was pushed
+ * after the save carries nothing; every bad state is refused with the node
+ * untouched. */
+static void test_state(void)
+{
+    float *theta = calloc(total, sizeof(float));
+    float *at[H + 3]; /* theta after each step */
+    dl_mailbox *c;
+    dl_node *n;
+    setup(DL_ADOPT_KEEP, 0.5f, theta, &c, &n);
+    /* H + 2 steps, no decisions: each fragment's latest push is undecided (a queued one is replaced by the
+     * next due push), and the steps since it are the progress a restart must carry */
+    const int64_t steps = H + 2;
+    for (int64_t s = 1; s <= steps; s++) {
+        train_step(theta, s);
+        dl_node_after_step(n, s, H, TOK, 1.0, 0.0);
+        at[s] = malloc(total * sizeof(float));
+        memcpy(at[s], theta, total * sizeof(float));
+    }
+    /* a session sends fragment 3's push: it left (undecided); the others' are still queued (never left) */
+    dl_mailbox_claim cl;
+    float *sent = dl_mailbox_buf_alloc(c);
+    REQUIRE(dl_mailbox_claim_push(c, 3, 1, &cl, &sent) == 1, "claim fragment 3's push");
+    free(sent);
+    size_t len = dl_node_state_bytes(n);
+    uint8_t *buf = malloc(len);
+    REQUIRE(dl_node_state_copy(n, 7, 9, (uint64_t)steps, buf) == 0, "copy");
+    uint64_t jr[2 * P];
+    char tmpl[] = "/tmp/dloco_test_node_XXXXXX";
+    int fd = mkstemp(tmpl);
+    REQUIRE(fd >= 0, "mkstemp");
+    REQUIRE(dl_node_set_journal(n, fd, 9) == 0, "journal");
+    CHECK(dl_node_journal_read(tmpl, 9, jr, P) == 2 * P, "the journal reads back");
+    CHECK(dl_node_journal_read(tmpl, 10, jr, P) == 0, "a journal of another tag is none");
+    dl_node_close(&n);
+    dl_mailbox_close(&c);
+
+    dl_mailbox *c2 = open_mailbox();
+    dl_node_opts o = {.plan = plan, .params = theta, .adopt = DL_ADOPT_KEEP};
+    dl_node *n2 = NULL;
+    REQUIRE(dl_node_open(&o, c2, &n2) == 0, "open");
+    uint64_t carried = 0, step = (uint64_t)steps;
+    /* hostile states: each refused, the node untouched */
+    CHECK(dl_node_state_restore(n2, buf, 10, 7, 9, step, jr, 2 * P, &carried) == DL_ETRUNC, "a truncated head refused");
+    CHECK(dl_node_state_restore(n2, buf, len - 1, 7, 9, step, jr, P, &carried) == DL_ETRUNC,
+          "a truncated state refused");
+    CHECK(dl_node_state_restore(n2, buf, len, 8, 9, step, jr, P, &carried) == DL_EMISMATCH, "another model refused");
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 10, step, jr, P, &carried) == DL_EMISMATCH,
+          "another run or learner refused");
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step + 1, jr, P, &carried) == DL_EMISMATCH,
+          "another step than the parameters' refused: %s", dl_errmsg());
+    buf[len / 2] ^= 1;
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, P, &carried) == DL_ECORRUPT, "a flipped bit refused");
+    buf[len / 2] ^= 1;
+    uint32_t magic, bad = 0;
+    memcpy(&magic, buf, 4);
+    memcpy(buf, &bad, 4);
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, P, &carried) == DL_EFORMAT, "bad magic refused");
+    memcpy(buf, &magic, 4);
+    CHECK(!dl_node_holds_all(n2) && carried == 0, "a refused state leaves the node fresh");
+    /* fragment 1 was pushed after the save: its journal counter moved */
+    jr[1]++;
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, 2 * P, &carried) == 0, "restore: %s", dl_errmsg());
+    CHECK(dl_node_holds_all(n2), "every fragment held after the restore");
+    float *got = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    uint64_t tot = 0;
+    for (int p = 0; p < P; p++) {
+        size_t k = dl_plan_fragment_numel(plan, p);
+        uint64_t v;
+        CHECK(dl_mailbox_held(c2, p, &v) && v == 1, "fragment %d held at version 1 for the Hello", p);
+        dl_node_delta(n2, p, got);
+        int64_t last = steps;
+        while (!due(last, p)) last--; /* its latest push */
+        /* fragment 3's push left: the progress since it (theta at that push - theta now; the push is the
+         * synchronizer's); 0 and 2: still queued, all since the base (global v1 - theta now) */
+        float *ref = gather(p, at[last]), *now = gather(p, theta);
+        if (p != 3) global_of(p, 1, ref);
+        uint64_t want_tok = p == 1 ? 0 : p == 3 ? (uint64_t)(steps - last) * TOK : (uint64_t)steps * TOK;
+        double err = 0;
+        for (size_t i = 0; i < k; i++) {
+            double w = p == 1 ? 0.0 : (double)ref[i] - (double)now[i];
+            err = fmax(err, fabs((double)got[i] - w));
+        }
+        CHECK(err == 0.0, "fragment %d carries its unpushed progress (latest push at step %lld; err %g)", p,
+              (long long)last, err);
+        CHECK(dl_node_tokens(n2, p) == want_tok && dl_mailbox_carried(c2, p) == want_tok,
+              "fragment %d: %llu tokens carried, want %llu", p, (unsigned long long)dl_node_tokens(n2, p),
+              (unsigned long long)want_tok);
+        tot += want_tok;
+        free(ref);
+        free(now);
+    }
+    CHECK(carried == tot && tot > 0, "carried %llu = %llu fragment-tokens", (unsigned long long)carried,
+          (unsigned long long)tot);
+    dl_node_close(&n2);
+    dl_mailbox_close(&c2);
+    /* fragment 0's queued push left after the save (its claim counter moved): it carries nothing */
+    jr[1]--;
+    jr[P + 0]++;
+    c2 = open_mailbox();
+    REQUIRE(dl_node_open(&o, c2, &n2) == 0, "open");
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, 2 * P, &carried) == 0, "restore: %s", dl_errmsg());
+    CHECK(dl_node_tokens(n2, 0) == 0 && dl_node_tokens(n2, 2) == (uint64_t)steps * TOK,
+          "a queued push sent after the save carries nothing (%llu), one still queued all (%llu)",
+          (unsigned long long)dl_node_tokens(n2, 0), (unsigned long long)dl_node_tokens(n2, 2));
+    /* a journal without the claim counters (P entries): a queued push's fate is unknown, nothing carried */
+    dl_node_close(&n2);
+    dl_mailbox_close(&c2);
+    jr[P + 0]--;
+    c2 = open_mailbox();
+    REQUIRE(dl_node_open(&o, c2, &n2) == 0, "open");
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, P, &carried) == 0, "restore: %s", dl_errmsg());
+    CHECK(dl_node_tokens(n2, 2) == 0 && dl_node_tokens(n2, 3) > 0,
+          "a short journal: a queued push carries nothing (%llu), one that left is judged by its counter (%llu)",
+          (unsigned long long)dl_node_tokens(n2, 2), (unsigned long long)dl_node_tokens(n2, 3));
+    dl_node_close(&n2);
+    dl_mailbox_close(&c2);
+    for (int64_t s = 1; s <= steps; s++) free(at[s]);
+    free(got);
+    free(buf);
+    close(fd);
+    unlink(tmpl);
+    free(theta);
+    printf("ok: node state: restored, it carries the progress since a push that left, all of it past a push still "
+           "queued; pushed since the save: nothing; truncated, other model / run / step, damaged: refused\n");
+}
+
 int main(void)
 {
     REQUIRE(dl_model_config_check(&CFG) == 0, "config: %s", dl_errmsg());
@@ -1135,6 +1266,7 @@ int main(void)
     test_fate(DL_ADOPT_KEEP, "keep", 1, DL_DECIDE_ACCEPTED);
     test_fate(DL_ADOPT_OVERWRITE, "overwrite", 1, DL_DECIDE_ACCEPTED);
     test_post_if();
+    test_state();
 
     dl_plan_close(&plan);
     printf("test_node: %d checks, %d failures\n", checks, failures);

@@ -21,6 +21,8 @@ static char dir[] = "/tmp/dloco_test_recovery.XXXXXX";
 static char corpus[512], good[600], path[600];
 static dl_model_config CFG = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
 
+static float fleet; /* adam_fleet of the trainers opened next (0: plain AdamW) */
+
 static dl_trainer *trainer(const dl_model_config *mc, int steps)
 {
     dl_data_opts o = {.path = corpus, .format = "text", .seq_len = mc->seq_len, .vocab = 256, .val_frac = 0.1,
@@ -29,7 +31,7 @@ static dl_trainer *trainer(const dl_model_config *mc, int steps)
     REQUIRE(dl_data_open(&o, &d) == 0, "data: %s", dl_errmsg());
     dl_train_cfg tc = {.model = *mc, .batch = 4, .steps = 100, .lr = 3e-3f, .warmup = 2, .min_lr_frac = 0.1f,
                        .adamw = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f},
-                       .seed = 11, .val_batches = 2};
+                       .seed = 11, .val_batches = 2, .fleet = fleet};
     dl_trainer *t = NULL;
     REQUIRE(dl_trainer_open(&tc, d, &t) == 0, "trainer: %s", dl_errmsg());
     for (int s = 0; s < steps; s++) {
@@ -229,6 +231,36 @@ int main(void)
         CHECK(st.removed == 1, "removed not counted");
         CHECK(dl_recovery_remove(w) == 0, "removing a missing file is not an error");
         dl_recovery_close(&w);
+    }
+    /* adam_fleet: its state (m, v as the run holds it, the noise moment w) resumes from a recovery file of its
+     * own kind, bit for bit (the moments' hash); a plain AdamW run refuses that file, and a fleet run a plain one */
+    {
+        fleet = 4.0f;
+        dl_trainer *fa = trainer(&CFG, 3);
+        dl_recovery *w = open_rec("run", "a", 100);
+        REQUIRE(dl_recovery_finish(w, fa) == 0, "adam_fleet recovery file: %s", dl_errmsg());
+        dl_recovery_close(&w);
+        uint64_t h = dl_recovery_moments_hash(fa);
+        copy_file(path, good);
+        dl_trainer *fb = trainer(&CFG, 0);
+        w = open_rec("run", "a", 100);
+        char why[256];
+        CHECK(dl_recovery_load(w, fb, why, sizeof why) == 1, "adam_fleet file not resumed: %s", why);
+        CHECK(dl_trainer_steps_done(fb) == 3 && dl_recovery_moments_hash(fb) == h && h != 0,
+              "adam_fleet state resumed (step %lld, moments %016llx vs %016llx)",
+              (long long)dl_trainer_steps_done(fb), (unsigned long long)dl_recovery_moments_hash(fb),
+              (unsigned long long)h);
+        dl_recovery_close(&w);
+        fleet = 0.0f;
+        expect_refused("an adam_fleet file for a plain AdamW run", "adam_fleet", "run", "a", 100);
+        w = open_rec("run", "a", 100);
+        REQUIRE(dl_recovery_finish(w, a) == 0, "adamw recovery file: %s", dl_errmsg());
+        dl_recovery_close(&w);
+        fleet = 4.0f;
+        expect_refused("a plain AdamW file for an adam_fleet run", "adamw run", "run", "a", 100);
+        fleet = 0.0f;
+        dl_trainer_close(&fa);
+        dl_trainer_close(&fb);
     }
     dl_trainer_close(&a);
     unlink(good);

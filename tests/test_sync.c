@@ -148,6 +148,41 @@ static void send_hello_c(void *d, const char *id, const char *run, uint64_t fp, 
 
 static void send_hello(void *d, const char *id, const char *run, uint64_t fp) { send_hello_c(d, id, run, fp, 0); }
 
+/* A Hello of a learner restarted from a saved state at `step`, carrying `carried` fragment-tokens:
+ * 1 when a Welcome answers, 0 when a fatal Error naming carried_tokens does, -1 otherwise. */
+static int hello_carried(void *d, const char *id, const uint64_t *held, uint64_t step, uint64_t carried)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Hello h;
+    dloco__v1__hello__init(&h);
+    h.fingerprint = fingerprint;
+    h.n_layer = 1; h.n_head = 2; h.n_embd = 16; h.seq_len = 8; h.vocab = 256;
+    h.num_fragments = P;
+    h.device = "test";
+    h.batch = 2;
+    h.step = step;
+    h.instance = 0x5eed;
+    h.carried_tokens = carried;
+    h.n_held_versions = held ? P : 0;
+    h.held_versions = (uint64_t *)held;
+    dl_wire_env_init(&env, "dloco", epoch, id);
+    dl_wire_set_hello(&env, &h);
+    CHECK(dl_wire_send(d, NULL, 0, &env, NULL, NULL, 0, 0) == 0, "send hello with carried tokens");
+    dl_wire_msg w;
+    int res = -1;
+    for (int k = 0; k < 8 && res < 0; k++) {
+        if (recv_msg(d, &w) != 0) break;
+        if (w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME) res = 1;
+        if (w.env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR) {
+            printf("carried_tokens %llu at step %llu: %s\n", (unsigned long long)carried, (unsigned long long)step,
+                   w.env->error->message);
+            res = w.env->error->fatal && strstr(w.env->error->message, "carried_tokens") ? 0 : -2;
+        }
+        dl_wire_msg_close(&w);
+    }
+    return res;
+}
+
 /* A Hello of a learner that trained: it holds version held[p] of each fragment. */
 static void send_hello_held(void *d, const char *id, const uint64_t *held)
 {
@@ -1049,6 +1084,20 @@ int main(void)
         mf = welcome_must_fetch(r, "rejoin-2", ahead);
         printf("hello holding a version ahead  -> must_fetch %d\n", mf);
         CHECK(mf == 1, "a learner holding a version newer than the global one fetches (must_fetch %d)", mf);
+        zmq_close(r);
+        /* Hello.carried_tokens: at most fragments x step x batch x seq_len (here 2 x 10 x 2 x 8 = 320);
+         * more, or a carry without held versions, is refused naming it */
+        r = dealer("carry-1");
+        CHECK(hello_carried(r, "carry-1", behind, 10, 320) == 1, "a restarted learner carrying 320 tokens welcomed");
+        zmq_close(r);
+        r = dealer("carry-2");
+        CHECK(hello_carried(r, "carry-2", behind, 10, 321) == 0, "carried_tokens beyond what 10 steps can train refused");
+        zmq_close(r);
+        r = dealer("carry-3");
+        CHECK(hello_carried(r, "carry-3", NULL, 10, 5) == 0, "carried_tokens without held versions refused");
+        zmq_close(r);
+        r = dealer("carry-4");
+        CHECK(hello_carried(r, "carry-4", behind, 0, 1) == 0, "carried_tokens at step 0 refused");
         zmq_close(r);
     }
 

@@ -83,7 +83,7 @@ extern "C" {
 /* The API this header describes. A major bump breaks callers (and the
  * soname); a minor one only adds. */
 #define DLOCO_LEARNER_API_MAJOR 1
-#define DLOCO_LEARNER_API_MINOR 1 /* 1: dloco_learner_opts.start_step */
+#define DLOCO_LEARNER_API_MINOR 2 /* 1: dloco_learner_opts.start_step; 2: dloco_learner_save_state, option state_path */
 #define DLOCO_LEARNER_API_VERSION (DLOCO_LEARNER_API_MAJOR * 10000 + DLOCO_LEARNER_API_MINOR)
 
 /* The DLOCO_LEARNER_API_VERSION the library was built with (major * 10000 +
@@ -355,6 +355,26 @@ DLOCO_API int dloco_learner_finish(dloco_learner *l, int32_t timeout_ms, const c
  * barrier wait ends, later steps report stop_requested. Async-signal-safe,
  * from any thread; finish still flushes. */
 DLOCO_API void dloco_learner_stop(dloco_learner *l);
+
+/* ---- restarts (docs/LIBRARY.md "Restarts") */
+/* Save the learner's own state to the option state_path (atomically: a
+ * temporary file, fsync, rename): per fragment the version held, the base
+ * its unpushed progress is measured from, and the counters of that
+ * progress. Call it on the training thread, between steps, when the caller
+ * saves its parameters and optimizer state at the same step. A process
+ * started again with those parameters, opts.start_step = that step and the
+ * same state_path restores it at join: it keeps the versions it held (it
+ * fetches only the fragments merged since, and adopts them in its adopt
+ * mode, instead of the whole model) and its pushes carry the progress it
+ * had not pushed, counted once by the synchronizer. A state of another
+ * model, run, learner id or step, a damaged or truncated one, is refused at
+ * join with a warning (a `state_refused` event; the file is moved aside to
+ * state_path.rejected) and the learner fetches the global model as a fresh
+ * one does. The library keeps a small push journal at state_path.journal
+ * (8 bytes per fragment, written at each push) so that progress pushed
+ * after the save is not carried again. Returns 0, DLOCO_EINVAL (no
+ * state_path), DLOCO_ESTATE (not joined), DLOCO_EIO, DLOCO_ENOMEM. */
+DLOCO_API int dloco_learner_save_state(dloco_learner *l);
 
 /* ---- statistics */
 

@@ -10,7 +10,7 @@ from .errors import LibraryNotFound
 
 # The API this binding is written for (include/dloco/learner.h).
 API_MAJOR = 1
-API_MINOR = 1  # 1: dloco_learner_opts.start_step
+API_MINOR = 2  # 1: dloco_learner_opts.start_step; 2: dloco_learner_save_state
 SONAME = "libdloco_learner.so.%d" % API_MAJOR
 
 ROLE_MATRIX, ROLE_VECTOR, ROLE_EMBEDDING = 0, 1, 2
@@ -89,6 +89,7 @@ _PROTOS = {
     "dloco_learner_close": (None, [ctypes.POINTER(_c)]),
     "dloco_learner_errmsg": (ctypes.c_char_p, [_c]),
     "dloco_learner_set_option": (ctypes.c_int, [_c, ctypes.c_char_p, ctypes.c_char_p]),
+    "dloco_learner_save_state": (ctypes.c_int, [_c]),
     "dloco_learner_fragments": (ctypes.c_int32, [_c]),
     "dloco_learner_fingerprint": (ctypes.c_uint64, [_c]),
     "dloco_learner_numel": (ctypes.c_uint64, [_c]),

@@ -382,6 +382,16 @@ class Learner:
         return StepResult(step=info.step, pushes=info.pushes, adopted=info.adopted, fragments=frags, tensors=tens,
                           stop_requested=bool(info.stop_requested), h=info.h, barrier_wait_s=info.barrier_wait_s)
 
+    def save_state(self):
+        """Save the learner's own state (versions held, the base of its
+        unpushed progress, its counters) to the option state_path
+        (options={"state_path": PATH}), atomically. Call it when you save
+        your parameters and optimizer state, at the same step: a process
+        started again with them, start_step = that step and the same
+        state_path keeps its fragments and pushes that progress, counted
+        once (docs/LIBRARY.md "Restarts")."""
+        self._check(self._L.dloco_learner_save_state(self._h))
+
     def finish(self, timeout=None, reason="done"):
         """Final pushes of every fragment with progress, wait up to `timeout`
         seconds (None: the flush_timeout_ms option, 10 s) for their decisions
