@@ -39,7 +39,7 @@ typedef struct {
     int fetch_pending;  /* the next Update of p is a fetch reply */
     int fetch_soft;     /* ... asked for only because the mirror missed a delta: theta is fine, so the
                          * reply is adopted as a normal update (no rebase, the residual stays) */
-    int rebase_pending; /* the next Update of p is the rebase after a DROPPED_STALE */
+    int rebase_pending; /* the next Update of p is a rebase: 2 after a DROPPED_STALE, 1 after a REJECTED */
     int fetch_want;     /* a Fetch of p is to be sent at fetch_at (a Welcome, or a refused update) */
     int64_t fetch_at;
     int64_t fetch_sent; /* when the pending Fetch of p left (dl_clock_ns) */
@@ -817,6 +817,10 @@ static void rehello(dl_comms *c, const char *why, int forget)
     set_state(c, DL_COMMS_HELLO, NULL);
     COUNT(rehellos);
     int64_t now = dl_clock_ns();
+    /* how far the global versions moved meanwhile (a partition, an outage) is
+     * unknown until the Welcome: a keep learner holds its pushes till then
+     * (dl_mailbox_set_behind; the Welcome replaces this with what it says) */
+    for (int i = 0; i < c->n_served; i++) dl_mailbox_set_behind(c->mb, c->served[i], UINT64_MAX, now);
     for (int p = 0; p < c->P; p++) {
         /* a fetch reply that may never come on the new session is asked for again after its Welcome */
         if (c->f[p].fetch_pending) want_fetch(c, p, now);
@@ -1066,6 +1070,9 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
         uint64_t v;
         int held = dl_mailbox_held(c->mb, p, &v);
         f->known = w->fragment_versions[p] > (held ? v : 0) ? w->fragment_versions[p] : (held ? v : 0);
+        /* behind the global (an outage, a partition): a keep learner pushes what it
+         * trained meanwhile once it has adopted that version, not on its old base */
+        dl_mailbox_set_behind(c->mb, p, w->must_fetch ? 0 : w->fragment_versions[p], now);
         f->fetch_pending = f->rebase_pending = 0;
         f->busy_until = 0;
         if (!(c->tx.active && c->tx.p == p)) f->unacked = 0; /* a push still leaving keeps its slot */
@@ -1290,6 +1297,7 @@ static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, cons
 {
     sfrag *f = &c->f[p];
     int forced = f->fetch_pending && !f->fetch_soft ? DL_UPDATE_FETCHED
+                 : f->rebase_pending == 2            ? DL_UPDATE_STALE
                  : f->rebase_pending                 ? DL_UPDATE_REBASE
                                                      : DL_UPDATE_NORMAL;
     uint64_t held;
@@ -1388,7 +1396,7 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
         c->f[p].busy_until = dl_clock_ns() + (int64_t)a->retry_after_ms * MS;
         COUNT(busy);
     }
-    if (decided && rebase) c->f[p].rebase_pending = 1;
+    if (decided && rebase) c->f[p].rebase_pending = d == DL_DECIDE_DROPPED ? 2 : 1;
     /* any immediate answer frees the fragment for flow control */
     if (d != DL_DECIDE_ACCEPTED) c->f[p].unacked = 0;
     pthread_mutex_lock(&c->mu);
