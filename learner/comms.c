@@ -1081,6 +1081,10 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
             if (w->must_fetch) dl_mailbox_discard_queued(c->mb, p);
             want_fetch(c, p, now);
             n++;
+        } else if (w->fragment_versions[p] > v && !f->fetch_want && w->update_codec && f->mirror_ok &&
+                   f->mirror_version >= v) {
+            /* the synchronizer sends what p lacks from v, as deltas where it keeps them
+             * (synchronizer/admit.c): nothing to fetch */
         } else if (w->fragment_versions[p] > v && !f->fetch_want) {
             /* the synchronizer holds a newer version than we do (merges whose
              * Updates a restart or a lost connection swallowed, perhaps the
@@ -1177,6 +1181,12 @@ static void on_update_delta(dl_comms *c, const Dloco__V1__Update *u, int p, cons
     sfrag *f = &c->f[p];
     uint64_t off = u->chunk_numel ? u->chunk_offset : 0, n = u->chunk_numel ? u->chunk_numel : u->numel;
     if (off == 0) {
+        /* a version the mirror holds already (a rejoin's chain starts at the adopted
+         * version; an Update after it may have come and wait to be adopted): skip it */
+        if (f->mirror_ok && u->version <= f->mirror_version) {
+            COUNT(chunks_dropped);
+            return;
+        }
         f->stage_active = 0;
         if (!c->update_codec) {
             delta_missed(c, p, u->version, "no update_codec in the Welcome");

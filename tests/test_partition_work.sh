@@ -8,10 +8,12 @@
 #     cut off (else the test proves nothing: it fails saying so);
 #   - f's pushes made after the partition are merged, not dropped stale: the
 #     one with the most steps (the outage's progress) is in a merge record;
-#   - f threw nothing away (learner_summary discarded_tokens = 0: a rebase
+#   - f threw nothing away after the cut (no adopt mode=rebase: the rebase
 #     after a stale in-flight push keeps what was trained after that push),
-#     and its stale-dropped fragment-tokens are at most one push per fragment;
-#   - f rejoined without must_fetch (it kept its fragments).
+#     and at most one push per fragment was dropped stale;
+#   - f rejoined without must_fetch (it kept its fragments), and its Welcome
+#     had it fetch nothing: the synchronizer sends what each fragment lacks
+#     from the version f holds (a delta chain when kept, else fp32 values).
 # Before the fix f pushed the outage's progress on its old bases as soon as
 # its Welcome came, those pushes were dropped stale, and the rebase threw the
 # rest away.
@@ -117,11 +119,15 @@ if pushes:
 joins = [e for e in sync if e["event"] == "learner_join" and e.get("id") == "f" and e["ts"] > t_begin]
 check(all(e.get("must_fetch") == "0" for e in joins),
       "f rejoined keeping its fragments (must_fetch %s)" % [e.get("must_fetch") for e in joins])
-summ = [e for e in events(d + "/events-f.log") if e["event"] == "learner_summary"]
-if summ:
-    check(summ[-1].get("discarded_tokens") == "0", "f threw no progress away (discarded_tokens %s)" % summ[-1].get("discarded_tokens"))
-else:
-    check(False, "f wrote its learner_summary")
+fev = list(events(d + "/events-f.log"))
+wel = [e for e in fev if e["event"] == "welcome" and e["ts"] > t_begin]
+check(len(wel) > 0 and all(e.get("fetching") == "0" for e in wel),
+      "f's Welcomes after the partition asked it to fetch nothing: the synchronizer sends what it lacks (fetching %s)"
+      % [e.get("fetching") for e in wel])
+# keep throws progress away only by a rebase that is not a keep one (adopt mode=rebase)
+reb = [e for e in fev if e["event"] == "adopt" and e.get("mode") == "rebase" and e["ts"] > t_begin]
+check(not reb, "f threw no progress away after the cut (rebases %d; %d keep rebases after a stale drop)"
+      % (len(reb), sum(1 for e in fev if e["event"] == "adopt" and e.get("mode") == "rebase_keep")))
 sys.exit(1 if bad else 0)
 PY
 [ $fail = 0 ] && echo "test_partition_work: all checks passed" || { echo "test_partition_work: FAILED"; tail -5 "$W/chaos.log"; }
