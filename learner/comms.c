@@ -80,6 +80,7 @@ struct dl_comms {
     /* ---- immutable after open */
     dl_mailbox *mb;
     int link; /* our number in the mailbox */
+    int adopt_keep; /* dl_comms_opts.adopt_keep */
     char endpoint[256];
     char id[DL_WIRE_LEARNER_ID_MAX + 1];
     char run_id[129];
@@ -348,6 +349,7 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     memcpy(c->curve_public, o->curve_public, sizeof c->curve_public);
     memcpy(c->curve_secret, o->curve_secret, sizeof c->curve_secret);
     c->max_jump = o->max_version_jump ? o->max_version_jump : DL_COMMS_MAX_VERSION_JUMP;
+    c->adopt_keep = o->adopt_keep != 0;
     c->byzantine = o->byzantine != 0;
     c->byz_scale = (float)o->byzantine_scale;
     c->penc = (dl_codec_enc){.c = pc, .rounding = (dl_codec_rounding)o->push_rounding};
@@ -1348,7 +1350,7 @@ static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, cons
      * update is not needed any more (the node asks again if it refuses this one) */
     f->fetch_want = 0;
     /* a forced adopt overwrites theta_p: the progress the residual was owed to is gone (learner/ef.h) */
-    if (forced != DL_UPDATE_NORMAL) dl_ef_reset(c->ef, p);
+    if (forced != DL_UPDATE_NORMAL && !(forced == DL_UPDATE_STALE && c->adopt_keep)) dl_ef_reset(c->ef, p);
     size_t bytes = (size_t)u->numel * sizeof(float);
     int stored = dl_mailbox_put_update(c->mb, p, u->version, forced, payload, (size_t)u->numel);
     if (stored && c->update_codec) {
@@ -1399,7 +1401,8 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
     int decided = dl_mailbox_decide(c->mb, p, d, a->base_version, d == DL_DECIDE_ACCEPTED || rebase);
     if (decided && d == DL_DECIDE_ACCEPTED) dl_mailbox_await_version(c->mb, p, a->merged_version);
     /* error feedback follows the decision of the push it encoded (learner/ef.h) */
-    if (decided) dl_ef_decided(c->ef, p, d, rebase, a->base_version);
+    if (decided && d == DL_DECIDE_DROPPED && c->adopt_keep) dl_ef_forget(c->ef, p); /* theta is not overwritten */
+    else if (decided) dl_ef_decided(c->ef, p, d, rebase, a->base_version);
     if (a->busy) {
         /* the pool was full: nothing counted, the progress stays here; the
          * fragment's next push (coalesced meanwhile) waits at least this */
