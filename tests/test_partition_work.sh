@@ -1,9 +1,11 @@
 #!/bin/bash
 # Work trained through a partition is kept (issue 32): dloco-chaos on
 # loopback (--no-netns: the relay cuts the link), one learner f behind the
-# relay and two near ones, max_staleness 4, H 8, adopt keep; f's link is cut
-# for 6 s while f trains on and the near learners move every fragment more
-# than max_staleness versions on. Asserted from the events and the store:
+# relay and two near ones, max_staleness 2, H 32, adopt keep, every learner
+# at a tenth of its speed (the outage stays a few push periods long, inside
+# what the norm guard grows its bound for: docs/FAILURE_MODEL.md); f's link
+# is cut for 6 s while f trains on and the near learners move every
+# fragment more than max_staleness versions on. Asserted from the events and the store:
 #   - the fleet did move > max_staleness versions of a fragment while f was
 #     cut off (else the test proves nothing: it fails saying so);
 #   - f's pushes made after the partition are merged, not dropped stale: the
@@ -23,7 +25,7 @@ TEST_NAME=partition_work
 CHAOS=$B/chaos/dloco-chaos
 [ -x "$CHAOS" ] || die "no $CHAOS"
 make_corpus
-MAXS=4
+MAXS=2
 cat > "$W/part.ini" <<EOF
 [run]
 name = part
@@ -36,7 +38,7 @@ n_head = 2
 n_embd = 32
 seq_len = 32
 fragments = 4
-H = 8
+H = 32
 corpus = $W/corpus.txt
 
 [sync]
@@ -45,6 +47,7 @@ max_staleness = $MAXS
 [learners]
 batch = 4
 adopt = keep
+speed = 0.1
 args = --warmup 5
 
 [dc far]
