@@ -39,7 +39,7 @@ typedef struct {
     int fetch_pending;  /* the next Update of p is a fetch reply */
     int fetch_soft;     /* ... asked for only because the mirror missed a delta: theta is fine, so the
                          * reply is adopted as a normal update (no rebase, the residual stays) */
-    int rebase_pending; /* the next Update of p is the rebase after a DROPPED_STALE */
+    int rebase_pending; /* the next Update of p is a rebase: 2 after a DROPPED_STALE, 1 after a REJECTED */
     int fetch_want;     /* a Fetch of p is to be sent at fetch_at (a Welcome, or a refused update) */
     int64_t fetch_at;
     int64_t fetch_sent; /* when the pending Fetch of p left (dl_clock_ns) */
@@ -80,6 +80,7 @@ struct dl_comms {
     /* ---- immutable after open */
     dl_mailbox *mb;
     int link; /* our number in the mailbox */
+    int adopt_keep; /* dl_comms_opts.adopt_keep */
     char endpoint[256];
     char id[DL_WIRE_LEARNER_ID_MAX + 1];
     char run_id[129];
@@ -348,6 +349,7 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     memcpy(c->curve_public, o->curve_public, sizeof c->curve_public);
     memcpy(c->curve_secret, o->curve_secret, sizeof c->curve_secret);
     c->max_jump = o->max_version_jump ? o->max_version_jump : DL_COMMS_MAX_VERSION_JUMP;
+    c->adopt_keep = o->adopt_keep != 0;
     c->byzantine = o->byzantine != 0;
     c->byz_scale = (float)o->byzantine_scale;
     c->penc = (dl_codec_enc){.c = pc, .rounding = (dl_codec_rounding)o->push_rounding};
@@ -818,6 +820,10 @@ static void rehello(dl_comms *c, const char *why, int forget)
     set_state(c, DL_COMMS_HELLO, NULL);
     COUNT(rehellos);
     int64_t now = dl_clock_ns();
+    /* how far the global versions moved meanwhile (a partition, an outage) is
+     * unknown until the Welcome: a keep learner holds its pushes till then
+     * (dl_mailbox_set_behind; the Welcome replaces this with what it says) */
+    for (int i = 0; i < c->n_served; i++) dl_mailbox_set_behind(c->mb, c->served[i], UINT64_MAX, now);
     for (int p = 0; p < c->P; p++) {
         /* a fetch reply that may never come on the new session is asked for again after its Welcome */
         if (c->f[p].fetch_pending) want_fetch(c, p, now);
@@ -1067,6 +1073,9 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
         uint64_t v;
         int held = dl_mailbox_held(c->mb, p, &v);
         f->known = w->fragment_versions[p] > (held ? v : 0) ? w->fragment_versions[p] : (held ? v : 0);
+        /* behind the global (an outage, a partition): a keep learner pushes what it
+         * trained meanwhile once it has adopted that version, not on its old base */
+        dl_mailbox_set_behind(c->mb, p, w->must_fetch ? 0 : w->fragment_versions[p], now);
         f->fetch_pending = f->rebase_pending = 0;
         f->busy_until = 0;
         if (!(c->tx.active && c->tx.p == p)) f->unacked = 0; /* a push still leaving keeps its slot */
@@ -1075,6 +1084,10 @@ static void on_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
             if (w->must_fetch) dl_mailbox_discard_queued(c->mb, p);
             want_fetch(c, p, now);
             n++;
+        } else if (w->fragment_versions[p] > v && !f->fetch_want && w->update_codec && f->mirror_ok &&
+                   f->mirror_version >= v) {
+            /* the synchronizer sends what p lacks from v, as deltas where it keeps them
+             * (synchronizer/admit.c): nothing to fetch */
         } else if (w->fragment_versions[p] > v && !f->fetch_want) {
             /* the synchronizer holds a newer version than we do (merges whose
              * Updates a restart or a lost connection swallowed, perhaps the
@@ -1171,6 +1184,12 @@ static void on_update_delta(dl_comms *c, const Dloco__V1__Update *u, int p, cons
     sfrag *f = &c->f[p];
     uint64_t off = u->chunk_numel ? u->chunk_offset : 0, n = u->chunk_numel ? u->chunk_numel : u->numel;
     if (off == 0) {
+        /* a version the mirror holds already (a rejoin's chain starts at the adopted
+         * version; an Update after it may have come and wait to be adopted): skip it */
+        if (f->mirror_ok && u->version <= f->mirror_version) {
+            COUNT(chunks_dropped);
+            return;
+        }
         f->stage_active = 0;
         if (!c->update_codec) {
             delta_missed(c, p, u->version, "no update_codec in the Welcome");
@@ -1291,6 +1310,7 @@ static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, cons
 {
     sfrag *f = &c->f[p];
     int forced = f->fetch_pending && !f->fetch_soft ? DL_UPDATE_FETCHED
+                 : f->rebase_pending == 2            ? DL_UPDATE_STALE
                  : f->rebase_pending                 ? DL_UPDATE_REBASE
                                                      : DL_UPDATE_NORMAL;
     uint64_t held;
@@ -1331,7 +1351,7 @@ static void on_update_whole(dl_comms *c, const Dloco__V1__Update *u, int p, cons
      * update is not needed any more (the node asks again if it refuses this one) */
     f->fetch_want = 0;
     /* a forced adopt overwrites theta_p: the progress the residual was owed to is gone (learner/ef.h) */
-    if (forced != DL_UPDATE_NORMAL) dl_ef_reset(c->ef, p);
+    if (forced != DL_UPDATE_NORMAL && !(forced == DL_UPDATE_STALE && c->adopt_keep)) dl_ef_reset(c->ef, p);
     size_t bytes = (size_t)u->numel * sizeof(float);
     int stored = dl_mailbox_put_update(c->mb, p, u->version, forced, payload, (size_t)u->numel);
     if (stored && c->update_codec) {
@@ -1382,14 +1402,15 @@ static void on_ack(dl_comms *c, const Dloco__V1__Ack *a)
     int decided = dl_mailbox_decide(c->mb, p, d, a->base_version, d == DL_DECIDE_ACCEPTED || rebase);
     if (decided && d == DL_DECIDE_ACCEPTED) dl_mailbox_await_version(c->mb, p, a->merged_version);
     /* error feedback follows the decision of the push it encoded (learner/ef.h) */
-    if (decided) dl_ef_decided(c->ef, p, d, rebase, a->base_version);
+    if (decided && d == DL_DECIDE_DROPPED && c->adopt_keep) dl_ef_forget(c->ef, p); /* theta is not overwritten */
+    else if (decided) dl_ef_decided(c->ef, p, d, rebase, a->base_version);
     if (a->busy) {
         /* the pool was full: nothing counted, the progress stays here; the
          * fragment's next push (coalesced meanwhile) waits at least this */
         c->f[p].busy_until = dl_clock_ns() + (int64_t)a->retry_after_ms * MS;
         COUNT(busy);
     }
-    if (decided && rebase) c->f[p].rebase_pending = 1;
+    if (decided && rebase) c->f[p].rebase_pending = d == DL_DECIDE_DROPPED ? 2 : 1;
     /* any immediate answer frees the fragment for flow control */
     if (d != DL_DECIDE_ACCEPTED) c->f[p].unacked = 0;
     pthread_mutex_lock(&c->mu);

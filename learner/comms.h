@@ -143,6 +143,9 @@ typedef struct {
     char curve_server[41], curve_public[41], curve_secret[41];
     /* a fragment version more than this above the newest known is refused; 0 = DL_COMMS_MAX_VERSION_JUMP */
     uint64_t max_version_jump;
+    /* the learner adopts in keep mode: after a push dropped stale it keeps what it
+     * trained since, so the residual the accepted pushes owe stays (learner/ef.h) */
+    int adopt_keep;
     /* Robustness benchmarks only: with byzantine set, every pushed delta
      * leaves multiplied by byzantine_scale (flip = -1), so the synchronizer's
      * guards can be measured against a corrupt learner. The mailbox, the node

@@ -17,6 +17,10 @@
  *   DROPPED_STALE, an Ack with rebase, any forced adopt of p (a Fetch reply,
  *   a rebase Update)                committed_p = 0: theta_p is overwritten,
  *                                   the progress (and what it owed) is gone
+ *   except DROPPED_STALE and its rebase Update under adopt=keep: theta_p
+ *   keeps what was trained after the dropped push (learner/node.c), so
+ *   pending_p is forgotten and committed_p, owed by the accepted pushes,
+ *   stays (dl_ef_forget; comms.c)
  *   no decision (a lost Ack released by the hold timeout, a new epoch, a
  *   push that did not leave)        committed_p unchanged
  * A push that replaces an earlier undecided push of p (a hold released by

@@ -801,6 +801,7 @@ static int join_setup(dloco_learner *l)
     dl_learner_netcfg *c = &l->cfg;
     dl_comms_opts co = {0};
     DL_TRY(resolve(l, &co));
+    co.adopt_keep = !strcmp(c->adopt, "keep");
     dl_log_set_level(dl_log_level_parse(c->log_level));
     if (c->events[0]) {
         DL_TRY(dl_event_open(c->events, "learner"));

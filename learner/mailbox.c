@@ -41,6 +41,8 @@ typedef struct {
     int64_t open_ns;    /* when it was sent (dl_clock_ns) */
     int need_update;    /* ACCEPTED came, its Update has not */
     uint64_t await_version; /* the version that Update brings (the Ack's merged_version), 0 = not told */
+    uint64_t behind;    /* a Welcome announced this newer global version: push after adopting it; 0 = none */
+    int64_t behind_ns;  /* when (dl_clock_ns) */
     int fate;           /* DL_FATE_* of the latest decided push, not yet taken by the node */
     uint64_t fate_base; /* its base_version */
     /* refused updates: written by either side, read by the serving session */
@@ -330,6 +332,7 @@ int dl_mailbox_put_update(dl_mailbox *m, int p, uint64_t version, int kind, cons
         int prev = f->uhave ? f->uforced : DL_UPDATE_NORMAL;
         f->uforced = kind == DL_UPDATE_FETCHED || prev == DL_UPDATE_FETCHED ? DL_UPDATE_FETCHED
                      : kind == DL_UPDATE_REBASE || prev == DL_UPDATE_REBASE ? DL_UPDATE_REBASE
+                     : kind == DL_UPDATE_STALE || prev == DL_UPDATE_STALE   ? DL_UPDATE_STALE
                                                                             : DL_UPDATE_NORMAL;
         f->uversion = version;
         f->uhave = 1;
@@ -366,6 +369,7 @@ void dl_mailbox_set_held(dl_mailbox *m, int p, uint64_t version)
     pthread_mutex_lock(&m->mu);
     m->f[p].held = version;
     m->f[p].held_ok = 1;
+    if (version >= m->f[p].behind) m->f[p].behind = 0;
     m->f[p].refusals = 0; /* an adopt ends a run of refusals */
     pthread_mutex_unlock(&m->mu);
 }
@@ -469,6 +473,26 @@ int dl_mailbox_undecided(dl_mailbox *m, int p, int64_t *since_ns)
     if (since_ns) *since_ns = pushed ? f->open_ns : 0;
     pthread_mutex_unlock(&m->mu);
     return u;
+}
+
+void dl_mailbox_set_behind(dl_mailbox *m, int p, uint64_t version, int64_t now_ns)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    frag *f = &m->f[p];
+    f->behind = f->held_ok && version > f->held ? version : 0;
+    f->behind_ns = now_ns;
+    pthread_mutex_unlock(&m->mu);
+}
+
+int dl_mailbox_behind(dl_mailbox *m, int p, int64_t *since_ns)
+{
+    assert(m && since_ns && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    int b = m->f[p].behind != 0;
+    *since_ns = b ? m->f[p].behind_ns : 0;
+    pthread_mutex_unlock(&m->mu);
+    return b;
 }
 
 int dl_mailbox_flush_pending(dl_mailbox *m)

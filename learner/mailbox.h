@@ -89,7 +89,11 @@ enum {
      * whose base is unusable): a rebase like FETCHED (theta = g, counters 0),
      * even if not newer, so the dropped push's progress and counters leave
      * (the version may not have moved yet while a round is in flight) */
-    DL_UPDATE_REBASE = 2
+    DL_UPDATE_REBASE = 2,
+    /* the rebase after a push DROPPED_STALE: as REBASE, except that a keep
+     * learner carries what it trained after the dropped push onto g (a keep
+     * adopt without the dropped push's progress, learner/node.c) */
+    DL_UPDATE_STALE = 3
 };
 
 /* What became of a push, for the node (dl_mailbox_take_fate). */
@@ -173,6 +177,14 @@ int dl_mailbox_queued(dl_mailbox *m, int p); /* 1 when a push of p is queued, no
  * *since_ns (may be NULL) = when that push was sent (dl_clock_ns), 0 when
  * only an update waits. */
 int dl_mailbox_undecided(dl_mailbox *m, int p, int64_t *since_ns);
+/* A Welcome said the global version of p is `version` (session): when that
+ * is newer than the adopted one, p is behind until an adopt reaches it
+ * (dl_mailbox_set_held); 0 or an older version clears it. UINT64_MAX: not
+ * known (a re-hello), behind until the Welcome says. */
+void dl_mailbox_set_behind(dl_mailbox *m, int p, uint64_t version, int64_t now_ns);
+/* 1 while p is behind (above), *since_ns = when the Welcome said so. A keep
+ * learner holds its next push of p meanwhile (learner/node.c hold_state). */
+int dl_mailbox_behind(dl_mailbox *m, int p, int64_t *since_ns);
 /* Fragments whose latest push has no known fate yet: still queued, or sent
  * and not decided by an ACCEPTED (and its Update), DROPPED_STALE or
  * REJECTED. 0 when a final flush is complete. */

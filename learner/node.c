@@ -335,7 +335,13 @@ static int push_now(dl_node *n, int p, int final, int held)
 /* The hold rule, as a question: HOLD_NO when p's previous push is decided
  * (and its update adopted), HOLD_YES while it is undecided (or an update of p
  * waits to be adopted), HOLD_RELEASED when it has been undecided for the
- * decision timeout; *waited_ns then says how long. Counts nothing. */
+ * decision timeout; *waited_ns then says how long. Counts nothing. A keep
+ * learner also holds p while a Welcome said the global p is newer than the
+ * one it adopted (dl_mailbox_behind: back from an outage or a partition):
+ * adopted first, that version carries what it trained meanwhile, and the
+ * push on it is fresh; on its old base the outage's steps went more than
+ * max_staleness versions stale and were dropped. overwrite and mix would
+ * throw that progress away by adopting first: they push at once. */
 enum { HOLD_NO = 0, HOLD_YES = 1, HOLD_RELEASED = 2 };
 
 static int hold_state(dl_node *n, int p, int64_t *waited_ns)
@@ -343,6 +349,7 @@ static int hold_state(dl_node *n, int p, int64_t *waited_ns)
     int64_t since = 0;
     *waited_ns = 0;
     int u = dl_mailbox_undecided(n->mb, p, &since);
+    if (!u && n->adopt == DL_ADOPT_KEEP && dl_mailbox_behind(n->mb, p, &since)) u = 1;
     if (!u) return HOLD_NO;
     if (since <= 0) return HOLD_YES;
     *waited_ns = dl_clock_ns() - since;
@@ -749,8 +756,14 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
     DL_TRY(complete(n, p));
     size_t k = f->numel;
     /* a fetch reply and the rebase after a dropped push (Ack.rebase) both
-     * abandon the local base: theta_p = g whatever the adopt mode */
-    int mode = forced != DL_UPDATE_NORMAL || !f->held ? -1 : n->adopt;
+     * abandon the local base: theta_p = g whatever the adopt mode, except
+     * the rebase after a push dropped stale in keep mode: what was trained
+     * after that push is carried onto g as a keep adopt carries it (the
+     * dropped push's own progress goes: the synchronizer counted it
+     * DROPPED_STALE); it was thrown away before, so a learner whose
+     * in-flight push crossed a partition lost the whole outage's work */
+    int stale_keep = forced == DL_UPDATE_STALE && f->held && n->adopt == DL_ADOPT_KEEP;
+    int mode = stale_keep ? DL_ADOPT_KEEP : forced != DL_UPDATE_NORMAL || !f->held ? -1 : n->adopt;
     void *ctx = n->model->ctx;
     switch (mode) {
     case DL_ADOPT_MIX: DL_TRY(n->model->apply(ctx, p, n->alpha, 1.0f - n->alpha, g)); break;
@@ -782,6 +795,10 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
         f->loss = f->compute_s = 0.0;
     }
     int undecided = f->flight == FLIGHT_POSTED || f->flight == FLIGHT_ABSORBED;
+    if (stale_keep && undecided) { /* decided: dropped; not to be put back by a later fate */
+        undecided = 0;
+        f->flight = FLIGHT_GONE;
+    }
     if (n->adopt == DL_ADOPT_KEEP) {
         if (mode == DL_ADOPT_KEEP && undecided) /* ref - base stays the undecided push's progress */
             for (size_t i = 0; i < k; i++) f->ref[i] = g[i] + (f->ref[i] - f->base[i]);
@@ -794,11 +811,11 @@ int dl_node_adopt(dl_node *n, int p, uint64_t version, int forced, const float *
     f->version = version;
     f->held = 1;
     n->st.adopted++;
-    if (mode == -1) n->st.rebased++;
+    if (mode == -1 || stale_keep) n->st.rebased++;
     dl_mailbox_set_held(n->mb, p, version);
     static const char *const names[] = {"overwrite", "mix", "keep"};
     dl_event("adopt", " fragment=%d version=%llu mode=%s", p, (unsigned long long)version,
-             mode < 0 ? "rebase" : names[mode]);
+             stale_keep ? "rebase_keep" : mode < 0 ? "rebase" : names[mode]);
     return 1;
 }
 

@@ -426,6 +426,18 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
         vers[p] = dl_policy_version(s->policy, p); /* 0 for another shard's: never served here */
         if (h->n_held_versions && owns(s, p) && h->held_versions[p] > vers[p]) must_fetch = 1;
     }
+    /* rejoin without refetch: on this incarnation's timeline what it holds is
+     * what its mirror holds (docs/PROTOCOL.md "Updates"), so a fragment it
+     * lacks versions of is owed from there -- the chain of kept deltas when
+     * that is smaller than the fragment, else the fp32 values -- and the
+     * learner does not fetch it (learner/comms.c on_welcome); a mirror that
+     * is not there after all misses the delta and fetches */
+    if (!must_fetch && s->cfg.update.c.id && env->epoch == s->epoch)
+        for (int p = 0; p < s->cfg.P; p++)
+            if (owns(s, p)) {
+                dl_registry_given_set(s->reg, slot, p, h->held_versions[p]);
+                if (h->held_versions[p] < vers[p]) dl_downlink_owe(s, l, p);
+            }
     /* the held versions: progress on them can be as old as the longest
      * absence that keeps fragments (rebase_ms) */
     for (int p = 0; !must_fetch && p < s->cfg.P; p++)

@@ -46,6 +46,7 @@ void dl_registry_close(dl_registry **rp)
         free(r->slots[i].nbases);
         free(r->slots[i].owed);
         free(r->slots[i].given);
+        free(r->slots[i].pushed_ns);
     }
     free(r->slots);
     free(r->free_list);
@@ -86,6 +87,7 @@ int dl_registry_add(dl_registry *r, const char *id, int64_t now_wall)
     uint32_t *nbases = l->nbases;
     uint8_t *owed = l->owed;
     uint64_t *given = l->given;
+    int64_t *pushed_ns = l->pushed_ns;
     memset(l, 0, sizeof *l);
     l->bases = bases ? bases : dl_xcalloc((size_t)r->P * DL_REGISTRY_BASES, sizeof *l->bases);
     l->nbases = nbases ? nbases : dl_xcalloc((size_t)r->P, sizeof *l->nbases);
@@ -94,6 +96,8 @@ int dl_registry_add(dl_registry *r, const char *id, int64_t now_wall)
     memset(l->owed, 0, (size_t)r->P);
     l->given = given ? given : dl_xcalloc((size_t)r->P, sizeof *l->given);
     memset(l->given, 0, (size_t)r->P * sizeof *l->given);
+    l->pushed_ns = pushed_ns ? pushed_ns : dl_xcalloc((size_t)r->P, sizeof *l->pushed_ns);
+    memset(l->pushed_ns, 0, (size_t)r->P * sizeof *l->pushed_ns);
     l->used = 1;
     l->train_loss = NAN; /* no push yet */
     memcpy(l->id, id, strlen(id) + 1);

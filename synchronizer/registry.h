@@ -61,6 +61,10 @@ typedef struct {
     uint64_t *given;         /* [P] version + 1 of the last Update of p sent whole on this connection since its
                                 latest Hello (0 = none, or a Fetch / rebase of p asked for it again): the version
                                 it holds exactly, onto which a delta Update applies (dl_registry_given) */
+    int64_t *pushed_ns;      /* [P] monotonic ns the base of its latest push of p reached it (0 = none): that
+                                push was made later, and a keep learner's next push carries the steps since,
+                                which can be older than the base it adopted meanwhile (an outage's steps
+                                carried onto a newer version) */
     int n_owed;
     int64_t owed_since_ns;   /* monotonic ns the oldest owed update became owed */
     int64_t put_ns;          /* monotonic ns of its last store record (learner_put), 0 = none */

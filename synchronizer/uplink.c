@@ -201,6 +201,12 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
     int found = 0;
     int64_t since = dl_registry_base_ns(s->reg, slot, p, ph->base_version, &found);
     if (!since) since = l->hello_ns - (int64_t)s->cfg.rebase_ms * 1000000LL;
+    /* ... or since its previous push of p was made (after that push's base
+     * reached it): adopt keep carries the steps since then onto each newer
+     * base (after an outage, many steps onto a base just sent) */
+    int64_t prev = l->pushed_ns[p];
+    l->pushed_ns[p] = since;
+    if (prev && prev < since) since = prev;
     double elapsed = (double)(now - since) * 1e-9;
     if (elapsed < 0) elapsed = 0;
     uint64_t batch = l->batch ? l->batch : s->cfg.guard.max_batch;

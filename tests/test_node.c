@@ -935,6 +935,57 @@ static void test_bad_input(void)
 }
 
 // ---------------------------------------------------------------------------
+// keep: the rebase after a push dropped stale (DL_UPDATE_STALE) carries what
+// was trained after that push onto g (theta = g + theta - theta at the push,
+// counters of those steps); before, it was theta = g and the partition's
+// progress was thrown away (docs/ARCHITECTURE.md "The hold rule")
+
+static void test_stale_keep(void)
+{
+    float *theta = calloc(total, sizeof(float));
+    dl_mailbox *c = NULL;
+    dl_node *n = NULL;
+    setup(DL_ADOPT_KEEP, 0.5f, theta, &c, &n);
+    size_t k = dl_plan_fragment_numel(plan, 1);
+    float *g = calloc(k, sizeof(float)), *d = dl_mailbox_buf_alloc(c);
+    train_step(theta, 1);
+    dl_node_after_step(n, 1, H, TOK, 1.0, 0.0); /* fragment 1 is due at step 1: pushed, queued */
+    float *at_push = gather(1, theta);
+    dl_mailbox_claim cl;
+    CHECK(dl_mailbox_claim_push(c, 1, 1, &cl, &d) == 1, "stale keep: the session sends the push");
+    const dl_mailbox_push h = cl.h;
+    train_step(theta, 2);
+    dl_node_after_step(n, 2, H, TOK, 1.0, 0.0);
+    float *before = gather(1, theta);
+    CHECK(dl_mailbox_decide(c, 1, DL_DECIDE_DROPPED, h.base_version, 1) == 1, "stale keep: the push is dropped");
+    global_of(1, 1, g);
+    for (size_t i = 0; i < k; i++) g[i] += 0.5f;
+    dl_mailbox_put_update(c, 1, 1, DL_UPDATE_STALE, g, k);
+    CHECK(dl_node_poll(n) == 1, "stale keep: the rebase is adopted");
+    float *th = gather(1, theta);
+    double err = 0.0, moved = 0.0;
+    for (size_t i = 0; i < k; i++) {
+        err = fmax(err, fabs((double)th[i] - ((double)g[i] + (double)before[i] - (double)at_push[i])));
+        moved = fmax(moved, fabs((double)before[i] - (double)at_push[i]));
+    }
+    dl_node_stats ns;
+    dl_node_get_stats(n, &ns);
+    CHECK(moved > 0 && err < 1e-5 && same(dl_node_base(n, 1), g, k) && dl_node_steps(n, 1) == 1 &&
+              dl_node_tokens(n, 1) == TOK && ns.discarded_tokens == 0,
+          "stale keep: theta = g + the step after the push (err %.3g), base = g, counters 1 step, nothing discarded",
+          err);
+    printf("ok: keep: the rebase after a stale drop keeps the steps trained after the dropped push\n");
+    free(th);
+    free(before);
+    free(at_push);
+    free(g);
+    free(d);
+    dl_node_close(&n);
+    dl_mailbox_close(&c);
+    free(theta);
+}
+
+// ---------------------------------------------------------------------------
 // the Update after an Ack with rebase (DL_UPDATE_REBASE) is a rebase in every
 // adopt mode: theta = g, counters 0, even when not newer; a queued push of the
 // abandoned base is dropped
@@ -1258,6 +1309,7 @@ int main(void)
     test_rebase_kind(DL_ADOPT_OVERWRITE, "overwrite");
     test_rebase_kind(DL_ADOPT_MIX, "mix");
     test_rebase_kind(DL_ADOPT_KEEP, "keep");
+    test_stale_keep();
     for (int order = 0; order < 2; order++) {
         test_fate(DL_ADOPT_KEEP, "keep", order, DL_DECIDE_REJECTED);
         test_fate(DL_ADOPT_OVERWRITE, "overwrite", order, DL_DECIDE_REJECTED);
