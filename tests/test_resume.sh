@@ -62,7 +62,7 @@ printf 'lr = 2e-3\nwarmup = abc\n' > "$W/bad2.ini"
 check_bad "bad2.ini:2: option warmup: 'abc' is not an integer" --standalone --config "$W/bad2.ini"
 check_bad "adam_fleet needs an even batch" $COMMON --adam_fleet 8 --batch 3
 check_bad "adam_fleet 0.5: 0 (off) or a batch multiple" $COMMON --adam_fleet 0.5
-check_bad "cannot resume" $COMMON --adam_fleet 8 --resume "$W/a.ckpt"
+check_bad "resume it with --optimizer adamw" $COMMON --adam_fleet 8 --resume "$W/a.ckpt"
 # the model options are one set of rows (core/model.h): dloco-sync refuses a
 # bad value with the same bounds error as the learner
 SYNC=${DLOCO_BIN:-build}/synchronizer/dloco-sync
