@@ -131,15 +131,21 @@ static int recv_msg(void *d, dl_wire_msg *m)
 
 static uint32_t hello_embd = 16; /* the model Hellos describe: MODEL, or test_paced_downlink's wider one */
 
+/* A Hello of this test's model (n_embd as given) and fingerprint, P fragments, device "test". */
+static void hello_base(Dloco__V1__Hello *h, uint64_t fp, uint32_t n_embd)
+{
+    dloco__v1__hello__init(h);
+    h->fingerprint = fp;
+    h->n_layer = 1; h->n_head = 2; h->n_embd = n_embd; h->seq_len = 8; h->vocab = 256;
+    h->num_fragments = P;
+    h->device = "test";
+}
+
 static void send_hello_c(void *d, const char *id, const char *run, uint64_t fp, uint32_t max_chunk)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Hello h;
-    dloco__v1__hello__init(&h);
-    h.fingerprint = fp;
-    h.n_layer = 1; h.n_head = 2; h.n_embd = hello_embd; h.seq_len = 8; h.vocab = 256;
-    h.num_fragments = P;
-    h.device = "test";
+    hello_base(&h, fp, hello_embd);
     h.max_chunk_bytes = max_chunk;
     dl_wire_env_init(&env, run, 0, id);
     dl_wire_set_hello(&env, &h);
@@ -154,11 +160,7 @@ static int hello_carried(void *d, const char *id, const uint64_t *held, uint64_t
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Hello h;
-    dloco__v1__hello__init(&h);
-    h.fingerprint = fingerprint;
-    h.n_layer = 1; h.n_head = 2; h.n_embd = 16; h.seq_len = 8; h.vocab = 256;
-    h.num_fragments = P;
-    h.device = "test";
+    hello_base(&h, fingerprint, 16);
     h.batch = 2;
     h.step = step;
     h.instance = 0x5eed;
@@ -188,11 +190,7 @@ static void send_hello_held(void *d, const char *id, const uint64_t *held)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Hello h;
-    dloco__v1__hello__init(&h);
-    h.fingerprint = fingerprint;
-    h.n_layer = 1; h.n_head = 2; h.n_embd = 16; h.seq_len = 8; h.vocab = 256;
-    h.num_fragments = P;
-    h.device = "test";
+    hello_base(&h, fingerprint, 16);
     h.n_held_versions = P;
     h.held_versions = (uint64_t *)held;
     dl_wire_env_init(&env, "dloco", epoch, id);
