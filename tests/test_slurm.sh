@@ -98,7 +98,7 @@ lr = 3e-3
 log_every = 50
 device = cpu
 INI
-STEPS=600
+STEPS=360
 JD="$JW/job"
 # DLOCO_SLURM_MARK travels with the job's environment (sbatch --export=ALL): it
 # tells this test's job processes from anything else at the end
