@@ -266,7 +266,7 @@ int dl_store_bump_epoch(dl_store *s, uint64_t *epoch_out)
     uint64_t epoch = 0;
     DL_TRY(dl_store_write(s, 0, epoch_fn, &epoch));
     /* the epoch fences off older synchronizers: it must survive power loss */
-    if (s->durability == DL_STORE_PERIODIC) MDB_CALL(mdb_env_sync(s->env, 1));
+    if (s->durability == DL_STORE_PERIODIC) DL_TRY(dl_store_sync(s));
     *epoch_out = epoch;
     return 0;
 }

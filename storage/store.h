@@ -406,6 +406,8 @@ typedef struct {
     uint32_t map_grows;        /* map growths since open (all causes) */
     uint32_t map_full_retries; /* transactions retried after MDB_MAP_FULL */
     uint32_t grow_timeouts;    /* growths that gave up (DL_EAGAIN): transactions stayed open past grow_wait_ms */
+    uint32_t env_reopens;      /* environments reopened after LMDB stopped one (MDB_PANIC: a commit could not
+                                  write its meta page, e.g. a full disk) */
     uint32_t snapshots_open;   /* snapshots open now */
 } dl_store_stats;
 

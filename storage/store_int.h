@@ -3,7 +3,7 @@
  * make to one another. What may live here: what two or more of storage/store*.c
  * share; nothing here is for other folders (they use storage/store.h). The files:
  *   store_codec.c  encodings of every stored value (decoders validate; errors name the key)
- *   store_txn.c    the gate, map growth, transactions, open / close
+ *   store_txn.c    the gate, map growth, transactions, open / reopen / close
  *   store.c        the write API: run, epoch, evaluation, merge commit, learner records, ledger
  *   store_read.c   the read API: run facts, fragment reads, snapshots, records, stats
  *   store_check.c  the offline checker (`dloco check`) */
@@ -184,6 +184,7 @@ struct dl_store {
     pthread_cond_t gate_cv; /* broadcast when the count reaches zero under a pending grow, and when a grow ends */
     int active_txns;
     int grow_pending, grow_stalled;
+    uint32_t env_serial; /* environments opened since dl_store_open (env_reopen); changes only at zero count */
     uint32_t grow_wait_ms;
     atomic_int snaps_open;
     /* run cache: written once by open or init_run, immutable afterwards */
@@ -199,7 +200,7 @@ struct dl_store {
     struct dl_manifest *manifest; /* a manifest run's model (meta[manifest]); NULL: a GPT-2 run */
     /* stats */
     int stale_cleared;
-    atomic_uint map_grows, map_full_retries, grow_timeouts;
+    atomic_uint map_grows, map_full_retries, grow_timeouts, env_reopens;
 };
 
 /* A copy a snapshot hands out where it cannot point into the map: a range

@@ -462,6 +462,7 @@ int dl_store_get_stats(dl_store *s, dl_store_stats *out)
         .map_grows = atomic_load(&s->map_grows),
         .map_full_retries = atomic_load(&s->map_full_retries),
         .grow_timeouts = atomic_load(&s->grow_timeouts),
+        .env_reopens = atomic_load(&s->env_reopens),
         .snapshots_open = (uint32_t)atomic_load(&s->snaps_open),
     };
     return 0;

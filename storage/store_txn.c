@@ -1,5 +1,5 @@
 /* LMDB state store, transactions: the gate every transaction passes, map
- * growth that waits out open snapshots, the write loop, open and close. */
+ * growth that waits out open snapshots, the write loop, open, reopen after an MDB_PANIC, close. */
 #include "storage/store_int.h"
 
 #include "core/err.h"
@@ -78,6 +78,10 @@ static void gate_leave(dl_store *s)
 static uint64_t map_info_locked(dl_store *s, uint64_t *map_size)
 {
     MDB_envinfo info;
+    if (!s->env) { /* a reopen failed (env_reopen): nothing is mapped */
+        *map_size = 0;
+        return 0;
+    }
     int rc = mdb_env_info(s->env, &info); /* fails only on NULL arguments */
     if (rc) DL_PANIC("mdb_env_info: %s", mdb_strerror(rc));
     *map_size = info.me_mapsize;
@@ -115,7 +119,7 @@ int dl_store_map_grow(dl_store *s, uint64_t min_size)
     while (s->active_txns > 0 && !timed_out)
         timed_out = pthread_cond_timedwait(&s->gate_cv, &s->gate, &dl) == ETIMEDOUT && s->active_txns > 0;
     int open = s->active_txns, rc = 0;
-    if (!timed_out) rc = mdb_env_set_mapsize(s->env, (size_t)target);
+    if (!timed_out) rc = s->env ? mdb_env_set_mapsize(s->env, (size_t)target) : MDB_PANIC;
     s->grow_pending = 0;
     pthread_cond_broadcast(&s->gate_cv);
     pthread_mutex_unlock(&s->gate);
@@ -135,15 +139,98 @@ int dl_store_map_grow(dl_store *s, uint64_t min_size)
     return 0;
 }
 
+/* Opens s->dir's environment into s->env again, with the databases
+ * dl_store_open found (same names, same order): called with the gate held and
+ * no transaction or snapshot open. On failure s->env stays NULL and the next
+ * transaction tries again. Returns 0 or an LMDB code. */
+static int env_reopen_locked(dl_store *s, uint64_t map_size)
+{
+    static const char *names[] = {"meta", "fragments", "params", "outer", "learners", "merges", "ledger"};
+    MDB_dbi *dbis[] = {&s->dbi_meta,     &s->dbi_frag,   &s->dbi_params, &s->dbi_outer,
+                       &s->dbi_learners, &s->dbi_merges, &s->dbi_ledger};
+    if (s->env) mdb_env_close(s->env);
+    s->env = NULL;
+    MDB_env *e;
+    int rc = mdb_env_create(&e);
+    if (rc) return rc;
+    unsigned flags = MDB_NOTLS | (s->durability == DL_STORE_PERIODIC ? MDB_NOSYNC : 0);
+    MDB_txn *t = NULL;
+    if ((rc = mdb_env_set_maxdbs(e, 8)) || (rc = mdb_env_set_maxreaders(e, 256)) ||
+        (rc = mdb_env_set_mapsize(e, (size_t)map_size)) || (rc = mdb_env_open(e, s->dir, flags, 0644)) ||
+        (rc = mdb_txn_begin(e, NULL, MDB_RDONLY, &t))) {
+        mdb_env_close(e);
+        return rc;
+    }
+    MDB_dbi got[7];
+    for (int i = 0; i < 7 && !rc; i++) rc = mdb_dbi_open(t, names[i], 0, &got[i]);
+    if (rc) mdb_txn_abort(t);
+    else rc = mdb_txn_commit(t); /* a commit keeps the handles for the env's life */
+    if (rc) {
+        mdb_env_close(e);
+        return rc;
+    }
+    for (int i = 0; i < 7; i++) *dbis[i] = got[i];
+    s->env = e;
+    return 0;
+}
+
+/* LMDB stops an environment for good when a commit cannot write its meta
+ * page nor put the old one back (a full or failing disk at that instant):
+ * every later transaction fails with MDB_PANIC. The data file still holds the
+ * last commit that reached it (the meta page names it), so the environment
+ * is closed and opened again once no transaction or snapshot of this process
+ * is open, and commits succeed again as soon as the disk does, not after a
+ * restart. Waits for open transactions like a map growth (grow_wait_ms). */
+static int env_reopen(dl_store *s, uint32_t failed_serial)
+{
+    pthread_mutex_lock(&s->gate);
+    while (s->grow_pending) pthread_cond_wait(&s->gate_cv, &s->gate); /* a growth, or another thread's reopen */
+    if (s->env && s->env_serial != failed_serial) { /* another thread reopened it meanwhile: try that one */
+        pthread_mutex_unlock(&s->gate);
+        return 0;
+    }
+    s->grow_pending = 1;
+    s->grow_stalled = 0;
+    struct timespec dl = deadline_ms(s->grow_wait_ms);
+    int timed_out = 0;
+    while (s->active_txns > 0 && !timed_out)
+        timed_out = pthread_cond_timedwait(&s->gate_cv, &s->gate, &dl) == ETIMEDOUT && s->active_txns > 0;
+    int open = s->active_txns, rc = 0;
+    uint64_t size = 0;
+    if (!timed_out) {
+        map_info_locked(s, &size);
+        rc = env_reopen_locked(s, size ? size : MAP_DEFAULT);
+        s->env_serial++;
+    }
+    s->grow_pending = 0;
+    pthread_cond_broadcast(&s->gate_cv);
+    pthread_mutex_unlock(&s->gate);
+    if (timed_out)
+        return dl_err(DL_EAGAIN, "store %s: LMDB stopped the environment after a failed write and it must be opened "
+                                 "again, but %d transaction(s) or snapshot(s) of this process stayed open for %u ms; "
+                                 "nothing was written, retry", s->dir, open, s->grow_wait_ms);
+    if (rc) return dl_store_mdb_fail(rc, "mdb_env_open(reopen)", __FILE__, __LINE__);
+    atomic_fetch_add(&s->env_reopens, 1);
+    DL_WARN("store %s: LMDB had stopped the environment after a failed write (a full or failing disk); opened it "
+            "again at its last commit on disk", s->dir);
+    return 0;
+}
+
 int dl_store_txn_begin(dl_store *s, int write, MDB_txn **out)
 {
     for (int attempt = 0;; attempt++) {
         gate_enter(s);
-        int rc = mdb_txn_begin(s->env, NULL, write ? 0 : MDB_RDONLY, out);
+        int rc = s->env ? mdb_txn_begin(s->env, NULL, write ? 0 : MDB_RDONLY, out) : MDB_PANIC;
         if (rc == MDB_SUCCESS) return 0;
+        /* read while this thread is counted: a reopen waits for the count to reach zero */
+        uint32_t serial = s->env_serial;
         gate_leave(s);
         if (rc == MDB_MAP_RESIZED && attempt < 3) { /* another process grew the map */
             DL_TRY(dl_store_map_grow(s, 0));
+            continue;
+        }
+        if (rc == MDB_PANIC && !s->read_only && attempt < 3) {
+            DL_TRY(env_reopen(s, serial));
             continue;
         }
         return dl_store_mdb_fail(rc, write ? "mdb_txn_begin(write)" : "mdb_txn_begin(read)", __FILE__, __LINE__);
@@ -556,7 +643,10 @@ int dl_store_sync(dl_store *s)
 {
     assert(s);
     if (s->read_only) return 0;
-    MDB_CALL(mdb_env_sync(s->env, 1));
+    gate_enter(s); /* counted like a transaction: a reopen must not close the environment under it */
+    int rc = s->env ? mdb_env_sync(s->env, 1) : MDB_PANIC;
+    gate_leave(s);
+    if (rc) return dl_store_mdb_fail(rc, "mdb_env_sync", __FILE__, __LINE__);
     return 0;
 }
 

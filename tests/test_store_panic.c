@@ -1,0 +1,131 @@
+/* A commit whose meta-page write fails (a full disk at that instant) makes LMDB stop the
+ * environment (MDB_PANIC from every later transaction): the store opens it again and commits
+ * succeed as soon as the disk does, at the last commit on disk, with no restart. */
+#define _GNU_SOURCE /* RTLD_NEXT */
+#include "core/manifest.h"
+#include "storage/store.h"
+
+#include "core/err.h"
+#include "tests/check.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* LMDB (a shared library) writes its two meta pages with pwrite at offsets
+ * below two pages, data pages above them (writev, or pwrite for one page).
+ * While g_fail_meta is set, this executable's pwrite -- the one liblmdb's
+ * calls bind to -- fails those meta writes with ENOSPC, as a full disk would:
+ * the data pages reach the file and the commit fails at its meta page, and
+ * LMDB's attempt to put the old meta back fails too, so it marks the
+ * environment failed for good. */
+static atomic_int g_fail_meta, g_failed;
+static long g_page;
+
+ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+    static ssize_t (*real)(int, const void *, size_t, off_t);
+    if (!real) real = (ssize_t (*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite");
+    if (atomic_load(&g_fail_meta) && off < 2 * g_page) {
+        atomic_fetch_add(&g_failed, 1);
+        errno = ENOSPC;
+        return -1;
+    }
+    return real(fd, buf, n, off);
+}
+
+#define OK(expr)                                                                                         \
+    do {                                                                                                 \
+        int ok_rc_ = (expr);                                                                             \
+        REQUIRE(ok_rc_ == 0, "%s -> %d (%s): %s", #expr, ok_rc_, dl_strerror(ok_rc_), dl_errmsg());        \
+    } while (0)
+
+static float val(uint64_t v, size_t i) { return (float)(v * 1000 + i % 97); }
+
+static int commit(dl_store *s, uint64_t v, size_t n)
+{
+    float *x = malloc(n * sizeof *x), *m = calloc(n, sizeof *m);
+    for (size_t i = 0; i < n; i++) x[i] = val(v, i);
+    dl_merge_contrib c = {.base_version = v - 1, .staleness = 1, .steps = 1, .tokens = 64, .weight = 1.0,
+                          .decision = DL_MERGE_MERGED, .learner_id = "l0"};
+    dl_merge_record rec = {.epoch = 1, .wallclock_ns = 1, .staleness_fn = "constant", .delta_norm = 1,
+                           .n_contrib = 1, .contrib = &c};
+    dl_store_ledger led = {{[DL_LEDGER_APPLIED] = 64}};
+    int rc = dl_store_commit_merge(s, 0, v, x, m, &rec, &led);
+    free(x);
+    free(m);
+    return rc;
+}
+
+static void expect_version(dl_store *s, uint64_t want, size_t n)
+{
+    float *x = malloc(n * sizeof *x);
+    uint64_t v = 0;
+    OK(dl_store_read_fragment(s, 0, &v, x, NULL));
+    REQUIRE(v == want, "fragment 0 at version %llu, expected %llu", (unsigned long long)v, (unsigned long long)want);
+    for (size_t i = 0; i < n; i++) REQUIRE(x[i] == val(want, i), "param %zu of v%llu", i, (unsigned long long)want);
+    free(x);
+}
+
+int main(void)
+{
+    g_page = sysconf(_SC_PAGESIZE);
+    char dir[] = "/tmp/dloco_test_store_panic_XXXXXX";
+    REQUIRE(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    const uint64_t numel[1] = {5000};
+    float *init = calloc(numel[0], sizeof *init);
+    dl_store_run run = {"run-panic", 0x77, "", 1, numel, {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16,
+                                                          .vocab = 256}, 1};
+    dl_store *s = NULL;
+    dl_store_opts o = dl_store_opts_default();
+    OK(dl_store_open(dir, &o, &s));
+    OK(dl_store_init_run(s, &run, (const float *const *)&init));
+    OK(commit(s, 1, numel[0]));
+
+    /* the disk fills while v2 commits: its meta page cannot be written */
+    atomic_store(&g_fail_meta, 1);
+    int rc = commit(s, 2, numel[0]);
+    REQUIRE(rc != 0, "the commit of v2 succeeded with its meta page refused");
+    REQUIRE(atomic_load(&g_failed) >= 1, "LMDB wrote no meta page through pwrite (%d refused)", atomic_load(&g_failed));
+    printf("ok: the commit of v2 failed at its meta page: %s\n", dl_errmsg());
+    /* still full: the next commit fails too, and nothing is lost */
+    REQUIRE(commit(s, 2, numel[0]) != 0, "a commit succeeded on the full disk");
+    printf("ok: a commit on the still-full disk fails: %s\n", dl_errmsg());
+
+    /* the disk has room again: the next commit succeeds in this process */
+    atomic_store(&g_fail_meta, 0);
+    rc = commit(s, 2, numel[0]);
+    REQUIRE(rc == 0, "the first commit after the disk recovered failed: %d %s (LMDB's environment stays stopped "
+                     "until it is opened again)", rc, dl_errmsg());
+    dl_store_stats st;
+    OK(dl_store_get_stats(s, &st));
+    REQUIRE(st.env_reopens >= 1, "no environment reopen counted (%u)", st.env_reopens);
+    printf("ok: v2 committed after the disk recovered (%u environment reopen(s))\n", st.env_reopens);
+    expect_version(s, 2, numel[0]);
+    OK(commit(s, 3, numel[0]));
+    expect_version(s, 3, numel[0]);
+    dl_store_ledger led;
+    OK(dl_store_ledger_get(s, &led));
+    REQUIRE(led.tokens[DL_LEDGER_APPLIED] == 3 * 64, "applied tokens %llu, expected %d (each commit once)",
+            (unsigned long long)led.tokens[DL_LEDGER_APPLIED], 3 * 64);
+    dl_store_close(&s);
+
+    /* the store on disk: the checker passes and a fresh open reads v3 */
+    REQUIRE(dl_store_check(dir, stdout) == 0, "dloco check failed on the store: %s", dl_errmsg());
+    OK(dl_store_open(dir, &o, &s));
+    expect_version(s, 3, numel[0]);
+    dl_store_close(&s);
+    printf("ok: the store checks clean and reopens at v3\n");
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    REQUIRE(system(cmd) == 0, "rm %s", dir);
+    free(init);
+    printf("test_store_panic: all checks passed\n");
+    return 0;
+}
