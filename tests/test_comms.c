@@ -63,19 +63,7 @@ static void h_update(harness *h, const char *id, uint64_t epoch, int p, uint64_t
 static void h_update_chunk(harness *h, const char *id, uint64_t epoch, int p, uint64_t version, const float *g,
                            uint64_t off, uint64_t n)
 {
-    Dloco__V1__Update u;
-    dloco__v1__update__init(&u);
-    u.fragment = (uint32_t)p;
-    u.version = version;
-    u.codec = DLOCO__V1__CODEC__CODEC_FP32;
-    u.numel = h->numel[p];
-    u.chunk_offset = off;
-    u.chunk_numel = n;
-    u.checksum = dl_wire_checksum(g + off, n * 4);
-    Dloco__V1__Envelope env;
-    dl_wire_env_init(&env, h->run_id, epoch, id);
-    dl_wire_set_update(&env, &u);
-    fs_check_send(h, id, &env, g + off, n * 4);
+    REQUIRE(fs_update_chunk(h, id, epoch, p, version, g, off, n) == 0, "harness update chunk");
 }
 
 /* A delta Update of p at `version` (= version - 1 + decode), elements [off,
