@@ -212,7 +212,7 @@ static void no_free(void *data, void *hint)
     (void)hint;
 }
 
-/* Elements per chunk of a push at chunk_bytes (as learner/comms.c: the fp32 chunk's element count,
+/* Elements per chunk of a push at chunk_bytes (as learner/comms_uplink.c: the fp32 chunk's element count,
  * rounded down to whole blocks for a block codec, at least one block). */
 static uint64_t chunk_numel(const lg *g, uint64_t chunk_bytes)
 {

@@ -20,7 +20,7 @@
  *   except DROPPED_STALE and its rebase Update under adopt=keep: theta_p
  *   keeps what was trained after the dropped push (learner/node.c), so
  *   pending_p is forgotten and committed_p, owed by the accepted pushes,
- *   stays (dl_ef_forget; comms.c)
+ *   stays (dl_ef_forget; comms_uplink.c)
  *   no decision (a lost Ack released by the hold timeout, a new epoch, a
  *   push that did not leave)        committed_p unchanged
  * A push that replaces an earlier undecided push of p (a hold released by

@@ -430,7 +430,7 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
      * what its mirror holds (docs/PROTOCOL.md "Updates"), so a fragment it
      * lacks versions of is owed from there -- the chain of kept deltas when
      * that is smaller than the fragment, else the fp32 values -- and the
-     * learner does not fetch it (learner/comms.c on_welcome); a mirror that
+     * learner does not fetch it (learner/comms_admit.c dl_comms_admit_welcome); a mirror that
      * is not there after all misses the delta and fetches */
     if (!must_fetch && s->cfg.update.c.id && env->epoch == s->epoch)
         for (int p = 0; p < s->cfg.P; p++)
@@ -493,7 +493,7 @@ int64_t dl_admit_last_sign(const dl_registry_learner *l)
 }
 
 /* Chunks of a learner's own pushes its heartbeats may wait behind: the two
- * of its push window (learner/comms.c) and about one more in its kernel's
+ * of its push window (learner/comms_uplink.c) and about one more in its kernel's
  * send buffer. */
 #define DL_ADMIT_UPLINK_CHUNKS 3
 /* The uplink rate assumed until one is measured, bytes/s (1 Mbit/s). */

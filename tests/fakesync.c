@@ -195,7 +195,10 @@ int fs_welcome(dl_fakesync *h, const char *id, const fs_welcome_args *a)
     return fs_send_unchecked(h, id, &env, NULL, 0);
 }
 
-int fs_update_raw(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t version, const void *g, size_t bytes)
+/* An fp32 Update of p at `version` carrying `bytes` of data: the whole fragment (n 0), or elements
+ * [off, off + n) as one chunk; bytes that are not 4 x its elements are sent unchecked. */
+static int update(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t version, const void *data,
+                  size_t bytes, uint64_t off, uint64_t n)
 {
     Dloco__V1__Update u;
     dloco__v1__update__init(&u);
@@ -203,12 +206,25 @@ int fs_update_raw(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_
     u.version = version;
     u.codec = DLOCO__V1__CODEC__CODEC_FP32;
     u.numel = h->numel[p];
-    u.checksum = dl_wire_checksum(g, bytes);
+    u.chunk_offset = off;
+    u.chunk_numel = n;
+    u.checksum = dl_wire_checksum(data, bytes);
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, h->run_id, epoch, who(h, id));
     dl_wire_set_update(&env, &u);
-    if (bytes == h->numel[p] * 4) return fs_send(h, id, &env, g, bytes);
-    return fs_send_unchecked(h, id, &env, g, bytes);
+    if (bytes == (n ? n : h->numel[p]) * 4) return fs_send(h, id, &env, data, bytes);
+    return fs_send_unchecked(h, id, &env, data, bytes);
+}
+
+int fs_update_raw(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t version, const void *g, size_t bytes)
+{
+    return update(h, id, epoch, p, version, g, bytes, 0, 0);
+}
+
+int fs_update_chunk(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t version, const float *g,
+                    uint64_t off, uint64_t n)
+{
+    return update(h, id, epoch, p, version, g + off, (size_t)n * 4, off, n);
 }
 
 int fs_update(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t version, const float *g)

@@ -72,6 +72,9 @@ int fs_welcome(dl_fakesync *h, const char *id, const fs_welcome_args *a);
 int fs_update_raw(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t version, const void *g,
                   size_t bytes);
 int fs_update(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t version, const float *g);
+/* One chunk of a full fp32 Update of p at `version`: elements [off, off + n) of g (n >= 1). */
+int fs_update_chunk(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t version, const float *g,
+                    uint64_t off, uint64_t n);
 /* Ack of p echoing `base`: decision DLOCO__V1__DECISION__*; rebase with DROPPED_STALE. */
 int fs_ack(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged);
 int fs_error(dl_fakesync *h, const char *id, uint64_t epoch, int code, const char *msg, int fatal);

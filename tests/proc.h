@@ -1,12 +1,13 @@
 /* Test helpers shared by test_comms and test_learner_trust: a short sleep,
- * and a child process (a real dloco-learner) started with its output in
- * files and reaped with a bound. Uses tests/check.h's CHECK/REQUIRE, so
- * include it after that header. */
+ * a child process (a real dloco-learner) started with its output in files
+ * and reaped with a bound, and the text corpus it trains on. Uses
+ * tests/check.h's CHECK/REQUIRE, so include it after that header. */
 #ifndef DL_TESTS_PROC_H
 #define DL_TESTS_PROC_H
 
 #include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +45,16 @@ static int reap(pid_t pid)
     waitpid(pid, &st, 0);
     CHECK(0, "learner process did not exit");
     return -1;
+}
+
+/* The corpus a dloco-learner child trains on (--data): 400 short lines at `path`. */
+static void write_corpus(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    REQUIRE(f, "corpus %s", path);
+    for (int i = 1; i <= 400; i++)
+        fprintf(f, "line %d: the quick brown fox jumps over the lazy dog %d\n", i, i * 7919 % 1000);
+    fclose(f);
 }
 
 #endif

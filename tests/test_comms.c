@@ -27,19 +27,8 @@
 #include "tests/fakesync.h"
 
 #include "tests/check.h"
+#include "tests/fakesync_check.h"
 #include "tests/proc.h"
-
-#define WAIT_MS 5000 /* bound of every single wait */
-
-
-/* Poll `expr` every 2 ms for up to WAIT_MS; evaluates to whether it held. */
-#define WAIT_FOR(expr)                                                         \
-    ({                                                                         \
-        int64_t wf_t0_ = dl_clock_ns();                                        \
-        int wf_ok_ = 0;                                                        \
-        while (!(wf_ok_ = !!(expr)) && dl_clock_ns() - wf_t0_ < WAIT_MS * 1000000LL) nap_ms(2); \
-        wf_ok_;                                                                \
-    })
 
 // ---------------------------------------------------------------------------
 // the fake synchronizer (tests/fakesync.h), with this test's checks and Welcome settings
@@ -48,28 +37,6 @@ typedef dl_fakesync harness;
 
 static void h_open(harness *h, const dl_plan *plan) { fs_open(h, plan, NULL, NULL); }
 static void h_close(harness *h) { fs_close(h); }
-
-/* Next message that is not a heartbeat, within timeout_ms. Returns its body
- * case, or -1 on timeout / bad message. m must be closed by the caller. */
-static int h_next(harness *h, dl_wire_msg *m, int timeout_ms)
-{
-    int bad = h->bad, got = fs_next(h, m, timeout_ms);
-    CHECK(h->bad == bad, "learner sent a bad message");
-    return got;
-}
-
-/* Expect a message of `body` next (heartbeats aside). */
-static int h_expect(harness *h, int body, dl_wire_msg *m, const char *what)
-{
-    int ok = fs_expect(h, body, m, WAIT_MS, what);
-    CHECK(ok, "expected %s", what);
-    return ok;
-}
-
-static void h_send(harness *h, const char *id, Dloco__V1__Envelope *env, const float *payload, size_t numel)
-{
-    REQUIRE(fs_send(h, id, env, payload, numel * 4) == 0, "harness send %s", dl_wire_body_name(env->body_case));
-}
 
 static uint32_t welcome_chunk_bytes = 0; /* Welcome.chunk_bytes (0: whole pushes) */
 static uint32_t welcome_update_codec = 0; /* Welcome.update_codec (0: full Updates only) */
@@ -96,19 +63,7 @@ static void h_update(harness *h, const char *id, uint64_t epoch, int p, uint64_t
 static void h_update_chunk(harness *h, const char *id, uint64_t epoch, int p, uint64_t version, const float *g,
                            uint64_t off, uint64_t n)
 {
-    Dloco__V1__Update u;
-    dloco__v1__update__init(&u);
-    u.fragment = (uint32_t)p;
-    u.version = version;
-    u.codec = DLOCO__V1__CODEC__CODEC_FP32;
-    u.numel = h->numel[p];
-    u.chunk_offset = off;
-    u.chunk_numel = n;
-    u.checksum = dl_wire_checksum(g + off, n * 4);
-    Dloco__V1__Envelope env;
-    dl_wire_env_init(&env, h->run_id, epoch, id);
-    dl_wire_set_update(&env, &u);
-    h_send(h, id, &env, g + off, n);
+    REQUIRE(fs_update_chunk(h, id, epoch, p, version, g, off, n) == 0, "harness update chunk");
 }
 
 /* A delta Update of p at `version` (= version - 1 + decode), elements [off,
@@ -197,7 +152,7 @@ static void expect_push(expected *e, dl_node *n, int p)
 static int recv_push(harness *h, const expected *e, int p, uint64_t *base_out, const char *ctx)
 {
     dl_wire_msg m;
-    if (!h_expect(h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, ctx)) return -1;
+    if (!fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, ctx)) return -1;
     const Dloco__V1__Push *u = m.env->push;
     int f = (int)u->fragment;
     CHECK(p < 0 || f == p, "%s: push of fragment %d, expected %d", ctx, f, p);
@@ -264,6 +219,38 @@ static dl_comms_stats stats(dl_comms *c)
     return s;
 }
 
+/* The Hello a new session opens with (what it says is test_session's business). */
+static void h_hello(harness *h)
+{
+    dl_wire_msg m;
+    REQUIRE(fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    dl_wire_msg_close(&m);
+}
+
+/* A must_fetch Welcome (every fragment at `version`) and the Fetch it brings. */
+static void h_fetch_all(harness *h, const char *id, uint64_t epoch, uint64_t version, uint32_t H, uint32_t hb_ms)
+{
+    h_welcome(h, id, epoch, version, H, hb_ms, 1);
+    dl_wire_msg m;
+    REQUIRE(fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
+    dl_wire_msg_close(&m);
+}
+
+/* The join the scenarios start from once the Hello came: h_fetch_all, every fragment's full Update at
+ * `version` (global_of), and the node ready. */
+static void h_join(harness *h, const char *id, dl_node *n, uint64_t epoch, uint64_t version, uint32_t H,
+                   uint32_t hb_ms)
+{
+    h_fetch_all(h, id, epoch, version, H, hb_ms);
+    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
+    for (int p = 0; p < P; p++) {
+        global_of(p, version, g);
+        h_update(h, id, epoch, p, version, g);
+    }
+    free(g);
+    REQUIRE(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
+}
+
 typedef struct {
     dl_node *node;
     uint64_t step;
@@ -296,7 +283,7 @@ static void test_session(harness *h, const char *dir)
 
     /* Hello: fingerprint, P, model, empty held_versions; retried after 2 s */
     for (int attempt = 0; attempt < 2; attempt++) {
-        REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello %d", attempt);
+        REQUIRE(fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello %d", attempt);
         const Dloco__V1__Hello *he = m.env->hello;
         CHECK(he->fingerprint == dl_model_fingerprint(&CFG, plan), "hello fingerprint");
         CHECK(he->num_fragments == P && he->n_held_versions == 0, "hello P=%u held %zu", he->num_fragments,
@@ -315,7 +302,7 @@ static void test_session(harness *h, const char *dir)
 
     /* Welcome must_fetch -> Fetch all -> P updates -> ready */
     h_welcome(h, id, E, 3, (uint32_t)H, 50, 1);
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
+    REQUIRE(fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
     CHECK(m.env->fetch->n_fragments == 0 && m.env->epoch == E, "fetch all (empty list) in epoch %llu",
           (unsigned long long)m.env->epoch);
     dl_wire_msg_close(&m);
@@ -405,7 +392,7 @@ static void test_session(harness *h, const char *dir)
     int hb0 = h->heartbeats;
     int64_t t0 = dl_clock_ns();
     while ((h->heartbeats < hb0 + 2 || h->hb_step != 777) && dl_clock_ns() - t0 < WAIT_MS * 1000000LL) {
-        if (h_next(h, &m, 20) >= 0) {
+        if (fs_check_next(h, &m, 20) >= 0) {
             CHECK(0, "unexpected %s while idle", dl_wire_body_name(m.env->body_case));
             dl_wire_msg_close(&m);
         }
@@ -423,7 +410,7 @@ static void test_session(harness *h, const char *dir)
 
     /* DL_ENOTFOUND (non-fatal): re-hello with held versions; welcome without fetch */
     h_error(h, id, E, DL_ENOTFOUND, "unknown learner: send hello", 0);
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after DL_ENOTFOUND"), "re-hello");
+    REQUIRE(fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after DL_ENOTFOUND"), "re-hello");
     {
         const Dloco__V1__Hello *he = m.env->hello;
         int ok = he->n_held_versions == P;
@@ -446,14 +433,14 @@ static void test_session(harness *h, const char *dir)
 
     /* newer epoch: the synchronizer restarted; must_fetch -> every fragment rebased */
     h_heartbeat(h, id, E + 1);
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after newer epoch"), "re-hello");
+    REQUIRE(fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after newer epoch"), "re-hello");
     /* the epoch of a message that is not a Welcome is never taken: the Hello carries the welcomed one */
     CHECK(m.env->epoch == E && m.env->hello->n_held_versions == P, "re-hello in epoch %llu with held versions",
           (unsigned long long)m.env->epoch);
     dl_wire_msg_close(&m);
     E++;
     h_welcome(h, id, E, 10, (uint32_t)H, 50, 1);
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after must_fetch"), "fetch");
+    REQUIRE(fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after must_fetch"), "fetch");
     CHECK(m.env->fetch->n_fragments == 0, "fetch all");
     dl_wire_msg_close(&m);
     for (int p = 0; p < P; p++) {
@@ -525,14 +512,14 @@ static void test_session(harness *h, const char *dir)
     h_ack(h, id, E, 3, 10, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
     /* fragment 3 is still pending: no Bye may come yet */
     CHECK(WAIT_FOR(dl_mailbox_flush_pending(mb) == 1), "flush waits for fragment 3 only (%d)", dl_mailbox_flush_pending(mb));
-    int early = h_next(h, &m, 300);
+    int early = fs_check_next(h, &m, 300);
     CHECK(early < 0, "nothing but heartbeats before the last answer (got %s)",
           early < 0 ? "-" : dl_wire_body_name((Dloco__V1__Envelope__BodyCase)early));
     if (early >= 0) dl_wire_msg_close(&m);
     h_ack(h, id, E, 3, 10, DLOCO__V1__DECISION__DECISION_ACCEPTED, 11);
     global_of(3, 11, g);
     h_update(h, id, E, 3, 11, g);
-    if (h_expect(h, DLOCO__V1__ENVELOPE__BODY_BYE, &m, "bye")) {
+    if (fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_BYE, &m, "bye")) {
         CHECK(m.env->bye->step == (uint64_t)step && !strcmp(m.env->bye->reason, "done"), "bye step %llu reason %s",
               (unsigned long long)m.env->bye->step, m.env->bye->reason);
         dl_wire_msg_close(&m);
@@ -587,9 +574,7 @@ static void test_fatal(harness *h)
     dl_node *n = NULL;
     dl_mailbox *mb = NULL;
     dl_comms *c = start_learner(h, "L2", theta, &mb, &n);
-    dl_wire_msg m;
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
-    dl_wire_msg_close(&m);
+    h_hello(h);
     h_error(h, "L2", 1, DL_EMISMATCH, "fingerprint mismatch: learner 0x1, synchronizer 0x2", 1);
     int rc = dl_node_wait_ready(n, WAIT_MS, NULL);
     CHECK(rc == DL_EPROTO, "wait_ready returns DL_EPROTO, got %d (%s)", rc, dl_errmsg());
@@ -616,28 +601,20 @@ static void test_silence(harness *h)
     dl_mailbox *mb = NULL;
     dl_comms *c = start_learner(h, "L3", theta, &mb, &n);
     dl_wire_msg m;
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    REQUIRE(fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
     uint8_t rid0[DL_WIRE_ROUTING_ID_MAX + 1];
     size_t rid0_len = m.id_len;
     memcpy(rid0, m.id, m.id_len);
     dl_wire_msg_close(&m);
     welcome_liveness = 2;
-    h_welcome(h, "L3", 5, 1, 4, 50, 1);
+    h_join(h, "L3", n, 5, 1, 4, 50);
     welcome_liveness = 100;
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
-    dl_wire_msg_close(&m);
-    float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
-    for (int p = 0; p < P; p++) {
-        global_of(p, 1, g);
-        h_update(h, "L3", 5, p, 1, g);
-    }
-    CHECK(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
     /* from now on the harness only listens */
     int hb0 = h->heartbeats;
     /* first a re-hello on the same connection (a long transfer may be all
      * that keeps the synchronizer's messages away), then, as the silence
      * lasts, a new connection */
-    if (h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after silence")) {
+    if (fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after silence")) {
         CHECK(m.env->hello->n_held_versions == P && m.env->epoch == 5, "re-hello with held versions in epoch 5");
         CHECK(m.id_len == rid0_len && memcmp(m.id, rid0, rid0_len) == 0, "the first re-hello on the same connection");
         dl_wire_msg_close(&m);
@@ -646,14 +623,14 @@ static void test_silence(harness *h)
     CHECK(stats(c).rehellos == 1 && stats(c).rebuilds == 0, "one re-hello, no rebuild yet (%llu)",
           (unsigned long long)stats(c).rebuilds);
     int rebuilt = 0;
-    for (int k = 0; k < 10 && !rebuilt && h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello after the rebuild"); k++) {
+    for (int k = 0;
+         k < 10 && !rebuilt && fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello after the rebuild"); k++) {
         rebuilt = m.id_len != rid0_len || memcmp(m.id, rid0, rid0_len) != 0;
         dl_wire_msg_close(&m);
     }
     CHECK(rebuilt, "a Hello on a new connection once the silence lasted");
     CHECK(stats(c).rebuilds == 1 && dl_comms_state(c, NULL, 0) == DL_COMMS_HELLO,
           "one rebuild (%llu), waiting for welcome", (unsigned long long)stats(c).rebuilds);
-    free(g);
     dl_node_close(&n);
     dl_comms_close(&c);
     dl_mailbox_close(&mb);
@@ -675,14 +652,10 @@ static void test_slow_downlink(harness *h)
     learner_silence_rebuild_ms = 30000; /* its cap on the stretched limit: not in the way here */
     dl_comms *c = start_learner(h, "L3b", theta, &mb, &n);
     learner_silence_rebuild_ms = 1500;
-    dl_wire_msg m;
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
-    dl_wire_msg_close(&m);
+    h_hello(h);
     welcome_liveness = 2; /* 2 x 50 ms: the silence limit is its 1 s floor */
-    h_welcome(h, "L3b", 6, 1, 4, 50, 1);
+    h_fetch_all(h, "L3b", 6, 1, 4, 50);
     welcome_liveness = 100;
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
-    dl_wire_msg_close(&m);
     float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
     global_of(0, 1, g);
     uint64_t nel = h->numel[0], k = nel / 4;
@@ -730,17 +703,9 @@ static void test_hold(harness *h)
     hold_adopt = DL_ADOPT_OVERWRITE;
     dl_wire_msg m;
     const uint64_t E = 2;
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
-    dl_wire_msg_close(&m);
-    h_welcome(h, id, E, 1, (uint32_t)H, 50, 1);
-    REQUIRE(h_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
-    dl_wire_msg_close(&m);
+    h_hello(h);
+    h_join(h, id, n, E, 1, (uint32_t)H, 50);
     float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
-    for (int p = 0; p < P; p++) {
-        global_of(p, 1, g);
-        h_update(h, id, E, p, 1, g);
-    }
-    REQUIRE(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
     expected e = {0};
     uint64_t b;
     for (int64_t step = 1; step <= 4; step++) { /* fragments 1, 2, 3, 0: pushed and pooled */
@@ -754,7 +719,7 @@ static void test_hold(harness *h)
     CHECK(WAIT_FOR(stats(c).acks_pending == 4), "4 pushes pooled");
     train_step(theta, 5);
     CHECK(dl_node_after_step(n, 5, H, TOK, 2.5, 0.25) == 0 && dl_node_owes(n, 1), "step 5: fragment 1 due but held");
-    int got = h_next(h, &m, 300);
+    int got = fs_check_next(h, &m, 300);
     CHECK(got < 0, "nothing is posted while the push of step 1 is undecided (got %s)",
           got < 0 ? "-" : dl_wire_body_name((Dloco__V1__Envelope__BodyCase)got));
     if (got >= 0) dl_wire_msg_close(&m);
@@ -779,7 +744,7 @@ static void test_hold(harness *h)
     CHECK(fabs(dl_node_compute_s(n, 1) - 5 * 0.25) < 1e-9, "compute_s since the first push: %g",
           dl_node_compute_s(n, 1));
     dl_wire_msg pm;
-    if (h_expect(h, DLOCO__V1__ENVELOPE__BODY_PUSH, &pm, "owed push")) {
+    if (fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_PUSH, &pm, "owed push")) {
         const Dloco__V1__Push *u = pm.env->push;
         size_t k = dl_plan_fragment_numel(plan, 1);
         CHECK(u->fragment == 1 && u->steps == 5 && u->tokens == 5 * TOK && u->base_version == 2 &&
@@ -830,10 +795,10 @@ static void test_two_sessions(void)
     dl_wire_msg m;
     float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
     for (int i = 0; i < 2; i++) {
-        REQUIRE(h_expect(hs[i], DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello %d", i);
+        REQUIRE(fs_check_expect(hs[i], DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello %d", i);
         dl_wire_msg_close(&m);
         h_welcome(hs[i], id, 1, 1, 4, 50, 1);
-        REQUIRE(h_expect(hs[i], DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch %d", i);
+        REQUIRE(fs_check_expect(hs[i], DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch %d", i);
         const Dloco__V1__Fetch *f = m.env->fetch;
         CHECK(f->n_fragments == 2 && (int)f->fragments[0] == 2 * i && (int)f->fragments[1] == 2 * i + 1,
               "session %d fetches only its fragments", i);
@@ -853,18 +818,18 @@ static void test_two_sessions(void)
         train_step(theta, step);
         dl_node_after_step(n, step, 4, TOK, 2.5, 0.1);
         int p = (int)step, mine = p < 2 ? 0 : 1; /* fragment 1 at step 1 (A), 2 at step 2 (B) */
-        if (h_expect(hs[mine], DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "push")) {
+        if (fs_check_expect(hs[mine], DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "push")) {
             CHECK((int)m.env->push->fragment == p, "push of %d on its own session", p);
             dl_wire_msg_close(&m);
         }
-        int other = h_next(hs[1 - mine], &m, 200);
+        int other = fs_check_next(hs[1 - mine], &m, 200);
         CHECK(other < 0, "nothing on the other session");
         if (other >= 0) dl_wire_msg_close(&m);
     }
     CHECK(stats(cs[0]).pushes == 1 && stats(cs[1]).pushes == 1, "one push each");
     dl_mailbox_bye(mb, "done", 2);
     for (int i = 0; i < 2; i++) {
-        if (h_expect(hs[i], DLOCO__V1__ENVELOPE__BODY_BYE, &m, "bye")) dl_wire_msg_close(&m);
+        if (fs_check_expect(hs[i], DLOCO__V1__ENVELOPE__BODY_BYE, &m, "bye")) dl_wire_msg_close(&m);
         dl_comms_close(&cs[i]);
     }
     printf("ok: two sessions over one mailbox serve their own fragments on their own sockets\n");
@@ -902,18 +867,18 @@ static void test_shard_welcome(void)
     dl_wire_msg m;
     const uint32_t lay[][2] = {{0, 2}, {0, 0}};
     for (int i = 0; i < 2; i++) {
-        REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello %d", i);
+        REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello %d", i);
         dl_wire_msg_close(&m);
         welcome_shard = lay[i][0], welcome_shards = lay[i][1];
         h_welcome(&h, id, 1, 1, 4, 50, 1);
         CHECK(WAIT_FOR(stats(c).welcomes_refused == (uint64_t)i + 1), "welcome of %s refused",
               i ? "an unsharded synchronizer" : "shard 0 of 2");
     }
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello again");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello again");
     dl_wire_msg_close(&m);
     welcome_shard = 1, welcome_shards = 2;
     h_welcome(&h, id, 1, 1, 4, 50, 1);
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch after the right welcome");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch after the right welcome");
     CHECK(m.env->fetch->n_fragments == 2 && m.env->fetch->fragments[0] == 1 && m.env->fetch->fragments[1] == 3,
           "the session fetches its shard's fragments 1 and 3");
     dl_wire_msg_close(&m);
@@ -921,7 +886,7 @@ static void test_shard_welcome(void)
     /* an unsharded session refuses a shard's Welcome */
     co.shard = 0, co.shards = 0;
     REQUIRE(dl_comms_open(&co, &c) == 0 && dl_comms_start(c) == 0, "unsharded session");
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
     dl_wire_msg_close(&m);
     h_welcome(&h, id, 2, 1, 4, 50, 1);
     CHECK(WAIT_FOR(stats(c).welcomes_refused == 1), "an unsharded session refuses shard 1 of 2");
@@ -979,11 +944,11 @@ static void test_binary(const char *dir, int sigterm)
     pid_t pid = spawn(argv, out, err);
     const uint64_t E = 3;
     dl_wire_msg m;
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "binary hello"), "hello; stderr: %s", slurp(err));
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "binary hello"), "hello; stderr: %s", slurp(err));
     CHECK(m.env->hello->fingerprint == dl_model_fingerprint(&cfg, bp), "binary fingerprint matches the harness's plan");
     dl_wire_msg_close(&m);
     h_welcome(&h, id, E, 0, 4, 100, 1);
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "binary fetch"), "fetch");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "binary fetch"), "fetch");
     dl_wire_msg_close(&m);
     size_t N = dl_plan_total_numel(bp);
     float *params = calloc(N, sizeof(float));
@@ -1003,7 +968,7 @@ static void test_binary(const char *dir, int sigterm)
     double max_rate = 0; /* max |delta_i| / steps over all pushes */
     float *d = calloc(dl_plan_max_fragment_numel(bp), sizeof(float));
     while (!bye) {
-        int body = h_next(&h, &m, 20000);
+        int body = fs_check_next(&h, &m, 20000);
         if (body < 0) {
             CHECK(0, "binary went silent; stderr: %s", slurp(err));
             break;
@@ -1103,7 +1068,7 @@ static void test_binary_refused(const char *dir)
                     "--n_embd", "16", "--seq_len", "16", "--batch", "2", "--steps", "5", "--threads", "1", NULL};
     pid_t pid = spawn(argv, out, err);
     dl_wire_msg m;
-    if (h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello")) dl_wire_msg_close(&m);
+    if (fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello")) dl_wire_msg_close(&m);
     h_error(&h, "bin-refused", 1, DL_EMISMATCH, "fragments: learner 4, synchronizer 8", 1);
     int status = reap(pid);
     char *er = slurp(err);
@@ -1140,14 +1105,12 @@ static void test_chunks(void)
     dl_mailbox *mb = NULL;
     dl_comms *c = start_learner(&h, id, theta, &mb, &n);
     dl_wire_msg m;
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
     CHECK(m.env->hello->max_chunk_bytes >= n0 * 4, "hello max_chunk_bytes %u (the largest fragment is %zu bytes)",
           m.env->hello->max_chunk_bytes, n0 * 4);
     dl_wire_msg_close(&m);
     welcome_chunk_bytes = (uint32_t)(C * 4);
-    h_welcome(&h, id, E, 5, 4, 50, 1);
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
-    dl_wire_msg_close(&m);
+    h_fetch_all(&h, id, E, 5, 4, 50);
 
     /* fragment 0 v5: two chunks, then the synchronizer forgets us */
     float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
@@ -1156,10 +1119,10 @@ static void test_chunks(void)
     h_update_chunk(&h, id, E, 0, 5, g, C, C);
     CHECK(WAIT_FOR(stats(c).chunks_recv == 2), "two chunks taken (%llu)", (unsigned long long)stats(c).chunks_recv);
     h_error(&h, id, E, DL_ENOTFOUND, "who are you", 0);
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello"), "re-hello");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello"), "re-hello");
     dl_wire_msg_close(&m);
     h_welcome(&h, id, E, 5, 4, 50, 1);
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after the re-hello"), "fetch 2");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after the re-hello"), "fetch 2");
     const Dloco__V1__Fetch *f = m.env->fetch;
     int at = -1;
     for (size_t i = 0; i < f->n_fragments; i++)
@@ -1184,7 +1147,7 @@ static void test_chunks(void)
     h_update_chunk(&h, id, E, 1, 5, g, 0, C);
     h_update_chunk(&h, id, E, 1, 5, g, 2 * C, C);
     h_update_chunk(&h, id, E, 1, 5, g, 3 * C < n1 ? 3 * C : 2 * C, C < n1 - 2 * C ? C : n1 - 2 * C); /* same gap */
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after a gap"), "fetch 3");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after a gap"), "fetch 3");
     f = m.env->fetch;
     CHECK(f->n_fragments == 1 && f->fragments[0] == 1 && f->n_resume_offsets == 1 && f->resume_versions[0] == 5 &&
               f->resume_offsets[0] == C,
@@ -1225,7 +1188,7 @@ static void test_chunks(void)
     float *got = calloc(k, sizeof(float));
     uint64_t next = 0, transfer = 0;
     int chunks = 0, in_order = 1;
-    while (next < k && h_expect(&h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "push chunk")) {
+    while (next < k && fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "push chunk")) {
         const Dloco__V1__Push *u = m.env->push;
         if ((int)u->fragment != pushed || u->chunk_numel == 0 || u->chunk_offset != next ||
             (transfer && u->transfer != transfer) || u->chunk_numel > C) {
@@ -1253,7 +1216,7 @@ static void test_chunks(void)
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, h.run_id, E, id);
     dl_wire_set_ack(&env, &a);
-    h_send(&h, id, &env, NULL, 0);
+    fs_check_send(&h, id, &env, NULL, 0);
     CHECK(WAIT_FOR(stats(c).busy == 1), "busy counted (%llu)", (unsigned long long)stats(c).busy);
     CHECK(stats(c).chunks_sent == (uint64_t)chunks && stats(c).pushes == 1, "chunks_sent %llu pushes %llu",
           (unsigned long long)stats(c).chunks_sent, (unsigned long long)stats(c).pushes);
@@ -1299,7 +1262,7 @@ static void recv_int4_push(harness *h, ef_model *em, const expected *e, int p, c
     uint64_t next = 0, transfer = 0;
     int chunks = 0, header_ok = 1, aligned = 1;
     dl_wire_msg m;
-    while (next < k && h_expect(h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, ctx)) {
+    while (next < k && fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, ctx)) {
         const Dloco__V1__Push *u = m.env->push;
         if ((int)u->fragment != p) {
             CHECK(0, "%s: push of fragment %d, expected %d", ctx, (int)u->fragment, p);
@@ -1402,19 +1365,11 @@ static void test_codec(const char *dir)
     dl_mailbox *mb = NULL;
     dl_comms *c = start_learner(&h, id, theta, &mb, &n);
     dl_wire_msg m;
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
-    dl_wire_msg_close(&m);
+    h_hello(&h);
     welcome_chunk_bytes = 4096;
     welcome_update_codec = DL_CODEC_INT8;
-    h_welcome(&h, id, E, 5, (uint32_t)H, 50, 1);
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
-    dl_wire_msg_close(&m);
+    h_join(&h, id, n, E, 5, (uint32_t)H, 50);
     float *g = calloc(nmax, sizeof(float)), *base6 = calloc(nmax, sizeof(float)), *th = calloc(nmax, sizeof(float));
-    for (int p = 0; p < P; p++) {
-        global_of(p, 5, g);
-        h_update(&h, id, E, p, 5, g);
-    }
-    REQUIRE(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
 
     /* A delta in int8 (block 16) for fragment q, version 6 = 5 + decode(d). */
     dl_codec dc = {.id = DL_CODEC_INT8, .block = 16};
@@ -1478,7 +1433,7 @@ static void test_codec(const char *dir)
 
     /* a delta for a version the mirror does not hold (v8 onto v6): dropped, fragment fetched */
     h_update_delta(&h, id, E, q, 8, &dc, dpay, 0, kq);
-    if (h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after a missed delta")) {
+    if (fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after a missed delta")) {
         CHECK(m.env->fetch->n_fragments == 1 && m.env->fetch->fragments[0] == (uint32_t)q,
               "the missed delta fetches fragment %d alone", q);
         dl_wire_msg_close(&m);
@@ -1494,7 +1449,7 @@ static void test_codec(const char *dir)
     float nan = NAN;
     memcpy(dpay, &nan, 4);
     h_update_delta(&h, id, E, q, 9, &dc, dpay, 0, kq);
-    if (h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after an undecodable delta")) {
+    if (fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch after an undecodable delta")) {
         CHECK(m.env->fetch->n_fragments == 1 && m.env->fetch->fragments[0] == (uint32_t)q, "refetch of %d", q);
         dl_wire_msg_close(&m);
     }
@@ -1549,19 +1504,12 @@ static void test_stochastic(void)
     dl_mailbox *mb = NULL;
     dl_comms *c = start_learner(&h, id, theta, &mb, &n);
     dl_wire_msg m;
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
     uint64_t instance = m.env->hello->instance;
     dl_wire_msg_close(&m);
-    h_welcome(&h, id, E, 5, (uint32_t)H, 50, 1);
-    REQUIRE(h_expect(&h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, "fetch"), "fetch");
-    dl_wire_msg_close(&m);
+    h_join(&h, id, n, E, 5, (uint32_t)H, 50);
     size_t k = dl_plan_fragment_numel(plan, q), bytes = (size_t)dl_codec_bytes(&push_codec, k);
     float *g = calloc(dl_plan_max_fragment_numel(plan), sizeof(float)), *r = calloc(k, sizeof(float));
-    for (int p = 0; p < P; p++) {
-        global_of(p, 5, g);
-        h_update(&h, id, E, p, 5, g);
-    }
-    REQUIRE(dl_node_wait_ready(n, WAIT_MS, NULL) == 0, "ready: %s", dl_errmsg());
     uint8_t *want = malloc(bytes), *other = malloc(bytes);
     expected e = {0};
     int pushes = 0, same_seed = 0, differs = 0;
@@ -1571,7 +1519,7 @@ static void test_stochastic(void)
         for (int p = 0; p < P; p++) {
             if (!due(step, p, H)) continue;
             expect_push(&e, n, p);
-            if (!h_expect(&h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "stochastic push")) continue;
+            if (!fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "stochastic push")) continue;
             if (p == q) {
                 /* residual zero: every push of q is REJECTED, the committed residual stays 0 */
                 dl_codec_enc enc = {.c = push_codec, .rounding = DL_ROUND_STOCHASTIC};
@@ -1635,11 +1583,7 @@ int main(void)
     const char *b = getenv("DLOCO_BIN");
     snprintf(bin, sizeof bin, "%s/learner/dloco-learner", b ? b : "build");
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
-    FILE *f = fopen(corpus, "w");
-    REQUIRE(f, "corpus");
-    for (int i = 1; i <= 400; i++)
-        fprintf(f, "line %d: the quick brown fox jumps over the lazy dog %d\n", i, i * 7919 % 1000);
-    fclose(f);
+    write_corpus(corpus);
     if (access(bin, X_OK) == 0) {
         test_binary(dir, 0);
         test_binary(dir, 1);

@@ -20,8 +20,8 @@
 #include "tests/fakesync.h"
 
 #include "tests/check.h"
+#include "tests/fakesync_check.h"
 
-#define WAIT_MS 5000 /* bound of every single wait */
 #define P 4
 #define H 2
 #define TOK 32 /* tokens per step: B 8 x T 4 */
@@ -31,14 +31,6 @@ static void nap_ms(int ms)
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
 }
-
-#define WAIT_FOR(expr)                                                                                   \
-    ({                                                                                                   \
-        int64_t wf_t0_ = dl_clock_ns();                                                                  \
-        int wf_ok_ = 0;                                                                                  \
-        while (!(wf_ok_ = !!(expr)) && dl_clock_ns() - wf_t0_ < WAIT_MS * 1000000LL) nap_ms(2);          \
-        wf_ok_;                                                                                          \
-    })
 
 static const dloco_gpt2_config GPT = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 16};
 static dl_model_config CFG;

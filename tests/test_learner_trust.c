@@ -31,22 +31,12 @@
 #include "tests/fakesync.h"
 
 #include "tests/check.h"
+#include "tests/fakesync_check.h"
 #include "tests/proc.h"
 
-#define WAIT_MS 5000 /* bound of every single wait */
 #define P 4
 #define H 4
 #define TOK 32
-
-
-/* Poll `expr` every 2 ms for up to WAIT_MS; evaluates to whether it held. */
-#define WAIT_FOR(expr)                                                                                   \
-    ({                                                                                                   \
-        int64_t wf_t0_ = dl_clock_ns();                                                                  \
-        int wf_ok_ = 0;                                                                                  \
-        while (!(wf_ok_ = !!(expr)) && dl_clock_ns() - wf_t0_ < WAIT_MS * 1000000LL) nap_ms(2);          \
-        wf_ok_;                                                                                          \
-    })
 
 static dl_model_config CFG = {.n_layer = 1, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab = 16};
 static dl_plan *plan;
@@ -70,26 +60,6 @@ typedef dl_fakesync fake;
 static void f_open_curve(fake *h, const char *id, const dl_auth_keypair *curve) { fs_open(h, plan, id, curve); }
 static void f_open(fake *h, const char *id) { f_open_curve(h, id, NULL); }
 static void f_close(fake *h) { fs_close(h); }
-
-/* Next message that is not a heartbeat within timeout_ms: its body case, or -1. */
-static int f_next(fake *h, dl_wire_msg *m, int timeout_ms)
-{
-    int bad = h->bad, got = fs_next(h, m, timeout_ms);
-    CHECK(h->bad == bad, "the learner sent a bad message");
-    return got;
-}
-
-static int f_expect(fake *h, int body, dl_wire_msg *m, const char *what)
-{
-    int ok = fs_expect(h, body, m, WAIT_MS, what);
-    CHECK(ok, "expected %s", what);
-    return ok;
-}
-
-static void f_send(fake *h, Dloco__V1__Envelope *env, const void *payload, size_t bytes)
-{
-    REQUIRE(fs_send(h, NULL, env, payload, bytes) == 0, "fake send %s", dl_wire_body_name(env->body_case));
-}
 
 typedef struct {
     uint64_t epoch, version;
@@ -146,7 +116,7 @@ static void f_merge(fake *h, uint64_t epoch, int p, uint64_t base, uint64_t vers
         Dloco__V1__Envelope env;
         dl_wire_env_init(&env, "dloco", epoch, h->id);
         dl_wire_set_ack(&env, &a);
-        f_send(h, &env, NULL, 0);
+        fs_check_send(h, NULL, &env, NULL, 0);
     }
     f_update(h, epoch, p, version, HONEST);
 }
@@ -157,7 +127,7 @@ static void f_heartbeat(fake *h, uint64_t epoch) { REQUIRE(fs_heartbeat(h, NULL,
 static int f_expect_fetch(fake *h, int want, const char *what)
 {
     dl_wire_msg m;
-    if (!f_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, what)) return 0;
+    if (!fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_FETCH, &m, what)) return 0;
     const Dloco__V1__Fetch *f = m.env->fetch;
     int ok = want < 0 ? f->n_fragments == 0 : f->n_fragments == 1 && (int)f->fragments[0] == want;
     CHECK(ok, "%s: fetch of %zu fragments (first %d), wanted %d", what, f->n_fragments,
@@ -242,7 +212,7 @@ static int theta_is(learner *L, int p, uint64_t version)
 static void join(fake *h, learner *L, welcome_args w)
 {
     dl_wire_msg m;
-    REQUIRE(f_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    REQUIRE(fs_check_expect(h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
     dl_wire_msg_close(&m);
     w.must_fetch = 1;
     f_welcome(h, w);
@@ -310,7 +280,7 @@ static void test_nan(void)
     learner L;
     l_start(&L, base_opts(&h));
     dl_wire_msg m;
-    REQUIRE(f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
     CHECK(m.env->hello->batch == 7, "Hello.batch %u", m.env->hello->batch);
     dl_wire_msg_close(&m);
     f_welcome(&h, good_welcome(5, 1, 1));
@@ -365,7 +335,7 @@ static void test_huge(void)
     learner L;
     l_start(&L, base_opts(&h));
     dl_wire_msg m;
-    REQUIRE(f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
     dl_wire_msg_close(&m);
     f_welcome(&h, good_welcome(5, 1, 1));
     REQUIRE(f_expect_fetch(&h, -1, "initial fetch"), "fetch");
@@ -406,7 +376,7 @@ static void test_epoch(void)
     const uint64_t BIG = 1ull << 63;
     f_heartbeat(&h, BIG);
     dl_wire_msg m;
-    if (f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after epoch 2^63")) {
+    if (fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello after epoch 2^63")) {
         CHECK(m.env->epoch == 5 && m.env->hello->n_held_versions == P, "the Hello keeps epoch %llu (held %zu)",
               (unsigned long long)m.env->epoch, m.env->hello->n_held_versions);
         dl_wire_msg_close(&m);
@@ -450,11 +420,11 @@ static void test_welcome_bounds(void)
     for (int i = 0; i < 5; i++) {
         char what[64];
         snprintf(what, sizeof what, "hello %d", i + 1);
-        REQUIRE(f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, what), "%s", what);
+        REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, what), "%s", what);
         dl_wire_msg_close(&m);
         f_welcome(&h, bad[i]);
     }
-    REQUIRE(f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello after 5 bad welcomes"), "hello 6");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello after 5 bad welcomes"), "hello 6");
     dl_wire_msg_close(&m);
     CHECK(dl_comms_state(L.c, NULL, 0) == DL_COMMS_HELLO && dl_comms_h(L.c) == 0, "still waiting for a Welcome");
     /* the sixth Hello may reach us before the comms thread counts it */
@@ -528,7 +498,8 @@ static void test_oversized(void)
     f_update_raw(&h, 5, 0, 2, junk, big);
     free(junk);
     dl_wire_msg m;
-    if (f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello on a new connection after an oversized frame")) {
+    if (fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m,
+                        "hello on a new connection after an oversized frame")) {
         CHECK(h.conns == 2 && m.env->epoch == 5 && m.env->hello->n_held_versions == P,
               "new connection (%d), epoch 5, held versions", h.conns);
         dl_wire_msg_close(&m);
@@ -543,7 +514,8 @@ static void test_oversized(void)
         REQUIRE(zmq_send(h.router, h.rid, h.rid_len, ZMQ_SNDMORE) >= 0, "send id");
         REQUIRE(zmq_send(h.router, "\x0a\xff\xff\xff", 4, 0) == 4, "send garbage");
     }
-    if (f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello on a new connection after 3 undecodable headers")) {
+    if (fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m,
+                        "hello on a new connection after 3 undecodable headers")) {
         CHECK(h.conns == 3, "a third connection (%d)", h.conns);
         dl_wire_msg_close(&m);
     }
@@ -576,12 +548,12 @@ static void test_mute(void)
     join(&h, &L, w);
     dl_wire_msg m;
     /* a re-hello on the same connection first, then (silence_rebuild_ms) a new one */
-    if (f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello on the same connection after silence")) {
+    if (fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "re-hello on the same connection after silence")) {
         CHECK(h.conns == 1 && m.env->hello->n_held_versions == P, "same connection (%d) with held versions", h.conns);
         dl_wire_msg_close(&m);
     }
     for (int k = 0; k < 10 && h.conns < 2; k++)
-        if (f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello on a new connection after more silence")) {
+        if (fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello on a new connection after more silence")) {
             CHECK(m.env->hello->n_held_versions == P, "with held versions");
             dl_wire_msg_close(&m);
         }
@@ -618,7 +590,7 @@ static void test_byzantine(void)
     float *honest = calloc(k, sizeof(float)), *got = calloc(k, sizeof(float));
     dl_node_delta(L.n, 1, honest);
     dl_wire_msg m;
-    if (f_expect(&h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "push")) {
+    if (fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "push")) {
         memcpy(got, dl_wire_msg_payload(&m, 0), k * 4);
         int ok = m.env->push->fragment == 1;
         for (size_t i = 0; i < k && ok; i++) ok = got[i] == -2.0f * honest[i] && honest[i] != 0.0f;
@@ -644,7 +616,7 @@ static void test_error_text(void)
     learner L;
     l_start(&L, base_opts(&h));
     dl_wire_msg m;
-    REQUIRE(f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
+    REQUIRE(fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "hello"), "hello");
     dl_wire_msg_close(&m);
     Dloco__V1__Error e;
     dloco__v1__error__init(&e);
@@ -654,7 +626,7 @@ static void test_error_text(void)
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, "dloco", 1, h.id);
     dl_wire_set_error(&env, &e);
-    f_send(&h, &env, NULL, 0);
+    fs_check_send(&h, NULL, &env, NULL, 0);
     CHECK(WAIT_FOR(dl_comms_state(L.c, NULL, 0) == DL_COMMS_REFUSED), "refused");
     char msg[640];
     dl_comms_state(L.c, msg, sizeof msg);
@@ -710,7 +682,7 @@ static void test_curve(void)
     /* the comms thread sets the state before it writes the event */
     CHECK(WAIT_FOR(ev_count("refused", "TD", "kind=handshake", NULL) == 1), "refused kind=handshake");
     dl_wire_msg m;
-    int got = f_next(&h, &m, 50);
+    int got = fs_check_next(&h, &m, 50);
     CHECK(got < 0 && h.conns == 0, "nothing reached the synchronizer");
     if (got >= 0) dl_wire_msg_close(&m);
     printf("ok: CURVE: the right server key joins; a wrong one never connects, rebuilds with a backoff, and is "
@@ -752,11 +724,7 @@ static void test_binary(const char *dir)
     snprintf(out, sizeof out, "%s/bin.out", dir);
     snprintf(err, sizeof err, "%s/bin.err", dir);
     snprintf(events, sizeof events, "%s/bin.events", dir);
-    FILE *f = fopen(corpus, "w");
-    REQUIRE(f, "corpus");
-    for (int i = 1; i <= 400; i++)
-        fprintf(f, "line %d: the quick brown fox jumps over the lazy dog %d\n", i, i * 7919 % 1000);
-    fclose(f);
+    write_corpus(corpus);
 
     /* rows refused at start, before any data is read */
     char *bad1[] = {bin, "--server_key", "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7", "--data", corpus, NULL};
@@ -803,7 +771,7 @@ static void test_binary(const char *dir)
     pid_t pid = spawn(argv, out, err);
     const uint64_t E = 3;
     dl_wire_msg m;
-    if (f_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "binary hello")) {
+    if (fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_HELLO, &m, "binary hello")) {
         CHECK(m.env->hello->batch == 2, "Hello.batch = --batch (%u)", m.env->hello->batch);
         dl_wire_msg_close(&m);
     }
@@ -815,7 +783,7 @@ static void test_binary(const char *dir)
     uint64_t ver[P] = {0};
     int bye = 0, pushes = 0;
     while (!bye) {
-        int body = f_next(&h, &m, 20000);
+        int body = fs_check_next(&h, &m, 20000);
         if (body < 0) {
             CHECK(0, "the binary went silent; stderr: %s", slurp(err));
             break;
@@ -861,7 +829,7 @@ static void test_binary(const char *dir)
     uint64_t jver[P] = {0};
     int64_t t_heard = dl_clock_ns();
     while (!jbye) {
-        int body = f_next(&j, &m, 100);
+        int body = fs_check_next(&j, &m, 100);
         if (body < 0) { /* a synchronizer heartbeats while it has nothing else to say */
             if (dl_clock_ns() - t_heard > 20000 * 1000000LL) {
                 CHECK(0, "the binary went silent while joining through bad updates; stderr: %s", slurp(err));
