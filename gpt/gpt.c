@@ -234,8 +234,7 @@ void dl_gpt_backward(dl_gpt *g)
                          P + g->tensors[lf].offset, g->lnf_mean, g->lnf_rstd, (int)BT, C);
 
     for (int l = L - 1; l >= 0; l--) {
-        dl_model_block w = dl_model_block_of(g->tensors, P, l);
-        dl_model_block dw = dl_model_block_of(g->tensors, G, l);
+        dl_model_block w = dl_model_block_of(g->tensors, P, l), dw = dl_model_block_of(g->tensors, G, l);
         const float *x = l == 0 ? g->encoded : g->res3 + (size_t)(l - 1) * BT * C;
         float *ln1 = g->ln1 + l * BT * C, *m1 = g->ln1_mean + l * BT, *r1 = g->ln1_rstd + l * BT;
         float *qkv = g->qkv + l * BT * 3 * C, *atty = g->atty + l * BT * C;
