@@ -91,8 +91,8 @@ int dl_options_parse(int argc, char **argv, learner_cfg *cfg, int *exit_code);
 int dl_options_check_hetero(const learner_cfg *cfg);
 /* The rules of a networked config across options (an empty id is the default <hostname>-<pid>, checked once
  * it is set): id, run_id, byzantine, then the library's own resolution of the push codec, the timers and the
- * CURVE keys (dl_learner_netcfg_resolve); sets byz_on, byz_scale, pcodec, prounding. Returns 0 or DL_EINVAL
- * (DL_EIO for an unreadable key file) naming the option. */
+ * CURVE keys (dl_learner_netcfg_resolve, the check join runs); sets byz_on, byz_scale, pcodec, prounding.
+ * Returns 0 or a DL_E* code (DL_EINVAL; a key file's own error) naming the option. */
 int dl_options_check_networked(learner_cfg *cfg);
 /* --optimizer and the gpa rows (checked in either mode, whichever the optimizer): gpa_mu_x -1 resolved from
  * the DiLoCo mapping into *mu_x. Returns 0 or DL_EINVAL naming the option. */
