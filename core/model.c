@@ -98,6 +98,16 @@ int dl_model_tensor_table(const dl_model_config *cfg, dl_tensor *out, int cap, s
     return n;
 }
 
+/* The table holds wte, wpe, then each block's 12 tensors in the order of the ADD lines above (the fields of
+ * dl_model_block), then ln_f. */
+dl_model_block dl_model_block_of(const dl_tensor *tensors, float *base, int l)
+{
+    const dl_tensor *t = tensors + 2 + 12 * (size_t)l;
+    return (dl_model_block){base + t[0].offset, base + t[1].offset, base + t[2].offset,  base + t[3].offset,
+                            base + t[4].offset, base + t[5].offset, base + t[6].offset,  base + t[7].offset,
+                            base + t[8].offset, base + t[9].offset, base + t[10].offset, base + t[11].offset};
+}
+
 int dl_model_shape(const dl_model_config *in, int B, dl_model_config *cfg, dl_tensor **tensors, int *ntensors,
                    size_t *nparams)
 {

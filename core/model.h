@@ -42,6 +42,18 @@ int dl_model_config_check(dl_model_config *cfg);
  * entries, returns the count (2 + 12*L + 2). Total floats in *numel. */
 int dl_model_tensor_table(const dl_model_config *cfg, dl_tensor *out, int cap, size_t *numel);
 
+/* Views of block l's tensors in `base`, a buffer of the tensor table's layout (the parameters, the
+ * gradients): how the CPU and the CUDA model both find a block's weights. */
+typedef struct {
+    float *ln1w, *ln1b;   /* ln_1 weight, bias [C] */
+    float *qkvw, *qkvb;   /* attn.c_attn [3C, C], [3C] */
+    float *projw, *projb; /* attn.c_proj [C, C], [C] */
+    float *ln2w, *ln2b;   /* ln_2 weight, bias [C] */
+    float *fcw, *fcb;     /* mlp.c_fc [4C, C], [4C] */
+    float *fcpw, *fcpb;   /* mlp.c_proj [C, 4C], [C] */
+} dl_model_block;
+dl_model_block dl_model_block_of(const dl_tensor *tensors, float *base, int l);
+
 /* What every GPT-2 model object (the CPU model, the CUDA model) starts from:
  * *cfg = the checked copy of `in` (padded vocabulary filled), a batch bound
  * B in [1, 65536], and the tensor table allocated (*tensors, free() it) with

@@ -10,9 +10,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* per-layer tensor order inside the buffer */
-enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NLAYER_T };
-
 struct dl_gpt {
     dl_model_config cfg;
     int maxB;
@@ -157,18 +154,6 @@ const dl_tensor *dl_gpt_tensors(const dl_gpt *g, int *n)
 }
 const float *dl_gpt_logits(const dl_gpt *g) { return g->logits; }
 
-/* views of layer l's parameters in `base` (params or grads) */
-typedef struct {
-    float *w[NLAYER_T];
-} layer_view;
-
-static layer_view layer_of(const dl_gpt *g, float *base, int l)
-{
-    layer_view v;
-    for (int i = 0; i < NLAYER_T; i++) v.w[i] = base + g->tensors[2 + l * NLAYER_T + i].offset;
-    return v;
-}
-
 double dl_gpt_forward(dl_gpt *g, const int32_t *inp, const int32_t *targets, int B, int T)
 {
     assert(B >= 1 && B <= g->maxB && T >= 1 && T <= g->cfg.seq_len);
@@ -185,7 +170,7 @@ double dl_gpt_forward(dl_gpt *g, const int32_t *inp, const int32_t *targets, int
     dl_cpu_encoder_fwd(g->encoded, g->inp_copy, wte, wpe, B, T, C);
     const float *x = g->encoded;
     for (int l = 0; l < L; l++) {
-        layer_view w = layer_of(g, P, l);
+        dl_model_block w = dl_model_block_of(g->tensors, P, l);
         float *ln1 = g->ln1 + l * BT * C, *m1 = g->ln1_mean + l * BT, *r1 = g->ln1_rstd + l * BT;
         float *qkv = g->qkv + l * BT * 3 * C, *atty = g->atty + l * BT * C;
         float *att = g->att + (size_t)l * B * NH * T * T;
@@ -194,16 +179,16 @@ double dl_gpt_forward(dl_gpt *g, const int32_t *inp, const int32_t *targets, int
         float *fch = g->fch + l * BT * 4 * C, *fchg = g->fch_gelu + l * BT * 4 * C;
         float *res3 = g->res3 + l * BT * C;
 
-        dl_cpu_layernorm_fwd(ln1, m1, r1, x, w.w[LN1W], w.w[LN1B], (int)BT, C);
-        MM_FWD(g, qkv, ln1, w.w[QKVW], w.w[QKVB], (int)BT, C, 3 * C);
+        dl_cpu_layernorm_fwd(ln1, m1, r1, x, w.ln1w, w.ln1b, (int)BT, C);
+        MM_FWD(g, qkv, ln1, w.qkvw, w.qkvb, (int)BT, C, 3 * C);
         dl_cpu_attention_fwd(atty, att, qkv, B, T, C, NH);
         /* res2 = x + atty @ Wproj^T + b: start from x, accumulate the matmul */
-        MM_FWD(g, g->dbuf, atty, w.w[PROJW], w.w[PROJB], (int)BT, C, C);
+        MM_FWD(g, g->dbuf, atty, w.projw, w.projb, (int)BT, C, C);
         dl_cpu_residual_fwd(res2, x, g->dbuf, BT * C);
-        dl_cpu_layernorm_fwd(ln2, m2, r2, res2, w.w[LN2W], w.w[LN2B], (int)BT, C);
-        MM_FWD(g, fch, ln2, w.w[FCW], w.w[FCB], (int)BT, C, 4 * C);
+        dl_cpu_layernorm_fwd(ln2, m2, r2, res2, w.ln2w, w.ln2b, (int)BT, C);
+        MM_FWD(g, fch, ln2, w.fcw, w.fcb, (int)BT, C, 4 * C);
         dl_cpu_gelu_fwd(fchg, fch, BT * 4 * C);
-        MM_FWD(g, g->dbuf, fchg, w.w[FCPW], w.w[FCPB], (int)BT, 4 * C, C);
+        MM_FWD(g, g->dbuf, fchg, w.fcpw, w.fcpb, (int)BT, 4 * C, C);
         dl_cpu_residual_fwd(res3, res2, g->dbuf, BT * C);
         x = res3;
     }
@@ -249,7 +234,7 @@ void dl_gpt_backward(dl_gpt *g)
                          P + g->tensors[lf].offset, g->lnf_mean, g->lnf_rstd, (int)BT, C);
 
     for (int l = L - 1; l >= 0; l--) {
-        layer_view w = layer_of(g, P, l), dw = layer_of(g, G, l);
+        dl_model_block w = dl_model_block_of(g->tensors, P, l), dw = dl_model_block_of(g->tensors, G, l);
         const float *x = l == 0 ? g->encoded : g->res3 + (size_t)(l - 1) * BT * C;
         float *ln1 = g->ln1 + l * BT * C, *m1 = g->ln1_mean + l * BT, *r1 = g->ln1_rstd + l * BT;
         float *qkv = g->qkv + l * BT * 3 * C, *atty = g->atty + l * BT * C;
@@ -260,7 +245,7 @@ void dl_gpt_backward(dl_gpt *g)
 
         /* g->dres holds dL/d(res3); it is also dL/d(res2) through the skip */
         memset(g->dfch, 0, BT * 4 * C * sizeof(float));
-        MM_BWD(g, g->dfch, dw.w[FCPW], dw.w[FCPB], g->dres, fchg, w.w[FCPW], (int)BT, 4 * C, C);
+        MM_BWD(g, g->dfch, dw.fcpw, dw.fcpb, g->dres, fchg, w.fcpw, (int)BT, 4 * C, C);
         /* dfch holds d(fch_gelu); gelu backward into a second buffer would cost
          * BT*4C floats, so do it in place through the dqkv-free scratch: */
         memset(g->dqkv, 0, BT * 3 * C * sizeof(float));
@@ -268,15 +253,15 @@ void dl_gpt_backward(dl_gpt *g)
         memset(dpre, 0, BT * 4 * C * sizeof(float));
         dl_cpu_gelu_bwd(dpre, fch, g->dfch, BT * 4 * C);
         memset(g->dbuf, 0, BT * C * sizeof(float));
-        MM_BWD(g, g->dbuf, dw.w[FCW], dw.w[FCB], dpre, ln2, w.w[FCW], (int)BT, C, 4 * C);
-        dl_cpu_layernorm_bwd(g->dres, dw.w[LN2W], dw.w[LN2B], g->dbuf, res2, w.w[LN2W], m2, r2, (int)BT, C);
+        MM_BWD(g, g->dbuf, dw.fcw, dw.fcb, dpre, ln2, w.fcw, (int)BT, C, 4 * C);
+        dl_cpu_layernorm_bwd(g->dres, dw.ln2w, dw.ln2b, g->dbuf, res2, w.ln2w, m2, r2, (int)BT, C);
         /* g->dres now dL/d(res2); attention branch */
         memset(g->dbuf, 0, BT * C * sizeof(float));
-        MM_BWD(g, g->dbuf, dw.w[PROJW], dw.w[PROJB], g->dres, atty, w.w[PROJW], (int)BT, C, C);
+        MM_BWD(g, g->dbuf, dw.projw, dw.projb, g->dres, atty, w.projw, (int)BT, C, C);
         dl_cpu_attention_bwd(g->dqkv, g->datt, g->dbuf, qkv, att, B, T, C, NH);
         memset(g->dbuf2, 0, BT * C * sizeof(float));
-        MM_BWD(g, g->dbuf2, dw.w[QKVW], dw.w[QKVB], g->dqkv, ln1, w.w[QKVW], (int)BT, C, 3 * C);
-        dl_cpu_layernorm_bwd(g->dres, dw.w[LN1W], dw.w[LN1B], g->dbuf2, x, w.w[LN1W], m1, r1, (int)BT, C);
+        MM_BWD(g, g->dbuf2, dw.qkvw, dw.qkvb, g->dqkv, ln1, w.qkvw, (int)BT, C, 3 * C);
+        dl_cpu_layernorm_bwd(g->dres, dw.ln1w, dw.ln1b, g->dbuf2, x, w.ln1w, m1, r1, (int)BT, C);
     }
     dl_cpu_encoder_bwd(dwte, dwpe, g->dres, g->inp_copy, B, T, C);
 }

@@ -12,9 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* per-layer tensor order inside the buffer (as gpt/gpt.c) */
-enum { LN1W, LN1B, QKVW, QKVB, PROJW, PROJB, LN2W, LN2B, FCW, FCB, FCPW, FCPB, NLAYER_T };
-
 struct dl_gptc {
     dl_model_config cfg;
     int maxB;
@@ -198,18 +195,6 @@ int dl_gptc_scatter(dl_gptc *g, const dl_plan *plan, int p, const float *in)
     return 0;
 }
 
-/* views of layer l's parameters in `base` (params or grads) */
-typedef struct {
-    float *w[NLAYER_T];
-} layer_view;
-
-static layer_view layer_of(const dl_gptc *g, float *base, int l)
-{
-    layer_view v;
-    for (int i = 0; i < NLAYER_T; i++) v.w[i] = base + g->tensors[2 + l * NLAYER_T + i].offset;
-    return v;
-}
-
 static int check_tokens(const int32_t *x, size_t n, int V, const char *what)
 {
     for (size_t i = 0; i < n; i++)
@@ -236,7 +221,7 @@ int dl_gptc_forward(dl_gptc *g, const int32_t *inp, const int32_t *targets, int 
     DL_TRY(dl_cuda_encoder_fwd(g->encoded, g->inp, wte, wpe, B, T, C));
     const float *x = g->encoded;
     for (int l = 0; l < L; l++) {
-        layer_view w = layer_of(g, P, l);
+        dl_model_block w = dl_model_block_of(g->tensors, P, l);
         float *ln1 = g->ln1 + l * BT * C, *m1 = g->ln1_mean + l * BT, *r1 = g->ln1_rstd + l * BT;
         float *qkv = g->qkv + l * BT * 3 * C, *atty = g->atty + l * BT * C;
         float *att = g->att + (size_t)l * TT;
@@ -245,15 +230,15 @@ int dl_gptc_forward(dl_gptc *g, const int32_t *inp, const int32_t *targets, int 
         float *fch = g->fch + l * BT * 4 * C, *fchg = g->fch_gelu + l * BT * 4 * C;
         float *res3 = g->res3 + l * BT * C;
 
-        DL_TRY(dl_cuda_layernorm_fwd(ln1, m1, r1, x, w.w[LN1W], w.w[LN1B], (int)BT, C));
-        DL_TRY(dl_cuda_matmul_fwd(qkv, ln1, w.w[QKVW], w.w[QKVB], (int)BT, C, 3 * C));
+        DL_TRY(dl_cuda_layernorm_fwd(ln1, m1, r1, x, w.ln1w, w.ln1b, (int)BT, C));
+        DL_TRY(dl_cuda_matmul_fwd(qkv, ln1, w.qkvw, w.qkvb, (int)BT, C, 3 * C));
         DL_TRY(dl_cuda_attention_fwd(atty, att, qkv, B, T, C, NH));
-        DL_TRY(dl_cuda_matmul_fwd(g->dbuf, atty, w.w[PROJW], w.w[PROJB], (int)BT, C, C));
+        DL_TRY(dl_cuda_matmul_fwd(g->dbuf, atty, w.projw, w.projb, (int)BT, C, C));
         DL_TRY(dl_cuda_residual_fwd(res2, x, g->dbuf, BT * C));
-        DL_TRY(dl_cuda_layernorm_fwd(ln2, m2, r2, res2, w.w[LN2W], w.w[LN2B], (int)BT, C));
-        DL_TRY(dl_cuda_matmul_fwd(fch, ln2, w.w[FCW], w.w[FCB], (int)BT, C, 4 * C));
+        DL_TRY(dl_cuda_layernorm_fwd(ln2, m2, r2, res2, w.ln2w, w.ln2b, (int)BT, C));
+        DL_TRY(dl_cuda_matmul_fwd(fch, ln2, w.fcw, w.fcb, (int)BT, C, 4 * C));
         DL_TRY(dl_cuda_gelu_fwd(fchg, fch, BT * 4 * C));
-        DL_TRY(dl_cuda_matmul_fwd(g->dbuf, fchg, w.w[FCPW], w.w[FCPB], (int)BT, 4 * C, C));
+        DL_TRY(dl_cuda_matmul_fwd(g->dbuf, fchg, w.fcpw, w.fcpb, (int)BT, 4 * C, C));
         DL_TRY(dl_cuda_residual_fwd(res3, res2, g->dbuf, BT * C));
         x = res3;
     }
@@ -292,7 +277,7 @@ int dl_gptc_backward(dl_gptc *g)
                                  P + g->tensors[lf].offset, g->lnf_mean, g->lnf_rstd, (int)BT, C));
 
     for (int l = L - 1; l >= 0; l--) {
-        layer_view w = layer_of(g, P, l), dw = layer_of(g, G, l);
+        dl_model_block w = dl_model_block_of(g->tensors, P, l), dw = dl_model_block_of(g->tensors, G, l);
         const float *x = l == 0 ? g->encoded : g->res3 + (size_t)(l - 1) * BT * C;
         float *ln1 = g->ln1 + l * BT * C, *m1 = g->ln1_mean + l * BT, *r1 = g->ln1_rstd + l * BT;
         float *qkv = g->qkv + l * BT * 3 * C, *atty = g->atty + l * BT * C;
@@ -303,22 +288,22 @@ int dl_gptc_backward(dl_gptc *g)
 
         /* g->dres holds dL/d(res3); it is also dL/d(res2) through the skip */
         DL_TRY(dl_cuda_memset0(g->dfch, BT * 4 * C * sizeof(float)));
-        DL_TRY(dl_cuda_matmul_bwd(g->dfch, dw.w[FCPW], dw.w[FCPB], g->dres, fchg, w.w[FCPW], (int)BT, 4 * C, C));
+        DL_TRY(dl_cuda_matmul_bwd(g->dfch, dw.fcpw, dw.fcpb, g->dres, fchg, w.fcpw, (int)BT, 4 * C, C));
         /* fch_gelu is dead after that matmul: it receives d(fch) */
         float *dpre = fchg;
         DL_TRY(dl_cuda_memset0(dpre, BT * 4 * C * sizeof(float)));
         DL_TRY(dl_cuda_gelu_bwd(dpre, fch, g->dfch, BT * 4 * C));
         DL_TRY(dl_cuda_memset0(g->dbuf, BT * C * sizeof(float)));
-        DL_TRY(dl_cuda_matmul_bwd(g->dbuf, dw.w[FCW], dw.w[FCB], dpre, ln2, w.w[FCW], (int)BT, C, 4 * C));
-        DL_TRY(dl_cuda_layernorm_bwd(g->dres, dw.w[LN2W], dw.w[LN2B], g->dbuf, res2, w.w[LN2W], m2, r2, (int)BT, C));
+        DL_TRY(dl_cuda_matmul_bwd(g->dbuf, dw.fcw, dw.fcb, dpre, ln2, w.fcw, (int)BT, C, 4 * C));
+        DL_TRY(dl_cuda_layernorm_bwd(g->dres, dw.ln2w, dw.ln2b, g->dbuf, res2, w.ln2w, m2, r2, (int)BT, C));
         /* g->dres now dL/d(res2); attention branch */
         DL_TRY(dl_cuda_memset0(g->dbuf, BT * C * sizeof(float)));
-        DL_TRY(dl_cuda_matmul_bwd(g->dbuf, dw.w[PROJW], dw.w[PROJB], g->dres, atty, w.w[PROJW], (int)BT, C, C));
+        DL_TRY(dl_cuda_matmul_bwd(g->dbuf, dw.projw, dw.projb, g->dres, atty, w.projw, (int)BT, C, C));
         DL_TRY(dl_cuda_memset0(g->dqkv, BT * 3 * C * sizeof(float)));
         DL_TRY(dl_cuda_attention_bwd(g->dqkv, g->datt, g->dbuf, qkv, att, B, T, C, NH));
         DL_TRY(dl_cuda_memset0(g->dbuf2, BT * C * sizeof(float)));
-        DL_TRY(dl_cuda_matmul_bwd(g->dbuf2, dw.w[QKVW], dw.w[QKVB], g->dqkv, ln1, w.w[QKVW], (int)BT, C, 3 * C));
-        DL_TRY(dl_cuda_layernorm_bwd(g->dres, dw.w[LN1W], dw.w[LN1B], g->dbuf2, x, w.w[LN1W], m1, r1, (int)BT, C));
+        DL_TRY(dl_cuda_matmul_bwd(g->dbuf2, dw.qkvw, dw.qkvb, g->dqkv, ln1, w.qkvw, (int)BT, C, 3 * C));
+        DL_TRY(dl_cuda_layernorm_bwd(g->dres, dw.ln1w, dw.ln1b, g->dbuf2, x, w.ln1w, m1, r1, (int)BT, C));
     }
     DL_TRY(dl_cuda_encoder_bwd(dwte, dwpe, g->dres, g->inp, B, T, C, V));
     return 0;

@@ -610,10 +610,8 @@ DLOCO_API int dloco_learner_bind_callbacks(dloco_learner *l, const dloco_param_c
 
 /* ---- join */
 
-/* byzantine, the push codec, the CURVE keys, the timeouts: what needs more than a row's bounds. */
-static int resolve(dloco_learner *l, dl_comms_opts *co)
+int dl_learner_netcfg_resolve(const dl_learner_netcfg *c, dl_comms_opts *co)
 {
-    dl_learner_netcfg *c = &l->cfg;
     dl_codec_rounding r;
     DL_TRY(dl_codec_push_opts(c->push_codec, (long long)c->push_block, (long long)c->push_topk, c->push_rounding,
                               &co->push_codec, &r));
@@ -634,8 +632,8 @@ static int resolve(dloco_learner *l, dl_comms_opts *co)
     if (!c->server_key[0] && !c->key_file[0]) return 0;
     if (!c->server_key[0] || !c->key_file[0])
         return dl_err(DLOCO_EINVAL, "options server_key and key_file go together (CURVE needs the synchronizer's "
-                                    "public key and this learner's key pair); %s is empty",
-                      c->server_key[0] ? "key_file" : "server_key");
+                                    "public key and this learner's key pair); %s is set, %s is empty",
+                      c->server_key[0] ? "server_key" : "key_file", c->server_key[0] ? "key_file" : "server_key");
     int rc = dl_auth_load_public(c->server_key, co->curve_server);
     if (rc) return dl_err(rc, "option server_key: %s", dl_errmsg());
     dl_auth_keypair kp;
@@ -800,7 +798,7 @@ static int join_setup(dloco_learner *l)
 {
     dl_learner_netcfg *c = &l->cfg;
     dl_comms_opts co = {0};
-    DL_TRY(resolve(l, &co));
+    DL_TRY(dl_learner_netcfg_resolve(c, &co));
     co.adopt_keep = !strcmp(c->adopt, "keep");
     dl_log_set_level(dl_log_level_parse(c->log_level));
     if (c->events[0]) {

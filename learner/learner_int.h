@@ -27,6 +27,12 @@ typedef struct {
     char state_path[DL_CFG_STRLEN]; /* the saved learner state (dloco_learner_save_state); "" = none */
 } dl_learner_netcfg;
 
+/* The rows that need more than their bounds, into session options: the push codec (push_codec, push_block,
+ * push_topk, push_rounding; error_feedback), the timers (ordered: dl_comms_check_timeouts; connect_timeout_ms
+ * 0 = no bound) and the CURVE keys (server_key and key_file together or not at all, loaded). Join uses it, and
+ * dloco-learner checks its rows with it before anything opens. Returns 0 or a DL_E* code naming the option. */
+int dl_learner_netcfg_resolve(const dl_learner_netcfg *c, dl_comms_opts *co);
+
 /* Extras of dloco_learner_open for dloco-learner; all zero = the public behaviour. */
 typedef struct {
     /* the networked rows, instead of their defaults and opts.config_path (copied by open) */

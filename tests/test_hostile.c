@@ -35,6 +35,8 @@
 #include <unistd.h>
 
 #include "tests/check.h"
+#include "tests/peer_msgs.h"
+#include "tests/syncproc.h"
 
 /* a model and its fragment count */
 typedef struct {
@@ -236,9 +238,8 @@ static int ev_wait(const char *path, int min, int timeout_ms, const char *event,
 /* synchronizer processes */
 
 typedef struct {
-    pid_t pid;
-    char name[32], dir[300], log[340], events[340], endpoint[256];
-    uint64_t epoch, max_msg_bytes, max_outbound_bytes;
+    dl_syncproc proc; /* the process; its endpoint, epoch and limits */
+    char name[32], dir[300], log[340], events[340];
     dl_model_config model;
     int P;
     dl_plan *plan;
@@ -273,9 +274,7 @@ static int sync_start(syncd *s, const char *name, const spec *sp, const char *co
     snprintf(s->log, sizeof s->log, "%s/sync.log", s->dir);
     snprintf(s->events, sizeof s->events, "%s/events.log", s->dir);
     s->model = *m;
-    const char *bin = getenv("DLOCO_BIN");
-    static char exe[512], store[340], nl[16], nh[16], ne[16], sl[16], vo[16], hb[16], fr[16];
-    snprintf(exe, sizeof exe, "%s/synchronizer/dloco-sync", bin ? bin : "build");
+    static char store[340], nl[16], nh[16], ne[16], sl[16], vo[16], hb[16], fr[16];
     snprintf(store, sizeof store, "%s/store", s->dir);
     snprintf(nl, sizeof nl, "%d", m->n_layer);
     snprintf(nh, sizeof nh, "%d", m->n_head);
@@ -287,7 +286,7 @@ static int sync_start(syncd *s, const char *name, const spec *sp, const char *co
     /* heartbeat 100 < eviction 600 < grace cap 1000 < rebase 60000 ms; chunks
      * of 1 MiB: BIG's fragments (0.9 MB) fit one message, so the peers from
      * before chunking (Hello.max_chunk_bytes 0) that most rows use are let in */
-    const char *argv[96] = {exe, "--store", store, "--bind", "tcp://127.0.0.1:0", "--events", s->events,
+    const char *argv[96] = {"--store", store, "--bind", "tcp://127.0.0.1:0", "--events", s->events,
                             "--n_layer", nl, "--n_head", nh, "--n_embd", ne, "--seq_len", sl, "--vocab", vo,
                             "--fragments", fr, "--H", "4", "--heartbeat_ms", hb, "--liveness", "6",
                             "--grace_cap_ms", "1000", "--rebase_ms", "60000", "--staleness", "const",
@@ -297,79 +296,21 @@ static int sync_start(syncd *s, const char *name, const spec *sp, const char *co
     while (argv[argc]) argc++;
     for (int i = 0; extra && extra[i] && argc < 94; i++) argv[argc++] = extra[i];
     argv[argc] = NULL;
-    int fd = open(s->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    fflush(stdout);
-    s->pid = fork();
-    if (s->pid == 0) {
-        /* only async-signal-safe calls between fork and exec (this process has zmq threads) */
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(exe, (char *const *)argv);
-        _exit(127);
-    }
-    close(fd);
-    int64_t deadline = dl_clock_ns() + 15000000000LL;
-    while (dl_clock_ns() < deadline) {
-        char ep[256] = "", v[64] = "";
-        if (ev_get(s->events, "sync_start", -1, "endpoint", ep, sizeof ep, NULL) && ep[0]) {
-            snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
-            ev_get(s->events, "sync_start", -1, "epoch", v, sizeof v, NULL);
-            s->epoch = strtoull(v, NULL, 10);
-            ev_get(s->events, "sync_start", -1, "max_msg_bytes", v, sizeof v, NULL);
-            s->max_msg_bytes = strtoull(v, NULL, 10);
-            ev_get(s->events, "sync_start", -1, "max_outbound_bytes", v, sizeof v, NULL);
-            s->max_outbound_bytes = strtoull(v, NULL, 10);
-            dl_model_config mc = *m;
-            dl_model_config_check(&mc);
-            dl_model_plan_open(&mc, s->P, &s->plan);
-            s->fp = dl_model_fingerprint(&mc, s->plan);
-            return 0;
-        }
-        int st;
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            s->pid = 0;
-            return -1;
-        }
-        sleep_ms(20);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, NULL, 0);
-    s->pid = 0;
-    return -1;
+    if (dl_syncproc_start(&s->proc, argv, s->log, 0, s->events, NULL)) return -1;
+    dl_model_config mc = *m;
+    dl_model_config_check(&mc);
+    dl_model_plan_open(&mc, s->P, &s->plan);
+    s->fp = dl_model_fingerprint(&mc, s->plan);
+    return 0;
 }
 
 /* 1 while the instance's process has not exited. */
-static int sync_alive(syncd *s)
-{
-    if (!s->pid) return 0;
-    int st;
-    return waitpid(s->pid, &st, WNOHANG) == 0;
-}
+static int sync_alive(syncd *s) { return dl_syncproc_alive(&s->proc); }
 
 /* SIGTERM, wait up to 10 s, SIGKILL. Returns the exit status (-1: killed or gone). */
 static int sync_stop(syncd *s)
 {
-    int code = -1;
-    if (s->pid > 0) {
-        kill(s->pid, SIGTERM);
-        int64_t deadline = dl_clock_ns() + 10000000000LL;
-        int st = 0, done = 0;
-        while (dl_clock_ns() < deadline) {
-            pid_t r = waitpid(s->pid, &st, WNOHANG);
-            if (r == s->pid || (r < 0 && errno == ECHILD)) {
-                done = r == s->pid;
-                break;
-            }
-            sleep_ms(20);
-        }
-        if (done && WIFEXITED(st)) code = WEXITSTATUS(st);
-        if (!done) {
-            printf("note: %s did not stop within 10 s of SIGTERM: SIGKILL\n", s->name);
-            kill(s->pid, SIGKILL);
-            waitpid(s->pid, NULL, 0);
-        }
-        s->pid = 0;
-    }
+    int code = dl_syncproc_stop(&s->proc);
     dl_plan_close(&s->plan);
     return code;
 }
@@ -416,7 +357,7 @@ static void peer_open(peer *p, syncd *sd, const char *id, const peer_opts *o)
     memset(p, 0, sizeof *p);
     snprintf(p->id, sizeof p->id, "%s", id);
     p->sd = sd;
-    p->epoch = sd->epoch;
+    p->epoch = sd->proc.epoch;
     p->s = zmq_socket(ctx, ZMQ_DEALER);
     CHECK(dl_wire_sock_setup(p->s, 0, 64 << 20) == 0, "socket setup: %s", dl_errmsg());
     int hwm = o->rcvhwm ? o->rcvhwm : 10000;
@@ -425,7 +366,7 @@ static void peer_open(peer *p, syncd *sd, const char *id, const peer_opts *o)
     if (o->routing_id)
         zmq_setsockopt(p->s, ZMQ_ROUTING_ID, o->routing_id, o->routing_len ? o->routing_len : strlen(o->routing_id));
     if (o->key) CHECK(dl_auth_client_sock(p->s, o->key, o->server_pub) == 0, "curve client: %s", dl_errmsg());
-    CHECK(zmq_connect(p->s, sd->endpoint) == 0, "connect %s", sd->endpoint);
+    CHECK(zmq_connect(p->s, sd->proc.endpoint) == 0, "connect %s", sd->proc.endpoint);
 }
 
 static void peer_close(peer *p)
@@ -475,18 +416,7 @@ static void push_msg(peer *p, const char *as, int frag, uint64_t base, uint64_t 
     if (!transfer) off = 0, n = numel;
     Dloco__V1__Envelope env;
     Dloco__V1__Push ph;
-    dloco__v1__push__init(&ph);
-    ph.fragment = (uint32_t)frag;
-    ph.base_version = base;
-    ph.steps = steps;
-    ph.tokens = tokens;
-    ph.codec = DLOCO__V1__CODEC__CODEC_FP32;
-    ph.numel = numel;
-    ph.chunk_offset = transfer ? off : 0;
-    ph.chunk_numel = transfer ? n : 0;
-    ph.transfer = transfer;
-    ph.checksum = dl_wire_checksum(delta + off, n * 4);
-    ph.loss = 3.0;
+    msg_push_fp32(&ph, frag, base, steps, tokens, numel, transfer, off, n, delta + off);
     dl_wire_env_init(&env, RUN, p->epoch, as ? as : p->id);
     dl_wire_set_push(&env, &ph);
     CHECK(send_env(p, &env, delta + off, n * 4, 0) == 0, "send push: %s", dl_errmsg());
@@ -547,11 +477,9 @@ static void send_heartbeat(peer *p, uint64_t step, uint64_t tokens)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Heartbeat hb;
-    dloco__v1__heartbeat__init(&hb);
+    msg_heartbeat(&env, &hb, RUN, p->epoch, p->id);
     hb.step = step;
     hb.tokens = tokens;
-    dl_wire_env_init(&env, RUN, p->epoch, p->id);
-    dl_wire_set_heartbeat(&env, &hb);
     CHECK(send_env(p, &env, NULL, 0, 0) == 0, "send heartbeat: %s", dl_errmsg());
 }
 
@@ -574,9 +502,7 @@ static void pump(void)
         p->last_hb = now;
         Dloco__V1__Envelope env;
         Dloco__V1__Heartbeat hb;
-        dloco__v1__heartbeat__init(&hb);
-        dl_wire_env_init(&env, RUN, p->epoch, p->id);
-        dl_wire_set_heartbeat(&env, &hb);
+        msg_heartbeat(&env, &hb, RUN, p->epoch, p->id);
         send_env(p, &env, NULL, 0, ZMQ_DONTWAIT);
     }
 }
@@ -1402,13 +1328,13 @@ static void row_memory(void)
     if (!start_or_fail(&S, "memory", &SMALL, NULL)) goto big;
     uint64_t want = (uint64_t)dl_plan_max_fragment_numel(S.plan) * 4 + DL_WIRE_MAX_HEADER_BYTES;
     row("6a memory", "sync_start max_msg_bytes=%llu (largest fragment %zu floats x 4 + %u)",
-        (unsigned long long)S.max_msg_bytes, dl_plan_max_fragment_numel(S.plan), DL_WIRE_MAX_HEADER_BYTES);
-    CHECK(S.max_msg_bytes == want, "max_msg_bytes %llu, want %llu", (unsigned long long)S.max_msg_bytes,
+        (unsigned long long)S.proc.max_msg_bytes, dl_plan_max_fragment_numel(S.plan), DL_WIRE_MAX_HEADER_BYTES);
+    CHECK(S.proc.max_msg_bytes == want, "max_msg_bytes %llu, want %llu", (unsigned long long)S.proc.max_msg_bytes,
           (unsigned long long)want);
     {
         peer X, G;
         peer_open(&X, &S, "big-frame", NULL);
-        size_t n = (size_t)S.max_msg_bytes + (1u << 20);
+        size_t n = (size_t)S.proc.max_msg_bytes + (1u << 20);
         char *b = calloc(1, n);
         CHECK(zmq_send(X.s, b, n, 0) == (int)n, "send big frame");
         free(b);
@@ -1693,7 +1619,7 @@ static void row_curve(void)
     snprintf(text, sizeof text, "k1 %s\n", k1.public_z85);
     CHECK(write_allowlist(allow, text) == 0, "allowlist rewrite");
     keep_del(&F2);
-    kill(S.pid, SIGHUP);
+    kill(S.proc.pid, SIGHUP);
     int g1 = expect_error(&F2, DLOCO__V1__ERROR_KIND__ERROR_KIND_UNAUTHORIZED, 1, "revoked", got, sizeof got);
     int revoked = ev_wait(S.events, 1, 2000, "learner_revoked", "id=k0", NULL);
     int reload = ev_wait(S.events, 1, 2000, "allowlist_reload", "refused=0", NULL);

@@ -31,6 +31,8 @@
 #include <unistd.h>
 
 #include "tests/check.h"
+#include "tests/peer_msgs.h"
+#include "tests/syncproc.h"
 
 enum { HB_MS = 100, P = 3, CLAIM = 1024, CAP = 4096 };
 static const char *RUN = "dloco";
@@ -48,8 +50,6 @@ static void row(const char *fmt, ...)
     fflush(stdout);
     va_end(ap);
 }
-
-static void sleep_ms(int ms) { usleep((useconds_t)ms * 1000); }
 
 static char *slurp(const char *path)
 {
@@ -151,39 +151,9 @@ static void write_init(const char *path, const dl_manifest *m, const float *x, i
 /* synchronizer processes */
 
 typedef struct {
-    pid_t pid;
-    char name[32], dir[300], log[340], events[340], store[340], endpoint[256];
-    uint64_t epoch;
-    int resumed;
+    dl_syncproc proc; /* the process; its endpoint, epoch and resumed */
+    char name[32], dir[300], log[340], events[340], store[340];
 } syncd;
-
-/* Value of key in the last `event` line of the events file; 1 when found. */
-static int ev_last(const char *path, const char *event, const char *key, char *out, size_t cap)
-{
-    char *b = slurp(path);
-    if (!b) return 0;
-    int found = 0;
-    char pat[64];
-    snprintf(pat, sizeof pat, "event=%s ", event);
-    for (char *line = b; line && *line;) {
-        char *nl = strchr(line, '\n');
-        if (nl) *nl = 0;
-        if (strstr(line, pat)) {
-            char kp[64];
-            snprintf(kp, sizeof kp, " %s=", key);
-            const char *v = strstr(line, kp);
-            if (v) {
-                v += strlen(kp);
-                size_t k = strcspn(v, " ");
-                snprintf(out, cap, "%.*s", (int)k, v);
-                found = 1;
-            }
-        }
-        line = nl ? nl + 1 : NULL;
-    }
-    free(b);
-    return found;
-}
 
 /* Start dloco-sync on dir's store with args (NULL-ended). 0 once its
  * sync_start event is written; -1 when it exited first (*status then its
@@ -197,12 +167,9 @@ static int sync_start(syncd *s, const char *name, const char *const *args, int *
     snprintf(s->log, sizeof s->log, "%s/sync.log", s->dir);
     snprintf(s->events, sizeof s->events, "%s/events.log", s->dir);
     snprintf(s->store, sizeof s->store, "%s/store", s->dir);
-    unlink(s->events);
-    const char *bin = getenv("DLOCO_BIN");
-    static char exe[512], hb[16];
-    snprintf(exe, sizeof exe, "%s/synchronizer/dloco-sync", bin ? bin : "build");
+    static char hb[16];
     snprintf(hb, sizeof hb, "%d", HB_MS);
-    const char *argv[64] = {exe, "--store", s->store, "--bind", "tcp://127.0.0.1:0", "--events", s->events,
+    const char *argv[64] = {"--store", s->store, "--bind", "tcp://127.0.0.1:0", "--events", s->events,
                             "--H", "4", "--heartbeat_ms", hb, "--liveness", "6", "--grace_cap_ms", "1000",
                             "--rebase_ms", "60000", "--staleness", "const", "--status_every_ms", "0",
                             "--metrics", "off", "--update_codec", "off" /* this fake reads fp32 Updates */};
@@ -210,61 +177,10 @@ static int sync_start(syncd *s, const char *name, const char *const *args, int *
     while (argv[argc]) argc++;
     for (int i = 0; args && args[i] && argc < 62; i++) argv[argc++] = args[i];
     argv[argc] = NULL;
-    int fd = open(s->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    fflush(stdout);
-    s->pid = fork();
-    if (s->pid == 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-        execv(exe, (char *const *)argv);
-        _exit(127);
-    }
-    close(fd);
-    int64_t deadline = dl_clock_ns() + 15000000000LL;
-    while (dl_clock_ns() < deadline) {
-        char v[256];
-        if (ev_last(s->events, "sync_start", "endpoint", v, sizeof v)) {
-            snprintf(s->endpoint, sizeof s->endpoint, "%s", v);
-            if (ev_last(s->events, "sync_start", "epoch", v, sizeof v)) s->epoch = strtoull(v, NULL, 10);
-            if (ev_last(s->events, "sync_start", "resumed", v, sizeof v)) s->resumed = atoi(v);
-            return 0;
-        }
-        int st;
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            s->pid = 0;
-            if (status) *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-            return -1;
-        }
-        sleep_ms(20);
-    }
-    kill(s->pid, SIGKILL);
-    waitpid(s->pid, NULL, 0);
-    s->pid = 0;
-    return -1;
+    return dl_syncproc_start(&s->proc, argv, s->log, 1, s->events, status);
 }
 
-static int sync_stop(syncd *s)
-{
-    int code = -1;
-    if (s->pid <= 0) return code;
-    kill(s->pid, SIGTERM);
-    int64_t deadline = dl_clock_ns() + 10000000000LL;
-    int st = 0, done = 0;
-    while (dl_clock_ns() < deadline) {
-        if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
-            done = 1;
-            break;
-        }
-        sleep_ms(20);
-    }
-    if (done && WIFEXITED(st)) code = WEXITSTATUS(st);
-    if (!done) {
-        kill(s->pid, SIGKILL);
-        waitpid(s->pid, NULL, 0);
-    }
-    s->pid = 0;
-    return code;
-}
+static int sync_stop(syncd *s) { return dl_syncproc_stop(&s->proc); }
 
 /* 1 when the instance's log contains needle. */
 static int log_has(const syncd *s, const char *needle)
@@ -290,10 +206,10 @@ static void peer_open(peer *p, const syncd *sd, const char *id)
 {
     memset(p, 0, sizeof *p);
     p->id = id;
-    p->epoch = sd->epoch;
+    p->epoch = sd->proc.epoch;
     p->s = zmq_socket(ctx, ZMQ_DEALER);
     REQUIRE(dl_wire_sock_setup(p->s, 0, 64 << 20) == 0, "socket: %s", dl_errmsg());
-    REQUIRE(zmq_connect(p->s, sd->endpoint) == 0, "connect %s", sd->endpoint);
+    REQUIRE(zmq_connect(p->s, sd->proc.endpoint) == 0, "connect %s", sd->proc.endpoint);
 }
 
 static void peer_close(peer *p)
@@ -342,9 +258,7 @@ static void heartbeat(peer *p)
     p->last_hb = now;
     Dloco__V1__Envelope env;
     Dloco__V1__Heartbeat hb;
-    dloco__v1__heartbeat__init(&hb);
-    dl_wire_env_init(&env, RUN, p->epoch, p->id);
-    dl_wire_set_heartbeat(&env, &hb);
+    msg_heartbeat(&env, &hb, RUN, p->epoch, p->id);
     send_env(p, &env, NULL, 0);
 }
 
@@ -441,15 +355,7 @@ static int push(peer *p, int frag, uint64_t base, uint64_t steps, uint64_t token
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Push ph;
-    dloco__v1__push__init(&ph);
-    ph.fragment = (uint32_t)frag;
-    ph.base_version = base;
-    ph.steps = steps;
-    ph.tokens = tokens;
-    ph.codec = DLOCO__V1__CODEC__CODEC_FP32;
-    ph.numel = n;
-    ph.checksum = dl_wire_checksum(delta, n * 4);
-    ph.loss = 3.0;
+    msg_push_fp32(&ph, frag, base, steps, tokens, n, 0, 0, n, delta);
     dl_wire_env_init(&env, RUN, p->epoch, p->id);
     dl_wire_set_push(&env, &ph);
     send_env(p, &env, delta, n * 4);
@@ -518,7 +424,7 @@ static void test_run(void)
     int st = 0;
     REQUIRE(sync_start(&A, "run", args, &st) == 0, "dloco-sync --init_from a Llama-like file did not start (%d)", st);
     row("dloco-sync --init_from init.safetensors (the manifest in its metadata) -> listening, epoch %llu",
-        (unsigned long long)A.epoch);
+        (unsigned long long)A.proc.epoch);
     peer a;
     peer_open(&a, &A, "llama-0");
     send_hello(&a, M, NULL, fp, CLAIM);
@@ -652,7 +558,8 @@ static void test_restart(void)
     row("restart without a manifest (GPT-2 options) -> exit %d, told to give --manifest", st);
     const char *same[] = {"--manifest", man_path, "--fragments", "3", "--max_tokens_per_step", "4096", NULL};
     REQUIRE(sync_start(&A, "run", same, &st) == 0, "restart with the manifest did not start (%d)", st);
-    CHECK(A.resumed == 1 && A.epoch == 2, "resumed %d epoch %llu", A.resumed, (unsigned long long)A.epoch);
+    CHECK(A.proc.resumed == 1 && A.proc.epoch == 2, "resumed %d epoch %llu", A.proc.resumed,
+          (unsigned long long)A.proc.epoch);
     peer a;
     peer_open(&a, &A, "llama-0");
     send_hello(&a, M, NULL, fp, CLAIM);
@@ -667,7 +574,7 @@ static void test_restart(void)
         CHECK(memcmp(frag, want, n * 4) == 0, "fragment %d changed across the restart", p);
     }
     row("restart with the same manifest -> resumed, epoch %llu, versions 1 1 0 and the values kept",
-        (unsigned long long)A.epoch);
+        (unsigned long long)A.proc.epoch);
     free(frag);
     free(want);
     peer_close(&a);
@@ -735,7 +642,7 @@ int main(void)
     ctx = zmq_ctx_new();
     setup();
     test_run();
-    if (A.pid) {
+    if (A.proc.pid) {
         test_refusals();
         test_restart();
     }

@@ -16,7 +16,7 @@
 #include "core/model.h"
 #include "tests/fuzz/fuzz.h"
 
-/* Rows copied from synchronizer/main.c and gpt/main.c: every DL_CFG_*
+/* Rows copied from synchronizer/main.c and gpt/options.c: every DL_CFG_*
  * type, reloadable and not, the 9.2e18 seed bound, open and closed float
  * bounds, enums of 2-4 choices with '-' in a name, empty defaults, the
  * model rows every program embeds, and one dotted name ("[chaos] seed" in
