@@ -87,7 +87,8 @@ static int check_curve(const dl_comms_opts *o)
 int dl_comms_check_timeouts(const dl_comms_opts *o, int push_decision_timeout_ms)
 {
     int poll = DEF(o->poll_max_ms, 100), retry = DEF(o->hello_retry_ms, 1000), cap = DEF(o->hello_retry_max_ms, 16000),
-        unsent = DEF(o->hello_unsent_ms, 20), connect = DEF(o->connect_timeout_ms, 30000),
+        unsent = DEF(o->hello_unsent_ms, 20),
+        connect = o->connect_timeout_ms < 0 ? -1 : DEF(o->connect_timeout_ms, 30000), /* < 0: no bound */
         silence = DEF(o->silence_min_ms, 1000), expiry = DEF(o->ack_expiry_min_ms, 5000),
         reconnect = DEF(o->reconnect_ms, 100), reconnect_max = DEF(o->reconnect_max_ms, 10000);
     /* Timers fire only when the loop wakes, at least every poll period: a
