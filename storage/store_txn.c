@@ -99,6 +99,21 @@ static uint64_t map_info(dl_store *s, uint64_t *map_size)
  * size), or with min_size 0 adopt the size another process set. Call with
  * no transaction open on this thread. Waits up to grow_wait_ms for this
  * process's transactions and snapshots to end; DL_EAGAIN if they did not. */
+/* With the gate held: announce a change of the environment (grow_pending:
+ * new transactions wait, ENTER_WAIT_MS at most) and wait up to grow_wait_ms
+ * for this process's open transactions and snapshots to end. Returns how
+ * many are still open (0: the environment may change now). The caller clears
+ * grow_pending and broadcasts when done. */
+static int quiesce_locked(dl_store *s)
+{
+    s->grow_pending = 1;
+    s->grow_stalled = 0;
+    struct timespec dl = deadline_ms(s->grow_wait_ms);
+    while (s->active_txns > 0)
+        if (pthread_cond_timedwait(&s->gate_cv, &s->gate, &dl) == ETIMEDOUT) break;
+    return s->active_txns;
+}
+
 int dl_store_map_grow(dl_store *s, uint64_t min_size)
 {
     pthread_mutex_lock(&s->gate);
@@ -112,13 +127,7 @@ int dl_store_map_grow(dl_store *s, uint64_t min_size)
         }
         for (target = size ? size : MAP_DEFAULT; target < min_size;) target *= 2;
     }
-    s->grow_pending = 1;
-    s->grow_stalled = 0;
-    struct timespec dl = deadline_ms(s->grow_wait_ms);
-    int timed_out = 0;
-    while (s->active_txns > 0 && !timed_out)
-        timed_out = pthread_cond_timedwait(&s->gate_cv, &s->gate, &dl) == ETIMEDOUT && s->active_txns > 0;
-    int open = s->active_txns, rc = 0;
+    int open = quiesce_locked(s), timed_out = open > 0, rc = 0;
     if (!timed_out) rc = s->env ? mdb_env_set_mapsize(s->env, (size_t)target) : MDB_PANIC;
     s->grow_pending = 0;
     pthread_cond_broadcast(&s->gate_cv);
@@ -189,13 +198,7 @@ static int env_reopen(dl_store *s, uint32_t failed_serial)
         pthread_mutex_unlock(&s->gate);
         return 0;
     }
-    s->grow_pending = 1;
-    s->grow_stalled = 0;
-    struct timespec dl = deadline_ms(s->grow_wait_ms);
-    int timed_out = 0;
-    while (s->active_txns > 0 && !timed_out)
-        timed_out = pthread_cond_timedwait(&s->gate_cv, &s->gate, &dl) == ETIMEDOUT && s->active_txns > 0;
-    int open = s->active_txns, rc = 0;
+    int open = quiesce_locked(s), timed_out = open > 0, rc = 0;
     uint64_t size = 0;
     if (!timed_out) {
         map_info_locked(s, &size);
