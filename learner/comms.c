@@ -128,6 +128,7 @@ struct dl_comms {
     uint32_t *fetch_list;   /* [P] fragments of the next Fetch (likewise) */
     uint64_t *resume_v, *resume_o; /* [P] its resume points */
     uint64_t seq;
+    uint64_t sync_seq;      /* Envelope.seq of the newest message of this epoch received: Heartbeat.received_seq */
     uint64_t epoch;         /* epoch of the last Welcome taken (mirror of st.epoch) */
     int state;              /* mirror of st.state */
     int ever_welcomed;
@@ -623,6 +624,7 @@ static void send_heartbeat(dl_comms *c)
     dl_mailbox_progress(c->mb, c->served, c->n_served, &hb.step, &hb.tokens, &hb.steps_per_s, &hb.discarded_tokens);
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
+    hb.received_seq = c->sync_seq;
     dl_wire_set_heartbeat(&env, &hb);
     c->t_hb = dl_clock_ns();
     if (send_env(c, &env, NULL, 0) == 0) COUNT(heartbeats_sent);
@@ -1521,6 +1523,9 @@ static int handle(dl_comms *c, dl_wire_msg *m)
         return 0;
     }
     c->t_recv = dl_clock_ns();
+    /* what has reached us: the synchronizer bounds the Update bytes in flight by it (a new epoch's counter
+     * starts with its Welcome) */
+    if (answer || env->epoch == c->epoch) c->sync_seq = env->seq;
     dl_mailbox_heard(c->mb); /* the synchronizer answers: the initial fetch is waited for (dl_node_wait_ready) */
 
     switch (body) {
