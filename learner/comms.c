@@ -625,6 +625,9 @@ static int handle(dl_comms *c, dl_wire_msg *m)
         return 0;
     }
     c->t_recv = dl_clock_ns();
+    /* what has reached us: the synchronizer bounds the Update bytes in flight by it (a new epoch's counter
+     * starts with its Welcome) */
+    if (answer || env->epoch == c->epoch) c->sync_seq = env->seq;
     dl_mailbox_heard(c->mb); /* the synchronizer answers: the initial fetch is waited for (dl_node_wait_ready) */
 
     switch (body) {

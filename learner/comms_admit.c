@@ -236,6 +236,7 @@ void dl_comms_admit_heartbeat(dl_comms *c)
     dl_mailbox_progress(c->mb, c->served, c->n_served, &hb.step, &hb.tokens, &hb.steps_per_s, &hb.discarded_tokens);
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
+    hb.received_seq = c->sync_seq;
     dl_wire_set_heartbeat(&env, &hb);
     c->t_hb = dl_clock_ns();
     if (dl_comms_send_env(c, &env, NULL, 0) == 0) COUNT(heartbeats_sent);

@@ -121,6 +121,7 @@ struct dl_comms {
     uint32_t *fetch_list;   /* [P] fragments of the next Fetch (likewise) */
     uint64_t *resume_v, *resume_o; /* [P] its resume points */
     uint64_t seq;
+    uint64_t sync_seq;      /* Envelope.seq of the newest message of this epoch received: Heartbeat.received_seq */
     uint64_t epoch;         /* epoch of the last Welcome taken (mirror of st.epoch) */
     int state;              /* mirror of st.state */
     int ever_welcomed;

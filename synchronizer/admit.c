@@ -595,7 +595,7 @@ static void update_fleet_rate(dl_sync *s)
  * max_step_rate since its Hello; a claim beyond is ignored (not stored). */
 void dl_admit_heartbeat(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Heartbeat *hb, int64_t now)
 {
-    (void)slot;
+    dl_downlink_received(s, slot, l, hb->received_seq); /* the path's bound (downlink.c) */
     double since = (double)(now - l->hello_ns) * 1e-9 + (double)s->cfg.rebase_ms * 1e-3;
     uint64_t cap = l->step + (uint64_t)ceil(since * s->cfg.guard.max_step_rate) + s->cfg.guard.step_slack;
     uint64_t batch = l->batch ? l->batch : s->cfg.guard.max_batch;

@@ -37,6 +37,8 @@ static const char *route_str(const uint8_t *r, size_t n, char buf[40])
     return buf;
 }
 
+static void path_sent(const dl_registry_learner *l, outbound *x, uint64_t seq, size_t len, int64_t now);
+
 /* Never block the loop: a learner whose queue is full loses this message
  * (it will get the next update; a lost Ack only leaves its log incomplete).
  * Nothing goes to a learner whose connection was cut off. The payload is
@@ -53,11 +55,13 @@ static int send_env(dl_sync *s, dl_registry_learner *l, Dloco__V1__Envelope *env
                   : dl_wire_send_q(s->router, l->route, l->route_len, env, payload ? pl : NULL,
                                    payload ? lens : NULL, payload ? 1 : 0, ZMQ_DONTWAIT, q);
     if (rc == 0) {
+        outbound *x = &s->outx[l - dl_registry_cget(s->reg, 0)];
         if (!len) {
             /* a control message waits behind what libzmq holds for this connection: pacing bounds it */
-            outbound *x = &s->outx[l - dl_registry_cget(s->reg, 0)];
             uint64_t ahead = dl_wire_queue_bytes(l->outq);
             if (ahead > x->ctl_ahead_max) x->ctl_ahead_max = ahead;
+        } else {
+            path_sent(l, x, env->seq, len, dl_clock_ns());
         }
         l->bytes_out += len + 64;
         s->met.bytes_out[dl_syncmet_kind(env->body_case)] += len + 64;
@@ -217,6 +221,85 @@ static uint64_t window_bytes(const dl_sync *s, const outbound *x, uint64_t ce)
     double w = x->rate > 0 ? x->rate * (double)pace_ns(s) * 1e-9 : (double)(2 * ce * sizeof(float));
     return w < (double)s->cfg.peer_outbound_bytes ? (uint64_t)w : s->cfg.peer_outbound_bytes;
 }
+
+/* ---- the path's bound
+ *
+ * Pacing sees only libzmq's queue: bytes the kernel took have left it, but
+ * the kernel's socket buffers and every buffer further on the path come on
+ * top (a WAN router's; in dloco-chaos the datacenter's relay, up to 8 MiB
+ * per direction). While a link is cut, or slower than the merges, those
+ * take megabytes of Updates at once and hand them to the learner seconds
+ * late: versions it will not use, ahead of its Welcome and Acks (a 15 s
+ * partition of bench/wan.sh's thin datacenter left its learners 40-80
+ * versions behind for the rest of the run, their pushes dropped stale). So
+ * each Heartbeat of a learner names the newest message of ours it has
+ * received (received_seq): the Update messages sent up to it have left the
+ * path. While the oldest one it has not reported was sent more than
+ * 2 x heartbeat_ms + the pacing window ago, no more Update bytes go: the
+ * rest stays owed and is decided when a report comes, at the newest
+ * version. So what waits on the path is at most about that long of its
+ * link (1.5 s with the defaults), however deep its buffers: the bytes in
+ * flight follow what the path drains. A report comes within heartbeat_ms of
+ * the message's arrival plus the round trip, so a learner on a fast path
+ * never meets the bound, nor does one whose round trip is short of
+ * heartbeat_ms + the pacing window (a longer one leaves the link idle part
+ * of the time); one that never reports (older ones) is not bounded this
+ * way; a lost message is covered by the next one that arrives (seqs only
+ * grow; the tick's heartbeat follows an empty queue). */
+
+static void path_reset(const dl_registry_learner *l, outbound *x)
+{
+    x->eq = l->outq;
+    x->e_known = 0;
+    x->e_sent = x->e_acked = 0;
+    x->e_head = x->e_n = 0;
+}
+
+/* An Update message of len payload bytes left for learner l as message seq. */
+static void path_sent(const dl_registry_learner *l, outbound *x, uint64_t seq, size_t len, int64_t now)
+{
+    if (x->eq != l->outq) path_reset(l, x);
+    x->e_sent += len;
+    int k;
+    if (x->e_n < DL_SYNC_PATH_RING) {
+        k = (x->e_head + x->e_n++) % DL_SYNC_PATH_RING;
+        x->e_ring[k].ns = now;
+    } else {
+        k = (x->e_head + x->e_n - 1) % DL_SYNC_PATH_RING; /* the newest entry takes it too (sent at its time) */
+    }
+    x->e_ring[k].seq = seq;
+    x->e_ring[k].cum = x->e_sent;
+    if (x->e_sent - x->e_acked > x->e_inflight_max) x->e_inflight_max = x->e_sent - x->e_acked;
+}
+
+/* Whether more Update bytes may go on learner l's path now (above). */
+static int path_room(const dl_sync *s, const dl_registry_learner *l, const outbound *x, int64_t now)
+{
+    if (!x->e_known || x->eq != l->outq || !x->e_n) return 1;
+    return now - x->e_ring[x->e_head].ns <= 2 * (int64_t)s->cfg.heartbeat_ms * 1000000LL + pace_ns(s);
+}
+
+static void serve_one(dl_sync *s, dl_registry_learner *l);
+
+/* A Heartbeat of learner l says message seq is the newest of ours it has
+ * received: the Update messages sent up to it are off the path. What is
+ * owed is served at once rather than at the next tick. */
+void dl_downlink_received(dl_sync *s, int slot, dl_registry_learner *l, uint64_t seq)
+{
+    outbound *x = &s->outx[slot];
+    if (!seq || seq > s->seq) return; /* none yet, or not one of ours (another incarnation's) */
+    if (x->eq != l->outq) path_reset(l, x);
+    x->e_known = 1;
+    int n = x->e_n;
+    while (x->e_n && x->e_ring[x->e_head].seq <= seq) {
+        x->e_acked = x->e_ring[x->e_head].cum;
+        x->e_head = (x->e_head + 1) % DL_SYNC_PATH_RING;
+        x->e_n--;
+    }
+    if (x->e_n < n && l->n_owed && l->route_len && member(s, slot) == DL_POLICY_MEMBER_LIVE) serve_one(s, l);
+}
+
+uint64_t dl_downlink_path_inflight_max(const dl_sync *s, int slot) { return s->outx[slot].e_inflight_max; }
 
 /* ---- shared chunks
  *
@@ -555,7 +638,7 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             size_t at = x->offset ? (size_t)dl_codec_bytes(&kd->c, x->offset) : 0;
             size_t bytes = (size_t)dl_codec_bytes(&kd->c, cn);
             assert(at + bytes <= kd->bytes);
-            if (!room_or_wait(s, l, bytes, window)) return;
+            if (!path_room(s, l, x, dl_clock_ns()) || !room_or_wait(s, l, bytes, window)) return;
             /* kept_of's delta is the synchronizer's own (const only for delta_next) */
             int shared = 0;
             dl_wire_blob *b = chunk_blob(s, &((kept_delta *)kd)->cs, x->offset, cn, kd->buf + at, bytes, &shared);
@@ -572,7 +655,7 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             x->offset += cn;
         } else {
             uint64_t cn = ce && ce < left ? ce : left;
-            if (!room_or_wait(s, l, (size_t)cn * sizeof(float), window)) return;
+            if (!path_room(s, l, x, dl_clock_ns()) || !room_or_wait(s, l, (size_t)cn * sizeof(float), window)) return;
             /* zero-copy from the map when the chunk lies in one stored block
              * (chunk_bytes divides the store's 1 MiB blocks); a whole fragment
              * for a learner from before chunking is copied once per snapshot */

@@ -137,6 +137,7 @@ typedef struct {
     uint64_t last_staleness; /* of its latest merged push, versions */
     double drain_bps;        /* what its connection drains, bytes/s (downlink pacing; 0 = not measured yet) */
     uint64_t ctl_ahead_max;  /* the most Update payload bytes an Ack, heartbeat or Welcome found queued ahead of it */
+    uint64_t path_inflight_max; /* the most Update payload bytes sent to it and not yet reported received */
 } dl_sync_learner_stats;
 
 typedef struct {

@@ -58,6 +58,10 @@ typedef struct {
     float *buf;          /* [numel], aligned */
 } inbound;
 
+/* Update messages in flight to a learner told apart by the path's bound
+ * (downlink.c); more coalesce into the newest entry, which then counts as
+ * received with the last of them and sent with the first. */
+#define DL_SYNC_PATH_RING 32
 /* The Update being sent to one learner, chunk by chunk (one fragment at a
  * time): version `version` of fragment p, elements [0, offset) sent. */
 typedef struct {
@@ -76,6 +80,17 @@ typedef struct {
     double r_bytes, r_ns; /* drained bytes and busy ns, older ones fading (time constant DL_PACE_TAU_NS) */
     double rate;         /* r_bytes / r_ns, bytes per second; 0: not measured yet */
     uint64_t ctl_ahead_max; /* the most payload bytes queued ahead of a control message (Ack, heartbeat, Welcome) */
+    /* the path's bound (downlink.c): Update bytes sent on this connection and the part sent up to the
+     * newest message the learner reported received (Heartbeat.received_seq); a new connection starts over */
+    const dl_wire_queue *eq; /* the connection (its queue) these count */
+    int e_known;         /* it reported: the bound applies */
+    uint64_t e_sent, e_acked; /* payload bytes */
+    struct {
+        uint64_t seq, cum; /* the last message of an entry and e_sent after it */
+        int64_t ns;        /* monotonic ns it was sent */
+    } e_ring[DL_SYNC_PATH_RING];
+    int e_head, e_n;     /* the oldest entry not reported received, entries */
+    uint64_t e_inflight_max; /* the most bytes in flight on the path, this process */
 } outbound;
 
 /* Downlink codec on: a merge's delta of a fragment, encoded (the payload
@@ -290,6 +305,8 @@ uint64_t dl_downlink_attached_bytes(const dl_sync *s);
  * Welcome found queued ahead of it */
 double dl_downlink_rate(const dl_sync *s, int slot);
 uint64_t dl_downlink_ctl_ahead_max(const dl_sync *s, int slot);
+uint64_t dl_downlink_path_inflight_max(const dl_sync *s, int slot);
+void dl_downlink_received(dl_sync *s, int slot, dl_registry_learner *l, uint64_t seq);
 void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p);
 /* keep fragment p's delta to version v (buf: malloc'd, now the synchronizer's) for the learners that hold v - 1 */
 void dl_downlink_keep(dl_sync *s, int p, uint64_t v, uint8_t *buf, size_t bytes, dl_codec c);

@@ -112,14 +112,17 @@ static void *dealer(const char *id)
     return d;
 }
 
-/* next message that is not a heartbeat, within 5 s */
-static int recv_msg(void *d, dl_wire_msg *m)
+static uint64_t last_seq; /* Envelope.seq of the newest message any recv_msg took (heartbeats too) */
+
+/* next message that is not a heartbeat, within ms */
+static int recv_msg_within(void *d, dl_wire_msg *m, int64_t ms)
 {
     zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
-    int64_t deadline = dl_clock_ns() + 5000000000LL;
+    int64_t deadline = dl_clock_ns() + ms * 1000000LL;
     while (dl_clock_ns() < deadline) {
-        if (zmq_poll(&it, 1, 200) <= 0) continue;
+        if (zmq_poll(&it, 1, 50) <= 0) continue;
         int rc = dl_wire_recv(d, 0, NULL, m, ZMQ_DONTWAIT);
+        if (rc == 0) last_seq = m->env->seq;
         if (rc == 0 && m->env->body_case == DLOCO__V1__ENVELOPE__BODY_HEARTBEAT) {
             dl_wire_msg_close(m);
             continue;
@@ -128,6 +131,9 @@ static int recv_msg(void *d, dl_wire_msg *m)
     }
     return DL_ETIMEDOUT;
 }
+
+/* next message that is not a heartbeat, within 5 s */
+static int recv_msg(void *d, dl_wire_msg *m) { return recv_msg_within(d, m, 5000); }
 
 static uint32_t hello_embd = 16; /* the model Hellos describe: MODEL, or test_paced_downlink's wider one */
 
@@ -345,15 +351,19 @@ static void test_shard(void)
 
 /* ---- codecs: pushes in every codec, the broadcast, the delta downlink */
 
-static void send_heartbeat(void *d, const char *id)
+/* A Heartbeat saying the newest message of the synchronizer's received was `received` (0: none). */
+static void send_heartbeat_seq(void *d, const char *id, uint64_t received)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Heartbeat hb;
     dloco__v1__heartbeat__init(&hb);
+    hb.received_seq = received;
     dl_wire_env_init(&env, "dloco", epoch, id);
     dl_wire_set_heartbeat(&env, &hb);
     CHECK(dl_wire_send(d, NULL, 0, &env, NULL, NULL, 0, 0) == 0, "send heartbeat");
 }
+
+static void send_heartbeat(void *d, const char *id) { send_heartbeat_seq(d, id, 0); }
 
 /* A push of fragment p on `base` in codec c: `bytes` of payload holding elements [off, off + cn) (cn 0: the
  * whole fragment; transfer names a chunked push). */
@@ -914,6 +924,78 @@ static void test_paced_downlink(void)
     stop_sync(pid, "paced");
 }
 
+/* (e) The path's bound (docs/ARCHITECTURE.md "Downlink pacing"): pb reports
+ * what it received (Heartbeat.received_seq), gets v1, then stops reporting,
+ * as a learner behind a cut link would; once v1 has waited unreported past
+ * 2 x heartbeat_ms + outbound_ms (350 ms here) no Update goes to pb while
+ * v2 and v3 merge, although its connection drains (the fake reads at once,
+ * as a relay or a router buffer would). A received_seq above any seq sent
+ * releases nothing; its true report brings the newest version, v3, whole
+ * (fp32 Updates), not v2 first. Before the bound pb got v2 and v3 as they
+ * merged. */
+static void test_path_bound(void)
+{
+    char ep[256];
+    pid_t pid = spawn_sync_x("path", NULL, NULL, NULL, ep, sizeof ep);
+    REQUIRE(pid > 0 && ep[0], "the path synchronizer starts");
+    snprintf(endpoint, sizeof endpoint, "%s", ep);
+    const int p = 1;
+    const uint32_t one = 1;
+    size_t n = dl_plan_fragment_numel(plan, p);
+    const char *ids[2] = {"pa", "pb"};
+    void *d[2];
+    float *g[2], *x = malloc(n * 4);
+    uint64_t ver = 0;
+    int isd = 0;
+    dl_codec uc, fp32 = {DL_CODEC_FP32, 0, 0};
+    for (int i = 0; i < 2; i++) {
+        d[i] = dealer(ids[i]);
+        g[i] = malloc(n * 4);
+        send_hello(d[i], ids[i], "dloco", fingerprint);
+        dl_wire_msg w;
+        REQUIRE(recv_msg(d[i], &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "welcome %s",
+                ids[i]);
+        epoch = w.env->epoch;
+        dl_wire_msg_close(&w);
+        send_fetch(d[i], ids[i], &one, 1);
+        REQUIRE(take_update(d[i], p, g[i], &ver, &isd, &uc) == 0 && ver == 0, "%s: v0 fetched", ids[i]);
+    }
+    send_heartbeat_seq(d[1], "pb", last_seq); /* pb reports: the bound applies to it */
+    for (uint64_t v = 0; v < 3; v++) {
+        make_delta(x, n, (int)v);
+        push_codec(d[0], "pa", p, v, &fp32, x, n * 4, 0, 0, 0);
+        REQUIRE(take_update(d[0], p, g[0], &ver, &isd, &uc) == 0 && ver == v + 1, "pa's push merged into v%llu",
+                (unsigned long long)v + 1);
+        if (v == 0) {
+            CHECK(take_update(d[1], p, g[1], &ver, &isd, &uc) == 0 && ver == 1, "pb gets v1");
+            usleep(600000); /* the stimulus: v1 waits unreported past the bound */
+        }
+    }
+    dl_wire_msg m;
+    int rc = recv_msg_within(d[1], &m, 1000);
+    CHECK(rc == DL_ETIMEDOUT, "pb, silent about v1 for longer than the bound, is sent nothing more while v2 and v3 "
+          "merge (got %s)", rc ? "nothing" : dl_wire_body_name(m.env->body_case));
+    if (rc == 0) dl_wire_msg_close(&m);
+    send_heartbeat_seq(d[1], "pb", UINT64_MAX);
+    rc = recv_msg_within(d[1], &m, 500);
+    CHECK(rc == DL_ETIMEDOUT, "a received_seq above any seq sent releases nothing (got %s)",
+          rc ? "nothing" : dl_wire_body_name(m.env->body_case));
+    if (rc == 0) dl_wire_msg_close(&m);
+    send_heartbeat_seq(d[1], "pb", last_seq);
+    rc = take_update(d[1], p, g[1], &ver, &isd, &uc);
+    CHECK(rc == 0 && ver == 3 && !isd && memcmp(g[1], g[0], n * 4) == 0,
+          "pb's report brings the newest version, v3, whole (rc %d, version %llu, delta %d), as pa holds it", rc,
+          (unsigned long long)ver, isd);
+    printf("ok: a learner that stops reporting what it received is sent no more Updates past the bound; its report "
+           "brings the newest version\n");
+    for (int i = 0; i < 2; i++) {
+        zmq_close(d[i]);
+        free(g[i]);
+    }
+    free(x);
+    stop_sync(pid, "the path synchronizer");
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dloco_test_sync_%d", (int)getpid());
@@ -1171,6 +1253,7 @@ int main(void)
     test_shard();
     test_codec_pushes();
     test_delta_downlink();
+    test_path_bound();
     test_paced_downlink();
     dl_plan_close(&plan);
     zmq_ctx_term(ctx);

@@ -2,19 +2,27 @@
 # The downlink over a real thin link (issue 32): dloco-chaos with network
 # namespaces, one learner behind tbf at 3 Mbit/s and 80 ms RTT, two near
 # ones, 116 KB fragments and the programs' own transfer defaults (chunks of
-# 1 MiB, heartbeat 500 ms x liveness 6, update_codec int4), 20 s, no faults.
+# 1 MiB, heartbeat 500 ms x liveness 6, update_codec int4), 22 s; the thin
+# link is cut (veth down) from 4 s to 9 s while the near learners move every
+# fragment some 20-50 versions on (merges outrun the thin link here).
 # Asserts, from the learners' update_base events and the synchronizer's
 # sync_learner events: the thin learner, which cannot take a full fragment
 # per merge, rebuilds most versions it takes from int4 deltas (the chain
 # from what it holds when it is behind; before issue 32 every Update was a
 # full fp32 fragment), and far fewer bytes reach it than full Updates of the
-# versions it took would be. Prints, not asserts, its merged pushes, its
+# versions it took would be. And after the cut, from the synchronizer's push
+# and merge_contrib events: the thin learner's pushes are merged -- the one
+# with the most steps (the cut's progress) is in a merge, and at most one
+# per fragment (those in flight at the cut) is dropped stale. Before the
+# path's bound (docs/ARCHITECTURE.md "Downlink pacing") the datacenter's
+# relay (it adds the delay; up to 8 MiB queued per direction) and the
+# kernel buffers took every version made during the cut, the learner got
+# them and its Welcome seconds late, and every push it made after the cut
+# was dropped stale for the rest of the run. Prints, not asserts, its
 # pacing figures (control_behind_max_bytes, the drain rate the synchronizer
-# measured) and how long its pushes waited for their first Ack: in this
-# harness the datacenter's relay (it adds the delay; up to 8 MiB queued per
-# direction) and the loopback kernel buffers before it hold what the
-# synchronizer's libzmq queue no longer does, so those waits are still
-# seconds (docs/ARCHITECTURE.md "Downlink pacing": what pacing cannot see).
+# measured, path_inflight_max_bytes), the versions it adopted after the cut
+# that were already more than max_staleness behind, and how long its pushes
+# waited for their first Ack.
 # Needs root (namespaces, tc): SKIP otherwise.
 set -u
 TEST_NAME=wan_downlink
@@ -28,7 +36,7 @@ cat > "$W/wan.ini" <<EOF
 [run]
 name = wan
 seed = 3
-duration_s = 20
+duration_s = 22
 eval_every_s = 0
 eval_batches = 2
 n_layer = 2
@@ -61,6 +69,12 @@ dc = thin
 [learner n]
 dc = near
 count = 2
+
+[fault cut]
+kind = partition
+target = thin
+at_s = 4
+duration_s = 5
 EOF
 OUT="$W/out"
 timeout -k 10 120 "$CHAOS" run "$W/wan.ini" --out "$OUT" > "$W/chaos.log" 2>&1
@@ -73,7 +87,8 @@ SEV=$(grep -l "event=sync_learner" "$OUT"/*/events-sync*.log 2>/dev/null | head 
 behind=$(ev_last "$SEV" sync_learner control_behind_max_bytes id=t)
 rate=$(ev_last "$SEV" sync_learner drain_bytes_per_s id=t)
 merged=$(ev_last "$SEV" sync_learner merged id=t)
-echo "thin learner t: control_behind_max_bytes=$behind drain_bytes_per_s=$rate merged=$merged"
+inflight=$(ev_last "$SEV" sync_learner path_inflight_max_bytes id=t)
+echo "thin learner t: control_behind_max_bytes=$behind drain_bytes_per_s=$rate path_inflight_max_bytes=${inflight:-?} merged=$merged"
 LEV=$(ls "$OUT"/*/events-t.log 2>/dev/null | head -1)
 [ -n "$LEV" ] || die "no events of learner t under $OUT"
 deltas=$(ev_count "$LEV" update_base delta=1)
@@ -84,6 +99,58 @@ echo "t: took $deltas versions from deltas and $fulls full; its link carried ${d
 check "t rebuilt most versions it took from deltas ($deltas deltas, $fulls full)" [ "$deltas" -gt "$fulls" ]
 check "t's link carried less than half of full Updates of what it took (${down:-?} < ($deltas + $fulls) x 116 KiB / 2)" \
   [ "${down:-999999999999}" -lt $(( (deltas + fulls) * fragb / 2 )) ]
+/usr/bin/python3 - "$(dirname "$SEV")" <<'PY' || fail=1
+import re, sys
+d = sys.argv[1]
+def events(path):
+    for line in open(path):
+        kv = dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line))
+        if "ts" in kv and "event" in kv:
+            kv["ts"] = int(kv["ts"])
+            yield kv
+bad = 0
+def check(ok, what):
+    global bad
+    print(("ok: " if ok else "FAIL: ") + what)
+    bad += not ok
+cut = [e["ts"] for e in events(d + "/events-chaos.log") if e["event"] == "fault" and e.get("kind") == "partition"]
+if len(cut) < 2:
+    print("FAIL: the cut did not begin and end"); sys.exit(1)
+t_begin, t_end = cut[0], cut[1]
+sync = list(events(d + "/events-sync.log"))
+merges = [(e["ts"], e["frag"], int(e["version"])) for e in sync if e["event"] == "merge"]
+top, moved = {}, 0
+for ts, f, v in merges:
+    if ts <= t_begin: top[f] = v
+    elif ts <= t_end: moved = max(moved, v - top.get(f, 0))
+print("the fleet moved a fragment %d versions during the cut" % moved)
+maxs = 32  # the programs' default max_staleness (core/defaults.h)
+def global_at(ts, f):
+    v = 0
+    for t, g, w in merges:
+        if t > ts: break
+        if g == f: v = w
+    return v
+old = [e for e in events(d + "/events-t.log") if e["event"] == "update_base" and e["ts"] > t_end
+       and global_at(e["ts"], e["fragment"]) - int(e["version"]) > maxs]
+print("t adopted %d versions after the cut that were more than %d behind when they came" % (len(old), maxs))
+pushes = [e for e in sync if e["event"] == "push" and e.get("id") == "t" and e["ts"] > t_end]
+merged = {(e["frag"], e["base"], e["tokens"]) for e in sync if e["event"] == "merge_contrib" and e.get("id") == "t"}
+stale = [e for e in pushes if e["decision"] == "dropped_stale"]
+print("t after the cut: %d pushes, %d dropped stale, decisions %s" % (len(pushes), len(stale),
+      [(e["decision"], int(e["steps"])) for e in pushes]))
+check(len(pushes) > 0, "t pushed after the cut (%d pushes)" % len(pushes))
+if pushes:
+    big = max(pushes, key=lambda e: int(e["steps"]))
+    check((big["frag"], big["base"], big["tokens"]) in merged,
+          "t's longest push after the cut (%s steps, fragment %s, base %s) was merged (%s)"
+          % (big["steps"], big["frag"], big["base"], big["decision"]))
+    per = {}
+    for e in stale: per[e["frag"]] = per.get(e["frag"], 0) + 1
+    check(all(n <= 1 for n in per.values()),
+          "at most one of t's pushes per fragment was dropped stale after the cut (those in flight at it): %s" % per)
+sys.exit(1 if bad else 0)
+PY
 if [ -n "$LEV" ]; then
   /usr/bin/python3 - "$LEV" <<'PY'
 import re, sys
