@@ -422,6 +422,8 @@ void dl_comms_get_stats(dl_comms *c, dl_comms_stats *out)
     out->superseded = ms.superseded;
 }
 
+dl_ef *dl_comms_ef(dl_comms *c, int p) { return p >= 0 && p < c->P && c->f[p].served ? c->ef : NULL; }
+
 uint32_t dl_comms_h(dl_comms *c)
 {
     pthread_mutex_lock(&c->mu);

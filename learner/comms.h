@@ -247,6 +247,9 @@ void dl_comms_close(dl_comms **c);
  * rebuilt since the last Welcome; "" otherwise. */
 int dl_comms_state(dl_comms *c, char *msg, size_t cap);
 void dl_comms_get_stats(dl_comms *c, dl_comms_stats *out);
+/* The error feedback residuals of fragment p (learner/ef.h) when this session
+ * serves p, else NULL: the node saves and restores them with its state. */
+struct dl_ef *dl_comms_ef(dl_comms *c, int p);
 /* H from the last Welcome, 0 before the first. */
 uint32_t dl_comms_h(dl_comms *c);
 /* The fleet's step rate of the last Ack that carried one (dl_comms_stats.fleet_steps_per_s), 0 before. */
