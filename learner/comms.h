@@ -165,7 +165,8 @@ typedef struct {
     int hello_retry_max_ms; /* cap of that backoff [16000] */
     int hello_unsent_ms;    /* retry period of a Hello that found no connection [20] */
     int connect_timeout_ms; /* first Welcome must come within this, else the session fails [30000]; < 0: no
-                             * bound (it keeps trying, warning every DL_COMMS_WAIT_NOTE_MS) */
+                             * bound (it keeps trying, warning every DL_COMMS_WAIT_NOTE_MS), as when the
+                             * learner holds every fragment the session serves (restored from its state) */
     int poll_max_ms;        /* timers are checked at least this often [100] */
     int silence_min_ms;     /* re-hello after max(this, liveness * heartbeat_ms) without a message [1000] */
     int silence_rebuild_ms; /* rebuild the socket after max(this, 4 x that) without a message [30000] */
