@@ -16,7 +16,8 @@
  * unpushed: fragment-tokens it still held when it left, its final pushes
  * refused every time). With --state FILE it saves, every --save_every steps,
  * its node state (FILE.node, learner/node.h) and then its step and
- * parameters (FILE.theta), keeping the push journal at FILE.journal; started
+ * parameters (FILE.theta) (a line "saved step=S held=T": T the fragment-tokens
+ * of the node's counters then), keeping the push journal at FILE.journal; started
  * again with the same FILE it resumes from them (a line "restored step=S
  * rc=R carried=C format=F residuals=N residuals_dropped=D": int4 pushes'
  * error feedback residuals travel in the node state) and its tokens count from that start, as a restarted
@@ -258,8 +259,13 @@ static int learn(const kv *o, int n)
         rc = dl_node_after_step(node, s, H ? (int)H : 8, tps, 1.0, 1.0 / rate);
         if (rc >= 0) rc = dl_node_poll(node);
         if (rc < 0) break;
-        if (state && s % save_every == 0 && save_state(state, node, co.fingerprint, tag, s, theta, total) == 0)
-            fprintf(log, "saved step=%ld\n", s), fflush(log);
+        if (state && s % save_every == 0 && save_state(state, node, co.fingerprint, tag, s, theta, total) == 0) {
+            /* held: the fragment-tokens of the node's counters (since each fragment's reference point), an upper
+             * bound of what a restart from this save can carry; what it does not carry is lost at a kill */
+            uint64_t held = 0;
+            for (int p = 0; p < P; p++) held += dl_node_tokens(node, p);
+            fprintf(log, "saved step=%ld held=%llu\n", s, (unsigned long long)held), fflush(log);
+        }
         int state = dl_mailbox_state(mb, NULL, 0);
         if (state == DL_COMMS_REFUSED || state == DL_COMMS_FAILED) {
             rc = DL_ENET;

@@ -24,8 +24,11 @@
 #       and what the restart cannot carry because it was not its own to carry
 #       (a fragment pushed after the save: that push took its progress; keep:
 #       a push undecided at the save and refused after it; overwrite / mix:
-#       a fragment pushed since its adopt, up to H steps each); the test
-#       asserts 0 <= rest <= that bound (when no hold was released); the store's ledger has nothing REJECTED (no push here
+#       a fragment pushed since its adopt, what it trained since that push:
+#       more than H steps when the hold rule held its next push; the learner
+#       logs the tokens its node held at each save, which bound all these);
+#       the test asserts 0 <= rest <= that bound (when no hold was released);
+#       the store's ledger has nothing REJECTED (no push here
 #       is refused with rebase), its states never sum above what the learners
 #       trained (exactly that without kills or hold releases), and `dloco
 #       check` passes. Two fates are exact only up to the pushes in flight:
@@ -104,7 +107,7 @@ run_seed() {
     # and residuals into the restart
     local at=$(( 10 + RANDOM % 40 ))
     local deadline=$(( $(date +%s) + 60 )) # polled closely (a step is 25 ms): the kill lands a step or two after
-    until [ "$(sed -n 's/^saved step=//p' "$W/c-s$seed-b.log" 2>/dev/null | tail -1)" -ge "$at" ] 2>/dev/null; do
+    until [ "$(sed -n 's/^saved step=\([0-9]*\).*/\1/p' "$W/c-s$seed-b.log" 2>/dev/null | tail -1)" -ge "$at" ] 2>/dev/null; do
       [ "$(date +%s)" -lt "$deadline" ] || die "learner b made no progress"
       sleep 0.01
     done
@@ -138,15 +141,20 @@ run_seed() {
       local rlog="$W/c-$id-r.log" tk tr dk dr ur sk ss lost bound applied dropped
       tk=$(( $(last_field "$log" tokens) * P )); tr=$(( $(last_field "$rlog" tokens) * P ))
       dk=$(last_field "$log" discarded); dr=$(last_field "$rlog" discarded); ur=$(last_field "$rlog" unpushed)
-      sk=$(last_field "$log" step); ss=$(sed -n 's/^saved step=\([0-9]*\)/\1/p' "$log" | tail -1)
+      sk=$(last_field "$log" step); ss=$(sed -n 's/^saved step=\([0-9]*\).*/\1/p' "$log" | tail -1)
+      # what the node held at that save and the restart did not carry (a fragment pushed since its adopt
+      # under overwrite / mix, or since the save: that push took its progress; keep: a push undecided at
+      # the save, left to the synchronizer). Held pushes make that more than H steps of a fragment.
+      local held carried uncarried
+      held=$(sed -n 's/^saved step=[0-9]* held=\([0-9]*\).*/\1/p' "$log" | tail -1)
+      carried=$(sed -n 's/^restored .* carried=\([0-9]*\).*/\1/p' "$rlog" | head -1)
+      uncarried=$(( ${held:-0} - ${carried:-0} )); [ "$uncarried" -ge 0 ] || uncarried=0
       applied=$(awk -v id="$id" '$3 == id && $4 == "merged" { s += $6 } END { print s + 0 }' "$W/records-$seed.txt")
       dropped=$(cat "$W"/events-sync-"$seed".log "$W"/events-sync-"$seed"-2.log 2>/dev/null \
         | ev_field - push tokens id="$id" decision=dropped_stale | awk '{ s += $1 } END { print s + 0 }')
       lost=$(( tk + tr - applied - dropped - ${dk:-0} - ${dr:-0} - ${ur:-0} ))
-      # keep mode: plus the pushes undecided at the save and refused (returned) after it, whose progress the
-      # restart does not carry; overwrite / mix: plus up to H steps per fragment (a fragment pushed since its
-      # adopt carries nothing: its unpushed progress is not separable from the push's)
-      # both: plus one pooled push per fragment of the killed process that a push of the restarted one
+      # plus what the restart did not carry of what the node held at the save (above), the pushes returned
+      # to the killed process, one pooled push per fragment of the killed process that a push of the restarted one
       # replaced in the pool (the restart's push does not hold it), and the restarted process's pushes
       # refused with a rebase (a replay of a base the killed process's push merged: REJECTED)
       local ret maxpush rej
@@ -154,8 +162,7 @@ run_seed() {
       maxpush=$(cat "$W"/events-sync-"$seed"*.log | ev_field - push tokens id="$id" | sort -n | tail -1)
       rej=$(cat "$W"/events-sync-"$seed"*.log | ev_field - push tokens id="$id" decision=rejected \
         | awk '{ s += $1 } END { print s + 0 }')
-      bound=$(( (sk - ${ss:-0}) * BATCH * 8 * P + ret + ${maxpush:-0} * P + rej ))
-      [ "$adopt" = keep ] || bound=$(( bound + 4 * BATCH * 8 * P ))
+      bound=$(( (sk - ${ss:-0}) * BATCH * 8 * P + uncarried + ret + ${maxpush:-0} * P + rej ))
       total_trained=$(( total_trained + tk + tr ))
       # a kill that came 10 steps late, between the next save's node state and parameters, is refused (a
       # node state newer than the parameters): nothing carried, which the bound below allows
@@ -167,7 +174,7 @@ run_seed() {
       fi
       echo "   $id: trained $tk (killed at step $sk, saved at ${ss:-none}) + $tr (restarted: $(grep -m1 restored "$rlog"))" \
            "= applied $applied + dropped $dropped + discarded $(( ${dk:-0} + ${dr:-0} )) + left unpushed ${ur:-0}" \
-           "+ lost at the kill $lost (<= $bound: the steps after its last save)"
+           "+ lost at the kill $lost (<= $bound: the steps after its last save, $uncarried held then and not carried)"
       if [ "$kill_sync" = 0 ] && [ "$(ev_count "$W/events-$id.log" push_hold_released)" = 0 ] \
          && [ "$(ev_count "$W/events-$id-r.log" push_hold_released)" = 0 ]; then
         check "seed $seed: killed $id: lost at the kill within the steps after its save (0 <= $lost <= $bound)" \
