@@ -1929,8 +1929,8 @@ static void *comms_main(void *arg)
                           c->conn_err);
                 break;
             }
-            if (!c->ever_welcomed && (c->connect_timeout_ms < 0 || holds_served(c)) &&
-                now - c->t_warn >= DL_COMMS_WAIT_NOTE_MS * MS) {
+            if (!c->ever_welcomed && now - c->t_warn >= DL_COMMS_WAIT_NOTE_MS * MS &&
+                (c->connect_timeout_ms < 0 || holds_served(c))) {
                 /* no bound: a learner started while its synchronizer is down or out of reach waits for it */
                 long long s = (long long)((now - c->t_start) / (1000 * MS));
                 DL_WARN("still no Welcome from %s after %lld s; retrying (is dloco-sync running there with run_id "
