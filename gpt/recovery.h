@@ -69,7 +69,7 @@ int dl_recovery_finish(dl_recovery *r, dl_trainer *tr);
 int dl_recovery_remove(dl_recovery *r);
 
 /* The learner library's own state (learner/learner_int.h dl_learner_state_copy:
- * fragment bases, versions, unpushed counters), copied at the same step as the
+ * fragment bases, versions, unpushed counters, error feedback residuals), copied at the same step as the
  * trainer's and written before it to dl_recovery_learner_path (a restarted
  * learner restores it at join through the option state_path when its step is
  * the file's). fn copies into *buf (grown as needed) on the training thread;

@@ -286,6 +286,17 @@ void dl_comms_get_stats(dl_comms *c, dl_comms_stats *out)
     out->superseded = ms.superseded;
 }
 
+/* The learner holds every fragment this session serves (a restored state, before any Welcome). */
+static int holds_served(dl_comms *c)
+{
+    uint64_t v;
+    for (int p = 0; p < c->P; p++)
+        if (c->f[p].served && !dl_mailbox_held(c->mb, p, &v)) return 0;
+    return 1;
+}
+
+dl_ef *dl_comms_ef(dl_comms *c, int p) { return p >= 0 && p < c->P && c->f[p].served ? c->ef : NULL; }
+
 uint32_t dl_comms_h(dl_comms *c)
 {
     pthread_mutex_lock(&c->mu);
@@ -811,14 +822,18 @@ static void *comms_main(void *arg)
         if (c->state == DL_COMMS_READY) dl_comms_downlink_timeouts(c, now);
         dl_comms_downlink_refetches(c, now);
         if (c->state == DL_COMMS_HELLO) {
-            if (!c->ever_welcomed && c->connect_timeout_ms > 0 && now - c->t_start >= c->connect_timeout_ms * MS) {
+            /* the bound is on joining: a learner that holds its fragments (restored from its state) trains,
+             * and keeps trying as a learner without a bound does */
+            if (!c->ever_welcomed && c->connect_timeout_ms > 0 && now - c->t_start >= c->connect_timeout_ms * MS &&
+                !holds_served(c)) {
                 dl_comms_set_state(c, DL_COMMS_FAILED,
                           "no Welcome from %s within %d ms (is dloco-sync running there with run_id '%s'?%s%s)",
                           c->endpoint, c->connect_timeout_ms, c->run_id, c->conn_err[0] ? " last problem: " : "",
                           c->conn_err);
                 break;
             }
-            if (!c->ever_welcomed && c->connect_timeout_ms < 0 && now - c->t_warn >= DL_COMMS_WAIT_NOTE_MS * MS) {
+            if (!c->ever_welcomed && (c->connect_timeout_ms < 0 || holds_served(c)) &&
+                now - c->t_warn >= DL_COMMS_WAIT_NOTE_MS * MS) {
                 /* no bound: a learner started while its synchronizer is down or out of reach waits for it */
                 long long s = (long long)((now - c->t_start) / (1000 * MS));
                 DL_WARN("still no Welcome from %s after %lld s; retrying (is dloco-sync running there with run_id "

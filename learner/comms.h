@@ -165,7 +165,8 @@ typedef struct {
     int hello_retry_max_ms; /* cap of that backoff [16000] */
     int hello_unsent_ms;    /* retry period of a Hello that found no connection [20] */
     int connect_timeout_ms; /* first Welcome must come within this, else the session fails [30000]; < 0: no
-                             * bound (it keeps trying, warning every DL_COMMS_WAIT_NOTE_MS) */
+                             * bound (it keeps trying, warning every DL_COMMS_WAIT_NOTE_MS), as when the
+                             * learner holds every fragment the session serves (restored from its state) */
     int poll_max_ms;        /* timers are checked at least this often [100] */
     int silence_min_ms;     /* re-hello after max(this, liveness * heartbeat_ms) without a message [1000] */
     int silence_rebuild_ms; /* rebuild the socket after max(this, 4 x that) without a message [30000] */
@@ -247,6 +248,9 @@ void dl_comms_close(dl_comms **c);
  * rebuilt since the last Welcome; "" otherwise. */
 int dl_comms_state(dl_comms *c, char *msg, size_t cap);
 void dl_comms_get_stats(dl_comms *c, dl_comms_stats *out);
+/* The error feedback residuals of fragment p (learner/ef.h) when this session
+ * serves p, else NULL: the node saves and restores them with its state. */
+struct dl_ef *dl_comms_ef(dl_comms *c, int p);
 /* H from the last Welcome, 0 before the first. */
 uint32_t dl_comms_h(dl_comms *c);
 /* The fleet's step rate of the last Ack that carried one (dl_comms_stats.fleet_steps_per_s), 0 before. */

@@ -89,6 +89,7 @@ static int send_push_msg(dl_comms *c, int p, const dl_mailbox_push *h, const uin
     m.checksum = dl_wire_checksum(from, len);
     m.loss = h->loss;
     m.compute_s = h->compute_s;
+    m.final = h->final != 0;
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_push(&env, &m);

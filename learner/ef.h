@@ -28,6 +28,14 @@
  * committed_p, so only the push the synchronizer keeps is ever committed. A
  * coalesced push that never left never touched either residual.
  *
+ * Across a restart (learner/node.h "the node's state across a restart") the
+ * node's saved state holds, per fragment, the residual a restarted session
+ * starts from (dl_ef_snapshot, dl_ef_restore): committed_p, or pending_p while
+ * p's push is undecided (a push in flight at a save is nearly always
+ * ACCEPTED, and the restart cannot learn its fate; a refused one's progress
+ * is lost at the kill anyway). The session thread moves the residuals and the
+ * training thread takes the snapshot, so every call takes the dl_ef's lock.
+ *
  * Under adopt=mix the adopt keeps alpha of the local progress made since the
  * push, not only what the push did not carry, so committed_p slightly
  * over-counts there (by at most alpha times the pushed progress's own
@@ -70,6 +78,14 @@ void dl_ef_forget(dl_ef *e, int p);
 const float *dl_ef_committed(const dl_ef *e, int p);
 /* pending_p, or NULL when nothing is pending; *base (may be NULL) = its push's base_version. */
 const float *dl_ef_pending(const dl_ef *e, int p, uint64_t *base);
+/* The residual a restart of p should start from (see above) into out
+ * (numel_p floats): 1 when copied, 0 when it is zero or residuals are off
+ * (out untouched). Any thread. */
+int dl_ef_snapshot(dl_ef *e, int p, float *out);
+/* Before the session starts: committed_p = r (numel_p floats, copied),
+ * nothing pending. Returns 1 when kept, 0 when residuals are off here (r is
+ * dropped), DL_ENOMEM. */
+int dl_ef_restore(dl_ef *e, int p, const float *r);
 /* 1 when residuals are kept. */
 int dl_ef_on(const dl_ef *e);
 

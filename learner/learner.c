@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/clock.h"
@@ -660,7 +661,9 @@ static int read_whole(const char *path, size_t max, void **buf, size_t *len)
     *len = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return errno == ENOENT ? 0 : dl_err(DL_EIO, "cannot open %s: %s", path, strerror(errno));
-    /* one byte more than the model's state: a longer file is refused as such */
+    /* one byte more than the model's state may take: a longer file is refused as such */
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && sb.st_size >= 0 && (uint64_t)sb.st_size < max) max = (size_t)sb.st_size;
     uint8_t *b = dl_try_malloc(max + 1);
     if (!b) {
         fclose(f);
@@ -691,7 +694,7 @@ static int state_restore(dloco_learner *l)
     uint64_t tag = state_tag(l);
     void *buf = NULL;
     size_t len = 0;
-    int rc = read_whole(path, dl_node_state_bytes(l->node), &buf, &len);
+    int rc = read_whole(path, dl_node_state_max_bytes(l->node), &buf, &len);
     if (rc == DL_ENOMEM) return rc;
     if (rc != 0) {
         int P = dl_plan_P(l->plan);
@@ -701,9 +704,8 @@ static int state_restore(dloco_learner *l)
             return dl_err(DL_ENOMEM, "learner state: out of memory");
         }
         int jn = dl_node_journal_read(jpath, tag, jr, P);
-        uint64_t carried = 0;
-        if (rc > 0)
-            rc = dl_node_state_restore(l->node, buf, len, l->fp, tag, l->steps, jn ? jr : NULL, jn, &carried);
+        dl_node_restored got = {0};
+        if (rc > 0) rc = dl_node_state_restore(l->node, buf, len, l->fp, tag, l->steps, jn ? jr : NULL, jn, &got);
         free(jr);
         /* the parameter interface failing is the join's failure; a bad file only this start's */
         int bad_file = rc == DL_ETRUNC || rc == DL_EFORMAT || rc == DL_ECORRUPT || rc == DL_EMISMATCH ||
@@ -724,10 +726,14 @@ static int state_restore(dloco_learner *l)
             int carrying = 0;
             for (int p = 0; p < dl_plan_P(l->plan); p++) carrying += dl_node_tokens(l->node, p) > 0;
             DL_INFO("learner state restored from %s: step %llu, %d fragments carry %llu fragment-tokens of unpushed "
-                    "progress", path, (unsigned long long)l->steps, carrying, (unsigned long long)carried);
-            dl_event("state_restored", "id=%s path=%s step=%llu carried_tokens=%llu carrying=%d journal=%d", l->id,
-                     dl_event_str(path, ev_path, sizeof ev_path), (unsigned long long)l->steps,
-                     (unsigned long long)carried, carrying, jn);
+                    "progress, %d error feedback residuals%s", path, (unsigned long long)l->steps, carrying,
+                    (unsigned long long)got.carried, got.residuals,
+                    got.format < 2 ? " (a file of an older dloco: residuals start at zero)" : "");
+            dl_event("state_restored",
+                     "id=%s path=%s step=%llu carried_tokens=%llu carrying=%d journal=%d format=%d residuals=%d "
+                     "residuals_dropped=%d", l->id, dl_event_str(path, ev_path, sizeof ev_path),
+                     (unsigned long long)l->steps, (unsigned long long)got.carried, carrying, jn, got.format,
+                     got.residuals, got.residuals_dropped);
         }
     }
     free(buf);
@@ -751,8 +757,7 @@ int dl_learner_state_copy(dloco_learner *l, void **buf, size_t *cap, size_t *len
         *buf = b;
         *cap = n;
     }
-    *len = n;
-    return dl_node_state_copy(l->node, l->fp, state_tag(l), l->steps, *buf);
+    return dl_node_state_copy(l->node, l->fp, state_tag(l), l->steps, *buf, len);
 }
 
 int dl_learner_state_write(const char *path, const void *buf, size_t len)
@@ -853,6 +858,10 @@ static int join_setup(dloco_learner *l)
     };
     DL_TRY(dl_lmet_open(c->metrics, l->id, &l->lmet));
     DL_TRY(dl_node_open(&no, l->mb, &l->node));
+    /* each fragment's residuals are its serving session's: saved and restored with the node's state */
+    for (int p = 0; p < dl_plan_P(l->plan); p++)
+        for (int k = 0; k < l->S; k++)
+            if (dl_comms_ef(l->comms[k], p)) dl_node_set_ef(l->node, p, dl_comms_ef(l->comms[k], p));
     DL_TRY(state_restore(l)); /* before the sessions: the Hello says what it holds and carries */
     for (int k = 0; k < l->S; k++) DL_TRY(dl_comms_start(l->comms[k]));
     return 0;

@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "core/plan.h"
 #include "kernels/cpu.h"
+#include "learner/ef.h"
 
 /* ---- the host parameter interface (dl_plan_gather / dl_plan_scatter) */
 
@@ -135,6 +136,7 @@ typedef struct {
     int final_returns; /* final pushes of p returned and owed again */
     uint64_t journal;  /* pushes posted + adopts that threw progress away (the push journal, node.h) */
     uint64_t claims0;  /* the push journal's claim count of earlier processes (dl_mailbox_set_claims_journal) */
+    dl_ef *ef;         /* the serving session's error feedback residuals (dl_node_set_ef), or NULL */
 } nfrag;
 
 /* The latest push of a fragment, until its fate is known (node.h "Push
@@ -971,10 +973,11 @@ void dl_node_get_stats(const dl_node *n, dl_node_stats *out)
 /* ---- the node's state across a restart (node.h) */
 
 /* A saved state, host byte order (it is read back on the machine that
- * wrote it): head, P fragment records, the bases in fragment order, and the
- * XXH64 of all that. */
+ * wrote it): head, P fragment records, the bases in fragment order, the
+ * error feedback residuals of the fragments whose record says so (format 2;
+ * format 1 has none), and the XXH64 of all that. */
 #define STATE_MAGIC 0x534e4c44u /* "DLNS" */
-#define STATE_FORMAT 1u
+#define STATE_FORMAT 2u
 #define JOURNAL_MAGIC 0x4a4e4c44u /* "DLNJ" */
 
 typedef struct {
@@ -986,19 +989,38 @@ typedef struct {
 typedef struct {
     uint32_t carry;      /* theta_p - base_p is unpushed progress (0: a push since the adopt, not keep) */
     uint32_t pushed;     /* a push on this version left since its adopt (it may have merged) */
-    uint32_t queued, pad; /* a push posted and still queued (not left): carried with it, unless claimed after */
+    uint32_t queued;     /* a push posted and still queued (not left): carried with it, unless claimed after */
+    uint32_t residual;   /* format 2: p's error feedback residual follows the bases (format 1: always 0) */
     uint64_t claims;     /* pushes of p claimed so far (the journal's claim counter) */
     uint64_t version, steps, tokens, journal;
     double loss, compute_s;
 } state_frag;
 
-size_t dl_node_state_bytes(const dl_node *n)
+void dl_node_set_ef(dl_node *n, int p, struct dl_ef *ef)
 {
-    return sizeof(state_head) + (size_t)n->P * sizeof(state_frag) + dl_plan_total_numel(n->plan) * sizeof(float) +
-           sizeof(uint64_t);
+    assert(n && p >= 0 && p < n->P);
+    n->f[p].ef = ef;
 }
 
-int dl_node_state_copy(const dl_node *n, uint64_t fingerprint, uint64_t tag, uint64_t step, void *buf)
+/* The fixed part: everything but the residuals and the checksum. */
+static size_t state_fixed(const dl_node *n)
+{
+    return sizeof(state_head) + (size_t)n->P * sizeof(state_frag) + dl_plan_total_numel(n->plan) * sizeof(float);
+}
+
+size_t dl_node_state_bytes(const dl_node *n)
+{
+    size_t r = 0;
+    for (int p = 0; p < n->P; p++) r += n->f[p].ef ? n->f[p].numel * sizeof(float) : 0;
+    return state_fixed(n) + r + sizeof(uint64_t);
+}
+
+size_t dl_node_state_max_bytes(const dl_node *n)
+{
+    return state_fixed(n) + dl_plan_total_numel(n->plan) * sizeof(float) + sizeof(uint64_t);
+}
+
+int dl_node_state_copy(const dl_node *n, uint64_t fingerprint, uint64_t tag, uint64_t step, void *buf, size_t *len)
 {
     uint8_t *b = buf;
     state_head h = {.magic = STATE_MAGIC, .format = STATE_FORMAT, .fingerprint = fingerprint, .tag = tag,
@@ -1007,6 +1029,7 @@ int dl_node_state_copy(const dl_node *n, uint64_t fingerprint, uint64_t tag, uin
     memcpy(b, &h, sizeof h);
     state_frag *sf = (state_frag *)(b + sizeof h);
     float *bases = (float *)(b + sizeof h + (size_t)n->P * sizeof(state_frag));
+    uint8_t *res = b + state_fixed(n);
     for (int p = 0; p < n->P; p++) {
         const nfrag *f = &n->f[p];
         /* a push still queued never left: its progress is the learner's, carried with the rest unless the
@@ -1039,33 +1062,53 @@ int dl_node_state_copy(const dl_node *n, uint64_t fingerprint, uint64_t tag, uin
             r.compute_s = f->compute_s;
         }
         if (!f->held) r.carry = 0, r.version = UINT64_MAX;
+        /* the residual the session would start from now (learner/ef.h): what the accepted pushes owe */
+        if (f->held && f->ef && dl_ef_snapshot(f->ef, p, (float *)res)) {
+            r.residual = 1;
+            res += f->numel * sizeof(float);
+        }
         memcpy(&sf[p], &r, sizeof r);
         memcpy(bases, from, f->numel * sizeof(float));
         bases += f->numel;
     }
-    size_t body = dl_node_state_bytes(n) - sizeof(uint64_t);
+    size_t body = (size_t)(res - b);
     uint64_t sum = dl_hash64(b, body, 0);
     memcpy(b + body, &sum, sizeof sum);
+    *len = body + sizeof sum;
     return 0;
 }
 
 int dl_node_state_restore(dl_node *n, const void *buf, size_t len, uint64_t fingerprint, uint64_t tag, uint64_t step,
-                          const uint64_t *journal, int journal_n, uint64_t *carried)
+                          const uint64_t *journal, int journal_n, dl_node_restored *out)
 {
     const uint8_t *b = buf;
-    *carried = 0;
-    size_t want = dl_node_state_bytes(n);
+    memset(out, 0, sizeof *out);
+    size_t fixed = state_fixed(n);
     state_head h;
     if (len < sizeof h) return dl_err(DL_ETRUNC, "learner state: %zu bytes, shorter than its head", len);
     memcpy(&h, b, sizeof h);
     if (h.magic != STATE_MAGIC) return dl_err(DL_EFORMAT, "learner state: not a dloco learner state (bad magic)");
-    if (h.format != STATE_FORMAT)
-        return dl_err(DL_EFORMAT, "learner state: format %u, this learner reads %u", h.format, STATE_FORMAT);
+    if (h.format < 1 || h.format > STATE_FORMAT)
+        return dl_err(DL_EFORMAT, "learner state: format %u, this learner reads 1 to %u (written by a newer dloco? "
+                                  "start this learner without it)", h.format, STATE_FORMAT);
     if (h.fingerprint != fingerprint || h.P != (uint32_t)n->P || h.total_numel != dl_plan_total_numel(n->plan))
         return dl_err(DL_EMISMATCH, "learner state: of another model (fingerprint %016llx, P=%u) than this one "
                                     "(%016llx, P=%d)", (unsigned long long)h.fingerprint, h.P,
                       (unsigned long long)fingerprint, n->P);
-    if (len != want) return dl_err(DL_ETRUNC, "learner state: %zu bytes, this model's has %zu", len, want);
+    if (len < fixed + sizeof(uint64_t))
+        return dl_err(DL_ETRUNC, "learner state: %zu bytes, this model's has at least %zu", len,
+                      fixed + sizeof(uint64_t));
+    /* the residuals' length follows from the records: read them before the checksum, bounded by the file */
+    const state_frag *sf0 = (const state_frag *)(b + sizeof h);
+    size_t want = fixed + sizeof(uint64_t);
+    for (int p = 0; p < n->P; p++) {
+        state_frag r;
+        memcpy(&r, &sf0[p], sizeof r);
+        if (r.residual > 1 || (h.format < 2 && r.residual))
+            return dl_err(DL_ERANGE, "learner state: fragment %d: residual flag %u", p, r.residual);
+        if (r.residual) want += n->f[p].numel * sizeof(float);
+    }
+    if (len != want) return dl_err(DL_ETRUNC, "learner state: %zu bytes, its records say %zu", len, want);
     uint64_t sum;
     memcpy(&sum, b + want - sizeof sum, sizeof sum);
     if (dl_hash64(b, want - sizeof sum, 0) != sum) return dl_err(DL_ECORRUPT, "learner state: checksum mismatch");
@@ -1074,7 +1117,6 @@ int dl_node_state_restore(dl_node *n, const void *buf, size_t len, uint64_t fing
         return dl_err(DL_EMISMATCH, "learner state: saved at step %llu, but the learner resumes at step %llu (its "
                                     "parameters were saved at another step)",
                       (unsigned long long)h.step, (unsigned long long)step);
-    const state_frag *sf0 = (const state_frag *)(b + sizeof h);
     const float *bases = (const float *)(b + sizeof h + (size_t)n->P * sizeof(state_frag));
     for (int p = 0; p < n->P; p++) {
         state_frag r;
@@ -1085,8 +1127,15 @@ int dl_node_state_restore(dl_node *n, const void *buf, size_t len, uint64_t fing
             return dl_err(DL_ERANGE, "learner state: fragment %d: counters no learner at step %llu can hold", p,
                           (unsigned long long)step);
     }
-    for (size_t i = 0, k = dl_plan_total_numel(n->plan); i < k; i++)
-        if (!isfinite(bases[i])) return dl_err(DL_ERANGE, "learner state: a base value is not finite");
+    /* bases and residuals are contiguous floats up to the checksum */
+    size_t nf = (want - sizeof(uint64_t) - sizeof h - (size_t)n->P * sizeof(state_frag)) / sizeof(float);
+    for (size_t i = 0; i < nf; i++) {
+        float v;
+        memcpy(&v, (const uint8_t *)bases + i * sizeof v, sizeof v);
+        if (!isfinite(v)) return dl_err(DL_ERANGE, "learner state: a base or residual value is not finite");
+    }
+    out->format = (int)h.format;
+    const uint8_t *res = b + fixed;
     for (int p = 0; p < n->P; p++) {
         nfrag *f = &n->f[p];
         state_frag r;
@@ -1103,7 +1152,7 @@ int dl_node_state_restore(dl_node *n, const void *buf, size_t len, uint64_t fing
             f->tokens = r.tokens;
             f->loss = r.loss;
             f->compute_s = r.compute_s;
-            *carried += r.tokens;
+            out->carried += r.tokens;
             dl_mailbox_set_carried(n->mb, p, r.tokens);
         } else {
             /* pushed or thrown away since the save (or not separable): its
@@ -1113,6 +1162,19 @@ int dl_node_state_restore(dl_node *n, const void *buf, size_t len, uint64_t fing
             memcpy(f->base, theta, f->numel * sizeof(float));
             f->steps = f->tokens = 0;
             f->loss = f->compute_s = 0.0;
+        }
+        /* the residual as saved while nothing moved it since (the journal agrees); a push after the save
+         * carried it on (what that push's residual was, the file does not know): it starts at zero then */
+        if (r.residual) {
+            int kept = 0;
+            if (same && f->ef) {
+                int rc = dl_ef_restore(f->ef, p, (const float *)res);
+                if (rc < 0) return rc;
+                kept = rc;
+            }
+            if (kept) out->residuals++;
+            else out->residuals_dropped++;
+            res += f->numel * sizeof(float);
         }
         bases += f->numel;
         if (f->ref) memcpy(f->ref, f->base, f->numel * sizeof(float));

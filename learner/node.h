@@ -318,32 +318,61 @@ int dl_node_finish(dl_node *n, int flush_timeout_ms, uint64_t step, const char *
  * not left: a busy synchronizer's retry, a connection down) is carried with
  * the rest unless its claim counter moved after the save. An OS crash
  * can lose the journal's last writes: at most one push per fragment may
- * then be carried twice. */
+ * then be carried twice.
+ *
+ * Encoded pushes: the state also holds each fragment's error feedback
+ * residual (learner/ef.h dl_ef_snapshot: the committed one, or the residual
+ * of a push undecided at the save, taken as accepted), restored when the
+ * journal agrees; otherwise it starts at zero (at most one quantum per
+ * element of what the accepted pushes owed is lost). */
 
-/* Bytes of a saved state of this node. */
+/* The error feedback residuals of fragment p live in its session (learner/ef.h):
+ * with one attached (before a save, before a restore) the state holds p's
+ * residual, so a restarted session's first encoded push carries what the
+ * killed process's accepted pushes still owed. NULL detaches. Before the
+ * sessions start. */
+struct dl_ef;
+void dl_node_set_ef(dl_node *n, int p, struct dl_ef *ef);
+/* Bytes a saved state of this node takes at most (its attached residuals
+ * included): the buffer dl_node_state_copy needs. */
 size_t dl_node_state_bytes(const dl_node *n);
+/* Bytes a saved state of this model may take (any fragment's residual
+ * included): the most a reader reads. */
+size_t dl_node_state_max_bytes(const dl_node *n);
 /* Copy the state into buf (dl_node_state_bytes bytes) at step boundary
  * `step`, tagged with the model fingerprint and `tag` (the run and learner:
- * a state of another run or learner is refused at the restore). Training
- * thread, between steps; reads no parameters. Returns 0. */
-int dl_node_state_copy(const dl_node *n, uint64_t fingerprint, uint64_t tag, uint64_t step, void *buf);
-/* Restore a saved state, after dl_node_open and before the sessions start
- * (the Hello then says the versions held and the carried tokens). `journal`
- * is the push journal read back ([2P] counters, or NULL when there is none:
- * nothing is carried then), `journal_n` its entries (a short journal counts
- * as changed). Every fragment ends held at its saved version; those whose
- * journal agrees carry their progress (base_p and counters as saved), the
- * others carry nothing (base_p = theta_p now). (A fragment the killed
+ * a state of another run or learner is refused at the restore); *len = the
+ * bytes written (fragments with a zero residual save none). Training
+ * thread, between steps; reads no parameters (residuals: under their lock).
+ * Returns 0. */
+int dl_node_state_copy(const dl_node *n, uint64_t fingerprint, uint64_t tag, uint64_t step, void *buf, size_t *len);
+/* What a restore found. */
+typedef struct {
+    uint64_t carried;      /* fragment-tokens of unpushed progress carried */
+    int format;            /* the file's format: 1 (written before residuals were saved: none restored), 2 */
+    int residuals;         /* fragments whose error feedback residual was restored */
+    int residuals_dropped; /* saved residuals not restored: the fragment was pushed after the save (the journal
+                            * moved), or this learner keeps no residuals (fp32 pushes, error_feedback off) */
+} dl_node_restored;
+/* Restore a saved state, after dl_node_open (and dl_node_set_ef) and before
+ * the sessions start (the Hello then says the versions held and the carried
+ * tokens). `journal` is the push journal read back ([2P] counters, or NULL
+ * when there is none: nothing is carried then), `journal_n` its entries (a
+ * short journal counts as changed). Every fragment ends held at its saved
+ * version; those whose journal agrees carry their progress (base_p and
+ * counters as saved) and their residual, the others carry nothing (base_p =
+ * theta_p now, residual zero). Format 1 files (no residuals) still load:
+ * residuals start at zero (out->format says so). (A fragment the killed
  * process pushed on the version it holds may see its next push refused as a
  * replay, with a rebase, when that push merged before the Welcome's fetch of
  * the newer version is adopted: it costs the steps since the restart of that
- * fragment, counted REJECTED.) *carried = the fragment-tokens
- * carried. Returns 0; DL_ETRUNC, DL_EFORMAT, DL_ECORRUPT (checksum),
- * DL_EMISMATCH (another model, run, learner or step), DL_ERANGE (a value no
- * learner can hold: non-finite, counters beyond the step): the message says
- * which, and the node is untouched; or the parameter interface's error. */
+ * fragment, counted REJECTED.) Returns 0; DL_ETRUNC, DL_EFORMAT, DL_ECORRUPT
+ * (checksum), DL_EMISMATCH (another model, run, learner or step), DL_ERANGE
+ * (a value no learner can hold: non-finite, counters beyond the step): the
+ * message says which, and the node is untouched; DL_ENOMEM (a residual); or
+ * the parameter interface's error. */
 int dl_node_state_restore(dl_node *n, const void *buf, size_t len, uint64_t fingerprint, uint64_t tag, uint64_t step,
-                          const uint64_t *journal, int journal_n, uint64_t *carried);
+                          const uint64_t *journal, int journal_n, dl_node_restored *out);
 /* Write the push journal to fd from now on (-1: none): its head (magic, P,
  * `tag`) and the node's counters are written at once. The fd stays the
  * caller's. Returns 0 or DL_EIO. */

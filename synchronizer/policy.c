@@ -37,6 +37,7 @@ typedef struct {
     int64_t left_ns;              /* when it said Bye (SLOT_LEFT), else NONE_NS */
     int64_t joined_ns;            /* when the slot was taken by this id (a rejoin does not move it), ns */
     int64_t pooled_ns;            /* arrival of its latest POOLED push (any fragment), ns, or NONE_NS */
+    int finishing;                /* a push of its final flush came (dl_policy_learner_final): no scheduled push follows */
 } slot;
 
 /* One fragment: its committed version, open round and in-flight round. */
@@ -315,6 +316,7 @@ static int64_t slot_margin(const dl_policy *p, const slot *s)
 static void slot_forget_arrivals(dl_policy *p, slot *s)
 {
     for (int f = 0; f < p->P; f++) s->last[f] = NONE_NS, s->pstep[f] = -1;
+    s->finishing = 0;
 }
 
 /* ns per inner step of a learner that reported rate > 0. */
@@ -386,6 +388,7 @@ static void hash_rebuild(dl_policy *p)
 static int expected(const dl_policy *p, const slot *s, const frag *fr)
 {
     if (s->join_seq >= fr->open_seq) return 0; /* joined after the round opened */
+    if (s->finishing) return 0;                /* in its final flush: no push to wait for */
     if (s->state == SLOT_LIVE) return 1;
     return s->state == SLOT_DEAD && p->cfg.kind == DL_POLICY_SYNC;
 }
@@ -482,7 +485,14 @@ static void eval(dl_policy *p, int f, int64_t now)
         return;
     }
 
-    int keff = c->quorum < p->n_live ? c->quorum : (p->n_live > 1 ? p->n_live : 1);
+    /* the live learners that may still push f: one in its final flush counts only with its contribution in
+     * this round (waiting for a push that may never come stalls every learner's flush) */
+    int avail = 0;
+    for (int i = 0; i < p->n_slots; i++) {
+        const slot *s = &p->slots[i];
+        if (s->state == SLOT_LIVE && (!s->finishing || s->cur_idx[f] >= 0)) avail++;
+    }
+    int keff = c->quorum < avail ? c->quorum : (avail > 1 ? avail : 1);
     if (fr->n_cur < keff) {
         for (int i = 0; i < p->n_slots; i++)
             if (expected(p, &p->slots[i], fr) && p->slots[i].cur_idx[f] < 0) missing++;
@@ -749,8 +759,10 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
         return dl_err(DL_ENOTFOUND, "merge policy: learner %u is not registered", id);
     slot *s = &p->slots[i];
     int64_t st = step > (uint64_t)INT64_MAX / 2 ? INT64_MAX / 2 : (int64_t)step;
-    if (s->rep_ns != NONE_NS && st < s->rep_step) /* counting again from a lower step: a restarted learner */
+    if (s->rep_ns != NONE_NS && st < s->rep_step) { /* counting again from a lower step: a restarted learner */
         for (int f = 0; f < p->P; f++) s->pstep[f] = -1;
+        if (s->finishing) s->finishing = 0, refresh(p, now); /* it trains again: K_eff and the waits change */
+    }
     s->rep_ns = now;
     s->rep_step = st;
     s->rep_tokens = tokens > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)tokens;
@@ -759,6 +771,19 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
      * every Heartbeat of every learner, so it is left to settle() */
     p->unsettled = 1;
     p->unsettled_ns = now;
+    return 0;
+}
+
+int dl_policy_learner_final(dl_policy *p, uint32_t id, int64_t now)
+{
+    settle(p);
+    now = tick(p, now);
+    int i = find_slot(p, id);
+    if (i < 0 || p->slots[i].state == SLOT_LEFT)
+        return dl_err(DL_ENOTFOUND, "merge policy: learner %u is not registered", id);
+    if (p->slots[i].finishing) return 0;
+    p->slots[i].finishing = 1;
+    refresh(p, now);
     return 0;
 }
 

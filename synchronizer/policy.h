@@ -31,7 +31,8 @@
  * When a DECOUPLED round closes (DESIGN "Merge round"):
  *   - never before a quorum of K distinct learners has contributed
  *     (K_eff = min(K, max(1, live learners)), so a fleet that shrank below K
- *     still makes progress);
+ *     still makes progress; a learner in its final flush counts only with a
+ *     contribution in the round, dl_policy_learner_final);
  *   - once quorum is reached at time q (the K-th distinct push, even while
  *     the previous round of f is in flight), a grace window waits for every
  *     EXPECTED learner WITHOUT a contribution in the round whose next push of
@@ -327,6 +328,20 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
  * fleet's step time and every fragment's deadline recomputed now (at the
  * latest time seen). A check for tests: the lazy state must equal it. */
 void dl_policy_recompute(dl_policy *p);
+/* A push of learner id's final flush came (Push.final; whatever its fate):
+ * its training ended, so no scheduled push of it follows, only final ones
+ * (a fragment it pushed at its last step has none). Until it rejoins or
+ * counts its steps again from a lower one (a restart) it is not expected in
+ * any round (never waited for, never missing), and counts in a fragment's
+ * K_eff only with a contribution in that fragment's open round:
+ *   K_eff(f) = min(K, max(1, live learners not finishing + finishing ones
+ *              that contributed to f's open round)).
+ * Without this, one learner's last push of f, made after the others had
+ * pushed f for the last time, opened a round that waited for them, while
+ * they waited, live, for their own last rounds: every flush ran into its
+ * timeout (learners out of phase at the end: one restarted mid-run, one
+ * whose push was refused or dropped). DL_ENOTFOUND for an id not registered. */
+int dl_policy_learner_final(dl_policy *p, uint32_t id, int64_t now);
 int dl_policy_live_count(const dl_policy *p);
 /* Membership of learner id: the one record of who is live, dead or gone
  * (the synchronizer's registry keeps counters and times, never a copy). */

@@ -16,9 +16,11 @@
  * unpushed: fragment-tokens it still held when it left, its final pushes
  * refused every time). With --state FILE it saves, every --save_every steps,
  * its node state (FILE.node, learner/node.h) and then its step and
- * parameters (FILE.theta), keeping the push journal at FILE.journal; started
+ * parameters (FILE.theta) (a line "saved step=S held=T": T the fragment-tokens
+ * of the node's counters then), keeping the push journal at FILE.journal; started
  * again with the same FILE it resumes from them (a line "restored step=S
- * rc=R carried=C") and its tokens count from that start, as a restarted
+ * rc=R carried=C format=F residuals=N residuals_dropped=D": int4 pushes'
+ * error feedback residuals travel in the node state) and its tokens count from that start, as a restarted
  * learner's Heartbeats do.
  *
  * `conserve check --store DIR --amounts ID=A,ID=A,... [--int4 1]` replays the
@@ -120,7 +122,7 @@ static int save_state(const char *state, dl_node *node, uint64_t fp, uint64_t ta
     size_t len = dl_node_state_bytes(node);
     uint8_t *buf = malloc(len);
     uint64_t st = (uint64_t)s;
-    int rc = dl_node_state_copy(node, fp, tag, st, buf);
+    int rc = dl_node_state_copy(node, fp, tag, st, buf, &len);
     snprintf(path, sizeof path, "%s.node", state);
     if (!rc) rc = put_file(path, buf, len, NULL, 0);
     free(buf);
@@ -196,6 +198,8 @@ static int learn(const kv *o, int n)
     dl_node_opts no = {.plan = plan, .params = theta, .adopt = mode, .alpha = (float)atof(opt(o, n, "alpha", "0.5")),
                        .push_decision_timeout_ms = hold_ms};
     if (!rc) rc = dl_node_open(&no, mb, &node);
+    /* the session's error feedback residuals are saved and restored with the node's state */
+    for (int p = 0; !rc && p < P; p++) dl_node_set_ef(node, p, dl_comms_ef(c, p));
     /* --state FILE: a killed learner restarted with it resumes from its last save (FILE.theta: step and
      * parameters; FILE.node: the node's state; FILE.journal: the push journal) */
     const char *state = opt(o, n, "state", NULL);
@@ -211,14 +215,16 @@ static int learn(const kv *o, int n)
             s0 = (long)st;
             snprintf(path, sizeof path, "%s.node", state);
             FILE *g = fopen(path, "rb");
-            size_t cap = dl_node_state_bytes(node), len = 0;
+            size_t cap = dl_node_state_max_bytes(node), len = 0;
             uint8_t *buf = malloc(cap + 1);
             if (g) len = fread(buf, 1, cap + 1, g), fclose(g);
-            uint64_t jr[4096], carried = 0;
+            uint64_t jr[4096];
+            dl_node_restored got = {0};
             snprintf(path, sizeof path, "%s.journal", state);
             int jn = dl_node_journal_read(path, tag, jr, P);
-            int r2 = dl_node_state_restore(node, buf, len, co.fingerprint, tag, st, jn ? jr : NULL, jn, &carried);
-            fprintf(log, "restored step=%ld rc=%d carried=%llu\n", s0, r2, (unsigned long long)carried);
+            int r2 = dl_node_state_restore(node, buf, len, co.fingerprint, tag, st, jn ? jr : NULL, jn, &got);
+            fprintf(log, "restored step=%ld rc=%d carried=%llu format=%d residuals=%d residuals_dropped=%d\n", s0, r2,
+                    (unsigned long long)got.carried, got.format, got.residuals, got.residuals_dropped);
             free(buf);
         }
         if (f) fclose(f);
@@ -253,8 +259,13 @@ static int learn(const kv *o, int n)
         rc = dl_node_after_step(node, s, H ? (int)H : 8, tps, 1.0, 1.0 / rate);
         if (rc >= 0) rc = dl_node_poll(node);
         if (rc < 0) break;
-        if (state && s % save_every == 0 && save_state(state, node, co.fingerprint, tag, s, theta, total) == 0)
-            fprintf(log, "saved step=%ld\n", s), fflush(log);
+        if (state && s % save_every == 0 && save_state(state, node, co.fingerprint, tag, s, theta, total) == 0) {
+            /* held: the fragment-tokens of the node's counters (since each fragment's reference point), an upper
+             * bound of what a restart from this save can carry; what it does not carry is lost at a kill */
+            uint64_t held = 0;
+            for (int p = 0; p < P; p++) held += dl_node_tokens(node, p);
+            fprintf(log, "saved step=%ld held=%llu\n", s, (unsigned long long)held), fflush(log);
+        }
         int state = dl_mailbox_state(mb, NULL, 0);
         if (state == DL_COMMS_REFUSED || state == DL_COMMS_FAILED) {
             rc = DL_ENET;

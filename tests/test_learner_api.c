@@ -604,6 +604,67 @@ static void test_join_failures(void)
     free(theta);
 }
 
+/* Issue 27: a learner restarted from its saved state (option state_path)
+ * while its synchronizer is out of reach holds every fragment, so join
+ * returns at once and it trains; its session keeps trying past
+ * connect_timeout_ms (the bound is join's alone). Before, the session gave up
+ * after connect_timeout_ms (30 s by default) and the next step failed with
+ * DLOCO_ENET: the learner died in the partition it was restarted into. */
+static void test_restart_unreachable(void)
+{
+    char dir[] = "/tmp/dloco_test_api_XXXXXX", path[300], aside[320];
+    REQUIRE(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(path, sizeof path, "%s/state", dir);
+    dl_fakesync fs;
+    fs_open(&fs, plan, NULL, NULL);
+    dloco_learner_opts o;
+    base_opts(&o, fs.ep, "R1");
+    float *theta = calloc(total, sizeof(float));
+    dloco_learner *l = NULL;
+    REQUIRE(dloco_learner_open(&o, &l) == 0, "open");
+    fast(l);
+    REQUIRE(dloco_learner_set_option(l, "state_path", path) == 0, "state_path: %s", dloco_learner_errmsg(l));
+    CHECK_EQ(dloco_learner_bind_contiguous(l, theta, total), 0);
+    bg j = {.l = l, .timeout_ms = WAIT_MS};
+    REQUIRE(pthread_create(&j.t, NULL, join_main, &j) == 0, "thread");
+    serve_join(&fs, &j);
+    REQUIRE(j.rc == 0, "join: %s", dloco_learner_errmsg(l));
+    dloco_step_info info = {.struct_size = sizeof info};
+    for (int s = 0; s < 3; s++) CHECK_EQ(dloco_learner_step(l, TOK, 1.0, 0.01, &info), 0);
+    CHECK(dloco_learner_save_state(l) == 0, "save_state: %s", dloco_learner_errmsg(l));
+    dloco_learner_close(&l);
+    char dead[256];
+    snprintf(dead, sizeof dead, "%s", fs.ep);
+    fs_close(&fs); /* the synchronizer is gone: nothing answers there */
+
+    base_opts(&o, dead, "R1");
+    o.start_step = 3; /* the caller's own state was saved with the library's, at step 3 */
+    REQUIRE(dloco_learner_open(&o, &l) == 0, "open");
+    fast(l);
+    REQUIRE(dloco_learner_set_option(l, "state_path", path) == 0 &&
+                dloco_learner_set_option(l, "connect_timeout_ms", "300") == 0,
+            "options: %s", dloco_learner_errmsg(l));
+    CHECK_EQ(dloco_learner_bind_contiguous(l, theta, total), 0);
+    CHECK(dloco_learner_join(l, 0) == 0, "join of a restored learner returns at once: %s", dloco_learner_errmsg(l));
+    /* the stimulus: it trains for about 1 s, past the 300 ms bound, with nothing answering */
+    int ok = 1;
+    for (int s = 0; s < 40 && ok; s++) {
+        ok = dloco_learner_step(l, TOK, 1.0, 0.01, &info) == 0;
+        struct timespec ts = {.tv_nsec = 25 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(ok, "it trains on while its synchronizer is out of reach: %s", dloco_learner_errmsg(l));
+    dloco_learner_stats st = {.struct_size = sizeof st};
+    CHECK(dloco_learner_get_stats(l, &st) == 0 && st.state != DLOCO_STATE_FAILED, "not failed (state %d)",
+          (int)st.state);
+    dloco_learner_close(&l);
+    snprintf(aside, sizeof aside, "%s.journal", path);
+    unlink(aside);
+    unlink(path);
+    rmdir(dir);
+    free(theta);
+}
+
 /* Every allocation of open, bind, join and a step, failed in turn: a code, never an abort. */
 static void test_alloc_failures(void)
 {
@@ -676,6 +737,7 @@ int main(void)
     test_session(2);
     test_callback_failure();
     test_join_failures();
+    test_restart_unreachable();
     test_alloc_failures();
     dl_plan_close(&plan);
     return CHECK_DONE("test_learner_api");

@@ -13,9 +13,11 @@
 
 #include "core/clock.h"
 #include "core/err.h"
+#include "core/hash.h"
 #include "core/model.h"
 #include "core/plan.h"
 #include "learner/comms.h"
+#include "learner/ef.h"
 #include "learner/mailbox.h"
 
 #include "tests/check.h"
@@ -1183,9 +1185,9 @@ static void test_state(void)
     float *sent = dl_mailbox_buf_alloc(c);
     REQUIRE(dl_mailbox_claim_push(c, 3, 1, &cl, &sent) == 1, "claim fragment 3's push");
     free(sent);
-    size_t len = dl_node_state_bytes(n);
-    uint8_t *buf = malloc(len);
-    REQUIRE(dl_node_state_copy(n, 7, 9, (uint64_t)steps, buf) == 0, "copy");
+    size_t len = 0;
+    uint8_t *buf = malloc(dl_node_state_bytes(n));
+    REQUIRE(dl_node_state_copy(n, 7, 9, (uint64_t)steps, buf, &len) == 0 && len == dl_node_state_bytes(n), "copy");
     uint64_t jr[2 * P];
     char tmpl[] = "/tmp/dloco_test_node_XXXXXX";
     int fd = mkstemp(tmpl);
@@ -1200,28 +1202,29 @@ static void test_state(void)
     dl_node_opts o = {.plan = plan, .params = theta, .adopt = DL_ADOPT_KEEP};
     dl_node *n2 = NULL;
     REQUIRE(dl_node_open(&o, c2, &n2) == 0, "open");
-    uint64_t carried = 0, step = (uint64_t)steps;
+    dl_node_restored got_r;
+    uint64_t step = (uint64_t)steps;
     /* hostile states: each refused, the node untouched */
-    CHECK(dl_node_state_restore(n2, buf, 10, 7, 9, step, jr, 2 * P, &carried) == DL_ETRUNC, "a truncated head refused");
-    CHECK(dl_node_state_restore(n2, buf, len - 1, 7, 9, step, jr, P, &carried) == DL_ETRUNC,
+    CHECK(dl_node_state_restore(n2, buf, 10, 7, 9, step, jr, 2 * P, &got_r) == DL_ETRUNC, "a truncated head refused");
+    CHECK(dl_node_state_restore(n2, buf, len - 1, 7, 9, step, jr, P, &got_r) == DL_ETRUNC,
           "a truncated state refused");
-    CHECK(dl_node_state_restore(n2, buf, len, 8, 9, step, jr, P, &carried) == DL_EMISMATCH, "another model refused");
-    CHECK(dl_node_state_restore(n2, buf, len, 7, 10, step, jr, P, &carried) == DL_EMISMATCH,
+    CHECK(dl_node_state_restore(n2, buf, len, 8, 9, step, jr, P, &got_r) == DL_EMISMATCH, "another model refused");
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 10, step, jr, P, &got_r) == DL_EMISMATCH,
           "another run or learner refused");
-    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step + 1, jr, P, &carried) == DL_EMISMATCH,
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step + 1, jr, P, &got_r) == DL_EMISMATCH,
           "another step than the parameters' refused: %s", dl_errmsg());
     buf[len / 2] ^= 1;
-    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, P, &carried) == DL_ECORRUPT, "a flipped bit refused");
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, P, &got_r) == DL_ECORRUPT, "a flipped bit refused");
     buf[len / 2] ^= 1;
     uint32_t magic, bad = 0;
     memcpy(&magic, buf, 4);
     memcpy(buf, &bad, 4);
-    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, P, &carried) == DL_EFORMAT, "bad magic refused");
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, P, &got_r) == DL_EFORMAT, "bad magic refused");
     memcpy(buf, &magic, 4);
-    CHECK(!dl_node_holds_all(n2) && carried == 0, "a refused state leaves the node fresh");
+    CHECK(!dl_node_holds_all(n2) && got_r.carried == 0, "a refused state leaves the node fresh");
     /* fragment 1 was pushed after the save: its journal counter moved */
     jr[1]++;
-    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, 2 * P, &carried) == 0, "restore: %s", dl_errmsg());
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, 2 * P, &got_r) == 0, "restore: %s", dl_errmsg());
     CHECK(dl_node_holds_all(n2), "every fragment held after the restore");
     float *got = calloc(dl_plan_max_fragment_numel(plan), sizeof(float));
     uint64_t tot = 0;
@@ -1251,7 +1254,8 @@ static void test_state(void)
         free(ref);
         free(now);
     }
-    CHECK(carried == tot && tot > 0, "carried %llu = %llu fragment-tokens", (unsigned long long)carried,
+    CHECK(got_r.carried == tot && tot > 0 && got_r.format == 2 && got_r.residuals == 0,
+          "carried %llu = %llu fragment-tokens", (unsigned long long)got_r.carried,
           (unsigned long long)tot);
     dl_node_close(&n2);
     dl_mailbox_close(&c2);
@@ -1260,7 +1264,7 @@ static void test_state(void)
     jr[P + 0]++;
     c2 = open_mailbox();
     REQUIRE(dl_node_open(&o, c2, &n2) == 0, "open");
-    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, 2 * P, &carried) == 0, "restore: %s", dl_errmsg());
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, 2 * P, &got_r) == 0, "restore: %s", dl_errmsg());
     CHECK(dl_node_tokens(n2, 0) == 0 && dl_node_tokens(n2, 2) == (uint64_t)steps * TOK,
           "a queued push sent after the save carries nothing (%llu), one still queued all (%llu)",
           (unsigned long long)dl_node_tokens(n2, 0), (unsigned long long)dl_node_tokens(n2, 2));
@@ -1270,7 +1274,7 @@ static void test_state(void)
     jr[P + 0]--;
     c2 = open_mailbox();
     REQUIRE(dl_node_open(&o, c2, &n2) == 0, "open");
-    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, P, &carried) == 0, "restore: %s", dl_errmsg());
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, step, jr, P, &got_r) == 0, "restore: %s", dl_errmsg());
     CHECK(dl_node_tokens(n2, 2) == 0 && dl_node_tokens(n2, 3) > 0,
           "a short journal: a queued push carries nothing (%llu), one that left is judged by its counter (%llu)",
           (unsigned long long)dl_node_tokens(n2, 2), (unsigned long long)dl_node_tokens(n2, 3));
@@ -1284,6 +1288,146 @@ static void test_state(void)
     free(theta);
     printf("ok: node state: restored, it carries the progress since a push that left, all of it past a push still "
            "queued; pushed since the save: nothing; truncated, other model / run / step, damaged: refused\n");
+}
+
+/* A state's checksum again after an edit (the hostile files below must get past it). */
+static void reseal(uint8_t *buf, size_t len)
+{
+    uint64_t sum = dl_hash64(buf, len - 8, 0);
+    memcpy(buf + len - 8, &sum, 8);
+}
+
+/* Error feedback residuals across a restart (node.h "Encoded pushes"): an
+ * int4 learner whose fragment 0 had a push ACCEPTED, fragment 1 a push
+ * undecided, fragment 2 none and fragment 3 a push ACCEPTED but pushed again
+ * after the save, saved and restored into a new node and new residuals:
+ * fragment 0 starts from the committed residual (its next encoded push is
+ * byte for byte the killed process's), 1 from the undecided push's (taken as
+ * accepted), 2 and 3 from zero; a format 1 file (no residuals) still loads;
+ * a damaged, truncated or impossible residual section is refused. */
+static void test_state_residuals(void)
+{
+    float *theta = calloc(total, sizeof(float));
+    dl_mailbox *c;
+    dl_node *n;
+    setup(DL_ADOPT_KEEP, 0.5f, theta, &c, &n);
+    uint64_t numel[P];
+    size_t maxn = dl_plan_max_fragment_numel(plan);
+    for (int p = 0; p < P; p++) numel[p] = dl_plan_fragment_numel(plan, p);
+    dl_ef *ef = NULL;
+    REQUIRE(dl_ef_open(P, numel, 1, &ef) == 0, "ef open");
+    dl_codec_enc enc = {.c = {.id = DL_CODEC_INT4, .block = 32}, .rounding = DL_ROUND_NEAREST};
+    size_t bytes = (size_t)dl_codec_bytes(&enc.c, maxn);
+    uint8_t *pay = malloc(bytes), *pay2 = malloc(bytes);
+    float *x = malloc(maxn * sizeof(float)), *want0 = malloc(maxn * sizeof(float)),
+          *want1 = malloc(maxn * sizeof(float));
+    for (int64_t s = 1; s <= 3; s++) train_step(theta, s);
+    for (int p = 0; p < P; p++) dl_node_set_ef(n, p, ef);
+    for (int p = 0; p < P; p++) {
+        if (p == 2) continue;
+        dl_node_delta(n, p, x);
+        REQUIRE(dl_ef_encode(ef, &enc, p, x, 1, pay) == 0, "encode %d", p);
+        if (p != 1) dl_ef_decided(ef, p, DL_DECIDE_ACCEPTED, 0, 1);
+    }
+    REQUIRE(dl_ef_committed(ef, 0) && dl_ef_pending(ef, 1, NULL), "residuals to save");
+    memcpy(want0, dl_ef_committed(ef, 0), numel[0] * sizeof(float));
+    memcpy(want1, dl_ef_pending(ef, 1, NULL), numel[1] * sizeof(float));
+    size_t len = 0, cap = dl_node_state_bytes(n);
+    CHECK(cap == dl_node_state_max_bytes(n), "every fragment attached: the largest state");
+    uint8_t *buf = malloc(cap + 64);
+    REQUIRE(dl_node_state_copy(n, 7, 9, 3, buf, &len) == 0, "copy");
+    CHECK(len == cap - numel[2] * sizeof(float), "three residuals saved, none for the fragment never pushed (%zu)", len);
+    uint64_t jr[2 * P] = {0};
+    jr[3] = 1; /* fragment 3 pushed after the save */
+    /* restore into a fresh process: new mailbox, node and residuals */
+    dl_mailbox *c2 = open_mailbox();
+    dl_node_opts o = {.plan = plan, .params = theta, .adopt = DL_ADOPT_KEEP};
+    dl_node *n2 = NULL;
+    dl_ef *ef2 = NULL;
+    REQUIRE(dl_node_open(&o, c2, &n2) == 0 && dl_ef_open(P, numel, 1, &ef2) == 0, "open");
+    for (int p = 0; p < P; p++) dl_node_set_ef(n2, p, ef2);
+    dl_node_restored got;
+    /* hostile residual sections: each refused, nothing restored */
+    buf[len - 12] ^= 1;
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, 3, jr, 2 * P, &got) == DL_ECORRUPT, "a flipped residual bit refused");
+    buf[len - 12] ^= 1;
+    CHECK(dl_node_state_restore(n2, buf, len - 4, 7, 9, 3, jr, 2 * P, &got) == DL_ETRUNC, "a cut residual refused");
+    CHECK(dl_node_state_restore(n2, buf, len + 4, 7, 9, 3, jr, 2 * P, &got) == DL_ETRUNC, "a longer file refused");
+    /* the records: head 48 bytes, then P records of 72, the flag at 12 (layout of node.c) */
+    uint8_t *rec0 = buf + 48;
+    uint32_t flag = 2;
+    memcpy(rec0 + 12, &flag, 4);
+    reseal(buf, len);
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, 3, jr, 2 * P, &got) == DL_ERANGE, "a residual flag of 2 refused");
+    flag = 1;
+    memcpy(rec0 + 12, &flag, 4);
+    float nan = NAN, keep;
+    memcpy(&keep, buf + len - 12, 4);
+    memcpy(buf + len - 12, &nan, 4);
+    reseal(buf, len);
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, 3, jr, 2 * P, &got) == DL_ERANGE, "a non-finite residual refused");
+    memcpy(buf + len - 12, &keep, 4);
+    uint32_t fmt = 3;
+    memcpy(buf + 4, &fmt, 4);
+    reseal(buf, len);
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, 3, jr, 2 * P, &got) == DL_EFORMAT, "a newer format refused: %s",
+          dl_errmsg());
+    fmt = 1;
+    memcpy(buf + 4, &fmt, 4);
+    reseal(buf, len);
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, 3, jr, 2 * P, &got) == DL_ERANGE,
+          "a format 1 file with residuals refused");
+    CHECK(!dl_node_holds_all(n2) && !dl_ef_committed(ef2, 0), "refusals leave node and residuals untouched");
+    fmt = 2;
+    memcpy(buf + 4, &fmt, 4);
+    reseal(buf, len);
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, 3, jr, 2 * P, &got) == 0, "restore: %s", dl_errmsg());
+    CHECK(got.format == 2 && got.residuals == 2 && got.residuals_dropped == 1, "2 residuals restored, 1 dropped (%d, %d)",
+          got.residuals, got.residuals_dropped);
+    const float *r0 = dl_ef_committed(ef2, 0), *r1 = dl_ef_committed(ef2, 1);
+    CHECK(r0 && !memcmp(r0, want0, numel[0] * sizeof(float)), "fragment 0: the committed residual as saved");
+    CHECK(r1 && !memcmp(r1, want1, numel[1] * sizeof(float)), "fragment 1: the undecided push's residual");
+    CHECK(!dl_ef_committed(ef2, 2) && !dl_ef_committed(ef2, 3), "fragments 2 (none) and 3 (pushed since): zero");
+    /* the next push of fragment 0: what the killed process would have sent */
+    dl_node_delta(n2, 0, x);
+    REQUIRE(dl_ef_encode(ef, &enc, 0, x, 1, pay) == 0 && dl_ef_encode(ef2, &enc, 0, x, 1, pay2) == 0, "encode");
+    CHECK(!memcmp(pay, pay2, (size_t)dl_codec_bytes(&enc.c, numel[0])), "the restarted push is the killed one's");
+    dl_node_close(&n2);
+    dl_mailbox_close(&c2);
+    dl_ef_close(&ef2);
+
+    /* a learner without residuals (fp32 pushes) restores the state and drops them, saying so */
+    c2 = open_mailbox();
+    REQUIRE(dl_node_open(&o, c2, &n2) == 0 && dl_ef_open(P, numel, 0, &ef2) == 0, "open");
+    for (int p = 0; p < P; p++) dl_node_set_ef(n2, p, ef2);
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, 3, jr, 2 * P, &got) == 0 && got.residuals == 0 &&
+              got.residuals_dropped == 3, "residuals off: restored, %d dropped", got.residuals_dropped);
+    dl_node_close(&n2);
+    dl_mailbox_close(&c2);
+    dl_ef_close(&ef2);
+
+    /* a format 1 file (written before residuals were saved): loads, residuals zero */
+    for (int p = 0; p < P; p++) dl_node_set_ef(n, p, NULL);
+    REQUIRE(dl_node_state_copy(n, 7, 9, 3, buf, &len) == 0 && len == cap - total * sizeof(float), "copy without");
+    fmt = 1;
+    memcpy(buf + 4, &fmt, 4);
+    reseal(buf, len);
+    c2 = open_mailbox();
+    REQUIRE(dl_node_open(&o, c2, &n2) == 0 && dl_ef_open(P, numel, 1, &ef2) == 0, "open");
+    for (int p = 0; p < P; p++) dl_node_set_ef(n2, p, ef2);
+    CHECK(dl_node_state_restore(n2, buf, len, 7, 9, 3, jr, 2 * P, &got) == 0 && got.format == 1 &&
+              got.residuals == 0 && dl_node_holds_all(n2) && !dl_ef_committed(ef2, 0),
+          "a format 1 state loads, residuals zero: %s", dl_errmsg());
+    dl_node_close(&n2);
+    dl_mailbox_close(&c2);
+    dl_ef_close(&ef2);
+
+    dl_node_close(&n);
+    dl_mailbox_close(&c);
+    dl_ef_close(&ef);
+    free(buf), free(pay), free(pay2), free(x), free(want0), free(want1), free(theta);
+    printf("ok: node state: error feedback residuals saved and restored (committed, undecided taken as accepted), "
+           "zero when pushed since; format 1 loads; damaged, cut, impossible residuals refused\n");
 }
 
 int main(void)
@@ -1319,6 +1463,7 @@ int main(void)
     test_fate(DL_ADOPT_OVERWRITE, "overwrite", 1, DL_DECIDE_ACCEPTED);
     test_post_if();
     test_state();
+    test_state_residuals();
 
     dl_plan_close(&plan);
     printf("test_node: %d checks, %d failures\n", checks, failures);

@@ -654,6 +654,56 @@ static void test_grace_contributor(void)
     dl_policy_close(&p);
 }
 
+/* Issue 27, a same-id restart at quorum 3 (tests/test_conserve.sh): learners
+ * that end out of phase. Learner 3 (restarted) made its last push of
+ * fragment 0 into round v1 and is in its final flush (a push flagged final
+ * came, of fragment 1); learners 1 and 2 then push fragment 0 (2's final
+ * push, 1's held final one). Learner 3 never pushes fragment 0 again, so a
+ * round that counted it in K_eff (3 live) waited for it until the learners'
+ * flush timeouts; it closes at once now, K_eff = 2, nobody missing. A
+ * finishing learner that did contribute still counts, and a restart (its
+ * step count going down) makes it expected again. */
+static void test_final_flush(void)
+{
+    printf("a learner in its final flush is not waited for: K_eff counts it only with a contribution\n");
+    dl_policy_cfg c;
+    dl_policy_cfg_default(&c);
+    c.quorum = 3;
+    dl_policy *p = mk(&c, 2);
+    for (uint32_t i = 1; i <= 3; i++) join(p, i, 0);
+    for (uint32_t i = 1; i <= 3; i++) push_fresh(p, 0, i, (int64_t)i * MS);
+    dl_policy_round r = close_one(p, 3 * MS);
+    CHECK_EQ(r.n, 3);
+    dl_policy_committed(p, 0, 1, 4 * MS);
+    push_fresh(p, 1, 3, 5 * MS); /* learner 3's final push of fragment 1 */
+    CHECK_EQ(dl_policy_learner_final(p, 3, 5 * MS), 0);
+    push_fresh(p, 0, 1, 6 * MS);
+    push_fresh(p, 0, 2, 7 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), 7 * MS);
+    r = close_one(p, 7 * MS);
+    CHECK_EQ(r.fragment, 0);
+    CHECK_EQ(r.n, 2);
+    CHECK_EQ(r.reason, DL_POLICY_CLOSE_ALL_IN);
+    CHECK_EQ(r.n_missing, 0);
+    dl_policy_committed(p, 0, 2, 8 * MS);
+    /* fragment 1: learner 3 contributed, so it counts: 1 and 2 complete the quorum of 3 */
+    push_fresh(p, 1, 1, 9 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    push_fresh(p, 1, 2, 10 * MS);
+    r = close_one(p, 10 * MS);
+    CHECK_EQ(r.n, 3);
+    dl_policy_committed(p, 1, 1, 11 * MS);
+    /* learner 3 restarts and counts from a lower step: it trains again, K_eff is 3 again */
+    progress(p, 3, 100, 800, 10.0, 12 * MS);
+    progress(p, 3, 20, 160, 10.0, 13 * MS);
+    push_fresh(p, 0, 1, 14 * MS);
+    push_fresh(p, 0, 2, 15 * MS);
+    CHECK_EQ(dl_policy_next_deadline(p), DL_POLICY_NEVER);
+    CHECK_EQ(dl_policy_learner_final(p, 99, 16 * MS), DL_ENOTFOUND);
+    print_stats("final-flush", p);
+    dl_policy_close(&p);
+}
+
 /* Issue 27, the final flush: learners that end one after the other each
  * flush, then say Bye. Counting only the live ones in a share's expected
  * tokens gave each later flush a larger share (the last learner's a whole
@@ -1491,6 +1541,7 @@ int main(void)
     test_lazy_heartbeats();
     test_replace_other_base();
     test_grace_contributor();
+    test_final_flush();
     test_share_after_bye();
     test_config();
     test_weights();

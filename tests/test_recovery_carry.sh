@@ -6,16 +6,19 @@
 # the fragments merged since its save, not all P), its first pushes carry the
 # progress it had not pushed when the file was written, and the ledger moves
 # those tokens from the killed process's account to the new one's
-# (ledger_carried: counted once, nothing carried_in or overclaimed). A state
-# file at another step than the trainer's is refused (state_refused) and the
-# learner fetches the global model.
+# (ledger_carried: counted once, nothing carried_in or overclaimed). Its pushes
+# are int4 with error feedback: the residuals the accepted pushes still owed
+# are in the state too (state_restored residuals: those of the fragments not
+# pushed since the save). A state file at another step than the trainer's is
+# refused (state_refused) and the learner fetches the global model.
 set -u
 TEST_NAME=recovery_carry
 . "$(dirname "$0")/lib_cluster.sh"
 make_corpus
 start_sync s0
 # slowed to ~0.2 s a step (a push every 2 steps), so the kill lands before most fragments push again
-RARGS=(--steps 100000 --log_every 5 --adopt keep --throttle 0.02 --recovery_every_s 0 --recovery_every_steps 20)
+RARGS=(--steps 100000 --log_every 5 --adopt keep --throttle 0.02 --recovery_every_s 0 --recovery_every_steps 20
+  --push_codec int4 --push_block 32)
 start_learner r0 "${RARGS[@]}"
 R0=$LPID
 wait_until 60 '[ "$(ev_last "$W/events-r0.log" step pushes)" -ge 5 ] 2>/dev/null' || die "r0 did not push"
@@ -34,6 +37,9 @@ ev_wait 30 "$W/events-r0.log" state_restored || die "the restarted learner did n
 carried=$(ev_last "$W/events-r0.log" state_restored carried_tokens)
 check "restored at the saved step" ev_has "$W/events-r0.log" state_restored "step=$SAVED_STEP"
 check "it carries unpushed progress ($carried fragment-tokens)" [ "${carried:-0}" -gt 0 ]
+residuals=$(ev_last "$W/events-r0.log" state_restored residuals)
+check "and the error feedback residuals of the fragments it carries ($residuals restored)" \
+  [ "${residuals:-0}" -gt 0 ]
 ev_wait 30 "$W/events-r0.log" welcome || die "no Welcome after the restart"
 fetching=$(ev_last "$W/events-r0.log" welcome fetching)
 check "the synchronizer keeps its fragments (must_fetch=0)" ev_has "$W/events-s0.log" learner_join "id=r0" "must_fetch=0"
