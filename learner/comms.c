@@ -907,6 +907,15 @@ int dl_comms_start(dl_comms *c)
     if (!rc) rc = open_socket(c);
     if (rc) rc = dl_err(DL_ENET, "connecting to %s: %s", c->endpoint, dl_errmsg());
     if (!rc) dl_comms_set_state(c, DL_COMMS_HELLO, NULL);
+    if (!rc) {
+        /* fragments held before any Welcome (restored from a saved state): how far the global
+         * moved while the learner was down is unknown until the Welcome, so a keep learner holds
+         * its pushes till then and then until it has adopted what the Welcome names, as after a
+         * re-hello; pushed at once, the progress on the old bases went stale (dl_mailbox_set_behind
+         * leaves fragments not held alone) */
+        int64_t now = dl_clock_ns();
+        for (int i = 0; i < c->n_served; i++) dl_mailbox_set_behind(c->mb, c->served[i], UINT64_MAX, now);
+    }
     if (!rc && pthread_create(&c->thread, NULL, comms_main, c) != 0)
         rc = dl_err(DL_ENET, "cannot start the comms thread");
     if (rc) {
