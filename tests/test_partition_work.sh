@@ -88,24 +88,12 @@ check "dloco-chaos run exited 0 (rc $rc)" [ "$rc" = 0 ]
 D=$(dirname "$(ls "$OUT"/*/events-sync.log 2>/dev/null | head -1)")
 [ -f "$D/events-sync.log" ] && [ -f "$D/events-f.log" ] || die "no event logs under $OUT (chaos log: $W/chaos.log)"
 "$DLOCO" records "$D/store" > "$W/records.txt" || die "dloco records failed"
-/usr/bin/python3 - "$D" "$W/records.txt" "$MAXS" "$MODE" <<'PY' || fail=1
+PYTHONPATH="$(cd "$(dirname "$0")" && pwd)" /usr/bin/python3 - "$D" "$W/records.txt" "$MAXS" "$MODE" <<'PY' || fail=1
 import re, sys
 d, records, maxs, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-def events(path):
-    for line in open(path):
-        kv = dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line))
-        if "ts" in kv and "event" in kv:
-            kv["ts"] = int(kv["ts"])
-            yield kv
-bad = 0
-def check(ok, what):
-    global bad
-    print(("ok: " if ok else "FAIL: ") + what)
-    bad += not ok
-cut = [e["ts"] for e in events(d + "/events-chaos.log") if e["event"] == "fault" and e.get("kind") == "partition"]
-if len(cut) < 2:
-    print("FAIL: the partition did not begin and end"); sys.exit(1)
-t_begin, t_end = cut[0], cut[1]
+import chaos_events
+from chaos_events import check, events
+t_begin, t_end = chaos_events.partition_window(d, "partition")
 sync = list(events(d + "/events-sync.log"))
 fev = list(events(d + "/events-f.log"))
 if mode == "restart":
@@ -150,7 +138,7 @@ check(len(wel) > 0 and (mode == "restart" or all(e.get("fetching") == "0" for e 
 reb = [e for e in fev if e["event"] == "adopt" and e.get("mode") == "rebase" and e["ts"] > t_begin]
 check(not reb, "f threw no progress away after the cut (rebases %d; %d keep rebases after a stale drop)"
       % (len(reb), sum(1 for e in fev if e["event"] == "adopt" and e.get("mode") == "rebase_keep")))
-sys.exit(1 if bad else 0)
+sys.exit(1 if chaos_events.failures else 0)
 PY
 [ $fail = 0 ] && echo "test_partition_work ($MODE): all checks passed" || { echo "test_partition_work ($MODE): FAILED"; tail -5 "$W/chaos.log"; }
 exit $fail

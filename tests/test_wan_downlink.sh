@@ -99,24 +99,12 @@ echo "t: took $deltas versions from deltas and $fulls full; its link carried ${d
 check "t rebuilt most versions it took from deltas ($deltas deltas, $fulls full)" [ "$deltas" -gt "$fulls" ]
 check "t's link carried less than half of full Updates of what it took (${down:-?} < ($deltas + $fulls) x 116 KiB / 2)" \
   [ "${down:-999999999999}" -lt $(( (deltas + fulls) * fragb / 2 )) ]
-/usr/bin/python3 - "$(dirname "$SEV")" <<'PY' || fail=1
+PYTHONPATH="$(cd "$(dirname "$0")" && pwd)" /usr/bin/python3 - "$(dirname "$SEV")" <<'PY' || fail=1
 import re, sys
 d = sys.argv[1]
-def events(path):
-    for line in open(path):
-        kv = dict(re.findall(r'(\w+)=("[^"]*"|\S+)', line))
-        if "ts" in kv and "event" in kv:
-            kv["ts"] = int(kv["ts"])
-            yield kv
-bad = 0
-def check(ok, what):
-    global bad
-    print(("ok: " if ok else "FAIL: ") + what)
-    bad += not ok
-cut = [e["ts"] for e in events(d + "/events-chaos.log") if e["event"] == "fault" and e.get("kind") == "partition"]
-if len(cut) < 2:
-    print("FAIL: the cut did not begin and end"); sys.exit(1)
-t_begin, t_end = cut[0], cut[1]
+import chaos_events
+from chaos_events import check, events
+t_begin, t_end = chaos_events.partition_window(d, "cut")
 sync = list(events(d + "/events-sync.log"))
 merges = [(e["ts"], e["frag"], int(e["version"])) for e in sync if e["event"] == "merge"]
 top, moved = {}, 0
@@ -149,7 +137,7 @@ if pushes:
     for e in stale: per[e["frag"]] = per.get(e["frag"], 0) + 1
     check(all(n <= 1 for n in per.values()),
           "at most one of t's pushes per fragment was dropped stale after the cut (those in flight at it): %s" % per)
-sys.exit(1 if bad else 0)
+sys.exit(1 if chaos_events.failures else 0)
 PY
 if [ -n "$LEV" ]; then
   /usr/bin/python3 - "$LEV" <<'PY'
