@@ -370,6 +370,15 @@ static int find_slot(const dl_policy *p, uint32_t id)
     }
 }
 
+/* The slot of a learner that joined and did not leave, or DL_ENOTFOUND. */
+static int registered(dl_policy *p, uint32_t id)
+{
+    int i = find_slot(p, id);
+    if (i < 0 || p->slots[i].state == SLOT_LEFT)
+        return dl_err(DL_ENOTFOUND, "merge policy: learner %u is not registered", id);
+    return i;
+}
+
 static void hash_insert(dl_policy *p, uint32_t id, int idx)
 {
     uint32_t h = hash_id(id) & p->hmask;
@@ -707,9 +716,8 @@ int dl_policy_learner_alive(dl_policy *p, uint32_t id, int64_t now)
 {
     settle(p);
     now = tick(p, now);
-    int i = find_slot(p, id);
-    if (i < 0 || p->slots[i].state == SLOT_LEFT)
-        return dl_err(DL_ENOTFOUND, "merge policy: learner %u is not registered", id);
+    int i = registered(p, id);
+    if (i < 0) return i;
     slot *s = &p->slots[i];
     if (s->state == SLOT_DEAD) {
         s->state = SLOT_LIVE;
@@ -725,9 +733,8 @@ int dl_policy_learner_leave(dl_policy *p, uint32_t id, int64_t now, dl_policy_le
     settle(p);
     assert(reason == DL_POLICY_LEAVE_DEAD || reason == DL_POLICY_LEAVE_BYE);
     now = tick(p, now);
-    int i = find_slot(p, id);
-    if (i < 0 || p->slots[i].state == SLOT_LEFT)
-        return dl_err(DL_ENOTFOUND, "merge policy: learner %u is not registered", id);
+    int i = registered(p, id);
+    if (i < 0) return i;
     slot *s = &p->slots[i];
     if (s->state == SLOT_LIVE) p->n_live--;
     s->state = reason == DL_POLICY_LEAVE_BYE ? SLOT_LEFT : SLOT_DEAD;
@@ -754,9 +761,8 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
                                int64_t now)
 {
     now = tick(p, now);
-    int i = find_slot(p, id);
-    if (i < 0 || p->slots[i].state == SLOT_LEFT)
-        return dl_err(DL_ENOTFOUND, "merge policy: learner %u is not registered", id);
+    int i = registered(p, id);
+    if (i < 0) return i;
     slot *s = &p->slots[i];
     int64_t st = step > (uint64_t)INT64_MAX / 2 ? INT64_MAX / 2 : (int64_t)step;
     if (s->rep_ns != NONE_NS && st < s->rep_step) { /* counting again from a lower step: a restarted learner */
@@ -778,9 +784,8 @@ int dl_policy_learner_final(dl_policy *p, uint32_t id, int64_t now)
 {
     settle(p);
     now = tick(p, now);
-    int i = find_slot(p, id);
-    if (i < 0 || p->slots[i].state == SLOT_LEFT)
-        return dl_err(DL_ENOTFOUND, "merge policy: learner %u is not registered", id);
+    int i = registered(p, id);
+    if (i < 0) return i;
     if (p->slots[i].finishing) return 0;
     p->slots[i].finishing = 1;
     refresh(p, now);
