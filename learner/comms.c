@@ -487,9 +487,14 @@ static void rebuild(dl_comms *c, const char *reason, const char *why)
     drop_socket(c);
     c->rebuilds_row++;
     int64_t delay = 0;
+    /* a learner without keys whose handshakes fail before any Welcome is most likely talking to a
+     * CURVE synchronizer, but libzmq says so (the mechanism mismatch that ends the session) only
+     * when the greeting is read before the close; on a loaded machine most attempts end in a bare
+     * EPIPE, so it tries again at reconnect_ms instead of backing off to reconnect_max_ms */
+    int keyless_hs = !c->curve_server[0] && !c->ever_welcomed && !strcmp(reason, "handshake_failed");
     if (c->rebuilds_row > 1) {
         delay = c->reconnect_ms;
-        for (int i = 2; i < c->rebuilds_row && delay < c->reconnect_max_ms; i++) delay *= 2;
+        for (int i = 2; i < c->rebuilds_row && delay < c->reconnect_max_ms && !keyless_hs; i++) delay *= 2;
         if (delay > c->reconnect_max_ms) delay = c->reconnect_max_ms;
     }
     int64_t now = dl_clock_ns();
