@@ -61,7 +61,8 @@ static void write_snap(dl_recovery *r)
 {
     double t0 = dl_clock_s();
     /* the learner's state first: a kill between the two leaves it at a newer
-     * step than the trainer's file, and the restore refuses it for that */
+     * step than the trainer's file; the save kept the one before as
+     * FILE.node.prev, and the restore takes that one (docs/LIBRARY.md) */
     int lrc = r->llen ? r->lwrite(r->lpath, r->lbuf, r->llen) : 0;
     if (lrc)
         DL_WARN("recovery: the learner state %s not written: %s (a restart fetches the fragments)", r->lpath,

@@ -681,62 +681,94 @@ static int read_whole(const char *path, size_t max, void **buf, size_t *len)
     return 1;
 }
 
+/* Read `path` and restore the node from it: 1 restored, 0 no file, < 0 the
+ * refusal (only the header's checks can refuse after a read: the node is
+ * untouched then, and another file may be tried). */
+static int restore_file(dloco_learner *l, const char *path, uint64_t tag, const uint64_t *jr, int jn,
+                        dl_node_restored *got)
+{
+    void *buf = NULL;
+    size_t len = 0;
+    int rc = read_whole(path, dl_node_state_max_bytes(l->node), &buf, &len);
+    if (rc > 0) {
+        rc = dl_node_state_restore(l->node, buf, len, l->fp, tag, l->steps, jn ? jr : NULL, jn, got);
+        if (!rc) rc = 1;
+    }
+    free(buf);
+    return rc;
+}
+
 /* At join, before the sessions start: restore state_path when it holds this
  * learner's state at its start step (a refusal is warned, the file moved
  * aside, and the learner fetches as a fresh one would), then keep the push
- * journal beside it. */
+ * journal beside it. A state at another step is answered by the previous
+ * file (PATH.prev, kept by each save) when that one is at the start step: a
+ * kill between save_state and the caller's own checkpoint leaves exactly
+ * that pair. */
 static int state_restore(dloco_learner *l)
 {
     const char *path = l->cfg.state_path;
     if (!path[0]) return 0;
-    char jpath[DL_CFG_STRLEN + 16], ev_path[600], ev_why[800];
+    char jpath[DL_CFG_STRLEN + 16], prev[DL_CFG_STRLEN + 16], ev_path[600], ev_why[800];
     snprintf(jpath, sizeof jpath, "%s.journal", path);
+    snprintf(prev, sizeof prev, "%s.prev", path);
     uint64_t tag = state_tag(l);
-    void *buf = NULL;
-    size_t len = 0;
-    int rc = read_whole(path, dl_node_state_max_bytes(l->node), &buf, &len);
-    if (rc == DL_ENOMEM) return rc;
-    if (rc != 0) {
-        int P = dl_plan_P(l->plan);
-        uint64_t *jr = dl_try_calloc(2 * (size_t)P, sizeof *jr);
-        if (!jr) {
-            free(buf);
-            return dl_err(DL_ENOMEM, "learner state: out of memory");
+    int P = dl_plan_P(l->plan);
+    uint64_t *jr = dl_try_calloc(2 * (size_t)P, sizeof *jr);
+    if (!jr) return dl_err(DL_ENOMEM, "learner state: out of memory");
+    int jn = dl_node_journal_read(jpath, tag, jr, P);
+    dl_node_restored got = {0};
+    const char *used = path;
+    int from_prev = 0;
+    int rc = restore_file(l, path, tag, jr, jn, &got);
+    if (rc == DL_EMISMATCH) {
+        char why[700];
+        snprintf(why, sizeof why, "%s", dl_errmsg());
+        dl_node_restored got_prev = {0};
+        int prc = restore_file(l, prev, tag, jr, jn, &got_prev);
+        if (prc == 1) {
+            /* the previous save is the caller's step: the newer file goes aside, the previous one takes its place */
+            char aside[DL_CFG_STRLEN + 16];
+            snprintf(aside, sizeof aside, "%s.rejected", path);
+            DL_INFO("learner state %s not used (%s): the previous save %s is at this step", path, why, prev);
+            if (rename(path, aside) == 0 && rename(prev, path) == 0) used = path;
+            else used = prev;
+            got = got_prev;
+            from_prev = 1;
+            rc = 1;
+        } else if (prc == DL_ENOMEM) {
+            rc = prc;
+        } else {
+            dl_err(DL_EMISMATCH, "%s", why); /* the refusal names the file at state_path */
         }
-        int jn = dl_node_journal_read(jpath, tag, jr, P);
-        dl_node_restored got = {0};
-        if (rc > 0) rc = dl_node_state_restore(l->node, buf, len, l->fp, tag, l->steps, jn ? jr : NULL, jn, &got);
-        free(jr);
+    }
+    free(jr);
+    if (rc == DL_ENOMEM) return rc;
+    if (rc < 0) {
         /* the parameter interface failing is the join's failure; a bad file only this start's */
         int bad_file = rc == DL_ETRUNC || rc == DL_EFORMAT || rc == DL_ECORRUPT || rc == DL_EMISMATCH ||
                        rc == DL_ERANGE || rc == DL_EIO;
-        if (rc && !bad_file) {
-            free(buf);
-            return rc;
-        }
-        if (rc) {
-            char why[700], aside[DL_CFG_STRLEN + 16];
-            snprintf(why, sizeof why, "%s", dl_errmsg());
-            snprintf(aside, sizeof aside, "%s.rejected", path);
-            if (rename(path, aside) != 0) snprintf(aside, sizeof aside, "(not moved: %s)", strerror(errno));
-            DL_WARN("learner state %s not used, fetching the global model: %s; moved to %s", path, why, aside);
-            dl_event("state_refused", "id=%s path=%s reason=%s", l->id, dl_event_str(path, ev_path, sizeof ev_path),
-                     dl_event_str(why, ev_why, sizeof ev_why));
-        } else {
-            int carrying = 0;
-            for (int p = 0; p < dl_plan_P(l->plan); p++) carrying += dl_node_tokens(l->node, p) > 0;
-            DL_INFO("learner state restored from %s: step %llu, %d fragments carry %llu fragment-tokens of unpushed "
-                    "progress, %d error feedback residuals%s", path, (unsigned long long)l->steps, carrying,
-                    (unsigned long long)got.carried, got.residuals,
-                    got.format < 2 ? " (a file of an older dloco: residuals start at zero)" : "");
-            dl_event("state_restored",
-                     "id=%s path=%s step=%llu carried_tokens=%llu carrying=%d journal=%d format=%d residuals=%d "
-                     "residuals_dropped=%d", l->id, dl_event_str(path, ev_path, sizeof ev_path),
-                     (unsigned long long)l->steps, (unsigned long long)got.carried, carrying, jn, got.format,
-                     got.residuals, got.residuals_dropped);
-        }
+        if (!bad_file) return rc;
+        char why[700], aside[DL_CFG_STRLEN + 16];
+        snprintf(why, sizeof why, "%s", dl_errmsg());
+        snprintf(aside, sizeof aside, "%s.rejected", path);
+        if (rename(path, aside) != 0) snprintf(aside, sizeof aside, "(not moved: %s)", strerror(errno));
+        DL_WARN("learner state %s not used, fetching the global model: %s; moved to %s", path, why, aside);
+        dl_event("state_refused", "id=%s path=%s reason=%s", l->id, dl_event_str(path, ev_path, sizeof ev_path),
+                 dl_event_str(why, ev_why, sizeof ev_why));
+    } else if (rc == 1) {
+        int carrying = 0;
+        for (int p = 0; p < P; p++) carrying += dl_node_tokens(l->node, p) > 0;
+        DL_INFO("learner state restored from %s: step %llu, %d fragments carry %llu fragment-tokens of unpushed "
+                "progress, %d error feedback residuals%s", used, (unsigned long long)l->steps, carrying,
+                (unsigned long long)got.carried, got.residuals,
+                got.format < 2 ? " (a file of an older dloco: residuals start at zero)" : "");
+        dl_event("state_restored",
+                 "id=%s path=%s step=%llu carried_tokens=%llu carrying=%d journal=%d format=%d residuals=%d "
+                 "residuals_dropped=%d previous=%d", l->id, dl_event_str(used, ev_path, sizeof ev_path),
+                 (unsigned long long)l->steps, (unsigned long long)got.carried, carrying, jn, got.format,
+                 got.residuals, got.residuals_dropped, from_prev);
     }
-    free(buf);
     l->jfd = open(jpath, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (l->jfd < 0 || dl_node_set_journal(l->node, l->jfd, tag)) {
         DL_WARN("push journal %s not kept (%s): a restart will carry no unpushed progress", jpath,
@@ -777,6 +809,16 @@ int dl_learner_state_write(const char *path, const void *buf, size_t len)
     int ok = off == len && fsync(fd) == 0;
     int err = errno;
     close(fd);
+    if (ok) {
+        /* the file being replaced stays as PATH.prev (a hard link, so PATH always names a whole state): a
+         * kill before the caller's own checkpoint of this step leaves that one at the previous step, and
+         * join restores PATH.prev then. Best effort: without hard links there is no previous file. */
+        char prev[DL_CFG_STRLEN + 16], ptmp[DL_CFG_STRLEN + 16];
+        snprintf(prev, sizeof prev, "%s.prev", path);
+        snprintf(ptmp, sizeof ptmp, "%s.prev.tmp", path);
+        unlink(ptmp);
+        if (link(path, ptmp) == 0 && rename(ptmp, prev) != 0) unlink(ptmp);
+    }
     if (!ok || rename(tmp, path) != 0) {
         if (ok) err = errno;
         unlink(tmp);
