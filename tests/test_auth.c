@@ -499,6 +499,26 @@ static int event_lines(const char *text, const char *name, unsigned long long *c
     return n;
 }
 
+/* The smallest gap (ns) between consecutive `name` lines but the last (ts=
+ * at each line's start); INT64_MAX with fewer than three lines. The last
+ * line may come sooner: stopping the handler writes what is pending. */
+static int64_t min_gap_but_last(const char *text, const char *name)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "event=%s ", name);
+    long long ts[64];
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, pat)) && n < 64; p++) {
+        const char *line = p;
+        while (line > text && line[-1] != '\n') line--;
+        ts[n++] = strncmp(line, "ts=", 3) ? 0 : strtoll(line + 3, NULL, 10);
+    }
+    int64_t gap = INT64_MAX;
+    for (int i = 1; i + 1 < n; i++)
+        if (ts[i] - ts[i - 1] < gap) gap = ts[i] - ts[i - 1];
+    return gap;
+}
+
 static void test_sockets(void)
 {
     const char *events = path_of("events.log");
@@ -542,7 +562,7 @@ static void test_sockets(void)
 
     /* (1) an allowlisted key: delivered, User-Id "<id> <key>". */
     void *d1 = dealer(ctx, CLIENT_CURVE, &alice, server.public_z85, "alice", ep);
-    CHECK(recv_within(router, 3000, uid, sizeof uid), "alice's message did not arrive");
+    CHECK(recv_within(router, 30000, uid, sizeof uid), "alice's message did not arrive");
     CHECK_STR(uid, alice_uid);
     CHECK_EQ(dl_auth_user_ok(auth, uid, "alice"), 1);
     CHECK_EQ(dl_auth_user_ok(auth, uid, "bob"), 0);
@@ -576,13 +596,13 @@ static void test_sockets(void)
         d2[i] = dealer_mon(ctx, CLIENT_CURVE, &mallory, server.public_z85, rid, ep, i == 0 ? &mon : NULL);
     }
     int mev = 0, mval = 0;
-    CHECK(monitor_event(mon, 2000, &mev, &mval), "no handshake event on the denied client");
+    CHECK(monitor_event(mon, 30000, &mev, &mval), "no handshake event on the denied client");
     CHECK_EQ(mev, ZMQ_EVENT_HANDSHAKE_FAILED_AUTH);
     CHECK_EQ(mval, 400);
     CHECK(!recv_within(router, 1000, uid, sizeof uid), "mallory's message arrived (User-Id \"%s\")", uid);
     /* every handshake reaches ZAP and ends on the server before the sockets close */
-    CHECK_EQ(wait_monitor(rmon, failed_auth, NM, 5000), NM);
-    wait_denied(auth, NM, 3000);
+    CHECK_EQ(wait_monitor(rmon, failed_auth, NM, 30000), NM);
+    wait_denied(auth, NM, 30000);
     for (int i = 0; i < NM; i++) close_sock(&d2[i]);
     close_sock(&mon);
     dl_auth_counts(auth, &adm, &den);
@@ -595,7 +615,7 @@ static void test_sockets(void)
     den0 = den;
     void *d3 = dealer(ctx, CLIENT_PLAIN, NULL, NULL, "plain", ep);
     CHECK(!recv_within(router, 700, uid, sizeof uid), "the NULL-mechanism message arrived");
-    CHECK(wait_monitor(rmon, failed_early, 1, 5000) == 1, "the server ended the NULL-mechanism handshake");
+    CHECK(wait_monitor(rmon, failed_early, 1, 30000) == 1, "the server ended the NULL-mechanism handshake");
     close_sock(&d3);
     dl_auth_counts(auth, &adm, &den);
     CHECK_EQ(den - den0, 0);
@@ -607,7 +627,7 @@ static void test_sockets(void)
     den0 = den;
     void *d4 = dealer(ctx, CLIENT_CURVE, &alice, mallory.public_z85, "alice-wrong-server", ep);
     CHECK(!recv_within(router, 700, uid, sizeof uid), "the wrong-server-key message arrived");
-    CHECK(wait_monitor(rmon, failed_early, 1, 5000) == 1, "the server ended the wrong-server-key handshake");
+    CHECK(wait_monitor(rmon, failed_early, 1, 30000) == 1, "the server ended the wrong-server-key handshake");
     close_sock(&d4);
     dl_auth_counts(auth, &adm, &den);
     CHECK_EQ(den - den0, 0);
@@ -624,15 +644,15 @@ static void test_sockets(void)
     CHECK_EQ(dl_auth_user_ok(auth, alice_uid, "alice"), 0);
     CHECK_EQ(dl_auth_user_ok(auth, bob_uid, "bob"), 1);
     REQUIRE(zmq_send(d1, "hello", 5, 0) == 5, "send");
-    CHECK(recv_within(router, 2000, uid, sizeof uid), "alice's open connection stopped delivering");
+    CHECK(recv_within(router, 30000, uid, sizeof uid), "alice's open connection stopped delivering");
     CHECK_STR(uid, alice_uid);
     CHECK_EQ(dl_auth_user_ok(auth, uid, "alice"), 0);
     close_sock(&d1);
     den0 = den;
     void *d5 = dealer(ctx, CLIENT_CURVE, &alice, server.public_z85, "alice", ep);
     CHECK(!recv_within(router, 1000, uid, sizeof uid), "a revoked key's new connection delivered");
-    CHECK(wait_monitor(rmon, failed_auth, 1, 5000) == 1, "the server ended the revoked key's handshake");
-    wait_denied(auth, den0 + 1, 3000);
+    CHECK(wait_monitor(rmon, failed_auth, 1, 30000) == 1, "the server ended the revoked key's handshake");
+    wait_denied(auth, den0 + 1, 30000);
     close_sock(&d5);
     dl_auth_counts(auth, &adm, &den);
     CHECK(den > den0, "the revoked key was not denied (%llu -> %llu)", (unsigned long long)den0,
@@ -669,7 +689,7 @@ static void test_sockets(void)
     write_file(allow, text, 0644);
     CHECK(dl_auth_reload(auth, &n) == 0 && n == 2, "reload: %s", dl_errmsg());
     void *d6 = dealer(ctx, CLIENT_CURVE, &alice, server.public_z85, "alice", ep);
-    CHECK(recv_within(router, 3000, uid, sizeof uid), "re-allowed alice's message did not arrive");
+    CHECK(recv_within(router, 30000, uid, sizeof uid), "re-allowed alice's message did not arrive");
     CHECK_STR(uid, alice_uid);
     CHECK_EQ(dl_auth_user_ok(auth, uid, "alice"), 1);
     close_sock(&d6);
@@ -698,7 +718,12 @@ static void test_sockets(void)
     CHECK(strstr(ev, "mechanism=CURVE address=127.0.0.1") != NULL, "denied event fields: %s", ev);
     CHECK(strstr(ev, "reason=unknown_key") != NULL, "denied reason: %s", ev);
     CHECK(nden >= 1 && nden <= (int)secs + 2, "%d auth_denied lines in %.1f s", nden, secs);
-    CHECK(nden < (int)den, "%d auth_denied lines for %llu denials: not rate-limited", nden, (unsigned long long)den);
+    /* rate-limited: lines a second apart (the wall clock against the handler's monotonic one: 0.9 s), however
+     * the denials spread on a loaded machine; four denials at once are more than one line's worth */
+    int64_t gap = min_gap_but_last(ev, "auth_denied");
+    CHECK(gap >= 900000000LL, "auth_denied lines %.3f s apart: not rate-limited", (double)gap / 1e9);
+    CHECK(nden < (int)den || gap != INT64_MAX, "%d auth_denied lines for %llu denials: not rate-limited", nden,
+          (unsigned long long)den);
     CHECK_EQ(sum, den);
     printf("sockets: %llu admitted, %llu denied, %d auth_denied event lines in %.1f s\n", (unsigned long long)adm,
            (unsigned long long)den, nden, secs);
