@@ -68,7 +68,11 @@ static const dl_cfg_entry learner_table[] = {
      "schedule, optimizer state, data position); empty = <state_dir>/dloco-<id>.recovery when --id is given, "
      "off = none"},
     {"recovery_every_s", DL_CFG_FLOAT, F(recovery_every_s), 0, 86400, "60", NULL, 0,
-     "write the recovery file at most this often (and at a clean finish); 0 = only at the finish", "s"},
+     "write the recovery file at least this often (and at a clean finish); 0 = only at the finish", "s"},
+    {"recovery_budget", DL_CFG_FLOAT, F(recovery_budget), 0, 0.5, "0.01", NULL, 0,
+     "the share of the time the recovery file's copies and writes may take: it is written as often as that allows "
+     "(measured per file), every 2 s at most, recovery_every_s at least (a kill loses the steps since the file); "
+     "0 = every recovery_every_s", NULL},
     {"recovery_every_steps", DL_CFG_INT, F(recovery_every_steps), 0, 1000000000, "1000", NULL, 0,
      "... or once this many steps passed since the last one, whichever comes first (0 = time only)", "steps"},
     {"init_from", DL_CFG_STR, F(init_from), 0, 0, "", NULL, 0,
@@ -244,7 +248,7 @@ static const dl_cfg_section learner_sections[] = {
     {"alone (--standalone), checkpoints and model files",
      "standalone val_every val_batches log_every checkpoint save_every stop_after resume init_from save_model "
      "loss_log"},
-    {"restarts (the recovery file)", "state_dir recovery recovery_every_s recovery_every_steps"},
+    {"restarts (the recovery file)", "state_dir recovery recovery_every_s recovery_budget recovery_every_steps"},
     {"pushes and the global model",
      "adopt alpha push_codec push_block push_topk push_rounding error_feedback final_flush flush_timeout_ms "
      "local_eval update_max_ratio max_version_jump dynamic_h dynamic_h_min dynamic_h_max"},

@@ -31,7 +31,7 @@ typedef struct {
     char resume[DL_CFG_STRLEN];
     /* the recovery file (gpt/recovery.h): networked runs resume from it after a restart */
     char state_dir[DL_CFG_STRLEN], recovery[DL_CFG_STRLEN];
-    double recovery_every_s;
+    double recovery_every_s, recovery_budget;
     int64_t recovery_every_steps;
     char init_from[DL_CFG_STRLEN];
     char save_model[DL_CFG_STRLEN];

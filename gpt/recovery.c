@@ -24,7 +24,8 @@ struct dl_recovery {
     void *lctx;
     void *lbuf;              /* the copy handed to the writer with snap (llen 0: none) */
     size_t lcap, llen;
-    double every_s;
+    double every_s, budget;
+    double copy_s, write_s; /* the last copy's and the last write's seconds (the budget's measure) */
     int64_t every_steps, max_step;
     uint64_t tag;
     pthread_t th;
@@ -56,6 +57,18 @@ static uint64_t snap_moments_hash(const dl_trainer_snap *s)
     return dl_hash64(s->buf + s->nparams, (size_t)(s->gpa || s->fleet ? 3 : 2) * s->nparams * sizeof(float), 0);
 }
 
+/* The time between files: with a budget, the last copy and write over it (a
+ * file costs at most that share of the time), within [DL_RECOVERY_MIN_S,
+ * every_s]; the first file comes after DL_RECOVERY_MIN_S. r->mu held or the
+ * writer idle. */
+static double interval(const dl_recovery *r)
+{
+    if (!(r->budget > 0) || !(r->every_s > 0)) return r->every_s;
+    double t = (r->copy_s + r->write_s) / r->budget;
+    if (t < DL_RECOVERY_MIN_S) t = DL_RECOVERY_MIN_S;
+    return t < r->every_s ? t : r->every_s;
+}
+
 /* the writer: one file per handed-over copy; a failure is warned and the previous file stays */
 static void write_snap(dl_recovery *r)
 {
@@ -72,6 +85,7 @@ static void write_snap(dl_recovery *r)
     char ev_path[600];
     pthread_mutex_lock(&r->mu);
     r->st.write_s_sum += dt;
+    r->write_s = dt;
     if (rc) r->st.failed++;
     else {
         r->st.writes++;
@@ -85,9 +99,10 @@ static void write_snap(dl_recovery *r)
                  (long long)r->snap.st.step);
         return;
     }
-    dl_event("recovery_saved", "id=%s path=%s step=%lld moments_hash=%016llx write_ms=%.3f learner_state=%d", r->id,
+    dl_event("recovery_saved",
+             "id=%s path=%s step=%lld moments_hash=%016llx write_ms=%.3f learner_state=%d interval_s=%.3f", r->id,
              dl_event_str(r->path, ev_path, sizeof ev_path), (long long)r->snap.st.step,
-             (unsigned long long)snap_moments_hash(&r->snap), dt * 1e3, r->llen && !lrc);
+             (unsigned long long)snap_moments_hash(&r->snap), dt * 1e3, r->llen && !lrc, interval(r));
 }
 
 static void *writer(void *arg)
@@ -112,12 +127,14 @@ int dl_recovery_open(const dl_recovery_opts *o, dl_recovery **out)
     *out = NULL;
     if (!o->path || !o->path[0]) return dl_err(DL_EINVAL, "recovery: no file path");
     if (!(o->every_s >= 0) || o->every_steps < 0) return dl_err(DL_EINVAL, "recovery: negative interval");
+    if (!(o->budget >= 0 && o->budget < 1)) return dl_err(DL_EINVAL, "recovery: budget %g outside [0, 1)", o->budget);
     dl_recovery *r = dl_xcalloc(1, sizeof *r);
     r->path = dup_str(o->path);
     r->lpath = dl_xmalloc(strlen(o->path) + 6);
     sprintf(r->lpath, "%s.node", o->path);
     r->id = dup_str(o->id ? o->id : "");
     r->every_s = o->every_s;
+    r->budget = o->budget;
     r->every_steps = o->every_steps;
     r->max_step = o->max_step;
     r->tag = o->run_tag;
@@ -250,7 +267,10 @@ int dl_recovery_step(dl_recovery *r, dl_trainer *tr)
 {
     int64_t step = dl_trainer_steps_done(tr);
     double now = dl_clock_s();
-    int due = (r->every_s > 0 && now - r->t_last >= r->every_s) ||
+    pthread_mutex_lock(&r->mu);
+    double every = interval(r);
+    pthread_mutex_unlock(&r->mu);
+    int due = (every > 0 && now - r->t_last >= every) ||
               (r->every_steps > 0 && step - r->step_last >= r->every_steps);
     if (!due) return 0;
     pthread_mutex_lock(&r->mu);
@@ -266,6 +286,7 @@ int dl_recovery_step(dl_recovery *r, dl_trainer *tr)
     pthread_mutex_lock(&r->mu);
     r->st.copies++;
     r->st.copy_s_sum += dt;
+    r->copy_s = dt;
     if (dt > r->st.copy_s_max) r->st.copy_s_max = dt;
     if (rc) r->st.failed++;
     else r->busy = 1;
@@ -282,7 +303,8 @@ int dl_recovery_finish(dl_recovery *r, dl_trainer *tr)
     int rc = dl_trainer_snap_take(tr, &r->snap);
     copy_learner(r);
     pthread_mutex_lock(&r->mu);
-    r->st.copy_s_sum += dl_clock_s() - t0;
+    r->copy_s = dl_clock_s() - t0;
+    r->st.copy_s_sum += r->copy_s;
     pthread_mutex_unlock(&r->mu);
     if (rc) return rc;
     write_snap(r);
@@ -310,5 +332,6 @@ void dl_recovery_get_stats(dl_recovery *r, dl_recovery_stats *out)
 {
     pthread_mutex_lock(&r->mu);
     *out = r->st;
+    out->interval_s = interval(r);
     pthread_mutex_unlock(&r->mu);
 }

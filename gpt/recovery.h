@@ -11,9 +11,13 @@
 
 typedef struct dl_recovery dl_recovery;
 
+#define DL_RECOVERY_MIN_S 2.0 /* with a budget: files at most this often (the first one this soon) */
+
 typedef struct {
     const char *path;    /* the file (written as path.tmp, fsynced, renamed); required */
-    double every_s;      /* a copy at most this often, seconds; 0 = only at the finish */
+    double every_s;      /* a copy at least this often, seconds; 0 = only at the finish (and every_steps) */
+    double budget;       /* > 0: as often as the copies and writes stay within this share of the time (measured
+                          * per file), every DL_RECOVERY_MIN_S at most, every_s at least; 0: every every_s */
     int64_t every_steps; /* ... or once this many steps passed since the last, whichever first; 0 = time only */
     int64_t max_step;    /* a file beyond this step (the run's --steps) is refused */
     uint64_t run_tag;    /* dl_recovery_tag: a file of another run or learner is refused */
@@ -28,13 +32,14 @@ typedef struct {
     uint64_t copies;               /* copies taken on the step path */
     double write_s_sum;            /* writer-thread seconds writing + fsyncing */
     int64_t last_step;             /* step of the newest file written; -1 none */
+    double interval_s;             /* the time between files now in force (the budget's choice, or every_s) */
     int removed;                   /* dl_recovery_remove removed the file */
 } dl_recovery_stats;
 
 /* The tag of (run id, learner id): never 0 (0 marks a plain checkpoint). */
 uint64_t dl_recovery_tag(const char *run_id, const char *learner_id);
 
-/* Starts the writer thread. DL_EINVAL (no path, negative intervals). */
+/* Starts the writer thread. DL_EINVAL (no path, negative intervals, a budget outside [0, 1)). */
 int dl_recovery_open(const dl_recovery_opts *o, dl_recovery **out);
 void dl_recovery_close(dl_recovery **r); /* waits for a write in progress; safe twice */
 

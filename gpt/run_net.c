@@ -58,6 +58,7 @@ static int open_recovery(const learner_cfg *cfg, int id_given, dl_trainer *tr, d
     }
     dl_recovery_opts o = {.path = path,
                           .every_s = cfg->recovery_every_s,
+                          .budget = cfg->recovery_budget,
                           .every_steps = cfg->recovery_every_steps,
                           .max_step = cfg->steps,
                           .run_tag = dl_recovery_tag(cfg->run_id, cfg->id),
@@ -76,8 +77,13 @@ static int open_recovery(const learner_cfg *cfg, int id_given, dl_trainer *tr, d
     } else if (why[0]) {
         printf("recovery: %s not used (%s); starting fresh\n", path, why);
     } else {
-        printf("recovery: %s (written every %g s or %lld steps and at the finish; none yet: starting fresh)\n", path,
-               cfg->recovery_every_s, (long long)cfg->recovery_every_steps);
+        if (cfg->recovery_budget > 0 && cfg->recovery_every_s > 0)
+            printf("recovery: %s (written as often as %g%% of the time allows, every %g to %g s, or %lld steps, and at "
+                   "the finish; none yet: starting fresh)\n", path, 100 * cfg->recovery_budget, DL_RECOVERY_MIN_S,
+                   cfg->recovery_every_s, (long long)cfg->recovery_every_steps);
+        else
+            printf("recovery: %s (written every %g s or %lld steps and at the finish; none yet: starting fresh)\n",
+                   path, cfg->recovery_every_s, (long long)cfg->recovery_every_steps);
     }
     return 0;
 }

@@ -6,6 +6,7 @@
 #include "gpt/recovery.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +221,37 @@ int main(void)
         dl_recovery_get_stats(w, &st);
         CHECK(st.failed == 1 && st.writes == 0, "failed %llu", (unsigned long long)st.failed);
         dl_recovery_close(&w);
+    }
+    /* the budget: the first file after DL_RECOVERY_MIN_S, then as often as (copy + write) / budget allows,
+     * within [DL_RECOVERY_MIN_S, every_s]; no budget: every_s; a budget outside [0, 1) is refused */
+    {
+        dl_recovery_opts o = {.path = path, .every_s = 60, .budget = 0.01, .max_step = 100,
+                              .run_tag = dl_recovery_tag("run", "a"), .id = "a"};
+        dl_recovery *w = NULL;
+        REQUIRE(dl_recovery_open(&o, &w) == 0, "open: %s", dl_errmsg());
+        dl_recovery_get_stats(w, &st);
+        CHECK(st.interval_s == DL_RECOVERY_MIN_S, "the first file after %g s, not %g", DL_RECOVERY_MIN_S,
+              st.interval_s);
+        CHECK(dl_recovery_step(w, a) == 0, "a copy before the first interval");
+        REQUIRE(dl_recovery_finish(w, a) == 0, "finish: %s", dl_errmsg());
+        dl_recovery_get_stats(w, &st);
+        double cost = st.copy_s_sum + st.write_s_sum, want = cost / 0.01;
+        if (want < DL_RECOVERY_MIN_S) want = DL_RECOVERY_MIN_S;
+        if (want > 60) want = 60;
+        CHECK(st.interval_s >= DL_RECOVERY_MIN_S && st.interval_s <= 60 && fabs(st.interval_s - want) < 1e-9,
+              "interval %g s after a file costing %g s (want %g)", st.interval_s, cost, want);
+        dl_recovery_close(&w);
+        o.budget = 0;
+        REQUIRE(dl_recovery_open(&o, &w) == 0, "open: %s", dl_errmsg());
+        dl_recovery_get_stats(w, &st);
+        CHECK(st.interval_s == 60, "no budget: every_s (%g)", st.interval_s);
+        dl_recovery_close(&w);
+        o.budget = 1;
+        CHECK(dl_recovery_open(&o, &w) == DL_EINVAL && strstr(dl_errmsg(), "budget"), "budget 1: %s", dl_errmsg());
+        o.budget = -0.5;
+        CHECK(dl_recovery_open(&o, &w) == DL_EINVAL && strstr(dl_errmsg(), "budget"), "budget -0.5: %s",
+              dl_errmsg());
+        CHECK(w == NULL, "a refused open leaves no handle");
     }
     /* a complete run removes its file: a later start under the id is a new run */
     {
