@@ -316,9 +316,12 @@ int dl_recovery_finish(dl_recovery *r, dl_trainer *tr)
 int dl_recovery_remove(dl_recovery *r)
 {
     wait_idle(r);
-    char jpath[4200];
+    char jpath[4200], prev[4200];
     snprintf(jpath, sizeof jpath, "%s.journal", r->lpath);
-    unlink(r->lpath); /* the learner's state and its push journal go with it (absent: nothing to do) */
+    snprintf(prev, sizeof prev, "%s.prev", r->lpath);
+    unlink(r->lpath); /* the learner's state, its previous save and its push journal go with it (absent: nothing
+                       * to do) */
+    unlink(prev);
     unlink(jpath);
     if (unlink(r->path) != 0 && errno != ENOENT)
         return dl_err(DL_EIO, "cannot remove the recovery file %s: %s", r->path, strerror(errno));
