@@ -410,7 +410,12 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
     /* whatever it holds, its first Update of each fragment from now is full */
     dl_registry_given_clear(s->reg, slot, -1);
     if (s->outx[slot].delta) dl_downlink_reset(s, slot);
-    dl_ledger_hello(s->ledger, slot, h->step, newproc, h->carried_tokens);
+    /* the fragment-tokens one step adds at most: a restarted learner's carried progress the old process never
+     * reported is bounded by its steps since its last report (ledger.h) */
+    uint64_t step_tokens = (uint64_t)dl_shard_count(s->cfg.P, s->cfg.shard, s->cfg.shards) *
+                           (tps ? tps : (uint64_t)(h->batch ? h->batch : s->cfg.guard.max_batch) *
+                                            (uint64_t)s->cfg.model.seq_len);
+    dl_ledger_hello(s->ledger, slot, h->step, newproc, h->carried_tokens, step_tokens);
     /* must_fetch only when what it holds is of no use: nothing, a version
      * newer than the global one (another store's timeline), or an absence
      * past rebase_ms / a reclaimed slot (its replay record is gone). Held

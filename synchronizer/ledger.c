@@ -158,26 +158,39 @@ static void report(dl_ledger *l, account *a, uint64_t step, uint64_t tokens, uin
     if (step > a->step) a->step = step;
 }
 
-void dl_ledger_hello(dl_ledger *l, int learner, uint64_t step, int new_process, uint64_t carried)
+void dl_ledger_hello(dl_ledger *l, int learner, uint64_t step, int new_process, uint64_t carried,
+                     uint64_t step_tokens)
 {
     account *a = acct(l, learner);
-    uint64_t moved = 0;
+    uint64_t moved = 0, late = 0, late_in = 0;
     int ended = a->open && (new_process || step < a->step || (step == 0 && a->processed > 0));
     if (ended) {
         uint64_t lost0 = l->tot.state[DL_LEDGER_LOST];
+        int was_midlife = a->midlife;
+        uint64_t unreported = step > a->step ? step - a->step : 0;
         moved = end_account(l, learner, DL_LEDGER_LOST, carried); /* a new process under the same id */
+        if (carried > moved) {
+            /* trained by the old process and never reported: counted now (bounded by its steps since its
+             * last report), or carried in when the old account did not see the process from its start */
+            uint64_t rest = carried - moved;
+            uint64_t cap = step_tokens && unreported > UINT64_MAX / step_tokens ? UINT64_MAX : unreported * step_tokens;
+            if (was_midlife) late_in = rest;
+            else late = rest < cap ? rest : cap;
+        }
         if (carried)
-            dl_event("ledger_carried", "learner=%d carried=%llu moved=%llu lost=%llu", learner,
-                     (unsigned long long)carried, (unsigned long long)moved,
-                     (unsigned long long)(l->tot.state[DL_LEDGER_LOST] - lost0));
+            dl_event("ledger_carried", "learner=%d carried=%llu moved=%llu lost=%llu late=%llu carried_in=%llu",
+                     learner, (unsigned long long)carried, (unsigned long long)moved,
+                     (unsigned long long)(l->tot.state[DL_LEDGER_LOST] - lost0), (unsigned long long)late,
+                     (unsigned long long)late_in);
     }
     if (!a->open) {
         open_account(a);
         /* met mid-life only when no account of the id was open (this synchronizer restarted under a live
          * learner); a new process of a known id reports its own tokens from its start */
         a->midlife = step > 0 && !ended;
-        a->inherited = a->processed = moved;
-        l->tot.processed += moved;
+        a->inherited = a->processed = moved + late + late_in;
+        l->tot.processed += moved + late;
+        l->tot.carried_in += late_in;
     }
     if (step > a->step) a->step = step;
 }

@@ -91,10 +91,19 @@ void dl_ledger_set_fragments(dl_ledger *l, int n);
  * fragment-tokens of the old one's unpushed progress (Hello.carried_tokens):
  * up to the old account's unpushed tokens move into the new account's
  * processed instead of LOST (a `ledger_carried` event), so its pushes of
- * them are counted once. A new process's reports count its tokens from its
- * own start (Heartbeat.tokens), whatever step it resumed at; an account
- * opened with step > 0 while none of the id was open is met mid-life. */
-void dl_ledger_hello(dl_ledger *l, int learner, uint64_t step, int new_process, uint64_t carried);
+ * them are counted once. The rest of the claim is progress the old process
+ * trained but never reported (its heartbeats did not get through: a
+ * partition, a kill): it counts as processed now, up to what the steps
+ * between the old account's last report and the Hello's step can hold
+ * (`step_tokens`: the fragment-tokens one step adds at most); when the old
+ * account was met mid-life, as carried in (its progress from before this
+ * synchronizer saw it is not this synchronizer's to count). A claim beyond
+ * both stays unmoved: its pushes overclaim. A new process's reports count
+ * its tokens from its own start (Heartbeat.tokens), whatever step it resumed
+ * at; an account opened with step > 0 while none of the id was open is met
+ * mid-life. */
+void dl_ledger_hello(dl_ledger *l, int learner, uint64_t step, int new_process, uint64_t carried,
+                     uint64_t step_tokens);
 void dl_ledger_progress(dl_ledger *l, int learner, uint64_t step, uint64_t tokens, uint64_t discarded);
 /* Bye: a last progress report, then the account ends (unpushed and
  * carried -> LOST). Pooled pushes stay pooled and still merge. */

@@ -32,7 +32,7 @@ static void test_ledger(void)
     dl_store_ledger d;
 
     /* A: pooled, replaced in the open round by its cumulative newer push, merged */
-    dl_ledger_hello(l, A, 0, 0, 0);
+    dl_ledger_hello(l, A, 0, 0, 0, 10 * P);
     dl_ledger_progress(l, A, 10, 100, 0); /* 100 tokens -> 300 fragment-tokens */
     dl_ledger_arrived(l, A, 0, 0, 40);
     dl_ledger_pooled(l, A, 0, 40, 0);
@@ -91,11 +91,11 @@ static void test_ledger(void)
 
     /* B: pushes, dies with a push pooled; a later Hello with step 0 is a new
      * process: unpushed tokens of the old one are LOST, its pooled push still merges */
-    dl_ledger_hello(l, B, 0, 0, 0);
+    dl_ledger_hello(l, B, 0, 0, 0, 10 * P);
     dl_ledger_progress(l, B, 5, 50, 0); /* 150 fragment-tokens */
     dl_ledger_arrived(l, B, 2, 0, 60);
     dl_ledger_pooled(l, B, 2, 60, 0);
-    dl_ledger_hello(l, B, 0, 0, 0);
+    dl_ledger_hello(l, B, 0, 0, 0, 10 * P);
     dl_ledger_get_totals(l, &t);
     CHECK_EQ(t.state[DL_LEDGER_LOST], 90);
     dl_ledger_merged(l, B, 2, 60);
@@ -103,7 +103,7 @@ static void test_ledger(void)
     /* C (adopt overwrite): a push refused without rebase comes back, an adopt
      * then throws its 20 away (reported discarded), bye with 10 unpushed: the
      * 20 are counted once, DISCARDED, never REJECTED as well */
-    dl_ledger_hello(l, C, 0, 0, 0);
+    dl_ledger_hello(l, C, 0, 0, 0, 10 * P);
     dl_ledger_arrived(l, C, 0, 0, 20);
     dl_ledger_refused(l, C, 0, 0, 20);
     dl_ledger_bye(l, C, 3, 10, 20); /* 30 fragment-tokens */
@@ -121,7 +121,7 @@ static void test_ledger(void)
 
     /* D (learner 3) is met mid-life, as after a synchronizer restart: counted
      * from its first report on; progress it pushes from before is carried_in */
-    dl_ledger_hello(l, 3, 50, 0, 0);
+    dl_ledger_hello(l, 3, 50, 0, 0, 10 * P);
     dl_ledger_progress(l, 3, 50, 500, 7); /* the base: 500 tokens, 7 discarded before we met it */
     dl_ledger_arrived(l, 3, 0, 9, 80);
     dl_ledger_pooled(l, 3, 0, 80, 0);
@@ -134,11 +134,11 @@ static void test_ledger(void)
     uint64_t lost_before = t.state[DL_LEDGER_LOST];
     /* E (learner 4): a new process while its predecessor's push is still
      * pooled; at shutdown that push is OUTSTANDING and not the new account's */
-    dl_ledger_hello(l, 4, 0, 0, 0);
+    dl_ledger_hello(l, 4, 0, 0, 0, 10 * P);
     dl_ledger_progress(l, 4, 3, 10, 0);
     dl_ledger_arrived(l, 4, 1, 0, 30);
     dl_ledger_pooled(l, 4, 1, 30, 0);
-    dl_ledger_hello(l, 4, 0, 0, 0); /* restarted: the 30 processed, all pooled: nothing lost */
+    dl_ledger_hello(l, 4, 0, 0, 0, 10 * P); /* restarted: the 30 processed, all pooled: nothing lost */
     dl_ledger_progress(l, 4, 1, 4, 0); /* the new process: 12 fragment-tokens */
     dl_ledger_get_totals(l, &t);
     CHECK_EQ(t.state[DL_LEDGER_LOST], lost_before);
@@ -217,7 +217,7 @@ static void test_shard(void)
     dl_ledger *l = NULL;
     dl_ledger_open(4, 5, &l);
     dl_ledger_set_fragments(l, 2);
-    dl_ledger_hello(l, A, 0, 0, 0);
+    dl_ledger_hello(l, A, 0, 0, 0, 10 * P);
     dl_ledger_progress(l, A, 10, 100, 0);
     dl_ledger_arrived(l, A, 1, 0, 60);
     dl_ledger_pooled(l, A, 1, 60, 0);
@@ -247,13 +247,13 @@ static void test_carried(void)
 {
     dl_ledger *l = NULL;
     dl_ledger_open(4, P, &l);
-    dl_ledger_hello(l, A, 0, 0, 0);
+    dl_ledger_hello(l, A, 0, 0, 0, 10 * P);
     dl_ledger_progress(l, A, 10, 100, 0); /* 300 fragment-tokens */
     dl_ledger_arrived(l, A, 0, 0, 100);
     dl_ledger_pooled(l, A, 0, 100, 0);
     dl_ledger_merged(l, A, 0, 100); /* 200 unpushed at the kill */
     /* restarted at its saved step 6 (another process, an earlier step), carrying 120 of them */
-    dl_ledger_hello(l, A, 6, 1, 120);
+    dl_ledger_hello(l, A, 6, 1, 120, 10 * P);
     dl_ledger_totals t;
     dl_ledger_get_totals(l, &t);
     CHECK_EQ(t.state[DL_LEDGER_LOST], 80);
@@ -271,15 +271,15 @@ static void test_carried(void)
     CHECK_EQ(t.state[DL_LEDGER_LOST], 80 + 40);
     CHECK_EQ(sum_states(&t), t.processed);
     /* B claims more than its predecessor left unpushed: only that moves */
-    dl_ledger_hello(l, B, 0, 0, 0);
+    dl_ledger_hello(l, B, 0, 0, 0, 10 * P);
     dl_ledger_progress(l, B, 4, 40, 0);
-    dl_ledger_hello(l, B, 4, 1, 1000);
+    dl_ledger_hello(l, B, 4, 1, 1000, 10 * P);
     dl_ledger_get_totals(l, &t);
     CHECK_EQ(t.state[DL_LEDGER_LOST], 120);
     CHECK_EQ(t.processed, 360 + 120);
     /* without a new process (a reconnect of the same one) nothing moves */
     dl_ledger_progress(l, B, 5, 10, 0);
-    dl_ledger_hello(l, B, 5, 0, 1000);
+    dl_ledger_hello(l, B, 5, 0, 1000, 10 * P);
     dl_ledger_get_totals(l, &t);
     CHECK_EQ(t.state[DL_LEDGER_LOST], 120);
     CHECK_EQ(t.processed, 480 + 30);
@@ -287,11 +287,70 @@ static void test_carried(void)
     printf("ok: ledger: a restarted learner's carried progress moves to its new account (LOST only the rest)\n");
 }
 
+/* Carried progress the old process never reported (goodput.sh's far
+ * learners: trained through a partition, killed, restarted; their Hellos'
+ * claims were 1.27 M fragment-tokens where 0.15 M had been reported, and the
+ * pushes of the rest overclaimed): counted processed at the Hello, bounded by
+ * the steps since the last report x step_tokens; from an account met
+ * mid-life (a synchronizer restarted under the old process), carried in. */
+static void test_carried_unreported(void)
+{
+    dl_ledger *l = NULL;
+    dl_ledger_totals t;
+    dl_ledger_open(4, P, &l);
+    /* A reported step 4 (120 fragment-tokens), trained on to its save at step 10, was killed */
+    dl_ledger_hello(l, A, 0, 0, 0, 10 * P);
+    dl_ledger_progress(l, A, 4, 40, 0);
+    dl_ledger_hello(l, A, 10, 1, 300, 10 * P); /* 6 unreported steps hold up to 180 */
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.processed, 300);
+    CHECK_EQ(t.state[DL_LEDGER_LOST], 0);
+    dl_ledger_progress(l, A, 11, 10, 0); /* 1 step of its own: 30 */
+    dl_ledger_arrived(l, A, 0, 0, 330);
+    dl_ledger_pooled(l, A, 0, 330, 0);
+    dl_ledger_merged(l, A, 0, 330);
+    dl_ledger_bye(l, A, 11, 10, 0);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.overclaim, 0);
+    CHECK_EQ(t.carried_in, 0);
+    CHECK_EQ(t.processed, 330);
+    CHECK_EQ(sum_states(&t), t.processed);
+    /* B claims more than 2 unreported steps can hold: 120 moved, 60 counted, the rest overclaims when pushed */
+    dl_ledger_hello(l, B, 0, 0, 0, 10 * P);
+    dl_ledger_progress(l, B, 4, 40, 0);
+    dl_ledger_hello(l, B, 6, 1, 1000, 10 * P);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.processed, 330 + 180);
+    /* a step far in the future does not overflow the bound */
+    dl_ledger_hello(l, B, UINT64_MAX, 1, 500, UINT64_MAX / 2); /* the 180 move, 320 more count */
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.processed, 330 + 180 + 320);
+    /* C met mid-life (this synchronizer restarted under it): its claim beyond what it reported here is carried in */
+    dl_ledger_hello(l, C, 50, 0, 0, 10 * P);
+    dl_ledger_progress(l, C, 52, 500, 0); /* the base */
+    dl_ledger_progress(l, C, 53, 510, 0); /* 30 processed here */
+    uint64_t p0 = t.processed;
+    dl_ledger_hello(l, C, 51, 1, 90, 10 * P);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.processed, p0 + 30);
+    CHECK_EQ(t.carried_in, 60);
+    dl_ledger_arrived(l, C, 0, 0, 90);
+    dl_ledger_pooled(l, C, 0, 90, 0);
+    dl_ledger_merged(l, C, 0, 90);
+    dl_ledger_bye(l, C, 51, 0, 0);
+    dl_ledger_get_totals(l, &t);
+    CHECK_EQ(t.overclaim, 0);
+    CHECK_EQ(t.carried_in, 60);
+    dl_ledger_close(&l);
+    printf("ok: ledger: carried progress never reported counts once (processed, or carried in mid-life)\n");
+}
+
 int main(void)
 {
     test_ledger();
     test_shard();
     test_carried();
+    test_carried_unreported();
     test_round();
     return CHECK_DONE("test_ledger");
 }
