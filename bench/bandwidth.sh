@@ -2,8 +2,9 @@
 # Bytes vs quality at equal tokens, from one shared data-parallel warm start:
 # (a) the data-parallel equivalent (one learner at batch M*B; its per-step fp32
 # ring all-reduce would move 2 (M-1)/M x 4 x N bytes each way per learner),
-# (b) M decoupled learners + a synchronizer with fp32 pushes at a long period
-# H, (c) the same with 4-bit pushes and a compact downlink (when this build has
+# (b) M decoupled learners + a synchronizer with fp32 pushes and full fp32
+# Updates (--update_codec off) at a long period H, (c) the same with 4-bit
+# pushes and a compact downlink (int4 delta Updates) (when this build has
 # the codecs). The first W steps are (a)'s and shared: (a) saves its model and
 # AdamW state at step W (--save_model, --checkpoint), the synchronizer starts
 # from that model (--init_from), the learners from its step and AdamW state
@@ -166,17 +167,21 @@ run_decoupled() {
                     % ('$tag', $h, $LOSS, $LOSS / $dp, $SENT, $RECV, 2 * $AR / max($SENT + $RECV, 1), $SECS))"
 }
 
-echo "fp32 pushes, loss vs bytes over H:"
+# (b) is fp32 both ways: full fp32 Updates (--update_codec off), as before the compact downlink became
+# dloco-sync's default (issue 32); (c) against it is what int4 both ways costs
+BSYNC=()
+[ "$CODECS" = 1 ] && BSYNC=(--update_codec off)
+echo "fp32 pushes and fp32 Updates, loss vs bytes over H:"
 HB=""
 for h in $HS; do
-  run_decoupled "(b) fp32 pushes" "$h"
+  run_decoupled "(b) fp32 pushes" "$h" -- "${BSYNC[@]}"
   [ "$h" = "$H" ] && HB="$LOSS $SENT $RECV"
 done
 if [ -z "$HB" ] && [ -n "${B_RESULT:-}" ]; then
   HB=$B_RESULT
   echo "(b) at H=$H given by B_RESULT (loss, sent, received: not measured in this run): $HB"
 elif [ -z "$HB" ]; then
-  run_decoupled "(b) fp32 pushes" "$H"
+  run_decoupled "(b) fp32 pushes" "$H" -- "${BSYNC[@]}"
   HB="$LOSS $SENT $RECV"
 fi
 read -r lb sb rb <<< "$HB"
@@ -192,9 +197,9 @@ python3 -c "print('(b) at H=$H: fp32_vs_dp_loss %.3f, fp32 bytes reduction vs th
 # ablations (ABLATE=1): (b) at H with one of the round fixes switched off at a time
 if [ "${ABLATE:-0}" = 1 ]; then
   echo "ablations of (b) at H=$H (one switch off each; compare with (b) above):"
-  run_decoupled "(b) without broadcast" "$H" -- --broadcast false
-  run_decoupled "(b) without schedule-driven rounds" "$H" -- --round_schedule false
-  run_decoupled "(b) without share scaling" "$H" -- --share_scaling false
+  run_decoupled "(b) without broadcast" "$H" -- "${BSYNC[@]}" --broadcast false
+  run_decoupled "(b) without schedule-driven rounds" "$H" -- "${BSYNC[@]}" --round_schedule false
+  run_decoupled "(b) without share scaling" "$H" -- "${BSYNC[@]}" --share_scaling false
 fi
 echo "whole script: $(( $(date +%s) - T_ALL )) s"
 if [ "$CODECS" = 1 ]; then

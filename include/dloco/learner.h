@@ -366,8 +366,11 @@ DLOCO_API void dloco_learner_stop(dloco_learner *l);
  * same state_path restores it at join: it keeps the versions it held (it
  * fetches only the fragments merged since, and adopts them in its adopt
  * mode, instead of the whole model) and its pushes carry the progress it
- * had not pushed, counted once by the synchronizer. A state of another
- * model, run, learner id or step, a damaged or truncated one, is refused at
+ * had not pushed, counted once by the synchronizer. The file it replaces
+ * is kept as state_path.prev: a process killed between this call and its
+ * own checkpoint of the step restarts at the previous step, and join then
+ * restores state_path.prev. A state of another model, run, learner id or
+ * step (and no previous one at start_step), a damaged or truncated one, is refused at
  * join with a warning (a `state_refused` event; the file is moved aside to
  * state_path.rejected) and the learner fetches the global model as a fresh
  * one does. The library keeps a small push journal at state_path.journal

@@ -389,7 +389,9 @@ class Learner:
         your parameters and optimizer state, at the same step: a process
         started again with them, start_step = that step and the same
         state_path keeps its fragments and pushes that progress, counted
-        once (docs/LIBRARY.md "Restarts")."""
+        once. The file replaced is kept as PATH.prev: killed between this
+        call and your own checkpoint, a process restarted at the previous
+        step restores that one (docs/LIBRARY.md "Restarts")."""
         self._check(self._L.dloco_learner_save_state(self._h))
 
     def finish(self, timeout=None, reason="done"):
