@@ -40,9 +40,10 @@ check "every fault kind ran ($(echo $kinds | wc -w) of 18)" [ "$(echo $kinds | w
 SE="$R/events-sync.log"
 check "the synchronizer ran in more than one incarnation" [ "$(ev_count "$SE" sync_start)" -ge 2 ]
 nl=$(ev_count "$SE" ledger)
-# overclaim: tokens pushes claimed beyond what the learner reported processing; a race of at most two
-# steps' tokens (1024-2048 here, seen about once in 15 runs, also by test_balance) is open in issue 27 and
-# reported, not failed; anything larger, or any other imbalance, fails
+# overclaim: tokens pushes claimed beyond what the learner reported processing. Small ones (1024-2048 here)
+# were seen about once in 15 runs before restarted learners' unreported progress was counted at their Hello
+# (ledger.h, `ledger_carried late`); none in the runs since, and test_balance asserts 0. Up to 2048 is still
+# reported, not failed, until CI has shown none for a while; anything larger, or any other imbalance, fails
 bad=$(ev_field "$SE" ledger "applied dropped_stale rejected lost discarded outstanding processed carried_in pooled carried overclaim" |
   awk '{ if ($1+$2+$3+$4+$5+$6 != $7+$8+$11 || $9 != 0 || $10 != 0 || $11 > 2048) print }')
 oc=$(ev_field "$SE" ledger overclaim | awk '$1 > 0' | tr '\n' ' ')
