@@ -154,6 +154,10 @@ static const dl_cfg_entry learner_table[] = {
     {"throttle", DL_CFG_FLOAT, F(throttle), 0.001, 1.0, "1", NULL, 0,
      "run at this fraction of full speed (sleeps after each step): a deliberately slow learner for tests",
      "x full speed"},
+    {"step_ms_min", DL_CFG_FLOAT, F(step_ms_min), 0, 60000, "0", NULL, 0,
+     "networked mode: each training step takes at least this long (sleeps after a faster one; 0 = off): a learner at a set speed "
+     "whatever the machine's, for tests whose timing is a ratio of merges to a link",
+     "ms"},
     {"local_eval", DL_CFG_BOOL, F(local_eval), 0, 0, "false", NULL, 0,
      "networked mode: also evaluate the local model every val_every steps (the synchronizer evaluates the global one)"},
     {"update_max_ratio", DL_CFG_FLOAT, F(update_max_ratio), 0.0, 1e12, "10", NULL, 0,
@@ -261,7 +265,7 @@ static const dl_cfg_section learner_sections[] = {
      "sync_timing h_min h_max wa_w_stale wa_w_loss wa_w_rate wa_w_link wa_w_ckpt wa_rate_ref wa_w_queue wa_queue_ref "
      "wa_max_per_step wa_fc_alpha wa_fc_beta pressure pressure_poll_ms pressure_timeout_ms pressure_stale_ms "
      "timing_trace_out timing_trace_in timing_seed oracle_window"},
-    {"for tests and benchmarks", "throttle byzantine"},
+    {"for tests and benchmarks", "throttle step_ms_min byzantine"},
 };
 
 /* --byzantine: none | flip | scale:K into *on, *scale. Returns 0 or DL_EINVAL. */

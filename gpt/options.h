@@ -59,6 +59,7 @@ typedef struct {
     char metrics[DL_CFG_STRLEN];
     int local_eval;
     double throttle;
+    double step_ms_min;
     int final_flush;
     /* trusting the synchronizer */
     double update_max_ratio;

@@ -35,6 +35,14 @@
 
 static int resumed_from_recovery;
 
+/* Sleep s seconds (none when s <= 0), cut short by a stop. */
+static void sleep_s(double s)
+{
+    if (s <= 0) return;
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && !dl_main_stop) {}
+}
+
 /* The recovery file of a networked learner (gpt/recovery.h): its path from
  * --recovery / --state_dir / --id, then a resume from it when it is this
  * learner's. *out stays NULL when there is none (off, a default id, adam_fleet on a GPU). */
@@ -270,12 +278,10 @@ static int train(const learner_cfg *cfg, dl_trainer *tr, const dl_train_cfg *tc,
                 exit_code = 2;
                 break;
             }
-            if (cfg->throttle < 1.0) {
-                /* a straggler on purpose: stretch each step to 1/throttle of its time */
-                double extra = (dl_clock_s() - t_step) * (1.0 / cfg->throttle - 1.0);
-                struct timespec ts = {.tv_sec = (time_t)extra, .tv_nsec = (long)((extra - (double)(time_t)extra) * 1e9)};
-                while (nanosleep(&ts, &ts) != 0 && !dl_main_stop) {}
-            }
+            /* a straggler on purpose: stretch each step to 1/throttle of its time */
+            if (cfg->throttle < 1.0) sleep_s((dl_clock_s() - t_step) * (1.0 / cfg->throttle - 1.0));
+            /* a set speed: each step takes at least step_ms_min */
+            if (cfg->step_ms_min > 0) sleep_s(cfg->step_ms_min * 1e-3 - (dl_clock_s() - t_step));
             if (rc == DL_ERANGE || !isfinite(loss)) {
                 fprintf(stderr,
                         "dloco-learner: training loss became %f (gradient norm %f) at step %lld; stopping (lower --lr?)\n",

@@ -576,8 +576,16 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
         if (x->p < 0 || !l->owed[x->p]) {
             unpin(s, x);
             x->p = -1;
-            for (int p = 0; p < s->cfg.P && x->p < 0; p++)
-                if (l->owed[p]) x->p = p;
+            /* round robin from the one chosen last: a fragment that stays
+             * owed because it moved on while it was sent (merges faster
+             * than the link) does not starve the others -- a thin learner's
+             * first fetch never ended with the lowest fragment sent again
+             * and again */
+            for (int k = 1; k <= s->cfg.P && x->p < 0; k++) {
+                int p = (x->last_p + k) % s->cfg.P;
+                if (p >= 0 && l->owed[p]) x->p = p;
+            }
+            if (x->p >= 0) x->last_p = x->p;
             x->version = x->offset = 0;
             x->started = x->delta = 0;
         }

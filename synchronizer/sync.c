@@ -629,7 +629,7 @@ static void alloc_learners(dl_sync *s)
     s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
     s->inb = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->inb);
     s->outx = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->outx);
-    for (int i = 0; i < s->cfg.policy.max_learners; i++) s->outx[i].p = -1;
+    for (int i = 0; i < s->cfg.policy.max_learners; i++) s->outx[i].p = s->outx[i].last_p = -1;
     s->resume_v = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
     s->resume_o = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
     s->owed_order = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->owed_order);

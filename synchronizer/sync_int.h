@@ -66,6 +66,7 @@ typedef struct {
  * time): version `version` of fragment p, elements [0, offset) sent. */
 typedef struct {
     int p;               /* -1: none */
+    int last_p;          /* the fragment chosen last (-1: none): the next owed one after it goes next */
     int started;         /* version is set: [0, offset) of it has left */
     int delta;           /* started: the transfer is p's kept delta to `version` (else its fp32 values) */
     uint64_t version, offset;
