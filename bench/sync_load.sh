@@ -73,6 +73,8 @@
 #        SYNC_CORE=1 LOADGEN_CORE=0 SYNC_LOAD_SWARM=1 (also the swarm sections:
 #        GPT2_DURATION=100 GPT2_WARMUP=40 SMALL_DURATION=60 SMALL_WARMUP=20 CAP_DURATION=90 CAP_WARMUP=40)
 #        SYNC_RSS_LIMIT_MB=14000 SWARM_RSS_LIMIT_MB=6000 MIN_AVAIL_MB=1500 (a process is killed past these)
+#        SYNC_LOAD_CASES="gpt2_16_fp32_bcast ..." runs only the cpu cases named (the bar's case by default
+#        is the first GPT-2 one; a run without it prints no bar figure)
 #        BUILD_DIR=build KEEP_W=1 keeps the work dir)
 set -uo pipefail
 . "$(dirname "$0")/../tests/lib_args.sh"
@@ -550,6 +552,7 @@ memrate_core() {
 cpu_case() {
   local name=$1 store=$2 model=$3 P=$4 N=$5 mode=$6 codec=$7 bc=$8 dur=$9 warm=${10}
   shift 10
+  if [ -n "${SYNC_LOAD_CASES:-}" ] && [[ " $SYNC_LOAD_CASES " != *" $name "* ]]; then return; fi
   local d="$W/$name" sp lp ep="" ma="" smp
   mkdir -p "$d"
   echo "case $name: $N learners, $mode, P=$P, push $codec, broadcast $bc, window ${dur} s after a ${warm} s warm-up" >&2
