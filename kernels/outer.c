@@ -62,16 +62,22 @@ void dl_cpu_weighted_mean(float *out, const float *const *x, const double *w, in
     free(c);
 }
 
+/* Chunk c of NCHUNK over n elements: [*lo, *hi). */
+static void chunk_range(size_t n, int c, size_t *lo, size_t *hi)
+{
+    size_t chunk = (n + NCHUNK - 1) / NCHUNK;
+    *lo = (size_t)c * chunk < n ? (size_t)c * chunk : n;
+    *hi = *lo + chunk < n ? *lo + chunk : n;
+}
+
 double dl_cpu_norm2(const float *x, size_t n)
 {
     assert(x || n == 0);
     double part[NCHUNK];
-    size_t chunk = (n + NCHUNK - 1) / NCHUNK;
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
     for (int c = 0; c < NCHUNK; c++) {
-        size_t lo = (size_t)c * chunk, hi = lo + chunk;
-        if (lo > n) lo = n;
-        if (hi > n) hi = n;
+        size_t lo, hi;
+        chunk_range(n, c, &lo, &hi);
         double s = 0.0;
 #pragma omp simd reduction(+ : s)
         for (size_t i = lo; i < hi; i++) s += (double)x[i] * (double)x[i];
@@ -131,6 +137,43 @@ void dl_cpu_nesterov(float *param, float *momentum, const float *grad, size_t n,
         momentum[i] = b;
         param[i] -= lr * (g + mu * b);
     }
+}
+
+double dl_cpu_nesterov_to(float *param_out, float *mom_out, const float *param_in, const float *mom_in, float *grad,
+                          size_t n, float lr, float mu, float sc)
+{
+    assert(param_out && mom_out && param_in && mom_in && (grad || n == 0));
+    double part[NCHUNK];
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+    for (int c = 0; c < NCHUNK; c++) {
+        size_t lo, hi;
+        chunk_range(n, c, &lo, &hi);
+        double s = 0.0;
+        if (sc != 1.0f) {
+#pragma omp simd reduction(+ : s)
+            for (size_t i = lo; i < hi; i++) {
+                float g = grad[i] * sc;
+                grad[i] = g;
+                s += (double)g * (double)g;
+                float b = mu * mom_in[i] + g;
+                mom_out[i] = b;
+                param_out[i] = param_in[i] - lr * (g + mu * b);
+            }
+        } else {
+#pragma omp simd reduction(+ : s)
+            for (size_t i = lo; i < hi; i++) {
+                float g = grad[i];
+                s += (double)g * (double)g;
+                float b = mu * mom_in[i] + g;
+                mom_out[i] = b;
+                param_out[i] = param_in[i] - lr * (g + mu * b);
+            }
+        }
+        part[c] = s;
+    }
+    double s = 0.0;
+    for (int c = 0; c < NCHUNK; c++) s += part[c];
+    return sqrt(s);
 }
 
 double dl_cpu_clip_norm(float *x, size_t n, double max_norm)

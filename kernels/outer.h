@@ -33,6 +33,13 @@ void dl_cpu_rda(float *out, const float *const *x, const double *w, int m, size_
  * DiLoCo defaults: lr 0.7, mu 0.9. */
 void dl_cpu_nesterov(float *param, float *momentum, const float *grad, size_t n, float lr, float mu);
 
+/* The same step out of place, with the pseudo-gradient first scaled by sc
+ * (written back into grad when sc != 1) and its norm (dl_cpu_norm2's, bit
+ * for bit) returned: one pass where the merge made three. The outputs may
+ * be the inputs. */
+double dl_cpu_nesterov_to(float *param_out, float *mom_out, const float *param_in, const float *mom_in, float *grad,
+                          size_t n, float lr, float mu, float sc);
+
 /* Scale x in place so ||x|| <= max_norm (max_norm >= 0, finite). Returns the
  * norm before clipping, so the caller can log how hard it clipped. */
 double dl_cpu_clip_norm(float *x, size_t n, double max_norm);

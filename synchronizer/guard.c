@@ -28,6 +28,7 @@
 typedef struct {
     double norm;  /* the push's norm per sqrt(step): L2 norm / sqrt(max(steps, 1)) */
     double steps; /* its steps (at least 1) */
+    double rate;  /* its steps per second since its base reached its learner (0: not known) */
     int slot;
 } obs;
 typedef struct {
@@ -311,9 +312,9 @@ double dl_guard_copy_sumsq(float *dst, const void *src, size_t n)
 }
 
 /* Median over learners of the newest record of each: of its norm per
- * sqrt(step) (steps = 0), or of its steps (steps = 1); *learners = how many
- * learners that is. */
-static double hist_median_of(const dl_guard *g, const hist *h, int steps, int *learners)
+ * sqrt(step) (what = 0), of its steps (1), or of its step rate (2: records
+ * with a known rate only); *learners = how many learners that is. */
+static double hist_median_of(const dl_guard *g, const hist *h, int what, int *learners)
 {
     double *v = g->scratch;
     int m = 0;
@@ -322,7 +323,8 @@ static double hist_median_of(const dl_guard *g, const hist *h, int steps, int *l
         int seen = 0;
         for (int j = 0; j < i && !seen; j++)
             seen = h->ring[((h->pos - 1 - j) % g->cap + g->cap) % g->cap].slot == o->slot;
-        if (!seen) v[m++] = steps ? o->steps : o->norm;
+        if (seen || (what == 2 && !(o->rate > 0.0))) continue;
+        v[m++] = what == 2 ? o->rate : what ? o->steps : o->norm;
     }
     if (learners) *learners = m;
     if (m == 0) return 0.0;
@@ -344,17 +346,29 @@ double dl_guard_median(const dl_guard *g, int p, int *count)
 }
 
 /* The steps a push's bound grows with: its own (at least 1), but at most
- * norm_k x the median of the learners' latest steps, so claiming more steps
- * than it made buys a liar at most sqrt(norm_k) times the bound. */
-static double bound_steps(const dl_guard *g, const hist *h, uint64_t steps)
+ * norm_k x what the median learner makes in a push (its latest steps) -- or,
+ * when more, in the time this push's learner had since its base (elapsed_s x
+ * the median step rate), up to norm_k times that again. So a push that
+ * trained through an outage of up to ~norm_k^2 push periods is judged on its
+ * own steps (before the time term, a 5 s cut of a fleet of fast learners
+ * carried 5 x the cap of 10 x H steps, and its norm, grown like a drift, was
+ * refused), and claiming more steps than it made buys a liar at most
+ * sqrt(norm_k) times the bound an honest learner gets for the same time, and
+ * at most norm_k times the bound of its honest steps however long it waits. */
+static double bound_steps(const dl_guard *g, const hist *h, uint64_t steps, double elapsed_s)
 {
     double st = steps ? (double)steps : 1.0;
     double cap = g->cfg.norm_k * hist_median_of(g, h, 1, NULL);
+    if (elapsed_s > 0.0 && isfinite(elapsed_s)) {
+        double by_time = g->cfg.norm_k * hist_median_of(g, h, 2, NULL) * elapsed_s;
+        if (by_time > g->cfg.norm_k * cap) by_time = g->cfg.norm_k * cap;
+        if (by_time > cap) cap = by_time;
+    }
     return cap >= 1.0 && st > cap ? cap : st;
 }
 
-int dl_guard_value(const dl_guard *g, int p, double norm, uint64_t steps, double param_norm, double *scale,
-                   char *why, size_t cap)
+int dl_guard_value(const dl_guard *g, int p, double norm, uint64_t steps, double elapsed_s, double param_norm,
+                   double *scale, char *why, size_t cap)
 {
     assert(p >= 0 && p < g->P && scale && !(norm < 0.0));
     const dl_guard_cfg *c = &g->cfg;
@@ -368,7 +382,7 @@ int dl_guard_value(const dl_guard *g, int p, double norm, uint64_t steps, double
     int rule = 0, learners = 0; /* rule 1: median, 2: parameter ratio */
     if (c->norm_k > 0.0 && h->n >= c->norm_min_history) {
         med = hist_median(g, h, &learners);
-        st = bound_steps(g, h, steps);
+        st = bound_steps(g, h, steps, elapsed_s);
         bound = c->norm_k * med * sqrt(st);
         rule = 1;
     }
@@ -400,7 +414,7 @@ int dl_guard_value(const dl_guard *g, int p, double norm, uint64_t steps, double
     return DL_GUARD_REJECTED;
 }
 
-void dl_guard_observe(dl_guard *g, int p, int slot, double norm, uint64_t steps)
+void dl_guard_observe(dl_guard *g, int p, int slot, double norm, uint64_t steps, double elapsed_s)
 {
     assert(p >= 0 && p < g->P && slot >= 0 && slot < g->L && isfinite(norm) && norm >= 0.0);
     if (norm == 0.0) return;
@@ -426,7 +440,8 @@ void dl_guard_observe(dl_guard *g, int p, int slot, double norm, uint64_t steps)
         h->pos = (h->pos - 1 + g->cap) % g->cap;
         break;
     }
-    h->ring[h->pos] = (obs){norm, st, slot};
+    double rate = elapsed_s > 0.0 && isfinite(elapsed_s) ? st / elapsed_s : 0.0;
+    h->ring[h->pos] = (obs){norm, st, rate, slot};
     h->pos = (h->pos + 1) % g->cap;
     if (h->n < g->cap) h->n++;
 }

@@ -36,11 +36,15 @@
  *     carries many steps after an outage, or a learner's first push after a
  *     long start, is judged against what the fleet does per step instead of
  *     being refused as an outlier; a push of few steps gets a tighter bound.
- *     The steps the bound grows with are capped at norm_k x the median of
- *     the learners' latest steps: a liar claiming more steps than it made
- *     (within the counter check) buys at most sqrt(norm_k) times the bound;
- *     an honest push of more than norm_k x the usual steps whose norm grew
- *     like a steady drift (s, not sqrt(s)) can exceed it.
+ *     The steps the bound grows with are capped at norm_k x what the median
+ *     learner makes in a push, or, when more, in the time this push had since
+ *     its base (elapsed_s, the counter check's, x the median of the
+ *     learners' latest step rates), at most norm_k times that again: a liar
+ *     claiming more steps than it made (within the counter check) buys at
+ *     most sqrt(norm_k) times the bound an honest learner gets for the same
+ *     time, and norm_k times the bound of its honest steps however long it
+ *     waits; an honest push whose norm grew like a steady drift (s, not
+ *     sqrt(s)) over more than ~norm_k^2 push periods can exceed it.
  *     Non-finite deltas are always rejected. The median follows the fleet, so
  *     honest growth (the warm-up: norms x10 within a few pushes) is not locked
  *     out, which a median of accepted norms only did (measured: every push of 4
@@ -199,8 +203,8 @@ double dl_guard_copy_sumsq(float *dst, const void *src, size_t n);
  *   (the median shown is scaled to this push's steps)
  *   "norm 5e+37 > 10 x parameter norm 12.5"
  * A non-finite norm is always rejected. why may be NULL. */
-int dl_guard_value(const dl_guard *g, int p, double norm, uint64_t steps, double param_norm, double *scale,
-                   char *why, size_t cap);
+int dl_guard_value(const dl_guard *g, int p, double norm, uint64_t steps, double elapsed_s, double param_norm,
+                   double *scale, char *why, size_t cap);
 /* Remember the norm (finite, >= 0; asserted) and steps of a push of fragment
  * p by learner `slot`, as its norm per sqrt(step), whatever its fate, capped
  * at the median bound in force (so one
@@ -208,7 +212,7 @@ int dl_guard_value(const dl_guard *g, int p, double norm, uint64_t steps, double
  * with what the fleet pushes now, so it follows honest growth (a warm-up, a
  * loss spike) instead of locking out every learner whose norms grew beyond
  * the history of accepted ones. Zero norms are not remembered. */
-void dl_guard_observe(dl_guard *g, int p, int slot, double norm, uint64_t steps);
+void dl_guard_observe(dl_guard *g, int p, int slot, double norm, uint64_t steps, double elapsed_s);
 /* Median over learners of the newest remembered norm per sqrt(step) of each (mean of the
  * two middle ones for an even count; 0 when none) and, if count is not NULL,
  * how many norms are remembered (one per learner: a learner's new record

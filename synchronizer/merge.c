@@ -62,54 +62,6 @@ int dl_merge_finite(const float *x, size_t n)
     return ok;
 }
 
-/* The outer Nesterov step (kernels/outer.c dl_cpu_nesterov's arithmetic)
- * from (param_in, mom_in) into (param_out, mom_out): element by element, so
- * the outputs may be the inputs. Out of place, it spares the copy of the
- * global into scratch buffers before the step. In the same pass the merged
- * delta is scaled by sc (written back only when sc != 1) and its norm
- * summed: one pass over the fragment where there were three (scale, norm,
- * step). The norm's partial sums are dl_cpu_norm2's (NORM_CHUNKS chunks,
- * added in order). */
-#define NORM_CHUNKS 256 /* kernels/outer.c NCHUNK */
-#define PAR_MIN ((size_t)1 << 15) /* kernels/outer.c PAR_MIN */
-static double nesterov_to(float *param_out, float *mom_out, const float *param_in, const float *mom_in, float *grad,
-                          size_t n, float lr, float mu, float sc)
-{
-    double part[NORM_CHUNKS];
-    size_t chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (int c = 0; c < NORM_CHUNKS; c++) {
-        size_t lo = (size_t)c * chunk, hi = lo + chunk;
-        if (lo > n) lo = n;
-        if (hi > n) hi = n;
-        double s = 0.0;
-        if (sc != 1.0f) {
-#pragma omp simd reduction(+ : s)
-            for (size_t i = lo; i < hi; i++) {
-                float g = grad[i] * sc;
-                grad[i] = g;
-                s += (double)g * (double)g;
-                float b = mu * mom_in[i] + g;
-                mom_out[i] = b;
-                param_out[i] = param_in[i] - lr * (g + mu * b);
-            }
-        } else {
-#pragma omp simd reduction(+ : s)
-            for (size_t i = lo; i < hi; i++) {
-                float g = grad[i];
-                s += (double)g * (double)g;
-                float b = mu * mom_in[i] + g;
-                mom_out[i] = b;
-                param_out[i] = param_in[i] - lr * (g + mu * b);
-            }
-        }
-        part[c] = s;
-    }
-    double s = 0.0;
-    for (int c = 0; c < NORM_CHUNKS; c++) s += part[c];
-    return sqrt(s);
-}
-
 double dl_merge_apply(const dl_plan *plan, int p, const dl_merge_opts *o, float *const *deltas, const double *w,
                       int m, double scale, float *merged, float *params, float *momentum)
 {
@@ -153,6 +105,7 @@ double dl_merge_apply_to(const dl_plan *plan, int p, const dl_merge_opts *o, flo
             dl_cpu_trimmed_mean(merged, x, m, n, k);
         }
     }
-    return nesterov_to(params_out, momentum_out, params, momentum, merged, n, o->outer_lr, o->outer_momentum,
-                       (float)scale);
+    /* scale, norm and the outer step in one pass (out of place: no copy of the global into scratch first) */
+    return dl_cpu_nesterov_to(params_out, momentum_out, params, momentum, merged, n, o->outer_lr, o->outer_momentum,
+                              (float)scale);
 }

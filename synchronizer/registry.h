@@ -65,6 +65,9 @@ typedef struct {
                                 push was made later, and a keep learner's next push carries the steps since,
                                 which can be older than the base it adopted meanwhile (an outage's steps
                                 carried onto a newer version) */
+    double push_elapsed_s;   /* the push being taken in (one at a time): seconds its learner had for its steps,
+                                as the counter check measured them (uplink.c push_head); the norm guard's
+                                step cap grows with it */
     int n_owed;
     int64_t owed_since_ns;   /* monotonic ns the oldest owed update became owed */
     int64_t put_ns;          /* monotonic ns of its last store record (learner_put), 0 = none */

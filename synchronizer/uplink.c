@@ -211,6 +211,7 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
     if (prev && prev < since) since = prev;
     double elapsed = (double)(now - since) * 1e-9;
     if (elapsed < 0) elapsed = 0;
+    l->push_elapsed_s = elapsed;
     uint64_t batch = l->batch ? l->batch : s->cfg.guard.max_batch;
     /* tokens per step: a manifest learner's bound, else batch x seq_len */
     uint64_t per_step = l->tps ? l->tps : batch * (uint64_t)s->cfg.model.seq_len;
@@ -285,8 +286,10 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
         return;
     }
     double scale = 1.0;
-    int g = dl_guard_value(s->guard, p, norm, ph->steps, s->param_norm[p], &scale, why, sizeof why);
-    dl_guard_observe(s->guard, p, slot, norm, ph->steps); /* what the fleet pushes now, whatever this push's fate */
+    double elapsed = l->push_elapsed_s;
+    int g = dl_guard_value(s->guard, p, norm, ph->steps, elapsed, s->param_norm[p], &scale, why, sizeof why);
+    /* what the fleet pushes now, whatever this push's fate */
+    dl_guard_observe(s->guard, p, slot, norm, ph->steps, elapsed);
     if (g == DL_GUARD_REJECTED) {
         refuse_taken(s, slot, l, ph, delta, ph->tokens, 1, DL_SM_REJ_NORM, why);
         return;

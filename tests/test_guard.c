@@ -209,60 +209,60 @@ static void test_value(void)
 
     /* no history: only the parameter-ratio bound (10 x 12.5 = 125) */
     CHECK(dl_guard_median(g, 0, &cnt) == 0.0 && cnt == 0, "empty history");
-    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1, 12.5, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1, 0.0, 12.5, &sc, why, sizeof why), DL_GUARD_OK);
     CHECK(sc == 1.0, "ok scale %g", sc);
     /* a 1e38 delta of 1000 floats has norm ~3e39: far over the parameter ratio */
-    CHECK_EQ(dl_guard_value(g, 0, 5e37, 1, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 5e37, 1, 0.0, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
     CHECK_STR(why, "norm 5e+37 > 10 x parameter norm 12.5");
     CHECK(sc == 0.0, "rejected scale %g", sc);
-    CHECK_EQ(dl_guard_value(g, 0, INFINITY, 1, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, INFINITY, 1, 0.0, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
     HAS(why, "not finite");
-    CHECK_EQ(dl_guard_value(g, 0, NAN, 1, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, NAN, 1, 0.0, 12.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
     /* parameters all zero: the ratio bound is off, so only min_history protects */
-    CHECK_EQ(dl_guard_value(g, 0, 1e30, 1, 0.0, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 1e30, 1, 0.0, 0.0, &sc, why, sizeof why), DL_GUARD_OK);
 
     /* min_history 3: two remembered norms do not arm the median rule */
-    dl_guard_observe(g, 0, 0, 1.0, 1);
-    dl_guard_observe(g, 0, 1, 1.2, 1);
-    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
-    dl_guard_observe(g, 0, 2, 1.1, 1);
+    dl_guard_observe(g, 0, 0, 1.0, 1, 0.0);
+    dl_guard_observe(g, 0, 1, 1.2, 1, 0.0);
+    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    dl_guard_observe(g, 0, 2, 1.1, 1, 0.0);
     CHECK_NEAR(dl_guard_median(g, 0, &cnt), 1.1, 1e-12);
     CHECK_EQ(cnt, 3);
     /* a realistic push (within 10 x 1.1) passes, 10^6 x median is refused */
-    CHECK_EQ(dl_guard_value(g, 0, 1.5, 1, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
-    CHECK_EQ(dl_guard_value(g, 0, 10 * 1.1, 1, 1e6, &sc, why, sizeof why), DL_GUARD_OK); /* exactly the bound */
-    CHECK_EQ(dl_guard_value(g, 0, 1.1e6, 1, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 1.5, 1, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 10 * 1.1, 1, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK); /* exactly the bound */
+    CHECK_EQ(dl_guard_value(g, 0, 1.1e6, 1, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
     CHECK_STR(why,
               "norm 1.1e+06 > 10 x median 1.1 of 3 learner(s)' latest pushes (per sqrt(step), x sqrt(1 steps))");
     /* other fragments keep their own history */
-    CHECK_EQ(dl_guard_value(g, 1, 1.1e6, 1, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 1, 1.1e6, 1, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
     /* the tighter of the two bounds wins: parameter norm 0.5 -> bound 5 < 11 */
-    CHECK_EQ(dl_guard_value(g, 0, 8.0, 1, 0.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 8.0, 1, 0.0, 0.5, &sc, why, sizeof why), DL_GUARD_REJECTED);
     HAS(why, "parameter norm 0.5");
 
     /* one learner is one vote, however often it pushes, and its norms are
      * remembered at most at the bound: a 4th learner pushing 1e6 ten times
      * leaves the median at (1.1 + 1.2) / 2 */
-    for (int i = 0; i < 10; i++) dl_guard_observe(g, 0, 3, 1e6, 1);
+    for (int i = 0; i < 10; i++) dl_guard_observe(g, 0, 3, 1e6, 1, 0.0);
     CHECK_NEAR(dl_guard_median(g, 0, &cnt), 1.15, 1e-12);
     CHECK_EQ(cnt, 4); /* one record per learner */
-    CHECK_EQ(dl_guard_value(g, 0, 1e6, 1, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 1e6, 1, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
 
     /* clipping: the scale brings the delta exactly to the bound */
     dl_guard_cfg cc = c;
     cc.norm_action = DL_GUARD_CLIP;
     CHECK_EQ(dl_guard_reconfigure(g, &cc), 0);
     CHECK_NEAR(dl_guard_median(g, 0, &cnt), 1.15, 1e-12); /* history kept */
-    CHECK_EQ(dl_guard_value(g, 0, 46.0, 1, 1e6, &sc, why, sizeof why), DL_GUARD_CLIPPED);
+    CHECK_EQ(dl_guard_value(g, 0, 46.0, 1, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_CLIPPED);
     CHECK_NEAR(sc, 0.25, 1e-12);
     HAS(why, "median 1.15");
     HAS(why, "clipped");
-    CHECK_EQ(dl_guard_value(g, 0, 1e9, 1, 0.5, &sc, why, sizeof why), DL_GUARD_CLIPPED); /* bound 5 < 11.5 */
+    CHECK_EQ(dl_guard_value(g, 0, 1e9, 1, 0.0, 0.5, &sc, why, sizeof why), DL_GUARD_CLIPPED); /* bound 5 < 11.5 */
     CHECK_NEAR(sc, 5.0 / 1e9, 1e-20);
     HAS(why, "parameter norm 0.5");
     /* non-finite is rejected even when clipping */
-    CHECK_EQ(dl_guard_value(g, 0, INFINITY, 1, 2.0, &sc, why, sizeof why), DL_GUARD_REJECTED);
-    CHECK_EQ(dl_guard_value(g, 0, 2.0, 1, 2.0, &sc, NULL, 0), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, INFINITY, 1, 0.0, 2.0, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 2.0, 1, 0.0, 2.0, &sc, NULL, 0), DL_GUARD_OK);
 
     /* the window: the newest norm_window records; a shrink keeps the newest */
     dl_guard_cfg cw = c;
@@ -270,19 +270,19 @@ static void test_value(void)
     cw.norm_min_history = 2;
     CHECK_EQ(dl_guard_reconfigure(g, &cw), 0); /* keeps the 4 records, one per learner */
     CHECK_EQ((dl_guard_median(g, 0, &cnt), cnt), 4);
-    dl_guard_observe(g, 0, 0, 3.0, 1);
-    dl_guard_observe(g, 0, 1, 5.0, 1);
-    dl_guard_observe(g, 0, 0, 0.0, 1); /* zero norms are not remembered */
-    dl_guard_observe(g, 0, 2, 4.0, 1); /* window: [3: x, 0: 3.0, 1: 5.0, 2: 4.0] */
+    dl_guard_observe(g, 0, 0, 3.0, 1, 0.0);
+    dl_guard_observe(g, 0, 1, 5.0, 1, 0.0);
+    dl_guard_observe(g, 0, 0, 0.0, 1, 0.0); /* zero norms are not remembered */
+    dl_guard_observe(g, 0, 2, 4.0, 1, 0.0); /* window: [3: x, 0: 3.0, 1: 5.0, 2: 4.0] */
     double m4 = dl_guard_median(g, 0, &cnt);
     CHECK_EQ(cnt, 4);
     CHECK(m4 > 4.0 && m4 <= 5.0, "median over 4 learners' latest: %g", m4);
-    for (int i = 0; i < 4; i++) dl_guard_observe(g, 0, i, 7.0, 1); /* the window turns over */
+    for (int i = 0; i < 4; i++) dl_guard_observe(g, 0, i, 7.0, 1, 0.0); /* the window turns over */
     CHECK_NEAR(dl_guard_median(g, 0, &cnt), 7.0, 1e-12);
     cw.norm_window = 1;
     cw.norm_min_history = 1;
     CHECK_EQ(dl_guard_reconfigure(g, &cw), 0);
-    dl_guard_observe(g, 0, 0, 2.0, 1);
+    dl_guard_observe(g, 0, 0, 2.0, 1, 0.0);
     CHECK_NEAR(dl_guard_median(g, 0, &cnt), 2.0, 1e-12);
     CHECK_EQ(cnt, 1);
     CHECK_EQ(dl_guard_reconfigure(g, &c), 0); /* grow again: keeps what there is */
@@ -299,41 +299,41 @@ static void test_value(void)
      * this one refuses the first two (their norms are remembered, at the
      * bound), then follows: the third passes, and so do the first two next time */
     dl_guard *gw = open_guard(&c, 1, 4);
-    for (int l = 0; l < 4; l++) dl_guard_observe(gw, 0, l, 0.1, 1);
+    for (int l = 0; l < 4; l++) dl_guard_observe(gw, 0, l, 0.1, 1, 0.0);
     int fate[4];
     for (int l = 0; l < 4; l++) {
-        fate[l] = dl_guard_value(gw, 0, 1.1, 1, 1e6, &sc, NULL, 0);
-        dl_guard_observe(gw, 0, l, 1.1, 1);
+        fate[l] = dl_guard_value(gw, 0, 1.1, 1, 0.0, 1e6, &sc, NULL, 0);
+        dl_guard_observe(gw, 0, l, 1.1, 1, 0.0);
     }
     CHECK(fate[0] == DL_GUARD_REJECTED && fate[1] == DL_GUARD_REJECTED && fate[2] == DL_GUARD_OK &&
               fate[3] == DL_GUARD_OK,
           "warm-up: fates %d %d %d %d", fate[0], fate[1], fate[2], fate[3]);
-    for (int l = 0; l < 4; l++) CHECK_EQ(dl_guard_value(gw, 0, 1.2, 1, 1e6, &sc, NULL, 0), DL_GUARD_OK);
+    for (int l = 0; l < 4; l++) CHECK_EQ(dl_guard_value(gw, 0, 1.2, 1, 0.0, 1e6, &sc, NULL, 0), DL_GUARD_OK);
     dl_guard_close(&gw);
 
     /* a learner pushing far more often than the others cannot evict their
      * votes (found in review: with an arrival ring, 32 pushes of one learner
      * made the median its own and 60 pushes took it to 5.5e29) */
     dl_guard *ge = open_guard(&c, 1, 4);
-    for (int l = 0; l < 3; l++) dl_guard_observe(ge, 0, l, 1.0, 1);
+    for (int l = 0; l < 3; l++) dl_guard_observe(ge, 0, l, 1.0, 1, 0.0);
     for (int i = 0; i < 100; i++) {
         double sc2;
-        dl_guard_value(ge, 0, 1e30, 1, 1e40, &sc2, NULL, 0);
-        dl_guard_observe(ge, 0, 3, 1e30, 1);
+        dl_guard_value(ge, 0, 1e30, 1, 0.0, 1e40, &sc2, NULL, 0);
+        dl_guard_observe(ge, 0, 3, 1e30, 1, 0.0);
     }
     CHECK_NEAR(dl_guard_median(ge, 0, &cnt), 1.0, 1e-12);
     CHECK_EQ(cnt, 4);
-    CHECK_EQ(dl_guard_value(ge, 0, 1e3, 1, 1e40, &sc, NULL, 0), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(ge, 0, 1e3, 1, 0.0, 1e40, &sc, NULL, 0), DL_GUARD_REJECTED);
     dl_guard_close(&ge);
 
     /* inflation, as the header warns: a learner alone (or a majority) raises
      * the median by at most norm_k per push, geometrically */
     cc.norm_min_history = 1;
     dl_guard *gi = open_guard(&cc, 1, 1);
-    for (int i = 0; i < 3; i++) dl_guard_observe(gi, 0, 0, 1.0, 1);
+    for (int i = 0; i < 3; i++) dl_guard_observe(gi, 0, 0, 1.0, 1, 0.0);
     for (int i = 0; i < 20; i++) {
         double m = dl_guard_median(gi, 0, NULL);
-        dl_guard_observe(gi, 0, 0, 1e30, 1);
+        dl_guard_observe(gi, 0, 0, 1e30, 1, 0.0);
         CHECK(dl_guard_median(gi, 0, NULL) <= 10.0 * m * (1 + 1e-12), "median grows at most norm_k per push");
     }
     CHECK(dl_guard_median(gi, 0, NULL) > 1e6, "an attacker alone inflates the median: %g", dl_guard_median(gi, 0, NULL));
@@ -354,35 +354,35 @@ static void test_per_step(void)
     dl_guard *g = open_guard(&c, 1, 8);
     double sc;
     char why[256];
-    for (int l = 0; l < 4; l++) dl_guard_observe(g, 0, l, 1.0, 8);
+    for (int l = 0; l < 4; l++) dl_guard_observe(g, 0, l, 1.0, 8, 0.0);
     CHECK_NEAR(dl_guard_median(g, 0, NULL), 1.0 / sqrt(8.0), 1e-12); /* remembered per sqrt(step) */
     /* an outage: 80 steps (10 periods) at once; noise grows ~sqrt(10) = 3.2, a drift up to 10 x; bound
      * 10 x sqrt(80 / 8) = 31.6 x the others' norm. The old rule (norm <= 10 x their median norm, whatever the
      * steps) refused the 12: */
-    CHECK_EQ(dl_guard_value(g, 0, 3.2, 80, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
-    CHECK_EQ(dl_guard_value(g, 0, 12.0, 80, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 3.2, 80, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 12.0, 80, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
     /* the same norm with the others' steps is an outlier */
-    CHECK_EQ(dl_guard_value(g, 0, 12.0, 8, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 12.0, 8, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
     /* a push of few steps gets a tighter bound: 1 step, bound 10 x 1 / sqrt(8) = 3.54 */
-    CHECK_EQ(dl_guard_value(g, 0, 0.5, 1, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
-    CHECK_EQ(dl_guard_value(g, 0, 3.6, 1, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 0.5, 1, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 3.6, 1, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
     CHECK_STR(why, "norm 3.6 > 10 x median 0.354 of 4 learner(s)' latest pushes (per sqrt(step), x sqrt(1 steps))");
     /* scaled x100 with the steps it made: refused */
-    CHECK_EQ(dl_guard_value(g, 0, 100.0, 8, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 100.0, 8, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
     /* scaled x100 claiming 10^6 steps: the steps count at most norm_k x the median (80), a bound of
      * 10 x sqrt(80 / 8) = 31.6 x the others' norm: refused */
-    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1000000, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 100.0, 1000000, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
     CHECK_STR(why, "norm 100 > 10 x median 3.16 of 4 learner(s)' latest pushes (per sqrt(step), x sqrt(80 steps))");
     dl_guard_close(&g);
 
     /* the warm-up seen in a run: the fleet's latest pushes at norm 0.2 with 4 steps, a learner's push of norm
      * 2.06 with 16 steps (its first after joining): 2.06 <= 10 x 0.2 x sqrt(16 / 4) = 4 */
     g = open_guard(&c, 1, 8);
-    for (int l = 0; l < 4; l++) dl_guard_observe(g, 0, l, 0.2, 4);
-    CHECK_EQ(dl_guard_value(g, 0, 2.06, 16, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
-    CHECK_EQ(dl_guard_value(g, 0, 2.06, 4, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED); /* same steps: an outlier */
+    for (int l = 0; l < 4; l++) dl_guard_observe(g, 0, l, 0.2, 4, 0.0);
+    CHECK_EQ(dl_guard_value(g, 0, 2.06, 16, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 2.06, 4, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED); /* same steps: an outlier */
     /* a learner's record keeps its steps: a long push remembered per sqrt(step) does not inflate the median */
-    dl_guard_observe(g, 0, 4, 2.06, 16);
+    dl_guard_observe(g, 0, 4, 2.06, 16, 0.0);
     CHECK_NEAR(dl_guard_median(g, 0, NULL), 0.1, 1e-12); /* 4 x 0.1 and 0.515 */
     dl_guard_close(&g);
 
@@ -390,23 +390,53 @@ static void test_per_step(void)
      * learner's first push carried 412 steps at norm 5.65 and was refused ("norm 5.65 > 10 x median 0.555").
      * Per step: the steps count up to 10 x 16 = 160, bound 10 x 0.555 / sqrt(16) x sqrt(160) = 17.5 */
     g = open_guard(&c, 1, 8);
-    for (int l = 0; l < 6; l++) dl_guard_observe(g, 0, l, 0.5 + 0.022 * l, 16); /* median 0.555 */
+    for (int l = 0; l < 6; l++) dl_guard_observe(g, 0, l, 0.5 + 0.022 * l, 16, 0.0); /* median 0.555 */
     CHECK_NEAR(dl_guard_median(g, 0, NULL) * 4.0, 0.555, 1e-9);
-    CHECK_EQ(dl_guard_value(g, 0, 5.65, 412, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 5.65, 412, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
     /* even if its 412 steps had drifted in one direction (norm x 412 / 16 = 14.3) */
-    CHECK_EQ(dl_guard_value(g, 0, 0.555 * 412 / 16, 412, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 0.555 * 412 / 16, 412, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
     /* a byzantine push scaled x100 claiming those 412 steps, or any number: the steps stop at 160 */
-    CHECK_EQ(dl_guard_value(g, 0, 55.5, 412, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 55.5, 412, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
     CHECK_STR(why, "norm 55.5 > 10 x median 1.76 of 6 learner(s)' latest pushes (per sqrt(step), x sqrt(160 steps))");
-    CHECK_EQ(dl_guard_value(g, 0, 55.5, UINT64_MAX, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 55.5, UINT64_MAX, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
     HAS(why, "x sqrt(160 steps)");
     /* what lying about steps buys at most: sqrt(norm_k) = 3.16 x the bound of its honest 16 steps */
-    CHECK_EQ(dl_guard_value(g, 0, 17.4, UINT64_MAX, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
-    CHECK_EQ(dl_guard_value(g, 0, 17.6, UINT64_MAX, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
-    CHECK_EQ(dl_guard_value(g, 0, 5.6, 16, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 17.4, UINT64_MAX, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 17.6, UINT64_MAX, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    CHECK_EQ(dl_guard_value(g, 0, 5.6, 16, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
     /* the outage push is remembered per sqrt(step): the median stays the fleet's */
-    dl_guard_observe(g, 0, 6, 5.65, 412);
+    dl_guard_observe(g, 0, 6, 5.65, 412, 0.0);
     CHECK_NEAR(dl_guard_median(g, 0, NULL) * 4.0, 0.566, 1e-9); /* one rank up, not x 10 */
+    dl_guard_close(&g);
+
+    /* test_wan_downlink under load: a fleet at H=16 pushing every 0.25 s (64 steps/s), a thin learner cut off
+     * for 5 s pushed 781 steps 12.2 s after the base it pushed on, its norm grown like a drift: refused with the
+     * steps capped at 10 x 16 = 160 ("x sqrt(160 steps)"). The time term: in 12.2 s the median learner makes
+     * 64 x 12.2 = 781 steps, up to 10 x that count, so the push is judged on its own 781 */
+    g = open_guard(&c, 1, 8);
+    for (int l = 0; l < 3; l++) dl_guard_observe(g, 0, l, 4.0, 16, 0.25); /* 1 per sqrt(step), 64 steps/s */
+    double drift = 4.0 * 781 / 16; /* 195: a steady drift over the cut */
+    CHECK_EQ(dl_guard_value(g, 0, drift, 781, 0.0, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED); /* no time: capped */
+    HAS(why, "x sqrt(160 steps)");
+    CHECK_EQ(dl_guard_value(g, 0, drift, 781, 12.2, 1e6, &sc, why, sizeof why), DL_GUARD_OK); /* bound 10 x sqrt(781) */
+    /* a liar claiming those steps without the time: capped at 10 x 64 x 0.25 = 160, refused */
+    CHECK_EQ(dl_guard_value(g, 0, drift, 781, 0.25, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    HAS(why, "x sqrt(160 steps)");
+    /* with the time, at most sqrt(norm_k) x the bound of an honest learner's steps in that time (10 x sqrt(7808))
+     * and, however long it waited, at most norm_k x the cap without time: 10 x sqrt(1600) = 400 */
+    CHECK_EQ(dl_guard_value(g, 0, 399.0, UINT64_MAX, 12.2, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 401.0, UINT64_MAX, 12.2, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    HAS(why, "x sqrt(1600 steps)");
+    CHECK_EQ(dl_guard_value(g, 0, 401.0, UINT64_MAX, 1e9, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
+    /* 1 s: 10 x 64 = 640 steps count */
+    CHECK_EQ(dl_guard_value(g, 0, 10 * sqrt(640.0) - 0.1, UINT64_MAX, 1.0, 1e6, &sc, why, sizeof why), DL_GUARD_OK);
+    CHECK_EQ(dl_guard_value(g, 0, 10 * sqrt(640.0) + 0.1, UINT64_MAX, 1.0, 1e6, &sc, why, sizeof why),
+             DL_GUARD_REJECTED);
+    /* records without a known rate (elapsed 0) add no time term */
+    dl_guard_close(&g);
+    g = open_guard(&c, 1, 8);
+    for (int l = 0; l < 3; l++) dl_guard_observe(g, 0, l, 4.0, 16, 0.0);
+    CHECK_EQ(dl_guard_value(g, 0, drift, 781, 12.2, 1e6, &sc, why, sizeof why), DL_GUARD_REJECTED);
     dl_guard_close(&g);
     printf("ok: per-step norms: outage and warm-up pushes merged, scaled ones refused\n");
 }

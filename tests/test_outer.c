@@ -321,6 +321,32 @@ static void test_large(void)
     CHECK(e < 1e-6, "nesterov rel err %g", e);
     printf("  %-34s ok (rel err %.2e)\n", "nesterov, 2 steps", e);
 
+    /* the fused step (scale, norm, step out of place) against the three passes, bit for bit, and on 1 thread */
+    for (int k = 0; k < 2; k++) {
+        float sc = k ? 0.375f : 1.0f;
+        float *g3 = dl_xmalloc(n * sizeof *g3), *gf = dl_xmalloc(n * sizeof *gf);
+        float *p3 = dl_xmalloc(n * sizeof *p3), *m3 = dl_xmalloc(n * sizeof *m3);
+        float *pf = dl_xmalloc(n * sizeof *pf), *mf = dl_xmalloc(n * sizeof *mf);
+        memcpy(g3, xs[4], n * sizeof *g3);
+        memcpy(gf, xs[4], n * sizeof *gf);
+        memcpy(p3, p, n * sizeof *p3);
+        memcpy(m3, m, n * sizeof *m3);
+        for (size_t j = 0; j < n; j++) g3[j] *= sc;
+        double n3 = dl_cpu_norm2(g3, n);
+        dl_cpu_nesterov(p3, m3, g3, n, 0.7f, 0.9f);
+        double nf = dl_cpu_nesterov_to(pf, mf, p, m, gf, n, 0.7f, 0.9f, sc);
+        CHECK(nf == n3, "fused norm %.17g vs %.17g (sc %g)", nf, n3, sc);
+        CHECK(memcmp(pf, p3, n * sizeof *pf) == 0 && memcmp(mf, m3, n * sizeof *mf) == 0,
+              "fused step differs from the three passes (sc %g)", sc);
+        CHECK(memcmp(gf, g3, n * sizeof *gf) == 0, "fused scale of grad differs (sc %g)", sc);
+        omp_set_num_threads(1);
+        memcpy(gf, xs[4], n * sizeof *gf);
+        CHECK(dl_cpu_nesterov_to(pf, mf, p, m, gf, n, 0.7f, 0.9f, sc) == nf, "fused norm depends on the thread count");
+        omp_set_num_threads(threads);
+        free(g3), free(gf), free(p3), free(m3), free(pf), free(mf);
+    }
+    printf("  %-34s ok (same bits as scale, norm2, nesterov)\n", "fused nesterov_to");
+
     /* clip */
     memcpy(out, xs[0], n * sizeof *out);
     double pre = dl_cpu_clip_norm(out, n, 0.5 * nr);
