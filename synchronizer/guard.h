@@ -193,7 +193,10 @@ double dl_guard_copy_sumsq(float *dst, const void *src, size_t n);
  *   norm_k x sqrt(s) x the median over learners of each one's newest
  *   remembered norm per sqrt(step) of the fragment (once norm_min_history
  *   norms are remembered; norm_k > 0), s = steps capped at norm_k x the
- *   median of their latest steps, and
+ *   median of their latest steps or, when more, at norm_k x their median
+ *   step rate x elapsed_s (the seconds the push's learner had for it, as
+ *   the counter check measures them; 0 = unknown), at most norm_k^2 x the
+ *   median steps, and
  *   norm_param_ratio x param_norm
  *   (norm_param_ratio > 0 and param_norm finite and > 0).
  * Returns DL_GUARD_OK (*scale = 1), DL_GUARD_CLIPPED (norm_action CLIP: *scale
@@ -206,7 +209,8 @@ double dl_guard_copy_sumsq(float *dst, const void *src, size_t n);
 int dl_guard_value(const dl_guard *g, int p, double norm, uint64_t steps, double elapsed_s, double param_norm,
                    double *scale, char *why, size_t cap);
 /* Remember the norm (finite, >= 0; asserted) and steps of a push of fragment
- * p by learner `slot`, as its norm per sqrt(step), whatever its fate, capped
+ * p by learner `slot` (and its step rate, steps / elapsed_s, when elapsed_s >
+ * 0), as its norm per sqrt(step), whatever its fate, capped
  * at the median bound in force (so one
  * push moves the median by at most norm_k): the median rule compares a push
  * with what the fleet pushes now, so it follows honest growth (a warm-up, a
