@@ -32,7 +32,7 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target dloco-sync dloco-learner dloco >/dev/null
 W=$(mktemp -d /tmp/dloco_byzantine.XXXXXX)
 PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$W"' EXIT
+trap 'for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done; rm -rf "$W"' EXIT # || true: under set -e a learner already gone would end the trap before the rm, and the script with 1
 MODEL="--n_layer $L --n_head $NH --n_embd $C --seq_len $T"
 VB=$((256 / B))
 GUARDS_OFF="--norm_k 0 --norm_param_ratio 0 --param_abs_max 0 --aggregate weighted"
