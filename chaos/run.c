@@ -969,7 +969,21 @@ static void finish(run_t *r, int interrupted)
         int64_t end = dl_clock_ns() + 60 * 1000000000LL;
         while (r->sync.pid > 0 && dl_clock_ns() < end) reap(r), nap_ms(20);
         if (r->sync.pid > 0) {
-            printf("[chaos %s] the synchronizer did not stop within 60 s of SIGTERM: SIGKILL\n", r->c->label);
+            /* a synchronizer that ignores SIGTERM is a bug to find: its threads' stacks first, where gdb exists */
+            char stacks[sizeof r->path];
+            snprintf(stacks, sizeof stacks, "%s", runpath(r, "sync-stacks.txt"));
+            int have_gdb = access("/usr/bin/gdb", X_OK) == 0;
+            printf("[chaos %s] the synchronizer did not stop within 60 s of SIGTERM: %s%s, then SIGKILL\n", r->c->label,
+                   have_gdb ? "its threads' stacks in " : "no gdb for its stacks", have_gdb ? stacks : "");
+            if (have_gdb) {
+                argv_t g = {0};
+                arg(&g, "/usr/bin/timeout"), arg(&g, "30"), arg(&g, "/usr/bin/gdb"), arg(&g, "-p"),
+                    arg(&g, "%d", (int)r->sync.pid), arg(&g, "-batch"), arg(&g, "-ex"), arg(&g, "thread apply all bt");
+                pid_t gp = spawn(&g, stacks, 0);
+                int gst = 0;
+                while (gp > 0 && waitpid(gp, &gst, 0) < 0 && errno == EINTR) {}
+            }
+            dl_event("sync_unstoppable", "stacks=%s", have_gdb ? stacks : "none");
             kill(r->sync.pid, SIGKILL);
             while (r->sync.pid > 0) reap(r), nap_ms(20);
         }

@@ -18,6 +18,9 @@ timeout -k 10 420 "$CHAOS" run "$SRC/chaos/scenarios/ci.ini" --out "$OUT" > "$W/
 rc=$?
 grep -E "^\[chaos|^dloco-chaos" "$W/chaos.log" | grep -vE "\| faults" | tail -40
 check "dloco-chaos run exited 0 (rc $rc)" [ "$rc" = 0 ]
+# once (2026-12-04, a fresh clone's CI) the second incarnation stopped answering between the EIO and the ENOSPC
+# fault and ignored SIGTERM; the harness now saves its threads' stacks before the SIGKILL (printed below)
+check "the synchronizer stopped on SIGTERM at the end" bash -c "! grep -q 'did not stop within 60 s' '$W/chaos.log'"
 R="$OUT/decoupled"
 E="$R/events-chaos.log"
 [ -s "$E" ] || die "no harness events"
@@ -78,5 +81,10 @@ check "the synchronizer's own evaluations are in the report (sync_eval)" python3
 import json, sys
 r = json.load(open(sys.argv[1]))["runs"][0]
 sys.exit(not (len(r["sync_eval"]) >= 1 and r["final_sync_val_loss"] > 0))' "$OUT/report.json"
-[ $fail = 0 ] && echo "test_chaos: all checks passed" || { echo "test_chaos: FAILED"; tail -30 "$W/chaos.log"; }
+[ $fail = 0 ] && echo "test_chaos: all checks passed" || {
+  echo "test_chaos: FAILED"
+  tail -30 "$W/chaos.log"
+  [ -s "$R/sync-stacks.txt" ] && { echo "== the synchronizer's threads ($R/sync-stacks.txt)"; grep -E '^Thread|^#' "$R/sync-stacks.txt" | head -150; }
+  [ -s "$R/sync.log" ] && { echo "== $R/sync.log (last 40 lines)"; tail -40 "$R/sync.log"; }
+}
 exit $fail
