@@ -149,6 +149,8 @@ double dl_cpu_nesterov_to(float *param_out, float *mom_out, const float *param_i
         size_t lo, hi;
         chunk_range(n, c, &lo, &hi);
         double s = 0.0;
+        /* two loops, not one with a conditional write-back: that one vectorises its sum differently, and the
+         * norm is no longer dl_cpu_norm2's to the bit (test_outer) */
         if (sc != 1.0f) {
 #pragma omp simd reduction(+ : s)
             for (size_t i = lo; i < hi; i++) {

@@ -582,8 +582,8 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
              * first fetch never ended with the lowest fragment sent again
              * and again */
             for (int k = 1; k <= s->cfg.P && x->p < 0; k++) {
-                int p = (x->last_p + k) % s->cfg.P;
-                if (p >= 0 && l->owed[p]) x->p = p;
+                int p = (x->last_p + k) % s->cfg.P; /* last_p >= -1, k >= 1 */
+                if (l->owed[p]) x->p = p;
             }
             if (x->p >= 0) x->last_p = x->p;
             x->version = x->offset = 0;

@@ -311,9 +311,12 @@ double dl_guard_copy_sumsq(float *dst, const void *src, size_t n)
     return s;
 }
 
+/* What hist_median_of takes the median of. */
+enum { MED_NORM, MED_STEPS, MED_RATE };
+
 /* Median over learners of the newest record of each: of its norm per
- * sqrt(step) (what = 0), of its steps (1), or of its step rate (2: records
- * with a known rate only); *learners = how many learners that is. */
+ * sqrt(step), of its steps, or of its step rate (records with a known rate
+ * only); *learners = how many learners that is. */
 static double hist_median_of(const dl_guard *g, const hist *h, int what, int *learners)
 {
     double *v = g->scratch;
@@ -323,8 +326,8 @@ static double hist_median_of(const dl_guard *g, const hist *h, int what, int *le
         int seen = 0;
         for (int j = 0; j < i && !seen; j++)
             seen = h->ring[((h->pos - 1 - j) % g->cap + g->cap) % g->cap].slot == o->slot;
-        if (seen || (what == 2 && !(o->rate > 0.0))) continue;
-        v[m++] = what == 2 ? o->rate : what ? o->steps : o->norm;
+        if (seen || (what == MED_RATE && !(o->rate > 0.0))) continue;
+        v[m++] = what == MED_RATE ? o->rate : what == MED_STEPS ? o->steps : o->norm;
     }
     if (learners) *learners = m;
     if (m == 0) return 0.0;
@@ -335,7 +338,7 @@ static double hist_median_of(const dl_guard *g, const hist *h, int what, int *le
 
 static double hist_median(const dl_guard *g, const hist *h, int *learners)
 {
-    return hist_median_of(g, h, 0, learners);
+    return hist_median_of(g, h, MED_NORM, learners);
 }
 
 double dl_guard_median(const dl_guard *g, int p, int *count)
@@ -358,9 +361,9 @@ double dl_guard_median(const dl_guard *g, int p, int *count)
 static double bound_steps(const dl_guard *g, const hist *h, uint64_t steps, double elapsed_s)
 {
     double st = steps ? (double)steps : 1.0;
-    double cap = g->cfg.norm_k * hist_median_of(g, h, 1, NULL);
+    double cap = g->cfg.norm_k * hist_median_of(g, h, MED_STEPS, NULL);
     if (elapsed_s > 0.0 && isfinite(elapsed_s)) {
-        double by_time = g->cfg.norm_k * hist_median_of(g, h, 2, NULL) * elapsed_s;
+        double by_time = g->cfg.norm_k * hist_median_of(g, h, MED_RATE, NULL) * elapsed_s;
         if (by_time > g->cfg.norm_k * cap) by_time = g->cfg.norm_k * cap;
         if (by_time > cap) cap = by_time;
     }
