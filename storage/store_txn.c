@@ -193,7 +193,16 @@ static int env_reopen_locked(dl_store *s, uint64_t map_size)
 static int env_reopen(dl_store *s, uint32_t failed_serial)
 {
     pthread_mutex_lock(&s->gate);
-    while (s->grow_pending) pthread_cond_wait(&s->gate_cv, &s->gate); /* a growth, or another thread's reopen */
+    /* a growth, or another thread's reopen: waited for at most grow_wait_ms. An untimed wait deadlocked the
+     * synchronizer (test_chaos, disk faults): the loop waited here while its own pinned read snapshots kept the
+     * worker's reopen from ever quiescing, and the worker retried at once, setting grow_pending again */
+    struct timespec dl = deadline_ms(s->grow_wait_ms);
+    while (s->grow_pending)
+        if (pthread_cond_timedwait(&s->gate_cv, &s->gate, &dl) == ETIMEDOUT && s->grow_pending) {
+            pthread_mutex_unlock(&s->gate);
+            return dl_err(DL_EAGAIN, "store %s: another thread is opening the environment again after a failed write "
+                                     "(a full or failing disk); nothing was read or written, retry", s->dir);
+        }
     if (s->env && s->env_serial != failed_serial) { /* another thread reopened it meanwhile: try that one */
         pthread_mutex_unlock(&s->gate);
         return 0;
