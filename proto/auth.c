@@ -669,6 +669,9 @@ static int zap_handle(dl_auth *a)
         else snprintf(user, sizeof user, "%s %s", id, key);
     }
 
+    /* counted before the reply: once it is sent the connection goes on, and a message can arrive before a
+     * count made after it (test_auth read 0 admitted with alice's message in hand) */
+    atomic_fetch_add(reason ? &a->denied : &a->admitted, 1);
     send_frame(a->sock, "1.0", 3, 1);
     if (nf >= 2) send_frame(a->sock, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), 1);
     else send_frame(a->sock, "", 0, 1);
@@ -679,12 +682,10 @@ static int zap_handle(dl_auth *a)
     for (int i = 0; i < nf; i++) zmq_msg_close(&f[i]);
 
     if (!reason) {
-        atomic_fetch_add(&a->admitted, 1);
         char ea[160];
         DL_INFO("auth: admitted learner %s from %s", id, addr);
         dl_event("auth_admitted", "id=%s address=%s", id, dl_event_str(addr, ea, sizeof ea));
     } else {
-        atomic_fetch_add(&a->denied, 1);
         a->deny_pending++;
         memcpy(a->deny_mech, mech, sizeof mech);
         memcpy(a->deny_addr, addr, sizeof addr);
