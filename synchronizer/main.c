@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -418,8 +419,29 @@ static int check_cfg(void *obj)
     return update_codec_of(c, &update);
 }
 
+/* glibc's allocator gives large freed memory back to the kernel (a block
+ * above the mmap threshold, a free heap top above the trim threshold, a
+ * thread arena's whole heap once it is free), so the next allocation of that
+ * size page-faults and zeroes it all again. LMDB allocates every commit's
+ * overflow pages (a fragment's blocks, ~1 MiB each) with malloc and frees them
+ * after the commit, and the merge worker's Update payloads come and go the
+ * same way: at GPT-2 size up to a third of the synchronizer's CPU went to
+ * zeroing those pages (bench/sync_load.sh, perf). Fixed thresholds and a top
+ * pad of a thread heap's size (glibc deletes a free heap only when it exceeds
+ * the pad) keep freed memory in the process for the next commit; what it holds
+ * stays within its peak, which the pool and outbound bounds already set. */
+static void keep_freed_memory(void)
+{
+#if defined(M_MMAP_THRESHOLD) && defined(M_TRIM_THRESHOLD) && defined(M_TOP_PAD)
+    (void)mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's largest; larger blocks are the pool's, kept as spares */
+    (void)mallopt(M_TRIM_THRESHOLD, INT_MAX);
+    (void)mallopt(M_TOP_PAD, 64 << 20);
+#endif
+}
+
 int main(int argc, char **argv)
 {
+    keep_freed_memory();
     if (dl_blas_select(&argc, argv)) return 2; /* the evaluation's matmuls: OpenBLAS's kernels (kernels/blas_select.h) */
     sync_cfg c;
     static const dl_cfg_main preamble = {"dloco-sync",
