@@ -73,7 +73,8 @@
 #        SYNC_CORE=1 LOADGEN_CORE=0 SYNC_LOAD_SWARM=1 (also the swarm sections:
 #        GPT2_DURATION=100 GPT2_WARMUP=40 SMALL_DURATION=60 SMALL_WARMUP=20 CAP_DURATION=90 CAP_WARMUP=40)
 #        SYNC_RSS_LIMIT_MB=14000 SWARM_RSS_LIMIT_MB=6000 MIN_AVAIL_MB=1500 (a process is killed past these)
-#        SYNC_LOAD_CASES="gpt2_16_fp32_bcast ..." runs only the cpu cases named (the bar's case by default
+#        SYNC_LOAD_SYNC_ARGS="--chunk_kb 1024" extra dloco-sync options for every cpu case (a what-if; the bar is
+#        the defaults'), SYNC_LOAD_CASES="gpt2_16_fp32_bcast ..." runs only the cpu cases named (the bar's case by default
 #        is the first GPT-2 one; a run without it prints no bar figure)
 #        BUILD_DIR=build KEEP_W=1 keeps the work dir)
 set -uo pipefail
@@ -558,7 +559,7 @@ cpu_case() {
   echo "case $name: $N learners, $mode, P=$P, push $codec, broadcast $bc, window ${dur} s after a ${warm} s warm-up" >&2
   OMP_NUM_THREADS=1 taskset -c "$SYNC_CORE" "$SYNC" --store "$store" --bind tcp://127.0.0.1:0 $model --fragments "$P" \
     --durability periodic --status_every_ms 0 --eval_every_s 0 --broadcast "$bc" --metrics 127.0.0.1:0 \
-    --events "$d/ev-sync.log" "$@" > "$d/sync.log" 2>&1 &
+    --events "$d/ev-sync.log" "$@" ${SYNC_LOAD_SYNC_ARGS:-} > "$d/sync.log" 2>&1 &
   sp=$!; PIDS+=("$sp")
   sample "$sp" "$SYNC_RSS_LIMIT_MB" VmRSS "$d/sync-samples" &
   smp=$!; PIDS+=("$smp")
