@@ -97,13 +97,18 @@ static void scale(float *x, size_t n, double s)
 
 void dl_cpu_rda(float *out, const float *const *x, const double *w, int m, size_t n)
 {
+    dl_cpu_rda_sumsq(out, x, w, NULL, m, n);
+}
+
+void dl_cpu_rda_sumsq(float *out, const float *const *x, const double *w, const double *sumsq, int m, size_t n)
+{
     assert(out && x && w && m >= 1);
     double W = weight_sum(w, m);
     double *c = dl_xmalloc((size_t)m * sizeof *c);
     double radial = 0.0;
     int any = 0;
     for (int i = 0; i < m; i++) {
-        double r = dl_cpu_norm2(x[i], n);
+        double r = sumsq ? sqrt(sumsq[i]) : dl_cpu_norm2(x[i], n);
         radial += w[i] * r;
         /* w_i unit(x_i) / W; a zero vector has no direction to contribute. */
         c[i] = r > 0.0 ? w[i] / (W * r) : 0.0;

@@ -24,6 +24,10 @@ double dl_cpu_norm2(const float *x, size_t n);
  * weight in the radial mean; when the averaged direction is exactly zero
  * (or every input is zero) out = 0. */
 void dl_cpu_rda(float *out, const float *const *x, const double *w, int m, size_t n);
+/* dl_cpu_rda with each input's squared norm given (sumsq[i] = sum_j x[i][j]^2,
+ * gathered elsewhere, e.g. as the input arrived; NULL: computed here, one
+ * more pass over every input). */
+void dl_cpu_rda_sumsq(float *out, const float *const *x, const double *w, const double *sumsq, int m, size_t n);
 
 /* Outer Nesterov SGD step, as PyTorch SGD(momentum=mu, nesterov=True,
  * dampening=0, weight_decay=0) with `grad` the merged pseudo-gradient

@@ -59,6 +59,7 @@ static void submit_round(dl_sync *s, const dl_policy_round *r)
     j->rec = out.rec; /* the job owns the contributors now */
     j->m = r->n;
     j->deltas = dl_xcalloc((size_t)r->n, sizeof(float *));
+    j->span_ss = dl_xcalloc((size_t)r->n, sizeof(double *));
     j->w = dl_xcalloc((size_t)r->n, sizeof(double));
     j->handles = dl_xcalloc((size_t)r->n, sizeof(uint64_t));
     for (int i = 0; i < r->n; i++) {
@@ -66,6 +67,7 @@ static void submit_round(dl_sync *s, const dl_policy_round *r)
         dl_pool_push *pp = dl_pool_get(s->pool, r->contribs[i].handle);
         pp->merging = 1;
         j->deltas[i] = pp->delta;
+        j->span_ss[i] = pp->span_ss;
         j->w[i] = r->contribs[i].weight;
     }
     /* the ledger's pending changes and this round's applied tokens commit

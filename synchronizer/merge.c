@@ -65,28 +65,34 @@ int dl_merge_finite(const float *x, size_t n)
 double dl_merge_apply(const dl_plan *plan, int p, const dl_merge_opts *o, float *const *deltas, const double *w,
                       int m, double scale, float *merged, float *params, float *momentum)
 {
-    return dl_merge_apply_to(plan, p, o, deltas, w, m, scale, merged, params, momentum, params, momentum);
+    return dl_merge_apply_to(plan, p, o, deltas, w, NULL, m, scale, merged, params, momentum, params, momentum);
 }
 
 double dl_merge_apply_to(const dl_plan *plan, int p, const dl_merge_opts *o, float *const *deltas, const double *w,
-                         int m, double scale, float *merged, const float *params, const float *momentum,
-                         float *params_out, float *momentum_out)
+                         const double *const *span_ss, int m, double scale, float *merged, const float *params,
+                         const float *momentum, float *params_out, float *momentum_out)
 {
     size_t n = dl_plan_fragment_numel(plan, p);
-    if (o->clip_norm > 0)
+    if (o->clip_norm > 0) {
         for (int i = 0; i < m; i++) dl_cpu_clip_norm(deltas[i], n, o->clip_norm);
+        span_ss = NULL; /* the deltas changed */
+    }
     const float *x[m > 0 ? m : 1];
+    double ss[m > 0 ? m : 1];
     if (o->aggregate == DL_MERGE_AGG_WEIGHTED) {
         int ns = 0;
         const dl_plan_span *sp = dl_plan_fragment_spans(plan, p, &ns);
         /* A span is a block (core/plan.h): RDA's norms are the block's; the
          * weighted mean is element-wise, so blocks change nothing there. */
         for (int s = 0; s < ns; s++) {
-            for (int i = 0; i < m; i++) x[i] = deltas[i] + sp[s].offset;
+            for (int i = 0; i < m; i++) {
+                x[i] = deltas[i] + sp[s].offset;
+                if (span_ss) ss[i] = span_ss[i][s];
+            }
             if (o->rule == DL_MERGE_RULE_MEAN || sp[s].kind == DL_TENSOR_EMBED)
                 dl_cpu_weighted_mean(merged + sp[s].offset, x, w, m, sp[s].numel);
             else
-                dl_cpu_rda(merged + sp[s].offset, x, w, m, sp[s].numel);
+                dl_cpu_rda_sumsq(merged + sp[s].offset, x, w, span_ss ? ss : NULL, m, sp[s].numel);
         }
     } else {
         /* coordinate-wise over the whole fragment; weights ignored (merge.h) */

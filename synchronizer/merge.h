@@ -56,10 +56,13 @@ double dl_merge_apply(const dl_plan *plan, int p, const dl_merge_opts *o, float 
                       int m, double scale, float *merged, float *params, float *momentum);
 /* dl_merge_apply with the outer step out of place: params_out / momentum_out
  * = the step from params / momentum (unchanged; the outputs may be them),
- * the same values bit for bit. */
+ * the same values bit for bit; span_ss (NULL: computed here) gives each
+ * delta's sums of squares per span of the fragment (dl_plan_fragment_spans),
+ * RDA's norms without a pass over the deltas (not used with clip_norm, which
+ * changes the deltas first). */
 double dl_merge_apply_to(const dl_plan *plan, int p, const dl_merge_opts *o, float *const *deltas, const double *w,
-                         int m, double scale, float *merged, const float *params, const float *momentum,
-                         float *params_out, float *momentum_out);
+                         const double *const *span_ss, int m, double scale, float *merged, const float *params,
+                         const float *momentum, float *params_out, float *momentum_out);
 
 /* 1 if all n values are finite. */
 int dl_merge_finite(const float *x, size_t n);

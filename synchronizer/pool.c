@@ -9,7 +9,7 @@
 #include <string.h>
 
 struct dl_pool {
-    int P;
+    int P, max_spans;
     uint64_t *numel;      /* [P] elements per fragment */
     dl_pool_push *pend;   /* indexed by handle */
     size_t npend, cappend;
@@ -65,10 +65,11 @@ static void give(dl_pool *pool, int p, float *buf)
     pool->spare_bytes += b;
 }
 
-int dl_pool_open(int P, const uint64_t *numel, dl_pool **out)
+int dl_pool_open(int P, const uint64_t *numel, int max_spans, dl_pool **out)
 {
     dl_pool *pool = dl_xcalloc(1, sizeof *pool);
     pool->P = P;
+    pool->max_spans = max_spans > 0 ? max_spans : 1;
     pool->numel = dl_xcalloc((size_t)(P > 0 ? P : 1), sizeof *pool->numel);
     if (P > 0) memcpy(pool->numel, numel, (size_t)P * sizeof *numel);
     pool->spare = dl_xcalloc((size_t)(P > 0 ? P : 1), sizeof *pool->spare);
@@ -82,7 +83,10 @@ void dl_pool_close(dl_pool **pp)
 {
     if (!pp || !*pp) return;
     dl_pool *pool = *pp;
-    for (size_t i = 0; i < pool->npend; i++) free(pool->pend[i].delta);
+    for (size_t i = 0; i < pool->npend; i++) {
+        free(pool->pend[i].delta);
+        free(pool->pend[i].span_ss);
+    }
     for (int p = 0; p < pool->P; p++) {
         for (int i = 0; i < pool->nspare[p]; i++) free(pool->spare[p][i]);
         free(pool->spare[p]);
@@ -136,6 +140,7 @@ uint64_t dl_pool_add(dl_pool *pool)
         pool->pend = dl_xrealloc(pool->pend, pool->cappend * sizeof *pool->pend);
     }
     memset(&pool->pend[pool->npend], 0, sizeof pool->pend[0]);
+    pool->pend[pool->npend].span_ss = dl_xcalloc((size_t)pool->max_spans, sizeof(double));
     return pool->npend++;
 }
 

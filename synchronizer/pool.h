@@ -17,12 +17,15 @@ typedef struct {
     uint64_t steps;    /* Push.steps: a copy of the push (same base, no more steps) is refused */
     int merging;       /* its round was handed to the merge worker (it can no longer be replaced) */
     double compute_s;  /* the learner's training seconds behind the delta (Push.compute_s) */
+    double *span_ss;   /* [the fragment's spans] sums of the delta's squares per span (core/plan.h), gathered as it
+                        * arrived: RDA's norms without another pass over the delta; the pool's, kept with the entry */
 } dl_pool_push;
 
 typedef struct dl_pool dl_pool;
 
-/* A pool for P fragments of numel[p] elements (copied). 0. */
-int dl_pool_open(int P, const uint64_t *numel, dl_pool **out);
+/* A pool for P fragments of numel[p] elements (copied), whose pushes carry
+ * at most max_spans span sums (dl_pool_push.span_ss). 0. */
+int dl_pool_open(int P, const uint64_t *numel, int max_spans, dl_pool **out);
 /* Frees every pooled delta and spare buffer (not the buffers handed out and
  * not pooled: their owner frees them); safe twice. */
 void dl_pool_close(dl_pool **pp);

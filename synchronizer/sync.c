@@ -489,7 +489,14 @@ static void alloc_fragments(dl_sync *s)
         s->params[p] = dl_xaligned(64, maxn * sizeof(float)); /* another shard's: only until init_run */
         if (owns(s, p)) s->momentum[p] = dl_xaligned(64, maxn * sizeof(float));
     }
-    dl_pool_open(P, s->numel, &s->pool);
+    int max_spans = 1;
+    for (int p = 0; p < P; p++) {
+        int ns = 0;
+        dl_plan_fragment_spans(s->plan, p, &ns);
+        if (ns > max_spans) max_spans = ns;
+    }
+    s->max_spans = max_spans;
+    dl_pool_open(P, s->numel, max_spans, &s->pool);
 }
 
 /* Step 2: every check that needs no store, the limits that follow from the
@@ -628,6 +635,8 @@ static void alloc_learners(dl_sync *s)
     dl_ledger_set_fragments(s->ledger, dl_shard_count(P, s->cfg.shard, s->cfg.shards));
     s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
     s->inb = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->inb);
+    s->inb_ss = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)s->max_spans, sizeof *s->inb_ss);
+    s->whole_ss = dl_xcalloc((size_t)s->max_spans, sizeof *s->whole_ss);
     s->outx = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->outx);
     for (int i = 0; i < s->cfg.policy.max_learners; i++) s->outx[i].p = s->outx[i].last_p = -1;
     s->resume_v = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
@@ -806,6 +815,8 @@ void dl_sync_close(dl_sync **sp)
     dl_pool_close(&s->pool);
     for (int i = 0; s->inb && i < s->cfg.policy.max_learners; i++) free(s->inb[i].buf);
     free(s->inb);
+    free(s->inb_ss);
+    free(s->whole_ss);
     free(s->outx);
     dl_downlink_close(s);
     free(s->fullc);

@@ -49,7 +49,6 @@ typedef struct {
     uint32_t block, topk;
     uint64_t received;   /* elements so far, in order */
     uint64_t counted;    /* pool bytes counted for it: received x 4 (the pool keeps fp32) */
-    double sumsq;        /* sum of the squares of its elements so far (the value guard's norm, chunk by chunk) */
     uint64_t wire;       /* payload bytes of its chunks after the first, as they travelled (its uplink's rate) */
     int chunks;          /* chunks kept so far */
     int64_t first_ns;    /* monotonic ns of its first chunk */
@@ -168,6 +167,9 @@ struct dl_sync {
     dl_wire_queue *outq;   /* payload bytes queued in libzmq for every learner */
     double *param_norm;    /* [P] L2 norm of the committed global fragment */
     uint64_t max_frag_bytes; /* the largest fragment's fp32 bytes */
+    int max_spans;         /* the most spans (core/plan.h) any fragment has */
+    double *inb_ss;        /* [max_learners][max_spans] an arriving chunked push's sums of squares per span */
+    double *whole_ss;      /* [max_spans] the same for a whole push */
     double hello_tokens;   /* token bucket of Hellos from new ids */
     /* dynamic H (docs/HETEROGENEOUS.md): the median Heartbeat.steps_per_s of the live learners, recomputed at
      * every heartbeat, sent in every Ack (fleet_steps_per_s); rate_buf holds rate_cap doubles for the median */

@@ -258,14 +258,19 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
 }
 
 /* Steps 4-6 of a push whose payload is complete in `delta` (fragment-sized,
- * from dl_pool_alloc: this takes it), the sum of its squares `sumsq`
- * gathered as it was copied in (push_decode): replays again (a merge may
+ * from dl_pool_alloc: this takes it), the sums of its squares per span
+ * `span_ss` gathered as it was copied in (push_decode; a clipped push
+ * rescales them, a pooled one keeps them): replays again (a merge may
  * have come while it arrived), values, then the policy. */
 static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__V1__Push *ph, float *delta,
-                      double sumsq, int64_t now)
+                      double *span_ss, int64_t now)
 {
     int p = (int)ph->fragment;
     char why[320];
+    int ns = 0;
+    dl_plan_fragment_spans(s->plan, p, &ns);
+    double sumsq = 0.0;
+    for (int k = 0; k < ns; k++) sumsq += span_ss[k];
     /* 4. replays again */
     uint64_t cur = dl_policy_version(s->policy, p);
     int poolable = ph->base_version <= cur && cur - ph->base_version <= (uint64_t)s->cfg.policy.max_staleness;
@@ -296,6 +301,7 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
     }
     if (g == DL_GUARD_CLIPPED) {
         for (size_t i = 0; i < n; i++) delta[i] = (float)(delta[i] * scale);
+        for (int k = 0; k < ns; k++) span_ss[k] *= scale * scale;
         s->clipped++;
         char rb[400];
         dl_event("push_clipped", "id=%s frag=%d scale=%.6g reason=%s", l->id, p, scale, dl_event_str(why, rb, sizeof rb));
@@ -318,6 +324,7 @@ static void push_body(dl_sync *s, int slot, dl_registry_learner *l, const Dloco_
         pp->tokens = ph->tokens;
         pp->steps = ph->steps;
         pp->compute_s = ph->compute_s;
+        memcpy(pp->span_ss, span_ss, (size_t)ns * sizeof *span_ss);
         uint64_t replaced_tokens = 0;
         if (v.replaced) {
             replaced_tokens = dl_pool_get(s->pool, v.replaced_handle)->tokens;
@@ -377,30 +384,52 @@ static int same_push(const inbound *in, const Dloco__V1__Push *ph)
            in->numel == ph->numel;
 }
 
+/* Elements [first, first + n) of fragment p, in out: copied there from src
+ * first (fp32 bytes, may be unaligned; NULL: out holds them already), and
+ * the sum of their squares added to span_ss per span of the fragment
+ * (core/plan.h: the spans tile the payload in order), each element read once. */
+static void span_sumsq(const dl_sync *s, int p, uint64_t first, uint64_t n, float *out, const void *src,
+                       double *span_ss)
+{
+    int ns = 0, k = 0;
+    const dl_plan_span *sp = dl_plan_fragment_spans(s->plan, p, &ns);
+    while (k + 1 < ns && sp[k + 1].offset <= first) k++;
+    for (uint64_t i = 0; i < n; k++) {
+        uint64_t end = k + 1 < ns ? sp[k + 1].offset - first : n;
+        if (end > n) end = n;
+        span_ss[k] += src ? dl_guard_copy_sumsq(out + i, (const unsigned char *)src + 4 * i, (size_t)(end - i))
+                          : dl_guard_sumsq(out + i, (size_t)(end - i));
+        i = end;
+    }
+}
+
 /* A frame's payload, len bytes of elements [first, first + n) of the push in
  * its codec (proto/wire.c checked len, and that a block codec's frame starts
- * on a block), into out[0, n), and the sum of their squares in *sumsq (the
- * value guard's norm, gathered while the chunk is in cache: one pass over
- * an fp32 chunk): fp32 is copied as it is (the value guard refuses
+ * on a block), into out[0, n), and the sums of their squares added to
+ * span_ss per span (the value guard's norm and RDA's, gathered while the
+ * chunk is in cache: one pass over an fp32 chunk): fp32 is copied as it is (the value guard refuses
  * non-finite values), the others are decoded, which refuses what no
  * encoder makes (a scale not finite or negative, a non-finite value, a topk
  * index out of its block or out of order). 0, or -1 with the reason in why. */
-static int push_decode(const Dloco__V1__Push *ph, const void *data, size_t len, uint64_t first, uint64_t n, float *out,
-                       double *sumsq, char *why, size_t cap)
+static int push_decode(const dl_sync *s, const Dloco__V1__Push *ph, const void *data, size_t len, uint64_t first,
+                       uint64_t n, float *out, double *span_ss, char *why, size_t cap)
 {
     if (ph->codec == DLOCO__V1__CODEC__CODEC_FP32) {
-        *sumsq = dl_guard_copy_sumsq(out, data, (size_t)n);
+        span_sumsq(s, (int)ph->fragment, first, n, out, data, span_ss);
         return 0;
     }
     dl_codec c = {.id = (dl_codec_id)ph->codec, .block = ph->block_size, .topk = ph->topk};
     if (dl_codec_decode(&c, data, len, n, out) == 0) {
-        *sumsq = dl_guard_sumsq(out, (size_t)n);
+        span_sumsq(s, (int)ph->fragment, first, n, out, NULL, span_ss);
         return 0;
     }
     snprintf(why, cap, "%s payload refused (elements from %llu): %s", dl_codec_name(c.id), (unsigned long long)first,
              dl_errmsg());
     return -1;
 }
+
+/* The span sums of the chunked push arriving from `slot` (sync_int.h inb_ss). */
+static double *inbound_ss(const dl_sync *s, int slot) { return s->inb_ss + (size_t)slot * (size_t)s->max_spans; }
 
 /* Start the slot's record of a chunked push from its header (nothing kept yet). */
 static void inbound_header(inbound *in, const Dloco__V1__Push *ph, int64_t now)
@@ -436,12 +465,12 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         l->pushes++;
         if (push_head(s, slot, l, ph, now)) return;
         float *delta = dl_pool_alloc(s->pool, p);
-        double ss = 0;
-        if (push_decode(ph, data, len, 0, s->numel[p], delta, &ss, why, sizeof why)) {
+        memset(s->whole_ss, 0, (size_t)s->max_spans * sizeof *s->whole_ss);
+        if (push_decode(s, ph, data, len, 0, s->numel[p], delta, s->whole_ss, why, sizeof why)) {
             refuse_taken(s, slot, l, ph, delta, ph->tokens, 0, DL_SM_REJ_CODEC, why);
             return;
         }
-        push_body(s, slot, l, ph, delta, ss, now);
+        push_body(s, slot, l, ph, delta, s->whole_ss, now);
         return;
     }
     s->chunks_in++;
@@ -456,6 +485,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         in->active = 1;
         in->first_ns = now;
         in->buf = dl_pool_alloc_arriving(s->pool, p);
+        memset(inbound_ss(s, slot), 0, (size_t)s->max_spans * sizeof(double));
     } else if (!in->active && in->refused && same_push(in, ph)) {
         return; /* the rest of a refused push: answered at its first chunk */
     } else if (!in->active || !same_push(in, ph) || ph->chunk_offset != in->received) {
@@ -492,9 +522,8 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     }
     in->progress_ns = now;
     if (ph->chunk_offset) in->wire += len;
-    double ss = 0;
-    if (push_decode(ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset, &ss, why,
-                    sizeof why)) {
+    if (push_decode(s, ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset,
+                    inbound_ss(s, slot), why, sizeof why)) {
         /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
         dl_pool_free_arriving(s->pool, (int)in->fragment, in->buf, in->counted);
         refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_CODEC, why);
@@ -503,7 +532,6 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         return;
     }
     dl_pool_count(s->pool, bytes);
-    in->sumsq += ss;
     in->counted += bytes;
     in->chunks++;
     in->received += ph->chunk_numel;
@@ -511,9 +539,8 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     if (in->chunks > 1) l->chunk_gap_ns = (now - in->first_ns) / (in->chunks - 1);
     if (in->chunks > 1 && now > in->first_ns) l->up_bytes_s = (double)in->wire * 1e9 / (double)(now - in->first_ns);
     float *delta = in->buf; /* all of it counted now: an ordinary pool buffer */
-    double sumsq = in->sumsq;
     memset(in, 0, sizeof *in);
-    push_body(s, slot, l, ph, delta, sumsq, now);
+    push_body(s, slot, l, ph, delta, inbound_ss(s, slot), now);
 }
 
 /* Drop the chunked push arriving from a slot, if any (its learner left,

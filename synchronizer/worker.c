@@ -58,6 +58,7 @@ void dl_job_free(dl_job *j)
 {
     if (!j) return;
     free(j->deltas);
+    free(j->span_ss);
     free(j->w);
     free(j->handles);
     free(j->rec.contrib);
@@ -180,8 +181,9 @@ static void run_merge(dl_worker *w, dl_job *j)
     int p = j->fragment;
     size_t n = dl_plan_fragment_numel(w->plan, p);
     /* the step from the committed global into the scratch buffers (out of place: no copy in) */
-    j->norm = dl_merge_apply_to(w->plan, p, &j->mopts, j->deltas, j->w, j->m, j->mopts.share_scaling ? j->share : 1.0,
-                                w->scratch_merged, w->params[p], w->momentum[p], w->scratch_params, w->scratch_mom);
+    j->norm = dl_merge_apply_to(w->plan, p, &j->mopts, j->deltas, j->w, (const double *const *)j->span_ss, j->m,
+                                j->mopts.share_scaling ? j->share : 1.0, w->scratch_merged, w->params[p],
+                                w->momentum[p], w->scratch_params, w->scratch_mom);
     j->rec.delta_norm = j->norm;
     j->rec.wallclock_ns = dl_wallclock_ns();
     if (w->enc.c.id && encode_update(w, j, p, n)) return;

@@ -37,6 +37,7 @@ typedef struct dl_job {
     double share;        /* the round's share of a full outer step, (0, 1] */
     int m;
     float **deltas;      /* [m] borrowed payloads (the loop's pool keeps them until the job is back) */
+    const double **span_ss; /* [m] borrowed: each payload's sums of squares per span (dl_pool_push.span_ss) */
     double *w;           /* [m] weights */
     uint64_t *handles;   /* [m] the loop's pool handles */
     dl_merge_record rec; /* contrib owned by the job */

@@ -200,11 +200,25 @@ static void test_apply_to(const dl_plan *plan)
     memcpy(p_in, params, sizeof params), memcpy(m_in, mom, sizeof mom);
     dl_merge_opts o = {.rule = DL_MERGE_RULE_RDA, .outer_lr = 0.7f, .outer_momentum = 0.9f};
     double n1 = dl_merge_apply(plan, 0, &o, d, w, 2, 0.8, merged, params, mom);
-    double n2 = dl_merge_apply_to(plan, 0, &o, d2, w, 2, 0.8, merged2, p_in, m_in, p_out, m_out);
+    double n2 = dl_merge_apply_to(plan, 0, &o, d2, w, NULL, 2, 0.8, merged2, p_in, m_in, p_out, m_out);
     CHECK(n1 == n2 && !memcmp(merged, merged2, sizeof merged), "same merged delta and norm");
     CHECK(!memcmp(params, p_out, sizeof p_out) && !memcmp(mom, m_out, sizeof m_out),
           "out of place: the in-place step's params and momentum bit for bit");
     CHECK(p_in[0] == 10 && p_in[3] == 0.25f && m_in[1] == -0.2f, "the inputs are left as they were");
+    /* the deltas' sums of squares per span, as the synchronizer gathers them on
+     * receive (exact for these values): the same merge without a pass over
+     * the deltas; sums that disagree with the deltas change the RDA span only */
+    const double ssa[2] = {1 + 4, 9 + 16}, ssb[2] = {0.25 + 1, 0 + 4};
+    const double *ss[2] = {ssa, ssb};
+    float merged3[4], p3[4], m3[4];
+    double n3 = dl_merge_apply_to(plan, 0, &o, d2, w, ss, 2, 0.8, merged3, p_in, m_in, p3, m3);
+    CHECK(n3 == n1 && !memcmp(merged3, merged, sizeof merged) && !memcmp(p3, params, sizeof p3),
+          "given span sums of squares: the same merge bit for bit");
+    const double ssa4[2] = {5, 4 * 25.0};
+    const double *ssw[2] = {ssa4, ssb};
+    dl_merge_apply_to(plan, 0, &o, d2, w, ssw, 2, 0.8, merged3, p_in, m_in, p3, m3);
+    CHECK(merged3[0] == merged[0] && merged3[1] == merged[1] && (merged3[2] != merged[2] || merged3[3] != merged[3]),
+          "the given sums are the ones used (RDA span changed, mean span not)");
 }
 
 int main(void)

@@ -12,7 +12,7 @@ static void test_spares(void)
 {
     const uint64_t numel[2] = {1000, 3000}; /* 4000 and 12000 bytes */
     dl_pool *pool = NULL;
-    REQUIRE(dl_pool_open(2, numel, &pool) == 0, "open");
+    REQUIRE(dl_pool_open(2, numel, 1, &pool) == 0, "open");
     /* no bound set: nothing is kept */
     float *a = dl_pool_alloc(pool, 0);
     CHECK(dl_pool_used(pool) == 4000, "used %llu", (unsigned long long)dl_pool_used(pool));
