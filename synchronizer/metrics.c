@@ -231,6 +231,18 @@ void dl_syncmet_render_metrics(const dl_syncmet *m, const dl_sync_stats *st, con
         "the pool's bound now (pool_mb, or with pool_mb 0 its default grown to live learners x the model, at "
         "most a quarter of memory); under sync/sync-elastic a waited-for push may use 2x");
     VAL("pool_limit_bytes", st->pool_max);
+    FAM("pool_buffers_total", "counter",
+        "push buffers handed out: from the spares the pool keeps (reused) or newly allocated (fresh; each costs its "
+        "size in page faults)");
+    {
+        char lb[64];
+        lab1(lb, sizeof lb, "how", "reused");
+        dl_prom_sample(out, "dloco_sync_pool_buffers_total", lb, (double)st->pool_reused);
+        lab1(lb, sizeof lb, "how", "fresh");
+        dl_prom_sample(out, "dloco_sync_pool_buffers_total", lb, (double)st->pool_fresh);
+    }
+    FAM("pool_spare_bytes", "gauge", "bytes of push buffers kept for the next pushes");
+    VAL("pool_spare_bytes", st->pool_spare);
     FAM("outbound_bytes", "gauge", "payload bytes queued in libzmq for attached learners");
     VAL("outbound_bytes", st->outbound_attached);
     FAM("outbound_limit_bytes", "gauge", "their bound (max_outbound_mb)");

@@ -45,10 +45,11 @@ void dl_pool_count(dl_pool *pool, uint64_t bytes);
 /* Gives back an arriving buffer of fragment p of which `counted` bytes were counted (NULL: nothing). */
 void dl_pool_free_arriving(dl_pool *pool, int p, float *buf, uint64_t counted);
 
-/* Buffers given back are kept for the next pushes of their fragment (no
- * allocation, no page faults per push), at most `bytes` of them in all
- * (the pool's bound: the spares and the buffers in use then stay within
- * twice it); 0 (the default) keeps none. Setting a lower bound frees spares. */
+/* Buffers given back are kept for the next pushes of any fragment (each
+ * buffer holds the largest fragment; no allocation, no page faults per
+ * push), at most `bytes` of them in all (the pool's bound: the spares and the
+ * buffers in use then stay within twice it); 0 (the default) keeps none.
+ * Setting a lower bound frees spares. */
 void dl_pool_set_keep(dl_pool *pool, uint64_t bytes);
 /* Bytes of spare buffers now; buffers handed out from the spares, and newly allocated, so far. */
 uint64_t dl_pool_spare_bytes(const dl_pool *pool);

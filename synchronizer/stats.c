@@ -64,6 +64,9 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
     out->pool_bytes = dl_pool_used(s->pool);
     out->pool_peak = dl_pool_peak(s->pool);
     out->pool_max = dl_uplink_pool_bound(s);
+    out->pool_reused = dl_pool_reused(s->pool);
+    out->pool_fresh = dl_pool_fresh(s->pool);
+    out->pool_spare = dl_pool_spare_bytes(s->pool);
     out->busy_refused = s->busy_refused;
     out->commit_fails = s->commit_fails;
     out->commit_backoff_ms = s->commit_backoff_ms;

@@ -158,6 +158,7 @@ typedef struct {
     uint64_t outbound_attached; /* ... of them for learners still attached (the bounded part) */
     uint64_t outbound_peak, outbound_max; /* the most attached bytes seen after a send, and their bound */
     uint64_t pool_bytes, pool_peak, pool_max; /* pushes pooled or arriving: now, the most seen, the bound */
+    uint64_t pool_reused, pool_fresh, pool_spare; /* push buffers taken from the spares, newly allocated; spare bytes */
     uint64_t busy_refused;     /* pushes refused busy (pool full) */
     uint64_t update_restarts;  /* Updates restarted because the fragment's version moved on mid-transfer */
     uint64_t chunks_in, chunks_out; /* Push chunks received, Update messages sent */
