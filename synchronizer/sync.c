@@ -637,6 +637,8 @@ static void alloc_learners(dl_sync *s)
     s->inb = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->inb);
     s->inb_ss = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)s->max_spans, sizeof *s->inb_ss);
     s->whole_ss = dl_xcalloc((size_t)s->max_spans, sizeof *s->whole_ss);
+    s->dec_scratch = dl_xaligned(64, (DL_SYNC_DECODE_SLICE > DL_CODEC_BLOCK_MAX ? DL_SYNC_DECODE_SLICE : DL_CODEC_BLOCK_MAX) *
+                                         sizeof(float));
     s->outx = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->outx);
     for (int i = 0; i < s->cfg.policy.max_learners; i++) s->outx[i].p = s->outx[i].last_p = -1;
     s->resume_v = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
@@ -817,6 +819,7 @@ void dl_sync_close(dl_sync **sp)
     free(s->inb);
     free(s->inb_ss);
     free(s->whole_ss);
+    free(s->dec_scratch);
     free(s->outx);
     dl_downlink_close(s);
     free(s->fullc);

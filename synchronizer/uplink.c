@@ -385,7 +385,7 @@ static int same_push(const inbound *in, const Dloco__V1__Push *ph)
 }
 
 /* Elements [first, first + n) of fragment p, in out: copied there from src
- * first (fp32 bytes, may be unaligned; NULL: out holds them already), and
+ * first (fp32, may be unaligned; NULL: out holds them already), and
  * the sum of their squares added to span_ss per span of the fragment
  * (core/plan.h: the spans tile the payload in order), each element read once. */
 static void span_sumsq(const dl_sync *s, int p, uint64_t first, uint64_t n, float *out, const void *src,
@@ -419,13 +419,30 @@ static int push_decode(const dl_sync *s, const Dloco__V1__Push *ph, const void *
         return 0;
     }
     dl_codec c = {.id = (dl_codec_id)ph->codec, .block = ph->block_size, .topk = ph->topk};
-    if (dl_codec_decode(&c, data, len, n, out) == 0) {
-        span_sumsq(s, (int)ph->fragment, first, n, out, NULL, span_ss);
-        return 0;
+    uint64_t total = dl_codec_bytes(&c, n);
+    if (!total || total != len) { /* refused whole, with the codec's reason */
+        if (dl_codec_decode(&c, data, len, n, out) == 0) DL_PANIC("codec %s: decode took what it has no size for",
+                                                                    dl_codec_name(c.id));
+        snprintf(why, cap, "%s payload refused (elements from %llu): %s", dl_codec_name(c.id),
+                 (unsigned long long)first, dl_errmsg());
+        return -1;
     }
-    snprintf(why, cap, "%s payload refused (elements from %llu): %s", dl_codec_name(c.id), (unsigned long long)first,
-             dl_errmsg());
-    return -1;
+    /* slice by slice through a scratch buffer the cache holds, then copied
+     * into the pool buffer with its sums (streaming stores): the pool buffer
+     * is written once and never read back here */
+    uint64_t slice = c.block && c.block < DL_SYNC_DECODE_SLICE ? DL_SYNC_DECODE_SLICE / c.block * c.block
+                     : c.block ? c.block : DL_SYNC_DECODE_SLICE;
+    for (uint64_t a = 0; a < n; a += slice) {
+        uint64_t k = n - a < slice ? n - a : slice, off = a ? dl_codec_bytes(&c, a) : 0;
+        if (dl_codec_decode(&c, (const uint8_t *)data + off, (size_t)(dl_codec_bytes(&c, a + k) - off), k,
+                            s->dec_scratch)) {
+            snprintf(why, cap, "%s payload refused (elements from %llu): %s", dl_codec_name(c.id),
+                     (unsigned long long)(first + a), dl_errmsg());
+            return -1;
+        }
+        span_sumsq(s, (int)ph->fragment, first + a, k, out + a, s->dec_scratch, span_ss);
+    }
+    return 0;
 }
 
 /* The span sums of the chunked push arriving from `slot` (sync_int.h inb_ss). */
