@@ -513,6 +513,16 @@ for r in rows:
         r.get('sync_stalls', 0), w['pushes'], w['accepted'], w['dropped_stale'], w['rejected'], w['busy']))
     thr = sorted(r['sync_threads_cpu_s'].items(), key=lambda kv: -kv[1])
     print('%-26s      sync threads (CPU s over the window): %s' % ('', ', '.join('%s %.2f' % kv for kv in thr[:6])))
+    # the split: libzmq's I/O threads (the kernel's socket copies, mostly) and the rest (loop, worker);
+    # contributions per merge: a round's fixed work (outer step, store write, Update) spreads over them
+    gb = w['merged_bytes'] / 1e9
+    if x is not None and gb > 0 and copy:
+        io = sum(v for k, v in r['sync_threads_cpu_s'].items() if k.startswith('ZMQbg'))
+        rest = sum(r['sync_threads_cpu_s'].values()) - io
+        nm = r.get('sync_merges', 0)
+        print('%-26s      memcpys per merged byte: libzmq I/O %.1f, loop + worker %.1f; merges %d, %.1f contributions '
+              'each' % ('', io / gb * copy / 1e9, rest / gb * copy / 1e9, nm,
+                        r.get('sync_merged_contributions', 0) / nm if nm else float('nan')))
     for why, n in sorted(w['rejected_by_reason'].items(), key=lambda kv: -kv[1]):
         print('%-26s      rejected %d: %s' % ('', n, why))
     if r['joined'] != r['learners'] or r['ready'] != r['learners']:
