@@ -69,7 +69,9 @@
 # Bounded: every wait has a deadline, a process over its RSS limit is killed
 # (the case then reports it), every process started is killed by PID at exit.
 # Usage: bench/sync_load.sh   (env: SYNC_LOAD_QUICK=1 tiny cases, about a minute, for smoke;
-#        CPU_DURATION=30 CPU_WARMUP=5 (GPT-2 cases' window and warm-up, s) CPU_WINDOW=8 SMALL_N=1024 SMALL_CPU_DURATION=30
+#        CPU_DURATION=30 CPU_WARMUP=60 (GPT-2 cases' window and warm-up, s: the synchronizer's memory grows
+#        to its steady size, page faults and all, for about a minute; a 5 s warm-up measured that growth,
+#        up to twice the steady cost) CPU_WINDOW=8 SMALL_N=1024 SMALL_CPU_DURATION=30
 #        SYNC_CORE=1 LOADGEN_CORE=0 SYNC_LOAD_SWARM=1 (also the swarm sections:
 #        GPT2_DURATION=100 GPT2_WARMUP=40 SMALL_DURATION=60 SMALL_WARMUP=20 CAP_DURATION=90 CAP_WARMUP=40)
 #        SYNC_RSS_LIMIT_MB=14000 SWARM_RSS_LIMIT_MB=6000 MIN_AVAIL_MB=1500 (a process is killed past these)
@@ -621,7 +623,7 @@ if [ "$QUICK" = 1 ]; then
   CASE_RATE=8 cpu_case small_64_sched "$W/store-small" "$SMALL" 4 "${SMALL_N:-64}" schedule fp32 true 4 1 $HELLO_ARGS
   HEAD=small_16_fp32_bcast
 else
-  CD=${CPU_DURATION:-30} CW=${CPU_WARMUP:-5}
+  CD=${CPU_DURATION:-30} CW=${CPU_WARMUP:-60}
   for codec in fp32 int4; do
     for bc in true false; do # one store for the four: a GPT-2 store takes half a minute to create
       cpu_case "gpt2_16_${codec}_$([ $bc = true ] && echo bcast || echo contrib)" "$W/store-gpt2" "$GPT2" 24 16 b2b "$codec" "$bc" "$CD" "$CW"
