@@ -444,8 +444,12 @@ int dl_tensorfile_guess_manifest(const char *path, dl_manifest **out, int *guess
             for (int i = 0; !rc && i < f.n; i++)
                 rc = dl_manifest_add(*out, f.e[i].name, f.e[i].ndim, f.e[i].shape, guess_role(&f.e[i]));
             if (!rc) rc = dl_manifest_check(*out);
-            if (rc) dl_manifest_close(out);
-            else *guessed = 1;
+            if (rc) {
+                rc = dl_err(rc, "%s: its tensors make no manifest: %s", path, dl_errmsg());
+                dl_manifest_close(out);
+            } else {
+                *guessed = 1;
+            }
         }
     }
     st_close(&f);

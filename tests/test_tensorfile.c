@@ -184,6 +184,11 @@ static void test_foreign(void)
     CHECK(dl_manifest_tensor(g, 0)->kind == DL_TENSOR_EMBED && dl_manifest_tensor(g, 1)->kind == DL_TENSOR_EMBED,
           "embeddings guessed by name");
     dl_manifest_close(&g);
+    /* a tensor named "" makes no manifest: refused, the message naming the file (fuzz_manifest found it unnamed) */
+    raw_file(p, "{\"\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", data, 24);
+    g = (dl_manifest *)&g;
+    expect(dl_tensorfile_guess_manifest(p, &g, &guessed), DL_EINVAL, "guess: a tensor without a name", p);
+    CHECK(g == NULL && !guessed, "nothing guessed");
     REQUIRE(dl_tensorfile_write(p, m, got, NULL, 1, NULL) == 0, "%s", dl_errmsg());
     REQUIRE(dl_tensorfile_guess_manifest(p, &g, &guessed) == 0, "%s", dl_errmsg());
     CHECK(!guessed && dl_manifest_diff(m, g, "x", NULL, 0) == 0, "a carried manifest is returned as is");

@@ -86,17 +86,20 @@ static void check_file(const uint8_t *d, size_t n)
     dl_tensorfile_info info;
     dl_err_clear();
     int rc = dl_tensorfile_read(path, m, params, &info);
+    char why[1024];
+    snprintf(why, sizeof why, "%s", rc ? dl_errmsg() : "");
     dl_manifest *g = (dl_manifest *)&g;
     int guessed = 0;
     int grc = dl_tensorfile_guess_manifest(path, &g, &guessed);
     FUZZ_CHECK(grc == 0 ? g != NULL : g == NULL, "guess: rc %d with out %p", grc, (void *)g);
     if (!grc) FUZZ_CHECK(dl_manifest_check(g) == 0, "guessed manifest fails its check");
+    if (grc) FUZZ_CHECK(strstr(dl_errmsg(), path) != NULL, "guess: message '%s' does not name the file", dl_errmsg());
     dl_manifest_close(&g);
     if (rc) {
         FUZZ_CHECK(rc == DL_EFORMAT || rc == DL_ETRUNC || rc == DL_ERANGE || rc == DL_EMISMATCH || rc == DL_EINVAL,
-                   "refused with %d (%s): %s", rc, dl_strerror(rc), dl_errmsg());
-        FUZZ_CHECK(strstr(dl_errmsg(), path) != NULL, "message '%s' does not name the file", dl_errmsg());
-        FUZZ_VERDICT("refused: %s", dl_errmsg());
+                   "refused with %d (%s): %s", rc, dl_strerror(rc), why);
+        FUZZ_CHECK(strstr(why, path) != NULL, "message '%s' does not name the file", why);
+        FUZZ_VERDICT("refused: %s", why);
         return;
     }
     for (size_t i = 0; i < numel; i++) {
