@@ -16,10 +16,12 @@ struct dl_pool {
     uint64_t used, peak;  /* bytes of buffers handed out (pooled deltas + arriving chunked pushes) */
     /* buffers given back, for the next push of any fragment: no allocation
      * and no page faults per push. Every buffer holds the largest fragment
-     * (the plan balances fragments: GPT-2 124M's 24 differ by 0.015%), so a
-     * spare serves whichever fragment comes next; spares kept per fragment
-     * sat unused while the fleet pushed the others (sync_load: 975 MB of
-     * spares, 47 reused of 591 buffers) */
+     * (the plan balances fragments: GPT-2 124M's 24 differ by 0.015%, the
+     * widest seen, L=6 C=384 at P=16, 1.5x between smallest and largest, so
+     * a buffer's memory can exceed the fragment bytes `used` counts by that
+     * much), so a spare serves whichever fragment comes next; spares kept
+     * per fragment sat unused while the fleet pushed the others (sync_load:
+     * 975 MB of spares, 47 reused of 591 buffers) */
     float **spare;        /* [nspare] */
     int nspare, capspare;
     uint64_t buf_bytes;   /* each buffer's size: the largest fragment's fp32 bytes */
