@@ -420,9 +420,10 @@ static int push_decode(const dl_sync *s, const Dloco__V1__Push *ph, const void *
     }
     dl_codec c = {.id = (dl_codec_id)ph->codec, .block = ph->block_size, .topk = ph->topk};
     uint64_t total = dl_codec_bytes(&c, n);
-    if (!total || total != len) { /* refused whole, with the codec's reason */
-        if (dl_codec_decode(&c, data, len, n, out) == 0) DL_PANIC("codec %s: decode took what it has no size for",
-                                                                    dl_codec_name(c.id));
+    if (!total || total != len) { /* refused whole, with the codec's reason (its decode checks the same sizes) */
+        if (dl_codec_decode(&c, data, len, n, out) == 0)
+            dl_err(DL_EINVAL, "%zu payload bytes for %llu elements, %llu expected", len, (unsigned long long)n,
+                   (unsigned long long)total);
         snprintf(why, cap, "%s payload refused (elements from %llu): %s", dl_codec_name(c.id),
                  (unsigned long long)first, dl_errmsg());
         return -1;
