@@ -551,7 +551,7 @@ INLINE void dec_nibbles(int e3, int has_base, const uint8_t *p, uint64_t bj, con
     uint64_t full = bj / 2, i0 = 0;
 #if defined(__AVX2__)
     /* the vectoriser's version of the loop below interleaves the two nibbles
-     * element by element: a third of the synchronizer's core at GPT-2 size
+     * element by element: a fifth of the synchronizer's core at GPT-2 size
      * with int4 pushes (bench/sync_load.sh) */
     if (!e3) {
         __m256 sv = _mm256_set1_ps(s);
