@@ -69,7 +69,7 @@
 # Bounded: every wait has a deadline, a process over its RSS limit is killed
 # (the case then reports it), every process started is killed by PID at exit.
 # Usage: bench/sync_load.sh   (env: SYNC_LOAD_QUICK=1 tiny cases, about a minute, for smoke;
-#        CPU_DURATION=30 CPU_WARMUP=60 (GPT-2 cases' window and warm-up, s: the synchronizer's memory grows
+#        CPU_DURATION=30 CPU_WARMUP=60 (GPT-2 cases' window, every cpu case's warm-up, s: the synchronizer's memory grows
 #        to its steady size, page faults and all, for about a minute; a 5 s warm-up measured that growth,
 #        up to twice the steady cost) CPU_WINDOW=8 SMALL_N=1024 SMALL_CPU_DURATION=30
 #        SYNC_CORE=1 LOADGEN_CORE=0 SYNC_LOAD_SWARM=1 (also the swarm sections:
