@@ -9,7 +9,7 @@
 #include <string.h>
 
 struct dl_pool {
-    int P, max_spans;
+    int max_spans;
     uint64_t *numel;      /* [P] elements per fragment */
     dl_pool_push *pend;   /* indexed by handle */
     size_t npend, cappend;
@@ -72,7 +72,6 @@ static void give(dl_pool *pool, float *buf)
 int dl_pool_open(int P, const uint64_t *numel, int max_spans, dl_pool **out)
 {
     dl_pool *pool = dl_xcalloc(1, sizeof *pool);
-    pool->P = P;
     pool->max_spans = max_spans > 0 ? max_spans : 1;
     pool->numel = dl_xcalloc((size_t)(P > 0 ? P : 1), sizeof *pool->numel);
     if (P > 0) memcpy(pool->numel, numel, (size_t)P * sizeof *numel);
@@ -114,11 +113,7 @@ void dl_pool_free(dl_pool *pool, int p, float *buf)
     give(pool, buf);
 }
 
-float *dl_pool_alloc_arriving(dl_pool *pool, int p)
-{
-    (void)p; /* every buffer holds the largest fragment */
-    return take(pool);
-}
+float *dl_pool_alloc_arriving(dl_pool *pool) { return take(pool); }
 
 void dl_pool_count(dl_pool *pool, uint64_t bytes)
 {
@@ -126,12 +121,11 @@ void dl_pool_count(dl_pool *pool, uint64_t bytes)
     if (pool->used > pool->peak) pool->peak = pool->used;
 }
 
-void dl_pool_free_arriving(dl_pool *pool, int p, float *buf, uint64_t counted)
+void dl_pool_free_arriving(dl_pool *pool, float *buf, uint64_t counted)
 {
     if (!buf) return;
     assert(pool->used >= counted);
     pool->used -= counted;
-    (void)p;
     give(pool, buf);
 }
 

@@ -35,15 +35,15 @@ void dl_pool_close(dl_pool **pp);
 float *dl_pool_alloc(dl_pool *pool, int p);
 /* Gives back a buffer of dl_pool_alloc for fragment p (NULL: nothing). */
 void dl_pool_free(dl_pool *pool, int p, float *buf);
-/* A buffer for a chunked push arriving into fragment p that counts only
+/* A buffer for a chunked push arriving (any fragment's) that counts only
  * what has arrived (dl_pool_count), so a push that stops early holds the
  * room of its chunks, not of its fragment. Once all of it is counted it is an
  * ordinary buffer of dl_pool_alloc. */
-float *dl_pool_alloc_arriving(dl_pool *pool, int p);
+float *dl_pool_alloc_arriving(dl_pool *pool);
 /* `bytes` more of an arriving push came (fp32 bytes, as it is kept). */
 void dl_pool_count(dl_pool *pool, uint64_t bytes);
-/* Gives back an arriving buffer of fragment p of which `counted` bytes were counted (NULL: nothing). */
-void dl_pool_free_arriving(dl_pool *pool, int p, float *buf, uint64_t counted);
+/* Gives back an arriving buffer of which `counted` bytes were counted (NULL: nothing). */
+void dl_pool_free_arriving(dl_pool *pool, float *buf, uint64_t counted);
 
 /* Buffers given back are kept for the next pushes of any fragment (each
  * buffer holds the largest fragment; no allocation, no page faults per

@@ -636,7 +636,6 @@ static void alloc_learners(dl_sync *s)
     s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
     s->inb = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->inb);
     s->inb_ss = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)s->max_spans, sizeof *s->inb_ss);
-    s->whole_ss = dl_xcalloc((size_t)s->max_spans, sizeof *s->whole_ss);
     s->dec_scratch = dl_xaligned(64, (DL_SYNC_DECODE_SLICE > DL_CODEC_BLOCK_MAX ? DL_SYNC_DECODE_SLICE : DL_CODEC_BLOCK_MAX) *
                                          sizeof(float));
     s->outx = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->outx);
@@ -818,7 +817,6 @@ void dl_sync_close(dl_sync **sp)
     for (int i = 0; s->inb && i < s->cfg.policy.max_learners; i++) free(s->inb[i].buf);
     free(s->inb);
     free(s->inb_ss);
-    free(s->whole_ss);
     free(s->dec_scratch);
     free(s->outx);
     dl_downlink_close(s);

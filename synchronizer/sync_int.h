@@ -168,8 +168,7 @@ struct dl_sync {
     double *param_norm;    /* [P] L2 norm of the committed global fragment */
     uint64_t max_frag_bytes; /* the largest fragment's fp32 bytes */
     int max_spans;         /* the most spans (core/plan.h) any fragment has */
-    double *inb_ss;        /* [max_learners][max_spans] an arriving chunked push's sums of squares per span */
-    double *whole_ss;      /* [max_spans] the same for a whole push */
+    double *inb_ss;        /* [max_learners][max_spans] the sums of squares per span of the push arriving from a slot */
     float *dec_scratch;    /* [DL_SYNC_DECODE_SLICE, or a block of DL_CODEC_BLOCK_MAX] a push's slice, decoded */
     double hello_tokens;   /* token bucket of Hellos from new ids */
     /* dynamic H (docs/HETEROGENEOUS.md): the median Heartbeat.steps_per_s of the live learners, recomputed at

@@ -446,7 +446,7 @@ static int push_decode(const dl_sync *s, const Dloco__V1__Push *ph, const void *
     return 0;
 }
 
-/* The span sums of the chunked push arriving from `slot` (sync_int.h inb_ss). */
+/* The span sums of the push arriving from `slot`, whole or chunked (sync_int.h inb_ss). */
 static double *inbound_ss(const dl_sync *s, int slot) { return s->inb_ss + (size_t)slot * (size_t)s->max_spans; }
 
 /* Start the slot's record of a chunked push from its header (nothing kept yet). */
@@ -483,12 +483,13 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         l->pushes++;
         if (push_head(s, slot, l, ph, now)) return;
         float *delta = dl_pool_alloc(s->pool, p);
-        memset(s->whole_ss, 0, (size_t)s->max_spans * sizeof *s->whole_ss);
-        if (push_decode(s, ph, data, len, 0, s->numel[p], delta, s->whole_ss, why, sizeof why)) {
+        double *ss = inbound_ss(s, slot); /* free: no chunked push arrives from the slot now */
+        memset(ss, 0, (size_t)s->max_spans * sizeof *ss);
+        if (push_decode(s, ph, data, len, 0, s->numel[p], delta, ss, why, sizeof why)) {
             refuse_taken(s, slot, l, ph, delta, ph->tokens, 0, DL_SM_REJ_CODEC, why);
             return;
         }
-        push_body(s, slot, l, ph, delta, s->whole_ss, now);
+        push_body(s, slot, l, ph, delta, ss, now);
         return;
     }
     s->chunks_in++;
@@ -502,7 +503,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
         }
         in->active = 1;
         in->first_ns = now;
-        in->buf = dl_pool_alloc_arriving(s->pool, p);
+        in->buf = dl_pool_alloc_arriving(s->pool);
         memset(inbound_ss(s, slot), 0, (size_t)s->max_spans * sizeof(double));
     } else if (!in->active && in->refused && same_push(in, ph)) {
         return; /* the rest of a refused push: answered at its first chunk */
@@ -532,7 +533,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     uint64_t bytes = ph->chunk_numel * sizeof(float);
     if (ph->chunk_offset && !room(s, slot, l, p, bytes, 1, why, sizeof why)) {
         /* no room for the rest: the push is refused busy, its chunks so far go */
-        dl_pool_free_arriving(s->pool, (int)in->fragment, in->buf, in->counted);
+        dl_pool_free_arriving(s->pool, in->buf, in->counted);
         refuse_busy(s, slot, l, ph, why, DL_SYNC_BUSY_RETRY_MS);
         inbound_header(in, ph, now);
         in->refused = 1;
@@ -543,7 +544,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     if (push_decode(s, ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset,
                     inbound_ss(s, slot), why, sizeof why)) {
         /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
-        dl_pool_free_arriving(s->pool, (int)in->fragment, in->buf, in->counted);
+        dl_pool_free_arriving(s->pool, in->buf, in->counted);
         refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_CODEC, why);
         inbound_header(in, ph, now);
         in->refused = 1;
@@ -571,7 +572,7 @@ void dl_uplink_drop(dl_sync *s, int slot, const char *why)
         dl_event("push_abandoned", "id=%s frag=%u base=%llu received=%llu numel=%llu reason=%s",
                  dl_registry_get(s->reg, slot)->id, in->fragment, (unsigned long long)in->base_version,
                  (unsigned long long)in->received, (unsigned long long)in->numel, why);
-        dl_pool_free_arriving(s->pool, (int)in->fragment, in->buf, in->counted);
+        dl_pool_free_arriving(s->pool, in->buf, in->counted);
     }
     memset(in, 0, sizeof *in);
 }

@@ -37,13 +37,13 @@ static void test_spares(void)
     CHECK(d1 == b0 && dl_pool_fresh(pool) == fresh && dl_pool_reused(pool) == 1,
           "fragment 1 takes the spare fragment 0 gave back");
     d1[2999] = 1.0f;
-    float *d0 = dl_pool_alloc_arriving(pool, 0); /* an arriving push takes a spare as well */
+    float *d0 = dl_pool_alloc_arriving(pool); /* an arriving push takes a spare as well */
     CHECK(d0 == b1 && dl_pool_spare_bytes(pool) == 0, "fragment 1's spare taken by an arriving push of fragment 0");
     float *e0 = dl_pool_alloc(pool, 0);
     CHECK(e0 != b0 && e0 != b1 && dl_pool_fresh(pool) == fresh + 1, "no spare left: a new buffer");
     /* an arriving push that stopped early gives back what was counted; its buffer is kept */
     dl_pool_count(pool, 1200);
-    dl_pool_free_arriving(pool, 0, d0, 1200);
+    dl_pool_free_arriving(pool, d0, 1200);
     CHECK(dl_pool_used(pool) == 16000 && dl_pool_spare_bytes(pool) == 12000, "arriving given back: used %llu",
           (unsigned long long)dl_pool_used(pool));
     /* a lower bound frees spares down to it */
