@@ -165,19 +165,32 @@ typedef struct {
     int state, have_n, hb_ms, H, undecided;
     int64_t t_hello, hello_wait_ms, t_hb, t_ready, next_step;
     lfrag *f;
-    /* the chunked push leaving: fragment tx_p, next chunk tx_k of its transfer */
-    int tx_active, tx_p;
+    int ch; /* its push chunking (g->ch): the Welcome's chunk size, then the latest Ack.chunk_bytes */
+    /* the chunked push leaving: fragment tx_p in chunking tx_ch, next chunk tx_k of its transfer */
+    int tx_active, tx_p, tx_ch;
     uint64_t tx_k, tx_transfer, tx_base, tx_steps;
 } learner;
 
-/* One fragment's pushed bytes (shared by every learner) and their chunking. */
+/* One fragment's pushed bytes (shared by every learner). */
 typedef struct {
     const uint8_t *bytes; /* the encoded payload, dl_codec_bytes(numel) bytes */
     uint64_t numel, bytes_len;
+} fpay;
+
+/* One fragment's payload cut at one chunk size. */
+typedef struct {
     uint64_t cn;          /* elements per chunk; 0 = one whole frame */
     uint64_t nchunks;
     uint64_t *off_b, *len_b, *csum; /* [nchunks] byte offset, length and checksum of each chunk */
-} fpay;
+} fchunks;
+
+/* Every payload cut at one push chunk size, each chunk's checksum computed once (shared by every learner
+ * told that size: the synchronizer sizes each learner's push chunks, Ack.chunk_bytes). */
+typedef struct {
+    uint64_t chunk_bytes; /* 0 = whole pushes */
+    fchunks *f;           /* [P] */
+} chunking;
+#define NCHUNKING 12 /* chunk sizes kept (the synchronizer doubles from chunk_kb: 64 KiB .. 64 MiB is 11) */
 
 typedef struct {
     lg_cfg cfg;
@@ -192,7 +205,9 @@ typedef struct {
     float *src;       /* the fp32 delta, maxn floats: every fragment's is its prefix */
     uint8_t **enc;    /* [P] encoded payloads (block codecs; fp32 points into src) */
     fpay *pay;        /* [P] */
-    uint64_t chunk_bytes; /* Welcome.chunk_bytes the payloads are chunked for; 0 = not yet */
+    uint64_t chunk_bytes; /* Welcome.chunk_bytes; 0 = not yet */
+    chunking ch[NCHUNKING];
+    int nch;
     void *ctx;
     learner *l;
     dl_wire_limits lim;
@@ -251,28 +266,33 @@ static int payloads_make(lg *g)
     return 0;
 }
 
-/* Chunk every payload at the synchronizer's chunk size and checksum each chunk, once. */
-static void payloads_chunk(lg *g, uint64_t chunk_bytes)
+/* The index in g->ch of every payload cut at chunk_bytes (0: whole), each chunk checksummed: made the first
+ * time a size is asked for. -1 when NCHUNKING sizes are kept already. */
+static int chunking_of(lg *g, uint64_t chunk_bytes)
 {
+    for (int i = 0; i < g->nch; i++)
+        if (g->ch[i].chunk_bytes == chunk_bytes) return i;
+    if (g->nch == NCHUNKING) return -1;
+    chunking *ch = &g->ch[g->nch];
+    ch->chunk_bytes = chunk_bytes;
+    ch->f = dl_xcalloc((size_t)g->P, sizeof *ch->f);
     uint64_t cn = chunk_bytes ? chunk_numel(g, chunk_bytes) : 0;
     for (int p = 0; p < g->P; p++) {
-        fpay *f = &g->pay[p];
-        free(f->off_b);
-        free(f->len_b);
-        free(f->csum);
-        f->cn = cn && f->numel > cn ? cn : 0;
-        f->nchunks = f->cn ? (f->numel + cn - 1) / cn : 1;
+        const fpay *pf = &g->pay[p];
+        fchunks *f = &ch->f[p];
+        f->cn = cn && pf->numel > cn ? cn : 0;
+        f->nchunks = f->cn ? (pf->numel + cn - 1) / cn : 1;
         f->off_b = dl_xmalloc(f->nchunks * sizeof(uint64_t));
         f->len_b = dl_xmalloc(f->nchunks * sizeof(uint64_t));
         f->csum = dl_xmalloc(f->nchunks * sizeof(uint64_t));
         for (uint64_t k = 0; k < f->nchunks; k++) {
-            uint64_t off = k * f->cn, n = f->cn ? (f->numel - off < cn ? f->numel - off : cn) : f->numel;
+            uint64_t off = k * f->cn, n = f->cn ? (pf->numel - off < cn ? pf->numel - off : cn) : pf->numel;
             f->off_b[k] = enc_bytes(g, off);
             f->len_b[k] = enc_bytes(g, n);
-            f->csum[k] = dl_wire_checksum(f->bytes + f->off_b[k], (size_t)f->len_b[k]);
+            f->csum[k] = dl_wire_checksum(pf->bytes + f->off_b[k], (size_t)f->len_b[k]);
         }
     }
-    g->chunk_bytes = chunk_bytes;
+    return g->nch++;
 }
 
 // ----------------------------------------------------------------------------
@@ -374,7 +394,8 @@ static int send_fetch(lg *g, learner *L)
 /* Go on with L's push leaving: chunks while libzmq takes them. Returns 1 when the pipe is full. */
 static int tx_continue(lg *g, learner *L)
 {
-    const fpay *f = &g->pay[L->tx_p];
+    const fpay *pf = &g->pay[L->tx_p];
+    const fchunks *f = &g->ch[L->tx_ch].f[L->tx_p];
     while (L->tx_active) {
         Dloco__V1__Push m;
         dloco__v1__push__init(&m);
@@ -383,7 +404,7 @@ static int tx_continue(lg *g, learner *L)
         m.steps = L->tx_steps;
         m.tokens = L->tx_steps * g->tps;
         m.codec = (Dloco__V1__Codec)g->codec.id;
-        m.numel = f->numel;
+        m.numel = pf->numel;
         m.block_size = g->codec.block;
         m.topk = g->codec.topk;
         m.loss = 3.0;
@@ -391,14 +412,14 @@ static int tx_continue(lg *g, learner *L)
         uint64_t k = L->tx_k;
         if (f->cn) {
             m.chunk_offset = k * f->cn;
-            m.chunk_numel = f->numel - m.chunk_offset < f->cn ? f->numel - m.chunk_offset : f->cn;
+            m.chunk_numel = pf->numel - m.chunk_offset < f->cn ? pf->numel - m.chunk_offset : f->cn;
             m.transfer = L->tx_transfer;
         }
         m.checksum = f->csum[k];
         Dloco__V1__Envelope env;
         env_init(g, L, &env);
         dl_wire_set_push(&env, &m);
-        int rc = send_env(g, L, &env, f->bytes + f->off_b[k], (size_t)f->len_b[k]);
+        int rc = send_env(g, L, &env, pf->bytes + f->off_b[k], (size_t)f->len_b[k]);
         if (rc == DL_EAGAIN) return 1;
         if (rc) { /* the socket failed: the push is lost, its decision will not come (hold timeout) */
             snprintf(g->last_error, sizeof g->last_error, "push not sent: %s", dl_errmsg());
@@ -423,6 +444,7 @@ static void push_start(lg *g, learner *L, int p, int64_t now)
     f->ref = L->step;
     L->tx_active = 1;
     L->tx_p = p;
+    L->tx_ch = L->ch;
     L->tx_k = 0;
     L->tx_transfer = ++L->transfers;
     L->tx_base = f->held;
@@ -468,8 +490,14 @@ static void on_welcome(lg *g, learner *L, const Dloco__V1__Envelope *env, int64_
     if (L->state != LS_HELLO) return; /* a late answer to a retried Hello */
     if (g->chunk_bytes != w->chunk_bytes) {
         if (g->chunk_bytes) DL_WARN("loadgen: the synchronizer's chunk size changed to %u bytes", w->chunk_bytes);
-        payloads_chunk(g, w->chunk_bytes);
+        g->chunk_bytes = w->chunk_bytes;
     }
+    int ch = chunking_of(g, w->chunk_bytes);
+    if (ch < 0) {
+        snprintf(g->last_error, sizeof g->last_error, "more than %d push chunk sizes", NCHUNKING);
+        return; /* Hello again later */
+    }
+    L->ch = ch;
     L->epoch = env->epoch;
     L->hb_ms = (int)w->heartbeat_ms;
     L->H = g->cfg.H ? (int)g->cfg.H : (int)w->h;
@@ -519,6 +547,12 @@ static void on_update(lg *g, learner *L, const Dloco__V1__Update *u, int64_t now
 static void on_ack(lg *g, learner *L, const Dloco__V1__Ack *a, int64_t now)
 {
     g->c.acks++;
+    /* the chunk size of L's next pushes (0: keep; none while the synchronizer takes only whole pushes) */
+    if (a->chunk_bytes && g->ch[L->ch].chunk_bytes && a->chunk_bytes != g->ch[L->ch].chunk_bytes) {
+        int ch = chunking_of(g, a->chunk_bytes);
+        if (ch >= 0) L->ch = ch;
+        else snprintf(g->last_error, sizeof g->last_error, "more than %d push chunk sizes", NCHUNKING);
+    }
     lfrag *f = &L->f[a->fragment];
     if (f->state == FS_IDLE) return; /* a late answer to a push already released */
     /* a push refused while its chunks leave: the rest is not sent (the synchronizer drops it unread) */
@@ -857,13 +891,17 @@ static void report(FILE *f, const lg *g, const counters *c0, const counters *c1,
     double out = m_sent >= 0 ? m_sent : (double)(c1->bytes_in - c0->bytes_in);
     fprintf(f,
             "{\"learners\":%d,\"joined\":%d,\"ready\":%d,\"mode\":\"%s\",\"push_codec\":\"%s\",\"P\":%d,"
-            "\"fragment_bytes_mean\":%.0f,\"chunk_bytes\":%llu,\"window_s\":%.3f,\"window_complete\":%d,"
+            "\"fragment_bytes_mean\":%.0f,\"chunk_bytes\":%llu,\"push_message_bytes_mean\":%.0f,\"window_s\":%.3f,"
+            "\"window_complete\":%d,"
             "\"merged_bytes\":%.0f,\"merged_mb_per_s\":%.3f,\"loadgen_cpu_s\":%.3f,\"loadgen_cpu_share\":%.4f,"
             "\"sync_cpu_s\":%.3f,\"sync_cpu_share\":%.4f,\"sync_cpu_s_per_merged_gb\":%.4f,"
             "\"sync_merged_contributions\":%.0f,\"sync_merges\":%.0f,\"sync_sent_bytes\":%.0f,\"sync_received_bytes\":%.0f,"
             "\"bytes_out_per_merged_byte\":%.4f,\"sync_threads_cpu_s\":{",
             g->N, joined, ready, g->cfg.mode, dl_codec_name(g->codec.id), g->P, mean_frag,
-            (unsigned long long)g->chunk_bytes, win, window_full, merged, win > 0 ? merged / win / 1e6 : 0.0, self,
+            (unsigned long long)g->chunk_bytes,
+            c1->chunks > c0->chunks ? (double)(c1->pushes_bytes - c0->pushes_bytes) / (double)(c1->chunks - c0->chunks)
+                                    : 0.0,
+            win, window_full, merged, win > 0 ? merged / win / 1e6 : 0.0, self,
             win > 0 ? self / win : 0.0, sync, sync >= 0 && win > 0 ? sync / win : -1.0,
             sync >= 0 && merged > 0 ? sync / (merged / 1e9) : -1.0, m_merged, m_merges, m_sent, m_recv,
             merged > 0 ? out / merged : -1.0);

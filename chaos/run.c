@@ -293,6 +293,7 @@ static void start_sync(run_t *r)
     arg(&a, "--quorum"), arg(&a, "%lld", (long long)sc->sync.quorum);
     arg(&a, "--max_staleness"), arg(&a, "%lld", (long long)sc->sync.max_staleness);
     arg(&a, "--chunk_kb"), arg(&a, "%lld", (long long)sc->sync.chunk_kb);
+    arg(&a, "--push_chunk_max_kb"), arg(&a, "%lld", (long long)sc->sync.push_chunk_max_kb);
     arg(&a, "--durability"), arg(&a, "%s", sc->sync.durability);
     arg(&a, "--outer_lr"), arg(&a, "%g", sc->sync.outer_lr);
     arg(&a, "--outer_momentum"), arg(&a, "%g", sc->sync.outer_momentum);
@@ -1067,10 +1068,13 @@ int dl_chaos_run(const dl_chaos_run_cfg *c)
                              .upstream_host = "127.0.0.1",
                              .upstream_port = r->sync_port,
                              .seed = (uint64_t)sc->run.seed * 131 + (uint64_t)d,
-                             /* the synchronizer's inbound bound is min(fragment, chunk) + 64 KiB;
-                              * Updates are chunks too: a message of twice a chunk + 1 MiB is
-                              * no dloco message */
-                             .max_msg_bytes = (size_t)sc->sync.chunk_kb * 2048 + ((size_t)1 << 20)};
+                             /* the synchronizer's inbound bound is min(fragment, largest push
+                              * chunk) + 64 KiB; Updates are chunks too: a message of twice the
+                              * larger of the two chunk sizes + 1 MiB is no dloco message */
+                             .max_msg_bytes = (size_t)(sc->sync.chunk_kb > sc->sync.push_chunk_max_kb
+                                                           ? sc->sync.chunk_kb
+                                                           : sc->sync.push_chunk_max_kb) * 2048 +
+                                              ((size_t)1 << 20)};
         if ((rc = dl_relay_open(&rcfg, &r->relay[d]))) break;
         dl_relay_set(r->relay[d], &im);
         int nl = 0;

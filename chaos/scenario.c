@@ -56,6 +56,8 @@ static const dl_cfg_entry sync_t[] = {
      "versions"},
     {"chunk_kb", DL_CFG_INT, F(dl_sc_sync, chunk_kb), 4, 65536, DL_DEF_STR(DL_DEF_CHUNK_KB), NULL, 0,
      "chunk size, KiB"},
+    {"push_chunk_max_kb", DL_CFG_INT, F(dl_sc_sync, push_chunk_max_kb), 0, 65536,
+     DL_DEF_STR(DL_DEF_PUSH_CHUNK_MAX_KB), NULL, 0, "a learner's push chunks grow up to this on a fast link, KiB"},
     {"durability", DL_CFG_ENUM, F(dl_sc_sync, durability), 0, 0, "sync", "sync|periodic", 0, "commit fsync"},
     {"outer_lr", DL_CFG_FLOAT, F(dl_sc_sync, outer_lr), 0, 10, "1.0", NULL, 0, "outer learning rate"},
     {"outer_momentum", DL_CFG_FLOAT, F(dl_sc_sync, outer_momentum), 0, 0.999, "0", NULL, 0, "outer momentum"},

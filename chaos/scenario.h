@@ -56,7 +56,7 @@ typedef struct {
 } dl_sc_run;
 
 typedef struct {
-    int64_t heartbeat_ms, liveness, quorum, max_staleness, chunk_kb;
+    int64_t heartbeat_ms, liveness, quorum, max_staleness, chunk_kb, push_chunk_max_kb;
     char durability[DL_CFG_STRLEN];
     double outer_lr, outer_momentum;
     double restart_delay_s; /* after an exit nobody asked for (a supervisor's restart) */

@@ -24,6 +24,12 @@
  * two learners on 3 Mbit/s -- in 0.7 s, well inside the 3 s liveness;
  * divides the store's 1 MiB blocks. */
 #define DL_DEF_CHUNK_KB 64
+/* KiB a learner's push chunks may grow to where its measured uplink carries
+ * one in 50 ms (synchronizer/uplink.c): on loopback, 16 GPT-2 learners'
+ * fp32 pushes in 1 MiB chunks cost the synchronizer 11.2 memcpys per merged
+ * byte against 16-17 in 64 KiB chunks (docs/RESULTS.md); a thin link
+ * (below ~20 Mbit/s) keeps DL_DEF_CHUNK_KB. */
+#define DL_DEF_PUSH_CHUNK_MAX_KB 1024
 /* How a learner adopts a new global fragment. */
 #define DL_DEF_ADOPT "keep"
 

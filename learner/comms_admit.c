@@ -118,6 +118,7 @@ void dl_comms_admit_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcom
     c->any_epoch = 0;
     if (!c->rebuild_bad) c->rebuilds_row = 0;
     c->chunk = w->chunk_bytes / sizeof(float);
+    c->push_chunk = c->chunk; /* until an Ack says otherwise */
     /* delta Updates: a mirror per fragment from its next full Update on; none without them */
     /* a new epoch (a restarted synchronizer, perhaps on another store) gives
      * version numbers a new meaning: every mirror waits for a full Update */

@@ -66,6 +66,7 @@ typedef struct {
     int active, p;
     dl_mailbox_claim cl;
     uint64_t transfer, off;
+    uint64_t cn;            /* elements per chunk (every one but the last), fixed at its start */
     const uint8_t *payload; /* the whole push as encoded (fp32: the delta's bytes) */
 } ptx;
 
@@ -148,7 +149,10 @@ struct dl_comms {
     int hello_unsent; /* the last Hello found no connection */
     int rr; /* round-robin start for fairness among fragments */
     dl_wire_queue *outq;    /* payload bytes of ours libzmq still holds (the push window) */
-    uint64_t chunk;         /* push chunk, elements, from the last Welcome (0 = whole pushes) */
+    uint64_t chunk;         /* chunk, elements, from the last Welcome (0 = whole pushes; its Updates' chunks are
+                               at most this) */
+    uint64_t push_chunk;    /* push chunk, elements: the last Welcome's, then the latest Ack.chunk_bytes (the
+                               synchronizer sizes it from our measured uplink) */
     uint64_t transfers;     /* transfer ids given out */
     ptx tx;                 /* the chunked push leaving */
     dl_ef *ef;              /* error feedback of encoded pushes (learner/ef.h) */

@@ -11,9 +11,9 @@
 #include "core/hash.h"
 #include "core/log.h"
 
-/* The push window: payload bytes of ours libzmq may hold (two chunks keep
- * the link busy; a heartbeat waits behind at most that). */
-static uint64_t push_window(const dl_comms *c) { return 2 * c->chunk * sizeof(float); }
+/* The push window: payload bytes of ours libzmq may hold (two chunks of the
+ * push leaving keep the link busy; a heartbeat waits behind at most that). */
+static uint64_t push_window(const ptx *t) { return 2 * t->cn * sizeof(float); }
 
 /* Payload bytes of elements [0, n) of a push in the push codec (n a
  * multiple of the block for block codecs, or the whole fragment): a
@@ -22,15 +22,15 @@ static uint64_t push_window(const dl_comms *c) { return 2 * c->chunk * sizeof(fl
 static uint64_t enc_bytes(const dl_comms *c, uint64_t n) { return n ? dl_codec_bytes(&c->penc.c, n) : 0; }
 
 /* Elements per chunk of a chunked push: the chunk's fp32 element count
- * (Welcome.chunk_bytes / 4), for block codecs rounded down to whole blocks
+ * (Welcome.chunk_bytes / 4, or the latest Ack.chunk_bytes / 4), for block codecs rounded down to whole blocks
  * (at least one), so every chunk but the fragment's last holds whole blocks
  * and an encoded chunk is smaller than the fp32 chunk it stands for (as the
  * synchronizer chunks delta Updates). */
 static uint64_t push_chunk_numel(const dl_comms *c)
 {
     const dl_codec *pc = &c->penc.c;
-    if (!dl_codec_is_block(pc->id)) return c->chunk;
-    uint64_t blocks = c->chunk / pc->block;
+    if (!dl_codec_is_block(pc->id)) return c->push_chunk;
+    uint64_t blocks = c->push_chunk / pc->block;
     return (blocks ? blocks : 1) * pc->block;
 }
 
@@ -101,12 +101,12 @@ static int send_push_msg(dl_comms *c, int p, const dl_mailbox_push *h, const uin
 static int tx_continue(dl_comms *c)
 {
     ptx *t = &c->tx;
-    uint64_t n = c->numel[t->p], chunk = push_chunk_numel(c);
+    uint64_t n = c->numel[t->p], chunk = t->cn;
     while (t->active && t->off < n) {
         uint64_t cn = n - t->off < chunk ? n - t->off : chunk;
         /* the first chunk always goes; later ones while the window has room
          * (the queue's drain wakes the thread) */
-        if (t->off && dl_wire_queue_bytes(c->outq) + enc_bytes(c, cn) > push_window(c)) return 0;
+        if (t->off && dl_wire_queue_bytes(c->outq) + enc_bytes(c, cn) > push_window(t)) return 0;
         int rc = send_push_msg(c, t->p, &t->cl.h, t->payload, t->transfer, t->off, cn);
         if (rc == DL_EAGAIN) {
             if (t->off == 0) { /* nothing left yet: back to its slot, sent again later */
@@ -186,7 +186,8 @@ int dl_comms_uplink_send(dl_comms *c, int64_t now)
         f->unacked = 1;
         f->unacked_ns = now;
         if (c->chunk && n > push_chunk_numel(c)) {
-            c->tx = (ptx){.active = 1, .p = p, .cl = cl, .transfer = ++c->transfers, .off = 0, .payload = payload};
+            c->tx = (ptx){.active = 1, .p = p, .cl = cl, .transfer = ++c->transfers, .off = 0,
+                          .cn = push_chunk_numel(c), .payload = payload};
             int blocked = tx_continue(c);
             if (blocked) return 1;
             continue; /* leaving (or refused locally): the next one after it */
@@ -292,6 +293,14 @@ void dl_comms_uplink_ack(dl_comms *c, const Dloco__V1__Ack *a)
     if (decided && rebase) c->f[p].rebase_pending = d == DL_DECIDE_DROPPED ? 2 : 1;
     /* any immediate answer frees the fragment for flow control */
     if (d != DL_DECIDE_ACCEPTED) c->f[p].unacked = 0;
+    /* the chunk size of our next pushes (a multiple of 4 in the protocol's range: dl_wire_validate), when this
+     * synchronizer chunks pushes at all; 0 = keep ours */
+    uint64_t pc = a->chunk_bytes / sizeof(float);
+    if (pc && c->chunk && pc != c->push_chunk) {
+        dl_event("push_chunk", " learner=%s epoch=%llu bytes=%llu was=%llu", c->id, (unsigned long long)c->epoch,
+                 (unsigned long long)a->chunk_bytes, (unsigned long long)(c->push_chunk * sizeof(float)));
+        c->push_chunk = pc;
+    }
     pthread_mutex_lock(&c->mu);
     /* the fleet's step rate for --dynamic_h (finite, in [0, 1e9]: dl_wire_validate); 0 = the synchronizer
      * does not know one (or is older): keep the last one */

@@ -526,6 +526,14 @@ static int check_hello(const Dloco__V1__Hello *m, int npayload, const dl_wire_li
     return check_str(b, "device", m->device, lim->max_name);
 }
 
+/* A push chunk size (Welcome.chunk_bytes, Ack.chunk_bytes): 0, or a multiple of 4 in [CHUNK_MIN, CHUNK_MAX]. */
+static int check_chunk_bytes(const char *b, uint32_t v)
+{
+    if (v && (v < DL_WIRE_CHUNK_MIN || v > DL_WIRE_CHUNK_MAX || v % 4))
+        return bad(b, "chunk_bytes %u is not a multiple of 4 in [%u, %u]", v, DL_WIRE_CHUNK_MIN, DL_WIRE_CHUNK_MAX);
+    return 0;
+}
+
 static int check_welcome(const Dloco__V1__Welcome *m, int npayload, const dl_wire_limits *lim)
 {
     const char *b = "welcome";
@@ -537,10 +545,7 @@ static int check_welcome(const Dloco__V1__Welcome *m, int npayload, const dl_wir
     if (m->h == 0) return bad(b, "h is 0");
     if (m->heartbeat_ms == 0) return bad(b, "heartbeat_ms is 0");
     if (m->liveness == 0) return bad(b, "liveness is 0");
-    if (m->chunk_bytes && (m->chunk_bytes < DL_WIRE_CHUNK_MIN || m->chunk_bytes > DL_WIRE_CHUNK_MAX ||
-                           m->chunk_bytes % 4))
-        return bad(b, "chunk_bytes %u is not a multiple of 4 in [%u, %u]", m->chunk_bytes, DL_WIRE_CHUNK_MIN,
-                   DL_WIRE_CHUNK_MAX);
+    DL_TRY(check_chunk_bytes(b, m->chunk_bytes));
     if (m->shards <= 1 && m->shard != 0)
         return bad(b, "shard %u of %u shards (unsharded is shard 0)", m->shard, m->shards);
     if (m->shards > 1 && m->shards > m->num_fragments)
@@ -631,6 +636,7 @@ static int check_ack(const Dloco__V1__Ack *m, int npayload, const dl_wire_limits
     DL_TRY(check_finite(b, "fleet_steps_per_s", m->fleet_steps_per_s));
     if (m->fleet_steps_per_s < 0 || m->fleet_steps_per_s > DL_WIRE_FLEET_SPS_MAX)
         return bad(b, "fleet_steps_per_s is %g, must be in [0, %g]", m->fleet_steps_per_s, DL_WIRE_FLEET_SPS_MAX);
+    DL_TRY(check_chunk_bytes(b, m->chunk_bytes));
     return check_str(b, "reason", m->reason, lim->max_text);
 }
 

@@ -460,6 +460,7 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
     w.policy = (char *)dl_policy_kind_name(s->cfg.policy.kind);
     w.must_fetch = must_fetch;
     w.chunk_bytes = (uint32_t)s->cfg.chunk_bytes;
+    l->push_chunk = w.chunk_bytes; /* until its uplink is measured again (a new connection may be another link) */
     w.shard = s->cfg.shards > 1 ? (uint32_t)s->cfg.shard : 0;
     w.shards = s->cfg.shards > 1 ? (uint32_t)s->cfg.shards : 0;
     w.update_codec = (uint32_t)s->cfg.update.c.id; /* 0: full Updates only */
@@ -517,8 +518,9 @@ int64_t dl_admit_dead_after(const dl_sync *s, int slot, const dl_registry_learne
 {
     int64_t d = (int64_t)s->cfg.liveness * s->cfg.heartbeat_ms * 1000000LL;
     int64_t cap = d + (int64_t)s->cfg.slow_reader_ms * 1000000LL;
-    /* a push travels in chunks of chunk_bytes, or whole when its fragment is smaller */
-    uint64_t chunk = s->cfg.chunk_bytes < s->max_frag_bytes ? s->cfg.chunk_bytes : s->max_frag_bytes;
+    /* a push travels in chunks of the size it was told last, or whole when its fragment is smaller */
+    uint64_t told = l->push_chunk ? l->push_chunk : s->cfg.chunk_bytes;
+    uint64_t chunk = told < s->max_frag_bytes ? told : s->max_frag_bytes;
     double rate = l->up_bytes_s > 0 ? l->up_bytes_s : DL_ADMIT_UPLINK_FLOOR_BPS;
     double w = DL_ADMIT_UPLINK_CHUNKS * (double)chunk / rate * 1e9;
     d += w < (double)cap ? (int64_t)w : cap;

@@ -454,6 +454,7 @@ void dl_downlink_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t ba
     a.busy = retry_after_ms > 0;
     a.retry_after_ms = retry_after_ms;
     a.fleet_steps_per_s = s->fleet_sps;
+    a.chunk_bytes = l->push_chunk; /* its next pushes' chunk size (uplink.c push_chunk_resize) */
     dl_downlink_env(s, &env, l->id);
     dl_wire_set_ack(&env, &a);
     dl_downlink_send(s, l, &env, NULL, 0);

@@ -40,7 +40,7 @@ typedef struct {
     char auth[DL_CFG_STRLEN], key_file[DL_CFG_STRLEN], allowlist[DL_CFG_STRLEN];
     int64_t max_new_hellos_per_s, new_hello_burst, reclaim_ms, max_outbound_mb, peer_outbound_mb, slow_reader_ms,
         outbound_ms;
-    int64_t chunk_kb, pool_mb;
+    int64_t chunk_kb, push_chunk_max_kb, pool_mb;
     char update_codec[DL_CFG_STRLEN], update_rounding[DL_CFG_STRLEN];
     int64_t update_block, update_topk;
     double norm_k, norm_param_ratio, param_abs_max, max_step_rate;
@@ -129,7 +129,13 @@ static const dl_cfg_entry table[] = {
      "measured rate; at least one chunk), and its chunks shrink so two fit: an Ack or heartbeat waits about this "
      "long behind Updates (0 = min(500, heartbeat_ms x liveness / 4))", "ms"},
     {"chunk_kb", DL_CFG_INT, F(chunk_kb), 0, 65536, DL_DEF_STR(DL_DEF_CHUNK_KB), NULL, 0,
-     "KiB per chunk of an Update, and of the pushes learners send (Welcome.chunk_bytes); >= 4"},
+     "KiB per chunk of an Update, and of a learner's pushes until its uplink's rate is measured "
+     "(Welcome.chunk_bytes); >= 4"},
+    {"push_chunk_max_kb", DL_CFG_INT, F(push_chunk_max_kb), 0, 65536, DL_DEF_STR(DL_DEF_PUSH_CHUNK_MAX_KB), NULL, 0,
+     "a learner's push chunks double (once per push) from chunk_kb up to this while its measured uplink carries one "
+     "in 50 ms "
+     "(fewer, larger messages cost the synchronizer less per byte; a thin link keeps chunk_kb); at most chunk_kb "
+     "(0): fixed at chunk_kb"},
     {"update_codec", DL_CFG_ENUM, F(update_codec), 0, 0, "int4", "off|fp32|bf16|int8|int4|e3m0|topk", 0,
      "downlink: after a merge, a learner that holds the previous version gets the version-to-version delta in this "
      "codec instead of the full fp32 fragment (with error feedback; the stored global is exactly what it then "
@@ -221,8 +227,8 @@ static const dl_cfg_section sections[] = {
      "max_step_rate step_slack max_batch max_new_hellos_per_s new_hello_burst"},
     {"sharding", "shards shard"},
     {"transfers and memory",
-     "update_codec update_block update_topk update_rounding chunk_kb pool_mb max_outbound_mb peer_outbound_mb "
-     "outbound_ms slow_reader_ms reclaim_ms max_msg_mb"},
+     "update_codec update_block update_topk update_rounding chunk_kb push_chunk_max_kb pool_mb max_outbound_mb "
+     "peer_outbound_mb outbound_ms slow_reader_ms reclaim_ms max_msg_mb"},
     {"liveness and durability", "heartbeat_ms liveness rebase_ms durability sync_every_ms status_every_ms"},
     {"evaluation of the global model",
      "eval_every_s eval_final_max_s eval_seqs eval_batch eval_threads eval_max_mb eval_val_frac"},
@@ -498,6 +504,7 @@ int main(int argc, char **argv)
     sc.max_outbound_bytes = (uint64_t)c.max_outbound_mb << 20;
     sc.peer_outbound_bytes = (uint64_t)c.peer_outbound_mb << 20;
     sc.chunk_bytes = (uint64_t)c.chunk_kb << 10;
+    sc.push_chunk_max = (uint64_t)c.push_chunk_max_kb << 10;
     sc.pool_bytes = (uint64_t)c.pool_mb << 20;
     sc.update = update;
     sc.update.seed = (uint64_t)c.seed;

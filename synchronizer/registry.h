@@ -52,6 +52,9 @@ typedef struct {
                                           ns (0: none yet): how long its stalled pushes are waited for */
     double up_bytes_s;                 /* its uplink's rate over that push's chunks after the first, bytes/s (0:
                                           none yet): how long its heartbeats may wait behind its own chunks */
+    uint32_t push_chunk;               /* the push chunk size it was told last (Welcome, then Ack.chunk_bytes),
+                                          bytes: chunk_bytes at its Hello, resized from its measured uplink after
+                                          each chunked push (uplink.c push_chunk_resize) */
     /* [P * DL_REGISTRY_BASES]: per fragment a ring of the versions this
      * learner was given (Update sent, or held at Hello) and when: a push from
      * base v can have accumulated steps only since v reached the learner. */

@@ -527,8 +527,13 @@ static int check_and_bind(dl_sync *s)
     if (s->cfg.chunk_bytes < DL_WIRE_CHUNK_MIN || s->cfg.chunk_bytes > DL_WIRE_CHUNK_MAX || s->cfg.chunk_bytes % 4)
         return dl_err(DL_EINVAL, "chunk_bytes %llu is not a multiple of 4 in [%u, %u]",
                       (unsigned long long)s->cfg.chunk_bytes, DL_WIRE_CHUNK_MIN, DL_WIRE_CHUNK_MAX);
-    /* chunked pushes: nothing bigger than a chunk (or a small whole fragment) is a valid message */
-    uint64_t unit = frag_bytes < s->cfg.chunk_bytes ? frag_bytes : s->cfg.chunk_bytes;
+    /* at least chunk_bytes (0, or below it: push chunks stay at chunk_bytes) */
+    if (s->cfg.push_chunk_max < s->cfg.chunk_bytes) s->cfg.push_chunk_max = s->cfg.chunk_bytes;
+    if (s->cfg.push_chunk_max > DL_WIRE_CHUNK_MAX || s->cfg.push_chunk_max % 4)
+        return dl_err(DL_EINVAL, "push_chunk_max %llu is not a multiple of 4 in [%u, %u]",
+                      (unsigned long long)s->cfg.push_chunk_max, DL_WIRE_CHUNK_MIN, DL_WIRE_CHUNK_MAX);
+    /* chunked pushes: nothing bigger than the largest push chunk (or a small whole fragment) is a valid message */
+    uint64_t unit = frag_bytes < s->cfg.push_chunk_max ? frag_bytes : s->cfg.push_chunk_max;
     if (!s->cfg.max_msg_bytes) s->cfg.max_msg_bytes = unit + DL_WIRE_MAX_HEADER_BYTES;
     /* a learner's window: two chunks in flight keep a link busy, and a
      * heartbeat or Ack waits behind at most that */
@@ -710,9 +715,10 @@ static void announce(const dl_sync *s, uint64_t total_v)
     if (s->cfg.shards > 1)
         DL_INFO("shard %d of %d: the %d fragments p with p %% %d == %d are merged, stored and served here", s->cfg.shard,
                 s->cfg.shards, owned, s->cfg.shards, s->cfg.shard);
-    DL_INFO("limits: messages <= %llu bytes, chunks of %llu bytes, pool <= %llu bytes, outbound queue <= %llu bytes "
-            "(%llu per learner), %s",
+    DL_INFO("limits: messages <= %llu bytes, chunks of %llu bytes (a learner's pushes: up to %llu as its uplink "
+            "allows), pool <= %llu bytes, outbound queue <= %llu bytes (%llu per learner), %s",
             (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.chunk_bytes,
+            (unsigned long long)s->cfg.push_chunk_max,
             (unsigned long long)s->cfg.pool_bytes, (unsigned long long)s->cfg.max_outbound_bytes,
             (unsigned long long)s->cfg.peer_outbound_bytes,
             s->auth ? "CURVE: only allowlisted keys connect" : "no authentication (loopback or auth = off)");
@@ -720,13 +726,14 @@ static void announce(const dl_sync *s, uint64_t total_v)
         DL_WARN("bind %s is not loopback and auth = off: anyone who reaches the port can join and push", s->cfg.bind);
     dl_event("sync_start",
              "epoch=%llu resumed=%d fragments=%d params=%zu fingerprint=%016llx endpoint=%s auth=%s max_msg_bytes=%llu "
-             "max_outbound_bytes=%llu chunk_bytes=%llu pool_bytes=%llu peer_outbound_bytes=%llu shard=%d shards=%d "
-             "owned=%d update_codec=%s update_block=%u update_topk=%u",
+             "max_outbound_bytes=%llu chunk_bytes=%llu push_chunk_max=%llu pool_bytes=%llu peer_outbound_bytes=%llu "
+             "shard=%d shards=%d owned=%d update_codec=%s update_block=%u update_topk=%u",
              (unsigned long long)s->epoch, total_v ? 1 : 0, P, dl_plan_total_numel(s->plan),
              (unsigned long long)s->fingerprint, s->endpoint, s->auth ? "curve" : "off",
              (unsigned long long)s->cfg.max_msg_bytes, (unsigned long long)s->cfg.max_outbound_bytes,
-             (unsigned long long)s->cfg.chunk_bytes, (unsigned long long)s->cfg.pool_bytes,
-             (unsigned long long)s->cfg.peer_outbound_bytes, s->cfg.shard, s->cfg.shards, owned,
+             (unsigned long long)s->cfg.chunk_bytes, (unsigned long long)s->cfg.push_chunk_max,
+             (unsigned long long)s->cfg.pool_bytes, (unsigned long long)s->cfg.peer_outbound_bytes, s->cfg.shard,
+             s->cfg.shards, owned,
              s->cfg.update.c.id ? dl_codec_name(s->cfg.update.c.id) : "off", s->cfg.update.c.block,
              s->cfg.update.c.topk);
 }

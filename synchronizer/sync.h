@@ -41,8 +41,12 @@ typedef struct {
     int durability;        /* DL_STORE_SYNC | DL_STORE_PERIODIC */
     int sync_every_ms;     /* periodic durability: fsync interval */
     int status_every_ms;   /* progress line interval (0 = off) */
-    uint64_t max_msg_bytes;  /* inbound message cap; 0 = min(largest fragment, chunk_bytes) + header cap */
-    uint64_t chunk_bytes;    /* payload bytes of one chunk of an Update (and the pushes learners send); 0 = 1 MiB */
+    uint64_t max_msg_bytes;  /* inbound message cap; 0 = min(largest fragment, push_chunk_max) + header cap */
+    uint64_t chunk_bytes;    /* payload bytes of one chunk of an Update, and of the pushes a learner sends until its
+                                uplink's rate is measured (Welcome.chunk_bytes); 0 = DL_DEF_CHUNK_KB */
+    uint64_t push_chunk_max; /* push chunks grow from chunk_bytes, doubling, up to this as a learner's measured uplink
+                                carries them in DL_SYNC_PUSH_CHUNK_MS (Ack.chunk_bytes); below chunk_bytes (0):
+                                fixed at chunk_bytes */
     int unicast;             /* 1: a merge's Update goes only to its contributors (ablation of the broadcast;
                                 default 0: every registered learner is owed every new version) */
     dl_codec_enc update;     /* the downlink: codec of the delta Updates sent to learners that hold the previous

@@ -25,6 +25,10 @@
 #define DL_SYNC_STALL_GAPS 8
 #define DL_SYNC_STALL_MIN_MS 2000
 #define DL_SYNC_STALL_FLOOR_BPS (128u << 10)
+/* A learner's push chunks are sized so its measured uplink carries one in
+ * about this long: a heartbeat or Ack waits behind at most its push window
+ * (two chunks, learner/comms_uplink.c) of them. */
+#define DL_SYNC_PUSH_CHUNK_MS 50
 
 static void push_event(const dl_registry_learner *l, const Dloco__V1__Push *ph, const char *decision,
                        const char *reason)
@@ -466,6 +470,33 @@ static void inbound_header(inbound *in, const Dloco__V1__Push *ph, int64_t now)
     in->progress_ns = now;
 }
 
+/* After a chunked push of l has come in full, at `numel_s` fp32 elements per
+ * second (its chunks after the first: the pace its link and ours allowed):
+ * the chunk size its next pushes use (Ack.chunk_bytes, sent with every Ack)
+ * is chunk_bytes doubled while the double is carried in DL_SYNC_PUSH_CHUNK_MS
+ * at that pace, up to push_chunk_max. It grows one doubling per push (a
+ * burst of chunks that waited in our socket while the loop was busy looks
+ * fast: one such push cannot put a thin link's chunks at the maximum), and
+ * shrinks at once, but only when its current size takes more than twice that
+ * long (no flapping between two sizes on a rate near a boundary). Larger chunks are fewer messages for the
+ * same bytes: the kernel's and libzmq's cost per message is most of what a
+ * pushed byte costs this process (docs/RESULTS.md); a thin link keeps
+ * chunk_bytes, so heartbeats do not queue behind its chunks. */
+static void push_chunk_resize(dl_sync *s, dl_registry_learner *l, double numel_s)
+{
+    double want = numel_s * sizeof(float) * DL_SYNC_PUSH_CHUNK_MS / 1000.0;
+    uint64_t c = s->cfg.chunk_bytes, cur = l->push_chunk ? l->push_chunk : s->cfg.chunk_bytes;
+    while (c * 2 <= s->cfg.push_chunk_max && (double)(c * 2) <= want) c *= 2;
+    if (c > 2 * cur) c = 2 * cur;
+    if (c < cur && (double)cur <= 2 * want) return; /* a little too big: kept */
+    if (c == cur) return;
+    dl_event("push_chunk", "id=%s bytes=%llu was=%llu up_numel_s=%.0f", l->id, (unsigned long long)c,
+             (unsigned long long)cur, numel_s);
+    DL_DEBUG("learner %s: push chunks of %llu bytes from now (were %llu; its uplink carried %.0f elements/s)", l->id,
+             (unsigned long long)c, (unsigned long long)cur, numel_s);
+    l->push_chunk = (uint32_t)c;
+}
+
 /* A Push message: a whole push, or one chunk of one (docs/PROTOCOL.md
  * "Chunked transfers"). The header checks run on the first chunk, before
  * any room is taken; values and the policy once the last has come. */
@@ -552,11 +583,15 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     }
     dl_pool_count(s->pool, bytes);
     in->counted += bytes;
-    in->chunks++;
+    if (!in->chunks++) in->first_numel = ph->chunk_numel;
     in->received += ph->chunk_numel;
     if (in->received < in->numel) return;
     if (in->chunks > 1) l->chunk_gap_ns = (now - in->first_ns) / (in->chunks - 1);
-    if (in->chunks > 1 && now > in->first_ns) l->up_bytes_s = (double)in->wire * 1e9 / (double)(now - in->first_ns);
+    if (in->chunks > 1 && now > in->first_ns) {
+        double dt = (double)(now - in->first_ns) / 1e9;
+        l->up_bytes_s = (double)in->wire / dt;
+        push_chunk_resize(s, l, (double)(in->received - in->first_numel) / dt);
+    }
     float *delta = in->buf; /* all of it counted now: an ordinary pool buffer */
     memset(in, 0, sizeof *in);
     push_body(s, slot, l, ph, delta, inbound_ss(s, slot), now);

@@ -29,8 +29,11 @@ MODEL="--n_layer 2 --n_head 2 --n_embd 32 --seq_len 32"
 OUTER="--outer_lr 1.0 --outer_momentum 0"
 # Chunked transfers (docs/PROTOCOL.md): the test model's fragments are tens
 # of KiB, so the synchronizer's chunks are the protocol's smallest (4 KiB)
-# and every Update and Push travels in several chunks, as at GPT-2 size.
+# and every Update and Push travels in several chunks, as at GPT-2 size; a
+# learner's push chunks grow on loopback to PUSH_CHUNK_MAX_KB (8: resized
+# once, still several per push; CHUNK_KB: fixed).
 CHUNK_KB=${CHUNK_KB:-4}
+PUSH_CHUNK_MAX_KB=${PUSH_CHUNK_MAX_KB:-8}
 
 # start_sync LOGNAME [extra args...]: binds $BIND (default: a free loopback
 # port); sets SPID and EP; events go to $W/events-LOGNAME.log. $SYNC_WRAP (words, e.g.
@@ -39,7 +42,8 @@ start_sync() {
   local log=$1; shift
   : > "$W/events-$log.log" # a fresh file, like the log: the endpoint below is this start's
   ${SYNC_WRAP:-} "$SYNC" --store "$W/store" --bind "${BIND:-tcp://127.0.0.1:0}" $MODEL --vocab 256 --fragments 4 --H 8 --heartbeat_ms 200 \
-    --status_every_ms 0 --chunk_kb "$CHUNK_KB" --events "$W/events-$log.log" "$@" > "$W/$log.log" 2>&1 &
+    --status_every_ms 0 --chunk_kb "$CHUNK_KB" --push_chunk_max_kb "$PUSH_CHUNK_MAX_KB" \
+    --events "$W/events-$log.log" "$@" > "$W/$log.log" 2>&1 &
   SPID=$!; PIDS+=("$SPID")
   EP=""
   for _ in $(seq 1 150); do

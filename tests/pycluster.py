@@ -110,7 +110,8 @@ class Cluster:
         """dloco-sync on an ephemeral loopback port; returns its endpoint."""
         open(self.ev(name), "w").close()
         argv = [SYNC, "--store", store or os.path.join(self.w, "store"), "--bind", "tcp://127.0.0.1:0",
-                "--heartbeat_ms", "200", "--status_every_ms", "0", "--chunk_kb", "4", "--events", self.ev(name)]
+                "--heartbeat_ms", "200", "--status_every_ms", "0", "--chunk_kb", "4", "--push_chunk_max_kb", "8",
+                "--events", self.ev(name)]
         if model:
             argv += MODEL + ["--vocab", "256"]
         self._spawn(name, argv + list(args))

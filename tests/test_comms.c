@@ -1213,6 +1213,7 @@ static void test_chunks(void)
     a.reason = "pool full";
     a.busy = 1;
     a.retry_after_ms = 200;
+    a.chunk_bytes = (uint32_t)(2 * C * 4); /* our pushes' chunk size from now: 8 KiB */
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, h.run_id, E, id);
     dl_wire_set_ack(&env, &a);
@@ -1221,6 +1222,30 @@ static void test_chunks(void)
     CHECK(stats(c).chunks_sent == (uint64_t)chunks && stats(c).pushes == 1, "chunks_sent %llu pushes %llu",
           (unsigned long long)stats(c).chunks_sent, (unsigned long long)stats(c).pushes);
     printf("ok: a push leaves as %d chunks of one transfer, in order; a busy refusal is counted\n", chunks);
+
+    /* Ack.chunk_bytes: the pushes that start after it leave in chunks of 2C (none bigger); one that started
+     * before keeps its own size to its end */
+    for (int64_t until = step + 8; step < until;) {
+        step++;
+        train_step(theta, step);
+        dl_node_after_step(n, step, 4, TOK, 2.5, 0.0);
+    }
+    int resized = 0, over = 0, all_2c = 0;
+    uint64_t tr = 0;
+    for (int i = 0; i < 64 && !resized && fs_check_expect(&h, DLOCO__V1__ENVELOPE__BODY_PUSH, &m, "push chunk"); i++) {
+        const Dloco__V1__Push *u = m.env->push;
+        over += u->chunk_numel > 2 * C;
+        if (u->chunk_numel && u->chunk_offset == 0) tr = u->transfer, all_2c = 1;
+        if (u->chunk_numel && u->transfer == tr) {
+            int last = u->chunk_offset + u->chunk_numel == u->numel;
+            if (!last && u->chunk_numel != 2 * C) all_2c = 0;
+            if (last && all_2c && u->chunk_offset > 0) resized = 1;
+        }
+        dl_wire_msg_close(&m);
+    }
+    CHECK(resized && !over, "after Ack.chunk_bytes %u a push left in chunks of %llu elements (%d chunks bigger)",
+          a.chunk_bytes, (unsigned long long)(2 * C), over);
+    printf("ok: Ack.chunk_bytes resizes the chunks of the pushes that start after it\n");
 
     dl_comms_close(&c);
     dl_node_close(&n);

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The synchronizer under back-to-back load (the [load] defects, on loopback):
 # 16 simulated learners (bench/swarm: handles of the learner API stepping every
-# tick) push as fast as they are answered, every fragment in 4 KiB chunks,
+# tick) push as fast as they are answered, every fragment in 4 KiB chunks (fixed: PUSH_CHUNK_MAX_KB),
 # into a pool of 1 MiB (an eighth of what they would pool at once; with 8 the
 # library's hold rule kept the pool just under its bound). Checks,
 # from the events and the swarm's JSON summary: pushes are refused busy with a reason and the
@@ -13,6 +13,7 @@
 # passes. No check depends on timing. Bounded; only our own PIDs are killed.
 set -u
 TEST_NAME=load
+PUSH_CHUNK_MAX_KB=4
 . "$(dirname "$0")/lib_cluster.sh"
 SWARM_BIN=$B/bench/swarm
 [ -x "$SWARM_BIN" ] || die "$SWARM_BIN not built"

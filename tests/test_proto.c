@@ -616,6 +616,15 @@ static void test_bad_inputs(void)
         EXPECT_BAD(&f.env, NULL, 0, &lim, "ack: fleet_steps_per_s is 2e+09, must be in [0, 1e+09]");
         f.ack.fleet_steps_per_s = 1e9;
         CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "ack: fleet_steps_per_s 1e9 is valid");
+        /* Ack.chunk_bytes (the learner's next push chunk size): 0, or a multiple of 4 in the protocol's range */
+        f.ack.chunk_bytes = 4094;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "ack: chunk_bytes 4094 is not a multiple of 4 in [4096, 67108864]");
+        f.ack.chunk_bytes = (64u << 20) + 4;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "ack: chunk_bytes 67108868 is not a multiple of 4");
+        f.ack.chunk_bytes = 1u << 20;
+        CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "ack: chunk_bytes 1 MiB is valid: %s", dl_errmsg());
+        f.ack.chunk_bytes = 0;
+        CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "ack: chunk_bytes 0 (keep) is valid: %s", dl_errmsg());
         fx_make(&f, DLOCO__V1__ENVELOPE__BODY_FETCH, 0);
         uint64_t rv[2] = {1, 2}, ro[2] = {0, 0};
         f.fetch.resume_versions = rv, f.fetch.n_resume_versions = 2;

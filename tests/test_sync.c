@@ -420,6 +420,7 @@ static void push_raw(void *d, const char *id, int p, uint64_t base, const dl_cod
 
 static int acks[5]; /* Acks take_update passed over, by decision */
 static char last_reason[512];
+static uint32_t last_ack_chunk; /* Ack.chunk_bytes of the latest Ack take_update passed over */
 
 /* Messages until one whole Update of fragment p has come, its chunks in
  * order; it is applied to held ([numel]): full values replace it, a delta is
@@ -435,6 +436,7 @@ static int take_update(void *d, int p, float *held, uint64_t *version, int *delt
         if (m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK) {
             if ((unsigned)m.env->ack->decision < 5) acks[m.env->ack->decision]++;
             snprintf(last_reason, sizeof last_reason, "%s", m.env->ack->reason);
+            last_ack_chunk = m.env->ack->chunk_bytes;
         }
         if (m.env->body_case != DLOCO__V1__ENVELOPE__BODY_UPDATE || m.env->update->fragment != (uint32_t)p) {
             dl_wire_msg_close(&m);
@@ -661,6 +663,72 @@ static void test_codec_pushes(void)
     zmq_close(b);
     stop_sync(pid, "the codecs synchronizer");
     free(ga), free(gb), free(gref), free(mom), free(x), free(dec), free(pl);
+}
+
+/* A learner's push chunk size follows its uplink (Ack.chunk_bytes, docs/PROTOCOL.md "Chunked transfers"):
+ * with --chunk_kb 4 --push_chunk_max_kb 16 the Welcome says 4 KiB; a push whose 4 KiB chunks come back to
+ * back on loopback gets an Ack saying 8 KiB (one doubling per push), the next one 16 KiB (the bound), the
+ * next one too (no event); one whose chunks come 100 ms apart (about 40 KB/s: a 4 KiB chunk takes 100 ms,
+ * twice the 50 ms target) gets 4 KiB again at once, and each change is a push_chunk event. Every push is
+ * merged whatever size its chunks have. */
+static void test_push_chunk_resize(void)
+{
+    static const char *const args[] = {"--chunk_kb", "4", "--push_chunk_max_kb", "16", NULL};
+    char ep[256], evp[300];
+    pid_t pid = spawn_sync_x("resize", NULL, NULL, args, ep, sizeof ep);
+    REQUIRE(pid > 0 && ep[0], "the resize synchronizer starts");
+    snprintf(endpoint, sizeof endpoint, "%s", ep);
+    snprintf(evp, sizeof evp, "%s/resize.events", dir);
+    const int p = 0;
+    const uint64_t cn = 1024; /* 4 KiB of fp32 */
+    size_t n = dl_plan_fragment_numel(plan, p);
+    REQUIRE(n >= 3 * cn, "fragment %d holds at least three 4 KiB chunks (%zu elements)", p, n);
+    void *d = dealer("rz");
+    send_hello(d, "rz", "dloco", fingerprint);
+    dl_wire_msg w;
+    REQUIRE(recv_msg(d, &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "welcome rz");
+    epoch = w.env->epoch;
+    CHECK(w.env->welcome->chunk_bytes == 4096, "Welcome.chunk_bytes is chunk_kb: %u", w.env->welcome->chunk_bytes);
+    dl_wire_msg_close(&w);
+    float *g = malloc(n * 4), *x = malloc(n * 4);
+    const uint32_t frag = (uint32_t)p;
+    uint64_t ver = 0;
+    int isd = 0;
+    dl_codec uc, fp32 = {DL_CODEC_FP32, 0, 0};
+    send_fetch(d, "rz", &frag, 1);
+    REQUIRE(take_update(d, p, g, &ver, &isd, &uc) == 0 && ver == 0, "rz fetched v0");
+    static const uint32_t want_of[4] = {8192, 16384, 16384, 4096}; /* after each push */
+    for (int k = 0; k < 4; k++) {
+        int slow = k == 3;
+        make_delta(x, n, 40 + k);
+        send_heartbeat(d, "rz");
+        for (uint64_t off = 0; off < n; off += cn) {
+            if (slow && off) usleep(100000);
+            uint64_t c = n - off < cn ? n - off : cn;
+            push_codec(d, "rz", p, ver, &fp32, x + off, (size_t)c * 4, off, c, 100 + (uint64_t)k);
+        }
+        memset(acks, 0, sizeof acks);
+        last_ack_chunk = 0;
+        uint64_t before = ver;
+        int rc = take_update(d, p, g, &ver, &isd, &uc);
+        uint32_t want = want_of[k], was = k ? want_of[k - 1] : 4096;
+        CHECK(rc == 0 && ver == before + 1 && acks[DLOCO__V1__DECISION__DECISION_ACCEPTED] == 1,
+              "%s chunked push merged (rc %d, v%llu, accepted %d: %s)", slow ? "the slow" : "the fast", rc,
+              (unsigned long long)ver, acks[DLOCO__V1__DECISION__DECISION_ACCEPTED], last_reason);
+        CHECK(last_ack_chunk == want, "after push %d (%s) Ack.chunk_bytes is %u, expected %u", k,
+              slow ? "slow" : "fast", last_ack_chunk, want);
+        char fields[96];
+        snprintf(fields, sizeof fields, "id=rz bytes=%u was=%u ", want, was);
+        if (want != was) CHECK(has_event(evp, "push_chunk", fields), "event push_chunk %s", fields);
+        else CHECK(!has_event(evp, "push_chunk", fields), "no event push_chunk %s (unchanged)", fields);
+        printf("%s push (4 KiB chunks%s): Ack.chunk_bytes %u\n", slow ? "slow" : "fast",
+               slow ? ", 100 ms apart" : ", back to back", last_ack_chunk);
+    }
+    printf("ok: push chunks grow one doubling per push to push_chunk_max_kb on loopback and fall back to chunk_kb "
+           "on a slow uplink\n");
+    zmq_close(d);
+    stop_sync(pid, "the resize synchronizer");
+    free(g), free(x);
 }
 
 /* The merge event's hash= of fragment p at version v in events file path (0 = none). */
@@ -1252,6 +1320,7 @@ int main(void)
     free(delta);
     test_shard();
     test_codec_pushes();
+    test_push_chunk_resize();
     test_delta_downlink();
     test_path_bound();
     test_paced_downlink();

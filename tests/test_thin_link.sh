@@ -67,6 +67,14 @@ check "only its first Welcome made it fetch ($(ev_count "$S" learner_join id=thi
 check "the thin learner never took its busy downlink for silence ($(ev_count "$W/events-thin.log" rehello) rehellos)" \
   [ "$(ev_count "$W/events-thin.log" rehello)" = 0 ]
 check "the link was busy: the synchronizer merged during the run" [ "$(merges)" -gt "$m0" ]
+# push chunks follow each uplink (docs/PROTOCOL.md "Chunked transfers"): the near learner's grow past
+# chunk_kb, the thin one's stay at it (3 Mbit/s carries 19 KB in the 50 ms a chunk may take)
+echo "push chunk sizes: near $(ev_last "$S" push_chunk bytes id=near), thin $(ev_last "$S" push_chunk bytes id=thin);" \
+  "thin pushes pooled: $(ev_count "$S" push id=thin decision=pooled)"
+check "the near learner's push chunks grew with its link ($(ev_count "$S" push_chunk id=near) push_chunk events)" \
+  ev_has "$S" push_chunk id=near
+check "the thin learner's push chunks stayed at chunk_kb ($(ev_count "$S" push_chunk id=thin) push_chunk events)" \
+  [ "$(ev_count "$S" push_chunk id=thin)" = 0 ]
 kill -TERM "$TPID" "$NPID"
 wait_pid 60 "$TPID"; wait_pid 60 "$NPID"
 stop_sync

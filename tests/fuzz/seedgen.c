@@ -321,6 +321,8 @@ static void wire_seeds(void)
         m.fetch.n_resume_offsets = 1, put_both("bad_fetch_resume_count", &m, FUZZ_LIM_PLAN);
     }
     mk_welcome(&m), m.welcome.chunk_bytes = 1u << 20, put_both("welcome_chunks", &m, FUZZ_LIM_PLAN);
+    mk_ack(&m, DLOCO__V1__DECISION__DECISION_ACCEPTED), m.ack.chunk_bytes = 256u << 10,
+        put_both("ack_chunks", &m, FUZZ_LIM_PLAN);
     mk_welcome(&m), m.welcome.shard = 1, m.welcome.shards = 2, put_both("welcome_shard", &m, FUZZ_LIM_PLAN);
     mk_welcome(&m), m.welcome.shard = 3, m.welcome.shards = 2, put_both("bad_welcome_shard", &m, FUZZ_LIM_PLAN);
     mk_hello(&m, 0), m.hello.max_chunk_bytes = 1u << 20, put_both("hello_chunks", &m, FUZZ_LIM_PLAN);
@@ -364,6 +366,8 @@ static void wire_seeds(void)
     mk_push_chunk(&m, 0, 60, 16, 7), put_both("bad_push_chunk_past", &m, FUZZ_LIM_PLAN);
     mk_push_chunk(&m, 0, 16, 16, 0), put_both("bad_push_chunk_transfer", &m, FUZZ_LIM_PLAN);
     mk_welcome(&m), m.welcome.chunk_bytes = 4098, put_both("bad_welcome_chunks", &m, FUZZ_LIM_PLAN);
+    mk_ack(&m, DLOCO__V1__DECISION__DECISION_ACCEPTED), m.ack.chunk_bytes = 4098,
+        put_both("bad_ack_chunks", &m, FUZZ_LIM_PLAN);
     mk_welcome(&m), m.welcome.n_fragment_versions = 3, put_both("bad_welcome_versions", &m, FUZZ_LIM_PLAN);
     mk_push(&m, 0, FP32, 0), m.push.numel = 65, put_both("bad_push_numel", &m, FUZZ_LIM_PLAN);
     mk_push(&m, 0, FP32, 0), m.push.steps = 0, put_both("bad_push_steps", &m, FUZZ_LIM_PLAN);
