@@ -132,7 +132,7 @@ static const dl_cfg_entry table[] = {
      "KiB per chunk of an Update, and of a learner's pushes until its uplink's rate is measured "
      "(Welcome.chunk_bytes); >= 4"},
     {"push_chunk_max_kb", DL_CFG_INT, F(push_chunk_max_kb), 0, 65536, DL_DEF_STR(DL_DEF_PUSH_CHUNK_MAX_KB), NULL, 0,
-     "a learner's push chunks double (once per push) from chunk_kb up to this while its measured uplink carries one "
+     "a learner's push chunks double (at most once per push) from chunk_kb up to this while its measured uplink carries one "
      "in 50 ms "
      "(fewer, larger messages cost the synchronizer less per byte; a thin link keeps chunk_kb); at most chunk_kb "
      "(0): fixed at chunk_kb"},

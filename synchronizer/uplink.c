@@ -29,6 +29,12 @@
  * about this long: a heartbeat or Ack waits behind at most its push window
  * (two chunks, learner/comms_uplink.c) of them. */
 #define DL_SYNC_PUSH_CHUNK_MS 50
+/* ... and grow only after a push of at least this many chunks: the rate of
+ * a shorter one rests on one or two intervals, and chunks that waited
+ * together (in our socket while the loop was busy, or in a relay) look like
+ * a fast link (the chaos scenario wan.ini's 3 Mbit/s learner measured 1e9
+ * elements/s once over its two-chunk pushes). */
+#define DL_SYNC_PUSH_CHUNK_GROW_MIN 4
 
 static void push_event(const dl_registry_learner *l, const Dloco__V1__Push *ph, const char *decision,
                        const char *reason)
@@ -474,20 +480,22 @@ static void inbound_header(inbound *in, const Dloco__V1__Push *ph, int64_t now)
  * second (its chunks after the first: the pace its link and ours allowed):
  * the chunk size its next pushes use (Ack.chunk_bytes, sent with every Ack)
  * is chunk_bytes doubled while the double is carried in DL_SYNC_PUSH_CHUNK_MS
- * at that pace, up to push_chunk_max. It grows one doubling per push (a
- * burst of chunks that waited in our socket while the loop was busy looks
- * fast: one such push cannot put a thin link's chunks at the maximum), and
- * shrinks at once, but only when its current size takes more than twice that
- * long (no flapping between two sizes on a rate near a boundary). Larger chunks are fewer messages for the
+ * at that pace, up to push_chunk_max. It grows one doubling per push of at
+ * least DL_SYNC_PUSH_CHUNK_GROW_MIN chunks (a burst of chunks that waited
+ * together looks fast: one such push cannot put a thin link's chunks at the
+ * maximum), and shrinks at once, but only when its current size takes more
+ * than twice that long (no flapping between two sizes on a rate near a
+ * boundary). Larger chunks are fewer messages for the
  * same bytes: the kernel's and libzmq's cost per message is most of what a
  * pushed byte costs this process (docs/RESULTS.md); a thin link keeps
  * chunk_bytes, so heartbeats do not queue behind its chunks. */
-static void push_chunk_resize(dl_sync *s, dl_registry_learner *l, double numel_s)
+static void push_chunk_resize(dl_sync *s, dl_registry_learner *l, double numel_s, int chunks)
 {
     double want = numel_s * sizeof(float) * DL_SYNC_PUSH_CHUNK_MS / 1000.0;
     uint64_t c = s->cfg.chunk_bytes, cur = l->push_chunk ? l->push_chunk : s->cfg.chunk_bytes;
     while (c * 2 <= s->cfg.push_chunk_max && (double)(c * 2) <= want) c *= 2;
     if (c > 2 * cur) c = 2 * cur;
+    if (c > cur && chunks < DL_SYNC_PUSH_CHUNK_GROW_MIN) return;
     if (c < cur && (double)cur <= 2 * want) return; /* a little too big: kept */
     if (c == cur) return;
     dl_event("push_chunk", "id=%s bytes=%llu was=%llu up_numel_s=%.0f", l->id, (unsigned long long)c,
@@ -590,7 +598,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     if (in->chunks > 1 && now > in->first_ns) {
         double dt = (double)(now - in->first_ns) / 1e9;
         l->up_bytes_s = (double)in->wire / dt;
-        push_chunk_resize(s, l, (double)(in->received - in->first_numel) / dt);
+        push_chunk_resize(s, l, (double)(in->received - in->first_numel) / dt, in->chunks);
     }
     float *delta = in->buf; /* all of it counted now: an ordinary pool buffer */
     memset(in, 0, sizeof *in);
