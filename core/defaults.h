@@ -26,9 +26,9 @@
 #define DL_DEF_CHUNK_KB 64
 /* KiB a learner's push chunks may grow to where its measured uplink carries
  * one in 50 ms (synchronizer/uplink.c): on loopback, 16 GPT-2 learners'
- * fp32 pushes in 1 MiB chunks cost the synchronizer 11.2 memcpys per merged
- * byte against 16-17 in 64 KiB chunks (docs/RESULTS.md); a thin link
- * (below ~20 Mbit/s) keeps DL_DEF_CHUNK_KB. */
+ * fp32 pushes cost the synchronizer 9.3-9.5 memcpys per merged byte against
+ * 14.8-15.4 in fixed 64 KiB chunks (docs/RESULTS.md); a thin link (below
+ * ~20 Mbit/s) keeps DL_DEF_CHUNK_KB. */
 #define DL_DEF_PUSH_CHUNK_MAX_KB 1024
 /* How a learner adopts a new global fragment. */
 #define DL_DEF_ADOPT "keep"

@@ -76,6 +76,12 @@ void dl_wire_seed_routing_ids(void)
     srand(seed);
 }
 
+int dl_wire_router_rcvhwm(size_t max_msg_bytes)
+{
+    size_t n = DL_WIRE_ROUTER_INBOUND_BYTES / (max_msg_bytes ? max_msg_bytes : 1);
+    return n < DL_WIRE_HWM_MIN ? DL_WIRE_HWM_MIN : n > DL_WIRE_HWM ? DL_WIRE_HWM : (int)n;
+}
+
 int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes)
 {
     assert(sock && max_msg_bytes > 0 && max_msg_bytes <= (size_t)INT64_MAX);
@@ -83,7 +89,7 @@ int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes)
     DL_ZMQ_CALL(zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg));
     DL_TRY(setopt_int(sock, ZMQ_LINGER, 0));
     DL_TRY(setopt_int(sock, ZMQ_SNDHWM, DL_WIRE_HWM));
-    DL_TRY(setopt_int(sock, ZMQ_RCVHWM, DL_WIRE_HWM));
+    DL_TRY(setopt_int(sock, ZMQ_RCVHWM, is_router ? dl_wire_router_rcvhwm(max_msg_bytes) : DL_WIRE_HWM));
     DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE, 1));
     DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_IDLE, 30));
     DL_TRY(setopt_int(sock, ZMQ_TCP_KEEPALIVE_INTVL, 10));

@@ -51,6 +51,15 @@
  * enough, and it bounds queued fragment copies per peer instead of letting a
  * stalled peer pin gigabytes. */
 #define DL_WIRE_HWM 64
+/* A ROUTER's inbound pipes (the synchronizer's, one per connection) hold at
+ * most about this many bytes of messages as large as its message cap:
+ * RCVHWM = this / max_msg_bytes, in [DL_WIRE_HWM_MIN, DL_WIRE_HWM]. With
+ * 64 KiB push chunks that is DL_WIRE_HWM; with 1 MiB ones (push chunks that
+ * grew on a fast link, docs/PROTOCOL.md "Chunked transfers") 7 messages, not
+ * 64 MiB per connection. A full pipe stops libzmq reading that connection
+ * (TCP's window then holds the sender back); nothing is dropped. */
+#define DL_WIRE_ROUTER_INBOUND_BYTES (8u << 20)
+#define DL_WIRE_HWM_MIN 4
 
 /* The learner id alphabet: 1 when byte c is in [A-Za-z0-9._-]. */
 static inline int dl_wire_id_char(unsigned char c)
@@ -126,7 +135,7 @@ void dl_wire_zmq_warn(const char *call, const char *file, int line);
 /* Options every dloco socket gets: ZMQ_LINGER 0 (close never blocks on
  * unsent data), ZMQ_MAXMSGSIZE = max_msg_bytes (a larger inbound frame makes
  * libzmq drop the connection; the message is never delivered), SNDHWM/RCVHWM
- * DL_WIRE_HWM, TCP keepalive (idle 30 s, interval 10 s, 3 probes: half-open
+ * DL_WIRE_HWM (a ROUTER's RCVHWM: DL_WIRE_ROUTER_INBOUND_BYTES of max_msg_bytes messages), TCP keepalive (idle 30 s, interval 10 s, 3 probes: half-open
  * connections die in about a minute, NAT state stays warm, and what was
  * queued for a vanished peer goes with them), reconnect backoff 100 ms
  * doubling to 10 s. No ZMTP heartbeats: libzmq 4.3 only counts a completely
@@ -140,6 +149,8 @@ void dl_wire_zmq_warn(const char *call, const char *file, int line);
  * learner id to the connection it said Hello on (see synchronizer/sync.c).
  * Call before bind/connect. Returns 0 or DL_ENET. */
 int dl_wire_sock_setup(void *sock, int is_router, size_t max_msg_bytes);
+/* The RCVHWM dl_wire_sock_setup gives a ROUTER whose message cap is max_msg_bytes. */
+int dl_wire_router_rcvhwm(size_t max_msg_bytes);
 
 /* Seed the C library's rand() from the kernel's random source (getrandom;
  * the clock and pid if that fails). Call once before creating a ROUTER that

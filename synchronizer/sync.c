@@ -534,7 +534,16 @@ static int check_and_bind(dl_sync *s)
                       (unsigned long long)s->cfg.push_chunk_max, DL_WIRE_CHUNK_MIN, DL_WIRE_CHUNK_MAX);
     /* chunked pushes: nothing bigger than the largest push chunk (or a small whole fragment) is a valid message */
     uint64_t unit = frag_bytes < s->cfg.push_chunk_max ? frag_bytes : s->cfg.push_chunk_max;
-    if (!s->cfg.max_msg_bytes) s->cfg.max_msg_bytes = unit + DL_WIRE_MAX_HEADER_BYTES;
+    if (!s->cfg.max_msg_bytes) {
+        s->cfg.max_msg_bytes = unit + DL_WIRE_MAX_HEADER_BYTES;
+    } else if (unit + DL_WIRE_MAX_HEADER_BYTES > s->cfg.max_msg_bytes) {
+        /* a smaller message cap set by hand: push chunks grow only as far as one fits with its header cap
+         * (libzmq drops the connection of a peer that sends more) */
+        uint64_t fit = s->cfg.max_msg_bytes > DL_WIRE_MAX_HEADER_BYTES
+                           ? (s->cfg.max_msg_bytes - DL_WIRE_MAX_HEADER_BYTES) & ~(uint64_t)3
+                           : 0;
+        s->cfg.push_chunk_max = fit > s->cfg.chunk_bytes ? fit : s->cfg.chunk_bytes;
+    }
     /* a learner's window: two chunks in flight keep a link busy, and a
      * heartbeat or Ack waits behind at most that */
     if (!s->cfg.peer_outbound_bytes) s->cfg.peer_outbound_bytes = 2 * s->cfg.chunk_bytes;

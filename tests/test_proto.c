@@ -761,6 +761,17 @@ static void net_open(net *n, const char *learner_id, size_t router_max, size_t d
     zmq_getsockopt(n->dealer, ZMQ_SNDHWM, &v, &sz);
     CHECK(v == DL_WIRE_HWM, "sndhwm %d", v);
     sz = sizeof v;
+    zmq_getsockopt(n->router, ZMQ_RCVHWM, &v, &sz);
+    CHECK(v == dl_wire_router_rcvhwm(router_max), "router rcvhwm %d, expected %d", v, dl_wire_router_rcvhwm(router_max));
+    /* a ROUTER's inbound pipe holds about 8 MiB of messages at its cap: 64 of 64 KiB + a header cap, 7 of
+     * 1 MiB + a header cap, never fewer than 4 */
+    CHECK(dl_wire_router_rcvhwm((64u << 10) + DL_WIRE_MAX_HEADER_BYTES) == 64 &&
+              dl_wire_router_rcvhwm((1u << 20) + DL_WIRE_MAX_HEADER_BYTES) == 7 &&
+              dl_wire_router_rcvhwm((size_t)64 << 20) == DL_WIRE_HWM_MIN && dl_wire_router_rcvhwm(4096) == DL_WIRE_HWM,
+          "router rcvhwm by message cap: %d %d %d %d", dl_wire_router_rcvhwm((64u << 10) + DL_WIRE_MAX_HEADER_BYTES),
+          dl_wire_router_rcvhwm((1u << 20) + DL_WIRE_MAX_HEADER_BYTES), dl_wire_router_rcvhwm((size_t)64 << 20),
+          dl_wire_router_rcvhwm(4096));
+    sz = sizeof v;
     zmq_getsockopt(n->dealer, ZMQ_TCP_KEEPALIVE, &v, &sz);
     CHECK(v == 1, "keepalive %d", v);
 }

@@ -733,6 +733,30 @@ static void test_push_chunk_resize(void)
     free(g), free(x);
 }
 
+/* The push chunk bound and the message cap (sync_start's fields): on a model whose fragments exceed 2 MiB,
+ * --push_chunk_max_kb 2048 alone raises the derived message cap to 2 MiB + the 64 KiB header cap; with
+ * --max_msg_mb 1 set by hand the bound falls to what fits beside the header cap (1 MiB - 64 KiB), since
+ * libzmq would drop the connection of a learner sending a larger chunk. */
+static void test_push_chunk_cap(void)
+{
+    static const char *const derived[] = {"--vocab", "65536", "--push_chunk_max_kb", "2048", NULL};
+    static const char *const capped[] = {"--vocab", "65536", "--push_chunk_max_kb", "2048", "--max_msg_mb", "1", NULL};
+    const char *const *args[2] = {derived, capped};
+    const char *name[2] = {"cap-derived", "cap-capped"};
+    const char *want[2] = {"max_msg_bytes=2162688 ", "max_msg_bytes=1048576 "};
+    const char *want2[2] = {"push_chunk_max=2097152 ", "push_chunk_max=983040 "};
+    for (int k = 0; k < 2; k++) {
+        char ep[256], evp[300];
+        pid_t pid = spawn_sync_x(name[k], NULL, NULL, args[k], ep, sizeof ep);
+        REQUIRE(pid > 0 && ep[0], "the %s synchronizer starts", name[k]);
+        snprintf(evp, sizeof evp, "%s/%s.events", dir, name[k]);
+        CHECK(has_event(evp, "sync_start", want[k]) && has_event(evp, "sync_start", want2[k]),
+              "%s: sync_start has %s and %s", name[k], want[k], want2[k]);
+        stop_sync(pid, name[k]);
+    }
+    printf("ok: a message cap set by hand bounds the push chunks (1 MiB - 64 KiB under --max_msg_mb 1)\n");
+}
+
 /* The merge event's hash= of fragment p at version v in events file path (0 = none). */
 static uint64_t merge_hash(const char *path, int p, uint64_t v)
 {
@@ -1323,6 +1347,7 @@ int main(void)
     test_shard();
     test_codec_pushes();
     test_push_chunk_resize();
+    test_push_chunk_cap();
     test_delta_downlink();
     test_path_bound();
     test_paced_downlink();
