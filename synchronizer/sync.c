@@ -580,6 +580,8 @@ static int check_and_bind(dl_sync *s)
     s->lim.num_fragments = (uint32_t)P;
     s->lim.fragment_numel = s->numel;
     s->lim.max_frames = 2;
+    /* a Push's checksum is checked by the uplink (dl_uplink_push): an fp32 chunk's while it is copied */
+    s->lim.verify_checksum = false;
     s->lim.shard = (uint32_t)s->cfg.shard; /* pushes and fetches of another shard's fragments are refused */
     s->lim.shards = (uint32_t)s->cfg.shards;
     DL_TRY(open_router(s));
@@ -650,6 +652,7 @@ static void alloc_learners(dl_sync *s)
     s->lstats = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->lstats);
     s->inb = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->inb);
     s->inb_ss = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)s->max_spans, sizeof *s->inb_ss);
+    s->chunk_ss = dl_xcalloc((size_t)s->max_spans, sizeof *s->chunk_ss);
     s->dec_scratch = dl_xaligned(64, (DL_SYNC_DECODE_SLICE > DL_CODEC_BLOCK_MAX ? DL_SYNC_DECODE_SLICE : DL_CODEC_BLOCK_MAX) *
                                          sizeof(float));
     s->outx = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->outx);
@@ -833,6 +836,7 @@ void dl_sync_close(dl_sync **sp)
     for (int i = 0; s->inb && i < s->cfg.policy.max_learners; i++) free(s->inb[i].buf);
     free(s->inb);
     free(s->inb_ss);
+    free(s->chunk_ss);
     free(s->dec_scratch);
     free(s->outx);
     dl_downlink_close(s);

@@ -171,6 +171,7 @@ struct dl_sync {
     int max_spans;         /* the most spans (core/plan.h) any fragment has */
     double *inb_ss;        /* [max_learners][max_spans] the sums of squares per span of the push arriving from a slot */
     float *dec_scratch;    /* [DL_SYNC_DECODE_SLICE, or a block of DL_CODEC_BLOCK_MAX] a push's slice, decoded */
+    double *chunk_ss;      /* [max_spans] an fp32 chunk's span sums until its checksum holds (uplink.c) */
     double hello_tokens;   /* token bucket of Hellos from new ids */
     /* dynamic H (docs/HETEROGENEOUS.md): the median Heartbeat.steps_per_s of the live learners, recomputed at
      * every heartbeat, sent in every Ack (fleet_steps_per_s); rate_buf holds rate_cap doubles for the median */
@@ -278,6 +279,9 @@ void dl_admit_loop_stalled(dl_sync *s, int64_t stall_ns, int64_t now);
 #define DL_SYNC_POOL_MEM_DIV 4
 /* Elements a coded push chunk is decoded by at a time (uplink.c; 128 KiB of fp32: in the cache still when copied on) */
 #define DL_SYNC_DECODE_SLICE 32768u
+/* An fp32 push chunk is hashed and copied this many elements at a time (uplink.c): the copy reads from L1
+ * what the checksum just read. */
+#define DL_SYNC_HASH_SLICE 4096u
 /* uplink.c: the pool's bound now: pool_mb's, or with pool_mb 0 the larger of
  * its default and what the live learners can have waiting (each at most one
  * push of every fragment: live x the owned fragments' bytes), at most pool_cap */

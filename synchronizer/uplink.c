@@ -5,6 +5,7 @@
 #include "core/clock.h"
 #include "core/err.h"
 #include "core/event.h"
+#include "core/hash.h"
 #include "core/log.h"
 
 #include <math.h>
@@ -456,6 +457,37 @@ static int push_decode(const dl_sync *s, const Dloco__V1__Push *ph, const void *
     return 0;
 }
 
+/* A Push whose payload does not match its checksum: refused as proto/wire.c refuses a malformed message
+ * (an Error, not an Ack; nothing of it changes anything here), so a chunked push it belongs to goes on
+ * waiting for that chunk (its next one breaks the order and ends it). `got`: the payload's checksum. */
+static void refuse_checksum(dl_sync *s, dl_wire_msg *msg, const dl_registry_learner *l, const Dloco__V1__Push *ph,
+                            uint64_t got)
+{
+    s->refused_msgs++;
+    s->met.msg_refused[DL_SM_MSG_INVALID]++;
+    dl_downlink_error(s, msg->id, msg->id_len, l->id, DL_EPROTO, 0,
+                      "rejected message: push: checksum 0x%016llx does not match payload (0x%016llx)",
+                      (unsigned long long)ph->checksum, (unsigned long long)got);
+}
+
+/* An fp32 chunk (len bytes at data, elements [first, first + n) of fragment p) into out, its span sums
+ * into s->chunk_ss (zeroed here), and its checksum computed on the way: slice by slice, each hashed and
+ * then copied while the cache holds it (one read of the chunk from memory, not two). Returns the checksum. */
+static uint64_t copy_hash_fp32(dl_sync *s, int p, const void *data, size_t len, uint64_t first, uint64_t n,
+                               float *out)
+{
+    memset(s->chunk_ss, 0, (size_t)s->max_spans * sizeof *s->chunk_ss);
+    dl_checksum_state *st = dl_checksum_begin();
+    const unsigned char *src = data;
+    for (uint64_t a = 0; a < n; a += DL_SYNC_HASH_SLICE) {
+        uint64_t k = n - a < DL_SYNC_HASH_SLICE ? n - a : DL_SYNC_HASH_SLICE;
+        dl_checksum_update(st, src + 4 * a, (size_t)k * 4);
+        span_sumsq(s, p, first + a, k, out + a, src + 4 * a, s->chunk_ss);
+    }
+    (void)len; /* proto/wire.c checked len == 4 n */
+    return dl_checksum_end(st);
+}
+
 /* The span sums of the push arriving from `slot`, whole or chunked (sync_int.h inb_ss). */
 static double *inbound_ss(const dl_sync *s, int slot) { return s->inb_ss + (size_t)slot * (size_t)s->max_spans; }
 
@@ -516,6 +548,16 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     const void *data = dl_wire_msg_payload(msg, 0); /* may be unaligned */
     size_t len = dl_wire_msg_payload_len(msg, 0);
     char why[400];
+    /* the checksum (proto/wire.c leaves it to us: sync.c): an fp32 chunk that continues a push has it checked
+     * while it is copied (copy_hash_fp32); any other Push here, before anything of it counts */
+    int fused = ph->chunk_numel && ph->chunk_offset && ph->codec == DLOCO__V1__CODEC__CODEC_FP32;
+    if (!fused) {
+        uint64_t got = dl_wire_checksum(data, len);
+        if (got != ph->checksum) {
+            refuse_checksum(s, msg, l, ph, got);
+            return;
+        }
+    }
     l->train_loss = ph->loss; /* finite (proto/wire.c); for the status view only */
     if (!ph->chunk_numel) {
         if (in->active) dl_uplink_drop(s, slot, "whole_push_before_end");
@@ -570,6 +612,13 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     }
     /* same_push: the codec of its first chunk; proto/wire.c checked the frame's size and alignment */
     uint64_t bytes = ph->chunk_numel * sizeof(float);
+    if (fused) { /* into its place in the buffer, counted below once the checksum holds */
+        uint64_t got = copy_hash_fp32(s, p, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset);
+        if (got != ph->checksum) {
+            refuse_checksum(s, msg, l, ph, got);
+            return;
+        }
+    }
     if (ph->chunk_offset && !room(s, slot, l, p, bytes, 1, why, sizeof why)) {
         /* no room for the rest: the push is refused busy, its chunks so far go */
         dl_pool_free_arriving(s->pool, in->buf, in->counted);
@@ -580,8 +629,11 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     }
     in->progress_ns = now;
     if (ph->chunk_offset) in->wire += len;
-    if (push_decode(s, ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset,
-                    inbound_ss(s, slot), why, sizeof why)) {
+    if (fused) {
+        double *ss = inbound_ss(s, slot);
+        for (int k = 0; k < s->max_spans; k++) ss[k] += s->chunk_ss[k];
+    } else if (push_decode(s, ph, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset,
+                           inbound_ss(s, slot), why, sizeof why)) {
         /* refused whole: nothing of it was counted yet; the rest of its chunks are dropped unread */
         dl_pool_free_arriving(s->pool, in->buf, in->counted);
         refuse_push(s, slot, l, ph, ph->tokens, 0, DL_SM_REJ_CODEC, why);

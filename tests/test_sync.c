@@ -365,6 +365,8 @@ static void send_heartbeat_seq(void *d, const char *id, uint64_t received)
 
 static void send_heartbeat(void *d, const char *id) { send_heartbeat_seq(d, id, 0); }
 
+static uint64_t ck_flip; /* XORed into the checksum push_codec sends (0: the payload's own) */
+
 /* A push of fragment p on `base` in codec c: `bytes` of payload holding elements [off, off + cn) (cn 0: the
  * whole fragment; transfer names a chunked push). */
 static void push_codec(void *d, const char *id, int p, uint64_t base, const dl_codec *c, const void *pl, size_t bytes,
@@ -384,7 +386,7 @@ static void push_codec(void *d, const char *id, int p, uint64_t base, const dl_c
     ph.chunk_offset = off;
     ph.chunk_numel = cn;
     ph.transfer = transfer;
-    ph.checksum = dl_wire_checksum(pl, bytes);
+    ph.checksum = dl_wire_checksum(pl, bytes) ^ ck_flip;
     ph.loss = 3.0;
     dl_wire_env_init(&env, "dloco", epoch, id);
     dl_wire_set_push(&env, &ph);
@@ -755,6 +757,94 @@ static void test_push_chunk_cap(void)
         stop_sync(pid, name[k]);
     }
     printf("ok: a message cap set by hand bounds the push chunks (1 MiB - 64 KiB under --max_msg_mb 1)\n");
+}
+
+/* Push checksums (the uplink checks them; an fp32 chunk's while it is copied): a payload that does not
+ * match its checksum gets an Error (non-fatal, "checksum ... does not match payload") and changes nothing,
+ * whether it is a whole push, a chunked push's first chunk, a later fp32 chunk or a later int4 chunk; the
+ * chunk after a refused one breaks the order (Ack REJECTED, push_abandoned), and a push sent again intact
+ * merges. */
+static void test_push_checksum(void)
+{
+    static const char *const args[] = {"--chunk_kb", "4", NULL};
+    char ep[256], evp[300];
+    pid_t pid = spawn_sync_x("checksum", NULL, NULL, args, ep, sizeof ep);
+    REQUIRE(pid > 0 && ep[0], "the checksum synchronizer starts");
+    snprintf(endpoint, sizeof endpoint, "%s", ep);
+    snprintf(evp, sizeof evp, "%s/checksum.events", dir);
+    const int p = 0;
+    const uint64_t cn = 1024;
+    size_t n = dl_plan_fragment_numel(plan, p);
+    REQUIRE(n > 2 * cn, "fragment %d holds at least three 4 KiB chunks (%zu elements)", p, n);
+    void *d = dealer("ck");
+    send_hello(d, "ck", "dloco", fingerprint);
+    dl_wire_msg w;
+    REQUIRE(recv_msg(d, &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "welcome ck");
+    epoch = w.env->epoch;
+    dl_wire_msg_close(&w);
+    float *g = malloc(n * 4), *x = malloc(n * 4);
+    uint8_t *q4 = malloc(n * 4);
+    const uint32_t frag = (uint32_t)p;
+    uint64_t ver = 0;
+    int isd = 0;
+    dl_codec uc, fp32 = {DL_CODEC_FP32, 0, 0}, i4 = {DL_CODEC_INT4, 16, 0};
+    send_fetch(d, "ck", &frag, 1);
+    REQUIRE(take_update(d, p, g, &ver, &isd, &uc) == 0 && ver == 0, "ck fetched v0");
+    make_delta(x, n, 7);
+    const char *needle = "does not match payload";
+
+    /* a whole push */
+    ck_flip = 1;
+    push_codec(d, "ck", p, ver, &fp32, x, n * 4, 0, 0, 0);
+    ck_flip = 0;
+    expect_error(d, "whole push, bad checksum", DL_EPROTO, 0, needle);
+    /* chunked: a bad first chunk, then a bad later fp32 chunk, then a bad later int4 chunk */
+    for (int k = 0; k < 3; k++) {
+        const dl_codec *c = k == 2 ? &i4 : &fp32;
+        const uint8_t *pl = (const uint8_t *)x;
+        if (k == 2) {
+            dl_codec_enc e = {.c = i4, .rounding = DL_ROUND_NEAREST};
+            REQUIRE(dl_codec_encode(&e, x, NULL, n, 0, q4) == 0, "encode int4");
+            pl = q4;
+        }
+        uint64_t bad = k == 0 ? 0 : cn, t = 200 + (uint64_t)k;
+        for (uint64_t off = 0; off <= bad + cn; off += cn) {
+            size_t at = off ? (size_t)dl_codec_bytes(c, off) : 0, len = (size_t)dl_codec_bytes(c, cn);
+            ck_flip = off == bad;
+            push_codec(d, "ck", p, ver, c, pl + at, len, off, cn, t);
+            ck_flip = 0;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "%s chunk at %llu, bad checksum", dl_codec_name(c->id), (unsigned long long)bad);
+        expect_error(d, what, DL_EPROTO, 0, needle);
+        /* the chunk after it: no first chunk (k 0), or a gap */
+        dl_wire_msg m;
+        int rc = recv_msg(d, &m);
+        CHECK(rc == 0 && m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK &&
+                  m.env->ack->decision == DLOCO__V1__DECISION__DECISION_REJECTED &&
+                  strstr(m.env->ack->reason, k == 0 ? "without its first chunk" : "expected"),
+              "%s: the next chunk is refused (%s)", what,
+              rc == 0 && m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK ? m.env->ack->reason : "no Ack");
+        if (rc == 0) dl_wire_msg_close(&m);
+    }
+    CHECK(has_event(evp, "push_abandoned", "reason=chunk_out_of_order"), "the broken pushes were abandoned");
+    /* intact, in chunks: merged into v1 */
+    for (uint64_t off = 0; off < n; off += cn) {
+        uint64_t c = n - off < cn ? n - off : cn;
+        push_codec(d, "ck", p, ver, &fp32, x + off, (size_t)c * 4, off, c, 300);
+    }
+    memset(acks, 0, sizeof acks);
+    int rc = take_update(d, p, g, &ver, &isd, &uc);
+    CHECK(rc == 0 && ver == 1 && acks[DLOCO__V1__DECISION__DECISION_ACCEPTED] == 1,
+          "the intact chunked push merged into v1 (rc %d, v%llu: %s)", rc, (unsigned long long)ver, last_reason);
+    char *met = malloc(1 << 20);
+    const char *want[] = {"dloco_sync_messages_refused_total{reason=\"invalid\"} 4", NULL};
+    CHECK(wait_metrics("checksum", met, 1 << 20, want, 10000) == 0, "four refusals counted as invalid messages");
+    free(met);
+    printf("ok: pushes whose payload does not match their checksum are refused with an Error, whole or any chunk\n");
+    zmq_close(d);
+    stop_sync(pid, "the checksum synchronizer");
+    free(g), free(x), free(q4);
 }
 
 /* The merge event's hash= of fragment p at version v in events file path (0 = none). */
@@ -1348,6 +1438,7 @@ int main(void)
     test_codec_pushes();
     test_push_chunk_resize();
     test_push_chunk_cap();
+    test_push_checksum();
     test_delta_downlink();
     test_path_bound();
     test_paced_downlink();
