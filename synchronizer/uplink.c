@@ -517,10 +517,10 @@ static void inbound_header(inbound *in, const Dloco__V1__Push *ph, int64_t now)
  * together looks fast: one such push cannot put a thin link's chunks at the
  * maximum), and shrinks at once, but only when its current size takes more
  * than twice that long (no flapping between two sizes on a rate near a
- * boundary). Larger chunks are fewer messages for the
- * same bytes: the kernel's and libzmq's cost per message is most of what a
- * pushed byte costs this process (docs/RESULTS.md); a thin link keeps
- * chunk_bytes, so heartbeats do not queue behind its chunks. */
+ * boundary). Larger chunks are fewer messages for the same bytes: the
+ * kernel's and libzmq's cost per message is most of what a pushed byte
+ * costs this process (docs/RESULTS.md); a thin link keeps chunk_bytes, so
+ * heartbeats do not queue behind its chunks. */
 static void push_chunk_resize(dl_sync *s, dl_registry_learner *l, double numel_s, int chunks)
 {
     double want = numel_s * sizeof(float) * DL_SYNC_PUSH_CHUNK_MS / 1000.0;
