@@ -189,10 +189,25 @@ static int env_reopen_locked(dl_store *s, uint64_t map_size)
  * last commit that reached it (the meta page names it), so the environment
  * is closed and opened again once no transaction or snapshot of this process
  * is open, and commits succeed again as soon as the disk does, not after a
- * restart. Waits for open transactions like a map growth (grow_wait_ms). */
-static int env_reopen(dl_store *s, uint32_t failed_serial)
+ * restart. A writer (may_wait) waits for open transactions like a map
+ * growth (grow_wait_ms); a reader never waits: it reopens only when nothing
+ * else is open, and otherwise fails at once with DL_EAGAIN. The
+ * synchronizer's loop reads (stats, snapshots for Updates) while holding
+ * pinned snapshots of its own: waiting there kept the worker's reopen from
+ * ever quiescing and stalled the loop grow_wait_ms at a time, so that it
+ * answered nobody and no SIGTERM (test_chaos, its disk faults; the waits
+ * were untimed once, a deadlock). */
+static int env_reopen(dl_store *s, uint32_t failed_serial, int may_wait)
 {
     pthread_mutex_lock(&s->gate);
+    if (!may_wait && (s->grow_pending || (!(s->env && s->env_serial != failed_serial) && s->active_txns > 0))) {
+        /* a reader, and the reopen would have to wait (or another thread's is waiting) */
+        int open = s->active_txns;
+        pthread_mutex_unlock(&s->gate);
+        return dl_err(DL_EAGAIN, "store %s: LMDB stopped the environment after a failed write (a full or failing "
+                                 "disk) and it is being opened again, or waits for %d open transaction(s) or "
+                                 "snapshot(s) of this process to end; nothing was read, retry", s->dir, open);
+    }
     /* a growth, or another thread's reopen: waited for at most grow_wait_ms. An untimed wait deadlocked the
      * synchronizer (test_chaos, disk faults): the loop waited here while its own pinned read snapshots kept the
      * worker's reopen from ever quiescing, and the worker retried at once, setting grow_pending again */
@@ -242,7 +257,7 @@ int dl_store_txn_begin(dl_store *s, int write, MDB_txn **out)
             continue;
         }
         if (rc == MDB_PANIC && !s->read_only && attempt < 3) {
-            DL_TRY(env_reopen(s, serial));
+            DL_TRY(env_reopen(s, serial, write));
             continue;
         }
         return dl_store_mdb_fail(rc, write ? "mdb_txn_begin(write)" : "mdb_txn_begin(read)", __FILE__, __LINE__);

@@ -10,6 +10,8 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -73,6 +75,67 @@ static void expect_version(dl_store *s, uint64_t want, size_t n)
     free(x);
 }
 
+/* A read on a stopped environment, in a thread of its own (the caller joins it with a deadline). */
+typedef struct {
+    dl_store *s;
+    int rc;
+    atomic_int done;
+} reader;
+static void *read_stats(void *arg)
+{
+    reader *r = arg;
+    dl_store_stats st;
+    r->rc = dl_store_get_stats(r->s, &st);
+    atomic_store(&r->done, 1);
+    return NULL;
+}
+
+/* The synchronizer's loop holds pinned read snapshots (Updates being sent) and reads (stats, new
+ * snapshots) while the worker's write finds the environment stopped: a read must not wait for the reopen,
+ * which waits for the loop's own snapshots to end. With grow_wait_ms at 10 minutes, a read while a
+ * snapshot is open returns DL_EAGAIN at once (it waited grow_wait_ms before: test_chaos's synchronizer
+ * stalled 10 s at a time and ignored SIGTERM); once the snapshot ends, the write reopens and commits. */
+static void reader_never_waits(void)
+{
+    char dir[] = "/tmp/dloco_test_store_panic2_XXXXXX";
+    REQUIRE(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    const uint64_t numel[1] = {5000};
+    float *init = calloc(numel[0], sizeof *init);
+    dl_store_run run = {"run-panic2", 0x78, "", 1, numel, {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16,
+                                                           .vocab = 256}, 1};
+    dl_store *s = NULL;
+    dl_store_opts o = dl_store_opts_default();
+    o.grow_wait_ms = 600000;
+    OK(dl_store_open(dir, &o, &s));
+    OK(dl_store_init_run(s, &run, (const float *const *)&init));
+    OK(commit(s, 1, numel[0]));
+    dl_store_snap *pin = NULL;
+    OK(dl_store_snapshot_begin(s, &pin)); /* an Update being sent */
+    atomic_store(&g_fail_meta, 1);
+    REQUIRE(commit(s, 2, numel[0]) != 0, "the commit of v2 succeeded with its meta page refused");
+    reader r = {.s = s};
+    pthread_t t;
+    REQUIRE(pthread_create(&t, NULL, read_stats, &r) == 0, "thread");
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30; /* a deadline for the join, not a measurement: the old wait was 600 s */
+    int joined = pthread_timedjoin_np(t, NULL, &until) == 0;
+    REQUIRE(joined && r.rc == DL_EAGAIN, "a read while a snapshot is open on the stopped environment returns "
+                                       "DL_EAGAIN at once (joined %d, rc %d: %s)", joined, r.rc,
+          joined ? dl_strerror(r.rc) : "still waiting");
+    printf("ok: a read on the stopped environment with a snapshot open fails at once (DL_EAGAIN)\n");
+    dl_store_snapshot_end(&pin);
+    atomic_store(&g_fail_meta, 0);
+    OK(commit(s, 2, numel[0])); /* the writer reopens: nothing is open now */
+    expect_version(s, 2, numel[0]);
+    printf("ok: once the snapshot ended, the next commit reopened the environment and v2 is stored\n");
+    dl_store_close(&s);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    REQUIRE(system(cmd) == 0, "rm %s", dir);
+    free(init);
+}
+
 int main(void)
 {
     g_page = sysconf(_SC_PAGESIZE);
@@ -126,6 +189,7 @@ int main(void)
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     REQUIRE(system(cmd) == 0, "rm %s", dir);
     free(init);
+    reader_never_waits();
     printf("test_store_panic: all checks passed\n");
     return 0;
 }
