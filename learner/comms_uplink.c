@@ -11,15 +11,17 @@
 #include "core/hash.h"
 #include "core/log.h"
 
-/* The push window: payload bytes of ours libzmq may hold (two chunks of the
- * push leaving keep the link busy; a heartbeat waits behind at most that). */
-static uint64_t push_window(const ptx *t) { return 2 * t->cn * sizeof(float); }
-
 /* Payload bytes of elements [0, n) of a push in the push codec (n a
  * multiple of the block for block codecs, or the whole fragment): a
  * block-aligned range of a payload is the payload of that range
  * (core/codec.h), so the bytes of [off, off + n) start at enc_bytes(off). */
 static uint64_t enc_bytes(const dl_comms *c, uint64_t n) { return n ? dl_codec_bytes(&c->penc.c, n) : 0; }
+
+/* The push window: payload bytes of ours libzmq may hold: two chunks of the
+ * push leaving, as they travel (encoded), keep the link busy, and a
+ * heartbeat waits behind at most that. (Counted in fp32 bytes it held about
+ * 15 int4 chunks: with chunks sized for 50 ms of the link, 750 ms.) */
+static uint64_t push_window(const dl_comms *c, const ptx *t) { return 2 * enc_bytes(c, t->cn); }
 
 /* Elements per chunk of a chunked push: the chunk's fp32 element count
  * (Welcome.chunk_bytes / 4, or the latest Ack.chunk_bytes / 4), for block codecs rounded down to whole blocks
@@ -106,7 +108,7 @@ static int tx_continue(dl_comms *c)
         uint64_t cn = n - t->off < chunk ? n - t->off : chunk;
         /* the first chunk always goes; later ones while the window has room
          * (the queue's drain wakes the thread) */
-        if (t->off && dl_wire_queue_bytes(c->outq) + enc_bytes(c, cn) > push_window(t)) return 0;
+        if (t->off && dl_wire_queue_bytes(c->outq) + enc_bytes(c, cn) > push_window(c, t)) return 0;
         int rc = send_push_msg(c, t->p, &t->cl.h, t->payload, t->transfer, t->off, cn);
         if (rc == DL_EAGAIN) {
             if (t->off == 0) { /* nothing left yet: back to its slot, sent again later */
