@@ -480,6 +480,16 @@ static void unpin(dl_sync *s, outbound *x)
     s->pins--;
 }
 
+/* Every pinned Update transfer is forgotten (what its learner owes stays owed). */
+static void drop_pins(dl_sync *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->cfg.policy.max_learners && s->pins; i++)
+        if (s->outx[i].pin) dl_downlink_reset(s, i), n++;
+    DL_WARN("store busy (reopen or growth): %d pinned Update transfer(s) dropped; they start again", n);
+    dl_event("update_pins_dropped", "n=%d", n);
+}
+
 void dl_downlink_reset(dl_sync *s, int slot)
 {
     unpin(s, &s->outx[slot]);
@@ -591,9 +601,15 @@ static void serve_owed(dl_sync *s, dl_registry_learner *l, dl_store_snap **snap)
             x->started = x->delta = 0;
         }
         int p = x->p;
-        if (!*snap && dl_store_snapshot_begin(s->store, snap)) {
+        int src = *snap ? 0 : dl_store_snapshot_begin(s->store, snap);
+        if (src) {
             DL_ERROR("snapshot for %s: %s", l->id, dl_errmsg());
             *snap = NULL;
+            /* the store waits for every transaction and snapshot of this process to end (the reopen after a
+             * failed write, or a map growth): the pinned ones are ours, and would never end while the store
+             * refuses the reads that move their transfers on. They end now; their Updates stay owed and start
+             * again (the worker's commit stalled 10 s a retry behind three of them in test_chaos) */
+            if (src == DL_EAGAIN && s->pins) drop_pins(s);
             return;
         }
         uint64_t v;
