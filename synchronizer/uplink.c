@@ -470,11 +470,11 @@ static void refuse_checksum(dl_sync *s, dl_wire_msg *msg, const dl_registry_lear
                       (unsigned long long)ph->checksum, (unsigned long long)got);
 }
 
-/* An fp32 chunk (len bytes at data, elements [first, first + n) of fragment p) into out, its span sums
+/* An fp32 chunk (4 n bytes at data: proto/wire.c checked the frame's size; elements [first, first + n) of
+ * fragment p) into out, its span sums
  * into s->chunk_ss (zeroed here), and its checksum computed on the way: slice by slice, each hashed and
  * then copied while the cache holds it (one read of the chunk from memory, not two). Returns the checksum. */
-static uint64_t copy_hash_fp32(dl_sync *s, int p, const void *data, size_t len, uint64_t first, uint64_t n,
-                               float *out)
+static uint64_t copy_hash_fp32(dl_sync *s, int p, const void *data, uint64_t first, uint64_t n, float *out)
 {
     memset(s->chunk_ss, 0, (size_t)s->max_spans * sizeof *s->chunk_ss);
     dl_checksum_state *st = dl_checksum_begin();
@@ -484,7 +484,6 @@ static uint64_t copy_hash_fp32(dl_sync *s, int p, const void *data, size_t len, 
         dl_checksum_update(st, src + 4 * a, (size_t)k * 4);
         span_sumsq(s, p, first + a, k, out + a, src + 4 * a, s->chunk_ss);
     }
-    (void)len; /* proto/wire.c checked len == 4 n */
     return dl_checksum_end(st);
 }
 
@@ -613,7 +612,7 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     /* same_push: the codec of its first chunk; proto/wire.c checked the frame's size and alignment */
     uint64_t bytes = ph->chunk_numel * sizeof(float);
     if (fused) { /* into its place in the buffer, counted below once the checksum holds */
-        uint64_t got = copy_hash_fp32(s, p, data, len, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset);
+        uint64_t got = copy_hash_fp32(s, p, data, ph->chunk_offset, ph->chunk_numel, in->buf + ph->chunk_offset);
         if (got != ph->checksum) {
             refuse_checksum(s, msg, l, ph, got);
             return;

@@ -75,18 +75,44 @@ static void expect_version(dl_store *s, uint64_t want, size_t n)
     free(x);
 }
 
+#define NUMEL 5000 /* fragment 0's parameters, the run's only fragment */
+
+/* A store in a new directory (dir: a mkdtemp template, filled in) for a run of one fragment of NUMEL zeros,
+ * opened with grow_wait_ms (0: the default) and v1 committed. */
+static dl_store *fresh_store(char *dir, const char *run_id, uint64_t fingerprint, uint32_t grow_wait_ms)
+{
+    REQUIRE(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
+    static const uint64_t numel[1] = {NUMEL};
+    float *init = calloc(NUMEL, sizeof *init);
+    dl_store_run run = {run_id, fingerprint, "", 1, numel, {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16,
+                                                            .vocab = 256}, 1};
+    dl_store *s = NULL;
+    dl_store_opts o = dl_store_opts_default();
+    o.grow_wait_ms = grow_wait_ms;
+    OK(dl_store_open(dir, &o, &s));
+    OK(dl_store_init_run(s, &run, (const float *const *)&init));
+    OK(commit(s, 1, NUMEL));
+    free(init);
+    return s;
+}
+
+static void remove_dir(const char *dir)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    REQUIRE(system(cmd) == 0, "rm %s", dir);
+}
+
 /* A read on a stopped environment, in a thread of its own (the caller joins it with a deadline). */
 typedef struct {
     dl_store *s;
     int rc;
-    atomic_int done;
 } reader;
 static void *read_stats(void *arg)
 {
     reader *r = arg;
     dl_store_stats st;
     r->rc = dl_store_get_stats(r->s, &st);
-    atomic_store(&r->done, 1);
     return NULL;
 }
 
@@ -97,22 +123,12 @@ static void *read_stats(void *arg)
  * stalled 10 s at a time and ignored SIGTERM); once the snapshot ends, the write reopens and commits. */
 static void reader_never_waits(void)
 {
-    char dir[] = "/tmp/dloco_test_store_panic2_XXXXXX";
-    REQUIRE(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-    const uint64_t numel[1] = {5000};
-    float *init = calloc(numel[0], sizeof *init);
-    dl_store_run run = {"run-panic2", 0x78, "", 1, numel, {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16,
-                                                           .vocab = 256}, 1};
-    dl_store *s = NULL;
-    dl_store_opts o = dl_store_opts_default();
-    o.grow_wait_ms = 600000;
-    OK(dl_store_open(dir, &o, &s));
-    OK(dl_store_init_run(s, &run, (const float *const *)&init));
-    OK(commit(s, 1, numel[0]));
+    char dir[] = "/tmp/dloco_test_store_panic2_XXXXXX"; /* mkdtemp's template */
+    dl_store *s = fresh_store(dir, "run-panic2", 0x78, 600000);
     dl_store_snap *pin = NULL;
     OK(dl_store_snapshot_begin(s, &pin)); /* an Update being sent */
     atomic_store(&g_fail_meta, 1);
-    REQUIRE(commit(s, 2, numel[0]) != 0, "the commit of v2 succeeded with its meta page refused");
+    REQUIRE(commit(s, 2, NUMEL) != 0, "the commit of v2 succeeded with its meta page refused");
     reader r = {.s = s};
     pthread_t t;
     REQUIRE(pthread_create(&t, NULL, read_stats, &r) == 0, "thread");
@@ -126,30 +142,19 @@ static void reader_never_waits(void)
     printf("ok: a read on the stopped environment with a snapshot open fails at once (DL_EAGAIN)\n");
     dl_store_snapshot_end(&pin);
     atomic_store(&g_fail_meta, 0);
-    OK(commit(s, 2, numel[0])); /* the writer reopens: nothing is open now */
-    expect_version(s, 2, numel[0]);
+    OK(commit(s, 2, NUMEL)); /* the writer reopens: nothing is open now */
+    expect_version(s, 2, NUMEL);
     printf("ok: once the snapshot ended, the next commit reopened the environment and v2 is stored\n");
     dl_store_close(&s);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    REQUIRE(system(cmd) == 0, "rm %s", dir);
-    free(init);
+    remove_dir(dir);
 }
 
 int main(void)
 {
     g_page = sysconf(_SC_PAGESIZE);
-    char dir[] = "/tmp/dloco_test_store_panic_XXXXXX";
-    REQUIRE(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
-    const uint64_t numel[1] = {5000};
-    float *init = calloc(numel[0], sizeof *init);
-    dl_store_run run = {"run-panic", 0x77, "", 1, numel, {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16,
-                                                          .vocab = 256}, 1};
-    dl_store *s = NULL;
-    dl_store_opts o = dl_store_opts_default();
-    OK(dl_store_open(dir, &o, &s));
-    OK(dl_store_init_run(s, &run, (const float *const *)&init));
-    OK(commit(s, 1, numel[0]));
+    char dir[] = "/tmp/dloco_test_store_panic_XXXXXX"; /* mkdtemp's template */
+    dl_store *s = fresh_store(dir, "run-panic", 0x77, 0);
+    const uint64_t numel[1] = {NUMEL};
 
     /* the disk fills while v2 commits: its meta page cannot be written */
     atomic_store(&g_fail_meta, 1);
@@ -181,14 +186,12 @@ int main(void)
 
     /* the store on disk: the checker passes and a fresh open reads v3 */
     REQUIRE(dl_store_check(dir, stdout) == 0, "dloco check failed on the store: %s", dl_errmsg());
+    dl_store_opts o = dl_store_opts_default();
     OK(dl_store_open(dir, &o, &s));
     expect_version(s, 3, numel[0]);
     dl_store_close(&s);
     printf("ok: the store checks clean and reopens at v3\n");
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    REQUIRE(system(cmd) == 0, "rm %s", dir);
-    free(init);
+    remove_dir(dir);
     reader_never_waits();
     printf("test_store_panic: all checks passed\n");
     return 0;

@@ -667,40 +667,61 @@ static void test_codec_pushes(void)
     free(ga), free(gb), free(gref), free(mom), free(x), free(dec), free(pl);
 }
 
+/* dloco-sync started as `name` (store and files dir/<name>*) with extra args; the endpoint the fakes
+ * connect to is set to it, and evp (cap bytes) to its events file. */
+static pid_t spawn_named(const char *name, const char *const *args, char *evp, size_t cap)
+{
+    char ep[256];
+    pid_t pid = spawn_sync_x(name, NULL, NULL, args, ep, sizeof ep);
+    REQUIRE(pid > 0 && ep[0], "the %s synchronizer starts", name);
+    snprintf(endpoint, sizeof endpoint, "%s", ep);
+    snprintf(evp, cap, "%s/%s.events", dir, name);
+    return pid;
+}
+
+/* Learner `id` on a new DEALER: Hello, its Welcome (the epoch; Welcome.chunk_bytes into *chunk_bytes when
+ * not NULL), and fragment p fetched into g at v0. Returns the DEALER. */
+static void *join_fetch(const char *id, int p, float *g, uint32_t *chunk_bytes)
+{
+    void *d = dealer(id);
+    send_hello(d, id, "dloco", fingerprint);
+    dl_wire_msg w;
+    REQUIRE(recv_msg(d, &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "welcome %s", id);
+    epoch = w.env->epoch;
+    if (chunk_bytes) *chunk_bytes = w.env->welcome->chunk_bytes;
+    dl_wire_msg_close(&w);
+    const uint32_t frag = (uint32_t)p;
+    uint64_t ver = 1;
+    int isd = 0;
+    dl_codec uc;
+    send_fetch(d, id, &frag, 1);
+    REQUIRE(take_update(d, p, g, &ver, &isd, &uc) == 0 && ver == 0, "%s fetched v0", id);
+    return d;
+}
+
 /* A learner's push chunk size follows its uplink (Ack.chunk_bytes, docs/PROTOCOL.md "Chunked transfers"):
  * with --chunk_kb 4 --push_chunk_max_kb 16 the Welcome says 4 KiB; a push whose 4 KiB chunks come back to
  * back on loopback (at least four: fewer never grow) gets an Ack saying 8 KiB (one doubling per push), the
- * next one 16 KiB (the bound), the
- * next one too (no event); one whose chunks come 100 ms apart (about 40 KB/s: a 4 KiB chunk takes 100 ms,
- * twice the 50 ms target) gets 4 KiB again at once, and each change is a push_chunk event. Every push is
- * merged whatever size its chunks have. */
+ * next one 16 KiB (the bound), the next one too (no event); one whose chunks come 100 ms apart (about
+ * 40 KB/s: a 4 KiB chunk takes 100 ms, twice the 50 ms target) gets 4 KiB again at once, and each change is
+ * a push_chunk event. Every push is merged whatever size its chunks have. */
 static void test_push_chunk_resize(void)
 {
     static const char *const args[] = {"--chunk_kb", "4", "--push_chunk_max_kb", "16", NULL};
-    char ep[256], evp[300];
-    pid_t pid = spawn_sync_x("resize", NULL, NULL, args, ep, sizeof ep);
-    REQUIRE(pid > 0 && ep[0], "the resize synchronizer starts");
-    snprintf(endpoint, sizeof endpoint, "%s", ep);
-    snprintf(evp, sizeof evp, "%s/resize.events", dir);
+    char evp[300];
+    pid_t pid = spawn_named("resize", args, evp, sizeof evp);
     const int p = 0;
     const uint64_t cn = 1024; /* 4 KiB of fp32 */
     size_t n = dl_plan_fragment_numel(plan, p);
     REQUIRE(n > 3 * cn, "fragment %d holds at least four 4 KiB chunks, the fewest a push grows on (%zu elements)", p,
             n);
-    void *d = dealer("rz");
-    send_hello(d, "rz", "dloco", fingerprint);
-    dl_wire_msg w;
-    REQUIRE(recv_msg(d, &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "welcome rz");
-    epoch = w.env->epoch;
-    CHECK(w.env->welcome->chunk_bytes == 4096, "Welcome.chunk_bytes is chunk_kb: %u", w.env->welcome->chunk_bytes);
-    dl_wire_msg_close(&w);
     float *g = malloc(n * 4), *x = malloc(n * 4);
-    const uint32_t frag = (uint32_t)p;
+    uint32_t welcome_chunk = 0;
+    void *d = join_fetch("rz", p, g, &welcome_chunk);
+    CHECK(welcome_chunk == 4096, "Welcome.chunk_bytes is chunk_kb: %u", welcome_chunk);
     uint64_t ver = 0;
     int isd = 0;
     dl_codec uc, fp32 = {DL_CODEC_FP32, 0, 0};
-    send_fetch(d, "rz", &frag, 1);
-    REQUIRE(take_update(d, p, g, &ver, &isd, &uc) == 0 && ver == 0, "rz fetched v0");
     static const uint32_t want_of[4] = {8192, 16384, 16384, 4096}; /* after each push */
     for (int k = 0; k < 4; k++) {
         int slow = k == 3;
@@ -748,10 +769,8 @@ static void test_push_chunk_cap(void)
     const char *want[2] = {"max_msg_bytes=2162688 ", "max_msg_bytes=1048576 "};
     const char *want2[2] = {"push_chunk_max=2097152 ", "push_chunk_max=983040 "};
     for (int k = 0; k < 2; k++) {
-        char ep[256], evp[300];
-        pid_t pid = spawn_sync_x(name[k], NULL, NULL, args[k], ep, sizeof ep);
-        REQUIRE(pid > 0 && ep[0], "the %s synchronizer starts", name[k]);
-        snprintf(evp, sizeof evp, "%s/%s.events", dir, name[k]);
+        char evp[300];
+        pid_t pid = spawn_named(name[k], args[k], evp, sizeof evp);
         CHECK(has_event(evp, "sync_start", want[k]) && has_event(evp, "sync_start", want2[k]),
               "%s: sync_start has %s and %s", name[k], want[k], want2[k]);
         stop_sync(pid, name[k]);
@@ -767,29 +786,18 @@ static void test_push_chunk_cap(void)
 static void test_push_checksum(void)
 {
     static const char *const args[] = {"--chunk_kb", "4", NULL};
-    char ep[256], evp[300];
-    pid_t pid = spawn_sync_x("checksum", NULL, NULL, args, ep, sizeof ep);
-    REQUIRE(pid > 0 && ep[0], "the checksum synchronizer starts");
-    snprintf(endpoint, sizeof endpoint, "%s", ep);
-    snprintf(evp, sizeof evp, "%s/checksum.events", dir);
+    char evp[300];
+    pid_t pid = spawn_named("checksum", args, evp, sizeof evp);
     const int p = 0;
     const uint64_t cn = 1024;
     size_t n = dl_plan_fragment_numel(plan, p);
     REQUIRE(n > 2 * cn, "fragment %d holds at least three 4 KiB chunks (%zu elements)", p, n);
-    void *d = dealer("ck");
-    send_hello(d, "ck", "dloco", fingerprint);
-    dl_wire_msg w;
-    REQUIRE(recv_msg(d, &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "welcome ck");
-    epoch = w.env->epoch;
-    dl_wire_msg_close(&w);
     float *g = malloc(n * 4), *x = malloc(n * 4);
     uint8_t *q4 = malloc(n * 4);
-    const uint32_t frag = (uint32_t)p;
+    void *d = join_fetch("ck", p, g, NULL);
     uint64_t ver = 0;
     int isd = 0;
     dl_codec uc, fp32 = {DL_CODEC_FP32, 0, 0}, i4 = {DL_CODEC_INT4, 16, 0};
-    send_fetch(d, "ck", &frag, 1);
-    REQUIRE(take_update(d, p, g, &ver, &isd, &uc) == 0 && ver == 0, "ck fetched v0");
     make_delta(x, n, 7);
     const char *needle = "does not match payload";
 

@@ -1,9 +1,9 @@
 #!/bin/bash
 # A learner behind a thin link (3 Mbit/s each way: a network namespace, a
 # veth pair, tbf) beside a near one, every liveness, chunk, H and staleness
-# setting at the programs' defaults: a fragment of this model travels as a
-# 1 MiB chunk and a smaller one (about 3.5 s over the link; merges come
-# faster), so its link stays busy both ways. Yet the synchronizer never
+# setting at the programs' defaults: a fragment of this model travels in
+# 64 KiB chunks, about 3.5 s over the link (merges come faster), so its
+# link stays busy both ways, and its push chunks never grow. Yet the synchronizer never
 # declares it dead (bytes drained for it and its own push chunks arriving
 # are its signs of life), the learner does not take its busy downlink for a
 # silent synchronizer (no rehello), and no Welcome after its first makes it
@@ -29,8 +29,7 @@ ip link add "$HIF" type veth peer name "$NIF" && ip link set "$NIF" netns "$NS" 
 # 3 Mbit/s each way; a burst of 16 KiB and a queue of 200 ms, as dloco-chaos shapes a datacenter's link
 tc qdisc add dev "$HIF" root tbf rate 3mbit burst 16384 limit 75000 &&
   ip netns exec "$NS" tc qdisc add dev "$NIF" root tbf rate 3mbit burst 16384 limit 75000 || die "cannot shape the link"
-# a model of 2.6 MB in two fragments: each travels as a 1 MiB chunk (2.8 s at 3 Mbit/s, about the
-# defaults' 3 s liveness) and a smaller one
+# a model of 2.6 MB in two fragments of about 20 chunks of 64 KiB each (3.5 s a fragment at 3 Mbit/s)
 MODEL="--n_layer 2 --n_head 4 --n_embd 160 --seq_len 32"
 make_corpus
 S=$W/events-sync.log
