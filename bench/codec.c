@@ -19,7 +19,14 @@
  * nearest (the splitmix64 per element): int8 1.8 / 3.3; decode_add 3.3 - 5.4
  * / 6.6 - 9.8 (0.65 - 0.96 of memcpy on two threads). Encode reads x and r
  * and writes r and the payload (4 streams against memcpy's 2), so about
- * half of memcpy is the ceiling with error feedback. */
+ * half of memcpy is the ceiling with error feedback.
+ *
+ * The synchronizer's delta Update (nearest rounding, its default): update_4pass
+ * is the sequence its worker ran until 2026-12-05 over the whole fragment
+ * (x = next - base, the residual copied to a scratch, encode with it,
+ * decode_add onto base), update_step is dl_codec_encode_step doing the same
+ * 16,384 elements at a time, the same bits; their ratio is
+ * "update_step_vs_4pass_<codec>_<threads>t". */
 #include "core/clock.h"
 #include "core/codec.h"
 #include "kernels/codec.h"
@@ -53,8 +60,9 @@ static double copy_rate(uint8_t *dst, const uint8_t *src, size_t len)
     return (double)len / (dl_clock_s() - t0) / 1e9;
 }
 
-enum { OP_ENC_NEAREST, OP_ENC_STOCH, OP_DECODE_ADD, NOPS };
-static const char *const op_names[NOPS] = {"encode_nearest", "encode_stochastic", "decode_add"};
+enum { OP_ENC_NEAREST, OP_ENC_STOCH, OP_DECODE_ADD, OP_UPDATE_PASSES, OP_UPDATE_STEP, NOPS };
+static const char *const op_names[NOPS] = {"encode_nearest", "encode_stochastic", "decode_add", "update_4pass",
+                                           "update_step"};
 
 int main(int argc, char **argv)
 {
@@ -69,7 +77,8 @@ int main(int argc, char **argv)
     int maxth = omp_get_max_threads();
     float *x = malloc(n * 4), *r = calloc(n, 4), *base = malloc(n * 4), *out = malloc(n * 4);
     uint8_t *pay = malloc(n * 4), *cpy = malloc(n * 4);
-    if (!x || !r || !base || !out || !pay || !cpy) return 2;
+    float *nxt = malloc(n * 4), *rout = calloc(n, 4), *xs = calloc(n, 4); /* the Update's G', new residual, x */
+    if (!x || !r || !base || !out || !pay || !cpy || !nxt || !rout || !xs) return 2;
     uint64_t s = 88172645463325252ull;
     for (size_t i = 0; i < n; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17; /* xorshift: uniform noise, a few decades of block scales */
@@ -77,6 +86,7 @@ int main(int argc, char **argv)
         base[i] = 0.01f * (float)(i % 1000);
     }
     memset(pay, 0, n * 4), memset(cpy, 0, n * 4), memcpy(out, base, n * 4);
+    for (size_t i = 0; i < n; i++) nxt[i] = base[i] + x[i];
 
     static const dl_codec_id ids[] = {DL_CODEC_FP32, DL_CODEC_BF16, DL_CODEC_INT8,
                                       DL_CODEC_INT4, DL_CODEC_E3M0, DL_CODEC_TOPK};
@@ -104,8 +114,19 @@ int main(int argc, char **argv)
                 for (int k = 0; k < reps; k++) mt[nm++] = copy_rate(cpy, (const uint8_t *)x, n * 4);
                 for (int k = 0; k <= reps; k++) { /* k = 0: warm-up (page faults of the payload) */
                     double t0 = dl_clock_s();
-                    int rc = op == OP_DECODE_ADD ? dl_codec_decode_add(&e.c, pay, bytes, n, out, out)
+                    int rc;
+                    if (op == OP_UPDATE_STEP) {
+                        rc = dl_codec_encode_step(&e, nxt, base, r, rout, n, pay);
+                    } else if (op == OP_UPDATE_PASSES) {
+#pragma omp parallel for simd schedule(static)
+                        for (size_t i = 0; i < n; i++) xs[i] = nxt[i] - base[i];
+                        memcpy(rout, r, n * 4);
+                        rc = dl_codec_encode(&e, xs, rout, n, 0, pay);
+                        if (!rc) rc = dl_codec_decode_add(&e.c, pay, bytes, n, base, nxt);
+                    } else {
+                        rc = op == OP_DECODE_ADD ? dl_codec_decode_add(&e.c, pay, bytes, n, out, out)
                                                  : dl_codec_encode(&e, x, r, n, 0, pay);
+                    }
                     double dt = dl_clock_s() - t0;
                     if (rc) {
                         fprintf(stderr, "codec: %s %s failed\n", dl_codec_name(ids[c]), op_names[op]);
@@ -139,7 +160,11 @@ int main(int argc, char **argv)
                 if (g[c][op][0] > 0)
                     printf("codec_%s_%s_%dt_gb_per_s %.3f\n", dl_codec_name(ids[c]), op_names[op], ths[ti],
                            g[c][op][ti]);
+        for (int c = 0; c < NC; c++)
+            if (g[c][OP_UPDATE_PASSES][ti] > 0)
+                printf("update_step_vs_4pass_%s_%dt %.2f\n", dl_codec_name(ids[c]), ths[ti],
+                       g[c][OP_UPDATE_STEP][ti] / g[c][OP_UPDATE_PASSES][ti]);
     }
-    free(x), free(r), free(base), free(out), free(pay), free(cpy), free(t), free(mt);
+    free(x), free(r), free(base), free(out), free(pay), free(cpy), free(t), free(mt), free(nxt), free(rout), free(xs);
     return 0;
 }

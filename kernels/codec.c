@@ -712,3 +712,63 @@ int dl_codec_decode_add(const dl_codec *c, const uint8_t *in, size_t len, uint64
     assert(base || n == 0);
     return decode(c, in, len, n, base, out);
 }
+
+/* Elements per tile of dl_codec_encode_step: its five arrays' tiles (x, r, next, base, payload) fit a core's
+ * L2 (16384 floats: 64 KiB each), rounded to whole work items. */
+#define STEP_TILE 16384u
+
+int dl_codec_encode_step(const dl_codec_enc *e, float *next, const float *base, const float *r_in, float *r_out,
+                         uint64_t n, uint8_t *out)
+{
+    int rc = dl_codec_enc_args_(e, n, 0);
+    if (rc) return rc < 0 ? rc : 0;
+    assert(next && base && out);
+    const dl_codec *c = &e->c;
+    geom g = geom_of(c, n);
+    uint64_t tile = g.b >= STEP_TILE ? g.b : STEP_TILE / g.b * g.b, nt = (n + tile - 1) / tile;
+    uint64_t bad = NONE; /* the first tile that failed */
+#pragma omp parallel reduction(min : bad) if (nt > 1 && n >= PAR_MIN)
+    {
+        float *x = malloc(tile * sizeof *x);
+        float *r = r_out ? NULL : malloc(tile * sizeof *r); /* the residual of a tile when r_out keeps none */
+#pragma omp for schedule(static)
+        for (uint64_t t = 0; t < nt; t++) {
+            if (!x || (!r_out && !r)) {
+                bad = t < bad ? t : bad;
+                continue;
+            }
+            uint64_t i0 = t * tile, m = n - i0 < tile ? n - i0 : tile;
+            float *rt = r_out ? r_out + i0 : r;
+            for (uint64_t i = 0; i < m; i++) x[i] = next[i0 + i] - base[i0 + i];
+            if (r_in) memcpy(rt, r_in + i0, m * sizeof *rt);
+            else memset(rt, 0, m * sizeof *rt);
+            /* items are whole in a tile: its payload is the slice from the byte of its first item */
+            uint8_t *o = out + dl_codec_bytes(c, i0);
+            uint64_t len = dl_codec_bytes(c, i0 + m) - dl_codec_bytes(c, i0);
+            if (dl_codec_encode(e, x, rt, m, i0, o) || decode(c, o, (size_t)len, m, base + i0, next + i0))
+                bad = t < bad ? t : bad;
+        }
+        free(x);
+        free(r);
+    }
+    if (bad == NONE) return 0;
+    /* the failing tile again, alone, for its message (every tile before it succeeded) */
+    uint64_t i0 = bad * tile, m = n - i0 < tile ? n - i0 : tile;
+    float *x = malloc(tile * sizeof *x), *r = malloc(tile * sizeof *r);
+    if (!x || !r) {
+        free(x);
+        free(r);
+        return dl_err(DL_ENOMEM, "%s encode: no memory for a tile's scratch (%llu elements)", dl_codec_name(c->id),
+                      (unsigned long long)tile);
+    }
+    for (uint64_t i = 0; i < m; i++) x[i] = next[i0 + i] - base[i0 + i];
+    if (r_in) memcpy(r, r_in + i0, m * sizeof *r);
+    else memset(r, 0, m * sizeof *r);
+    rc = dl_codec_encode(e, x, r, m, i0, out + dl_codec_bytes(c, i0));
+    if (!rc) /* encoded this time: the decode failed, which an encoder's own payload never does */
+        rc = dl_err(DL_EINVAL, "%s encode: elements from %llu: the payload does not decode: %s", dl_codec_name(c->id),
+                    (unsigned long long)i0, dl_errmsg());
+    free(x);
+    free(r);
+    return rc;
+}

@@ -66,6 +66,20 @@ int dl_codec_push_opts(const char *codec, long long block, long long topk, const
  * and r are then unspecified). */
 int dl_codec_encode(const dl_codec_enc *e, const float *x, float *r, uint64_t n, uint64_t first, uint8_t *out);
 
+/* The synchronizer's delta Update of one fragment, tile by tile so that each
+ * tile's arrays are read from memory once: x = next - base (fp32), the
+ * payload = the encoding of y = x + r (r = r_in, or zeros when r_in is NULL)
+ * into out (dl_codec_bytes(&e->c, n) bytes), r_out = r after the encode (NULL:
+ * not kept), and next = base + decode(payload) in place. The same bits as
+ *   x = next - base; r = a copy of r_in (or zeros); dl_codec_encode(e, x, r, n, 0, out);
+ *   dl_codec_decode_add(&e->c, out, len, n, base, next); r_out = r
+ * (tests/test_codec.c checks it). r_out must not overlap r_in, next or base.
+ * Returns 0, dl_codec_encode's DL_EINVAL naming the element (the fragment's
+ * index), or DL_ENOMEM for a tile's scratch; next, r_out and out are then
+ * unspecified. */
+int dl_codec_encode_step(const dl_codec_enc *e, float *next, const float *base, const float *r_in, float *r_out,
+                         uint64_t n, uint8_t *out);
+
 /* Decode len bytes holding n elements into out[0, n). Everything is
  * checked: len == dl_codec_bytes(c, n), every scale finite and >= 0, every
  * fp32/bf16/topk value finite, topk indices strictly increasing and inside

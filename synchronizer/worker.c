@@ -135,17 +135,14 @@ static int store_write(dl_worker *w, dl_job *j)
 
 /* The downlink: scratch_params holds the outer step's G' of fragment p; the
  * delta x = G' - G (G = params[p], the committed global) is encoded with
- * fragment p's residual (into scratch_resid, a copy: e_p changes only with
- * the commit), and scratch_params becomes G_new = G + decode(payload), one
- * fp32 add per element, exactly what a learner applying the payload onto G
- * computes. 0, or -1 with j->rc / j->err set (nothing to commit). */
+ * fragment p's residual (the new residual into scratch_resid: e_p changes
+ * only with the commit), and scratch_params becomes G_new = G + decode(payload),
+ * one fp32 add per element, exactly what a learner applying the payload onto G
+ * computes: dl_codec_encode_step, tile by tile, each array read from memory
+ * once. 0, or -1 with j->rc / j->err set (nothing to commit). */
 static int encode_update(dl_worker *w, dl_job *j, int p, size_t n)
 {
     const float *g = w->params[p];
-    float *x = w->scratch_merged; /* the merged delta is spent once the outer step ran */
-    for (size_t i = 0; i < n; i++) x[i] = w->scratch_params[i] - g[i];
-    if (w->resid[p]) memcpy(w->scratch_resid, w->resid[p], n * sizeof(float));
-    else memset(w->scratch_resid, 0, n * sizeof(float));
     uint64_t bytes = dl_codec_bytes(&w->enc.c, n);
     if (!bytes) DL_PANIC("downlink codec %s: no payload size for %zu elements", dl_codec_name(w->enc.c.id), n);
     uint8_t *out = dl_xmalloc((size_t)bytes);
@@ -153,9 +150,7 @@ static int encode_update(dl_worker *w, dl_job *j, int p, size_t n)
     dl_codec_enc e = w->enc;
     uint64_t key[2] = {(uint64_t)p, j->version + 1};
     e.seed = dl_hash64(key, sizeof key, w->enc.seed);
-    int rc = dl_codec_encode(&e, x, w->scratch_resid, n, 0, out);
-    if (!rc) rc = dl_codec_decode_add(&w->enc.c, out, (size_t)bytes, n, g, w->scratch_params);
-    if (rc) {
+    if (dl_codec_encode_step(&e, w->scratch_params, g, w->resid[p], w->scratch_resid, n, out)) {
         free(out);
         j->rc = DL_ECORRUPT;
         snprintf(j->err, sizeof j->err, "merged delta not encodable as %s (%s); not committed",

@@ -748,6 +748,52 @@ static void threads(void)
     free(x), free(r1), free(r2), free(d1), free(d2);
 }
 
+/* dl_codec_encode_step against the sequence it fuses (x = next - base, a copy of the residual, encode,
+ * decode_add), bit for bit: payload, residual and the new global; every residual combination; a bad value
+ * in a later tile names its fragment element. n crosses tiles (16384 elements) unevenly. */
+static void encode_step(dl_codec c, dl_codec_rounding rd, uint64_t n)
+{
+    const char *nm = dl_codec_name(c.id);
+    uint64_t bytes = dl_codec_bytes(&c, n);
+    float *next = malloc(n * 4), *base = malloc(n * 4), *rin = malloc(n * 4), *x = malloc(n * 4);
+    float *r1 = malloc(n * 4), *r2 = malloc(n * 4), *g1 = malloc(n * 4), *g2 = malloc(n * 4);
+    uint8_t *p1 = malloc(bytes), *p2 = malloc(bytes);
+    fill(base, n, c.block ? c.block : 128);
+    fill(x, n, c.block ? c.block : 128);
+    for (uint64_t i = 0; i < n; i++) {
+        next[i] = base[i] + 0.01f * x[i];
+        rin[i] = 1e-3f * x[(i * 7) % n];
+    }
+    dl_codec_enc e = {.c = c, .rounding = rd, .seed = 0xfeed + n};
+    for (int mode = 0; mode < 4; mode++) { /* r_in given or not, r_out kept or not */
+        const float *ri = mode & 1 ? rin : NULL;
+        for (uint64_t i = 0; i < n; i++) {
+            x[i] = next[i] - base[i];
+            r1[i] = ri ? ri[i] : 0.0f;
+        }
+        memcpy(g1, next, n * 4);
+        CHECK(dl_codec_encode(&e, x, r1, n, 0, p1) == 0 && dl_codec_decode_add(&c, p1, bytes, n, base, g1) == 0,
+              "%s reference: %s", nm, dl_errmsg());
+        memcpy(g2, next, n * 4);
+        memset(r2, 0x5a, n * 4);
+        int rc = dl_codec_encode_step(&e, g2, base, ri, mode & 2 ? r2 : NULL, n, p2);
+        CHECK(rc == 0, "%s encode_step n %llu mode %d: %s", nm, (unsigned long long)n, mode, dl_errmsg());
+        CHECK(memcmp(p1, p2, bytes) == 0, "%s encode_step n %llu mode %d: payload differs", nm, (unsigned long long)n,
+              mode);
+        CHECK(memcmp(g1, g2, n * 4) == 0, "%s encode_step n %llu mode %d: new global differs", nm,
+              (unsigned long long)n, mode);
+        CHECK(!(mode & 2) || memcmp(r1, r2, n * 4) == 0, "%s encode_step n %llu mode %d: residual differs", nm,
+              (unsigned long long)n, mode);
+    }
+    if (n > 40000) { /* a value the encoder refuses, in a later tile */
+        memcpy(g2, next, n * 4);
+        g2[40000] = INFINITY;
+        CHECK(dl_codec_encode_step(&e, g2, base, rin, r2, n, p2) == DL_EINVAL && strstr(dl_errmsg(), "40000"),
+              "%s encode_step of an infinity at 40000: %s", nm, dl_errmsg());
+    }
+    free(next), free(base), free(rin), free(x), free(r1), free(r2), free(g1), free(g2), free(p1), free(p2);
+}
+
 int main(void)
 {
     dl_rng_seed(&rng, 20261201);
@@ -793,6 +839,15 @@ int main(void)
     unbiased(mk(DL_CODEC_INT8, 128));
     unbiased(mk(DL_CODEC_INT4, 16));
     unbiased(mk(DL_CODEC_E3M0, 128));
+    for (int k = 0; k < NALL; k++)
+        for (int r = 0; r < 2; r++) {
+            encode_step(mk(ALL[k], 128), (dl_codec_rounding)r, 3 * 16384 + 1000 + 3);
+            if (dl_codec_is_block(ALL[k])) { /* a block past the tile; odd blocks */
+                encode_step(mk(ALL[k], DL_CODEC_BLOCK_MAX), (dl_codec_rounding)r, 2 * DL_CODEC_BLOCK_MAX + 37);
+                encode_step(mk(ALL[k], 16), (dl_codec_rounding)r, 70001);
+            }
+        }
+    encode_step(mk(DL_CODEC_INT4, 128), DL_ROUND_STOCHASTIC, 5);
     hostile();
     mutations();
     golden();
