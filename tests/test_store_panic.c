@@ -149,6 +149,81 @@ static void reader_never_waits(void)
     remove_dir(dir);
 }
 
+/* The writer of three_threads: a commit of v2 that finds the environment stopped and must reopen it. */
+typedef struct {
+    dl_store *s;
+    int rc;
+} writer;
+static void *write_v2(void *arg)
+{
+    writer *w = arg;
+    w->rc = commit(w->s, 2, NUMEL);
+    return NULL;
+}
+
+/* The reader of three_threads, the synchronizer's loop: it holds a pinned snapshot (an Update being sent)
+ * and reads again and again while the worker's write waits to reopen the environment; every read must
+ * return at once (DL_EAGAIN), and then it lets the snapshot go. */
+typedef struct {
+    dl_store *s;
+    dl_store_snap *pin;
+    int reads, eagain, other_rc;
+} looper;
+static void *loop_reads(void *arg)
+{
+    looper *l = arg;
+    for (int i = 0; i < 25; i++) {
+        dl_store_stats st;
+        int rc = dl_store_get_stats(l->s, &st);
+        l->reads++;
+        if (rc == DL_EAGAIN) l->eagain++;
+        else if (rc) l->other_rc = rc;
+        struct timespec ts = {0, 10 * 1000 * 1000}; /* spreads the reads over the writer's wait; not a sync */
+        nanosleep(&ts, NULL);
+    }
+    dl_store_snapshot_end(&l->pin);
+    return NULL;
+}
+
+/* Stop 36's deadlock, three parties: the loop holds a snapshot, the environment is stopped, the worker's
+ * commit waits (grow_wait_ms, 10 minutes here) for the loop's snapshot to end so that it can reopen, and
+ * the loop reads meanwhile. A read that waited for the reopen (untimed once, grow_wait_ms at a time later)
+ * kept the loop from ever ending its snapshot: the synchronizer stopped answering. Now every read returns
+ * DL_EAGAIN at once, the loop ends its snapshot, and the commit goes through. */
+static void three_threads(void)
+{
+    char dir[] = "/tmp/dloco_test_store_panic3_XXXXXX"; /* mkdtemp's template */
+    dl_store *s = fresh_store(dir, "run-panic3", 0x79, 600000);
+    looper lp = {.s = s};
+    OK(dl_store_snapshot_begin(s, &lp.pin));
+    atomic_store(&g_fail_meta, 1);
+    REQUIRE(commit(s, 2, NUMEL) != 0, "the commit of v2 succeeded with its meta page refused");
+    atomic_store(&g_fail_meta, 0); /* the disk has room again: the reopen is all the commit needs */
+    writer wr = {.s = s, .rc = -1};
+    pthread_t tw, tl;
+    REQUIRE(pthread_create(&tw, NULL, write_v2, &wr) == 0, "thread");
+    REQUIRE(pthread_create(&tl, NULL, loop_reads, &lp) == 0, "thread");
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30; /* deadlines for the joins, not measurements: the old waits were 600 s */
+    int joined = pthread_timedjoin_np(tl, NULL, &until) == 0;
+    REQUIRE(joined, "the loop's reads did not all return within 30 s while the worker waited to reopen (%d of 25 "
+                    "returned): a read waits for the reopen", lp.reads);
+    REQUIRE(lp.other_rc == 0 && lp.eagain >= 1, "the loop's reads: %d of %d DL_EAGAIN, another error %d (%s)",
+            lp.eagain, lp.reads, lp.other_rc, dl_strerror(lp.other_rc));
+    printf("ok: 25 reads with a snapshot open while the worker waited to reopen the environment returned at once "
+           "(%d DL_EAGAIN)\n", lp.eagain);
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30;
+    joined = pthread_timedjoin_np(tw, NULL, &until) == 0;
+    REQUIRE(joined && wr.rc == 0, "the worker's commit after the loop's snapshot ended: joined %d, rc %d (%s)",
+            joined, wr.rc, joined ? dl_errmsg() : "still waiting");
+    expect_version(s, 2, NUMEL);
+    printf("ok: once the loop's snapshot ended, the waiting commit reopened the environment and v2 is stored\n");
+    dl_store_close(&s);
+    remove_dir(dir);
+}
+
 int main(void)
 {
     g_page = sysconf(_SC_PAGESIZE);
@@ -193,6 +268,7 @@ int main(void)
     printf("ok: the store checks clean and reopens at v3\n");
     remove_dir(dir);
     reader_never_waits();
+    three_threads();
     printf("test_store_panic: all checks passed\n");
     return 0;
 }
