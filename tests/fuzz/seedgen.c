@@ -179,6 +179,7 @@ static void mk_update(msg *m, uint32_t frag, Dloco__V1__Codec codec, uint32_t bl
     m->update.codec = codec;
     m->update.numel = FUZZ_FRAGMENT_NUMEL[frag];
     m->update.block_size = block;
+    m->update.delta = codec != DLOCO__V1__CODEC__CODEC_FP32; /* a full Update is fp32: another codec, a delta */
     /* the payload of the codec as it should be: a block size an fp32 or bf16
      * Update must not carry (bad_update_block) is the header's fault alone */
     int block_codec = codec != DLOCO__V1__CODEC__CODEC_FP32 && codec != DLOCO__V1__CODEC__CODEC_BF16;
@@ -728,6 +729,19 @@ static void manifest_seeds(void)
     put_mode("torch.safetensors", 1, b, 8 + hl + 36);
     b[8 + 35] = (unsigned char)'3'; /* "c" shape [2,1,1,3]: not the manifest's */
     put_mode("bad_shape.safetensors", 1, b, 8 + hl + 36);
+    free(b);
+    /* tensors that make no manifest: one named "" (the fuzzer's find of 2026-12-04, commit b491d75) */
+    static const char hdr0[] = "{\"\" :{\"dtype\":\"F32\",\"shape\":[2,1,1,2],\"data_offsets\":[0,16]},"
+                               "\"/\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[16,20]},"
+                               "\"e\":{\"dtype\":\"F16\",\"shape\":[4,2],\"data_offsets\":[20,36]}}";
+    hl = sizeof hdr0 - 1;
+    b = calloc(1, 8 + hl + 36);
+    for (int k = 0; k < 8; k++) b[k] = (unsigned char)((uint64_t)hl >> (8 * k));
+    memcpy(b + 8, hdr0, hl);
+    memcpy(b + 8 + hl, x, 16);
+    b[8 + hl + 16 + 1] = 0x3f;
+    b[8 + hl + 20 + 1] = 0x3c;
+    put_mode("bad_empty_name.safetensors", 1, b, 8 + hl + 36);
     free(b);
     dl_manifest_close(&m);
 }
