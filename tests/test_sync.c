@@ -552,7 +552,7 @@ static void make_delta(float *x, size_t n, int k)
 }
 
 /* (a) + (c): learner ca pushes fragment 1 in each codec (a whole push, then
- * a chunked int4 one); each is decoded, merged (weighted mean of one, no
+ * a chunked int4 one and two chunked fp32 ones); each is decoded, merged (weighted mean of one, no
  * share scaling: G -= outer Nesterov(decode(payload))), and ca and cb, which
  * never pushes, both get every new version. A push whose payload does not
  * match its codec and fragment size gets an Error naming both numbers; an
@@ -590,12 +590,16 @@ static void test_codec_pushes(void)
     memcpy(gref, ga, n * 4);
     static const dl_codec codecs[] = {{DL_CODEC_FP32, 0, 0},  {DL_CODEC_BF16, 0, 0},  {DL_CODEC_INT8, 16, 0},
                                       {DL_CODEC_INT4, 16, 0}, {DL_CODEC_E3M0, 16, 0}, {DL_CODEC_TOPK, 16, 4},
-                                      {DL_CODEC_INT4, 16, 0}};
+                                      {DL_CODEC_INT4, 16, 0}, {DL_CODEC_FP32, 0, 0},  {DL_CODEC_FP32, 0, 0}};
+    /* elements per chunk (0: a whole push): int4 in chunks of 64 blocks; fp32 in 4 KiB chunks (each checked
+     * while it is copied into the pool buffer) and in 1 KiB ones, smaller than any learner sends */
+    static const uint64_t chunk[] = {0, 0, 0, 0, 0, 0, 1024, 1024, 256};
     int nc = (int)(sizeof codecs / sizeof codecs[0]);
     uint64_t v = 0;
     for (int k = 0; k < nc; k++, v++) {
         const dl_codec *c = &codecs[k];
-        int chunked = k == nc - 1; /* the last one: int4 in chunks of 1024 elements (64 blocks) */
+        uint64_t cs = chunk[k];
+        int chunked = cs > 0;
         make_delta(x, n, k);
         dl_codec_enc enc = {.c = *c, .rounding = DL_ROUND_NEAREST};
         size_t bytes = (size_t)dl_codec_bytes(c, n);
@@ -606,8 +610,10 @@ static void test_codec_pushes(void)
         if (!chunked) {
             push_codec(a, "ca", p, v, c, pl, bytes, 0, 0, 0);
         } else {
-            for (uint64_t off = 0; off < n; off += 1024) {
-                uint64_t cn = n - off < 1024 ? n - off : 1024;
+            REQUIRE(n > 2 * cs, "fragment %d (%zu elements) is more than two chunks of %llu", p, n,
+                    (unsigned long long)cs);
+            for (uint64_t off = 0; off < n; off += cs) {
+                uint64_t cn = n - off < cs ? n - off : cs;
                 size_t at = off ? (size_t)dl_codec_bytes(c, off) : 0;
                 push_codec(a, "ca", p, v, c, pl + at, (size_t)dl_codec_bytes(c, cn), off, cn, 77);
             }
@@ -628,8 +634,8 @@ static void test_codec_pushes(void)
               (unsigned long long)ver);
         memcpy(gref, ga, n * 4); /* the next step starts from what was committed */
     }
-    printf("ok: pushes in fp32, bf16, int8, int4, e3m0, topk and a chunked int4 push were decoded and merged; the "
-           "learner that never pushed got every version\n");
+    printf("ok: pushes in fp32, bf16, int8, int4, e3m0, topk, a chunked int4 push and chunked fp32 pushes (4 KiB and "
+           "1 KiB chunks) were decoded and merged; the learner that never pushed got every version\n");
 
     /* a payload one byte short of what int4 x n (block 16) needs */
     dl_codec c4 = {DL_CODEC_INT4, 16, 0};
