@@ -1,8 +1,10 @@
 #!/bin/bash
 # The wire codecs' CPU kernels on a 64 MB fp32 vector (16M floats), block 128,
 # topk 8 per block: encode (nearest and stochastic, with error feedback) and
-# decode_add GB/s of fp32 input, on one thread and on THREADS threads, next
-# to memcpy of the same buffer in the same run (bench/codec.c).
+# decode_add GB/s of fp32 input, and the synchronizer's delta Update as four
+# passes against dl_codec_encode_step (update_step_vs_4pass_*), on one thread
+# and on THREADS threads, next to memcpy of the same buffer in the same run
+# (bench/codec.c).
 # Usage: bench/codec.sh [floats (16777216)]   (BUILD_DIR=build; THREADS=nproc; REPS=5)
 set -euo pipefail
 . "$(dirname "$0")/../tests/lib_args.sh"

@@ -38,7 +38,7 @@
 # The floor beside it (bench/floor, pinned to the synchronizer's core, its sender on the loadgen's): what
 # any synchronizer that receives each pushed byte over TCP, checks its checksum and averages it into a
 # round must spend at the least -- the kernel's receive copy, one read for the checksum, one for the
-# mean, nothing else -- as `sync_floor_memcpys_per_merged_byte: X.X` (3.6 on the Intel machine of
+# mean, nothing else -- as `sync_floor_memcpys_per_merged_byte: X.X` (3.6-4.0 on the Intel machine of
 # docs/RESULTS.md: above the bar; the bar line says so when it is).
 # Last line: `sync_cpu_memcpys_per_merged_byte: X.X`.
 #
