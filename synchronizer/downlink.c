@@ -506,13 +506,18 @@ void dl_downlink_resume_clear(dl_sync *s, int slot)
     memset(s->resume_o + (size_t)slot * P, 0, P * sizeof *s->resume_o);
 }
 
-/* Elements per chunk of a delta Update of codec c: the fp32 chunk's
- * elements (ce, 0 = whole fragments), down to whole blocks for a block
- * codec (a chunk starts on a block: proto/wire.c); 0 when not one block
- * fits. */
+/* Elements per chunk of a delta Update of codec c: as many as a chunk's
+ * payload bytes allow -- the fp32 chunk's bytes (ce elements; 0 = whole
+ * fragments), what the learner takes and pacing allows -- in whole blocks
+ * for a block codec (a chunk starts on a block: proto/wire.c); 0 when not
+ * one block fits. A chunk is sized in bytes on the wire whatever it
+ * carries: an int4 delta chunk of the fp32 chunk's element count was an
+ * eighth of its bytes, eight times the messages (each costs the kernel and
+ * libzmq more than its bytes do) for the same downlink. */
 static uint64_t delta_chunk_elems(uint64_t ce, const dl_codec *c)
 {
-    return dl_codec_is_block(c->id) ? ce - ce % c->block : ce;
+    uint64_t unit = dl_codec_is_block(c->id) ? c->block : 1, per = dl_codec_bytes(c, unit);
+    return per ? ce * sizeof(float) / per * unit : 0;
 }
 
 /* Fragment p's kept delta to version v, NULL when it is not kept (any more). */
@@ -559,7 +564,7 @@ static uint64_t delta_next(const dl_sync *s, int slot, int p, uint64_t v, uint64
     size_t sum = 0;
     for (uint64_t k = given + 1; k <= v; k++) {
         const kept_delta *kd = kept_of(s, p, k);
-        if (!kd || (ce_max && kd->c.block > ce_max && dl_codec_is_block(kd->c.id))) return 0;
+        if (!kd || (ce_max && !delta_chunk_elems(ce_max, &kd->c))) return 0;
         sum += kd->bytes;
     }
     return sum <= n * sizeof(float) ? given + 1 : 0;

@@ -878,7 +878,8 @@ static uint64_t merge_hash(const char *path, int p, uint64_t v)
 }
 
 /* (d) update_codec int4 (block 16): da pushes fragment 1; db, which always
- * holds v - 1, gets each version as an int4 delta (in chunks: it takes 4 KiB)
+ * holds v - 1, gets each version as an int4 delta (chunked: it takes 4 KiB, and the
+ * delta's 2,820 bytes make one chunk; the learner side of chunked deltas: test_comms, test_codec_cluster)
  * and its copy stays the stored fragment bit for bit (the merge event's hash);
  * dc gets v1 as a delta, then is dead while v2 and v3 merge: heard from
  * again, it is served the chain from what it holds: v2 and v3 as deltas
