@@ -764,10 +764,14 @@ int dl_codec_encode_step(const dl_codec_enc *e, float *next, const float *base, 
     for (uint64_t i = 0; i < m; i++) x[i] = next[i0 + i] - base[i0 + i];
     if (r_in) memcpy(r, r_in + i0, m * sizeof *r);
     else memset(r, 0, m * sizeof *r);
-    rc = dl_codec_encode(e, x, r, m, i0, out + dl_codec_bytes(c, i0));
-    if (!rc) /* encoded this time: the decode failed, which an encoder's own payload never does */
+    uint8_t *o = out + dl_codec_bytes(c, i0);
+    rc = dl_codec_encode(e, x, r, m, i0, o);
+    if (!rc && decode(c, o, (size_t)(dl_codec_bytes(c, i0 + m) - dl_codec_bytes(c, i0)), m, base + i0, next + i0))
         rc = dl_err(DL_EINVAL, "%s encode: elements from %llu: the payload does not decode: %s", dl_codec_name(c->id),
                     (unsigned long long)i0, dl_errmsg());
+    else if (!rc) /* it went through alone: a thread's scratch was what failed */
+        rc = dl_err(DL_ENOMEM, "%s encode: no memory for a tile's scratch (%llu elements)", dl_codec_name(c->id),
+                    (unsigned long long)tile);
     free(x);
     free(r);
     return rc;
