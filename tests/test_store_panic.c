@@ -103,17 +103,28 @@ static void remove_dir(const char *dir)
     REQUIRE(system(cmd) == 0, "rm %s", dir);
 }
 
-/* A read on a stopped environment, in a thread of its own (the caller joins it with a deadline). */
+/* One store call in a thread of its own (the caller joins it with joined_within): its store and result. */
 typedef struct {
     dl_store *s;
     int rc;
-} reader;
+} store_call;
+/* A read on a stopped environment. */
 static void *read_stats(void *arg)
 {
-    reader *r = arg;
+    store_call *r = arg;
     dl_store_stats st;
     r->rc = dl_store_get_stats(r->s, &st);
     return NULL;
+}
+
+/* 1 when thread t ended within `seconds` (a deadline for the join, not a measurement: the waits these
+ * tests replace were 600 s). */
+static int joined_within(pthread_t t, int seconds)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += seconds;
+    return pthread_timedjoin_np(t, NULL, &until) == 0;
 }
 
 /* The synchronizer's loop holds pinned read snapshots (Updates being sent) and reads (stats, new
@@ -129,13 +140,10 @@ static void reader_never_waits(void)
     OK(dl_store_snapshot_begin(s, &pin)); /* an Update being sent */
     atomic_store(&g_fail_meta, 1);
     REQUIRE(commit(s, 2, NUMEL) != 0, "the commit of v2 succeeded with its meta page refused");
-    reader r = {.s = s};
+    store_call r = {.s = s};
     pthread_t t;
     REQUIRE(pthread_create(&t, NULL, read_stats, &r) == 0, "thread");
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 30; /* a deadline for the join, not a measurement: the old wait was 600 s */
-    int joined = pthread_timedjoin_np(t, NULL, &until) == 0;
+    int joined = joined_within(t, 30);
     REQUIRE(joined && r.rc == DL_EAGAIN, "a read while a snapshot is open on the stopped environment returns "
                                        "DL_EAGAIN at once (joined %d, rc %d: %s)", joined, r.rc,
           joined ? dl_strerror(r.rc) : "still waiting");
@@ -150,13 +158,9 @@ static void reader_never_waits(void)
 }
 
 /* The writer of three_threads: a commit of v2 that finds the environment stopped and must reopen it. */
-typedef struct {
-    dl_store *s;
-    int rc;
-} writer;
 static void *write_v2(void *arg)
 {
-    writer *w = arg;
+    store_call *w = arg;
     w->rc = commit(w->s, 2, NUMEL);
     return NULL;
 }
@@ -199,23 +203,18 @@ static void three_threads(void)
     atomic_store(&g_fail_meta, 1);
     REQUIRE(commit(s, 2, NUMEL) != 0, "the commit of v2 succeeded with its meta page refused");
     atomic_store(&g_fail_meta, 0); /* the disk has room again: the reopen is all the commit needs */
-    writer wr = {.s = s, .rc = -1};
+    store_call wr = {.s = s, .rc = -1};
     pthread_t tw, tl;
     REQUIRE(pthread_create(&tw, NULL, write_v2, &wr) == 0, "thread");
     REQUIRE(pthread_create(&tl, NULL, loop_reads, &lp) == 0, "thread");
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 30; /* deadlines for the joins, not measurements: the old waits were 600 s */
-    int joined = pthread_timedjoin_np(tl, NULL, &until) == 0;
+    int joined = joined_within(tl, 30);
     REQUIRE(joined, "the loop's reads did not all return within 30 s while the worker waited to reopen (%d of 25 "
                     "returned): a read waits for the reopen", lp.reads);
     REQUIRE(lp.other_rc == 0 && lp.eagain >= 1, "the loop's reads: %d of %d DL_EAGAIN, another error %d (%s)",
             lp.eagain, lp.reads, lp.other_rc, dl_strerror(lp.other_rc));
     printf("ok: 25 reads with a snapshot open while the worker waited to reopen the environment returned at once "
            "(%d DL_EAGAIN)\n", lp.eagain);
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 30;
-    joined = pthread_timedjoin_np(tw, NULL, &until) == 0;
+    joined = joined_within(tw, 30);
     REQUIRE(joined && wr.rc == 0, "the worker's commit after the loop's snapshot ended: joined %d, rc %d (%s)",
             joined, wr.rc, joined ? dl_errmsg() : "still waiting");
     expect_version(s, 2, NUMEL);
