@@ -227,14 +227,13 @@ static void no_free(void *data, void *hint)
     (void)hint;
 }
 
-/* Elements per chunk of a push at chunk_bytes (as learner/comms_uplink.c: the fp32 chunk's element count,
- * rounded down to whole blocks for a block codec, at least one block). */
+/* Elements per chunk of a push at chunk_bytes (as learner/comms_uplink.c: as many as fill chunk_bytes encoded,
+ * whole blocks for a block codec, at least one block). */
 static uint64_t chunk_numel(const lg *g, uint64_t chunk_bytes)
 {
-    uint64_t n = chunk_bytes / sizeof(float);
-    if (!dl_codec_is_block(g->codec.id)) return n;
-    uint64_t blocks = n / g->codec.block;
-    return (blocks ? blocks : 1) * g->codec.block;
+    uint64_t n = dl_codec_chunk_numel(&g->codec, chunk_bytes);
+    if (n) return n;
+    return dl_codec_is_block(g->codec.id) ? g->codec.block : 1;
 }
 
 static uint64_t enc_bytes(const lg *g, uint64_t n) { return n ? dl_codec_bytes(&g->codec, n) : 0; }

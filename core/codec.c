@@ -64,6 +64,12 @@ uint64_t dl_codec_bytes(const dl_codec *c, uint64_t n)
     return 0;
 }
 
+uint64_t dl_codec_chunk_numel(const dl_codec *c, uint64_t bytes)
+{
+    uint64_t unit = dl_codec_is_block(c->id) ? c->block : 1, per = dl_codec_bytes(c, unit);
+    return per ? bytes / per * unit : 0;
+}
+
 double dl_codec_bits(const dl_codec *c, uint64_t n)
 {
     uint64_t bytes = dl_codec_bytes(c, n);

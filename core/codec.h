@@ -68,6 +68,12 @@ int dl_codec_check(const dl_codec *c, char *why, size_t cap);
 /* Bytes of a payload of n elements (a block-aligned range for block codecs);
  * 0 when there is no valid size: n 0, c invalid, or a size beyond 2^62. */
 uint64_t dl_codec_bytes(const dl_codec *c, uint64_t n);
+/* Elements of a chunk whose payload fills at most `bytes`: as many whole
+ * blocks as fit for a block codec (a chunk starts on a block and holds whole
+ * blocks: proto/wire.c), as many elements as fit otherwise; 0 when not one
+ * block (element) fits or c is invalid. A chunk is sized in bytes on the wire
+ * whatever it carries (docs/PROTOCOL.md "Chunks"). */
+uint64_t dl_codec_chunk_numel(const dl_codec *c, uint64_t bytes);
 /* Bits per element of a whole-fragment payload of n elements (for reports). */
 double dl_codec_bits(const dl_codec *c, uint64_t n);
 

@@ -20,20 +20,23 @@ static uint64_t enc_bytes(const dl_comms *c, uint64_t n) { return n ? dl_codec_b
 /* The push window: payload bytes of ours libzmq may hold: two chunks of the
  * push leaving, as they travel (encoded), keep the link busy, and a
  * heartbeat waits behind at most that. (Counted in fp32 bytes it held about
- * 15 int4 chunks: with chunks sized for 50 ms of the link, 750 ms.) */
+ * 15 int4 chunks of an eighth of their bytes: with chunks sized for 50 ms of
+ * the link, 750 ms.) */
 static uint64_t push_window(const dl_comms *c, const ptx *t) { return 2 * enc_bytes(c, t->cn); }
 
-/* Elements per chunk of a chunked push: the chunk's fp32 element count
- * (Welcome.chunk_bytes / 4, or the latest Ack.chunk_bytes / 4), for block codecs rounded down to whole blocks
- * (at least one), so every chunk but the fragment's last holds whole blocks
- * and an encoded chunk is smaller than the fp32 chunk it stands for (as the
- * synchronizer chunks delta Updates). */
+/* Elements per chunk of a chunked push: as many as fill the chunk's bytes
+ * (Welcome.chunk_bytes, or the latest Ack.chunk_bytes) encoded, in whole
+ * blocks for block codecs (dl_codec_chunk_numel; at least one block, and
+ * every chunk but the fragment's last holds whole blocks). A chunk is sized
+ * in bytes on the wire whatever its codec, as the synchronizer sizes delta
+ * Updates: an int4 chunk of the fp32 chunk's element count was an eighth of
+ * its bytes, eight times the messages for the same push. */
 static uint64_t push_chunk_numel(const dl_comms *c)
 {
     const dl_codec *pc = &c->penc.c;
-    if (!dl_codec_is_block(pc->id)) return c->push_chunk;
-    uint64_t blocks = c->push_chunk / pc->block;
-    return (blocks ? blocks : 1) * pc->block;
+    uint64_t n = dl_codec_chunk_numel(pc, c->push_chunk * sizeof(float));
+    if (n) return n;
+    return dl_codec_is_block(pc->id) ? pc->block : 1;
 }
 
 /* Encode the claimed push of p (x: numel_p floats) into f->enc with the

@@ -509,16 +509,11 @@ void dl_downlink_resume_clear(dl_sync *s, int slot)
 /* Elements per chunk of a delta Update of codec c: as many as a chunk's
  * payload bytes allow -- the fp32 chunk's bytes (ce elements; 0 = whole
  * fragments), what the learner takes and pacing allows -- in whole blocks
- * for a block codec (a chunk starts on a block: proto/wire.c); 0 when not
- * one block fits. A chunk is sized in bytes on the wire whatever it
- * carries: an int4 delta chunk of the fp32 chunk's element count was an
- * eighth of its bytes, eight times the messages (each costs the kernel and
- * libzmq more than its bytes do) for the same downlink. */
-static uint64_t delta_chunk_elems(uint64_t ce, const dl_codec *c)
-{
-    uint64_t unit = dl_codec_is_block(c->id) ? c->block : 1, per = dl_codec_bytes(c, unit);
-    return per ? ce * sizeof(float) / per * unit : 0;
-}
+ * for a block codec (dl_codec_chunk_numel); 0 when not one block fits. An
+ * int4 delta chunk of the fp32 chunk's element count was an eighth of its
+ * bytes, eight times the messages (each costs the kernel and libzmq more
+ * than its bytes do) for the same downlink. */
+static uint64_t delta_chunk_elems(uint64_t ce, const dl_codec *c) { return dl_codec_chunk_numel(c, ce * sizeof(float)); }
 
 /* Fragment p's kept delta to version v, NULL when it is not kept (any more). */
 static const kept_delta *kept_of(const dl_sync *s, int p, uint64_t v)

@@ -48,7 +48,6 @@ typedef struct {
     int codec;           /* the first chunk's codec, block size and topk: every chunk must match */
     uint32_t block, topk;
     uint64_t received;   /* elements so far, in order */
-    uint64_t first_numel; /* elements of its first chunk (the rate counts those after it) */
     uint64_t counted;    /* pool bytes counted for it: received x 4 (the pool keeps fp32) */
     uint64_t wire;       /* payload bytes of its chunks after the first, as they travelled (its uplink's rate) */
     int chunks;          /* chunks kept so far */

@@ -507,8 +507,10 @@ static void inbound_header(inbound *in, const Dloco__V1__Push *ph, int64_t now)
     in->progress_ns = now;
 }
 
-/* After a chunked push of l has come in full, at `numel_s` fp32 elements per
- * second (its chunks after the first: the pace its link and ours allowed):
+/* After a chunked push of l has come in full, at `bytes_s` payload bytes per
+ * second (its chunks after the first, as they came on the wire, encoded: the
+ * pace its link and ours allowed; a learner fills a chunk's bytes with its
+ * codec's elements, learner/comms_uplink.c):
  * the chunk size its next pushes use (Ack.chunk_bytes, sent with every Ack)
  * is chunk_bytes doubled while the double is carried in DL_SYNC_PUSH_CHUNK_MS
  * at that pace, up to push_chunk_max. It grows one doubling per push of at
@@ -520,19 +522,19 @@ static void inbound_header(inbound *in, const Dloco__V1__Push *ph, int64_t now)
  * kernel's and libzmq's cost per message is most of what a pushed byte
  * costs this process (docs/RESULTS.md); a thin link keeps chunk_bytes, so
  * heartbeats do not queue behind its chunks. */
-static void push_chunk_resize(dl_sync *s, dl_registry_learner *l, double numel_s, int chunks)
+static void push_chunk_resize(dl_sync *s, dl_registry_learner *l, double bytes_s, int chunks)
 {
-    double want = numel_s * sizeof(float) * DL_SYNC_PUSH_CHUNK_MS / 1000.0;
+    double want = bytes_s * DL_SYNC_PUSH_CHUNK_MS / 1000.0;
     uint64_t c = s->cfg.chunk_bytes, cur = l->push_chunk ? l->push_chunk : s->cfg.chunk_bytes;
     while (c * 2 <= s->cfg.push_chunk_max && (double)(c * 2) <= want) c *= 2;
     if (c > 2 * cur) c = 2 * cur;
     if (c > cur && chunks < DL_SYNC_PUSH_CHUNK_GROW_MIN) return;
     if (c < cur && (double)cur <= 2 * want) return; /* a little too big: kept */
     if (c == cur) return;
-    dl_event("push_chunk", "id=%s bytes=%llu was=%llu up_numel_s=%.0f", l->id, (unsigned long long)c,
-             (unsigned long long)cur, numel_s);
-    DL_DEBUG("learner %s: push chunks of %llu bytes from now (were %llu; its uplink carried %.0f elements/s)", l->id,
-             (unsigned long long)c, (unsigned long long)cur, numel_s);
+    dl_event("push_chunk", "id=%s bytes=%llu was=%llu up_bytes_s=%.0f", l->id, (unsigned long long)c,
+             (unsigned long long)cur, bytes_s);
+    DL_DEBUG("learner %s: push chunks of %llu bytes from now (were %llu; its uplink carried %.0f bytes/s)", l->id,
+             (unsigned long long)c, (unsigned long long)cur, bytes_s);
     l->push_chunk = (uint32_t)c;
 }
 
@@ -642,14 +644,14 @@ void dl_uplink_push(dl_sync *s, int slot, dl_registry_learner *l, dl_wire_msg *m
     }
     dl_pool_count(s->pool, bytes);
     in->counted += bytes;
-    if (!in->chunks++) in->first_numel = ph->chunk_numel;
+    in->chunks++;
     in->received += ph->chunk_numel;
     if (in->received < in->numel) return;
     if (in->chunks > 1) l->chunk_gap_ns = (now - in->first_ns) / (in->chunks - 1);
     if (in->chunks > 1 && now > in->first_ns) {
         double dt = (double)(now - in->first_ns) / 1e9;
         l->up_bytes_s = (double)in->wire / dt;
-        push_chunk_resize(s, l, (double)(in->received - in->first_numel) / dt, in->chunks);
+        push_chunk_resize(s, l, l->up_bytes_s, in->chunks);
     }
     float *delta = in->buf; /* all of it counted now: an ordinary pool buffer */
     memset(in, 0, sizeof *in);

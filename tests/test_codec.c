@@ -243,6 +243,22 @@ static void known_answers(void)
     CHECK(ldf(p + 12) == 2.0f / 7.0f && p[16] == 0x09, "int4 last block of 1: scale %g code %02x", ldf(p + 12), p[16]);
     CHECK(dl_codec_bytes(&c4, 17) == 17, "int4 17 elements: %llu bytes", (unsigned long long)dl_codec_bytes(&c4, 17));
 
+    /* a chunk sized in bytes: whole blocks of int4/16 (12 bytes each) in 4096 bytes: 341 blocks, 5456 elements
+     * (4092 bytes); a byte short of one block: none; fp32/bf16 by the element; topk 4 of 16 (24 bytes) */
+    {
+        dl_codec f32 = {.id = DL_CODEC_FP32}, b16 = {.id = DL_CODEC_BF16}, tk = {.id = DL_CODEC_TOPK, .block = 16, .topk = 4},
+                 bad = {.id = DL_CODEC_INT4, .block = 3};
+        uint64_t n4 = dl_codec_chunk_numel(&c4, 4096);
+        CHECK(n4 == 5456 && dl_codec_bytes(&c4, n4) == 4092, "int4/16 chunk of 4096 bytes: %llu elements",
+              (unsigned long long)n4);
+        CHECK(dl_codec_chunk_numel(&c4, 11) == 0 && dl_codec_chunk_numel(&c4, 12) == 16, "int4/16 under one block");
+        CHECK(dl_codec_chunk_numel(&f32, 4096) == 1024 && dl_codec_chunk_numel(&f32, 4099) == 1024 &&
+                  dl_codec_chunk_numel(&b16, 4096) == 2048 && dl_codec_chunk_numel(&f32, 3) == 0,
+              "fp32/bf16 chunks by the element");
+        CHECK(dl_codec_chunk_numel(&tk, 4096) == 170 * 16, "topk 4/16: %llu", (unsigned long long)dl_codec_chunk_numel(&tk, 4096));
+        CHECK(dl_codec_chunk_numel(&bad, 4096) == 0, "an invalid codec: 0");
+    }
+
     /* e3m0: absmax 1; 0.75 is the midpoint of 1/2 and 1 (-> 1), 0.74 -> 1/2, 0.01 -> 1/64, 0.007 -> 0,
      * 2^-7 (midpoint of 0 and 2^-6) -> 2^-6, 0.375 (midpoint of 1/4 and 1/2) -> 1/2 */
     dl_codec ce = {.id = DL_CODEC_E3M0, .block = 16};

@@ -1274,9 +1274,14 @@ typedef struct {
     int pushes;
 } ef_model;
 
+/* Elements of a 4096-byte int4 push chunk with blocks of 16: as many whole
+ * blocks (12 bytes each) as fill the bytes, 341 (docs/PROTOCOL.md "Chunked
+ * transfers"), not the fp32 chunk's 1024 elements. */
+#define INT4_CHUNK_EL 5456
+
 /* Receive the push of p (all its chunks) and check it: int4 header (codec,
  * block, topk 0), chunks of one transfer on block boundaries, whole blocks
- * but the last, and the bytes = encode(delta + committed_p) exactly; the
+ * but the last, as many as fill the chunk's bytes, and the bytes = encode(delta + committed_p) exactly; the
  * residual of that encode becomes pending_p. */
 static void recv_int4_push(harness *h, ef_model *em, const expected *e, int p, const char *ctx)
 {
@@ -1298,7 +1303,7 @@ static void recv_int4_push(harness *h, ef_model *em, const expected *e, int p, c
                      u->numel == k && u->base_version == e->base[p] && u->steps == e->steps[p] &&
                      u->tokens == e->tokens[p];
         uint64_t off = u->chunk_numel ? u->chunk_offset : 0, n = u->chunk_numel ? u->chunk_numel : k;
-        aligned &= off == next && off % pc->block == 0 && (off + n == k || n == 1024) &&
+        aligned &= off == next && off % pc->block == 0 && (off + n == k || n == INT4_CHUNK_EL) &&
                    (!u->chunk_numel || (u->transfer && (!transfer || u->transfer == transfer)));
         transfer = u->transfer;
         uint64_t b0 = off ? dl_codec_bytes(pc, off) : 0, len = dl_codec_bytes(pc, n);
@@ -1378,8 +1383,8 @@ static void test_codec(const char *dir)
     REQUIRE(dl_event_open(evlog, "test") == 0, "event log: %s", dl_errmsg());
     push_codec = (dl_codec){.id = DL_CODEC_INT4, .block = 16};
     hold_adopt = DL_ADOPT_MIX; /* a rebase (theta = g) differs from an adopt in the mode */
-    /* 4096-byte chunks: 1024 elements (whole blocks of 16), 768 bytes of int4 each */
-    const uint64_t chunk_el = 1024;
+    /* 4096-byte chunks, filled: 341 whole blocks of 16 (12 bytes each), 5456 elements in 4092 bytes of int4 */
+    const uint64_t chunk_el = INT4_CHUNK_EL;
     size_t nmax = dl_plan_max_fragment_numel(plan), kq = dl_plan_fragment_numel(plan, q);
     REQUIRE(nmax > 2 * chunk_el && kq > 2 * chunk_el, "fragments: largest %zu (chunk %llu), fragment 1 %zu", nmax,
             (unsigned long long)chunk_el, kq);
