@@ -234,18 +234,33 @@ static uint64_t window_bytes(const dl_sync *s, const outbound *x, uint64_t ce)
  * versions behind for the rest of the run, their pushes dropped stale). So
  * each Heartbeat of a learner names the newest message of ours it has
  * received (received_seq): the Update messages sent up to it have left the
- * path. While the oldest one it has not reported was sent more than
- * 2 x heartbeat_ms + the pacing window ago, no more Update bytes go: the
- * rest stays owed and is decided when a report comes, at the newest
- * version. So what waits on the path is at most about that long of its
- * link (1.5 s with the defaults), however deep its buffers: the bytes in
- * flight follow what the path drains. A report comes within heartbeat_ms of
+ * path. Two bounds follow, over the window 2 x heartbeat_ms + the pacing
+ * window (1.5 s with the defaults):
+ * - time: while the oldest message it has not reported was sent more than
+ *   the window ago, no more Update bytes go;
+ * - bytes: once the time bound has held bytes back on a connection (its
+ *   path is deeper than its link), the bytes it has not reported stay under
+ *   what the path delivered in one window (the most of its latest
+ *   DL_SYNC_PATH_SAMPLES delivery rates, each the bytes reported over at
+ *   least 2 x heartbeat_ms; at least DL_SYNC_PATH_FLOOR). The time bound
+ *   alone let the first instant after a report fill the buffers: the
+ *   kernel and the relay took a thin learner's owed versions at loopback
+ *   speed, 1.9 MB at once, five seconds of its 3 Mbit/s link ahead of its
+ *   Acks (bench/wan.sh, 2026-12-05).
+ * The rest stays owed and is decided when a report comes, at the newest
+ * version. So what waits on the path is at most about the window of its
+ * link, however deep its buffers. A report comes within heartbeat_ms of
  * the message's arrival plus the round trip, so a learner on a fast path
- * never meets the bound, nor does one whose round trip is short of
+ * never meets either bound, nor does one whose round trip is short of
  * heartbeat_ms + the pacing window (a longer one leaves the link idle part
- * of the time); one that never reports (older ones) is not bounded this
- * way; a lost message is covered by the next one that arrives (seqs only
- * grow; the tick's heartbeat follows an empty queue). */
+ * of the time); the bytes bound lets the rate it measures grow (a window
+ * is longer than the time a report takes), so a link that got faster is
+ * followed; one that never reports (older ones) is not bounded this way; a
+ * lost message is covered by the next one that arrives (seqs only grow;
+ * the tick's heartbeat follows an empty queue). */
+#define DL_SYNC_PATH_FLOOR (128u << 10) /* the bytes bound's least: two probe chunks */
+
+static int64_t path_window_ns(const dl_sync *s) { return 2 * (int64_t)s->cfg.heartbeat_ms * 1000000LL + pace_ns(s); }
 
 static void path_reset(const dl_registry_learner *l, outbound *x)
 {
@@ -253,6 +268,10 @@ static void path_reset(const dl_registry_learner *l, outbound *x)
     x->e_known = 0;
     x->e_sent = x->e_acked = 0;
     x->e_head = x->e_n = 0;
+    x->e_s_ns = 0;
+    x->e_s_acked = 0;
+    x->e_rate_n = x->e_rate_i = 0;
+    x->e_deep = 0;
 }
 
 /* An Update message of len payload bytes left for learner l as message seq. */
@@ -272,18 +291,42 @@ static void path_sent(const dl_registry_learner *l, outbound *x, uint64_t seq, s
     if (x->e_sent - x->e_acked > x->e_inflight_max) x->e_inflight_max = x->e_sent - x->e_acked;
 }
 
+/* What the path delivers, bytes per second: the most of its latest samples (0: none yet). */
+static double path_rate(const outbound *x)
+{
+    double r = 0;
+    for (int i = 0; i < x->e_rate_n; i++)
+        if (x->e_rate[i] > r) r = x->e_rate[i];
+    return r;
+}
+
+/* The bytes bound (above): what learner l's path may hold unreported; 0 = no bound. */
+static uint64_t path_cap(const dl_sync *s, const outbound *x)
+{
+    double r = path_rate(x);
+    if (!x->e_deep || r <= 0) return 0;
+    double cap = r * (double)path_window_ns(s) * 1e-9;
+    return cap > (double)DL_SYNC_PATH_FLOOR ? (uint64_t)cap : DL_SYNC_PATH_FLOOR;
+}
+
 /* Whether more Update bytes may go on learner l's path now (above). */
-static int path_room(const dl_sync *s, const dl_registry_learner *l, const outbound *x, int64_t now)
+static int path_room(const dl_sync *s, const dl_registry_learner *l, outbound *x, int64_t now)
 {
     if (!x->e_known || x->eq != l->outq || !x->e_n) return 1;
-    return now - x->e_ring[x->e_head].ns <= 2 * (int64_t)s->cfg.heartbeat_ms * 1000000LL + pace_ns(s);
+    if (now - x->e_ring[x->e_head].ns > path_window_ns(s)) {
+        x->e_deep = 1;
+        return 0;
+    }
+    uint64_t cap = path_cap(s, x);
+    return !cap || x->e_sent - x->e_acked < cap;
 }
 
 static void serve_one(dl_sync *s, dl_registry_learner *l);
 
 /* A Heartbeat of learner l says message seq is the newest of ours it has
- * received: the Update messages sent up to it are off the path. What is
- * owed is served at once rather than at the next tick. */
+ * received: the Update messages sent up to it are off the path (and count
+ * as delivered in the path's rate). What is owed is served at once rather
+ * than at the next tick. */
 void dl_downlink_received(dl_sync *s, int slot, dl_registry_learner *l, uint64_t seq)
 {
     outbound *x = &s->outx[slot];
@@ -296,10 +339,29 @@ void dl_downlink_received(dl_sync *s, int slot, dl_registry_learner *l, uint64_t
         x->e_head = (x->e_head + 1) % DL_SYNC_PATH_RING;
         x->e_n--;
     }
+    int64_t now = dl_clock_ns();
+    if (!x->e_s_ns) {
+        x->e_s_ns = now;
+        x->e_s_acked = x->e_acked;
+    } else if (now - x->e_s_ns >= 2 * (int64_t)s->cfg.heartbeat_ms * 1000000LL) {
+        if (x->e_acked > x->e_s_acked) { /* a sample with nothing delivered says nothing of the path */
+            x->e_rate[x->e_rate_i] = (double)(x->e_acked - x->e_s_acked) / ((double)(now - x->e_s_ns) * 1e-9);
+            x->e_rate_i = (x->e_rate_i + 1) % DL_SYNC_PATH_SAMPLES;
+            if (x->e_rate_n < DL_SYNC_PATH_SAMPLES) x->e_rate_n++;
+        }
+        x->e_s_ns = now;
+        x->e_s_acked = x->e_acked;
+    }
     if (x->e_n < n && l->n_owed && l->route_len && member(s, slot) == DL_POLICY_MEMBER_LIVE) serve_one(s, l);
 }
 
 uint64_t dl_downlink_path_inflight_max(const dl_sync *s, int slot) { return s->outx[slot].e_inflight_max; }
+
+double dl_downlink_path_rate(const dl_sync *s, int slot, int *deep)
+{
+    *deep = s->outx[slot].e_deep;
+    return path_rate(&s->outx[slot]);
+}
 
 /* ---- shared chunks
  *

@@ -142,6 +142,8 @@ typedef struct {
     double drain_bps;        /* what its connection drains, bytes/s (downlink pacing; 0 = not measured yet) */
     uint64_t ctl_ahead_max;  /* the most Update payload bytes an Ack, heartbeat or Welcome found queued ahead of it */
     uint64_t path_inflight_max; /* the most Update payload bytes sent to it and not yet reported received */
+    double path_bps;         /* what its path delivers, bytes/s, from its reports (0 = not measured) */
+    int path_deep;           /* its path held Updates past the window: the bytes bound applies (downlink.c) */
 } dl_sync_learner_stats;
 
 typedef struct {

@@ -61,6 +61,7 @@ typedef struct {
  * (downlink.c); more coalesce into the newest entry, which then counts as
  * received with the last of them and sent with the first. */
 #define DL_SYNC_PATH_RING 32
+#define DL_SYNC_PATH_SAMPLES 4
 /* The Update being sent to one learner, chunk by chunk (one fragment at a
  * time): version `version` of fragment p, elements [0, offset) sent. */
 typedef struct {
@@ -91,6 +92,14 @@ typedef struct {
     } e_ring[DL_SYNC_PATH_RING];
     int e_head, e_n;     /* the oldest entry not reported received, entries */
     uint64_t e_inflight_max; /* the most bytes in flight on the path, this process */
+    /* what the path delivers (reports over time: DL_SYNC_PATH_SAMPLES samples of at least 2 x heartbeat_ms),
+     * and whether its time bound has held bytes back: a path deeper than its link has its bytes in flight
+     * bounded by what it delivers in the window too (downlink.c "the path's bound") */
+    int64_t e_s_ns;      /* the sample in progress began at this report (0: none) */
+    uint64_t e_s_acked;  /* e_acked then */
+    double e_rate[DL_SYNC_PATH_SAMPLES]; /* delivered bytes per second, the latest samples */
+    int e_rate_n, e_rate_i;
+    int e_deep;          /* the time bound held bytes back on this connection */
 } outbound;
 
 /* Downlink codec on: a merge's delta of a fragment, encoded (the payload
@@ -315,6 +324,8 @@ uint64_t dl_downlink_attached_bytes(const dl_sync *s);
 double dl_downlink_rate(const dl_sync *s, int slot);
 uint64_t dl_downlink_ctl_ahead_max(const dl_sync *s, int slot);
 uint64_t dl_downlink_path_inflight_max(const dl_sync *s, int slot);
+/* What learner slot's path delivers, bytes/s (0: not measured); *deep: its bytes bound applies. */
+double dl_downlink_path_rate(const dl_sync *s, int slot, int *deep);
 void dl_downlink_received(dl_sync *s, int slot, dl_registry_learner *l, uint64_t seq);
 void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p);
 /* keep fragment p's delta to version v (buf: malloc'd, now the synchronizer's) for the learners that hold v - 1 */

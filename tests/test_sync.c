@@ -1195,6 +1195,144 @@ static void test_path_bound(void)
     stop_sync(pid, "the path synchronizer");
 }
 
+/* (e) The path's bytes bound (docs/ARCHITECTURE.md "Downlink pacing"): once
+ * a path has held Updates past the window, the bytes its learner has not
+ * reported stay under what its reports say it delivered in one window.
+ * pb (test_paced_downlink's 460 KB fragments, 64 KiB Update chunks) reports
+ * at T0, gets v1 of fragment 0, and then reports nothing for 2 s (its
+ * Heartbeats carry received_seq 0, "none", as if every report were lost):
+ * pa's next push merges v2 while v1 waits unreported past the window
+ * (2 x 100 ms + 150 ms), so the time bound holds v2 back and the path is
+ * deep. pb's report of v1 at T1 says the path delivered 460 KB in at least
+ * 2 s: at most 230 KB/s, a bound of max(80 KB, the 128 KiB floor). So what
+ * comes in the next 400 ms without a report is two chunks (at most three
+ * here), not all of v2: the time bound alone let it all go at once (it
+ * holds bytes back only once the oldest has waited the window, and
+ * loopback takes them at once). Reports bring the rest of v2, equal to
+ * what pa holds. */
+static void path_hb(void *d, const char *id, uint64_t seq, int64_t *next_ns)
+{
+    if (dl_clock_ns() < *next_ns) return;
+    send_heartbeat_seq(d, id, seq);
+    *next_ns = dl_clock_ns() + 100000000LL;
+}
+
+static void test_path_bytes_bound(void)
+{
+    static const char *const args[] = {"--n_embd", "128", "--max_staleness", "1000", NULL};
+    char ep[256];
+    pid_t pid = spawn_sync_x("pathb", NULL, NULL, args, ep, sizeof ep);
+    REQUIRE(pid > 0 && ep[0], "the pathb synchronizer starts");
+    dl_model_config m = MODEL;
+    m.n_embd = 128;
+    dl_model_config_check(&m);
+    dl_plan *wplan, *was_plan = plan;
+    dl_model_plan_open(&m, P, &wplan);
+    uint64_t wfp = dl_model_fingerprint(&m, wplan);
+    plan = wplan; /* take_update reads the global plan */
+    hello_embd = 128;
+    snprintf(endpoint, sizeof endpoint, "%s", ep);
+    const int p = 0;
+    const uint32_t frag = 0;
+    size_t n = dl_plan_fragment_numel(plan, p);
+    const char *ids[2] = {"pa", "pb"};
+    void *d[2];
+    float *g[2], *x = malloc(n * 4);
+    uint64_t ver = 0, seq_b = 0;
+    int isd = 0;
+    dl_codec uc;
+    for (int i = 0; i < 2; i++) {
+        d[i] = dealer(ids[i]);
+        g[i] = malloc(n * 4);
+        send_hello_c(d[i], ids[i], "dloco", wfp, 1 << 20);
+        dl_wire_msg w;
+        REQUIRE(recv_msg(d[i], &w) == 0 && w.env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME, "pathb: welcome %s",
+                ids[i]);
+        epoch = w.env->epoch;
+        dl_wire_msg_close(&w);
+        send_fetch(d[i], ids[i], &frag, 1);
+        REQUIRE(take_update(d[i], p, g[i], &ver, &isd, &uc) == 0 && ver == 0, "pathb: %s fetched v0", ids[i]);
+        if (i == 1) seq_b = last_seq;
+    }
+    send_heartbeat_seq(d[1], "pb", seq_b); /* T0: pb reports; the path's first delivery sample starts */
+    int64_t t0 = dl_clock_ns(), hb_next = t0 + 100000000LL;
+    make_delta(x, n, 1);
+    send_push(d[0], "pa", p, 0, x, n);
+    REQUIRE(take_update(d[0], p, g[0], &ver, &isd, &uc) == 0 && ver == 1, "pathb: pa's push merged into v1");
+    REQUIRE(take_update(d[1], p, g[1], &ver, &isd, &uc) == 0 && ver == 1, "pathb: pb gets v1");
+    uint64_t seq_v1 = last_seq;
+    while (dl_clock_ns() - t0 < 500000000LL) {
+        path_hb(d[1], "pb", 0, &hb_next);
+        usleep(10000);
+    }
+    make_delta(x, n, 2);
+    send_push(d[0], "pa", p, 1, x, n);
+    REQUIRE(take_update(d[0], p, g[0], &ver, &isd, &uc) == 0 && ver == 2, "pathb: pa's push merged into v2");
+    dl_wire_msg mm;
+    int early = 0;
+    while (dl_clock_ns() - t0 < 2000000000LL) { /* nothing comes: the time bound holds v2 back */
+        path_hb(d[1], "pb", 0, &hb_next);
+        if (recv_msg_within(d[1], &mm, 20) == 0) {
+            early += mm.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE;
+            dl_wire_msg_close(&mm);
+        }
+    }
+    CHECK(early == 0, "pathb: no Update came while v1 waited unreported past the window (%d came)", early);
+    send_heartbeat_seq(d[1], "pb", seq_v1); /* T1: 460 KB delivered in >= 2 s */
+    uint64_t got = 0, next = 0, seq_last = seq_v1;
+    int chunks = 0;
+    float *held = g[1];
+    int64_t t1 = dl_clock_ns();
+    hb_next = t1 + 100000000LL;
+    while (dl_clock_ns() - t1 < 400000000LL) {
+        path_hb(d[1], "pb", 0, &hb_next);
+        if (recv_msg_within(d[1], &mm, 20)) continue;
+        seq_last = mm.env->seq;
+        if (mm.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE && mm.env->update->fragment == frag) {
+            const Dloco__V1__Update *u = mm.env->update;
+            uint64_t cn = u->chunk_numel ? u->chunk_numel : n;
+            if (u->version == 2 && !u->delta && u->chunk_offset == next &&
+                dl_codec_decode(&(dl_codec){.id = DL_CODEC_FP32}, dl_wire_msg_payload(&mm, 0),
+                                dl_wire_msg_payload_len(&mm, 0), cn, held + next) == 0)
+                next += cn;
+            got += dl_wire_msg_payload_len(&mm, 0);
+            chunks++;
+        }
+        dl_wire_msg_close(&mm);
+    }
+    printf("pathb: after the report of v1 (460 KB in %.1f s), %llu bytes of v2 came in %d chunks in 400 ms without a "
+           "report (v2: %zu bytes)\n", (double)(t1 - t0) / 1e9, (unsigned long long)got, chunks, n * 4);
+    CHECK(got > 0 && got <= 3 * 65536, "pathb: at most the bound (128 KiB) and a chunk of v2 went unreported: %llu "
+          "bytes in %d chunks", (unsigned long long)got, chunks);
+    /* reports bring the rest */
+    for (int64_t end = dl_clock_ns() + 10000000000LL; next < n && dl_clock_ns() < end;) {
+        path_hb(d[1], "pb", seq_last, &hb_next);
+        if (recv_msg_within(d[1], &mm, 20)) continue;
+        seq_last = mm.env->seq;
+        if (mm.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE && mm.env->update->fragment == frag) {
+            const Dloco__V1__Update *u = mm.env->update;
+            uint64_t cn = u->chunk_numel ? u->chunk_numel : n;
+            if (u->version == 2 && !u->delta && u->chunk_offset == next &&
+                dl_codec_decode(&(dl_codec){.id = DL_CODEC_FP32}, dl_wire_msg_payload(&mm, 0),
+                                dl_wire_msg_payload_len(&mm, 0), cn, held + next) == 0)
+                next += cn;
+        }
+        dl_wire_msg_close(&mm);
+    }
+    CHECK(next == n && memcmp(g[1], g[0], n * 4) == 0, "pathb: reports brought the rest of v2 (%llu of %zu elements), "
+          "as pa holds it", (unsigned long long)next, n);
+    printf("ok: a path that held Updates past the window has its unreported bytes bounded by what it delivered\n");
+    for (int i = 0; i < 2; i++) {
+        zmq_close(d[i]);
+        free(g[i]);
+    }
+    free(x);
+    plan = was_plan;
+    hello_embd = 16;
+    dl_plan_close(&wplan);
+    stop_sync(pid, "the pathb synchronizer");
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dloco_test_sync_%d", (int)getpid());
@@ -1456,6 +1594,7 @@ int main(void)
     test_push_checksum();
     test_delta_downlink();
     test_path_bound();
+    test_path_bytes_bound();
     test_paced_downlink();
     dl_plan_close(&plan);
     zmq_ctx_term(ctx);
