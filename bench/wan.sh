@@ -9,6 +9,9 @@
 # ZeroMQ messages: this kernel has no netem). Prints per run each learner's
 # goodput (merged compute over provisioned time, docs/CHAOS.md), pushes,
 # merges, stale drops, deaths and full fetches (the synchronizer's events),
+# the seconds from each push to its first Ack (median and 90th percentile,
+# the learner's events: the push's upload plus what waited ahead of the Ack
+# on its downlink),
 # each datacenter's goodput, and the thin learners' share of the merged
 # tokens (the store's records) against their share of the trained ones (the
 # learners' step events); last line
@@ -56,6 +59,7 @@ for label, title in (("decoupled-baseline", "no faults"), ("decoupled", "learner
         if len(f) >= 6 and f[3] == "merged":
             merged[f[2]] += int(f[5])
     trained, pushes, nmerged, stale, deaths, fetches = (collections.Counter() for _ in range(6))
+    ack_lat = {}
     for line in open(os.path.join(d, "records.txt")):
         f = line.split()
         if len(f) >= 6 and f[3] == "merged":
@@ -68,6 +72,18 @@ for label, title in (("decoupled-baseline", "no faults"), ("decoupled", "learner
             if kv.get("event") in ("step", "learner_summary") and "tokens" in kv:
                 last[kv.get("pid")] = int(kv["tokens"])
         trained[lr["id"]] = sum(last.values())
+        # seconds from each push (the learner's push event) to its first Ack (merged_pending or a decision): what
+        # waited ahead of the Ack on the downlink, plus the push's own upload
+        sent, lat = {}, []
+        for line in open(path) if os.path.exists(path) else ():
+            kv = dict(re.findall(r"(\w+)=(\S+)", line))
+            key = (kv.get("pid"), kv.get("fragment"), kv.get("base_version"))
+            if kv.get("event") == "push":
+                sent[key] = int(kv["ts"])
+            elif kv.get("event") == "ack" and key in sent:
+                lat.append((int(kv["ts"]) - sent.pop(key)) / 1e9)
+        lat.sort()
+        ack_lat[lr["id"]] = lat
     for line in open(os.path.join(d, "events-sync.log")):
         kv = dict(re.findall(r"(\w+)=(\S+)", line))
         ev, lid = kv.get("event"), kv.get("id")
@@ -80,14 +96,17 @@ for label, title in (("decoupled-baseline", "no faults"), ("decoupled", "learner
             fetches[lid] += 1
     print("\n== %s (%s): %d merges, final val loss %s" % (label, title, r["merges"],
           "%.4f" % r["final_val_loss"] if r.get("final_val_loss") is not None else "-"))
-    print("%-6s %-5s %8s %8s %8s %6s %6s %6s %6s %7s %12s %12s" % ("id", "dc", "goodput", "prov_s", "good_s", "pushes",
-          "merged", "stale", "deaths", "fetches", "trained_tok", "merged_ftok"))
+    print("%-6s %-5s %8s %8s %8s %6s %6s %6s %6s %7s %12s %12s %11s" % ("id", "dc", "goodput", "prov_s", "good_s", "pushes",
+          "merged", "stale", "deaths", "fetches", "trained_tok", "merged_ftok", "ack_s p50/90"))
     dc = collections.defaultdict(lambda: [0.0, 0.0, 0, 0])
     for lr in r["learners"]:
         lid, t = lr["id"], lr["time"]
         g = t["seconds"]["goodput"]
-        print("%-6s %-5s %8.3f %8.1f %8.1f %6d %6d %6d %6d %7d %12d %12d" % (lid, lr["dc"], t["goodput"], t["provisioned_s"],
-              g, pushes[lid], nmerged[lid], stale[lid], deaths[lid], fetches[lid], trained[lid], merged[lid]))
+        lat = ack_lat.get(lid) or []
+        q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))]
+        print("%-6s %-5s %8.3f %8.1f %8.1f %6d %6d %6d %6d %7d %12d %12d %11s" % (lid, lr["dc"], t["goodput"], t["provisioned_s"],
+              g, pushes[lid], nmerged[lid], stale[lid], deaths[lid], fetches[lid], trained[lid], merged[lid],
+              "%.2f/%.2f" % (q(0.5), q(0.9)) if lat else "-"))
         a = dc[lr["dc"]]
         a[0] += g; a[1] += t["provisioned_s"]; a[2] += trained[lid]; a[3] += merged[lid]
     tt = sum(a[2] for a in dc.values()) or 1

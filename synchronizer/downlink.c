@@ -242,11 +242,13 @@ static uint64_t window_bytes(const dl_sync *s, const outbound *x, uint64_t ce)
  *   path is deeper than its link), the bytes it has not reported stay under
  *   what the path delivered in one window (the most of its latest
  *   DL_SYNC_PATH_SAMPLES delivery rates, each the bytes reported over at
- *   least 2 x heartbeat_ms; at least DL_SYNC_PATH_FLOOR). The time bound
+ *   least 2 x heartbeat_ms; at least DL_SYNC_PATH_FLOOR, which is all
+ *   until a rate is measured). The time bound
  *   alone let the first instant after a report fill the buffers: the
  *   kernel and the relay took a thin learner's owed versions at loopback
- *   speed, 1.9 MB at once, five seconds of its 3 Mbit/s link ahead of its
- *   Acks (bench/wan.sh, 2026-12-05).
+ *   speed, and bench/wan.sh's 3 Mbit/s learners got their Acks 3.5-3.9 s
+ *   after their pushes (median; 1.6-1.8 s with it), some pushes dropped
+ *   stale in a run without faults (2026-12-05).
  * The rest stays owed and is decided when a report comes, at the newest
  * version. So what waits on the path is at most about the window of its
  * link, however deep its buffers. A report comes within heartbeat_ms of
@@ -303,9 +305,8 @@ static double path_rate(const outbound *x)
 /* The bytes bound (above): what learner l's path may hold unreported; 0 = no bound. */
 static uint64_t path_cap(const dl_sync *s, const outbound *x)
 {
-    double r = path_rate(x);
-    if (!x->e_deep || r <= 0) return 0;
-    double cap = r * (double)path_window_ns(s) * 1e-9;
+    if (!x->e_deep) return 0;
+    double cap = path_rate(x) * (double)path_window_ns(s) * 1e-9; /* no sample yet: the floor */
     return cap > (double)DL_SYNC_PATH_FLOOR ? (uint64_t)cap : DL_SYNC_PATH_FLOOR;
 }
 
