@@ -140,8 +140,13 @@ static const dl_cfg_entry learner_table[] = {
     {"bye_linger_ms", DL_CFG_INT, F(bye_linger_ms), 1, 60000, "1000", NULL, 0, "how long exiting lets a Bye leave"},
     {"reconnect_ms", DL_CFG_INT, F(reconnect_ms), 1, 3600000, "100", NULL, 0,
      "first reconnect attempt after the connection to the synchronizer is lost (< hello_retry_ms)"},
-    {"reconnect_max_ms", DL_CFG_INT, F(reconnect_max_ms), 1, 3600000, "10000", NULL, 0,
-     "reconnect backoff doubles up to this (<= hello_retry_max_ms)"},
+    {"reconnect_max_ms", DL_CFG_INT, F(reconnect_max_ms), 1, 3600000, "1000", NULL, 0,
+     "reconnect backoff doubles up to this (<= hello_retry_max_ms; a link back after an outage is found within "
+     "about this)"},
+    {"tcp_stall_ms", DL_CFG_INT, F(tcp_stall_ms), 0, 3600000, "10000", NULL, 0,
+     "drop and rebuild the connection when what it sent stays unacknowledged this long, and give a connect attempt "
+     "at most 2 s before the next (after an outage TCP's own retransmissions back off for many minutes; 0 = the "
+     "kernel's own)"},
     {"push_decision_timeout_ms", DL_CFG_INT, F(push_decision_timeout_ms), 1, 86400000, "30000", NULL, 0,
      "a due push waits for the previous push's decision at most this long (> ack_expiry_min_ms)"},
     {"events", DL_CFG_STR, F(events), 0, 0, "", NULL, 0,
@@ -259,7 +264,8 @@ static const dl_cfg_section learner_sections[] = {
     {"logs and metrics", "log_level events metrics"},
     {"connection timers (rarely changed)",
      "connect_timeout_ms hello_retry_ms hello_retry_max_ms hello_unsent_ms poll_max_ms silence_min_ms "
-     "silence_rebuild_ms ack_expiry_min_ms bye_linger_ms reconnect_ms reconnect_max_ms push_decision_timeout_ms"},
+     "silence_rebuild_ms ack_expiry_min_ms bye_linger_ms reconnect_ms reconnect_max_ms tcp_stall_ms "
+     "push_decision_timeout_ms"},
     {"research: the GPA inner optimizer (docs/GPA.md)", "optimizer gpa_mu_x gpa_mu_y gpa_mu gpa_h"},
     {"research: sync timing (docs/SYNC_TIMING.md)",
      "sync_timing h_min h_max wa_w_stale wa_w_loss wa_w_rate wa_w_link wa_w_ckpt wa_rate_ref wa_w_queue wa_queue_ref "
@@ -421,6 +427,7 @@ void dl_options_net_rows(const learner_cfg *cfg, dl_learner_netcfg *n)
     n->bye_linger_ms = cfg->bye_linger_ms;
     n->reconnect_ms = cfg->reconnect_ms;
     n->reconnect_max_ms = cfg->reconnect_max_ms;
+    n->tcp_stall_ms = cfg->tcp_stall_ms;
     n->push_decision_timeout_ms = cfg->push_decision_timeout_ms;
     n->update_max_ratio = cfg->update_max_ratio;
     n->max_version_jump = cfg->max_version_jump;

@@ -54,7 +54,7 @@ typedef struct {
     int64_t flush_timeout_ms, connect_timeout_ms;
     int64_t silence_rebuild_ms;
     int64_t hello_retry_ms, hello_retry_max_ms, hello_unsent_ms, poll_max_ms, silence_min_ms, ack_expiry_min_ms,
-        bye_linger_ms, push_decision_timeout_ms, reconnect_ms, reconnect_max_ms;
+        bye_linger_ms, push_decision_timeout_ms, reconnect_ms, reconnect_max_ms, tcp_stall_ms;
     char events[DL_CFG_STRLEN];
     char metrics[DL_CFG_STRLEN];
     int local_eval;

@@ -90,7 +90,7 @@ int dl_comms_check_timeouts(const dl_comms_opts *o, int push_decision_timeout_ms
         unsent = DEF(o->hello_unsent_ms, 20),
         connect = o->connect_timeout_ms < 0 ? -1 : DEF(o->connect_timeout_ms, 30000), /* < 0: no bound */
         silence = DEF(o->silence_min_ms, 1000), expiry = DEF(o->ack_expiry_min_ms, 5000),
-        reconnect = DEF(o->reconnect_ms, 100), reconnect_max = DEF(o->reconnect_max_ms, 10000);
+        reconnect = DEF(o->reconnect_ms, 100), reconnect_max = DEF(o->reconnect_max_ms, 1000);
     /* Timers fire only when the loop wakes, at least every poll period: a
      * retry or a silence limit at or below it cannot be honoured. An unsent
      * Hello (no connection yet) is retried sooner than an unanswered one,
@@ -227,7 +227,8 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->ack_expiry_min_ms = DEF(o->ack_expiry_min_ms, 5000);
     c->bye_linger_ms = DEF(o->bye_linger_ms, 1000);
     c->reconnect_ms = DEF(o->reconnect_ms, 100);
-    c->reconnect_max_ms = DEF(o->reconnect_max_ms, 10000);
+    c->reconnect_max_ms = DEF(o->reconnect_max_ms, 1000);
+    c->tcp_stall_ms = o->tcp_stall_ms < 0 ? -1 : DEF(o->tcp_stall_ms, 10000);
     c->maxn = dl_mailbox_buf_numel(o->mailbox);
     c->numel = dl_try_calloc((size_t)P, sizeof *c->numel);
     size_t maxserved = 0;
@@ -433,6 +434,19 @@ static int open_socket_(dl_comms *c)
     DL_TRY(dl_wire_sock_setup(c->sock, 0, c->maxmsg));
     DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL, &c->reconnect_ms, sizeof c->reconnect_ms));
     DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL_MAX, &c->reconnect_max_ms, sizeof c->reconnect_max_ms));
+    /* After an outage TCP retransmits with exponential backoff: a connection
+     * whose bytes sat unacknowledged through a 15 s partition resent them
+     * only 20 s after the link was back (bench/wan.sh, 2026-12-05), and a
+     * SYN sent during it waits 1, 2, 4, ... s the same way. So a connection
+     * stalled tcp_stall_ms is dropped by the kernel (the monitor's
+     * DISCONNECTED rebuilds the socket), and a connect attempt is made again
+     * after at most DL_COMMS_CONNECT_ATTEMPT_MS: the new connection comes up
+     * within about that of the link's return. */
+    if (c->tcp_stall_ms > 0) {
+        int attempt = c->tcp_stall_ms < DL_COMMS_CONNECT_ATTEMPT_MS ? c->tcp_stall_ms : DL_COMMS_CONNECT_ATTEMPT_MS;
+        DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_TCP_MAXRT, &c->tcp_stall_ms, sizeof c->tcp_stall_ms));
+        DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_CONNECT_TIMEOUT, &attempt, sizeof attempt));
+    }
     /* Queue nothing while disconnected: sends fail with EAGAIN instead, so
      * pushes wait (and coalesce) in their slots, and Hellos retried during
      * an outage do not pile up to be answered all at once on reconnect. */

@@ -88,6 +88,9 @@
 
 /* A session still without a first Welcome (or without a Welcome again) says so this often, ms. */
 #define DL_COMMS_WAIT_NOTE_MS 10000
+/* The longest a connect attempt is given before another (tcp_stall_ms): a TCP handshake is one round trip,
+ * and past it the kernel's SYN waits 1, 2, 4, ... s across an outage. */
+#define DL_COMMS_CONNECT_ATTEMPT_MS 2000
 
 #include <stddef.h>
 #include <stdint.h>
@@ -173,7 +176,12 @@ typedef struct {
     int ack_expiry_min_ms;  /* unacked push stops blocking after max(this, liveness * heartbeat_ms) [5000] */
     int bye_linger_ms;      /* how long stopping lets a Bye leave [1000] */
     int reconnect_ms;       /* ZeroMQ reconnect backoff: first retry of a lost connection [100] ... */
-    int reconnect_max_ms;   /* ... doubling up to this [10000] */
+    int reconnect_max_ms;   /* ... doubling up to this [1000]: a link back after an outage is found within about
+                             * that (DL_COMMS_CONNECT_ATTEMPT_MS more), where 10 s added up to 10 s */
+    int tcp_stall_ms;       /* a connection whose sent bytes stay unacknowledged this long is dropped by the
+                             * kernel (ZMQ_TCP_MAXRT: TCP_USER_TIMEOUT) and the socket rebuilt, and a connect
+                             * attempt is given up after min(this, DL_COMMS_CONNECT_ATTEMPT_MS) and made again
+                             * [10000]; < 0: the kernel's own (retransmissions back off for many minutes) */
 } dl_comms_opts;
 
 /* Counters of one session; all monotonic except epoch/h/state.

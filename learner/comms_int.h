@@ -98,7 +98,7 @@ struct dl_comms {
     size_t maxmsg;      /* ZMQ_MAXMSGSIZE: largest served fragment's fp32 bytes + header */
     int silence_rebuild_ms;
     int hello_retry_ms, hello_retry_max_ms, hello_unsent_ms, connect_timeout_ms, poll_max_ms, silence_min_ms,
-        ack_expiry_min_ms, bye_linger_ms, reconnect_ms, reconnect_max_ms;
+        ack_expiry_min_ms, bye_linger_ms, reconnect_ms, reconnect_max_ms, tcp_stall_ms;
     int efd; /* eventfd: training thread (through the mailbox) -> this thread */
 
     /* ---- guarded by mu (read by other threads: stats and state) */

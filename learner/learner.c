@@ -78,7 +78,9 @@ static const dl_cfg_entry net_table[] = {
      "an unacknowledged push stops blocking its fragment after this"},
     {"bye_linger_ms", DL_CFG_INT, F(bye_linger_ms), 1, 60000, "1000", NULL, 0, "how long a Bye may take to leave"},
     {"reconnect_ms", DL_CFG_INT, F(reconnect_ms), 1, 3600000, "100", NULL, 0, "first reconnect attempt"},
-    {"reconnect_max_ms", DL_CFG_INT, F(reconnect_max_ms), 1, 3600000, "10000", NULL, 0, "reconnect backoff cap"},
+    {"reconnect_max_ms", DL_CFG_INT, F(reconnect_max_ms), 1, 3600000, "1000", NULL, 0, "reconnect backoff cap"},
+    {"tcp_stall_ms", DL_CFG_INT, F(tcp_stall_ms), 0, 3600000, "10000", NULL, 0,
+     "drop and rebuild a connection whose sent bytes stay unacknowledged this long (0 = the kernel's own)"},
     {"push_decision_timeout_ms", DL_CFG_INT, F(push_decision_timeout_ms), 1, 86400000, "30000", NULL, 0,
      "a due push waits for the previous push's decision at most this long"},
     {"update_max_ratio", DL_CFG_FLOAT, F(update_max_ratio), 0.0, 1e12, "10", NULL, 0,
@@ -629,6 +631,7 @@ int dl_learner_netcfg_resolve(const dl_learner_netcfg *c, dl_comms_opts *co)
     co->bye_linger_ms = (int)c->bye_linger_ms;
     co->reconnect_ms = (int)c->reconnect_ms;
     co->reconnect_max_ms = (int)c->reconnect_max_ms;
+    co->tcp_stall_ms = c->tcp_stall_ms > 0 ? (int)c->tcp_stall_ms : -1; /* 0: the kernel's own */
     DL_TRY(dl_comms_check_timeouts(co, (int)c->push_decision_timeout_ms));
     if (!c->server_key[0] && !c->key_file[0]) return 0;
     if (!c->server_key[0] || !c->key_file[0])

@@ -19,7 +19,7 @@ typedef struct {
     int error_feedback;
     int64_t flush_timeout_ms, connect_timeout_ms, hello_retry_ms, hello_retry_max_ms, hello_unsent_ms, poll_max_ms,
         silence_min_ms, silence_rebuild_ms, ack_expiry_min_ms, bye_linger_ms, reconnect_ms, reconnect_max_ms,
-        push_decision_timeout_ms;
+        tcp_stall_ms, push_decision_timeout_ms;
     double update_max_ratio;
     int64_t max_version_jump;
     char server_key[DL_CFG_STRLEN], key_file[DL_CFG_STRLEN];
