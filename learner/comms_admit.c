@@ -92,6 +92,33 @@ static void welcome_bounds(const dl_comms *c, const Dloco__V1__Welcome *w, char 
         snprintf(why, cap, "liveness %u outside [%u, %u]", w->liveness, DL_COMMS_LIVENESS_MIN, DL_COMMS_LIVENESS_MAX);
 }
 
+/* Our undecided pushes the synchronizer never answered (Welcome.answered_bases
+ * names an older base, or none): they never arrived, or arrived with a
+ * connection that went before any answer, and no decision will come. Each is
+ * forgotten as a push that never left (its progress stays in the learner's
+ * parameters and the fragment's next push carries it), where it held that
+ * push up to push_decision_timeout_ms. One answered is decided by the Acks
+ * that follow the Welcome again (Ack.again). A push still leaving is not
+ * one of them. */
+static void unanswered(dl_comms *c, const Dloco__V1__Welcome *w)
+{
+    for (int i = 0; i < c->n_served; i++) {
+        int p = c->served[i];
+        uint64_t base, a = w->answered_bases[p];
+        if (dl_mailbox_open_push(c->mb, p, &base) == 0 || (c->tx.active && c->tx.p == p)) continue;
+        if (a && a - 1 >= base) continue;
+        dl_mailbox_forget_sent(c->mb, &p, 1);
+        dl_ef_forget(c->ef, p); /* no decision will come: the committed residual stays */
+        c->f[p].unacked = 0;
+        char ans[32] = "none";
+        if (a) snprintf(ans, sizeof ans, "%llu", (unsigned long long)(a - 1));
+        DL_INFO("comms: push of fragment %d (base version %llu) was never answered (the synchronizer's latest "
+                "answer: %s): pushing its progress again", p, (unsigned long long)base, ans);
+        dl_event("push_unanswered", " learner=%s epoch=%llu fragment=%d base_version=%llu answered_base=%s", c->id,
+                 (unsigned long long)c->epoch, p, (unsigned long long)base, ans);
+    }
+}
+
 /* A Welcome answering our Hello (state HELLO). */
 void dl_comms_admit_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcome *w)
 {
@@ -172,6 +199,7 @@ void dl_comms_admit_welcome(dl_comms *c, uint64_t epoch, const Dloco__V1__Welcom
         }
         /* a fetch still wanted after a refused update keeps its time */
     }
+    if (w->n_answered_bases == (size_t)c->P && !w->must_fetch) unanswered(c, w);
     pthread_mutex_lock(&c->mu);
     c->st.h = w->h;
     c->st.heartbeat_ms = w->heartbeat_ms;

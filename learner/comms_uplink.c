@@ -277,6 +277,19 @@ void dl_comms_uplink_ack(dl_comms *c, const Dloco__V1__Ack *a)
     case DLOCO__V1__DECISION__DECISION_REJECTED: d = DL_DECIDE_REJECTED; break;
     default: return; /* unknown decisions never pass dl_wire_validate */
     }
+    /* an answer sent again after a Welcome (its first may have been lost with a connection): it decides the
+     * push it names if that one is still undecided, and is nothing else (counted, busy, chunk size) */
+    if (a->again) {
+        uint64_t base;
+        int open = dl_mailbox_open_push(c->mb, p, &base);
+        if (!open || base != a->base_version) return;
+        if (d == DL_DECIDE_PENDING) {
+            dl_mailbox_decide(c->mb, p, d, a->base_version, 0);
+            c->f[p].unacked = 0;
+            return;
+        }
+        if (d == DL_DECIDE_ACCEPTED && open != 2) return; /* its MERGED_PENDING comes first */
+    }
     /* refused at its first chunk: the rest of it need not go */
     if (c->tx.active && c->tx.p == p && c->tx.cl.h.base_version == a->base_version && d != DL_DECIDE_PENDING &&
         d != DL_DECIDE_ACCEPTED)

@@ -519,6 +519,16 @@ void dl_mailbox_forget_sent(dl_mailbox *m, const int *frags, int n)
     pthread_mutex_unlock(&m->mu);
 }
 
+int dl_mailbox_open_push(dl_mailbox *m, int p, uint64_t *base)
+{
+    assert(m && base && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    int o = m->f[p].open;
+    *base = o != OPEN_NONE ? m->f[p].open_base : 0;
+    pthread_mutex_unlock(&m->mu);
+    return o;
+}
+
 int dl_mailbox_discard_queued(dl_mailbox *m, int p)
 {
     pthread_mutex_lock(&m->mu);

@@ -268,6 +268,9 @@ int dl_mailbox_put_update(dl_mailbox *m, int p, uint64_t version, int kind, cons
  * to the node; an ACCEPTED one still awaits its Update (the session fetches
  * the newer version the next Welcome announces). frags NULL = all. */
 void dl_mailbox_forget_sent(dl_mailbox *m, const int *frags, int n);
+/* The latest push of p that left and is undecided: 1 sent (no answer yet), 2 pooled (MERGED_PENDING), its
+ * base_version in *base; 0 when there is none. */
+int dl_mailbox_open_push(dl_mailbox *m, int p, uint64_t *base);
 /* Drop the queued push of p (must_fetch). Returns 1 if one was dropped. */
 int dl_mailbox_discard_queued(dl_mailbox *m, int p);
 /* An Update of p arrived and was dropped as out of date (a version below the

@@ -559,6 +559,12 @@ static int check_welcome(const Dloco__V1__Welcome *m, int npayload, const dl_wir
     if (m->shards > 1 && m->shard >= m->shards) return bad(b, "shard %u is not below shards %u", m->shard, m->shards);
     if (m->update_codec && !codec_known((Dloco__V1__Codec)m->update_codec))
         return bad(b, "update_codec %u is not a known codec", m->update_codec);
+    if (m->n_answered_bases && m->n_answered_bases != m->num_fragments)
+        return bad(b, "answered_bases has %zu entries, num_fragments is %u", m->n_answered_bases, m->num_fragments);
+    for (size_t p = 0; p < m->n_answered_bases; p++)
+        if (m->answered_bases[p] && m->answered_bases[p] - 1 > m->fragment_versions[p])
+            return bad(b, "answered_bases[%zu] names base version %llu, beyond fragment version %llu", p,
+                       (unsigned long long)(m->answered_bases[p] - 1), (unsigned long long)m->fragment_versions[p]);
     return check_str(b, "policy", m->policy, lim->max_name);
 }
 

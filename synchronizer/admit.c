@@ -464,9 +464,18 @@ void dl_admit_hello(dl_sync *s, dl_wire_msg *msg, const Dloco__V1__Envelope *env
     w.shard = s->cfg.shards > 1 ? (uint32_t)s->cfg.shard : 0;
     w.shards = s->cfg.shards > 1 ? (uint32_t)s->cfg.shards : 0;
     w.update_codec = (uint32_t)s->cfg.update.c.id; /* 0: full Updates only */
+    /* what this process's pushes were answered (downlink.c "answers again"): a fetch forgets them anyway */
+    uint64_t *ansb = dl_xcalloc((size_t)s->cfg.P, sizeof(uint64_t));
+    int again = !must_fetch && dl_downlink_answered(s, slot, h->instance, ansb);
+    if (again) {
+        w.n_answered_bases = (size_t)s->cfg.P;
+        w.answered_bases = ansb;
+    }
     dl_downlink_env(s, &out, l->id);
     dl_wire_set_welcome(&out, &w);
     dl_downlink_send(s, l, &out, NULL, 0);
+    if (again) dl_downlink_answers_again(s, l);
+    free(ansb);
     free(vers);
     char dev[160];
     DL_INFO("learner %s %s (device %s, step %llu, %s)", id, was ? "said hello again" : "joined",

@@ -502,8 +502,8 @@ void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p)
     s->deferred_updates++;
 }
 
-void dl_downlink_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
-                          uint64_t merged, const char *reason, int rebase, uint32_t retry_after_ms)
+static void ack_send(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d, uint64_t merged,
+                     const char *reason, int rebase, uint32_t retry_after_ms, int again)
 {
     Dloco__V1__Envelope env;
     Dloco__V1__Ack a;
@@ -518,15 +518,77 @@ void dl_downlink_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t ba
     a.retry_after_ms = retry_after_ms;
     a.fleet_steps_per_s = s->fleet_sps;
     a.chunk_bytes = l->push_chunk; /* its next pushes' chunk size (uplink.c push_chunk_resize) */
+    a.again = again;
     dl_downlink_env(s, &env, l->id);
     dl_wire_set_ack(&env, &a);
     dl_downlink_send(s, l, &env, NULL, 0);
+}
+
+/* ---- answers again
+ *
+ * Every answer to a push (MERGED_PENDING or a decision) is kept per learner
+ * process (Hello.instance) and fragment, the latest only (s->ans). An Ack
+ * lost with a connection (a cut link's, a rebuilt socket's) left the
+ * learner's push undecided: it held the fragment's next push up to
+ * push_decision_timeout_ms (30 s), and a push that never arrived was never
+ * answered at all. So a Welcome to the same process names the latest
+ * answered base of each fragment (Welcome.answered_bases: a push of a later
+ * base never arrived, and the learner pushes its progress again), and the
+ * answers follow it again (Ack.again). */
+static void ack_keep(dl_sync *s, const dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
+                     uint64_t merged, uint32_t retry_after_ms)
+{
+    int slot = (int)(l - dl_registry_cget(s->reg, 0));
+    size_t P = (size_t)s->cfg.P;
+    if (!l->instance) return; /* an older learner: no Welcome will name it */
+    if (s->ans_instance[slot] != l->instance) { /* another process of the slot: its answers are not this one's */
+        memset(s->ans + (size_t)slot * P, 0, P * sizeof *s->ans);
+        s->ans_instance[slot] = l->instance;
+    }
+    s->ans[(size_t)slot * P + (size_t)p] = (answered){.base1 = base + 1, .merged = merged,
+                                                      .retry_after_ms = retry_after_ms, .decision = (uint8_t)d};
+}
+
+void dl_downlink_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
+                          uint64_t merged, const char *reason, int rebase, uint32_t retry_after_ms)
+{
+    ack_keep(s, l, p, base, d, merged, retry_after_ms);
+    ack_send(s, l, p, base, d, merged, reason, rebase, retry_after_ms, 0);
 }
 
 void dl_downlink_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
                      uint64_t merged, const char *reason, int rebase)
 {
     dl_downlink_ack_busy(s, l, p, base, d, merged, reason, rebase, 0);
+}
+
+int dl_downlink_answered(const dl_sync *s, int slot, uint64_t instance, uint64_t *bases)
+{
+    size_t P = (size_t)s->cfg.P;
+    if (!instance || s->ans_instance[slot] != instance) return 0;
+    for (size_t p = 0; p < P; p++) bases[p] = s->ans[(size_t)slot * P + p].base1;
+    return 1;
+}
+
+void dl_downlink_answers_again(dl_sync *s, dl_registry_learner *l)
+{
+    int slot = (int)(l - dl_registry_cget(s->reg, 0));
+    size_t P = (size_t)s->cfg.P;
+    if (!l->instance || s->ans_instance[slot] != l->instance) return;
+    for (size_t p = 0; p < P; p++) {
+        const answered *a = &s->ans[(size_t)slot * P + p];
+        if (!a->base1) continue;
+        Dloco__V1__Decision d = (Dloco__V1__Decision)a->decision;
+        /* an ACCEPTED push was pooled first: the learner takes the decision of a pooled push only */
+        if (d == DLOCO__V1__DECISION__DECISION_ACCEPTED || d == DLOCO__V1__DECISION__DECISION_MERGED_PENDING)
+            ack_send(s, l, (int)p, a->base1 - 1, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0,
+                     "answer sent again after the Welcome", 0, 0, 1);
+        /* without rebase: the Welcome's fragment_versions have the learner adopt the newer ones anyway, and
+         * the rebase Update the first answer announced may have been lost with it */
+        if (d != DLOCO__V1__DECISION__DECISION_MERGED_PENDING)
+            ack_send(s, l, (int)p, a->base1 - 1, d, a->merged, "answer sent again after the Welcome", 0,
+                     a->retry_after_ms, 1);
+    }
 }
 
 static int slot_of(const dl_sync *s, const dl_registry_learner *l)

@@ -659,6 +659,8 @@ static void alloc_learners(dl_sync *s)
     for (int i = 0; i < s->cfg.policy.max_learners; i++) s->outx[i].p = s->outx[i].last_p = -1;
     s->resume_v = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
     s->resume_o = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof(uint64_t));
+    s->ans = dl_xcalloc((size_t)s->cfg.policy.max_learners * (size_t)P, sizeof *s->ans);
+    s->ans_instance = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->ans_instance);
     s->owed_order = dl_xcalloc((size_t)s->cfg.policy.max_learners, sizeof *s->owed_order);
 }
 
@@ -845,6 +847,8 @@ void dl_sync_close(dl_sync **sp)
     free(s->kept);
     free(s->resume_v);
     free(s->resume_o);
+    free(s->ans);
+    free(s->ans_instance);
     free(s->params);
     free(s->momentum);
     free(s->aside);

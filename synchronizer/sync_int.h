@@ -57,6 +57,16 @@ typedef struct {
     float *buf;          /* [numel], aligned */
 } inbound;
 
+/* The latest answer to a learner process's push of one fragment (downlink.c), for
+ * Welcome.answered_bases and the Acks sent again after it: what a lost connection may have taken
+ * (docs/PROTOCOL.md "Connections"). */
+typedef struct {
+    uint64_t base1;          /* 1 + the push's base_version; 0 = none */
+    uint64_t merged;         /* ACCEPTED: merged_version */
+    uint32_t retry_after_ms; /* REJECTED busy */
+    uint8_t decision;        /* Dloco__V1__Decision */
+} answered;
+
 /* Update messages in flight to a learner told apart by the path's bound
  * (downlink.c); more coalesce into the newest entry, which then counts as
  * received with the last of them and sent with the first. */
@@ -206,6 +216,8 @@ struct dl_sync {
     inbound *inb;        /* [max learners] chunked push arriving per slot */
     outbound *outx;      /* [max learners] Update being sent per slot */
     uint64_t *resume_v, *resume_o; /* [max learners * P] a Fetch's resume point per slot and fragment */
+    answered *ans;       /* [max learners * P] the latest answer to the slot's process's push of each fragment */
+    uint64_t *ans_instance; /* [max learners] the Hello.instance those answers went to (0: none) */
     kept_delta *kept;    /* [P * DL_SYNC_KEPT_DELTAS] the latest deltas per fragment, version % DL_SYNC_KEPT_DELTAS
                             (downlink codec on; memory only) */
     full_chunks *fullc;  /* [P] the newest version's fp32 chunks as sent (shared by every learner) */
@@ -318,6 +330,12 @@ void dl_downlink_ack(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, D
                      uint64_t merged, const char *reason, int rebase);
 void dl_downlink_ack_busy(dl_sync *s, dl_registry_learner *l, int p, uint64_t base, Dloco__V1__Decision d,
                           uint64_t merged, const char *reason, int rebase, uint32_t retry_after_ms);
+/* Welcome.answered_bases of learner slot's process `instance` into bases[P] (1 + the latest answered base per
+ * fragment, 0 = none); 0 when its answers are not known (another process, none since this start). */
+int dl_downlink_answered(const dl_sync *s, int slot, uint64_t instance, uint64_t *bases);
+/* The answers named by the Welcome just sent to l, again (Ack.again): an ACCEPTED one as MERGED_PENDING and
+ * ACCEPTED, any other as it was. */
+void dl_downlink_answers_again(dl_sync *s, dl_registry_learner *l);
 uint64_t dl_downlink_attached_bytes(const dl_sync *s);
 /* learner `slot`'s measured drain rate (bytes/s, 0 = not yet) and the most payload bytes an Ack, heartbeat or
  * Welcome found queued ahead of it */

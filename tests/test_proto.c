@@ -555,6 +555,23 @@ static void test_bad_inputs(void)
     fx_make(&f, DLOCO__V1__ENVELOPE__BODY_WELCOME, 0);
     f.welcome.liveness = 0;
     EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: liveness is 0");
+    /* answered_bases (the answers to a learner process's pushes): none, or one per fragment, each at most
+     * 1 + that fragment's version (versions here: 100 + i) */
+    {
+        uint64_t ab[NF + 1] = {0, 101, 102, 104, 0};
+        fx_make(&f, DLOCO__V1__ENVELOPE__BODY_WELCOME, 0);
+        f.welcome.n_answered_bases = NF, f.welcome.answered_bases = ab;
+        CHECK(dl_wire_validate(&f.env, NULL, 0, &lim) == 0, "welcome with answered_bases: %s", dl_errmsg());
+        f.welcome.n_answered_bases = NF - 1;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: answered_bases has 3 entries, num_fragments is 4");
+        f.welcome.n_answered_bases = NF + 1;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: answered_bases has 5 entries");
+        f.welcome.n_answered_bases = NF;
+        ab[3] = 105;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "welcome: answered_bases[3] names base version 104, beyond fragment version 103");
+        ab[3] = UINT64_MAX;
+        EXPECT_BAD(&f.env, NULL, 0, &lim, "beyond fragment version 103");
+    }
     /* chunked transfers (docs/PROTOCOL.md "Chunked transfers") */
     {
         fx_make(&f, DLOCO__V1__ENVELOPE__BODY_PUSH, DLOCO__V1__CODEC__CODEC_FP32);

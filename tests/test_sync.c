@@ -1195,6 +1195,116 @@ static void test_path_bound(void)
     stop_sync(pid, "the path synchronizer");
 }
 
+/* A Hello of process `instance` holding `held` ([P], NULL: none) from the DEALER d (its routing id its own);
+ * the Welcome into *w (closed by the caller), or -1. */
+static int hello_inst(void *d, const char *id, uint64_t instance, const uint64_t *held, dl_wire_msg *w)
+{
+    Dloco__V1__Envelope env;
+    Dloco__V1__Hello h;
+    hello_base(&h, fingerprint, 16);
+    h.instance = instance;
+    h.n_held_versions = held ? P : 0;
+    h.held_versions = (uint64_t *)held;
+    dl_wire_env_init(&env, "dloco", epoch, id);
+    dl_wire_set_hello(&env, &h);
+    CHECK(dl_wire_send(d, NULL, 0, &env, NULL, NULL, 0, 0) == 0, "send hello of an instance");
+    for (int k = 0; k < 8; k++) {
+        if (recv_msg(d, w) != 0) return -1;
+        if (w->env->body_case == DLOCO__V1__ENVELOPE__BODY_WELCOME) return 0;
+        if (w->env->body_case == DLOCO__V1__ENVELOPE__BODY_ERROR) printf("hello_inst: %s\n", w->env->error->message);
+        dl_wire_msg_close(w);
+    }
+    return -1;
+}
+
+/* The answers again (docs/PROTOCOL.md "Connections"): a learner process
+ * (Hello.instance 77) whose push of fragment 0 was merged says Hello again
+ * on a new connection, as after a cut link: its Welcome names the latest
+ * answered base of each fragment (answered_bases {1, 0}: base 0 of fragment
+ * 0, nothing of fragment 1) and the answers follow again, marked `again`:
+ * MERGED_PENDING and ACCEPTED (merged version 1) of base 0. Another process
+ * of the same id (instance 88) gets neither: those answers were not its. */
+static void test_answers_again(void)
+{
+    char ep[256];
+    pid_t pid = spawn_sync_x("answers", NULL, NULL, NULL, ep, sizeof ep);
+    REQUIRE(pid > 0 && ep[0], "the answers synchronizer starts");
+    snprintf(endpoint, sizeof endpoint, "%s", ep);
+    const int p = 0;
+    const uint32_t frag = 0;
+    size_t n = dl_plan_fragment_numel(plan, p);
+    float *g = malloc(n * 4), *x = malloc(n * 4);
+    uint64_t ver = 0;
+    int isd = 0;
+    dl_codec uc;
+    void *d = dealer("an-1");
+    dl_wire_msg w;
+    REQUIRE(hello_inst(d, "an", 77, NULL, &w) == 0, "answers: welcome of a fresh process");
+    epoch = w.env->epoch;
+    CHECK(w.env->welcome->n_answered_bases == 0, "a fresh process's Welcome names no answers (%zu)",
+          w.env->welcome->n_answered_bases);
+    dl_wire_msg_close(&w);
+    send_fetch(d, "an", &frag, 1);
+    REQUIRE(take_update(d, p, g, &ver, &isd, &uc) == 0 && ver == 0, "answers: v0 fetched");
+    make_delta(x, n, 5);
+    memset(acks, 0, sizeof acks);
+    send_push(d, "an", p, 0, x, n);
+    REQUIRE(take_update(d, p, g, &ver, &isd, &uc) == 0 && ver == 1 &&
+                acks[DLOCO__V1__DECISION__DECISION_ACCEPTED] == 1,
+            "answers: the push merged into v1, ACCEPTED");
+    zmq_close(d); /* the connection goes, as a cut link's would be dropped */
+    usleep(200000);
+    d = dealer("an-2");
+    uint64_t held[P] = {1, 0};
+    REQUIRE(hello_inst(d, "an", 77, held, &w) == 0, "answers: welcome of the same process on a new connection");
+    const Dloco__V1__Welcome *wl = w.env->welcome;
+    CHECK(!wl->must_fetch && wl->n_answered_bases == P && wl->answered_bases[0] == 1 && wl->answered_bases[1] == 0,
+          "the Welcome names the latest answered base of each fragment: %zu entries, {%llu, %llu} (want {1, 0})",
+          wl->n_answered_bases, (unsigned long long)(wl->n_answered_bases ? wl->answered_bases[0] : 0),
+          (unsigned long long)(wl->n_answered_bases > 1 ? wl->answered_bases[1] : 0));
+    dl_wire_msg_close(&w);
+    int pending = 0, accepted = 0, other = 0;
+    for (int k = 0; k < 8; k++) {
+        dl_wire_msg m;
+        if (recv_msg_within(d, &m, 1000)) break;
+        if (m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK) {
+            const Dloco__V1__Ack *a = m.env->ack;
+            if (a->again && a->fragment == 0 && a->base_version == 0 &&
+                a->decision == DLOCO__V1__DECISION__DECISION_MERGED_PENDING)
+                pending++;
+            else if (a->again && a->fragment == 0 && a->base_version == 0 &&
+                     a->decision == DLOCO__V1__DECISION__DECISION_ACCEPTED && a->merged_version == 1 && pending)
+                accepted++;
+            else
+                other++;
+        }
+        dl_wire_msg_close(&m);
+    }
+    CHECK(pending == 1 && accepted == 1 && other == 0,
+          "the answers follow again: MERGED_PENDING then ACCEPTED (v1) of base 0, marked again (%d, %d, %d others)",
+          pending, accepted, other);
+    zmq_close(d);
+    usleep(200000);
+    d = dealer("an-3");
+    REQUIRE(hello_inst(d, "an", 88, held, &w) == 0, "answers: welcome of another process of the id");
+    CHECK(w.env->welcome->n_answered_bases == 0, "another process's Welcome names no answers (%zu)",
+          w.env->welcome->n_answered_bases);
+    dl_wire_msg_close(&w);
+    int acks_again = 0;
+    for (int k = 0; k < 4; k++) {
+        dl_wire_msg m;
+        if (recv_msg_within(d, &m, 500)) break;
+        acks_again += m.env->body_case == DLOCO__V1__ENVELOPE__BODY_ACK && m.env->ack->again;
+        dl_wire_msg_close(&m);
+    }
+    CHECK(acks_again == 0, "another process gets no answers again (%d)", acks_again);
+    printf("ok: a process back on a new connection is told which of its pushes were answered, and the answers "
+           "again\n");
+    zmq_close(d);
+    free(g), free(x);
+    stop_sync(pid, "the answers synchronizer");
+}
+
 /* (e) The path's bytes bound (docs/ARCHITECTURE.md "Downlink pacing"): once
  * a path has held Updates past the window, the bytes its learner has not
  * reported stay under what its reports say it delivered in one window.
@@ -1595,6 +1705,7 @@ int main(void)
     test_delta_downlink();
     test_path_bound();
     test_path_bytes_bound();
+    test_answers_again();
     test_paced_downlink();
     dl_plan_close(&plan);
     zmq_ctx_term(ctx);

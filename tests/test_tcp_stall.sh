@@ -13,7 +13,11 @@
 # "disconnected" while the link was down (the kernel dropped it: without
 # the option nothing ends that connection during a 10 s cut, the silence
 # rebuild waits 30 s), the synchronizer saw it join again after the cut,
-# and it pushed after the cut and a push of it was merged. Prints, not
+# it pushed every fragment again before its final flush (the Acks the old
+# connection took are replaced by the Welcome's answered_bases and the
+# answers sent again: without them each fragment's next push waited
+# push_decision_timeout_ms, 30 s, longer than the rest of the run), and a
+# push of it after the cut was merged. Prints, not
 # asserts, the seconds from the link's return to the learner's Welcome.
 # Needs root (namespaces, tc): SKIP otherwise.
 set -u
@@ -87,6 +91,17 @@ check(len(joins) > 0, "the synchronizer saw f join again after the cut (%d joins
 welcome = [e for e in lev if e["event"] == "welcome" and e["ts"] > t_end]
 if welcome:
     print("f's first Welcome came %.2f s after the link was back" % ((welcome[0]["ts"] - t_end) / 1e9))
+# its pushes after the cut are not held for the answers the dropped connection took (push_decision_timeout_ms,
+# 30 s: longer than the rest of the run): the Welcome's answered_bases and the Acks sent again decide them
+unans = [e for e in lev if e["event"] == "push_unanswered" and e["ts"] > t_end]
+again = [e for e in lev if e["event"] == "ack" and e["ts"] > t_end]
+print("f after the cut: %d pushes found unanswered by its Welcome: %s" % (len(unans),
+      [(e["fragment"], e["base_version"], e["answered_base"]) for e in unans]))
+live = [e for e in lev if e["event"] == "push" and e["ts"] > t_end and e.get("final") == "0"]
+frags = sorted({e["fragment"] for e in live})
+check(frags == ["0", "1", "2", "3"], "f pushed every fragment again after the cut before its final flush (fragments "
+      "%s, %d pushes; each fragment's push waited for the answers the dropped connection took, 30 s, before the "
+      "answers again)" % (frags, len(live)))
 pushes = [e for e in sev if e["event"] == "push" and e.get("id") == "f" and e["ts"] > t_end]
 merged = [e for e in sev if e["event"] == "merge_contrib" and e.get("id") == "f" and e["ts"] > t_end]
 check(len(pushes) > 0 and len(merged) > 0,
