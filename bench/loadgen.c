@@ -545,6 +545,9 @@ static void on_update(lg *g, learner *L, const Dloco__V1__Update *u, int64_t now
 
 static void on_ack(lg *g, learner *L, const Dloco__V1__Ack *a, int64_t now)
 {
+    /* an answer sent again after a Welcome: a new session here forgets what was in flight (on_welcome), and
+     * counting it would count its push twice */
+    if (a->again) return;
     g->c.acks++;
     /* the chunk size of L's next pushes (0: keep; none while the synchronizer takes only whole pushes) */
     if (a->chunk_bytes && g->ch[L->ch].chunk_bytes && a->chunk_bytes != g->ch[L->ch].chunk_bytes) {
