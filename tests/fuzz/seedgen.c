@@ -54,6 +54,7 @@ typedef struct {
     Dloco__V1__Bye bye;
     Dloco__V1__Error error;
     uint64_t versions[FUZZ_NUM_FRAGMENTS];
+    uint64_t answered[FUZZ_NUM_FRAGMENTS]; /* Welcome.answered_bases */
     uint32_t fragments[FUZZ_NUM_FRAGMENTS];
     uint8_t payload[4 * 64 + 64]; /* largest: fp32 x 64 */
     size_t payload_len;           /* 0 = no payload frame */
@@ -325,6 +326,13 @@ static void wire_seeds(void)
     mk_ack(&m, DLOCO__V1__DECISION__DECISION_ACCEPTED), m.ack.chunk_bytes = 256u << 10,
         put_both("ack_chunks", &m, FUZZ_LIM_PLAN);
     mk_welcome(&m), m.welcome.shard = 1, m.welcome.shards = 2, put_both("welcome_shard", &m, FUZZ_LIM_PLAN);
+    /* the answers to a learner process's pushes (1 + base per fragment, at most version + 1), and beyond */
+    mk_welcome(&m), m.welcome.must_fetch = 0;
+    for (int i = 0; i < FUZZ_NUM_FRAGMENTS; i++) m.answered[i] = i ? m.versions[i] : 0;
+    m.welcome.n_answered_bases = FUZZ_NUM_FRAGMENTS, m.welcome.answered_bases = m.answered;
+    put_both("welcome_answered", &m, FUZZ_LIM_PLAN);
+    m.answered[1] = m.versions[1] + 2, put_both("bad_welcome_answered", &m, FUZZ_LIM_PLAN);
+    mk_ack(&m, DLOCO__V1__DECISION__DECISION_ACCEPTED), m.ack.again = 1, put_both("ack_again", &m, FUZZ_LIM_PLAN);
     mk_welcome(&m), m.welcome.shard = 3, m.welcome.shards = 2, put_both("bad_welcome_shard", &m, FUZZ_LIM_PLAN);
     mk_hello(&m, 0), m.hello.max_chunk_bytes = 1u << 20, put_both("hello_chunks", &m, FUZZ_LIM_PLAN);
     {
