@@ -188,6 +188,10 @@ int fs_welcome(dl_fakesync *h, const char *id, const fs_welcome_args *a)
     w.update_codec = a->update_codec;
     w.shard = a->shard;
     w.shards = a->shards;
+    if (a->answered) {
+        w.n_answered_bases = (size_t)P;
+        w.answered_bases = (uint64_t *)a->answered;
+    }
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, h->run_id, a->epoch, who(h, id));
     dl_wire_set_welcome(&env, &w);
@@ -232,7 +236,8 @@ int fs_update(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t ve
     return fs_update_raw(h, id, epoch, p, version, g, h->numel[p] * 4);
 }
 
-int fs_ack(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged)
+static int ack(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged,
+               int again)
 {
     Dloco__V1__Ack a;
     dloco__v1__ack__init(&a);
@@ -240,12 +245,23 @@ int fs_ack(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t base,
     a.base_version = base;
     a.decision = decision;
     a.merged_version = merged;
-    a.rebase = decision == DLOCO__V1__DECISION__DECISION_DROPPED_STALE;
+    a.again = again;
+    a.rebase = decision == DLOCO__V1__DECISION__DECISION_DROPPED_STALE && !again;
     a.reason = decision == DLOCO__V1__DECISION__DECISION_REJECTED ? "test says no" : "";
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, h->run_id, epoch, who(h, id));
     dl_wire_set_ack(&env, &a);
     return fs_send(h, id, &env, NULL, 0);
+}
+
+int fs_ack(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged)
+{
+    return ack(h, id, epoch, p, base, decision, merged, 0);
+}
+
+int fs_ack_again(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged)
+{
+    return ack(h, id, epoch, p, base, decision, merged, 1);
 }
 
 int fs_error(dl_fakesync *h, const char *id, uint64_t epoch, int code, const char *msg, int fatal)

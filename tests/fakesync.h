@@ -66,6 +66,7 @@ typedef struct {
     int must_fetch;
     const char *policy;            /* NULL: "test" */
     uint32_t chunk_bytes, update_codec, shard, shards;
+    const uint64_t *answered;      /* Welcome.answered_bases [P] (NULL: none) */
 } fs_welcome_args;
 int fs_welcome(dl_fakesync *h, const char *id, const fs_welcome_args *a);
 /* A full fp32 Update of p at `version`; `bytes` != 4 numel_p is sent unchecked. */
@@ -77,6 +78,8 @@ int fs_update_chunk(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint6
                     uint64_t off, uint64_t n);
 /* Ack of p echoing `base`: decision DLOCO__V1__DECISION__*; rebase with DROPPED_STALE. */
 int fs_ack(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged);
+/* The same, sent again after a Welcome (Ack.again), without rebase. */
+int fs_ack_again(dl_fakesync *h, const char *id, uint64_t epoch, int p, uint64_t base, int decision, uint64_t merged);
 int fs_error(dl_fakesync *h, const char *id, uint64_t epoch, int code, const char *msg, int fatal);
 int fs_heartbeat(dl_fakesync *h, const char *id, uint64_t epoch);
 

@@ -764,6 +764,97 @@ static void test_hold(harness *h)
     free(theta);
 }
 
+/* scenario 2b: answers again (docs/PROTOCOL.md "Connections"). A keep learner
+ * (a 30 s hold) pushes fragments 1, 2, 3, 0 on base 1; only fragment 1's is
+ * answered (MERGED_PENDING), as if the others and every later answer had
+ * gone with a connection. The synchronizer says Bye, the learner says Hello
+ * again, and the Welcome names answered_bases {0, 2, 0, 0} (1 + base 1 of
+ * fragment 1, nothing of the others): the pushes of fragments 2, 3 and 0
+ * were never answered, so they are forgotten and their fragments push again
+ * when due, where the hold kept them 30 s; fragment 1's stays held. An
+ * answer sent again for another base of fragment 1 decides and counts
+ * nothing; the one for base 1 (MERGED_PENDING, ACCEPTED) decides it, counted
+ * once. Without the Welcome's answers (the code before) the three pushes of
+ * the next round would not leave. */
+static void test_answers_again(harness *h)
+{
+    const char *id = "L6";
+    const int H = 4;
+    hold_ms = 30000;
+    hold_adopt = DL_ADOPT_KEEP;
+    float *theta = calloc(total, sizeof(float));
+    dl_node *n = NULL;
+    dl_mailbox *mb = NULL;
+    dl_comms *c = start_learner(h, id, theta, &mb, &n);
+    hold_ms = -1;
+    hold_adopt = DL_ADOPT_OVERWRITE;
+    const uint64_t E = 2;
+    h_hello(h);
+    h_join(h, id, n, E, 1, (uint32_t)H, 50);
+    expected e = {0};
+    uint64_t b;
+    for (int64_t step = 1; step <= 4; step++) { /* fragments 1, 2, 3, 0; only 1 answered */
+        train_step(theta, step);
+        dl_node_after_step(n, step, H, TOK, 2.5, 0.25);
+        int p = (int)(step % 4);
+        expect_push(&e, n, p);
+        if (recv_push(h, &e, p, &b, "push before the Bye") == 1)
+            h_ack(h, id, E, 1, b, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0);
+    }
+    CHECK(WAIT_FOR(stats(c).acks_pending == 1), "fragment 1's push pooled");
+    Dloco__V1__Bye bye;
+    dloco__v1__bye__init(&bye);
+    bye.reason = "restart";
+    Dloco__V1__Envelope env;
+    dl_wire_env_init(&env, "dloco", E, id);
+    dl_wire_set_bye(&env, &bye);
+    REQUIRE(fs_send(h, id, &env, NULL, 0) == 0, "the synchronizer's Bye");
+    h_hello(h);
+    const uint64_t answered[P] = {0, 2, 0, 0};
+    fs_welcome_args wa = {.epoch = E, .version = 1, .h = (uint32_t)H, .hb_ms = 50, .liveness = welcome_liveness,
+                          .answered = answered};
+    REQUIRE(fs_welcome(h, id, &wa) == 0, "the Welcome with answered_bases");
+    CHECK(WAIT_FOR(dl_comms_state(c, NULL, 0) == DL_COMMS_READY), "ready again");
+    dl_wire_msg m;
+    int again_pushed = 0;
+    for (int64_t step = 5; step <= 8; step++) { /* fragment 1 held; 2, 3, 0 push again */
+        train_step(theta, step);
+        int posted = dl_node_after_step(n, step, H, TOK, 2.5, 0.25);
+        int p = (int)(step % 4);
+        if (p == 1) {
+            CHECK(posted == 0 && dl_node_owes(n, 1), "step 5: fragment 1 is due but held (its push answered, "
+                  "undecided)");
+            continue;
+        }
+        CHECK(posted == 1, "step %lld: fragment %d's push leaves (its last one was never answered)",
+              (long long)step, p);
+        if (posted != 1) continue;
+        expect_push(&e, n, p);
+        again_pushed += recv_push(h, &e, p, &b, "push after the answers") == p;
+    }
+    CHECK(again_pushed == 3, "fragments 2, 3 and 0 pushed again (%d of 3)", again_pushed);
+    int got = fs_check_next(h, &m, 300);
+    CHECK(got < 0, "nothing of fragment 1 leaves while its answered push is undecided (got %s)",
+          got < 0 ? "-" : dl_wire_body_name((Dloco__V1__Envelope__BodyCase)got));
+    if (got >= 0) dl_wire_msg_close(&m);
+    uint64_t acc = stats(c).accepted;
+    REQUIRE(fs_ack_again(h, id, E, 1, 0, DLOCO__V1__DECISION__DECISION_ACCEPTED, 2) == 0, "an answer again of base 0");
+    REQUIRE(fs_ack_again(h, id, E, 1, 1, DLOCO__V1__DECISION__DECISION_MERGED_PENDING, 0) == 0, "again pending");
+    REQUIRE(fs_ack_again(h, id, E, 1, 1, DLOCO__V1__DECISION__DECISION_ACCEPTED, 2) == 0, "again accepted");
+    CHECK(WAIT_FOR(stats(c).accepted == acc + 1), "the answer again of base 1 decides fragment 1's push (accepted "
+          "%llu -> %llu)", (unsigned long long)acc, (unsigned long long)stats(c).accepted);
+    CHECK(stats(c).accepted == acc + 1 && stats(c).acks_pending == 1,
+          "the answer of base 0 counted nothing, nor did the pending one sent again (accepted +%llu, pending %llu)",
+          (unsigned long long)(stats(c).accepted - acc), (unsigned long long)stats(c).acks_pending);
+    printf("ok: a Welcome's answered_bases forgets the pushes never answered; an answer sent again decides only "
+           "the push it names\n");
+    for (int p = 0; p < P; p++) free(e.delta[p]);
+    dl_node_close(&n);
+    dl_comms_close(&c);
+    dl_mailbox_close(&mb);
+    free(theta);
+}
+
 // ---------------------------------------------------------------------------
 // scenario 3c: two sessions over one mailbox, each serving half the fragments
 // against its own ROUTER (a sharded synchronizer), do not interfere
@@ -1603,6 +1694,7 @@ int main(void)
     test_silence(&h);
     test_slow_downlink(&h);
     test_hold(&h);
+    test_answers_again(&h);
     h_close(&h);
     test_two_sessions();
     test_shard_welcome();
