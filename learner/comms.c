@@ -436,12 +436,12 @@ static int open_socket_(dl_comms *c)
     DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_RECONNECT_IVL_MAX, &c->reconnect_max_ms, sizeof c->reconnect_max_ms));
     /* After an outage TCP retransmits with exponential backoff: a connection
      * whose bytes sat unacknowledged through a 15 s partition resent them
-     * only 20 s after the link was back (bench/wan.sh, 2026-12-05), and a
+     * only 21.5 s after the link was back (bench/wan.sh, 2026-12-05), and a
      * SYN sent during it waits 1, 2, 4, ... s the same way. So a connection
      * stalled tcp_stall_ms is dropped by the kernel (the monitor's
      * DISCONNECTED rebuilds the socket), and a connect attempt is made again
      * after at most DL_COMMS_CONNECT_ATTEMPT_MS: the new connection comes up
-     * within about that of the link's return. */
+     * within about that and reconnect_max_ms of the link's return. */
     if (c->tcp_stall_ms > 0) {
         int attempt = c->tcp_stall_ms < DL_COMMS_CONNECT_ATTEMPT_MS ? c->tcp_stall_ms : DL_COMMS_CONNECT_ATTEMPT_MS;
         DL_ZMQ_CALL(zmq_setsockopt(c->sock, ZMQ_TCP_MAXRT, &c->tcp_stall_ms, sizeof c->tcp_stall_ms));
