@@ -291,6 +291,7 @@ static void path_sent(const dl_registry_learner *l, outbound *x, uint64_t seq, s
     x->e_ring[k].seq = seq;
     x->e_ring[k].cum = x->e_sent;
     if (x->e_sent - x->e_acked > x->e_inflight_max) x->e_inflight_max = x->e_sent - x->e_acked;
+    if (x->e_deep && x->e_sent - x->e_acked > x->e_inflight_deep_max) x->e_inflight_deep_max = x->e_sent - x->e_acked;
 }
 
 /* What the path delivers, bytes per second: the most of its latest samples (0: none yet). */
@@ -358,9 +359,10 @@ void dl_downlink_received(dl_sync *s, int slot, dl_registry_learner *l, uint64_t
 
 uint64_t dl_downlink_path_inflight_max(const dl_sync *s, int slot) { return s->outx[slot].e_inflight_max; }
 
-double dl_downlink_path_rate(const dl_sync *s, int slot, int *deep)
+double dl_downlink_path_rate(const dl_sync *s, int slot, int *deep, uint64_t *deep_max)
 {
     *deep = s->outx[slot].e_deep;
+    *deep_max = s->outx[slot].e_inflight_deep_max;
     return path_rate(&s->outx[slot]);
 }
 

@@ -75,12 +75,13 @@ static void learner_fields(const dl_sync_learner_stats *l, char *buf, size_t cap
     snprintf(buf, cap,
              "id=%s state=%s pushes=%llu merged=%llu dropped=%llu rejected=%llu tokens_applied=%llu tokens=%llu "
              "bytes_in=%llu bytes_out=%llu control_behind_max_bytes=%llu drain_bytes_per_s=%.0f "
-             "path_inflight_max_bytes=%llu path_bytes_per_s=%.0f path_deep=%d",
+             "path_inflight_max_bytes=%llu path_bytes_per_s=%.0f path_deep=%d path_inflight_deep_max_bytes=%llu",
              l->id, member_name(l->state), (unsigned long long)l->pushes, (unsigned long long)l->merged,
              (unsigned long long)l->dropped, (unsigned long long)l->rejected, (unsigned long long)l->tokens_applied,
              (unsigned long long)l->tokens, (unsigned long long)l->bytes_in, (unsigned long long)l->bytes_out,
              (unsigned long long)l->ctl_ahead_max, l->drain_bps,
-             (unsigned long long)l->path_inflight_max, l->path_bps, l->path_deep);
+             (unsigned long long)l->path_inflight_max, l->path_bps, l->path_deep,
+             (unsigned long long)l->path_inflight_deep_max);
 }
 
 void dl_report_summary(const dl_sync_stats *st, FILE *f)

@@ -46,7 +46,7 @@ void dl_sync_get_stats(dl_sync *s, dl_sync_stats *out)
         o->drain_bps = dl_downlink_rate(s, i);
         o->ctl_ahead_max = dl_downlink_ctl_ahead_max(s, i);
         o->path_inflight_max = dl_downlink_path_inflight_max(s, i);
-        o->path_bps = dl_downlink_path_rate(s, i, &o->path_deep);
+        o->path_bps = dl_downlink_path_rate(s, i, &o->path_deep, &o->path_inflight_deep_max);
         out->live += o->state == DL_POLICY_MEMBER_LIVE;
         out->dead += o->state == DL_POLICY_MEMBER_DEAD;
         out->left += o->state == DL_POLICY_MEMBER_LEFT;

@@ -144,6 +144,7 @@ typedef struct {
     uint64_t path_inflight_max; /* the most Update payload bytes sent to it and not yet reported received */
     double path_bps;         /* what its path delivers, bytes/s, from its reports (0 = not measured) */
     int path_deep;           /* its path held Updates past the window: the bytes bound applies (downlink.c) */
+    uint64_t path_inflight_deep_max; /* path_inflight_max counted since then */
 } dl_sync_learner_stats;
 
 typedef struct {

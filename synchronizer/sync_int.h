@@ -102,6 +102,7 @@ typedef struct {
     } e_ring[DL_SYNC_PATH_RING];
     int e_head, e_n;     /* the oldest entry not reported received, entries */
     uint64_t e_inflight_max; /* the most bytes in flight on the path, this process */
+    uint64_t e_inflight_deep_max; /* the same once the path met the time bound (the bytes bound applies) */
     /* what the path delivers (reports over time: DL_SYNC_PATH_SAMPLES samples of at least 2 x heartbeat_ms),
      * and whether its time bound has held bytes back: a path deeper than its link has its bytes in flight
      * bounded by what it delivers in the window too (downlink.c "the path's bound") */
@@ -342,8 +343,9 @@ uint64_t dl_downlink_attached_bytes(const dl_sync *s);
 double dl_downlink_rate(const dl_sync *s, int slot);
 uint64_t dl_downlink_ctl_ahead_max(const dl_sync *s, int slot);
 uint64_t dl_downlink_path_inflight_max(const dl_sync *s, int slot);
-/* What learner slot's path delivers, bytes/s (0: not measured); *deep: its bytes bound applies. */
-double dl_downlink_path_rate(const dl_sync *s, int slot, int *deep);
+/* What learner slot's path delivers, bytes/s (0: not measured); *deep: its bytes bound applies; *deep_max: the
+ * most Update bytes it held unreported since then. */
+double dl_downlink_path_rate(const dl_sync *s, int slot, int *deep, uint64_t *deep_max);
 void dl_downlink_received(dl_sync *s, int slot, dl_registry_learner *l, uint64_t seq);
 void dl_downlink_owe(dl_sync *s, dl_registry_learner *l, int p);
 /* keep fragment p's delta to version v (buf: malloc'd, now the synchronizer's) for the learners that hold v - 1 */

@@ -26,7 +26,8 @@
 # them and its Welcome seconds late, and every push it made after the cut
 # was dropped stale for the rest of the run. Prints, not asserts, its
 # pacing figures (control_behind_max_bytes, the drain rate the synchronizer
-# measured, path_inflight_max_bytes), the versions it adopted after the cut
+# measured, path_inflight_max_bytes, the path's delivery rate and what it
+# held unreported once the bytes bound applied), the versions it adopted after the cut
 # that were already more than max_staleness behind, and how long its pushes
 # waited for their first Ack.
 # Needs root (namespaces, tc): SKIP otherwise.
@@ -94,7 +95,9 @@ behind=$(ev_last "$SEV" sync_learner control_behind_max_bytes id=t)
 rate=$(ev_last "$SEV" sync_learner drain_bytes_per_s id=t)
 merged=$(ev_last "$SEV" sync_learner merged id=t)
 inflight=$(ev_last "$SEV" sync_learner path_inflight_max_bytes id=t)
-echo "thin learner t: control_behind_max_bytes=$behind drain_bytes_per_s=$rate path_inflight_max_bytes=${inflight:-?} merged=$merged"
+deepmax=$(ev_last "$SEV" sync_learner path_inflight_deep_max_bytes id=t)
+pathrate=$(ev_last "$SEV" sync_learner path_bytes_per_s id=t)
+echo "thin learner t: control_behind_max_bytes=$behind drain_bytes_per_s=$rate path_inflight_max_bytes=${inflight:-?} path_bytes_per_s=${pathrate:-?} path_inflight_deep_max_bytes=${deepmax:-?} merged=$merged"
 LEV=$(ls "$OUT"/*/events-t.log 2>/dev/null | head -1)
 [ -n "$LEV" ] || die "no events of learner t under $OUT"
 deltas=$(ev_count "$LEV" update_base delta=1)
