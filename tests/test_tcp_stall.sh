@@ -94,7 +94,6 @@ if welcome:
 # its pushes after the cut are not held for the answers the dropped connection took (push_decision_timeout_ms,
 # 30 s: longer than the rest of the run): the Welcome's answered_bases and the Acks sent again decide them
 unans = [e for e in lev if e["event"] == "push_unanswered" and e["ts"] > t_end]
-again = [e for e in lev if e["event"] == "ack" and e["ts"] > t_end]
 print("f after the cut: %d pushes found unanswered by its Welcome: %s" % (len(unans),
       [(e["fragment"], e["base_version"], e["answered_base"]) for e in unans]))
 live = [e for e in lev if e["event"] == "push" and e["ts"] > t_end and e.get("final") == "0"]
