@@ -107,9 +107,7 @@ static void unanswered(dl_comms *c, const Dloco__V1__Welcome *w)
         uint64_t base, a = w->answered_bases[p];
         if (dl_mailbox_open_push(c->mb, p, &base) == 0 || (c->tx.active && c->tx.p == p)) continue;
         if (a && a - 1 >= base) continue;
-        dl_mailbox_forget_sent(c->mb, &p, 1);
-        dl_ef_forget(c->ef, p); /* no decision will come: the committed residual stays */
-        c->f[p].unacked = 0;
+        dl_comms_uplink_forget_push(c, p);
         char ans[32] = "none";
         if (a) snprintf(ans, sizeof ans, "%llu", (unsigned long long)(a - 1));
         DL_INFO("comms: push of fragment %d (base version %llu) was never answered (the synchronizer's latest "

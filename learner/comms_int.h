@@ -197,6 +197,8 @@ int dl_comms_uplink_send(dl_comms *c, int64_t now);
 void dl_comms_uplink_abort(dl_comms *c, int requeue, int decided, const char *why);
 /* the answers to the pushes sent will never come */
 void dl_comms_uplink_forget(dl_comms *c);
+/* the answer to fragment p's undecided push will never come (it was never answered: Welcome.answered_bases) */
+void dl_comms_uplink_forget_push(dl_comms *c, int p);
 void dl_comms_uplink_ack(dl_comms *c, const Dloco__V1__Ack *a);
 
 /* comms_downlink.c: what comes back. Send the Fetches whose time has come (READY only) */

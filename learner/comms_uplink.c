@@ -244,6 +244,13 @@ void dl_comms_uplink_abort(dl_comms *c, int requeue, int decided, const char *wh
 /* The answers to pushes already sent will never come (another incarnation
  * of the synchronizer, or DL_ENOTFOUND: our recent pushes got Errors instead
  * of Acks): they stop holding their fragments and the final flush. */
+void dl_comms_uplink_forget_push(dl_comms *c, int p)
+{
+    dl_mailbox_forget_sent(c->mb, &p, 1);
+    c->f[p].unacked = 0;
+    dl_ef_forget(c->ef, p); /* no decision will come: the committed residual stays */
+}
+
 void dl_comms_uplink_forget(dl_comms *c)
 {
     dl_comms_uplink_abort(c, 1, 0, "session_forgotten");

@@ -38,6 +38,13 @@ PUSH_CHUNK_MAX_KB=${PUSH_CHUNK_MAX_KB:-8}
 # start_sync LOGNAME [extra args...]: binds $BIND (default: a free loopback
 # port); sets SPID and EP; events go to $W/events-LOGNAME.log. $SYNC_WRAP (words, e.g.
 # `fiu-run -x -f PREFIX`) runs before the program and must exec it (SPID stays its pid)
+# need_netns: SKIP (exit 77) unless root with tc (network namespaces, tbf links); sets CHAOS (dloco-chaos)
+need_netns() {
+  [ "$(id -u)" = 0 ] || { echo "SKIP: needs root for network namespaces and tc"; exit 77; }
+  command -v tc > /dev/null || { echo "SKIP: no tc"; exit 77; }
+  CHAOS=$B/chaos/dloco-chaos
+  [ -x "$CHAOS" ] || die "no $CHAOS"
+}
 start_sync() {
   local log=$1; shift
   : > "$W/events-$log.log" # a fresh file, like the log: the endpoint below is this start's

@@ -1327,6 +1327,27 @@ static void path_hb(void *d, const char *id, uint64_t seq, int64_t *next_ns)
     *next_ns = dl_clock_ns() + 100000000LL;
 }
 
+/* One message for pb within 20 ms (*seq: its seq): an fp32 chunk of fragment 0's v2 that continues it is
+ * applied to held at *next. Returns the payload bytes of an Update of fragment 0, -1 for anything else. */
+static long pathb_recv(void *d, float *held, size_t n, uint64_t *next, uint64_t *seq)
+{
+    dl_wire_msg m;
+    if (recv_msg_within(d, &m, 20)) return -1;
+    *seq = m.env->seq;
+    long got = -1;
+    if (m.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE && m.env->update->fragment == 0) {
+        const Dloco__V1__Update *u = m.env->update;
+        uint64_t cn = u->chunk_numel ? u->chunk_numel : n;
+        if (u->version == 2 && !u->delta && u->chunk_offset == *next &&
+            dl_codec_decode(&(dl_codec){.id = DL_CODEC_FP32}, dl_wire_msg_payload(&m, 0), dl_wire_msg_payload_len(&m, 0),
+                            cn, held + *next) == 0)
+            *next += cn;
+        got = (long)dl_wire_msg_payload_len(&m, 0);
+    }
+    dl_wire_msg_close(&m);
+    return got;
+}
+
 static void test_path_bytes_bound(void)
 {
     static const char *const args[] = {"--n_embd", "128", "--max_staleness", "1000", NULL};
@@ -1396,19 +1417,8 @@ static void test_path_bytes_bound(void)
     hb_next = t1 + 100000000LL;
     while (dl_clock_ns() - t1 < 400000000LL) {
         path_hb(d[1], "pb", 0, &hb_next);
-        if (recv_msg_within(d[1], &mm, 20)) continue;
-        seq_last = mm.env->seq;
-        if (mm.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE && mm.env->update->fragment == frag) {
-            const Dloco__V1__Update *u = mm.env->update;
-            uint64_t cn = u->chunk_numel ? u->chunk_numel : n;
-            if (u->version == 2 && !u->delta && u->chunk_offset == next &&
-                dl_codec_decode(&(dl_codec){.id = DL_CODEC_FP32}, dl_wire_msg_payload(&mm, 0),
-                                dl_wire_msg_payload_len(&mm, 0), cn, held + next) == 0)
-                next += cn;
-            got += dl_wire_msg_payload_len(&mm, 0);
-            chunks++;
-        }
-        dl_wire_msg_close(&mm);
+        long b = pathb_recv(d[1], held, n, &next, &seq_last);
+        if (b >= 0) got += (uint64_t)b, chunks++;
     }
     printf("pathb: after the report of v1 (460 KB in %.1f s), %llu bytes of v2 came in %d chunks in 400 ms without a "
            "report (v2: %zu bytes)\n", (double)(t1 - t0) / 1e9, (unsigned long long)got, chunks, n * 4);
@@ -1417,17 +1427,7 @@ static void test_path_bytes_bound(void)
     /* reports bring the rest */
     for (int64_t end = dl_clock_ns() + 10000000000LL; next < n && dl_clock_ns() < end;) {
         path_hb(d[1], "pb", seq_last, &hb_next);
-        if (recv_msg_within(d[1], &mm, 20)) continue;
-        seq_last = mm.env->seq;
-        if (mm.env->body_case == DLOCO__V1__ENVELOPE__BODY_UPDATE && mm.env->update->fragment == frag) {
-            const Dloco__V1__Update *u = mm.env->update;
-            uint64_t cn = u->chunk_numel ? u->chunk_numel : n;
-            if (u->version == 2 && !u->delta && u->chunk_offset == next &&
-                dl_codec_decode(&(dl_codec){.id = DL_CODEC_FP32}, dl_wire_msg_payload(&mm, 0),
-                                dl_wire_msg_payload_len(&mm, 0), cn, held + next) == 0)
-                next += cn;
-        }
-        dl_wire_msg_close(&mm);
+        pathb_recv(d[1], held, n, &next, &seq_last);
     }
     CHECK(next == n && memcmp(g[1], g[0], n * 4) == 0, "pathb: reports brought the rest of v2 (%llu of %zu elements), "
           "as pa holds it", (unsigned long long)next, n);

@@ -23,10 +23,7 @@
 set -u
 TEST_NAME=tcp_stall
 . "$(dirname "$0")/lib_cluster.sh"
-[ "$(id -u)" = 0 ] || { echo "SKIP: needs root for network namespaces and tc"; exit 77; }
-command -v tc > /dev/null || { echo "SKIP: no tc"; exit 77; }
-CHAOS=$B/chaos/dloco-chaos
-[ -x "$CHAOS" ] || die "no $CHAOS"
+need_netns
 make_corpus
 cat > "$W/stall.ini" <<EOF
 [run]
