@@ -20,6 +20,22 @@ check() { # description command...
   if "$@"; then echo "ok: $d"; else echo "FAIL: $d"; fail=1; fi
 }
 quietly() { "$@" > /dev/null 2>&1; }  # run a check's command without its output
+# kill_at_saved_file PID EVENTS FILE: SIGKILL a learner at a moment its recovery FILE is the one its last
+# recovery_saved event in EVENTS names. Its writer renames the file, then writes the event, so a kill between
+# the two leaves the event one file behind; the learner is frozen, its file's step (the header's int64 at byte
+# 40, gpt/ckpt.c) read, and it runs on to that file's event when they differ.
+recovery_file_step() { od -An -t d8 -j 40 -N 8 "$1" | tr -d ' '; }
+kill_at_saved_file() {
+  local pid=$1 ev=$2 file=$3 f try
+  for try in $(seq 100); do
+    kill -STOP "$pid"
+    f=$(recovery_file_step "$file")
+    [ "$f" = "$(ev_last "$ev" recovery_saved step)" ] && { kill -KILL "$pid"; wait "$pid" 2>/dev/null; return 0; }
+    kill -CONT "$pid"
+    ev_wait 10 "$ev" recovery_saved "step=$f" || die "the recovery file is at step $f and no event names it"
+  done
+  die "the recovery file never matched its last recovery_saved event"
+}
 make_corpus() { for i in $(seq 1 3000); do echo "line $i: the quick brown fox jumps over the lazy dog number $((i * 7919 % 1000))."; done > "$W/corpus.txt"; }
 MODEL="--n_layer 2 --n_head 2 --n_embd 32 --seq_len 32"
 # Outer step of the tests that check the loss falls: the local-SGD settings

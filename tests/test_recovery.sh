@@ -21,18 +21,7 @@ R0=$LPID
 ev_wait 60 "$W/events-r0.log" recovery_saved "step~^[4-9][0-9]$" || die "no recovery file written by step 40-99"
 wait_until 30 '[ "$(ev_last "$W/events-r0.log" step pushes)" -ge 3 ] 2>/dev/null' || die "r0 did not push"
 [ -f "$W/state/dloco-r0.recovery" ] || die "no recovery file at <state_dir>/dloco-<id>.recovery"
-# The writer renames a file, then writes its recovery_saved event: a kill between the two leaves the event
-# one file behind (CI saw it: resumed at 80, last event 60). So the learner is frozen, and killed only while
-# its file's step (the header's int64 at byte 40, gpt/ckpt.c) is the one its last event names.
-file_step() { od -An -t d8 -j 40 -N 8 "$W/state/dloco-r0.recovery" | tr -d ' '; }
-for try in $(seq 100); do
-  kill -STOP "$R0"
-  f=$(file_step)
-  [ "$f" = "$(ev_last "$W/events-r0.log" recovery_saved step)" ] && break
-  kill -CONT "$R0"; ev_wait 10 "$W/events-r0.log" recovery_saved "step=$f" || die "file at step $f: no event"
-done
-[ "$(file_step)" = "$(ev_last "$W/events-r0.log" recovery_saved step)" ] || die "the recovery file never matched its event"
-kill -KILL "$R0"; wait "$R0" 2>/dev/null
+kill_at_saved_file "$R0" "$W/events-r0.log" "$W/state/dloco-r0.recovery"
 saved=$(ev_last "$W/events-r0.log" recovery_saved "step moments_hash")
 set -- $saved; SAVED_STEP=$1 SAVED_HASH=$2
 echo "r0 killed; its last recovery file: step $SAVED_STEP, moments $SAVED_HASH"

@@ -25,7 +25,7 @@ wait_until 60 '[ "$(ev_last "$W/events-r0.log" step pushes)" -ge 5 ] 2>/dev/null
 # kill right after a save, so some fragments hold progress not pushed since
 n0=$(ev_count "$W/events-r0.log" recovery_saved)
 wait_until 60 '[ "$(ev_count "$W/events-r0.log" recovery_saved)" -gt "$n0" ]' || die "no recovery file written"
-kill -KILL "$R0"; wait "$R0" 2>/dev/null
+kill_at_saved_file "$R0" "$W/events-r0.log" "$W/state/dloco-r0.recovery"
 SAVED_STEP=$(ev_last "$W/events-r0.log" recovery_saved step)
 check "the recovery file was written with the learner state" ev_has "$W/events-r0.log" recovery_saved "learner_state=1"
 [ -f "$W/state/dloco-r0.recovery.node" ] || die "no learner state at <state_dir>/dloco-<id>.recovery.node"
