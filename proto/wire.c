@@ -615,6 +615,15 @@ static int check_push(const Dloco__V1__Push *m, const size_t *lens, int npayload
     if (m->chunk_numel && m->transfer == 0) return bad(b, "chunked push without a transfer id");
     DL_TRY(check_tensor(b, m->fragment, m->codec, m->numel, m->block_size, m->topk, m->chunk_offset,
                         m->chunk_numel, lens, npayload, lim));
+    /* final_pending: a final push's list of fragments, ascending (so no more than the plan's) */
+    if (m->n_final_pending && !m->final) return bad(b, "final_pending on a push that is not final");
+    for (size_t i = 0; i < m->n_final_pending; i++) {
+        uint32_t q = m->final_pending[i];
+        DL_TRY(check_fragment(b, q, lim));
+        if (i && q <= m->final_pending[i - 1])
+            return bad(b, "final_pending is not ascending (%u after %u)", q, m->final_pending[i - 1]);
+        if (q == m->fragment) return bad(b, "final_pending names the push's own fragment %u", q);
+    }
     return check_owned(b, m->fragment, lim);
 }
 

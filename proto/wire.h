@@ -268,7 +268,8 @@ bool dl_wire_checksum_ok(const void *payload, size_t len, uint64_t expected);
  * payload frame count exactly what the body needs (Push/Update 1, others 0);
  * payload length exactly dl_wire_payload_bytes(); Push steps >= 1 and
  * tokens >= steps; doubles finite; repeated fields bounded by num_fragments;
- * Fetch indices distinct; a sharded receiver's Push and Fetch name only its
+ * Fetch indices distinct; a Push's final_pending ascending, without its own
+ * fragment, only on a final push; a sharded receiver's Push and Fetch name only its
  * own fragments; a Welcome's shard layout is valid (shard < shards <=
  * num_fragments, or unsharded with shard 0). The checksum is not checked
  * here (see recv). */

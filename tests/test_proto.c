@@ -572,6 +572,27 @@ static void test_bad_inputs(void)
         ab[3] = UINT64_MAX;
         EXPECT_BAD(&f.env, NULL, 0, &lim, "beyond fragment version 103");
     }
+    /* final_pending (a final push's fragments still to come): ascending, in range, not its own, only on a
+     * final push */
+    {
+        fx_make(&f, DLOCO__V1__ENVELOPE__BODY_PUSH, DLOCO__V1__CODEC__CODEC_FP32);
+        size_t plen = fx_len(&f);
+        uint32_t fp[3] = {0, 2, 3};
+        f.push.final = 1, f.push.n_final_pending = 3, f.push.final_pending = fp;
+        CHECK(dl_wire_validate(&f.env, &plen, 1, &lim) == 0, "final push with final_pending: %s", dl_errmsg());
+        f.push.final = 0;
+        EXPECT_BAD(&f.env, &plen, 1, &lim, "push: final_pending on a push that is not final");
+        f.push.final = 1;
+        fp[1] = 1; /* the push's own fragment */
+        EXPECT_BAD(&f.env, &plen, 1, &lim, "push: final_pending names the push's own fragment 1");
+        fp[1] = 3;
+        EXPECT_BAD(&f.env, &plen, 1, &lim, "push: final_pending is not ascending (3 after 3)");
+        fp[1] = 2, fp[2] = NF;
+        EXPECT_BAD(&f.env, &plen, 1, &lim, "push: fragment 4 out of range (num_fragments 4)");
+        fp[2] = UINT32_MAX;
+        EXPECT_BAD(&f.env, &plen, 1, &lim, "out of range");
+        f.push.final = 0, f.push.n_final_pending = 0, f.push.final_pending = NULL;
+    }
     /* chunked transfers (docs/PROTOCOL.md "Chunked transfers") */
     {
         fx_make(&f, DLOCO__V1__ENVELOPE__BODY_PUSH, DLOCO__V1__CODEC__CODEC_FP32);

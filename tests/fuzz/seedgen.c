@@ -306,6 +306,11 @@ static void wire_seeds(void)
     mk_push(&m, 1, BF16, 0), put_both("push_bf16", &m, FUZZ_LIM_PLAN);
     mk_push(&m, 0, INT8, 16), put_both("push_int8", &m, FUZZ_LIM_PLAN);
     mk_push(&m, 1, INT4, 16), put_both("push_int4", &m, FUZZ_LIM_PLAN);
+    /* a final push naming the fragments its flush still owes (ascending, not its own), and out of order */
+    static uint32_t fin[] = {1, 3}, fin_bad[] = {3, 1};
+    mk_push(&m, 0, FP32, 0), m.push.final = 1, m.push.n_final_pending = 2, m.push.final_pending = fin;
+    put_both("push_final_pending", &m, FUZZ_LIM_PLAN);
+    m.push.final_pending = fin_bad, put_both("bad_push_final_pending", &m, FUZZ_LIM_PLAN);
     mk_ack(&m, DLOCO__V1__DECISION__DECISION_ACCEPTED), put_both("ack", &m, FUZZ_LIM_PLAN);
     mk_ack(&m, DLOCO__V1__DECISION__DECISION_DROPPED_STALE), put_both("ack_stale", &m, FUZZ_LIM_PLAN);
     mk_update(&m, 2, FP32, 0), put_both("update_fp32", &m, FUZZ_LIM_PLAN);
