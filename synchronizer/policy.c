@@ -38,6 +38,7 @@ typedef struct {
     int64_t joined_ns;            /* when the slot was taken by this id (a rejoin does not move it), ns */
     int64_t pooled_ns;            /* arrival of its latest POOLED push (any fragment), ns, or NONE_NS */
     int finishing;                /* a push of its final flush came (dl_policy_learner_final): no scheduled push follows */
+    uint8_t *fpend;               /* [P] while finishing: its flush has yet to push f (the latest final push's list) */
 } slot;
 
 /* One fragment: its committed version, open round and in-flight round. */
@@ -397,7 +398,7 @@ static void hash_rebuild(dl_policy *p)
 static int expected(const dl_policy *p, const slot *s, const frag *fr)
 {
     if (s->join_seq >= fr->open_seq) return 0; /* joined after the round opened */
-    if (s->finishing) return 0;                /* in its final flush: no push to wait for */
+    if (s->finishing && !s->fpend[fr - p->frags]) return 0; /* its final flush pushes f no more */
     if (s->state == SLOT_LIVE) return 1;
     return s->state == SLOT_DEAD && p->cfg.kind == DL_POLICY_SYNC;
 }
@@ -495,11 +496,12 @@ static void eval(dl_policy *p, int f, int64_t now)
     }
 
     /* the live learners that may still push f: one in its final flush counts only with its contribution in
-     * this round (waiting for a push that may never come stalls every learner's flush) */
+     * this round or a final push of f still to come (waiting for a push that never comes stalls every
+     * learner's flush; not waiting for one that comes closes the round without it) */
     int avail = 0;
     for (int i = 0; i < p->n_slots; i++) {
         const slot *s = &p->slots[i];
-        if (s->state == SLOT_LIVE && (!s->finishing || s->cur_idx[f] >= 0)) avail++;
+        if (s->state == SLOT_LIVE && (!s->finishing || s->cur_idx[f] >= 0 || s->fpend[f])) avail++;
     }
     int keff = c->quorum < avail ? c->quorum : (avail > 1 ? avail : 1);
     if (fr->n_cur < keff) {
@@ -625,7 +627,8 @@ void dl_policy_close(dl_policy **pp)
         for (int f = 0; f < p->P; f++) free(p->frags[f].cur), free(p->frags[f].flight);
     if (p->slots)
         for (int i = 0; i < p->n_slots; i++)
-            free(p->slots[i].last), free(p->slots[i].cur_idx), free(p->slots[i].pstep), free(p->slots[i].ptok);
+            free(p->slots[i].last), free(p->slots[i].cur_idx), free(p->slots[i].pstep), free(p->slots[i].ptok),
+                free(p->slots[i].fpend);
     free(p->frags);
     free(p->slots);
     free(p->hash);
@@ -679,6 +682,7 @@ int dl_policy_learner_join(dl_policy *p, uint32_t id, int64_t now)
         s->cur_idx = dl_xmalloc((size_t)p->P * sizeof *s->cur_idx);
         s->pstep = dl_xmalloc((size_t)p->P * sizeof *s->pstep);
         s->ptok = dl_xmalloc((size_t)p->P * sizeof *s->ptok);
+        s->fpend = dl_xcalloc((size_t)p->P, 1);
         p->n_slots++;
         s->id = id;
         hash_insert(p, id, i);
@@ -780,15 +784,24 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
     return 0;
 }
 
-int dl_policy_learner_final(dl_policy *p, uint32_t id, int64_t now)
+int dl_policy_learner_final(dl_policy *p, uint32_t id, const uint32_t *pending, size_t n_pending, int64_t now)
 {
     settle(p);
     now = tick(p, now);
     int i = registered(p, id);
     if (i < 0) return i;
-    if (p->slots[i].finishing) return 0;
-    p->slots[i].finishing = 1;
-    refresh(p, now);
+    slot *s = &p->slots[i];
+    /* its pushes arrive in order: the latest final push's list is what its flush still owes */
+    int changed = !s->finishing;
+    size_t k = 0;
+    for (int f = 0; f < p->P; f++) {
+        while (k < n_pending && pending[k] < (uint32_t)f) k++;
+        uint8_t v = k < n_pending && pending[k] == (uint32_t)f;
+        changed |= s->fpend[f] != v;
+        s->fpend[f] = v;
+    }
+    s->finishing = 1;
+    if (changed) refresh(p, now);
     return 0;
 }
 

@@ -32,7 +32,8 @@
  *   - never before a quorum of K distinct learners has contributed
  *     (K_eff = min(K, max(1, live learners)), so a fleet that shrank below K
  *     still makes progress; a learner in its final flush counts only with a
- *     contribution in the round, dl_policy_learner_final);
+ *     contribution in the round or a final push of f still to come,
+ *     dl_policy_learner_final);
  *   - once quorum is reached at time q (the K-th distinct push, even while
  *     the previous round of f is in flight), a grace window waits for every
  *     EXPECTED learner WITHOUT a contribution in the round whose next push of
@@ -328,20 +329,28 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
  * fleet's step time and every fragment's deadline recomputed now (at the
  * latest time seen). A check for tests: the lazy state must equal it. */
 void dl_policy_recompute(dl_policy *p);
-/* A push of learner id's final flush came (Push.final; whatever its fate):
- * its training ended, so no scheduled push of it follows, only final ones
- * (a fragment it pushed at its last step has none). Until it rejoins or
- * counts its steps again from a lower one (a restart) it is not expected in
- * any round (never waited for, never missing), and counts in a fragment's
- * K_eff only with a contribution in that fragment's open round:
+/* A push of learner id's final flush came (Push.final; whatever its fate),
+ * naming in `pending` (ascending, n_pending entries; entries >= P are
+ * ignored) the fragments whose final push it has yet to send
+ * (Push.final_pending): its training ended, so no scheduled push of it
+ * follows, only those final ones (a fragment it pushed at its last step has
+ * none). Until it rejoins or counts its steps again from a lower one (a
+ * restart), it is expected in a fragment's rounds, and counts in that
+ * fragment's K_eff, only while the fragment is pending (the latest call's
+ * list: its pushes arrive in order) or with a contribution in the open round:
  *   K_eff(f) = min(K, max(1, live learners not finishing + finishing ones
- *              that contributed to f's open round)).
- * Without this, one learner's last push of f, made after the others had
+ *              that contributed to f's open round or have f pending)).
+ * Without it, one learner's last push of f, made after the others had
  * pushed f for the last time, opened a round that waited for them, while
  * they waited, live, for their own last rounds: every flush ran into its
  * timeout (learners out of phase at the end: one restarted mid-run, one
- * whose push was refused or dropped). DL_ENOTFOUND for an id not registered. */
-int dl_policy_learner_final(dl_policy *p, uint32_t id, int64_t now);
+ * whose push was refused or dropped). Without the pending list (older
+ * learners send none) a flush's first push made its learner absent from
+ * the rounds its later final pushes were bound for: they closed without
+ * it, and its last progress of those fragments went in rounds of its own
+ * on stale bases (bench/bandwidth.sh at H=64: 2.647 against 2.473).
+ * DL_ENOTFOUND for an id not registered. */
+int dl_policy_learner_final(dl_policy *p, uint32_t id, const uint32_t *pending, size_t n_pending, int64_t now);
 int dl_policy_live_count(const dl_policy *p);
 /* Membership of learner id: the one record of who is live, dead or gone
  * (the synchronizer's registry keeps counters and times, never a copy). */

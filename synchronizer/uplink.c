@@ -207,8 +207,10 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
 {
     int p = (int)ph->fragment;
     char why[320];
-    /* its learner's final flush, whatever this push's fate: no round waits for that learner any more */
-    if (ph->final) dl_policy_learner_final(s->policy, (uint32_t)slot, now);
+    /* its learner's final flush, whatever this push's fate: no round waits for that learner any more, but
+     * in the fragments its flush has yet to push (final_pending) */
+    if (ph->final)
+        dl_policy_learner_final(s->policy, (uint32_t)slot, ph->final_pending, ph->n_final_pending, now);
     /* 1. counters: nothing the push claims is believed beyond what its
      * learner can have done since it got the base version */
     int found = 0;
