@@ -247,12 +247,13 @@ int dl_comms_open(const dl_comms_opts *o, dl_comms **out)
     c->t_fetch = NEVER;
     c->hv = dl_try_calloc((size_t)P, sizeof *c->hv);
     c->fetch_list = dl_try_calloc((size_t)P, sizeof *c->fetch_list);
+    c->final_pending = dl_try_calloc((size_t)P, sizeof *c->final_pending);
     c->resume_v = dl_try_calloc((size_t)P, sizeof *c->resume_v);
     c->resume_o = dl_try_calloc((size_t)P, sizeof *c->resume_o);
     c->outq = dl_wire_queue_try_new();
     /* residuals only for what an encoded push leaves out (fp32 leaves out nothing) */
     if (!c->served || !c->numel || !c->send_spare || (c->byzantine && !c->byz_buf) || !c->refusals || !c->hv ||
-        !c->fetch_list || !c->resume_v || !c->resume_o || !c->outq ||
+        !c->fetch_list || !c->final_pending || !c->resume_v || !c->resume_o || !c->outq ||
         (rc = dl_ef_open(P, c->numel, o->error_feedback && pc.id != DL_CODEC_FP32, &c->ef))) {
         dl_comms_close(&c);
         return rc ? rc : dl_err(DL_ENOMEM, "comms: session buffers: out of memory");
@@ -977,6 +978,7 @@ void dl_comms_close(dl_comms **cp)
     free(c->refusals);
     free(c->hv);
     free(c->fetch_list);
+    free(c->final_pending);
     free(c->resume_v);
     free(c->resume_o);
     dl_wire_queue_release(&c->outq);

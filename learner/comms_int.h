@@ -120,6 +120,7 @@ struct dl_comms {
     int *refusals;          /* [n_served] scratch for dl_mailbox_take_refetches */
     uint64_t *hv;           /* [P] held_versions being sent (contiguous: it goes on the wire as is) */
     uint32_t *fetch_list;   /* [P] fragments of the next Fetch (likewise) */
+    uint32_t *final_pending; /* [P] a final push's Push.final_pending (dl_mailbox_claim.pending) */
     uint64_t *resume_v, *resume_o; /* [P] its resume points */
     uint64_t seq;
     uint64_t sync_seq;      /* Envelope.seq of the newest message of this epoch received: Heartbeat.received_seq */

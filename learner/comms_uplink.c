@@ -72,9 +72,10 @@ static void push_sent(dl_comms *c, int p, const dl_mailbox_push *h, uint64_t n)
 /* One Push message: elements [off, off + n) of the claimed push of p
  * (chunked when transfer != 0, else the whole fragment); payload is the
  * whole push as encoded. */
-static int send_push_msg(dl_comms *c, int p, const dl_mailbox_push *h, const uint8_t *payload, uint64_t transfer,
+static int send_push_msg(dl_comms *c, int p, const dl_mailbox_claim *cl, const uint8_t *payload, uint64_t transfer,
                          uint64_t off, uint64_t n)
 {
+    const dl_mailbox_push *h = &cl->h;
     const dl_codec *pc = &c->penc.c;
     Dloco__V1__Push m;
     dloco__v1__push__init(&m);
@@ -95,6 +96,10 @@ static int send_push_msg(dl_comms *c, int p, const dl_mailbox_push *h, const uin
     m.loss = h->loss;
     m.compute_s = h->compute_s;
     m.final = h->final != 0;
+    if (m.final && off == 0) { /* the synchronizer reads it from a push's first frame */
+        m.n_final_pending = (size_t)cl->n_pending;
+        m.final_pending = cl->pending;
+    }
     Dloco__V1__Envelope env;
     dl_wire_env_init(&env, c->run_id, c->epoch, c->id);
     dl_wire_set_push(&env, &m);
@@ -112,7 +117,7 @@ static int tx_continue(dl_comms *c)
         /* the first chunk always goes; later ones while the window has room
          * (the queue's drain wakes the thread) */
         if (t->off && dl_wire_queue_bytes(c->outq) + enc_bytes(c, cn) > push_window(c, t)) return 0;
-        int rc = send_push_msg(c, t->p, &t->cl.h, t->payload, t->transfer, t->off, cn);
+        int rc = send_push_msg(c, t->p, &t->cl, t->payload, t->transfer, t->off, cn);
         if (rc == DL_EAGAIN) {
             if (t->off == 0) { /* nothing left yet: back to its slot, sent again later */
                 dl_comms_uplink_abort(c, 1, 0, "queue_full");
@@ -158,7 +163,7 @@ int dl_comms_uplink_send(dl_comms *c, int64_t now)
         if (f->unacked && now - f->unacked_ns < expiry * MS) continue;
         if (f->busy_until > now) continue;
         dl_mailbox_claim cl;
-        if (!dl_mailbox_claim_push(c->mb, p, now, &cl, &c->send_spare)) continue;
+        if (!dl_mailbox_claim_push(c->mb, p, now, c->final_pending, &cl, &c->send_spare)) continue;
         const dl_mailbox_push *h = &cl.h;
         /* A Heartbeat first, so the synchronizer's record of the tokens this
          * learner processed covers every token the push reports (the
@@ -197,7 +202,7 @@ int dl_comms_uplink_send(dl_comms *c, int64_t now)
             if (blocked) return 1;
             continue; /* leaving (or refused locally): the next one after it */
         }
-        int rc = send_push_msg(c, p, h, payload, 0, 0, n);
+        int rc = send_push_msg(c, p, &cl, payload, 0, 0, n);
         if (rc == DL_EAGAIN) {
             /* put it back unless a newer push of p arrived meanwhile */
             f->unacked = 0;

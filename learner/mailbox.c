@@ -48,6 +48,7 @@ typedef struct {
     /* refused updates: written by either side, read by the serving session */
     int refusals;       /* consecutive, since the last adopt (set_held) */
     int refetch;        /* a fresh fetch of p was asked for and not yet taken */
+    int flush_owed;     /* the final flush owes a push of p not yet claimed (dl_mailbox_flush_owe) */
 } frag;
 
 typedef struct {
@@ -180,6 +181,7 @@ int dl_mailbox_post_push_if(dl_mailbox *m, const dl_mailbox_push *h, float **del
     swapf(&f->pbuf, delta);
     f->ph = *h;
     f->queued = 1;
+    if (h->final) f->flush_owed = 1;
     if (replaced) m->st.coalesced++;
     wake_all(m);
     pthread_mutex_unlock(&m->mu);
@@ -196,12 +198,14 @@ int dl_mailbox_take_push(dl_mailbox *m, int p, dl_mailbox_push *h, float **delta
         swapf(&f->pbuf, delta);
         *h = f->ph;
         f->queued = 0;
+        if (h->final) f->flush_owed = 0;
     }
     pthread_mutex_unlock(&m->mu);
     return got;
 }
 
-int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, dl_mailbox_claim *c, float **delta)
+int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, uint32_t *pending, dl_mailbox_claim *c,
+                          float **delta)
 {
     assert(m && c && delta && *delta && p >= 0 && p < m->P);
     pthread_mutex_lock(&m->mu);
@@ -218,6 +222,13 @@ int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, dl_mailbox_claim
         f->open_base = c->h.base_version;
         f->open_ns = now_ns;
         f->claims++;
+        c->pending = pending;
+        c->n_pending = 0;
+        if (c->h.final) {
+            f->flush_owed = 0;
+            for (int q = 0; c->pending && q < m->P; q++)
+                if (m->f[q].flush_owed) c->pending[c->n_pending++] = (uint32_t)q;
+        }
         /* a push that leaves after a saved state is the synchronizer's: a restart must not carry it again */
         uint64_t k = f->jbase + f->claims;
         if (m->jfd >= 0 && pwrite(m->jfd, &k, sizeof k, m->joff + 8 * (off_t)p) != (ssize_t)sizeof k) m->jfd = -1;
@@ -272,6 +283,7 @@ void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, fl
         } else {
             m->st.coalesced++;
         }
+        if (f->ph.final) f->flush_owed = 1;
     }
     pthread_mutex_unlock(&m->mu);
 }
@@ -493,6 +505,15 @@ int dl_mailbox_behind(dl_mailbox *m, int p, int64_t *since_ns)
     *since_ns = b ? m->f[p].behind_ns : 0;
     pthread_mutex_unlock(&m->mu);
     return b;
+}
+
+void dl_mailbox_flush_owe(dl_mailbox *m, int p, int owed)
+{
+    assert(m && p >= 0 && p < m->P);
+    pthread_mutex_lock(&m->mu);
+    frag *f = &m->f[p];
+    f->flush_owed = owed || (f->queued && f->ph.final); /* a queued final push is owed until claimed */
+    pthread_mutex_unlock(&m->mu);
 }
 
 int dl_mailbox_flush_pending(dl_mailbox *m)

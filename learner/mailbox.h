@@ -113,6 +113,11 @@ typedef struct {
     int prev_open;
     uint64_t prev_base;
     int64_t prev_ns;
+    /* a final push's Push.final_pending: the fragments the final flush still
+     * owes once this one leaves (dl_mailbox_flush_owe), ascending, in the
+     * caller's buffer given to the claim (NULL: not wanted) */
+    uint32_t *pending;
+    int n_pending;
 } dl_mailbox_claim;
 
 /* Allocate P push and update slots and their buffers. `plan` is borrowed.
@@ -185,6 +190,12 @@ void dl_mailbox_set_behind(dl_mailbox *m, int p, uint64_t version, int64_t now_n
 /* 1 while p is behind (above), *since_ns = when the Welcome said so. A keep
  * learner holds its next push of p meanwhile (learner/node.c hold_state). */
 int dl_mailbox_behind(dl_mailbox *m, int p, int64_t *since_ns);
+/* The final flush owes a push of p (owed 1) or no longer does (0: it has
+ * nothing left of p). Posting a final push of p marks it too; claiming it
+ * for a session clears it (that push is on its way), and a claim undone with
+ * requeue marks it again. What a final push tells the synchronizer it will
+ * still wait for (Push.final_pending, dl_mailbox_claim.pending). */
+void dl_mailbox_flush_owe(dl_mailbox *m, int p, int owed);
 /* Fragments whose latest push has no known fate yet: still queued, or sent
  * and not decided by an ACCEPTED (and its Update), DROPPED_STALE or
  * REJECTED. 0 when a final flush is complete. */
@@ -236,8 +247,11 @@ int dl_mailbox_take_push(dl_mailbox *m, int p, dl_mailbox_push *h, float **delta
 /* Take the queued push of p to send it: as take_push, and from here on it is
  * the latest push of p, undecided, sent at now_ns (so flush_pending never
  * misses a push between its slot and the socket). Nothing is claimed while
- * a forced update of p waits (the push's base is being abandoned). */
-int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, dl_mailbox_claim *c, float **delta);
+ * a forced update of p waits (the push's base is being abandoned). A final
+ * push's claim lists in `pending` (P entries, or NULL) the other fragments
+ * the flush still owes (c->pending, c->n_pending). */
+int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, uint32_t *pending, dl_mailbox_claim *c,
+                          float **delta);
 /* The claimed push did not leave: restore p's fate; with requeue put it back
  * in the slot unless a newer push arrived meanwhile (then counted coalesced);
  * without, it is RETURNED to the node (its progress goes into the next push). */

@@ -220,7 +220,7 @@ static int post(dl_node *n, int p, const float *theta, uint64_t steps, uint64_t 
     f->claims_seen = UINT64_MAX;
     int rc = dl_mailbox_post_push_if(n->mb, &h, &n->out, claims);
     if (rc < 0) {
-        if (final) f->owed_final = 1;
+        if (final) f->owed_final = 1, dl_mailbox_flush_owe(n->mb, p, 1);
         else f->owed = 1;
         n->st.held++;
         return 0;
@@ -403,6 +403,7 @@ static int take_fate(dl_node *n, int p)
     if (n->finishing && f->steps > 0 && f->final_returns < DL_NODE_FLUSH_RETRIES) {
         f->final_returns++;
         f->owed_final = 1;
+        dl_mailbox_flush_owe(n->mb, p, 1);
     }
     dl_event("push_returned", " fragment=%d base_version=%llu steps=%llu tokens=%llu discarded_tokens=%llu", p,
              (unsigned long long)base, (unsigned long long)f->fl_steps, (unsigned long long)f->fl_tokens,
@@ -570,6 +571,7 @@ static int flush_some(dl_node *n, int force)
         if (!f->owed_final) continue;
         if (!f->held || f->steps == 0) { /* e.g. an overwrite adopted meanwhile: nothing left to send */
             f->owed_final = 0;
+            dl_mailbox_flush_owe(n->mb, p, 0);
             continue;
         }
         if (!force && must_hold(n, p)) continue;
@@ -579,7 +581,7 @@ static int flush_some(dl_node *n, int force)
             dl_event("push_hold_released", " fragment=%d base_version=%llu final=1", p,
                      (unsigned long long)f->version);
         }
-        f->owed_final = 0;
+        f->owed_final = 0; /* its mailbox mark stays: the push posted now is owed until a session claims it */
         f->owed = 0;
         if (force) f->claims_seen = UINT64_MAX;
         int rc = push_now(n, p, 1, 1);
@@ -592,6 +594,10 @@ static int flush_some(dl_node *n, int force)
 int dl_node_flush(dl_node *n)
 {
     DL_TRY(dl_node_complete(n));
+    /* every fragment the flush pushes is owed before the first of them leaves: each final push names the
+     * others still to come (Push.final_pending), and the synchronizer's rounds of those wait for them */
+    for (int p = 0; p < n->P; p++)
+        if (n->f[p].held && n->f[p].steps > 0) dl_mailbox_flush_owe(n->mb, p, 1);
     int pushed = 0;
     for (int p = 0; p < n->P; p++) {
         nfrag *f = &n->f[p];

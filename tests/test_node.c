@@ -232,6 +232,18 @@ static void test_fetch_and_pushes(void)
     CHECK(left_before == 0, "no flush pending yet");
     CHECK(dl_node_flush(n) == P - 1, "flush pushes the %d fragments with progress, not the one just adopted", P - 1);
     CHECK(dl_mailbox_flush_pending(c) == P - 1, "flush pending %d", dl_mailbox_flush_pending(c));
+    {
+        /* the first final push to leave names every other fragment of the flush (Push.final_pending) */
+        int q0 = p == 0 ? 1 : 0, want = 0, ok = 1;
+        uint32_t pend[P];
+        dl_mailbox_claim cl;
+        REQUIRE(dl_mailbox_claim_push(c, q0, dl_clock_ns(), pend, &cl, &d) == 1, "claim the flush push of %d", q0);
+        for (int q = 0; q < P; q++)
+            if (q != p && q != q0) ok &= want < cl.n_pending && pend[want++] == (uint32_t)q;
+        CHECK(ok && cl.n_pending == want && cl.pending == pend, "the flush push of %d names the %d others (%d)", q0,
+              want, cl.n_pending);
+        dl_mailbox_unclaim_push(c, q0, &cl, &d, 1); /* back in its slot */
+    }
     for (int q = 0; q < P; q++) {
         dl_mailbox_push h;
         int got = dl_mailbox_take_push(c, q, &h, &d);
@@ -564,7 +576,7 @@ static void test_hold(void)
     dl_mailbox_claim cl;
     train_step(theta, 1);
     dl_node_after_step(n, 1, H, TOK, 1.0, 0.5); /* fragment 1 due */
-    CHECK(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1 && cl.h.steps == 1, "push of step 1 sent");
+    CHECK(dl_mailbox_claim_push(c, 1, dl_clock_ns(), NULL, &cl, &d) == 1 && cl.h.steps == 1, "push of step 1 sent");
     for (int64_t s = 2; s <= 5; s++) {
         train_step(theta, s);
         dl_node_after_step(n, s, H, TOK, 1.0, 0.5);
@@ -592,13 +604,13 @@ static void test_hold(void)
     CHECK(same(d, want, dl_plan_fragment_numel(plan, 1)), "its delta = base - theta");
     /* (b) lost decision */
     int64_t now = dl_clock_ns();
-    CHECK(dl_mailbox_claim_push(c, 1, now, &cl, &d) == 0, "nothing left to send");
+    CHECK(dl_mailbox_claim_push(c, 1, now, NULL, &cl, &d) == 0, "nothing left to send");
     train_step(theta, 8);
     dl_node_after_step(n, 8, H, TOK, 1.0, 0.5);
     for (int p = 0; p < P; p++) dl_mailbox_take_push(c, p, &h, &d);
     train_step(theta, 9);
     dl_node_after_step(n, 9, H, TOK, 1.0, 0.5); /* fragment 1 due */
-    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1, "push of step 9 sent");
+    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), NULL, &cl, &d) == 1, "push of step 9 sent");
     dl_node_stats ns;
     for (int64_t s = 10; s <= 13; s++) {
         train_step(theta, s);
@@ -691,7 +703,7 @@ static void test_barrier(int mode, const char *name)
     /* decoupled (the default before any Welcome): a held push never waits */
     CHECK(!dl_mailbox_barrier(c), "no barrier before a Welcome");
     steps_without_1(n, c, theta, 1, 1, &d);
-    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1, "push of step 1 sent");
+    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), NULL, &cl, &d) == 1, "push of step 1 sent");
     CHECK(steps_without_1(n, c, theta, 2, 5, &d) == 0 && dl_node_owes(n, 1) && dl_node_barrier_blocked(n) == -1,
           "decoupled: step 5 owes fragment 1's push and goes on");
     dl_mailbox_set_policy(c, "decoupled");
@@ -727,7 +739,7 @@ static void test_barrier(int mode, const char *name)
     CHECK(steps_without_1(n, c, theta, 6, 8, &d) == 0, "steps 6..8: nothing waits");
     train_step(theta, 9);
     dl_node_after_step(n, 9, H, TOK, 1.0, 0.5); /* fragment 1 due */
-    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1, "push of step 9 sent");
+    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), NULL, &cl, &d) == 1, "push of step 9 sent");
     CHECK(steps_without_1(n, c, theta, 10, 12, &d) == 0, "steps 10..12: nothing waits");
     train_step(theta, 13);
     dl_node_after_step(n, 13, H, TOK, 1.0, 0.5); /* fragment 1 due, held */
@@ -750,7 +762,7 @@ static void test_barrier(int mode, const char *name)
     CHECK(steps_without_1(n, c, theta, 14, 16, &d) == 0, "steps 14..16: nothing waits");
     train_step(theta, 17);
     dl_node_after_step(n, 17, H, TOK, 1.0, 0.5); /* fragment 1 due */
-    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), &cl, &d) == 1, "push of step 17 sent");
+    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), NULL, &cl, &d) == 1, "push of step 17 sent");
     CHECK(steps_without_1(n, c, theta, 18, 20, &d) == 0, "steps 18..20: nothing waits");
     train_step(theta, 21);
     dl_node_after_step(n, 21, H, TOK, 1.0, 0.5); /* fragment 1 due, held */
@@ -954,7 +966,7 @@ static void test_stale_keep(void)
     dl_node_after_step(n, 1, H, TOK, 1.0, 0.0); /* fragment 1 is due at step 1: pushed, queued */
     float *at_push = gather(1, theta);
     dl_mailbox_claim cl;
-    CHECK(dl_mailbox_claim_push(c, 1, 1, &cl, &d) == 1, "stale keep: the session sends the push");
+    CHECK(dl_mailbox_claim_push(c, 1, 1, NULL, &cl, &d) == 1, "stale keep: the session sends the push");
     const dl_mailbox_push h = cl.h;
     train_step(theta, 2);
     dl_node_after_step(n, 2, H, TOK, 1.0, 0.0);
@@ -1074,7 +1086,7 @@ static void test_fate(int mode, const char *name, int order, int decision)
     } while (0)
     for (int i = 0; i < 4; i++) STEP();
     dl_mailbox_claim cl;
-    REQUIRE(dl_mailbox_claim_push(c, 0, dl_clock_ns(), &cl, &d) == 1 && cl.h.steps == 4, "push of steps 1..4 sent");
+    REQUIRE(dl_mailbox_claim_push(c, 0, dl_clock_ns(), NULL, &cl, &d) == 1 && cl.h.steps == 4, "push of steps 1..4 sent");
     CHECK(d[0] == -4.0f, "%s: its delta is -4", name);
     if (decision == DL_DECIDE_ACCEPTED || order == 1) dl_mailbox_decide(c, 0, DL_DECIDE_PENDING, 1, 0);
     if (order == 0) CHECK(dl_mailbox_decide(c, 0, decision, 1, 0) == 1, "rejected");
@@ -1116,7 +1128,7 @@ static void test_fate(int mode, const char *name, int order, int decision)
         /* the next push carries them */
         STEP();
         STEP();
-        REQUIRE(dl_mailbox_claim_push(c, 0, dl_clock_ns(), &cl, &d) == 1, "push of step 8 sent");
+        REQUIRE(dl_mailbox_claim_push(c, 0, dl_clock_ns(), NULL, &cl, &d) == 1, "push of step 8 sent");
         CHECK(cl.h.steps == 8 && cl.h.base_version == 2 && d[0] == -8.0f,
               "keep: the push of step 8 carries the rejected 4 steps (steps %llu, delta %g)",
               (unsigned long long)cl.h.steps, d[0]);
@@ -1144,7 +1156,7 @@ static void test_post_if(void)
     uint64_t k = dl_mailbox_claims(c, 2);
     CHECK(!dl_mailbox_undecided(c, 2, NULL), "a queued push is no hold");
     dl_mailbox_claim cl;
-    REQUIRE(dl_mailbox_claim_push(c, 2, dl_clock_ns(), &cl, &e) == 1, "claimed");
+    REQUIRE(dl_mailbox_claim_push(c, 2, dl_clock_ns(), NULL, &cl, &e) == 1, "claimed");
     h.steps = 8, h.tokens = 8 * TOK;
     CHECK(dl_mailbox_post_push_if(c, &h, &d, k) == -1, "claimed since the check: refused");
     CHECK(dl_mailbox_post_push_if(c, &h, &d, dl_mailbox_claims(c, 2)) == 0, "a fresh check: posted");
@@ -1156,6 +1168,40 @@ static void test_post_if(void)
     free(e);
     dl_mailbox_close(&c);
     printf("ok: post_push_if: no post after a claim the hold check did not see, none over another base\n");
+}
+
+/* Push.final_pending as the mailbox keeps it: a final push's claim lists the
+ * fragments the flush still owes -- final pushes queued, owed ones
+ * (dl_mailbox_flush_owe), one whose claim was undone with requeue -- and
+ * never its own, nor one claimed already or no longer owed. */
+static void test_flush_owed(void)
+{
+    dl_mailbox *c = open_mailbox();
+    float *d = dl_mailbox_buf_alloc(c), *e = dl_mailbox_buf_alloc(c);
+    uint32_t pend[P];
+    dl_mailbox_claim cl;
+    dl_mailbox_push h = {.fragment = 1, .base_version = 5, .steps = 4, .tokens = 4 * TOK, .loss = 1.0};
+    REQUIRE(dl_mailbox_post_push(c, &h, &d) == 0, "a scheduled push of 1 queued");
+    h.final = 1, h.fragment = 0;
+    REQUIRE(dl_mailbox_post_push(c, &h, &d) == 0, "final push of 0 queued");
+    h.fragment = 2;
+    REQUIRE(dl_mailbox_post_push(c, &h, &e) == 0, "final push of 2 queued");
+    dl_mailbox_flush_owe(c, 3, 1); /* held: made once its previous push is decided */
+    REQUIRE(dl_mailbox_claim_push(c, 1, dl_clock_ns(), pend, &cl, &d) == 1, "claim 1");
+    CHECK(cl.n_pending == 0, "a push that is not final names nothing (%d)", cl.n_pending);
+    REQUIRE(dl_mailbox_claim_push(c, 0, dl_clock_ns(), pend, &cl, &d) == 1, "claim 0");
+    CHECK(cl.n_pending == 2 && pend[0] == 2 && pend[1] == 3, "0 names 2 and 3 (%d)", cl.n_pending);
+    dl_mailbox_unclaim_push(c, 0, &cl, &d, 1); /* did not leave: back in its slot, owed again */
+    REQUIRE(dl_mailbox_claim_push(c, 2, dl_clock_ns(), pend, &cl, &e) == 1, "claim 2");
+    CHECK(cl.n_pending == 2 && pend[0] == 0 && pend[1] == 3, "2 names 0 and 3 (%d)", cl.n_pending);
+    dl_mailbox_flush_owe(c, 3, 0); /* nothing left of 3 */
+    dl_mailbox_flush_owe(c, 0, 0); /* queued: stays owed until claimed */
+    REQUIRE(dl_mailbox_claim_push(c, 0, dl_clock_ns(), pend, &cl, &d) == 1, "claim 0 again");
+    CHECK(cl.n_pending == 0, "0 names nothing now (%d)", cl.n_pending);
+    free(d);
+    free(e);
+    dl_mailbox_close(&c);
+    printf("ok: a final push names the fragments the flush still owes\n");
 }
 
 /* The node's state across a restart (node.h): a keep-mode learner with a
@@ -1183,7 +1229,7 @@ static void test_state(void)
     /* a session sends fragment 3's push: it left (undecided); the others' are still queued (never left) */
     dl_mailbox_claim cl;
     float *sent = dl_mailbox_buf_alloc(c);
-    REQUIRE(dl_mailbox_claim_push(c, 3, 1, &cl, &sent) == 1, "claim fragment 3's push");
+    REQUIRE(dl_mailbox_claim_push(c, 3, 1, NULL, &cl, &sent) == 1, "claim fragment 3's push");
     free(sent);
     size_t len = 0;
     uint8_t *buf = malloc(dl_node_state_bytes(n));
@@ -1462,6 +1508,7 @@ int main(void)
     test_fate(DL_ADOPT_KEEP, "keep", 1, DL_DECIDE_ACCEPTED);
     test_fate(DL_ADOPT_OVERWRITE, "overwrite", 1, DL_DECIDE_ACCEPTED);
     test_post_if();
+    test_flush_owed();
     test_state();
     test_state_residuals();
 
