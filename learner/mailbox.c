@@ -227,7 +227,7 @@ int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, uint32_t *pendin
         if (c->h.final) {
             f->flush_owed = 0;
             for (int q = 0; c->pending && q < m->P; q++)
-                if (m->f[q].flush_owed) c->pending[c->n_pending++] = (uint32_t)q;
+                if (m->f[q].flush_owed || m->f[q].queued) c->pending[c->n_pending++] = (uint32_t)q;
         }
         /* a push that leaves after a saved state is the synchronizer's: a restart must not carry it again */
         uint64_t k = f->jbase + f->claims;

@@ -113,8 +113,9 @@ typedef struct {
     int prev_open;
     uint64_t prev_base;
     int64_t prev_ns;
-    /* a final push's Push.final_pending: the fragments the final flush still
-     * owes once this one leaves (dl_mailbox_flush_owe), ascending, in the
+    /* a final push's Push.final_pending: the fragments with a push still to
+     * leave once this one does -- owed by the final flush
+     * (dl_mailbox_flush_owe) or queued, final or not -- ascending, in the
      * caller's buffer given to the claim (NULL: not wanted) */
     uint32_t *pending;
     int n_pending;
@@ -249,7 +250,7 @@ int dl_mailbox_take_push(dl_mailbox *m, int p, dl_mailbox_push *h, float **delta
  * misses a push between its slot and the socket). Nothing is claimed while
  * a forced update of p waits (the push's base is being abandoned). A final
  * push's claim lists in `pending` (P entries, or NULL) the other fragments
- * the flush still owes (c->pending, c->n_pending). */
+ * the flush still owes or with a push queued (c->pending, c->n_pending). */
 int dl_mailbox_claim_push(dl_mailbox *m, int p, int64_t now_ns, uint32_t *pending, dl_mailbox_claim *c,
                           float **delta);
 /* The claimed push did not leave: restore p's fate; with requeue put it back

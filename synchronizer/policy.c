@@ -784,19 +784,21 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
     return 0;
 }
 
-int dl_policy_learner_final(dl_policy *p, uint32_t id, const uint32_t *pending, size_t n_pending, int64_t now)
+int dl_policy_learner_final(dl_policy *p, uint32_t id, int frag, const uint32_t *pending, size_t n_pending,
+                            int64_t now)
 {
     settle(p);
     now = tick(p, now);
     int i = registered(p, id);
     if (i < 0) return i;
     slot *s = &p->slots[i];
-    /* its pushes arrive in order: the latest final push's list is what its flush still owes */
+    /* its pushes arrive in order: the latest final push's list is what its flush still owes, and this
+     * push's own fragment until its body comes (dl_policy_push): a round closed in between would miss it */
     int changed = !s->finishing;
     size_t k = 0;
     for (int f = 0; f < p->P; f++) {
         while (k < n_pending && pending[k] < (uint32_t)f) k++;
-        uint8_t v = k < n_pending && pending[k] == (uint32_t)f;
+        uint8_t v = f == frag || (k < n_pending && pending[k] == (uint32_t)f);
         changed |= s->fpend[f] != v;
         s->fpend[f] = v;
     }
@@ -869,6 +871,7 @@ int dl_policy_push(dl_policy *p, int f, uint32_t id, uint64_t base_version, int6
     if (base_version > fr->version) return reject(p, out, DL_POLICY_R_FUTURE_VERSION);
 
     slot *s = &p->slots[i];
+    s->fpend[f] = 0; /* a finishing learner's push of f has come */
     /* A newer push contains the pooled one's progress only on the same base:
      * on another base (the learner adopted a merge meanwhile, e.g. after its
      * hold timed out) replacing would lose the pooled progress */

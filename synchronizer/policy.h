@@ -329,15 +329,18 @@ int dl_policy_learner_progress(dl_policy *p, uint32_t id, uint64_t step, uint64_
  * fleet's step time and every fragment's deadline recomputed now (at the
  * latest time seen). A check for tests: the lazy state must equal it. */
 void dl_policy_recompute(dl_policy *p);
-/* A push of learner id's final flush came (Push.final; whatever its fate),
- * naming in `pending` (ascending, n_pending entries; entries >= P are
- * ignored) the fragments whose final push it has yet to send
- * (Push.final_pending): its training ended, so no scheduled push of it
- * follows, only those final ones (a fragment it pushed at its last step has
- * none). Until it rejoins or counts its steps again from a lower one (a
- * restart), it is expected in a fragment's rounds, and counts in that
- * fragment's K_eff, only while the fragment is pending (the latest call's
- * list: its pushes arrive in order) or with a contribution in the open round:
+/* The head of a push of learner id's final flush came (Push.final, its
+ * first frame; whatever its fate), of fragment `frag`, naming in `pending`
+ * (ascending, n_pending entries; entries >= P are ignored) the fragments
+ * with a push of it still to come (Push.final_pending): its training ended,
+ * so no scheduled push of it follows, only those (a fragment it pushed at
+ * its last step has none). Until it rejoins or counts its steps again from
+ * a lower one (a restart), it is expected in a fragment's rounds, and counts
+ * in that fragment's K_eff, only while the fragment is pending -- named in
+ * the latest call's list (its pushes arrive in order), or `frag` itself
+ * until dl_policy_push of it (a chunked push's body arrives over several
+ * loop turns; a round closed in between would miss it) -- or with a
+ * contribution in the open round:
  *   K_eff(f) = min(K, max(1, live learners not finishing + finishing ones
  *              that contributed to f's open round or have f pending)).
  * Without it, one learner's last push of f, made after the others had
@@ -350,7 +353,8 @@ void dl_policy_recompute(dl_policy *p);
  * it, and its last progress of those fragments went in rounds of its own
  * on stale bases (bench/bandwidth.sh at H=64: 2.647 against 2.473).
  * DL_ENOTFOUND for an id not registered. */
-int dl_policy_learner_final(dl_policy *p, uint32_t id, const uint32_t *pending, size_t n_pending, int64_t now);
+int dl_policy_learner_final(dl_policy *p, uint32_t id, int frag, const uint32_t *pending, size_t n_pending,
+                            int64_t now);
 int dl_policy_live_count(const dl_policy *p);
 /* Membership of learner id: the one record of who is live, dead or gone
  * (the synchronizer's registry keeps counters and times, never a copy). */

@@ -209,8 +209,16 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
     char why[320];
     /* its learner's final flush, whatever this push's fate: no round waits for that learner any more, but
      * in the fragments its flush has yet to push (final_pending) */
-    if (ph->final)
-        dl_policy_learner_final(s->policy, (uint32_t)slot, ph->final_pending, ph->n_final_pending, now);
+    if (ph->final) {
+        dl_policy_learner_final(s->policy, (uint32_t)slot, p, ph->final_pending, ph->n_final_pending, now);
+        char pl[80] = ""; /* the first fragments of the list, then "..." */
+        size_t o = 0, i = 0;
+        for (; i < ph->n_final_pending && o + 16 < sizeof pl; i++)
+            o += (size_t)snprintf(pl + o, sizeof pl - o, "%s%u", i ? "," : "", ph->final_pending[i]);
+        if (i < ph->n_final_pending) snprintf(pl + o, sizeof pl - o, ",...");
+        dl_event("push_final", "id=%s frag=%u base=%llu pending=%zu list=%s", l->id, ph->fragment,
+                 (unsigned long long)ph->base_version, ph->n_final_pending, pl);
+    }
     /* 1. counters: nothing the push claims is believed beyond what its
      * learner can have done since it got the base version */
     int found = 0;
