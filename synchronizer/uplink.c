@@ -207,8 +207,9 @@ static int push_head(dl_sync *s, int slot, dl_registry_learner *l, const Dloco__
 {
     int p = (int)ph->fragment;
     char why[320];
-    /* its learner's final flush, whatever this push's fate: no round waits for that learner any more, but
-     * in the fragments its flush has yet to push (final_pending) */
+    /* its learner's final flush, whatever this push's fate: rounds wait for that learner only in the
+     * fragments it still has a push of to send (final_pending) and in this push's own until it is in (a
+     * refused one: until the learner's retry or its Bye) */
     if (ph->final) {
         dl_policy_learner_final(s->policy, (uint32_t)slot, p, ph->final_pending, ph->n_final_pending, now);
         char pl[80] = ""; /* the first fragments of the list, then "..." */
