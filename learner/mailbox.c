@@ -48,7 +48,8 @@ typedef struct {
     /* refused updates: written by either side, read by the serving session */
     int refusals;       /* consecutive, since the last adopt (set_held) */
     int refetch;        /* a fresh fetch of p was asked for and not yet taken */
-    int flush_owed;     /* the final flush owes a push of p not yet claimed (dl_mailbox_flush_owe) */
+    int flush_owed;     /* the final flush owes a push of p not yet claimed (dl_mailbox_flush_owe); a queued
+                         * push is named anyway */
 } frag;
 
 typedef struct {
@@ -181,7 +182,6 @@ int dl_mailbox_post_push_if(dl_mailbox *m, const dl_mailbox_push *h, float **del
     swapf(&f->pbuf, delta);
     f->ph = *h;
     f->queued = 1;
-    if (h->final) f->flush_owed = 1;
     if (replaced) m->st.coalesced++;
     wake_all(m);
     pthread_mutex_unlock(&m->mu);
@@ -283,7 +283,6 @@ void dl_mailbox_unclaim_push(dl_mailbox *m, int p, const dl_mailbox_claim *c, fl
         } else {
             m->st.coalesced++;
         }
-        if (f->ph.final) f->flush_owed = 1;
     }
     pthread_mutex_unlock(&m->mu);
 }
@@ -512,7 +511,7 @@ void dl_mailbox_flush_owe(dl_mailbox *m, int p, int owed)
     assert(m && p >= 0 && p < m->P);
     pthread_mutex_lock(&m->mu);
     frag *f = &m->f[p];
-    f->flush_owed = owed || (f->queued && f->ph.final); /* a queued final push is owed until claimed */
+    f->flush_owed = owed;
     pthread_mutex_unlock(&m->mu);
 }
 

@@ -192,10 +192,10 @@ void dl_mailbox_set_behind(dl_mailbox *m, int p, uint64_t version, int64_t now_n
  * learner holds its next push of p meanwhile (learner/node.c hold_state). */
 int dl_mailbox_behind(dl_mailbox *m, int p, int64_t *since_ns);
 /* The final flush owes a push of p (owed 1) or no longer does (0: it has
- * nothing left of p). Posting a final push of p marks it too; claiming it
- * for a session clears it (that push is on its way), and a claim undone with
- * requeue marks it again. What a final push tells the synchronizer it will
- * still wait for (Push.final_pending, dl_mailbox_claim.pending). */
+ * nothing left of p). A session's claim of a final push of p clears it (that
+ * push is on its way; taking it unsent too). With the queued pushes, what a
+ * final push tells the synchronizer it will still wait for
+ * (Push.final_pending, dl_mailbox_claim.pending). */
 void dl_mailbox_flush_owe(dl_mailbox *m, int p, int owed);
 /* Fragments whose latest push has no known fate yet: still queued, or sent
  * and not decided by an ACCEPTED (and its Update), DROPPED_STALE or
