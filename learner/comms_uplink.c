@@ -246,9 +246,7 @@ void dl_comms_uplink_abort(dl_comms *c, int requeue, int decided, const char *wh
     COUNT(pushes_stopped);
 }
 
-/* The answers to pushes already sent will never come (another incarnation
- * of the synchronizer, or DL_ENOTFOUND: our recent pushes got Errors instead
- * of Acks): they stop holding their fragments and the final flush. */
+/* The answer to fragment p's undecided push will never come (Welcome.answered_bases says it was never answered). */
 void dl_comms_uplink_forget_push(dl_comms *c, int p)
 {
     dl_mailbox_forget_sent(c->mb, &p, 1);
@@ -256,6 +254,9 @@ void dl_comms_uplink_forget_push(dl_comms *c, int p)
     dl_ef_forget(c->ef, p); /* no decision will come: the committed residual stays */
 }
 
+/* The answers to pushes already sent will never come (another incarnation
+ * of the synchronizer, or DL_ENOTFOUND: our recent pushes got Errors instead
+ * of Acks): they stop holding their fragments and the final flush. */
 void dl_comms_uplink_forget(dl_comms *c)
 {
     dl_comms_uplink_abort(c, 1, 0, "session_forgotten");

@@ -51,9 +51,6 @@ OUTER="--outer_lr 1.0 --outer_momentum 0"
 CHUNK_KB=${CHUNK_KB:-4}
 PUSH_CHUNK_MAX_KB=${PUSH_CHUNK_MAX_KB:-8}
 
-# start_sync LOGNAME [extra args...]: binds $BIND (default: a free loopback
-# port); sets SPID and EP; events go to $W/events-LOGNAME.log. $SYNC_WRAP (words, e.g.
-# `fiu-run -x -f PREFIX`) runs before the program and must exec it (SPID stays its pid)
 # need_netns: SKIP (exit 77) unless root with tc (network namespaces, tbf links); sets CHAOS (dloco-chaos)
 need_netns() {
   [ "$(id -u)" = 0 ] || { echo "SKIP: needs root for network namespaces and tc"; exit 77; }
@@ -61,6 +58,9 @@ need_netns() {
   CHAOS=$B/chaos/dloco-chaos
   [ -x "$CHAOS" ] || die "no $CHAOS"
 }
+# start_sync LOGNAME [extra args...]: binds $BIND (default: a free loopback
+# port); sets SPID and EP; events go to $W/events-LOGNAME.log. $SYNC_WRAP (words, e.g.
+# `fiu-run -x -f PREFIX`) runs before the program and must exec it (SPID stays its pid)
 start_sync() {
   local log=$1; shift
   : > "$W/events-$log.log" # a fresh file, like the log: the endpoint below is this start's
