@@ -29,7 +29,9 @@
 #        B_RESULT="LOSS SENT RECV" (with HS="": reuse a known (b) at H)
 #        DATA=... BUILD_DIR=build; KEEP=DIR keeps the warm start and (a) in DIR
 #        and reuses them when DIR already holds them for the same settings,
-#        for sweeps of the decoupled side)
+#        for sweeps of the decoupled side); LOGS=DIR keeps each decoupled
+#        run's logs and event logs (the synchronizer's and each learner's
+#        --events) in DIR/NN_TAG_H<h>/, for finding out why a figure moved
 # Measured at these defaults (2 shared cores, about 25 minutes; (a) 2.2003;
 # docs/ARCHITECTURE.md "Bandwidth" has the table): fp32 H=4 / 16 / 32 / 64 /
 # 128 gave 1.210 / 1.009 / 1.040 / 1.123 / 1.337 at 7.9 / 22 / 41 / 72 / 111x
@@ -133,21 +135,28 @@ run_decoupled() {
   [ $# -gt 0 ] && shift
   sflags=("$@")
   t0=$(date +%s)
-  rm -rf "$X/store"
-  local init=()
+  rm -rf "$X/store" "$X"/ev-*.log
+  local init=() sev=() run_logs=""
+  if [ -n "${LOGS:-}" ]; then
+    N_RUN=$((${N_RUN:-0} + 1))
+    run_logs=$LOGS/$(printf '%02d' "$N_RUN")_$(echo "$tag" | tr -c 'A-Za-z0-9\n' '_' | tr -s _ | sed 's/^_//; s/_$//')_H$h
+    sev=(--events "$X/ev-sync.log")
+  fi
   [ "$W0" -gt 0 ] && init=(--init_from "$A/warm.safetensors")
   "$SYNC" --store "$X/store" --bind tcp://127.0.0.1:0 $MODEL --vocab 256 --fragments "$P" --H "$h" --quorum "$K" \
     --outer_lr "$OUTER_LR" --outer_momentum "$OUTER_MU" --share_scaling "$SHARE" --merge "$MERGE" "${init[@]}" \
-    --metrics off --eval_every_s 0 --status_every_ms 0 --durability periodic "${sflags[@]}" > "$X/sync.log" 2>&1 &
+    --metrics off --eval_every_s 0 --status_every_ms 0 --durability periodic "${sev[@]}" "${sflags[@]}" > "$X/sync.log" 2>&1 &
   local sp=$!
   PIDS+=($sp)
   for _ in $(seq 1 100); do ep=$(sed -n 's/^dloco-sync: listening on //p' "$X/sync.log"); [ -n "$ep" ] && break; sleep 0.1; done
   [ -n "$ep" ] || { cat "$X/sync.log"; exit 1; }
   local lp=()
   for i in $(seq 0 $((M - 1))); do
+    local lev=()
+    [ -n "$run_logs" ] && lev=(--events "$X/ev-q$i.log")
     "$LEARNER" --connect "$ep" --id "q$i" --recovery off $MODEL --data "$DATA" --batch "$B" --steps "$STEPS" --lr "$LR" \
       --warmup "$WARMUP" --fragments "$P" --data_shard "$i" --data_shards "$M" --seed $((7 + i)) --threads 1 \
-      --adopt "$ADOPT" --adam_fleet "$FLEET_L" --metrics off --log_every 100 "${RESUME[@]}" "${lflags[@]}" \
+      --adopt "$ADOPT" --adam_fleet "$FLEET_L" --metrics off --log_every 100 "${RESUME[@]}" "${lev[@]}" "${lflags[@]}" \
       > "$X/l$i.log" 2>&1 &
     lp+=($!)
     PIDS+=($!)
@@ -156,6 +165,7 @@ run_decoupled() {
   for p in "${lp[@]}"; do wait "$p" || bad=1; done
   kill -TERM "$sp" 2>/dev/null || true
   wait "$sp" || true
+  if [ -n "$run_logs" ]; then mkdir -p "$run_logs" && cp "$X"/sync.log "$X"/l*.log "$X"/ev-*.log "$run_logs"/; fi
   if [ "$bad" = 1 ]; then tail -5 "$X"/l*.log "$X/sync.log"; exit 1; fi
   LOSS=$("$BUILD_DIR"/tools/dloco eval "$X/store" --data "$DATA" --batch "$B" --val_batches "$VB" |
          sed -E 's/.*val loss ([0-9.]+).*/\1/')
