@@ -98,8 +98,12 @@ static const dl_cfg_entry table[] = {
     {"staleness_a", DL_CFG_FLOAT, F(staleness_a), 0, 1e6, "0.5", NULL, 1, "s() parameter a"},
     {"staleness_b", DL_CFG_FLOAT, F(staleness_b), 0, 1e9, "0", NULL, 1, "s() parameter b (hinge)"},
     {"merge", DL_CFG_ENUM, F(merge), 0, 0, "rda", "rda|mean", 0, "merge rule for non-embedding tensors"},
-    {"outer_lr", DL_CFG_FLOAT, F(outer_lr), 0, 10, "0.7", NULL, 1, "outer Nesterov learning rate"},
-    {"outer_momentum", DL_CFG_FLOAT, F(outer_momentum), 0, 0.999, "0.9", NULL, 1, "outer Nesterov momentum"},
+    /* the local-SGD step by default: at the default quorum 1 DiLoCo's 0.7 / 0.9 lost to it from scratch and
+     * after a warm start alike (docs/ARCHITECTURE.md "Outer optimizer settings") */
+    {"outer_lr", DL_CFG_FLOAT, F(outer_lr), 0, 10, "1.0", NULL, 1,
+     "outer Nesterov learning rate (1.0 with momentum 0: the local-SGD step, the merged delta applied as it is; "
+     "DiLoCo's 0.7 with momentum 0.9 pays after a warm start with quorum = the fleet)"},
+    {"outer_momentum", DL_CFG_FLOAT, F(outer_momentum), 0, 0.999, "0", NULL, 1, "outer Nesterov momentum"},
     {"share_scaling", DL_CFG_BOOL, F(share_scaling), 0, 0, "true", NULL, 1,
      "scale a round's step by its share of a full period of its fragment: its tokens x s(staleness) over the live "
      "learners' expected tokens per period (H x tokens per step)"},
