@@ -1240,7 +1240,9 @@ static void registry_flood(syncd *S, int max_learners)
         }
         dl_wire_msg_close(&m);
     }
-    int ev_full = ev_count(S->events, "hello_full", NULL), ev_busy = ev_count(S->events, "hello_limited", NULL);
+    /* the synchronizer writes each refusal's event after sending it: wait for as many as came back */
+    int ev_full = ev_wait(S->events, full, 5000, "hello_full", NULL);
+    int ev_busy = ev_wait(S->events, busy, 5000, "hello_limited", NULL);
     row("5a registry", "60 Hellos with made-up ids from one connection, as fast as it can (max_learners %d, burst 48, "
         "2/s) -> %d Welcome, %d Error FULL non-fatal, %d Error BUSY non-fatal, %d other%s%s; events hello_full x%d, "
         "hello_limited x%d", max_learners, welcome, full, busy, other, other ? ": " : "", other_got, ev_full, ev_busy);
