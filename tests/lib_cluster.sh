@@ -39,9 +39,10 @@ kill_at_saved_file() {
 make_corpus() { for i in $(seq 1 3000); do echo "line $i: the quick brown fox jumps over the lazy dog number $((i * 7919 % 1000))."; done > "$W/corpus.txt"; }
 MODEL="--n_layer 2 --n_head 2 --n_embd 32 --seq_len 32"
 # Outer step of the tests that check the loss falls: the local-SGD settings
-# deploy/cluster.ini uses for short periods like H=8. The program default,
-# DiLoCo's Nesterov 0.7/0.9, is meant for H in the hundreds; at H=8 it
-# amplifies each averaged delta ~7x and the tiny test model sometimes diverges.
+# (dloco-sync's default, and deploy/cluster.ini's), said here so a change of
+# the default does not change the tests. DiLoCo's Nesterov 0.7/0.9 is meant
+# for long periods after a warm start; at H=8 it amplifies each averaged
+# delta ~7x and the tiny test model sometimes diverges.
 OUTER="--outer_lr 1.0 --outer_momentum 0"
 # Chunked transfers (docs/PROTOCOL.md): the test model's fragments are tens
 # of KiB, so the synchronizer's chunks are the protocol's smallest (4 KiB)
