@@ -32,8 +32,12 @@
 #        for sweeps of the decoupled side); LOGS=DIR keeps each decoupled
 #        run's logs and event logs (the synchronizer's and each learner's
 #        --events) in DIR/NN_TAG_H<h>/, for finding out why a figure moved
-# Measured at these defaults (2 shared cores, about 25 minutes; (a) 2.2003;
-# docs/ARCHITECTURE.md "Bandwidth" has the table): fp32 H=4 / 16 / 32 / 64 /
+# Measured at these defaults (2 shared cores, about 10-25 minutes; (a) 2.2003;
+# docs/RESULTS.md "Bandwidth" and "The final flush's rounds" have the
+# tables): on 2026-12-05 fp32 H=4 / 16 / 32 / 64 / 128 gave 1.252 / 1.004 /
+# 1.038 / 1.125 / 1.345 and (c) 1.006 at 138.6x (H=4 above 2026-12-01's
+# because its pushes are now the 4 steps asked for, RESULTS says why); on
+# 2026-12-01 fp32 H=4 / 16 / 32 / 64 /
 # 128 gave 1.210 / 1.009 / 1.040 / 1.123 / 1.337 at 7.9 / 22 / 41 / 72 / 111x
 # fewer bytes than the all-reduce; (c) at H=16 1.013 of (a), 1.0041 of (b), at
 # 138.5x fewer bytes (compressed_vs_dp_loss 1.013, bytes_reduction_vs_ddp
