@@ -149,8 +149,37 @@ void dl_cpu_nesterov(float *param, float *momentum, const float *grad, size_t n,
 double dl_cpu_nesterov_to(float *param_out, float *mom_out, const float *param_in, const float *mom_in, float *grad,
                           size_t n, float lr, float mu, float sc)
 {
-    assert(param_out && mom_out && param_in && mom_in && (grad || n == 0));
+    assert(param_out && param_in && (grad || n == 0));
+    assert((mom_out && mom_in) || (!mom_out && !mom_in && mu == 0.0f));
     double part[NCHUNK];
+    if (!mom_out) {
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
+        for (int c = 0; c < NCHUNK; c++) {
+            size_t lo, hi;
+            chunk_range(n, c, &lo, &hi);
+            double s = 0.0;
+            if (sc != 1.0f) {
+#pragma omp simd reduction(+ : s)
+                for (size_t i = lo; i < hi; i++) {
+                    float g = grad[i] * sc;
+                    grad[i] = g;
+                    s += (double)g * (double)g;
+                    param_out[i] = param_in[i] - lr * g;
+                }
+            } else {
+#pragma omp simd reduction(+ : s)
+                for (size_t i = lo; i < hi; i++) {
+                    float g = grad[i];
+                    s += (double)g * (double)g;
+                    param_out[i] = param_in[i] - lr * g;
+                }
+            }
+            part[c] = s;
+        }
+        double s = 0.0;
+        for (int c = 0; c < NCHUNK; c++) s += part[c];
+        return sqrt(s);
+    }
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
     for (int c = 0; c < NCHUNK; c++) {
         size_t lo, hi;

@@ -40,7 +40,10 @@ void dl_cpu_nesterov(float *param, float *momentum, const float *grad, size_t n,
 /* The same step out of place, with the pseudo-gradient first scaled by sc
  * (written back into grad when sc != 1) and its norm (dl_cpu_norm2's, bit
  * for bit) returned: one pass where the merge made three. The outputs may
- * be the inputs. */
+ * be the inputs. With mu == 0 the momentum may be NULL, both of them: the
+ * step is then param_out = param_in - lr * grad, as the momentum path gives
+ * (a momentum of zero weight carries nothing from one step to the next, so
+ * none is read or written). */
 double dl_cpu_nesterov_to(float *param_out, float *mom_out, const float *param_in, const float *mom_in, float *grad,
                           size_t n, float lr, float mu, float sc);
 

@@ -51,7 +51,7 @@ struct init_ctx {
     const char *manifest_json; /* NULL: a GPT-2 run */
     dl_store_shard layout;
     const float *const *params;
-    uint64_t **psum, **msum; /* [P][blocks of p] */
+    uint64_t **psum; /* [P][blocks of p] */
     int64_t wall;
 };
 
@@ -103,9 +103,9 @@ static int init_fn(dl_store *s, MDB_txn *t, void *vctx)
         memcpy(b + CONFIG_HDR, c->manifest_json, n);
     }
     for (uint32_t p = 0; p < r->n_fragments; p++) {
-        DL_TRY(dl_store_put_frag_hdr(s, t, p, 0, r->numel[p], c->wall));
+        /* the momentum starts at zero: not stored (store_int.h, FRAG_FMT_NO_MOM) */
+        DL_TRY(dl_store_put_frag_hdr(s, t, p, 0, r->numel[p], c->wall, 0));
         DL_TRY(dl_store_put_blocks(s, t, 0, p, 0, r->numel[p], c->params[p], c->psum[p]));
-        DL_TRY(dl_store_put_blocks(s, t, 1, p, 0, r->numel[p], NULL, c->msum[p]));
     }
     return 0;
 }
@@ -202,13 +202,11 @@ int dl_store_init_run_shard(dl_store *s, const dl_store_run *run, const dl_store
     if (s->read_only) return dl_err(DL_EINVAL, "store %s is open read-only", s->dir);
     uint32_t P = run->n_fragments;
     if (s->auto_map) DL_TRY(dl_store_map_grow(s, dl_store_run_map_size(P, run->numel)));
-    uint64_t **sums = dl_xcalloc(2 * (size_t)P, sizeof *sums);
+    uint64_t **sums = dl_xcalloc((size_t)P, sizeof *sums);
     for (uint32_t p = 0; p < P; p++) {
         assert(init_params[p]);
         sums[p] = dl_xmalloc(blocks_of(run->numel[p]) * sizeof **sums);
-        sums[P + p] = dl_xmalloc(blocks_of(run->numel[p]) * sizeof **sums);
         dl_store_hash_blocks(init_params[p], run->numel[p], sums[p]);
-        dl_store_hash_blocks(NULL, run->numel[p], sums[P + p]);
     }
     char *mj = NULL;
     dl_manifest *mcopy = NULL;
@@ -218,10 +216,10 @@ int dl_store_init_run_shard(dl_store *s, const dl_store_run *run, const dl_store
         rc = dl_manifest_to_json(run->manifest, &mj, NULL);
         if (!rc) rc = dl_manifest_from_json(mj, strlen(mj), &mcopy);
     }
-    struct init_ctx c = {run, mj, lay, init_params, sums, sums + P, dl_wallclock_ns()};
+    struct init_ctx c = {run, mj, lay, init_params, sums, dl_wallclock_ns()};
     if (!rc) rc = dl_store_write(s, dl_store_state_bytes(P, run->numel), init_fn, &c);
     free(mj);
-    for (uint32_t p = 0; p < 2 * P; p++) free(sums[p]);
+    for (uint32_t p = 0; p < P; p++) free(sums[p]);
     free(sums);
     if (rc < 0) {
         dl_manifest_close(&mcopy);
@@ -364,9 +362,12 @@ static int commit_fn(dl_store *s, MDB_txn *t, void *vctx)
         return dl_err(DL_ECORRUPT, "merges[%u,%llu] already exists while fragment %u is at version %llu", c->p,
                       (unsigned long long)c->new_version, c->p, (unsigned long long)h.version);
     if (rc) return dl_store_mdb_fail(rc, "mdb_put(merges)", __FILE__, __LINE__);
-    DL_TRY(dl_store_put_frag_hdr(s, t, c->p, c->new_version, c->numel, c->wall));
+    DL_TRY(dl_store_put_frag_hdr(s, t, c->p, c->new_version, c->numel, c->wall, c->momentum != NULL));
     DL_TRY(dl_store_put_blocks(s, t, 0, c->p, c->new_version, c->numel, c->params, c->psum));
-    DL_TRY(dl_store_put_blocks(s, t, 1, c->p, c->new_version, c->numel, c->momentum, c->msum));
+    if (c->momentum)
+        DL_TRY(dl_store_put_blocks(s, t, 1, c->p, c->new_version, c->numel, c->momentum, c->msum));
+    else if (h.has_mom) /* outer momentum turned off: the blocks of its last value go */
+        DL_TRY(dl_store_del_mom_blocks(s, t, c->p, &h));
     return ledger_rmw(s, t, &c->ledger);
 }
 
@@ -380,7 +381,7 @@ int dl_store_commit_merge_sums(dl_store *s, uint32_t p, uint64_t new_version, co
                                const uint64_t *param_sums, const float *momentum, const dl_merge_record *rec,
                                const dl_store_ledger *ledger)
 {
-    assert(s && params && momentum && rec);
+    assert(s && params && rec);
     DL_TRY(dl_store_check_p(s, p));
     DL_TRY(dl_store_mrec_validate(rec));
     uint64_t applied = 0;
@@ -397,14 +398,14 @@ int dl_store_commit_merge_sums(dl_store *s, uint32_t p, uint64_t new_version, co
     uint64_t *sums = dl_xmalloc(2 * (size_t)nb * sizeof *sums);
     if (param_sums) memcpy(sums, param_sums, (size_t)nb * sizeof *sums);
     else dl_store_hash_blocks(params, c.numel, sums);
-    dl_store_hash_blocks(momentum, c.numel, sums + nb);
+    if (momentum) dl_store_hash_blocks(momentum, c.numel, sums + nb);
     c.psum = sums, c.msum = sums + nb;
     c.rec_len = dl_store_mrec_size(rec->n_contrib);
     uint8_t *buf = dl_xmalloc(c.rec_len); /* dl_store_mrec_validate bounds n_contrib */
     dl_store_mrec_encode(buf, p, new_version, rec);
     c.rec = buf;
     if (ledger) c.ledger = *ledger;
-    uint64_t need = 2 * (uint64_t)nb * block_size(c.numel) + FRAG_HDR + c.rec_len;
+    uint64_t need = (momentum ? 2 : 1) * (uint64_t)nb * block_size(c.numel) + FRAG_HDR + c.rec_len;
     int rc = dl_store_write(s, need, commit_fn, &c);
     free(buf);
     free(sums);

@@ -25,11 +25,14 @@
  *             "evaldata" -> {magic, version, val_frac f64, format 16 bytes
  *             NUL-padded, path length u32, path}: the data it evaluates on.
  *   fragments p (u32 big-endian) -> 48-byte header {version, numel, number
- *             of blocks, block size, commit wallclock}.
+ *             of blocks, block size, commit wallclock}; its format number
+ *             says whether the fragment's outer momentum is stored (2) or
+ *             zero and absent (3: a new run, a commit without momentum).
  *   params    (p u32 BE, block u32 BE) -> 48-byte header {p, block, version,
  *             n, XXH64 of the block's floats} + n fp32: elements
  *             [block * DL_STORE_BLOCK_FLOATS, + n) of fragment p's params.
- *   outer     (p, block) -> the same for the outer momentum.
+ *   outer     (p, block) -> the same for the outer momentum, of the
+ *             fragments whose header says it is stored (none else).
  *   learners  id -> registry record (seen times, public key, counters):
  *             128 bytes {magic, version, first/last seen, key, pushes,
  *             merged, dropped, tokens_applied, bytes_in, bytes_out,
@@ -231,8 +234,9 @@ int dl_store_get_evaldata(dl_store *s, dl_store_evaldata *out);
 /* ---- fragments */
 
 /* Copy out fragment p: its version, params (numel floats, may be NULL) and
- * outer momentum (numel floats, may be NULL). Copied arrays are verified
- * against their stored checksums (DL_ECORRUPT on mismatch).
+ * outer momentum (numel floats, may be NULL; zeros when the fragment stores
+ * none: a new run's, or one committed without momentum). Copied arrays are
+ * verified against their stored checksums (DL_ECORRUPT on mismatch).
  * DL_ERANGE p >= P; DL_ENOTFOUND no run. */
 int dl_store_read_fragment(dl_store *s, uint32_t p, uint64_t *version, float *params, float *momentum);
 
@@ -318,7 +322,9 @@ typedef struct {
 } dl_merge_record;
 
 /* Commit merge `new_version` of fragment p: params, momentum (numel floats
- * each), the fragment version, `rec` (stored as version new_version;
+ * each; momentum NULL: zero, stored as no momentum at all -- a run with
+ * outer momentum 0 keeps none, and the fragment's momentum blocks, if it
+ * had some, are deleted in the same transaction), the fragment version, `rec` (stored as version new_version;
  * rec->version is ignored) and the ledger changes `ledger` (the push
  * ledger's updates since the last commit plus this merge's applied tokens)
  * in ONE transaction; a crash at any instant leaves either the old or the
@@ -399,7 +405,8 @@ typedef struct {
     uint64_t used_bytes;       /* pages up to the last used one */
     uint64_t live_bytes;       /* used_bytes - free_bytes */
     uint64_t free_bytes;       /* pages on LMDB's freelist */
-    uint64_t state_bytes;      /* params + momentum blocks of every fragment as stored (headers, padding) */
+    uint64_t state_bytes;      /* params + momentum blocks of every fragment as stored (headers, padding; momentum
+                                  only where a fragment keeps one: dl_store_commit_merge) */
     uint32_t page_size;
     uint32_t readers_used, readers_max; /* reader slots: high-water mark, capacity */
     int stale_readers_cleared; /* by mdb_reader_check at open */

@@ -64,6 +64,20 @@ static int check_no_stray(dl_store *s, MDB_txn *t, MDB_dbi dbi, const char *name
     return rc;
 }
 
+/* A block key (8 bytes) that check_blocks did not expect. */
+static int stray(const dl_store *s, int mom, const frag_hdr *h, const MDB_val *k)
+{
+    const char *db = dl_store_arr_db(mom);
+    uint32_t kp = key_frag_p(k), blk = get_be32((const uint8_t *)k->mv_data + 4);
+    if (kp >= s->n_frag)
+        return dl_err(DL_ECORRUPT, "%s: stray key for fragment %u block %u (P=%u)", db, kp, blk, s->n_frag);
+    if (mom && !h[kp].has_mom)
+        return dl_err(DL_ECORRUPT, "%s: stray key for fragment %u block %u (its header says no momentum is stored)",
+                      db, kp, blk);
+    return dl_err(DL_ECORRUPT, "%s: stray key for fragment %u block %u (fragment %u has %u blocks, P=%u)", db, kp, blk,
+                  kp, h[kp].blocks, s->n_frag);
+}
+
 /* Walk the params (mom 0) or outer (mom 1) database in key order: exactly
  * the blocks (p, 0..blocks-1) of every p < P, each valid for its
  * fragment's header h[p] and matching its checksum; nothing else. */
@@ -75,7 +89,9 @@ static int check_blocks(dl_store *s, MDB_txn *t, int mom, const frag_hdr *h, str
     MDB_val k, v;
     int rc = 0, lrc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
     for (uint32_t p = 0; p < s->n_frag && !rc; p++)
-        for (uint32_t b = 0; b < h[p].blocks && !rc; b++, lrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        /* a fragment without stored momentum has no outer block: one there is stray */
+        for (uint32_t b = 0; b < (mom && !h[p].has_mom ? 0 : h[p].blocks) && !rc;
+             b++, lrc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
             uint8_t kb[8];
             key_blk(kb, p, b);
             int cmp = lrc == MDB_SUCCESS ? memcmp(k.mv_data, kb, k.mv_size < 8 ? k.mv_size : 8) : 1;
@@ -84,9 +100,7 @@ static int check_blocks(dl_store *s, MDB_txn *t, int mom, const frag_hdr *h, str
             } else if (lrc == MDB_SUCCESS && k.mv_size != 8) {
                 rc = dl_err(DL_ECORRUPT, "%s: key of %zu bytes (expected 8)", db, k.mv_size);
             } else if (cmp < 0) {
-                rc = dl_err(DL_ECORRUPT, "%s: stray key for fragment %u block %u (fragment %u has %u blocks, P=%u)", db,
-                            key_frag_p(&k), get_be32((const uint8_t *)k.mv_data + 4), key_frag_p(&k),
-                            key_frag_p(&k) < s->n_frag ? h[key_frag_p(&k)].blocks : 0, s->n_frag);
+                rc = stray(s, mom, h, &k);
             } else if (cmp > 0) {
                 rc = dl_err(DL_ECORRUPT, "%s[%u,%u] missing (fragment %u has %u blocks)", db, p, b, p, h[p].blocks);
             } else {
@@ -102,9 +116,7 @@ static int check_blocks(dl_store *s, MDB_txn *t, int mom, const frag_hdr *h, str
             }
         }
     if (rc == 0 && lrc == MDB_SUCCESS)
-        rc = k.mv_size == 8 ? dl_err(DL_ECORRUPT, "%s: stray key for fragment %u block %u (P=%u)", db, key_frag_p(&k),
-                                     get_be32((const uint8_t *)k.mv_data + 4), s->n_frag)
-                            : dl_err(DL_ECORRUPT, "%s: key of %zu bytes (expected 8)", db, k.mv_size);
+        rc = k.mv_size == 8 ? stray(s, mom, h, &k) : dl_err(DL_ECORRUPT, "%s: key of %zu bytes (expected 8)", db, k.mv_size);
     else if (rc == 0 && lrc != MDB_NOTFOUND)
         rc = dl_store_mdb_fail(lrc, "mdb_cursor_get", __FILE__, __LINE__);
     mdb_cursor_close(cur);

@@ -30,8 +30,9 @@ static int frag_decode(const dl_store *s, uint32_t p, const MDB_val *v, frag_hdr
     const uint8_t *b = v->mv_data;
     if (v->mv_size != FRAG_HDR)
         return dl_err(DL_ECORRUPT, "fragments[%u]: value of %zu bytes, a header is %d", p, v->mv_size, FRAG_HDR);
-    if (get32(b) != MAGIC_FRAG || get32(b + 4) != FRAG_FMT)
+    if (get32(b) != MAGIC_FRAG || (get32(b + 4) != FRAG_FMT && get32(b + 4) != FRAG_FMT_NO_MOM))
         return dl_err(DL_ECORRUPT, "fragments[%u]: bad magic/format 0x%08x/%u", p, get32(b), get32(b + 4));
+    h->has_mom = get32(b + 4) == FRAG_FMT;
     if (get32(b + 8) != p)
         return dl_err(DL_ECORRUPT, "fragments[%u]: value says it is fragment %u", p, get32(b + 8));
     h->blocks = get32(b + 12);
@@ -246,11 +247,12 @@ void dl_store_hash_blocks(const float *x, uint64_t numel, uint64_t *sums)
     free(zeros);
 }
 
-int dl_store_put_frag_hdr(dl_store *s, MDB_txn *t, uint32_t p, uint64_t version, uint64_t numel, int64_t wall)
+int dl_store_put_frag_hdr(dl_store *s, MDB_txn *t, uint32_t p, uint64_t version, uint64_t numel, int64_t wall,
+                          int has_mom)
 {
     uint8_t kb[4], b[FRAG_HDR] = {0};
     put32(b, MAGIC_FRAG);
-    put32(b + 4, FRAG_FMT);
+    put32(b + 4, has_mom ? FRAG_FMT : FRAG_FMT_NO_MOM);
     put32(b + 8, p);
     put32(b + 12, blocks_of(numel));
     put64(b + 16, version);
@@ -259,6 +261,20 @@ int dl_store_put_frag_hdr(dl_store *s, MDB_txn *t, uint32_t p, uint64_t version,
     put64(b + 40, (uint64_t)wall);
     MDB_val k = key_frag(kb, p), v = {FRAG_HDR, b};
     MDB_CALL(mdb_put(t, s->dbi_frag, &k, &v, 0));
+    return 0;
+}
+
+int dl_store_del_mom_blocks(dl_store *s, MDB_txn *t, uint32_t p, const frag_hdr *h)
+{
+    for (uint32_t blk = 0; blk < h->blocks; blk++) {
+        uint8_t kb[8];
+        MDB_val k = key_blk(kb, p, blk);
+        int rc = mdb_del(t, s->dbi_outer, &k, NULL);
+        if (rc == MDB_NOTFOUND)
+            return dl_err(DL_ECORRUPT, "store %s: outer[%u,%u] missing (fragment %u has %u blocks)", s->dir, p, blk, p,
+                          h->blocks);
+        if (rc) return dl_store_mdb_fail(rc, "mdb_del(outer)", __FILE__, __LINE__);
+    }
     return 0;
 }
 

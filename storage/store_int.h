@@ -45,12 +45,18 @@ _Static_assert(sizeof(float) == 4, "fp32 must be 4 bytes");
 #define EVALDATA_HDR 36 /* magic, version, val_frac, format[16], path length; then the path */
 #define FMT_VERSION 1u /* format version of every value kind above but the run (RUN_FMT) and fragment (FRAG_FMT) */
 
-/* fragments value (format FRAG_FMT): the fragment's header; its params and
- * momentum are blocks in the params and outer databases.
+/* fragments value: the fragment's header; its params and momentum are
+ * blocks in the params and outer databases.
  *   0 magic u32 | 4 fmt u32 | 8 p u32 | 12 blocks u32 | 16 version u64
- *  24 numel u64 | 32 block floats u32 | 36 reserved u32 | 40 wallclock ns i64 */
+ *  24 numel u64 | 32 block floats u32 | 36 reserved u32 | 40 wallclock ns i64
+ * Format FRAG_FMT: params and momentum blocks. Format FRAG_FMT_NO_MOM, the
+ * same header: params blocks only, the momentum is zero and not stored (a
+ * new run's, and every commit of a run with outer momentum 0: the step
+ * carries nothing over, so nothing is kept; a build before it refuses such a
+ * fragment by its format number instead of missing its momentum). */
 #define FRAG_HDR 48
 #define FRAG_FMT 2u /* 1 (schema 2) was a 64-byte header followed by all the params */
+#define FRAG_FMT_NO_MOM 3u
 /* params / outer value: block b of fragment p's params / momentum, elements
  * [b * BF, b * BF + n): a 48-byte header, then n fp32. In an LMDB overflow
  * page (16-byte page header) the floats start 64-byte aligned.
@@ -222,6 +228,7 @@ struct dl_store_snap {
 typedef struct {
     uint64_t version, numel;
     uint32_t blocks;
+    int has_mom; /* its momentum blocks are stored (FRAG_FMT); 0: zero momentum, none stored (FRAG_FMT_NO_MOM) */
     int64_t wallclock_ns;
 } frag_hdr;
 
@@ -269,7 +276,10 @@ void dl_store_mrec_encode(uint8_t *b, uint32_t p, uint64_t version, const dl_mer
 int dl_store_mrec_decode(const MDB_val *v, uint32_t p, uint64_t version, dl_merge_record *out,
                          dl_merge_contrib **buf, uint32_t *cap);
 void dl_store_hash_blocks(const float *x, uint64_t numel, uint64_t *sums);
-int dl_store_put_frag_hdr(dl_store *s, MDB_txn *t, uint32_t p, uint64_t version, uint64_t numel, int64_t wall);
+int dl_store_put_frag_hdr(dl_store *s, MDB_txn *t, uint32_t p, uint64_t version, uint64_t numel, int64_t wall,
+                          int has_mom);
+/* Delete every momentum block of fragment p (header h, which has them). */
+int dl_store_del_mom_blocks(dl_store *s, MDB_txn *t, uint32_t p, const frag_hdr *h);
 int dl_store_put_blocks(dl_store *s, MDB_txn *t, int mom, uint32_t p, uint64_t version, uint64_t numel,
                         const float *x, const uint64_t *sums);
 

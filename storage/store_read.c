@@ -155,12 +155,13 @@ int dl_store_read_fragment(dl_store *s, uint32_t p, uint64_t *version, float *pa
     if (rc == 0) {
         rc = dl_store_frag_get(s, t, p, &h);
         if (rc == 0 && params) rc = read_array(s, t, 0, p, &h, params, sums);
-        if (rc == 0 && momentum) rc = read_array(s, t, 1, p, &h, momentum, sums + nb);
+        if (rc == 0 && momentum && h.has_mom) rc = read_array(s, t, 1, p, &h, momentum, sums + nb);
         dl_store_txn_abort(s, t);
     }
     /* verify the copies outside the transaction */
     if (rc == 0 && params) rc = verify_array(0, p, &h, params, sums);
-    if (rc == 0 && momentum) rc = verify_array(1, p, &h, momentum, sums + nb);
+    if (rc == 0 && momentum && h.has_mom) rc = verify_array(1, p, &h, momentum, sums + nb);
+    if (rc == 0 && momentum && !h.has_mom) memset(momentum, 0, (size_t)h.numel * sizeof *momentum);
     free(sums);
     if (rc == 0) *version = h.version;
     return rc;
@@ -440,8 +441,17 @@ int dl_store_get_stats(dl_store *s, dl_store_stats *out)
         if (lrc != MDB_NOTFOUND) rc = lrc;
         mdb_cursor_close(cur);
     }
+    /* the arrays as stored: params, and momentum where the fragment keeps one */
+    uint64_t state = 0;
+    int hrc = 0;
+    for (uint32_t p = 0; rc == 0 && hrc == 0 && s->have_run && p < s->n_frag; p++) {
+        frag_hdr h = {0};
+        if ((hrc = dl_store_frag_get(s, t, p, &h)) == 0)
+            state += (h.has_mom ? 2 : 1) * (uint64_t)h.blocks * block_size(h.numel);
+    }
     dl_store_txn_abort(s, t);
     if (rc) return dl_store_mdb_fail(rc, "dl_store_get_stats", __FILE__, __LINE__);
+    if (hrc) return hrc;
     struct stat st;
     mdb_filehandle_t fd;
     uint64_t file = 0;
@@ -454,7 +464,7 @@ int dl_store_get_stats(dl_store *s, dl_store_stats *out)
         .used_bytes = used,
         .free_bytes = free_b,
         .live_bytes = used - free_b,
-        .state_bytes = s->have_run ? dl_store_state_bytes(s->n_frag, s->numel) : 0,
+        .state_bytes = state,
         .page_size = s->psize,
         .readers_used = info.me_numreaders,
         .readers_max = info.me_maxreaders,

@@ -332,7 +332,9 @@ dl_store_opts dl_store_opts_default(void)
     return (dl_store_opts){.map_size = 0, .durability = DL_STORE_SYNC, .read_only = 0, .grow_wait_ms = 0};
 }
 
-/* Params + momentum of a run as stored: every block of both arrays. */
+/* Params + momentum of a run with every fragment's momentum stored: every
+ * block of both arrays (the most its arrays take: a run with outer momentum
+ * 0 stores params only). */
 uint64_t dl_store_state_bytes(uint32_t P, const uint64_t *numel)
 {
     uint64_t n = 0;

@@ -467,8 +467,10 @@ static int init_from_file(dl_sync *s, float *full)
     return 0;
 }
 
-/* dl_sync_open, step 1: the per-fragment buffers (this shard's momentum only),
- * the outbound queue and the payload pool. */
+/* dl_sync_open, step 1: the per-fragment buffers (momentum only for this
+ * shard's fragments, and only with an outer momentum: at 0 the step keeps
+ * none; the merge worker allocates it if a reload turns it on), the
+ * outbound queue and the payload pool. */
 static void alloc_fragments(dl_sync *s)
 {
     int P = s->cfg.P;
@@ -487,7 +489,7 @@ static void alloc_fragments(dl_sync *s)
     for (int p = 0; p < P; p++) {
         s->numel[p] = dl_plan_fragment_numel(s->plan, p);
         s->params[p] = dl_xaligned(64, maxn * sizeof(float)); /* another shard's: only until init_run */
-        if (owns(s, p)) s->momentum[p] = dl_xaligned(64, maxn * sizeof(float));
+        if (owns(s, p) && s->cfg.merge.outer_momentum != 0.0f) s->momentum[p] = dl_xaligned(64, maxn * sizeof(float));
     }
     int max_spans = 1;
     for (int p = 0; p < P; p++) {

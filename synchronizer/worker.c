@@ -87,6 +87,10 @@ static void nap_ms(int ms)
 
 static float *aligned_floats(size_t n) { return dl_xaligned(64, n * sizeof(float)); }
 
+/* A merge keeps an outer momentum only when its step has one: at momentum 0
+ * none is read, written or stored (kernels/outer.h, storage/store.h). */
+static int with_momentum(const dl_job *j) { return j->mopts.outer_momentum != 0.0f; }
+
 static void swap(float **a, float **b)
 {
     float *t = *a;
@@ -103,7 +107,7 @@ static int store_write_retried(dl_worker *w, dl_job *j)
         switch (j->kind) {
         case DL_JOB_MERGE:
             rc = dl_store_commit_merge_sums(w->store, (uint32_t)j->fragment, j->version + 1, w->scratch_params,
-                                            w->sums, w->scratch_mom, &j->rec, &j->ledger);
+                                            w->sums, with_momentum(j) ? w->scratch_mom : NULL, &j->rec, &j->ledger);
             break;
         case DL_JOB_LEARNER_PUT:
             rc = j->nlrecs ? dl_store_learner_put_many(w->store, j->lrecs, j->nlrecs)
@@ -175,10 +179,17 @@ static void run_merge(dl_worker *w, dl_job *j)
 {
     int p = j->fragment;
     size_t n = dl_plan_fragment_numel(w->plan, p);
+    int mom = with_momentum(j);
+    if (mom && !w->momentum[p]) { /* turned on by a reload (or none was loaded): it starts at zero */
+        size_t maxn = dl_plan_max_fragment_numel(w->plan);
+        w->momentum[p] = aligned_floats(maxn);
+        memset(w->momentum[p], 0, maxn * sizeof(float));
+    }
+    if (mom && !w->scratch_mom) w->scratch_mom = aligned_floats(dl_plan_max_fragment_numel(w->plan));
     /* the step from the committed global into the scratch buffers (out of place: no copy in) */
     j->norm = dl_merge_apply_to(w->plan, p, &j->mopts, j->deltas, j->w, (const double *const *)j->span_ss, j->m,
                                 j->mopts.share_scaling ? j->share : 1.0, w->scratch_merged, w->params[p],
-                                w->momentum[p], w->scratch_params, w->scratch_mom);
+                                mom ? w->momentum[p] : NULL, w->scratch_params, mom ? w->scratch_mom : NULL);
     j->rec.delta_norm = j->norm;
     j->rec.wallclock_ns = dl_wallclock_ns();
     if (w->enc.c.id && encode_update(w, j, p, n)) return;
@@ -206,7 +217,12 @@ static void run_merge(dl_worker *w, dl_job *j)
      * does the residual: the buffers swap (each holds the largest fragment),
      * no copy back */
     swap(&w->params[p], &w->scratch_params);
-    swap(&w->momentum[p], &w->scratch_mom);
+    if (mom) {
+        swap(&w->momentum[p], &w->scratch_mom);
+    } else { /* committed without it (turned off by a reload): its memory goes */
+        free(w->momentum[p]);
+        w->momentum[p] = NULL;
+    }
     j->hash = hash;
     if (j->update) {
         if (!w->resid[p]) w->resid[p] = aligned_floats(dl_plan_max_fragment_numel(w->plan));
@@ -265,7 +281,7 @@ int dl_worker_open(dl_store *store, const dl_plan *plan, float **params, float *
     size_t maxn = dl_plan_max_fragment_numel(plan);
     w->scratch_merged = aligned_floats(maxn);
     w->scratch_params = aligned_floats(maxn);
-    w->scratch_mom = aligned_floats(maxn);
+    w->scratch_mom = NULL; /* at the first merge with an outer momentum */
     w->sums = dl_xcalloc(dl_store_blocks(maxn) ? dl_store_blocks(maxn) : 1, sizeof *w->sums);
     w->resid = dl_xcalloc((size_t)dl_plan_P(plan), sizeof *w->resid);
     pthread_mutex_init(&w->mu, NULL);

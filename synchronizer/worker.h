@@ -79,7 +79,9 @@ typedef struct dl_worker dl_worker;
  * buffer 64-byte aligned and of dl_plan_max_fragment_numel floats, freed
  * with free()): a successful merge of p replaces them after its commit, by
  * swapping the pointers with the worker's scratch buffers (no copy back),
- * so params[p] may point elsewhere after each merge of p. The loop may read
+ * so params[p] may point elsewhere after each merge of p. momentum[p] may be
+ * NULL (zero): a merge whose outer momentum is 0 uses none and leaves it
+ * NULL (freeing it if it was not), one with a momentum allocates it. The loop may read
  * fragment p's arrays whenever no merge job of p is in flight. `wake(ctx)`
  * is called from the worker thread after each finished job (ev_async_send). */
 int dl_worker_open(dl_store *store, const dl_plan *plan, float **params, float **momentum,

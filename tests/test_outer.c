@@ -343,9 +343,22 @@ static void test_large(void)
         memcpy(gf, xs[4], n * sizeof *gf);
         CHECK(dl_cpu_nesterov_to(pf, mf, p, m, gf, n, 0.7f, 0.9f, sc) == nf, "fused norm depends on the thread count");
         omp_set_num_threads(threads);
+        /* momentum 0 without momentum buffers: the same params and norm as the momentum path with mu 0 (a
+         * zero's sign aside: == compares them) and the same scaled grad; the momentum path's m is nonzero
+         * here, which mu 0 must ignore */
+        float *g0 = dl_xmalloc(n * sizeof *g0), *p0 = dl_xmalloc(n * sizeof *p0);
+        memcpy(gf, xs[4], n * sizeof *gf);
+        memcpy(g0, xs[4], n * sizeof *g0);
+        double nm = dl_cpu_nesterov_to(pf, mf, p, m, gf, n, 0.7f, 0.0f, sc);
+        double n0 = dl_cpu_nesterov_to(p0, NULL, p, NULL, g0, n, 0.7f, 0.0f, sc);
+        size_t bad0 = 0;
+        for (size_t j = 0; j < n; j++) bad0 += p0[j] != pf[j] || g0[j] != gf[j];
+        CHECK(n0 == nm && bad0 == 0, "momentum-free step: norm %.17g vs %.17g, %zu coordinates differ (sc %g)", n0,
+              nm, bad0, sc);
+        free(g0), free(p0);
         free(g3), free(gf), free(p3), free(m3), free(pf), free(mf);
     }
-    printf("  %-34s ok (same bits as scale, norm2, nesterov)\n", "fused nesterov_to");
+    printf("  %-34s ok (same bits as scale, norm2, nesterov; mu 0 without momentum)\n", "fused nesterov_to");
 
     /* clip */
     memcpy(out, xs[0], n * sizeof *out);

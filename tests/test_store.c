@@ -967,6 +967,15 @@ static void raw_put(const char *dir, const char *db, MDB_val k, const void *val,
     LMDB_OK(mdb_put(r.txn, r.dbi, &k, &v, 0));
     raw_close(&r);
 }
+static int raw_has(const char *dir, const char *db, MDB_val k)
+{
+    raw_db r = raw_open(dir, db);
+    MDB_val v;
+    int rc = mdb_get(r.txn, r.dbi, &k, &v);
+    raw_close(&r);
+    REQUIRE(rc == 0 || rc == MDB_NOTFOUND, "mdb_get: %s", mdb_strerror(rc));
+    return rc == 0;
+}
 static void raw_del(const char *dir, const char *db, MDB_val k)
 {
     raw_db r = raw_open(dir, db);
@@ -1151,6 +1160,103 @@ static void test_shard_layout(void)
     free(orig), free(b);
     printf("ok: the shard layout is stored in the run record; a resume of another shard, S or an unsharded run is "
            "DL_EMISMATCH; check refuses a moved fragment of another shard\n");
+    free_init(&init);
+}
+
+/* Commit version v of fragment p without momentum (a run with outer momentum 0). */
+static int commit_v_nomom(dl_store *s, uint32_t p, uint64_t v, size_t n, uint64_t tokens)
+{
+    float *x = fill(malloc(n * 4), n, p, v, 0);
+    dl_merge_contrib c = contrib("learner-0", v - 1, tokens, 1.0, DL_MERGE_MERGED, "");
+    dl_merge_record rec = {.epoch = 1, .wallclock_ns = 42, .staleness_fn = "constant", .delta_norm = 0.5,
+                           .n_contrib = 1, .contrib = &c};
+    dl_store_ledger led = {{[DL_LEDGER_APPLIED] = tokens}};
+    int rc = dl_store_commit_merge(s, p, v, x, NULL, &rec, &led);
+    free(x);
+    return rc;
+}
+
+/* Zero momentum is not stored: a new run's fragments and every commit without
+ * momentum keep params blocks only (header format 3); a commit with momentum
+ * brings its blocks back (format 2), one without deletes them again. Reads
+ * give zeros, the checker counts no outer block for such a fragment and
+ * refuses one that is there, the stats count what is stored, and a header
+ * of a format this build does not know is refused. */
+static void test_no_momentum(void)
+{
+    char dir[4200];
+    path_of(dir, sizeof dir, "nomom");
+    const uint64_t numel[2] = {64, DL_STORE_BLOCK_FLOATS + 5000}; /* one block; two, the last short */
+    const uint64_t bs1 = 48 + 4 * 64, bs2 = 48 + 4 * DL_STORE_BLOCK_FLOATS;
+    dl_store_run run = {"nomom", 11, NULL, 2, numel, TEST_MODEL, 1337};
+    params_set init = make_init(2, numel);
+    dl_store *s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(dl_store_init_run(s, &run, (const float *const *)init.a));
+    dl_store_stats st;
+    OK(dl_store_get_stats(s, &st));
+    REQUIRE(st.state_bytes == bs1 + 2 * bs2, "new run: params only, %llu bytes (expected %llu)",
+            (unsigned long long)st.state_bytes, (unsigned long long)(bs1 + 2 * bs2));
+    float *x = malloc(numel[1] * 4), *m = malloc(numel[1] * 4);
+    uint64_t v = 9;
+    for (size_t i = 0; i < numel[1]; i++) m[i] = 1.0f;
+    OK(dl_store_read_fragment(s, 1, &v, x, m));
+    REQUIRE(v == 0 && equal_to(x, numel[1], 1, 0, 0) && all_zero(m, numel[1]), "new run: zero momentum read back");
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+    uint8_t kb[12];
+    size_t len;
+    uint8_t *hdr = raw_get(dir, "fragments", frag_key(kb, 1), &len);
+    REQUIRE(len == 48 && hdr[4] == 3, "a new run's header: format 3 (no momentum), got %u", hdr[4]);
+    free(hdr);
+    REQUIRE(!raw_has(dir, "outer", blk_key(kb, 1, 0)), "a new run stores no momentum block");
+    printf("ok: a new run stores no momentum (header format 3, params blocks only, %llu bytes); reads give zeros; "
+           "check passes\n",
+           (unsigned long long)st.state_bytes);
+
+    s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(commit_v(s, 1, 1, numel[1], 5)); /* with momentum */
+    OK(dl_store_get_stats(s, &st));
+    REQUIRE(st.state_bytes == bs1 + 4 * bs2, "with momentum: %llu bytes", (unsigned long long)st.state_bytes);
+    OK(dl_store_read_fragment(s, 1, &v, x, m));
+    REQUIRE(v == 1 && equal_to(x, numel[1], 1, 1, 0) && equal_to(m, numel[1], 1, 1, 1), "v1 with momentum");
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+    uint8_t *mblk = raw_get(dir, "outer", blk_key(kb, 1, 1), &len);
+    REQUIRE(mblk && len == bs2, "a commit with momentum stores its blocks");
+
+    s = open_store(dir, 0, DL_STORE_SYNC, 0);
+    OK(commit_v_nomom(s, 1, 2, numel[1], 5)); /* momentum turned off: its blocks go */
+    OK(commit_v_nomom(s, 0, 1, numel[0], 5));
+    OK(dl_store_get_stats(s, &st));
+    REQUIRE(st.state_bytes == bs1 + 2 * bs2, "without momentum again: %llu bytes", (unsigned long long)st.state_bytes);
+    for (size_t i = 0; i < numel[1]; i++) m[i] = 1.0f;
+    OK(dl_store_read_fragment(s, 1, &v, x, m));
+    REQUIRE(v == 2 && equal_to(x, numel[1], 1, 2, 0) && all_zero(m, numel[1]), "v2 without momentum");
+    dl_store_close(&s);
+    OK(dl_store_check(dir, NULL));
+    REQUIRE(!raw_has(dir, "outer", blk_key(kb, 1, 0)) && !raw_has(dir, "outer", blk_key(kb, 1, 1)),
+            "a commit without momentum deletes the fragment's momentum blocks");
+    printf("ok: commit with momentum -> its blocks (format 2), without -> deleted in the same commit (format 3); "
+           "reads and stats follow; check passes\n");
+
+    /* a momentum block left beside a header that says none is stored: corrupt */
+    raw_put(dir, "outer", blk_key(kb, 1, 1), mblk, bs2);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "outer: stray key for fragment 1 block 1");
+    REQUIRE(strstr(dl_errmsg(), "no momentum is stored"), "names why: %s", dl_errmsg());
+    raw_del(dir, "outer", blk_key(kb, 1, 1));
+    OK(dl_store_check(dir, NULL));
+    /* a header format this build does not know */
+    hdr = raw_get(dir, "fragments", frag_key(kb, 0), &len);
+    uint8_t *bad = malloc(len);
+    memcpy(bad, hdr, len);
+    bad[4] = 4;
+    raw_put(dir, "fragments", frag_key(kb, 0), bad, len);
+    EXPECT_ERR(dl_store_check(dir, NULL), DL_ECORRUPT, "fragments[0]: bad magic/format");
+    raw_put(dir, "fragments", frag_key(kb, 0), hdr, len);
+    OK(dl_store_check(dir, NULL));
+    printf("ok: a momentum block beside a no-momentum header -> check DL_ECORRUPT naming it; header format 4 "
+           "refused; restored -> passes\n");
+    free(hdr), free(bad), free(mblk), free(x), free(m);
     free_init(&init);
 }
 
@@ -1643,6 +1749,7 @@ int main(void)
     test_grow_under_snapshots();
     test_steady_size();
     test_checker();
+    test_no_momentum();
     test_run_model();
     test_run_manifest();
     test_shard_layout();

@@ -3,7 +3,9 @@
  * abandoned, and a commit that keeps failing gives up after a bounded number
  * of retries leaving the store and the in-memory global untouched; with a
  * downlink codec the committed fragment is the old one plus the decoded
- * payload, bit for bit, and the residual carries what the payload did not. */
+ * payload, bit for bit, and the residual carries what the payload did not;
+ * with outer momentum 0 no momentum is held or stored, and switching it on
+ * and off allocates and drops it. */
 #define _GNU_SOURCE /* nftw */
 #include "synchronizer/worker.h"
 
@@ -48,13 +50,13 @@ static void nap_ms(int ms)
 
 static void wake(void *ctx) { atomic_fetch_add((atomic_int *)ctx, 1); }
 
-/* A merge job of one delta (all `d`) onto `version` of fragment 0. */
-static dl_job *merge_job(uint64_t version, float *delta)
+/* A merge job of one delta onto `version` of fragment 0, outer lr 0.7 and momentum mu. */
+static dl_job *merge_job_mu(uint64_t version, float *delta, float mu)
 {
     dl_job *j = dl_job_new(DL_JOB_MERGE);
     j->fragment = 0;
     j->version = version;
-    j->mopts = (dl_merge_opts){.rule = DL_MERGE_RULE_MEAN, .outer_lr = 0.7f, .outer_momentum = 0.9f};
+    j->mopts = (dl_merge_opts){.rule = DL_MERGE_RULE_MEAN, .outer_lr = 0.7f, .outer_momentum = mu};
     j->share = 1.0;
     j->m = 1;
     j->deltas = malloc(sizeof *j->deltas);
@@ -73,6 +75,7 @@ static dl_job *merge_job(uint64_t version, float *delta)
     j->ledger.tokens[DL_LEDGER_APPLIED] = 10;
     return j;
 }
+static dl_job *merge_job(uint64_t version, float *delta) { return merge_job_mu(version, delta, 0.9f); }
 
 /* The job back from the worker (bounded wait). */
 static dl_job *wait_done(dl_worker *w)
@@ -189,6 +192,81 @@ static void test_downlink(const dl_plan *plan)
     dl_store_close(&s);
     nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     free(params), free(mom), free(delta), free(g_old), free(g_ref), free(m_ref), free(dec), free(e_old), free(got);
+}
+
+/* 5. Outer momentum off, on, off (as a reload switches it): at 0 the worker
+ * holds no momentum (the loop gives it none at start) and commits none, the
+ * step being G - lr x delta; turned on it allocates the momentum at zero and
+ * commits it; turned off again it frees it and the commit deletes the
+ * fragment's momentum blocks. The global follows the reference step bit for
+ * bit throughout, and the store checks. */
+static void test_momentum_switch(const dl_plan *plan)
+{
+    char dir[4096];
+    const char *bin = getenv("DLOCO_BIN");
+    snprintf(dir, sizeof dir, "%s/test_worker_mom.XXXXXX", bin && *bin ? bin : "/tmp");
+    REQUIRE(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
+    size_t n = NUMEL;
+    float *params = dl_xaligned(64, n * 4), *mom = NULL, *delta = malloc(n * 4);
+    float *g_ref = malloc(n * 4), *m_ref = calloc(n, 4), *x = malloc(n * 4), *m = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) params[i] = (float)((int)(i % 300) - 150) * 0.007f;
+    memcpy(g_ref, params, n * 4);
+    dl_store_opts o = dl_store_opts_default();
+    o.durability = DL_STORE_PERIODIC;
+    dl_store *s = NULL;
+    OK(dl_store_open(dir, &o, &s));
+    const uint64_t numel[1] = {NUMEL};
+    const dl_model_config model = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
+    dl_store_run run = {"worker", 1, NULL, 1, numel, model, 7};
+    const float *init[1] = {params};
+    OK(dl_store_init_run(s, &run, init));
+    dl_store_stats st;
+    OK(dl_store_get_stats(s, &st));
+    uint64_t params_only = st.state_bytes;
+    atomic_int wakes = 0;
+    dl_worker *w = NULL;
+    OK(dl_worker_open(s, plan, &params, &mom, wake, &wakes, &w));
+    const float mus[5] = {0.0f, 0.0f, 0.9f, 0.9f, 0.0f};
+    for (uint64_t v = 0; v < 5; v++) {
+        float mu = mus[v];
+        for (size_t i = 0; i < n; i++) delta[i] = 0.01f * cosf((float)i * 0.21f + (float)v) + 0.002f * (float)(i % 3);
+        if (mu == 0.0f) { /* the reference: momentum 0 through the momentum path; a momentum turned off is gone */
+            memset(m_ref, 0, n * 4);
+            dl_cpu_nesterov(g_ref, m_ref, delta, n, 0.7f, 0.0f);
+            memset(m_ref, 0, n * 4);
+        } else {
+            dl_cpu_nesterov(g_ref, m_ref, delta, n, 0.7f, mu);
+        }
+        dl_worker_submit(w, merge_job_mu(v, delta, mu));
+        dl_job *j = wait_done(w);
+        REQUIRE(j->rc == 0, "merge onto v%llu, momentum %g: rc %d: %s", (unsigned long long)v, mu, j->rc, j->err);
+        dl_job_free(j);
+        uint64_t got = 0;
+        OK(dl_store_read_fragment(s, 0, &got, x, m));
+        OK(dl_store_get_stats(s, &st));
+        CHECK(got == v + 1 && memcmp(params, g_ref, n * 4) == 0 && memcmp(x, g_ref, n * 4) == 0,
+              "v%llu (momentum %g): the global, in memory and stored, is the reference step", (unsigned long long)v + 1,
+              mu);
+        if (mu == 0.0f) {
+            CHECK(mom == NULL, "v%llu: momentum 0 keeps no momentum in memory", (unsigned long long)v + 1);
+            CHECK(st.state_bytes == params_only, "v%llu: params only stored (%llu bytes, want %llu)",
+                  (unsigned long long)v + 1, (unsigned long long)st.state_bytes, (unsigned long long)params_only);
+        } else {
+            CHECK(mom && memcmp(mom, m_ref, n * 4) == 0, "v%llu: the momentum, from zero, in memory",
+                  (unsigned long long)v + 1);
+            CHECK(st.state_bytes == 2 * params_only, "v%llu: params and momentum stored (%llu bytes)",
+                  (unsigned long long)v + 1, (unsigned long long)st.state_bytes);
+        }
+        CHECK(memcmp(m, m_ref, n * 4) == 0, "v%llu: the stored momentum reads as the reference's",
+              (unsigned long long)v + 1);
+    }
+    dl_worker_close(&w);
+    dl_store_close(&s);
+    CHECK(dl_store_check(dir, NULL) == 0, "check: %s", dl_errmsg());
+    printf("ok: outer momentum 0, 0, 0.9, 0.9, 0: none held or stored at 0, allocated at zero when turned on, "
+           "freed and its blocks deleted when turned off; the global is the reference step bit for bit; check passes\n");
+    nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+    free(params), free(mom), free(delta), free(g_ref), free(m_ref), free(x), free(m);
 }
 
 int main(void)
@@ -308,6 +386,7 @@ int main(void)
     CHECK(dl_store_check(dir, NULL) == 0, "check: %s", dl_errmsg());
     nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     test_downlink(plan);
+    test_momentum_switch(plan);
     dl_plan_close(&plan);
     free(params), free(mom), free(delta), free(x), free(m);
     return CHECK_DONE("test_worker");
