@@ -324,8 +324,8 @@ typedef struct {
 /* Commit merge `new_version` of fragment p: params, momentum (numel floats
  * each; momentum NULL: zero, stored as no momentum at all -- a run with
  * outer momentum 0 keeps none, and the fragment's momentum blocks, if it
- * had some, are deleted in the same transaction), the fragment version, `rec` (stored as version new_version;
- * rec->version is ignored) and the ledger changes `ledger` (the push
+ * had some, are deleted in the same transaction), the fragment version,
+ * `rec` (stored as version new_version; rec->version is ignored) and the ledger changes `ledger` (the push
  * ledger's updates since the last commit plus this merge's applied tokens)
  * in ONE transaction; a crash at any instant leaves either the old or the
  * new version. ledger->tokens[DL_LEDGER_APPLIED] must equal the tokens of

@@ -116,7 +116,8 @@ static int check_blocks(dl_store *s, MDB_txn *t, int mom, const frag_hdr *h, str
             }
         }
     if (rc == 0 && lrc == MDB_SUCCESS)
-        rc = k.mv_size == 8 ? stray(s, mom, h, &k) : dl_err(DL_ECORRUPT, "%s: key of %zu bytes (expected 8)", db, k.mv_size);
+        rc = k.mv_size == 8 ? stray(s, mom, h, &k)
+                            : dl_err(DL_ECORRUPT, "%s: key of %zu bytes (expected 8)", db, k.mv_size);
     else if (rc == 0 && lrc != MDB_NOTFOUND)
         rc = dl_store_mdb_fail(lrc, "mdb_cursor_get", __FILE__, __LINE__);
     mdb_cursor_close(cur);

@@ -264,7 +264,8 @@ static void test_momentum_switch(const dl_plan *plan)
     dl_store_close(&s);
     CHECK(dl_store_check(dir, NULL) == 0, "check: %s", dl_errmsg());
     printf("ok: outer momentum 0, 0, 0.9, 0.9, 0: none held or stored at 0, allocated at zero when turned on, "
-           "freed and its blocks deleted when turned off; the global is the reference step bit for bit; check passes\n");
+           "freed and its blocks deleted when turned off; the global is the reference step bit for bit; "
+           "check passes\n");
     nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     free(params), free(mom), free(delta), free(g_ref), free(m_ref), free(x), free(m);
 }

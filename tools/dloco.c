@@ -189,7 +189,7 @@ int dl_status_store_text(const char *dir)
      * (LMDB never shrinks it); the difference is free pages commits reuse */
     dl_store_stats st;
     if (!dl_store_get_stats(s, &st))
-        printf("store: file %.1f MB, live %.1f MB (params + momentum %.1f MB), free %.1f MB, map %.0f MiB, "
+        printf("store: file %.1f MB, live %.1f MB (params and any momentum %.1f MB), free %.1f MB, map %.0f MiB, "
                "page %u B\n",
                st.file_bytes / 1e6, st.live_bytes / 1e6, st.state_bytes / 1e6, st.free_bytes / 1e6,
                st.map_size / 1048576.0, st.page_size);
