@@ -533,6 +533,22 @@ static void hostile(void)
                 q[2 * bs + 4 + 5] = (uint8_t)((q[2 * bs + 4 + 5] & 0x0f) | 0x80);
                 snprintf(want, sizeof want, "%s block 2: element 11 has code 8", nm);
                 expect_refused(&c, q, len, n, want);
+                /* the code 8 at every element of a block (the check reads eight bytes at a time), and in
+                 * the last, short block's */
+                for (int e = 0; e < 64; e++) {
+                    memcpy(q, p, len);
+                    uint8_t *b = q + 1 * bs + 4 + e / 2;
+                    *b = (uint8_t)(e & 1 ? (*b & 0x0f) | 0x80 : (*b & 0xf0) | 0x08);
+                    snprintf(want, sizeof want, "%s block 1: element %d has code 8", nm, e);
+                    expect_refused(&c, q, len, n, want);
+                }
+                for (int e = 0; e < 7; e++) {
+                    memcpy(q, p, len);
+                    uint8_t *b = q + 4 * bs + 4 + e / 2;
+                    *b = (uint8_t)(e & 1 ? (*b & 0x0f) | 0x80 : (*b & 0xf0) | 0x08);
+                    snprintf(want, sizeof want, "%s block 4: element %d has code 8", nm, e);
+                    expect_refused(&c, q, len, n, want);
+                }
                 memcpy(q, p, len), q[len - 1] |= 0x30;
                 snprintf(want, sizeof want, "%s block 4: padding nibble after the last element is 3", nm);
                 expect_refused(&c, q, len, n, want);
