@@ -129,10 +129,11 @@ static dl_merge_contrib contrib(const char *id, uint64_t base, uint64_t tokens, 
 }
 
 /* Commit version v of fragment p (numel n) with the deterministic contents
- * and a one-contributor record of `tokens` merged tokens. */
-static int commit_v(dl_store *s, uint32_t p, uint64_t v, size_t n, uint64_t tokens)
+ * (with_mom 0: no momentum, as a run with outer momentum 0 commits) and a
+ * one-contributor record of `tokens` merged tokens. */
+static int commit_v_mom(dl_store *s, uint32_t p, uint64_t v, size_t n, uint64_t tokens, int with_mom)
 {
-    float *x = fill(malloc(n * 4), n, p, v, 0), *m = fill(malloc(n * 4), n, p, v, 1);
+    float *x = fill(malloc(n * 4), n, p, v, 0), *m = with_mom ? fill(malloc(n * 4), n, p, v, 1) : NULL;
     dl_merge_contrib c = contrib("learner-0", v - 1, tokens, 1.0, DL_MERGE_MERGED, "");
     dl_merge_record rec = {.epoch = 1, .wallclock_ns = 42, .staleness_fn = "constant", .delta_norm = 0.5,
                            .n_contrib = 1, .contrib = &c};
@@ -141,6 +142,10 @@ static int commit_v(dl_store *s, uint32_t p, uint64_t v, size_t n, uint64_t toke
     free(x);
     free(m);
     return rc;
+}
+static int commit_v(dl_store *s, uint32_t p, uint64_t v, size_t n, uint64_t tokens)
+{
+    return commit_v_mom(s, p, v, n, tokens, 1);
 }
 
 static int count_cb(const dl_merge_record *r, void *ctx)
@@ -1163,19 +1168,6 @@ static void test_shard_layout(void)
     free_init(&init);
 }
 
-/* Commit version v of fragment p without momentum (a run with outer momentum 0). */
-static int commit_v_nomom(dl_store *s, uint32_t p, uint64_t v, size_t n, uint64_t tokens)
-{
-    float *x = fill(malloc(n * 4), n, p, v, 0);
-    dl_merge_contrib c = contrib("learner-0", v - 1, tokens, 1.0, DL_MERGE_MERGED, "");
-    dl_merge_record rec = {.epoch = 1, .wallclock_ns = 42, .staleness_fn = "constant", .delta_norm = 0.5,
-                           .n_contrib = 1, .contrib = &c};
-    dl_store_ledger led = {{[DL_LEDGER_APPLIED] = tokens}};
-    int rc = dl_store_commit_merge(s, p, v, x, NULL, &rec, &led);
-    free(x);
-    return rc;
-}
-
 /* Zero momentum is not stored: a new run's fragments and every commit without
  * momentum keep params blocks only (header format 3); a commit with momentum
  * brings its blocks back (format 2), one without deletes them again. Reads
@@ -1225,8 +1217,8 @@ static void test_no_momentum(void)
     REQUIRE(mblk && len == bs2, "a commit with momentum stores its blocks");
 
     s = open_store(dir, 0, DL_STORE_SYNC, 0);
-    OK(commit_v_nomom(s, 1, 2, numel[1], 5)); /* momentum turned off: its blocks go */
-    OK(commit_v_nomom(s, 0, 1, numel[0], 5));
+    OK(commit_v_mom(s, 1, 2, numel[1], 5, 0)); /* momentum turned off: its blocks go */
+    OK(commit_v_mom(s, 0, 1, numel[0], 5, 0));
     OK(dl_store_get_stats(s, &st));
     REQUIRE(st.state_bytes == bs1 + 2 * bs2, "without momentum again: %llu bytes", (unsigned long long)st.state_bytes);
     for (size_t i = 0; i < numel[1]; i++) m[i] = 1.0f;

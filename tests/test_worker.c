@@ -89,6 +89,29 @@ static dl_job *wait_done(dl_worker *w)
     return NULL;
 }
 
+/* A new directory under DLOCO_BIN (or /tmp) named after `tag`, and a store
+ * there (periodic durability; map_size and grow_wait_ms as dl_store_opts,
+ * 0 = their defaults) holding a one-fragment run of NUMEL params. */
+static dl_store *new_run_store(char dir[4096], const char *tag, const float *params, uint64_t map_size,
+                               int grow_wait_ms)
+{
+    const char *bin = getenv("DLOCO_BIN");
+    snprintf(dir, 4096, "%s/test_worker%s.XXXXXX", bin && *bin ? bin : "/tmp", tag);
+    REQUIRE(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
+    dl_store_opts o = dl_store_opts_default();
+    o.durability = DL_STORE_PERIODIC;
+    o.map_size = map_size;
+    o.grow_wait_ms = grow_wait_ms;
+    dl_store *s = NULL;
+    OK(dl_store_open(dir, &o, &s));
+    const uint64_t numel[1] = {NUMEL};
+    const dl_model_config model = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
+    dl_store_run run = {"worker", 1, NULL, 1, numel, model, 7};
+    const float *init[1] = {params};
+    OK(dl_store_init_run(s, &run, init));
+    return s;
+}
+
 /* 4. Downlink codec int4 (block 128; NUMEL is not a multiple of it, so the
  * last block is short): two merges of fragment 0. Each commits exactly
  * G_old + decode(payload) (one fp32 add, kernels/codec.h), the payload comes
@@ -99,24 +122,13 @@ static dl_job *wait_done(dl_worker *w)
 static void test_downlink(const dl_plan *plan)
 {
     char dir[4096];
-    const char *bin = getenv("DLOCO_BIN");
-    snprintf(dir, sizeof dir, "%s/test_worker_dl.XXXXXX", bin && *bin ? bin : "/tmp");
-    REQUIRE(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
     size_t n = NUMEL;
     float *params = dl_xaligned(64, n * 4), *mom = dl_xaligned(64, n * 4), *delta = malloc(n * 4);
     float *g_old = malloc(n * 4), *g_ref = malloc(n * 4), *m_ref = malloc(n * 4), *dec = malloc(n * 4);
     float *e_old = calloc(n, 4), *got = malloc(n * 4);
     for (size_t i = 0; i < n; i++) params[i] = (float)((int)(i % 200) - 100) * 0.013f, mom[i] = 0;
     memcpy(m_ref, mom, n * 4);
-    dl_store_opts o = dl_store_opts_default();
-    o.durability = DL_STORE_PERIODIC;
-    dl_store *s = NULL;
-    OK(dl_store_open(dir, &o, &s));
-    const uint64_t numel[1] = {NUMEL};
-    const dl_model_config model = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
-    dl_store_run run = {"worker", 1, NULL, 1, numel, model, 7};
-    const float *init[1] = {params};
-    OK(dl_store_init_run(s, &run, init));
+    dl_store *s = new_run_store(dir, "_dl", params, 0, 0);
     atomic_int wakes = 0;
     dl_worker *w = NULL;
     OK(dl_worker_open(s, plan, &params, &mom, wake, &wakes, &w));
@@ -203,23 +215,12 @@ static void test_downlink(const dl_plan *plan)
 static void test_momentum_switch(const dl_plan *plan)
 {
     char dir[4096];
-    const char *bin = getenv("DLOCO_BIN");
-    snprintf(dir, sizeof dir, "%s/test_worker_mom.XXXXXX", bin && *bin ? bin : "/tmp");
-    REQUIRE(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
     size_t n = NUMEL;
     float *params = dl_xaligned(64, n * 4), *mom = NULL, *delta = malloc(n * 4);
     float *g_ref = malloc(n * 4), *m_ref = calloc(n, 4), *x = malloc(n * 4), *m = malloc(n * 4);
     for (size_t i = 0; i < n; i++) params[i] = (float)((int)(i % 300) - 150) * 0.007f;
     memcpy(g_ref, params, n * 4);
-    dl_store_opts o = dl_store_opts_default();
-    o.durability = DL_STORE_PERIODIC;
-    dl_store *s = NULL;
-    OK(dl_store_open(dir, &o, &s));
-    const uint64_t numel[1] = {NUMEL};
-    const dl_model_config model = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
-    dl_store_run run = {"worker", 1, NULL, 1, numel, model, 7};
-    const float *init[1] = {params};
-    OK(dl_store_init_run(s, &run, init));
+    dl_store *s = new_run_store(dir, "_mom", params, 0, 0);
     dl_store_stats st;
     OK(dl_store_get_stats(s, &st));
     uint64_t params_only = st.state_bytes;
@@ -274,10 +275,6 @@ int main(void)
 {
     dl_log_set_level(DL_LOG_ERROR);
     char dir[4096];
-    const char *bin = getenv("DLOCO_BIN");
-    snprintf(dir, sizeof dir, "%s/test_worker.XXXXXX", bin && *bin ? bin : "/tmp");
-    REQUIRE(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
-
     dl_tensor t = {.name = "w", .offset = 0, .numel = NUMEL, .ndim = 2, .shape = {NUMEL, 1}, .kind = DL_TENSOR_MATRIX};
     dl_plan *plan = NULL;
     OK(dl_plan_build(&t, 1, 1, &plan));
@@ -286,17 +283,7 @@ int main(void)
 
     /* a 256 KiB map: the 4 MB run and every commit must grow it; a grow
      * waits 50 ms for open snapshots */
-    dl_store_opts o = dl_store_opts_default();
-    o.map_size = 256 << 10;
-    o.durability = DL_STORE_PERIODIC;
-    o.grow_wait_ms = 50;
-    dl_store *s = NULL;
-    OK(dl_store_open(dir, &o, &s));
-    const uint64_t numel[1] = {NUMEL};
-    const dl_model_config model = {.n_layer = 2, .n_head = 2, .n_embd = 32, .seq_len = 16, .vocab = 256};
-    dl_store_run run = {"worker", 1, NULL, 1, numel, model, 7};
-    const float *init[1] = {params};
-    OK(dl_store_init_run(s, &run, init));
+    dl_store *s = new_run_store(dir, "", params, 256 << 10, 50);
     atomic_int wakes = 0;
     dl_worker *w = NULL;
     OK(dl_worker_open(s, plan, &params, &mom, wake, &wakes, &w));
