@@ -180,12 +180,14 @@ static void run_merge(dl_worker *w, dl_job *j)
     int p = j->fragment;
     size_t n = dl_plan_fragment_numel(w->plan, p);
     int mom = with_momentum(j);
-    if (mom && !w->momentum[p]) { /* turned on by a reload (or none was loaded): it starts at zero */
+    if (mom) {
         size_t maxn = dl_plan_max_fragment_numel(w->plan);
-        w->momentum[p] = aligned_floats(maxn);
-        memset(w->momentum[p], 0, maxn * sizeof(float));
+        if (!w->momentum[p]) { /* turned on by a reload (or none was loaded): it starts at zero */
+            w->momentum[p] = aligned_floats(maxn);
+            memset(w->momentum[p], 0, maxn * sizeof(float));
+        }
+        if (!w->scratch_mom) w->scratch_mom = aligned_floats(maxn);
     }
-    if (mom && !w->scratch_mom) w->scratch_mom = aligned_floats(dl_plan_max_fragment_numel(w->plan));
     /* the step from the committed global into the scratch buffers (out of place: no copy in) */
     j->norm = dl_merge_apply_to(w->plan, p, &j->mopts, j->deltas, j->w, (const double *const *)j->span_ss, j->m,
                                 j->mopts.share_scaling ? j->share : 1.0, w->scratch_merged, w->params[p],

@@ -35,6 +35,7 @@
     } while (0)
 
 #define NUMEL (DL_STORE_BLOCK_FLOATS + 1000) /* two blocks: a commit writes 2 MiB */
+#define DIR_LEN 4096                        /* a test directory's path buffer */
 
 static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
 {
@@ -92,11 +93,11 @@ static dl_job *wait_done(dl_worker *w)
 /* A new directory under DLOCO_BIN (or /tmp) named after `tag`, and a store
  * there (periodic durability; map_size and grow_wait_ms as dl_store_opts,
  * 0 = their defaults) holding a one-fragment run of NUMEL params. */
-static dl_store *new_run_store(char dir[4096], const char *tag, const float *params, uint64_t map_size,
+static dl_store *new_run_store(char dir[DIR_LEN], const char *tag, const float *params, uint64_t map_size,
                                int grow_wait_ms)
 {
     const char *bin = getenv("DLOCO_BIN");
-    snprintf(dir, 4096, "%s/test_worker%s.XXXXXX", bin && *bin ? bin : "/tmp", tag);
+    snprintf(dir, DIR_LEN, "%s/test_worker%s.XXXXXX", bin && *bin ? bin : "/tmp", tag);
     REQUIRE(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
     dl_store_opts o = dl_store_opts_default();
     o.durability = DL_STORE_PERIODIC;
@@ -121,7 +122,7 @@ static dl_store *new_run_store(char dir[4096], const char *tag, const float *par
  * param_abs_max changes neither the global nor the residual. */
 static void test_downlink(const dl_plan *plan)
 {
-    char dir[4096];
+    char dir[DIR_LEN];
     size_t n = NUMEL;
     float *params = dl_xaligned(64, n * 4), *mom = dl_xaligned(64, n * 4), *delta = malloc(n * 4);
     float *g_old = malloc(n * 4), *g_ref = malloc(n * 4), *m_ref = malloc(n * 4), *dec = malloc(n * 4);
@@ -214,7 +215,7 @@ static void test_downlink(const dl_plan *plan)
  * bit throughout, and the store checks. */
 static void test_momentum_switch(const dl_plan *plan)
 {
-    char dir[4096];
+    char dir[DIR_LEN];
     size_t n = NUMEL;
     float *params = dl_xaligned(64, n * 4), *mom = NULL, *delta = malloc(n * 4);
     float *g_ref = malloc(n * 4), *m_ref = calloc(n, 4), *x = malloc(n * 4), *m = malloc(n * 4);
@@ -274,7 +275,7 @@ static void test_momentum_switch(const dl_plan *plan)
 int main(void)
 {
     dl_log_set_level(DL_LOG_ERROR);
-    char dir[4096];
+    char dir[DIR_LEN];
     dl_tensor t = {.name = "w", .offset = 0, .numel = NUMEL, .ndim = 2, .shape = {NUMEL, 1}, .kind = DL_TENSOR_MATRIX};
     dl_plan *plan = NULL;
     OK(dl_plan_build(&t, 1, 1, &plan));
